@@ -1,0 +1,29 @@
+"""The attention seam: one object per model, chosen once at startup (torch or triton).
+
+Shapes: q [T, num_heads, head_dim]; k, v [T, num_kv_heads, head_dim] for the new tokens;
+kv buffers per layer [num_slots, num_kv_heads, head_dim]; req_to_token [max_rows, max_len] int32.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from modeling.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    @abstractmethod
+    def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
+        """Once per step, before the first layer: build whatever index tensors the kernels need."""
+
+    @abstractmethod
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Write the new tokens' k/v into their slots (batch.out_slots)."""
+
+    @abstractmethod
+    def forward(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """Causal attention of the new tokens over their request's whole KV; returns [T, num_heads, head_dim]."""

@@ -1,0 +1,50 @@
+"""The one input of a model step: a flat, unpadded token batch (router -> modeling).
+
+    Scheduler (router)  --StepPlan-->  Engine builds ForwardBatch  -->  ModelRunner.forward
+                                                                          |-> AttentionBackend.init_forward_metadata
+                                                                          |-> model(...) -> logits[logits_indices]
+
+Request i owns tokens input_ids[q_start[i] : q_start[i] + q_lens[i]]; its first new token sits at
+position kv_lens[i] - q_lens[i], so a cached prefix (earlier chunk, prefix hit, or a decode's past)
+is simply kv_lens - q_lens. The runner writes out_slots into req_to_token[req_rows, positions]
+before attention, so K/V of every token, old and new, is reached through req_to_token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = enum.auto()  # every request brings >= 1 new token over a (maybe empty) cached prefix
+    DECODE = enum.auto()  # every request brings exactly one token
+    MIXED = enum.auto()  # both kinds in one step (chunked prefill beside decodes)
+
+
+@dataclass
+class ForwardBatch:
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    out_slots: torch.Tensor  # [T] int64, KV slot of every new token
+    req_rows: torch.Tensor  # [B] int64, row of each request in req_to_token
+    q_start: torch.Tensor  # [B] int64, offset of each request's first new token in input_ids
+    q_lens: torch.Tensor  # [B] int64, new tokens per request
+    kv_lens: torch.Tensor  # [B] int64, cached prefix + new tokens
+    logits_indices: torch.Tensor  # [R] int64, rows of the flat batch whose logits are returned
+    max_q_len: int
+    max_kv_len: int
+    # host copies, so backends can plan without a device sync
+    q_lens_cpu: list[int] | None = None
+    kv_lens_cpu: list[int] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.req_rows.shape[0]

@@ -1,0 +1,28 @@
+"""Engine configuration: filled by the TGI launcher or LightLLM's api_server, read by the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model_id: str  # local folder, .gguf file, or hub id
+    revision: str | None = None
+    dtype: str | None = None  # float32/float16/bfloat16; None: float32 on CPU, bfloat16 on GPU
+    device: str | None = None  # None: cuda if available else cpu
+    trust_remote_code: bool = False
+    attention_backend: str | None = None  # "torch" | "triton"; None: triton on GPU, torch on CPU
+    # KV capacity in tokens (TGI --max-batch-total-tokens / LightLLM --max_total_token_num).
+    # None: from free device memory x cuda_memory_fraction on GPU, a fixed default on CPU.
+    max_batch_total_tokens: int | None = None
+    cuda_memory_fraction: float = 1.0
+    max_batch_prefill_tokens: int = 4096  # new prompt tokens per step (chunk size for long prompts)
+    max_running_requests: int = 256  # TGI --max-batch-size / LightLLM --running_max_req_size
+    max_total_tokens: int | None = None  # per-request prompt + generated cap; None: from the model
+    router_token_ratio: float = 0.0  # LightLLM: below this KV use, admit optimistically
+    router_max_new_token_len: int = 1024  # LightLLM: optimistic estimate of a request's output
+    max_waiting_tokens: int = 20  # decode steps before waiting requests must be considered
+    cuda_graphs: list[int] | None = None  # decode batch sizes to capture; [] disables
+    eos_token_ids: list[int] = field(default_factory=list)  # extra EOS ids (LightLLM --eos_id)
+    seed: int = 0

@@ -1,0 +1,66 @@
+"""What crosses from the API layer into the engine: one generation request, in token ids.
+
+tgi_compat validates and tokenizes; the router only ever sees ids. Stop *strings* stay in
+tgi_compat; stop *token ids* come here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()  # queued, holds no KV slots
+    RUNNING = enum.auto()  # holds a request row and KV slots
+    PREEMPTED = enum.auto()  # slots freed under memory pressure; re-prefilled when re-admitted
+    FINISHED = enum.auto()
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"
+    EOS_TOKEN = "eos_token"
+    STOP_TOKEN = "stop_sequence"  # a stop token id (TGI reports stop strings the same way)
+    ABORT = "abort"  # the client went away
+    ERROR = "error"  # the step that served this request raised
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request token selection, in TGI's processing order (contract §14)."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+    typical_p: float = 1.0  # 1.0 disables
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    watermark: bool = False
+    seed: int | None = None  # None: the engine picks one when the request samples
+    top_n_tokens: int = 0  # alternatives reported per generated token
+
+    @property
+    def is_sampling(self) -> bool:
+        # TGI samples when any warper is active, even with do_sample=false.
+        return (
+            self.do_sample
+            or self.temperature != 1.0
+            or self.top_k != 0
+            or self.top_p < 1.0
+            or self.typical_p < 1.0
+        )
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_new_tokens: int = 20
+    stop_token_ids: list[int] = field(default_factory=list)  # besides the model's EOS set
+    ignore_eos: bool = False
+    prompt_logprobs: bool = False  # report a logprob for every prompt token (first is None)
+    prompt_top_n: int = 0  # top alternatives at every prompt position (with prompt_logprobs)
+    # Token healing: the healed prompt's removed text; generation is constrained until it is covered.
+    healing_prefix: str | None = None

@@ -48,3 +48,46 @@ class ForwardBatch:
     @property
     def batch_size(self) -> int:
         return self.req_rows.shape[0]
+
+
+def build_forward_batch(
+    input_ids: list[int],
+    req_rows: list[int],
+    q_lens: list[int],
+    kv_lens: list[int],
+    out_slots: list[int],
+    logits_indices: list[int],
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """Build a ForwardBatch from host lists (one H2D copy per field). Positions follow from kv/q lens."""
+    num_prefix = [kv - q for q, kv in zip(q_lens, kv_lens)]
+    positions = [p for start, q in zip(num_prefix, q_lens) for p in range(start, start + q)]
+    q_start, offset = [], 0
+    for q in q_lens:
+        q_start.append(offset)
+        offset += q
+    if all(q == 1 for q in q_lens):
+        mode = ForwardMode.DECODE
+    elif any(q == 1 and p > 0 for q, p in zip(q_lens, num_prefix)):
+        mode = ForwardMode.MIXED
+    else:
+        mode = ForwardMode.EXTEND
+
+    def as_tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+    return ForwardBatch(
+        mode=mode,
+        input_ids=as_tensor(input_ids),
+        positions=as_tensor(positions),
+        out_slots=as_tensor(out_slots),
+        req_rows=as_tensor(req_rows),
+        q_start=as_tensor(q_start),
+        q_lens=as_tensor(q_lens),
+        kv_lens=as_tensor(kv_lens),
+        logits_indices=as_tensor(logits_indices),
+        max_q_len=max(q_lens),
+        max_kv_len=max(kv_lens),
+        q_lens_cpu=list(q_lens),
+        kv_lens_cpu=list(kv_lens),
+    )

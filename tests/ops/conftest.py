@@ -1,0 +1,9 @@
+import pytest
+
+from ops_fakes import FakeCollector
+
+
+@pytest.fixture
+def collector():
+    with FakeCollector() as fake:
+        yield fake

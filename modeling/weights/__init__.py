@@ -1,0 +1,1 @@
+"""Checkpoint formats: safetensors folders, GGUF files, hub snapshots (see loader.py)."""

@@ -1,0 +1,35 @@
+"""Token embedding and the LM head (which may share the embedding's weight)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from modeling.layers.linear import default_weight_loader
+
+
+class VocabEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)
+
+
+class LMHead(nn.Module):
+    """Projects the R rows whose logits are wanted (not all T tokens) to float32 logits."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tied_to: VocabEmbedding | None = None):
+        super().__init__()
+        if tied_to is not None:
+            self.weight = tied_to.weight  # same Parameter: loaded once, stored once
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+            self.weight.weight_loader = default_weight_loader
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # [R, hidden] -> [R, vocab]
+        return F.linear(hidden, self.weight).float()

@@ -1,0 +1,87 @@
+"""The elementwise layer ops, behind one object chosen once at startup.
+
+Layers never call torch or Triton for these directly: they call `self.ops.<op>`, so the GPU path
+can swap in the kernels in kernels/ (rmsnorm, rotary, silu_mul) without touching any model file.
+`TORCH_OPS` is the reference, used on CPU and in tests; `select_ops(device)` picks at startup.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    name: str
+    # (x [T, ..., D], weight [D], eps, residual | None) -> (normed, x + residual | None)
+    rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+    # (cos_half [P, D/2], sin_half [P, D/2], positions [T]) -> step tables, built once per step
+    rope_tables: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # (x [T, N, D], step tables) -> x rotated (neox layout: halves rotate as pairs)
+    rotary: Callable[..., torch.Tensor]
+    # (x [T, 2 * I]) -> silu(x[:, :I]) * x[:, I:]
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+
+
+def torch_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if residual is not None:
+        x = x + residual
+        residual = x
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps), residual
+    # Half precision: normalise in fp32, round, then scale, in transformers' order (bit-parity).
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype), residual
+
+
+def torch_rope_tables(
+    cos_half: torch.Tensor, sin_half: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # [T, 1, D]: cos repeated over both halves, sin signed so that
+    # rotate(x) = x * cos + swap_halves(x) * signed_sin  with signed_sin = [-sin, sin].
+    cos = cos_half[positions]
+    sin = sin_half[positions]
+    return torch.cat((cos, cos), dim=-1).unsqueeze(1), torch.cat((-sin, sin), dim=-1).unsqueeze(1)
+
+
+def torch_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    cos, signed_sin = tables
+    num_tokens, num_heads, head_dim = x.shape
+    swapped = x.view(num_tokens, num_heads, 2, head_dim // 2).flip(2).view(num_tokens, num_heads, head_dim)
+    return x * cos + swapped * signed_sin
+
+
+def torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+TORCH_OPS = LayerOps(
+    name="torch",
+    rms_norm=torch_rms_norm,
+    rope_tables=torch_rope_tables,
+    rotary=torch_rotary,
+    silu_and_mul=torch_silu_and_mul,
+)
+
+
+def select_ops(device: torch.device) -> LayerOps:
+    """Triton kernels on CUDA when kernels/ provides them, else the torch reference."""
+    if device.type != "cuda":
+        return TORCH_OPS
+    try:
+        from modeling.layers.triton_ops import TRITON_OPS
+    except ImportError as exc:  # kernels not built yet: the torch ops run on CUDA too
+        logger.warning("Triton layer ops unavailable (%s); using torch ops", exc)
+        return TORCH_OPS
+    return TRITON_OPS

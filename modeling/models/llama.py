@@ -1,0 +1,188 @@
+"""The Llama family: Llama 2/3, Mistral, Qwen2 (qkv bias) and Qwen3 (per-head q/k RMSNorm).
+
+Reads top to bottom like gpt-fast's model.py: the causal LM, the decoder layer, attention, MLP.
+Input is the step's flat token batch; attention goes through the backend chosen at startup.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn as nn
+
+from modeling.attention.base import AttentionBackend
+from modeling.config import ModelConfig
+from modeling.forward_batch import ForwardBatch
+from modeling.layers.activation import SiluAndMul
+from modeling.layers.embedding import LMHead, VocabEmbedding
+from modeling.layers.linear import Linear, MergedLinear, QKVLinear
+from modeling.layers.norm import RMSNorm
+from modeling.layers.ops import TORCH_OPS, LayerOps
+from modeling.layers.rotary import RotaryEmbedding
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, num_kv_heads, head_dim]
+RopeTables = tuple[torch.Tensor, torch.Tensor]
+
+# checkpoint sub-module -> (our fused module, shard)
+_PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, ops)
+        tied = self.model.embed_tokens if config.tie_word_embeddings else None
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        batch: ForwardBatch,
+        kv_caches: KVCaches,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """Returns the final hidden states [T, hidden]; logits come from compute_logits on R rows."""
+        return self.model(input_ids, positions, kv_caches, backend)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # [R, hidden] -> [R, vocab] float32
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy (HF name, tensor) pairs into the parameters, fusing q/k/v and gate/up on the way."""
+        params = dict(self.named_parameters())
+        pending = set(params)
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue  # some tied checkpoints still store it; the embedding is the one we keep
+            target, shard = _fused_name(name)
+            if target not in params:
+                raise KeyError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
+            param = params[target]
+            param.weight_loader(param, tensor, shard)
+            pending.discard(target)
+        if self.config.tie_word_embeddings:
+            pending.discard("lm_head.weight")
+        if pending:
+            raise ValueError(f"checkpoint is missing weights: {sorted(pending)[:8]}")
+
+
+def _fused_name(name: str) -> tuple[str, object]:
+    for source, (target, shard) in _PACKED_MODULES.items():
+        if f".{source}." in name:
+            return name.replace(f".{source}.", f".{target}."), shard
+    return name, None
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, ops: LayerOps):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, ops) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings, ops
+        )
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: KVCaches, backend: AttentionBackend
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        rope = self.rotary_emb.step_tables(positions)  # gathered once, shared by every layer
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, rope, k_cache, v_cache, backend)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, ops: LayerOps):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = LlamaAttention(config, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.mlp = LlamaMLP(config, ops)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # The residual add of the previous sub-block is fused into the next norm.
+        if residual is None:
+            residual = hidden
+            hidden, _ = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rope, k_cache, v_cache, backend)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, ops: LayerOps):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.qk_size = (config.num_heads + config.num_kv_heads) * config.head_dim
+        self.qkv_proj = QKVLinear(
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias
+        )
+        self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size)
+        self.ops = ops
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, hidden]
+        rope: RopeTables,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, (H + 2 * H_kv) * D]
+        qk = qkv[:, : self.qk_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, _ = self.q_norm(qk[:, : self.num_heads])
+            k, _ = self.k_norm(qk[:, self.num_heads :])
+            qk = torch.cat((q, k), dim=1)
+        qk = self.ops.rotary(qk, rope)  # q and k rotated in one op
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        backend.store_kv(k, v, k_cache, v_cache)
+        out = backend.forward(q, k_cache, v_cache, self.scale)  # [T, H, D]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig, ops: LayerOps):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.act = SiluAndMul(ops)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(hidden)))

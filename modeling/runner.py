@@ -1,0 +1,167 @@
+"""ModelRunner: a flat token batch in, float32 logits for the requested rows out.
+
+NOTE: keep this file minimal (as vLLM's V2 runner asks of itself). It owns the model, the KV
+buffers and the req_to_token table, and runs one step; everything else lives elsewhere: weight
+formats in weights/, attention in attention/, layer ops in layers/, CUDA graphs in cuda_graphs.py,
+scheduling and sampling in router/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from modeling.attention import create_backend
+from modeling.config import ModelConfig
+from modeling.forward_batch import ForwardBatch, ForwardMode
+from modeling.layers.ops import select_ops
+from modeling.registry import resolve_model_class
+from modeling.source import ModelSource, resolve_model_source
+from modeling.weights.loader import iterate_weights, load_model_config
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_SLOTS = 16384
+# Left free on the GPU for activations and logits when sizing the KV cache from free memory.
+ACTIVATION_RESERVE_BYTES = 1 << 30
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class RunnerConfig:
+    model_id: str | None = None  # folder, .gguf path or hub id; None: the default model
+    revision: str | None = None
+    dtype: str | None = None  # float32 | float16 | bfloat16; None: float32 on CPU, bfloat16 on CUDA
+    device: str | None = None  # None: cuda when available, else cpu
+    attention_backend: str | None = None  # torch | triton; None: triton on CUDA, torch on CPU
+    num_kv_slots: int | None = None  # KV capacity in tokens; None: from free memory (CUDA) or a fixed default
+    memory_fraction: float = 1.0  # share of the free memory after weights that the KV cache may take
+    max_rows: int = 256  # concurrent requests (rows of req_to_token)
+    max_seq_len: int | None = None  # per-request tokens; None: min(model context, num_kv_slots)
+    cuda_graph_batch_sizes: list[int] | None = None  # decode batch sizes to capture; None/[]: none
+    show_progress: bool = True
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        cfg: RunnerConfig,
+        model_config: ModelConfig | None = None,
+        weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+    ):
+        """Loads from cfg.model_id, or (tests) from an already-built config and weight iterable."""
+        self.cfg = cfg
+        self.source: ModelSource | None = None
+        if model_config is None:
+            self.source = resolve_model_source(cfg.model_id, cfg.revision)
+            model_config = load_model_config(self.source)
+            weights = iterate_weights(self.source, model_config, cfg.show_progress)
+        self.model_config = model_config
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        self.model = self._build_model(weights)
+        self.num_kv_slots = self._num_kv_slots()
+        self.max_rows = cfg.max_rows
+        self.max_seq_len = cfg.max_seq_len or min(model_config.max_position_embeddings, self.num_kv_slots)
+        self.kv_caches = self._allocate_kv_caches()
+        # req_to_token[row, position] -> KV slot of that token of the request in that row
+        self.req_to_token = torch.zeros(self.max_rows, self.max_seq_len, dtype=torch.int32, device=self.device)
+        self.backend = create_backend(
+            cfg.attention_backend,
+            num_heads=model_config.num_heads,
+            num_kv_heads=model_config.num_kv_heads,
+            head_dim=model_config.head_dim,
+            max_rows=self.max_rows,
+            max_seq_len=self.max_seq_len,
+            device=self.device,
+            dtype=self.dtype,
+        )
+
+    @classmethod
+    def from_hf_state_dict(
+        cls, hf_config: dict[str, Any], state_dict: dict[str, torch.Tensor], cfg: RunnerConfig | None = None
+    ) -> ModelRunner:
+        """A runner over in-memory weights (transformers config dict + state dict), for tests."""
+        cfg = cfg or RunnerConfig(device="cpu", dtype="float32", num_kv_slots=4096, max_rows=16)
+        return cls(cfg, ModelConfig.from_hf_dict(hf_config), state_dict.items())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [R, vocab] float32 for the rows batch.logits_indices of the flat batch."""
+        if batch.mode == ForwardMode.DECODE:
+            token_rows = batch.req_rows
+        else:
+            token_rows = torch.repeat_interleave(batch.req_rows, batch.q_lens, output_size=batch.num_tokens)
+        self.req_to_token[token_rows, batch.positions] = batch.out_slots.to(torch.int32)
+        self.backend.init_forward_metadata(batch, self.req_to_token)
+        hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_caches, self.backend)
+        return self.model.compute_logits(hidden[batch.logits_indices])
+
+    def _build_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> torch.nn.Module:
+        model_cls = resolve_model_class(self.model_config.architecture)
+        with torch.device(self.device), _default_dtype(self.dtype):
+            model = model_cls(self.model_config, select_ops(self.device))
+        model.load_weights(weights)
+        return model.eval()
+
+    def _kv_bytes_per_token(self) -> int:
+        c = self.model_config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+
+    def _num_kv_slots(self) -> int:
+        if self.cfg.num_kv_slots:
+            return self.cfg.num_kv_slots
+        if self.device.type != "cuda":
+            return CPU_DEFAULT_KV_SLOTS
+        free_bytes, _ = torch.cuda.mem_get_info(self.device)
+        budget = free_bytes * self.cfg.memory_fraction - ACTIVATION_RESERVE_BYTES
+        num_slots = int(budget // self._kv_bytes_per_token())
+        if num_slots <= 0:
+            raise RuntimeError(f"no GPU memory left for the KV cache ({free_bytes / 2**30:.2f} GiB free after weights)")
+        return num_slots
+
+    def _allocate_kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        c = self.model_config
+        bytes_per_token = self._kv_bytes_per_token()
+        logger.info(
+            "KV cache: %d tokens (%.2f GiB, %d bytes/token)",
+            self.num_kv_slots,
+            self.num_kv_slots * bytes_per_token / 2**30,
+            bytes_per_token,
+        )
+        shape = (self.num_kv_slots, c.num_kv_heads, c.head_dim)
+        return [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(c.num_layers)
+        ]
+
+
+def _resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name is None or name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r} (choose float32, float16 or bfloat16)")
+    return _DTYPES[name]
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

@@ -1,0 +1,93 @@
+"""Read a GGUF file: its metadata as a plain dict and its tensors dequantized, under HF names.
+
+llama.cpp's converter permutes the rows of q_proj/k_proj for Llama-family models (it interleaves
+the two rotary halves of each head); we undo that exactly as transformers' GGUF loader does.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+# GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
+_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+# Big arrays we never need as metadata (the tokenizer reads them itself).
+_SKIP_FIELDS = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores"}
+
+
+def open_gguf(path: str):
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+def read_gguf_metadata(reader) -> dict[str, Any]:
+    """Key/value fields decoded to Python values (the large tokenizer arrays are left out)."""
+    fields = {}
+    for key, field in reader.fields.items():
+        if key in _SKIP_FIELDS:
+            continue
+        fields[key] = field.contents()
+    return fields
+
+
+def has_output_tensor(reader) -> bool:
+    return any(t.name == "output.weight" for t in reader.tensors)
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    match = _BLOCK_RE.match(gguf_name)
+    if match:
+        layer, kind, suffix = match.groups()
+        if kind not in _BLOCK_TENSORS:
+            raise KeyError(f"unknown GGUF tensor {gguf_name!r}")
+        return f"model.layers.{layer}.{_BLOCK_TENSORS[kind]}.{suffix}"
+    stem, _, suffix = gguf_name.rpartition(".")
+    if stem not in _TOP_TENSORS:
+        raise KeyError(f"unknown GGUF tensor {gguf_name!r}")
+    return f"{_TOP_TENSORS[stem]}.{suffix}"
+
+
+def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's q/k row permutation: per head, [D/2, 2] -> [2, D/2] row order."""
+    half = weight.shape[0] // num_heads // 2
+    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def iterate_gguf(
+    reader, num_heads: int, num_kv_heads: int, show_progress: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, float32 tensor) for every tensor, dequantized one at a time."""
+    from gguf.quants import dequantize
+
+    is_llama = read_gguf_metadata_arch(reader) == "llama"
+    for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress):
+        # GGUF lists dims fastest-first; reversed they are the torch shape.
+        weights = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(reversed(tensor.shape.tolist())))
+        if is_llama and ".attn_q." in tensor.name:
+            weights = unpermute_rotary_rows(weights, num_heads)
+        elif is_llama and ".attn_k." in tensor.name:
+            weights = unpermute_rotary_rows(weights, num_kv_heads)
+        yield hf_tensor_name(tensor.name), torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+
+
+def read_gguf_metadata_arch(reader) -> str:
+    return reader.fields["general.architecture"].contents()

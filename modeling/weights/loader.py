@@ -1,0 +1,36 @@
+"""Weight loading: one entry point for every checkpoint format (safetensors folder or GGUF file)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator
+
+import torch
+
+from modeling.config import ModelConfig
+from modeling.source import ModelSource
+
+
+def load_model_config(source: ModelSource) -> ModelConfig:
+    if source.is_gguf:
+        from modeling.weights.gguf import has_output_tensor, open_gguf, read_gguf_metadata
+
+        reader = open_gguf(source.gguf_file)
+        return ModelConfig.from_gguf_fields(read_gguf_metadata(reader), has_output_tensor(reader))
+    with open(os.path.join(source.folder, "config.json")) as f:
+        return ModelConfig.from_hf_dict(json.load(f))
+
+
+def iterate_weights(
+    source: ModelSource, config: ModelConfig, show_progress: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF parameter name, tensor on CPU) pairs; the model copies each into place (device, dtype)."""
+    if source.is_gguf:
+        from modeling.weights.gguf import iterate_gguf, open_gguf
+
+        yield from iterate_gguf(open_gguf(source.gguf_file), config.num_heads, config.num_kv_heads, show_progress)
+    else:
+        from modeling.weights.safetensors import iterate_safetensors
+
+        yield from iterate_safetensors(source.folder, show_progress)

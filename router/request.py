@@ -64,3 +64,61 @@ class GenerateRequest:
     prompt_top_n: int = 0  # top alternatives at every prompt position (with prompt_logprobs)
     # Token healing: the healed prompt's removed text; generation is constrained until it is covered.
     healing_prefix: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """Engine-side state of one request (never leaves the engine process).
+
+    vLLM v1 style: there is no prefill or decode phase. `num_computed_tokens` (tokens whose K/V
+    sit in the cache) catches up with `num_tokens` (prompt + generated); a step that reaches the
+    end samples the next token. Preemption sets it back to 0 and the request re-prefills all of
+    `all_token_ids` later.
+    """
+
+    params: GenerateRequest
+    arrival: int  # admission order; the newest running request is preempted first
+    seed: int | None = None  # resolved seed, for sampling requests only
+    status: RequestStatus = RequestStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    row: int | None = None  # row in the runner's req_to_token table while RUNNING
+    slots: list[int] = field(default_factory=list)  # KV slot of token j at slots[j]
+    num_preemptions: int = 0
+    # Filled chunk by chunk when params.prompt_logprobs; sent once with the first token.
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_tokens: list[list] = field(default_factory=list)  # list[list[TopToken]]
+    finish_reason: FinishReason | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.params.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.params.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.params.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens still to run through the model before the next sample."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Ids of positions [start, end) of prompt + generated."""
+        prompt = self.params.prompt_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        out_start = max(0, start - len(prompt))
+        return prompt[start:] + self.output_ids[out_start : end - len(prompt)]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs and len(self.prompt_logprobs) < self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

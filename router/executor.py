@@ -1,0 +1,90 @@
+"""Execute a StepPlan: build the flat batch, run the model, sample, copy the results to the host.
+
+Failures are contained here: if a batch raises, its chunks are retried one by one so that only the
+request that really fails is failed, and the engine keeps serving the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import torch
+
+from modeling.forward_batch import ForwardBatch
+from router.batch import LogitsLayout, build_step_batch
+from router.sampling import Sampler, SamplingBatch, score_prompt
+from router.step import PromptScores, StepPlan, StepResult
+
+logger = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    """What the engine needs of modeling.runner.ModelRunner (tests pass hand-made runners)."""
+
+    num_kv_slots: int
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:  # logits [R, vocab] float32
+        ...
+
+
+class StepExecutor:
+    def __init__(self, runner: Runner, vocab_size: int, device: torch.device | str) -> None:
+        self.runner = runner
+        self.device = torch.device(device)
+        self.sampler = Sampler(vocab_size, self.device)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        if plan.is_empty:
+            return StepResult(tokens=[])
+        try:
+            return self._run(plan)
+        except Exception as exc:  # noqa: BLE001 - any failure of a step must stay contained
+            if len(plan.chunks) == 1:
+                request_id = plan.chunks[0].request.request_id
+                logger.exception("step failed for request %s", request_id)
+                return StepResult.failed(plan, f"{type(exc).__name__}: {exc}")
+            logger.warning("batch of %d failed (%s); isolating the culprit", len(plan.chunks), exc)
+            return self._run_one_by_one(plan)
+
+    def _run_one_by_one(self, plan: StepPlan) -> StepResult:
+        merged = StepResult(tokens=[], prompt_scores=[])
+        for chunk in plan.chunks:
+            single = self.execute(StepPlan(chunks=[chunk]))
+            merged.tokens += single.tokens
+            merged.prompt_scores += single.prompt_scores or [None]
+            merged.errors.update(single.errors)
+        return merged
+
+    @torch.inference_mode()
+    def _run(self, plan: StepPlan) -> StepResult:
+        batch, layout = build_step_batch(plan, self.device)
+        logits = self.runner.forward(batch)  # [R, vocab]
+        result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
+        if layout.sample_rows:
+            requests = [plan.chunks[i].request for i in layout.sampled_chunks]
+            sampling = SamplingBatch.build(requests, logits.shape[-1], self.device)
+            rows = torch.tensor(layout.sample_rows, device=self.device)
+            sampled = self.sampler(logits[rows].float(), sampling).to_host()
+            for chunk_index, token in zip(layout.sampled_chunks, sampled):
+                result.tokens[chunk_index] = token
+        if layout.prompt_chunks:
+            self._score_prompts(plan, layout, logits, result)
+        return result
+
+    def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor, result: StepResult) -> None:
+        top_n = [plan.chunks[i].request.params.prompt_top_n for i, n in layout.prompt_chunks for _ in range(n)]
+        scored = score_prompt(
+            logits[torch.tensor(layout.prompt_rows, dtype=torch.int64, device=self.device)].float(),
+            torch.tensor(layout.prompt_next_ids, dtype=torch.int64, device=self.device),
+            torch.tensor(top_n, dtype=torch.int64, device=self.device),
+        ).to_host()
+        offset = 0
+        for chunk_index, num_rows in layout.prompt_chunks:
+            rows = scored[offset : offset + num_rows]
+            offset += num_rows
+            result.prompt_scores[chunk_index] = PromptScores(
+                logprobs=[r.logprob for r in rows],
+                top_tokens=[list(r.top_tokens) for r in rows],
+            )
+

@@ -1,0 +1,291 @@
+"""Token selection on the device, vectorised across the batch (TGI's HeterogeneousNextTokenChooser).
+
+Order on each logits row (contract §14): watermark -> repetition penalty -> frequency penalty ->
+temperature -> top-k -> top-p -> typical-p -> choose. Reported logprobs are log_softmax of the
+final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
+row of the batch needs it, so an all-greedy batch costs one log_softmax and one argmax.
+
+Sampling is the exponential race argmax(p / E), E ~ Exp(1), written as argmax(logp + Gumbel).
+The noise comes from a counter-based hash of (seed, generation step, token id) computed for the
+whole batch at once, instead of one torch.Generator per request: a per-request generator forces a
+Python loop per sampling row every step (STYLE §3.8), while the hash gives the same guarantees
+(a seed reproduces its tokens, whatever else is in the batch and after a preemption).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from router.outputs import TopToken
+from router.request import Request
+from router.step import SampledToken
+
+WATERMARK_GAMMA = 0.5
+WATERMARK_DELTA = 2.0
+WATERMARK_HASH_KEY = 15485863
+TIE_SLACK = 8  # extra top-n columns fetched so ties at the n-th value usually need no second pass
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-row parameters of the rows being sampled this step; None where no row needs a processor."""
+
+    is_sampling: torch.Tensor  # [B] bool
+    any_sampling: bool
+    seeds: torch.Tensor  # [B] int64
+    steps: torch.Tensor  # [B] int64, generated tokens so far (the noise counter)
+    temperature: torch.Tensor | None  # [B, 1]
+    top_k: torch.Tensor | None  # [B] int64, 0 = off
+    top_p: torch.Tensor | None  # [B]
+    typical_p: torch.Tensor | None  # [B]
+    repetition_penalty: torch.Tensor | None  # [B, 1]
+    frequency_penalty: torch.Tensor | None  # [B, 1]
+    context_ids: torch.Tensor | None  # [B, L] prompt + generated, padded with vocab_size
+    context_lens: torch.Tensor | None  # [B, 1] float
+    watermark_prev_ids: list[tuple[int, int]]  # (row, previous token) of watermarked rows
+    top_n: torch.Tensor | None  # [B] int64
+    max_top_n: int
+
+    @classmethod
+    def build(cls, requests: Sequence[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
+        params = [r.params.sampling for r in requests]
+
+        def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        def maybe(attr: str, is_active, dtype=torch.float32) -> torch.Tensor | None:
+            values = [getattr(p, attr) for p in params]
+            return column(values, dtype) if any(is_active(v) for v in values) else None
+
+        sampling = [p.is_sampling for p in params]
+        has_penalty = any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 for p in params)
+        context_ids, context_lens = _context(requests, vocab_size, device) if has_penalty else (None, None)
+        temperature = maybe("temperature", lambda t: t != 1.0)
+        rep = maybe("repetition_penalty", lambda v: v != 1.0)
+        freq = maybe("frequency_penalty", lambda v: v != 0.0)
+        top_n = [p.top_n_tokens for p in params]
+        return cls(
+            is_sampling=column(sampling, torch.bool),
+            any_sampling=any(sampling),
+            seeds=column([_as_int64(r.seed or 0) for r in requests], torch.int64),
+            steps=column([len(r.output_ids) for r in requests], torch.int64),
+            temperature=None if temperature is None else temperature[:, None],
+            top_k=maybe("top_k", lambda k: k > 0, torch.int64),
+            top_p=maybe("top_p", lambda v: v < 1.0),
+            typical_p=maybe("typical_p", lambda v: v < 1.0),
+            repetition_penalty=None if rep is None else rep[:, None],
+            frequency_penalty=None if freq is None else freq[:, None],
+            context_ids=context_ids,
+            context_lens=context_lens,
+            watermark_prev_ids=[(i, _last_token(r)) for i, (r, p) in enumerate(zip(requests, params)) if p.watermark],
+            top_n=column(top_n, torch.int64) if any(top_n) else None,
+            max_top_n=max(top_n, default=0),
+        )
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """Device tensors of one step, packed for a single device-to-host copy."""
+
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32
+    top_ids: torch.Tensor | None  # [B, K]
+    top_logprobs: torch.Tensor | None  # [B, K]
+    top_counts: torch.Tensor | None  # [B] int64: how many alternatives each row reports (ties kept)
+    all_logprobs: torch.Tensor  # [B, V], read again only when ties overflow the top_ids columns
+
+    def to_host(self) -> list[SampledToken]:
+        """One device-to-host copy for the whole step, then plain Python objects per row."""
+        num_rows = self.token_ids.shape[0]
+        parts = [self.token_ids, self.logprobs]
+        if self.top_counts is not None:
+            parts += [self.top_counts, self.top_ids, self.top_logprobs]
+        packed = torch.cat([p.reshape(num_rows, -1).to(torch.float64) for p in parts], dim=1).cpu().tolist()
+        return [self._row(i, values) for i, values in enumerate(packed)]
+
+    def _row(self, i: int, values: list[float]) -> SampledToken:
+        token = SampledToken(int(values[0]), values[1])
+        if self.top_counts is None or (count := int(values[2])) == 0:
+            return token
+        width = self.top_ids.shape[1]
+        if count > width:  # rare: more ties than fetched columns; a second copy for this row only
+            row_values, row_ids = self.all_logprobs[i].topk(count)
+            pairs = zip(row_ids.tolist(), row_values.tolist())
+        else:
+            pairs = zip(values[3 : 3 + count], values[3 + width : 3 + width + count])
+        token.top_tokens = [TopToken(int(t), float(v)) for t, v in pairs]
+        return token
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device | str) -> None:
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self._green_lists: OrderedDict[int, torch.Tensor] = OrderedDict()  # prev token -> green ids
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """logits [B, V] float32 (modified in place) -> chosen ids, their logprobs, top-n."""
+        scores = self.process(logits, batch)
+        logprobs = torch.log_softmax(scores, dim=-1)  # [B, V]
+        token_ids = scores.argmax(dim=-1)
+        if batch.any_sampling:
+            raced = (logprobs + gumbel_noise(batch.seeds, batch.steps, logprobs.shape[-1])).argmax(dim=-1)
+            token_ids = torch.where(batch.is_sampling, raced, token_ids)
+        chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1)
+        top = top_n_with_ties(logprobs, batch.top_n, batch.max_top_n) if batch.top_n is not None else None
+        return SamplerOutput(token_ids, chosen, *(top or (None, None, None)), all_logprobs=logprobs)
+
+    def process(self, scores: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        if batch.watermark_prev_ids:
+            self._apply_watermark(scores, batch.watermark_prev_ids)
+        if batch.context_ids is not None:
+            scores = apply_penalties(scores, batch)
+        if batch.temperature is not None:
+            scores = scores / batch.temperature
+        if batch.top_k is not None:
+            scores = apply_top_k(scores, batch.top_k)
+        if batch.top_p is not None:
+            scores = apply_top_p(scores, batch.top_p)
+        if batch.typical_p is not None:
+            scores = apply_typical_p(scores, batch.typical_p)
+        return scores
+
+    def _apply_watermark(self, scores: torch.Tensor, rows: list[tuple[int, int]]) -> None:
+        # One randperm per distinct previous token (cached): the green list depends on nothing else.
+        for row, prev in rows:
+            scores[row, self._green_list(prev, scores.shape[-1])] += WATERMARK_DELTA
+
+    def _green_list(self, prev_token: int, vocab_size: int) -> torch.Tensor:
+        if (green := self._green_lists.get(prev_token)) is None:
+            green = watermark_green_list(prev_token, vocab_size).to(self.device)
+            self._green_lists[prev_token] = green
+            if len(self._green_lists) > 4096:
+                self._green_lists.popitem(last=False)
+        return green
+
+
+def watermark_green_list(prev_token: int, vocab_size: int) -> torch.Tensor:
+    """Kirchenbauer et al.: ids whose logits get +delta after `prev_token`."""
+    generator = torch.Generator(device="cpu").manual_seed(WATERMARK_HASH_KEY * prev_token)
+    permutation = torch.randperm(vocab_size, generator=generator)
+    return permutation[: int(vocab_size * WATERMARK_GAMMA)]
+
+
+def apply_penalties(scores: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Repetition (set semantics, HF/CTRL) then TGI's frequency penalty p * count / context_len."""
+    num_rows, vocab = scores.shape
+    counts = torch.zeros(num_rows, vocab + 1, dtype=scores.dtype, device=scores.device)  # +1: pad column
+    counts.scatter_add_(1, batch.context_ids, torch.ones_like(batch.context_ids, dtype=scores.dtype))
+    counts = counts[:, :vocab]
+    if batch.repetition_penalty is not None:
+        penalty = batch.repetition_penalty
+        penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
+        scores = torch.where(counts > 0, penalised, scores)
+    if batch.frequency_penalty is not None:
+        scores = scores - batch.frequency_penalty * counts / batch.context_lens
+    return scores
+
+
+def apply_top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Keep scores >= the k-th largest (ties kept); rows with k == 0 are untouched."""
+    vocab = scores.shape[-1]
+    max_k = int(min(vocab, top_k.max().item())) if top_k.device.type == "cpu" else vocab
+    top_values = scores.topk(max_k, dim=-1).values  # [B, max_k], descending
+    kth = top_values.gather(1, (top_k.clamp(min=1, max=max_k) - 1)[:, None])
+    remove = (scores < kth) & (top_k > 0)[:, None]
+    return scores.masked_fill(remove, float("-inf"))
+
+
+def apply_top_p(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Drop the low tail whose cumulative mass is <= 1 - top_p; always keep the top token."""
+    sorted_scores, order = scores.sort(dim=-1)  # ascending
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - top_p)[:, None]
+    remove_sorted[:, -1] = False
+    remove_sorted &= (top_p < 1.0)[:, None]
+    remove = torch.zeros_like(remove_sorted).scatter_(1, order, remove_sorted)
+    return scores.masked_fill(remove, float("-inf"))
+
+
+def apply_typical_p(scores: torch.Tensor, typical_p: torch.Tensor) -> torch.Tensor:
+    """Locally typical sampling: keep the tokens whose surprise is closest to the entropy."""
+    logp = torch.log_softmax(scores, dim=-1)
+    probs = logp.exp()
+    entropy = -(logp * probs).nan_to_num().sum(dim=-1, keepdim=True)
+    distance = (-logp - entropy).abs()
+    sorted_distance, order = distance.sort(dim=-1)
+    cumulative = scores.gather(1, order).softmax(dim=-1).cumsum(dim=-1)
+    last_kept = (cumulative < typical_p[:, None]).sum(dim=-1).clamp(max=scores.shape[-1] - 1)
+    remove_sorted = sorted_distance > sorted_distance.gather(1, last_kept[:, None])
+    remove_sorted[:, 0] = False
+    remove_sorted &= (typical_p < 1.0)[:, None]
+    remove = torch.zeros_like(remove_sorted).scatter_(1, order, remove_sorted)
+    return scores.masked_fill(remove, float("-inf"))
+
+
+def top_n_with_ties(logprobs: torch.Tensor, top_n: torch.Tensor, max_n: int):
+    """Top-n alternatives per row, sorted; every token tied with the n-th value counts too.
+
+    Returns ids and logprobs [B, K] (K = max_n + TIE_SLACK, capped at vocab) and counts [B]; a row
+    whose count exceeds K is completed on the host (see SampleDecoder).
+    """
+    k = min(logprobs.shape[-1], max_n + TIE_SLACK)
+    values, ids = logprobs.topk(k, dim=-1)
+    nth = values.gather(1, (top_n.clamp(min=1, max=k) - 1)[:, None])
+    counts = (logprobs >= nth).sum(dim=-1)
+    counts = torch.where(top_n > 0, counts, torch.zeros_like(counts))
+    return ids, values, counts
+
+
+def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """-log(-log U) with U from a 32-bit hash of (seed, step, token id); [B] x [B] -> [B, V]."""
+    lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
+    key = _mix32(_mix32(lo ^ _mix32(hi)) ^ ((steps * 0x9E3779B1) & _MASK32))  # [B]
+    token = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    bits = _mix32(_mix32((key[:, None] + token * 0x2C1B3C6D) & _MASK32) ^ key[:, None])  # [B, V]
+    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser on int64 tensors; multipliers < 2**31 so products never overflow."""
+    x = x ^ (x >> 16)
+    x = (x * 0x5BD1E995) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0x27D4EB2D) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _as_int64(seed: int) -> int:
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def _last_token(request: Request) -> int:
+    return request.output_ids[-1] if request.output_ids else request.params.prompt_ids[-1]
+
+
+def _context(requests: Sequence[Request], vocab_size: int, device: torch.device):
+    sequences = [torch.tensor(r.params.prompt_ids + r.output_ids, dtype=torch.int64) for r in requests]
+    padded = torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=vocab_size)
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.float32)[:, None]
+    return padded.to(device), lengths.to(device)
+
+
+
+def score_prompt(logits: torch.Tensor, next_ids: torch.Tensor, top_n: torch.Tensor) -> SamplerOutput:
+    """Prompt logprobs: logits [P, V] at prompt positions, next_ids [P] the tokens they predict.
+
+    Scored under the raw model distribution (no penalties or warpers), as TGI's prefill does.
+    """
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
+    max_n = int(top_n.max().item()) if top_n.numel() else 0
+    top = top_n_with_ties(logprobs, top_n, max_n) if max_n > 0 else (None, None, None)
+    return SamplerOutput(next_ids, chosen, *top, all_logprobs=logprobs)

@@ -1,0 +1,230 @@
+"""Continuous batching over a token-granular KV pool, in vLLM v1's `num_computed_tokens` style.
+
+There is no prefill phase and no decode phase. Each step, every running request asks for the
+tokens between its `num_computed_tokens` and its `num_tokens`: one for a decode, up to the
+remaining prefill-token budget for a prompt (so a long prompt is chunked at
+max_batch_prefill_tokens and shares steps with decodes). Waiting requests join while the
+future-memory estimate (router/admission.py) says they fit. If the pool still runs dry, the newest
+running request is preempted: its slots are freed and it goes back to the head of the queue, to
+re-prefill prompt + generated later. Nothing is ever dropped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from router.admission import AdmissionLimits, RequestTokens, can_admit
+from router.kv_slots import KVSlotPool
+from router.outputs import TokenEvent
+from router.request import FinishReason, Request, RequestStatus
+from router.step import ScheduledChunk, StepPlan, StepResult
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    max_batch_prefill_tokens: int
+    admission: AdmissionLimits
+
+
+class Scheduler:
+    def __init__(self, pool: KVSlotPool, limits: SchedulerLimits, eos_token_ids: frozenset[int]) -> None:
+        self.pool = pool
+        self.limits = limits
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # oldest first: the tail is preempted first
+        self.requests: dict[str, Request] = {}
+        self._abort_ids: set[str] = set()
+
+    # ---- queue management -------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> None:
+        """Takes effect at the next schedule(): the request's slots are free after it."""
+        if request_id in self.requests:
+            self._abort_ids.add(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ---- schedule ---------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan = StepPlan(aborted=self._apply_aborts())
+        budget = self.limits.max_batch_prefill_tokens
+        index = 0
+        while index < len(self.running):
+            request = self.running[index]
+            chunk = self._schedule_running(request, budget, plan)
+            if chunk is None and request.status is not RequestStatus.RUNNING:
+                break  # it preempted itself: nothing newer is left to schedule
+            if chunk is not None:
+                plan.chunks.append(chunk)
+                budget -= _prefill_tokens(chunk)
+            index += 1
+        if not plan.preempted:  # after a preemption the pool is tight: admit nobody this step
+            self._admit_waiting(plan, budget)
+        return plan
+
+    def _schedule_running(self, request: Request, budget: int, plan: StepPlan) -> ScheduledChunk | None:
+        num_new = request.num_new_tokens
+        if request.num_computed_tokens == 0 or num_new > 1:  # a (re-)prefill chunk
+            num_new = min(num_new, budget)
+        if num_new <= 0:
+            return None
+        while (slots := self.pool.allocate(num_new)) is None:
+            victim = self.running[-1]
+            self._preempt(victim)
+            plan.preempted.append(victim)
+            if victim is request:
+                return None
+        return self._chunk(request, num_new, slots)
+
+    def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
+        running_tokens = [_tokens(r) for r in self.running]
+        while self.waiting:
+            request = self.waiting[0]
+            admission = self.limits.admission
+            if not can_admit(running_tokens, _tokens(request), admission, self.pool.num_used_slots, budget):
+                return  # strict FIFO: nobody overtakes the head of the queue
+            row = self.pool.allocate_row()
+            if row is None:
+                return
+            num_new = min(request.num_new_tokens, budget)
+            slots = self.pool.allocate(num_new)
+            if slots is None:
+                self.pool.free_row(row)
+                return
+            self.waiting.popleft()
+            request.row, request.status = row, RequestStatus.RUNNING
+            self.running.append(request)
+            running_tokens.append(_tokens(request))
+            chunk = self._chunk(request, num_new, slots)
+            plan.chunks.append(chunk)
+            budget -= _prefill_tokens(chunk)
+
+    def _chunk(self, request: Request, num_new: int, slots: list[int]) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        request.slots.extend(slots)
+        prompt_rows = None
+        if request.needs_prompt_logprobs:  # positions start.. score prompt tokens start+1..
+            prompt_rows = max(0, min(start + num_new, request.num_prompt_tokens - 1) - start)
+        return ScheduledChunk(
+            request=request,
+            start=start,
+            num_tokens=num_new,
+            slots=slots,
+            is_sampled=start + num_new == request.num_tokens,
+            num_prompt_logprob_rows=prompt_rows,
+        )
+
+    # ---- update -----------------------------------------------------------------------
+    def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
+        events = [TokenEvent(r.request_id, finish_reason=FinishReason.ABORT.value) for r in plan.aborted]
+        scores = result.prompt_scores or [None] * len(plan.chunks)
+        for chunk, sampled, prompt_scores in zip(plan.chunks, result.tokens, scores):
+            request = chunk.request
+            if request.is_finished:
+                continue
+            if (error := result.errors.get(request.request_id)) is not None:
+                self.finish(request, FinishReason.ERROR)
+                events.append(TokenEvent(request.request_id, finish_reason="error", error=error))
+                continue
+            request.num_computed_tokens = chunk.end
+            if prompt_scores is not None:
+                _record_prompt_scores(request, chunk.start, prompt_scores)
+            if chunk.is_sampled:
+                assert sampled is not None, f"chunk of {request.request_id} was sampled but has no token"
+                events.append(self._append_token(request, sampled))
+        return events
+
+    def _append_token(self, request: Request, sampled) -> TokenEvent:
+        request.output_ids.append(sampled.token_id)
+        event = TokenEvent(
+            request.request_id,
+            token_ids=[sampled.token_id],
+            logprobs=[sampled.logprob],
+            top_tokens=[sampled.top_tokens] if request.params.sampling.top_n_tokens > 0 else [],
+            seed=request.seed,
+        )
+        if len(request.output_ids) == 1:
+            event.num_prompt_tokens = request.num_prompt_tokens
+            if request.params.prompt_logprobs:
+                event.prompt_logprobs = list(request.prompt_logprobs)
+                if request.params.prompt_top_n > 0:
+                    event.prompt_top_tokens = [list(t) for t in request.prompt_top_tokens]
+        reason = self._stop_reason(request, sampled.token_id)
+        if reason is not None:
+            self.finish(request, reason)
+            event.finish_reason = reason.value
+        return event
+
+    def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
+        params = request.params  # TGI's order: length first, then EOS, then stop ids
+        if len(request.output_ids) >= params.max_new_tokens:
+            return FinishReason.LENGTH
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            return FinishReason.EOS_TOKEN
+        if token_id in params.stop_token_ids:
+            return FinishReason.STOP_TOKEN
+        return None
+
+    # ---- freeing ----------------------------------------------------------------------
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._release(request)
+        request.status, request.finish_reason = RequestStatus.FINISHED, reason
+        self.requests.pop(request.request_id, None)
+        self._abort_ids.discard(request.request_id)
+
+    def _apply_aborts(self) -> list[Request]:
+        aborted = [self.requests[i] for i in self._abort_ids if i in self.requests]
+        for request in aborted:
+            self.finish(request, FinishReason.ABORT)
+        self._abort_ids.clear()
+        return aborted
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._release(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        if request.needs_prompt_logprobs:  # partial scores are recomputed with the re-prefill
+            request.prompt_logprobs.clear()
+            request.prompt_top_tokens.clear()
+        self.waiting.appendleft(request)
+
+    def _release(self, request: Request) -> None:
+        self.pool.free(request.slots)
+        request.slots = []
+        if request.row is not None:
+            self.pool.free_row(request.row)
+            request.row = None
+
+
+def _prefill_tokens(chunk: ScheduledChunk) -> int:
+    """Tokens a chunk takes from the step's prefill budget (decodes take none)."""
+    is_decode = chunk.num_tokens == 1 and chunk.start > 0 and chunk.is_sampled
+    return 0 if is_decode else chunk.num_tokens
+
+
+def _tokens(request: Request) -> RequestTokens:
+    params = request.params
+    return RequestTokens(request.num_prompt_tokens, len(request.output_ids), params.max_new_tokens, params.ignore_eos)
+
+
+def _record_prompt_scores(request: Request, start: int, scores) -> None:
+    if start == 0:
+        request.prompt_logprobs.append(None)
+        request.prompt_top_tokens.append([])
+    request.prompt_logprobs.extend(scores.logprobs)
+    if request.params.prompt_top_n > 0:
+        request.prompt_top_tokens.extend(scores.top_tokens)

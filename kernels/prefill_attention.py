@@ -1,0 +1,169 @@
+"""Variable-length causal extend attention: new tokens over their request's cached prefix + themselves.
+
+Request i's new tokens are q[q_start[i] : q_start[i] + q_lens[i]] at positions kv_lens[i] - q_lens[i] + j.
+Every K/V row, prefix and new alike, is read through req_to_token (the new tokens' k/v are stored
+before attention runs). One program owns BLOCK_M new tokens of one request and one query head, and
+walks key blocks only up to its last query's position (causal), so the cost of a cached prefix is
+reading it, never recomputing it. Decode tokens (q_len 1) are a valid special case, so MIXED steps
+run through this kernel too.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,  # [T, H, D]
+    k_cache_ptr,  # [S, KVH, D]
+    v_cache_ptr,  # [S, KVH, D]
+    out_ptr,  # [T, H, D]
+    req_to_token_ptr,  # [R, L] int32
+    req_rows_ptr,  # [B]
+    q_start_ptr,  # [B]
+    q_lens_ptr,  # [B]
+    kv_lens_ptr,  # [B]
+    scale,
+    stride_qt, stride_qh,
+    stride_ks, stride_kh,
+    stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_rt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    m_block = tl.program_id(2)
+    kv_head = head // GROUP
+
+    q_len = tl.load(q_lens_ptr + req).to(tl.int32)
+    kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
+    q_start = tl.load(q_start_ptr + req).to(tl.int64)
+    prefix_len = kv_len - q_len
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # index among this request's new tokens
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < q_len
+    mask_d = offs_d < HEAD_DIM
+    q_pos = prefix_len + offs_m  # absolute position of each query
+    token_idx = q_start + offs_m
+    q = tl.load(
+        q_ptr + token_idx[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    row = tl.load(req_rows_ptr + req).to(tl.int64)
+    token_row_ptr = req_to_token_ptr + row * stride_rt
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    qk_scale = scale * 1.4426950408889634  # exp2 domain
+    # causal: no query of this block sees past its last position; a block past q_len reads nothing
+    key_end = tl.minimum(kv_len, prefix_len + (m_block + 1) * BLOCK_M)
+    key_end = tl.where(m_block * BLOCK_M < q_len, key_end, 0)
+    for block_start in range(0, key_end, BLOCK_N):
+        offs_n = block_start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < key_end
+        slots = tl.load(token_row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+        # rows past q_len see nothing; keep their max finite so no inf - inf appears
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    tl.store(
+        out_ptr + token_idx[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
+
+
+def prefill_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k_cache: torch.Tensor,  # [S, KVH, D]
+    v_cache: torch.Tensor,  # [S, KVH, D]
+    req_to_token: torch.Tensor,  # [R, L] int32
+    req_rows: torch.Tensor,  # [B]
+    q_start: torch.Tensor,  # [B]
+    q_lens: torch.Tensor,  # [B]
+    kv_lens: torch.Tensor,  # [B]
+    max_q_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,  # [T, H, D]
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    assert num_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
+    if out is None:
+        out = torch.empty_like(q)
+    batch = req_rows.shape[0]
+    if batch == 0 or num_tokens == 0:
+        return out
+    grid = (batch, num_heads, triton.cdiv(max_q_len, block_m))
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, req_to_token, req_rows, q_start, q_lens, kv_lens, scale,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1),
+        out.stride(0), out.stride(1),
+        req_to_token.stride(0),
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
+def prefill_attention_ref(
+    q: torch.Tensor,  # [T, H, D]
+    k_cache: torch.Tensor,  # [S, KVH, D]
+    v_cache: torch.Tensor,  # [S, KVH, D]
+    req_to_token: torch.Tensor,  # [R, L] int32
+    req_rows: torch.Tensor,  # [B]
+    q_start: torch.Tensor,  # [B]
+    q_lens: torch.Tensor,  # [B]
+    kv_lens: torch.Tensor,  # [B]
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each request's new tokens over its whole KV (prefix + new), in fp32."""
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
+    out = torch.zeros_like(q)
+    for row, start, q_len, kv_len in zip(req_rows.tolist(), q_start.tolist(), q_lens.tolist(), kv_lens.tolist()):
+        slots = req_to_token[row, :kv_len].long()
+        k = k_cache[slots].float().repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, H, D]
+        v = v_cache[slots].float().repeat_interleave(num_heads // num_kv_heads, dim=1)
+        qs = q[start : start + q_len].float()  # [Q, H, D]
+        scores = torch.einsum("qhd,lhd->hql", qs, k) * scale
+        q_pos = torch.arange(kv_len - q_len, kv_len)[:, None]
+        scores.masked_fill_(torch.arange(kv_len)[None, :] > q_pos, float("-inf"))
+        out[start : start + q_len] = torch.einsum("hql,lhd->qhd", scores.softmax(-1), v).to(q.dtype)
+    return out

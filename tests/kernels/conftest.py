@@ -1,0 +1,46 @@
+"""Kernel tests run on CPU through Triton's interpreter.
+
+Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when a kernels/ module is imported.
+So this file turns the interpreter on, (re)imports every kernels/ module under it, and restores the
+variable at once: nothing else in a shared pytest process sees it, and a module that some other
+test package imported earlier (compiled mode) is replaced by its interpreted twin.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import torch
+
+KERNEL_MODULES = [
+    "kernels.decode_attention",
+    "kernels.prefill_attention",
+    "kernels.kv_store",
+    "kernels.rmsnorm",
+    "kernels.rotary",
+    "kernels.silu_mul",
+]
+
+
+def _import_interpreted() -> None:
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        # Triton's own helpers (tl.cdiv, gluon's copies of them) are decorated at import as well.
+        importlib.import_module("triton.experimental.gluon")
+        for name in KERNEL_MODULES:
+            if name in sys.modules:
+                importlib.reload(sys.modules[name])
+            else:
+                importlib.import_module(name)
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+if not torch.cuda.is_available():
+    _import_interpreted()

@@ -6,7 +6,7 @@ types, labels, buckets and help texts follow TGI's router (see reference/tgi-con
 counters are bare (`tgi_request_count`, no `_total`), series appear only after first use, every
 `*duration` histogram has 35 geometric buckets 0.0001·1.5^k, and `tgi_request_skipped_tokens` is
 a summary. The vLLM series are plain prometheus_client metrics with vLLM's names and buckets, so
-dashboards written for vLLM (or the AIAK server) find what they expect.
+dashboards written for vLLM-style servers find what they expect.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from router.stats import EngineStats
+from tgi_compat.metrics_vllm import VllmFamilies, one_two_five_buckets  # noqa: F401 (re-exported)
 from tgi_compat.prometheus_text import (
     BareCounter,
     BucketHistogram,
@@ -34,24 +36,6 @@ FAILURE_KINDS = ("validation", "overloaded", "generation", "incomplete", "droppe
 BATCH_METHODS = ("prefill", "decode")
 DURATION_BUCKETS = geometric_buckets(0.0001, 1.5, 35)
 BATCH_SIZE_BUCKETS = [float(k) for k in range(1, 1025)]
-
-# vLLM's bucket choices (vllm/engine/metrics.py), so its dashboards read the same.
-_VLLM_TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-_VLLM_TPOT = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-_VLLM_LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
-
-
-def one_two_five_buckets(maximum: int) -> list[float]:
-    """1, 2, 5, 10, 20, 50, ... up to `maximum` (vLLM's token-count buckets)."""
-    bounds, exponent = [], 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > maximum:
-                return bounds
-            bounds.append(float(value))
-        exponent += 1
-
 
 class _TgiFamilies:
     """Every series of TGI's router and v3 backend, declared once with its TGI help text."""
@@ -121,59 +105,16 @@ class _TgiCollector(Collector):
                 yield metric
 
 
-class _VllmFamilies:
-    def __init__(self, registry: CollectorRegistry, model_name: str, max_total_tokens: int) -> None:
-        labels = ["model_name"]
-        token_buckets = one_two_five_buckets(max_total_tokens)
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """Totals and occupancy at one instant, for the periodic stats log line."""
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=registry, multiprocess_mode="livemostrecent")
-
-        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(name, doc, labels, registry=registry, buckets=buckets)
-
-        self.num_requests_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.gpu_cache_usage = gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.")
-        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.num_preemptions = Counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=registry
-        )
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=registry
-        )
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=registry
-        )
-        self.request_success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            labels + ["finished_reason"],
-            registry=registry,
-        )
-        self.e2e_latency = histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", _VLLM_LATENCY
-        )
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _VLLM_TTFT)
-        self.tpot = histogram(
-            "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", _VLLM_TPOT
-        )
-        self.queue_time = histogram(
-            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", _VLLM_LATENCY
-        )
-        self.inference_time = histogram(
-            "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", _VLLM_LATENCY
-        )
-        self.prompt_tokens_hist = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
-        )
-        self.generation_tokens_hist = histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.", token_buckets
-        )
-        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20])
-        self.params_max_tokens = histogram(
-            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", token_buckets
-        )
+    prompt_tokens: int  # cumulative
+    generated_tokens: int  # cumulative
+    requests_succeeded: int
+    waiting: int
+    running: int
+    kv_usage: float | None  # 0..1, None until the engine reports
 
 
 class ServerMetrics:
@@ -184,12 +125,16 @@ class ServerMetrics:
         self.model_name = model_name
         self.tgi = _TgiFamilies(max_input_tokens, max_total_tokens)
         self.registry.register(_TgiCollector(self.tgi))
-        self.vllm = _VllmFamilies(self.registry, model_name, max_total_tokens)
+        self.vllm = VllmFamilies(self.registry, model_name, max_total_tokens)
         self._lock = threading.Lock()
         self._waiting = 0  # API-side view: submitted, no token yet
         self._running = 0  # API-side view: streaming tokens
         self._engine_reported = False  # once the engine reports, its numbers win
         self._preemptions_seen = 0
+        self._api_tokens = [0, 0]  # prompt, generated: summed over finished requests
+        self._engine_tokens: tuple[int, int] | None = None  # the engine's cumulative counts
+        self._kv_usage: float | None = None
+        self._waiting_engine = self._running_engine = 0
 
     # -- request lifecycle (HTTP layer) ---------------------------------------------------------
     def request_received(self, count: int = 1) -> None:
@@ -247,6 +192,9 @@ class ServerMetrics:
         self, total_s, queue_s, inference_s, tpot_s, input_len, generated, max_new, ttft_s, finish_reason, n
     ) -> None:
         v, name = self.vllm, self.model_name
+        with self._lock:
+            self._api_tokens[0] += input_len
+            self._api_tokens[1] += generated
         v.prompt_tokens.labels(name).inc(input_len)
         v.generation_tokens.labels(name).inc(generated)
         reason = "length" if finish_reason == "length" else "stop"
@@ -320,6 +268,9 @@ class ServerMetrics:
         self.vllm.num_requests_waiting.labels(name).set(queue_size)
         self.vllm.num_requests_running.labels(name).set(batch_size)
         usage = kv_used / kv_total if kv_total > 0 else 0.0
+        self._kv_usage = usage
+        with self._lock:
+            self._waiting_engine, self._running_engine = queue_size, batch_size
         self.vllm.gpu_cache_usage.labels(name).set(usage)
         self.vllm.kv_cache_usage.labels(name).set(usage)
         if num_preemptions is not None:
@@ -334,6 +285,8 @@ class ServerMetrics:
         self.set_engine_stats(
             stats.queue_size, stats.running, stats.batch_max_tokens, stats.kv_used, stats.kv_total, stats.num_preemptions
         )
+        if stats.prompt_tokens or stats.generated_tokens:
+            self._engine_tokens = (stats.prompt_tokens, stats.generated_tokens)
         if stats.kv_total and self.tgi.batch_max_total_tokens.value() is None:
             self.set_max_batch_total_tokens(stats.kv_total)
         for step in stats.steps:
@@ -359,6 +312,22 @@ class ServerMetrics:
         t.batch_filter_duration.observe(max(0.0, total_s - forward_s - decode_s), method=method)
         t.batch_inference_duration.observe(total_s, method=method)
         t.batch_inference_success.inc(method=method)
+
+    def snapshot(self) -> MetricsSnapshot:
+        with self._lock:
+            prompt, generated = self._engine_tokens or tuple(self._api_tokens)
+            if self._engine_reported:
+                waiting, running = self._waiting_engine, self._running_engine
+            else:
+                waiting, running = self._waiting, self._running
+        return MetricsSnapshot(
+            prompt_tokens=prompt,
+            generated_tokens=generated,
+            requests_succeeded=int(self.tgi.request_success.value()),
+            waiting=waiting,
+            running=running,
+            kv_usage=self._kv_usage,
+        )
 
     # -- exposition ----------------------------------------------------------------------------
     def render(self) -> bytes:

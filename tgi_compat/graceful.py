@@ -1,0 +1,55 @@
+"""SIGTERM handling: stop taking requests, let running ones finish, exit 0 (TGI's behaviour).
+
+uvicorn already does the draining part: on SIGTERM/SIGINT it closes the listening socket, closes
+idle keep-alive connections, lets busy ones finish their response (streams included) for up to
+`timeout_graceful_shutdown` seconds, then cancels what is left. But after `serve()` returns it
+re-raises the captured signal with the handler that was installed before it started; with
+Python's default SIGTERM handler that kills the process (exit 143) before the caller can shut the
+engine down. `GracefulShutdown.serve` installs a recording handler first, so the re-raised
+signal only gets noted, the caller's cleanup runs, and the process exits 0.
+
+    graceful = GracefulShutdown(config.graceful_termination_timeout)
+    server = uvicorn.Server(uvicorn.Config(app, ..., **graceful.uvicorn_options()))
+    await graceful.serve(server)          # returns after the drain
+    await engine.shutdown()               # then the engine
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+import uvicorn
+
+logger = logging.getLogger("tgi_compat.graceful")
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class GracefulShutdown:
+    def __init__(self, timeout_s: float = 90.0) -> None:
+        self.timeout_s = timeout_s
+        self.received: signal.Signals | None = None  # the first termination signal, if any
+
+    def uvicorn_options(self) -> dict[str, object]:
+        return {"timeout_graceful_shutdown": self.timeout_s}
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+    async def serve(self, server: uvicorn.Server) -> None:
+        """Run `server` until a termination signal (or `should_exit`), drained."""
+        if threading.current_thread() is not threading.main_thread():
+            await server.serve()  # signals are only delivered to the main thread
+            return
+        previous = {sig: signal.signal(sig, self._record) for sig in _SIGNALS}
+        try:
+            await server.serve()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.received is not None:
+            logger.info("Received %s: in-flight requests drained (limit %.0f s), shutting down", self.received.name, self.timeout_s)

@@ -70,7 +70,9 @@ class EngineCore:
 
 def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInfo:
     max_positions = model_config.max_position_embeddings
-    max_total = config.max_total_tokens or min(max_positions, runner.num_kv_slots - 1)
+    # A request's positions must fit the runner's req_to_token rows and leave admission room.
+    max_seq_len = getattr(runner, "max_seq_len", max_positions)
+    max_total = min(config.max_total_tokens or max_positions, max_seq_len, runner.num_kv_slots - 1)
     eos = tuple(dict.fromkeys([*model_config.eos_token_ids, *config.eos_token_ids]))
     return EngineInfo(
         model_id=config.model_id,

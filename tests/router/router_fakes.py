@@ -75,7 +75,7 @@ class HashRunner:
         self.vocab = vocab
         self.kv = torch.full((num_kv_slots,), -1, dtype=torch.int64)
         self.req_to_token = torch.zeros(max_rows, max_len, dtype=torch.int64)
-        self.fail_on_token: int | None = None  # a prompt holding this id makes forward raise
+        self.fail_on_token: int | None = None  # a batch holding this id makes forward raise (use 0)
         self.num_forwards = 0
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -97,7 +97,35 @@ class HashRunner:
 
     def logits_after(self, context: list[int]) -> torch.Tensor:
         target = (sum(i * (k + 1) for k, i in enumerate(context)) * 31 + len(context)) % self.vocab
-        if target == EOS:
-            target = EOS + 1  # keep greedy runs going to max_new_tokens
+        if target in (0, EOS):
+            target = EOS + 1  # greedy runs go to max_new_tokens; id 0 is kept for poisoning
         distance = (torch.arange(self.vocab) - target) % self.vocab
         return -0.25 * distance.float()
+
+
+def hash_engine(num_kv_slots: int = 4096, max_running: int = 16, max_prefill: int = 512, runner=None, **config):
+    """EngineCore over a HashRunner: the real scheduler, sampler and executor, a stand-in model."""
+    from types import SimpleNamespace
+
+    from router.config import EngineConfig
+    from router.engine import EngineCore
+
+    runner = runner or HashRunner(num_kv_slots=num_kv_slots, max_rows=max_running)
+    model_config = SimpleNamespace(
+        architecture="HashForTests", vocab_size=runner.vocab, max_position_embeddings=2048, eos_token_ids=[EOS]
+    )
+    engine_config = EngineConfig(
+        model_id="hash", max_running_requests=max_running, max_batch_prefill_tokens=max_prefill, **config
+    )
+    return EngineCore(engine_config, runner, model_config)
+
+
+def drain(engine) -> dict[str, list]:
+    events: dict[str, list] = {}
+    for _ in range(10_000):
+        if not engine.has_unfinished():
+            break
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+    assert engine.pool.is_full_free()
+    return events

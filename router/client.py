@@ -1,0 +1,271 @@
+"""EngineClient implementations: the engine in its own process (ZeroMQ), or in a thread (tests).
+
+Both share the request bookkeeping in `_QueueingClient`: one asyncio.Queue per pending request,
+fed by whatever brings events back. `generate()` validates before anything is sent, yields events
+until one finishes the request, and aborts the request if the caller stops iterating early. When
+the engine dies, every queue receives EngineDeadError at once; nobody waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import os
+import queue
+import shutil
+import tempfile
+import threading
+from collections.abc import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from router.client_api import EngineClient, EngineDeadError, EngineInfo, RequestRejectedError
+from router.config import EngineConfig
+from router.engine import EngineCore
+from router.engine_process import run_engine_process
+from router.outputs import TokenEvent
+from router.request import GenerateRequest
+from router.validation import validate_request
+from router.wire import (
+    AbortRequest,
+    AddRequest,
+    Ready,
+    Rejected,
+    Shutdown,
+    StartupFailed,
+    StepOutputs,
+    encoder,
+    engine_message_decoder,
+)
+
+logger = logging.getLogger(__name__)
+_health_ids = itertools.count()
+
+
+class _QueueingClient(EngineClient):
+    def __init__(self, info: EngineInfo) -> None:
+        self.info = info
+        self._pending: dict[str, asyncio.Queue] = {}
+        self._dead_reason: str | None = None
+
+    @property
+    def is_dead(self) -> bool:
+        return self._dead_reason is not None
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+        validate_request(request, self.info)
+        if request.request_id in self._pending:
+            raise RequestRejectedError(f"request id {request.request_id!r} is already in flight")
+        events: asyncio.Queue = asyncio.Queue()
+        self._pending[request.request_id] = events
+        is_finished = False
+        try:
+            self._submit(AddRequest(request))
+            while not is_finished:
+                item = await events.get()
+                if isinstance(item, BaseException):
+                    is_finished = True
+                    raise item
+                is_finished = item.finish_reason is not None
+                yield item
+        finally:
+            self._pending.pop(request.request_id, None)
+            if not is_finished and self._dead_reason is None:
+                self._submit(AbortRequest(request.request_id))
+
+    async def abort(self, request_id: str) -> None:
+        if self._dead_reason is None:
+            self._submit(AbortRequest(request_id))
+
+    async def check_health(self, timeout: float = 60.0) -> bool:
+        """Runs a one-token generation through the real engine step."""
+        if self._dead_reason is not None:
+            return False
+        probe = GenerateRequest(f"__health__{next(_health_ids)}", [self.info.eos_token_ids[0] if self.info.eos_token_ids else 0], max_new_tokens=1)
+
+        async def run() -> bool:
+            events = [event async for event in self.generate(probe)]
+            return bool(events) and events[-1].finish_reason in ("length", "eos_token", "stop_sequence")
+
+        try:
+            return await asyncio.wait_for(run(), timeout)
+        except (EngineDeadError, asyncio.TimeoutError):
+            return False
+
+    # ---- called by subclasses -----------------------------------------------------------
+    def _submit(self, message) -> None:
+        raise NotImplementedError
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            if (events_queue := self._pending.get(event.request_id)) is not None:
+                events_queue.put_nowait(event)
+
+    def _reject(self, request_id: str, message: str) -> None:
+        if (events_queue := self._pending.get(request_id)) is not None:
+            events_queue.put_nowait(RequestRejectedError(message))
+
+    def _mark_dead(self, reason: str) -> None:
+        if self._dead_reason is not None:
+            return
+        logger.error("engine is dead: %s", reason)
+        self._dead_reason = reason
+        for events_queue in self._pending.values():
+            events_queue.put_nowait(EngineDeadError(reason))
+
+
+class ZmqEngineClient(_QueueingClient):
+    """The engine loop in a spawned process, reached over two ipc:// ZeroMQ sockets."""
+
+    def __init__(self, info: EngineInfo, process, context, outbox, inbox, socket_dir: str) -> None:
+        super().__init__(info)
+        self._process = process
+        self._context, self._outbox, self._inbox = context, outbox, inbox
+        self._socket_dir = socket_dir
+        self._reader: asyncio.Task | None = None
+
+    @classmethod
+    async def start(cls, config: EngineConfig, startup_timeout: float = 900.0) -> ZmqEngineClient:
+        socket_dir = tempfile.mkdtemp(prefix="tgi-engine-")
+        input_address, output_address = f"ipc://{socket_dir}/input", f"ipc://{socket_dir}/output"
+        context = zmq.asyncio.Context()
+        outbox, inbox = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+        outbox.bind(input_address)
+        inbox.bind(output_address)
+        process = multiprocessing.get_context("spawn").Process(
+            target=run_engine_process,
+            args=(config, input_address, output_address, os.getpid()),
+            name="engine-core",
+            daemon=True,
+        )
+        process.start()
+        try:
+            info = await asyncio.wait_for(_await_ready(inbox, process), startup_timeout)
+        except BaseException:
+            process.kill()
+            _close(context, outbox, inbox, socket_dir)
+            raise
+        client = cls(info, process, context, outbox, inbox, socket_dir)
+        client._reader = asyncio.create_task(client._read_outputs())
+        asyncio.get_running_loop().add_reader(process.sentinel, client._on_process_exit)
+        return client
+
+    def _submit(self, message) -> None:
+        try:
+            self._outbox.send(encoder.encode(message), flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            self._mark_dead(f"cannot reach the engine: {exc}")
+
+    async def _read_outputs(self) -> None:
+        while True:
+            message = engine_message_decoder.decode(await self._inbox.recv())
+            if isinstance(message, StepOutputs):
+                self._dispatch(message.events)
+            elif isinstance(message, Rejected):
+                self._reject(message.request_id, message.message)
+
+    def _on_process_exit(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._process.sentinel)
+        self._process.join(timeout=1)
+        self._mark_dead(f"engine process exited with code {self._process.exitcode}")
+        if self._reader is not None:
+            self._reader.cancel()
+
+    async def shutdown(self) -> None:
+        if self._process.is_alive():
+            self._submit(Shutdown())
+            await asyncio.get_running_loop().run_in_executor(None, self._process.join, 10)
+        if self._process.is_alive():
+            self._process.kill()
+            await asyncio.get_running_loop().run_in_executor(None, self._process.join, 5)
+        self._on_process_exit_quietly()
+        _close(self._context, self._outbox, self._inbox, self._socket_dir)
+
+    def _on_process_exit_quietly(self) -> None:
+        try:
+            asyncio.get_running_loop().remove_reader(self._process.sentinel)
+        except (ValueError, OSError):
+            pass
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._dead_reason is None:
+            self._dead_reason = "engine was shut down"
+            for events_queue in self._pending.values():
+                events_queue.put_nowait(EngineDeadError(self._dead_reason))
+
+
+async def _await_ready(inbox, process) -> EngineInfo:
+    while True:
+        if await inbox.poll(200):
+            message = engine_message_decoder.decode(await inbox.recv())
+            if isinstance(message, Ready):
+                return message.info
+            if isinstance(message, StartupFailed):
+                raise EngineDeadError(f"engine failed to start: {message.error}")
+        elif not process.is_alive():
+            raise EngineDeadError(f"engine process exited during startup with code {process.exitcode}")
+
+
+def _close(context, outbox, inbox, socket_dir: str) -> None:
+    outbox.close(linger=0)
+    inbox.close(linger=0)
+    context.term()
+    shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+class InProcessEngineClient(_QueueingClient):
+    """The same engine loop in a thread of this process: for tests and offline use."""
+
+    def __init__(self, core: EngineCore) -> None:
+        super().__init__(core.info)
+        self.core = core
+        self._loop = asyncio.get_running_loop()
+        self._inbox: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    async def start(cls, config: EngineConfig) -> InProcessEngineClient:
+        core = await asyncio.get_running_loop().run_in_executor(None, EngineCore.from_config, config)
+        return cls(core)
+
+    def _submit(self, message) -> None:
+        self._inbox.put(message)
+
+    def _run(self) -> None:
+        try:
+            while self._drain_inbox():
+                if self.core.has_unfinished():
+                    if events := self.core.step():
+                        self._loop.call_soon_threadsafe(self._dispatch, events)
+        except Exception as exc:  # noqa: BLE001 - the loop died: every pending request must learn it
+            logger.exception("engine thread died")
+            self._loop.call_soon_threadsafe(self._mark_dead, f"engine thread died: {type(exc).__name__}: {exc}")
+
+    def _drain_inbox(self) -> bool:
+        block = not self.core.has_unfinished()
+        while True:
+            try:
+                message = self._inbox.get(block=block, timeout=0.1 if block else None)
+            except queue.Empty:
+                return True
+            block = False
+            if isinstance(message, Shutdown):
+                return False
+            if isinstance(message, AbortRequest):
+                self.core.abort(message.request_id)
+            else:
+                try:
+                    self.core.add_request(message.request)
+                except (RequestRejectedError, ValueError) as exc:
+                    self._loop.call_soon_threadsafe(self._reject, message.request.request_id, str(exc))
+
+    async def shutdown(self) -> None:
+        self._submit(Shutdown())
+        await self._loop.run_in_executor(None, self._thread.join, 10)
+        self._mark_dead("engine was shut down")

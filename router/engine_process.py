@@ -1,0 +1,80 @@
+"""The engine's busy loop in its own process: receive requests, step, send token events.
+
+It exits when told to, when its parent process is gone, or when a step raises past the executor's
+containment (a router bug): the client then sees the process die and fails every pending request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import zmq
+
+from router.client_api import RequestRejectedError
+from router.config import EngineConfig
+from router.engine import EngineCore
+from router.wire import (
+    AbortRequest,
+    AddRequest,
+    Ready,
+    Rejected,
+    Shutdown,
+    StartupFailed,
+    StepOutputs,
+    client_message_decoder,
+    encoder,
+)
+
+logger = logging.getLogger(__name__)
+IDLE_POLL_MS = 100
+
+
+def run_engine_process(config: EngineConfig, input_address: str, output_address: str, parent_pid: int) -> None:
+    context = zmq.Context()
+    inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    inbox.connect(input_address)
+    outbox.connect(output_address)
+    try:
+        core = EngineCore.from_config(config)
+    except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
+        logger.exception("engine startup failed")
+        outbox.send(encoder.encode(StartupFailed(f"{type(exc).__name__}: {exc}")))
+        return
+    outbox.send(encoder.encode(Ready(core.info)))
+    try:
+        _serve(core, inbox, outbox, parent_pid)
+    finally:
+        outbox.close(linger=1000)
+        inbox.close(linger=0)
+        context.term()
+
+
+def _serve(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> None:
+    while True:
+        timeout = 0 if core.has_unfinished() else IDLE_POLL_MS
+        while inbox.poll(timeout):
+            timeout = 0
+            if not _handle(core, client_message_decoder.decode(inbox.recv()), outbox):
+                return
+        if os.getppid() != parent_pid:
+            logger.error("parent process is gone; engine exits")
+            return
+        if core.has_unfinished():
+            events = core.step()
+            if events:
+                outbox.send(encoder.encode(StepOutputs(events)))
+
+
+def _handle(core: EngineCore, message, outbox: zmq.Socket) -> bool:
+    """Apply one client message; False when the engine should stop."""
+    if isinstance(message, AddRequest):
+        try:
+            core.add_request(message.request)
+        except (RequestRejectedError, ValueError) as exc:
+            outbox.send(encoder.encode(Rejected(message.request.request_id, str(exc))))
+    elif isinstance(message, AbortRequest):
+        core.abort(message.request_id)
+    elif isinstance(message, Shutdown):
+        return False
+    return True

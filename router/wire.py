@@ -1,0 +1,53 @@
+"""Messages between the API process and the engine process (msgspec msgpack over ZeroMQ).
+
+    client PUSH --(AddRequest | AbortRequest | Shutdown)--> engine PULL
+    client PULL <--(Ready | StartupFailed | Rejected | StepOutputs)-- engine PUSH
+
+The client binds both ipc:// sockets in its own temporary directory and the engine connects, so
+no port is ever hard-coded and a dead engine leaves nothing behind but that directory.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from router.client_api import EngineInfo
+from router.outputs import TokenEvent
+from router.request import GenerateRequest
+
+
+class AddRequest(msgspec.Struct, tag=True):
+    request: GenerateRequest
+
+
+class AbortRequest(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+class Ready(msgspec.Struct, tag=True):
+    info: EngineInfo
+
+
+class StartupFailed(msgspec.Struct, tag=True):
+    error: str
+
+
+class Rejected(msgspec.Struct, tag=True):
+    request_id: str
+    message: str
+
+
+class StepOutputs(msgspec.Struct, tag=True, array_like=True, gc=False):
+    events: list[TokenEvent]
+
+
+ClientMessage = AddRequest | AbortRequest | Shutdown
+EngineMessage = Ready | StartupFailed | Rejected | StepOutputs
+
+encoder = msgspec.msgpack.Encoder()
+client_message_decoder = msgspec.msgpack.Decoder(ClientMessage)
+engine_message_decoder = msgspec.msgpack.Decoder(EngineMessage)

@@ -1,0 +1,101 @@
+"""Generation results -> TGI response bodies and headers (contract §5, §7)."""
+
+from __future__ import annotations
+
+import time
+
+from tgi_compat.generation import GenerationResult, Timings, TokenStep
+from tgi_compat.schemas import BestOfSequence, Details, GenerateResponse, StreamDetails, StreamResponse
+from tgi_compat.validation import ValidatedRequest
+
+
+def _full_text(request: ValidatedRequest, text: str) -> str:
+    # TGI prepends the original (untruncated) inputs verbatim, no separator.
+    return request.inputs + text if request.return_full_text else text
+
+
+def _best_of_sequence(request: ValidatedRequest, result: GenerationResult) -> BestOfSequence:
+    sequence = BestOfSequence(
+        generated_text=_full_text(request, result.generated_text),
+        finish_reason=result.finish_reason,
+        generated_tokens=result.generated_tokens,
+        seed=result.seed,
+        prefill=result.prefill,
+        tokens=result.tokens,
+    )
+    if result.top_tokens:
+        sequence.top_tokens = result.top_tokens
+    return sequence
+
+
+def generate_response(request: ValidatedRequest, results: list[GenerationResult]) -> GenerateResponse:
+    """`results[0]` is the answer; the rest (best_of > 1) go to best_of_sequences."""
+    best = results[0]
+    response = GenerateResponse(generated_text=_full_text(request, best.generated_text))
+    if not request.wants_details:
+        return response  # the `details` key is omitted, never null
+    details = Details(
+        finish_reason=best.finish_reason,
+        generated_tokens=best.generated_tokens,
+        seed=best.seed,
+        prefill=best.prefill,
+        tokens=best.tokens,
+    )
+    if best.top_tokens:
+        details.top_tokens = best.top_tokens
+    if len(results) > 1:
+        details.best_of_sequences = [_best_of_sequence(request, r) for r in results[1:]]
+    response.details = details
+    return response
+
+
+def stream_response(request: ValidatedRequest, step: TokenStep) -> StreamResponse:
+    event = StreamResponse(index=step.index, token=step.token, generated_text=None, details=None)
+    if step.top_tokens:
+        event.top_tokens = step.top_tokens
+    result = step.result
+    if result is not None:
+        event.generated_text = _full_text(request, result.generated_text)
+        if request.params.details:
+            event.details = StreamDetails(
+                finish_reason=result.finish_reason,
+                generated_tokens=result.generated_tokens,
+                seed=result.seed,
+                input_length=result.input_length,
+            )
+    return event
+
+
+def _ms(seconds: float) -> str:
+    return str(int(seconds * 1000))
+
+
+def timing_headers(
+    timings: Timings, prompt_tokens: int, generated_tokens: int, compute_type: str, inputs: str
+) -> dict[str, str]:
+    """x-* headers of non-streaming responses: milliseconds as integers, x-compute-time in seconds."""
+    total = time.perf_counter() - timings.arrival
+    validation = max(timings.validated - timings.arrival, 0.0)
+    inference = timings.inference_seconds()
+    per_token = inference / generated_tokens if generated_tokens else 0.0
+    return {
+        "x-compute-type": compute_type,
+        "x-compute-time": f"{total}",
+        "x-compute-characters": str(len(inputs)),
+        "x-total-time": _ms(total),
+        "x-validation-time": _ms(validation),
+        "x-queue-time": _ms(timings.queue_seconds()),
+        "x-inference-time": _ms(inference),
+        "x-time-per-token": _ms(per_token),
+        "x-prompt-tokens": str(prompt_tokens),
+        "x-generated-tokens": str(generated_tokens),
+    }
+
+
+def stream_headers(compute_type: str, inputs: str) -> dict[str, str]:
+    return {
+        "cache-control": "no-cache",
+        "x-compute-type": compute_type,
+        "x-compute-characters": str(len(inputs)),
+        "x-accel-buffering": "no",
+    }

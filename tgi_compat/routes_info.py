@@ -1,0 +1,72 @@
+"""GET /, /health, /ping, /info, /metrics, /v1/models (contract §8). None needs the API key."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from tgi_compat.errors import unhealthy_response
+from tgi_compat.schemas import Info
+from tgi_compat.state import ROUTER_NAME, TGI_VERSION, get_state
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+
+HEALTH_TIMEOUT_SECONDS = 30.0
+METRICS_CONTENT_TYPE = "text/plain; charset=utf-8"
+
+
+async def _health(request: Request) -> Response:
+    state = get_state(request)
+    try:
+        healthy = await asyncio.wait_for(state.engine.check_health(), HEALTH_TIMEOUT_SECONDS)
+    except Exception:  # noqa: BLE001 - a dead or hung engine is simply unhealthy
+        logger.exception("health check failed")
+        healthy = False
+    return Response(status_code=200) if healthy else unhealthy_response()
+
+
+router.add_api_route("/", _health, methods=["GET"], summary="Health check method", include_in_schema=False)
+router.add_api_route("/health", _health, methods=["GET"], summary="Health check method")
+router.add_api_route("/ping", _health, methods=["GET"], summary="Health check method (SageMaker)")
+
+
+@router.get("/info", summary="Text Generation Inference endpoint info")
+async def info(request: Request) -> JSONResponse:
+    state = get_state(request)
+    limits, config = state.limits, state.config
+    body = Info(
+        model_id=state.model.model_id,
+        model_sha=state.model.sha,
+        model_pipeline_tag=state.model.pipeline_tag,
+        max_concurrent_requests=limits.max_concurrent_requests,
+        max_best_of=limits.max_best_of,
+        max_stop_sequences=limits.max_stop_sequences,
+        max_input_tokens=limits.max_input_tokens,
+        max_total_tokens=limits.max_total_tokens,
+        validation_workers=config.validation_workers,
+        max_client_batch_size=limits.max_client_batch_size,
+        router=ROUTER_NAME,
+        version=TGI_VERSION,
+        sha=None,
+        docker_label=None,
+    )
+    return JSONResponse(body.to_dict())
+
+
+@router.get("/metrics", summary="Prometheus metrics scrape endpoint")
+async def metrics(request: Request) -> Response:
+    state = get_state(request)
+    content = state.metrics.render() if state.metrics is not None else b""
+    return Response(content, media_type=METRICS_CONTENT_TYPE)
+
+
+@router.get("/v1/models", summary="Get model info")
+async def models(request: Request) -> JSONResponse:
+    model_id = get_state(request).model.model_id
+    return JSONResponse(
+        {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}]}
+    )

@@ -1,0 +1,126 @@
+"""Startup and shutdown: tokenizer + engine subprocess + warmup, then (only then) bind the port.
+
+Like TGI, the HTTP port refuses connections until the model is loaded and has run a real step,
+so "connection refused" means "not ready yet" and the first accepted request is fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+
+import uvicorn
+
+from router.client_api import EngineClient, EngineDeadError
+from router.request import GenerateRequest as EngineRequest
+from tgi_compat.app import create_app
+from tgi_compat.config import ServerConfig, ServingLimits
+from tgi_compat.permits import PermitPool
+from tgi_compat.state import AppState, ModelInfo
+from tgi_compat.tokenization import TokenizerService, load_hf_tokenizer
+
+logger = logging.getLogger("tgi_compat.server")
+
+ENGINE_WATCH_SECONDS = 1.0
+
+
+async def start_engine(config: ServerConfig) -> EngineClient:
+    """The engine in a subprocess (or in this process with `engine_in_process`), model loaded."""
+    from router.client import start_engine_client
+
+    return await start_engine_client(config.to_engine_config(), in_process=config.engine_in_process)
+
+
+async def warm_up(engine: EngineClient, prompt_ids: list[int]) -> None:
+    """One real prefill + decode step before the port opens (TGI warms its shards the same way)."""
+    request = EngineRequest(request_id=f"warmup-{uuid.uuid4().hex}", prompt_ids=prompt_ids, max_new_tokens=2)
+    async for event in engine.generate(request):
+        if event.error is not None:
+            raise RuntimeError(f"warmup failed: {event.error}")
+        if event.finish_reason is not None:
+            return
+    raise RuntimeError("warmup failed: the engine stream ended without finishing")
+
+
+def _new_metrics(limits: ServingLimits, model_id: str, num_kv_slots: int):
+    from tgi_compat.metrics import ServerMetrics
+
+    metrics = ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, model_name=model_id)
+    metrics.set_max_batch_total_tokens(num_kv_slots)
+    return metrics
+
+
+async def build_state(config: ServerConfig) -> AppState:
+    started = time.perf_counter()
+    tokenizer_task = asyncio.create_task(
+        asyncio.to_thread(load_hf_tokenizer, config.model_id, config.revision, config.trust_remote_code)
+    )
+    engine = await start_engine(config)
+    tokenizer = TokenizerService(await tokenizer_task, workers=config.validation_workers)
+    await warm_up(engine, tokenizer.encode_sync("warmup") or [0])
+    limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
+    logger.info(
+        "Ready in %.1f s: %s on %s (%s), max_total_tokens=%d, max_input_tokens=%d, KV slots=%d",
+        time.perf_counter() - started, config.model_id, engine.info.device, engine.info.dtype,
+        limits.max_total_tokens, limits.max_input_tokens, engine.info.num_kv_slots,
+    )  # fmt: skip
+    return AppState(
+        config=config,
+        limits=limits,
+        engine=engine,
+        tokenizer=tokenizer,
+        permits=PermitPool(config.max_concurrent_requests),
+        model=ModelInfo(model_id=config.model_id),
+        metrics=_new_metrics(limits, config.model_id, engine.info.num_kv_slots),
+        compute_type=os.environ.get("COMPUTE_TYPE", "gpu+optimized"),
+    )
+
+
+async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:
+    """A dead engine stops the server (non-zero exit) instead of leaving clients hanging."""
+    is_alive = getattr(state.engine, "is_alive", None)
+    if is_alive is None:
+        return
+    while not server.should_exit:
+        await asyncio.sleep(ENGINE_WATCH_SECONDS)
+        if not is_alive():
+            logger.error("The engine process died; shutting down")
+            server.should_exit = True
+            raise EngineDeadError("engine process died")
+
+
+async def run_server(config: ServerConfig) -> int:
+    state = await build_state(config)
+    app = create_app(state)
+    uvicorn_config = uvicorn.Config(
+        app,
+        host=config.hostname,
+        port=config.port,
+        log_level=logging.getLevelName(logging.getLogger().level).lower(),
+        access_log=False,
+        timeout_graceful_shutdown=config.graceful_termination_timeout,
+        lifespan="off",
+    )
+    server = uvicorn.Server(uvicorn_config)
+    watcher = asyncio.create_task(_watch_engine(state, server))
+    try:
+        await server.serve()
+    finally:
+        watcher.cancel()
+        await state.engine.shutdown()
+        state.tokenizer.shutdown()
+    engine_died = watcher.done() and not watcher.cancelled() and watcher.exception() is not None
+    return 1 if engine_died or not server.started else 0
+
+
+def serve(config: ServerConfig) -> int:
+    try:
+        return asyncio.run(run_server(config))
+    except KeyboardInterrupt:
+        return 0
+    except Exception:
+        logger.exception("Server failed")
+        return 1

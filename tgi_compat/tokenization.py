@@ -1,0 +1,91 @@
+"""The API process's tokenizer: encode prompts off the event loop, decode ids, byte offsets.
+
+Tokenizing is CPU work; it runs on `--validation-workers` threads so one long prompt does not
+stall every stream (TGI runs validation workers the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def load_hf_tokenizer(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """A transformers tokenizer for `model_id` (a folder, a .gguf file or a Hub id)."""
+    try:
+        from modeling.tokenizer import load_tokenizer  # the modeling helper caches GGUF tokenizers
+    except ImportError:
+        load_tokenizer = None
+    if load_tokenizer is not None:
+        return load_tokenizer(model_id, revision=revision, trust_remote_code=trust_remote_code)
+    import os
+
+    from transformers import AutoTokenizer
+
+    from modeling.source import resolve_model_source
+
+    source = resolve_model_source(model_id, revision)
+    if source.gguf_file is not None:
+        return AutoTokenizer.from_pretrained(source.folder, gguf_file=os.path.basename(source.gguf_file))
+    return AutoTokenizer.from_pretrained(source.folder, trust_remote_code=trust_remote_code)
+
+
+@dataclass(frozen=True, slots=True)
+class ByteSpan:
+    id: int
+    start: int  # byte offsets into the UTF-8 text
+    stop: int
+
+
+class TokenizerService:
+    def __init__(self, tokenizer: Any, workers: int = 2) -> None:
+        self.tokenizer = tokenizer
+        self.special_ids: frozenset[int] = frozenset(tokenizer.all_special_ids) | frozenset(
+            token_id
+            for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items()
+            if getattr(added, "special", False)
+        )
+        self.eos_token_id: int | None = tokenizer.eos_token_id
+        self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tokenize")
+
+    # ---- encode (off the loop) ----
+    def encode_sync(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.encode_sync, text, add_special_tokens)
+
+    def spans_sync(self, text: str, add_special_tokens: bool = True) -> list[ByteSpan]:
+        encoded = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        # Character offsets -> UTF-8 byte offsets (TGI reports bytes).
+        byte_at = [0] * (len(text) + 1)
+        for index, char in enumerate(text):
+            byte_at[index + 1] = byte_at[index] + len(char.encode("utf-8"))
+        return [
+            ByteSpan(token_id, byte_at[start], byte_at[stop])
+            for token_id, (start, stop) in zip(encoded["input_ids"], encoded["offset_mapping"])
+        ]
+
+    async def spans(self, text: str, add_special_tokens: bool = True) -> list[ByteSpan]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.spans_sync, text, add_special_tokens)
+
+    # ---- decode (cheap; called on the loop) ----
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One id decoded alone, no cleanup (TGI's text for top tokens and prefill tokens)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

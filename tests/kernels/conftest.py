@@ -21,6 +21,9 @@ KERNEL_MODULES = [
     "kernels.rmsnorm",
     "kernels.rotary",
     "kernels.silu_mul",
+    # importers of the kernels, reloaded after them so they bind the interpreted versions
+    "modeling.attention.triton_backend",
+    "modeling.layers.triton_ops",
 ]
 
 

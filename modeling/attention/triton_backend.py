@@ -1,0 +1,107 @@
+"""Attention on the GPU through the Triton kernels in kernels/.
+
+DECODE steps run flash-decoding (kernels.decode_attention); EXTEND and MIXED steps run the
+variable-length extend kernel, which handles decode tokens (q_len 1) as a special case, so a mixed
+batch is one launch. Both read K/V through req_to_token.
+
+CUDA graphs: the decode path does no host work that depends on the step's contents. The number
+of KV splits depends only on the batch size, the split length is derived per request on the
+device, and the split scratch buffers are carved from one buffer allocated here at startup. So a
+decode step captured once per batch size replays correctly for any context lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.decode_attention import choose_num_splits, decode_attention
+from kernels.kv_store import kv_store
+from kernels.prefill_attention import prefill_attention
+from modeling.attention.base import AttentionBackend
+from modeling.forward_batch import ForwardBatch, ForwardMode
+
+MAX_DECODE_SPLITS = 64
+
+
+@dataclass
+class TritonAttentionMetadata:
+    is_decode: bool
+    req_to_token: torch.Tensor  # [R, L] int32
+    req_rows: torch.Tensor  # [B]
+    q_start: torch.Tensor  # [B]
+    q_lens: torch.Tensor  # [B]
+    kv_lens: torch.Tensor  # [B]
+    out_slots: torch.Tensor  # [T]
+    max_q_len: int
+    num_splits: int  # decode only
+
+
+class TritonAttentionBackend(AttentionBackend):
+    supports_cuda_graphs = True
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_rows: int,
+        max_seq_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 4
+        )
+        # Split scratch for the largest decode batch a step may carry (one request per row).
+        capacity = max(b * self._num_splits(b) for b in range(1, max_rows + 1))
+        self._mid_out = torch.empty(capacity * num_heads * head_dim, dtype=torch.float32, device=self.device)
+        self._mid_lse = torch.empty(capacity * num_heads, dtype=torch.float32, device=self.device)
+        self.metadata: TritonAttentionMetadata | None = None
+
+    def _num_splits(self, batch_size: int) -> int:
+        return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
+
+    def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
+        is_decode = batch.mode == ForwardMode.DECODE
+        self.metadata = TritonAttentionMetadata(
+            is_decode=is_decode,
+            req_to_token=req_to_token,
+            req_rows=batch.req_rows,
+            q_start=batch.q_start,
+            q_lens=batch.q_lens,
+            kv_lens=batch.kv_lens,
+            out_slots=batch.out_slots,
+            max_q_len=batch.max_q_len,
+            num_splits=self._num_splits(batch.batch_size) if is_decode else 0,
+        )
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        kv_store(k, v, k_cache, v_cache, self.metadata.out_slots)
+
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        meta = self.metadata
+        if meta.is_decode:
+            return self._decode(q, k_cache, v_cache, scale)
+        return prefill_attention(
+            q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.q_start, meta.q_lens, meta.kv_lens,
+            meta.max_q_len, scale,
+        )
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        meta = self.metadata
+        batch, splits = q.shape[0], meta.num_splits
+        mid_out = self._mid_out[: batch * self.num_heads * splits * self.head_dim].view(
+            batch, self.num_heads, splits, self.head_dim
+        )
+        mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
+        return decode_attention(
+            q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.kv_lens, scale, splits,
+            mid_out=mid_out, mid_lse=mid_lse,
+        )

@@ -1,0 +1,85 @@
+"""TritonAttentionBackend inside a real ModelRunner (kernels interpreted on CPU) vs the torch backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modeling.cuda_graphs import TGI_DEFAULT_BATCH_SIZES, resolve_batch_sizes
+from modeling.forward_batch import build_forward_batch
+from modeling.runner import ModelRunner, RunnerConfig
+
+MAX_LEN = 48
+TINY_LLAMA = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=96,
+    num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=16, vocab_size=97,
+    max_position_embeddings=128,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_weights():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = dict(TINY_LLAMA)
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    return hf_config.to_dict(), model.state_dict()
+
+
+def make_runner(weights, backend: str) -> ModelRunner:
+    hf_config, state_dict = weights
+    cfg = RunnerConfig(device="cpu", dtype="float32", attention_backend=backend, num_kv_slots=4 * MAX_LEN,
+                       max_rows=4, max_seq_len=MAX_LEN, show_progress=False)
+    return ModelRunner.from_hf_state_dict(hf_config, state_dict, cfg)
+
+
+def run_steps(runner: ModelRunner) -> list[torch.Tensor]:
+    """A prefill of two prompts, a MIXED step (a chunk beside a decode), then two DECODE steps."""
+    steps = [
+        # request 0: 7-token prompt; request 1: first 5-token chunk of its prompt
+        dict(input_ids=[3, 14, 15, 9, 2, 6, 5, 11, 12, 13, 14, 15], req_rows=[2, 0], q_lens=[7, 5], kv_lens=[7, 5]),
+        # request 0 decodes one token while request 1 prefills its last 3 tokens over a 5-token prefix
+        dict(input_ids=[40, 16, 17, 18], req_rows=[2, 0], q_lens=[1, 3], kv_lens=[8, 8]),
+        dict(input_ids=[41, 42], req_rows=[2, 0], q_lens=[1, 1], kv_lens=[9, 9]),
+        dict(input_ids=[43, 44], req_rows=[2, 0], q_lens=[1, 1], kv_lens=[10, 10]),
+    ]
+    logits = []
+    for step in steps:
+        slots = [row * MAX_LEN + pos for row, q, kv in zip(step["req_rows"], step["q_lens"], step["kv_lens"])
+                 for pos in range(kv - q, kv)]
+        last = torch.tensor(step["q_lens"]).cumsum(0) - 1
+        batch = build_forward_batch(out_slots=slots, logits_indices=last.tolist(), **step)
+        logits.append(runner.forward(batch))
+    return logits
+
+
+def test_triton_backend_matches_torch_backend_over_extend_mixed_and_decode_steps(tiny_weights):
+    by_torch = run_steps(make_runner(tiny_weights, "torch"))
+    triton_runner = make_runner(tiny_weights, "triton")
+    by_triton = run_steps(triton_runner)
+    for expected, got in zip(by_torch, by_triton):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    # the last step was a DECODE batch: it went through flash-decoding
+    assert triton_runner.backend.metadata.is_decode and triton_runner.backend.metadata.num_splits >= 1
+
+
+@pytest.mark.parametrize(
+    ("flag", "enforce_eager", "expected"),
+    [
+        (None, False, TGI_DEFAULT_BATCH_SIZES),
+        ([], False, []),
+        ([0], False, []),
+        ([8, 1, 300, 4, 4], False, [1, 4, 8]),  # sorted, unique, capped at the batch limit
+        ([1, 2], True, []),
+    ],
+)
+def test_cuda_graph_batch_sizes_follow_tgi_flag_semantics(flag, enforce_eager, expected):
+    assert resolve_batch_sizes(flag, enforce_eager, max_batch_size=256) == expected
+
+
+def test_negative_cuda_graph_batch_size_is_rejected():
+    with pytest.raises(ValueError):
+        resolve_batch_sizes([4, -1], False, 256)

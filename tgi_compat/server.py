@@ -29,9 +29,10 @@ ENGINE_WATCH_SECONDS = 1.0
 
 async def start_engine(config: ServerConfig) -> EngineClient:
     """The engine in a subprocess (or in this process with `engine_in_process`), model loaded."""
-    from router.client import start_engine_client
+    from router.client import InProcessEngineClient, ZmqEngineClient
 
-    return await start_engine_client(config.to_engine_config(), in_process=config.engine_in_process)
+    client_class = InProcessEngineClient if config.engine_in_process else ZmqEngineClient
+    return await client_class.start(config.to_engine_config())
 
 
 async def warm_up(engine: EngineClient, prompt_ids: list[int]) -> None:
@@ -81,12 +82,9 @@ async def build_state(config: ServerConfig) -> AppState:
 
 async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:
     """A dead engine stops the server (non-zero exit) instead of leaving clients hanging."""
-    is_alive = getattr(state.engine, "is_alive", None)
-    if is_alive is None:
-        return
     while not server.should_exit:
         await asyncio.sleep(ENGINE_WATCH_SECONDS)
-        if not is_alive():
+        if getattr(state.engine, "is_dead", False):
             logger.error("The engine process died; shutting down")
             server.should_exit = True
             raise EngineDeadError("engine process died")

@@ -186,3 +186,21 @@ async def test_metrics_count_requests_and_failures(client):
     assert "tgi_request_count 2" in text
     assert "tgi_request_success 1" in text
     assert 'tgi_request_failure{err="validation"} 1' in text
+
+
+async def test_leaving_a_stream_early_releases_the_engine_request(engine, tokenizer):
+    import time
+
+    from conftest import make_state
+    from tgi_compat.generation import Timings, stream_sequence
+    from tgi_compat.routes_generate import validate_request
+    from tgi_compat.schemas import GenerateParameters
+
+    state = make_state(engine, tokenizer)
+    request = await validate_request(state, PROMPT, GenerateParameters(max_new_tokens=20))
+    steps = stream_sequence(state, request, Timings(arrival=time.perf_counter()), streaming=True)
+    first = await steps.__anext__()
+    assert first.index == 1 and first.result is None
+    await steps.aclose()  # what a client disconnect does to the SSE generator
+    request_id = engine.requests[0].request_id
+    assert request_id in engine.closed and request_id in engine.aborted

@@ -1,6 +1,7 @@
 """Flash-decoding over a token-granular KV cache (one new token per request, GQA-native).
 
-Stage 1 splits each request's KV length into `num_splits` chunks; one program reads one chunk of one
+Stage 1 splits each request's KV length into `num_splits` chunks (a runtime argument: one compiled
+kernel serves every batch size); one program reads one chunk of one
 KV head and serves every query head of that group with a [GROUP, D] x [D, BLOCK_N] tensor-core dot,
 so each KV byte is read once per KV head. It writes a partial output and its log-sum-exp.
 Stage 2 merges the splits of each (request, head) by log-sum-exp.
@@ -25,9 +26,10 @@ def _decode_stage1_kernel(
     req_to_token_ptr,  # [R, L] int32
     req_rows_ptr,  # [B]
     kv_lens_ptr,  # [B]
-    mid_out_ptr,  # [B, H, NUM_SPLITS, D] fp32
-    mid_lse_ptr,  # [B, H, NUM_SPLITS] fp32
+    mid_out_ptr,  # [B, H, num_splits, D] fp32
+    mid_lse_ptr,  # [B, H, num_splits] fp32
     scale,
+    num_splits,  # runtime, so every batch size shares one compiled kernel
     stride_qb, stride_qh,
     stride_ks, stride_kh,
     stride_vs, stride_vh,
@@ -39,7 +41,6 @@ def _decode_stage1_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (bit-faithful), "tf32" otherwise (unused for bf16)
 ):
     req = tl.program_id(0)
@@ -47,7 +48,7 @@ def _decode_stage1_kernel(
     split = tl.program_id(2)
 
     kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, kv_len)
 
@@ -95,22 +96,22 @@ def _decode_stage1_kernel(
 
 @triton.jit
 def _decode_stage2_kernel(
-    mid_out_ptr,  # [B, H, NUM_SPLITS, D] fp32
-    mid_lse_ptr,  # [B, H, NUM_SPLITS] fp32
+    mid_out_ptr,  # [B, H, num_splits, D] fp32
+    mid_lse_ptr,  # [B, H, num_splits] fp32
     out_ptr,  # [B, H, D]
+    num_splits,
     stride_mb, stride_mh, stride_ms,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < NUM_SPLITS
+    mask_s = offs_s < num_splits
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(mid_lse_ptr + req * stride_lb + head * stride_lh + offs_s, mask=mask_s, other=float("-inf"))
     weights = tl.exp(lse - tl.max(lse, 0))  # empty splits carry -inf -> weight 0; split 0 is never empty
@@ -163,7 +164,7 @@ def decode_attention(
         return out
     block_d = triton.next_power_of_2(head_dim)
     _decode_stage1_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, scale,
+        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, scale, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
@@ -175,19 +176,17 @@ def decode_attention(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
     )
     _decode_stage2_kernel[(batch, num_heads)](
-        mid_out, mid_lse, out,
+        mid_out, mid_lse, out, num_splits,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
-        NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         num_warps=4 if block_d >= 128 else 2,
     )

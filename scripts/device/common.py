@@ -92,15 +92,22 @@ def decode_batch(next_ids: torch.Tensor, kv_lens: torch.Tensor, max_len: int) ->
 
 
 def greedy_generate(
-    runner: ModelRunner, prompts: list[list[int]], num_new: int, max_len: int, graphs: DecodeCudaGraphs | None = None
+    runner: ModelRunner,
+    prompts: list[list[int]],
+    num_new: int,
+    max_len: int,
+    graphs: DecodeCudaGraphs | None = None,
+    forced: list[list[int]] | None = None,  # teacher forcing: feed these ids instead of our argmax
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy ids [B, num_new] and every step's logits, through prefill + decode steps."""
     logits = prefill(runner, prompts, max_len)
     all_logits, ids = [logits.clone()], [logits.argmax(-1)]
     kv_lens = torch.tensor([len(p) for p in prompts], device=runner.device)
-    for _ in range(num_new - 1):
+    forced_ids = torch.tensor(forced, device=runner.device) if forced is not None else None
+    for step in range(num_new - 1):
         kv_lens = kv_lens + 1
-        batch = decode_batch(ids[-1], kv_lens, max_len)
+        feed = forced_ids[:, step] if forced_ids is not None else ids[-1]
+        batch = decode_batch(feed, kv_lens, max_len)
         logits = graphs.replay(batch) if graphs is not None else runner.forward(batch)
         all_logits.append(logits.clone())
         ids.append(logits.argmax(-1))

@@ -1,0 +1,250 @@
+"""GPU benchmark (not CI), one call: kernels, decode steps through ModelRunner + CUDA graphs, and
+transformers `generate` on the same GPU for the same random-weight models of real shapes.
+
+Run on the device:  PYTHONPATH=$PWD python3 scripts/device/bench_gpu.py [--models llama3-8b,qwen2-7b] [--json FILE]
+
+Method: kernel times are medians of triton.testing.do_bench (L2 flushed before each run); the copy
+bandwidth is a 2 GiB device-to-device copy counting bytes read + written. Decode steps start from a
+context of CONTEXT tokens whose K/V are random values written straight into the cache (no prefill),
+and are timed with CUDA events over STEPS consecutive steps. Weights are random (no files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model  # noqa: E402
+from kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
+from kernels.prefill_attention import prefill_attention  # noqa: E402
+
+DEV = "cuda"
+CONTEXT = 512
+STEPS = 64
+HF_STEPS = 32
+BATCHES = [1, 8, 32, 64, 128, 256]
+MODELS = {"llama3-8b": LLAMA3_8B, "qwen2-7b": QWEN2_7B}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def median_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a large device-to-device copy, read + write counted."""
+    src = torch.randn(2**30 // 2, device=DEV, dtype=torch.bfloat16).repeat(2)  # 2 GiB
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * 2**31 / (ms * 1e-3)
+
+
+def decode_attention_sweep(bandwidth: float) -> list[dict]:
+    """Llama-3-8B layer shape (32 q heads, 8 KV heads, d 128, bf16) over batch x context."""
+    heads, kv_heads, head_dim = 32, 8, 128
+    max_tokens = 2 * 2**20
+    k_cache = torch.randn(max_tokens, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    rows = []
+    for batch in BATCHES:
+        for context in (512, 2048, 8192, 32768):
+            if batch * context > max_tokens:
+                continue
+            slots = torch.randperm(max_tokens, device=DEV)[: batch * context].view(batch, context).to(torch.int32)
+            q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
+            kv_lens = torch.full((batch,), context, device=DEV)
+            req_rows = torch.arange(batch, device=DEV)
+            splits = choose_num_splits(batch, kv_heads, torch.cuda.get_device_properties(0).multi_processor_count)
+            ms = median_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits))
+            kv_bytes = batch * context * kv_heads * head_dim * 2 * 2
+            moved = kv_bytes + batch * context * 4 + 2 * q.numel() * 2
+            rows.append(dict(batch=batch, context=context, splits=splits, kv_gb=kv_bytes / 1e9, ms=ms,
+                             pct_bw=100 * moved / (ms * 1e-3) / bandwidth))
+            log(f"decode-attn B={batch:4d} L={context:6d} splits={splits:3d} KV {kv_bytes / 1e9:7.3f} GB "
+                f"{ms * 1e3:9.1f} us  {rows[-1]['pct_bw']:5.1f}% of copy BW")
+    del k_cache, v_cache
+    return rows
+
+
+def decode_config_sweep(bandwidth: float) -> list[dict]:
+    """Block size / warps / stages of the decode kernel on three shapes; the defaults are block 64, 4 warps, 2 stages."""
+    heads, kv_heads, head_dim = 32, 8, 128
+    shapes = [(1, 32768), (64, 4096), (256, 1024)]
+    k_cache = torch.randn(256 * 1024 + 1, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    configs = [(32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3)]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for batch, context in shapes:
+        slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
+        q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
+        kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
+        for split_scale in (1, 2):
+            splits = min(64, split_scale * choose_num_splits(batch, kv_heads, sms))
+            for block_n, warps, stages in configs:
+                ms = median_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
+                                                        block_n=block_n, num_warps=warps, num_stages=stages))
+                pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
+                rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
+                                 stages=stages, ms=ms, pct_bw=pct))
+                log(f"decode-cfg B={batch} L={context} splits={splits} block={block_n} warps={warps} "
+                    f"stages={stages}: {ms * 1e3:.1f} us {pct:.1f}%")
+    del k_cache, v_cache
+    return rows
+
+
+def prefill_attention_tflops() -> list[dict]:
+    heads, kv_heads, head_dim = 32, 8, 128
+    rows = []
+    for seq in (1024, 4096):
+        k_cache = torch.randn(seq, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        q = torch.randn(seq, heads, head_dim, device=DEV, dtype=torch.bfloat16)
+        r2t = torch.arange(seq, device=DEV, dtype=torch.int32)[None]
+        one = torch.zeros(1, dtype=torch.int64, device=DEV)
+        lens = torch.full((1,), seq, device=DEV)
+        ms = median_ms(lambda: prefill_attention(q, k_cache, v_cache, r2t, one, one, lens, lens, seq, 0.088))
+        flops = 4 * heads * head_dim * seq * seq / 2  # causal
+        rows.append(dict(seq=seq, ms=ms, tflops=flops / (ms * 1e-3) / 1e12))
+        log(f"prefill-attn S={seq}: {ms:.3f} ms, {rows[-1]['tflops']:.0f} TFLOP/s (causal FLOPs)")
+    return rows
+
+
+def weight_bytes_read_per_step(model: torch.nn.Module) -> int:
+    """Every parameter is read once per decode step except the embedding table (gathered)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.get_input_embeddings().weight
+    return total - embed.numel() * embed.element_size()
+
+
+def fill_context(runner, batch: int, max_len: int) -> None:
+    """Rows 0..batch-1 hold CONTEXT tokens each in slots i * max_len + pos, with random K/V."""
+    for k_cache, v_cache in runner.kv_caches:
+        k_cache.normal_()
+        v_cache.normal_()
+    positions = torch.arange(CONTEXT, device=DEV, dtype=torch.int32)
+    rows = torch.arange(batch, device=DEV, dtype=torch.int32)[:, None]
+    runner.req_to_token[:batch, :CONTEXT] = rows * max_len + positions
+
+
+def time_decode(step, batch: int, max_len: int, vocab: int, steps: int) -> float:
+    """Milliseconds per decode step over `steps` greedy steps from a CONTEXT-token context."""
+    ids = torch.randint(0, vocab, (batch,), device=DEV)
+    kv_lens = torch.full((batch,), CONTEXT + 1, device=DEV)
+    batches = [decode_batch(ids, kv_lens + i, max_len) for i in range(steps)]
+    for b in batches[:3]:
+        step(b)  # warm-up (same positions are rewritten below)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for b in batches:
+        step(b).argmax(-1)  # greedy "sampling" cost included; inputs were prebuilt on the device
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def bench_ours(model, hf_config: dict, bandwidth: float) -> dict:
+    max_len = CONTEXT + STEPS + 8
+    runner = build_runner(hf_config, model.state_dict(), "bfloat16", "triton", max(BATCHES), max_len)
+    fill_context(runner, max(BATCHES), max_len)
+    t0 = time.perf_counter()
+    graphs = capture_graphs(runner, BATCHES)
+    capture_s = time.perf_counter() - t0
+    vocab = hf_config["vocab_size"]
+    weights = weight_bytes_read_per_step(model)
+    kv_per_token = runner._kv_bytes_per_token()
+    result = dict(capture_s=capture_s, weight_gb=weights / 1e9, kv_bytes_per_token=kv_per_token, batches={})
+    eager_ms = time_decode(runner.forward, 1, max_len, vocab, 16)
+    result["batch1_eager_ms"] = eager_ms
+    for batch in BATCHES:
+        ms = time_decode(graphs.replay, batch, max_len, vocab, STEPS)
+        moved = weights + batch * (CONTEXT + STEPS // 2) * kv_per_token
+        floor_ms = moved / bandwidth * 1e3
+        result["batches"][batch] = dict(ms_per_step=ms, tok_s=batch * 1e3 / ms, floor_ms=floor_ms,
+                                        pct_roofline=100 * floor_ms / ms)
+        log(f"ours B={batch:4d}: {ms:7.3f} ms/step {batch * 1e3 / ms:9.0f} tok/s  floor {floor_ms:.3f} ms "
+            f"({100 * floor_ms / ms:.1f}% of roofline)")
+    log(f"ours B=1 eager (no graphs): {eager_ms:.3f} ms/step; graph capture {capture_s:.1f} s")
+    del graphs, runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+@torch.inference_mode()
+def bench_transformers(model, vocab: int) -> dict:
+    """Decode tokens/s of transformers generate: (t(CONTEXT + HF_STEPS + 1 new) - t(1 new)) / HF_STEPS."""
+    result = {}
+    for batch in BATCHES:
+        if batch == 64:
+            continue
+        ids = torch.randint(0, vocab, (batch, CONTEXT), device=DEV)
+        mask = torch.ones_like(ids)
+
+        def run(new: int) -> float:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           pad_token_id=0)
+            torch.cuda.synchronize()
+            return time.perf_counter() - t
+
+        run(2)  # warm-up
+        first = run(1)
+        full = run(HF_STEPS + 1)
+        ms = (full - first) / HF_STEPS * 1e3
+        result[batch] = dict(ms_per_step=ms, tok_s=batch * 1e3 / ms)
+        log(f"transformers B={batch:4d}: {ms:7.3f} ms/step {batch * 1e3 / ms:9.0f} tok/s")
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="llama3-8b,qwen2-7b")
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_gpu.json"))
+    parser.add_argument("--skip-kernels", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    report = dict(gpu=torch.cuda.get_device_name(), sms=props.multi_processor_count, torch=torch.__version__,
+                  triton=triton.__version__, context=CONTEXT, steps=STEPS, hf_steps=HF_STEPS,
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    report["copy_bw_gbs"] = copy_bandwidth() / 1e9
+    log(f"{report['gpu']}: copy bandwidth {report['copy_bw_gbs']:.0f} GB/s")
+    bandwidth = report["copy_bw_gbs"] * 1e9
+    if not args.skip_kernels:
+        report["decode_attention"] = decode_attention_sweep(bandwidth)
+        report["decode_configs"] = decode_config_sweep(bandwidth)
+        report["prefill_attention"] = prefill_attention_tflops()
+    for name in args.models.split(","):
+        model, hf_config = hf_model(MODELS[name], torch.bfloat16)
+        log(f"--- {name}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params")
+        report[name] = dict(ours=bench_ours(model, hf_config, bandwidth))
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        report[name]["transformers"] = bench_transformers(model, hf_config["vocab_size"])
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    log(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

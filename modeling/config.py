@@ -62,6 +62,8 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
+    o_proj_bias: bool = False  # Llama's attention_bias covers o_proj too; Qwen2's bias does not
+    mlp_bias: bool = False
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -97,6 +99,8 @@ class ModelConfig:
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=bool(d.get("attention_bias", d.get("qkv_bias", False))) or arch in _ALWAYS_QKV_BIAS,
+            o_proj_bias=bool(d.get("attention_bias", False)),
+            mlp_bias=bool(d.get("mlp_bias", False)),
             qk_norm=arch in _QK_NORM,
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_as_id_list(eos),

@@ -146,7 +146,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVLinear(
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias
         )
-        self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size)
+        self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size, config.o_proj_bias)
         self.ops = ops
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
@@ -180,8 +180,8 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig, ops: LayerOps):
         super().__init__()
-        self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2, config.mlp_bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias)
         self.act = SiluAndMul(ops)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

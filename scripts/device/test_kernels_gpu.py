@@ -134,6 +134,22 @@ TINY = {
 }
 
 
+def explain_mismatch(model, prompts, ours, theirs, runner, max_len) -> None:
+    """Where greedy ids diverge from transformers: a near-tie (top-2 margin) or a real logit gap?"""
+    for prompt, a, b in zip(prompts, ours, theirs):
+        if a == b:
+            continue
+        step = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        context = torch.tensor([prompt + a[:step]], device=DEV)
+        with torch.no_grad():
+            hf_logits = model(context).logits[0, -1].float()
+        _, our_logits = greedy_generate(runner, [prompt + a[:step]], 1, max_len)
+        top2 = hf_logits.topk(2).values
+        print(f"  diverge at step {step} (len {len(prompt)}): ours {a[step]} vs transformers {b[step]}; "
+              f"transformers top-2 margin {float(top2[0] - top2[1]):.2e}; logits rel err "
+              f"{rel_err(our_logits[0][0], hf_logits):.2e}", flush=True)
+
+
 def test_end_to_end() -> None:
     max_len, num_new = 256, 24
     gen = torch.Generator().manual_seed(0)
@@ -152,6 +168,8 @@ def test_end_to_end() -> None:
         check(f"e2e {name} fp32 greedy: triton+graphs == torch backend", 0.0 if ids_triton == ids_torch else 1.0, 0.5)
         check(f"e2e {name} fp32 greedy: triton eager == torch backend", 0.0 if ids_eager == ids_torch else 1.0, 0.5)
         check(f"e2e {name} fp32 greedy: torch backend == transformers", 0.0 if ids_torch == hf_ids else 1.0, 0.5)
+        if ids_torch != hf_ids:
+            explain_mismatch(model, prompts, ids_torch, hf_ids, runners["torch"], max_len)
         del runners, graphs
         bf16 = {b: build_runner(hf_config, state, "bfloat16", b, len(prompts), max_len) for b in ("torch", "triton")}
         graphs = capture_graphs(bf16["triton"], [4])

@@ -28,6 +28,7 @@ def _decode_stage1_kernel(
     kv_lens_ptr,  # [B]
     mid_out_ptr,  # [B, H, num_splits, D] fp32
     mid_lse_ptr,  # [B, H, num_splits] fp32
+    out_ptr,  # [B, H, D], written here directly when SINGLE_SPLIT (stage 2 is then skipped)
     scale,
     num_splits,  # runtime, so every batch size shares one compiled kernel
     stride_qb, stride_qh,
@@ -36,12 +37,14 @@ def _decode_stage1_kernel(
     stride_rt,
     stride_mb, stride_mh, stride_ms,
     stride_lb, stride_lh,
+    stride_ob, stride_oh,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # >= 16 so the group can be the M side of tl.dot
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (bit-faithful), "tf32" otherwise (unused for bf16)
+    SINGLE_SPLIT: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -85,13 +88,18 @@ def _decode_stage1_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    # A split past a short request's end ran no iteration: it stores lse = -inf and no output.
-    has_work = (offs_g * 0 + start) < end  # [GROUP_PAD], all equal; a tensor so masks broadcast everywhere
-    l_safe = tl.where(has_work, l_i, 1.0)
-    out_ptrs = mid_out_ptr + req * stride_mb + heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :]
-    tl.store(out_ptrs, acc / l_safe[:, None], mask=(mask_g & has_work)[:, None] & mask_d[None, :])
-    lse = tl.where(has_work, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # log2 -> natural log
-    tl.store(mid_lse_ptr + req * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
+    if SINGLE_SPLIT:  # the whole context was this program's: the result is final (kv_len >= 1)
+        out_ptrs = out_ptr + req * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        out = acc / l_i[:, None]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
+    else:
+        # A split past a short request's end ran no iteration: it stores lse = -inf and no output.
+        has_work = (offs_g * 0 + start) < end  # [GROUP_PAD], all equal; a tensor so masks broadcast
+        l_safe = tl.where(has_work, l_i, 1.0)
+        mid_ptrs = mid_out_ptr + req * stride_mb + heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :]
+        tl.store(mid_ptrs, acc / l_safe[:, None], mask=(mask_g & has_work)[:, None] & mask_d[None, :])
+        lse = tl.where(has_work, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # log2 -> ln
+        tl.store(mid_lse_ptr + req * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
 
 
 @triton.jit
@@ -164,22 +172,26 @@ def decode_attention(
         return out
     block_d = triton.next_power_of_2(head_dim)
     _decode_stage1_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, scale, num_splits,
+        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, out, scale, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
         req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(q.dtype),
+        SINGLE_SPLIT=num_splits == 1,
         num_warps=num_warps,
         num_stages=num_stages,
     )
+    if num_splits == 1:
+        return out
     _decode_stage2_kernel[(batch, num_heads)](
         mid_out, mid_lse, out, num_splits,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),

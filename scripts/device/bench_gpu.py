@@ -125,7 +125,9 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
 
 
 def prefill_attention_tflops() -> list[dict]:
+    """One prompt of S tokens, Llama-3-8B layer shape; (block_m, block_n, warps, stages) configs, default first."""
     heads, kv_heads, head_dim = 32, 8, 128
+    configs = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]
     rows = []
     for seq in (1024, 4096):
         k_cache = torch.randn(seq, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
@@ -135,10 +137,19 @@ def prefill_attention_tflops() -> list[dict]:
         one = torch.zeros(1, dtype=torch.int64, device=DEV)
         lens = torch.full((1,), seq, device=DEV)
         out = torch.empty_like(q)
-        ms = graph_ms(lambda: prefill_attention(q, k_cache, v_cache, r2t, one, one, lens, lens, seq, 0.088, out=out))
-        flops = 4 * heads * head_dim * seq * seq / 2  # causal
-        rows.append(dict(seq=seq, ms=ms, tflops=flops / (ms * 1e-3) / 1e12))
-        log(f"prefill-attn S={seq}: {ms:.3f} ms, {rows[-1]['tflops']:.0f} TFLOP/s (causal FLOPs)")
+        for block_m, block_n, warps, stages in configs:
+            try:
+                ms = graph_ms(lambda: prefill_attention(q, k_cache, v_cache, r2t, one, one, lens, lens, seq, 0.088,
+                                                        out=out, block_m=block_m, block_n=block_n, num_warps=warps,
+                                                        num_stages=stages))
+            except Exception as exc:  # e.g. out of shared memory for a large tile
+                log(f"prefill-attn S={seq} {block_m}x{block_n} w{warps} s{stages}: {type(exc).__name__}")
+                continue
+            flops = 4 * heads * head_dim * seq * seq / 2  # causal
+            rows.append(dict(seq=seq, block_m=block_m, block_n=block_n, warps=warps, stages=stages, ms=ms,
+                             tflops=flops / (ms * 1e-3) / 1e12))
+            log(f"prefill-attn S={seq} {block_m}x{block_n} w{warps} s{stages}: {ms:.3f} ms, "
+                f"{rows[-1]['tflops']:.0f} TFLOP/s (causal FLOPs)")
     return rows
 
 

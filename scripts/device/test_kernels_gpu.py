@@ -134,6 +134,13 @@ TINY = {
 }
 
 
+def hf_greedy(model, prompt: list[int], num_new: int) -> list[int]:
+    ids = torch.tensor([prompt], device=DEV)
+    # an explicit mask: generate would otherwise treat pad-id tokens inside the prompt as padding
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_new, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
 def explain_mismatch(model, prompts, ours, theirs, runner, max_len) -> None:
     """Where greedy ids diverge from transformers: a near-tie (top-2 margin) or a real logit gap?"""
     for prompt, a, b in zip(prompts, ours, theirs):
@@ -163,8 +170,7 @@ def test_end_to_end() -> None:
         ids_torch, _ = greedy_generate(runners["torch"], prompts, num_new, max_len)
         ids_triton, _ = greedy_generate(runners["triton"], prompts, num_new, max_len, graphs=graphs)
         ids_eager, _ = greedy_generate(runners["triton"], prompts, num_new, max_len)
-        hf_ids = [model.generate(torch.tensor([p], device=DEV), max_new_tokens=num_new, do_sample=False)[0, len(p):]
-                  .tolist() for p in prompts]
+        hf_ids = [hf_greedy(model, p, num_new) for p in prompts]
         check(f"e2e {name} fp32 greedy: triton+graphs == torch backend", 0.0 if ids_triton == ids_torch else 1.0, 0.5)
         check(f"e2e {name} fp32 greedy: triton eager == torch backend", 0.0 if ids_eager == ids_torch else 1.0, 0.5)
         check(f"e2e {name} fp32 greedy: torch backend == transformers", 0.0 if ids_torch == hf_ids else 1.0, 0.5)

@@ -1,0 +1,99 @@
+"""What the chat and completions routes share: body parsing with serde-style messages, the
+served model name, finish-reason mapping, OpenAI-route SSE errors, and the summed x-* headers.
+
+NOTE(openai helper): `parse_openai_body` is `errors.parse_json_body` plus two message kinds
+(custom deserializer errors and untagged enums); it could move into errors.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from tgi_compat.errors import BodyRejection, TgiError, deserialize_message, is_json_content_type, read_body, syntax_message
+from tgi_compat.schemas import dump_json
+from tgi_compat.state import TGI_VERSION, AppState
+from tgi_compat.streaming import data_event
+
+Model = TypeVar("Model", bound=BaseModel)
+
+# Fields TGI deserializes through an untagged enum: serde reports "did not match any variant".
+_UNTAGGED_ENUMS = {"prompt": "PromptDeserializer", "content": "MessageContent", "tool_choice": "ToolTypeDeserializer"}
+_DESERIALIZE_PREFIX = "Failed to deserialize the JSON body into the target type: "
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[")
+
+
+def _openai_deserialize_message(error: dict[str, Any], document: Any) -> str:
+    loc = tuple(error["loc"])
+    if error["type"] == "value_error":  # a custom deserializer's own message (e.g. the empty prompt list)
+        return f"{_path(loc)}: {error['ctx']['error']}" if loc else str(error["ctx"]["error"])
+    for position, part in enumerate(loc):
+        if part in _UNTAGGED_ENUMS:
+            return f"{_path(loc[: position + 1])}: data did not match any variant of untagged enum {_UNTAGGED_ENUMS[part]}"
+    return deserialize_message(error, document)
+
+
+async def parse_openai_body(request: Request, model: type[Model], limit: int) -> Model:
+    """axum's `Json<T>`: 415 content type, 413 size, 400 syntax, 422 shape (all text/plain)."""
+    if not is_json_content_type(request.headers.get("content-type")):
+        raise BodyRejection(415, "Expected request with `Content-Type: application/json`")
+    raw = await read_body(request, limit)
+    try:
+        document = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}")
+    try:
+        return model.model_validate(document, strict=True)
+    except ValidationError as error:
+        raise BodyRejection(422, _DESERIALIZE_PREFIX + _openai_deserialize_message(error.errors()[0], document))
+
+
+def served_model_name(state: AppState) -> str:
+    """`--served-model-name` when the config has it (ours), else the model id (TGI)."""
+    return getattr(state.config, "served_model_name", None) or state.model.model_id
+
+
+def system_fingerprint() -> str:
+    # TGI: "<version>-<docker_label or 'native'>"; we have no docker label.
+    return f"{TGI_VERSION}-native"
+
+
+def unix_now() -> int:
+    return int(time.time())
+
+
+def openai_finish_reason(finish_reason: str) -> str:
+    """TGI's `format(use_stop=true)`: only eos_token becomes "stop"; stop_sequence stays."""
+    return "stop" if finish_reason == "eos_token" else finish_reason
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+def stream_error_event(error: TgiError) -> bytes:
+    """Errors inside an OpenAI-route stream: TGI's `into_openai_event` (always 422)."""
+    return data_event(dump_json({"error": {"message": error.message, "http_status_code": 422}}))
+
+
+_SUMMED_MS_HEADERS = ("x-total-time", "x-validation-time", "x-queue-time", "x-inference-time", "x-time-per-token")
+_SUMMED_COUNT_HEADERS = ("x-compute-characters", "x-prompt-tokens", "x-generated-tokens")
+
+
+def summed_headers(per_prompt: list[dict[str, str]]) -> dict[str, str]:
+    """Non-stream /v1/completions: TGI adds up the x-* headers of its per-prompt generations."""
+    if not per_prompt:
+        return {}
+    # TGI parses each value as an integer: x-compute-time (seconds, a float) never parses, so the
+    # aggregate carries no x-compute-time at all.
+    total = {"x-compute-type": per_prompt[0]["x-compute-type"]}
+    for name in (*_SUMMED_COUNT_HEADERS[:1], *_SUMMED_MS_HEADERS, *_SUMMED_COUNT_HEADERS[1:]):
+        total[name] = str(sum(int(headers[name]) for headers in per_prompt))
+    return total

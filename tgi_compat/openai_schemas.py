@@ -1,0 +1,162 @@
+"""Request bodies of the OpenAI-compatible routes (TGI's ChatRequest / CompletionRequest, contract
+§9.1 and §10, plus the OpenAI completions parameters vLLM-based servers accept).
+
+Parsed like serde would (strict types, unknown keys ignored, `null` only where TGI has an
+`Option`) through `tgi_compat.errors.parse_json_body`, so shape errors are axum's text/plain 422.
+Responses are built as plain dicts in openai_responses.py, in TGI's key order.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tgi_compat.schemas import U32, U64, GrammarType
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+
+# ------------------------------------------------------------------------------------- messages
+
+
+class ImageUrl(_Request):
+    url: str
+
+
+class TextChunk(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ImageChunk(_Request):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+MessageChunk = Annotated[TextChunk | ImageChunk, Field(discriminator="type")]
+
+
+class FunctionDefinition(_Request):
+    description: str | None = None
+    name: str
+    arguments: Any = Field(alias="parameters")  # TGI reads either key
+
+    @model_validator(mode="before")
+    @classmethod
+    def _either_key(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "arguments" in value:
+            value = {**value, "parameters": value["arguments"]}
+        return value
+
+
+class ToolCall(_Request):
+    id: str
+    type: str
+    function: FunctionDefinition
+
+
+class Message(_Request):
+    """`{role, content: str | [chunks]}` or `{role, tool_calls: [...]}`; `name` is ignored."""
+
+    role: str
+    content: str | list[MessageChunk] | None = None
+    tool_calls: list[ToolCall] | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_or_tool_calls(self) -> "Message":
+        if self.content is None and self.tool_calls is None:
+            raise ValueError("data did not match any variant of untagged enum MessageBody")
+        return self
+
+
+class Tool(_Request):
+    type: str
+    function: FunctionDefinition
+
+
+class FunctionName(_Request):
+    name: str
+
+
+class TypedToolChoice(_Request):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+# ----------------------------------------------------------------------------------------- chat
+
+
+class ChatRequest(_Request):
+    messages: list[Message]
+    model: str | None = None
+    frequency_penalty: float | None = None
+    logit_bias: list[float] | None = None  # TGI types it as an array: an OpenAI map is a 422
+    logprobs: bool | None = None
+    top_logprobs: U32 | None = None
+    max_tokens: U32 | None = Field(default=None, alias="max_completion_tokens")
+    n: U32 | None = None  # accepted and ignored, like TGI: one choice is returned
+    presence_penalty: float | None = None
+    stop: list[str] | None = None
+    stream: bool = False
+    seed: U64 | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[Tool] | None = None
+    tool_prompt: str | None = None
+    tool_choice: str | TypedToolChoice | None = None
+    response_format: GrammarType | None = None
+    stream_options: StreamOptions = Field(default_factory=StreamOptions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_tokens_alias(cls, value: Any) -> Any:
+        # serde `alias`: either `max_tokens` or `max_completion_tokens` fills the field.
+        if isinstance(value, dict) and "max_tokens" in value:
+            value = {**value, "max_completion_tokens": value["max_tokens"]}
+        return value
+
+
+# ---------------------------------------------------------------------------------- completions
+
+EMPTY_PROMPT_MESSAGE = "Empty array detected. Do not use an empty array for the prompt."
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str]
+    model: str | None = None
+    max_tokens: U32 | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: U64 | None = None
+    suffix: str | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: list[str] | None = None
+    stream: bool = False
+    # OpenAI / vLLM parameters TGI ignores:
+    echo: bool | None = None
+    logprobs: U32 | None = None  # top alternatives per token (OpenAI legacy shape)
+    n: U32 | None = None
+    best_of: U32 | None = None
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
+    user: str | None = None
+
+    @field_validator("prompt", mode="after")
+    @classmethod
+    def _not_empty(cls, prompt: str | list[str]) -> str | list[str]:
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError(EMPTY_PROMPT_MESSAGE)
+        return prompt
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)

@@ -17,9 +17,11 @@ def received(state: AppState, count: int = 1) -> None:
         state.metrics.request_received(count)
 
 
-def failed(state: AppState, error: TgiError) -> None:
+def failed(state: AppState, error: TgiError, span: Any = None) -> None:
     if state.metrics is not None:
         state.metrics.request_failed(error.metric_label)
+    if span is not None:
+        span.record_error(error.message, error.error_type)
 
 
 def validated(state: AppState, request: ValidatedRequest) -> None:
@@ -30,6 +32,23 @@ def validated(state: AppState, request: ValidatedRequest) -> None:
 def inflight(state: AppState) -> Any:
     """Context manager counting the request as waiting, then running after `first_token()`."""
     return state.metrics.track_inflight() if state.metrics is not None else nullcontext(None)
+
+
+def traced(span: Any, result: GenerationResult, timings: Timings) -> None:
+    """TGI's `queued` and `infer` phases and the route span's timing fields."""
+    start_of_inference = timings.first_event or timings.validated
+    span.record_phase("queued", timings.wall_ns(timings.validated), timings.wall_ns(start_of_inference))
+    span.record_phase("infer", timings.wall_ns(start_of_inference), timings.wall_ns(timings.finished))
+    inference = timings.inference_seconds()
+    generated = result.generated_tokens
+    span.set_timings(
+        total_s=time.perf_counter() - timings.arrival,
+        validation_s=max(timings.validated - timings.arrival, 0.0),
+        queue_s=timings.queue_seconds(),
+        inference_s=inference,
+        time_per_token_s=inference / generated if generated else 0.0,
+        seed=result.seed,
+    )
 
 
 def succeeded(state: AppState, request: ValidatedRequest, result: GenerationResult, timings: Timings, n: int = 1) -> None:

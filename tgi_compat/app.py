@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tgi_compat.auth import Unauthorized
 from tgi_compat.errors import BodyRejection, TgiError
 from tgi_compat.openapi import build_openapi
+from tgi_compat.security import install_security
 from tgi_compat.state import TGI_VERSION, AppState
 
 
@@ -56,14 +56,10 @@ def create_app(state: AppState, extra_routers: Sequence[APIRouter] = ()) -> Fast
         openapi_url="/api-doc/openapi.json",
     )
     app.state.tgi = state
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=state.config.cors_allow_origin or ["*"],
-        allow_methods=["GET", "POST"],
-        allow_headers=["content-type"],
-    )
     _install_error_handlers(app)
     for router in [*_route_modules(), *extra_routers]:
         app.include_router(router)
+    config = state.config
+    install_security(app, config.api_key, config.cors_allow_origin, config.payload_limit)  # CORS, key, size
     app.openapi = lambda: build_openapi(app, TGI_VERSION)  # type: ignore[method-assign]
     return app

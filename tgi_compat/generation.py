@@ -29,9 +29,15 @@ FINISH_REASONS = ("length", "eos_token", "stop_sequence")
 @dataclass(slots=True)
 class Timings:
     arrival: float  # perf_counter() when the request came in
+    arrival_ns: int = field(default_factory=time.time_ns)  # the same instant on the wall clock (spans)
     validated: float = 0.0  # when it was handed to the engine
     first_event: float | None = None  # first token event: the engine had scheduled it
     finished: float | None = None
+
+    def wall_ns(self, instant: float | None) -> int:
+        """A perf_counter() instant as wall-clock ns (now when None)."""
+        instant = time.perf_counter() if instant is None else instant
+        return self.arrival_ns + int((instant - self.arrival) * 1e9)
 
     def queue_seconds(self) -> float:
         return max((self.first_event or self.validated) - self.validated, 0.0)

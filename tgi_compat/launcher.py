@@ -243,20 +243,11 @@ def unimplemented_options(config: ServerConfig) -> list[str]:
     return [name for name, is_set in _NOT_IMPLEMENTED.items() if is_set(config)]
 
 
-def configure_logging(json_output: bool) -> None:
-    level = os.environ.get("LOG_LEVEL", "info").split(",")[0].upper()
-    level = level if level in logging.getLevelNamesMapping() else "INFO"
-    fmt = (
-        '{"timestamp":"%(asctime)s","level":"%(levelname)s","target":"%(name)s","message":"%(message)s"}'
-        if json_output
-        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     values = parse_args(argv)
     print_env = values["env"]
+    from tgi_compat.logging_setup import configure_logging
+
     configure_logging(values["json_output"])
     try:
         config = config_from_args(values)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -55,7 +56,7 @@ async def validate_request(
     return request
 
 
-async def generate_json(state: AppState, body: GenerateRequest, *, as_list: bool) -> Response:
+async def generate_json(state: AppState, body: GenerateRequest, span: Any, *, as_list: bool) -> Response:
     """Non-streaming generation; `as_list` wraps the body in a one-element array (POST /)."""
     timings = Timings(arrival=time.perf_counter())
     accounting.received(state)
@@ -64,16 +65,18 @@ async def generate_json(state: AppState, body: GenerateRequest, *, as_list: bool
         check_best_of_limits(params, state.limits)
         n = num_sequences(params)
         with state.permits.hold(n), accounting.inflight(state) as inflight:
-            request = await validate_request(state, body.inputs, params)
+            with span.child("validate"):
+                request = await validate_request(state, body.inputs, params)
             first_token = inflight.first_token if inflight is not None else None
             if n > 1:
                 results = await generate_best_of(state, request, timings, n)
             else:
                 results = [await generate_to_end(state, request, timings, first_token)]
     except TgiError as error:
-        accounting.failed(state, error)
+        accounting.failed(state, error, span)
         return error.response()
     accounting.succeeded(state, request, results[0], timings, n)
+    accounting.traced(span, results[0], timings)
     payload = generate_response(request, results).to_dict()
     headers = timing_headers(
         timings, request.input_length, results[0].generated_tokens, state.compute_type, body.inputs
@@ -81,27 +84,30 @@ async def generate_json(state: AppState, body: GenerateRequest, *, as_list: bool
     return JSONResponse([payload] if as_list else payload, headers=headers)
 
 
-def generate_stream(state: AppState, body: GenerateRequest) -> Response:
+def generate_stream(state: AppState, body: GenerateRequest, http_request: Request, route: str) -> Response:
     """SSE generation; every failure, validation included, is one error event on HTTP 200."""
 
     async def events():
         timings = Timings(arrival=time.perf_counter())
         accounting.received(state)
         params = body.parameters
-        try:
-            check_stream_only(params)
-            with state.permits.hold(1), accounting.inflight(state) as inflight:
-                request = await validate_request(state, body.inputs, params)
-                first_token = inflight.first_token if inflight is not None else None
-                async for step in stream_sequence(
-                    state, request, timings, streaming=True, on_first_token=first_token
-                ):
-                    yield data_event(stream_response(request, step).to_json())
-                    if step.result is not None:
-                        accounting.succeeded(state, request, step.result, timings)
-        except TgiError as error:
-            accounting.failed(state, error)
-            yield data_event(dump_json(error.body()))
+        with state.request_span(route, http_request) as span:
+            try:
+                check_stream_only(params)
+                with state.permits.hold(1), accounting.inflight(state) as inflight:
+                    with span.child("validate"):
+                        request = await validate_request(state, body.inputs, params)
+                    first_token = inflight.first_token if inflight is not None else None
+                    async for step in stream_sequence(
+                        state, request, timings, streaming=True, on_first_token=first_token
+                    ):
+                        yield data_event(stream_response(request, step).to_json())
+                        if step.result is not None:
+                            accounting.succeeded(state, request, step.result, timings)
+                            accounting.traced(span, step.result, timings)
+            except TgiError as error:
+                accounting.failed(state, error, span)
+                yield data_event(dump_json(error.body()))
 
     return event_stream(events(), stream_headers(state.compute_type, body.inputs))
 
@@ -113,22 +119,24 @@ async def compat_generate(request: Request) -> Response:
     if body.parameters.return_full_text is None:
         body.parameters.return_full_text = state.compat_return_full_text
     if body.stream:
-        return generate_stream(state, body)
-    return await generate_json(state, body, as_list=True)
+        return generate_stream(state, body, request, "compat_generate")
+    with state.request_span("compat_generate", request) as span:
+        return await generate_json(state, body, span, as_list=True)
 
 
 @router.post("/generate", openapi_extra=json_body("GenerateRequest"), summary="Generate tokens")
 async def generate(request: Request) -> Response:
     state = get_state(request)
     body = await parse_json_body(request, GenerateRequest, state.config.payload_limit)
-    return await generate_json(state, body, as_list=False)
+    with state.request_span("generate", request) as span:
+        return await generate_json(state, body, span, as_list=False)
 
 
 @router.post("/generate_stream", openapi_extra=json_body("GenerateRequest"), summary="Generate a stream of token using Server-Sent Events")
 async def generate_stream_route(request: Request) -> Response:
     state = get_state(request)
     body = await parse_json_body(request, GenerateRequest, state.config.payload_limit)
-    return generate_stream(state, body)
+    return generate_stream(state, body, request, "generate_stream")
 
 
 @router.post("/tokenize", openapi_extra=json_body("GenerateRequest"), summary="Tokenize inputs")

@@ -18,9 +18,12 @@ from router.client_api import EngineClient, EngineDeadError
 from router.request import GenerateRequest as EngineRequest
 from tgi_compat.app import create_app
 from tgi_compat.config import ServerConfig, ServingLimits
+from tgi_compat.graceful import GracefulShutdown
+from tgi_compat.health_monitor import EngineHealthMonitor, HealthMonitorConfig
 from tgi_compat.permits import PermitPool
 from tgi_compat.state import AppState, ModelInfo
-from tgi_compat.tokenization import TokenizerService, load_hf_tokenizer
+from tgi_compat.tokenization import load_tokenizer_service
+from tgi_compat.tracing import RequestTracer
 
 logger = logging.getLogger("tgi_compat.server")
 
@@ -57,10 +60,10 @@ def _new_metrics(limits: ServingLimits, model_id: str, num_kv_slots: int):
 async def build_state(config: ServerConfig) -> AppState:
     started = time.perf_counter()
     tokenizer_task = asyncio.create_task(
-        asyncio.to_thread(load_hf_tokenizer, config.model_id, config.revision, config.trust_remote_code)
+        asyncio.to_thread(load_tokenizer_service, config.model_id, config.revision, config.validation_workers)
     )
     engine = await start_engine(config)
-    tokenizer = TokenizerService(await tokenizer_task, workers=config.validation_workers)
+    tokenizer = await tokenizer_task
     await warm_up(engine, tokenizer.encode_sync("warmup") or [0])
     limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
     logger.info(
@@ -77,11 +80,12 @@ async def build_state(config: ServerConfig) -> AppState:
         model=ModelInfo(model_id=config.model_id),
         metrics=_new_metrics(limits, config.model_id, engine.info.num_kv_slots),
         compute_type=os.environ.get("COMPUTE_TYPE", "gpu+optimized"),
+        tracer=RequestTracer(config.otlp_endpoint, config.otlp_service_name) if config.otlp_endpoint else None,
     )
 
 
 async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:
-    """A dead engine stops the server (non-zero exit) instead of leaving clients hanging."""
+    """A dead engine process stops the server (non-zero exit) instead of leaving clients hanging."""
     while not server.should_exit:
         await asyncio.sleep(ENGINE_WATCH_SECONDS)
         if getattr(state.engine, "is_dead", False):
@@ -90,28 +94,46 @@ async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:
             raise EngineDeadError("engine process died")
 
 
+def _start_health_monitor(state: AppState, server: uvicorn.Server, fatal: list[str]) -> EngineHealthMonitor:
+    """Real engine steps every HEALTH_CHECK_INTERVAL_SECONDS: a hung engine also stops the server."""
+
+    def on_fatal(reason: str) -> None:
+        fatal.append(reason)
+        server.should_exit = True
+
+    monitor = EngineHealthMonitor(state.engine, HealthMonitorConfig.from_env(restart=False), on_fatal)
+    monitor.start()
+    return monitor
+
+
 async def run_server(config: ServerConfig) -> int:
     state = await build_state(config)
     app = create_app(state)
+    graceful = GracefulShutdown(config.graceful_termination_timeout)
     uvicorn_config = uvicorn.Config(
         app,
         host=config.hostname,
         port=config.port,
-        log_level=logging.getLevelName(logging.getLogger().level).lower(),
+        log_config=None,  # keep the handlers configure_logging installed
         access_log=False,
-        timeout_graceful_shutdown=config.graceful_termination_timeout,
         lifespan="off",
+        **graceful.uvicorn_options(),
     )
     server = uvicorn.Server(uvicorn_config)
     watcher = asyncio.create_task(_watch_engine(state, server))
+    fatal: list[str] = []
+    monitor = _start_health_monitor(state, server, fatal)
     try:
-        await server.serve()
+        await graceful.serve(server)
     finally:
         watcher.cancel()
+        await monitor.stop()
         await state.engine.shutdown()
         state.tokenizer.shutdown()
+        if state.tracer is not None:
+            state.tracer.shutdown()
     engine_died = watcher.done() and not watcher.cancelled() and watcher.exception() is not None
-    return 1 if engine_died or not server.started else 0
+    return 1 if engine_died or fatal or not server.started else 0
 
 
 def serve(config: ServerConfig) -> int:

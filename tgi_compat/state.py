@@ -11,6 +11,9 @@ from router.client_api import EngineClient
 from tgi_compat.config import ServerConfig, ServingLimits
 from tgi_compat.permits import PermitPool
 from tgi_compat.tokenization import TokenizerService
+from tgi_compat.tracing import RequestTracer
+
+_NO_TRACER = RequestTracer()
 
 ROUTER_NAME = "text-generation-router"
 TGI_VERSION = "3.3.6-dev0"  # what /info reports for TGI v3.3.7 (contract header)
@@ -33,6 +36,12 @@ class AppState:
     model: ModelInfo
     metrics: Any | None = None  # tgi_compat.metrics.ServerMetrics (OPS helper), when present
     compute_type: str = "gpu+optimized"  # env COMPUTE_TYPE, x-compute-type header
+    tracer: RequestTracer | None = None  # OTLP spans (--otlp-endpoint); None: tracing off
+
+    def request_span(self, name: str, request: Request, **attributes: object):
+        """The route's root span (a no-op context without --otlp-endpoint)."""
+        tracer = self.tracer or _NO_TRACER
+        return tracer.request_span(name, request.headers, **attributes)
 
     @property
     def compat_return_full_text(self) -> bool:

@@ -15,24 +15,19 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def load_hf_tokenizer(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
-    """A transformers tokenizer for `model_id` (a folder, a .gguf file or a Hub id)."""
-    try:
-        from modeling.tokenizer import load_tokenizer  # the modeling helper caches GGUF tokenizers
-    except ImportError:
-        load_tokenizer = None
-    if load_tokenizer is not None:
-        return load_tokenizer(model_id, revision=revision, trust_remote_code=trust_remote_code)
-    import os
+def load_hf_tokenizer(model_id: str, revision: str | None = None) -> Any:
+    """A transformers fast tokenizer for `model_id` (a folder, a .gguf file or a Hub id)."""
+    from modeling.tokenizer import load_tokenizer  # caches converted GGUF vocabularies
 
-    from transformers import AutoTokenizer
+    return load_tokenizer(model_id, revision)
 
-    from modeling.source import resolve_model_source
 
-    source = resolve_model_source(model_id, revision)
-    if source.gguf_file is not None:
-        return AutoTokenizer.from_pretrained(source.folder, gguf_file=os.path.basename(source.gguf_file))
-    return AutoTokenizer.from_pretrained(source.folder, trust_remote_code=trust_remote_code)
+def load_tokenizer_service(model_id: str, revision: str | None = None, workers: int = 2) -> "TokenizerService":
+    """The tokenizer plus its chat template, EOS set and limits (modeling.tokenizer.TokenizerInfo)."""
+    from modeling.tokenizer import load_tokenizer_info
+
+    info = load_tokenizer_info(model_id, revision)
+    return TokenizerService(info.tokenizer, workers=workers, info=info)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +38,9 @@ class ByteSpan:
 
 
 class TokenizerService:
-    def __init__(self, tokenizer: Any, workers: int = 2) -> None:
+    def __init__(self, tokenizer: Any, workers: int = 2, info: Any | None = None) -> None:
         self.tokenizer = tokenizer
+        self.info = info  # modeling.tokenizer.TokenizerInfo when loaded through load_tokenizer_service
         self.special_ids: frozenset[int] = frozenset(tokenizer.all_special_ids) | frozenset(
             token_id
             for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items()

@@ -1,25 +1,16 @@
-"""API-layer unit tests: the real tokenizer, a hand-scripted engine (like vLLM's scheduler tests
-with a hand-made runner output), and the FastAPI app over an in-memory transport."""
+"""API-layer unit tests: the real tokenizer, a hand-scripted engine, and the FastAPI app over an
+in-memory transport."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from collections.abc import Callable
 
 import httpx
 import pytest
+from scripted_engine import ScriptedEngine, make_state
 
-from router.client_api import EngineClient, EngineInfo
-from router.outputs import TokenEvent, TopToken
-from router.request import GenerateRequest
 from tgi_compat.app import create_app
-from tgi_compat.config import ServerConfig, ServingLimits
-from tgi_compat.permits import PermitPool
-from tgi_compat.state import AppState, ModelInfo
 from tgi_compat.tokenization import TokenizerService, load_hf_tokenizer
-
-EOS_ID = 2
 
 
 @pytest.fixture(scope="session")
@@ -32,77 +23,6 @@ def hf_tokenizer():
 @pytest.fixture(scope="session")
 def tokenizer(hf_tokenizer) -> TokenizerService:
     return TokenizerService(hf_tokenizer, workers=2)
-
-
-class ScriptedEngine(EngineClient):
-    """Answers every request with the same continuation ids, then EOS; honours max_new_tokens
-    (length before EOS, like TGI), reports logprobs/top tokens/prompt logprobs when asked."""
-
-    def __init__(self, continuation: list[int], max_total_tokens: int = 64, delay: float = 0.0) -> None:
-        self.continuation = continuation
-        self.delay = delay
-        self.requests: list[GenerateRequest] = []
-        self.aborted: list[str] = []
-        self.closed: list[str] = []
-        self.healthy = True
-        self.fail_with: str | None = None
-        self.info = EngineInfo(
-            model_id="scripted", architecture="LlamaForCausalLM", dtype="float32", device="cpu",
-            vocab_size=49152, max_position_embeddings=8192, num_kv_slots=4096,
-            max_total_tokens=max_total_tokens, eos_token_ids=(EOS_ID,),
-        )  # fmt: skip
-
-    def _events(self, request: GenerateRequest) -> list[TokenEvent]:
-        ids = [*self.continuation, EOS_ID]
-        events = []
-        for step, token_id in enumerate(ids, start=1):
-            finish = "length" if step == request.max_new_tokens else ("eos_token" if token_id == EOS_ID else None)
-            top = []
-            if request.sampling.top_n_tokens:
-                top = [[TopToken(token_id, -0.5), TopToken(token_id + 1, -1.5)][: request.sampling.top_n_tokens]]
-            event = TokenEvent(
-                request.request_id, [token_id], [-0.5 - 0.01 * step], top, finish_reason=finish,
-                seed=request.sampling.seed, num_prompt_tokens=len(request.prompt_ids),
-            )  # fmt: skip
-            if step == 1 and request.prompt_logprobs:
-                event.prompt_logprobs = [None] + [-1.0] * (len(request.prompt_ids) - 1)
-            events.append(event)
-            if finish:
-                break
-        return events
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        self.requests.append(request)
-        try:
-            if self.fail_with is not None:
-                yield TokenEvent(request.request_id, finish_reason="error", error=self.fail_with)
-                return
-            for event in self._events(request):
-                await asyncio.sleep(self.delay)
-                yield event
-        finally:
-            self.closed.append(request.request_id)
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-
-    async def check_health(self) -> bool:
-        return self.healthy
-
-    async def shutdown(self) -> None:
-        pass
-
-
-def make_state(engine: ScriptedEngine, tokenizer: TokenizerService, **overrides) -> AppState:
-    config = replace(ServerConfig(model_id="HuggingFaceTB/SmolLM2-135M-Instruct"), **overrides)
-    limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
-    from tgi_compat.metrics import ServerMetrics
-
-    return AppState(
-        config=config, limits=limits, engine=engine, tokenizer=tokenizer,
-        permits=PermitPool(config.max_concurrent_requests), model=ModelInfo(config.model_id),
-        metrics=ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, config.model_id),
-    )  # fmt: skip
 
 
 @pytest.fixture

@@ -164,7 +164,7 @@ async def test_engine_failure_is_424(client, engine):
 
 
 async def test_overload_fails_fast_with_429(make_client, continuation):
-    from conftest import ScriptedEngine
+    from scripted_engine import ScriptedEngine
 
     slow = ScriptedEngine(continuation, delay=0.05)
     async with make_client(slow, max_concurrent_requests=1) as http:
@@ -191,7 +191,7 @@ async def test_metrics_count_requests_and_failures(client):
 async def test_leaving_a_stream_early_releases_the_engine_request(engine, tokenizer):
     import time
 
-    from conftest import make_state
+    from scripted_engine import make_state
     from tgi_compat.generation import Timings, stream_sequence
     from tgi_compat.routes_generate import validate_request
     from tgi_compat.schemas import GenerateParameters

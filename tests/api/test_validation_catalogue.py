@@ -51,7 +51,7 @@ async def test_max_best_of_one_forbids_best_of(make_client, engine):
 
 
 async def test_huge_max_new_tokens_passes_the_chunked_budget(make_client, continuation):
-    from conftest import ScriptedEngine
+    from scripted_engine import ScriptedEngine
 
     big = ScriptedEngine(continuation, max_total_tokens=2048)
     async with make_client(big) as http:

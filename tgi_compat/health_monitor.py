@@ -5,7 +5,7 @@ server's pids and `GET /health` (60 s timeout) and after 3 failures in a row SIG
 leaving the restart to a supervisor. Here the monitor lives in the API process and watches the
 engine directly:
 
-  * liveness, every second: `engine.is_alive()` (the engine process has not exited);
+  * liveness, every second: `engine.is_alive()`, or `not engine.is_dead` (router.client);
   * a real step, every `check_interval_s`: `engine.check_health()` within `check_timeout_s`.
 
 A dead process counts at once; a step that fails or hangs counts after `failure_threshold`
@@ -16,7 +16,7 @@ stops the server with a non-zero exit, as TGI does when a shard dies. `healthy` 
 first miss until a step succeeds again, so `/health` can answer 503 meanwhile.
 
 The engine client must provide (beyond router.client_api.EngineClient):
-    def is_alive(self) -> bool        # the engine process is still running
+    is_dead: bool  (or is_alive())    # the engine process has exited
     async def restart(self) -> None   # (restarts only) kill the engine if it still runs, fail every
                                       # pending generate() iterator with EngineDeadError, start a
                                       # fresh engine with the same config, return once it is loaded
@@ -72,7 +72,9 @@ class EngineHealthMonitor:
 
     def _alive(self) -> bool:
         is_alive = getattr(self.engine, "is_alive", None)
-        return True if is_alive is None else bool(is_alive())
+        if callable(is_alive):
+            return bool(is_alive())
+        return not getattr(self.engine, "is_dead", False)  # router.client's clients expose this
 
     async def check_step(self) -> bool:
         """One real engine step within the timeout; False on error, refusal or hang."""

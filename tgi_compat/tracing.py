@@ -7,17 +7,20 @@ when one is sent. Inside it sit the phases TGI records: `validate`, `queued`, `i
 engine's `prefill` and `decode` under it) and `send_error` when generation fails. The route span
 carries TGI's fields: total_time, validation_time, queue_time, inference_time, time_per_token, seed.
 
-Without an endpoint every helper is a cheap no-op, so routes call them unconditionally:
+Without an endpoint every helper is a cheap no-op, so routes call them unconditionally.
+Two ways to use it:
 
-    with tracer.request_span("generate", request.headers, parameters=params) as span:
-        with span.child("validate"):
-            ...
-        span.record_phase("queued", submitted_ns, first_token_ns)
-        span.set_timings(total_s=..., validation_s=..., ...)
+  * `install_tracing(app, tracer)`: an ASGI middleware opens the route span for every generation
+    route and makes it `current_span()` for the request's code (streamed bodies included), which
+    then only adds what it knows:
+        current_span().record_generation(timings, seed=...)      # on success
+        current_span().record_error(error.message, error.error_type)  # on failure
+  * by hand: `with tracer.request_span("generate", headers) as span: with span.child("validate"): ...`
 """
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -113,6 +116,28 @@ class RequestSpan:
             seed=None if seed is None else str(seed),
         )
 
+    def record_generation(self, timings, seed: int | None = None, generated_tokens: int | None = None) -> None:
+        """TGI's phases from a request's `time.perf_counter()` stamps (`timings.arrival`,
+        `.validated`, `.first_event`, `.finished`; the last two may be None): `validate`
+        (arrival -> validated), `queued` (validated -> first token, so it includes our prefill)
+        and `infer` (first token -> end), plus the route span's timing fields."""
+        if not self.recording:
+            return
+        now_perf, now_ns = time.perf_counter(), time.time_ns()
+
+        def wall_ns(stamp: float) -> int:
+            return now_ns - int((now_perf - stamp) * 1e9)
+
+        arrival, validated = timings.arrival, timings.validated or timings.arrival
+        first = timings.first_event or validated
+        finished = getattr(timings, "finished", None) or now_perf
+        self.record_phase("validate", wall_ns(arrival), wall_ns(validated))
+        self.record_phase("queued", wall_ns(validated), wall_ns(first))
+        self.record_phase("infer", wall_ns(first), wall_ns(finished))
+        inference = max(finished - first, 0.0)
+        per_token = inference / generated_tokens if generated_tokens else 0.0
+        self.set_timings(finished - arrival, validated - arrival, first - validated, inference, per_token, seed)
+
     def record_error(self, message: str, error_type: str | None = None) -> None:
         """A failed request: a `send_error` span (TGI's name) and an ERROR status on the route span."""
         if not self.recording:
@@ -123,6 +148,12 @@ class RequestSpan:
 
 
 _NOOP_SPAN = RequestSpan(None, None)
+_CURRENT_SPAN: contextvars.ContextVar[RequestSpan] = contextvars.ContextVar("tgi_request_span", default=_NOOP_SPAN)
+
+
+def current_span() -> RequestSpan:
+    """The route span of the request being handled (a no-op span outside one, or when off)."""
+    return _CURRENT_SPAN.get()
 
 
 def _clean(attributes: Mapping[str, object]) -> dict[str, object]:
@@ -196,3 +227,56 @@ class RequestTracer:
     def shutdown(self) -> None:
         if self._provider is not None:
             self._provider.shutdown()
+
+
+# Route span names: TGI's handler function names (router/src/server.rs, `#[instrument]`).
+ROUTE_SPANS = {
+    ("POST", "/"): "compat_generate",
+    ("POST", "/generate"): "generate",
+    ("POST", "/generate_stream"): "generate_stream",
+    ("POST", "/v1/chat/completions"): "chat_completions",
+    ("POST", "/v1/completions"): "completions",
+    ("POST", "/vertex"): "vertex_compatibility",
+    ("POST", "/invocations"): "sagemaker_compatibility",
+    ("POST", "/tokenize"): "tokenize",
+    ("POST", "/chat_tokenize"): "get_chat_tokenize",
+}
+
+
+class TracingMiddleware:
+    """Pure ASGI: one route span per generation request, open until the last body byte is sent."""
+
+    def __init__(self, app, tracer: RequestTracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope, receive, send) -> None:
+        name = ROUTE_SPANS.get((scope.get("method"), scope.get("path"))) if scope["type"] == "http" else None
+        if name is None or not self.tracer.enabled:
+            await self.app(scope, receive, send)
+            return
+        headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+        span = self.tracer.start_request_span(name, headers)
+
+        async def send_with_status(message) -> None:
+            if message["type"] == "http.response.start":
+                span.set(**{"http.status_code": message["status"]})
+                if message["status"] >= 500:
+                    span.span.set_status(Status(StatusCode.ERROR))
+            await send(message)
+
+        token = _CURRENT_SPAN.set(span)
+        try:
+            await self.app(scope, receive, send_with_status)
+        except BaseException as exc:
+            span.span.set_status(Status(StatusCode.ERROR, str(exc)))
+            raise
+        finally:
+            _CURRENT_SPAN.reset(token)
+            self.tracer.end_request_span(span)
+
+
+def install_tracing(app, tracer: RequestTracer) -> None:
+    """Add the route-span middleware to a FastAPI/Starlette app (a no-op tracer adds nothing)."""
+    if tracer.enabled:
+        app.add_middleware(TracingMiddleware, tracer=tracer)

@@ -116,3 +116,19 @@ async def test_failed_restart_is_fatal():
     await asyncio.wait_for(monitor.start(), 3)
     assert engine.restart_calls == 1
     assert reasons and "restart failed: model failed to load" in reasons[0]
+
+
+async def test_is_dead_property_is_understood():
+    class DeadFlagEngine(ScriptedEngine):
+        is_alive = None  # router.client's clients expose `is_dead` instead
+
+        @property
+        def is_dead(self):
+            return not self.alive
+
+    engine = DeadFlagEngine(["ok"])
+    monitor = EngineHealthMonitor(engine, HealthMonitorConfig(**{**FAST, "check_interval_s": 60}), on_fatal=lambda r: None)
+    monitor.start()
+    engine.alive = False
+    await wait_until(lambda: monitor.restarts == 1)
+    await monitor.stop()

@@ -74,3 +74,58 @@ def test_helpers():
     assert format_duration(0.000870) == "870µs"
     assert format_duration(0.0123) == "12.3ms"
     assert format_duration(0) == "0ns"
+
+
+async def test_middleware_opens_route_spans_for_plain_and_streamed_responses(collector):
+    import httpx
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from types import SimpleNamespace
+
+    from tgi_compat.tracing import current_span, install_tracing
+
+    tracer = RequestTracer(collector.address, service_name="mw")
+    app = FastAPI()
+
+    def timings():
+        now = time.perf_counter()
+        return SimpleNamespace(arrival=now - 0.5, validated=now - 0.4, first_event=now - 0.3, finished=now)
+
+    @app.post("/generate")
+    async def generate():
+        current_span().record_generation(timings(), seed=7, generated_tokens=3)
+        return JSONResponse({"ok": True})
+
+    @app.post("/generate_stream")
+    async def generate_stream():
+        async def events():
+            yield b"data:1\n\n"
+            current_span().record_error("Request failed during generation: boom", "generation")
+            yield b"data:2\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.get("/info")
+    async def info():
+        assert not current_span().recording  # only generation routes get spans
+        return JSONResponse({})
+
+    install_tracing(app, tracer)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+        assert (await client.post("/generate", headers=headers)).status_code == 200
+        assert (await client.post("/generate_stream")).text == "data:1\n\ndata:2\n\n"
+        assert (await client.get("/info")).status_code == 200
+    tracer.force_flush()
+    assert collector.wait_for(lambda r: len(r.spans) >= 6)
+    spans = {s.name: s for s in collector.recorded.spans}
+    root = spans["generate"]
+    assert root.parent_span_id == PARENT_ID and root.attributes["http.status_code"] == 200
+    assert root.attributes["seed"] == "7" and root.attributes["time_per_token"] == "100ms"
+    for phase in ("validate", "queued", "infer"):
+        assert spans[phase].parent_span_id == root.span_id
+    assert 0.29e9 < spans["infer"].end_ns - spans["infer"].start_ns < 0.31e9
+    stream = spans["generate_stream"]
+    assert spans["send_error"].parent_span_id == stream.span_id and stream.status_code == 2
+    assert "info" not in spans
+    tracer.shutdown()

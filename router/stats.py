@@ -11,6 +11,8 @@ loses nothing.
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 
 
@@ -38,3 +40,35 @@ class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
 
 STATS_ENCODER = msgspec.msgpack.Encoder()
 STATS_DECODER = msgspec.msgpack.Decoder(EngineStats)
+
+
+class StatsAccumulator:
+    """Collects StepStats in the engine loop and hands out one EngineStats per interval.
+
+    engine loop:   acc.add_step(StepStats(...)) after each step
+                   if acc.due(): send(acc.flush(queue_size=..., running=..., ...))
+    """
+
+    def __init__(self, interval_s: float = 0.5, max_steps: int = 4096) -> None:
+        self.interval_s = interval_s
+        self._max_steps = max_steps  # bound memory if the API side stops listening
+        self._steps: list[StepStats] = []
+        self._last_flush = time.monotonic()
+        self._busy_since_flush = False
+
+    def add_step(self, step: StepStats) -> None:
+        if len(self._steps) < self._max_steps:
+            self._steps.append(step)
+        self._busy_since_flush = True
+
+    def due(self, now: float | None = None) -> bool:
+        """An interval has passed and something happened (an idle engine reports once, then stays quiet)."""
+        now = time.monotonic() if now is None else now
+        return self._busy_since_flush and now - self._last_flush >= self.interval_s
+
+    def flush(self, **occupancy: int) -> EngineStats:
+        """EngineStats from the engine's current occupancy (EngineStats' int fields) + the steps."""
+        steps, self._steps = self._steps, []
+        self._last_flush = time.monotonic()
+        self._busy_since_flush = bool(steps)  # one more report after the last step shows the idle state
+        return EngineStats(steps=steps, **occupancy)

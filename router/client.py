@@ -110,10 +110,11 @@ class _QueueingClient(EngineClient):
         if (events_queue := self._pending.get(request_id)) is not None:
             events_queue.put_nowait(RequestRejectedError(message))
 
-    def _mark_dead(self, reason: str) -> None:
+    def _mark_dead(self, reason: str, is_error: bool = True) -> None:
         if self._dead_reason is not None:
             return
-        logger.error("engine is dead: %s", reason)
+        if is_error:
+            logger.error("engine is dead: %s", reason)
         self._dead_reason = reason
         for events_queue in self._pending.values():
             events_queue.put_nowait(EngineDeadError(reason))
@@ -135,6 +136,8 @@ class ZmqEngineClient(_QueueingClient):
         input_address, output_address = f"ipc://{socket_dir}/input", f"ipc://{socket_dir}/output"
         context = zmq.asyncio.Context()
         outbox, inbox = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+        outbox.setsockopt(zmq.SNDHWM, 0)  # never drop or refuse a request because of a queue limit
+        inbox.setsockopt(zmq.RCVHWM, 0)
         outbox.bind(input_address)
         inbox.bind(output_address)
         process = multiprocessing.get_context("spawn").Process(
@@ -177,26 +180,18 @@ class ZmqEngineClient(_QueueingClient):
             self._reader.cancel()
 
     async def shutdown(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._process.sentinel)  # a clean exit is not a death
         if self._process.is_alive():
             self._submit(Shutdown())
-            await asyncio.get_running_loop().run_in_executor(None, self._process.join, 10)
+            await loop.run_in_executor(None, self._process.join, 10)
         if self._process.is_alive():
             self._process.kill()
-            await asyncio.get_running_loop().run_in_executor(None, self._process.join, 5)
-        self._on_process_exit_quietly()
-        _close(self._context, self._outbox, self._inbox, self._socket_dir)
-
-    def _on_process_exit_quietly(self) -> None:
-        try:
-            asyncio.get_running_loop().remove_reader(self._process.sentinel)
-        except (ValueError, OSError):
-            pass
+            await loop.run_in_executor(None, self._process.join, 5)
         if self._reader is not None:
             self._reader.cancel()
-        if self._dead_reason is None:
-            self._dead_reason = "engine was shut down"
-            for events_queue in self._pending.values():
-                events_queue.put_nowait(EngineDeadError(self._dead_reason))
+        self._mark_dead("engine was shut down", is_error=False)
+        _close(self._context, self._outbox, self._inbox, self._socket_dir)
 
 
 async def _await_ready(inbox, process) -> EngineInfo:
@@ -268,4 +263,4 @@ class InProcessEngineClient(_QueueingClient):
     async def shutdown(self) -> None:
         self._submit(Shutdown())
         await self._loop.run_in_executor(None, self._thread.join, 10)
-        self._mark_dead("engine was shut down")
+        self._mark_dead("engine was shut down", is_error=False)

@@ -33,6 +33,8 @@ IDLE_POLL_MS = 100
 def run_engine_process(config: EngineConfig, input_address: str, output_address: str, parent_pid: int) -> None:
     context = zmq.Context()
     inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    inbox.setsockopt(zmq.RCVHWM, 0)
+    outbox.setsockopt(zmq.SNDHWM, 0)
     inbox.connect(input_address)
     outbox.connect(output_address)
     try:

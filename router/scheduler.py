@@ -18,7 +18,7 @@ from router.admission import AdmissionLimits, RequestTokens, can_admit
 from router.kv_slots import KVSlotPool
 from router.outputs import TokenEvent
 from router.request import FinishReason, Request, RequestStatus
-from router.step import ScheduledChunk, StepPlan, StepResult
+from router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, StepResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +142,7 @@ class Scheduler:
                 events.append(self._append_token(request, sampled))
         return events
 
-    def _append_token(self, request: Request, sampled) -> TokenEvent:
+    def _append_token(self, request: Request, sampled: SampledToken) -> TokenEvent:
         request.output_ids.append(sampled.token_id)
         event = TokenEvent(
             request.request_id,
@@ -221,7 +221,7 @@ def _tokens(request: Request) -> RequestTokens:
     return RequestTokens(request.num_prompt_tokens, len(request.output_ids), params.max_new_tokens, params.ignore_eos)
 
 
-def _record_prompt_scores(request: Request, start: int, scores) -> None:
+def _record_prompt_scores(request: Request, start: int, scores: PromptScores) -> None:
     if start == 0:
         request.prompt_logprobs.append(None)
         request.prompt_top_tokens.append([])

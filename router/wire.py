@@ -41,7 +41,7 @@ class Rejected(msgspec.Struct, tag=True):
     message: str
 
 
-class StepOutputs(msgspec.Struct, tag=True, array_like=True, gc=False):
+class StepOutputs(msgspec.Struct, tag=True, gc=False):
     events: list[TokenEvent]
 
 

@@ -1,0 +1,74 @@
+"""The asyncio EngineClient with the engine loop in a thread, over the stand-in model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.client import InProcessEngineClient
+from router.client_api import EngineDeadError, RequestRejectedError
+from router.request import GenerateRequest
+from router_fakes import hash_engine
+from test_engine import expected_greedy, prompts
+
+
+async def collect(client, request):
+    return [event async for event in client.generate(request)]
+
+
+async def test_concurrent_requests_all_finish_with_their_own_tokens():
+    client = InProcessEngineClient(hash_engine(max_running=8, max_prefill=16))
+    try:
+        batch = prompts(32)
+        results = await asyncio.gather(
+            *(collect(client, GenerateRequest(f"r{i}", p, max_new_tokens=10)) for i, p in enumerate(batch))
+        )
+        for prompt, events in zip(batch, results):
+            assert [t for e in events for t in e.token_ids] == expected_greedy(prompt, 10)
+            assert events[-1].finish_reason == "length"
+        assert await client.check_health()
+        assert client.core.pool.is_full_free()
+    finally:
+        await client.shutdown()
+
+
+async def test_closing_the_iterator_aborts_and_frees_the_slots():
+    client = InProcessEngineClient(hash_engine())
+    try:
+        stream = client.generate(GenerateRequest("long", prompts(1)[0], max_new_tokens=1000))
+        async for _ in stream:
+            break
+        await stream.aclose()
+        for _ in range(100):
+            if not client.core.has_unfinished():
+                break
+            await asyncio.sleep(0.01)
+        assert client.core.pool.is_full_free() and not client.core.has_unfinished()
+    finally:
+        await client.shutdown()
+
+
+async def test_rejections_surface_before_anything_runs():
+    client = InProcessEngineClient(hash_engine())
+    try:
+        with pytest.raises(RequestRejectedError, match="cannot be empty"):
+            await collect(client, GenerateRequest("empty", []))
+        assert not client.core.has_unfinished()
+    finally:
+        await client.shutdown()
+
+
+async def test_a_dead_engine_thread_fails_pending_requests_at_once():
+    engine = hash_engine()
+    client = InProcessEngineClient(engine)
+
+    def broken_step():
+        raise RuntimeError("scheduler bug")
+
+    engine.step = broken_step
+    with pytest.raises(EngineDeadError, match="scheduler bug"):
+        await asyncio.wait_for(collect(client, GenerateRequest("x", prompts(1)[0])), 5)
+    with pytest.raises(EngineDeadError):
+        await collect(client, GenerateRequest("y", prompts(1)[0]))
+    assert not await client.check_health()

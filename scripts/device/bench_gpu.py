@@ -99,9 +99,8 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
     shapes = [(1, 32768), (32, 2048), (256, 1024)]
     k_cache = torch.randn(256 * 1024 + 1, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
-    # (block_n, warps, stages, prefetch_slots); the first is the default
-    configs = [(64, 4, 2, True), (64, 4, 2, False), (32, 4, 2, True), (64, 4, 3, True), (128, 4, 2, True),
-               (128, 4, 3, True), (64, 8, 2, True)]
+    # (block_n, warps, stages); the first is the default
+    configs = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (64, 8, 2)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch, context in shapes:
@@ -113,15 +112,15 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
             out = torch.empty_like(q)
             mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
             mid_lse = torch.empty(batch, heads, splits, device=DEV)
-            for block_n, warps, stages, prefetch in configs:
+            for block_n, warps, stages in configs:
                 ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
                                                        out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n,
-                                                       num_warps=warps, num_stages=stages, prefetch_slots=prefetch))
+                                                       num_warps=warps, num_stages=stages))
                 pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
                 rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
-                                 stages=stages, prefetch=prefetch, ms=ms, pct_bw=pct))
+                                 stages=stages, ms=ms, pct_bw=pct))
                 log(f"decode-cfg B={batch} L={context} splits={splits} block={block_n} warps={warps} "
-                    f"stages={stages} prefetch={int(prefetch)}: {ms * 1e3:.1f} us {pct:.1f}%")
+                    f"stages={stages}: {ms * 1e3:.1f} us {pct:.1f}%")
     del k_cache, v_cache
     return rows
 

@@ -1,0 +1,158 @@
+"""`python -m tgi_compat.api_server` flag parsing: LightLLM's names and seed-era defaults mapped
+onto the launcher's ServerConfig, LightLLM's own startup checks, and refused TGI conflicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from tgi_compat import launcher
+from tgi_compat.lightllm_args import FLAGS, LightLLMArgsError, build_parser, parse_config
+
+
+def config_of(*argv: str, **environ: str):
+    return parse_config(list(argv), environ)[0]
+
+
+def unbuilt_of(*argv: str, **environ: str) -> list[str]:
+    return parse_config(list(argv), environ)[1]
+
+
+def test_seed_era_defaults():
+    config = config_of()
+    assert (config.hostname, config.port) == ("127.0.0.1", 8000)
+    assert config.max_batch_total_tokens == 6000  # --max_total_token_num
+    assert config.max_input_tokens == 2048 and config.max_total_tokens == 3072
+    assert config.max_batch_prefill_tokens == 3072  # max(6000 / 6, max_req_total_len)
+    assert config.max_batch_size == 1000  # --running_max_req_size
+    assert config.max_waiting_tokens == 10  # --router_max_wait_tokens
+    assert config.master_port == 28765 and config.num_shard == 1
+    assert config.dtype is None and config.attention_backend is None
+    assert unbuilt_of() == []
+
+
+def test_flags_map_onto_the_launcher_fields():
+    config = config_of(
+        "--host", "0.0.0.0", "--port", "9001", "--model_dir", "/models/x", "--max_total_token_num", "120000",
+        "--running_max_req_size", "64", "--max_req_input_len", "1000", "--max_req_total_len", "4000",
+        "--nccl_port", "30000", "--data_type", "bf16", "--trust_remote_code", "--router_max_wait_tokens", "4",
+    )  # fmt: skip
+    assert (config.hostname, config.port, config.model_id) == ("0.0.0.0", 9001, "/models/x")
+    assert config.max_batch_total_tokens == 120000 and config.max_batch_prefill_tokens == 20000
+    assert (config.max_input_tokens, config.max_total_tokens, config.max_batch_size) == (1000, 4000, 64)
+    assert (config.master_port, config.dtype, config.trust_remote_code, config.max_waiting_tokens) == (
+        30000, "bfloat16", True, 4,
+    )  # fmt: skip
+
+
+def test_batch_max_tokens_default_with_splitfuse_uses_the_block_size():
+    assert config_of("--splitfuse_mode", "--max_total_token_num", "3072").max_batch_prefill_tokens == 512
+    assert config_of("--splitfuse_mode", "--max_total_token_num", "1200", "--max_req_total_len", "1000",
+                     "--max_req_input_len", "500").max_batch_prefill_tokens == 256  # fmt: skip
+
+
+def test_explicit_batch_max_tokens_must_hold_a_whole_request():
+    assert config_of("--batch_max_tokens", "3072").max_batch_prefill_tokens == 3072
+    with pytest.raises(LightLLMArgsError, match=r"--batch_max_tokens \(3071\) must be >= --max_req_total_len \(3072\)"):
+        config_of("--batch_max_tokens", "3071")
+    assert config_of("--splitfuse_mode", "--batch_max_tokens", "256").max_batch_prefill_tokens == 256
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max_req_input_len", "3072"], r"--max_req_input_len \(3072\) must be < --max_req_total_len \(3072\)"),
+        (["--max_total_token_num", "3000"], r"--max_req_total_len \(3072\) must be <= --max_total_token_num \(3000\)"),
+        (["--load_way", "DS"], r"--load_way DS is not supported"),
+        (["--mode", "triton_gqa_flashdecoding", "turbo_attention"], r"--mode turbo_attention is unknown"),
+    ],
+)
+def test_lightllm_startup_checks_refuse_clearly(argv, message):
+    with pytest.raises(LightLLMArgsError, match=message):
+        config_of(*argv)
+
+
+@pytest.mark.parametrize("mode", ["triton_flashdecoding", "triton_gqa_flashdecoding", "triton_gqa_attention"])
+def test_triton_attention_modes_select_the_triton_backend(mode):
+    assert config_of("--mode", mode).attention_backend == "triton"
+
+
+def test_known_but_unbuilt_modes_are_accepted_and_named():
+    config, unbuilt, _ = parse_config(["--mode", "triton_gqa_flashdecoding", "triton_int8kv", "triton_w4a16g64"], {})
+    assert config.attention_backend == "triton"
+    assert unbuilt == ["--mode triton_int8kv", "--mode triton_w4a16g64"]
+
+
+def test_unbuilt_flags_are_named_only_when_given():
+    unbuilt = unbuilt_of("--use_dynamic_prompt_cache", "--beam_mode", "--tokenizer_mode", "slow", "--metric_gateway", "h:9091")
+    assert any("--use_dynamic_prompt_cache" in u for u in unbuilt)
+    assert any("--beam_mode" in u for u in unbuilt)
+    assert any("--tokenizer_mode slow" in u for u in unbuilt)
+    assert any("--metric_gateway" in u for u in unbuilt)
+    assert unbuilt_of("--tokenizer_mode", "fast", "--use_tgi_api", "--health_monitor", "--diverse_mode") == []
+
+
+def test_tensor_parallel_is_passed_on_and_reported_by_the_launcher_list():
+    config = config_of("--tp", "2")
+    assert config.num_shard == 2
+    assert any("num-shard" in name for name in launcher.unimplemented_options(config))
+
+
+@pytest.mark.parametrize(
+    "argv, environ, message",
+    [
+        (["--max_total_token_num", "8000"], {"MAX_BATCH_TOTAL_TOKENS": "9000"}, "--max_total_token_num"),
+        (["--max_total_token_num", "8000", "--max-batch-total-tokens", "9000"], {}, "--max-batch-total-tokens"),
+        (["--port", "8001"], {"PORT": "80"}, "--port"),
+        (["--data_type", "bf16", "--dtype", "float16"], {}, "--data_type"),
+        (["--max_req_total_len", "4000"], {"MAX_TOTAL_TOKENS": "5000"}, "MAX_TOTAL_TOKENS"),
+        (["--model_dir", "/a"], {"MODEL_ID": "/b"}, "--model_dir"),
+        (["--max_req_input_len", "100"], {"MAX_INPUT_LENGTH": "100"}, "--max-input-length"),
+    ],
+)
+def test_a_lightllm_flag_and_its_tgi_equivalent_conflict(argv, environ, message):
+    with pytest.raises(LightLLMArgsError, match="conflicts with") as error:
+        config_of(*argv, **environ)
+    assert message in str(error.value)
+
+
+def test_equal_values_given_both_ways_are_not_a_conflict():
+    config = config_of("--max_total_token_num", "8000", "--data_type", "fp16", MAX_BATCH_TOTAL_TOKENS="8000", DTYPE="float16")
+    assert config.max_batch_total_tokens == 8000 and config.dtype == "float16"
+
+
+def test_a_tgi_value_given_alone_replaces_the_lightllm_default():
+    config = config_of(PORT="80", MAX_TOTAL_TOKENS="1024", MAX_INPUT_TOKENS="1000", MAX_BATCH_TOTAL_TOKENS="50000")
+    assert (config.port, config.max_total_tokens, config.max_input_tokens) == (80, 1024, 1000)
+    assert config.max_batch_total_tokens == 50000
+    assert config.max_batch_prefill_tokens == 8333  # the seed rule over the TGI capacity
+
+
+def test_tgi_only_flags_pass_through():
+    config = config_of("--max-best-of", "4", "--api-key", "k", MAX_STOP_SEQUENCES="6")
+    assert (config.max_best_of, config.api_key, config.max_stop_sequences) == (4, "k", 6)
+
+
+def test_checks_name_the_tgi_option_that_was_given():
+    with pytest.raises(LightLLMArgsError, match="--max-input-tokens / MAX_INPUT_TOKENS \\(100\\) must be < --max-total-tokens"):
+        config_of("--max-input-tokens", "100", "--max-total-tokens", "50")
+
+
+def test_the_launchers_own_checks_still_apply():
+    with pytest.raises(LightLLMArgsError, match=r"`validation_workers` must be > 0"):
+        config_of("--validation-workers", "0")
+
+
+def test_bad_choices_exit_like_argparse():
+    with pytest.raises(SystemExit):
+        config_of("--tokenizer_mode", "fastest")
+    with pytest.raises(SystemExit):
+        config_of("--long_truncation_mode", "tail")
+
+
+def test_help_documents_every_lightllm_and_launcher_flag():
+    text = build_parser().format_help()
+    for flag in FLAGS:
+        assert f"--{flag.name}" in text
+    for flag in launcher.FLAGS:
+        assert f"--{flag.name}" in text
+    assert "MAX_BATCH_TOTAL_TOKENS]" in text  # each LightLLM flag names its TGI equivalent

@@ -125,6 +125,35 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
     return rows
 
 
+def decode_splits_sweep(bandwidth: float) -> list[dict]:
+    """How many KV splits per (request, KV head): multiples of the current rule (~4 waves of programs)."""
+    heads, kv_heads, head_dim = 32, 8, 128
+    shapes = [(1, 8192), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (128, 512), (64, 2048)]
+    k_cache = torch.randn(2**20 + 1, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for batch, context in shapes:
+        slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
+        q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
+        kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
+        base = choose_num_splits(batch, kv_heads, sms)
+        cells = []
+        for scale in (0.5, 1, 2, 4, 8):
+            splits = max(1, min(256, int(base * scale)))
+            out = torch.empty_like(q)
+            mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
+            mid_lse = torch.empty(batch, heads, splits, device=DEV)
+            ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
+                                                   out=out, mid_out=mid_out, mid_lse=mid_lse))
+            pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
+            rows.append(dict(batch=batch, context=context, splits=splits, ms=ms, pct_bw=pct))
+            cells.append(f"{splits}:{pct:.0f}%")
+        log(f"decode-splits B={batch} L={context}: " + "  ".join(cells))
+    del k_cache, v_cache
+    return rows
+
+
 def prefill_attention_tflops() -> list[dict]:
     """One prompt of S tokens, Llama-3-8B layer shape; (block_m, block_n, warps, stages) configs, default first."""
     heads, kv_heads, head_dim = 32, 8, 128
@@ -276,6 +305,7 @@ def main() -> None:
     parser.add_argument("--models", default="llama3-8b,qwen2-7b")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_gpu.json"))
     parser.add_argument("--skip-kernels", action="store_true")
+    parser.add_argument("--splits-sweep", action="store_true", help="only the decode split-count sweep")
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -285,6 +315,11 @@ def main() -> None:
     report["copy_bw_gbs"] = copy_bandwidth() / 1e9
     log(f"{report['gpu']}: copy bandwidth {report['copy_bw_gbs']:.0f} GB/s")
     bandwidth = report["copy_bw_gbs"] * 1e9
+    if args.splits_sweep:
+        report["decode_splits"] = decode_splits_sweep(bandwidth)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        return
     if not args.skip_kernels:
         report["decode_attention"] = decode_attention_sweep(bandwidth)
         report["decode_configs"] = decode_config_sweep(bandwidth)

@@ -17,7 +17,7 @@ import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import zmq
 import zmq.asyncio
@@ -28,6 +28,7 @@ from router.engine import EngineCore
 from router.engine_process import run_engine_process
 from router.outputs import TokenEvent
 from router.request import GenerateRequest
+from router.stats import EngineStats
 from router.validation import validate_request
 from router.wire import (
     AbortRequest,
@@ -36,6 +37,7 @@ from router.wire import (
     Rejected,
     Shutdown,
     StartupFailed,
+    StatsReport,
     StepOutputs,
     encoder,
     engine_message_decoder,
@@ -46,10 +48,13 @@ _health_ids = itertools.count()
 
 
 class _QueueingClient(EngineClient):
-    def __init__(self, info: EngineInfo) -> None:
+    def __init__(self, info: EngineInfo | None) -> None:
         self.info = info
         self._pending: dict[str, asyncio.Queue] = {}
         self._dead_reason: str | None = None
+        # Called in the event loop with each periodic EngineStats (tgi_compat feeds its metrics).
+        self.stats_listener: Callable[[EngineStats], None] | None = None
+        self.latest_stats: EngineStats | None = None
 
     @property
     def is_dead(self) -> bool:
@@ -106,6 +111,11 @@ class _QueueingClient(EngineClient):
             if (events_queue := self._pending.get(event.request_id)) is not None:
                 events_queue.put_nowait(event)
 
+    def _on_stats(self, stats: EngineStats) -> None:
+        self.latest_stats = stats
+        if self.stats_listener is not None:
+            self.stats_listener(stats)
+
     def _reject(self, request_id: str, message: str) -> None:
         if (events_queue := self._pending.get(request_id)) is not None:
             events_queue.put_nowait(RequestRejectedError(message))
@@ -123,15 +133,29 @@ class _QueueingClient(EngineClient):
 class ZmqEngineClient(_QueueingClient):
     """The engine loop in a spawned process, reached over two ipc:// ZeroMQ sockets."""
 
-    def __init__(self, info: EngineInfo, process, context, outbox, inbox, socket_dir: str) -> None:
-        super().__init__(info)
-        self._process = process
-        self._context, self._outbox, self._inbox = context, outbox, inbox
-        self._socket_dir = socket_dir
+    def __init__(self, config: EngineConfig, startup_timeout: float) -> None:
+        super().__init__(info=None)
+        self.config = config
+        self.startup_timeout = startup_timeout
+        self._process = None
+        self._sockets: tuple | None = None  # (context, outbox, inbox, socket_dir)
         self._reader: asyncio.Task | None = None
 
     @classmethod
     async def start(cls, config: EngineConfig, startup_timeout: float = 900.0) -> ZmqEngineClient:
+        client = cls(config, startup_timeout)
+        await client._launch()
+        return client
+
+    async def restart(self) -> None:
+        """Kill the engine if it still runs, fail every pending request, start a fresh one."""
+        await self._stop(reason="engine is restarting")
+        await self._launch()
+
+    async def shutdown(self) -> None:
+        await self._stop(reason="engine was shut down")
+
+    async def _launch(self) -> None:
         socket_dir = tempfile.mkdtemp(prefix="tgi-engine-")
         input_address, output_address = f"ipc://{socket_dir}/input", f"ipc://{socket_dir}/output"
         context = zmq.asyncio.Context()
@@ -140,35 +164,52 @@ class ZmqEngineClient(_QueueingClient):
         inbox.setsockopt(zmq.RCVHWM, 0)
         outbox.bind(input_address)
         inbox.bind(output_address)
-        process = multiprocessing.get_context("spawn").Process(
+        self._sockets = (context, outbox, inbox, socket_dir)
+        self._process = multiprocessing.get_context("spawn").Process(
             target=run_engine_process,
-            args=(config, input_address, output_address, os.getpid()),
+            args=(self.config, input_address, output_address, os.getpid()),
             name="engine-core",
             daemon=True,
         )
-        process.start()
+        self._process.start()
         try:
-            info = await asyncio.wait_for(_await_ready(inbox, process), startup_timeout)
+            self.info = await asyncio.wait_for(_await_ready(inbox, self._process), self.startup_timeout)
         except BaseException:
-            process.kill()
-            _close(context, outbox, inbox, socket_dir)
+            self._process.kill()
+            _close(*self._sockets)
             raise
-        client = cls(info, process, context, outbox, inbox, socket_dir)
-        client._reader = asyncio.create_task(client._read_outputs())
-        asyncio.get_running_loop().add_reader(process.sentinel, client._on_process_exit)
-        return client
+        self._dead_reason = None
+        self._reader = asyncio.create_task(self._read_outputs(inbox))
+        asyncio.get_running_loop().add_reader(self._process.sentinel, self._on_process_exit)
+
+    async def _stop(self, reason: str) -> None:
+        loop = asyncio.get_running_loop()
+        process = self._process
+        loop.remove_reader(process.sentinel)  # a requested exit is not a death
+        if process.is_alive() and self._dead_reason is None:
+            self._submit(Shutdown())
+            await loop.run_in_executor(None, process.join, 10)
+        if process.is_alive():
+            process.kill()
+            await loop.run_in_executor(None, process.join, 5)
+        if self._reader is not None:
+            self._reader.cancel()
+        self._mark_dead(reason, is_error=False)
+        _close(*self._sockets)
 
     def _submit(self, message) -> None:
         try:
-            self._outbox.send(encoder.encode(message), flags=zmq.NOBLOCK)
+            self._sockets[1].send(encoder.encode(message), flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             self._mark_dead(f"cannot reach the engine: {exc}")
 
-    async def _read_outputs(self) -> None:
+    async def _read_outputs(self, inbox) -> None:
         while True:
-            message = engine_message_decoder.decode(await self._inbox.recv())
+            message = engine_message_decoder.decode(await inbox.recv())
             if isinstance(message, StepOutputs):
                 self._dispatch(message.events)
+            elif isinstance(message, StatsReport):
+                self._on_stats(message.stats)
             elif isinstance(message, Rejected):
                 self._reject(message.request_id, message.message)
 
@@ -178,20 +219,6 @@ class ZmqEngineClient(_QueueingClient):
         self._mark_dead(f"engine process exited with code {self._process.exitcode}")
         if self._reader is not None:
             self._reader.cancel()
-
-    async def shutdown(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(self._process.sentinel)  # a clean exit is not a death
-        if self._process.is_alive():
-            self._submit(Shutdown())
-            await loop.run_in_executor(None, self._process.join, 10)
-        if self._process.is_alive():
-            self._process.kill()
-            await loop.run_in_executor(None, self._process.join, 5)
-        if self._reader is not None:
-            self._reader.cancel()
-        self._mark_dead("engine was shut down", is_error=False)
-        _close(self._context, self._outbox, self._inbox, self._socket_dir)
 
 
 async def _await_ready(inbox, process) -> EngineInfo:
@@ -238,6 +265,8 @@ class InProcessEngineClient(_QueueingClient):
                 if self.core.has_unfinished():
                     if events := self.core.step():
                         self._loop.call_soon_threadsafe(self._dispatch, events)
+                if (stats := self.core.stats.report()) is not None:
+                    self._loop.call_soon_threadsafe(self._on_stats, stats)
         except Exception as exc:  # noqa: BLE001 - the loop died: every pending request must learn it
             logger.exception("engine thread died")
             self._loop.call_soon_threadsafe(self._mark_dead, f"engine thread died: {type(exc).__name__}: {exc}")

@@ -8,10 +8,12 @@ logic goes there, not here.
 from __future__ import annotations
 
 import random
+import time
 
 from router.admission import AdmissionLimits
 from router.client_api import EngineInfo
 from router.config import EngineConfig
+from router.engine_stats import EngineStatsTracker
 from router.executor import Runner, StepExecutor
 from router.kv_slots import KVSlotPool
 from router.outputs import TokenEvent
@@ -36,6 +38,7 @@ class EngineCore:
         self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests)
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids))
         self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device)
+        self.stats = EngineStatsTracker(self.scheduler)
         self._rng = random.Random(config.seed)
         self._num_arrivals = 0
 
@@ -63,9 +66,12 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[TokenEvent]:
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         result = self.executor.execute(plan)
-        return self.scheduler.update(plan, result)
+        events = self.scheduler.update(plan, result)
+        self.stats.record(plan, result, time.perf_counter() - started)
+        return events
 
 
 def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInfo:

@@ -21,6 +21,7 @@ from router.wire import (
     Rejected,
     Shutdown,
     StartupFailed,
+    StatsReport,
     StepOutputs,
     client_message_decoder,
     encoder,
@@ -66,6 +67,8 @@ def _serve(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: 
             events = core.step()
             if events:
                 outbox.send(encoder.encode(StepOutputs(events)))
+        if (stats := core.stats.report()) is not None:
+            outbox.send(encoder.encode(StatsReport(stats)))
 
 
 def _handle(core: EngineCore, message, outbox: zmq.Socket) -> bool:

@@ -7,6 +7,7 @@ request that really fails is failed, and the engine keeps serving the rest.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Protocol
 
 import torch
@@ -54,12 +55,16 @@ class StepExecutor:
             merged.tokens += single.tokens
             merged.prompt_scores += single.prompt_scores or [None]
             merged.errors.update(single.errors)
+            merged.forward_s += single.forward_s
+            merged.sample_s += single.sample_s
         return merged
 
     @torch.inference_mode()
     def _run(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
         batch, layout = build_step_batch(plan, self.device)
         logits = self.runner.forward(batch)  # [R, vocab]
+        forward_done = time.perf_counter()
         result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
         if layout.sample_rows:
             requests = [plan.chunks[i].request for i in layout.sampled_chunks]
@@ -70,6 +75,7 @@ class StepExecutor:
                 result.tokens[chunk_index] = token
         if layout.prompt_chunks:
             self._score_prompts(plan, layout, logits, result)
+        result.forward_s, result.sample_s = forward_done - started, time.perf_counter() - forward_done
         return result
 
     def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor, result: StepResult) -> None:

@@ -64,6 +64,8 @@ class StepResult:
     tokens: list[SampledToken | None]  # None where the chunk was not sampled
     prompt_scores: list[PromptScores | None] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # request_id -> message; those requests fail
+    forward_s: float = 0.0  # model forward time (for stats)
+    sample_s: float = 0.0  # sampling + device-to-host copy time (for stats)
 
     @classmethod
     def failed(cls, plan: StepPlan, message: str) -> StepResult:

@@ -1,7 +1,7 @@
 """Messages between the API process and the engine process (msgspec msgpack over ZeroMQ).
 
     client PUSH --(AddRequest | AbortRequest | Shutdown)--> engine PULL
-    client PULL <--(Ready | StartupFailed | Rejected | StepOutputs)-- engine PUSH
+    client PULL <--(Ready | StartupFailed | Rejected | StepOutputs | StatsReport)-- engine PUSH
 
 The client binds both ipc:// sockets in its own temporary directory and the engine connects, so
 no port is ever hard-coded and a dead engine leaves nothing behind but that directory.
@@ -14,6 +14,7 @@ import msgspec
 from router.client_api import EngineInfo
 from router.outputs import TokenEvent
 from router.request import GenerateRequest
+from router.stats import EngineStats
 
 
 class AddRequest(msgspec.Struct, tag=True):
@@ -45,8 +46,12 @@ class StepOutputs(msgspec.Struct, tag=True, gc=False):
     events: list[TokenEvent]
 
 
+class StatsReport(msgspec.Struct, tag=True):
+    stats: EngineStats
+
+
 ClientMessage = AddRequest | AbortRequest | Shutdown
-EngineMessage = Ready | StartupFailed | Rejected | StepOutputs
+EngineMessage = Ready | StartupFailed | Rejected | StepOutputs | StatsReport
 
 encoder = msgspec.msgpack.Encoder()
 client_message_decoder = msgspec.msgpack.Decoder(ClientMessage)

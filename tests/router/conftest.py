@@ -45,12 +45,26 @@ def smollm2_llm():
 
 
 @pytest.fixture(scope="session")
-def smollm2_alone(smollm2_llm):
-    """Our greedy ids for each prompt, each run alone through the offline API."""
-    return [
-        smollm2_llm.generate([prompt], max_new_tokens=SMOLLM2_MAX_NEW, ignore_eos=True)[0].token_ids
-        for prompt in SMOLLM2_PROMPTS
-    ]
+def smollm2_greedy(smollm2_llm):
+    """Our greedy ids for every prompt, all in one continuous batch through the offline API."""
+    results = smollm2_llm.generate(SMOLLM2_PROMPTS, max_new_tokens=SMOLLM2_MAX_NEW, ignore_eos=True)
+    return [result.token_ids for result in results]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """A randomly initialised 2-layer Llama saved as safetensors: loads in well under a second."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,54 @@
+"""Per-step and occupancy numbers the engine reports for metrics (router.stats is the boundary).
+
+EngineCore records one StepStats per step; the engine loop asks `report()` when a report is due.
+"""
+
+from __future__ import annotations
+
+from router.scheduler import Scheduler
+from router.stats import EngineStats, StatsAccumulator, StepStats
+from router.step import StepPlan, StepResult
+
+
+class EngineStatsTracker:
+    def __init__(self, scheduler: Scheduler, interval_s: float = 0.5) -> None:
+        self.scheduler = scheduler
+        self.accumulator = StatsAccumulator(interval_s)
+        self.num_preemptions = 0
+        self.num_prompt_tokens = 0
+        self.num_generated_tokens = 0
+
+    def record(self, plan: StepPlan, result: StepResult, total_s: float) -> None:
+        self.num_preemptions += len(plan.preempted)
+        if plan.is_empty:
+            return
+        prompt_tokens = sum(c.num_tokens for c in plan.chunks if not (c.num_tokens == 1 and c.start > 0))
+        self.num_prompt_tokens += prompt_tokens
+        self.num_generated_tokens += sum(token is not None for token in result.tokens)
+        self.accumulator.add_step(
+            StepStats(
+                method="prefill" if prompt_tokens else "decode",
+                batch_size=len(plan.chunks),
+                forward_s=result.forward_s,
+                decode_s=result.sample_s,
+                total_s=total_s,
+                ok=not result.errors,
+                new_batch_size=sum(c.start == 0 for c in plan.chunks),
+            )
+        )
+
+    def report(self) -> EngineStats | None:
+        """An EngineStats when one is due, else None."""
+        if not self.accumulator.due():
+            return None
+        scheduler, pool = self.scheduler, self.scheduler.pool
+        return self.accumulator.flush(
+            queue_size=len(scheduler.waiting),
+            running=len(scheduler.running),
+            batch_max_tokens=sum(r.num_prompt_tokens + r.params.max_new_tokens for r in scheduler.running),
+            kv_used=pool.num_used_slots,
+            kv_total=pool.num_slots,
+            num_preemptions=self.num_preemptions,
+            prompt_tokens=self.num_prompt_tokens,
+            generated_tokens=self.num_generated_tokens,
+        )

@@ -147,6 +147,8 @@ class DecodeCudaGraphs:
         inputs.kv_lens[:size].copy_(batch.kv_lens, non_blocking=True)
         num_logits = batch.logits_indices.shape[0]
         inputs.logits_indices[:num_logits].copy_(batch.logits_indices, non_blocking=True)
+        if num_logits < bucket:  # stale indices of an earlier, larger batch could point past this bucket
+            inputs.logits_indices[num_logits:bucket] = 0
         if size < bucket:
             self._pad_from(size, bucket)
         self.graphs[bucket].replay()

@@ -165,7 +165,7 @@ def test_end_to_end() -> None:
         model, hf_config = hf_model(config, torch.float32)
         prompts = [torch.randint(0, config["vocab_size"], (n,), generator=gen).tolist() for n in (5, 40, 1, 113)]
         state = model.state_dict()
-        runners = {b: build_runner(hf_config, state, "float32", b, len(prompts), max_len) for b in ("torch", "triton")}
+        runners = {b: build_runner(hf_config, state, "float32", b, 8, max_len) for b in ("torch", "triton")}
         graphs = capture_graphs(runners["triton"], [1, 2, 8])  # 4 requests replay bucket 8: 4 padding entries
         ids_torch, _ = greedy_generate(runners["torch"], prompts, num_new, max_len)
         ids_triton, _ = greedy_generate(runners["triton"], prompts, num_new, max_len, graphs=graphs)
@@ -177,7 +177,7 @@ def test_end_to_end() -> None:
         if ids_torch != hf_ids:
             explain_mismatch(model, prompts, ids_torch, hf_ids, runners["torch"], max_len)
         del runners, graphs
-        bf16 = {b: build_runner(hf_config, state, "bfloat16", b, len(prompts), max_len) for b in ("torch", "triton")}
+        bf16 = {b: build_runner(hf_config, state, "bfloat16", b, 8, max_len) for b in ("torch", "triton")}
         graphs = capture_graphs(bf16["triton"], [2, 6])
         _, logits_torch = greedy_generate(bf16["torch"], prompts, num_new, max_len, forced=ids_torch)
         _, logits_triton = greedy_generate(bf16["triton"], prompts, num_new, max_len, graphs=graphs, forced=ids_torch)

@@ -69,8 +69,7 @@ class StepExecutor:
         if layout.sample_rows:
             requests = [plan.chunks[i].request for i in layout.sampled_chunks]
             sampling = SamplingBatch.build(requests, logits.shape[-1], self.device)
-            rows = torch.tensor(layout.sample_rows, device=self.device)
-            sampled = self.sampler(logits[rows].float(), sampling).to_host()
+            sampled = self.sampler(self._rows(logits, layout.sample_rows), sampling).to_host()
             for chunk_index, token in zip(layout.sampled_chunks, sampled):
                 result.tokens[chunk_index] = token
         if layout.prompt_chunks:
@@ -78,10 +77,16 @@ class StepExecutor:
         result.forward_s, result.sample_s = forward_done - started, time.perf_counter() - forward_done
         return result
 
+    def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """logits[rows] as float32; no copy in the usual all-decode step, where rows are all of them."""
+        if len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1:  # rows ascend, so this is 0..R-1
+            return logits.float()
+        return logits[torch.tensor(rows, dtype=torch.int64, device=self.device)].float()
+
     def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor, result: StepResult) -> None:
         top_n = [plan.chunks[i].request.params.prompt_top_n for i, n in layout.prompt_chunks for _ in range(n)]
         scored = score_prompt(
-            logits[torch.tensor(layout.prompt_rows, dtype=torch.int64, device=self.device)].float(),
+            self._rows(logits, layout.prompt_rows),
             torch.tensor(layout.prompt_next_ids, dtype=torch.int64, device=self.device),
             torch.tensor(top_n, dtype=torch.int64, device=self.device),
         ).to_host()

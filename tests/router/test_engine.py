@@ -148,3 +148,18 @@ def test_invalid_requests_are_rejected_before_admission(request_kwargs, message)
     with pytest.raises(RequestRejectedError, match=re.escape(message)):
         engine.add_request(GenerateRequest(**fields))
     assert not engine.has_unfinished()
+
+
+def test_stats_count_steps_tokens_and_occupancy():
+    engine = hash_engine(max_prefill=4)
+    engine.stats.accumulator.interval_s = 0.0
+    for i, prompt in enumerate(prompts(3)):
+        engine.add_request(GenerateRequest(f"r{i}", prompt, max_new_tokens=5))
+    engine.step()
+    mid = engine.stats.report()
+    assert mid.running == 1 and mid.queue_size == 2 and mid.kv_used == 4 and mid.kv_total == 4096
+    assert mid.steps[0].method == "prefill" and mid.steps[0].new_batch_size == 1
+    drain(engine)
+    final = engine.stats.report()
+    assert final.generated_tokens == 15 and final.prompt_tokens == sum(len(p) for p in prompts(3))
+    assert final.running == 0 and final.kv_used == 0 and final.steps[-1].method == "decode"

@@ -6,11 +6,12 @@ static input buffers. A step of B requests replays the smallest bucket >= B: the
 are the real requests, the rest are padding that writes its K/V into a reserved slot of a reserved
 req_to_token row, so it can never touch a live request.
 
-Integration (ModelRunner): reserve one spare KV slot and one spare req_to_token row, then
+Integration (ModelRunner): allocate one spare KV slot (index num_kv_slots) and one spare
+req_to_token row (index max_rows) that the router never hands out, then
 
-    self.cuda_graphs = DecodeCudaGraphs(self._forward_eager, buckets, pad_row=..., pad_slot=...,
-                                        max_seq_len=self.max_seq_len, device=self.device)
-    self.cuda_graphs.capture()
+    self.cuda_graphs = maybe_capture_decode_graphs(
+        self._forward_eager, self.backend, cfg.cuda_graph_batch_sizes, max_batch_size=self.max_rows,
+        pad_row=self.max_rows, pad_slot=self.num_kv_slots, max_seq_len=self.max_seq_len, device=self.device)
     ...
     if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
         return self.cuda_graphs.replay(batch)
@@ -162,3 +163,22 @@ class DecodeCudaGraphs:
         inputs.out_slots[start:end] = self.pad_slot
         inputs.req_rows[start:end] = self.pad_row
         inputs.kv_lens[start:end] = 1
+
+
+def maybe_capture_decode_graphs(
+    step_fn: StepFn,
+    backend: object,
+    batch_sizes: list[int] | None,  # the --cuda-graphs value: None = TGI's default list, [] = off
+    max_batch_size: int,
+    pad_row: int,
+    pad_slot: int,
+    max_seq_len: int,
+    device: torch.device,
+) -> DecodeCudaGraphs | None:
+    """Captured graphs on CUDA with a graph-safe attention backend and a non-empty list, else None (eager)."""
+    sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
+    if torch.device(device).type != "cuda" or not sizes or not getattr(backend, "supports_cuda_graphs", False):
+        return None
+    graphs = DecodeCudaGraphs(step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device)
+    graphs.capture()
+    return graphs

@@ -60,6 +60,7 @@ class TritonAttentionBackend(AttentionBackend):
             torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 4
         )
         # Split scratch for the largest decode batch a step may carry (one request per row).
+        self.max_rows = max_rows
         capacity = max(b * self._num_splits(b) for b in range(1, max_rows + 1))
         self._mid_out = torch.empty(capacity * num_heads * head_dim, dtype=torch.float32, device=self.device)
         self._mid_lse = torch.empty(capacity * num_heads, dtype=torch.float32, device=self.device)
@@ -97,6 +98,8 @@ class TritonAttentionBackend(AttentionBackend):
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         meta = self.metadata
         batch, splits = q.shape[0], meta.num_splits
+        if batch > self.max_rows:
+            raise ValueError(f"decode batch of {batch} requests exceeds the backend's max_rows={self.max_rows}")
         mid_out = self._mid_out[: batch * self.num_heads * splits * self.head_dim].view(
             batch, self.num_heads, splits, self.head_dim
         )

@@ -83,3 +83,18 @@ def test_cuda_graph_batch_sizes_follow_tgi_flag_semantics(flag, enforce_eager, e
 def test_negative_cuda_graph_batch_size_is_rejected():
     with pytest.raises(ValueError):
         resolve_batch_sizes([4, -1], False, 256)
+
+
+def test_graphs_stay_off_on_cpu_or_when_disabled():
+    from modeling.cuda_graphs import maybe_capture_decode_graphs
+
+    class GraphSafeBackend:
+        supports_cuda_graphs = True
+
+    def never_called(batch):
+        raise AssertionError("nothing may be captured here")
+
+    common = dict(max_batch_size=8, pad_row=8, pad_slot=100, max_seq_len=64)
+    assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), None, device=torch.device("cpu"), **common) is None
+    assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), [], device=torch.device("cuda"), **common) is None
+    assert maybe_capture_decode_graphs(never_called, object(), [1, 2], device=torch.device("cuda"), **common) is None

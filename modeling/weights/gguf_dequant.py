@@ -42,7 +42,7 @@ _BLOCK_BYTES = {"Q4_0": (18, _q4_0), "Q4_1": (20, _q4_1), "Q8_0": (34, _q8_0)}
 
 def dequantize_tensor(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> torch.Tensor:
     """GGUF tensor bytes -> float32 tensor of `shape` (torch order)."""
-    raw = torch.from_numpy(np.asarray(data))
+    raw = torch.from_numpy(np.array(data))  # a copy: the memory map is read-only
     if type_name == "F32":
         return raw.view(torch.float32).reshape(shape).clone()
     if type_name == "F16":

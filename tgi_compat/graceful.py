@@ -7,6 +7,8 @@ re-raises the captured signal with the handler that was installed before it star
 Python's default SIGTERM handler that kills the process (exit 143) before the caller can shut the
 engine down. `GracefulShutdown.serve` installs a recording handler first, so the re-raised
 signal only gets noted, the caller's cleanup runs, and the process exits 0.
+sse-starlette, for its part, ends every EventSourceResponse the moment uvicorn starts shutting
+down; `serve` turns that off so running streams finish too (the grace timeout still bounds them).
 
     graceful = GracefulShutdown(config.graceful_termination_timeout)
     server = uvicorn.Server(uvicorn.Config(app, ..., **graceful.uvicorn_options()))
@@ -28,6 +30,14 @@ logger = logging.getLogger("tgi_compat.graceful")
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def _let_sse_streams_finish() -> None:
+    try:
+        from sse_starlette.sse import AppStatus
+    except ImportError:
+        return
+    AppStatus.disable_automatic_graceful_drain()
+
+
 class GracefulShutdown:
     def __init__(self, timeout_s: float = 90.0) -> None:
         self.timeout_s = timeout_s
@@ -42,6 +52,7 @@ class GracefulShutdown:
 
     async def serve(self, server: uvicorn.Server) -> None:
         """Run `server` until a termination signal (or `should_exit`), drained."""
+        _let_sse_streams_finish()
         if threading.current_thread() is not threading.main_thread():
             await server.serve()  # signals are only delivered to the main thread
             return

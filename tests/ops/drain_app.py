@@ -9,7 +9,7 @@ import sys
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from sse_starlette import EventSourceResponse
 
 from tgi_compat.graceful import GracefulShutdown
 
@@ -22,11 +22,12 @@ async def stream():
     async def ticks():
         steps = 10
         for i in range(steps):
-            yield f"data:{i}\n\n".encode()
+            yield {"data": str(i)}
             await asyncio.sleep(stream_seconds / steps)
-        yield b"data:[DONE]\n\n"
+        yield {"data": "[DONE]"}
 
-    return StreamingResponse(ticks(), media_type="text/event-stream")
+    # sse-starlette, as the real server streams: it must not cut streams short on SIGTERM.
+    return EventSourceResponse(ticks(), sep="\n")
 
 
 async def main() -> int:

@@ -59,7 +59,7 @@ def test_sigterm_drains_running_request_and_exits_zero():
     thread.join(30)
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
-    assert received[-1] == "data:[DONE]" and len(received) == 11  # the running stream finished
+    assert received[-1] == "data: [DONE]" and len(received) == 11  # the running stream finished
     assert "cleanup done after SIGTERM" in output
 
 
@@ -74,5 +74,5 @@ def test_grace_period_bounds_the_drain():
     thread.join(30)
     assert time.monotonic() - began < 10
     assert proc.returncode == 0
-    assert "data:[DONE]" not in received  # cut off at the grace limit
+    assert "data: [DONE]" not in received  # cut off at the grace limit
     assert "cleanup done after SIGTERM" in output

@@ -152,10 +152,6 @@ class ChatTemplate:
             source = source.replace(old, new)
         return cls(source, bos_token, eos_token)
 
-    @property
-    def uses_tools(self) -> bool:
-        return "tools" in _undeclared_variables(self.source)
-
     def render(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt for already-flattened messages; raises TGI's template_error."""
         try:
@@ -197,15 +193,6 @@ def _compile(source: str) -> jinja2.Template:
         template = _environment().from_string(source)
         _COMPILED[source] = template
     return template
-
-
-def _undeclared_variables(source: str) -> set[str]:
-    from jinja2 import meta
-
-    try:
-        return meta.find_undeclared_variables(_environment().parse(source))
-    except jinja2.TemplateSyntaxError:
-        return set()
 
 
 # -------------------------------------------------------------------------------------- loading

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tgi_compat.schemas import U32, U64, GrammarType
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(strict=True, extra="ignore")
 
 
 # ------------------------------------------------------------------------------------- messages
@@ -42,14 +42,7 @@ MessageChunk = Annotated[TextChunk | ImageChunk, Field(discriminator="type")]
 class FunctionDefinition(_Request):
     description: str | None = None
     name: str
-    arguments: Any = Field(alias="parameters")  # TGI reads either key
-
-    @model_validator(mode="before")
-    @classmethod
-    def _either_key(cls, value: Any) -> Any:
-        if isinstance(value, dict) and "arguments" in value:
-            value = {**value, "parameters": value["arguments"]}
-        return value
+    arguments: Any = Field(validation_alias=AliasChoices("arguments", "parameters"))  # TGI reads either key
 
 
 class ToolCall(_Request):
@@ -101,7 +94,7 @@ class ChatRequest(_Request):
     logit_bias: list[float] | None = None  # TGI types it as an array: an OpenAI map is a 422
     logprobs: bool | None = None
     top_logprobs: U32 | None = None
-    max_tokens: U32 | None = Field(default=None, alias="max_completion_tokens")
+    max_tokens: U32 | None = Field(default=None, validation_alias=AliasChoices("max_tokens", "max_completion_tokens"))
     n: U32 | None = None  # accepted and ignored, like TGI: one choice is returned
     presence_penalty: float | None = None
     stop: list[str] | None = None
@@ -114,14 +107,6 @@ class ChatRequest(_Request):
     tool_choice: str | TypedToolChoice | None = None
     response_format: GrammarType | None = None
     stream_options: StreamOptions = Field(default_factory=StreamOptions)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _max_tokens_alias(cls, value: Any) -> Any:
-        # serde `alias`: either `max_tokens` or `max_completion_tokens` fills the field.
-        if isinstance(value, dict) and "max_tokens" in value:
-            value = {**value, "max_completion_tokens": value["max_tokens"]}
-        return value
 
 
 # ---------------------------------------------------------------------------------- completions

@@ -33,6 +33,7 @@ from tgi_compat.openai_common import (
     usage,
 )
 from tgi_compat.openai_schemas import ChatRequest, FunctionDefinition, Tool
+from tgi_compat.openapi import json_body, register_schemas
 from tgi_compat.responses import stream_headers, timing_headers
 from tgi_compat.routes_generate import validate_request
 from tgi_compat.schemas import GenerateParameters, SimpleToken, Token, dump_json
@@ -40,6 +41,7 @@ from tgi_compat.state import AppState, get_state
 from tgi_compat.streaming import data_event, done_event, event_stream
 
 router = APIRouter()
+register_schemas(ChatRequest)
 _NO_TEMPLATE = object()
 # tool_choice "auto" adds TGI's open-ended `no_tool` function to the tools.
 _NO_TOOL = Tool(
@@ -227,7 +229,7 @@ def _chat_stream(state: AppState, body: ChatRequest, prompt: str, timings: Timin
     return event_stream(events(), stream_headers(state.compute_type, prompt))
 
 
-@router.post("/v1/chat/completions", dependencies=[Depends(require_api_key)], summary="Generate tokens")
+@router.post("/v1/chat/completions", openapi_extra=json_body("ChatRequest"), dependencies=[Depends(require_api_key)], summary="Generate tokens")
 async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     body = await parse_openai_body(request, ChatRequest, state.config.payload_limit)
@@ -243,7 +245,7 @@ async def chat_completions(request: Request) -> Response:
     return await _chat_json(state, body, prompt, timings)
 
 
-@router.post("/chat_tokenize", summary="Template and tokenize ChatRequest")
+@router.post("/chat_tokenize", openapi_extra=json_body("ChatRequest"), summary="Template and tokenize ChatRequest")
 async def chat_tokenize(request: Request) -> Response:
     """`{"tokenize_response": [SimpleToken...], "templated_text": prompt}`; no API key (TGI)."""
     state = get_state(request)

@@ -39,6 +39,7 @@ from tgi_compat.openai_common import (
     usage,
 )
 from tgi_compat.openai_schemas import CompletionRequest
+from tgi_compat.openapi import json_body, register_schemas
 from tgi_compat.responses import stream_headers, timing_headers
 from tgi_compat.routes_generate import validate_request
 from tgi_compat.schemas import GenerateParameters, PrefillToken, Token, dump_json
@@ -46,6 +47,7 @@ from tgi_compat.state import AppState, get_state
 from tgi_compat.streaming import data_event, done_event, event_stream
 
 router = APIRouter()
+register_schemas(CompletionRequest)
 
 
 # ---------------------------------------------------------------------------------- parameters
@@ -329,7 +331,7 @@ def _completions_stream(state: AppState, body: CompletionRequest, fanout: Fanout
     return event_stream(events(), stream_headers(state.compute_type, characters))
 
 
-@router.post("/v1/completions", dependencies=[Depends(require_api_key)], summary="Generate tokens")
+@router.post("/v1/completions", openapi_extra=json_body("CompletionRequest"), dependencies=[Depends(require_api_key)], summary="Generate tokens")
 async def completions(request: Request) -> Response:
     state = get_state(request)
     body = await parse_openai_body(request, CompletionRequest, state.config.payload_limit)

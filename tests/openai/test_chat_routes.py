@@ -191,3 +191,29 @@ async def test_api_key_protects_chat_but_not_chat_tokenize(engine, make_client):
         allowed = await http.post("/v1/chat/completions", json={"messages": MESSAGES}, headers={"Authorization": "Bearer secret"})
         assert allowed.status_code == 200
         assert (await http.post("/chat_tokenize", json={"messages": MESSAGES})).status_code == 200
+
+
+async def test_max_tokens_and_openapi_document(client, engine):
+    await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2})
+    assert engine.requests[0].max_new_tokens == 2
+    document = (await client.get("/api-doc/openapi.json")).json()
+    for path in ("/v1/chat/completions", "/v1/completions", "/chat_tokenize"):
+        assert path in document["paths"]
+    schemas = document["components"]["schemas"]
+    assert "messages" in schemas["ChatRequest"]["properties"] and "prompt" in schemas["CompletionRequest"]["properties"]
+
+
+def test_served_model_name_and_chat_template_from_config(hf_tokenizer):
+    """The getattr hooks for --served-model-name / --chat-template (ServerConfig gains them later)."""
+    from types import SimpleNamespace
+
+    from tgi_compat.chat import load_chat_template
+    from tgi_compat.openai_common import served_model_name
+    from tgi_compat.state import ModelInfo
+
+    state = SimpleNamespace(config=SimpleNamespace(), model=ModelInfo("org/model"))
+    assert served_model_name(state) == "org/model"
+    state.config.served_model_name = "public-name"
+    assert served_model_name(state) == "public-name"
+    config = SimpleNamespace(model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision=None, chat_template="X{{ eos_token }}")
+    assert load_chat_template(config, hf_tokenizer).render([]) == "X<|im_end|>"

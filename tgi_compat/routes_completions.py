@@ -191,6 +191,7 @@ async def _all_or_cancel(awaitables: list[Awaitable[PromptOutcome]]) -> list[Pro
     except BaseException:
         for task in tasks:  # one prompt failed (or the client left): stop the others too
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # let them release their engine requests
         raise
 
 

@@ -137,3 +137,16 @@ async def test_api_key_and_response_model_is_the_served_id(engine, make_client):
         assert (await http.post("/v1/completions", json={"prompt": "a"})).status_code == 401
         ok = await http.post("/v1/completions", json={"prompt": "a", "temperature": 0}, headers={"authorization": "Bearer k"})
         assert ok.json()["model"] == MODEL
+
+
+async def test_one_failing_prompt_fails_the_request_and_frees_the_others(tokenizer, continuation, make_client):
+    from scripted_engine import ScriptedEngine
+
+    engine = ScriptedEngine(continuation, max_total_tokens=256, delay=0.01)
+    async with make_client(engine) as http:
+        # The second prompt is too long for max_new_tokens=250 within 256 total tokens.
+        body = {"prompt": ["short", "word " * 20], "temperature": 0, "max_tokens": 250}
+        response = await http.post("/v1/completions", json=body)
+    assert response.status_code == 422
+    assert response.json()["error"].startswith("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 256.")
+    assert set(engine.closed) == {r.request_id for r in engine.requests}  # nothing left running

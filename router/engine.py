@@ -53,6 +53,8 @@ class EngineCore:
     def add_request(self, params: GenerateRequest) -> None:
         """Validate (RequestRejectedError) and queue; the request waits for admission."""
         validate_request(params, self.info)
+        if params.healing_prefix and self.executor.healer is None:
+            self.executor.healer = _token_healer(self.config)
         seed = None
         if params.sampling.is_sampling:
             seed = params.sampling.seed if params.sampling.seed is not None else self._rng.getrandbits(64)
@@ -72,6 +74,13 @@ class EngineCore:
         events = self.scheduler.update(plan, result)
         self.stats.record(plan, result, time.perf_counter() - started)
         return events
+
+
+def _token_healer(config: EngineConfig):
+    """Loads the vocabulary table lazily: servers that never heal never pay for it."""
+    from router.token_healing import TokenHealer
+
+    return TokenHealer.for_model(config.model_id, config.revision)
 
 
 def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInfo:

@@ -34,6 +34,7 @@ class StepExecutor:
         self.runner = runner
         self.device = torch.device(device)
         self.sampler = Sampler(vocab_size, self.device)
+        self.healer = None  # router.token_healing.TokenHealer, set on the first healing request
 
     def execute(self, plan: StepPlan) -> StepResult:
         if plan.is_empty:
@@ -68,7 +69,7 @@ class StepExecutor:
         result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
         if layout.sample_rows:
             requests = [plan.chunks[i].request for i in layout.sampled_chunks]
-            sampling = SamplingBatch.build(requests, logits.shape[-1], self.device)
+            sampling = SamplingBatch.build(requests, logits.shape[-1], self.device, self.healer)
             sampled = self.sampler(self._rows(logits, layout.sample_rows), sampling).to_host()
             for chunk_index, token in zip(layout.sampled_chunks, sampled):
                 result.tokens[chunk_index] = token

@@ -1,6 +1,6 @@
 """Token selection on the device, vectorised across the batch (TGI's HeterogeneousNextTokenChooser).
 
-Order on each logits row (contract §14): watermark -> repetition penalty -> frequency penalty ->
+Order on each logits row (contract §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
 temperature -> top-k -> top-p -> typical-p -> choose. Reported logprobs are log_softmax of the
 final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
 row of the batch needs it, so an all-greedy batch costs one log_softmax and one argmax.
@@ -51,9 +51,11 @@ class SamplingBatch:
     watermark_prev_ids: list[tuple[int, int]]  # (row, previous token) of watermarked rows
     top_n: torch.Tensor | None  # [B] int64
     max_top_n: int
+    blocked: torch.Tensor | None = None  # [B, V] bool: token healing forbids these ids (first of all)
 
     @classmethod
-    def build(cls, requests: Sequence[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
+    def build(cls, requests: Sequence[Request], vocab_size: int, device: torch.device, healer=None) -> SamplingBatch:
+        """`healer`: a router.token_healing.TokenHealer, when some request may heal its prompt."""
         params = [r.params.sampling for r in requests]
 
         def column(values: list, dtype: torch.dtype) -> torch.Tensor:
@@ -86,6 +88,7 @@ class SamplingBatch:
             watermark_prev_ids=[(i, _last_token(r)) for i, (r, p) in enumerate(zip(requests, params)) if p.watermark],
             top_n=column(top_n, torch.int64) if any(top_n) else None,
             max_top_n=max(top_n, default=0),
+            blocked=healer.blocked_rows(requests, vocab_size, device) if healer is not None else None,
         )
 
 
@@ -142,6 +145,8 @@ class Sampler:
         return SamplerOutput(token_ids, chosen, *(top or (None, None, None)), all_logprobs=logprobs)
 
     def process(self, scores: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        if batch.blocked is not None:  # token healing: only ids that re-cover the removed prompt text
+            scores = scores.masked_fill(batch.blocked, float("-inf"))
         if batch.watermark_prev_ids:
             self._apply_watermark(scores, batch.watermark_prev_ids)
         if batch.context_ids is not None:

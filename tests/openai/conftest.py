@@ -14,16 +14,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
 from scripted_engine import EOS_ID, ScriptedEngine, make_state  # noqa: E402
 
 from tgi_compat.app import create_app  # noqa: E402
-from tgi_compat.tokenization import TokenizerService, load_hf_tokenizer  # noqa: E402
+from tgi_compat.tokenization import TokenizerService  # noqa: E402
 
 __all__ = ["EOS_ID"]
 
 
 @pytest.fixture(scope="session")
 def hf_tokenizer():
+    """The embedded model's transformers tokenizer (converted from the GGUF once, then cached)."""
     from modeling.source import DEFAULT_MODEL_ID
+    from modeling.tokenizer import load_tokenizer
 
-    return load_hf_tokenizer(DEFAULT_MODEL_ID)
+    return load_tokenizer(DEFAULT_MODEL_ID)
 
 
 @pytest.fixture(scope="session")

@@ -111,3 +111,28 @@ def test_template_sources_override_and_named_list(tmp_path, hf_tokenizer, monkey
     assert load_chat_template(config, hf_tokenizer).render([]) == "O0"
     monkeypatch.setenv("CHAT_TEMPLATE", "inline {{ add_generation_prompt }}")
     assert load_chat_template(config, hf_tokenizer).render([]) == "inline True"
+
+
+# Template features real models use: whitespace control, namespace(), loop.last, tojson, bos/eos
+# and raise_exception (written for this test, in the style of Llama 3 / Qwen 2.5 templates).
+FEATURE_TEMPLATE = (
+    "{{- bos_token }}\n"
+    "{%- set ns = namespace(system='Default system.') %}\n"
+    "{%- if messages and messages[0].role == 'system' %}{% set ns.system = messages[0].content %}{% endif %}\n"
+    "<sys>{{ ns.system | trim }}</sys>\n"
+    "{%- for message in messages if message.role != 'system' %}\n"
+    "    {%- if message.role not in ['user', 'assistant'] %}{{ raise_exception('bad role') }}{% endif %}\n"
+    "    {{- '\\n[' + message.role | upper + '] ' + message.content | tojson }}\n"
+    "    {%- if message.role == 'assistant' and not loop.last %}{{ eos_token }}{% endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n[ASSISTANT]{% endif %}\n"
+)
+
+
+@pytest.mark.parametrize("conversation", CONVERSATIONS)
+def test_feature_template_equals_transformers(hf_tokenizer, conversation):
+    template = ChatTemplate.create(FEATURE_TEMPLATE, hf_tokenizer.bos_token, hf_tokenizer.eos_token)
+    expected = hf_tokenizer.apply_chat_template(
+        conversation, chat_template=FEATURE_TEMPLATE, tokenize=False, add_generation_prompt=True
+    )
+    assert template.render(_messages(conversation)) == expected

@@ -59,7 +59,7 @@ def _load(source: ModelSource):
 
     if not source.is_gguf:
         return AutoTokenizer.from_pretrained(source.folder)
-    cache = _gguf_cache_folder(source.gguf_file)
+    cache = gguf_tokenizer_cache_folder(source.gguf_file)
     if os.path.exists(os.path.join(cache, "tokenizer.json")):
         return AutoTokenizer.from_pretrained(cache)
     logger.info("Converting the GGUF tokenizer of %s (cached afterwards in %s)", source.gguf_file, cache)
@@ -76,7 +76,7 @@ def cache_root() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "tgi_compat")
 
 
-def _gguf_cache_folder(gguf_file: str) -> str:
+def gguf_tokenizer_cache_folder(gguf_file: str) -> str:
     stat = os.stat(gguf_file)
     stem = os.path.basename(gguf_file).removesuffix(".gguf")
     return os.path.join(cache_root(), "tokenizers", f"{stem}-{stat.st_size}-{stat.st_mtime_ns}")

@@ -22,12 +22,17 @@ def download_snapshot(repo_id: str, revision: str | None = None) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
+    # Read at call time: huggingface_hub only reads HF_HUB_OFFLINE once, when first imported.
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     try:
         return snapshot_download(
-            repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS, cache_dir=_cache_dir()
+            repo_id,
+            revision=revision,
+            allow_patterns=ALLOW_PATTERNS,
+            cache_dir=_cache_dir(),
+            local_files_only=offline,
         )
     except LocalEntryNotFoundError as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
         reason = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "it could not be downloaded"
         raise ModelNotFoundError(f"model {repo_id!r} (revision {revision or 'main'}) not found: {reason}") from exc
     except (HfHubHTTPError, OSError, ValueError) as exc:

@@ -1,0 +1,60 @@
+"""Greedy decoding through ModelRunner (one prefill, then one decode step per token) picks the
+same ids as transformers' generate on the same GGUF, for a dozen prompts."""
+
+from __future__ import annotations
+
+import torch
+
+from modeling.forward_batch import build_forward_batch
+
+MAX_NEW_TOKENS = 10
+EOS_TOKEN_ID = 2  # <|im_end|>
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time,",
+    "def add(a, b):",
+    "The three primary colors are",
+    "Water boils at",
+    "My favourite programming language is",
+    "In machine learning, a transformer is",
+    "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n",
+    "import numpy as np\n",
+]
+
+
+def greedy_with_runner(runner, prompt_ids: list[int], row: int) -> list[int]:
+    n = len(prompt_ids)
+    slots = list(range(row * 256, row * 256 + n + MAX_NEW_TOKENS))
+    logits = runner.forward(build_forward_batch(prompt_ids, [row], [n], [n], slots[:n], [n - 1]))
+    generated = [int(logits.argmax(-1))]
+    for step in range(MAX_NEW_TOKENS - 1):
+        if generated[-1] == EOS_TOKEN_ID:
+            break
+        position = n + step
+        batch = build_forward_batch([generated[-1]], [row], [1], [position + 1], [slots[position]], [0])
+        generated.append(int(runner.forward(batch).argmax(-1)))
+    return generated
+
+
+def greedy_with_transformers(model, prompt_ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=MAX_NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=EOS_TOKEN_ID,
+            pad_token_id=EOS_TOKEN_ID,
+        )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def test_greedy_ids_match_transformers_generate(smollm2_runner, smollm2_hf_model, smollm2_tokenizer):
+    mismatches = []
+    for row, text in enumerate(PROMPTS):
+        ids = smollm2_tokenizer(text).input_ids
+        ours = greedy_with_runner(smollm2_runner, ids, row % smollm2_runner.max_rows)
+        theirs = greedy_with_transformers(smollm2_hf_model, ids)
+        if ours != theirs:
+            mismatches.append((text, ours, theirs))
+    assert not mismatches, mismatches

@@ -1,0 +1,82 @@
+"""ModelConfig parsing (HF dicts in both transformers generations, GGUF fields) and the registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from modeling.config import ModelConfig
+from modeling.registry import UnsupportedArchitectureError, resolve_model_class, supported_architectures
+
+BASE = {
+    "vocab_size": 100,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
+
+
+def test_defaults_derive_head_dim_and_kv_heads():
+    config = ModelConfig.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"], "eos_token_id": [3, 4]})
+    assert (config.head_dim, config.num_kv_heads) == (16, 4)
+    assert config.rope_scaling.rope_type == "default" and not config.qkv_bias and not config.qk_norm
+    assert config.eos_token_ids == [3, 4]
+
+
+def test_family_switches():
+    qwen2 = ModelConfig.from_hf_dict({**BASE, "architectures": ["Qwen2ForCausalLM"]})
+    qwen3 = ModelConfig.from_hf_dict({**BASE, "architectures": ["Qwen3ForCausalLM"], "head_dim": 32})
+    assert qwen2.qkv_bias and not qwen2.o_proj_bias and not qwen2.qk_norm
+    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim == 32
+
+
+@pytest.mark.parametrize(
+    "rope_keys",
+    [
+        {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 5e5}},
+        {"rope_scaling": {"type": "dynamic", "factor": 2.0}, "rope_theta": 5e5},
+    ],
+    ids=["transformers5", "transformers4"],
+)
+def test_rope_keys_of_both_transformers_generations(rope_keys):
+    config = ModelConfig.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"], **rope_keys})
+    assert (config.rope_scaling.rope_type, config.rope_scaling.factor, config.rope_theta) == ("dynamic", 2.0, 5e5)
+
+
+def test_unsupported_rope_type_is_a_clear_error():
+    with pytest.raises(ValueError, match="unsupported rope scaling type 'su'"):
+        ModelConfig.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"], "rope_scaling": {"type": "su"}})
+
+
+def test_gguf_fields():
+    fields = {
+        "general.architecture": "qwen2",
+        "qwen2.block_count": 2,
+        "qwen2.embedding_length": 64,
+        "qwen2.feed_forward_length": 128,
+        "qwen2.attention.head_count": 4,
+        "qwen2.attention.head_count_kv": 2,
+        "qwen2.context_length": 2048,
+        "qwen2.vocab_size": 100,
+        "tokenizer.ggml.eos_token_id": 7,
+    }
+    config = ModelConfig.from_gguf_fields(fields, has_output_tensor=False)
+    assert config.architecture == "Qwen2ForCausalLM" and config.qkv_bias and config.tie_word_embeddings
+    assert (config.num_kv_heads, config.head_dim, config.max_position_embeddings) == (2, 16, 2048)
+    assert config.eos_token_ids == [7]
+
+
+def test_registry_resolves_every_supported_architecture():
+    assert set(supported_architectures()) >= {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+    for arch in supported_architectures():
+        assert resolve_model_class(arch).__name__ == "LlamaForCausalLM"
+
+
+def test_unknown_architecture_is_a_clear_error():
+    with pytest.raises(UnsupportedArchitectureError, match="'GPT2LMHeadModel' is not supported; supported: "):
+        resolve_model_class("GPT2LMHeadModel")
+
+
+def test_config_without_architectures_is_a_clear_error():
+    with pytest.raises(ValueError, match="no 'architectures'"):
+        ModelConfig.from_hf_dict(BASE)

@@ -72,3 +72,19 @@ async def test_a_dead_engine_thread_fails_pending_requests_at_once():
     with pytest.raises(EngineDeadError):
         await collect(client, GenerateRequest("y", prompts(1)[0]))
     assert not await client.check_health()
+
+
+async def test_stats_reach_the_listener():
+    client = InProcessEngineClient(hash_engine())
+    received = []
+    client.stats_listener = received.append
+    try:
+        await collect(client, GenerateRequest("s", prompts(1)[0], max_new_tokens=5))
+        for _ in range(50):
+            if received and received[-1].generated_tokens == 5:
+                break
+            await asyncio.sleep(0.1)
+        assert received[-1].generated_tokens == 5 and received[-1].kv_used == 0
+        assert client.latest_stats is received[-1]
+    finally:
+        await client.shutdown()

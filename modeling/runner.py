@@ -17,6 +17,7 @@ import torch
 
 from modeling.attention import create_backend
 from modeling.config import ModelConfig
+from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.layers.ops import select_ops
 from modeling.registry import resolve_model_class
@@ -42,7 +43,9 @@ class RunnerConfig:
     memory_fraction: float = 1.0  # share of the free memory after weights that the KV cache may take
     max_rows: int = 256  # concurrent requests (rows of req_to_token)
     max_seq_len: int | None = None  # per-request tokens; None: min(model context, num_kv_slots)
-    cuda_graph_batch_sizes: list[int] | None = None  # decode batch sizes to capture; None/[]: none
+    # Decode batch sizes to capture as CUDA graphs (TGI --cuda-graphs): None = TGI's default list,
+    # [] = eager. Ignored off CUDA and with backends that are not graph-safe.
+    cuda_graph_batch_sizes: list[int] | None = None
     show_progress: bool = True
 
 
@@ -67,9 +70,11 @@ class ModelRunner:
         self.num_kv_slots = self._num_kv_slots()
         self.max_rows = cfg.max_rows
         self.max_seq_len = cfg.max_seq_len or min(model_config.max_position_embeddings, self.num_kv_slots)
+        # One spare KV slot (index num_kv_slots) and one spare row (index max_rows), never handed out
+        # by the router: CUDA-graph padding entries write there.
         self.kv_caches = self._allocate_kv_caches()
         # req_to_token[row, position] -> KV slot of that token of the request in that row
-        self.req_to_token = torch.zeros(self.max_rows, self.max_seq_len, dtype=torch.int32, device=self.device)
+        self.req_to_token = torch.zeros(self.max_rows + 1, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.backend = create_backend(
             cfg.attention_backend,
             num_heads=model_config.num_heads,
@@ -79,6 +84,16 @@ class ModelRunner:
             max_seq_len=self.max_seq_len,
             device=self.device,
             dtype=self.dtype,
+        )
+        self.cuda_graphs = maybe_capture_decode_graphs(
+            self._forward_eager,
+            self.backend,
+            cfg.cuda_graph_batch_sizes,
+            max_batch_size=self.max_rows,
+            pad_row=self.max_rows,
+            pad_slot=self.num_kv_slots,
+            max_seq_len=self.max_seq_len,
+            device=self.device,
         )
 
     @classmethod
@@ -95,7 +110,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [R, vocab] float32 for the rows batch.logits_indices of the flat batch."""
+        """Logits [R, vocab] float32 for the rows batch.logits_indices of the flat batch.
+
+        Read (sample from) them before the next forward: a CUDA-graph replay reuses their memory.
+        """
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
+            return self.cuda_graphs.replay(batch)
+        return self._forward_eager(batch)
+
+    def _forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         if batch.mode == ForwardMode.DECODE:
             token_rows = batch.req_rows
         else:
@@ -137,7 +160,7 @@ class ModelRunner:
             self.num_kv_slots * bytes_per_token / 2**30,
             bytes_per_token,
         )
-        shape = (self.num_kv_slots, c.num_kv_heads, c.head_dim)
+        shape = (self.num_kv_slots + 1, c.num_kv_heads, c.head_dim)
         return [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),

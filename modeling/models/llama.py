@@ -22,7 +22,7 @@ from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.layers.rotary import RotaryEmbedding
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, num_kv_heads, head_dim]
-RopeTables = tuple[torch.Tensor, torch.Tensor]
+RopeTables = tuple[torch.Tensor, ...]  # whatever the chosen LayerOps.rope_tables builds
 
 # checkpoint sub-module -> (our fused module, shard)
 _PACKED_MODULES = {

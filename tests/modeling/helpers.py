@@ -56,7 +56,8 @@ def runner_for_folder(folder: str, dtype: str = "float32", num_kv_slots: int = 2
 def full_logits(runner: ModelRunner, ids: list[int], row: int = 0, first_slot: int = 0) -> torch.Tensor:
     """One EXTEND step over the whole prompt, logits for every position: [L, vocab]."""
     n = len(ids)
-    batch = build_forward_batch(ids, [row], [n], [n], list(range(first_slot, first_slot + n)), list(range(n)))
+    slots = list(range(first_slot, first_slot + n))
+    batch = build_forward_batch(ids, [row], [n], [n], slots, list(range(n)), device=runner.device)
     return runner.forward(batch)
 
 
@@ -97,5 +98,6 @@ def run_step(runner: ModelRunner, requests: list[tuple[int, list[int], int, list
         q_lens.append(len(ids))
         kv_lens.append(prefix_len + len(ids))
         slots += new_slots
-    batch = build_forward_batch(input_ids, rows, q_lens, kv_lens, slots, list(range(len(input_ids))))
+    logits_rows = list(range(len(input_ids)))
+    batch = build_forward_batch(input_ids, rows, q_lens, kv_lens, slots, logits_rows, device=runner.device)
     return list(runner.forward(batch).split(q_lens))

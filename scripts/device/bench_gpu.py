@@ -24,7 +24,7 @@ import triton
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model  # noqa: E402
-from kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
+from kernels.decode_attention import choose_min_split_len, choose_num_splits, decode_attention  # noqa: E402
 from kernels.prefill_attention import prefill_attention  # noqa: E402
 
 DEV = "cuda"
@@ -77,12 +77,14 @@ def decode_attention_sweep(bandwidth: float) -> list[dict]:
             q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
             kv_lens = torch.full((batch,), context, device=DEV)
             req_rows = torch.arange(batch, device=DEV)
-            splits = choose_num_splits(batch, kv_heads, torch.cuda.get_device_properties(0).multi_processor_count)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            splits = choose_num_splits(batch, kv_heads, sms)  # the backend's choices
+            min_len = choose_min_split_len(batch, kv_heads, sms)
             out = torch.empty_like(q)
             mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
             mid_lse = torch.empty(batch, heads, splits, device=DEV)
             ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
-                                                   out=out, mid_out=mid_out, mid_lse=mid_lse))
+                                                   out=out, mid_out=mid_out, mid_lse=mid_lse, min_split_len=min_len))
             kv_bytes = batch * context * kv_heads * head_dim * 2 * 2
             moved = kv_bytes + batch * context * 4 + 2 * q.numel() * 2
             rows.append(dict(batch=batch, context=context, splits=splits, kv_gb=kv_bytes / 1e9, ms=ms,
@@ -125,10 +127,13 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
     return rows
 
 
-def decode_splits_sweep(bandwidth: float) -> list[dict]:
+SPLIT_SWEEP_SHAPES = [(1, 8192), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (128, 512), (64, 2048)]
+SHORT_SWEEP_SHAPES = [(8, 512), (32, 512), (64, 512), (128, 512), (8, 1024), (32, 1024), (64, 1024), (256, 512)]
+
+
+def decode_splits_sweep(bandwidth: float, shapes: list[tuple[int, int]], block_n: int = 64) -> list[dict]:
     """How many KV splits per (request, KV head): multiples of the current rule (~4 waves of programs)."""
     heads, kv_heads, head_dim = 32, 8, 128
-    shapes = [(1, 8192), (1, 32768), (8, 8192), (8, 32768), (32, 2048), (32, 8192), (128, 512), (64, 2048)]
     k_cache = torch.randn(2**20 + 1, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -139,17 +144,16 @@ def decode_splits_sweep(bandwidth: float) -> list[dict]:
         kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
         base = choose_num_splits(batch, kv_heads, sms)
         cells = []
-        for scale in (0.5, 1, 2, 4, 8):
-            splits = max(1, min(256, int(base * scale)))
+        for splits in sorted({max(1, min(256, int(base * scale))) for scale in (0.25, 0.5, 1, 2, 4, 8)}):
             out = torch.empty_like(q)
             mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
             mid_lse = torch.empty(batch, heads, splits, device=DEV)
             ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
-                                                   out=out, mid_out=mid_out, mid_lse=mid_lse))
+                                                   out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n))
             pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
-            rows.append(dict(batch=batch, context=context, splits=splits, ms=ms, pct_bw=pct))
-            cells.append(f"{splits}:{pct:.0f}%")
-        log(f"decode-splits B={batch} L={context}: " + "  ".join(cells))
+            rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, ms=ms, pct_bw=pct))
+            cells.append(f"{splits}:{pct:.0f}%/{ms * 1e3:.0f}us")
+        log(f"decode-splits block={block_n} B={batch} L={context}: " + "  ".join(cells))
     del k_cache, v_cache
     return rows
 
@@ -316,7 +320,9 @@ def main() -> None:
     log(f"{report['gpu']}: copy bandwidth {report['copy_bw_gbs']:.0f} GB/s")
     bandwidth = report["copy_bw_gbs"] * 1e9
     if args.splits_sweep:
-        report["decode_splits"] = decode_splits_sweep(bandwidth)
+        report["decode_splits"] = decode_splits_sweep(bandwidth, SHORT_SWEEP_SHAPES, 64)
+        report["decode_splits"] += decode_splits_sweep(bandwidth, SHORT_SWEEP_SHAPES, 32)
+        report["decode_splits"] += decode_splits_sweep(bandwidth, SPLIT_SWEEP_SHAPES[2:6], 32)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         return

@@ -94,7 +94,8 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
     def never_called(batch):
         raise AssertionError("nothing may be captured here")
 
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
     common = dict(max_batch_size=8, pad_row=8, pad_slot=100, max_seq_len=64)
-    assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), None, device=torch.device("cpu"), **common) is None
-    assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), [], device=torch.device("cuda"), **common) is None
-    assert maybe_capture_decode_graphs(never_called, object(), [1, 2], device=torch.device("cuda"), **common) is None
+    assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), None, device=cpu, **common) is None
+    assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), [], device=cuda, **common) is None
+    assert maybe_capture_decode_graphs(never_called, object(), [1, 2], device=cuda, **common) is None

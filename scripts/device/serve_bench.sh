@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# GPU serving benchmark (not CI): a random-weight Llama-3-8B-shaped model, our server, the load
+# benchmark at several request rates, offline throughput, and the transformers static-batching baseline.
+#
+# Needs: torch, triton, transformers, safetensors, tokenizers, numpy, aiohttp, tqdm (GPU image), plus the
+# wheels from the wheelhouse with these extras (quicktok-v1 carries the Llama-3 vocabulary; matplotlib
+# and its dependencies draw the plots, which are skipped if it is missing):
+#   ../shared/device/wheelhouse.sh quicktok-v1 matplotlib contourpy cycler fonttools kiwisolver pillow \
+#       pyparsing python-dateutil six packaging
+# Run (repo root on the device, carry [".whl"]):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+#     && export PYTHONPATH=$PWD:/tmp/site && bash scripts/device/serve_bench.sh
+# Everything fits one 10-minute call only if the server is fast; split it with STAGES, e.g.
+#   STAGES=model,online,offline bash scripts/device/serve_bench.sh   then   STAGES=compare bash ...
+# (the model folder in /tmp is reused while the machine stays warm, rebuilt otherwise: ~1-2 min).
+# Results: $OUT/{online,offline,compare}/{result.json,index.html,*.png}, $OUT/*.log, $OUT/summary.txt.
+set -euo pipefail
+
+OUT=${OUT:-$PWD/serve-bench-out}
+MODEL_DIR=${MODEL_DIR:-/tmp/llama3-8b-random}
+PORT=${PORT:-3000}
+STAGES=${STAGES:-model,online,offline,compare}
+RATES=${RATES:-2,8,32}            # online request rates (Poisson); inf is the offline stage
+NUM_ONLINE=${NUM_ONLINE:-200}     # prompts per online rate
+NUM_OFFLINE=${NUM_OFFLINE:-1000}  # prompts for the all-at-once server run
+NUM_COMPARE=${NUM_COMPARE:-256}   # prompts for server vs transformers (same prompts for both)
+HF_BATCH=${HF_BATCH:-64}
+SERVER_ARGS=${SERVER_ARGS:-}      # extra launcher flags, e.g. "--max-batch-total-tokens 300000"
+STAGE_TIMEOUT=${STAGE_TIMEOUT:-560}
+PY=${PYTHON:-python3}
+DATASET=(--dataset sharegpt-lengths --seed 0)  # Llama-3 ShareGPT lengths from benchmarks/data
+
+mkdir -p "$OUT"
+BASE_URL="http://127.0.0.1:$PORT"
+SERVER_CMD="$PY -m tgi_compat.launcher --model-id $MODEL_DIR --port $PORT --hostname 127.0.0.1 $SERVER_ARGS"
+has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } > "$OUT/device.txt"
+$PY -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', \
+transformers.__version__, 'triton', triton.__version__)" >> "$OUT/device.txt"
+git rev-parse HEAD >> "$OUT/device.txt" 2>/dev/null || true
+
+build_model() {
+  if [[ -f "$MODEL_DIR/config.json" && -f "$MODEL_DIR/tokenizer.json" ]] && \
+     ls "$MODEL_DIR"/*.safetensors >/dev/null 2>&1 && [[ -f "$MODEL_DIR/.complete" ]]; then
+    log "model: reusing $MODEL_DIR"; return
+  fi
+  log "model: building random Llama-3-8B-shaped bf16 weights on cuda into $MODEL_DIR"
+  rm -rf "$MODEL_DIR"
+  $PY -m benchmarks.random_model "$MODEL_DIR" --preset llama3-8b --device cuda --dtype bfloat16 \
+    2>&1 | tail -n 3 | tee -a "$OUT/summary.txt"
+  touch "$MODEL_DIR/.complete"
+}
+
+SERVER_PID=
+start_server() {
+  log "server: $SERVER_CMD"
+  setsid $SERVER_CMD > "$OUT/server-$1.log" 2>&1 &
+  SERVER_PID=$!
+  local waited=0
+  until $PY -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" \
+        "$BASE_URL/health" 2>/dev/null; do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then log "server exited; tail of log:"; tail -n 40 "$OUT/server-$1.log"; return 1; fi
+    sleep 2; waited=$((waited + 2))
+    if (( waited > 900 )); then log "server not healthy after 900 s"; return 1; fi
+  done
+  log "server: healthy after ${waited} s"
+}
+stop_server() {
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID"
+    for _ in $(seq 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+  fi
+  SERVER_PID=
+}
+trap stop_server EXIT
+
+run_stage() {  # name, command...: a failed or timed-out stage is logged, later stages still run
+  local name=$1; shift
+  log "stage $name: $*"
+  if timeout "$STAGE_TIMEOUT" "$@" > "$OUT/$name.log" 2>&1; then
+    grep -E '^(---|    [A-Z]|server_|hf_|results)' "$OUT/$name.log" | tee -a "$OUT/summary.txt" || true
+  else
+    log "stage $name failed (exit $?); tail of $OUT/$name.log:"; tail -n 30 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
+  fi
+}
+
+has_stage model && build_model
+[[ -f "$MODEL_DIR/.complete" ]] || build_model
+
+if has_stage online || has_stage offline; then
+  start_server main
+  has_stage online && run_stage online $PY -m benchmarks.serve --base-url "$BASE_URL" "${DATASET[@]}" \
+    --num-prompts "$NUM_ONLINE" --request-rate "$RATES" --out-dir "$OUT/online" --no-progress
+  has_stage offline && run_stage offline $PY -m benchmarks.offline --base-url "$BASE_URL" "${DATASET[@]}" \
+    --num-prompts "$NUM_OFFLINE" --out-dir "$OUT/offline" --no-progress
+  stop_server
+fi
+
+# Server and transformers on the same prompts, one after the other, each with the whole GPU.
+has_stage compare && run_stage compare $PY -m benchmarks.offline --server-cmd "$SERVER_CMD" \
+  --base-url "$BASE_URL" "${DATASET[@]}" --num-prompts "$NUM_COMPARE" --hf-model "$MODEL_DIR" \
+  --hf-batch-size "$HF_BATCH" --hf-dtype bfloat16 --out-dir "$OUT/compare" --no-progress
+log "done; results under $OUT"

@@ -38,12 +38,19 @@ def hf_model(config: dict, dtype: torch.dtype, device: str = "cuda", num_layers:
 
 
 def build_runner(
-    hf_config: dict, state_dict: dict, dtype: str, backend: str, num_rows: int, max_len: int, device: str = "cuda"
+    hf_config: dict,
+    state_dict: dict,
+    dtype: str,
+    backend: str,
+    num_rows: int,
+    max_len: int,
+    device: str = "cuda",
+    graph_sizes: list[int] | None = None,  # the runner's own CUDA graphs (--cuda-graphs); default off here
 ) -> ModelRunner:
     """One spare row and slot beyond the driver's (num_rows, num_rows * max_len) for graph padding."""
     cfg = RunnerConfig(
         device=device, dtype=dtype, attention_backend=backend, num_kv_slots=num_rows * max_len + 1,
-        max_rows=num_rows + 1, max_seq_len=max_len, show_progress=False,
+        max_rows=num_rows + 1, max_seq_len=max_len, show_progress=False, cuda_graph_batch_sizes=graph_sizes or [],
     )
     return ModelRunner.from_hf_state_dict(hf_config, state_dict, cfg)
 

@@ -176,6 +176,15 @@ def test_end_to_end() -> None:
         check(f"e2e {name} fp32 greedy: torch backend == transformers", 0.0 if ids_torch == hf_ids else 1.0, 0.5)
         if ids_torch != hf_ids:
             explain_mismatch(model, prompts, ids_torch, hf_ids, runners["torch"], max_len)
+        # the same through ModelRunner's own graphs (--cuda-graphs), when the runner has the hook
+        hooked = build_runner(hf_config, state, "float32", "triton", 8, max_len, graph_sizes=[1, 2, 8])
+        if getattr(hooked, "cuda_graphs", None) is None:
+            print(f"NOTE e2e {name}: ModelRunner does not capture CUDA graphs itself (no hook)", flush=True)
+        else:
+            ids_hooked, _ = greedy_generate(hooked, prompts, num_new, max_len)
+            check(f"e2e {name} fp32 greedy: ModelRunner(--cuda-graphs 1,2,8) == torch backend",
+                  0.0 if ids_hooked == ids_torch else 1.0, 0.5)
+        del hooked
         del runners, graphs
         bf16 = {b: build_runner(hf_config, state, "bfloat16", b, 8, max_len) for b in ("torch", "triton")}
         graphs = capture_graphs(bf16["triton"], [2, 6])

@@ -82,6 +82,13 @@ class ServerConfig:
     ngrok: bool = False
     ngrok_authtoken: str | None = None
     ngrok_edge: str | None = None
+    # --- LightLLM options (python -m tgi_compat.api_server; also launcher flags) ---
+    eos_token_ids: list[int] = field(default_factory=list)  # extra ids that end generation (--eos_id)
+    router_token_ratio: float = 0.0  # below this KV use, admission is optimistic
+    router_max_new_token_len: int = 1024  # output length the optimistic estimate assumes
+    long_truncation_mode: str | None = None  # "head" | "center": default of the request parameter
+    token_healing: bool = False  # default of the request parameter `token_healing`
+    return_all_prompt_logprobs: bool = False  # default of the request parameter
     # --- how the engine runs ---
     engine_in_process: bool = False  # ours: run the engine in the API process (tests, debugging)
 
@@ -98,6 +105,9 @@ class ServerConfig:
             max_total_tokens=self.max_total_tokens,
             max_waiting_tokens=self.max_waiting_tokens,
             cuda_graphs=self.cuda_graphs,
+            eos_token_ids=list(self.eos_token_ids),
+            router_token_ratio=self.router_token_ratio,
+            router_max_new_token_len=self.router_max_new_token_len,
         )
         if self.max_batch_prefill_tokens is not None:
             engine.max_batch_prefill_tokens = self.max_batch_prefill_tokens

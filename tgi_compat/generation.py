@@ -56,6 +56,7 @@ class GenerationResult:
     tokens: list[Token]
     top_tokens: list[list[Token]] = field(default_factory=list)
     prefill: list[PrefillToken] = field(default_factory=list)
+    prefill_top_tokens: list[list[Token]] = field(default_factory=list)  # return_all_prompt_logprobs
 
     @property
     def generated_tokens(self) -> int:
@@ -115,6 +116,8 @@ async def stream_sequence(
     tokens: list[Token] = []
     top_tokens: list[list[Token]] = []
     prefill: list[PrefillToken] = []
+    prefill_top_tokens: list[list[Token]] = []
+    healing = request.features.output_filter() if request.features is not None else None
     timings.validated = time.perf_counter()
     events = state.engine.generate(engine_request)
     finished = released = False
@@ -126,16 +129,23 @@ async def stream_sequence(
                     on_first_token()
             if event.prompt_logprobs is not None and request.prompt_logprobs:
                 prefill = _prefill(state, engine_request.prompt_ids, event.prompt_logprobs)
+                prefill_top_tokens = [_top_tokens(state, top) for top in event.prompt_top_tokens or []]
             for position, token_id in enumerate(event.token_ids):
                 text = detokenizer.push(token_id)
+                is_last_id = position == len(event.token_ids) - 1
+                if healing is not None:  # token healing: only text past the prompt is new
+                    counts, text = healing.push(token_id, text)
+                    if not counts and not (is_last_id and event.finish_reason):
+                        continue
                 logprob = event.logprobs[position] if position < len(event.logprobs) else None
                 token = _token(state, token_id, text, _finite_or_none(logprob))
                 alternatives = _top_tokens(state, event.top_tokens[position]) if event.top_tokens else []
                 tokens.append(token)
                 if request.params.top_n_tokens:
                     top_tokens.append(alternatives)
-                is_last_id = position == len(event.token_ids) - 1
                 finish = event.finish_reason if is_last_id else None
+                if finish is None and len(tokens) >= request.max_new_tokens:
+                    finish = "length"  # healing requests run with a larger engine budget
                 if finish is None and stops.push(text):
                     finish = "stop_sequence"  # TGI checks stop strings after length and EOS
                 step = TokenStep(index=len(tokens), token=token, top_tokens=alternatives)
@@ -145,13 +155,14 @@ async def stream_sequence(
                     finished = True
                     timings.finished = time.perf_counter()
                     step.result = GenerationResult(
-                        generated_text=detokenizer.final_text(),
+                        generated_text=healing.final_text(detokenizer.final_text()) if healing else detokenizer.final_text(),
                         finish_reason=finish,
                         seed=seed,
-                        input_length=event.num_prompt_tokens or len(engine_request.prompt_ids),
+                        input_length=request.input_length if healing else event.num_prompt_tokens or len(engine_request.prompt_ids),
                         tokens=tokens,
                         top_tokens=top_tokens,
                         prefill=prefill,
+                        prefill_top_tokens=prefill_top_tokens,
                     )
                     # Free the engine request before the caller sees the last token (a stop string
                     # match must not keep generating while the response is written).

@@ -40,6 +40,10 @@ def _cuda_graphs(value: str) -> list[int]:
     return [] if sizes == [0] else sizes
 
 
+def _int_list(value: str) -> list[int]:
+    return [int(part) for part in value.split(",") if part.strip()]
+
+
 def _choice(*choices: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
         if value not in choices:
@@ -129,6 +133,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("payload-limit", "Largest request body in bytes.", int, 2_000_000),
     Flag("enable-prefill-logprobs", "Return prompt logprobs in `details.prefill` (decoder_input_details)."),
     Flag("graceful-termination-timeout", "Seconds to finish running requests on shutdown.", int, 90),
+    # LightLLM's options (python -m tgi_compat.api_server spells them the LightLLM way)
+    Flag("long-truncation-mode", "LightLLM: default `long_truncation_mode` of requests: head or center cut over-long prompts instead of refusing them.", _choice("head", "center")),
+    Flag("token-healing", "LightLLM: default `token_healing` of requests (regenerate the prompt's last two tokens)."),
+    Flag("return-all-prompt-logprobs", "LightLLM: default `return_all_prompt_logprobs` of requests (every prompt token's logprob in details.prefill)."),
+    Flag("eos-token-ids", "LightLLM --eos_id: token ids that end generation besides the model's EOS (comma list).", _int_list),
+    Flag("router-token-ratio", "LightLLM: below this fraction of the KV cache in use, admit requests optimistically.", float, 0.0),
+    Flag("router-max-new-token-len", "LightLLM: output length the optimistic admission estimate assumes.", int, 1024),
 )  # fmt: skip
 
 
@@ -218,6 +229,7 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
     values.pop("env")
     values["model_id"] = values["model_id"] or default_model_id()
     values["cors_allow_origin"] = values["cors_allow_origin"] or []
+    values["eos_token_ids"] = values["eos_token_ids"] or []
     return ServerConfig(**values)
 
 

@@ -143,3 +143,16 @@ class HealingOutput:
     def final_text(self, generated_text: str) -> str:
         """`generated_text` of the whole sequence without the re-generated prompt text."""
         return generated_text[len(self._prefix_text) :] if generated_text.startswith(self._prefix_text) else generated_text
+
+
+def add_lightllm_details(details: Any, features: RequestFeatures | None, result: Any, *, streaming: bool = False) -> None:
+    """Fill the detail extensions of the features a request used (Details or StreamDetails)."""
+    if features is None:
+        return
+    if features.reports_truncation:
+        details.truncated_prompt_tokens = features.truncated_prompt_tokens
+    if features.all_prompt_logprobs:
+        if streaming:
+            details.prefill = result.prefill
+        if features.prompt_top_n:
+            details.prefill_top_tokens = result.prefill_top_tokens

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from tgi_compat.generation import GenerationResult, Timings, TokenStep
+from tgi_compat.lightllm_features import add_lightllm_details
 from tgi_compat.schemas import BestOfSequence, Details, GenerateResponse, StreamDetails, StreamResponse
 from tgi_compat.validation import ValidatedRequest
 
@@ -45,6 +46,7 @@ def generate_response(request: ValidatedRequest, results: list[GenerationResult]
         details.top_tokens = best.top_tokens
     if len(results) > 1:
         details.best_of_sequences = [_best_of_sequence(request, r) for r in results[1:]]
+    add_lightllm_details(details, request.features, best)
     response.details = details
     return response
 
@@ -56,13 +58,14 @@ def stream_response(request: ValidatedRequest, step: TokenStep) -> StreamRespons
     result = step.result
     if result is not None:
         event.generated_text = _full_text(request, result.generated_text)
-        if request.params.details:
+        if request.wants_details:  # details=true, or return_all_prompt_logprobs
             event.details = StreamDetails(
                 finish_reason=result.finish_reason,
                 generated_tokens=result.generated_tokens,
                 seed=result.seed,
                 input_length=result.input_length,
             )
+            add_lightllm_details(event.details, request.features, result, streaming=True)
     return event
 
 

@@ -12,6 +12,7 @@ from tgi_compat import accounting
 from tgi_compat.auth import require_api_key
 from tgi_compat.errors import TgiError, parse_json_body, validation_error
 from tgi_compat.generation import Timings, generate_best_of, generate_to_end, stream_sequence
+from tgi_compat.lightllm_features import prepare_features
 from tgi_compat.openapi import json_body
 from tgi_compat.responses import generate_response, stream_headers, stream_response, timing_headers
 from tgi_compat.schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest, SimpleToken, dump_json
@@ -42,6 +43,7 @@ async def validate_request(
     except Exception as error:  # noqa: BLE001 - any tokenizer failure is the client's input
         raise validation_error(f"tokenizer error {error}") from error
     prompt_ids = truncate_prompt(prompt_ids, params.truncate)
+    prompt_ids, features = await prepare_features(state, params, prompt_ids)
     max_new_tokens = check_lengths(params, len(prompt_ids), limits)
     check_grammar(params, grammar_supported=not state.config.disable_grammar_support)
     request = ValidatedRequest(
@@ -50,7 +52,9 @@ async def validate_request(
         params=params,
         max_new_tokens=max_new_tokens,
         return_full_text=bool(params.return_full_text),
-        prompt_logprobs=state.config.enable_prefill_logprobs and params.decoder_input_details,
+        prompt_logprobs=(state.config.enable_prefill_logprobs and params.decoder_input_details)
+        or features.all_prompt_logprobs,
+        features=features,
     )
     accounting.validated(state, request)
     return request

@@ -59,6 +59,10 @@ class GenerateParameters(_Request):
     truncate: USIZE | None = None
     typical_p: float | None = None
     watermark: bool = False
+    # LightLLM extensions; null: the server's --long-truncation-mode / --token-healing / --return-all-prompt-logprobs
+    long_truncation_mode: Literal["head", "center", "none"] | None = None
+    token_healing: bool | None = None
+    return_all_prompt_logprobs: bool | None = None
 
 
 def _sampling_preset() -> GenerateParameters:
@@ -134,6 +138,9 @@ class Details(_Response):
     tokens: list[Token]
     top_tokens: list[list[Token]] | None = None  # set only when non-empty
     best_of_sequences: list[BestOfSequence] | None = None  # set only when best_of > 1
+    # LightLLM extensions, set only when the request used the feature
+    prefill_top_tokens: list[list[Token]] | None = None  # return_all_prompt_logprobs + top_n_tokens
+    truncated_prompt_tokens: int | None = None  # long_truncation_mode: prompt tokens dropped
 
 
 class GenerateResponse(_Response):
@@ -146,6 +153,10 @@ class StreamDetails(_Response):
     generated_tokens: int
     seed: int | None
     input_length: int
+    # LightLLM extensions, set only when the request used the feature
+    prefill: list[PrefillToken] | None = None  # return_all_prompt_logprobs
+    prefill_top_tokens: list[list[Token]] | None = None
+    truncated_prompt_tokens: int | None = None
 
 
 class StreamResponse(_Response):

@@ -16,6 +16,7 @@ from router.request import GenerateRequest as EngineRequest
 from router.request import SamplingParams
 from tgi_compat.config import ServingLimits
 from tgi_compat.errors import validation_error
+from tgi_compat.lightllm_features import RequestFeatures
 from tgi_compat.schemas import GenerateParameters
 
 # v3.1+: the router validates and schedules max_new_tokens in chunks of at most this many tokens.
@@ -131,6 +132,7 @@ class ValidatedRequest:
     max_new_tokens: int
     return_full_text: bool
     prompt_logprobs: bool  # fill `details.prefill`
+    features: RequestFeatures | None = None  # LightLLM's truncation / healing / prompt logprobs
 
     @property
     def input_length(self) -> int:
@@ -138,7 +140,8 @@ class ValidatedRequest:
 
     @property
     def wants_details(self) -> bool:
-        return self.params.details or self.params.decoder_input_details
+        all_prompt_logprobs = self.features is not None and self.features.all_prompt_logprobs
+        return self.params.details or self.params.decoder_input_details or all_prompt_logprobs
 
     def sampling_params(self) -> SamplingParams:
         p = self.params
@@ -160,10 +163,13 @@ class ValidatedRequest:
         return sampling
 
     def engine_request(self) -> EngineRequest:
-        return EngineRequest(
+        request = EngineRequest(
             request_id=uuid.uuid4().hex,
             prompt_ids=list(self.prompt_ids),
             sampling=self.sampling_params(),
             max_new_tokens=self.max_new_tokens,
             prompt_logprobs=self.prompt_logprobs,
         )
+        if self.features is not None:
+            self.features.apply_to(request)
+        return request

@@ -156,3 +156,38 @@ def test_help_documents_every_lightllm_and_launcher_flag():
     for flag in launcher.FLAGS:
         assert f"--{flag.name}" in text
     assert "MAX_BATCH_TOTAL_TOKENS]" in text  # each LightLLM flag names its TGI equivalent
+
+
+def test_lightllm_only_options_reach_the_config_and_the_engine():
+    config = config_of(
+        "--eos_id", "2", "7", "--long_truncation_mode", "center", "--token_healing_mode",
+        "--return_all_prompt_logprobs", "--router_token_ratio", "0.5", "--router_max_new_token_len", "256",
+    )  # fmt: skip
+    assert config.eos_token_ids == [2, 7]
+    assert (config.long_truncation_mode, config.token_healing, config.return_all_prompt_logprobs) == ("center", True, True)
+    engine = config.to_engine_config()
+    assert (engine.eos_token_ids, engine.router_token_ratio, engine.router_max_new_token_len) == ([2, 7], 0.5, 256)
+    assert config_of("--long_truncation_mode", "None").long_truncation_mode is None
+
+
+def test_lightllm_only_options_conflict_with_their_launcher_spelling():
+    with pytest.raises(LightLLMArgsError, match="--long_truncation_mode"):
+        config_of("--long_truncation_mode", "head", LONG_TRUNCATION_MODE="center")
+    with pytest.raises(LightLLMArgsError, match="--eos_id"):
+        config_of("--eos_id", "2", "--eos-token-ids", "3")
+    assert config_of("--eos_id", "2", "3", EOS_TOKEN_IDS="2,3").eos_token_ids == [2, 3]
+
+
+def test_the_tgi_launcher_accepts_the_lightllm_options(monkeypatch):
+    for flag in launcher.FLAGS:
+        monkeypatch.delenv(flag.env, raising=False)
+    argv = ["--long-truncation-mode", "head", "--token-healing", "--return-all-prompt-logprobs",
+            "--eos-token-ids", "2,9", "--router-token-ratio", "0.3", "--router-max-new-token-len", "128"]  # fmt: skip
+    config = launcher.config_from_args(launcher.parse_args(argv))
+    assert (config.long_truncation_mode, config.token_healing, config.return_all_prompt_logprobs) == ("head", True, True)
+    assert (config.eos_token_ids, config.router_token_ratio, config.router_max_new_token_len) == ([2, 9], 0.3, 128)
+    defaults = launcher.config_from_args(launcher.parse_args([]))
+    assert (defaults.long_truncation_mode, defaults.token_healing, defaults.eos_token_ids) == (None, False, [])
+    help_text = launcher.build_parser().format_help()
+    for name in ("--long-truncation-mode", "--token-healing", "--return-all-prompt-logprobs", "--eos-token-ids"):
+        assert name in help_text

@@ -189,7 +189,17 @@ class ServerMetrics:
         )
 
     def _record_vllm_request(
-        self, total_s, queue_s, inference_s, tpot_s, input_len, generated, max_new, ttft_s, finish_reason, n
+        self,
+        total_s: float,
+        queue_s: float,
+        inference_s: float,
+        tpot_s: float,
+        input_len: int,
+        generated: int,
+        max_new: int,
+        ttft_s: float | None,
+        finish_reason: str,
+        n: int,
     ) -> None:
         v, name = self.vllm, self.model_name
         with self._lock:
@@ -197,7 +207,7 @@ class ServerMetrics:
             self._api_tokens[1] += generated
         v.prompt_tokens.labels(name).inc(input_len)
         v.generation_tokens.labels(name).inc(generated)
-        reason = "length" if finish_reason == "length" else "stop"
+        reason = "length" if finish_reason == "length" else "stop"  # vLLM's words for eos/stop strings
         v.request_success.labels(name, reason).inc()
         v.e2e_latency.labels(name).observe(total_s)
         v.queue_time.labels(name).observe(queue_s)

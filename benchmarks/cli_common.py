@@ -7,6 +7,7 @@ import json
 import math
 import time
 import urllib.request
+from dataclasses import replace
 
 from benchmarks.backends import BackendOptions
 from benchmarks.tokenizer import load_tokenizer
@@ -34,6 +35,8 @@ def add_workload_args(parser: argparse.ArgumentParser, default_num: int) -> None
     group.add_argument("--num-prompts", type=int, default=default_num)
     group.add_argument("--input-len", type=int, default=128, help="prompt tokens for --dataset fixed")
     group.add_argument("--output-len", type=int, default=128, help="output tokens for --dataset fixed")
+    group.add_argument("--max-output-len", type=int, default=None,
+                       help="cap every reference output length (small CPU runs)")
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--out-dir", default="bench-results")
     group.add_argument("--no-progress", action="store_true")
@@ -53,9 +56,10 @@ def fetch_info(base_url: str, timeout_s: float = 10.0) -> dict | None:
         return None
 
 
-def wait_for_health(base_url: str, timeout_s: float) -> None:
+def wait_for_health(base_url: str, timeout_s: float, is_alive=lambda: True) -> None:
+    """Poll GET /health until 200; give up after ``timeout_s`` or when ``is_alive()`` turns false."""
     deadline = time.monotonic() + timeout_s
-    while True:
+    while is_alive():
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
                 if resp.status == 200:
@@ -65,6 +69,7 @@ def wait_for_health(base_url: str, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{base_url}/health not ready after {timeout_s:.0f} s")
         time.sleep(0.5)
+    raise TimeoutError(f"server process exited before {base_url}/health answered")
 
 
 def prepare_workload(args: argparse.Namespace, info: dict | None) -> tuple[list[Sample], str]:
@@ -75,6 +80,8 @@ def prepare_workload(args: argparse.Namespace, info: dict | None) -> tuple[list[
     tokenizer = load_tokenizer(tokenizer_id)
     samples = build_workload(tokenizer, args.dataset, args.num_prompts, args.seed,
                              args.input_len, args.output_len)
+    if args.max_output_len:
+        samples = [replace(s, output_len=min(s.output_len, args.max_output_len)) for s in samples]
     return samples, tokenizer_id
 
 

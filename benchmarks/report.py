@@ -7,14 +7,18 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from benchmarks.metrics import RequestRecord, summarize, throughput_timeline
+from benchmarks.runner import RunResult
 
-from benchmarks.metrics import RequestRecord, summarize, throughput_timeline  # noqa: E402
-from benchmarks.runner import RunResult  # noqa: E402
+try:  # plots are optional: a machine without matplotlib still gets result.json and the HTML table
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+except ImportError:  # pragma: no cover - depends on the machine
+    plt = None
 
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL (all gaps)"), ("e2e", "E2E latency"))
 
@@ -131,28 +135,42 @@ def _summary_table(runs_json: list[dict]) -> str:
     return f"<table border=1 cellpadding=4>{header}{''.join(rows)}</table>"
 
 
+def _comparison_html(comparison: dict | None) -> str:
+    if not comparison:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in comparison.items() if not isinstance(v, dict))
+    return f"<h2>Offline comparison</h2><table border=1 cellpadding=4>{rows}</table>"
+
+
 def write_html(result: dict, images: list[str], path: Path) -> None:
     config = html.escape(json.dumps(result["config"], indent=2))
     figures = "".join(f'<p><img src="{name}" alt="{name}"></p>' for name in images)
     path.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>Serving benchmark</title></head><body>"
         f"<h1>Serving benchmark</h1><p>Latencies in ms. {html.escape(result['notes'])}</p>"
-        f"{_summary_table(result['runs'])}{figures}<h2>Configuration</h2><pre>{config}</pre>"
-        "</body></html>")
+        f"{_summary_table(result['runs'])}{_comparison_html(result.get('comparison'))}{figures}"
+        f"<h2>Configuration</h2><pre>{config}</pre></body></html>")
 
 
 def write_report(runs: list[RunResult], config: dict, notes: str, out_dir: Path,
-                 timeline_bin_s: float = 1.0) -> dict:
+                 timeline_bin_s: float = 1.0, comparison: dict | None = None) -> dict:
     """Write result.json, the PNG plots and index.html into ``out_dir``; return the JSON dict."""
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"config": config, "notes": notes,
               "runs": [run_to_json(run, timeline_bin_s) for run in runs]}
+    if comparison:
+        result["comparison"] = comparison
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
-    images = ["latency_cdf.png", "throughput_over_time.png"]
-    plot_latency_cdfs(runs, out_dir / images[0])
-    plot_throughput(result["runs"], out_dir / images[1])
-    if len(runs) > 1:
-        images.append("latency_vs_rate.png")
-        plot_vs_rate(result["runs"], out_dir / images[2])
+    images = []
+    if plt is not None and runs:  # a transformers-only offline run has nothing to plot
+        images = ["latency_cdf.png", "throughput_over_time.png"]
+        plot_latency_cdfs(runs, out_dir / images[0])
+        plot_throughput(result["runs"], out_dir / images[1])
+        if len(runs) > 1:
+            images.append("latency_vs_rate.png")
+            plot_vs_rate(result["runs"], out_dir / images[2])
+    elif plt is None:
+        result["notes"] += " (matplotlib is not installed: no plots.)"
     write_html(result, images, out_dir / "index.html")
     return result

@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(sys.argv), "base_url": opts.base_url, "backend": args.backend,
         "endpoint": "/generate_stream" if args.backend == "tgi" else "/v1/completions",
         "server_info": info, "tokenizer": tokenizer_id, "dataset": args.dataset, "seed": args.seed,
+        "output_len_cap": args.max_output_len,
         "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
         "temperature": args.temperature, "ignore_eos": args.ignore_eos,
         "outputs_may_end_early": not (args.ignore_eos and args.backend == "openai"),

@@ -101,7 +101,7 @@ class SamplerOutput:
     top_ids: torch.Tensor | None  # [B, K]
     top_logprobs: torch.Tensor | None  # [B, K]
     top_counts: torch.Tensor | None  # [B] int64: how many alternatives each row reports (ties kept)
-    all_logprobs: torch.Tensor  # [B, V], read again only when ties overflow the top_ids columns
+    all_logprobs: torch.Tensor  # [B, V], read again only when ties overflow the top_ids columns (with top-n)
 
     def to_host(self) -> list[SampledToken]:
         """One device-to-host copy for the whole step, then plain Python objects per row."""
@@ -135,8 +135,11 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """logits [B, V] float32 (modified in place) -> chosen ids, their logprobs, top-n."""
         scores = self.process(logits, batch)
-        logprobs = torch.log_softmax(scores, dim=-1)  # [B, V]
         token_ids = scores.argmax(dim=-1)
+        if not batch.any_sampling and batch.top_n is None:  # all greedy: no [B, V] logprobs needed
+            chosen = scores.gather(1, token_ids[:, None]).squeeze(1) - torch.logsumexp(scores, dim=-1)
+            return SamplerOutput(token_ids, chosen, None, None, None, all_logprobs=scores)
+        logprobs = torch.log_softmax(scores, dim=-1)  # [B, V]
         if batch.any_sampling:
             raced = (logprobs + gumbel_noise(batch.seeds, batch.steps, logprobs.shape[-1])).argmax(dim=-1)
             token_ids = torch.where(batch.is_sampling, raced, token_ids)

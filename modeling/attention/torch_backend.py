@@ -81,9 +81,10 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         meta = self.metadata
         num_reqs, max_kv = meta.kv_slots.shape
-        # [B, max_kv, H_kv, D] -> [B, H_kv, max_kv, D]
-        k = k_cache[meta.kv_slots].transpose(1, 2)
-        v = v_cache[meta.kv_slots].transpose(1, 2)
+        flat_slots = meta.kv_slots.view(-1)
+        # index_select beats advanced indexing here; [B, max_kv, H_kv, D] -> [B, H_kv, max_kv, D]
+        k = k_cache.index_select(0, flat_slots).view(num_reqs, max_kv, *k_cache.shape[1:]).transpose(1, 2)
+        v = v_cache.index_select(0, flat_slots).view(num_reqs, max_kv, *v_cache.shape[1:]).transpose(1, 2)
         q_padded = self._pad_queries(q)  # [B, H, max_q, D]
         out = F.scaled_dot_product_attention(
             q_padded, k, v, attn_mask=meta.mask, scale=scale, enable_gqa=self.num_heads != self.num_kv_heads

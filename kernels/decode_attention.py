@@ -31,7 +31,6 @@ def _decode_stage1_kernel(
     out_ptr,  # [B, H, D], written here directly when SINGLE_SPLIT (stage 2 is then skipped)
     scale,
     num_splits,  # runtime, so every batch size shares one compiled kernel
-    min_split_len,  # runtime: a short context uses fewer, longer splits (fewer partials to merge)
     stride_qb, stride_qh,
     stride_ks, stride_kh,
     stride_vs, stride_vh,
@@ -52,7 +51,7 @@ def _decode_stage1_kernel(
     split = tl.program_id(2)
 
     kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
-    split_len = tl.cdiv(tl.maximum(tl.cdiv(kv_len, num_splits), min_split_len), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, kv_len)
 
@@ -147,14 +146,6 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, num_sms: int, max_spli
     return max(1, min(max_splits, triton.cdiv(target_programs, batch_size * num_kv_heads)))
 
 
-def choose_min_split_len(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
-    """Shortest split worth its merge. Once one program per (request, KV head) fills the GPU, a
-    context under ~1k tokens runs fastest unsplit (H200 sweep: B=32 L=512 32 us unsplit vs 35 us in
-    3 splits; B=64 L=1024 79 vs 84 us), while long contexts still split. Small batches are
-    latency-bound, so any block-sized split helps them. Batch-shape only, so graph-safe."""
-    return 1024 if batch_size * num_kv_heads >= num_sms else 1
-
-
 def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
@@ -169,7 +160,6 @@ def decode_attention(
     scale: float,
     num_splits: int,
     out: torch.Tensor | None = None,  # [B, H, D]
-    min_split_len: int = 1,
     mid_out: torch.Tensor | None = None,  # [>=B, H, >=num_splits, D] fp32 scratch
     mid_lse: torch.Tensor | None = None,  # [>=B, H, >=num_splits] fp32 scratch
     block_n: int = 64,
@@ -191,7 +181,7 @@ def decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     _decode_stage1_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, out,
-        scale, num_splits, min_split_len,
+        scale, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.decode_attention import choose_min_split_len, choose_num_splits, decode_attention
+from kernels.decode_attention import choose_num_splits, decode_attention
 from kernels.kv_store import kv_store
 from kernels.prefill_attention import prefill_attention
 from modeling.attention.base import AttentionBackend
@@ -36,7 +36,6 @@ class TritonAttentionMetadata:
     out_slots: torch.Tensor  # [T]
     max_q_len: int
     num_splits: int  # decode only
-    min_split_len: int  # decode only
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -82,7 +81,6 @@ class TritonAttentionBackend(AttentionBackend):
             out_slots=batch.out_slots,
             max_q_len=batch.max_q_len,
             num_splits=self._num_splits(batch.batch_size) if is_decode else 0,
-            min_split_len=choose_min_split_len(batch.batch_size, self.num_kv_heads, self.num_sms),
         )
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -108,5 +106,5 @@ class TritonAttentionBackend(AttentionBackend):
         mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
         return decode_attention(
             q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.kv_lens, scale, splits,
-            mid_out=mid_out, mid_lse=mid_lse, min_split_len=meta.min_split_len,
+            mid_out=mid_out, mid_lse=mid_lse,
         )

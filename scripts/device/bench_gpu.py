@@ -24,7 +24,7 @@ import triton
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model  # noqa: E402
-from kernels.decode_attention import choose_min_split_len, choose_num_splits, decode_attention  # noqa: E402
+from kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 from kernels.prefill_attention import prefill_attention  # noqa: E402
 
 DEV = "cuda"
@@ -78,13 +78,12 @@ def decode_attention_sweep(bandwidth: float) -> list[dict]:
             kv_lens = torch.full((batch,), context, device=DEV)
             req_rows = torch.arange(batch, device=DEV)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            splits = choose_num_splits(batch, kv_heads, sms)  # the backend's choices
-            min_len = choose_min_split_len(batch, kv_heads, sms)
+            splits = choose_num_splits(batch, kv_heads, sms)  # the backend's choice
             out = torch.empty_like(q)
             mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
             mid_lse = torch.empty(batch, heads, splits, device=DEV)
             ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
-                                                   out=out, mid_out=mid_out, mid_lse=mid_lse, min_split_len=min_len))
+                                                   out=out, mid_out=mid_out, mid_lse=mid_lse))
             kv_bytes = batch * context * kv_heads * head_dim * 2 * 2
             moved = kv_bytes + batch * context * 4 + 2 * q.numel() * 2
             rows.append(dict(batch=batch, context=context, splits=splits, kv_gb=kv_bytes / 1e9, ms=ms,

@@ -32,11 +32,9 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-@pytest.mark.parametrize(
-    ("group", "num_splits", "min_split_len"),
-    [(g, s, 1) for g in (1, 4, 8) for s in (1, 3, 8)] + [(4, 8, 20)],  # last: short contexts use fewer splits
-)
-def test_decode_attention_matches_reference(group: int, num_splits: int, min_split_len: int):
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_decode_attention_matches_reference(group: int, num_splits: int):
     gen = torch.Generator().manual_seed(group * 10 + num_splits)
     num_kv_heads = 2
     kv_lens = [1, 17, 40, 5]  # a context of 1, lengths not divisible by the block, fewer tokens than splits
@@ -44,9 +42,7 @@ def test_decode_attention_matches_reference(group: int, num_splits: int, min_spl
     req_to_token, req_rows = make_req_to_token(kv_lens, 256, gen)
     q = torch.randn(len(kv_lens), num_kv_heads * group, HEAD_DIM, generator=gen)
     kv = torch.tensor(kv_lens)
-    out = decode_attention(
-        q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25, num_splits, min_split_len=min_split_len, block_n=16
-    )
+    out = decode_attention(q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25, num_splits, block_n=16)
     ref = decode_attention_ref(q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25)
     assert relative_error(out, ref) < 1e-5
 

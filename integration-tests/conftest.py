@@ -24,7 +24,7 @@ import pytest
 from syrupy.extensions.json import JSONSnapshotExtension
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-STARTUP_TIMEOUT_S = 600
+STARTUP_TIMEOUT_S = 900
 # A chat-formatted prompt: the instruct model answers it ("The capital of France is Paris.").
 CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 MAX_TOTAL_TOKENS = 512
@@ -76,6 +76,10 @@ def _wait_until_ready(server: Server) -> None:
 
 @pytest.fixture(scope="session")
 def server():
+    if os.environ.get("TGI_COMPAT_SERVER_URL"):
+        # A server someone already started with `_launcher_command`'s flags (for quick iteration).
+        yield Server(os.environ["TGI_COMPAT_SERVER_URL"], None, os.devnull)  # type: ignore[arg-type]
+        return
     port = _free_port()
     log = tempfile.NamedTemporaryFile(prefix="launcher-", suffix=".log", delete=False)
     env = {**os.environ, "LOG_LEVEL": "info"}
@@ -101,7 +105,7 @@ def base_url(server) -> str:
 
 @pytest.fixture
 async def http(base_url):
-    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
         yield client
 
 

@@ -13,12 +13,12 @@ from text_generation.errors import OverloadedError, ValidationError
 
 @pytest.fixture(scope="module")
 def client(base_url) -> Client:
-    return Client(base_url, timeout=120)
+    return Client(base_url, timeout=300)
 
 
 @pytest.fixture
 def async_client(base_url) -> AsyncClient:
-    return AsyncClient(base_url, timeout=120)
+    return AsyncClient(base_url, timeout=300)
 
 
 def test_generate_greedy_details(client, response_snapshot):

@@ -23,9 +23,9 @@ from tgi_compat.state import TGI_VERSION, AppState
 
 def _route_modules() -> list[APIRouter]:
     # NOTE(owners of chat/openai/lightllm routes): add your router here with one line.
-    from tgi_compat import openai_routes, routes_generate, routes_info
+    from tgi_compat import openai_routes, routes_generate, routes_info, routes_sagemaker
 
-    return [routes_generate.router, routes_info.router, openai_routes.router]
+    return [routes_generate.router, routes_info.router, openai_routes.router, routes_sagemaker.router]
 
 
 def _install_error_handlers(app: FastAPI) -> None:

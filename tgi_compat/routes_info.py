@@ -15,6 +15,17 @@ from tgi_compat.state import ROUTER_NAME, TGI_VERSION, get_state
 logger = logging.getLogger(__name__)
 router = APIRouter()
 
+
+def _get(path: str, summary: str, include_in_schema: bool = True):
+    """GET route that also answers HEAD, as axum's `get(...)` does (HEAD kept out of the docs)."""
+
+    def register(endpoint):
+        router.add_api_route(path, endpoint, methods=["GET"], summary=summary, include_in_schema=include_in_schema)
+        router.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
+        return endpoint
+
+    return register
+
 HEALTH_TIMEOUT_SECONDS = 30.0
 METRICS_CONTENT_TYPE = "text/plain; charset=utf-8"
 
@@ -29,12 +40,12 @@ async def _health(request: Request) -> Response:
     return Response(status_code=200) if healthy else unhealthy_response()
 
 
-router.add_api_route("/", _health, methods=["GET"], summary="Health check method", include_in_schema=False)
-router.add_api_route("/health", _health, methods=["GET"], summary="Health check method")
-router.add_api_route("/ping", _health, methods=["GET"], summary="Health check method (SageMaker)")
+_get("/", "Health check method", include_in_schema=False)(_health)
+_get("/health", "Health check method")(_health)
+_get("/ping", "Health check method (SageMaker)")(_health)
 
 
-@router.get("/info", summary="Text Generation Inference endpoint info")
+@_get("/info", "Text Generation Inference endpoint info")
 async def info(request: Request) -> JSONResponse:
     state = get_state(request)
     limits, config = state.limits, state.config
@@ -57,14 +68,14 @@ async def info(request: Request) -> JSONResponse:
     return JSONResponse(body.to_dict())
 
 
-@router.get("/metrics", summary="Prometheus metrics scrape endpoint")
+@_get("/metrics", "Prometheus metrics scrape endpoint")
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     content = state.metrics.render() if state.metrics is not None else b""
     return Response(content, media_type=METRICS_CONTENT_TYPE)
 
 
-@router.get("/v1/models", summary="Get model info")
+@_get("/v1/models", "Get model info")
 async def models(request: Request) -> JSONResponse:
     model_id = get_state(request).model.model_id
     return JSONResponse(

@@ -70,3 +70,18 @@ async def test_openapi_uses_tgi_schema_names(client):
         assert name in schemas
     assert "/generate" in document["paths"]
     assert (await client.get("/docs")).status_code == 200
+
+
+async def test_invocations_dispatches_like_tgi(client):
+    compat = await client.post("/invocations", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 3}})
+    assert compat.status_code == 200 and isinstance(compat.json(), list)
+    assert compat.json()[0]["generated_text"].startswith(PROMPT)  # the compat default applies
+    completion = await client.post("/invocations", json={"prompt": PROMPT, "max_tokens": 2})
+    assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+    neither = await client.post("/invocations", json={"foo": 1})
+    assert neither.status_code == 422 and "untagged enum SagemakerRequest" in neither.text
+
+
+async def test_head_works_on_get_routes(client):
+    for path in ("/health", "/info"):
+        assert (await client.head(path)).status_code == 200

@@ -67,6 +67,8 @@ class ModelConfig:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # Attention is always full; a checkpoint trained with a window only differs past it (logged).
+    sliding_window: int | None = None
 
     @property
     def architectures(self) -> list[str]:
@@ -104,6 +106,7 @@ class ModelConfig:
             qk_norm=arch in _QK_NORM,
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_as_id_list(eos),
+            sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
         )
 
     @classmethod

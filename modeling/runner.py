@@ -64,6 +64,13 @@ class ModelRunner:
             model_config = load_model_config(self.source)
             weights = iterate_weights(self.source, model_config, cfg.show_progress)
         self.model_config = model_config
+        if model_config.sliding_window and model_config.sliding_window < model_config.max_position_embeddings:
+            logger.warning(
+                "sliding_window=%d is not implemented: attention stays full, so outputs differ from the "
+                "reference past %d tokens",
+                model_config.sliding_window,
+                model_config.sliding_window,
+            )
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.model = self._build_model(weights)

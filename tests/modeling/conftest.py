@@ -1,17 +1,23 @@
 """Session-scoped SmolLM2 fixtures: our runner, transformers' reference model, the tokenizer.
 
 transformers' GGUF conversion is slow (~30-70 s on 2 cores), so its converted model is saved once
-under pytest's cache folder and later sessions load that snapshot of transformers' own output.
+under the tgi_compat cache folder (see modeling.tokenizer.cache_root) and later sessions load that
+snapshot of transformers' own output.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 from modeling.runner import ModelRunner, RunnerConfig
+from modeling.tokenizer import cache_root
 from tests.modeling.helpers import smollm2_gguf_path
 
 
@@ -23,12 +29,12 @@ def smollm2_runner() -> ModelRunner:
 
 
 @pytest.fixture(scope="session")
-def smollm2_hf_model(request):
+def smollm2_hf_model():
     from transformers import AutoModelForCausalLM
 
     gguf_path = smollm2_gguf_path()
     stat = os.stat(gguf_path)
-    cached = request.config.cache.mkdir(f"smollm2-hf-reference-{stat.st_size}-{stat.st_mtime_ns}")
+    cached = Path(cache_root()) / "test-references" / f"smollm2-hf-{stat.st_size}-{stat.st_mtime_ns}"
     if (cached / "config.json").exists():
         return AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32).eval()
     model = AutoModelForCausalLM.from_pretrained(
@@ -38,16 +44,21 @@ def smollm2_hf_model(request):
     return model
 
 
-def _save_reference(model, folder) -> None:
-    """save_pretrained refuses GGUF-loaded models, so write config + safetensors by hand."""
-    import json
-
+def _save_reference(model, folder: Path) -> None:
+    """save_pretrained refuses GGUF-loaded models, so write config + safetensors by hand, into a
+    temp folder renamed into place (parallel sessions never see half a reference)."""
     from safetensors.torch import save_model
 
     config = model.config.to_dict()
     config.pop("quantization_config", None)
-    save_model(model, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(config))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
+    save_model(model, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(config))
+    try:
+        tmp.rename(folder)
+    except OSError:  # another session saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

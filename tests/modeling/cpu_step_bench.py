@@ -3,6 +3,7 @@ transformers decode step (model forward with its KV cache, what `generate` runs 
 interleaved so both see the same machine load. Run: python tests/modeling/cpu_step_bench.py [steps]"""
 
 import glob
+import os
 import statistics
 import sys
 import time
@@ -14,6 +15,7 @@ sys.path.insert(0, ".")
 warnings.filterwarnings("ignore")
 from modeling.forward_batch import build_forward_batch  # noqa: E402
 from modeling.runner import ModelRunner, RunnerConfig  # noqa: E402
+from modeling.tokenizer import cache_root  # noqa: E402
 
 PROMPT_LEN = 32
 
@@ -47,7 +49,7 @@ def main(num_steps: int) -> None:
 def load_hf_reference():
     from transformers import AutoModelForCausalLM
 
-    cached = glob.glob(".pytest_cache/d/smollm2-hf-reference-*/config.json")
+    cached = glob.glob(os.path.join(cache_root(), "test-references", "smollm2-hf-*", "config.json"))
     if not cached:
         print("no cached transformers reference (run tests/modeling once); timing ours only")
         return None

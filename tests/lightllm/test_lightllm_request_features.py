@@ -67,3 +67,16 @@ async def test_nothing_is_applied_by_default(smollm2_tokenizer):
     features.apply_to(request)
     assert request == EngineRequest("r", list(ids), max_new_tokens=5)
     assert features.output_filter() is None
+
+
+def test_the_extensions_are_in_the_openapi_document():
+    from tgi_compat.openapi import _component_schemas
+
+    schemas = _component_schemas()
+    parameters = schemas["GenerateParameters"]["properties"]
+    for name in ("long_truncation_mode", "token_healing", "return_all_prompt_logprobs"):
+        assert name in parameters
+    assert {"head", "center", "none"} <= set(str(parameters["long_truncation_mode"]).replace("'", " ").split())
+    for model in ("Details", "StreamDetails"):
+        assert {"truncated_prompt_tokens", "prefill_top_tokens"} <= set(schemas[model]["properties"])
+    assert "prefill" in schemas["StreamDetails"]["properties"]

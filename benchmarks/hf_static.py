@@ -36,12 +36,14 @@ class StaticBatchResult:
 def load_hf_model(model_id: str, dtype: str, device: str):
     """Model + tokenizer from a local folder or a .gguf file (dequantized by transformers)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.tokenizer import load_tokenizer
 
     path = Path(model_id)
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
     source = path.parent if path.suffix == ".gguf" else model_id
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    tokenizer = load_tokenizer(model_id)  # the server's tokenizer (GGUF conversions cached)
     # torch_dtype: understood by transformers 4.x and (deprecated but honoured) 5.x alike.
     model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=getattr(torch, dtype), **kwargs)
     return model.to(device).eval(), tokenizer

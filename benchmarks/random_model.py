@@ -86,8 +86,12 @@ def main() -> None:
     parser.add_argument("--tokenizer-dir", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary")
+    parser.add_argument("--bos-token-id", type=int, default=None)
+    parser.add_argument("--eos-token-id", type=int, default=None)
     args = parser.parse_args()
-    overrides = {"vocab_size": args.vocab_size} if args.vocab_size else None
+    overrides = {key: value for key, value in (("vocab_size", args.vocab_size),
+                                                ("bos_token_id", args.bos_token_id),
+                                                ("eos_token_id", args.eos_token_id)) if value}
     timings = write_random_llama(args.out_dir, args.preset, args.device, args.dtype,
                                  args.tokenizer_dir, args.seed, overrides)
     print(json.dumps(timings))

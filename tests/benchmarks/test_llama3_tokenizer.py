@@ -1,0 +1,33 @@
+"""The Llama-3 tokenizer rebuilt from quicktok-v1's vocabulary (used for the GPU benchmark model)."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from benchmarks.llama3_tokenizer import quicktok_data_dir, read_ranks, reference_encode, write_llama3_tokenizer
+from benchmarks.workload import read_sharegpt_pairs
+
+
+@pytest.fixture(scope="module")
+def llama3(tmp_path_factory):
+    out = tmp_path_factory.mktemp("llama3-tokenizer")
+    write_llama3_tokenizer(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def test_vocabulary_and_special_tokens(llama3):
+    assert len(llama3) == 128_256
+    assert llama3.bos_token_id == 128_000 and llama3.eos_token_id == 128_001
+    assert llama3.convert_tokens_to_ids("<|eot_id|>") == 128_009
+    # Llama-3's well-known ids; BOS is prepended like Meta's tokenizer.json does.
+    assert llama3("hello world").input_ids == [128_000, 15_339, 1_917]
+    assert llama3.decode(llama3("Grüße, 世界!").input_ids, skip_special_tokens=True) == "Grüße, 世界!"
+
+
+def test_matches_tiktoken_algorithm_on_sharegpt_and_hard_words(llama3):
+    ranks = read_ranks(quicktok_data_dir() / "llama3.vocab")
+    # Words on which a greedy encoder differs from rank-ordered BPE, plus real conversations.
+    texts = [" Yıldırım", " zákazníkom", " obepínající", " 스타벅스는"]
+    texts += [text[:2000] for pair in read_sharegpt_pairs()[:60] for text in pair]
+    ours = llama3(texts, add_special_tokens=False).input_ids
+    mismatches = [t[:40] for t, ids in zip(texts, ours) if ids != reference_encode(t, ranks)]
+    assert mismatches == []

@@ -28,7 +28,8 @@ HF_BATCH=${HF_BATCH:-64}
 SERVER_ARGS=${SERVER_ARGS:-}      # extra launcher flags, e.g. "--max-batch-total-tokens 300000"
 STAGE_TIMEOUT=${STAGE_TIMEOUT:-560}
 PY=${PYTHON:-python3}
-DATASET=(--dataset sharegpt-lengths --seed 0)  # Llama-3 ShareGPT lengths from benchmarks/data
+# Llama-3 ShareGPT lengths from benchmarks/data; EXTRA_ARGS e.g. "--max-output-len 8" for a dry run.
+read -r -a DATASET <<< "--dataset sharegpt-lengths --seed 0 ${EXTRA_ARGS:-}"
 
 mkdir -p "$OUT"
 BASE_URL="http://127.0.0.1:$PORT"

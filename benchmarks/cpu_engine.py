@@ -39,10 +39,15 @@ class DecodeTiming:
     seconds: float = 0.0
     forward_seconds: float = 0.0
     num_steps: int = 0
+    cpu_seconds: float = 0.0  # process CPU time: robust to other load on a shared machine
 
     @property
     def tokens_per_second(self) -> float:
         return self.num_tokens / self.seconds
+
+    @property
+    def cpu_ms_per_token(self) -> float:
+        return 1e3 * self.cpu_seconds / self.num_tokens
 
     @property
     def router_ms_per_step(self) -> float:
@@ -73,31 +78,34 @@ def ours_decode(engine: EngineCore, runner: TimedRunner, batch: int, new_tokens:
     engine.step()  # the prefill step: every request gets its first token
     timing = DecodeTiming()
     runner.forward_seconds = 0.0
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     while engine.has_unfinished():
         timing.num_tokens += sum(len(e.token_ids) for e in engine.step())
         timing.num_steps += 1
     timing.seconds = time.perf_counter() - start
+    timing.cpu_seconds = time.process_time() - cpu_start
     timing.forward_seconds = runner.forward_seconds
     assert engine.pool.is_full_free()
     return timing
 
 
-def hf_decode_tokens_per_second(new_tokens: int) -> float:
+def hf_decode(new_tokens: int) -> tuple[float, float]:
+    """(decode tok/s, process CPU ms per decoded token) of transformers generate, batch 1."""
     from transformers import AutoModelForCausalLM
 
     path = model_path()
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
     ids = torch.tensor([PROMPT])
 
-    def timed(n: int) -> float:
-        start = time.perf_counter()
+    def timed(n: int) -> tuple[float, float]:
+        start, cpu_start = time.perf_counter(), time.process_time()
         with torch.inference_mode():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu_start
 
     timed(4)  # warm-up
-    return (new_tokens - 1) / (timed(new_tokens) - timed(1))
+    (wall_n, cpu_n), (wall_1, cpu_1) = timed(new_tokens), timed(1)
+    return (new_tokens - 1) / (wall_n - wall_1), 1e3 * (cpu_n - cpu_1) / (new_tokens - 1)
 
 
 def main() -> None:
@@ -115,16 +123,19 @@ def main() -> None:
     ours_decode(engine, runner, 1, 4, "warmup")
     single = ours_decode(engine, runner, 1, args.new_tokens, "one")
     batched = ours_decode(engine, runner, args.batch, args.new_tokens, "many")
-    hf = hf_decode_tokens_per_second(args.new_tokens)
+    hf, hf_cpu_ms = hf_decode(args.new_tokens)
+    load = os.getloadavg()[0]
 
     print(f"SmolLM2-135M-Instruct (GGUF Q4_1 -> float32), CPU: {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, {args.new_tokens} new tokens, greedy\n")
-    print("| run | decode tok/s | forward ms/step | router ms/step |")
-    print("| --- | ---: | ---: | ---: |")
-    print(f"| transformers generate, batch 1 | {hf:.1f} | | |")
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, {args.new_tokens} new tokens, greedy, "
+          f"load average {load:.1f} at the end\n")
+    print("| run | decode tok/s | CPU ms/token | forward ms/step | router ms/step |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"| transformers generate, batch 1 | {hf:.1f} | {hf_cpu_ms:.1f} | | |")
     for name, timing in (("ours, batch 1", single), (f"ours, {args.batch}-way (aggregate)", batched)):
         forward_ms = 1e3 * timing.forward_seconds / timing.num_steps
-        print(f"| {name} | {timing.tokens_per_second:.1f} | {forward_ms:.1f} | {timing.router_ms_per_step:.2f} |")
+        print(f"| {name} | {timing.tokens_per_second:.1f} | {timing.cpu_ms_per_token:.1f} | {forward_ms:.1f} "
+              f"| {timing.router_ms_per_step:.2f} |")
     print(f"\nours batch 1 / transformers: {single.tokens_per_second / hf:.2f}x; "
           f"{args.batch}-way / ours batch 1: {batched.tokens_per_second / single.tokens_per_second:.2f}x")
 

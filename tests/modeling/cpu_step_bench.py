@@ -1,6 +1,7 @@
 """CPU speed check (not collected by pytest): SmolLM2 batch-1 decode step of ModelRunner vs a
 transformers decode step (model forward with its KV cache, what `generate` runs per token), measured
-interleaved so both see the same machine load. Run: python tests/modeling/cpu_step_bench.py [steps]"""
+interleaved so both see the same machine load.
+Run: python tests/modeling/cpu_step_bench.py [steps] [--random-weights]"""
 
 import glob
 import os
@@ -20,9 +21,24 @@ from modeling.tokenizer import cache_root  # noqa: E402
 PROMPT_LEN = 32
 
 
-def main(num_steps: int) -> None:
-    runner = ModelRunner(RunnerConfig(device="cpu", dtype="float32", num_kv_slots=4096, max_rows=4, show_progress=False))
-    hf = load_hf_reference()
+SMOLLM2_SHAPE = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+
+
+def main(num_steps: int, random_weights: bool) -> None:
+    cfg = RunnerConfig(device="cpu", dtype="float32", num_kv_slots=4096, max_rows=4, show_progress=False)
+    if random_weights:  # same shapes as SmolLM2, for machines without the GGUF (same speed)
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        hf = LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).eval()
+        hf_config = {**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]}
+        runner = ModelRunner.from_hf_state_dict(hf_config, hf.state_dict(), cfg)
+    else:
+        runner = ModelRunner(cfg)
+        hf = load_hf_reference()
     ids = list(range(1000, 1000 + PROMPT_LEN))
     runner.forward(build_forward_batch(ids, [0], [PROMPT_LEN], [PROMPT_LEN], list(range(PROMPT_LEN)), [PROMPT_LEN - 1]))
     with torch.inference_mode():
@@ -62,4 +78,5 @@ def report(name: str, times: list[float]) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(int(args[0]) if args else 100, random_weights="--random-weights" in sys.argv)

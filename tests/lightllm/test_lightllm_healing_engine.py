@@ -6,16 +6,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from router.request import SamplingParams
+from router.request import GenerateRequest, Request, SamplingParams
 from router.sampling import Sampler, SamplingBatch
 from router.token_healing import TokenHealer, remaining_prefix, split_prompt
-from router.request import GenerateRequest, Request
 
 PROMPTS = ["The capital of Fra", "Visit https:", "The answer is (", "I like to eat apples and "]
 
 
-def healed_output_bytes(vocabulary, result) -> bytes:
-    return vocabulary.text_bytes(result.token_ids)
+def run_batch(llm, requests: list[GenerateRequest]) -> dict[str, list[int]]:
+    """All requests in one continuous batch (each with its own healing prefix); ids per request."""
+    for request in requests:
+        llm.engine.add_request(request)
+    tokens: dict[str, list[int]] = {request.request_id: [] for request in requests}
+    while llm.engine.has_unfinished():
+        for event in llm.engine.step():
+            tokens[event.request_id] += event.token_ids
+    return tokens
 
 
 @pytest.mark.parametrize(
@@ -25,28 +31,28 @@ def healed_output_bytes(vocabulary, result) -> bytes:
 )
 def test_generation_re_covers_the_removed_text(smollm2_engine_llm, smollm2_tokenizer, smollm2_vocabulary, sampling):
     splits = [split_prompt(smollm2_tokenizer(p)["input_ids"], smollm2_vocabulary) for p in PROMPTS]
-    results = []
-    for split in splits:  # one request per prompt: each carries its own healing prefix
-        results += smollm2_engine_llm.generate(
-            [split.prompt_ids], sampling, max_new_tokens=6, healing_prefix=split.prefix_text
-        )
-    for split, result in zip(splits, results):
-        generated = healed_output_bytes(smollm2_vocabulary, result)
+    requests = [
+        GenerateRequest(f"heal-{i}", split.prompt_ids, sampling, max_new_tokens=6, healing_prefix=split.prefix_text)
+        for i, split in enumerate(splits)
+    ]
+    tokens = run_batch(smollm2_engine_llm, requests)
+    for request, split in zip(requests, splits):
+        generated = smollm2_vocabulary.text_bytes(tokens[request.request_id])
         assert generated.startswith(split.prefix_bytes), (split.prefix_text, generated)
-        assert remaining_prefix(smollm2_vocabulary, split.prefix_bytes, result.token_ids) == b""
+        assert remaining_prefix(smollm2_vocabulary, split.prefix_bytes, tokens[request.request_id]) == b""
 
 
 def test_unhealed_requests_in_the_same_batch_are_unconstrained(smollm2_engine_llm, smollm2_tokenizer, smollm2_vocabulary):
     prompt = smollm2_tokenizer("The capital of Fra")["input_ids"]
     split = split_prompt(prompt, smollm2_vocabulary)
     alone = smollm2_engine_llm.generate([split.prompt_ids], max_new_tokens=4)[0].token_ids
-    engine = smollm2_engine_llm.engine
-    engine.add_request(GenerateRequest("healed", split.prompt_ids, max_new_tokens=4, healing_prefix=split.prefix_text))
-    engine.add_request(GenerateRequest("plain", split.prompt_ids, max_new_tokens=4))
-    tokens: dict[str, list[int]] = {"healed": [], "plain": []}
-    while engine.has_unfinished():
-        for event in engine.step():
-            tokens[event.request_id] += event.token_ids
+    tokens = run_batch(
+        smollm2_engine_llm,
+        [
+            GenerateRequest("healed", split.prompt_ids, max_new_tokens=4, healing_prefix=split.prefix_text),
+            GenerateRequest("plain", split.prompt_ids, max_new_tokens=4),
+        ],
+    )
     assert tokens["plain"] == alone
     assert smollm2_vocabulary.text_bytes(tokens["healed"]).startswith(split.prefix_bytes)
 

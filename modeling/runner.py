@@ -76,7 +76,11 @@ class ModelRunner:
         self.model = self._build_model(weights)
         self.num_kv_slots = self._num_kv_slots()
         self.max_rows = cfg.max_rows
-        self.max_seq_len = cfg.max_seq_len or min(model_config.max_position_embeddings, self.num_kv_slots)
+        self.max_seq_len = cfg.max_seq_len or min(self.model.max_positions, self.num_kv_slots)
+        if self.max_seq_len > self.model.max_positions:
+            raise ValueError(
+                f"max_seq_len={self.max_seq_len} exceeds the {self.model.max_positions} positions the model supports"
+            )
         # One spare KV slot (index num_kv_slots) and one spare row (index max_rows), never handed out
         # by the router: CUDA-graph padding entries write there.
         self.kv_caches = self._allocate_kv_caches()

@@ -53,6 +53,11 @@ class LlamaForCausalLM(nn.Module):
         """Returns the final hidden states [T, hidden]; logits come from compute_logits on R rows."""
         return self.model(input_ids, positions, kv_caches, backend)
 
+    @property
+    def max_positions(self) -> int:
+        """Positions the rotary cache covers (the trained context, longer with dynamic scaling)."""
+        return self.model.rotary_emb.cos_half.shape[0]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # [R, hidden] -> [R, vocab] float32
         return self.lm_head(hidden)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig
 
@@ -60,3 +61,11 @@ def test_folder_tokenizer_takes_eos_list_from_generation_config(smollm2_tokenize
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     info = load_tokenizer_info(str(tmp_path))
     assert info.eos_token_ids == [2, 7] and info.model_max_length == 2048
+
+
+def test_sequence_longer_than_the_model_is_refused():
+    model = tiny_hf_model(LlamaConfig)  # max_position_embeddings=512
+    hf_config = {**model.config.to_dict(), "architectures": ["LlamaForCausalLM"]}
+    cfg = RunnerConfig(device="cpu", dtype="float32", num_kv_slots=2048, max_rows=2, max_seq_len=1024)
+    with pytest.raises(ValueError, match="max_seq_len=1024 exceeds the 512 positions"):
+        ModelRunner.from_hf_state_dict(hf_config, model.state_dict(), cfg)

@@ -89,6 +89,13 @@ class ServerConfig:
     long_truncation_mode: str | None = None  # "head" | "center": default of the request parameter
     token_healing: bool = False  # default of the request parameter `token_healing`
     return_all_prompt_logprobs: bool = False  # default of the request parameter
+    metric_gateway: str | None = None  # Pushgateway host:port (tgi_compat.ops_services)
+    metric_job_name: str = "lightllm"
+    metric_grouping_key: list[str] = field(default_factory=list)  # key=value items
+    metric_push_interval: float = 10.0
+    enable_monitor_auth: bool = False  # basic auth from env USERNAME / PASSWORD
+    disable_log_stats: bool = False
+    log_stats_interval: float | None = None  # seconds between stats lines; None: none (TGI)
     # --- how the engine runs ---
     engine_in_process: bool = False  # ours: run the engine in the API process (tests, debugging)
 

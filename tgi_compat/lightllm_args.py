@@ -46,6 +46,7 @@ class LightFlag:
     type: Callable[[str], Any] | None = None  # None: store_true
     default: Any = None
     tgi: str | None = None  # the ServerConfig field / launcher dest it fills
+    config: str | None = None  # a ServerConfig field with no launcher flag (set after the launcher's checks)
     nargs: str | None = None
     repeatable: bool = False
     choices: Sequence[str] | None = None
@@ -73,8 +74,8 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("nccl_port", "torch.distributed port between tensor-parallel ranks.", int, 28765, tgi="master_port"),
     LightFlag("mode", "Kernel modes. triton_flashdecoding, triton_gqa_flashdecoding and triton_gqa_attention select the Triton attention backend; the int8-KV / weight-quantization / ppl / lmdeploy modes are accepted but not built; anything else is refused.", str, [], nargs="+"),
     LightFlag("trust_remote_code", "Allow custom modeling code from the model repository.", tgi="trust_remote_code"),
-    LightFlag("disable_log_stats", "Do not log the periodic throughput line."),
-    LightFlag("log_stats_interval", "Seconds between throughput log lines.", int, 10),
+    LightFlag("disable_log_stats", "Do not log the periodic throughput line.", config="disable_log_stats"),
+    LightFlag("log_stats_interval", "Seconds between throughput log lines.", int, 10, config="log_stats_interval"),
     LightFlag("router_token_ratio", "Below this fraction of KV in use, admit requests optimistically (0.0: always conservative).", float, 0.0, tgi="router_token_ratio"),
     LightFlag("router_max_new_token_len", "Output length the optimistic admission estimate assumes.", int, 1024, tgi="router_max_new_token_len"),
     LightFlag("router_max_wait_tokens", "Decode steps between two admissions of waiting requests.", int, 10, tgi="max_waiting_tokens"),
@@ -93,11 +94,11 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("long_truncation_mode", "Default of the request parameter `long_truncation_mode`: None (refuse long prompts, 422), head (keep the end) or center (keep both ends).", _truncation_mode, tgi="long_truncation_mode"),
     LightFlag("use_tgi_api", "Speak TGI's API on /generate, /generate_stream and /. This server always does."),
     LightFlag("health_monitor", "Check the engine with real steps and stop the server when it dies or hangs (restart is the supervisor's job). Always on in this server."),
-    LightFlag("metric_gateway", "Prometheus Pushgateway host:port to push the metrics to.", str),
-    LightFlag("job_name", "Pushgateway job name.", str, "lightllm"),
-    LightFlag("grouping_key", "Pushgateway grouping key key=value (repeatable).", str, repeatable=True),
-    LightFlag("push_interval", "Seconds between two pushes.", int, 10),
-    LightFlag("enable_monitor_auth", "Basic auth to the Pushgateway from env USERNAME / PASSWORD."),
+    LightFlag("metric_gateway", "Prometheus Pushgateway host:port to push the metrics to.", str, config="metric_gateway"),
+    LightFlag("job_name", "Pushgateway job name.", str, "lightllm", config="metric_job_name"),
+    LightFlag("grouping_key", "Pushgateway grouping key key=value (repeatable).", str, [], repeatable=True, config="metric_grouping_key"),
+    LightFlag("push_interval", "Seconds between two pushes.", int, 10, config="metric_push_interval"),
+    LightFlag("enable_monitor_auth", "Basic auth to the Pushgateway from env USERNAME / PASSWORD.", config="enable_monitor_auth"),
 )  # fmt: skip
 
 _BY_NAME = {flag.name: flag for flag in FLAGS}
@@ -173,6 +174,8 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         value = namespace.get(f"tgi_{flag.dest}")
         if value is None and (raw := environ.get(flag.env)) is not None:
             value = _env_value(flag, raw, parser)
+            if flag.dest == "hostname" and not launcher._is_ip(value):
+                value = None  # Docker sets HOSTNAME to the container id: not a listen address
         if value is not None:
             tgi_given[flag.dest] = value
     return ParsedArgs(light, given, tgi_given)
@@ -307,4 +310,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         raise LightLLMArgsError(str(error)) from error
     if (backend := attention_backend(parsed.light)) is not None:
         config.attention_backend = backend
+    for flag in FLAGS:
+        if flag.config is not None:  # the push gateway and stats line (tgi_compat.ops_services)
+            setattr(config, flag.config, _normalise(parsed.light[flag.name]))
     return config, unbuilt_features(parsed.light, parsed.light_given), print_env

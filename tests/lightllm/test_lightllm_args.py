@@ -191,3 +191,22 @@ def test_the_tgi_launcher_accepts_the_lightllm_options(monkeypatch):
     help_text = launcher.build_parser().format_help()
     for name in ("--long-truncation-mode", "--token-healing", "--return-all-prompt-logprobs", "--eos-token-ids"):
         assert name in help_text
+
+
+def test_dockers_hostname_variable_is_not_a_listen_address():
+    assert config_of("--host", "0.0.0.0", HOSTNAME="3f2a9c1b7d4e").hostname == "0.0.0.0"
+    assert config_of(HOSTNAME="3f2a9c1b7d4e").hostname == "127.0.0.1"
+    with pytest.raises(LightLLMArgsError, match="--host"):
+        config_of("--host", "0.0.0.0", HOSTNAME="10.0.0.5")
+
+
+def test_push_gateway_and_stats_flags_fill_the_ops_fields():
+    config = config_of(
+        "--metric_gateway", "gw:9091", "--job_name", "svc", "--grouping_key", "a=b", "--grouping_key", "c=d",
+        "--push_interval", "5", "--enable_monitor_auth", "--log_stats_interval", "3",
+    )  # fmt: skip
+    assert (config.metric_gateway, config.metric_job_name, config.metric_grouping_key) == ("gw:9091", "svc", ["a=b", "c=d"])
+    assert (config.metric_push_interval, config.enable_monitor_auth, config.log_stats_interval) == (5, True, 3)
+    defaults = config_of()
+    assert (defaults.metric_gateway, defaults.log_stats_interval, defaults.disable_log_stats) == (None, 10, False)
+    assert config_of("--disable_log_stats").disable_log_stats

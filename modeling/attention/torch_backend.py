@@ -1,8 +1,9 @@
 """Reference attention in plain PyTorch: correct for EXTEND, DECODE and MIXED batches, GQA native.
 
-Each step gathers every request's K/V through req_to_token into a padded [B, max_kv] block once
-per layer (one index op, no per-request Python loop) and runs SDPA with a mask that is causal
-relative to each token's position. Decode (one token per request) needs no query padding at all.
+A step's requests are split into groups that each run as one SDPA call over K/V gathered through
+req_to_token: all single-token requests (decodes) together as one padded [B, 1, max_kv] block,
+and each multi-token request (a prefill chunk over its cached prefix) on its own, so a long chunk
+next to many decodes never builds a [B, max_q, max_kv] mask. A pure decode step is one group.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from modeling.forward_batch import ForwardBatch, ForwardMode
 
 
 @dataclass
+class AttentionGroup:
+    tokens: slice | torch.Tensor  # rows of the flat batch holding this group's queries
+    kv_slots: torch.Tensor  # [b, max_kv] slot of every key of every request (padding masked)
+    mask: torch.Tensor | None  # [b, 1, q_len, max_kv] bool, True = may attend; None = every key
+    q_len: int  # queries per request (1 for decodes)
+
+
+@dataclass
 class TorchAttentionMetadata:
     out_slots: torch.Tensor  # [T] slots of the new tokens
-    kv_slots: torch.Tensor  # [B, max_kv] slot of every key of every request (padding masked)
-    mask: torch.Tensor | None  # [B, 1, max_q, max_kv] bool, True = may attend; None = all keys
-    # Scatter between the flat batch and the padded [B, max_q] query block; None when it is a plain view.
-    token_req: torch.Tensor | None  # [T] request of each token
-    token_offset: torch.Tensor | None  # [T] index of each token inside its request's new tokens
-    batch_size: int
-    max_q_len: int
+    groups: list[AttentionGroup]
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -47,31 +50,13 @@ class TorchAttentionBackend(AttentionBackend):
         self.metadata: TorchAttentionMetadata | None = None
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
-        num_reqs, max_q, max_kv = batch.batch_size, batch.max_q_len, batch.max_kv_len
-        key_pos = torch.arange(max_kv, device=batch.kv_lens.device)  # [max_kv]
-        kv_slots = req_to_token[batch.req_rows, :max_kv].long()  # [B, max_kv]
         if batch.mode == ForwardMode.DECODE:
-            mask = None if num_reqs == 1 else (key_pos[None, :] < batch.kv_lens[:, None]).view(num_reqs, 1, 1, max_kv)
-            token_req = token_offset = None
+            groups = [_decode_group(req_to_token, batch.req_rows, batch.kv_lens, slice(None), batch.max_kv_len)]
         else:
-            prefix = batch.kv_lens - batch.q_lens  # [B]
-            query_pos = prefix[:, None] + torch.arange(max_q, device=prefix.device)[None, :]  # [B, max_q]
-            mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)  # [B, 1, max_q, max_kv]
-            token_req = token_offset = None
-            if num_reqs > 1:
-                token_req = torch.repeat_interleave(
-                    torch.arange(num_reqs, device=prefix.device), batch.q_lens, output_size=batch.num_tokens
-                )
-                token_offset = torch.arange(batch.num_tokens, device=prefix.device) - batch.q_start[token_req]
-        self.metadata = TorchAttentionMetadata(
-            out_slots=batch.out_slots,
-            kv_slots=kv_slots,
-            mask=mask,
-            token_req=token_req,
-            token_offset=token_offset,
-            batch_size=num_reqs,
-            max_q_len=max_q,
-        )
+            groups = _extend_groups(batch, req_to_token)
+            if len(groups) == 1:  # every request is in some group, so this one is the whole batch
+                groups[0].tokens = slice(None)
+        self.metadata = TorchAttentionMetadata(batch.out_slots, groups)
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         slots = self.metadata.out_slots
@@ -79,26 +64,65 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache.index_copy_(0, slots, v)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
-        meta = self.metadata
-        num_reqs, max_kv = meta.kv_slots.shape
-        flat_slots = meta.kv_slots.view(-1)
-        # index_select beats advanced indexing here; [B, max_kv, H_kv, D] -> [B, H_kv, max_kv, D]
+        groups = self.metadata.groups
+        if len(groups) == 1:
+            return self._attend(q, groups[0], k_cache, v_cache, scale)
+        out = q.new_empty(q.shape)  # [T, H, D]
+        for group in groups:
+            out[group.tokens] = self._attend(q[group.tokens], group, k_cache, v_cache, scale)
+        return out
+
+    def _attend(
+        self, q: torch.Tensor, group: AttentionGroup, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        num_reqs, max_kv = group.kv_slots.shape
+        flat_slots = group.kv_slots.view(-1)
+        # index_select beats advanced indexing here; [b, max_kv, H_kv, D] -> [b, H_kv, max_kv, D]
         k = k_cache.index_select(0, flat_slots).view(num_reqs, max_kv, *k_cache.shape[1:]).transpose(1, 2)
         v = v_cache.index_select(0, flat_slots).view(num_reqs, max_kv, *v_cache.shape[1:]).transpose(1, 2)
-        q_padded = self._pad_queries(q)  # [B, H, max_q, D]
+        q_block = q.view(num_reqs, group.q_len, self.num_heads, self.head_dim).transpose(1, 2)  # [b, H, q, D]
         out = F.scaled_dot_product_attention(
-            q_padded, k, v, attn_mask=meta.mask, scale=scale, enable_gqa=self.num_heads != self.num_kv_heads
+            q_block, k, v, attn_mask=group.mask, scale=scale, enable_gqa=self.num_heads != self.num_kv_heads
         )
-        out = out.transpose(1, 2)  # [B, max_q, H, D]
-        if meta.token_req is None:
-            return out.reshape(q.shape)
-        return out[meta.token_req, meta.token_offset]
+        return out.transpose(1, 2).reshape(q.shape)
 
-    def _pad_queries(self, q: torch.Tensor) -> torch.Tensor:
-        meta = self.metadata
-        if meta.token_req is None:
-            # One request (any q_len) or a pure decode batch: the flat batch already is the block.
-            return q.view(meta.batch_size, meta.max_q_len, self.num_heads, self.head_dim).transpose(1, 2)
-        padded = q.new_zeros(meta.batch_size, meta.max_q_len, self.num_heads, self.head_dim)
-        padded[meta.token_req, meta.token_offset] = q
-        return padded.transpose(1, 2)
+
+def _decode_group(
+    req_to_token: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor, tokens, max_kv: int
+) -> AttentionGroup:
+    kv_slots = req_to_token[rows, :max_kv].long()  # [b, max_kv]
+    mask = None
+    if rows.shape[0] > 1:  # shorter requests mask their padding
+        key_pos = torch.arange(max_kv, device=kv_lens.device)
+        mask = (key_pos[None, :] < kv_lens[:, None]).view(rows.shape[0], 1, 1, max_kv)
+    return AttentionGroup(tokens, kv_slots, mask, q_len=1)
+
+
+def _extend_groups(batch: ForwardBatch, req_to_token: torch.Tensor) -> list[AttentionGroup]:
+    q_lens = batch.q_lens_cpu if batch.q_lens_cpu is not None else batch.q_lens.tolist()
+    kv_lens = batch.kv_lens_cpu if batch.kv_lens_cpu is not None else batch.kv_lens.tolist()
+    starts = [0]
+    for q_len in q_lens[:-1]:
+        starts.append(starts[-1] + q_len)
+    groups = []
+    decodes = [i for i, q_len in enumerate(q_lens) if q_len == 1]
+    if decodes:
+        index = torch.tensor(decodes, device=batch.req_rows.device)
+        groups.append(
+            _decode_group(
+                req_to_token,
+                batch.req_rows[index],
+                batch.kv_lens[index],
+                torch.tensor([starts[i] for i in decodes], device=index.device),
+                max(kv_lens[i] for i in decodes),
+            )
+        )
+    for i, (start, q_len, kv_len) in enumerate(zip(starts, q_lens, kv_lens)):
+        if q_len == 1:
+            continue
+        kv_slots = req_to_token[batch.req_rows[i : i + 1], :kv_len].long()  # [1, kv_len]
+        # causal relative to each token's position: query j sits at position (kv_len - q_len + j)
+        query_pos = torch.arange(kv_len - q_len, kv_len, device=kv_slots.device)
+        mask = torch.arange(kv_len, device=kv_slots.device)[None, :] <= query_pos[:, None]
+        groups.append(AttentionGroup(slice(start, start + q_len), kv_slots, mask.view(1, 1, q_len, kv_len), q_len))
+    return groups

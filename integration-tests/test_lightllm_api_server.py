@@ -10,10 +10,11 @@ import tempfile
 
 import httpx
 import pytest
-from conftest import REPO_ROOT, Server, _free_port, _wait_until_ready
+from conftest import CHAT_PROMPT, REPO_ROOT, Server, _free_port, _wait_until_ready
 
 MAX_INPUT, MAX_TOTAL = 64, 128
 LONG_PROMPT = "one two three four five six seven eight nine ten " * 10  # ~100 tokens
+THE_ID = 504  # SmolLM2's "The": the chat prompt's answer ("The capital of France is Paris.") starts with it
 
 
 def api_server_command(*flags: str) -> list[str]:
@@ -33,7 +34,7 @@ def lightllm_server():
     command = api_server_command(
         "--host", "127.0.0.1", "--port", str(port), "--max_total_token_num", "1024",
         "--max_req_input_len", str(MAX_INPUT), "--max_req_total_len", str(MAX_TOTAL), "--running_max_req_size", "8",
-        "--long_truncation_mode", "center", "--return_all_prompt_logprobs", "--eos_id", "2", "--beam_mode",
+        "--long_truncation_mode", "center", "--return_all_prompt_logprobs", "--eos_id", "2", str(THE_ID), "--beam_mode",
     )  # fmt: skip
     log = tempfile.NamedTemporaryFile(prefix="api-server-", suffix=".log", delete=False)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_clean_env(), cwd=REPO_ROOT)
@@ -59,6 +60,14 @@ def test_limits_come_from_the_lightllm_flags(lightllm_server):
 def test_one_startup_warning_names_the_unbuilt_flags(lightllm_server):
     warnings = [line for line in lightllm_server.log_tail(200_000).splitlines() if "not implemented yet" in line]
     assert len(warnings) == 1 and "--beam_mode" in warnings[0]
+
+
+def test_every_eos_id_ends_generation(lightllm_server):
+    params = {"max_new_tokens": 10, "details": True}
+    body = httpx.post(f"{lightllm_server.base_url}/generate", json={"inputs": CHAT_PROMPT, "parameters": params}, timeout=120).json()
+    details = body["details"]
+    assert [t["id"] for t in details["tokens"]] == [THE_ID]
+    assert details["finish_reason"] == "eos_token"
 
 
 def test_server_defaults_apply_to_requests(lightllm_server):

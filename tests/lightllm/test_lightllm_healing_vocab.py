@@ -105,3 +105,16 @@ def test_healer_loads_the_vocabulary_once_and_only_when_needed():
     healer.blocked_rows([_request(" (", [])], 24, torch.device("cpu"))
     healer.blocked_rows([_request(" (", [])], 24, torch.device("cpu"))
     assert calls == [1]
+
+
+def test_sentencepiece_vocabulary_with_byte_fallback():
+    pieces = ["<unk>", "<s>", "</s>", "\u2581The", "\u2581ans", "\u2581answer", "\u2581(", "\u2581", "<0x28>", "wer"]
+    table = VocabularyTable.from_pieces(pieces, byte_level=False, special_ids=[0, 1, 2])
+    split = split_prompt([1, 3, 4], table)  # <s> ▁The ▁ans: the BOS stays, two tokens go
+    assert split.prompt_ids == [1] and split.prefix_text == " The ans"  # the dummy-prefix space too
+    split = split_prompt([1, 3, 6], table, max_removed=1)
+    assert split.prefix_text == " ("
+    # "▁" is a proper prefix of " (", "▁(" covers it; the byte token "(" alone does not start with " "
+    assert sorted(table.allowed_ids(b" (")) == [6, 7]
+    assert remaining_prefix(table, b" (", [7, 8]) == b""
+    assert remaining_prefix(table, b" (", [7]) == b"("

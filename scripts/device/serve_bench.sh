@@ -26,7 +26,8 @@ NUM_OFFLINE=${NUM_OFFLINE:-1000}  # prompts for the all-at-once server run
 NUM_COMPARE=${NUM_COMPARE:-256}   # prompts for server vs transformers (same prompts for both)
 HF_BATCH=${HF_BATCH:-64}
 FIXED_CONCURRENCY=${FIXED_CONCURRENCY:-64}  # the project bar: 64 streams of 256 in / 256 out
-SERVER_ARGS=${SERVER_ARGS:-}      # extra launcher flags, e.g. "--max-batch-total-tokens 300000"
+# All-at-once stages send more than TGI's default 128 permits; the rest would get 429.
+SERVER_ARGS=${SERVER_ARGS:---max-concurrent-requests 2048}  # extra launcher flags
 STAGE_TIMEOUT=${STAGE_TIMEOUT:-560}
 PY=${PYTHON:-python3}
 # Llama-3 ShareGPT lengths from benchmarks/data; EXTRA_ARGS e.g. "--max-output-len 8" for a dry run.

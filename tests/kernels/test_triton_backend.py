@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling.cuda_graphs import TGI_DEFAULT_BATCH_SIZES, resolve_batch_sizes
+from modeling.cuda_graphs import DEFAULT_BATCH_SIZES, resolve_batch_sizes
 from modeling.forward_batch import build_forward_batch
 from modeling.runner import ModelRunner, RunnerConfig
 
@@ -69,7 +69,7 @@ def test_triton_backend_matches_torch_backend_over_extend_mixed_and_decode_steps
 @pytest.mark.parametrize(
     ("flag", "enforce_eager", "expected"),
     [
-        (None, False, TGI_DEFAULT_BATCH_SIZES),
+        (None, False, DEFAULT_BATCH_SIZES),
         ([], False, []),
         ([0], False, []),
         ([8, 1, 300, 4, 4], False, [1, 4, 8]),  # sorted, unique, capped at the batch limit

@@ -271,10 +271,9 @@ def _from_files(folder: str | None, tokenizer_config_path: str | None) -> tuple[
 def load_chat_template(config: Any, hf_tokenizer: Any) -> ChatTemplate | None:
     """The server's chat template, or None (chat then answers `Template error: template not found`).
 
-    `config.chat_template` (ours, `--chat-template`) wins when the config has it; env CHAT_TEMPLATE
-    is read when the config does not carry the field yet.
+    `config.chat_template` (ours, `--chat-template`, env CHAT_TEMPLATE) wins over the model's files.
     """
-    override = getattr(config, "chat_template", None) or os.environ.get("CHAT_TEMPLATE")
+    override = getattr(config, "chat_template", None)
     folder = _model_folder(config)
     source, tokenizer_config = _from_files(folder, getattr(config, "tokenizer_config_path", None))
     if override:

@@ -98,6 +98,10 @@ class ServerConfig:
     log_stats_interval: float | None = None  # seconds between stats lines; None: none (TGI)
     # --- how the engine runs ---
     engine_in_process: bool = False  # ours: run the engine in the API process (tests, debugging)
+    enforce_eager: bool = False  # ours (vLLM's name): no decode CUDA graphs, whatever --cuda-graphs says
+    chat_template: str | None = None  # ours: --chat-template FILE|STRING overrides the model's template
+    served_model_name: str | None = None  # ours: the id /v1/models and OpenAI responses report
+    health_monitor: bool = False  # LightLLM: restart a dead or hung engine instead of stopping the server
 
     def to_engine_config(self) -> EngineConfig:
         engine = EngineConfig(
@@ -111,7 +115,7 @@ class ServerConfig:
             cuda_memory_fraction=self.cuda_memory_fraction,
             max_total_tokens=self.max_total_tokens,
             max_waiting_tokens=self.max_waiting_tokens,
-            cuda_graphs=self.cuda_graphs,
+            cuda_graphs=[] if self.enforce_eager else self.cuda_graphs,
             eos_token_ids=list(self.eos_token_ids),
             router_token_ratio=self.router_token_ratio,
             router_max_new_token_len=self.router_max_new_token_len,

@@ -140,6 +140,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("eos-token-ids", "LightLLM --eos_id: token ids that end generation besides the model's EOS (comma list).", _int_list),
     Flag("router-token-ratio", "LightLLM: below this fraction of the KV cache in use, admit requests optimistically.", float, 0.0),
     Flag("router-max-new-token-len", "LightLLM: output length the optimistic admission estimate assumes.", int, 1024),
+    Flag("health-monitor", "LightLLM --health_monitor: restart a dead or hung engine (in-flight requests fail with TGI's error) instead of stopping the server."),
+    # vLLM-style options
+    Flag("enforce-eager", "Run every decode step eagerly (no CUDA graphs), whatever --cuda-graphs says."),
+    Flag("chat-template", "Chat template overriding the model's: a file (.jinja/text, or .json with `chat_template`) or the template text.", str),
+    Flag("served-model-name", "Model name reported by /v1/models and the `model` field of OpenAI responses. Default: --model-id.", str),
 )  # fmt: skip
 
 
@@ -243,10 +248,8 @@ _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
     "--lora-adapters": lambda c: c.lora_adapters is not None,
     "--watermark-gamma/--watermark-delta": lambda c: c.watermark_gamma is not None or c.watermark_delta is not None,
     "--waiting-served-ratio": lambda c: c.waiting_served_ratio != 0.3,
-    "--tokenizer-config-path": lambda c: c.tokenizer_config_path is not None,
     "--weights-cache-override": lambda c: c.weights_cache_override is not None,
     "--disable-custom-kernels": lambda c: c.disable_custom_kernels,
-    "--prometheus-port (metrics are on the main port's /metrics)": lambda c: c.prometheus_port != 9000,
     "--ngrok": lambda c: c.ngrok,
 }
 

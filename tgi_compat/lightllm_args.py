@@ -93,7 +93,7 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("use_reward_model", "Serve a reward model (scores instead of tokens)."),
     LightFlag("long_truncation_mode", "Default of the request parameter `long_truncation_mode`: None (refuse long prompts, 422), head (keep the end) or center (keep both ends).", _truncation_mode, tgi="long_truncation_mode"),
     LightFlag("use_tgi_api", "Speak TGI's API on /generate, /generate_stream and /. This server always does."),
-    LightFlag("health_monitor", "Check the engine with real steps and stop the server when it dies or hangs (restart is the supervisor's job). Always on in this server."),
+    LightFlag("health_monitor", "Restart a dead or hung engine (checked with real steps); in-flight requests fail with TGI's error shape.", tgi="health_monitor"),
     LightFlag("metric_gateway", "Prometheus Pushgateway host:port to push the metrics to.", str, config="metric_gateway"),
     LightFlag("job_name", "Pushgateway job name.", str, "lightllm", config="metric_job_name"),
     LightFlag("grouping_key", "Pushgateway grouping key key=value (repeatable).", str, [], repeatable=True, config="metric_grouping_key"),
@@ -284,11 +284,6 @@ def unbuilt_features(light: dict[str, Any], given: set[str]) -> list[str]:
         "--tokenizer_mode slow (only the fast tokenizer exists under transformers 5)": "tokenizer_mode" in given
         and light["tokenizer_mode"] == "slow",
         "--splitfuse_block_size (steps are capped by --batch_max_tokens, not per request)": "splitfuse_block_size" in given,
-        "--metric_gateway / --job_name / --grouping_key / --push_interval / --enable_monitor_auth (use /metrics)": {
-            "metric_gateway", "job_name", "grouping_key", "push_interval", "enable_monitor_auth"
-        }
-        & given,
-        "--log_stats_interval (no periodic throughput line yet; see /metrics)": "log_stats_interval" in given,
     }
     return unbuilt + [name for name, is_set in checks.items() if is_set]
 

@@ -134,6 +134,10 @@ class CompletionRequest(_Request):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
     user: str | None = None
+    # LightLLM's per-request features (ours), as on /generate
+    long_truncation_mode: Literal["head", "center", "none"] | None = None
+    token_healing: bool | None = None
+    return_all_prompt_logprobs: bool | None = None
 
     @field_validator("prompt", mode="after")
     @classmethod

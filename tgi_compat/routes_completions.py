@@ -112,6 +112,9 @@ def completion_parameters(body: CompletionRequest) -> GenerateParameters:
         top_n_tokens=body.logprobs,
         details=True,
         decoder_input_details=not body.stream,
+        long_truncation_mode=body.long_truncation_mode,
+        token_healing=body.token_healing,
+        return_all_prompt_logprobs=body.return_all_prompt_logprobs,
     )
 
 

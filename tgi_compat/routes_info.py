@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from tgi_compat.errors import unhealthy_response
+from tgi_compat.openai_common import served_model_name
 from tgi_compat.schemas import Info
 from tgi_compat.state import ROUTER_NAME, TGI_VERSION, get_state
 
@@ -77,7 +78,7 @@ async def metrics(request: Request) -> Response:
 
 @_get("/v1/models", "Get model info")
 async def models(request: Request) -> JSONResponse:
-    model_id = get_state(request).model.model_id
+    model_id = served_model_name(get_state(request))
     return JSONResponse(
         {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}]}
     )

@@ -20,6 +20,8 @@ from tgi_compat.app import create_app
 from tgi_compat.config import ServerConfig, ServingLimits
 from tgi_compat.graceful import GracefulShutdown
 from tgi_compat.health_monitor import EngineHealthMonitor, HealthMonitorConfig
+from tgi_compat.metrics_listener import start_prometheus_listener
+from tgi_compat.ops_services import start_ops_services
 from tgi_compat.permits import PermitPool
 from tgi_compat.state import AppState, ModelInfo
 from tgi_compat.tokenization import load_tokenizer_service
@@ -104,7 +106,8 @@ def _start_health_monitor(state: AppState, server: uvicorn.Server, fatal: list[s
         fatal.append(reason)
         server.should_exit = True
 
-    monitor = EngineHealthMonitor(state.engine, HealthMonitorConfig.from_env(restart=False), on_fatal)
+    restart = state.config.health_monitor  # LightLLM --health_monitor: replace the engine, keep serving
+    monitor = EngineHealthMonitor(state.engine, HealthMonitorConfig.from_env(restart=restart), on_fatal)
     monitor.start()
     return monitor
 
@@ -123,19 +126,26 @@ async def run_server(config: ServerConfig) -> int:
         **graceful.uvicorn_options(),
     )
     server = uvicorn.Server(uvicorn_config)
-    watcher = asyncio.create_task(_watch_engine(state, server))
+    # Without --health-monitor a dead engine stops the server (TGI); with it the monitor restarts it.
+    watcher = None if config.health_monitor else asyncio.create_task(_watch_engine(state, server))
     fatal: list[str] = []
     monitor = _start_health_monitor(state, server, fatal)
+    services = start_ops_services(state.metrics, config)
+    listener = start_prometheus_listener(state.metrics, config.hostname, config.prometheus_port)
     try:
         await graceful.serve(server)
     finally:
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
+        services.stop()
+        if listener is not None:
+            listener.stop()
         await monitor.stop()
         await state.engine.shutdown()
         state.tokenizer.shutdown()
         if state.tracer is not None:
             state.tracer.shutdown()
-    engine_died = watcher.done() and not watcher.cancelled() and watcher.exception() is not None
+    engine_died = watcher is not None and watcher.done() and not watcher.cancelled() and watcher.exception() is not None
     return 1 if engine_died or fatal or not server.started else 0
 
 

@@ -87,8 +87,13 @@ def test_unbuilt_flags_are_named_only_when_given():
     assert any("--use_dynamic_prompt_cache" in u for u in unbuilt)
     assert any("--beam_mode" in u for u in unbuilt)
     assert any("--tokenizer_mode slow" in u for u in unbuilt)
-    assert any("--metric_gateway" in u for u in unbuilt)
+    assert not any("--metric_gateway" in u for u in unbuilt)  # built: tgi_compat.ops_services
     assert unbuilt_of("--tokenizer_mode", "fast", "--use_tgi_api", "--health_monitor", "--diverse_mode") == []
+
+
+def test_health_monitor_turns_on_engine_restarts():
+    assert config_of("--health_monitor").health_monitor is True
+    assert config_of().health_monitor is False
 
 
 def test_tensor_parallel_is_passed_on_and_reported_by_the_launcher_list():

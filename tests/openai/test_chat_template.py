@@ -95,7 +95,7 @@ def test_tgi_source_rewrites():
     assert template.render([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "x"}]) == "hello|assistant|user"
 
 
-def test_template_sources_override_and_named_list(tmp_path, hf_tokenizer, monkeypatch):
+def test_template_sources_override_and_named_list(tmp_path, hf_tokenizer):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
@@ -107,9 +107,9 @@ def test_template_sources_override_and_named_list(tmp_path, hf_tokenizer, monkey
     assert load_chat_template(config, hf_tokenizer).render([]) == "J"
     override = tmp_path / "override.jinja"
     override.write_text("O{{ messages | length }}")
-    monkeypatch.setenv("CHAT_TEMPLATE", str(override))
+    config.chat_template = str(override)  # --chat-template FILE
     assert load_chat_template(config, hf_tokenizer).render([]) == "O0"
-    monkeypatch.setenv("CHAT_TEMPLATE", "inline {{ add_generation_prompt }}")
+    config.chat_template = "inline {{ add_generation_prompt }}"  # --chat-template STRING
     assert load_chat_template(config, hf_tokenizer).render([]) == "inline True"
 
 

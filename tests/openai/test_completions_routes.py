@@ -150,3 +150,14 @@ async def test_one_failing_prompt_fails_the_request_and_frees_the_others(tokeniz
     assert response.status_code == 422
     assert response.json()["error"].startswith("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 256.")
     assert set(engine.closed) == {r.request_id for r in engine.requests}  # nothing left running
+
+
+async def test_lightllm_long_truncation_mode_reaches_completions(client, engine):
+    body = {"prompt": "word " * 400, "max_tokens": 2, "temperature": 0}
+    refused = await client.post("/v1/completions", json=body)
+    assert refused.status_code == 422 and refused.json()["error_type"] == "validation"
+    response = await client.post("/v1/completions", json={**body, "long_truncation_mode": "head"})
+    assert response.status_code == 200
+    kept = len(engine.requests[-1].prompt_ids)
+    assert 200 < kept <= 256 - 2  # the largest prompt that fits beside max_tokens
+    assert response.json()["usage"]["prompt_tokens"] == kept

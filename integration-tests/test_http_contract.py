@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import httpx
-from conftest import CHAT_PROMPT, MAX_CONCURRENT_REQUESTS
+from harness import CHAT_PROMPT, MAX_CONCURRENT_REQUESTS
 
 GREEDY = {"max_new_tokens": 3}
 

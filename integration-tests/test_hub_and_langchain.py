@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CHAT_PROMPT
+from harness import CHAT_PROMPT
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError as HubValidationError
 

@@ -10,7 +10,7 @@ import tempfile
 
 import httpx
 import pytest
-from conftest import CHAT_PROMPT, REPO_ROOT, Server, _free_port, _wait_until_ready
+from harness import CHAT_PROMPT, REPO_ROOT, Server, _free_port, _wait_until_ready
 
 MAX_INPUT, MAX_TOTAL = 64, 128
 LONG_PROMPT = "one two three four five six seven eight nine ten " * 10  # ~100 tokens

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import MAX_TOTAL_TOKENS
+from harness import MAX_TOTAL_TOKENS
 
 LONG_PROMPT = "one two three four five six seven eight nine ten " * 60  # ~600 tokens > max_input_tokens
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from harness import CHAT_PROMPT, REPO_ROOT, Server, _free_port, _launcher_command, _wait_until_ready
 
 
 def _load(name: str, path: Path):
-    # By path, under a unique name: with `pytest tests integration-tests` a plain
-    # `import conftest` can resolve to another directory's conftest.
+    # The fakes live with the unit tests; loaded by path under a unique name.
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file runs
@@ -33,11 +33,7 @@ def _load(name: str, path: Path):
     return module
 
 
-_HERE = Path(__file__).resolve().parent
-_harness = _load("integration_harness_for_ops", _HERE / "conftest.py")
-FakeCollector = _load("ops_fakes_for_integration", _HERE.parent / "tests" / "ops" / "ops_fakes.py").FakeCollector
-CHAT_PROMPT, REPO_ROOT, Server = _harness.CHAT_PROMPT, _harness.REPO_ROOT, _harness.Server
-_free_port, _launcher_command, _wait_until_ready = _harness._free_port, _harness._launcher_command, _harness._wait_until_ready
+FakeCollector = _load("ops_fakes_for_integration", Path(__file__).resolve().parent.parent / "tests" / "ops" / "ops_fakes.py").FakeCollector
 
 API_KEY = "ops-secret"
 ALLOWED_ORIGIN = "http://allowed.example"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import CHAT_PROMPT
+from harness import CHAT_PROMPT
 
 
 async def test_generate_details_snapshot(http, response_snapshot):

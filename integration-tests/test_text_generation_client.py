@@ -6,7 +6,7 @@ import asyncio
 import re
 
 import pytest
-from conftest import CHAT_PROMPT, MAX_CONCURRENT_REQUESTS
+from harness import CHAT_PROMPT, MAX_CONCURRENT_REQUESTS
 from text_generation import AsyncClient, Client
 from text_generation.errors import OverloadedError, ValidationError
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
+from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
 from router.client import ZmqEngineClient
 from router.client_api import EngineDeadError
 from router.config import EngineConfig

@@ -1,0 +1,67 @@
+"""What integration tests share besides fixtures: starting and waiting for a real launcher.
+
+Tests import these from `harness` (a plain `from conftest import ...` can resolve to another test
+directory's conftest when `pytest tests integration-tests` runs in one process).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STARTUP_TIMEOUT_S = 900
+# A chat-formatted prompt: the instruct model answers it ("The capital of France is Paris.").
+CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+MAX_TOTAL_TOKENS = 512
+MAX_CONCURRENT_REQUESTS = 6
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    process: subprocess.Popen
+    log_path: str
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return Path(self.log_path).read_text(errors="replace")[-chars:]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launcher_command(port: int) -> list[str]:
+    script = REPO_ROOT / ".venv" / "bin" / "text-generation-launcher"
+    program = [str(script)] if script.exists() else [sys.executable, "-m", "tgi_compat.launcher"]
+    return [
+        *program,
+        "--hostname", "127.0.0.1",
+        "--port", str(port),
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        "--max-concurrent-requests", str(MAX_CONCURRENT_REQUESTS),
+        "--enable-prefill-logprobs",
+    ]  # fmt: skip
+
+
+def _wait_until_ready(server: Server) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            pytest.fail(f"launcher exited with {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # connection refused until the engine is warm, as with TGI
+        time.sleep(1)
+    pytest.fail(f"launcher not ready after {STARTUP_TIMEOUT_S} s:\n{server.log_tail()}")

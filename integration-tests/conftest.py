@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import tempfile
 
 import httpx
 import pytest
-from harness import REPO_ROOT, Server, _free_port, _launcher_command, _wait_until_ready
+from harness import Server, _free_port, _launcher_command, launched
 from syrupy.extensions.json import JSONSnapshotExtension
 
 
@@ -26,22 +24,8 @@ def server():
         # A server someone already started with `_launcher_command`'s flags (for quick iteration).
         yield Server(os.environ["TGI_COMPAT_SERVER_URL"], None, os.devnull)  # type: ignore[arg-type]
         return
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile(prefix="launcher-", suffix=".log", delete=False)
-    env = {**os.environ, "LOG_LEVEL": "info"}
-    process = subprocess.Popen(_launcher_command(port), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
-    handle = Server(f"http://127.0.0.1:{port}", process, log.name)
-    try:
-        _wait_until_ready(handle)
+    with launched(_launcher_command(_free_port()), {**os.environ, "LOG_LEVEL": "info"}, "launcher-") as handle:
         yield handle
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 @pytest.fixture(scope="session")

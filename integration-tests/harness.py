@@ -6,10 +6,13 @@ directory's conftest when `pytest tests integration-tests` runs in one process).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,3 +68,27 @@ def _wait_until_ready(server: Server) -> None:
             pass  # connection refused until the engine is warm, as with TGI
         time.sleep(1)
     pytest.fail(f"launcher not ready after {STARTUP_TIMEOUT_S} s:\n{server.log_tail()}")
+
+
+@contextlib.contextmanager
+def launched(command: list[str], env: dict[str, str], log_prefix: str, stop_timeout_s: float = 60) -> Iterator[Server]:
+    """Start a server process, wait until /health answers, and stop it (SIGTERM, then SIGKILL) at the end."""
+    log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+    handle = Server(f"http://127.0.0.1:{_port_of(command)}", process, log.name)
+    try:
+        _wait_until_ready(handle)
+        yield handle
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log.close()
+
+
+def _port_of(command: list[str]) -> str:
+    return command[command.index("--port") + 1]

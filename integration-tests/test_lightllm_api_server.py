@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 
 import httpx
 import pytest
-from harness import CHAT_PROMPT, REPO_ROOT, Server, _free_port, _wait_until_ready
+from harness import CHAT_PROMPT, REPO_ROOT, _free_port, launched
 
 MAX_INPUT, MAX_TOTAL = 64, 128
 LONG_PROMPT = "one two three four five six seven eight nine ten " * 10  # ~100 tokens
@@ -36,20 +35,8 @@ def lightllm_server():
         "--max_req_input_len", str(MAX_INPUT), "--max_req_total_len", str(MAX_TOTAL), "--running_max_req_size", "8",
         "--long_truncation_mode", "center", "--return_all_prompt_logprobs", "--eos_id", "2", str(THE_ID), "--beam_mode",
     )  # fmt: skip
-    log = tempfile.NamedTemporaryFile(prefix="api-server-", suffix=".log", delete=False)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_clean_env(), cwd=REPO_ROOT)
-    handle = Server(f"http://127.0.0.1:{port}", process, log.name)
-    try:
-        _wait_until_ready(handle)
+    with launched(list(command), _clean_env(), "api-server-") as handle:
         yield handle
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def test_limits_come_from_the_lightllm_flags(lightllm_server):

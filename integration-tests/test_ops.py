@@ -12,16 +12,14 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from harness import CHAT_PROMPT, REPO_ROOT, Server, _free_port, _launcher_command, _wait_until_ready
+from harness import CHAT_PROMPT, Server, _free_port, _launcher_command, launched
 
 
 def _load(name: str, path: Path):
@@ -61,17 +59,9 @@ def ops_server(collector):
         "--otlp-service-name", SERVICE_NAME,
         "--graceful-termination-timeout", "120",
     ]  # fmt: skip
-    log = tempfile.NamedTemporaryFile(prefix="launcher-ops-", suffix=".log", delete=False)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, cwd=REPO_ROOT)
-    handle = Server(f"http://127.0.0.1:{port}", process, log.name)
-    try:
-        _wait_until_ready(handle)
+    # The last test SIGTERMs it on purpose; anything still running then is killed at once.
+    with launched(command, {**os.environ}, "launcher-ops-", stop_timeout_s=0) as handle:
         yield handle
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def scrape(server: Server) -> dict[tuple[str, tuple], float]:

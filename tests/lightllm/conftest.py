@@ -5,11 +5,6 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="session")
-def smollm2_tokenizer():
-    from modeling.tokenizer import load_tokenizer
-
-    return load_tokenizer()
 
 
 @pytest.fixture(scope="session")
@@ -36,17 +31,3 @@ def smollm2_engine_llm(smollm2_gguf):
     from router.offline import LLM
 
     return LLM(EngineConfig(model_id=smollm2_gguf, dtype="float32", device="cpu", max_batch_total_tokens=2048, max_running_requests=8, max_batch_prefill_tokens=8))
-
-
-@pytest.fixture(scope="session")
-def smollm2_transformers(smollm2_gguf):
-    """transformers on the same GGUF weights, fp32 (the reference; ~35 s to load)."""
-    import os
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf), dtype=torch.float32
-    )
-    return model.eval()

@@ -17,10 +17,10 @@ def reference_logprobs(model, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("text", PROMPT_TEXTS)
-def test_every_prompt_position_matches_transformers(smollm2_engine_llm, smollm2_transformers, smollm2_tokenizer, text):
+def test_every_prompt_position_matches_transformers(smollm2_engine_llm, smollm2_hf_model, smollm2_tokenizer, text):
     ids = smollm2_tokenizer(text)["input_ids"]
     result = smollm2_engine_llm.generate([ids], max_new_tokens=1, prompt_logprobs=True, prompt_top_n=3)[0]
-    reference = reference_logprobs(smollm2_transformers, ids)
+    reference = reference_logprobs(smollm2_hf_model, ids)
     expected = reference.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1).tolist()
     assert result.prompt_logprobs[0] is None
     assert len(result.prompt_logprobs) == len(ids)
@@ -30,7 +30,7 @@ def test_every_prompt_position_matches_transformers(smollm2_engine_llm, smollm2_
     assert relative <= 1e-4, f"max relative error {relative:.2e}"
 
 
-def test_prompt_top_alternatives_match_transformers(smollm2_engine_llm, smollm2_transformers, smollm2_tokenizer):
+def test_prompt_top_alternatives_match_transformers(smollm2_engine_llm, smollm2_hf_model, smollm2_tokenizer):
     ids = smollm2_tokenizer(PROMPT_TEXTS[0])["input_ids"]
     engine = smollm2_engine_llm.engine
     from router.request import GenerateRequest
@@ -41,7 +41,7 @@ def test_prompt_top_alternatives_match_transformers(smollm2_engine_llm, smollm2_
         for event in engine.step():
             if event.request_id == "prompt-top" and first is None:
                 first = event
-    reference = reference_logprobs(smollm2_transformers, ids)
+    reference = reference_logprobs(smollm2_hf_model, ids)
     assert first.prompt_top_tokens[0] == []
     for position, top in enumerate(first.prompt_top_tokens[1:]):
         values, top_ids = reference[position].topk(3)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config, smollm2_path
+from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
 
 
 @pytest.fixture(scope="session")
@@ -36,15 +34,3 @@ def tiny_llama_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-llama")
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)
-
-
-@pytest.fixture(scope="session")
-def hf_smollm2():
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    path = smollm2_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    )
-    return model.eval()

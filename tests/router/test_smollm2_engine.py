@@ -17,10 +17,10 @@ from router.config import EngineConfig
 from router.request import GenerateRequest, SamplingParams
 
 
-def test_greedy_ids_equal_transformers_generate(smollm2_greedy, hf_smollm2):
+def test_greedy_ids_equal_transformers_generate(smollm2_greedy, smollm2_hf_model):
     for prompt, ours in zip(SMOLLM2_PROMPTS, smollm2_greedy):
         with torch.inference_mode():
-            out = hf_smollm2.generate(
+            out = smollm2_hf_model.generate(
                 torch.tensor([prompt]),
                 attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
                 max_new_tokens=SMOLLM2_MAX_NEW,

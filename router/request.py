@@ -39,6 +39,8 @@ class SamplingParams:
     watermark: bool = False
     seed: int | None = None  # None: the engine picks one when the request samples
     top_n_tokens: int = 0  # alternatives reported per generated token
+    # OpenAI/vLLM `logit_bias`: (token id, bias) pairs added to the raw logits before every processor
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def is_sampling(self) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from router.outputs import TopToken
-from router.request import Request
+from router.request import Request, SamplingParams
 from router.step import SampledToken
 
 WATERMARK_GAMMA = 0.5
@@ -52,6 +52,8 @@ class SamplingBatch:
     top_n: torch.Tensor | None  # [B] int64
     max_top_n: int
     blocked: torch.Tensor | None = None  # [B, V] bool: token healing forbids these ids (first of all)
+    # logit_bias as flat (row, token id, bias) triples: [N] int64, [N] int64, [N] float32
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def build(cls, requests: Sequence[Request], vocab_size: int, device: torch.device, healer=None) -> SamplingBatch:
@@ -89,7 +91,20 @@ class SamplingBatch:
             top_n=column(top_n, torch.int64) if any(top_n) else None,
             max_top_n=max(top_n, default=0),
             blocked=healer.blocked_rows(requests, vocab_size, device) if healer is not None else None,
+            bias=_logit_bias(params, device),
         )
+
+
+def _logit_bias(params: Sequence[SamplingParams], device: torch.device):
+    triples = [(row, token, bias) for row, p in enumerate(params) for token, bias in p.logit_bias]
+    if not triples:
+        return None
+    rows, tokens, biases = zip(*triples)
+    return (
+        torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+        torch.tensor(tokens, dtype=torch.int64).to(device, non_blocking=True),
+        torch.tensor(biases, dtype=torch.float32).to(device, non_blocking=True),
+    )
 
 
 @dataclass(slots=True)
@@ -150,6 +165,8 @@ class Sampler:
     def process(self, scores: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if batch.blocked is not None:  # token healing: only ids that re-cover the removed prompt text
             scores = scores.masked_fill(batch.blocked, float("-inf"))
+        if batch.bias is not None:  # logit_bias acts on the model's raw scores, as in OpenAI's API
+            scores = scores.index_put(batch.bias[:2], batch.bias[2], accumulate=True)
         if batch.watermark_prev_ids:
             self._apply_watermark(scores, batch.watermark_prev_ids)
         if batch.context_ids is not None:

@@ -11,7 +11,7 @@ from router.request import GenerateRequest
 
 def validate_request(request: GenerateRequest, info: EngineInfo) -> None:
     """Raise RequestRejectedError with a clear message; return None when the engine can serve it."""
-    if message := _sampling_error(request) or _length_error(request, info):
+    if message := _sampling_error(request) or _logit_bias_error(request, info) or _length_error(request, info):
         raise RequestRejectedError(message)
 
 
@@ -33,6 +33,12 @@ def _sampling_error(request: GenerateRequest) -> str | None:
         return "`top_n_tokens` must be >= 0"
     if s.seed is not None and not 0 <= s.seed < 1 << 64:
         return "`seed` must be an unsigned 64-bit integer"
+    return None
+
+
+def _logit_bias_error(request: GenerateRequest, info: EngineInfo) -> str | None:
+    if bad := [t for t, _ in request.sampling.logit_bias if not 0 <= t < info.vocab_size]:
+        return f"`logit_bias` token id {bad[0]} is outside the vocabulary (size {info.vocab_size})"
     return None
 
 

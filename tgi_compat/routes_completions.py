@@ -9,7 +9,7 @@ Beyond TGI (OpenAI legacy API / vLLM): `echo` (prompt prepended), `logprobs` (Op
 {tokens, token_logprobs, top_logprobs, text_offset}), `n`/`best_of` (choice index = prompt * n + k;
 best_of > n keeps the n highest cumulative logprobs), `stream_options.include_usage` (a final
 `choices: []` chunk), `user` (ignored), and AIAK's `sentence_length` / `cum_log_probs` in choices.
-`logit_bias` is refused (422) while the engine's SamplingParams has no logit bias.
+`logit_bias` (token id -> bias in [-100, 100]) is added to the raw logits before every processor.
 """
 
 from __future__ import annotations
@@ -91,9 +91,6 @@ def check_request(state: AppState, body: CompletionRequest) -> Fanout:
         raise validation_error("`seed` must not be set when `best_of` > 1")
     if body.stream and best_of != n:
         raise validation_error("`best_of` != `n` is not supported when streaming tokens")
-    if body.logit_bias:
-        # NOTE(openai helper): apply it once router.request.SamplingParams gains a logit bias field.
-        raise validation_error("`logit_bias` is not supported")
     return Fanout(n=n, best_of=best_of)
 
 
@@ -115,6 +112,7 @@ def completion_parameters(body: CompletionRequest) -> GenerateParameters:
         long_truncation_mode=body.long_truncation_mode,
         token_healing=body.token_healing,
         return_all_prompt_logprobs=body.return_all_prompt_logprobs,
+        logit_bias=body.logit_bias,
     )
 
 

@@ -63,6 +63,8 @@ class GenerateParameters(_Request):
     long_truncation_mode: Literal["head", "center", "none"] | None = None
     token_healing: bool | None = None
     return_all_prompt_logprobs: bool | None = None
+    # OpenAI/vLLM extension (ours, set by /v1/completions): token id (as a string) -> bias in [-100, 100]
+    logit_bias: dict[str, float] | None = None
 
 
 def _sampling_preset() -> GenerateParameters:

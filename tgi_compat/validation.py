@@ -80,12 +80,22 @@ def check_parameters(params: GenerateParameters, inputs: str, limits: ServingLim
     top_n = params.top_n_tokens or 0
     if top_n > limits.max_top_n_tokens:
         raise validation_error(f"`top_n_tokens` must be >= 0 and <= {limits.max_top_n_tokens}. Given: {top_n}")
+    check_logit_bias(params.logit_bias)
     if not inputs:
         raise validation_error("`inputs` cannot be empty")
     if params.truncate is not None and not 0 < params.truncate <= limits.max_input_tokens:
         raise validation_error(
             f"`truncate` must be strictly positive and less than {limits.max_input_tokens}. Given: {params.truncate}"
         )
+
+
+def check_logit_bias(logit_bias: dict[str, float] | None) -> None:
+    """OpenAI's rule: keys are token ids, biases lie in [-100, 100] (the engine checks the vocabulary)."""
+    for token, bias in (logit_bias or {}).items():
+        if not token.isdigit():
+            raise validation_error(f"`logit_bias` keys must be token ids. Given: {token!r}")
+        if not -100.0 <= bias <= 100.0:
+            raise validation_error(f"`logit_bias` values must be >= -100 and <= 100. Given: {bias}")
 
 
 def truncate_prompt(prompt_ids: list[int], truncate: int | None) -> list[int]:
@@ -156,6 +166,7 @@ class ValidatedRequest:
             watermark=p.watermark,
             seed=p.seed,
             top_n_tokens=p.top_n_tokens or 0,
+            logit_bias=tuple((int(token), bias) for token, bias in (p.logit_bias or {}).items()),
         )
         if sampling.is_sampling and sampling.seed is None:
             # TGI's router draws the seed, so details.seed is always known for sampled requests.

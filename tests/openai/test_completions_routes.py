@@ -89,7 +89,8 @@ async def test_n_and_best_of(client, engine):
         ({"n": 2, "best_of": 1}, "`best_of` must be >= `n` and <= 2. Given: 1"),
         ({"n": 2, "seed": 1}, "`seed` must not be set when `best_of` > 1"),
         ({"best_of": 2, "stream": True}, "`best_of` != `n` is not supported when streaming tokens"),
-        ({"logit_bias": {"42": 5.0}}, "`logit_bias` is not supported"),
+        ({"logit_bias": {"x": 5.0}}, "`logit_bias` keys must be token ids. Given: 'x'"),
+        ({"logit_bias": {"42": 101.0}}, "`logit_bias` values must be >= -100 and <= 100. Given: 101.0"),
     ]
     for extra, message in errors:
         response = await client.post("/v1/completions", json={"prompt": "a", **extra})
@@ -161,3 +162,10 @@ async def test_lightllm_long_truncation_mode_reaches_completions(client, engine)
     kept = len(engine.requests[-1].prompt_ids)
     assert 200 < kept <= 256 - 2  # the largest prompt that fits beside max_tokens
     assert response.json()["usage"]["prompt_tokens"] == kept
+
+
+async def test_logit_bias_reaches_the_engine_as_id_bias_pairs(client, engine):
+    body = {"prompt": "a", "temperature": 0, "max_tokens": 2, "logit_bias": {"42": 5.0, "7": -100}}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 200
+    assert engine.requests[-1].sampling.logit_bias == ((42, 5.0), (7, -100.0))

@@ -156,3 +156,27 @@ def test_top_n_ties_beyond_the_prefetched_columns():
     out = sample(logits, [request(top_n_tokens=2)], vocab=40)
     assert len(out[0].top_tokens) == 40  # 39 tied at the 2nd value: all reported (capped at vocab)
     assert out[0].top_tokens[0].token_id == 0
+
+
+def test_logit_bias_shifts_raw_scores_per_row_before_the_other_processors():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 0, 0, 0, 0, 0], [0.0, 3.0, 1.0, 0, 0, 0, 0, 0]])
+    biased = request(logit_bias=((2, 5.0), (1, -1.0)))
+    scores = processed(logits, [biased, request()])
+    assert scores[0].tolist() == [0.0, 2.0, 6.0, 0, 0, 0, 0, 0]
+    assert scores[1].tolist() == logits[1].tolist()  # rows without a bias are untouched
+    out = sample(logits, [biased, request()])
+    assert [t.token_id for t in out] == [2, 1]
+    assert out[0].logprob == pytest.approx(float(torch.log_softmax(scores[0], -1)[2]), abs=1e-6)  # processed distribution
+    # with temperature the bias is applied first, then scaled
+    hot = processed(logits, [request(logit_bias=((2, 5.0),), temperature=2.0)])
+    assert hot[0, 2].item() == pytest.approx(3.0)
+
+
+def test_logit_bias_outside_the_vocabulary_is_rejected_before_admission():
+    from router.client_api import EngineInfo, RequestRejectedError
+    from router.validation import validate_request
+
+    info = EngineInfo("m", "LlamaForCausalLM", "float32", "cpu", VOCAB, 64, 64, 64, (0,))
+    params = GenerateRequest("r", [1, 2], SamplingParams(logit_bias=((VOCAB, 1.0),)), max_new_tokens=2)
+    with pytest.raises(RequestRejectedError, match="`logit_bias` token id 8 is outside the vocabulary"):
+        validate_request(params, info)

@@ -262,10 +262,10 @@ class InProcessEngineClient(_QueueingClient):
     def _run(self) -> None:
         try:
             while self._drain_inbox():
-                if self.core.has_unfinished():
-                    if events := self.core.step():
-                        self._loop.call_soon_threadsafe(self._dispatch, events)
-                if (stats := self.core.stats.report()) is not None:
+                events, stats = self.core.run_once()
+                if events:
+                    self._loop.call_soon_threadsafe(self._dispatch, events)
+                if stats is not None:
                     self._loop.call_soon_threadsafe(self._on_stats, stats)
         except Exception as exc:  # noqa: BLE001 - the loop died: every pending request must learn it
             logger.exception("engine thread died")

@@ -19,6 +19,7 @@ from router.kv_slots import KVSlotPool
 from router.outputs import TokenEvent
 from router.request import GenerateRequest, Request
 from router.scheduler import Scheduler, SchedulerLimits
+from router.stats import EngineStats
 from router.validation import validate_request
 
 
@@ -74,6 +75,16 @@ class EngineCore:
         events = self.scheduler.update(plan, result)
         self.stats.record(plan, result, time.perf_counter() - started)
         return events
+
+    def run_once(self) -> tuple[list[TokenEvent], EngineStats | None]:
+        """One turn of a host loop (engine process or test thread): a step when there is work, then
+        the stats report that is due, sent at once when the engine just went idle so that the
+        queue/batch/KV gauges read zero without waiting for the next interval."""
+        events, went_idle = [], False
+        if self.has_unfinished():
+            events = self.step()
+            went_idle = not self.has_unfinished()
+        return events, self.stats.report(force=went_idle)
 
 
 def _token_healer(config: EngineConfig):

@@ -63,11 +63,10 @@ def _serve(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: 
         if os.getppid() != parent_pid:
             logger.error("parent process is gone; engine exits")
             return
-        if core.has_unfinished():
-            events = core.step()
-            if events:
-                outbox.send(encoder.encode(StepOutputs(events)))
-        if (stats := core.stats.report()) is not None:
+        events, stats = core.run_once()
+        if events:
+            outbox.send(encoder.encode(StepOutputs(events)))
+        if stats is not None:
             outbox.send(encoder.encode(StatsReport(stats)))
 
 

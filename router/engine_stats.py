@@ -37,9 +37,10 @@ class EngineStatsTracker:
             )
         )
 
-    def report(self) -> EngineStats | None:
-        """An EngineStats when one is due, else None."""
-        if not self.accumulator.due():
+    def report(self, force: bool = False) -> EngineStats | None:
+        """An EngineStats when one is due, else None. `force`: the engine just went idle, and the
+        gauges (queue, batch, KV in use) should read zero now rather than an interval later."""
+        if not (force or self.accumulator.due()):
             return None
         scheduler, pool = self.scheduler, self.scheduler.pool
         return self.accumulator.flush(

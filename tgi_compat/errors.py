@@ -10,6 +10,7 @@ Two families:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -70,6 +71,7 @@ class BodyRejection(Exception):
 
 
 Model = TypeVar("Model", bound=BaseModel)
+DescribeError = Callable[[dict[str, Any], Any], str]  # (pydantic error, document) -> serde text
 
 
 def is_json_content_type(header: str | None) -> bool:
@@ -94,15 +96,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def parse_json_body(request: Request, model: type[Model], limit: int) -> Model:
-    """axum's `Json<T>` extractor: 415 content type, 413 size, 400 syntax, 422 shape."""
+async def parse_json_body(
+    request: Request, model: type[Model], limit: int, describe: DescribeError | None = None
+) -> Model:
+    """axum's `Json<T>` extractor: 415 content type, 413 size, 400 syntax, 422 shape.
+    `describe` words a pydantic error as serde would (default: deserialize_message)."""
     if not is_json_content_type(request.headers.get("content-type")):
         raise BodyRejection(415, "Expected request with `Content-Type: application/json`")
     raw = await read_body(request, limit)
-    return parse_json_bytes(raw, model)
+    return parse_json_bytes(raw, model, describe)
 
 
-def parse_json_bytes(raw: bytes, model: type[Model]) -> Model:
+def parse_json_bytes(raw: bytes, model: type[Model], describe: DescribeError | None = None) -> Model:
     try:
         document = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -110,7 +115,7 @@ def parse_json_bytes(raw: bytes, model: type[Model]) -> Model:
     try:
         return model.model_validate(document, strict=True)
     except ValidationError as error:
-        detail = deserialize_message(error.errors()[0], document)
+        detail = (describe or deserialize_message)(error.errors()[0], document)
         raise BodyRejection(422, f"Failed to deserialize the JSON body into the target type: {detail}")
 
 

@@ -1,20 +1,15 @@
 """What the chat and completions routes share: body parsing with serde-style messages, the
-served model name, finish-reason mapping, OpenAI-route SSE errors, and the summed x-* headers.
-
-NOTE(openai helper): `parse_openai_body` is `errors.parse_json_body` plus two message kinds
-(custom deserializer errors and untagged enums); it could move into errors.py.
-"""
+served model name, finish-reason mapping, OpenAI-route SSE errors, and the summed x-* headers."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from tgi_compat.errors import BodyRejection, TgiError, deserialize_message, is_json_content_type, read_body, syntax_message
+from tgi_compat.errors import TgiError, deserialize_message, parse_json_body
 from tgi_compat.schemas import dump_json
 from tgi_compat.state import TGI_VERSION, AppState
 from tgi_compat.streaming import data_event
@@ -23,7 +18,6 @@ Model = TypeVar("Model", bound=BaseModel)
 
 # Fields TGI deserializes through an untagged enum: serde reports "did not match any variant".
 _UNTAGGED_ENUMS = {"prompt": "PromptDeserializer", "content": "MessageContent", "tool_choice": "ToolTypeDeserializer"}
-_DESERIALIZE_PREFIX = "Failed to deserialize the JSON body into the target type: "
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -41,18 +35,8 @@ def _openai_deserialize_message(error: dict[str, Any], document: Any) -> str:
 
 
 async def parse_openai_body(request: Request, model: type[Model], limit: int) -> Model:
-    """axum's `Json<T>`: 415 content type, 413 size, 400 syntax, 422 shape (all text/plain)."""
-    if not is_json_content_type(request.headers.get("content-type")):
-        raise BodyRejection(415, "Expected request with `Content-Type: application/json`")
-    raw = await read_body(request, limit)
-    try:
-        document = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}")
-    try:
-        return model.model_validate(document, strict=True)
-    except ValidationError as error:
-        raise BodyRejection(422, _DESERIALIZE_PREFIX + _openai_deserialize_message(error.errors()[0], document))
+    """axum's `Json<T>` with serde's texts for the OpenAI bodies' custom deserializers and untagged enums."""
+    return await parse_json_body(request, model, limit, describe=_openai_deserialize_message)
 
 
 def served_model_name(state: AppState) -> str:

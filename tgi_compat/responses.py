@@ -6,7 +6,14 @@ import time
 
 from tgi_compat.generation import GenerationResult, Timings, TokenStep
 from tgi_compat.lightllm_features import add_lightllm_details
-from tgi_compat.schemas import BestOfSequence, Details, GenerateResponse, StreamDetails, StreamResponse
+from tgi_compat.schemas import (
+    BestOfSequence,
+    Details,
+    GenerateResponse,
+    StreamDetails,
+    StreamResponse,
+    dump_json,
+)
 from tgi_compat.validation import ValidatedRequest
 
 
@@ -49,6 +56,25 @@ def generate_response(request: ValidatedRequest, results: list[GenerationResult]
     add_lightllm_details(details, request.features, best)
     response.details = details
     return response
+
+
+def stream_event_json(request: ValidatedRequest, step: TokenStep) -> str:
+    """The StreamResponse JSON of one step, byte for byte `stream_response(...).to_json()`.
+
+    Most events are a bare token (no top tokens, not the last): their dict is built directly,
+    skipping pydantic construction and dumping, which dominate the per-token cost of streaming.
+    """
+    if step.result is not None or step.top_tokens:
+        return stream_response(request, step).to_json()
+    token = step.token
+    return dump_json(
+        {
+            "index": step.index,
+            "token": {"id": token.id, "text": token.text, "logprob": token.logprob, "special": token.special},
+            "generated_text": None,
+            "details": None,
+        }
+    )
 
 
 def stream_response(request: ValidatedRequest, step: TokenStep) -> StreamResponse:

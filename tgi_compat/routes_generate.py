@@ -14,7 +14,7 @@ from tgi_compat.errors import TgiError, parse_json_body, validation_error
 from tgi_compat.generation import Timings, generate_best_of, generate_to_end, stream_sequence
 from tgi_compat.lightllm_features import prepare_features
 from tgi_compat.openapi import json_body
-from tgi_compat.responses import generate_response, stream_headers, stream_response, timing_headers
+from tgi_compat.responses import generate_response, stream_event_json, stream_headers, timing_headers
 from tgi_compat.schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest, SimpleToken, dump_json
 from tgi_compat.state import AppState, get_state
 from tgi_compat.streaming import data_event, event_stream
@@ -105,7 +105,7 @@ def generate_stream(state: AppState, body: GenerateRequest, http_request: Reques
                     async for step in stream_sequence(
                         state, request, timings, streaming=True, on_first_token=first_token
                     ):
-                        yield data_event(stream_response(request, step).to_json())
+                        yield data_event(stream_event_json(request, step))
                         if step.result is not None:
                             accounting.succeeded(state, request, step.result, timings)
                             accounting.traced(span, step.result, timings)

@@ -94,9 +94,13 @@ class _Response(BaseModel):
         return dump_json(self.to_dict())
 
 
+# One shared encoder: json.dumps with non-default options builds a new JSONEncoder per call.
+_COMPACT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def dump_json(payload: Any) -> str:
     """Compact JSON, UTF-8 kept as is, like serde_json."""
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return _COMPACT_ENCODER.encode(payload)
 
 
 class Token(_Response):

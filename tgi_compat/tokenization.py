@@ -30,6 +30,19 @@ def load_tokenizer_service(model_id: str, revision: str | None = None, workers: 
     return TokenizerService(info.tokenizer, workers=workers, info=info)
 
 
+def _raw_decoder(tokenizer: Any) -> Any | None:
+    """The Rust `tokenizers.Tokenizer.decode` when transformers would add nothing to it.
+
+    Streaming decodes twice per token; transformers' wrapper (argument normalisation, cleanup
+    checks) costs several times the Rust call. It only changes the text when
+    clean_up_tokenization_spaces is on, so that case keeps the wrapper.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return backend.decode
+
+
 @dataclass(frozen=True, slots=True)
 class ByteSpan:
     id: int
@@ -47,6 +60,7 @@ class TokenizerService:
             if getattr(added, "special", False)
         )
         self.eos_token_id: int | None = tokenizer.eos_token_id
+        self._raw_decode = _raw_decoder(tokenizer)
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tokenize")
 
     # ---- encode (off the loop) ----
@@ -74,6 +88,8 @@ class TokenizerService:
 
     # ---- decode (cheap; called on the loop) ----
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        if self._raw_decode is not None:
+            return self._raw_decode(ids, skip_special_tokens=skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:

@@ -10,19 +10,12 @@ import pytest
 from scripted_engine import ScriptedEngine, make_state
 
 from tgi_compat.app import create_app
-from tgi_compat.tokenization import TokenizerService, load_hf_tokenizer
+from tgi_compat.tokenization import TokenizerService
 
 
 @pytest.fixture(scope="session")
-def hf_tokenizer():
-    from modeling.source import DEFAULT_MODEL_ID
-
-    return load_hf_tokenizer(DEFAULT_MODEL_ID)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(hf_tokenizer) -> TokenizerService:
-    return TokenizerService(hf_tokenizer, workers=2)
+def tokenizer(smollm2_tokenizer) -> TokenizerService:
+    return TokenizerService(smollm2_tokenizer, workers=2)
 
 
 @pytest.fixture

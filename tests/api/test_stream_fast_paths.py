@@ -22,11 +22,11 @@ def test_plain_token_event_matches_the_pydantic_dump(text, logprob, special):
     assert stream_event_json(None, step) == stream_response(None, step).to_json()
 
 
-def test_raw_decode_matches_transformers(tokenizer, hf_tokenizer):
+def test_raw_decode_matches_transformers(tokenizer, smollm2_tokenizer):
     assert tokenizer._raw_decode is not None  # SmolLM2 does no cleanup, so the shortcut is taken
     rng = random.Random(0)
     special = sorted(tokenizer.special_ids)
     for _ in range(300):
         ids = [rng.choice(special) if rng.random() < 0.1 else rng.randrange(49152) for _ in range(rng.randrange(12))]
         for skip in (False, True):
-            assert tokenizer.decode(ids, skip) == hf_tokenizer.decode(ids, skip_special_tokens=skip)
+            assert tokenizer.decode(ids, skip) == smollm2_tokenizer.decode(ids, skip_special_tokens=skip)

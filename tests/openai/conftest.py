@@ -20,17 +20,8 @@ __all__ = ["EOS_ID"]
 
 
 @pytest.fixture(scope="session")
-def hf_tokenizer():
-    """The embedded model's transformers tokenizer (converted from the GGUF once, then cached)."""
-    from modeling.source import DEFAULT_MODEL_ID
-    from modeling.tokenizer import load_tokenizer
-
-    return load_tokenizer(DEFAULT_MODEL_ID)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(hf_tokenizer) -> TokenizerService:
-    return TokenizerService(hf_tokenizer, workers=2)
+def tokenizer(smollm2_tokenizer) -> TokenizerService:
+    return TokenizerService(smollm2_tokenizer, workers=2)
 
 
 @pytest.fixture

@@ -17,14 +17,14 @@ def sse_payloads(text: str) -> list[str]:
     return [e[len("data:") :] for e in events]
 
 
-async def test_non_stream_shape_greedy_and_headers(client, engine, hf_tokenizer):
+async def test_non_stream_shape_greedy_and_headers(client, engine, smollm2_tokenizer):
     response = await client.post("/v1/chat/completions", json={"model": "tgi", "messages": MESSAGES, "temperature": 0})
     assert response.status_code == 200
     body = response.json()
     created = body.pop("created")
     assert isinstance(created, int)
-    prompt = hf_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
-    prompt_ids = hf_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    prompt = smollm2_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    prompt_ids = smollm2_tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert body == {
         "object": "chat.completion",
         "id": "",
@@ -167,19 +167,19 @@ async def test_no_template_is_template_not_found(engine, tokenizer, monkeypatch)
     assert (response.status_code, response.json()) == (422, {"error": "Template error: template not found", "error_type": "template_error"})
 
 
-async def test_continue_final_assistant_message(client, engine, hf_tokenizer):
+async def test_continue_final_assistant_message(client, engine, smollm2_tokenizer):
     messages = [*MESSAGES, {"role": "assistant", "content": "The capital is"}]
     await client.post("/v1/chat/completions", json={"messages": messages, "temperature": 0})
-    prompt = hf_tokenizer.decode(engine.requests[0].prompt_ids)
+    prompt = smollm2_tokenizer.decode(engine.requests[0].prompt_ids)
     assert prompt.endswith("<|im_start|>assistant\nThe capital is")
 
 
-async def test_chat_tokenize(client, hf_tokenizer):
+async def test_chat_tokenize(client, smollm2_tokenizer):
     response = await client.post("/chat_tokenize", json={"messages": MESSAGES})
     assert response.status_code == 200
     body = response.json()
-    assert body["templated_text"] == hf_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
-    ids = hf_tokenizer(body["templated_text"], add_special_tokens=False)["input_ids"]
+    assert body["templated_text"] == smollm2_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    ids = smollm2_tokenizer(body["templated_text"], add_special_tokens=False)["input_ids"]
     assert [t["id"] for t in body["tokenize_response"]] == ids
     assert body["tokenize_response"][0] == {"id": 1, "text": "<|im_start|>", "start": 0, "stop": 12}
 
@@ -203,7 +203,7 @@ async def test_max_tokens_and_openapi_document(client, engine):
     assert "messages" in schemas["ChatRequest"]["properties"] and "prompt" in schemas["CompletionRequest"]["properties"]
 
 
-def test_served_model_name_and_chat_template_from_config(hf_tokenizer):
+def test_served_model_name_and_chat_template_from_config(smollm2_tokenizer):
     """The getattr hooks for --served-model-name / --chat-template (ServerConfig gains them later)."""
     from types import SimpleNamespace
 
@@ -216,4 +216,4 @@ def test_served_model_name_and_chat_template_from_config(hf_tokenizer):
     state.config.served_model_name = "public-name"
     assert served_model_name(state) == "public-name"
     config = SimpleNamespace(model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision=None, chat_template="X{{ eos_token }}")
-    assert load_chat_template(config, hf_tokenizer).render([]) == "X<|im_end|>"
+    assert load_chat_template(config, smollm2_tokenizer).render([]) == "X<|im_end|>"

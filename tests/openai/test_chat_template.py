@@ -23,8 +23,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def smol_template(hf_tokenizer) -> ChatTemplate:
-    template = load_chat_template(ServerConfig(), hf_tokenizer)
+def smol_template(smollm2_tokenizer) -> ChatTemplate:
+    template = load_chat_template(ServerConfig(), smollm2_tokenizer)
     assert template is not None
     return template
 
@@ -34,18 +34,18 @@ def _messages(raw: list[dict]) -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize("conversation", CONVERSATIONS)
-def test_prompt_equals_transformers_apply_chat_template(smol_template, hf_tokenizer, conversation):
-    expected = hf_tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+def test_prompt_equals_transformers_apply_chat_template(smol_template, smollm2_tokenizer, conversation):
+    expected = smollm2_tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     assert smol_template.render(_messages(conversation)) == expected
     assert smol_template.bos_token == "<|im_start|>" and smol_template.eos_token == "<|im_end|>"
 
 
-def test_final_assistant_message_is_continued_like_transformers(smol_template, hf_tokenizer):
+def test_final_assistant_message_is_continued_like_transformers(smol_template, smollm2_tokenizer):
     conversation = [
         {"role": "user", "content": "Name a color."},
         {"role": "assistant", "content": "My favourite color is  "},
     ]
-    expected = hf_tokenizer.apply_chat_template(conversation, tokenize=False, continue_final_message=True)
+    expected = smollm2_tokenizer.apply_chat_template(conversation, tokenize=False, continue_final_message=True)
     rendered = smol_template.render(_messages(conversation))
     assert rendered == expected.rstrip()  # TGI also right-trims the cut prompt
     assert rendered.endswith("<|im_start|>assistant\nMy favourite color is")
@@ -95,22 +95,22 @@ def test_tgi_source_rewrites():
     assert template.render([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "x"}]) == "hello|assistant|user"
 
 
-def test_template_sources_override_and_named_list(tmp_path, hf_tokenizer):
+def test_template_sources_override_and_named_list(tmp_path, smollm2_tokenizer):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     named = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ eos_token }}"}]
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": named, "eos_token": {"content": "</e>"}}))
     config = ServerConfig(model_id=str(folder))
-    assert load_chat_template(config, hf_tokenizer).render([]) == "D</e>"
+    assert load_chat_template(config, smollm2_tokenizer).render([]) == "D</e>"
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": "J"}))
-    assert load_chat_template(config, hf_tokenizer).render([]) == "J"
+    assert load_chat_template(config, smollm2_tokenizer).render([]) == "J"
     override = tmp_path / "override.jinja"
     override.write_text("O{{ messages | length }}")
     config.chat_template = str(override)  # --chat-template FILE
-    assert load_chat_template(config, hf_tokenizer).render([]) == "O0"
+    assert load_chat_template(config, smollm2_tokenizer).render([]) == "O0"
     config.chat_template = "inline {{ add_generation_prompt }}"  # --chat-template STRING
-    assert load_chat_template(config, hf_tokenizer).render([]) == "inline True"
+    assert load_chat_template(config, smollm2_tokenizer).render([]) == "inline True"
 
 
 # Template features real models use: whitespace control, namespace(), loop.last, tojson, bos/eos
@@ -130,9 +130,9 @@ FEATURE_TEMPLATE = (
 
 
 @pytest.mark.parametrize("conversation", CONVERSATIONS)
-def test_feature_template_equals_transformers(hf_tokenizer, conversation):
-    template = ChatTemplate.create(FEATURE_TEMPLATE, hf_tokenizer.bos_token, hf_tokenizer.eos_token)
-    expected = hf_tokenizer.apply_chat_template(
+def test_feature_template_equals_transformers(smollm2_tokenizer, conversation):
+    template = ChatTemplate.create(FEATURE_TEMPLATE, smollm2_tokenizer.bos_token, smollm2_tokenizer.eos_token)
+    expected = smollm2_tokenizer.apply_chat_template(
         conversation, chat_template=FEATURE_TEMPLATE, tokenize=False, add_generation_prompt=True
     )
     assert template.render(_messages(conversation)) == expected

@@ -36,7 +36,7 @@ class ForwardBatch:
     kv_lens: torch.Tensor  # [B] int64, cached prefix + new tokens
     logits_indices: torch.Tensor  # [R] int64, rows of the flat batch whose logits are returned
     max_q_len: int
-    max_kv_len: int
+    max_kv_len: int  # max(kv_lens), exact: the torch backend reads this many keys for a lone decode
     # host copies, so backends can plan without a device sync
     q_lens_cpu: list[int] | None = None
     kv_lens_cpu: list[int] | None = None

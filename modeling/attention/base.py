@@ -22,6 +22,15 @@ class AttentionBackend(ABC):
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """Write the new tokens' k/v into their slots (batch.out_slots)."""
 
+    def rotate_and_store_kv(
+        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Rotary on qk [T, H + H_kv, D] (q heads, then k heads), then k and v into the KV cache; returns
+        the rotated qk. `ops` (modeling.layers.ops.LayerOps) made `rope`. Backends may fuse the two."""
+        qk = ops.rotary(qk, rope)
+        self.store_kv(qk[:, qk.shape[1] - v.shape[1] :], v, k_cache, v_cache)
+        return qk
+
     @abstractmethod
     def forward(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float

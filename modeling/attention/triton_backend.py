@@ -19,6 +19,7 @@ import torch
 from kernels.decode_attention import choose_num_splits, decode_attention
 from kernels.kv_store import kv_store
 from kernels.prefill_attention import prefill_attention
+from kernels.rotary import rotary_and_kv_store
 from modeling.attention.base import AttentionBackend
 from modeling.forward_batch import ForwardBatch, ForwardMode
 
@@ -85,6 +86,15 @@ class TritonAttentionBackend(AttentionBackend):
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         kv_store(k, v, k_cache, v_cache, self.metadata.out_slots)
+
+    def rotate_and_store_kv(
+        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        if ops.name != "triton":  # rope tables in another op set's layout
+            return super().rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
+        cos, sin = rope
+        rotary_and_kv_store(qk, v, cos, sin, k_cache, v_cache, self.metadata.out_slots, qk.shape[1] - v.shape[1])
+        return qk
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         meta = self.metadata

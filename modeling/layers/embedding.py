@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from modeling.layers.linear import default_weight_loader
+from modeling.layers.linear import default_weight_loader, dense
 
 
 class VocabEmbedding(nn.Module):
@@ -32,4 +32,4 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # [R, hidden] -> [R, vocab]
-        return F.linear(hidden, self.weight).float()
+        return dense(hidden, self.weight).float()

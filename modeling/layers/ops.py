@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,12 @@ class LayerOps:
     rotary: Callable[..., torch.Tensor]
     # (x [T, 2 * I]) -> silu(x[:, :I]) * x[:, I:]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    # A norm and the projection after it, as one op so that a backend can fuse them:
+    # (x, residual | None, norm: RMSNorm, proj: Linear) -> (proj(norm(x + residual)), x + residual),
+    # with no residual (proj(norm(x)), x): the second output is the next residual either way.
+    rms_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # (x [T, 2 * I], proj: Linear) -> proj(silu_and_mul(x))
+    silu_mul_linear: Callable[..., torch.Tensor]
 
 
 def torch_rms_norm(
@@ -66,12 +73,25 @@ def torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def unfused_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module, proj: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, summed = norm(x, residual)  # the norm module calls its own ops' rms_norm
+    return proj(normed), (x if residual is None else summed)
+
+
+def unfused_silu_mul_linear(x: torch.Tensor, proj: nn.Module, silu_and_mul=torch_silu_and_mul) -> torch.Tensor:
+    return proj(silu_and_mul(x))
+
+
 TORCH_OPS = LayerOps(
     name="torch",
     rms_norm=torch_rms_norm,
     rope_tables=torch_rope_tables,
     rotary=torch_rotary,
     silu_and_mul=torch_silu_and_mul,
+    rms_norm_linear=unfused_rms_norm_linear,
+    silu_mul_linear=unfused_silu_mul_linear,
 )
 
 

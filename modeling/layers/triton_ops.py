@@ -7,11 +7,14 @@ Same contract as TORCH_OPS in ops.py. Rotary rotates in place and returns its in
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
+from kernels.gemv import PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL, gemv
 from kernels.rmsnorm import rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
-from modeling.layers.ops import LayerOps
+from modeling.layers.linear import one_row_gemv_config
+from modeling.layers.ops import LayerOps, unfused_rms_norm_linear, unfused_silu_mul_linear
 
 
 def triton_rms_norm(
@@ -36,10 +39,32 @@ def triton_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) ->
     return x
 
 
+def triton_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module, proj: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row (batch-1 decode): the norm runs inside the GEMV's prologue; else rmsnorm kernel + matmul."""
+    config = one_row_gemv_config(x, proj.weight, PROLOGUE_RMSNORM)
+    if config is None:
+        return unfused_rms_norm_linear(x, residual, norm, proj)
+    summed = torch.empty_like(x) if residual is not None else None
+    out = gemv(x, proj.weight, proj.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
+               residual_out=summed, config=config)
+    return out, (x if residual is None else summed)
+
+
+def triton_silu_mul_linear(x: torch.Tensor, proj: nn.Module) -> torch.Tensor:
+    config = one_row_gemv_config(x, proj.weight, PROLOGUE_SILU_MUL)
+    if config is None:
+        return unfused_silu_mul_linear(x, proj, silu_mul)
+    return gemv(x, proj.weight, proj.bias, silu_mul=True, config=config)
+
+
 TRITON_OPS = LayerOps(
     name="triton",
     rms_norm=triton_rms_norm,
     rope_tables=triton_rope_tables,
     rotary=triton_rotary,
     silu_and_mul=silu_mul,
+    rms_norm_linear=triton_rms_norm_linear,
+    silu_mul_linear=triton_silu_mul_linear,
 )

@@ -14,7 +14,6 @@ import torch.nn as nn
 from modeling.attention.base import AttentionBackend
 from modeling.config import ModelConfig
 from modeling.forward_batch import ForwardBatch
-from modeling.layers.activation import SiluAndMul
 from modeling.layers.embedding import LMHead, VocabEmbedding
 from modeling.layers.linear import Linear, MergedLinear, QKVLinear
 from modeling.layers.norm import RMSNorm
@@ -119,6 +118,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.mlp = LlamaMLP(config, ops)
+        self.ops = ops
 
     def forward(
         self,
@@ -129,15 +129,14 @@ class LlamaDecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         backend: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # The residual add of the previous sub-block is fused into the next norm.
-        if residual is None:
-            residual = hidden
-            hidden, _ = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, rope, k_cache, v_cache, backend)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        # Each norm travels with the projection after it (and the residual add of the previous
+        # sub-block with the norm): one op each, which the Triton ops fuse into one kernel at batch 1.
+        qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, self.self_attn.qkv_proj)
+        hidden = self.self_attn(qkv, rope, k_cache, v_cache, backend)
+        gate_up, residual = self.ops.rms_norm_linear(
+            hidden, residual, self.post_attention_layernorm, self.mlp.gate_up_proj
+        )
+        return self.mlp(gate_up), residual
 
 
 class LlamaAttention(nn.Module):
@@ -161,24 +160,21 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self,
-        hidden: torch.Tensor,  # [T, hidden]
+        qkv: torch.Tensor,  # [T, (H + 2 * H_kv) * D]: qkv_proj's output (the layer runs it with the norm)
         rope: RopeTables,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, (H + 2 * H_kv) * D]
+        num_tokens = qkv.shape[0]
         qk = qkv[:, : self.qk_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, _ = self.q_norm(qk[:, : self.num_heads])
             k, _ = self.k_norm(qk[:, self.num_heads :])
             qk = torch.cat((q, k), dim=1)
-        qk = self.ops.rotary(qk, rope)  # q and k rotated in one op
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        backend.store_kv(k, v, k_cache, v_cache)
-        out = backend.forward(q, k_cache, v_cache, self.scale)  # [T, H, D]
+        qk = backend.rotate_and_store_kv(qk, v, rope, self.ops, k_cache, v_cache)
+        out = backend.forward(qk[:, : self.num_heads], k_cache, v_cache, self.scale)  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
@@ -187,7 +183,8 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2, config.mlp_bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias)
-        self.act = SiluAndMul(ops)
+        self.ops = ops
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(hidden)))
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up_proj's output [T, 2 * I] (the layer runs it with the norm) -> [T, hidden]."""
+        return self.ops.silu_mul_linear(gate_up, self.down_proj)

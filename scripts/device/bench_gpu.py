@@ -308,6 +308,7 @@ def main() -> None:
     parser.add_argument("--models", default="llama3-8b,qwen2-7b")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_gpu.json"))
     parser.add_argument("--skip-kernels", action="store_true")
+    parser.add_argument("--skip-transformers", action="store_true", help="our decode steps only")
     parser.add_argument("--splits-sweep", action="store_true", help="only the decode split-count sweep")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -335,7 +336,8 @@ def main() -> None:
         report[name] = dict(ours=bench_ours(model, hf_config, bandwidth))
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-        report[name]["transformers"] = bench_transformers(model, hf_config["vocab_size"])
+        if not args.skip_transformers:
+            report[name]["transformers"] = bench_transformers(model, hf_config["vocab_size"])
         del model
         gc.collect()
         torch.cuda.empty_cache()

@@ -92,7 +92,8 @@ def decode_batch(next_ids: torch.Tensor, kv_lens: torch.Tensor, max_len: int) ->
     return ForwardBatch(
         mode=ForwardMode.DECODE, input_ids=next_ids, positions=positions, out_slots=rows * max_len + positions,
         req_rows=rows, q_start=rows, q_lens=torch.ones_like(rows), kv_lens=kv_lens, logits_indices=rows,
-        max_q_len=1, max_kv_len=max_len,
+        # exact, as the router's batches carry it: the torch backend leaves a lone request unmasked
+        max_q_len=1, max_kv_len=int(kv_lens.max()),
     )
 
 

@@ -18,10 +18,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import build_runner, capture_graphs, greedy_generate, hf_model  # noqa: E402
 from kernels.decode_attention import choose_num_splits, decode_attention, decode_attention_ref  # noqa: E402
+from kernels.gemv import gemv, gemv_ref  # noqa: E402
 from kernels.kv_store import kv_store, kv_store_ref  # noqa: E402
 from kernels.prefill_attention import prefill_attention, prefill_attention_ref  # noqa: E402
 from kernels.rmsnorm import rmsnorm, rmsnorm_ref  # noqa: E402
-from kernels.rotary import rotary_embedding, rotary_embedding_ref  # noqa: E402
+from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref  # noqa: E402
 from kernels.silu_mul import silu_mul, silu_mul_ref  # noqa: E402
 
 DEV = "cuda"
@@ -120,6 +121,30 @@ def test_elementwise() -> None:
     check("rotary bf16 (q|k view, llama3 tables)", rel_err(qk, ref), 1e-2)
     gate_up = torch.randn(tokens, 2 * 14336, device=DEV, dtype=dtype)
     check("silu_mul bf16", rel_err(silu_mul(gate_up), silu_mul_ref(gate_up)), 1e-2)
+    # rotary fused with the KV store (decode: a few tokens), into NaN-poisoned caches
+    qkv = torch.randn(8, 48 * 128, device=DEV, dtype=dtype)
+    qk, v = qkv[:, : 40 * 128].view(8, 40, 128), qkv[:, 40 * 128 :].view(8, 8, 128)
+    cos8, sin8 = cos[positions[:8]].contiguous(), sin[positions[:8]].contiguous()
+    qk_ref = rotary_embedding_ref(qk, cos8, sin8)
+    for cache in caches:
+        cache.fill_(float("nan"))
+    kv_store_ref(qk_ref[:, 32:], v, caches[2], caches[3], slots[:8])
+    rotary_and_kv_store(qk, v, cos8, sin8, caches[0], caches[1], slots[:8], 32)
+    check("rotary+kv_store bf16: q|k", rel_err(qk, qk_ref), 1e-2)
+    same = all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in ((caches[0], caches[2]), (caches[1], caches[3])))
+    check("rotary+kv_store bf16: caches (exact)", 0.0 if same else float("inf"), 1e-12)
+    # one-row GEMV with each fused prologue (Llama-3-8B shapes; the tuning script covers them all)
+    x, res = torch.randn(1, 4096, device=DEV, dtype=dtype), torch.randn(1, 4096, device=DEV, dtype=dtype)
+    w_qkv = torch.randn(6144, 4096, device=DEV, dtype=dtype) / 64
+    summed = torch.empty_like(res)
+    out = gemv(x, w_qkv, norm_weight=w, eps=1e-5, residual=res, residual_out=summed)
+    ref, ref_summed = gemv_ref(x, w_qkv, norm_weight=w, eps=1e-5, residual=res)
+    check("gemv rmsnorm+residual prologue bf16 (6144x4096)", rel_err(out, ref), 1e-2)
+    check("gemv residual sum bf16 (exact)", rel_err(summed, ref_summed), 1e-12)
+    w_down = torch.randn(4096, 14336, device=DEV, dtype=dtype) / 120
+    check("gemv silu_mul prologue bf16 (4096x14336)",
+          rel_err(gemv(gate_up[:1], w_down, silu_mul=True), gemv_ref(gate_up[:1], w_down, silu_mul=True)[0]), 1e-2)
+    check("gemv plain bf16 (4096x4096)", rel_err(gemv(x, w_qkv[:4096]), gemv_ref(x, w_qkv[:4096])[0]), 1e-2)
 
 
 TINY = {
@@ -185,6 +210,8 @@ def test_end_to_end() -> None:
             check(f"e2e {name} fp32 greedy: ModelRunner(--cuda-graphs 1,2,8) == torch backend",
                   0.0 if ids_hooked == ids_torch else 1.0, 0.5)
         del hooked
+        # fp32 logits of each prompt alone (batch 1), the truth for the bf16 batch-1 check below
+        truth_b1 = [greedy_generate(runners["torch"], [p], num_new, max_len, forced=[f])[1] for p, f in zip(prompts, ids_torch)]
         del runners, graphs
         bf16 = {b: build_runner(hf_config, state, "bfloat16", b, 8, max_len) for b in ("torch", "triton")}
         graphs = capture_graphs(bf16["triton"], [2, 6])
@@ -192,6 +219,22 @@ def test_end_to_end() -> None:
         _, logits_triton = greedy_generate(bf16["triton"], prompts, num_new, max_len, graphs=graphs, forced=ids_torch)
         worst = max(rel_err(a, b) for a, b in zip(logits_triton, logits_torch))
         check(f"e2e {name} bf16 logits triton vs torch backend (worst step)", worst, 2e-2)
+        # Batch 1 takes the one-row path (kernels.gemv with the norm / silu_mul fused in, which skips
+        # two bf16 roundings): judged against fp32 truth, it must be no less exact than the torch
+        # backend's bf16 (the direct triton-vs-torch bf16 error is printed beside it).
+        graphs1 = capture_graphs(bf16["triton"], [1])
+        err_torch = err_triton = direct = 0.0
+        for prompt, forced, truth in zip(prompts, ids_torch, truth_b1):
+            _, ref = greedy_generate(bf16["torch"], [prompt], num_new, max_len, forced=[forced])
+            err_torch = max(err_torch, *(rel_err(a, b) for a, b in zip(ref, truth)))
+            for use_graphs in (graphs1, None):
+                _, got = greedy_generate(bf16["triton"], [prompt], num_new, max_len, graphs=use_graphs, forced=[forced])
+                err_triton = max(err_triton, *(rel_err(a, b) for a, b in zip(got, truth)))
+                direct = max(direct, *(rel_err(a, b) for a, b in zip(got, ref)))
+        print(f"  batch 1 bf16 vs fp32 truth: torch backend {err_torch:.2e}, triton {err_triton:.2e}; "
+              f"triton vs torch bf16 {direct:.2e}", flush=True)
+        check(f"e2e {name} bf16 batch-1 triton (one-row GEMV) error vs fp32 / torch backend's", err_triton / err_torch, 1.25)
+        del graphs1
         del bf16, graphs, model
         torch.cuda.empty_cache()
 

@@ -16,6 +16,7 @@ import torch
 
 KERNEL_MODULES = [
     "kernels.decode_attention",
+    "kernels.gemv",
     "kernels.prefill_attention",
     "kernels.kv_store",
     "kernels.rmsnorm",

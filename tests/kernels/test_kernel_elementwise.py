@@ -7,7 +7,7 @@ import torch
 
 from kernels.kv_store import kv_store, kv_store_ref
 from kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from kernels.rotary import rotary_embedding, rotary_embedding_ref
+from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
 from kernels.silu_mul import silu_mul, silu_mul_ref
 
 
@@ -75,6 +75,28 @@ def test_rotary_rotates_q_and_k_in_place(gather_positions: bool):
     torch.testing.assert_close(q, q_ref)
     torch.testing.assert_close(k, k_ref)
     torch.testing.assert_close(qkv[:, 8 * head_dim :], v_before, rtol=0, atol=0)  # v untouched
+
+
+@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(6, 2), (4, 4), (8, 1)])
+def test_rotary_and_kv_store_rotates_q_k_and_writes_k_v_to_their_slots(num_q_heads: int, num_kv_heads: int):
+    gen = torch.Generator().manual_seed(5)
+    num_tokens, head_dim, num_slots = 3, 24, 12  # head_dim/2 = 12: not a power of two
+    angles = torch.rand(num_tokens, head_dim // 2, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    qkv = torch.randn(num_tokens, (num_q_heads + 2 * num_kv_heads) * head_dim, generator=gen)
+    qk_size = (num_q_heads + num_kv_heads) * head_dim
+    qk = qkv[:, :qk_size].view(num_tokens, num_q_heads + num_kv_heads, head_dim)
+    v = qkv[:, qk_size:].view(num_tokens, num_kv_heads, head_dim)
+    slots = torch.tensor([9, 0, 4])
+    qk_ref = rotary_embedding_ref(qk, cos, sin)
+    k_cache = torch.full((num_slots, num_kv_heads, head_dim), float("nan"))
+    v_cache = torch.full((num_slots, num_kv_heads, head_dim), float("nan"))
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    kv_store_ref(qk_ref[:, num_q_heads:], v, k_ref, v_ref, slots)
+    rotary_and_kv_store(qk, v, cos, sin, k_cache, v_cache, slots, num_q_heads)
+    torch.testing.assert_close(qk, qk_ref)
+    torch.testing.assert_close(k_cache, k_ref, equal_nan=True)  # other slots untouched (still NaN)
+    torch.testing.assert_close(v_cache, v_ref, equal_nan=True)
 
 
 def test_rotary_without_k_and_position_zero_is_identity():

@@ -2,6 +2,10 @@
 
 Logits rows come in chunk order: a chunk that wants prompt logprobs asks for every position that
 scores a next prompt token, then a sampled chunk asks for its last position.
+
+The usual step is all decodes (one sampled token per request, no prompt logprobs). It takes a
+fast path: its per-step ids go to the device in a single copy, and the fields that only depend
+on the batch size (q_start, q_lens, logits_indices) are device tensors made once per size.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modeling.forward_batch import ForwardBatch, build_forward_batch
+from modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
 from router.step import StepPlan
 
 
@@ -23,7 +27,65 @@ class LogitsLayout:
     prompt_chunks: list[tuple[int, int]]  # (chunk index, number of rows), in row order
 
 
+def upload(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Host int lists of one length -> [len(rows), n] int64 on `device`, in one copy.
+
+    Pinned on a GPU so that the copy is asynchronous; the caching host allocator keeps the
+    pinned block alive until the copy has run.
+    """
+    host = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
+class StepBatchBuilder:
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # B -> (arange, ones)
+
+    def build(self, plan: StepPlan) -> tuple[ForwardBatch, LogitsLayout]:
+        if all(c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None for c in plan.chunks):
+            return self._build_decode(plan)
+        return build_step_batch(plan, self.device)
+
+    def _build_decode(self, plan: StepPlan) -> tuple[ForwardBatch, LogitsLayout]:
+        """Every chunk runs the last token of its sequence (position start) and samples after it."""
+        chunks = plan.chunks
+        requests = [c.request for c in chunks]
+        positions = [c.start for c in chunks]
+        kv_lens = [p + 1 for p in positions]
+        input_ids = [(r.output_ids or r.params.prompt_ids)[-1] for r in requests]
+        out_slots = [c.slots[0] for c in chunks]
+        req_rows = [r.row for r in requests]
+        packed = upload([input_ids, positions, out_slots, req_rows, kv_lens], self.device)  # [5, B]
+        arange, ones = self._size_constants(len(chunks))
+        batch = ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=packed[0],
+            positions=packed[1],
+            out_slots=packed[2],
+            req_rows=packed[3],
+            q_start=arange,
+            q_lens=ones,
+            kv_lens=packed[4],
+            logits_indices=arange,
+            max_q_len=1,
+            max_kv_len=max(kv_lens),
+            q_lens_cpu=[1] * len(chunks),
+            kv_lens_cpu=kv_lens,
+        )
+        rows = list(range(len(chunks)))
+        return batch, LogitsLayout(rows, rows, [], [], [])
+
+    def _size_constants(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read-only [B] int64 tensors 0..B-1 and ones, shared by every decode step of that size."""
+        if (constants := self._constants.get(size)) is None:
+            arange = torch.arange(size, dtype=torch.int64, device=self.device)
+            constants = self._constants[size] = (arange, torch.ones_like(arange))
+        return constants
+
+
 def build_step_batch(plan: StepPlan, device: torch.device | str) -> tuple[ForwardBatch, LogitsLayout]:
+    """Any plan (prefill chunks, prompt logprobs, decodes mixed in)."""
     input_ids: list[int] = []
     out_slots: list[int] = []
     logits_indices: list[int] = []

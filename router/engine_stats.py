@@ -22,7 +22,7 @@ class EngineStatsTracker:
         self.num_preemptions += len(plan.preempted)
         if plan.is_empty:
             return
-        prompt_tokens = sum(c.num_tokens for c in plan.chunks if not (c.num_tokens == 1 and c.start > 0))
+        prompt_tokens, new_batch_size = _prompt_tokens_and_new_requests(plan)
         self.num_prompt_tokens += prompt_tokens
         self.num_generated_tokens += sum(token is not None for token in result.tokens)
         self.accumulator.add_step(
@@ -33,7 +33,7 @@ class EngineStatsTracker:
                 decode_s=result.sample_s,
                 total_s=total_s,
                 ok=not result.errors,
-                new_batch_size=sum(c.start == 0 for c in plan.chunks),
+                new_batch_size=new_batch_size,
             )
         )
 
@@ -53,3 +53,15 @@ class EngineStatsTracker:
             prompt_tokens=self.num_prompt_tokens,
             generated_tokens=self.num_generated_tokens,
         )
+
+
+def _prompt_tokens_and_new_requests(plan: StepPlan) -> tuple[int, int]:
+    """Prompt tokens run this step (every chunk but one-token continuations) and chunks starting at 0."""
+    prompt_tokens = new_requests = 0
+    for chunk in plan.chunks:
+        if chunk.start == 0:
+            new_requests += 1
+            prompt_tokens += chunk.num_tokens
+        elif chunk.num_tokens != 1:
+            prompt_tokens += chunk.num_tokens
+    return prompt_tokens, new_requests

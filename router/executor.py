@@ -13,8 +13,10 @@ from typing import Protocol
 import torch
 
 from modeling.forward_batch import ForwardBatch
-from router.batch import LogitsLayout, build_step_batch
+from router.batch import LogitsLayout, StepBatchBuilder
+from router.request import Request
 from router.sampling import Sampler, SamplingBatch, score_prompt
+from router.sampling_cache import SamplingBatchCache
 from router.step import PromptScores, StepPlan, StepResult
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,8 @@ class StepExecutor:
         self.runner = runner
         self.device = torch.device(device)
         self.sampler = Sampler(vocab_size, self.device)
+        self.batch_builder = StepBatchBuilder(self.device)
+        self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
         self.healer = None  # router.token_healing.TokenHealer, set on the first healing request
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -63,20 +67,27 @@ class StepExecutor:
     @torch.inference_mode()
     def _run(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
-        batch, layout = build_step_batch(plan, self.device)
+        batch, layout = self.batch_builder.build(plan)
         logits = self.runner.forward(batch)  # [R, vocab]
         forward_done = time.perf_counter()
         result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
         if layout.sample_rows:
-            requests = [plan.chunks[i].request for i in layout.sampled_chunks]
-            sampling = SamplingBatch.build(requests, logits.shape[-1], self.device, self.healer)
-            sampled = self.sampler(self._rows(logits, layout.sample_rows), sampling).to_host()
-            for chunk_index, token in zip(layout.sampled_chunks, sampled):
-                result.tokens[chunk_index] = token
+            sampling = self._sampling_batch([plan.chunks[i].request for i in layout.sampled_chunks])
+            output = self.sampler(self._rows(logits, layout.sample_rows), sampling)
+            self.sampling_cache.sampled(output.token_ids)
+            sampled = output.to_host()
+            if len(sampled) == len(plan.chunks):  # every chunk sampled (sampled_chunks is 0..n-1)
+                result.tokens = sampled
+            else:
+                for chunk_index, token in zip(layout.sampled_chunks, sampled):
+                    result.tokens[chunk_index] = token
         if layout.prompt_chunks:
             self._score_prompts(plan, layout, logits, result)
         result.forward_s, result.sample_s = forward_done - started, time.perf_counter() - forward_done
         return result
+
+    def _sampling_batch(self, requests: list[Request]) -> SamplingBatch:
+        return self.sampling_cache.get(requests, self.healer)
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """logits[rows] as float32; no copy in the usual all-decode step, where rows are all of them."""

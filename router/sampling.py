@@ -56,39 +56,45 @@ class SamplingBatch:
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
-    def build(cls, requests: Sequence[Request], vocab_size: int, device: torch.device, healer=None) -> SamplingBatch:
-        """`healer`: a router.token_healing.TokenHealer, when some request may heal its prompt."""
+    def build(
+        cls, requests: Sequence[Request], vocab_size: int, device: torch.device, healer=None, context_headroom: int = 0
+    ) -> SamplingBatch:
+        """`healer`: a router.token_healing.TokenHealer, when some request may heal its prompt.
+        `context_headroom`: spare padded columns in context_ids (for appending ids in place).
+
+        Every per-row column goes to the device in two copies (one float, one int64 table)."""
         params = [r.params.sampling for r in requests]
-
-        def column(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-        def maybe(attr: str, is_active, dtype=torch.float32) -> torch.Tensor | None:
-            values = [getattr(p, attr) for p in params]
-            return column(values, dtype) if any(is_active(v) for v in values) else None
-
         sampling = [p.is_sampling for p in params]
-        has_penalty = any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 for p in params)
-        context_ids, context_lens = _context(requests, vocab_size, device) if has_penalty else (None, None)
-        temperature = maybe("temperature", lambda t: t != 1.0)
-        rep = maybe("repetition_penalty", lambda v: v != 1.0)
-        freq = maybe("frequency_penalty", lambda v: v != 0.0)
         top_n = [p.top_n_tokens for p in params]
+        float_columns = [
+            [p.temperature for p in params],
+            [p.top_p for p in params],
+            [p.typical_p for p in params],
+            [p.repetition_penalty for p in params],
+            [p.frequency_penalty for p in params],
+        ]
+        int_columns = [sampling, [_as_int64(r.seed or 0) for r in requests], [len(r.output_ids) for r in requests]]
+        int_columns += [[p.top_k for p in params], top_n]
+        floats = torch.tensor(float_columns, dtype=torch.float32).to(device, non_blocking=True)  # [5, B]
+        ints = torch.tensor(int_columns, dtype=torch.int64).to(device, non_blocking=True)  # [5, B]
+        temperature, top_p, typical_p, rep, freq = float_columns
+        has_penalty = any(v != 1.0 for v in rep) or any(v != 0.0 for v in freq)
+        context_ids, context_lens = _context(requests, vocab_size, device, context_headroom) if has_penalty else (None, None)
         return cls(
-            is_sampling=column(sampling, torch.bool),
+            is_sampling=ints[0].bool(),
             any_sampling=any(sampling),
-            seeds=column([_as_int64(r.seed or 0) for r in requests], torch.int64),
-            steps=column([len(r.output_ids) for r in requests], torch.int64),
-            temperature=None if temperature is None else temperature[:, None],
-            top_k=maybe("top_k", lambda k: k > 0, torch.int64),
-            top_p=maybe("top_p", lambda v: v < 1.0),
-            typical_p=maybe("typical_p", lambda v: v < 1.0),
-            repetition_penalty=None if rep is None else rep[:, None],
-            frequency_penalty=None if freq is None else freq[:, None],
+            seeds=ints[1],
+            steps=ints[2],
+            temperature=floats[0][:, None] if any(t != 1.0 for t in temperature) else None,
+            top_k=ints[3] if any(k > 0 for k in int_columns[3]) else None,
+            top_p=floats[1] if any(v < 1.0 for v in top_p) else None,
+            typical_p=floats[2] if any(v < 1.0 for v in typical_p) else None,
+            repetition_penalty=floats[3][:, None] if any(v != 1.0 for v in rep) else None,
+            frequency_penalty=floats[4][:, None] if any(v != 0.0 for v in freq) else None,
             context_ids=context_ids,
             context_lens=context_lens,
             watermark_prev_ids=[(i, _last_token(r)) for i, (r, p) in enumerate(zip(requests, params)) if p.watermark],
-            top_n=column(top_n, torch.int64) if any(top_n) else None,
+            top_n=ints[4] if any(top_n) else None,
             max_top_n=max(top_n, default=0),
             blocked=healer.blocked_rows(requests, vocab_size, device) if healer is not None else None,
             bias=_logit_bias(params, device),
@@ -121,6 +127,9 @@ class SamplerOutput:
     def to_host(self) -> list[SampledToken]:
         """One device-to-host copy for the whole step, then plain Python objects per row."""
         num_rows = self.token_ids.shape[0]
+        if self.top_counts is None:  # the usual step: ids and logprobs only, no per-row branching
+            ids, logprobs = torch.stack([self.token_ids.to(torch.float64), self.logprobs.to(torch.float64)]).cpu().tolist()
+            return list(map(SampledToken, map(int, ids), logprobs))
         parts = [self.token_ids, self.logprobs]
         if self.top_counts is not None:
             parts += [self.top_counts, self.top_ids, self.top_logprobs]
@@ -296,12 +305,17 @@ def _last_token(request: Request) -> int:
     return request.output_ids[-1] if request.output_ids else request.params.prompt_ids[-1]
 
 
-def _context(requests: Sequence[Request], vocab_size: int, device: torch.device):
-    sequences = [torch.tensor(r.params.prompt_ids + r.output_ids, dtype=torch.int64) for r in requests]
-    padded = torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=vocab_size)
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.float32)[:, None]
-    return padded.to(device), lengths.to(device)
+def _context(requests: Sequence[Request], vocab_size: int, device: torch.device, headroom: int = 0):
+    """[B, L + headroom] prompt + generated ids padded with vocab_size, and [B, 1] float lengths.
 
+    One flat copy of every id, spread into the padded table on the host."""
+    lengths = [r.num_tokens for r in requests]
+    ids = [t for r in requests for part in (r.params.prompt_ids, r.output_ids) for t in part]
+    flat = torch.tensor(ids, dtype=torch.int64)
+    length_column = torch.tensor(lengths, dtype=torch.int64)[:, None]
+    padded = torch.full((len(requests), max(lengths, default=0) + headroom), vocab_size, dtype=torch.int64)
+    padded[torch.arange(padded.shape[1]) < length_column] = flat
+    return padded.to(device, non_blocking=True), length_column.to(torch.float32).to(device, non_blocking=True)
 
 
 def score_prompt(logits: torch.Tensor, next_ids: torch.Tensor, top_n: torch.Tensor) -> SamplerOutput:

@@ -56,6 +56,9 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan(aborted=self._apply_aborts())
         budget = self.limits.max_batch_prefill_tokens
+        if self._schedule_decodes(plan):
+            self._admit_waiting(plan, budget)
+            return plan
         index = 0
         while index < len(self.running):
             request = self.running[index]
@@ -69,6 +72,24 @@ class Scheduler:
         if not plan.preempted:  # after a preemption the pool is tight: admit nobody this step
             self._admit_waiting(plan, budget)
         return plan
+
+    def _schedule_decodes(self, plan: StepPlan) -> bool:
+        """The usual step: every running request decodes one token and the pool has a slot for each.
+
+        Takes all the slots at once, in the order one-by-one allocation would hand them out, and
+        schedules every running request; False (nothing done) when some request is not a plain
+        decode or the pool is too tight, which the general loop handles (chunks, preemption).
+        """
+        running = self.running
+        if not running or self.pool.num_free_slots < len(running):
+            return False
+        for request in running:
+            if request.num_computed_tokens == 0 or request.num_new_tokens != 1:
+                return False
+        slots = self.pool.allocate(len(running))
+        chunk = self._chunk
+        plan.chunks = [chunk(request, 1, [slot]) for request, slot in zip(running, reversed(slots))]
+        return True
 
     def _schedule_running(self, request: Request, budget: int, plan: StepPlan) -> ScheduledChunk | None:
         num_new = request.num_new_tokens
@@ -143,25 +164,33 @@ class Scheduler:
         return events
 
     def _append_token(self, request: Request, sampled: SampledToken) -> TokenEvent:
-        request.output_ids.append(sampled.token_id)
+        output_ids, params, token_id = request.output_ids, request.params, sampled.token_id
+        output_ids.append(token_id)
         event = TokenEvent(
-            request.request_id,
-            token_ids=[sampled.token_id],
-            logprobs=[sampled.logprob],
-            top_tokens=[sampled.top_tokens] if request.params.sampling.top_n_tokens > 0 else [],
+            params.request_id,
+            [token_id],
+            [sampled.logprob],
+            [sampled.top_tokens] if params.sampling.top_n_tokens > 0 else [],
             seed=request.seed,
         )
+        # Most tokens are neither a request's first nor a candidate for its last: skip both checks.
+        num_output = len(output_ids)
+        may_stop = token_id in self.eos_token_ids or token_id in params.stop_token_ids
+        if num_output == 1 or num_output >= params.max_new_tokens or may_stop:
+            self._first_or_last_token(request, token_id, event)
+        return event
+
+    def _first_or_last_token(self, request: Request, token_id: int, event: TokenEvent) -> None:
         if len(request.output_ids) == 1:
             event.num_prompt_tokens = request.num_prompt_tokens
             if request.params.prompt_logprobs:
                 event.prompt_logprobs = list(request.prompt_logprobs)
                 if request.params.prompt_top_n > 0:
                     event.prompt_top_tokens = [list(t) for t in request.prompt_top_tokens]
-        reason = self._stop_reason(request, sampled.token_id)
+        reason = self._stop_reason(request, token_id)
         if reason is not None:
             self.finish(request, reason)
             event.finish_reason = reason.value
-        return event
 
     def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
         params = request.params  # TGI's order: length first, then EOS, then stop ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 from router.admission import AdmissionLimits
 from router.client_api import EngineInfo
@@ -40,6 +41,10 @@ class EngineCore:
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids))
         self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device)
         self.stats = EngineStatsTracker(self.scheduler)
+        # Called by each step while its GPU work runs (StepExecutor.execute); the engine process
+        # sends and receives there. It may add and abort requests: both take effect at the next
+        # schedule(). Its exception is raised once the step is applied.
+        self.while_gpu_works: Callable[[], None] | None = None
         self._rng = random.Random(config.seed)
         self._num_arrivals = 0
 
@@ -71,9 +76,10 @@ class EngineCore:
     def step(self) -> list[TokenEvent]:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
-        result = self.executor.execute(plan)
+        result = self.executor.execute(plan, self.while_gpu_works)
         events = self.scheduler.update(plan, result)
         self.stats.record(plan, result, time.perf_counter() - started)
+        self.executor.raise_hook_error()
         return events
 
     def run_once(self) -> tuple[list[TokenEvent], EngineStats | None]:

@@ -2,12 +2,17 @@
 
 Failures are contained here: if a batch raises, its chunks are retried one by one so that only the
 request that really fails is failed, and the engine keeps serving the rest.
+
+A caller may pass `while_gpu_works`: it runs once per executed step, after the forward and the
+sampler are launched and before the host blocks on their results (on a GPU both run
+asynchronously, so the host is free meanwhile; the engine process sends and receives messages then).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -39,10 +44,37 @@ class StepExecutor:
         self.batch_builder = StepBatchBuilder(self.device)
         self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
         self.healer = None  # router.token_healing.TokenHealer, set on the first healing request
+        self._while_gpu_works: Callable[[], None] | None = None  # this step's hook, until it has run
+        self._hook_error: Exception | None = None
 
-    def execute(self, plan: StepPlan) -> StepResult:
+    def execute(self, plan: StepPlan, while_gpu_works: Callable[[], None] | None = None) -> StepResult:
+        """Run one step. `while_gpu_works` is called exactly once when the plan is not empty: while
+        the GPU runs the step, or after a failure that came before that point. An exception it raises
+        neither fails the step nor is lost: `raise_hook_error()` re-raises it once the caller has
+        applied the step's result."""
         if plan.is_empty:
             return StepResult(tokens=[])
+        self._while_gpu_works = while_gpu_works
+        try:
+            return self._execute(plan)
+        finally:
+            self._run_hook()
+
+    def raise_hook_error(self) -> None:
+        error, self._hook_error = self._hook_error, None
+        if error is not None:
+            raise error
+
+    def _run_hook(self) -> None:
+        hook, self._while_gpu_works = self._while_gpu_works, None
+        if hook is None:
+            return
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001 - kept for raise_hook_error(): the step must finish first
+            self._hook_error = exc
+
+    def _execute(self, plan: StepPlan) -> StepResult:
         try:
             return self._run(plan)
         except Exception as exc:  # noqa: BLE001 - any failure of a step must stay contained
@@ -56,7 +88,7 @@ class StepExecutor:
     def _run_one_by_one(self, plan: StepPlan) -> StepResult:
         merged = StepResult(tokens=[], prompt_scores=[])
         for chunk in plan.chunks:
-            single = self.execute(StepPlan(chunks=[chunk]))
+            single = self._execute(StepPlan(chunks=[chunk]))
             merged.tokens += single.tokens
             merged.prompt_scores += single.prompt_scores or [None]
             merged.errors.update(single.errors)
@@ -75,6 +107,7 @@ class StepExecutor:
             sampling = self._sampling_batch([plan.chunks[i].request for i in layout.sampled_chunks])
             output = self.sampler(self._rows(logits, layout.sample_rows), sampling)
             self.sampling_cache.sampled(output.token_ids)
+            self._run_hook()  # the forward and the sampler are queued on the device; to_host waits
             sampled = output.to_host()
             if len(sampled) == len(plan.chunks):  # every chunk sampled (sampled_chunks is 0..n-1)
                 result.tokens = sampled
@@ -82,6 +115,7 @@ class StepExecutor:
                 for chunk_index, token in zip(layout.sampled_chunks, sampled):
                     result.tokens[chunk_index] = token
         if layout.prompt_chunks:
+            self._run_hook()  # a no-op when it ran above; else the forward is still in flight
             self._score_prompts(plan, layout, logits, result)
         result.forward_s, result.sample_s = forward_done - started, time.perf_counter() - forward_done
         return result

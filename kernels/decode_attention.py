@@ -141,9 +141,17 @@ def _decode_stage2_kernel(
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, num_sms: int, max_splits: int = 64) -> int:
-    """Enough programs for ~4 waves over the SMs; depends on the batch shape only (graph-safe)."""
-    target_programs = 4 * num_sms
-    return max(1, min(max_splits, triton.cdiv(target_programs, batch_size * num_kv_heads)))
+    """About two waves of programs over the SMs; depends on the batch shape only (graph-safe).
+
+    H200 sweep (BENCHMARKS.md, run G): four waves left a tail at small batches (B=8: 9 splits 71% of
+    copy bandwidth where 4 give 78-96%), and a request at B >= 32 is best read by one program."""
+    return max(1, min(max_splits, (2 * num_sms) // (batch_size * num_kv_heads)))
+
+
+def choose_block_n(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
+    """Keys per iteration: 128 while the grid is narrow (each program walks a long split), 64 once it
+    is wide and splits are short (B=128 L=512: 79% with 64, 77% with 128)."""
+    return 128 if batch_size * num_kv_heads < 2 * num_sms else 64
 
 
 def dot_precision(dtype: torch.dtype) -> str:

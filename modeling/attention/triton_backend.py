@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.decode_attention import choose_num_splits, decode_attention
+from kernels.decode_attention import choose_block_n, choose_num_splits, decode_attention
 from kernels.kv_store import kv_store
 from kernels.prefill_attention import prefill_attention
 from kernels.rotary import rotary_and_kv_store
@@ -37,6 +37,7 @@ class TritonAttentionMetadata:
     out_slots: torch.Tensor  # [T]
     max_q_len: int
     num_splits: int  # decode only
+    block_n: int  # decode only: keys per iteration
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -82,6 +83,7 @@ class TritonAttentionBackend(AttentionBackend):
             out_slots=batch.out_slots,
             max_q_len=batch.max_q_len,
             num_splits=self._num_splits(batch.batch_size) if is_decode else 0,
+            block_n=choose_block_n(batch.batch_size, self.num_kv_heads, self.num_sms),
         )
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -116,5 +118,5 @@ class TritonAttentionBackend(AttentionBackend):
         mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
         return decode_attention(
             q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.kv_lens, scale, splits,
-            mid_out=mid_out, mid_lse=mid_lse,
+            mid_out=mid_out, mid_lse=mid_lse, block_n=meta.block_n,
         )

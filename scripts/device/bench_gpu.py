@@ -24,7 +24,7 @@ import triton
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model  # noqa: E402
-from kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
+from kernels.decode_attention import choose_block_n, choose_num_splits, decode_attention  # noqa: E402
 from kernels.prefill_attention import prefill_attention  # noqa: E402
 
 DEV = "cuda"
@@ -78,17 +78,18 @@ def decode_attention_sweep(bandwidth: float) -> list[dict]:
             kv_lens = torch.full((batch,), context, device=DEV)
             req_rows = torch.arange(batch, device=DEV)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            splits = choose_num_splits(batch, kv_heads, sms)  # the backend's choice
+            splits = choose_num_splits(batch, kv_heads, sms)  # the backend's choices
+            block_n = choose_block_n(batch, kv_heads, sms)
             out = torch.empty_like(q)
             mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
             mid_lse = torch.empty(batch, heads, splits, device=DEV)
             ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
-                                                   out=out, mid_out=mid_out, mid_lse=mid_lse))
+                                                   out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n))
             kv_bytes = batch * context * kv_heads * head_dim * 2 * 2
             moved = kv_bytes + batch * context * 4 + 2 * q.numel() * 2
-            rows.append(dict(batch=batch, context=context, splits=splits, kv_gb=kv_bytes / 1e9, ms=ms,
+            rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, kv_gb=kv_bytes / 1e9, ms=ms,
                              pct_bw=100 * moved / (ms * 1e-3) / bandwidth))
-            log(f"decode-attn B={batch:4d} L={context:6d} splits={splits:3d} KV {kv_bytes / 1e9:7.3f} GB "
+            log(f"decode-attn B={batch:4d} L={context:6d} splits={splits:3d} block={block_n:3d} KV {kv_bytes / 1e9:7.3f} GB "
                 f"{ms * 1e3:9.1f} us  {rows[-1]['pct_bw']:5.1f}% of copy BW")
     del k_cache, v_cache
     return rows
@@ -122,6 +123,52 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
                                  stages=stages, ms=ms, pct_bw=pct))
                 log(f"decode-cfg B={batch} L={context} splits={splits} block={block_n} warps={warps} "
                     f"stages={stages}: {ms * 1e3:.1f} us {pct:.1f}%")
+    del k_cache, v_cache
+    return rows
+
+
+MISSED_CELLS = [(8, 8192), (8, 32768), (32, 2048), (128, 512)]  # < 80% of copy BW in run E
+
+
+def decode_missed_cells_sweep(bandwidth: float) -> list[dict]:
+    """The cells that missed 80% in run E, over block size x warps x stages x split multiples."""
+    heads, kv_heads, head_dim = 32, 8, 128
+    k_cache = torch.randn(2 * 2**20, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for batch, context in MISSED_CELLS:
+        slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
+        q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
+        kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
+        base = choose_num_splits(batch, kv_heads, sms)
+        best = None
+        for split_scale in (0.5, 1, 2, 4):
+            splits = max(1, min(128, int(base * split_scale)))
+            out = torch.empty_like(q)
+            mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
+            mid_lse = torch.empty(batch, heads, splits, device=DEV)
+            for block_n in (32, 64, 128):
+                for warps in (2, 4, 8):
+                    for stages in (1, 2, 3, 4):
+                        try:
+                            ms = graph_ms(lambda: decode_attention(
+                                q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits, out=out,
+                                mid_out=mid_out, mid_lse=mid_lse, block_n=block_n, num_warps=warps,
+                                num_stages=stages))
+                        except Exception as exc:  # noqa: BLE001 - a config Triton cannot build
+                            log(f"  B={batch} L={context} {block_n}/{warps}/{stages}: {type(exc).__name__}")
+                            continue
+                        pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
+                        row = dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
+                                   stages=stages, ms=ms, pct_bw=pct)
+                        rows.append(row)
+                        if best is None or pct > best["pct_bw"]:
+                            best = row
+        default = next(r for r in rows if r["batch"] == batch and r["context"] == context and r["splits"] == base
+                       and (r["block_n"], r["warps"], r["stages"]) == (64, 4, 2))
+        log(f"missed cell B={batch} L={context}: default {default['pct_bw']:.1f}% -> best {best['pct_bw']:.1f}% "
+            f"(splits {best['splits']}, block {best['block_n']}, warps {best['warps']}, stages {best['stages']})")
     del k_cache, v_cache
     return rows
 
@@ -310,6 +357,7 @@ def main() -> None:
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--skip-transformers", action="store_true", help="our decode steps only")
     parser.add_argument("--splits-sweep", action="store_true", help="only the decode split-count sweep")
+    parser.add_argument("--missed-cells", action="store_true", help="only the config sweep of run E's missed cells")
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -319,6 +367,11 @@ def main() -> None:
     report["copy_bw_gbs"] = copy_bandwidth() / 1e9
     log(f"{report['gpu']}: copy bandwidth {report['copy_bw_gbs']:.0f} GB/s")
     bandwidth = report["copy_bw_gbs"] * 1e9
+    if args.missed_cells:
+        report["missed_cells"] = decode_missed_cells_sweep(bandwidth)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        return
     if args.splits_sweep:
         report["decode_splits"] = decode_splits_sweep(bandwidth, SHORT_SWEEP_SHAPES, 64)
         report["decode_splits"] += decode_splits_sweep(bandwidth, SHORT_SWEEP_SHAPES, 32)
@@ -330,7 +383,7 @@ def main() -> None:
         report["decode_attention"] = decode_attention_sweep(bandwidth)
         report["decode_configs"] = decode_config_sweep(bandwidth)
         report["prefill_attention"] = prefill_attention_tflops()
-    for name in args.models.split(","):
+    for name in filter(None, args.models.split(",")):  # --models "": kernels only
         model, hf_config = hf_model(MODELS[name], torch.bfloat16)
         log(f"--- {name}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params")
         report[name] = dict(ours=bench_ours(model, hf_config, bandwidth))

@@ -64,9 +64,11 @@ def test_decode_attention() -> None:
             kv = torch.tensor(kv_lens, device=DEV)
             ref = decode_attention_ref(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5)
             for splits in (1, 5, choose_num_splits(len(kv_lens), kv_heads, 132)):
-                out = torch.full_like(q, float("nan"))
-                decode_attention(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, splits, out=out)
-                check(f"decode {heads}/{kv_heads}x{head_dim} {dtype} splits={splits}", rel_err(out, ref), tolerance(dtype))
+                for block_n in (64, 128):
+                    out = torch.full_like(q, float("nan"))
+                    decode_attention(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, splits, out=out, block_n=block_n)
+                    check(f"decode {heads}/{kv_heads}x{head_dim} {dtype} splits={splits} block={block_n}",
+                          rel_err(out, ref), tolerance(dtype))
 
 
 def test_prefill_attention() -> None:

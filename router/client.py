@@ -9,6 +9,7 @@ the engine dies, every queue receives EngineDeadError at once; nobody waits fore
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -47,10 +48,54 @@ logger = logging.getLogger(__name__)
 _health_ids = itertools.count()
 
 
+class _RequestEvents:
+    """One request's undelivered events: a list and at most one waiting consumer.
+
+    Lighter than asyncio.Queue (no size limit, no getter list): `put` runs once per token for
+    every stream, `take_all` hands over everything that arrived since the last call.
+    """
+
+    __slots__ = ("_events", "_error", "_waiter")
+
+    def __init__(self) -> None:
+        self._events: list[TokenEvent] = []
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, event: TokenEvent) -> None:
+        self._events.append(event)
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """Events already received are still delivered; the error is raised after them."""
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def take_all(self) -> list[TokenEvent]:
+        while not self._events:
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        events, self._events = self._events, []
+        return events
+
+
 class _QueueingClient(EngineClient):
     def __init__(self, info: EngineInfo | None) -> None:
         self.info = info
-        self._pending: dict[str, asyncio.Queue] = {}
+        self._pending: dict[str, _RequestEvents] = {}
         self._dead_reason: str | None = None
         # Called in the event loop with each periodic EngineStats (tgi_compat feeds its metrics).
         self.stats_listener: Callable[[EngineStats], None] | None = None
@@ -61,23 +106,36 @@ class _QueueingClient(EngineClient):
         return self._dead_reason is not None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        async with contextlib.aclosing(self.generate_batches(request)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    async def generate_batches(self, request: GenerateRequest) -> AsyncIterator[list[TokenEvent]]:
+        """`generate`, but each item is every event that had arrived for the request: one await
+        per batch instead of per token, so a consumer that falls behind catches up in bulk."""
         if self._dead_reason is not None:
             raise EngineDeadError(self._dead_reason)
         validate_request(request, self.info)
         if request.request_id in self._pending:
             raise RequestRejectedError(f"request id {request.request_id!r} is already in flight")
-        events: asyncio.Queue = asyncio.Queue()
+        events = _RequestEvents()
         self._pending[request.request_id] = events
         is_finished = False
         try:
             self._submit(AddRequest(request))
             while not is_finished:
-                item = await events.get()
-                if isinstance(item, BaseException):
-                    is_finished = True
-                    raise item
-                is_finished = item.finish_reason is not None
-                yield item
+                try:
+                    batch = await events.take_all()
+                except (EngineDeadError, RequestRejectedError):
+                    is_finished = True  # the engine holds nothing of this request to abort
+                    raise
+                for position, event in enumerate(batch):
+                    if event.finish_reason is not None:  # the engine sends nothing after the end
+                        is_finished = True
+                        batch = batch[: position + 1]
+                        break
+                yield batch
         finally:
             self._pending.pop(request.request_id, None)
             if not is_finished and self._dead_reason is None:
@@ -107,9 +165,10 @@ class _QueueingClient(EngineClient):
         raise NotImplementedError
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
+        pending = self._pending
         for event in events:
-            if (events_queue := self._pending.get(event.request_id)) is not None:
-                events_queue.put_nowait(event)
+            if (request_events := pending.get(event.request_id)) is not None:
+                request_events.put(event)
 
     def _on_stats(self, stats: EngineStats) -> None:
         self.latest_stats = stats
@@ -117,8 +176,8 @@ class _QueueingClient(EngineClient):
             self.stats_listener(stats)
 
     def _reject(self, request_id: str, message: str) -> None:
-        if (events_queue := self._pending.get(request_id)) is not None:
-            events_queue.put_nowait(RequestRejectedError(message))
+        if (request_events := self._pending.get(request_id)) is not None:
+            request_events.fail(RequestRejectedError(message))
 
     def _mark_dead(self, reason: str, is_error: bool = True) -> None:
         if self._dead_reason is not None:
@@ -126,8 +185,8 @@ class _QueueingClient(EngineClient):
         if is_error:
             logger.error("engine is dead: %s", reason)
         self._dead_reason = reason
-        for events_queue in self._pending.values():
-            events_queue.put_nowait(EngineDeadError(reason))
+        for request_events in self._pending.values():
+            request_events.fail(EngineDeadError(reason))
 
 
 class ZmqEngineClient(_QueueingClient):

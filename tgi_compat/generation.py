@@ -1,7 +1,7 @@
 """One validated request through the engine: token events in, text tokens and a final result out.
 
-`stream_sequence` is the single loop both the JSON and the SSE routes use (and the OpenAI routes
-can use): it detokenizes each id, checks stop strings (aborting the engine request when one
+`stream_step_batches` is the single loop every route uses (`stream_sequence` hands out its steps
+one at a time): it detokenizes each id, checks stop strings (aborting the engine request when one
 matches), maps engine failures to TGI errors and always releases the engine request, also when
 the HTTP client goes away mid-stream.
 """
@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from contextlib import aclosing
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from router.client_api import EngineDeadError, RequestRejectedError
+from router.client_api import EngineClient, EngineDeadError, RequestRejectedError
 from router.outputs import TokenEvent, TopToken
+from router.request import GenerateRequest as EngineRequest
 from tgi_compat.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from tgi_compat.errors import generation_error, incomplete_generation_error, validation_error
+from tgi_compat.errors import TgiError, generation_error, incomplete_generation_error, validation_error
 from tgi_compat.schemas import PrefillToken, Token
 from tgi_compat.state import AppState
 from tgi_compat.validation import ValidatedRequest
@@ -99,6 +100,138 @@ def _finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+class _Sequence:
+    """One sequence's running state: engine events in, TokenSteps out (detokenized, stop strings)."""
+
+    def __init__(
+        self, state: AppState, request: ValidatedRequest, timings: Timings, on_first_token: Callable[[], None] | None
+    ) -> None:
+        self.state, self.request, self.timings, self.on_first_token = state, request, timings, on_first_token
+        self.engine_request = request.engine_request()
+        sampling = self.engine_request.sampling
+        self.seed = sampling.seed if sampling.is_sampling else None
+        self.detokenizer = IncrementalDetokenizer(state.tokenizer, self.engine_request.prompt_ids)
+        self.stops = StopStringMatcher(request.params.stop)
+        self.keep_top_tokens = bool(request.params.top_n_tokens)
+        self.tokens: list[Token] = []
+        self.top_tokens: list[list[Token]] = []
+        self.prefill: list[PrefillToken] = []
+        self.prefill_top_tokens: list[list[Token]] = []
+        self.healing = request.features.output_filter() if request.features is not None else None
+        self.finished = False
+
+    def add_event(self, event: TokenEvent, steps: list[TokenStep]) -> None:
+        """Append the event's steps; the last one carries `result` once the sequence finishes.
+
+        Raises TgiError for an engine failure (steps appended before it are still valid).
+        """
+        if event.error is not None:
+            raise generation_error(event.error)
+        timings = self.timings
+        if timings.first_event is None:
+            timings.first_event = time.perf_counter()
+            if self.on_first_token is not None:
+                self.on_first_token()
+        state, request = self.state, self.request
+        if event.prompt_logprobs is not None and request.prompt_logprobs:
+            self.prefill = _prefill(state, self.engine_request.prompt_ids, event.prompt_logprobs)
+            self.prefill_top_tokens = [_top_tokens(state, top) for top in event.prompt_top_tokens or []]
+        token_ids, logprobs, tokens = event.token_ids, event.logprobs, self.tokens
+        last_position = len(token_ids) - 1
+        for position, token_id in enumerate(token_ids):
+            text = self.detokenizer.push(token_id)
+            if self.healing is not None:  # token healing: only text past the prompt is new
+                counts, text = self.healing.push(token_id, text)
+                if not counts and not (position == last_position and event.finish_reason):
+                    continue
+            logprob = logprobs[position] if position < len(logprobs) else None
+            token = _token(state, token_id, text, _finite_or_none(logprob))
+            alternatives = _top_tokens(state, event.top_tokens[position]) if event.top_tokens else []
+            tokens.append(token)
+            if self.keep_top_tokens:
+                self.top_tokens.append(alternatives)
+            finish = event.finish_reason if position == last_position else None
+            if finish is None and len(tokens) >= request.max_new_tokens:
+                finish = "length"  # healing requests run with a larger engine budget
+            if finish is None and self.stops and self.stops.push(text):
+                finish = "stop_sequence"  # TGI checks stop strings after length and EOS
+            step = TokenStep(index=len(tokens), token=token, top_tokens=alternatives)
+            steps.append(step)
+            if finish is not None:
+                step.result = self._finish(event, finish)
+                return
+
+    def _finish(self, event: TokenEvent, finish: str) -> GenerationResult:
+        if finish not in FINISH_REASONS:
+            raise generation_error(event.error or f"request finished with `{finish}`")
+        self.finished = True
+        self.timings.finished = time.perf_counter()
+        generated_text = self.detokenizer.final_text()
+        input_length = event.num_prompt_tokens or len(self.engine_request.prompt_ids)
+        if self.healing is not None:  # the client's prompt, and no re-generated prompt text
+            generated_text, input_length = self.healing.final_text(generated_text), self.request.input_length
+        return GenerationResult(
+            generated_text=generated_text,
+            finish_reason=finish,
+            seed=self.seed,
+            input_length=input_length,
+            tokens=self.tokens,
+            top_tokens=self.top_tokens,
+            prefill=self.prefill,
+            prefill_top_tokens=self.prefill_top_tokens,
+        )
+
+
+async def stream_step_batches(
+    state: AppState,
+    request: ValidatedRequest,
+    timings: Timings,
+    *,
+    streaming: bool = False,
+    on_first_token: Callable[[], None] | None = None,
+) -> AsyncIterator[list[TokenStep]]:
+    """Run one sequence, yielding the steps of every engine event that had arrived at once.
+
+    A stream that keeps up gets one step per batch; one that falls behind catches up with fewer
+    wake-ups. Raises TgiError on engine failure or an unfinished stream (after yielding the
+    steps that came before the failure).
+    """
+    sequence = _Sequence(state, request, timings, on_first_token)
+    request_id = sequence.engine_request.request_id
+    timings.validated = time.perf_counter()
+    events = _engine_batches(state.engine, sequence.engine_request)
+    released = False
+    try:
+        async for batch in events:
+            steps: list[TokenStep] = []
+            try:
+                for event in batch:
+                    sequence.add_event(event, steps)
+                    if sequence.finished:
+                        break
+            except TgiError:
+                if steps:
+                    yield steps
+                raise
+            if sequence.finished:
+                # Free the engine request before the caller sees the last token (a stop string
+                # match must not keep generating while the response is written).
+                await _release(state, events, request_id, finished=True)
+                released = True
+                yield steps
+                return
+            if steps:
+                yield steps
+    except EngineDeadError as error:
+        raise generation_error(str(error) or "engine is not running") from error
+    except RequestRejectedError as error:
+        raise validation_error(str(error)) from error
+    finally:
+        if not released:
+            await _release(state, events, request_id, sequence.finished)
+    raise incomplete_generation_error(streaming)
+
+
 async def stream_sequence(
     state: AppState,
     request: ValidatedRequest,
@@ -107,91 +240,26 @@ async def stream_sequence(
     streaming: bool = False,
     on_first_token: Callable[[], None] | None = None,
 ) -> AsyncIterator[TokenStep]:
-    """Run one sequence; raises TgiError on engine failure or an unfinished stream."""
-    engine_request = request.engine_request()
-    sampling = engine_request.sampling
-    seed = sampling.seed if sampling.is_sampling else None
-    detokenizer = IncrementalDetokenizer(state.tokenizer, engine_request.prompt_ids)
-    stops = StopStringMatcher(request.params.stop)
-    tokens: list[Token] = []
-    top_tokens: list[list[Token]] = []
-    prefill: list[PrefillToken] = []
-    prefill_top_tokens: list[list[Token]] = []
-    healing = request.features.output_filter() if request.features is not None else None
-    timings.validated = time.perf_counter()
-    events = state.engine.generate(engine_request)
-    finished = released = False
-    try:
-        async for event in _checked(events):
-            if timings.first_event is None:
-                timings.first_event = time.perf_counter()
-                if on_first_token is not None:
-                    on_first_token()
-            if event.prompt_logprobs is not None and request.prompt_logprobs:
-                prefill = _prefill(state, engine_request.prompt_ids, event.prompt_logprobs)
-                prefill_top_tokens = [_top_tokens(state, top) for top in event.prompt_top_tokens or []]
-            for position, token_id in enumerate(event.token_ids):
-                text = detokenizer.push(token_id)
-                is_last_id = position == len(event.token_ids) - 1
-                if healing is not None:  # token healing: only text past the prompt is new
-                    counts, text = healing.push(token_id, text)
-                    if not counts and not (is_last_id and event.finish_reason):
-                        continue
-                logprob = event.logprobs[position] if position < len(event.logprobs) else None
-                token = _token(state, token_id, text, _finite_or_none(logprob))
-                alternatives = _top_tokens(state, event.top_tokens[position]) if event.top_tokens else []
-                tokens.append(token)
-                if request.params.top_n_tokens:
-                    top_tokens.append(alternatives)
-                finish = event.finish_reason if is_last_id else None
-                if finish is None and len(tokens) >= request.max_new_tokens:
-                    finish = "length"  # healing requests run with a larger engine budget
-                if finish is None and stops.push(text):
-                    finish = "stop_sequence"  # TGI checks stop strings after length and EOS
-                step = TokenStep(index=len(tokens), token=token, top_tokens=alternatives)
-                if finish is not None:
-                    if finish not in FINISH_REASONS:
-                        raise generation_error(event.error or f"request finished with `{finish}`")
-                    finished = True
-                    timings.finished = time.perf_counter()
-                    generated_text = detokenizer.final_text()
-                    input_length = event.num_prompt_tokens or len(engine_request.prompt_ids)
-                    if healing is not None:  # the client's prompt, and no re-generated prompt text
-                        generated_text, input_length = healing.final_text(generated_text), request.input_length
-                    step.result = GenerationResult(
-                        generated_text=generated_text,
-                        finish_reason=finish,
-                        seed=seed,
-                        input_length=input_length,
-                        tokens=tokens,
-                        top_tokens=top_tokens,
-                        prefill=prefill,
-                        prefill_top_tokens=prefill_top_tokens,
-                    )
-                    # Free the engine request before the caller sees the last token (a stop string
-                    # match must not keep generating while the response is written).
-                    await _release(state, events, engine_request.request_id, finished)
-                    released = True
-                    yield step
-                    return
+    """`stream_step_batches` one step at a time."""
+    batches = stream_step_batches(state, request, timings, streaming=streaming, on_first_token=on_first_token)
+    async with aclosing(batches):
+        async for steps in batches:
+            for step in steps:
                 yield step
-    finally:
-        if not released:
-            await _release(state, events, engine_request.request_id, finished)
-    raise incomplete_generation_error(streaming)
 
 
-async def _checked(events: AsyncIterator[TokenEvent]) -> AsyncIterator[TokenEvent]:
-    """Engine events with engine failures turned into TGI errors."""
-    try:
+def _engine_batches(engine: EngineClient, request: EngineRequest) -> AsyncIterator[list[TokenEvent]]:
+    """The engine's events for `request`, in batches when the client can hand them over so."""
+    generate_batches = getattr(engine, "generate_batches", None)
+    if generate_batches is not None:
+        return generate_batches(request)
+    return _one_event_batches(engine.generate(request))
+
+
+async def _one_event_batches(events: AsyncIterator[TokenEvent]) -> AsyncIterator[list[TokenEvent]]:
+    async with aclosing(events):
         async for event in events:
-            if event.error is not None:
-                raise generation_error(event.error)
-            yield event
-    except EngineDeadError as error:
-        raise generation_error(str(error) or "engine is not running") from error
-    except RequestRejectedError as error:
-        raise validation_error(str(error)) from error
+            yield [event]
 
 
 async def _release(state: AppState, events: AsyncIterator[TokenEvent], request_id: str, finished: bool) -> None:

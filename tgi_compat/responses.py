@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from json.encoder import encode_basestring  # the C quoting json.dumps(ensure_ascii=False) uses
 
 from tgi_compat.generation import GenerationResult, Timings, TokenStep
 from tgi_compat.lightllm_features import add_lightllm_details
@@ -12,7 +13,6 @@ from tgi_compat.schemas import (
     GenerateResponse,
     StreamDetails,
     StreamResponse,
-    dump_json,
 )
 from tgi_compat.validation import ValidatedRequest
 
@@ -61,19 +61,18 @@ def generate_response(request: ValidatedRequest, results: list[GenerationResult]
 def stream_event_json(request: ValidatedRequest, step: TokenStep) -> str:
     """The StreamResponse JSON of one step, byte for byte `stream_response(...).to_json()`.
 
-    Most events are a bare token (no top tokens, not the last): their dict is built directly,
-    skipping pydantic construction and dumping, which dominate the per-token cost of streaming.
+    Most events are a bare token (no top tokens, not the last): their JSON is formatted directly
+    with the json module's own pieces (its string quoting, float repr), skipping pydantic and the
+    encoder's dict walk, which dominate the per-token cost of streaming.
     """
     if step.result is not None or step.top_tokens:
         return stream_response(request, step).to_json()
     token = step.token
-    return dump_json(
-        {
-            "index": step.index,
-            "token": {"id": token.id, "text": token.text, "logprob": token.logprob, "special": token.special},
-            "generated_text": None,
-            "details": None,
-        }
+    logprob = "null" if token.logprob is None else float.__repr__(token.logprob)  # always finite here
+    special = "true" if token.special else "false"
+    return (
+        f'{{"index":{step.index},"token":{{"id":{token.id},"text":{encode_basestring(token.text)},'
+        f'"logprob":{logprob},"special":{special}}},"generated_text":null,"details":null}}'
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -11,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from tgi_compat import accounting
 from tgi_compat.auth import require_api_key
 from tgi_compat.errors import TgiError, parse_json_body, validation_error
-from tgi_compat.generation import Timings, generate_best_of, generate_to_end, stream_sequence
+from tgi_compat.generation import Timings, generate_best_of, generate_to_end, stream_step_batches
 from tgi_compat.lightllm_features import prepare_features
 from tgi_compat.openapi import json_body
 from tgi_compat.responses import generate_response, stream_event_json, stream_headers, timing_headers
@@ -102,13 +103,14 @@ def generate_stream(state: AppState, body: GenerateRequest, http_request: Reques
                     with span.child("validate"):
                         request = await validate_request(state, body.inputs, params)
                     first_token = inflight.first_token if inflight is not None else None
-                    async for step in stream_sequence(
-                        state, request, timings, streaming=True, on_first_token=first_token
-                    ):
-                        yield data_event(stream_event_json(request, step))
-                        if step.result is not None:
-                            accounting.succeeded(state, request, step.result, timings)
-                            accounting.traced(span, step.result, timings)
+                    batches = stream_step_batches(state, request, timings, streaming=True, on_first_token=first_token)
+                    async with aclosing(batches):
+                        async for steps in batches:
+                            # One SSE event per token; tokens that arrived together share one write.
+                            yield b"".join([data_event(stream_event_json(request, step)) for step in steps])
+                            if (result := steps[-1].result) is not None:
+                                accounting.succeeded(state, request, result, timings)
+                                accounting.traced(span, result, timings)
             except TgiError as error:
                 accounting.failed(state, error, span)
                 yield data_event(dump_json(error.body()))

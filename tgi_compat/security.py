@@ -105,12 +105,17 @@ class SecurityMiddleware:
         await self.app(scope, receive, _with_headers(send, cors))
 
 
+def _start_with_headers(message: Message, extra: list[tuple[bytes, bytes]]) -> Message:
+    """`http.response.start` with `extra` replacing same-named headers (`vary` is added to)."""
+    names = {name for name, _ in extra if name != b"vary"}
+    headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+    return {**message, "headers": headers + extra}
+
+
 def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
     async def wrapped(message: Message) -> None:
         if message["type"] == "http.response.start":
-            names = {name for name, _ in extra if name != b"vary"}
-            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
-            message = {**message, "headers": headers + extra}
+            message = _start_with_headers(message, extra)
         await send(message)
 
     return wrapped
@@ -137,14 +142,14 @@ class _LimitedBody:
                     return {"type": "http.disconnect"}
             return message
 
-        forward = _with_headers(send, self.cors)
-
         async def guarded_send(message: Message) -> None:
+            # One wrapper, not two: streamed responses pass every SSE event through here.
             if self.exceeded:
                 return  # the app is answering a "disconnected" client; the 413 below replaces it
             if message["type"] == "http.response.start":
                 self.started = True
-            await forward(message)
+                message = _start_with_headers(message, self.cors)
+            await send(message)
 
         try:
             await self.app(scope, limited_receive, guarded_send)

@@ -7,10 +7,12 @@ so "connection refused" means "not ready yet" and the first accepted request is 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 import uvicorn
 
@@ -115,6 +117,7 @@ def _start_health_monitor(state: AppState, server: uvicorn.Server, fatal: list[s
 async def run_server(config: ServerConfig) -> int:
     state = await build_state(config)
     app = create_app(state)
+    freeze_startup_heap()
     graceful = GracefulShutdown(config.graceful_termination_timeout)
     uvicorn_config = uvicorn.Config(
         app,
@@ -126,6 +129,7 @@ async def run_server(config: ServerConfig) -> int:
         **graceful.uvicorn_options(),
     )
     server = uvicorn.Server(uvicorn_config)
+    logger.info("HTTP server: uvicorn, %s protocol, %s event loop", _http_protocol_name(), type(asyncio.get_running_loop()).__module__)
     # Without --health-monitor a dead engine stops the server (TGI); with it the monitor restarts it.
     watcher = None if config.health_monitor else asyncio.create_task(_watch_engine(state, server))
     fatal: list[str] = []
@@ -149,9 +153,40 @@ async def run_server(config: ServerConfig) -> int:
     return 1 if engine_died or fatal or not server.started else 0
 
 
+def freeze_startup_heap() -> None:
+    """Move everything start-up allocated (transformers, torch, the tokenizer: ~400k objects) out of
+    the collector's reach. Streaming allocates fast, so full collections come often, and each
+    one walked that whole heap (~0.1-0.2 s) for garbage that never appears there."""
+    gc.collect()
+    gc.freeze()
+
+
+def _http_protocol_name() -> str:
+    """What uvicorn's http="auto" picks: httptools when installed, else h11."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (uvicorn[standard]'s loop: C transports and callbacks), else asyncio's.
+
+    uvicorn picks its loop only in `uvicorn.run`; we own the loop (the engine client starts before
+    the port opens), so the choice is made here. httptools is picked by uvicorn's `http="auto"`.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def serve(config: ServerConfig) -> int:
     try:
-        return asyncio.run(run_server(config))
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            return runner.run(run_server(config))
     except KeyboardInterrupt:
         return 0
     except Exception:

@@ -5,7 +5,7 @@
 # Needs: torch, triton, transformers, safetensors, tokenizers, numpy, aiohttp, tqdm (GPU image), plus the
 # wheels from the wheelhouse with these extras (quicktok-v1 carries the Llama-3 vocabulary; matplotlib
 # and its dependencies draw the plots, which are skipped if it is missing):
-#   ../shared/device/wheelhouse.sh quicktok-v1 matplotlib contourpy cycler fonttools kiwisolver pillow \
+#   ../shared/device/wheelhouse.sh quicktok-v1 httptools uvloop matplotlib contourpy cycler fonttools kiwisolver pillow \
 #       pyparsing python-dateutil six packaging
 # Run (repo root on the device, carry [".whl"]):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \

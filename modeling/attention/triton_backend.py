@@ -1,8 +1,11 @@
 """Attention on the GPU through the Triton kernels in kernels/.
 
-DECODE steps run flash-decoding (kernels.decode_attention); EXTEND and MIXED steps run the
-variable-length extend kernel, which handles decode tokens (q_len 1) as a special case, so a mixed
-batch is one launch. Both read K/V through req_to_token.
+DECODE steps run flash-decoding (kernels.decode_attention); EXTEND steps run the variable-length
+extend kernel. A MIXED step (chunked prefill beside decodes) sends its leading run of one-token
+requests (the scheduler puts running decodes first) through flash-decoding and the rest through
+the extend kernel: the extend kernel would give every decode row a whole query tile, a grid sized by
+the longest chunk, and one K/V read per query head instead of per KV head. Both read K/V through
+req_to_token.
 
 CUDA graphs: the decode path does no host work that depends on the step's contents. The number
 of KV splits depends only on the batch size, the split length is derived per request on the
@@ -36,8 +39,9 @@ class TritonAttentionMetadata:
     kv_lens: torch.Tensor  # [B]
     out_slots: torch.Tensor  # [T]
     max_q_len: int
-    num_splits: int  # decode only
-    block_n: int  # decode only: keys per iteration
+    num_splits: int  # flash-decoding rows only
+    block_n: int  # flash-decoding rows only: keys per iteration
+    num_decode_prefix: int = 0  # MIXED: the first requests (one token each) that go to flash-decoding
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -73,6 +77,10 @@ class TritonAttentionBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
         is_decode = batch.mode == ForwardMode.DECODE
+        num_flash = batch.batch_size if is_decode else _num_decode_prefix(batch)
+        max_q_len = batch.max_q_len
+        if num_flash and not is_decode:
+            max_q_len = max(batch.q_lens_cpu[num_flash:])
         self.metadata = TritonAttentionMetadata(
             is_decode=is_decode,
             req_to_token=req_to_token,
@@ -81,9 +89,10 @@ class TritonAttentionBackend(AttentionBackend):
             q_lens=batch.q_lens,
             kv_lens=batch.kv_lens,
             out_slots=batch.out_slots,
-            max_q_len=batch.max_q_len,
-            num_splits=self._num_splits(batch.batch_size) if is_decode else 0,
-            block_n=choose_block_n(batch.batch_size, self.num_kv_heads, self.num_sms),
+            max_q_len=max_q_len,
+            num_splits=self._num_splits(num_flash) if num_flash else 0,
+            block_n=choose_block_n(max(num_flash, 1), self.num_kv_heads, self.num_sms),
+            num_decode_prefix=0 if is_decode else num_flash,
         )
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -102,12 +111,20 @@ class TritonAttentionBackend(AttentionBackend):
         meta = self.metadata
         if meta.is_decode:
             return self._decode(q, k_cache, v_cache, scale)
-        return prefill_attention(
-            q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.q_start, meta.q_lens, meta.kv_lens,
-            meta.max_q_len, scale,
+        out = torch.empty_like(q)
+        first = meta.num_decode_prefix  # requests [0, first) own tokens [0, first), one each
+        if first:
+            self._decode(q[:first], k_cache, v_cache, scale, out=out[:first])
+        prefill_attention(
+            q, k_cache, v_cache, meta.req_to_token, meta.req_rows[first:], meta.q_start[first:], meta.q_lens[first:],
+            meta.kv_lens[first:], meta.max_q_len, scale, out=out,
         )
+        return out
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i)."""
         meta = self.metadata
         batch, splits = q.shape[0], meta.num_splits
         if batch > self.max_rows:
@@ -118,5 +135,19 @@ class TritonAttentionBackend(AttentionBackend):
         mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
         return decode_attention(
             q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.kv_lens, scale, splits,
-            mid_out=mid_out, mid_lse=mid_lse, block_n=meta.block_n,
+            out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=meta.block_n,
         )
+
+
+def _num_decode_prefix(batch: ForwardBatch) -> int:
+    """How many leading requests bring one token each (0 without host lengths, or if all do: the
+    caller labelled such a step DECODE or EXTEND and it takes that path)."""
+    q_lens = batch.q_lens_cpu
+    if q_lens is None:
+        return 0
+    count = 0
+    for q_len in q_lens:
+        if q_len != 1:
+            return count
+        count += 1
+    return 0

@@ -58,7 +58,17 @@ def run_steps(runner: ModelRunner) -> list[torch.Tensor]:
 def test_triton_backend_matches_torch_backend_over_extend_mixed_and_decode_steps(tiny_weights):
     by_torch = run_steps(make_runner(tiny_weights, "torch"))
     triton_runner = make_runner(tiny_weights, "triton")
+    backend, decode_prefixes = triton_runner.backend, []
+    init = backend.init_forward_metadata
+
+    def recording_init(batch, req_to_token):
+        init(batch, req_to_token)
+        decode_prefixes.append(backend.metadata.num_decode_prefix)
+
+    backend.init_forward_metadata = recording_init
     by_triton = run_steps(triton_runner)
+    # the MIXED step's leading decode (request 0) went through flash-decoding, the chunk through extend
+    assert decode_prefixes == [0, 1, 0, 0]
     for expected, got in zip(by_torch, by_triton):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
         assert torch.equal(got.argmax(-1), expected.argmax(-1))

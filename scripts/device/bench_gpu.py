@@ -130,27 +130,29 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
 MISSED_CELLS = [(8, 8192), (8, 32768), (32, 2048), (128, 512)]  # < 80% of copy BW in run E
 
 
-def decode_missed_cells_sweep(bandwidth: float) -> list[dict]:
-    """The cells that missed 80% in run E, over block size x warps x stages x split multiples."""
+def decode_missed_cells_sweep(bandwidth: float, cells: list[tuple[int, int]] = MISSED_CELLS,
+                              split_counts: list[int] | None = None) -> list[dict]:
+    """Cells over block size x warps x stages x split counts (default: multiples of the rule's count)."""
     heads, kv_heads, head_dim = 32, 8, 128
     k_cache = torch.randn(2 * 2**20, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for batch, context in MISSED_CELLS:
+    for batch, context in cells:
         slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
         q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
         kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
         base = choose_num_splits(batch, kv_heads, sms)
         best = None
-        for split_scale in (0.5, 1, 2, 4):
-            splits = max(1, min(128, int(base * split_scale)))
+        counts = split_counts or sorted({max(1, min(128, int(base * scale))) for scale in (0.5, 1, 2, 4)})
+        for splits in counts:
             out = torch.empty_like(q)
             mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
             mid_lse = torch.empty(batch, heads, splits, device=DEV)
-            for block_n in (32, 64, 128):
-                for warps in (2, 4, 8):
-                    for stages in (1, 2, 3, 4):
+            # explicit split counts: a narrower config grid, the split count is the question
+            for block_n in (64, 128) if split_counts else (32, 64, 128):
+                for warps in (4,) if split_counts else (2, 4, 8):
+                    for stages in (2, 3) if split_counts else (1, 2, 3, 4):
                         try:
                             ms = graph_ms(lambda: decode_attention(
                                 q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits, out=out,
@@ -165,9 +167,10 @@ def decode_missed_cells_sweep(bandwidth: float) -> list[dict]:
                         rows.append(row)
                         if best is None or pct > best["pct_bw"]:
                             best = row
-        default = next(r for r in rows if r["batch"] == batch and r["context"] == context and r["splits"] == base
-                       and (r["block_n"], r["warps"], r["stages"]) == (64, 4, 2))
-        log(f"missed cell B={batch} L={context}: default {default['pct_bw']:.1f}% -> best {best['pct_bw']:.1f}% "
+        default = next((r for r in rows if r["batch"] == batch and r["context"] == context and r["splits"] == base
+                        and r["block_n"] == choose_block_n(batch, kv_heads, sms) and (r["warps"], r["stages"]) == (4, 2)),
+                       dict(pct_bw=float("nan")))
+        log(f"cell B={batch} L={context}: the rule's {default['pct_bw']:.1f}% -> best {best['pct_bw']:.1f}% "
             f"(splits {best['splits']}, block {best['block_n']}, warps {best['warps']}, stages {best['stages']})")
     del k_cache, v_cache
     return rows
@@ -358,6 +361,8 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true", help="our decode steps only")
     parser.add_argument("--splits-sweep", action="store_true", help="only the decode split-count sweep")
     parser.add_argument("--missed-cells", action="store_true", help="only the config sweep of run E's missed cells")
+    parser.add_argument("--cells", default="", help="with --missed-cells: BxL,BxL,... instead of run E's")
+    parser.add_argument("--split-counts", default="", help="with --missed-cells: split counts to try, e.g. 2,3,4")
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -368,7 +373,9 @@ def main() -> None:
     log(f"{report['gpu']}: copy bandwidth {report['copy_bw_gbs']:.0f} GB/s")
     bandwidth = report["copy_bw_gbs"] * 1e9
     if args.missed_cells:
-        report["missed_cells"] = decode_missed_cells_sweep(bandwidth)
+        cells = [tuple(int(v) for v in c.split("x")) for c in args.cells.split(",") if c] or MISSED_CELLS
+        counts = [int(v) for v in args.split_counts.split(",") if v] or None
+        report["missed_cells"] = decode_missed_cells_sweep(bandwidth, cells, counts)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         return

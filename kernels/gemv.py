@@ -15,10 +15,16 @@ accumulates W (h * norm_weight) and scales by 1/rms afterwards (a scalar per row
 product). So in half precision it skips the unfused path's two intermediate roundings of the normed
 activation (kernels/rmsnorm.py); the result is the more exact one and within the dtype's tolerance of
 it. SiLU-and-mul rounds its output to the input dtype like kernels/silu_mul.py. Accumulation is fp32.
+
+On Hopper the kernel is launched as a programmatic dependent (PDL) of the kernel before it: it reads
+its first weight block, then waits for that kernel's output, and lets the next kernel start once its
+own main loop is done, so consecutive GEMVs overlap one's tail with the next one's first reads.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +53,39 @@ def _load_summed(x_ptr, residual_ptr, offs_k, mask_k, HAS_RESIDUAL: tl.constexpr
 
 
 @triton.jit
+def _activation_block(x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs_k, K, pid,
+                      PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+    """(f(x)[offs_k] in fp32 (before the 1/rms scale), its squares for the RMS or zeros)."""
+    mask_k = offs_k < K
+    dtype = x_ptr.dtype.element_ty
+    if PROLOGUE == 1:
+        h = _load_summed(x_ptr, residual_ptr, offs_k, mask_k, HAS_RESIDUAL, EVEN_K)
+        if HAS_RESIDUAL:
+            if pid == 0:
+                tl.store(residual_out_ptr + offs_k, h, mask=mask_k)
+        hf = h.to(tl.float32)
+        xk = hf * tl.load(norm_weight_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        squares = hf * hf
+    elif PROLOGUE == 2:
+        gate = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
+        squares = tl.zeros_like(xk)
+    else:
+        xk = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        squares = tl.zeros_like(xk)
+    return xk, squares
+
+
+@triton.jit
+def _weight_block(w_ptr, rows, stride_wn, offs_k, K, EVEN_K: tl.constexpr):
+    w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_k[None, :]
+    if EVEN_K:
+        return tl.load(w_ptrs)
+    return tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [K], or [2K] for SILU_MUL
     residual_ptr,  # [K], read when HAS_RESIDUAL
@@ -65,38 +104,31 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     rows = tl.where(mask_n, offs_n, 0).to(tl.int64)  # clamp instead of masking the weight loads
-    dtype = x_ptr.dtype.element_ty
+    offs = tl.arange(0, BLOCK_K)
 
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        if PROLOGUE == 1:
-            h = _load_summed(x_ptr, residual_ptr, offs_k, mask_k, HAS_RESIDUAL, EVEN_K)
-            if HAS_RESIDUAL:
-                if pid == 0:
-                    tl.store(residual_out_ptr + offs_k, h, mask=mask_k)
-            hf = h.to(tl.float32)
-            sum_sq += hf * hf
-            xk = hf * tl.load(norm_weight_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        elif PROLOGUE == 2:
-            gate = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
-        else:
-            xk = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_k[None, :]
-        if EVEN_K:
-            w = tl.load(w_ptrs)
-        else:
-            w = tl.load(w_ptrs, mask=mask_k[None, :], other=0.0)
+    # The first weight block is read before waiting on the previous kernel: no kernel writes
+    # weights, so under programmatic dependent launch this read overlaps that kernel's tail.
+    w = _weight_block(w_ptr, rows, stride_wn, offs, K, EVEN_K)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the activations below are the previous kernel's output
+    xk, sum_sq = _activation_block(x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs, K, pid,
+                                   PROLOGUE, HAS_RESIDUAL, EVEN_K)
+    acc = w.to(tl.float32) * xk[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        offs_k = k0 + offs
+        w = _weight_block(w_ptr, rows, stride_wn, offs_k, K, EVEN_K)
+        xk, squares = _activation_block(x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs_k, K, pid,
+                                        PROLOGUE, HAS_RESIDUAL, EVEN_K)
+        sum_sq += squares
         acc += w.to(tl.float32) * xk[None, :]
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight reads
 
     y = tl.sum(acc, 1)
     if PROLOGUE == 1:  # 1/rms is one scalar per row: it commutes with the dot product
@@ -160,6 +192,7 @@ def gemv(
         assert residual_out.data_ptr() != residual.data_ptr(), "program 0 writes residual_out while others read"
     config = config or gemv_config(n, k, prologue) or GemvConfig()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    use_pdl = x.is_cuda and _supports_pdl(x.device)
     dummy = x
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x,
@@ -179,10 +212,18 @@ def gemv(
         EVEN_K=k % config.block_k == 0,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
+        USE_PDL=use_pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **({"launch_pdl": True} if use_pdl else {}),
     )
     return out
+
+
+@functools.cache
+def _supports_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch: Hopper and newer, unless TGI_COMPAT_PDL=0."""
+    return os.environ.get("TGI_COMPAT_PDL", "1") != "0" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def gemv_ref(

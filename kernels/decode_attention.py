@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options, use_pdl_for_one_request
+
 
 @triton.jit
 def _decode_stage1_kernel(
@@ -45,10 +47,13 @@ def _decode_stage1_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (bit-faithful), "tf32" otherwise (unused for bf16)
     SINGLE_SPLIT: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # q and the newest K/V come from the previous kernels
 
     kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
     split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
@@ -96,6 +101,8 @@ def _decode_stage1_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     if SINGLE_SPLIT:  # the whole context was this program's: the result is final (kv_len >= 1)
         out_ptrs = out_ptr + req * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         out = acc / l_i[:, None]
@@ -122,9 +129,13 @@ def _decode_stage2_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the splits come from stage 1
+        tl.extra.cuda.gdc_launch_dependents()
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, BLOCK_D)
     mask_s = offs_s < num_splits
@@ -187,6 +198,7 @@ def decode_attention(
     if batch == 0:
         return out
     block_d = triton.next_power_of_2(head_dim)
+    pdl = use_pdl_for_one_request(q, batch)
     _decode_stage1_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, out,
         scale, num_splits,
@@ -204,8 +216,10 @@ def decode_attention(
         BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(q.dtype),
         SINGLE_SPLIT=num_splits == 1,
+        USE_PDL=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
+        **launch_options(pdl),
     )
     if num_splits == 1:
         return out
@@ -217,7 +231,9 @@ def decode_attention(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
+        USE_PDL=pdl,
         num_warps=4 if block_d >= 128 else 2,
+        **launch_options(pdl),
     )
     return out
 

@@ -23,13 +23,13 @@ own main loop is done, so consecutive GEMVs overlap one's tail with the next one
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.pdl import launch_options, use_pdl
 
 PROLOGUE_NONE = 0
 PROLOGUE_RMSNORM = 1
@@ -192,7 +192,7 @@ def gemv(
         assert residual_out.data_ptr() != residual.data_ptr(), "program 0 writes residual_out while others read"
     config = config or gemv_config(n, k, prologue) or GemvConfig()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    use_pdl = x.is_cuda and _supports_pdl(x.device)
+    pdl = use_pdl(x)
     dummy = x
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x,
@@ -212,18 +212,12 @@ def gemv(
         EVEN_K=k % config.block_k == 0,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
-        USE_PDL=use_pdl,
+        USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        **({"launch_pdl": True} if use_pdl else {}),
+        **launch_options(pdl),
     )
     return out
-
-
-@functools.cache
-def _supports_pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch: Hopper and newer, unless TGI_COMPAT_PDL=0."""
-    return os.environ.get("TGI_COMPAT_PDL", "1") != "0" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def gemv_ref(

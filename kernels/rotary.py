@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options, use_pdl_for_one_request
+
 
 @triton.jit
 def _rotate_heads(x_ptr, token, stride_t, stride_h, cos, sin, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
@@ -76,7 +78,11 @@ def _rotary_kernel(
     STORE_KV: tl.constexpr = False,
     FIRST_K_HEAD: tl.constexpr = 0,
     NUM_KV_HEADS: tl.constexpr = 0,
+    USE_PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # q|k|v are the previous kernel's output
+        tl.extra.cuda.gdc_launch_dependents()  # one small wave: let attention get ready
     token = tl.program_id(0).to(tl.int64)
     if HAS_POSITIONS:
         row = tl.load(positions_ptr + token).to(tl.int64)
@@ -145,6 +151,7 @@ def rotary_and_kv_store(
     assert k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     if num_tokens == 0:
         return
+    pdl = use_pdl_for_one_request(qk, num_tokens)
     _rotary_kernel[(num_tokens,)](
         qk, qk, cos, sin, cos,
         qk.stride(0), qk.stride(1),
@@ -165,7 +172,9 @@ def rotary_and_kv_store(
         STORE_KV=True,
         FIRST_K_HEAD=num_q_heads,
         NUM_KV_HEADS=num_kv_heads,
+        USE_PDL=pdl,
         num_warps=4 if num_heads * head_dim >= 2048 else 1,
+        **launch_options(pdl),
     )
 
 

@@ -15,6 +15,7 @@ import sys
 import torch
 
 KERNEL_MODULES = [
+    "kernels.pdl",
     "kernels.decode_attention",
     "kernels.gemv",
     "kernels.prefill_attention",

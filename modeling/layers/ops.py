@@ -27,13 +27,11 @@ class LayerOps:
     rope_tables: Callable[..., tuple[torch.Tensor, ...]]
     # (x [T, N, D], step tables) -> x rotated (neox layout: halves rotate as pairs)
     rotary: Callable[..., torch.Tensor]
-    # (x [T, 2 * I]) -> silu(x[:, :I]) * x[:, I:]
-    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     # A norm and the projection after it, as one op so that a backend can fuse them:
     # (x, residual | None, norm: RMSNorm, proj: Linear) -> (proj(norm(x + residual)), x + residual),
     # with no residual (proj(norm(x)), x): the second output is the next residual either way.
     rms_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    # (x [T, 2 * I], proj: Linear) -> proj(silu_and_mul(x))
+    # (x [T, 2 * I], proj: Linear) -> proj(silu(x[:, :I]) * x[:, I:])
     silu_mul_linear: Callable[..., torch.Tensor]
 
 
@@ -89,7 +87,6 @@ TORCH_OPS = LayerOps(
     rms_norm=torch_rms_norm,
     rope_tables=torch_rope_tables,
     rotary=torch_rotary,
-    silu_and_mul=torch_silu_and_mul,
     rms_norm_linear=unfused_rms_norm_linear,
     silu_mul_linear=unfused_silu_mul_linear,
 )

@@ -64,7 +64,6 @@ TRITON_OPS = LayerOps(
     rms_norm=triton_rms_norm,
     rope_tables=triton_rope_tables,
     rotary=triton_rotary,
-    silu_and_mul=silu_mul,
     rms_norm_linear=triton_rms_norm_linear,
     silu_mul_linear=triton_silu_mul_linear,
 )

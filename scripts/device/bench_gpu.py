@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -62,63 +63,77 @@ def graph_ms(fn) -> float:
     return median_ms(graph.replay)
 
 
+class DecodeCell:
+    """One decode-attention measurement point, Llama-3-8B layer shape (32 q heads, 8 KV heads, d 128,
+    bf16): `batch` requests of `context` tokens each, at slots scattered by a random permutation."""
+
+    HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, context: int):
+        self.k_cache, self.v_cache, self.batch, self.context = k_cache, v_cache, batch, context
+        self.slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
+        self.q = torch.randn(batch, self.HEADS, self.HEAD_DIM, device=DEV, dtype=torch.bfloat16)
+        self.kv_lens = torch.full((batch,), context, device=DEV)
+        self.req_rows = torch.arange(batch, device=DEV)
+        self.kv_bytes = batch * context * self.KV_HEADS * self.HEAD_DIM * 2 * 2
+
+    @classmethod
+    def caches(cls, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k_cache = torch.randn(num_slots, cls.KV_HEADS, cls.HEAD_DIM, device=DEV, dtype=torch.bfloat16)
+        return k_cache, torch.randn_like(k_cache)
+
+    def time_ms(self, splits: int, **config) -> float:
+        """Graph-replay time of kernels.decode_attention with `splits` and the kernel `config`."""
+        out = torch.empty_like(self.q)
+        mid_out = torch.empty(self.batch, self.HEADS, splits, self.HEAD_DIM, device=DEV)
+        mid_lse = torch.empty(self.batch, self.HEADS, splits, device=DEV)
+        return graph_ms(lambda: decode_attention(
+            self.q, self.k_cache, self.v_cache, self.slots, self.req_rows, self.kv_lens, 0.088, splits,
+            out=out, mid_out=mid_out, mid_lse=mid_lse, **config))
+
+    def kv_pct_bw(self, ms: float, bandwidth: float) -> float:
+        """KV bytes read as % of the copy bandwidth."""
+        return 100 * self.kv_bytes / (ms * 1e-3) / bandwidth
+
+
 def decode_attention_sweep(bandwidth: float) -> list[dict]:
-    """Llama-3-8B layer shape (32 q heads, 8 KV heads, d 128, bf16) over batch x context."""
-    heads, kv_heads, head_dim = 32, 8, 128
+    """Llama-3-8B layer shape over batch x context, with the backend's split and block choices."""
     max_tokens = 2 * 2**20
-    k_cache = torch.randn(max_tokens, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
+    k_cache, v_cache = DecodeCell.caches(max_tokens)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch in BATCHES:
         for context in (512, 2048, 8192, 32768):
             if batch * context > max_tokens:
                 continue
-            slots = torch.randperm(max_tokens, device=DEV)[: batch * context].view(batch, context).to(torch.int32)
-            q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
-            kv_lens = torch.full((batch,), context, device=DEV)
-            req_rows = torch.arange(batch, device=DEV)
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            splits = choose_num_splits(batch, kv_heads, sms)  # the backend's choices
-            block_n = choose_block_n(batch, kv_heads, sms)
-            out = torch.empty_like(q)
-            mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
-            mid_lse = torch.empty(batch, heads, splits, device=DEV)
-            ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
-                                                   out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n))
-            kv_bytes = batch * context * kv_heads * head_dim * 2 * 2
-            moved = kv_bytes + batch * context * 4 + 2 * q.numel() * 2
-            rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, kv_gb=kv_bytes / 1e9, ms=ms,
-                             pct_bw=100 * moved / (ms * 1e-3) / bandwidth))
-            log(f"decode-attn B={batch:4d} L={context:6d} splits={splits:3d} block={block_n:3d} KV {kv_bytes / 1e9:7.3f} GB "
-                f"{ms * 1e3:9.1f} us  {rows[-1]['pct_bw']:5.1f}% of copy BW")
+            cell = DecodeCell(k_cache, v_cache, batch, context)
+            splits = choose_num_splits(batch, DecodeCell.KV_HEADS, sms)  # the backend's choices
+            block_n = choose_block_n(batch, DecodeCell.KV_HEADS, sms)
+            ms = cell.time_ms(splits, block_n=block_n)
+            moved = cell.kv_bytes + batch * context * 4 + 2 * cell.q.numel() * 2  # + slot indices, q and out
+            rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, kv_gb=cell.kv_bytes / 1e9,
+                             ms=ms, pct_bw=100 * moved / (ms * 1e-3) / bandwidth))
+            log(f"decode-attn B={batch:4d} L={context:6d} splits={splits:3d} block={block_n:3d} "
+                f"KV {cell.kv_bytes / 1e9:7.3f} GB {ms * 1e3:9.1f} us  {rows[-1]['pct_bw']:5.1f}% of copy BW")
     del k_cache, v_cache
     return rows
 
 
 def decode_config_sweep(bandwidth: float) -> list[dict]:
     """Block size / warps / stages of the decode kernel on three shapes; the defaults are block 64, 4 warps, 2 stages."""
-    heads, kv_heads, head_dim = 32, 8, 128
     shapes = [(1, 32768), (32, 2048), (256, 1024)]
-    k_cache = torch.randn(256 * 1024 + 1, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
+    k_cache, v_cache = DecodeCell.caches(256 * 1024 + 1)
     # (block_n, warps, stages); the first is the default
     configs = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (64, 8, 2)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch, context in shapes:
-        slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
-        q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
-        kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
+        cell = DecodeCell(k_cache, v_cache, batch, context)
         for split_scale in (1, 2):
-            splits = min(64, split_scale * choose_num_splits(batch, kv_heads, sms))
-            out = torch.empty_like(q)
-            mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
-            mid_lse = torch.empty(batch, heads, splits, device=DEV)
+            splits = min(64, split_scale * choose_num_splits(batch, DecodeCell.KV_HEADS, sms))
             for block_n, warps, stages in configs:
-                ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
-                                                       out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n,
-                                                       num_warps=warps, num_stages=stages))
-                pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
+                ms = cell.time_ms(splits, block_n=block_n, num_warps=warps, num_stages=stages)
+                pct = cell.kv_pct_bw(ms, bandwidth)
                 rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
                                  stages=stages, ms=ms, pct_bw=pct))
                 log(f"decode-cfg B={batch} L={context} splits={splits} block={block_n} warps={warps} "
@@ -133,40 +148,29 @@ MISSED_CELLS = [(8, 8192), (8, 32768), (32, 2048), (128, 512)]  # < 80% of copy 
 def decode_missed_cells_sweep(bandwidth: float, cells: list[tuple[int, int]] = MISSED_CELLS,
                               split_counts: list[int] | None = None) -> list[dict]:
     """Cells over block size x warps x stages x split counts (default: multiples of the rule's count)."""
-    heads, kv_heads, head_dim = 32, 8, 128
-    k_cache = torch.randn(2 * 2**20, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
+    kv_heads = DecodeCell.KV_HEADS
+    k_cache, v_cache = DecodeCell.caches(2 * 2**20)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch, context in cells:
-        slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
-        q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
-        kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
+        cell = DecodeCell(k_cache, v_cache, batch, context)
         base = choose_num_splits(batch, kv_heads, sms)
         best = None
         counts = split_counts or sorted({max(1, min(128, int(base * scale))) for scale in (0.5, 1, 2, 4)})
-        for splits in counts:
-            out = torch.empty_like(q)
-            mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
-            mid_lse = torch.empty(batch, heads, splits, device=DEV)
-            # explicit split counts: a narrower config grid, the split count is the question
-            for block_n in (64, 128) if split_counts else (32, 64, 128):
-                for warps in (4,) if split_counts else (2, 4, 8):
-                    for stages in (2, 3) if split_counts else (1, 2, 3, 4):
-                        try:
-                            ms = graph_ms(lambda: decode_attention(
-                                q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits, out=out,
-                                mid_out=mid_out, mid_lse=mid_lse, block_n=block_n, num_warps=warps,
-                                num_stages=stages))
-                        except Exception as exc:  # noqa: BLE001 - a config Triton cannot build
-                            log(f"  B={batch} L={context} {block_n}/{warps}/{stages}: {type(exc).__name__}")
-                            continue
-                        pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
-                        row = dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
-                                   stages=stages, ms=ms, pct_bw=pct)
-                        rows.append(row)
-                        if best is None or pct > best["pct_bw"]:
-                            best = row
+        # explicit split counts: a narrower config grid, the split count is the question
+        grid = itertools.product(counts, (64, 128), (4,), (2, 3)) if split_counts else \
+            itertools.product(counts, (32, 64, 128), (2, 4, 8), (1, 2, 3, 4))
+        for splits, block_n, warps, stages in grid:
+            try:
+                ms = cell.time_ms(splits, block_n=block_n, num_warps=warps, num_stages=stages)
+            except Exception as exc:  # noqa: BLE001 - a config Triton cannot build
+                log(f"  B={batch} L={context} {block_n}/{warps}/{stages}: {type(exc).__name__}")
+                continue
+            row = dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
+                       stages=stages, ms=ms, pct_bw=cell.kv_pct_bw(ms, bandwidth))
+            rows.append(row)
+            if best is None or row["pct_bw"] > best["pct_bw"]:
+                best = row
         default = next((r for r in rows if r["batch"] == batch and r["context"] == context and r["splits"] == base
                         and r["block_n"] == choose_block_n(batch, kv_heads, sms) and (r["warps"], r["stages"]) == (4, 2)),
                        dict(pct_bw=float("nan")))
@@ -182,24 +186,16 @@ SHORT_SWEEP_SHAPES = [(8, 512), (32, 512), (64, 512), (128, 512), (8, 1024), (32
 
 def decode_splits_sweep(bandwidth: float, shapes: list[tuple[int, int]], block_n: int = 64) -> list[dict]:
     """How many KV splits per (request, KV head): multiples of the current rule (~4 waves of programs)."""
-    heads, kv_heads, head_dim = 32, 8, 128
-    k_cache = torch.randn(2**20 + 1, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
+    k_cache, v_cache = DecodeCell.caches(2**20 + 1)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch, context in shapes:
-        slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
-        q = torch.randn(batch, heads, head_dim, device=DEV, dtype=torch.bfloat16)
-        kv_lens, req_rows = torch.full((batch,), context, device=DEV), torch.arange(batch, device=DEV)
-        base = choose_num_splits(batch, kv_heads, sms)
+        cell = DecodeCell(k_cache, v_cache, batch, context)
+        base = choose_num_splits(batch, DecodeCell.KV_HEADS, sms)
         cells = []
         for splits in sorted({max(1, min(256, int(base * scale))) for scale in (0.25, 0.5, 1, 2, 4, 8)}):
-            out = torch.empty_like(q)
-            mid_out = torch.empty(batch, heads, splits, head_dim, device=DEV)
-            mid_lse = torch.empty(batch, heads, splits, device=DEV)
-            ms = graph_ms(lambda: decode_attention(q, k_cache, v_cache, slots, req_rows, kv_lens, 0.088, splits,
-                                                   out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n))
-            pct = 100 * batch * context * kv_heads * head_dim * 4 / (ms * 1e-3) / bandwidth
+            ms = cell.time_ms(splits, block_n=block_n)
+            pct = cell.kv_pct_bw(ms, bandwidth)
             rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, ms=ms, pct_bw=pct))
             cells.append(f"{splits}:{pct:.0f}%/{ms * 1e3:.0f}us")
         log(f"decode-splits block={block_n} B={batch} L={context}: " + "  ".join(cells))

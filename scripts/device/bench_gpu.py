@@ -239,20 +239,20 @@ def weight_bytes_read_per_step(model: torch.nn.Module) -> int:
     return total - embed.numel() * embed.element_size()
 
 
-def fill_context(runner, batch: int, max_len: int) -> None:
-    """Rows 0..batch-1 hold CONTEXT tokens each in slots i * max_len + pos, with random K/V."""
+def fill_context(runner, batch: int, max_len: int, context: int = CONTEXT) -> None:
+    """Rows 0..batch-1 hold `context` tokens each in slots i * max_len + pos, with random K/V."""
     for k_cache, v_cache in runner.kv_caches:
         k_cache.normal_()
         v_cache.normal_()
-    positions = torch.arange(CONTEXT, device=DEV, dtype=torch.int32)
+    positions = torch.arange(context, device=DEV, dtype=torch.int32)
     rows = torch.arange(batch, device=DEV, dtype=torch.int32)[:, None]
-    runner.req_to_token[:batch, :CONTEXT] = rows * max_len + positions
+    runner.req_to_token[:batch, :context] = rows * max_len + positions
 
 
-def time_decode(step, batch: int, max_len: int, vocab: int, steps: int) -> float:
-    """Milliseconds per decode step over `steps` greedy steps from a CONTEXT-token context."""
+def time_decode(step, batch: int, max_len: int, vocab: int, steps: int, context: int = CONTEXT) -> float:
+    """Milliseconds per decode step over `steps` greedy steps from a `context`-token context."""
     ids = torch.randint(0, vocab, (batch,), device=DEV)
-    kv_lens = torch.full((batch,), CONTEXT + 1, device=DEV)
+    kv_lens = torch.full((batch,), context + 1, device=DEV)
     batches = [decode_batch(ids, kv_lens + i, max_len) for i in range(steps)]
     for b in batches[:3]:
         step(b)  # warm-up (same positions are rewritten below)
@@ -321,6 +321,26 @@ def bench_ours(model, hf_config: dict, bandwidth: float) -> dict:
     return result
 
 
+def batch1_split_sweep(model, hf_config: dict, split_counts: list[int], contexts: list[int]) -> list[dict]:
+    """Batch-1 decode step (CUDA graph) with the flash-decoding split count forced, per context."""
+    max_len = max(contexts) + STEPS + 8
+    runner = build_runner(hf_config, model.state_dict(), "bfloat16", "triton", 1, max_len)
+    fill_context(runner, 1, max_len, max(contexts))
+    rows = []
+    for splits in split_counts:
+        runner.backend._num_splits = lambda batch_size, splits=splits: splits
+        graphs = capture_graphs(runner, [1])
+        for context in contexts:
+            ms = time_decode(graphs.replay, 1, max_len, hf_config["vocab_size"], STEPS, context)
+            rows.append(dict(splits=splits, context=context, ms_per_step=ms))
+            log(f"B=1 splits {splits:3d} context {context:6d}: {ms:.3f} ms/step")
+        del graphs
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
 @torch.inference_mode()
 def bench_transformers(model, vocab: int) -> dict:
     """Decode tokens/s of transformers generate: (t(CONTEXT + HF_STEPS + 1 new) - t(1 new)) / HF_STEPS."""
@@ -359,6 +379,9 @@ def main() -> None:
     parser.add_argument("--missed-cells", action="store_true", help="only the config sweep of run E's missed cells")
     parser.add_argument("--cells", default="", help="with --missed-cells: BxL,BxL,... instead of run E's")
     parser.add_argument("--split-counts", default="", help="with --missed-cells: split counts to try, e.g. 2,3,4")
+    parser.add_argument("--b1-splits", default="", help="only batch-1 steps of the first model with these split "
+                        "counts forced, e.g. 1,4,33 (contexts from --b1-contexts)")
+    parser.add_argument("--b1-contexts", default=str(CONTEXT), help="with --b1-splits: contexts, e.g. 512,2048")
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -379,6 +402,15 @@ def main() -> None:
         report["decode_splits"] = decode_splits_sweep(bandwidth, SHORT_SWEEP_SHAPES, 64)
         report["decode_splits"] += decode_splits_sweep(bandwidth, SHORT_SWEEP_SHAPES, 32)
         report["decode_splits"] += decode_splits_sweep(bandwidth, SPLIT_SWEEP_SHAPES[2:6], 32)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        return
+    if args.b1_splits:
+        name = args.models.split(",")[0]
+        model, hf_config = hf_model(MODELS[name], torch.bfloat16)
+        counts = [int(v) for v in args.b1_splits.split(",")]
+        contexts = [int(v) for v in args.b1_contexts.split(",")]
+        report["b1_splits"] = {name: batch1_split_sweep(model, hf_config, counts, contexts)}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         return

@@ -6,6 +6,9 @@ scores a next prompt token, then a sampled chunk asks for its last position.
 The usual step is all decodes (one sampled token per request, no prompt logprobs). It takes a
 fast path: its per-step ids go to the device in a single copy, and the fields that only depend
 on the batch size (q_start, q_lens, logits_indices) are device tensors made once per size.
+
+With overlap scheduling a request's input token may still be on the device (`Request.pending_row`):
+it is taken from `previous_ids`, the sampled ids of the step in flight, by a gather on the device.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
+from router.request import Request
 from router.step import StepPlan
 
 
@@ -42,31 +46,39 @@ class StepBatchBuilder:
         self.device = torch.device(device)
         self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # B -> (arange, ones)
 
-    def build(self, plan: StepPlan) -> tuple[ForwardBatch, LogitsLayout]:
+    def build(self, plan: StepPlan, previous_ids: torch.Tensor | None = None) -> tuple[ForwardBatch, LogitsLayout]:
+        """`previous_ids`: [R] sampled ids of the step in flight, where pending tokens are read."""
         if all(c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None for c in plan.chunks):
-            return self._build_decode(plan)
-        return build_step_batch(plan, self.device)
+            return self._build_decode(plan, previous_ids)
+        return build_step_batch(plan, self.device, previous_ids)
 
-    def _build_decode(self, plan: StepPlan) -> tuple[ForwardBatch, LogitsLayout]:
+    def _build_decode(self, plan: StepPlan, previous_ids: torch.Tensor | None) -> tuple[ForwardBatch, LogitsLayout]:
         """Every chunk runs the last token of its sequence (position start) and samples after it."""
         chunks = plan.chunks
         requests = [c.request for c in chunks]
         positions = [c.start for c in chunks]
         kv_lens = [p + 1 for p in positions]
-        input_ids = [(r.output_ids or r.params.prompt_ids)[-1] for r in requests]
-        out_slots = [c.slots[0] for c in chunks]
-        req_rows = [r.row for r in requests]
-        packed = upload([input_ids, positions, out_slots, req_rows, kv_lens], self.device)  # [5, B]
+        columns = [positions, [c.slots[0] for c in chunks], [r.row for r in requests], kv_lens]
+        if previous_ids is not None and _inputs_are_previous_rows(requests, previous_ids):
+            packed = upload(columns, self.device)  # [4, B]
+            input_ids = previous_ids  # the steady state of overlap scheduling: no gather
+        else:
+            columns.append([(r.output_ids or r.params.prompt_ids)[-1] for r in requests])
+            sources = _input_sources(requests, previous_ids)
+            if sources is not None:
+                columns.append(sources)
+            packed = upload(columns, self.device)  # [5 or 6, B]
+            input_ids = packed[4] if sources is None else torch.cat([previous_ids, packed[4]])[packed[5]]
         arange, ones = self._size_constants(len(chunks))
         batch = ForwardBatch(
             mode=ForwardMode.DECODE,
-            input_ids=packed[0],
-            positions=packed[1],
-            out_slots=packed[2],
-            req_rows=packed[3],
+            input_ids=input_ids,
+            positions=packed[0],
+            out_slots=packed[1],
+            req_rows=packed[2],
             q_start=arange,
             q_lens=ones,
-            kv_lens=packed[4],
+            kv_lens=packed[3],
             logits_indices=arange,
             max_q_len=1,
             max_kv_len=max(kv_lens),
@@ -84,15 +96,36 @@ class StepBatchBuilder:
         return constants
 
 
-def build_step_batch(plan: StepPlan, device: torch.device | str) -> tuple[ForwardBatch, LogitsLayout]:
+def _inputs_are_previous_rows(requests: list[Request], previous_ids: torch.Tensor) -> bool:
+    """Request i's input is row i of the step in flight, for every i (same requests, same order)."""
+    return len(requests) == previous_ids.shape[0] and all(r.pending_row == i for i, r in enumerate(requests))
+
+
+def _input_sources(requests: list[Request], previous_ids: torch.Tensor | None) -> list[int] | None:
+    """Index of each input in cat(previous_ids, host ids), or None when none is pending."""
+    if previous_ids is None or all(r.pending_row is None for r in requests):
+        return None
+    offset = previous_ids.shape[0]
+    return [offset + i if r.pending_row is None else r.pending_row for i, r in enumerate(requests)]
+
+
+def build_step_batch(
+    plan: StepPlan, device: torch.device | str, previous_ids: torch.Tensor | None = None
+) -> tuple[ForwardBatch, LogitsLayout]:
     """Any plan (prefill chunks, prompt logprobs, decodes mixed in)."""
     input_ids: list[int] = []
     out_slots: list[int] = []
     logits_indices: list[int] = []
+    pending: list[tuple[int, int]] = []  # (flat position, row of previous_ids) of tokens still on the device
     layout = LogitsLayout([], [], [], [], [])
     for index, chunk in enumerate(plan.chunks):
         request, offset = chunk.request, len(input_ids)
-        input_ids += request.token_ids(chunk.start, chunk.end)
+        if request.pending_row is not None:  # a decode of the token in flight
+            assert chunk.num_tokens == 1 and previous_ids is not None
+            pending.append((offset, request.pending_row))
+            input_ids.append(0)
+        else:
+            input_ids += request.token_ids(chunk.start, chunk.end)
         out_slots += chunk.slots
         if chunk.num_prompt_logprob_rows is not None:
             num_rows = chunk.num_prompt_logprob_rows
@@ -113,4 +146,7 @@ def build_step_batch(plan: StepPlan, device: torch.device | str) -> tuple[Forwar
         logits_indices=logits_indices,
         device=device,
     )
+    if pending:
+        positions, rows = upload([list(p) for p in zip(*pending)], torch.device(device))
+        batch.input_ids[positions] = previous_ids[rows]
     return batch, layout

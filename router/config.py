@@ -26,7 +26,7 @@ class EngineConfig:
     cuda_graphs: list[int] | None = None  # decode batch sizes to capture; [] disables
     eos_token_ids: list[int] = field(default_factory=list)  # extra EOS ids (LightLLM --eos_id)
     seed: int = 0
-    # Engine process: send the last step's events and read new requests while the GPU runs the next
-    # step (events then leave one step later). None: on for CUDA, off elsewhere (a CPU forward is
-    # synchronous, so there is nothing to hide the I/O behind); tests force it on.
-    overlap_host_io: bool | None = None
+    # Schedule and launch step N+1 before waiting for step N (router/engine.py), so that the host's
+    # work per step runs while the GPU computes. None: on for CUDA, off elsewhere (a CPU forward is
+    # synchronous, so there is nothing to hide the host work behind); tests force it on.
+    overlap_scheduling: bool | None = None

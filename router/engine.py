@@ -1,5 +1,15 @@
 """EngineCore: one step = schedule -> execute -> update.
 
+With overlap scheduling (on for CUDA) the host does not wait for a step before preparing the next:
+
+    step N:   schedule N -> launch N -> [wait for N-1 -> update N-1] -> return N-1's events
+                            GPU: ...N-1 | N .................. (N+1 is queued before N ends)
+
+Step N's plan counts the tokens of step N-1 as pending (Request.pending_row) and takes them as
+inputs on the device; a request that finished at N-1 (EOS, a stop id) still runs in step N,
+whose token for it is dropped. Requests whose sampling reads their own tokens on the host
+(penalties, watermark, healing) turn it off while any is in the engine.
+
 Keep this file minimal. Scheduling lives in scheduler.py, batch building and failure isolation in
 executor.py, token selection in sampling.py, checks in validation.py; a feature that needs engine
 logic goes there, not here.
@@ -7,21 +17,24 @@ logic goes there, not here.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
-from collections.abc import Callable
 
 from router.admission import AdmissionLimits
 from router.client_api import EngineInfo
 from router.config import EngineConfig
 from router.engine_stats import EngineStatsTracker
-from router.executor import Runner, StepExecutor
+from router.executor import LaunchedStep, Runner, StepExecutor
 from router.kv_slots import KVSlotPool
 from router.outputs import TokenEvent
 from router.request import GenerateRequest, Request
 from router.scheduler import Scheduler, SchedulerLimits
 from router.stats import EngineStats
+from router.step import StepPlan, StepResult
 from router.validation import validate_request
+
+logger = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -41,10 +54,9 @@ class EngineCore:
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids))
         self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device)
         self.stats = EngineStatsTracker(self.scheduler)
-        # Called by each step while its GPU work runs (StepExecutor.execute); the engine process
-        # sends and receives there. It may add and abort requests: both take effect at the next
-        # schedule(). Its exception is raised once the step is applied.
-        self.while_gpu_works: Callable[[], None] | None = None
+        overlap = config.overlap_scheduling
+        self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
+        self._in_flight: LaunchedStep | None = None  # launched, not yet updated (overlap scheduling)
         self._rng = random.Random(config.seed)
         self._num_arrivals = 0
 
@@ -71,15 +83,47 @@ class EngineCore:
         self.scheduler.abort(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def step(self) -> list[TokenEvent]:
-        started = time.perf_counter()
+        """Plain: schedule, execute and update one step, and return its events. With overlap
+        scheduling: schedule and launch a step, then complete the one in flight and return its events."""
+        previous, self._in_flight = self._in_flight, None
+        overlap = self.overlap_scheduling and not self.scheduler.num_reading_own_tokens
+        events: list[TokenEvent] = []
+        if previous is not None and not overlap:  # the next plan needs every token on the host
+            events, previous = self._complete(previous), None
         plan = self.scheduler.schedule()
-        result = self.executor.execute(plan, self.while_gpu_works)
+        if overlap and not plan.is_empty:
+            try:
+                launched = self.executor.launch(plan, previous)
+            except Exception:  # noqa: BLE001 - run it again below, where failures are contained
+                logger.exception("launching a step of %d requests failed; running it synchronously", len(plan.chunks))
+            else:
+                if previous is not None:
+                    events += self._complete(previous)
+                self.scheduler.tokens_in_flight(plan)
+                self._in_flight = launched
+                return events
+        if previous is not None:
+            events += self._complete(previous)
+        return events + self._execute(plan)
+
+    def _execute(self, plan: StepPlan) -> list[TokenEvent]:
+        started = time.perf_counter()
+        result = self.executor.execute(plan)
         events = self.scheduler.update(plan, result)
-        self.stats.record(plan, result, time.perf_counter() - started)
-        self.executor.raise_hook_error()
+        self.stats.record(plan, result, events, time.perf_counter() - started)
+        return events
+
+    def _complete(self, launched: LaunchedStep) -> list[TokenEvent]:
+        try:
+            result = launched.result()
+        except Exception as exc:  # noqa: BLE001 - an asynchronous failure: its requests fail, the engine serves on
+            logger.exception("a step of %d requests failed", len(launched.plan.chunks))
+            result = StepResult.failed(launched.plan, f"{type(exc).__name__}: {exc}")
+        events = self.scheduler.update(launched.plan, result)
+        self.stats.record(launched.plan, result, events, time.perf_counter() - launched.started)
         return events
 
     def run_once(self) -> tuple[list[TokenEvent], EngineStats | None]:

@@ -5,6 +5,7 @@ EngineCore records one StepStats per step; the engine loop asks `report()` when 
 
 from __future__ import annotations
 
+from router.outputs import TokenEvent
 from router.scheduler import Scheduler
 from router.stats import EngineStats, StatsAccumulator, StepStats
 from router.step import StepPlan, StepResult
@@ -18,13 +19,15 @@ class EngineStatsTracker:
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
 
-    def record(self, plan: StepPlan, result: StepResult, total_s: float) -> None:
+    def record(self, plan: StepPlan, result: StepResult, events: list[TokenEvent], total_s: float) -> None:
+        """One applied step; `events` are what update() made of it (tokens of requests that ended
+        before it was applied, with overlap scheduling, are dropped there and not counted)."""
         self.num_preemptions += len(plan.preempted)
         if plan.is_empty:
             return
         prompt_tokens, new_batch_size = _prompt_tokens_and_new_requests(plan)
         self.num_prompt_tokens += prompt_tokens
-        self.num_generated_tokens += sum(token is not None for token in result.tokens)
+        self.num_generated_tokens += sum(len(event.token_ids) for event in events)
         self.accumulator.add_step(
             StepStats(
                 method="prefill" if prompt_tokens else "decode",

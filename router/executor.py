@@ -1,18 +1,20 @@
 """Execute a StepPlan: build the flat batch, run the model, sample, copy the results to the host.
 
-Failures are contained here: if a batch raises, its chunks are retried one by one so that only the
-request that really fails is failed, and the engine keeps serving the rest.
+A step is launched, then completed: `launch` queues the forward, the sampler and the one
+device-to-host copy (on a GPU all asynchronous, so the host is free meanwhile) and `result` waits
+for the copy and turns it into a StepResult. The engine's overlap scheduling schedules and launches
+step N+1 between the two calls of step N.
 
-A caller may pass `while_gpu_works`: it runs once per executed step, after the forward and the
-sampler are launched and before the host blocks on their results (on a GPU both run
-asynchronously, so the host is free meanwhile; the engine process sends and receives messages then).
+Failures are contained in `execute` (the plain, synchronous path): if a batch raises, its chunks
+are retried one by one so that only the request that really fails is failed, and the engine keeps
+serving the rest.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -20,7 +22,7 @@ import torch
 from modeling.forward_batch import ForwardBatch
 from router.batch import LogitsLayout, StepBatchBuilder
 from router.request import Request
-from router.sampling import Sampler, SamplingBatch, score_prompt
+from router.sampling import SampledRows, Sampler, SamplingBatch, score_prompt
 from router.sampling_cache import SamplingBatchCache
 from router.step import PromptScores, StepPlan, StepResult
 
@@ -36,6 +38,50 @@ class Runner(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class _PromptRows:
+    """A step's prompt-logprob rows on their way to the host."""
+
+    rows: SampledRows
+    chunks: list[tuple[int, int]]  # (chunk index, number of rows), in row order
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose GPU work is queued; `result()` waits for it."""
+
+    plan: StepPlan
+    started: float  # perf_counter() when the launch began
+    forward_s: float  # host time to build the batch and queue the forward
+    sampled_ids: torch.Tensor | None  # [R] on the device: the next step's pending inputs
+    sampled: SampledRows | None
+    sampled_chunks: list[int]  # index in plan.chunks of each sampled row
+    prompt: _PromptRows | None
+
+    def result(self) -> StepResult:
+        waited = time.perf_counter()
+        plan = self.plan
+        result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
+        if self.sampled is not None:
+            tokens = self.sampled.rows()
+            if len(tokens) == len(plan.chunks):  # every chunk sampled
+                result.tokens = tokens
+            else:
+                for chunk_index, token in zip(self.sampled_chunks, tokens):
+                    result.tokens[chunk_index] = token
+        if self.prompt is not None:
+            scored, offset = self.prompt.rows.rows(), 0
+            for chunk_index, num_rows in self.prompt.chunks:
+                rows = scored[offset : offset + num_rows]
+                offset += num_rows
+                result.prompt_scores[chunk_index] = PromptScores(
+                    logprobs=[r.logprob for r in rows],
+                    top_tokens=[list(r.top_tokens) for r in rows],
+                )
+        result.forward_s, result.sample_s = self.forward_s, time.perf_counter() - waited
+        return result
+
+
 class StepExecutor:
     def __init__(self, runner: Runner, vocab_size: int, device: torch.device | str) -> None:
         self.runner = runner
@@ -44,39 +90,13 @@ class StepExecutor:
         self.batch_builder = StepBatchBuilder(self.device)
         self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
         self.healer = None  # router.token_healing.TokenHealer, set on the first healing request
-        self._while_gpu_works: Callable[[], None] | None = None  # this step's hook, until it has run
-        self._hook_error: Exception | None = None
 
-    def execute(self, plan: StepPlan, while_gpu_works: Callable[[], None] | None = None) -> StepResult:
-        """Run one step. `while_gpu_works` is called exactly once when the plan is not empty: while
-        the GPU runs the step, or after a failure that came before that point. An exception it raises
-        neither fails the step nor is lost: `raise_hook_error()` re-raises it once the caller has
-        applied the step's result."""
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step to its result, failures contained."""
         if plan.is_empty:
             return StepResult(tokens=[])
-        self._while_gpu_works = while_gpu_works
         try:
-            return self._execute(plan)
-        finally:
-            self._run_hook()
-
-    def raise_hook_error(self) -> None:
-        error, self._hook_error = self._hook_error, None
-        if error is not None:
-            raise error
-
-    def _run_hook(self) -> None:
-        hook, self._while_gpu_works = self._while_gpu_works, None
-        if hook is None:
-            return
-        try:
-            hook()
-        except Exception as exc:  # noqa: BLE001 - kept for raise_hook_error(): the step must finish first
-            self._hook_error = exc
-
-    def _execute(self, plan: StepPlan) -> StepResult:
-        try:
-            return self._run(plan)
+            return self.launch(plan).result()
         except Exception as exc:  # noqa: BLE001 - any failure of a step must stay contained
             if len(plan.chunks) == 1:
                 request_id = plan.chunks[0].request.request_id
@@ -88,7 +108,7 @@ class StepExecutor:
     def _run_one_by_one(self, plan: StepPlan) -> StepResult:
         merged = StepResult(tokens=[], prompt_scores=[])
         for chunk in plan.chunks:
-            single = self._execute(StepPlan(chunks=[chunk]))
+            single = self.execute(StepPlan(chunks=[chunk]))
             merged.tokens += single.tokens
             merged.prompt_scores += single.prompt_scores or [None]
             merged.errors.update(single.errors)
@@ -97,28 +117,23 @@ class StepExecutor:
         return merged
 
     @torch.inference_mode()
-    def _run(self, plan: StepPlan) -> StepResult:
+    def launch(self, plan: StepPlan, previous: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue a non-empty step's work. `previous`: the step in flight whose sampled ids are the
+        inputs of this plan's pending tokens (overlap scheduling)."""
         started = time.perf_counter()
-        batch, layout = self.batch_builder.build(plan)
+        previous_ids = previous.sampled_ids if previous is not None else None
+        batch, layout = self.batch_builder.build(plan, previous_ids)
         logits = self.runner.forward(batch)  # [R, vocab]
-        forward_done = time.perf_counter()
-        result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
+        forward_s = time.perf_counter() - started
+        sampled_ids = sampled = prompt = None
         if layout.sample_rows:
             sampling = self._sampling_batch([plan.chunks[i].request for i in layout.sampled_chunks])
             output = self.sampler(self._rows(logits, layout.sample_rows), sampling)
             self.sampling_cache.sampled(output.token_ids)
-            self._run_hook()  # the forward and the sampler are queued on the device; to_host waits
-            sampled = output.to_host()
-            if len(sampled) == len(plan.chunks):  # every chunk sampled (sampled_chunks is 0..n-1)
-                result.tokens = sampled
-            else:
-                for chunk_index, token in zip(layout.sampled_chunks, sampled):
-                    result.tokens[chunk_index] = token
+            sampled_ids, sampled = output.token_ids, output.start_copy()
         if layout.prompt_chunks:
-            self._run_hook()  # a no-op when it ran above; else the forward is still in flight
-            self._score_prompts(plan, layout, logits, result)
-        result.forward_s, result.sample_s = forward_done - started, time.perf_counter() - forward_done
-        return result
+            prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
+        return LaunchedStep(plan, started, forward_s, sampled_ids, sampled, layout.sampled_chunks, prompt)
 
     def _sampling_batch(self, requests: list[Request]) -> SamplingBatch:
         return self.sampling_cache.get(requests, self.healer)
@@ -129,19 +144,11 @@ class StepExecutor:
             return logits.float()
         return logits[torch.tensor(rows, dtype=torch.int64, device=self.device)].float()
 
-    def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor, result: StepResult) -> None:
+    def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor) -> SampledRows:
         top_n = [plan.chunks[i].request.params.prompt_top_n for i, n in layout.prompt_chunks for _ in range(n)]
-        scored = score_prompt(
+        return score_prompt(
             self._rows(logits, layout.prompt_rows),
             torch.tensor(layout.prompt_next_ids, dtype=torch.int64, device=self.device),
             torch.tensor(top_n, dtype=torch.int64, device=self.device),
-        ).to_host()
-        offset = 0
-        for chunk_index, num_rows in layout.prompt_chunks:
-            rows = scored[offset : offset + num_rows]
-            offset += num_rows
-            result.prompt_scores[chunk_index] = PromptScores(
-                logprobs=[r.logprob for r in rows],
-                top_tokens=[list(r.top_tokens) for r in rows],
-            )
-
+            max(top_n, default=0),
+        ).start_copy()

@@ -73,9 +73,13 @@ class Request:
     """Engine-side state of one request (never leaves the engine process).
 
     vLLM v1 style: there is no prefill or decode phase. `num_computed_tokens` (tokens whose K/V
-    sit in the cache) catches up with `num_tokens` (prompt + generated); a step that reaches the
-    end samples the next token. Preemption sets it back to 0 and the request re-prefills all of
-    `all_token_ids` later.
+    sit in the cache, or are being written by a scheduled step) catches up with `num_tokens` (prompt
+    + generated); a step that reaches the end samples the next token. Preemption sets it back to 0
+    and the request re-prefills prompt + generated later.
+
+    With overlap scheduling the newest generated token may still be on the device when the next
+    step is scheduled: `pending_row` is then its row in the sampled ids of the step in flight, and
+    it counts in `num_tokens` although `output_ids` does not hold it yet.
     """
 
     params: GenerateRequest
@@ -91,6 +95,7 @@ class Request:
     prompt_logprobs: list[float | None] = field(default_factory=list)
     prompt_top_tokens: list[list] = field(default_factory=list)  # list[list[TopToken]]
     finish_reason: FinishReason | None = None
+    pending_row: int | None = None  # see the class docstring
 
     @property
     def request_id(self) -> str:
@@ -102,7 +107,24 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.params.prompt_ids) + len(self.output_ids)
+        return len(self.params.prompt_ids) + self.num_output_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Generated tokens, the one still on the device included."""
+        return len(self.output_ids) + (self.pending_row is not None)
+
+    @property
+    def reads_own_tokens_to_sample(self) -> bool:
+        """Penalties, the watermark and token healing read the generated ids on the host, so the
+        next token of such a request cannot be drawn while its previous one is still on the device."""
+        sampling, params = self.params.sampling, self.params
+        return (
+            sampling.repetition_penalty != 1.0
+            or sampling.frequency_penalty != 0.0
+            or sampling.watermark
+            or params.healing_prefix is not None
+        )
 
     @property
     def num_new_tokens(self) -> int:

@@ -73,7 +73,7 @@ class SamplingBatch:
             [p.repetition_penalty for p in params],
             [p.frequency_penalty for p in params],
         ]
-        int_columns = [sampling, [_as_int64(r.seed or 0) for r in requests], [len(r.output_ids) for r in requests]]
+        int_columns = [sampling, [_as_int64(r.seed or 0) for r in requests], [r.num_output_tokens for r in requests]]
         int_columns += [[p.top_k for p in params], top_n]
         floats = torch.tensor(float_columns, dtype=torch.float32).to(device, non_blocking=True)  # [5, B]
         ints = torch.tensor(int_columns, dtype=torch.int64).to(device, non_blocking=True)  # [5, B]
@@ -125,18 +125,19 @@ class SamplerOutput:
     all_logprobs: torch.Tensor  # [B, V], read again only when ties overflow the top_ids columns (with top-n)
 
     def to_host(self) -> list[SampledToken]:
-        """One device-to-host copy for the whole step, then plain Python objects per row."""
-        num_rows = self.token_ids.shape[0]
-        if self.top_counts is None:  # the usual step: ids and logprobs only, no per-row branching
-            ids, logprobs = torch.stack([self.token_ids.to(torch.float64), self.logprobs.to(torch.float64)]).cpu().tolist()
-            return list(map(SampledToken, map(int, ids), logprobs))
-        parts = [self.token_ids, self.logprobs]
-        if self.top_counts is not None:
-            parts += [self.top_counts, self.top_ids, self.top_logprobs]
-        packed = torch.cat([p.reshape(num_rows, -1).to(torch.float64) for p in parts], dim=1).cpu().tolist()
-        return [self._row(i, values) for i, values in enumerate(packed)]
+        return self.start_copy().rows()
 
-    def _row(self, i: int, values: list[float]) -> SampledToken:
+    def start_copy(self) -> SampledRows:
+        """Start the step's one device-to-host copy; SampledRows.rows() waits for it."""
+        if self.top_counts is None:  # the usual step: ids and logprobs only
+            packed = torch.stack([self.token_ids.to(torch.float64), self.logprobs.to(torch.float64)])  # [2, B]
+        else:
+            parts = [self.token_ids, self.logprobs, self.top_counts, self.top_ids, self.top_logprobs]
+            num_rows = self.token_ids.shape[0]
+            packed = torch.cat([p.reshape(num_rows, -1).to(torch.float64) for p in parts], dim=1)  # [B, 3 + 2K]
+        return SampledRows(self, DeviceToHost(packed))
+
+    def to_token(self, i: int, values: list[float]) -> SampledToken:
         token = SampledToken(int(values[0]), values[1])
         if self.top_counts is None or (count := int(values[2])) == 0:
             return token
@@ -148,6 +149,42 @@ class SamplerOutput:
             pairs = zip(values[3 : 3 + count], values[3 + width : 3 + width + count])
         token.top_tokens = [TopToken(int(t), float(v)) for t, v in pairs]
         return token
+
+
+class DeviceToHost:
+    """A device tensor's copy to the host, started at once and read later: into pinned memory on a
+    GPU, so that neither the copy nor the host waits for work queued after it."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self._ready: torch.cuda.Event | None = None
+        if values.device.type != "cuda":
+            self._host = values
+            return
+        self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        self._host.copy_(values, non_blocking=True)
+        self._ready = torch.cuda.Event()
+        self._ready.record()
+
+    def tolist(self) -> list:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+
+@dataclass(slots=True)
+class SampledRows:
+    """A step's sampled rows on their way to the host."""
+
+    output: SamplerOutput
+    copy: DeviceToHost
+
+    def rows(self) -> list[SampledToken]:
+        """Plain Python objects per row; waits for the copy."""
+        values = self.copy.tolist()
+        if self.output.top_counts is None:
+            ids, logprobs = values
+            return list(map(SampledToken, map(int, ids), logprobs))
+        return [self.output.to_token(i, row) for i, row in enumerate(values)]
 
 
 class Sampler:
@@ -318,13 +355,13 @@ def _context(requests: Sequence[Request], vocab_size: int, device: torch.device,
     return padded.to(device, non_blocking=True), length_column.to(torch.float32).to(device, non_blocking=True)
 
 
-def score_prompt(logits: torch.Tensor, next_ids: torch.Tensor, top_n: torch.Tensor) -> SamplerOutput:
-    """Prompt logprobs: logits [P, V] at prompt positions, next_ids [P] the tokens they predict.
+def score_prompt(logits: torch.Tensor, next_ids: torch.Tensor, top_n: torch.Tensor, max_n: int) -> SamplerOutput:
+    """Prompt logprobs: logits [P, V] at prompt positions, next_ids [P] the tokens they predict,
+    top_n [P] alternatives wanted per row (max_n of them at most).
 
     Scored under the raw model distribution (no penalties or warpers), as TGI's prefill does.
     """
     logprobs = torch.log_softmax(logits, dim=-1)
     chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
-    max_n = int(top_n.max().item()) if top_n.numel() else 0
     top = top_n_with_ties(logprobs, top_n, max_n) if max_n > 0 else (None, None, None)
     return SamplerOutput(next_ids, chosen, *top, all_logprobs=logprobs)

@@ -10,7 +10,8 @@ every request's whole context; carrying it forward costs a few device ops and no
     cache.sampled(out.token_ids)            # the ids the next get() appends to the history
 
 The carried batch is used only when each request is the same object in the same row and holds
-exactly one more output token than when the batch was made (the token recorded by sampled()).
+exactly one more generated token (counting one still on the device) than when the batch was made
+(the token recorded by sampled()).
 Anything else (a request joined, finished, was preempted or failed, a step was retried) rebuilds.
 """
 
@@ -41,7 +42,7 @@ class SamplingBatchCache:
 
     def get(self, requests: Sequence[Request], healer=None) -> SamplingBatch:
         requests = list(requests)
-        lengths = [len(r.output_ids) for r in requests]
+        lengths = [r.num_output_tokens for r in requests]
         reusable = self._sampled_ids is not None and lengths == self._next_lengths and requests == self._requests
         batch = self._advance(requests, healer) if reusable else self._build(requests, healer)
         self._requests, self._batch, self._sampled_ids = requests, batch, None

@@ -7,6 +7,12 @@ max_batch_prefill_tokens and shares steps with decodes). Waiting requests join w
 future-memory estimate (router/admission.py) says they fit. If the pool still runs dry, the newest
 running request is preempted: its slots are freed and it goes back to the head of the queue, to
 re-prefill prompt + generated later. Nothing is ever dropped.
+
+A chunk advances `num_computed_tokens` when it is scheduled, and its sampled token is appended by
+update(). With overlap scheduling (router/engine.py) the next step is scheduled before update()
+has seen the step in flight: its sampled tokens are then marked pending (`tokens_in_flight`), a
+pending token is the input of the request's next decode, and a request whose pending token is its
+last by length is not scheduled again.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class Scheduler:
         self.running: list[Request] = []  # oldest first: the tail is preempted first
         self.requests: dict[str, Request] = {}
         self._abort_ids: set[str] = set()
+        # Requests here whose sampling reads their own tokens on the host (no overlap scheduling then)
+        self.num_reading_own_tokens = 0
 
     # ---- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -43,6 +51,7 @@ class Scheduler:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.num_reading_own_tokens += request.reads_own_tokens_to_sample
 
     def abort(self, request_id: str) -> None:
         """Takes effect at the next schedule(): the request's slots are free after it."""
@@ -84,7 +93,7 @@ class Scheduler:
         if not running or self.pool.num_free_slots < len(running):
             return False
         for request in running:
-            if request.num_computed_tokens == 0 or request.num_new_tokens != 1:
+            if request.num_computed_tokens == 0 or request.num_new_tokens != 1 or _at_length_cap(request):
                 return False
         slots = self.pool.allocate(len(running))
         chunk = self._chunk
@@ -92,6 +101,8 @@ class Scheduler:
         return True
 
     def _schedule_running(self, request: Request, budget: int, plan: StepPlan) -> ScheduledChunk | None:
+        if _at_length_cap(request):
+            return None  # its pending token is its last: update() finishes it
         num_new = request.num_new_tokens
         if request.num_computed_tokens == 0 or num_new > 1:  # a (re-)prefill chunk
             num_new = min(num_new, budget)
@@ -130,10 +141,13 @@ class Scheduler:
 
     def _chunk(self, request: Request, num_new: int, slots: list[int]) -> ScheduledChunk:
         start = request.num_computed_tokens
+        request.num_computed_tokens = start + num_new
         request.slots.extend(slots)
         prompt_rows = None
         if request.needs_prompt_logprobs:  # positions start.. score prompt tokens start+1..
             prompt_rows = max(0, min(start + num_new, request.num_prompt_tokens - 1) - start)
+            if prompt_rows == 0 and start > 0:
+                prompt_rows = None  # past the prompt (its scores may be still in flight): nothing to score
         return ScheduledChunk(
             request=request,
             start=start,
@@ -155,16 +169,26 @@ class Scheduler:
                 self.finish(request, FinishReason.ERROR)
                 events.append(TokenEvent(request.request_id, finish_reason="error", error=error))
                 continue
-            request.num_computed_tokens = chunk.end
-            if prompt_scores is not None:
+            if prompt_scores is not None and request.status is RequestStatus.RUNNING:
+                # (a request preempted since this step was scheduled re-scores its whole prompt)
                 _record_prompt_scores(request, chunk.start, prompt_scores)
             if chunk.is_sampled:
                 assert sampled is not None, f"chunk of {request.request_id} was sampled but has no token"
                 events.append(self._append_token(request, sampled))
         return events
 
+    def tokens_in_flight(self, plan: StepPlan) -> None:
+        """Overlap scheduling: `plan` is launched and the next step will be scheduled before its
+        update(); its sampled tokens stay on the device until then, row i for the i-th sampled chunk."""
+        row = 0
+        for chunk in plan.chunks:
+            if chunk.is_sampled:
+                chunk.request.pending_row = row
+                row += 1
+
     def _append_token(self, request: Request, sampled: SampledToken) -> TokenEvent:
         output_ids, params, token_id = request.output_ids, request.params, sampled.token_id
+        request.pending_row = None
         output_ids.append(token_id)
         event = TokenEvent(
             params.request_id,
@@ -210,7 +234,8 @@ class Scheduler:
             self.waiting.remove(request)
         self._release(request)
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
-        self.requests.pop(request.request_id, None)
+        if self.requests.pop(request.request_id, None) is not None:
+            self.num_reading_own_tokens -= request.reads_own_tokens_to_sample
         self._abort_ids.discard(request.request_id)
 
     def _apply_aborts(self) -> list[Request]:
@@ -243,6 +268,11 @@ def _prefill_tokens(chunk: ScheduledChunk) -> int:
     """Tokens a chunk takes from the step's prefill budget (decodes take none)."""
     is_decode = chunk.num_tokens == 1 and chunk.start > 0 and chunk.is_sampled
     return 0 if is_decode else chunk.num_tokens
+
+
+def _at_length_cap(request: Request) -> bool:
+    """Its newest token, still on the device, is its last (only ever true with a pending token)."""
+    return request.num_output_tokens >= request.params.max_new_tokens
 
 
 def _tokens(request: Request) -> RequestTokens:

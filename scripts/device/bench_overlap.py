@@ -1,12 +1,18 @@
-"""Engine-process throughput with EngineConfig.overlap_host_io off vs on (not CI; no HTTP).
+"""Engine-process throughput with EngineConfig.overlap_scheduling off vs on (not CI; no HTTP).
 
-    python3 scripts/device/bench_overlap.py [MODEL_DIR] [--rows 64,256] [--repeats 2]
+    python3 scripts/device/bench_overlap.py [MODEL_DIR] [--rows 1,64,256] [--repeats 2]
 
 The model folder is serve_bench.sh's random Llama-3-8B (`STAGES=model bash scripts/device/serve_bench.sh`).
 For each setting an engine process is started behind router.client.ZmqEngineClient (the server's own
 client) and `rows` requests of 128 random prompt ids x 256 new tokens (ignore_eos) run at once; output
-tok/s counts every token that reached the client. With the overlap on, the engine process sends a
-step's events and reads new messages while the GPU runs the next step.
+tok/s counts every token that reached the client, and the time per output token of a request is
+(last token's arrival - first token's) / (tokens - 1), as a client sees it. With the overlap on, step
+N+1 is scheduled and launched before step N's tokens are read back (router/engine.py).
+
+First (`--check`, on by default) a correctness check of the GPU path of overlap scheduling: a small
+random Llama in float32 with CUDA graphs, in-process EngineCore, the same requests (greedy, seeded
+sampling, top-n; all admitted in the first step and ended by length, so both settings run the same
+plans) with overlap off and on: the tokens must be identical.
 """
 
 from __future__ import annotations
@@ -16,25 +22,78 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 from router.client import ZmqEngineClient  # noqa: E402
 from router.config import EngineConfig  # noqa: E402
 from router.request import GenerateRequest  # noqa: E402
 
 PROMPT_LEN, NEW_TOKENS = 128, 256
+TINY_LLAMA = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=256, intermediate_size=512,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=2000,
+    max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+)
+
+
+def check_same_tokens(device: str = "cuda") -> dict:
+    """Overlap off vs on over one float32 runner (Triton backend, CUDA graphs); every token must match."""
+    import torch
+    from common import build_runner, hf_model
+
+    from router.engine import EngineCore
+    from router.request import SamplingParams
+
+    torch.manual_seed(0)
+    model, hf_config = hf_model(TINY_LLAMA, torch.float32, device)
+    backend = "triton" if device == "cuda" else "torch"  # (a CPU dry run of this script)
+    runner = build_runner(hf_config, model.state_dict(), "float32", backend, 32, 512, device, [1, 2, 4, 8, 16, 32])
+    rng = random.Random(0)
+    requests = [
+        (
+            [rng.randrange(3, 2000) for _ in range(rng.randrange(1, 60))],
+            SamplingParams(do_sample=i % 3 == 1, seed=i, temperature=0.9, top_n_tokens=2 if i % 3 == 2 else 0),
+            rng.randrange(1, 80),
+        )
+        for i in range(24)
+    ]
+    outputs = {}
+    for overlap in (False, True):
+        engine = EngineCore(EngineConfig(model_id="random", max_running_requests=32, overlap_scheduling=overlap),
+                            runner, runner.model_config)
+        for i, (prompt, sampling, max_new) in enumerate(requests):
+            engine.add_request(GenerateRequest(f"c{i}", prompt, sampling, max_new_tokens=max_new, ignore_eos=True))
+        tokens: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for event in engine.step():
+                tokens.setdefault(event.request_id, []).extend(event.token_ids)
+        assert engine.pool.is_full_free()
+        outputs[overlap] = tokens
+    same = sum(outputs[False][k] == outputs[True].get(k) for k in outputs[False])
+    lengths_ok = all(len(outputs[True][f"c{i}"]) == r[2] for i, r in enumerate(requests))
+    result = dict(requests=len(requests), identical=same, lengths_ok=lengths_ok)
+    print(json.dumps(dict(check=result)), flush=True)
+    return result
 
 
 async def measure(model_dir: str, overlap: bool, rows_list: list[int], repeats: int) -> list[dict]:
-    client = await ZmqEngineClient.start(EngineConfig(model_id=model_dir, overlap_host_io=overlap))
+    client = await ZmqEngineClient.start(EngineConfig(model_id=model_dir, overlap_scheduling=overlap))
     rng, ids, results = random.Random(0), iter(range(10**9)), []
 
-    async def one(prompt: list[int], new_tokens: int) -> int:
+    async def one(prompt: list[int], new_tokens: int) -> tuple[int, float]:
+        """(tokens received, ms per output token after the first)."""
         request = GenerateRequest(f"q{next(ids)}", prompt, max_new_tokens=new_tokens, ignore_eos=True)
-        return sum([len(e.token_ids) async for batch in client.generate_batches(request) for e in batch])
+        tokens, first, last = 0, None, None
+        async for batch in client.generate_batches(request):
+            last = time.perf_counter()
+            first = first or last
+            tokens += sum(len(e.token_ids) for e in batch)
+        return tokens, 1e3 * (last - first) / max(tokens - 1, 1)
 
     def prompts(n: int) -> list[list[int]]:
         return [[rng.randrange(1000, 100000) for _ in range(PROMPT_LEN)] for _ in range(n)]
@@ -45,9 +104,12 @@ async def measure(model_dir: str, overlap: bool, rows_list: list[int], repeats: 
             for rep in range(repeats):
                 batch = prompts(rows)
                 start = time.perf_counter()
-                tokens = sum(await asyncio.gather(*(one(p, NEW_TOKENS) for p in batch)))
+                outcomes = await asyncio.gather(*(one(p, NEW_TOKENS) for p in batch))
                 seconds = time.perf_counter() - start
-                result = dict(overlap=overlap, rows=rows, rep=rep, tokens=tokens, seconds=seconds, tok_s=tokens / seconds)
+                tokens = sum(n for n, _ in outcomes)
+                tpot = statistics.median(ms for _, ms in outcomes)
+                result = dict(overlap=overlap, rows=rows, rep=rep, tokens=tokens, seconds=seconds,
+                              tok_s=tokens / seconds, median_tpot_ms=tpot)
                 print(json.dumps(result), flush=True)
                 results.append(result)
     finally:
@@ -58,11 +120,12 @@ async def measure(model_dir: str, overlap: bool, rows_list: list[int], repeats: 
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", nargs="?", default="/tmp/llama3-8b-random")
-    parser.add_argument("--rows", default="64,256")
+    parser.add_argument("--rows", default="1,64,256")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-check", action="store_true", help="skip the tokens-match check")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    results = []
+    results = [] if args.no_check else [dict(check=check_same_tokens())]
     for overlap in (False, True, False, True):  # interleaved, so drift shows up as spread
         results += await measure(args.model_dir, overlap, rows, args.repeats)
     with open(os.path.join(os.environ.get("OUT", "."), "overlap.json"), "w") as f:

@@ -1,9 +1,10 @@
-"""The engine process's I/O overlapped with the GPU's step (EngineConfig.overlap_host_io).
+"""Overlap scheduling (EngineConfig.overlap_scheduling): step N+1 is scheduled and launched before
+step N's tokens are read back.
 
-On a GPU, StepExecutor calls `while_gpu_works` between launching a step and waiting for it; the
-engine process sends the previous step's events and reads new messages there. On CPU the hook
-runs after a synchronous forward, which is slower but exercises the same code paths, so these
-tests force it on and check it against the plain loop: same events, same wire order rules.
+On a GPU the launch returns at once and the host work hides behind the GPU; on CPU the forward is
+synchronous, which is slower but runs the same bookkeeping (pending tokens fed to the next step on
+the device, finished requests dropped one step late), so these tests force it on and check it
+against the plain engine: same tokens, logprobs, seeds and finish reasons, every slot freed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from router.config import EngineConfig
 from router.engine_process import run_engine_process
 from router.outputs import TokenEvent
 from router.request import GenerateRequest, SamplingParams
-from router.sampling import SamplerOutput
+from router.sampling import SampledRows
 from router.wire import (
     AbortRequest,
     AddRequest,
@@ -34,148 +35,172 @@ from router.wire import (
     encoder,
     engine_message_decoder,
 )
-from router_fakes import HashRunner, hash_engine
+from router_fakes import HashRunner, drain, hash_engine
 from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
 from test_engine import expected_greedy, prompts, tokens_of
 
 
-# ---- the executor's hook, over the stand-in model -----------------------------------------------
-def run_with_hook(engine, hook, max_steps: int = 10_000) -> dict[str, list[TokenEvent]]:
-    engine.while_gpu_works = hook
-    events: dict[str, list[TokenEvent]] = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished():
-            break
-        for event in engine.step():
-            events.setdefault(event.request_id, []).append(event)
-    assert engine.pool.is_full_free() and not engine.has_unfinished()
+# ---- EngineCore over the stand-in model ---------------------------------------------------------
+def every_kind_of_request() -> list[GenerateRequest]:
+    """Greedy, seeded sampling, top-n, prompt logprobs, stop ids, EOS, one-token outputs."""
+    requests = []
+    for i, prompt in enumerate(prompts(24, length=9)):
+        kind = i % 4
+        requests.append(
+            GenerateRequest(
+                f"r{i}",
+                prompt,
+                SamplingParams(do_sample=kind == 1, temperature=1.5, seed=i, top_n_tokens=2 if kind == 2 else 0),
+                max_new_tokens=1 if i == 5 else 4 + i % 7,
+                stop_token_ids=[17, 40] if kind == 3 else [],
+                ignore_eos=kind == 0,
+                prompt_logprobs=kind == 2,
+            )
+        )
+    return requests
+
+
+def comparable(events: list[TokenEvent]) -> list[tuple]:
+    return [
+        (e.token_ids, [round(lp, 4) for lp in e.logprobs], [[t.token_id for t in top] for top in e.top_tokens],
+         e.finish_reason, e.seed, e.num_prompt_tokens, e.prompt_logprobs)
+        for e in events
+    ]  # fmt: skip
+
+
+def run_engine(overlap: bool, requests: list[GenerateRequest], **engine_kwargs) -> dict[str, list[TokenEvent]]:
+    engine = hash_engine(overlap_scheduling=overlap, **engine_kwargs)
+    for request in requests:
+        engine.add_request(request)
+    events = drain(engine)
+    assert not engine.has_unfinished() and engine.scheduler.running == [] and not engine.scheduler.waiting
+    for request_events in events.values():
+        assert [e.finish_reason is not None for e in request_events].count(True) == 1
+        assert request_events[-1].finish_reason is not None
     return events
 
 
-def test_the_hook_runs_once_per_step_after_the_launch_and_before_the_wait(monkeypatch):
-    engine = hash_engine(max_prefill=6)  # chunked prompts: steps without sampled rows too
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        dict(),
+        dict(max_prefill=5),  # prompts chunked, sharing steps with decodes
+        dict(max_running=3),  # queueing: requests join as others finish
+        dict(num_kv_slots=90, router_token_ratio=1.0, router_max_new_token_len=1),  # forced preemptions
+    ],
+    ids=["batched", "chunked", "queued", "preempted"],
+)
+def test_overlapped_engine_gives_the_plain_engines_events(engine_kwargs):
+    plain = run_engine(False, every_kind_of_request(), **engine_kwargs)
+    overlapped = run_engine(True, every_kind_of_request(), **engine_kwargs)
+    assert sorted(plain) == sorted(overlapped)
+    for request_id in plain:
+        assert comparable(overlapped[request_id]) == comparable(plain[request_id]), request_id
+    reasons = {e[-1].finish_reason for e in overlapped.values()}
+    assert {"length", "eos_token", "stop_sequence"} <= reasons, reasons
+
+
+def test_preemptions_happen_in_the_overlapped_run():
+    engine = hash_engine(num_kv_slots=90, router_token_ratio=1.0, router_max_new_token_len=1, overlap_scheduling=True)
+    for request in every_kind_of_request():
+        engine.add_request(request)
+    drain(engine)
+    assert engine.stats.num_preemptions > 0
+
+
+def test_the_next_step_is_launched_before_the_previous_one_is_read(monkeypatch):
+    engine = hash_engine(overlap_scheduling=True)
     log: list[str] = []
     forward = engine.executor.runner.forward
-    monkeypatch.setattr(engine.executor.runner, "forward", lambda batch: (log.append("forward"), forward(batch))[1])
-    to_host = SamplerOutput.to_host
-    monkeypatch.setattr(SamplerOutput, "to_host", lambda self: (log.append("to_host"), to_host(self))[1])
-    batch = prompts(4, length=14)  # r0's prompt fills the first two steps: nothing sampled in them
-    for i, prompt in enumerate(batch):
-        engine.add_request(GenerateRequest(f"r{i}", prompt, max_new_tokens=5, prompt_logprobs=i == 1))
-    events = run_with_hook(engine, lambda: log.append("hook"))
-    for i, prompt in enumerate(batch):
-        assert tokens_of(events[f"r{i}"]) == expected_greedy(prompt, 5)
-    steps = "".join("F" if e == "forward" else "H" if e == "hook" else "T" for e in log).split("F")[1:]
-    # One hook per step, before any wait: "H" nothing sampled, "HT" sampled, "HTT" prompt logprobs too.
-    assert steps and all(step in ("H", "HT", "HTT") for step in steps), steps
-    assert {"H", "HT", "HTT"} <= set(steps)
+    monkeypatch.setattr(engine.executor.runner, "forward", lambda batch: (log.append("F"), forward(batch))[1])
+    rows = SampledRows.rows
+    monkeypatch.setattr(SampledRows, "rows", lambda self: (log.append("R"), rows(self))[1])
+    prompt = prompts(1)[0]
+    engine.add_request(GenerateRequest("a", prompt, max_new_tokens=5))
+    assert tokens_of(drain(engine)["a"]) == expected_greedy(prompt, 5)
+    # Forward k+1 runs before the tokens of step k are read; the last step is read with nothing after it.
+    assert "".join(log) == "F" + "FR" * 4 + "R"
 
 
-def test_the_hook_runs_once_when_a_batch_fails_and_is_retried_one_by_one():
+def test_a_request_at_its_length_cap_is_not_scheduled_again():
+    # Rows of max_len = 12 positions: a 7-token prompt + 5 new tokens fills its row exactly, so one
+    # step past the last token would write position 12, out of the row, and fail the request.
+    prompt = prompts(1)[0]
+    engine = hash_engine(runner=HashRunner(max_len=len(prompt) + 5), overlap_scheduling=True)
+    engine.add_request(GenerateRequest("a", prompt, max_new_tokens=5))
+    events = drain(engine)["a"]
+    assert tokens_of(events) == expected_greedy(prompt, 5) and events[-1].finish_reason == "length"
+    assert engine.executor.runner.num_forwards == 5
+
+
+def test_a_request_ended_by_a_stop_id_runs_one_dropped_step():
+    prompt = prompts(1)[0]
+    stop = expected_greedy(prompt, 3)[2]
+    engine = hash_engine(overlap_scheduling=True)
+    engine.add_request(GenerateRequest("a", prompt, max_new_tokens=20, stop_token_ids=[stop]))
+    events = drain(engine)["a"]
+    assert tokens_of(events) == expected_greedy(prompt, 3) and events[-1].finish_reason == "stop_sequence"
+    assert engine.executor.runner.num_forwards == 4  # the step after the stop id was already launched
+
+
+def test_requests_that_read_their_own_tokens_turn_overlap_off_while_they_are_in(monkeypatch):
+    engine = hash_engine(overlap_scheduling=True)
+    log: list[str] = []
+    forward = engine.executor.runner.forward
+    monkeypatch.setattr(engine.executor.runner, "forward", lambda batch: (log.append("F"), forward(batch))[1])
+    rows = SampledRows.rows
+    monkeypatch.setattr(SampledRows, "rows", lambda self: (log.append("R"), rows(self))[1])
+    batch = prompts(2)
+    penalised = SamplingParams(repetition_penalty=1.3)
+    engine.add_request(GenerateRequest("plain", batch[0], max_new_tokens=8))
+    first = engine.step() + engine.step()  # overlapping now: one step in flight
+    engine.add_request(GenerateRequest("penalised", batch[1], penalised, max_new_tokens=3))
+    events = drain(engine)
+    assert tokens_of(first + events["plain"]) == expected_greedy(batch[0], 8)
+    assert tokens_of(events["penalised"]) == tokens_of(
+        run_engine(False, [GenerateRequest("penalised", batch[1], penalised, max_new_tokens=3)])["penalised"]
+    )
+    steps = "".join(log)
+    # F F R (overlapped), then R: drained before the penalised request is scheduled, then plain
+    # steps F R while it runs (3 tokens), then overlapped again once it has finished.
+    assert steps.startswith("FFR" + "R" + "FR" * 3 + "F"), steps
+    assert "FF" in steps[len("FFRR" + "FR" * 3):], steps
+    assert engine.scheduler.num_reading_own_tokens == 0
+
+
+def test_a_failing_launch_is_retried_and_isolated_while_others_keep_overlapping():
     runner = HashRunner()
     runner.fail_on_token = 0
-    engine = hash_engine(runner=runner)
-    engine.add_request(GenerateRequest("bad", [5, 0, 7], max_new_tokens=3))
-    engine.add_request(GenerateRequest("ok", prompts(1)[0], max_new_tokens=3))
-    calls = []
-    engine.while_gpu_works = lambda: calls.append(runner.num_forwards)
-    events = engine.step()
-    assert runner.num_forwards == 3 and len(calls) == 1  # the batch, then each chunk alone
-    assert [(e.request_id, e.finish_reason) for e in events] == [("bad", "error"), ("ok", None)]
+    engine = hash_engine(runner=runner, overlap_scheduling=True)
+    for i, prompt in enumerate(prompts(3)):
+        engine.add_request(GenerateRequest(f"ok{i}", prompt, max_new_tokens=6))
+    first = engine.step() + engine.step()
+    engine.add_request(GenerateRequest("bad", [5, 0, 7], max_new_tokens=4))
+    events = drain(engine)
+    assert events["bad"][-1].finish_reason == "error" and "poisoned" in events["bad"][-1].error
+    for i, prompt in enumerate(prompts(3)):
+        ok = [e for e in first if e.request_id == f"ok{i}"] + events[f"ok{i}"]
+        assert tokens_of(ok) == expected_greedy(prompt, 6)
 
 
-def test_a_step_with_nothing_to_run_does_not_call_the_hook():
-    engine = hash_engine()
-    engine.add_request(GenerateRequest("a", prompts(1)[0], max_new_tokens=50))
-    engine.abort("a")
-    calls = []
-    engine.while_gpu_works = lambda: calls.append(1)
-    assert [(e.request_id, e.finish_reason) for e in engine.step()] == [("a", "abort")]
-    assert calls == [] and engine.pool.is_full_free()
-
-
-def test_a_failing_hook_neither_fails_the_step_nor_is_lost():
-    engine = hash_engine()
-    prompt = prompts(1)[0]
-    engine.add_request(GenerateRequest("a", prompt, max_new_tokens=4))
-
-    def broken_hook():
-        raise ConnectionError("socket gone")
-
-    engine.while_gpu_works = broken_hook
-    with pytest.raises(ConnectionError, match="socket gone"):
-        engine.step()
-    assert engine.scheduler.requests["a"].output_ids == expected_greedy(prompt, 1)  # the step was applied
-    assert tokens_of(run_with_hook(engine, None)["a"]) == expected_greedy(prompt, 4)[1:]
-
-
-def test_requests_added_and_aborted_by_the_hook_take_effect_at_the_next_step():
-    engine = hash_engine(max_running=4)
-    batch = prompts(6)
-    engine.add_request(GenerateRequest("long", batch[0], max_new_tokens=200))
-    engine.add_request(GenerateRequest("ends", batch[1], max_new_tokens=3))  # its last token is this step's
-    actions = {
-        2: lambda: [engine.add_request(GenerateRequest(f"new{i}", batch[2 + i], max_new_tokens=6)) for i in range(4)],
-        3: lambda: (engine.abort("long"), engine.abort("ends")),  # both are in this step's plan
-    }
-    step = iter(range(1, 1_000))
-    events = run_with_hook(engine, lambda: actions.get(next(step), lambda: None)())
-    assert [e.finish_reason for e in events["long"]] == [None, None, None, "abort"]
-    assert tokens_of(events["long"]) == expected_greedy(batch[0], 3)
-    assert tokens_of(events["ends"]) == expected_greedy(batch[1], 3) and events["ends"][-1].finish_reason == "length"
-    for i in range(4):  # max_running=4: one of them queued until "long" and "ends" left
-        assert tokens_of(events[f"new{i}"]) == expected_greedy(batch[2 + i], 6), i
-
-
-# ---- the engine loop in this process, over the stand-in model ----------------------------------
-class RecordingOutbox:
-    """Stands in for the loop's PUSH socket: decodes and logs what is sent, in order."""
-
-    def __init__(self, log: list, on_send) -> None:
-        self.log, self.on_send = log, on_send
-
-    def send(self, data: bytes) -> None:
-        self.log.append(engine_message_decoder.decode(data))
-        self.on_send()
-
-
-@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlapped"])
-def test_the_loop_holds_events_for_one_step_at_most_and_flushes_when_idle(overlap):
-    from router.engine_process import _EngineLoop
-
-    engine = hash_engine()
-    log: list = []
-    forward = engine.executor.runner.forward
-    engine.executor.runner.forward = lambda batch: (log.append("forward"), forward(batch))[1]
-    context = zmq.Context()
-    to_engine, inbox = context.socket(zmq.PUSH), context.socket(zmq.PULL)
-    inbox.bind("inproc://overlap-test")
-    to_engine.connect("inproc://overlap-test")
-
-    def stop_when_done():
-        if any(isinstance(m, StepOutputs) and m.events[-1].finish_reason for m in log if m != "forward"):
-            to_engine.send(encoder.encode(Shutdown()))
-
-    try:
-        to_engine.send(encoder.encode(AddRequest(GenerateRequest("a", prompts(1)[0], max_new_tokens=6))))
-        loop = _EngineLoop(engine, inbox, RecordingOutbox(log, stop_when_done), os.getppid(), overlap)
-        loop.run()
-    finally:
-        to_engine.close(linger=0)
-        inbox.close(linger=0)
-        context.term()
-    sent_before_forward, tokens_sent = [], 0
-    for entry in log:
-        if entry == "forward":
-            sent_before_forward.append(tokens_sent)
-        elif isinstance(entry, StepOutputs):
-            tokens_sent += sum(len(e.token_ids) for e in entry.events)
-        else:
-            assert isinstance(entry, StatsReport) and entry.stats.generated_tokens <= tokens_sent
-    lag = 1 if overlap else 0  # step k's token leaves during step k+1's GPU work, or before it starts
-    assert sent_before_forward == [max(0, k - lag) for k in range(6)]
-    assert tokens_sent == 6 and log[-1] != "forward"  # the last token left without another step
-    assert isinstance(log[-1], StatsReport) and log[-1].stats.kv_used == 0
+def test_an_abort_while_the_requests_token_is_in_flight_ends_it_once_and_frees_its_slots():
+    engine = hash_engine(overlap_scheduling=True)
+    batch = prompts(2)
+    engine.add_request(GenerateRequest("a", batch[0], max_new_tokens=100))
+    engine.add_request(GenerateRequest("b", batch[1], max_new_tokens=6))
+    events: dict[str, list[TokenEvent]] = {}
+    for step in range(4):
+        if step == 3:
+            engine.abort("a")
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+    for request_id, request_events in drain(engine).items():
+        events.setdefault(request_id, []).extend(request_events)
+    # Steps 1 and 2 delivered two tokens; step 2's launch held a third, dropped by the abort.
+    assert [e.finish_reason for e in events["a"]] == [None, None, "abort"]
+    assert tokens_of(events["a"]) == expected_greedy(batch[0], 2)
+    assert tokens_of(events["b"]) == expected_greedy(batch[1], 6)
+    assert engine.pool.is_full_free()
 
 
 # ---- the engine process, spoken to over raw sockets: every message in wire order ---------------
@@ -277,7 +302,7 @@ def mixed_requests() -> list[GenerateRequest]:
 def run_wire_scenario(tiny_llama_dir: str, overlap: bool):
     config = EngineConfig(
         model_id=tiny_llama_dir, max_batch_total_tokens=2048, max_running_requests=8,
-        max_batch_prefill_tokens=16, overlap_host_io=overlap,
+        max_batch_prefill_tokens=16, overlap_scheduling=overlap,
     )  # fmt: skip
     engine = WireEngine(config)
     try:
@@ -346,7 +371,7 @@ def test_a_request_added_mid_generation_is_served_and_an_abort_frees_the_pool(wi
 
 # ---- through the real client, with SmolLM2 ------------------------------------------------------
 async def test_overlapped_engine_process_serves_32_concurrent_requests_and_aborts(smollm2_greedy):
-    client = await ZmqEngineClient.start(smollm2_engine_config(overlap_host_io=True))
+    client = await ZmqEngineClient.start(smollm2_engine_config(overlap_scheduling=True))
     try:
         requests = [
             GenerateRequest(f"r{i}", prompt, max_new_tokens=SMOLLM2_MAX_NEW, ignore_eos=True)

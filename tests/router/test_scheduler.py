@@ -36,8 +36,10 @@ def test_future_memory_estimate_holds_back_a_request_that_could_run_out():
         scheduler.add(make_request(f"r{i}", num_prompt=8, max_new=10))
     plan = scheduler.schedule()
     assert len(plan.chunks) == 2
+    first = scheduler.update(plan, result_for(plan))
     events = run_to_completion(scheduler)
-    assert all(len(events[f"r{i}"]) == 10 for i in range(3))
+    assert [e.request_id for e in first] == ["r0", "r1"]
+    assert len(events["r0"]) == len(events["r1"]) == 9 and len(events["r2"]) == 10
 
 
 def test_long_prompt_is_chunked_and_shares_steps_with_decodes():

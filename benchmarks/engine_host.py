@@ -39,10 +39,10 @@ import router.executor as executor_module
 from router.config import EngineConfig
 from router.engine import EngineCore
 from router.request import GenerateRequest, SamplingParams
-from router.sampling import SamplerOutput
+from router.sampling import SampledRows, SamplerOutput
 from router.wire import StepOutputs, encoder
 
-BOOKKEEPING_PHASES = ("schedule", "build batch", "sampling setup", "to_host", "update", "stats", "wire encode")
+BOOKKEEPING_PHASES = ("schedule", "build batch", "sampling setup", "start copy", "to_host", "update", "stats", "wire encode")
 
 
 class InstantRunner:
@@ -121,7 +121,8 @@ def instrument(engine: EngineCore, clock: PhaseClock) -> None:
     else:  # before the executor cached its sampling parameters
         clock.wrap(executor_module.SamplingBatch, "build", "sampling setup")
     clock.wrap(executor, "sampler", "sampler math")
-    clock.wrap(SamplerOutput, "to_host", "to_host")
+    clock.wrap(SamplerOutput, "start_copy", "start copy")
+    clock.wrap(SampledRows, "rows", "to_host")
 
 
 def sampling_params(index: int, mix: str) -> SamplingParams:

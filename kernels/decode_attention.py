@@ -6,12 +6,24 @@ KV head and serves every query head of that group with a [GROUP, D] x [D, BLOCK_
 so each KV byte is read once per KV head. It writes a partial output and its log-sum-exp.
 Stage 2 merges the splits of each (request, head) by log-sum-exp.
 
+Merged stage 2 (a `split_counter` is given): each program with work takes a ticket from a
+per-(request, KV head) counter once its partial is stored; the one that draws the last ticket merges
+that KV head's partials into `out` and resets the counter for the next launch. One launch instead of
+two, which matters where the step is a chain of few-microsecond kernels (batch 1).
+
+Fused rotary (a `NewTokenKV` is given): q arrives unrotated and each program rotates its query
+group in registers; the program whose split holds the request's newest position also rotates that
+token's k and writes it and v into the KV cache before its own reads. The separate rotary + KV-store
+kernel then has nothing left to do.
+
 The split length is derived per request on the device (cdiv(kv_len, num_splits), at least one
 block), so the grid depends only on batch size and `num_splits`: one launch shape serves every
 context length, which is what CUDA-graph replay needs. Splits past a short request's end exit early.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -20,9 +32,86 @@ import triton.language as tl
 from kernels.pdl import launch_options, use_pdl_for_one_request
 
 
+@dataclass
+class NewTokenKV:
+    """This step's token of each request, for the fused rotary path: unrotated k, v and the rope rows."""
+
+    k: torch.Tensor  # [B, KVH, D], unrotated (a view of the fused qkv output)
+    v: torch.Tensor  # [B, KVH, D]
+    cos: torch.Tensor  # [B, D/2], this step's rows
+    sin: torch.Tensor  # [B, D/2]
+    slots: torch.Tensor  # [B], the KV slot of each request's newest position
+
+
+@triton.jit
+def _rotate_rows(ptr, row_offsets, mask_rows, cos, sin, offs_d, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows of head vectors at ptr + row_offsets, rotated in fp32 (rotate-half layout): [ROWS, BLOCK_D].
+    cos/sin are [BLOCK_D]: entry d holds the table's entry d mod HALF."""
+    first_half = offs_d < HALF
+    partner = tl.where(first_half, offs_d + HALF, offs_d - HALF)
+    mask = mask_rows[:, None] & (offs_d < HEAD_DIM)[None, :]
+    x = tl.load(ptr + row_offsets[:, None] + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    pair = tl.load(ptr + row_offsets[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x * cos[None, :] + pair * tl.where(first_half, -sin, sin)[None, :]
+
+
+@triton.jit
+def _store_new_token_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, kv_head, cos, sin, offs_d,
+                        stride_kh, stride_vh, stride_ks, stride_ckh, stride_vs, stride_cvh, HEAD_DIM: tl.constexpr):
+    """Rotates one request's new k of this KV head; writes it and its v into the token's KV slot.
+    new_k_ptr / new_v_ptr point at the request's row."""
+    one_row = tl.arange(0, 1)  # row offset 0: [1, BLOCK_D] tiles
+    mask = (offs_d < HEAD_DIM)[None, :]
+    k = _rotate_rows(new_k_ptr + kv_head * stride_kh, one_row, one_row == 0, cos, sin, offs_d, HEAD_DIM // 2, HEAD_DIM)
+    v = tl.load(new_v_ptr + kv_head * stride_vh + offs_d[None, :], mask=mask)
+    k_dst = k_cache_ptr + slot * stride_ks + kv_head * stride_ckh + offs_d[None, :]
+    v_dst = v_cache_ptr + slot * stride_vs + kv_head * stride_cvh + offs_d[None, :]
+    tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merge_splits(
+    mid_out_ptr, mid_lse_ptr, out_ptr, req, kv_head, num_work,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MERGE_G: tl.constexpr,  # GROUP rounded up to a power of two
+    MERGE_CHUNK: tl.constexpr,  # splits per iteration
+):
+    """Log-sum-exp merge of splits [0, num_work) of one KV head's query heads into out. The partials
+    come from other programs of this launch: read at L2 (.cg), never from a possibly stale L1 line."""
+    offs_g = tl.arange(0, MERGE_G)
+    offs_c = tl.arange(0, MERGE_CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + offs_g
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+    lse_rows = mid_lse_ptr + req * stride_lb + heads[:, None] * stride_lh  # [G, 1]
+    part_rows = mid_out_ptr + req * stride_mb + heads[:, None, None] * stride_mh + offs_d[None, None, :]  # [G, 1, D]
+    m = tl.full([MERGE_G], float("-inf"), tl.float32)
+    total = tl.zeros([MERGE_G], tl.float32)
+    acc = tl.zeros([MERGE_G, BLOCK_D], tl.float32)
+    for first in range(0, num_work, MERGE_CHUNK):
+        splits = first + offs_c
+        mask = mask_g[:, None] & (splits < num_work)[None, :]  # [G, C]
+        lse = tl.load(lse_rows + splits[None, :], mask=mask, other=float("-inf"), cache_modifier=".cg")
+        lse = tl.where(mask_g[:, None], lse, 0.0)  # padding heads: finite, so no NaN (never stored)
+        m_new = tl.maximum(m, tl.max(lse, 1))  # finite: split 0 always has work
+        weights = tl.exp(lse - m_new[:, None])  # [G, C]
+        parts = tl.load(part_rows + splits[None, :, None] * stride_ms, mask=mask[:, :, None] & mask_d[None, None, :],
+                        other=0.0, cache_modifier=".cg")  # [G, C, D]
+        alpha = tl.exp(m - m_new)
+        acc = acc * alpha[:, None] + tl.sum(parts * weights[:, :, None], 1)
+        total = total * alpha + tl.sum(weights, 1)
+        m = m_new
+    out = acc / total[:, None]
+    out_ptrs = out_ptr + req * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
+
+
 @triton.jit
 def _decode_stage1_kernel(
-    q_ptr,  # [B, H, D]
+    q_ptr,  # [B, H, D] (unrotated when ROTARY)
     k_cache_ptr,  # [S, KVH, D]
     v_cache_ptr,  # [S, KVH, D]
     req_to_token_ptr,  # [R, L] int32
@@ -30,7 +119,9 @@ def _decode_stage1_kernel(
     kv_lens_ptr,  # [B]
     mid_out_ptr,  # [B, H, num_splits, D] fp32
     mid_lse_ptr,  # [B, H, num_splits] fp32
-    out_ptr,  # [B, H, D], written here directly when SINGLE_SPLIT (stage 2 is then skipped)
+    out_ptr,  # [B, H, D], written here directly when SINGLE_SPLIT (stage 2 is then skipped) or by the merge
+    counter_ptr,  # [B, KVH] int32, zero between launches (MERGE only)
+    new_k_ptr, new_v_ptr, cos_ptr, sin_ptr, slots_ptr,  # NewTokenKV's tensors (ROTARY only)
     scale,
     num_splits,  # runtime, so every batch size shares one compiled kernel
     stride_qb, stride_qh,
@@ -40,6 +131,8 @@ def _decode_stage1_kernel(
     stride_mb, stride_mh, stride_ms,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
+    stride_cb,
+    stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # >= 16 so the group can be the M side of tl.dot
     HEAD_DIM: tl.constexpr,
@@ -47,7 +140,12 @@ def _decode_stage1_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (bit-faithful), "tf32" otherwise (unused for bf16)
     SINGLE_SPLIT: tl.constexpr,
+    MERGE: tl.constexpr,  # the last program of each (request, KV head) merges the splits (no stage 2)
+    MERGE_G: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr,
+    ROTARY: tl.constexpr,  # rotate q here; the newest token's k/v are rotated and stored here
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
+    TRIGGER_AFTER_MERGE: tl.constexpr,  # MERGE under PDL: let the next kernel start after the merge, not before
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -65,11 +163,20 @@ def _decode_stage1_kernel(
     heads = kv_head * GROUP + offs_g
     mask_g = offs_g < GROUP
     mask_d = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + req * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=mask_g[:, None] & mask_d[None, :],
-        other=0.0,
-    )
+    q_rows = req * stride_qb + heads * stride_qh
+    if ROTARY:
+        offs_half = offs_d % (HEAD_DIM // 2)
+        cos = tl.load(cos_ptr + req * stride_cos + offs_half, mask=mask_d, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + req * stride_sin + offs_half, mask=mask_d, other=0.0).to(tl.float32)
+        q = _rotate_rows(q_ptr, q_rows, mask_g, cos, sin, offs_d, HEAD_DIM // 2, HEAD_DIM).to(q_ptr.dtype.element_ty)
+        if (start < end) & (end == kv_len):  # this split holds the newest position
+            slot = tl.load(slots_ptr + req).to(tl.int64)
+            _store_new_token_kv(new_k_ptr + req * stride_nkb, new_v_ptr + req * stride_nvb, k_cache_ptr, v_cache_ptr,
+                                slot, kv_head, cos, sin, offs_d, stride_nkh, stride_nvh, stride_ks, stride_kh,
+                                stride_vs, stride_vh, HEAD_DIM)
+            tl.debug_barrier()  # every thread's cache stores precede this program's gathers of that slot
+    else:
+        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     row = tl.load(req_rows_ptr + req).to(tl.int64)
     token_row_ptr = req_to_token_ptr + row * stride_rt
 
@@ -102,7 +209,8 @@ def _decode_stage1_kernel(
         m_i = m_new
 
     if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+        if not TRIGGER_AFTER_MERGE:
+            tl.extra.cuda.gdc_launch_dependents()
     if SINGLE_SPLIT:  # the whole context was this program's: the result is final (kv_len >= 1)
         out_ptrs = out_ptr + req * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         out = acc / l_i[:, None]
@@ -115,6 +223,20 @@ def _decode_stage1_kernel(
         tl.store(mid_ptrs, acc / l_safe[:, None], mask=(mask_g & has_work)[:, None] & mask_d[None, :])
         lse = tl.where(has_work, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # log2 -> ln
         tl.store(mid_lse_ptr + req * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
+        if MERGE:
+            if start < end:  # the splits with work take tickets; the last one merges
+                tl.debug_barrier()  # every thread's partial stores precede the ticket (released with it)
+                counter = counter_ptr + req * stride_cb + kv_head
+                ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                num_work = tl.cdiv(kv_len, split_len)
+                if ticket == num_work - 1:
+                    _merge_splits(mid_out_ptr, mid_lse_ptr, out_ptr, req, kv_head, num_work,
+                                  stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                                  GROUP, HEAD_DIM, BLOCK_D, MERGE_G, MERGE_CHUNK)
+                    tl.store(counter, 0)  # every ticket is drawn: clean for the next launch or graph replay
+    if USE_PDL:
+        if TRIGGER_AFTER_MERGE:  # the next kernel starts only once the merged output is written
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -169,8 +291,18 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+# Under PDL, whether the merged kernel lets its dependent (the o_proj GEMV) launch after the merge
+# rather than after the KV loop (batch 1; scripts/device/bench_gpu.py --attn-variants compares both).
+PDL_TRIGGER_AFTER_MERGE = True
+
+
+def merge_chunk(group_pad: int, block_d: int) -> int:
+    """Splits merged per iteration: about 4096 fp32 partial elements in registers (32 per thread)."""
+    return max(1, min(16, 4096 // (group_pad * block_d)))
+
+
 def decode_attention(
-    q: torch.Tensor,  # [B, H, D]
+    q: torch.Tensor,  # [B, H, D]; unrotated when new_token is given
     k_cache: torch.Tensor,  # [S, KVH, D]
     v_cache: torch.Tensor,  # [S, KVH, D]
     req_to_token: torch.Tensor,  # [R, L] int32
@@ -184,6 +316,8 @@ def decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
+    split_counter: torch.Tensor | None = None,  # [>=B, KVH] int32, all zero: merge in stage 1 (left zero)
+    new_token: NewTokenKV | None = None,  # rotary + KV store of the step's token, fused in
 ) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -197,10 +331,18 @@ def decode_attention(
         mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     if batch == 0:
         return out
+    merge = split_counter is not None and num_splits > 1
+    if merge:
+        assert split_counter.dtype == torch.int32 and split_counter.shape[0] >= batch
+        assert split_counter.shape[1] == num_kv_heads
+    counter = split_counter if merge else kv_lens  # never read unless MERGE
+    rotary = _new_token_args(new_token, q, num_kv_heads)
     block_d = triton.next_power_of_2(head_dim)
+    merge_g = triton.next_power_of_2(group)
     pdl = use_pdl_for_one_request(q, batch)
     _decode_stage1_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, out,
+        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, out, counter,
+        *rotary["tensors"],
         scale, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
@@ -209,6 +351,8 @@ def decode_attention(
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
+        counter.stride(0),
+        *rotary["strides"],
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
@@ -216,12 +360,17 @@ def decode_attention(
         BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(q.dtype),
         SINGLE_SPLIT=num_splits == 1,
+        MERGE=merge,
+        MERGE_G=merge_g,
+        MERGE_CHUNK=merge_chunk(merge_g, block_d),
+        ROTARY=new_token is not None,
         USE_PDL=pdl,
+        TRIGGER_AFTER_MERGE=merge and PDL_TRIGGER_AFTER_MERGE,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(pdl),
     )
-    if num_splits == 1:
+    if num_splits == 1 or merge:
         return out
     _decode_stage2_kernel[(batch, num_heads)](
         mid_out, mid_lse, out, num_splits,
@@ -236,6 +385,19 @@ def decode_attention(
         **launch_options(pdl),
     )
     return out
+
+
+def _new_token_args(new_token: NewTokenKV | None, q: torch.Tensor, num_kv_heads: int) -> dict:
+    """The stage-1 kernel's NewTokenKV tensors and strides (placeholders that are never read without one)."""
+    if new_token is None:
+        return dict(tensors=(q,) * 5, strides=(0,) * 6)
+    k, v, cos, sin = new_token.k, new_token.v, new_token.cos, new_token.sin
+    batch, _, head_dim = q.shape
+    assert k.shape == v.shape == (batch, num_kv_heads, head_dim) and k.stride(2) == 1 and v.stride(2) == 1
+    assert cos.shape == sin.shape == (batch, head_dim // 2) and cos.stride(1) == 1 and sin.stride(1) == 1
+    assert head_dim % 2 == 0 and new_token.slots.shape == (batch,)
+    return dict(tensors=(k, v, cos, sin, new_token.slots),
+                strides=(k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0)))
 
 
 def decode_attention_ref(

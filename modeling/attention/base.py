@@ -31,6 +31,14 @@ class AttentionBackend(ABC):
         self.store_kv(qk[:, qk.shape[1] - v.shape[1] :], v, k_cache, v_cache)
         return qk
 
+    def rotate_store_and_attend(
+        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """rotate_and_store_kv, then forward over the rotated q heads: [T, H, D]. Backends may fuse all
+        three (qk is then left unrotated: nothing reads it after this call)."""
+        qk = self.rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
+        return self.forward(qk[:, : qk.shape[1] - v.shape[1]], k_cache, v_cache, scale)
+
     @abstractmethod
     def forward(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float

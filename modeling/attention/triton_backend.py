@@ -7,10 +7,15 @@ the extend kernel: the extend kernel would give every decode row a whole query t
 the longest chunk, and one K/V read per query head instead of per KV head. Both read K/V through
 req_to_token.
 
+Small DECODE batches (MERGED_SPLIT_BATCHES) merge the flash-decoding splits inside the split kernel
+(no stage-2 launch), and in FUSED_ROTARY_BATCHES the rotary + KV-store kernel is folded into it as well
+(`rotate_store_and_attend`): the attention side of a layer is then one launch instead of three.
+
 CUDA graphs: the decode path does no host work that depends on the step's contents. The number
 of KV splits depends only on the batch size, the split length is derived per request on the
-device, and the split scratch buffers are carved from one buffer allocated here at startup. So a
-decode step captured once per batch size replays correctly for any context lengths.
+device, and the split scratch buffers and the merge's ticket counters are carved from buffers
+allocated here at startup (the counters are left at zero by every launch). So a decode step
+captured once per batch size replays correctly for any context lengths.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.decode_attention import choose_block_n, choose_num_splits, decode_attention
+from kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention
 from kernels.kv_store import kv_store
 from kernels.prefill_attention import prefill_attention
 from kernels.rotary import rotary_and_kv_store
@@ -27,6 +32,13 @@ from modeling.attention.base import AttentionBackend
 from modeling.forward_batch import ForwardBatch, ForwardMode
 
 MAX_DECODE_SPLITS = 64
+# Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs
+# (`bench_gpu.py --attn-variants`). Merged splits save 18-30 us per step at batch 2-16 (batch >= 32 has
+# one split); the fused rotary another 15-40 us at 2-64 but costs 24-130 us at 128-256 (every program
+# rotates its queries). Batch 1, where the chain is dependent-launched (kernels/pdl.py), ran 30-50 us
+# slower with either fusion than with the separate kernels.
+MERGED_SPLIT_BATCHES = range(2, 17)
+FUSED_ROTARY_BATCHES = range(2, 65)
 
 
 @dataclass
@@ -70,6 +82,11 @@ class TritonAttentionBackend(AttentionBackend):
         capacity = max(b * self._num_splits(b) for b in range(1, max_rows + 1))
         self._mid_out = torch.empty(capacity * num_heads * head_dim, dtype=torch.float32, device=self.device)
         self._mid_lse = torch.empty(capacity * num_heads, dtype=torch.float32, device=self.device)
+        # Ticket counters of the merged path, one per (position in the batch, KV head): indexed by
+        # position, not request row, since CUDA-graph padding puts every padding entry on one spare row.
+        self._split_counter = torch.zeros(max_rows, num_kv_heads, dtype=torch.int32, device=self.device)
+        self.merged_split_batches = MERGED_SPLIT_BATCHES
+        self.fused_rotary_batches = FUSED_ROTARY_BATCHES
         self.metadata: TritonAttentionMetadata | None = None
 
     def _num_splits(self, batch_size: int) -> int:
@@ -107,6 +124,17 @@ class TritonAttentionBackend(AttentionBackend):
         rotary_and_kv_store(qk, v, cos, sin, k_cache, v_cache, self.metadata.out_slots, qk.shape[1] - v.shape[1])
         return qk
 
+    def rotate_store_and_attend(
+        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        meta = self.metadata
+        if not (meta.is_decode and ops.name == "triton" and qk.shape[0] in self.fused_rotary_batches):
+            return super().rotate_store_and_attend(qk, v, rope, ops, k_cache, v_cache, scale)
+        num_q_heads = qk.shape[1] - v.shape[1]
+        cos, sin = rope  # [B, D/2] each, this step's rows (triton_rope_tables)
+        new_token = NewTokenKV(k=qk[:, num_q_heads:], v=v, cos=cos, sin=sin, slots=meta.out_slots)
+        return self._decode(qk[:, :num_q_heads], k_cache, v_cache, scale, new_token=new_token)
+
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         meta = self.metadata
         if meta.is_decode:
@@ -122,9 +150,16 @@ class TritonAttentionBackend(AttentionBackend):
         return out
 
     def _decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, out: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        out: torch.Tensor | None = None,
+        new_token: NewTokenKV | None = None,
     ) -> torch.Tensor:
-        """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i)."""
+        """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i); with
+        `new_token`, q is unrotated and the kernel does the rotary and the KV store too."""
         meta = self.metadata
         batch, splits = q.shape[0], meta.num_splits
         if batch > self.max_rows:
@@ -133,9 +168,11 @@ class TritonAttentionBackend(AttentionBackend):
             batch, self.num_heads, splits, self.head_dim
         )
         mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
+        counter = self._split_counter if batch in self.merged_split_batches else None
         return decode_attention(
             q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.kv_lens, scale, splits,
-            out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=meta.block_n,
+            out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=meta.block_n, split_counter=counter,
+            new_token=new_token,
         )
 
 

@@ -173,8 +173,7 @@ class LlamaAttention(nn.Module):
             q, _ = self.q_norm(qk[:, : self.num_heads])
             k, _ = self.k_norm(qk[:, self.num_heads :])
             qk = torch.cat((q, k), dim=1)
-        qk = backend.rotate_and_store_kv(qk, v, rope, self.ops, k_cache, v_cache)
-        out = backend.forward(qk[:, : self.num_heads], k_cache, v_cache, self.scale)  # [T, H, D]
+        out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.scale)  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 

@@ -25,8 +25,10 @@ import triton
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model  # noqa: E402
-from kernels.decode_attention import choose_block_n, choose_num_splits, decode_attention  # noqa: E402
+import kernels.decode_attention as decode_attention_module  # noqa: E402
+from kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention  # noqa: E402
 from kernels.prefill_attention import prefill_attention  # noqa: E402
+from kernels.rotary import rotary_and_kv_store  # noqa: E402
 
 DEV = "cuda"
 CONTEXT = 512
@@ -90,6 +92,30 @@ class DecodeCell:
         return graph_ms(lambda: decode_attention(
             self.q, self.k_cache, self.v_cache, self.slots, self.req_rows, self.kv_lens, 0.088, splits,
             out=out, mid_out=mid_out, mid_lse=mid_lse, **config))
+
+    def time_attention_side_ms(self, splits: int, merged: bool, fused_rotary: bool, block_n: int) -> float:
+        """Graph-replay time of a layer's attention side from an unrotated q|k|v: the rotary + KV-store
+        kernel then flash-decoding (two-kernel or merged splits), or all of it in one fused launch."""
+        heads, kv_heads, dim = self.HEADS, self.KV_HEADS, self.HEAD_DIM
+        qkv = torch.randn(self.batch, heads + 2 * kv_heads, dim, device=DEV, dtype=torch.bfloat16)
+        qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
+        angles = torch.rand(self.batch, dim // 2, device=DEV) * 6.3
+        cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+        new_slots = self.slots[:, -1].long()
+        out = torch.empty_like(self.q)
+        mid_out = torch.empty(self.batch, heads, splits, dim, device=DEV)
+        mid_lse = torch.empty(self.batch, heads, splits, device=DEV)
+        counter = torch.zeros(self.batch, kv_heads, device=DEV, dtype=torch.int32) if merged else None
+        new_token = NewTokenKV(k=qk[:, heads:], v=v, cos=cos, sin=sin, slots=new_slots) if fused_rotary else None
+
+        def layer_attention():
+            if not fused_rotary:
+                rotary_and_kv_store(qk, v, cos, sin, self.k_cache, self.v_cache, new_slots, heads)
+            decode_attention(qk[:, :heads], self.k_cache, self.v_cache, self.slots, self.req_rows, self.kv_lens, 0.088,
+                             splits, out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n,
+                             split_counter=counter, new_token=new_token)
+
+        return graph_ms(layer_attention)
 
     def kv_pct_bw(self, ms: float, bandwidth: float) -> float:
         """KV bytes read as % of the copy bandwidth."""
@@ -341,6 +367,69 @@ def batch1_split_sweep(model, hf_config: dict, split_counts: list[int], contexts
     return rows
 
 
+ATTN_SIDE_VARIANTS = {  # name: (merged splits, fused rotary + KV store)
+    "two-kernel": (False, False),
+    "two-kernel+rotary": (False, True),
+    "merged": (True, False),
+    "merged+rotary": (True, True),
+}
+
+
+def attention_side_sweep(batches: list[int], contexts: list[int]) -> list[dict]:
+    """Rotary + KV store + flash-decoding of one Llama-3-8B layer, each variant, backend split/block rules."""
+    k_cache, v_cache = DecodeCell.caches(max(batches) * max(contexts) + 1)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for batch, context in itertools.product(batches, contexts):
+        cell = DecodeCell(k_cache, v_cache, batch, context)
+        splits = choose_num_splits(batch, DecodeCell.KV_HEADS, sms)
+        block_n = choose_block_n(batch, DecodeCell.KV_HEADS, sms)
+        times = {name: cell.time_attention_side_ms(splits, merged, fused, block_n)
+                 for name, (merged, fused) in ATTN_SIDE_VARIANTS.items()}
+        rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, us=times))
+        log(f"attn-side B={batch:3d} L={context:5d} splits={splits:2d}: "
+            + "  ".join(f"{name} {ms * 1e3:6.2f} us" for name, ms in times.items()))
+    del k_cache, v_cache
+    return rows
+
+
+STEP_VARIANTS = {  # name: (merged-split batches, fused-rotary batches, PDL trigger after the merge)
+    "two-kernel": (range(0), range(0), False),
+    "two-kernel+rotary": (range(0), range(1, 257), False),
+    "merged/early": (range(1, 257), range(0), False),
+    "merged/late": (range(1, 257), range(0), True),
+    "merged+rotary/early": (range(1, 257), range(1, 257), False),
+    "merged+rotary/late": (range(1, 257), range(1, 257), True),
+}
+
+
+def attention_step_variants(model, hf_config: dict, batches: list[int], rounds: int = 2) -> list[dict]:
+    """Decode steps (CUDA graphs) per batch size with each attention-side variant, rounds interleaved."""
+    max_len = CONTEXT + STEPS + 8
+    runner = build_runner(hf_config, model.state_dict(), "bfloat16", "triton", max(batches), max_len)
+    fill_context(runner, max(batches), max_len)
+    default_trigger = decode_attention_module.PDL_TRIGGER_AFTER_MERGE
+    rows = []
+    for round_index in range(rounds):
+        for name, (merged, fused, late) in STEP_VARIANTS.items():
+            runner.backend.merged_split_batches, runner.backend.fused_rotary_batches = merged, fused
+            decode_attention_module.PDL_TRIGGER_AFTER_MERGE = late
+            graphs = capture_graphs(runner, batches)
+            for batch in batches:
+                ms = time_decode(graphs.replay, batch, max_len, hf_config["vocab_size"], STEPS)
+                rows.append(dict(variant=name, round=round_index, batch=batch, ms_per_step=ms))
+            del graphs
+    decode_attention_module.PDL_TRIGGER_AFTER_MERGE = default_trigger
+    for batch in batches:
+        cells = [f"{name} " + "/".join(f"{r['ms_per_step']:.3f}" for r in rows if r["variant"] == name
+                                        and r["batch"] == batch) for name in STEP_VARIANTS]
+        log(f"step B={batch:4d} ms: " + "   ".join(cells))
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
 @torch.inference_mode()
 def bench_transformers(model, vocab: int) -> dict:
     """Decode tokens/s of transformers generate: (t(CONTEXT + HF_STEPS + 1 new) - t(1 new)) / HF_STEPS."""
@@ -382,6 +471,9 @@ def main() -> None:
     parser.add_argument("--b1-splits", default="", help="only batch-1 steps of the first model with these split "
                         "counts forced, e.g. 1,4,33 (contexts from --b1-contexts)")
     parser.add_argument("--b1-contexts", default=str(CONTEXT), help="with --b1-splits: contexts, e.g. 512,2048")
+    parser.add_argument("--attn-variants", action="store_true", help="only the attention-side variants (two-kernel, "
+                        "merged splits, + fused rotary): one layer's kernels, then decode steps of the first model")
+    parser.add_argument("--variant-batches", default="1,2,4,8,16,32,64,128,256", help="with --attn-variants")
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -402,6 +494,16 @@ def main() -> None:
         report["decode_splits"] = decode_splits_sweep(bandwidth, SHORT_SWEEP_SHAPES, 64)
         report["decode_splits"] += decode_splits_sweep(bandwidth, SHORT_SWEEP_SHAPES, 32)
         report["decode_splits"] += decode_splits_sweep(bandwidth, SPLIT_SWEEP_SHAPES[2:6], 32)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        return
+    if args.attn_variants:
+        if not args.skip_kernels:
+            report["attn_side"] = attention_side_sweep([1, 2, 4, 8, 16, 32], [512, 2048, 8192])
+        name = args.models.split(",")[0]
+        model, hf_config = hf_model(MODELS[name], torch.bfloat16)
+        batches = [int(b) for b in args.variant_batches.split(",")]
+        report["attn_steps"] = {name: attention_step_variants(model, hf_config, batches)}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         return

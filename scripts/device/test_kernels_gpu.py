@@ -9,6 +9,7 @@ equal the torch backend's and transformers'; bf16 logits (teacher-forced) within
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -17,7 +18,12 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import build_runner, capture_graphs, greedy_generate, hf_model  # noqa: E402
-from kernels.decode_attention import choose_num_splits, decode_attention, decode_attention_ref  # noqa: E402
+from kernels.decode_attention import (  # noqa: E402
+    NewTokenKV,
+    choose_num_splits,
+    decode_attention,
+    decode_attention_ref,
+)
 from kernels.gemv import gemv, gemv_ref  # noqa: E402
 from kernels.kv_store import kv_store, kv_store_ref  # noqa: E402
 from kernels.prefill_attention import prefill_attention, prefill_attention_ref  # noqa: E402
@@ -69,6 +75,101 @@ def test_decode_attention() -> None:
                     decode_attention(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, splits, out=out, block_n=block_n)
                     check(f"decode {heads}/{kv_heads}x{head_dim} {dtype} splits={splits} block={block_n}",
                           rel_err(out, ref), tolerance(dtype))
+
+
+def test_decode_attention_merged() -> None:
+    """Stage 2 merged into stage 1 (ticket counter): real shapes, both block sizes, the batch-1 split
+    counts, two calls on one counter, and the counter back at zero after each."""
+    shapes = [(32, 8, 128, torch.bfloat16), (32, 8, 128, torch.float32), (28, 4, 128, torch.bfloat16),
+              (16, 16, 64, torch.bfloat16)]
+    for (heads, kv_heads, head_dim, dtype), kv_lens in itertools.product(
+        shapes, ([1, 4097, 37, 1500, 64, 3000, 2, 777], [513], [8191])
+    ):
+        k_cache, v_cache, r2t, rows = paged_cache(kv_lens, kv_heads, head_dim, dtype)
+        kv = torch.tensor(kv_lens, device=DEV)
+        counter = torch.zeros(len(kv_lens) + 1, kv_heads, device=DEV, dtype=torch.int32)
+        for splits, block_n in itertools.product(sorted({5, 33, choose_num_splits(len(kv_lens), kv_heads, 132)}),
+                                                 (64, 128)):
+            errors = []
+            for _ in range(2):  # the second call finds the counter the first one left
+                q = torch.randn(len(kv_lens), heads, head_dim, device=DEV, dtype=dtype)
+                out = torch.full_like(q, float("nan"))
+                decode_attention(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, splits, out=out,
+                                 block_n=block_n, split_counter=counter)
+                errors.append(rel_err(out, decode_attention_ref(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5)))
+            torch.cuda.synchronize()
+            errors.append(0.0 if not counter.any() else float("inf"))
+            check(f"decode merged {heads}/{kv_heads}x{head_dim} {dtype} B={len(kv_lens)} L<={max(kv_lens)} "
+                  f"splits={splits} block={block_n} (2 calls, counter reset)", max(errors), tolerance(dtype))
+
+
+def test_decode_attention_merged_graph_replays() -> None:
+    """One CUDA graph of the merged kernel replayed with new queries and lengths: every replay starts
+    from the counter the previous one left."""
+    heads, kv_heads, head_dim, max_len = 32, 8, 128, 4096
+    k_cache, v_cache, r2t, rows = paged_cache([max_len], kv_heads, head_dim, torch.bfloat16)
+    q = torch.randn(1, heads, head_dim, device=DEV, dtype=torch.bfloat16)
+    kv = torch.tensor([max_len], device=DEV)
+    out = torch.empty_like(q)
+    counter = torch.zeros(2, kv_heads, device=DEV, dtype=torch.int32)
+
+    def step():
+        decode_attention(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, 33, out=out, block_n=128,
+                         split_counter=counter)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    worst = 0.0
+    for kv_len in (513, 514, 4096, 1, 2000, 130):
+        q.copy_(torch.randn_like(q))
+        kv.fill_(kv_len)
+        out.fill_(float("nan"))
+        graph.replay()
+        worst = max(worst, rel_err(out, decode_attention_ref(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5)))
+    torch.cuda.synchronize()
+    check("decode merged bf16 B=1 splits=33: 6 graph replays, lengths 1..4096", worst, 1e-2)
+    check("decode merged graph replays: counter back at zero", 0.0 if not counter.any() else float("inf"), 1e-12)
+
+
+def test_decode_attention_fused_rotary() -> None:
+    """Rotary + KV store inside flash-decoding vs the separate rotary_and_kv_store kernel + the reference."""
+    from modeling.config import RopeScaling
+    from modeling.layers.rotary import build_cos_sin
+
+    cos_table, sin_table = build_cos_sin(128, 500000.0, RopeScaling("llama3", 8.0, 1.0, 4.0, 8192), 8192)
+    for heads, kv_heads in [(32, 8), (28, 4)]:
+        for kv_lens in ([513], [1], [8191], [1, 4097, 37, 1500, 64, 3000, 2, 777]):
+            for merged in (True, False):
+                batch, dtype = len(kv_lens), torch.bfloat16
+                k_cache, v_cache, r2t, rows = paged_cache(kv_lens, kv_heads, 128, dtype)
+                kv = torch.tensor(kv_lens, device=DEV)
+                slots = r2t[rows, kv - 1].long()
+                k_cache[slots], v_cache[slots] = float("nan"), float("nan")
+                qkv = torch.randn(batch, (heads + 2 * kv_heads) * 128, device=DEV, dtype=dtype)
+                qk = qkv[:, : (heads + kv_heads) * 128].view(batch, heads + kv_heads, 128)
+                v = qkv[:, (heads + kv_heads) * 128 :].view(batch, kv_heads, 128)
+                positions = (kv - 1).cpu()
+                cos, sin = cos_table[positions].to(DEV, dtype), sin_table[positions].to(DEV, dtype)
+                k_ref, v_ref = k_cache.clone(), v_cache.clone()
+                qk_ref = qk.clone()
+                rotary_and_kv_store(qk_ref, v, cos, sin, k_ref, v_ref, slots, heads)
+                ref = decode_attention_ref(qk_ref[:, :heads], k_ref, v_ref, r2t, rows, kv, 128**-0.5)
+                counter = torch.zeros(batch, kv_heads, device=DEV, dtype=torch.int32) if merged else None
+                out = torch.full((batch, heads, 128), float("nan"), device=DEV, dtype=dtype)
+                splits = 33 if batch == 1 else choose_num_splits(batch, kv_heads, 132)
+                decode_attention(qk[:, :heads], k_cache, v_cache, r2t, rows, kv, 128**-0.5, splits, out=out,
+                                 block_n=128, split_counter=counter,
+                                 new_token=NewTokenKV(k=qk[:, heads:], v=v, cos=cos, sin=sin, slots=slots))
+                name = f"decode fused rotary {heads}/{kv_heads}x128 bf16 B={batch} L<={max(kv_lens)} merged={merged}"
+                check(f"{name}: output", rel_err(out, ref), 1e-2)
+                check(f"{name}: new k in the cache", rel_err(k_cache[slots], k_ref[slots]), 1e-2)
+                same_v = torch.equal(v_cache.nan_to_num(7.0), v_ref.nan_to_num(7.0))
+                k_cache[slots] = k_ref[slots]  # everything else must be untouched
+                same_k = torch.equal(k_cache.nan_to_num(7.0), k_ref.nan_to_num(7.0))
+                check(f"{name}: v and the rest of the cache (exact)", 0.0 if same_v and same_k else float("inf"), 1e-12)
 
 
 def test_prefill_attention() -> None:
@@ -244,7 +345,9 @@ def test_end_to_end() -> None:
 def main() -> int:
     torch.manual_seed(0)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    for test in (test_decode_attention, test_prefill_attention, test_elementwise, test_end_to_end):
+    tests = (test_decode_attention, test_decode_attention_merged, test_decode_attention_merged_graph_replays,
+             test_decode_attention_fused_rotary, test_prefill_attention, test_elementwise, test_end_to_end)
+    for test in tests:
         try:
             test()
         except Exception as exc:  # a crash is a failure of that group, the others still run

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.decode_attention import decode_attention, decode_attention_ref
+from kernels.decode_attention import NewTokenKV, decode_attention, decode_attention_ref, merge_chunk
 from kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from kernels.rotary import rotary_embedding_ref
 
 HEAD_DIM = 16
 
@@ -90,3 +91,69 @@ def test_decode_and_prefill_kernels_agree_on_single_tokens():
         q, k_cache, v_cache, req_to_token, req_rows, torch.arange(3), ones, kv, 1, 0.2, block_m=16, block_n=16
     )
     assert relative_error(by_decode, by_prefill) < 1e-5
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("num_splits", [3, 8])
+def test_merged_decode_attention_matches_reference_and_leaves_counter_clean(group: int, num_splits: int):
+    """Stage 2 folded into stage 1 (last ticket merges); two calls on one counter prove the reset."""
+    gen = torch.Generator().manual_seed(200 + group * 10 + num_splits)
+    num_kv_heads = 2
+    k_cache, v_cache = make_cache(512, num_kv_heads, torch.float32, gen)
+    counter = torch.zeros(5, num_kv_heads, dtype=torch.int32)  # more rows than requests, as the backend's
+    for kv_lens in ([1, 17, 40, 5], [33, 2, 90, 16]):  # context 1, lengths off the block, fewer tokens than splits
+        req_to_token, req_rows = make_req_to_token(kv_lens, 512, gen)
+        q = torch.randn(len(kv_lens), num_kv_heads * group, HEAD_DIM, generator=gen)
+        kv = torch.tensor(kv_lens)
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25, num_splits, out=out, block_n=16,
+                         split_counter=counter)
+        ref = decode_attention_ref(q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25)
+        assert relative_error(out, ref) < 1e-5
+        assert not counter.any()
+
+
+def test_merged_decode_attention_over_more_splits_than_one_merge_chunk_and_a_group_of_seven():
+    gen = torch.Generator().manual_seed(11)
+    kv_lens = [384, 3]  # 24 splits of 16 keys: the merge walks its partials in two chunks (16 + 8)
+    k_cache, v_cache = make_cache(1200, 2, torch.float16, gen)
+    req_to_token, req_rows = make_req_to_token(kv_lens, 1200, gen)
+    q = torch.randn(2, 14, HEAD_DIM, generator=gen).half()  # 7 query heads per KV head (Qwen2-7B's ratio)
+    kv, counter = torch.tensor(kv_lens), torch.zeros(2, 2, dtype=torch.int32)
+    out = decode_attention(q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25, 24, block_n=16, split_counter=counter)
+    ref = decode_attention_ref(q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25)
+    assert merge_chunk(8, HEAD_DIM) < 24
+    assert relative_error(out, ref) < 5e-3
+    assert not counter.any()
+
+
+def rope_rows(num_tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.rand(num_tokens, HEAD_DIM // 2, generator=gen) * 6.3
+    return angles.cos(), angles.sin()
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize(("num_splits", "merged"), [(1, False), (3, False), (3, True), (8, True)])
+def test_decode_attention_with_fused_rotary_and_kv_store(group: int, num_splits: int, merged: bool):
+    """Unrotated q/k in: the kernel rotates q, and k of the newest position goes into the cache first."""
+    gen = torch.Generator().manual_seed(300 + group * 10 + num_splits)
+    num_kv_heads = 2
+    kv_lens = [1, 17, 40, 5]
+    k_cache, v_cache = make_cache(256, num_kv_heads, torch.float32, gen)
+    req_to_token, req_rows = make_req_to_token(kv_lens, 256, gen)
+    kv = torch.tensor(kv_lens)
+    slots = req_to_token[req_rows, kv - 1].long()
+    k_cache[slots], v_cache[slots] = float("nan"), float("nan")  # unwritten slots would poison the output
+    qkv = torch.randn(len(kv_lens), (group + 2) * num_kv_heads, HEAD_DIM, generator=gen)  # q | k | v heads
+    q, k, v = qkv.split([group * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
+    cos, sin = rope_rows(len(kv_lens), gen)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_k[slots], expected_v[slots] = rotary_embedding_ref(k, cos, sin), v
+    rotated_q = rotary_embedding_ref(q, cos, sin)
+    ref = decode_attention_ref(rotated_q, expected_k, expected_v, req_to_token, req_rows, kv, 0.25)
+    counter = torch.zeros(len(kv_lens), num_kv_heads, dtype=torch.int32) if merged else None
+    new_token = NewTokenKV(k=k, v=v, cos=cos, sin=sin, slots=slots)
+    out = decode_attention(q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25, num_splits, block_n=16,
+                           split_counter=counter, new_token=new_token)
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(k_cache, expected_k) < 1e-6 and torch.equal(v_cache, expected_v)

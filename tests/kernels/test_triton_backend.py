@@ -109,3 +109,45 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
     assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), None, device=cpu, **common) is None
     assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), [], device=cuda, **common) is None
     assert maybe_capture_decode_graphs(never_called, object(), [1, 2], device=cuda, **common) is None
+
+
+@pytest.mark.parametrize("num_requests", [1, 2])
+def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_requests: int):
+    """rotate_store_and_attend with the fused kernel (rotary + KV store + merged splits in one launch)
+    gives the output and KV cache of the separate rotary + KV-store kernel and flash-decoding."""
+    from modeling.attention.triton_backend import TritonAttentionBackend
+    from modeling.layers.triton_ops import TRITON_OPS, triton_rope_tables
+
+    heads, kv_heads, head_dim, max_len = 8, 2, 16, 40
+    gen = torch.Generator().manual_seed(num_requests)
+    kv_lens = [33, 20][:num_requests]
+    rows = [2, 0][:num_requests]
+    batch = build_forward_batch(
+        input_ids=[5] * num_requests, req_rows=rows, q_lens=[1] * num_requests, kv_lens=kv_lens,
+        out_slots=[row * max_len + kv - 1 for row, kv in zip(rows, kv_lens)], logits_indices=list(range(num_requests)),
+    )
+    req_to_token = torch.arange(4 * max_len, dtype=torch.int32).view(4, max_len)
+    angles = torch.rand(max_len, head_dim // 2, generator=gen) * 6.3
+    rope = triton_rope_tables(angles.cos(), angles.sin(), batch.positions)
+    qkv = torch.randn(num_requests, heads + 2 * kv_heads, head_dim, generator=gen)
+    caches = torch.randn(2, 4 * max_len, kv_heads, head_dim, generator=gen)
+    results = []
+    for fused in (True, False):
+        backend = TritonAttentionBackend(heads, kv_heads, head_dim, max_rows=4, max_seq_len=max_len,
+                                         device=torch.device("cpu"), dtype=torch.float32)
+        backend.fused_rotary_batches = range(1, 5) if fused else range(0)
+        backend.merged_split_batches = range(1, 5)
+        backend.init_forward_metadata(batch, req_to_token)
+        backend.metadata.block_n = 16  # short blocks: these contexts span several splits, merged in-kernel
+        assert backend.metadata.num_splits > 1
+        k_cache, v_cache = caches[0].clone(), caches[1].clone()
+        qk, v = qkv[:, : heads + kv_heads].clone(), qkv[:, heads + kv_heads :]
+        out = backend.rotate_store_and_attend(qk, v, rope, TRITON_OPS, k_cache, v_cache, head_dim**-0.5)
+        results.append((out, k_cache, v_cache))
+        # the fused kernel rotates in registers and leaves qk as it was; the separate rotary turns it in place
+        assert torch.equal(qk, qkv[:, : heads + kv_heads]) == fused
+        assert not backend._split_counter.any()
+    (fused, k_fused, v_fused), (separate, k_sep, v_sep) = results
+    torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_fused, k_sep, rtol=1e-6, atol=1e-6)
+    assert torch.equal(v_fused, v_sep)

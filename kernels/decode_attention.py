@@ -9,7 +9,7 @@ Stage 2 merges the splits of each (request, head) by log-sum-exp.
 Merged stage 2 (a `split_counter` is given): each program with work takes a ticket from a
 per-(request, KV head) counter once its partial is stored; the one that draws the last ticket merges
 that KV head's partials into `out` and resets the counter for the next launch. One launch instead of
-two, which matters where the step is a chain of few-microsecond kernels (batch 1).
+two, which pays where a decode step is a chain of few-microsecond kernels (small batches).
 
 Fused rotary (a `NewTokenKV` is given): q arrives unrotated and each program rotates its query
 group in registers; the program whose split holds the request's newest position also rotates that
@@ -145,7 +145,6 @@ def _decode_stage1_kernel(
     MERGE_CHUNK: tl.constexpr,
     ROTARY: tl.constexpr,  # rotate q here; the newest token's k/v are rotated and stored here
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
-    TRIGGER_AFTER_MERGE: tl.constexpr,  # MERGE under PDL: let the next kernel start after the merge, not before
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -209,7 +208,7 @@ def _decode_stage1_kernel(
         m_i = m_new
 
     if USE_PDL:
-        if not TRIGGER_AFTER_MERGE:
+        if not MERGE:
             tl.extra.cuda.gdc_launch_dependents()
     if SINGLE_SPLIT:  # the whole context was this program's: the result is final (kv_len >= 1)
         out_ptrs = out_ptr + req * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
@@ -235,7 +234,10 @@ def _decode_stage1_kernel(
                                   GROUP, HEAD_DIM, BLOCK_D, MERGE_G, MERGE_CHUNK)
                     tl.store(counter, 0)  # every ticket is drawn: clean for the next launch or graph replay
     if USE_PDL:
-        if TRIGGER_AFTER_MERGE:  # the next kernel starts only once the merged output is written
+        # Merged: the next kernel may start only once the merge is done. Triggered after the KV loop
+        # instead, the batch-1 step ran 60 us slower (H200, Llama-3-8B; likely the o_proj GEMV's early
+        # weight reads delaying the ticket and the merge's reads).
+        if MERGE:
             tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -289,11 +291,6 @@ def choose_block_n(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
 
 def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-# Under PDL, whether the merged kernel lets its dependent (the o_proj GEMV) launch after the merge
-# rather than after the KV loop (batch 1; scripts/device/bench_gpu.py --attn-variants compares both).
-PDL_TRIGGER_AFTER_MERGE = True
 
 
 def merge_chunk(group_pad: int, block_d: int) -> int:
@@ -365,7 +362,6 @@ def decode_attention(
         MERGE_CHUNK=merge_chunk(merge_g, block_d),
         ROTARY=new_token is not None,
         USE_PDL=pdl,
-        TRIGGER_AFTER_MERGE=merge and PDL_TRIGGER_AFTER_MERGE,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(pdl),

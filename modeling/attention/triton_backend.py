@@ -32,13 +32,13 @@ from modeling.attention.base import AttentionBackend
 from modeling.forward_batch import ForwardBatch, ForwardMode
 
 MAX_DECODE_SPLITS = 64
-# Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs
-# (`bench_gpu.py --attn-variants`). Merged splits save 18-30 us per step at batch 2-16 (batch >= 32 has
-# one split); the fused rotary another 15-40 us at 2-64 but costs 24-130 us at 128-256 (every program
-# rotates its queries). Batch 1, where the chain is dependent-launched (kernels/pdl.py), ran 30-50 us
-# slower with either fusion than with the separate kernels.
+# Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
+# 512 (`bench_gpu.py --attn-variants`, BENCHMARKS.md). The fused rotary saves 45 us per step at batch 1
+# and 15-70 us at 2-64 but costs 24-130 us at 128-256 (every program rotates its queries). Merged
+# splits save 18-30 us at batch 2-16 (batch >= 32 has one split); at batch 1 (dependent-launched chain,
+# kernels/pdl.py) they measured the same as the two kernels (4.052 vs 4.046 ms with the fused rotary).
 MERGED_SPLIT_BATCHES = range(2, 17)
-FUSED_ROTARY_BATCHES = range(2, 65)
+FUSED_ROTARY_BATCHES = range(1, 65)
 
 
 @dataclass

@@ -25,7 +25,6 @@ import triton
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model  # noqa: E402
-import kernels.decode_attention as decode_attention_module  # noqa: E402
 from kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention  # noqa: E402
 from kernels.prefill_attention import prefill_attention  # noqa: E402
 from kernels.rotary import rotary_and_kv_store  # noqa: E402
@@ -393,13 +392,11 @@ def attention_side_sweep(batches: list[int], contexts: list[int]) -> list[dict]:
     return rows
 
 
-STEP_VARIANTS = {  # name: (merged-split batches, fused-rotary batches, PDL trigger after the merge)
-    "two-kernel": (range(0), range(0), False),
-    "two-kernel+rotary": (range(0), range(1, 257), False),
-    "merged/early": (range(1, 257), range(0), False),
-    "merged/late": (range(1, 257), range(0), True),
-    "merged+rotary/early": (range(1, 257), range(1, 257), False),
-    "merged+rotary/late": (range(1, 257), range(1, 257), True),
+STEP_VARIANTS = {  # name: (backend.merged_split_batches, backend.fused_rotary_batches)
+    "two-kernel": (range(0), range(0)),
+    "two-kernel+rotary": (range(0), range(1, 257)),
+    "merged": (range(1, 257), range(0)),
+    "merged+rotary": (range(1, 257), range(1, 257)),
 }
 
 
@@ -408,18 +405,15 @@ def attention_step_variants(model, hf_config: dict, batches: list[int], rounds: 
     max_len = CONTEXT + STEPS + 8
     runner = build_runner(hf_config, model.state_dict(), "bfloat16", "triton", max(batches), max_len)
     fill_context(runner, max(batches), max_len)
-    default_trigger = decode_attention_module.PDL_TRIGGER_AFTER_MERGE
     rows = []
     for round_index in range(rounds):
-        for name, (merged, fused, late) in STEP_VARIANTS.items():
+        for name, (merged, fused) in STEP_VARIANTS.items():
             runner.backend.merged_split_batches, runner.backend.fused_rotary_batches = merged, fused
-            decode_attention_module.PDL_TRIGGER_AFTER_MERGE = late
             graphs = capture_graphs(runner, batches)
             for batch in batches:
                 ms = time_decode(graphs.replay, batch, max_len, hf_config["vocab_size"], STEPS)
                 rows.append(dict(variant=name, round=round_index, batch=batch, ms_per_step=ms))
             del graphs
-    decode_attention_module.PDL_TRIGGER_AFTER_MERGE = default_trigger
     for batch in batches:
         cells = [f"{name} " + "/".join(f"{r['ms_per_step']:.3f}" for r in rows if r["variant"] == name
                                         and r["batch"] == batch) for name in STEP_VARIANTS]

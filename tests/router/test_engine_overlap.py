@@ -41,8 +41,9 @@ from test_engine import expected_greedy, prompts, tokens_of
 
 
 # ---- EngineCore over the stand-in model ---------------------------------------------------------
-def every_kind_of_request() -> list[GenerateRequest]:
-    """Greedy, seeded sampling, top-n, prompt logprobs, stop ids, EOS, one-token outputs."""
+def every_kind_of_request(temperature: float = 1.5, one_token_request: int | None = 5) -> list[GenerateRequest]:
+    """Greedy, seeded sampling, top-n, prompt logprobs, stop ids, EOS: every way a request ends; request
+    `one_token_request` asks for a single token."""
     requests = []
     for i, prompt in enumerate(prompts(24, length=9)):
         kind = i % 4
@@ -50,8 +51,8 @@ def every_kind_of_request() -> list[GenerateRequest]:
             GenerateRequest(
                 f"r{i}",
                 prompt,
-                SamplingParams(do_sample=kind == 1, temperature=1.5, seed=i, top_n_tokens=2 if kind == 2 else 0),
-                max_new_tokens=1 if i == 5 else 4 + i % 7,
+                SamplingParams(do_sample=kind == 1, temperature=temperature, seed=i, top_n_tokens=2 if kind == 2 else 0),
+                max_new_tokens=1 if i == one_token_request else 4 + i % 7,
                 stop_token_ids=[17, 40] if kind == 3 else [],
                 ignore_eos=kind == 0,
                 prompt_logprobs=kind == 2,
@@ -280,25 +281,6 @@ def check_wire_order(messages: list) -> None:
             assert message.stats.generated_tokens <= tokens_sent, "stats sent before the events they count"
 
 
-def mixed_requests() -> list[GenerateRequest]:
-    """Greedy, seeded sampling, top-n, prompt logprobs, stop ids, EOS: every way a request ends."""
-    requests = []
-    for i, prompt in enumerate(prompts(24, length=9)):
-        kind = i % 4
-        requests.append(
-            GenerateRequest(
-                f"r{i}",
-                prompt,
-                SamplingParams(do_sample=kind == 1, temperature=0.8, seed=i, top_n_tokens=2 if kind == 2 else 0),
-                max_new_tokens=4 + i % 7,
-                stop_token_ids=[17, 40] if kind == 3 else [],
-                ignore_eos=kind == 0,
-                prompt_logprobs=kind == 2,
-            )
-        )
-    return requests
-
-
 def run_wire_scenario(tiny_llama_dir: str, overlap: bool):
     config = EngineConfig(
         model_id=tiny_llama_dir, max_batch_total_tokens=2048, max_running_requests=8,
@@ -306,7 +288,7 @@ def run_wire_scenario(tiny_llama_dir: str, overlap: bool):
     )  # fmt: skip
     engine = WireEngine(config)
     try:
-        requests = mixed_requests()
+        requests = every_kind_of_request(temperature=0.8, one_token_request=None)
         for request in requests:
             engine.send(AddRequest(request))
         engine.events_until(finished(*(r.request_id for r in requests)))

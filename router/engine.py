@@ -102,7 +102,7 @@ class EngineCore:
             else:
                 if previous is not None:
                     events += self._complete(previous)
-                self.scheduler.tokens_in_flight(plan)
+                self.scheduler.tokens_in_flight(plan, launched.sampled_chunks)
                 self._in_flight = launched
                 return events
         if previous is not None:

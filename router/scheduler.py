@@ -177,14 +177,12 @@ class Scheduler:
                 events.append(self._append_token(request, sampled))
         return events
 
-    def tokens_in_flight(self, plan: StepPlan) -> None:
+    def tokens_in_flight(self, plan: StepPlan, sampled_chunks: list[int]) -> None:
         """Overlap scheduling: `plan` is launched and the next step will be scheduled before its
-        update(); its sampled tokens stay on the device until then, row i for the i-th sampled chunk."""
-        row = 0
-        for chunk in plan.chunks:
-            if chunk.is_sampled:
-                chunk.request.pending_row = row
-                row += 1
+        update(); its sampled tokens stay on the device until then, row i for chunk sampled_chunks[i]."""
+        chunks = plan.chunks
+        for row, chunk_index in enumerate(sampled_chunks):
+            chunks[chunk_index].request.pending_row = row
 
     def _append_token(self, request: Request, sampled: SampledToken) -> TokenEvent:
         output_ids, params, token_id = request.output_ids, request.params, sampled.token_id

@@ -53,10 +53,14 @@ class LaunchedStep:
     plan: StepPlan
     started: float  # perf_counter() when the launch began
     forward_s: float  # host time to build the batch and queue the forward
-    sampled_ids: torch.Tensor | None  # [R] on the device: the next step's pending inputs
     sampled: SampledRows | None
     sampled_chunks: list[int]  # index in plan.chunks of each sampled row
     prompt: _PromptRows | None
+
+    @property
+    def sampled_ids(self) -> torch.Tensor | None:
+        """[R] on the device: the inputs of the next step's pending tokens."""
+        return self.sampled.output.token_ids if self.sampled is not None else None
 
     def result(self) -> StepResult:
         waited = time.perf_counter()
@@ -125,15 +129,15 @@ class StepExecutor:
         batch, layout = self.batch_builder.build(plan, previous_ids)
         logits = self.runner.forward(batch)  # [R, vocab]
         forward_s = time.perf_counter() - started
-        sampled_ids = sampled = prompt = None
+        sampled = prompt = None
         if layout.sample_rows:
             sampling = self._sampling_batch([plan.chunks[i].request for i in layout.sampled_chunks])
             output = self.sampler(self._rows(logits, layout.sample_rows), sampling)
             self.sampling_cache.sampled(output.token_ids)
-            sampled_ids, sampled = output.token_ids, output.start_copy()
+            sampled = output.start_copy()
         if layout.prompt_chunks:
             prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
-        return LaunchedStep(plan, started, forward_s, sampled_ids, sampled, layout.sampled_chunks, prompt)
+        return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt)
 
     def _sampling_batch(self, requests: list[Request]) -> SamplingBatch:
         return self.sampling_cache.get(requests, self.healer)

@@ -71,9 +71,13 @@ def build_tiny_model(model_dir: Path) -> Path:
     tokenizer = load_tokenizer(default_model_id())
     tokenizer_dir = model_dir.parent / "smollm2-tokenizer"
     tokenizer.save_pretrained(tokenizer_dir)
-    overrides = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                     eos_token_id=tokenizer.eos_token_id, num_hidden_layers=1,
-                     max_position_embeddings=2048)
+    overrides = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        num_hidden_layers=1,
+        max_position_embeddings=2048,
+    )
     write_random_llama(model_dir, "llama3-tiny", "cpu", "float32", tokenizer_dir, overrides=overrides)
     return model_dir
 
@@ -116,15 +120,20 @@ def measure(samples, opts: BackendOptions, api_pid: int, concurrency: int) -> Ru
 
 
 def report(label: str, figures: RunFigures) -> None:
-    print(f"{label}: {figures.tokens} tokens in {figures.duration_s:.2f} s = {figures.tokens_per_s:.0f} out tok/s; "
-          f"API CPU {figures.api_cpu_s:.2f} s = {figures.api_us_per_token:.1f} us/token; "
-          f"engine CPU {figures.engine_us_per_token:.1f} us/token; ended early {figures.ended_early}",
-          flush=True)
+    print(
+        f"{label}: {figures.tokens} tokens in {figures.duration_s:.2f} s = {figures.tokens_per_s:.0f} out tok/s; "
+        f"API CPU {figures.api_cpu_s:.2f} s = {figures.api_us_per_token:.1f} us/token; "
+        f"engine CPU {figures.engine_us_per_token:.1f} us/token; ended early {figures.ended_early}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.api_overhead", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.api_overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--num-prompts", type=int, default=128)
@@ -138,11 +147,23 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = build_tiny_model(args.model_dir)
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "tgi_compat.launcher", "--model-id", str(model_dir),
-               "--hostname", "127.0.0.1", "--port", str(port),
-               "--max-concurrent-requests", str(max(256, args.concurrency)), *shlex.split(args.server_args)]
-    samples = build_workload(load_tokenizer(str(model_dir)), "fixed", args.num_prompts,
-                             input_len=args.input_len, output_len=args.output_len)
+    command = [
+        sys.executable,
+        "-m",
+        "tgi_compat.launcher",
+        "--model-id",
+        str(model_dir),
+        "--hostname",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-concurrent-requests",
+        str(max(256, args.concurrency)),
+        *shlex.split(args.server_args),
+    ]
+    samples = build_workload(
+        load_tokenizer(str(model_dir)), "fixed", args.num_prompts, input_len=args.input_len, output_len=args.output_len
+    )
     opts = BackendOptions(base_url=base_url)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with running_server(shlex.join(command), base_url, 300.0, args.server_log) as server:

@@ -39,7 +39,7 @@ async def _sse_payloads(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[flo
     async for raw in resp.content:
         line = raw.decode("utf-8").strip()
         if line.startswith("data:"):
-            yield time.perf_counter(), line[len("data:"):].strip()
+            yield time.perf_counter(), line[len("data:") :].strip()
 
 
 def _tgi_body(spec: RequestSpec, opts: BackendOptions) -> dict:
@@ -50,9 +50,14 @@ def _tgi_body(spec: RequestSpec, opts: BackendOptions) -> dict:
 
 
 def _openai_body(spec: RequestSpec, opts: BackendOptions) -> dict:
-    body = {"model": opts.model, "prompt": spec.prompt, "max_tokens": spec.max_new_tokens,
-            "temperature": opts.temperature, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": opts.model,
+        "prompt": spec.prompt,
+        "max_tokens": spec.max_new_tokens,
+        "temperature": opts.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if opts.ignore_eos:
         body["ignore_eos"] = True
     return body
@@ -103,8 +108,9 @@ async def _consume_openai(resp: aiohttp.ClientResponse, record: RequestRecord) -
         record.output_tokens = len(record.chunk_times)
 
 
-async def send_request(session: aiohttp.ClientSession, backend: str, spec: RequestSpec,
-                       opts: BackendOptions) -> RequestRecord:
+async def send_request(
+    session: aiohttp.ClientSession, backend: str, spec: RequestSpec, opts: BackendOptions
+) -> RequestRecord:
     """Send one streaming request and time every chunk. Errors are recorded, never raised."""
     record = RequestRecord(prompt_len=spec.prompt_len, max_new_tokens=spec.max_new_tokens)
     if backend == "tgi":

@@ -16,27 +16,36 @@ from benchmarks.workload import Sample, build_workload
 
 def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("endpoint")
-    group.add_argument("--base-url", default="http://127.0.0.1:3000",
-                       help="server root, e.g. http://127.0.0.1:3000 (no route suffix)")
-    group.add_argument("--backend", choices=("tgi", "openai"), default="tgi",
-                       help="tgi: POST /generate_stream; openai: POST /v1/completions (stream)")
+    group.add_argument(
+        "--base-url", default="http://127.0.0.1:3000", help="server root, e.g. http://127.0.0.1:3000 (no route suffix)"
+    )
+    group.add_argument(
+        "--backend",
+        choices=("tgi", "openai"),
+        default="tgi",
+        help="tgi: POST /generate_stream; openai: POST /v1/completions (stream)",
+    )
     group.add_argument("--model", default="tgi", help="'model' field for the openai backend")
     group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    group.add_argument("--ignore-eos", action="store_true",
-                       help="send ignore_eos=true (openai backend only; vLLM/SGLang honour it)")
+    group.add_argument(
+        "--ignore-eos", action="store_true", help="send ignore_eos=true (openai backend only; vLLM/SGLang honour it)"
+    )
 
 
 def add_workload_args(parser: argparse.ArgumentParser, default_num: int) -> None:
     group = parser.add_argument_group("workload")
-    group.add_argument("--tokenizer", default=None,
-                       help="local folder, .gguf file or hub id; default: the server's /info model_id")
-    group.add_argument("--dataset", default="sharegpt",
-                       choices=("sharegpt", "sharegpt-lengths", "sharegpt-like", "fixed"))
+    group.add_argument(
+        "--tokenizer", default=None, help="local folder, .gguf file or hub id; default: the server's /info model_id"
+    )
+    group.add_argument(
+        "--dataset", default="sharegpt", choices=("sharegpt", "sharegpt-lengths", "sharegpt-like", "fixed")
+    )
     group.add_argument("--num-prompts", type=int, default=default_num)
     group.add_argument("--input-len", type=int, default=128, help="prompt tokens for --dataset fixed")
     group.add_argument("--output-len", type=int, default=128, help="output tokens for --dataset fixed")
-    group.add_argument("--max-output-len", type=int, default=None,
-                       help="cap every reference output length (small CPU runs)")
+    group.add_argument(
+        "--max-output-len", type=int, default=None, help="cap every reference output length (small CPU runs)"
+    )
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--out-dir", default="bench-results")
     group.add_argument("--no-progress", action="store_true")
@@ -78,8 +87,7 @@ def prepare_workload(args: argparse.Namespace, info: dict | None) -> tuple[list[
     if tokenizer_id is None:
         raise SystemExit("no --tokenizer given and the server has no /info model_id")
     tokenizer = load_tokenizer(tokenizer_id)
-    samples = build_workload(tokenizer, args.dataset, args.num_prompts, args.seed,
-                             args.input_len, args.output_len)
+    samples = build_workload(tokenizer, args.dataset, args.num_prompts, args.seed, args.input_len, args.output_len)
     if args.max_output_len:
         samples = [replace(s, output_len=min(s.output_len, args.max_output_len)) for s in samples]
     return samples, tokenizer_id
@@ -92,13 +100,19 @@ def backend_options(args: argparse.Namespace) -> BackendOptions:
 def workload_stats(samples: list[Sample]) -> dict:
     prompt = [s.prompt_len for s in samples]
     output = [s.output_len for s in samples]
-    return {"num_requests": len(samples), "mean_prompt_len": sum(prompt) / len(prompt),
-            "mean_output_len": sum(output) / len(output), "max_prompt_len": max(prompt),
-            "max_output_len": max(output)}
+    return {
+        "num_requests": len(samples),
+        "mean_prompt_len": sum(prompt) / len(prompt),
+        "mean_output_len": sum(output) / len(output),
+        "max_prompt_len": max(prompt),
+        "max_output_len": max(output),
+    }
 
 
 def early_stop_note(args: argparse.Namespace) -> str:
     if args.ignore_eos and args.backend == "openai":
         return "ignore_eos was sent: outputs should reach max_tokens = reference length."
-    return ("max_new_tokens = reference output length, but the TGI API has no ignore_eos: outputs can "
-            "end early at EOS (see 'ended_early' per run).")
+    return (
+        "max_new_tokens = reference output length, but the TGI API has no ignore_eos: outputs can "
+        "end early at EOS (see 'ended_early' per run)."
+    )

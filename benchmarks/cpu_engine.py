@@ -94,13 +94,17 @@ def hf_decode(new_tokens: int) -> tuple[float, float]:
     from transformers import AutoModelForCausalLM
 
     path = model_path()
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
     ids = torch.tensor([PROMPT])
 
     def timed(n: int) -> tuple[float, float]:
         start, cpu_start = time.perf_counter(), time.process_time()
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+            )
         return time.perf_counter() - start, time.process_time() - cpu_start
 
     timed(4)  # warm-up
@@ -126,18 +130,24 @@ def main() -> None:
     hf, hf_cpu_ms = hf_decode(args.new_tokens)
     load = os.getloadavg()[0]
 
-    print(f"SmolLM2-135M-Instruct (GGUF Q4_1 -> float32), CPU: {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, {args.new_tokens} new tokens, greedy, "
-          f"load average {load:.1f} at the end\n")
+    print(
+        f"SmolLM2-135M-Instruct (GGUF Q4_1 -> float32), CPU: {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {args.new_tokens} new tokens, greedy, "
+        f"load average {load:.1f} at the end\n"
+    )
     print("| run | decode tok/s | CPU ms/token | forward ms/step | router ms/step |")
     print("| --- | ---: | ---: | ---: | ---: |")
     print(f"| transformers generate, batch 1 | {hf:.1f} | {hf_cpu_ms:.1f} | | |")
     for name, timing in (("ours, batch 1", single), (f"ours, {args.batch}-way (aggregate)", batched)):
         forward_ms = 1e3 * timing.forward_seconds / timing.num_steps
-        print(f"| {name} | {timing.tokens_per_second:.1f} | {timing.cpu_ms_per_token:.1f} | {forward_ms:.1f} "
-              f"| {timing.router_ms_per_step:.2f} |")
-    print(f"\nours batch 1 / transformers: {single.tokens_per_second / hf:.2f}x; "
-          f"{args.batch}-way / ours batch 1: {batched.tokens_per_second / single.tokens_per_second:.2f}x")
+        print(
+            f"| {name} | {timing.tokens_per_second:.1f} | {timing.cpu_ms_per_token:.1f} | {forward_ms:.1f} "
+            f"| {timing.router_ms_per_step:.2f} |"
+        )
+    print(
+        f"\nours batch 1 / transformers: {single.tokens_per_second / hf:.2f}x; "
+        f"{args.batch}-way / ours batch 1: {batched.tokens_per_second / single.tokens_per_second:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,16 @@ from router.request import GenerateRequest, SamplingParams
 from router.sampling import SampledRows, SamplerOutput
 from router.wire import StepOutputs, encoder
 
-BOOKKEEPING_PHASES = ("schedule", "build batch", "sampling setup", "start copy", "to_host", "update", "stats", "wire encode")
+BOOKKEEPING_PHASES = (
+    "schedule",
+    "build batch",
+    "sampling setup",
+    "start copy",
+    "to_host",
+    "update",
+    "stats",
+    "wire encode",
+)
 
 
 class InstantRunner:
@@ -149,9 +158,7 @@ def build_engine(rows: int, prompt_len: int, new_tokens: int, vocab: int) -> Eng
     model_config = SimpleNamespace(
         architecture="InstantForBenchmarks", vocab_size=vocab, max_position_embeddings=8192, eos_token_ids=[2]
     )
-    config = EngineConfig(
-        model_id="instant", device="cpu", max_running_requests=rows, max_batch_prefill_tokens=16384
-    )
+    config = EngineConfig(model_id="instant", device="cpu", max_running_requests=rows, max_batch_prefill_tokens=16384)
     return EngineCore(config, runner, model_config)
 
 
@@ -162,9 +169,7 @@ def run(rows: int, mix: str, prompt_len: int, new_tokens: int, vocab: int) -> di
     for i in range(rows):
         length = rng.randint(int(prompt_len * 0.9), int(prompt_len * 1.1))
         prompt = [rng.randrange(3, vocab) for _ in range(length)]
-        request = GenerateRequest(
-            f"r{i}", prompt, sampling_params(i, mix), max_new_tokens=new_tokens, ignore_eos=True
-        )
+        request = GenerateRequest(f"r{i}", prompt, sampling_params(i, mix), max_new_tokens=new_tokens, ignore_eos=True)
         engine.add_request(request)
     clock = PhaseClock()
     instrument(engine, clock)
@@ -229,7 +234,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"vocab {args.vocab}, prompt ~{args.prompt_len}, {args.new_tokens} new tokens, torch threads {torch.get_num_threads()}")
+    print(
+        f"vocab {args.vocab}, prompt ~{args.prompt_len}, {args.new_tokens} new tokens, torch threads {torch.get_num_threads()}"
+    )
     for rows in args.rows:
         for mix in args.mixes:
             report(rows, mix, run(rows, mix, args.prompt_len, args.new_tokens, args.vocab))

@@ -27,10 +27,12 @@ class StaticBatchResult:
     total_input_tokens: int
 
     def as_dict(self) -> dict:
-        return {**self.__dict__,
-                "output_throughput": self.useful_output_tokens / self.duration_s,
-                "request_throughput": self.num_requests / self.duration_s,
-                "slot_efficiency": self.useful_output_tokens / max(1, self.generated_slots)}
+        return {
+            **self.__dict__,
+            "output_throughput": self.useful_output_tokens / self.duration_s,
+            "request_throughput": self.num_requests / self.duration_s,
+            "slot_efficiency": self.useful_output_tokens / max(1, self.generated_slots),
+        }
 
 
 def load_hf_model(model_id: str, dtype: str, device: str):
@@ -59,8 +61,9 @@ def _useful_tokens(new_ids, limits: list[int], eos_ids: set[int]) -> int:
     return total
 
 
-def run_static_batching(model, tokenizer, samples: list[Sample], batch_size: int,
-                        show_progress: bool = True) -> StaticBatchResult:
+def run_static_batching(
+    model, tokenizer, samples: list[Sample], batch_size: int, show_progress: bool = True
+) -> StaticBatchResult:
     import torch
 
     tokenizer.padding_side = "left"
@@ -73,17 +76,20 @@ def run_static_batching(model, tokenizer, samples: list[Sample], batch_size: int
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    for first in tqdm(range(0, len(samples), batch_size), desc="transformers static",
-                      disable=not show_progress, unit="batch"):
-        batch = samples[first:first + batch_size]
+    for first in tqdm(
+        range(0, len(samples), batch_size), desc="transformers static", disable=not show_progress, unit="batch"
+    ):
+        batch = samples[first : first + batch_size]
         inputs = tokenizer([s.prompt for s in batch], return_tensors="pt", padding=True).to(device)
         max_new = max(s.output_len for s in batch)
         with torch.inference_mode():
-            out = model.generate(**inputs, max_new_tokens=max_new, min_new_tokens=1, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        new_ids = out[:, inputs["input_ids"].shape[1]:]  # [batch, steps]
+            out = model.generate(
+                **inputs, max_new_tokens=max_new, min_new_tokens=1, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+        new_ids = out[:, inputs["input_ids"].shape[1] :]  # [batch, steps]
         useful += _useful_tokens(new_ids, [s.output_len for s in batch], eos_ids)
         slots += new_ids.numel()
     sync()
-    return StaticBatchResult(len(samples), batch_size, time.perf_counter() - start, useful, slots,
-                             sum(s.prompt_len for s in samples))
+    return StaticBatchResult(
+        len(samples), batch_size, time.perf_counter() - start, useful, slots, sum(s.prompt_len for s in samples)
+    )

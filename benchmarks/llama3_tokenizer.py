@@ -18,8 +18,10 @@ import argparse
 import struct
 from pathlib import Path
 
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 
 
@@ -34,7 +36,7 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     data, ranks, pos = path.read_bytes(), {}, 4
     for _ in range(struct.unpack_from("<I", data, 0)[0]):
         (length,) = struct.unpack_from("<H", data, pos)
-        token = data[pos + 2:pos + 2 + length]
+        token = data[pos + 2 : pos + 2 + length]
         ranks[token] = struct.unpack_from("<I", data, pos + 2 + length)[0]
         pos += 6 + length
     return ranks
@@ -45,15 +47,16 @@ def read_specials(path: Path) -> dict[str, int]:
     data, specials, pos = path.read_bytes(), {}, 4
     for _ in range(struct.unpack_from("<I", data, 0)[0]):
         token_id, length = struct.unpack_from("<IH", data, pos)
-        specials[data[pos + 6:pos + 6 + length].decode()] = token_id
+        specials[data[pos + 6 : pos + 6 + length].decode()] = token_id
         pos += 6 + length
     return specials
 
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = printable[:], 0
     for b in range(256):
         if b not in printable:
@@ -68,8 +71,7 @@ def merges_for(token: bytes, ranks: dict[bytes, int]) -> list[tuple[bytes, bytes
 
     tiktoken merges whichever adjacent pair concatenates to the lowest-ranked token, whatever the split;
     a merges list reproduces that only if it holds every split of every token at the token's priority."""
-    splits = [(token[:i], token[i:]) for i in range(1, len(token))
-              if token[:i] in ranks and token[i:] in ranks]
+    splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
     return sorted(splits, key=lambda ab: (ranks[ab[0]], ranks[ab[1]]))
 
 
@@ -79,20 +81,28 @@ def build_tokenizer(ranks: dict[bytes, int], specials: dict[str, int]):
     to_char = bytes_to_unicode()
     encode = lambda b: "".join(to_char[x] for x in b)  # noqa: E731
     vocab = {encode(token): rank for token, rank in ranks.items()}
-    merges = [(encode(a), encode(b))
-              for token, _ in sorted(ranks.items(), key=lambda kv: kv[1])
-              for a, b in merges_for(token, ranks)]
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True,
-                                     fuse_unk=False, byte_fallback=False))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    merges = [
+        (encode(a), encode(b))
+        for token, _ in sorted(ranks.items(), key=lambda kv: kv[1])
+        for a, b in merges_for(token, ranks)
+    ]
+    tokenizer = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, ignore_merges=True, fuse_unk=False, byte_fallback=False)
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False)
-                                  for text, _ in sorted(specials.items(), key=lambda kv: kv[1])])
+    tokenizer.add_special_tokens(
+        [AddedToken(text, special=True, normalized=False) for text, _ in sorted(specials.items(), key=lambda kv: kv[1])]
+    )
     bos_id = specials[BOS]
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
     return tokenizer
 
 
@@ -105,8 +115,13 @@ def write_llama3_tokenizer(out_dir: Path) -> None:
     backend = build_tokenizer(read_ranks(data / "llama3.vocab"), specials)
     if backend.get_vocab_size() != 128_256:
         raise ValueError(f"expected 128256 tokens, built {backend.get_vocab_size()}")
-    fast = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS,
-                                   model_max_length=8192, clean_up_tokenization_spaces=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        model_max_length=8192,
+        clean_up_tokenization_spaces=False,
+    )
     fast.save_pretrained(out_dir)
 
 
@@ -120,12 +135,15 @@ def reference_encode(text: str, ranks: dict[bytes, int]) -> list[int]:
         parts = [bytes([b]) for b in word.encode()]
         while len(parts) > 1:
             pair_ranks = [ranks.get(a + b) for a, b in zip(parts, parts[1:])]
-            best = min((r, i) for i, r in enumerate(pair_ranks) if r is not None) if any(
-                r is not None for r in pair_ranks) else None
+            best = (
+                min((r, i) for i, r in enumerate(pair_ranks) if r is not None)
+                if any(r is not None for r in pair_ranks)
+                else None
+            )
             if best is None:
                 break
             i = best[1]
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
         ids += [ranks[p] for p in parts]
     return ids
 
@@ -137,7 +155,7 @@ def verify(out_dir: Path, num_texts: int = 2000) -> int:
     from benchmarks.workload import read_sharegpt_pairs
 
     ranks = read_ranks(quicktok_data_dir() / "llama3.vocab")
-    texts = [t for pair in read_sharegpt_pairs()[:num_texts // 2] for t in pair]
+    texts = [t for pair in read_sharegpt_pairs()[: num_texts // 2] for t in pair]
     ours = AutoTokenizer.from_pretrained(out_dir)(texts, add_special_tokens=False).input_ids
     return sum(a != reference_encode(t, ranks) for a, t in zip(ours, texts))
 

@@ -111,5 +111,8 @@ def throughput_timeline(records: list[RequestRecord], start: float, bin_s: float
         per_chunk = r.output_tokens / len(r.chunk_times)
         idx = np.minimum(((np.asarray(r.chunk_times) - start) / bin_s).astype(int), num_bins - 1)
         np.add.at(tokens, idx, per_chunk)
-    return {"bin_s": bin_s, "time_s": (np.arange(num_bins) * bin_s).tolist(),
-            "output_tokens_per_s": (tokens / bin_s).tolist()}
+    return {
+        "bin_s": bin_s,
+        "time_s": (np.arange(num_bins) * bin_s).tolist(),
+        "output_tokens_per_s": (tokens / bin_s).tolist(),
+    }

@@ -16,16 +16,24 @@ import math
 import sys
 from pathlib import Path
 
-from benchmarks.cli_common import (add_endpoint_args, add_workload_args, backend_options,
-                                   early_stop_note, fetch_info, prepare_workload, workload_stats)
+from benchmarks.cli_common import (
+    add_endpoint_args,
+    add_workload_args,
+    backend_options,
+    early_stop_note,
+    fetch_info,
+    prepare_workload,
+    workload_stats,
+)
 from benchmarks.report import write_report
 from benchmarks.runner import RunResult, run_benchmark, warm_up
 from benchmarks.serve import print_summary
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.offline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.offline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_endpoint_args(parser)
     add_workload_args(parser, default_num=1000)
     server = parser.add_argument_group("server")
@@ -43,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 def run_server_side(args, samples, opts) -> RunResult:
     if not args.no_warmup_server:
         warm_up(samples, args.backend, opts)
-    return run_benchmark(samples, args.backend, opts, math.inf, show_progress=not args.no_progress,
-                         label="server, all at once")
+    return run_benchmark(
+        samples, args.backend, opts, math.inf, show_progress=not args.no_progress, label="server, all at once"
+    )
 
 
 def run_hf_side(args, samples) -> dict:
@@ -54,8 +63,7 @@ def run_hf_side(args, samples) -> dict:
 
     device = args.hf_device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_hf_model(args.hf_model, args.hf_dtype, device)
-    result = run_static_batching(model, tokenizer, samples, args.hf_batch_size,
-                                 show_progress=not args.no_progress)
+    result = run_static_batching(model, tokenizer, samples, args.hf_batch_size, show_progress=not args.no_progress)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -75,8 +83,7 @@ def compare(server_summary: dict | None, hf: dict | None) -> dict:
         comparison["hf_static_slot_efficiency"] = hf["slot_efficiency"]
         comparison["hf_static"] = hf
     if server_summary and hf and hf["output_throughput"] > 0:
-        comparison["server_over_hf_output_throughput"] = (
-            server_summary["output_throughput"] / hf["output_throughput"])
+        comparison["server_over_hf_output_throughput"] = server_summary["output_throughput"] / hf["output_throughput"]
     return comparison
 
 
@@ -93,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.server_process import running_server
 
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-        with running_server(args.server_cmd, opts.base_url, args.server_startup_timeout,
-                            Path(args.out_dir) / "server.log"):
+        with running_server(
+            args.server_cmd, opts.base_url, args.server_startup_timeout, Path(args.out_dir) / "server.log"
+        ):
             info = fetch_info(opts.base_url)
             samples, tokenizer_id = prepare_workload(args, info)
             runs.append(run_server_side(args, samples, opts))
@@ -111,16 +119,24 @@ def main(argv: list[str] | None = None) -> int:
     hf = run_hf_side(args, samples) if args.hf_model else None
     comparison = compare(server_summary, hf)
     config = {
-        "mode": "offline", "date_utc": datetime.datetime.now(datetime.UTC).isoformat(),
-        "command": " ".join(sys.argv), "base_url": None if args.no_server else opts.base_url,
-        "backend": args.backend, "server_cmd": args.server_cmd, "server_info": info,
-        "tokenizer": tokenizer_id, "dataset": args.dataset, "seed": args.seed,
+        "mode": "offline",
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(),
+        "command": " ".join(sys.argv),
+        "base_url": None if args.no_server else opts.base_url,
+        "backend": args.backend,
+        "server_cmd": args.server_cmd,
+        "server_info": info,
+        "tokenizer": tokenizer_id,
+        "dataset": args.dataset,
+        "seed": args.seed,
         "output_len_cap": args.max_output_len,
-        "ignore_eos": args.ignore_eos, "workload": workload_stats(samples),
+        "ignore_eos": args.ignore_eos,
+        "workload": workload_stats(samples),
         "outputs_may_end_early": True,
     }
-    notes = early_stop_note(args) + " transformers counts only tokens up to each request's reference " \
-        "length and first EOS."
+    notes = (
+        early_stop_note(args) + " transformers counts only tokens up to each request's reference length and first EOS."
+    )
     write_report(runs, config, notes, Path(args.out_dir), comparison=comparison)
     for key, value in comparison.items():
         if not isinstance(value, dict):

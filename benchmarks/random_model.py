@@ -20,21 +20,47 @@ from pathlib import Path
 
 PRESETS = {
     # Meta-Llama-3-8B's config.json shapes.
-    "llama3-8b": dict(vocab_size=128_256, hidden_size=4096, intermediate_size=14_336,
-                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      max_position_embeddings=8192, rope_theta=500_000.0, rms_norm_eps=1e-5,
-                      bos_token_id=128_000, eos_token_id=128_001, tie_word_embeddings=False),
+    "llama3-8b": dict(
+        vocab_size=128_256,
+        hidden_size=4096,
+        intermediate_size=14_336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500_000.0,
+        rms_norm_eps=1e-5,
+        bos_token_id=128_000,
+        eos_token_id=128_001,
+        tie_word_embeddings=False,
+    ),
     # Same vocabulary, tiny body: for CPU tests of the offline comparison.
-    "llama3-tiny": dict(vocab_size=128_256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                        rope_theta=500_000.0, rms_norm_eps=1e-5, bos_token_id=128_000,
-                        eos_token_id=128_001, tie_word_embeddings=False),
+    "llama3-tiny": dict(
+        vocab_size=128_256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rope_theta=500_000.0,
+        rms_norm_eps=1e-5,
+        bos_token_id=128_000,
+        eos_token_id=128_001,
+        tie_word_embeddings=False,
+    ),
 }
 
 
-def write_random_llama(out_dir: Path, preset: str, device: str = "cpu", dtype: str = "bfloat16",
-                       tokenizer_dir: Path | None = None, seed: int = 0,
-                       overrides: dict | None = None) -> dict:
+def write_random_llama(
+    out_dir: Path,
+    preset: str,
+    device: str = "cpu",
+    dtype: str = "bfloat16",
+    tokenizer_dir: Path | None = None,
+    seed: int = 0,
+    overrides: dict | None = None,
+) -> dict:
     """Build the model on ``device``, save it as safetensors shards plus a tokenizer; return timings."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -53,8 +79,9 @@ def write_random_llama(out_dir: Path, preset: str, device: str = "cpu", dtype: s
     timings["tokenizer_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    config = LlamaConfig(**{**PRESETS[preset], **(overrides or {})},
-                         architectures=["LlamaForCausalLM"], torch_dtype=dtype)
+    config = LlamaConfig(
+        **{**PRESETS[preset], **(overrides or {})}, architectures=["LlamaForCausalLM"], torch_dtype=dtype
+    )
     torch.manual_seed(seed)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))  # build in bf16 directly: no 32 GB fp32 copy
@@ -68,8 +95,7 @@ def write_random_llama(out_dir: Path, preset: str, device: str = "cpu", dtype: s
     timings["init_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id,
-                                               eos_token_id=config.eos_token_id)
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
     model.save_pretrained(out_dir, max_shard_size="5GB", safe_serialization=True)
     timings["save_s"] = time.perf_counter() - start
     timings["num_params"] = sum(p.numel() for p in model.parameters())
@@ -89,11 +115,18 @@ def main() -> None:
     parser.add_argument("--bos-token-id", type=int, default=None)
     parser.add_argument("--eos-token-id", type=int, default=None)
     args = parser.parse_args()
-    overrides = {key: value for key, value in (("vocab_size", args.vocab_size),
-                                                ("bos_token_id", args.bos_token_id),
-                                                ("eos_token_id", args.eos_token_id)) if value}
-    timings = write_random_llama(args.out_dir, args.preset, args.device, args.dtype,
-                                 args.tokenizer_dir, args.seed, overrides)
+    overrides = {
+        key: value
+        for key, value in (
+            ("vocab_size", args.vocab_size),
+            ("bos_token_id", args.bos_token_id),
+            ("eos_token_id", args.eos_token_id),
+        )
+        if value
+    }
+    timings = write_random_llama(
+        args.out_dir, args.preset, args.device, args.dtype, args.tokenizer_dir, args.seed, overrides
+    )
     print(json.dumps(timings))
 
 

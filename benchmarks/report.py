@@ -119,17 +119,40 @@ def plot_vs_rate(runs_json: list[dict], path: Path) -> None:
 
 
 def _summary_table(runs_json: list[dict]) -> str:
-    head = ("rate", "done", "req/s", "out tok/s", "TTFT med", "TTFT p99", "TPOT med", "TPOT p99",
-            "ITL p99", "E2E med", "ended early")
+    head = (
+        "rate",
+        "done",
+        "req/s",
+        "out tok/s",
+        "TTFT med",
+        "TTFT p99",
+        "TPOT med",
+        "TPOT p99",
+        "ITL p99",
+        "E2E med",
+        "ended early",
+    )
     rows = []
     for run in runs_json:
         s = run["summary"]
-        cells = (run["request_rate"], f"{s['completed']}/{s['num_requests']}",
-                 f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}",
-                 *(f"{s[k].get(stat, float('nan')):.1f}" for k, stat in
-                   (("ttft", "median_ms"), ("ttft", "p99_ms"), ("tpot", "median_ms"),
-                    ("tpot", "p99_ms"), ("itl", "p99_ms"), ("e2e", "median_ms"))),
-                 s["ended_early"])
+        cells = (
+            run["request_rate"],
+            f"{s['completed']}/{s['num_requests']}",
+            f"{s['request_throughput']:.2f}",
+            f"{s['output_throughput']:.1f}",
+            *(
+                f"{s[k].get(stat, float('nan')):.1f}"
+                for k, stat in (
+                    ("ttft", "median_ms"),
+                    ("ttft", "p99_ms"),
+                    ("tpot", "median_ms"),
+                    ("tpot", "p99_ms"),
+                    ("itl", "p99_ms"),
+                    ("e2e", "median_ms"),
+                )
+            ),
+            s["ended_early"],
+        )
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     header = "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
     return f"<table border=1 cellpadding=4>{header}{''.join(rows)}</table>"
@@ -138,8 +161,11 @@ def _summary_table(runs_json: list[dict]) -> str:
 def _comparison_html(comparison: dict | None) -> str:
     if not comparison:
         return ""
-    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
-                   for k, v in comparison.items() if not isinstance(v, dict))
+    rows = "".join(
+        f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
+        for k, v in comparison.items()
+        if not isinstance(v, dict)
+    )
     return f"<h2>Offline comparison</h2><table border=1 cellpadding=4>{rows}</table>"
 
 
@@ -150,15 +176,21 @@ def write_html(result: dict, images: list[str], path: Path) -> None:
         "<!doctype html><html><head><meta charset='utf-8'><title>Serving benchmark</title></head><body>"
         f"<h1>Serving benchmark</h1><p>Latencies in ms. {html.escape(result['notes'])}</p>"
         f"{_summary_table(result['runs'])}{_comparison_html(result.get('comparison'))}{figures}"
-        f"<h2>Configuration</h2><pre>{config}</pre></body></html>")
+        f"<h2>Configuration</h2><pre>{config}</pre></body></html>"
+    )
 
 
-def write_report(runs: list[RunResult], config: dict, notes: str, out_dir: Path,
-                 timeline_bin_s: float = 1.0, comparison: dict | None = None) -> dict:
+def write_report(
+    runs: list[RunResult],
+    config: dict,
+    notes: str,
+    out_dir: Path,
+    timeline_bin_s: float = 1.0,
+    comparison: dict | None = None,
+) -> dict:
     """Write result.json, the PNG plots and index.html into ``out_dir``; return the JSON dict."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"config": config, "notes": notes,
-              "runs": [run_to_json(run, timeline_bin_s) for run in runs]}
+    result = {"config": config, "notes": notes, "runs": [run_to_json(run, timeline_bin_s) for run in runs]}
     if comparison:
         result["comparison"] = comparison
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))

@@ -29,8 +29,7 @@ class RunResult:
     records: list[RequestRecord]
 
 
-def arrival_offsets(num_requests: int, rate: float, burstiness: float = 1.0,
-                    seed: int = 0) -> np.ndarray:
+def arrival_offsets(num_requests: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
     """Send times in seconds after the start, one per request (all zero for rate = inf)."""
     if math.isinf(rate):
         return np.zeros(num_requests)
@@ -41,14 +40,23 @@ def arrival_offsets(num_requests: int, rate: float, burstiness: float = 1.0,
     return np.cumsum(gaps)
 
 
-async def _run(samples: list[Sample], backend: str, opts: BackendOptions, rate: float,
-               burstiness: float, max_concurrency: int | None, seed: int, show_progress: bool,
-               label: str) -> RunResult:
+async def _run(
+    samples: list[Sample],
+    backend: str,
+    opts: BackendOptions,
+    rate: float,
+    burstiness: float,
+    max_concurrency: int | None,
+    seed: int,
+    show_progress: bool,
+    label: str,
+) -> RunResult:
     offsets = arrival_offsets(len(samples), rate, burstiness, seed)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     progress = tqdm(total=len(samples), desc=label, disable=not show_progress, unit="req")
 
     async with make_session() as session:
+
         async def one(sample: Sample, offset: float) -> RequestRecord:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
             spec = RequestSpec(sample.prompt, sample.prompt_len, sample.output_len)
@@ -67,11 +75,20 @@ async def _run(samples: list[Sample], backend: str, opts: BackendOptions, rate: 
     return RunResult(rate, max_concurrency, start, duration, list(records))
 
 
-def run_benchmark(samples: list[Sample], backend: str, opts: BackendOptions, rate: float,
-                  burstiness: float = 1.0, max_concurrency: int | None = None, seed: int = 0,
-                  show_progress: bool = True, label: str = "") -> RunResult:
-    return asyncio.run(_run(samples, backend, opts, rate, burstiness, max_concurrency, seed,
-                            show_progress, label or f"rate={rate}"))
+def run_benchmark(
+    samples: list[Sample],
+    backend: str,
+    opts: BackendOptions,
+    rate: float,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    show_progress: bool = True,
+    label: str = "",
+) -> RunResult:
+    return asyncio.run(
+        _run(samples, backend, opts, rate, burstiness, max_concurrency, seed, show_progress, label or f"rate={rate}")
+    )
 
 
 def warm_up(samples: list[Sample], backend: str, opts: BackendOptions) -> RequestRecord:

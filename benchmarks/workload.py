@@ -39,8 +39,12 @@ class Sample:
 
 def is_valid_pair(prompt_len: int, output_len: int) -> bool:
     """vLLM's ShareGPT filter."""
-    return (prompt_len >= MIN_LEN and output_len >= MIN_LEN and prompt_len <= MAX_PROMPT_LEN
-            and prompt_len + output_len <= MAX_TOTAL_LEN)
+    return (
+        prompt_len >= MIN_LEN
+        and output_len >= MIN_LEN
+        and prompt_len <= MAX_PROMPT_LEN
+        and prompt_len + output_len <= MAX_TOTAL_LEN
+    )
 
 
 @functools.cache
@@ -53,8 +57,11 @@ def read_sharegpt_pairs() -> tuple[tuple[str, str], ...]:
     # The shipped JSON is cut mid-entry: keep every complete conversation and close the list.
     cut = raw.rfind("\n  },\n  {")
     rows = json.loads(raw[:cut] + "\n  }\n]") if cut > 0 else json.loads(raw)
-    return tuple((r["conversations"][0]["value"], r["conversations"][1]["value"])
-                 for r in rows if len(r.get("conversations", [])) >= 2)
+    return tuple(
+        (r["conversations"][0]["value"], r["conversations"][1]["value"])
+        for r in rows
+        if len(r.get("conversations", [])) >= 2
+    )
 
 
 def sample_sharegpt(tokenizer, num_requests: int, seed: int = 0) -> list[Sample]:
@@ -64,7 +71,7 @@ def sample_sharegpt(tokenizer, num_requests: int, seed: int = 0) -> list[Sample]
     samples: list[Sample] = []
     chunk = max(64, num_requests)
     for start in range(0, len(pairs), chunk):
-        batch = pairs[start:start + chunk]
+        batch = pairs[start : start + chunk]
         prompt_ids = tokenizer([p for p, _ in batch]).input_ids
         output_ids = tokenizer([o for _, o in batch], add_special_tokens=False).input_ids
         for (prompt, _), p_ids, o_ids in zip(batch, prompt_ids, output_ids):
@@ -87,10 +94,64 @@ def read_length_list(path: Path = LENGTHS_FILE) -> list[tuple[int, int]]:
 
 # Quantiles of the vLLM-filtered ShareGPT set (Llama-3 tokens), from perf-anchors §5.4.
 _Q = np.r_[np.arange(0, 96, 5), 96, 97, 98, 99, 99.5, 99.9, 100] / 100
-_IN = [4, 8, 10, 13, 16, 20, 25, 34, 48, 71, 105, 155, 212, 265, 313, 365, 427, 503, 603, 752, 767,
-       769, 771, 881, 953, 1009, 1024]
-_OUT = [4, 8, 11, 15, 20, 27, 36, 51, 75, 102, 134, 171, 207, 241, 276, 312, 353, 406, 490, 633, 684,
-        744, 767, 771, 898, 1406, 1856]
+_IN = [
+    4,
+    8,
+    10,
+    13,
+    16,
+    20,
+    25,
+    34,
+    48,
+    71,
+    105,
+    155,
+    212,
+    265,
+    313,
+    365,
+    427,
+    503,
+    603,
+    752,
+    767,
+    769,
+    771,
+    881,
+    953,
+    1009,
+    1024,
+]
+_OUT = [
+    4,
+    8,
+    11,
+    15,
+    20,
+    27,
+    36,
+    51,
+    75,
+    102,
+    134,
+    171,
+    207,
+    241,
+    276,
+    312,
+    353,
+    406,
+    490,
+    633,
+    684,
+    744,
+    767,
+    771,
+    898,
+    1406,
+    1856,
+]
 
 
 def sharegpt_like_lengths(n: int, rho: float = -0.45, seed: int = 0) -> list[tuple[int, int]]:
@@ -107,12 +168,14 @@ def sharegpt_like_lengths(n: int, rho: float = -0.45, seed: int = 0) -> list[tup
 def synthesize(tokenizer, lengths: list[tuple[int, int]], seed: int = 0) -> list[Sample]:
     """Random-word prompts of exactly the requested token counts (BOS, if any, adds one)."""
     synth = PromptSynthesizer(tokenizer, seed=seed)
-    return [Sample(text, synth.count(text), output_len)
-            for text, output_len in ((synth.make(p), o) for p, o in lengths)]
+    return [
+        Sample(text, synth.count(text), output_len) for text, output_len in ((synth.make(p), o) for p, o in lengths)
+    ]
 
 
-def build_workload(tokenizer, dataset: str, num_requests: int, seed: int = 0,
-                   input_len: int = 128, output_len: int = 128) -> list[Sample]:
+def build_workload(
+    tokenizer, dataset: str, num_requests: int, seed: int = 0, input_len: int = 128, output_len: int = 128
+) -> list[Sample]:
     if dataset == "sharegpt":
         return sample_sharegpt(tokenizer, num_requests, seed)
     if dataset == "sharegpt-lengths":

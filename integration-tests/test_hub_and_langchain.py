@@ -76,5 +76,7 @@ def test_langchain_huggingface_endpoint(base_url):
 def test_langchain_huggingface_endpoint_greedy(base_url):
     from langchain_huggingface import HuggingFaceEndpoint
 
-    llm = HuggingFaceEndpoint(endpoint_url=base_url, max_new_tokens=10, temperature=None, top_p=None, typical_p=None, timeout=300)
+    llm = HuggingFaceEndpoint(
+        endpoint_url=base_url, max_new_tokens=10, temperature=None, top_p=None, typical_p=None, timeout=300
+    )
     assert llm.invoke(CHAT_PROMPT) == ANSWER

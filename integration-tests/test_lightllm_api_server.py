@@ -51,7 +51,9 @@ def test_one_startup_warning_names_the_unbuilt_flags(lightllm_server):
 
 def test_every_eos_id_ends_generation(lightllm_server):
     params = {"max_new_tokens": 10, "details": True}
-    body = httpx.post(f"{lightllm_server.base_url}/generate", json={"inputs": CHAT_PROMPT, "parameters": params}, timeout=120).json()
+    body = httpx.post(
+        f"{lightllm_server.base_url}/generate", json={"inputs": CHAT_PROMPT, "parameters": params}, timeout=120
+    ).json()
     details = body["details"]
     assert [t["id"] for t in details["tokens"]] == [THE_ID]
     assert details["finish_reason"] == "eos_token"
@@ -60,7 +62,9 @@ def test_every_eos_id_ends_generation(lightllm_server):
 def test_server_defaults_apply_to_requests(lightllm_server):
     tokens = httpx.post(f"{lightllm_server.base_url}/tokenize", json={"inputs": LONG_PROMPT}, timeout=30).json()
     body = httpx.post(
-        f"{lightllm_server.base_url}/generate", json={"inputs": LONG_PROMPT, "parameters": {"max_new_tokens": 2}}, timeout=120
+        f"{lightllm_server.base_url}/generate",
+        json={"inputs": LONG_PROMPT, "parameters": {"max_new_tokens": 2}},
+        timeout=120,
     ).json()
     details = body["details"]  # --return_all_prompt_logprobs: details come back without details=true
     assert details["truncated_prompt_tokens"] == len(tokens) - MAX_INPUT  # --long_truncation_mode center
@@ -71,9 +75,13 @@ def test_server_defaults_apply_to_requests(lightllm_server):
 
 def test_requests_can_turn_the_defaults_off(lightllm_server):
     params = {"max_new_tokens": 2, "long_truncation_mode": "none", "return_all_prompt_logprobs": False}
-    response = httpx.post(f"{lightllm_server.base_url}/generate", json={"inputs": LONG_PROMPT, "parameters": params}, timeout=120)
+    response = httpx.post(
+        f"{lightllm_server.base_url}/generate", json={"inputs": LONG_PROMPT, "parameters": params}, timeout=120
+    )
     assert response.status_code == 422
-    body = httpx.post(f"{lightllm_server.base_url}/generate", json={"inputs": "Hello", "parameters": params}, timeout=120).json()
+    body = httpx.post(
+        f"{lightllm_server.base_url}/generate", json={"inputs": "Hello", "parameters": params}, timeout=120
+    ).json()
     assert "details" not in body
 
 
@@ -86,7 +94,14 @@ def test_requests_can_turn_the_defaults_off(lightllm_server):
     ],
 )
 def test_refused_starts_exit_non_zero_with_a_clear_message(flags, environ, message):
-    done = subprocess.run(api_server_command(*flags), capture_output=True, text=True, env=_clean_env() | environ, cwd=REPO_ROOT, timeout=120)
+    done = subprocess.run(
+        api_server_command(*flags),
+        capture_output=True,
+        text=True,
+        env=_clean_env() | environ,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert done.returncode == 1
     assert message in done.stderr
 

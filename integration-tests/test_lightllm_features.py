@@ -39,7 +39,12 @@ async def test_an_over_long_prompt_is_refused_without_a_mode(http):
 async def test_truncation_keeps_the_largest_fitting_prompt(http, mode):
     ids = await tokenize(http, LONG_PROMPT)
     budget = MAX_TOTAL_TOKENS - 2  # max_new_tokens=2 binds before max_input_tokens (= max_total - 1)
-    params = {"max_new_tokens": 2, "long_truncation_mode": mode, "decoder_input_details": True, "return_full_text": True}
+    params = {
+        "max_new_tokens": 2,
+        "long_truncation_mode": mode,
+        "decoder_input_details": True,
+        "return_full_text": True,
+    }
     response = await http.post("/generate", json={"inputs": LONG_PROMPT, "parameters": params})
     assert response.status_code == 200, response.text
     body = response.json()
@@ -54,7 +59,9 @@ async def test_truncation_keeps_the_largest_fitting_prompt(http, mode):
 
 async def test_truncation_is_reported_on_the_stream(http):
     ids = await tokenize(http, LONG_PROMPT)
-    events = await stream_events(http, LONG_PROMPT, {"max_new_tokens": 2, "long_truncation_mode": "head", "details": True})
+    events = await stream_events(
+        http, LONG_PROMPT, {"max_new_tokens": 2, "long_truncation_mode": "head", "details": True}
+    )
     details = events[-1]["details"]
     assert details["input_length"] == MAX_TOTAL_TOKENS - 2
     assert details["truncated_prompt_tokens"] == len(ids) - (MAX_TOTAL_TOKENS - 2)
@@ -68,7 +75,9 @@ async def test_a_prompt_that_fits_reports_zero_dropped_tokens(http):
 
 
 async def test_without_a_mode_no_extension_keys_appear(http):
-    body = (await http.post("/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 2, "details": True}})).json()
+    body = (
+        await http.post("/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 2, "details": True}})
+    ).json()
     assert "truncated_prompt_tokens" not in body["details"] and "prefill_top_tokens" not in body["details"]
 
 
@@ -122,7 +131,11 @@ async def test_healing_with_sampling_and_best_of(http, prompt):
 
 async def test_healing_a_one_token_prompt_is_plain_generation(http):
     plain = (await http.post("/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 4}})).json()
-    healed = (await http.post("/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 4, "token_healing": True}})).json()
+    healed = (
+        await http.post(
+            "/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 4, "token_healing": True}}
+        )
+    ).json()
     assert healed == plain
 
 
@@ -140,7 +153,11 @@ async def test_all_prompt_logprobs_without_the_server_flag_or_details(http):
     assert prefill[0]["logprob"] is None
     assert all(token["logprob"] is not None and token["logprob"] <= 0 for token in prefill[1:])
     # the same numbers TGI's own decoder_input_details path reports (--enable-prefill-logprobs)
-    reference = (await http.post("/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 2, "decoder_input_details": True}})).json()
+    reference = (
+        await http.post(
+            "/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 2, "decoder_input_details": True}}
+        )
+    ).json()
     reference_prefill = reference["details"]["prefill"]
     assert reference_prefill[0]["logprob"] is None
     assert [t["logprob"] for t in reference_prefill[1:]] == pytest.approx([t["logprob"] for t in prefill[1:]], rel=1e-5)
@@ -156,7 +173,9 @@ async def test_prompt_top_alternatives_with_top_n_tokens(http):
         assert len(top) >= 3 and logprobs == sorted(logprobs, reverse=True)
         assert token["logprob"] <= logprobs[0] + 1e-6
         if token["id"] in [t["id"] for t in top]:
-            assert token["logprob"] == pytest.approx(next(t["logprob"] for t in top if t["id"] == token["id"]), rel=1e-5)
+            assert token["logprob"] == pytest.approx(
+                next(t["logprob"] for t in top if t["id"] == token["id"]), rel=1e-5
+            )
 
 
 async def test_all_prompt_logprobs_arrive_with_the_last_stream_event(http):

@@ -38,7 +38,12 @@ def test_openai_chat(oai):
 
 def test_openai_chat_stream_with_usage(oai):
     stream = oai.chat.completions.create(
-        model="tgi", messages=QUESTION, temperature=0, max_tokens=12, stream=True, stream_options={"include_usage": True}
+        model="tgi",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     *token_chunks, usage_chunk = chunks
@@ -49,7 +54,9 @@ def test_openai_chat_stream_with_usage(oai):
 
 
 def test_openai_completions(oai):
-    response = oai.completions.create(model="tgi", prompt=[COMPLETION_PROMPT, "Paris is the capital of"], temperature=0, max_tokens=3)
+    response = oai.completions.create(
+        model="tgi", prompt=[COMPLETION_PROMPT, "Paris is the capital of"], temperature=0, max_tokens=3
+    )
     assert [c.index for c in response.choices] == [0, 1]
     assert response.choices[0].text == " Paris.\n"
     assert all(c.finish_reason == "length" for c in response.choices)
@@ -59,7 +66,12 @@ def test_openai_completions(oai):
 
 def test_openai_completions_stream_with_usage(oai):
     stream = oai.completions.create(
-        model="tgi", prompt=COMPLETION_PROMPT, temperature=0, max_tokens=3, stream=True, stream_options={"include_usage": True}
+        model="tgi",
+        prompt=COMPLETION_PROMPT,
+        temperature=0,
+        max_tokens=3,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == " Paris.\n"
@@ -81,7 +93,9 @@ def test_hub_chat_completion(hub):
 
 
 def test_hub_chat_completion_stream(hub):
-    chunks = list(hub.chat_completion(QUESTION, temperature=0, max_tokens=12, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        hub.chat_completion(QUESTION, temperature=0, max_tokens=12, stream=True, stream_options={"include_usage": True})
+    )
     assert "".join(c.choices[0].delta.content for c in chunks if c.choices) == ANSWER
     assert chunks[-1].usage.total_tokens == PROMPT_TOKENS + 8
 
@@ -96,6 +110,10 @@ def test_langchain_chat_huggingface(base_url):
     message = chat.invoke([HumanMessage(content=QUESTION[0]["content"])])
     assert message.content == ANSWER
     assert message.response_metadata["finish_reason"] == "stop"
-    assert message.usage_metadata == {"input_tokens": PROMPT_TOKENS, "output_tokens": 8, "total_tokens": PROMPT_TOKENS + 8}
+    assert message.usage_metadata == {
+        "input_tokens": PROMPT_TOKENS,
+        "output_tokens": 8,
+        "total_tokens": PROMPT_TOKENS + 8,
+    }
     streamed = "".join(chunk.content for chunk in chat.stream(QUESTION[0]["content"]))
     assert streamed == ANSWER

@@ -16,7 +16,13 @@ def events(text: str) -> list[str]:
 
 
 async def test_chat_stream_framing(http):
-    body = {"messages": QUESTION, "temperature": 0, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": QUESTION,
+        "temperature": 0,
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     response = await http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     raw = events(response.text)
@@ -31,7 +37,11 @@ async def test_chat_stream_framing(http):
         assert list(chunk["choices"][0]) == ["index", "delta", "logprobs", "finish_reason"]
         assert list(chunk["choices"][0]["delta"]) == ["role", "content"]
     assert [c["choices"][0]["finish_reason"] for c in chunks[:3]] == [None, None, "length"]
-    assert chunks[3]["choices"] == [] and chunks[3]["usage"] == {"prompt_tokens": 37, "completion_tokens": 3, "total_tokens": 40}
+    assert chunks[3]["choices"] == [] and chunks[3]["usage"] == {
+        "prompt_tokens": 37,
+        "completion_tokens": 3,
+        "total_tokens": 40,
+    }
 
 
 async def test_chat_logprobs(http):
@@ -47,7 +57,9 @@ async def test_chat_logprobs(http):
 async def test_completions_stream_raw_eos_and_usage(http):
     # The chat-formatted prompt makes the model answer and stop with <|im_end|> (eos).
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-    response = await http.post("/v1/completions", json={"prompt": prompt, "temperature": 0, "max_tokens": 20, "stream": True})
+    response = await http.post(
+        "/v1/completions", json={"prompt": prompt, "temperature": 0, "max_tokens": 20, "stream": True}
+    )
     raw = events(response.text)
     assert raw[-1] == "data: [DONE]"
     chunks = [json.loads(e[len("data:") :]) for e in raw[:-1]]
@@ -62,14 +74,24 @@ async def test_error_bodies(http):
     assert (response.status_code, response.headers["content-type"]) == (422, "text/plain; charset=utf-8")
     assert response.text.startswith("Failed to deserialize the JSON body into the target type: logit_bias:")
     grammar = {"type": "json", "value": {"properties": {"a": {"type": "string"}}}}
-    response = await http.post("/v1/chat/completions", json={"messages": QUESTION, "response_format": grammar, "tools": []})
-    assert (response.status_code, response.json()) == (422, {"error": "Tool error: Grammar and tools are mutually exclusive", "error_type": "tool_error"})
+    response = await http.post(
+        "/v1/chat/completions", json={"messages": QUESTION, "response_format": grammar, "tools": []}
+    )
+    assert (response.status_code, response.json()) == (
+        422,
+        {"error": "Tool error: Grammar and tools are mutually exclusive", "error_type": "tool_error"},
+    )
     response = await http.post("/v1/chat/completions", json={"messages": QUESTION, "response_format": grammar})
     assert response.json() == {"error": "Input validation error: grammar is not supported", "error_type": "validation"}
     response = await http.post("/v1/completions", json={"prompt": ["a"] * 5})
-    assert response.json() == {"error": "Number of prompts exceeds the maximum allowed batch size of 4", "error_type": "batch size exceeded"}
+    assert response.json() == {
+        "error": "Number of prompts exceeds the maximum allowed batch size of 4",
+        "error_type": "batch size exceeded",
+    }
     response = await http.post("/v1/completions", json={"prompt": []})
-    assert response.status_code == 422 and response.text.endswith("Empty array detected. Do not use an empty array for the prompt.")
+    assert response.status_code == 422 and response.text.endswith(
+        "Empty array detected. Do not use an empty array for the prompt."
+    )
 
 
 async def test_chat_stream_error_event_then_done(http):
@@ -84,5 +106,7 @@ async def test_chat_stream_error_event_then_done(http):
 async def test_chat_tokenize(http):
     response = await http.post("/chat_tokenize", json={"messages": QUESTION})
     body = response.json()
-    assert body["templated_text"].endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert body["templated_text"].endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert len(body["tokenize_response"]) == 37

@@ -31,7 +31,9 @@ def _load(name: str, path: Path):
     return module
 
 
-FakeCollector = _load("ops_fakes_for_integration", Path(__file__).resolve().parent.parent / "tests" / "ops" / "ops_fakes.py").FakeCollector
+FakeCollector = _load(
+    "ops_fakes_for_integration", Path(__file__).resolve().parent.parent / "tests" / "ops" / "ops_fakes.py"
+).FakeCollector
 
 API_KEY = "ops-secret"
 ALLOWED_ORIGIN = "http://allowed.example"
@@ -84,7 +86,9 @@ def test_metrics_follow_real_traffic(ops_server):
     before = scrape(ops_server)
     generated = 0
     for max_new_tokens in (3, 5):
-        response = generate(ops_server, {"inputs": CHAT_PROMPT, "parameters": {"max_new_tokens": max_new_tokens, "details": True}})
+        response = generate(
+            ops_server, {"inputs": CHAT_PROMPT, "parameters": {"max_new_tokens": max_new_tokens, "details": True}}
+        )
         assert response.status_code == 200, response.text
         generated += response.json()["details"]["generated_tokens"]
     invalid = generate(ops_server, {"inputs": CHAT_PROMPT, "parameters": {"top_n_tokens": 50}})
@@ -112,7 +116,9 @@ def test_otlp_spans_from_a_real_request(ops_server, collector):
     headers = {**AUTH, "traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"}
     response = generate(ops_server, {"inputs": CHAT_PROMPT, "parameters": {"max_new_tokens": 2}}, headers)
     assert response.status_code == 200
-    assert collector.wait_for(lambda r: any(s.trace_id == TRACE_ID and s.name == "generate" for s in r.spans), timeout=20)
+    assert collector.wait_for(
+        lambda r: any(s.trace_id == TRACE_ID and s.name == "generate" for s in r.spans), timeout=20
+    )
     spans = [s for s in collector.recorded.spans if s.trace_id == TRACE_ID]
     root = next(s for s in spans if s.name == "generate" and s.parent_span_id == PARENT_SPAN)
     assert root.service_name == SERVICE_NAME
@@ -137,12 +143,16 @@ def test_api_key_guards_generation_routes_only(ops_server):
 
 def test_cors_follows_the_allowed_origin_list(ops_server):
     url = ops_server.base_url + "/generate"
-    preflight = httpx.options(url, headers={"Origin": ALLOWED_ORIGIN, "Access-Control-Request-Method": "POST"}, timeout=30)
+    preflight = httpx.options(
+        url, headers={"Origin": ALLOWED_ORIGIN, "Access-Control-Request-Method": "POST"}, timeout=30
+    )
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
     assert preflight.headers["access-control-allow-methods"] == "GET,POST"
     assert preflight.headers["access-control-allow-headers"] == "content-type"
-    other = httpx.options(url, headers={"Origin": "http://other.example", "Access-Control-Request-Method": "POST"}, timeout=30)
+    other = httpx.options(
+        url, headers={"Origin": "http://other.example", "Access-Control-Request-Method": "POST"}, timeout=30
+    )
     assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
     info = httpx.get(ops_server.base_url + "/info", headers={"Origin": ALLOWED_ORIGIN}, timeout=30)
     assert info.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
@@ -151,11 +161,16 @@ def test_cors_follows_the_allowed_origin_list(ops_server):
 def test_payload_limit(ops_server):
     body = json.dumps({"inputs": "x" * PAYLOAD_LIMIT}).encode()
     response = httpx.post(
-        ops_server.base_url + "/generate", content=body, headers={**AUTH, "content-type": "application/json"}, timeout=30
+        ops_server.base_url + "/generate",
+        content=body,
+        headers={**AUTH, "content-type": "application/json"},
+        timeout=30,
     )
     assert response.status_code == 413
     assert response.text == "Failed to buffer the request body: length limit exceeded"
-    assert generate(ops_server, {"inputs": "Hi", "parameters": {"max_new_tokens": 1}}).status_code == 200  # still serving
+    assert (
+        generate(ops_server, {"inputs": "Hi", "parameters": {"max_new_tokens": 1}}).status_code == 200
+    )  # still serving
 
 
 def test_sigterm_drains_the_running_stream_then_exits_zero(ops_server):

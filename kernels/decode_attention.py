@@ -56,8 +56,24 @@ def _rotate_rows(ptr, row_offsets, mask_rows, cos, sin, offs_d, HALF: tl.constex
 
 
 @triton.jit
-def _store_new_token_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, kv_head, cos, sin, offs_d,
-                        stride_kh, stride_vh, stride_ks, stride_ckh, stride_vs, stride_cvh, HEAD_DIM: tl.constexpr):
+def _store_new_token_kv(
+    new_k_ptr,
+    new_v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot,
+    kv_head,
+    cos,
+    sin,
+    offs_d,
+    stride_kh,
+    stride_vh,
+    stride_ks,
+    stride_ckh,
+    stride_vs,
+    stride_cvh,
+    HEAD_DIM: tl.constexpr,
+):
     """Rotates one request's new k of this KV head; writes it and its v into the token's KV slot.
     new_k_ptr / new_v_ptr point at the request's row."""
     one_row = tl.arange(0, 1)  # row offset 0: [1, BLOCK_D] tiles
@@ -72,9 +88,22 @@ def _store_new_token_kv(new_k_ptr, new_v_ptr, k_cache_ptr, v_cache_ptr, slot, kv
 
 @triton.jit
 def _merge_splits(
-    mid_out_ptr, mid_lse_ptr, out_ptr, req, kv_head, num_work,
-    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    mid_out_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    req,
+    kv_head,
+    num_work,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     MERGE_G: tl.constexpr,  # GROUP rounded up to a power of two
     MERGE_CHUNK: tl.constexpr,  # splits per iteration
 ):
@@ -98,8 +127,12 @@ def _merge_splits(
         lse = tl.where(mask_g[:, None], lse, 0.0)  # padding heads: finite, so no NaN (never stored)
         m_new = tl.maximum(m, tl.max(lse, 1))  # finite: split 0 always has work
         weights = tl.exp(lse - m_new[:, None])  # [G, C]
-        parts = tl.load(part_rows + splits[None, :, None] * stride_ms, mask=mask[:, :, None] & mask_d[None, None, :],
-                        other=0.0, cache_modifier=".cg")  # [G, C, D]
+        parts = tl.load(
+            part_rows + splits[None, :, None] * stride_ms,
+            mask=mask[:, :, None] & mask_d[None, None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )  # [G, C, D]
         alpha = tl.exp(m - m_new)
         acc = acc * alpha[:, None] + tl.sum(parts * weights[:, :, None], 1)
         total = total * alpha + tl.sum(weights, 1)
@@ -121,18 +154,34 @@ def _decode_stage1_kernel(
     mid_lse_ptr,  # [B, H, num_splits] fp32
     out_ptr,  # [B, H, D], written here directly when SINGLE_SPLIT (stage 2 is then skipped) or by the merge
     counter_ptr,  # [B, KVH] int32, zero between launches (MERGE only)
-    new_k_ptr, new_v_ptr, cos_ptr, sin_ptr, slots_ptr,  # NewTokenKV's tensors (ROTARY only)
+    new_k_ptr,
+    new_v_ptr,
+    cos_ptr,
+    sin_ptr,
+    slots_ptr,  # NewTokenKV's tensors (ROTARY only)
     scale,
     num_splits,  # runtime, so every batch size shares one compiled kernel
-    stride_qb, stride_qh,
-    stride_ks, stride_kh,
-    stride_vs, stride_vh,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
     stride_rt,
-    stride_mb, stride_mh, stride_ms,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
     stride_cb,
-    stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cos, stride_sin,
+    stride_nkb,
+    stride_nkh,
+    stride_nvb,
+    stride_nvh,
+    stride_cos,
+    stride_sin,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # >= 16 so the group can be the M side of tl.dot
     HEAD_DIM: tl.constexpr,
@@ -170,9 +219,24 @@ def _decode_stage1_kernel(
         q = _rotate_rows(q_ptr, q_rows, mask_g, cos, sin, offs_d, HEAD_DIM // 2, HEAD_DIM).to(q_ptr.dtype.element_ty)
         if (start < end) & (end == kv_len):  # this split holds the newest position
             slot = tl.load(slots_ptr + req).to(tl.int64)
-            _store_new_token_kv(new_k_ptr + req * stride_nkb, new_v_ptr + req * stride_nvb, k_cache_ptr, v_cache_ptr,
-                                slot, kv_head, cos, sin, offs_d, stride_nkh, stride_nvh, stride_ks, stride_kh,
-                                stride_vs, stride_vh, HEAD_DIM)
+            _store_new_token_kv(
+                new_k_ptr + req * stride_nkb,
+                new_v_ptr + req * stride_nvb,
+                k_cache_ptr,
+                v_cache_ptr,
+                slot,
+                kv_head,
+                cos,
+                sin,
+                offs_d,
+                stride_nkh,
+                stride_nvh,
+                stride_ks,
+                stride_kh,
+                stride_vs,
+                stride_vh,
+                HEAD_DIM,
+            )
             tl.debug_barrier()  # every thread's cache stores precede this program's gathers of that slot
     else:
         q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
@@ -229,9 +293,26 @@ def _decode_stage1_kernel(
                 ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 num_work = tl.cdiv(kv_len, split_len)
                 if ticket == num_work - 1:
-                    _merge_splits(mid_out_ptr, mid_lse_ptr, out_ptr, req, kv_head, num_work,
-                                  stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                                  GROUP, HEAD_DIM, BLOCK_D, MERGE_G, MERGE_CHUNK)
+                    _merge_splits(
+                        mid_out_ptr,
+                        mid_lse_ptr,
+                        out_ptr,
+                        req,
+                        kv_head,
+                        num_work,
+                        stride_mb,
+                        stride_mh,
+                        stride_ms,
+                        stride_lb,
+                        stride_lh,
+                        stride_ob,
+                        stride_oh,
+                        GROUP,
+                        HEAD_DIM,
+                        BLOCK_D,
+                        MERGE_G,
+                        MERGE_CHUNK,
+                    )
                     tl.store(counter, 0)  # every ticket is drawn: clean for the next launch or graph replay
     if USE_PDL:
         # Merged: the next kernel may start only once the merge is done. Triggered after the KV loop
@@ -247,9 +328,13 @@ def _decode_stage2_kernel(
     mid_lse_ptr,  # [B, H, num_splits] fp32
     out_ptr,  # [B, H, D]
     num_splits,
-    stride_mb, stride_mh, stride_ms,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
@@ -338,16 +423,33 @@ def decode_attention(
     merge_g = triton.next_power_of_2(group)
     pdl = use_pdl_for_one_request(q, batch)
     _decode_stage1_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, mid_out, mid_lse, out, counter,
+        q,
+        k_cache,
+        v_cache,
+        req_to_token,
+        req_rows,
+        kv_lens,
+        mid_out,
+        mid_lse,
+        out,
+        counter,
         *rotary["tensors"],
-        scale, num_splits,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1),
+        scale,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
         req_to_token.stride(0),
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
+        mid_out.stride(0),
+        mid_out.stride(1),
+        mid_out.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
         counter.stride(0),
         *rotary["strides"],
         GROUP=group,
@@ -369,10 +471,17 @@ def decode_attention(
     if num_splits == 1 or merge:
         return out
     _decode_stage2_kernel[(batch, num_heads)](
-        mid_out, mid_lse, out, num_splits,
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
+        mid_out,
+        mid_lse,
+        out,
+        num_splits,
+        mid_out.stride(0),
+        mid_out.stride(1),
+        mid_out.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
@@ -392,8 +501,10 @@ def _new_token_args(new_token: NewTokenKV | None, q: torch.Tensor, num_kv_heads:
     assert k.shape == v.shape == (batch, num_kv_heads, head_dim) and k.stride(2) == 1 and v.stride(2) == 1
     assert cos.shape == sin.shape == (batch, head_dim // 2) and cos.stride(1) == 1 and sin.stride(1) == 1
     assert head_dim % 2 == 0 and new_token.slots.shape == (batch,)
-    return dict(tensors=(k, v, cos, sin, new_token.slots),
-                strides=(k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0)))
+    return dict(
+        tensors=(k, v, cos, sin, new_token.slots),
+        strides=(k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0)),
+    )
 
 
 def decode_attention_ref(

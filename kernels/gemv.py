@@ -53,8 +53,18 @@ def _load_summed(x_ptr, residual_ptr, offs_k, mask_k, HAS_RESIDUAL: tl.constexpr
 
 
 @triton.jit
-def _activation_block(x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs_k, K, pid,
-                      PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+def _activation_block(
+    x_ptr,
+    residual_ptr,
+    residual_out_ptr,
+    norm_weight_ptr,
+    offs_k,
+    K,
+    pid,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     """(f(x)[offs_k] in fp32 (before the 1/rms scale), its squares for the RMS or zeros)."""
     mask_k = offs_k < K
     dtype = x_ptr.dtype.element_ty
@@ -117,14 +127,16 @@ def _gemv_kernel(
     w = _weight_block(w_ptr, rows, stride_wn, offs, K, EVEN_K)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the activations below are the previous kernel's output
-    xk, sum_sq = _activation_block(x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs, K, pid,
-                                   PROLOGUE, HAS_RESIDUAL, EVEN_K)
+    xk, sum_sq = _activation_block(
+        x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs, K, pid, PROLOGUE, HAS_RESIDUAL, EVEN_K
+    )
     acc = w.to(tl.float32) * xk[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + offs
         w = _weight_block(w_ptr, rows, stride_wn, offs_k, K, EVEN_K)
-        xk, squares = _activation_block(x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs_k, K, pid,
-                                        PROLOGUE, HAS_RESIDUAL, EVEN_K)
+        xk, squares = _activation_block(
+            x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs_k, K, pid, PROLOGUE, HAS_RESIDUAL, EVEN_K
+        )
         sum_sq += squares
         acc += w.to(tl.float32) * xk[None, :]
     if USE_PDL:

@@ -14,10 +14,14 @@ def _kv_store_kernel(
     k_cache_ptr,  # [S, KVH, D]
     v_cache_ptr,  # [S, KVH, D]
     slots_ptr,  # [T]
-    stride_kt, stride_kh,
-    stride_vt, stride_vh,
-    stride_cks, stride_ckh,
-    stride_cvs, stride_cvh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cks,
+    stride_ckh,
+    stride_cvs,
+    stride_cvh,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -48,11 +52,19 @@ def kv_store(
     if num_tokens == 0:
         return
     _kv_store_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slots,
-        k.stride(0), k.stride(1),
-        v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slots,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),

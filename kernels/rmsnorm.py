@@ -64,8 +64,16 @@ def rmsnorm(
         return out
     block = triton.next_power_of_2(num_cols)
     _rmsnorm_kernel[(x2.shape[0],)](
-        x2, res2, res_out2, weight, out2,
-        x2.stride(0), res2.stride(0), res_out2.stride(0), out2.stride(0), eps,
+        x2,
+        res2,
+        res_out2,
+        weight,
+        out2,
+        x2.stride(0),
+        res2.stride(0),
+        res_out2.stride(0),
+        out2.stride(0),
+        eps,
         NUM_COLS=num_cols,
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,

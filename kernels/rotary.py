@@ -15,8 +15,18 @@ from kernels.pdl import launch_options, use_pdl_for_one_request
 
 
 @triton.jit
-def _rotate_heads(x_ptr, token, stride_t, stride_h, cos, sin, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotate_heads(
+    x_ptr,
+    token,
+    stride_t,
+    stride_h,
+    cos,
+    sin,
+    NUM_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     """Rotates heads [0, NUM_HEADS) of one token in place; returns the rotated halves (x's dtype)."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -32,10 +42,27 @@ def _rotate_heads(x_ptr, token, stride_t, stride_h, cos, sin, NUM_HEADS: tl.cons
 
 
 @triton.jit
-def _store_token_kv(k1, k2, v_ptr, k_cache_ptr, v_cache_ptr, slots_ptr, token, stride_vt, stride_vh,
-                    stride_cks, stride_ckh, stride_cvs, stride_cvh, FIRST_K_HEAD: tl.constexpr,
-                    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _store_token_kv(
+    k1,
+    k2,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slots_ptr,
+    token,
+    stride_vt,
+    stride_vh,
+    stride_cks,
+    stride_ckh,
+    stride_cvs,
+    stride_cvh,
+    FIRST_K_HEAD: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     """Writes one token's rotated k (rows FIRST_K_HEAD.. of the rotated block) and its v to its slot."""
     slot = tl.load(slots_ptr + token).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
@@ -61,9 +88,12 @@ def _rotary_kernel(
     cos_ptr,  # [P, D/2]
     sin_ptr,  # [P, D/2]
     positions_ptr,  # [T]
-    stride_qt, stride_qh,
-    stride_kt, stride_kh,
-    stride_cos, stride_sin,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    stride_sin,
     NUM_Q_HEADS: tl.constexpr,
     NUM_K_HEADS: tl.constexpr,
     HALF: tl.constexpr,
@@ -73,8 +103,16 @@ def _rotary_kernel(
     HAS_K: tl.constexpr,
     HAS_POSITIONS: tl.constexpr,
     # STORE_KV: q's block holds q|k heads; heads FIRST_K_HEAD.. are k, written with v to the KV cache
-    v_ptr=None, k_cache_ptr=None, v_cache_ptr=None, slots_ptr=None,
-    stride_vt=0, stride_vh=0, stride_cks=0, stride_ckh=0, stride_cvs=0, stride_cvh=0,
+    v_ptr=None,
+    k_cache_ptr=None,
+    v_cache_ptr=None,
+    slots_ptr=None,
+    stride_vt=0,
+    stride_vh=0,
+    stride_cks=0,
+    stride_ckh=0,
+    stride_cvs=0,
+    stride_cvh=0,
     STORE_KV: tl.constexpr = False,
     FIRST_K_HEAD: tl.constexpr = 0,
     NUM_KV_HEADS: tl.constexpr = 0,
@@ -94,9 +132,27 @@ def _rotary_kernel(
     sin = tl.load(sin_ptr + row * stride_sin + offs_d, mask=mask_d, other=0.0).to(tl.float32)
     q1, q2 = _rotate_heads(q_ptr, token, stride_qt, stride_qh, cos, sin, NUM_Q_HEADS, HALF, BLOCK_QH, BLOCK_HALF)
     if STORE_KV:
-        _store_token_kv(q1, q2, v_ptr, k_cache_ptr, v_cache_ptr, slots_ptr, token, stride_vt, stride_vh,
-                        stride_cks, stride_ckh, stride_cvs, stride_cvh, FIRST_K_HEAD, NUM_Q_HEADS, NUM_KV_HEADS,
-                        HALF, BLOCK_QH, BLOCK_HALF)
+        _store_token_kv(
+            q1,
+            q2,
+            v_ptr,
+            k_cache_ptr,
+            v_cache_ptr,
+            slots_ptr,
+            token,
+            stride_vt,
+            stride_vh,
+            stride_cks,
+            stride_ckh,
+            stride_cvs,
+            stride_cvh,
+            FIRST_K_HEAD,
+            NUM_Q_HEADS,
+            NUM_KV_HEADS,
+            HALF,
+            BLOCK_QH,
+            BLOCK_HALF,
+        )
     if HAS_K:
         _rotate_heads(k_ptr, token, stride_kt, stride_kh, cos, sin, NUM_K_HEADS, HALF, BLOCK_KH, BLOCK_HALF)
 
@@ -116,10 +172,17 @@ def rotary_embedding(
         return
     k_arg = k if k is not None else q
     _rotary_kernel[(num_tokens,)](
-        q, k_arg, cos, sin, positions if positions is not None else cos,
-        q.stride(0), q.stride(1),
-        k_arg.stride(0), k_arg.stride(1),
-        cos.stride(0), sin.stride(0),
+        q,
+        k_arg,
+        cos,
+        sin,
+        positions if positions is not None else cos,
+        q.stride(0),
+        q.stride(1),
+        k_arg.stride(0),
+        k_arg.stride(1),
+        cos.stride(0),
+        sin.stride(0),
         NUM_Q_HEADS=num_heads,
         NUM_K_HEADS=k_arg.shape[1],
         HALF=half,
@@ -153,10 +216,17 @@ def rotary_and_kv_store(
         return
     pdl = use_pdl_for_one_request(qk, num_tokens)
     _rotary_kernel[(num_tokens,)](
-        qk, qk, cos, sin, cos,
-        qk.stride(0), qk.stride(1),
-        qk.stride(0), qk.stride(1),
-        cos.stride(0), sin.stride(0),
+        qk,
+        qk,
+        cos,
+        sin,
+        cos,
+        qk.stride(0),
+        qk.stride(1),
+        qk.stride(0),
+        qk.stride(1),
+        cos.stride(0),
+        sin.stride(0),
         NUM_Q_HEADS=num_heads,
         NUM_K_HEADS=num_heads,
         HALF=half,
@@ -165,10 +235,16 @@ def rotary_and_kv_store(
         BLOCK_HALF=triton.next_power_of_2(half),
         HAS_K=False,
         HAS_POSITIONS=False,
-        v_ptr=v, k_cache_ptr=k_cache, v_cache_ptr=v_cache, slots_ptr=slots,
-        stride_vt=v.stride(0), stride_vh=v.stride(1),
-        stride_cks=k_cache.stride(0), stride_ckh=k_cache.stride(1),
-        stride_cvs=v_cache.stride(0), stride_cvh=v_cache.stride(1),
+        v_ptr=v,
+        k_cache_ptr=k_cache,
+        v_cache_ptr=v_cache,
+        slots_ptr=slots,
+        stride_vt=v.stride(0),
+        stride_vh=v.stride(1),
+        stride_cks=k_cache.stride(0),
+        stride_ckh=k_cache.stride(1),
+        stride_cvs=v_cache.stride(0),
+        stride_cvh=v_cache.stride(1),
         STORE_KV=True,
         FIRST_K_HEAD=num_q_heads,
         NUM_KV_HEADS=num_kv_heads,

@@ -36,7 +36,9 @@ class RopeScaling:
             return cls()
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type not in ("default", "linear", "dynamic", "llama3"):
-            raise ValueError(f"unsupported rope scaling type {rope_type!r} (supported: default, linear, dynamic, llama3)")
+            raise ValueError(
+                f"unsupported rope scaling type {rope_type!r} (supported: default, linear, dynamic, llama3)"
+            )
         return cls(
             rope_type=rope_type,
             factor=float(params.get("factor", 1.0)),

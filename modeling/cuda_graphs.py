@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -135,7 +135,9 @@ class DecodeCudaGraphs:
         torch.cuda.synchronize(self.device)
         logger.info(
             "captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
-            len(self.graphs), self.batch_sizes, time.perf_counter() - start,
+            len(self.graphs),
+            self.batch_sizes,
+            time.perf_counter() - start,
         )
 
     @torch.inference_mode()
@@ -182,6 +184,8 @@ def maybe_capture_decode_graphs(
     sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
     if torch.device(device).type != "cuda" or not sizes or not getattr(backend, "supports_cuda_graphs", False):
         return None
-    graphs = DecodeCudaGraphs(step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device)
+    graphs = DecodeCudaGraphs(
+        step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device
+    )
     graphs.capture()
     return graphs

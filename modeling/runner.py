@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 

@@ -149,7 +149,11 @@ class _QueueingClient(EngineClient):
         """Runs a one-token generation through the real engine step."""
         if self._dead_reason is not None:
             return False
-        probe = GenerateRequest(f"__health__{next(_health_ids)}", [self.info.eos_token_ids[0] if self.info.eos_token_ids else 0], max_new_tokens=1)
+        probe = GenerateRequest(
+            f"__health__{next(_health_ids)}",
+            [self.info.eos_token_ids[0] if self.info.eos_token_ids else 0],
+            max_new_tokens=1,
+        )
 
         async def run() -> bool:
             events = [event async for event in self.generate(probe)]
@@ -157,7 +161,7 @@ class _QueueingClient(EngineClient):
 
         try:
             return await asyncio.wait_for(run(), timeout)
-        except (EngineDeadError, asyncio.TimeoutError):
+        except (TimeoutError, EngineDeadError):
             return False
 
     # ---- called by subclasses -----------------------------------------------------------

@@ -45,13 +45,7 @@ class SamplingParams:
     @property
     def is_sampling(self) -> bool:
         # TGI samples when any warper is active, even with do_sample=false.
-        return (
-            self.do_sample
-            or self.temperature != 1.0
-            or self.top_k != 0
-            or self.top_p < 1.0
-            or self.typical_p < 1.0
-        )
+        return self.do_sample or self.temperature != 1.0 or self.top_k != 0 or self.top_p < 1.0 or self.typical_p < 1.0
 
 
 @dataclass(slots=True)

@@ -79,7 +79,9 @@ class SamplingBatch:
         ints = torch.tensor(int_columns, dtype=torch.int64).to(device, non_blocking=True)  # [5, B]
         temperature, top_p, typical_p, rep, freq = float_columns
         has_penalty = any(v != 1.0 for v in rep) or any(v != 0.0 for v in freq)
-        context_ids, context_lens = _context(requests, vocab_size, device, context_headroom) if has_penalty else (None, None)
+        context_ids, context_lens = (
+            _context(requests, vocab_size, device, context_headroom) if has_penalty else (None, None)
+        )
         return cls(
             is_sampling=ints[0].bool(),
             any_sampling=any(sampling),

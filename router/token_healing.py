@@ -88,7 +88,9 @@ class VocabularyTable:
             self._ids_by_bytes.setdefault(piece, []).append(token_id)
 
     @classmethod
-    def from_pieces(cls, pieces: Sequence[str | None], byte_level: bool, special_ids: Iterable[int] = ()) -> VocabularyTable:
+    def from_pieces(
+        cls, pieces: Sequence[str | None], byte_level: bool, special_ids: Iterable[int] = ()
+    ) -> VocabularyTable:
         to_bytes = byte_level_bytes if byte_level else sentencepiece_bytes
         return cls([to_bytes(p) if p else b"" for p in pieces], special_ids)
 
@@ -167,7 +169,9 @@ class HealingSplit:
         return self.prefix_text.encode("utf-8")
 
 
-def split_prompt(prompt_ids: Sequence[int], table: VocabularyTable, max_removed: int = LIGHTLLM_HEALED_TOKENS) -> HealingSplit | None:
+def split_prompt(
+    prompt_ids: Sequence[int], table: VocabularyTable, max_removed: int = LIGHTLLM_HEALED_TOKENS
+) -> HealingSplit | None:
     """Back the prompt up by up to `max_removed` tokens; None when nothing can be healed.
 
     At least one token always stays (a 1-token prompt is not healed: LightLLM's seed era emptied
@@ -219,7 +223,9 @@ class TokenHealer:
 
     def blocked_rows(self, requests: Sequence, vocab_width: int, device: torch.device) -> torch.Tensor | None:
         """[B, V] bool, True where a still-healing row may not pick the token; None if no row heals."""
-        pending = [(row, r.params.healing_prefix, r.output_ids) for row, r in enumerate(requests) if r.params.healing_prefix]
+        pending = [
+            (row, r.params.healing_prefix, r.output_ids) for row, r in enumerate(requests) if r.params.healing_prefix
+        ]
         if not pending:
             return None
         rows, masks = [], []

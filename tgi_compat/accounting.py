@@ -51,7 +51,9 @@ def traced(span: Any, result: GenerationResult, timings: Timings) -> None:
     )
 
 
-def succeeded(state: AppState, request: ValidatedRequest, result: GenerationResult, timings: Timings, n: int = 1) -> None:
+def succeeded(
+    state: AppState, request: ValidatedRequest, result: GenerationResult, timings: Timings, n: int = 1
+) -> None:
     if state.metrics is None:
         return
     total = time.perf_counter() - timings.arrival

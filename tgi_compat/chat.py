@@ -111,7 +111,9 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # jinja2's own tojson escapes <, >, & for HTML; chat templates want the plain JSON text.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -147,7 +149,7 @@ class ChatTemplate:
     eos_token: str | None
 
     @classmethod
-    def create(cls, source: str, bos_token: str | None, eos_token: str | None) -> "ChatTemplate":
+    def create(cls, source: str, bos_token: str | None, eos_token: str | None) -> ChatTemplate:
         for old, new in SOURCE_REWRITES:
             source = source.replace(old, new)
         return cls(source, bos_token, eos_token)

@@ -140,13 +140,11 @@ class ServingLimits:
     max_client_batch_size: int
 
     @classmethod
-    def resolve(cls, config: ServerConfig, engine_max_total_tokens: int) -> "ServingLimits":
+    def resolve(cls, config: ServerConfig, engine_max_total_tokens: int) -> ServingLimits:
         max_total = config.max_total_tokens or engine_max_total_tokens
         max_input = config.max_input_tokens if config.max_input_tokens is not None else max_total - 1
         if max_input >= max_total:
-            raise ValueError(
-                f"`max_input_tokens`({max_input}) must be < `max_total_tokens`({max_total})"
-            )
+            raise ValueError(f"`max_input_tokens`({max_input}) must be < `max_total_tokens`({max_total})")
         return cls(
             max_input_tokens=max_input,
             max_total_tokens=max_total,

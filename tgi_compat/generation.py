@@ -284,7 +284,9 @@ async def generate_to_end(
     raise incomplete_generation_error(False)  # unreachable: stream_sequence raises first
 
 
-async def generate_best_of(state: AppState, request: ValidatedRequest, timings: Timings, n: int) -> list[GenerationResult]:
+async def generate_best_of(
+    state: AppState, request: ValidatedRequest, timings: Timings, n: int
+) -> list[GenerationResult]:
     """n independent sampled sequences, best (highest mean token logprob) first."""
     per_sequence = [Timings(arrival=timings.arrival) for _ in range(n)]
     tasks = [asyncio.create_task(generate_to_end(state, request, t)) for t in per_sequence]

@@ -63,4 +63,8 @@ class GracefulShutdown:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if self.received is not None:
-            logger.info("Received %s: in-flight requests drained (limit %.0f s), shutting down", self.received.name, self.timeout_s)
+            logger.info(
+                "Received %s: in-flight requests drained (limit %.0f s), shutting down",
+                self.received.name,
+                self.timeout_s,
+            )

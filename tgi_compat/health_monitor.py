@@ -80,7 +80,7 @@ class EngineHealthMonitor:
         """One real engine step within the timeout; False on error, refusal or hang."""
         try:
             return bool(await asyncio.wait_for(self.engine.check_health(), self.config.check_timeout_s))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logger.warning("Engine health step did not finish within %.0f s", self.config.check_timeout_s)
         except Exception as error:  # EngineDeadError, transport errors
             logger.warning("Engine health step failed: %s", error)

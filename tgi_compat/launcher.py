@@ -47,9 +47,7 @@ def _int_list(value: str) -> list[int]:
 def _choice(*choices: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
         if value not in choices:
-            raise argparse.ArgumentTypeError(
-                f"invalid value '{value}' (possible values: {', '.join(choices)})"
-            )
+            raise argparse.ArgumentTypeError(f"invalid value '{value}' (possible values: {', '.join(choices)})")
         return value
 
     return parse

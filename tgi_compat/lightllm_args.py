@@ -32,7 +32,14 @@ UNBUILT_MODES = {
     "ppl_w8a8_mixdown", "quik_activation_weight",
 }  # fmt: skip
 _GROUPED_W4A16 = re.compile(r"^(triton|lmdeploy|ppl)_w4a16(g\d+)?$")  # e.g. triton_w4a16g64: group size 64
-_DATA_TYPES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+_DATA_TYPES = {
+    "fp16": "float16",
+    "float16": "float16",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp32": "float32",
+    "float32": "float32",
+}
 
 
 class LightLLMArgsError(ValueError):
@@ -141,7 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             action = "append" if flag.repeatable else "store"
             tgi.add_argument(
-                *names, dest=f"tgi_{flag.dest}", metavar=flag.env, type=flag.type, action=action, default=None, help=help_text
+                *names,
+                dest=f"tgi_{flag.dest}",
+                metavar=flag.env,
+                type=flag.type,
+                action=action,
+                default=None,
+                help=help_text,
             )
     return parser
 
@@ -208,9 +221,13 @@ def _check_flag_values(light: dict[str, Any], given: set[str], tgi_given: dict[s
     total, total_kv = light["max_req_total_len"], light["max_total_token_num"]
     input_len = light["max_req_input_len"]
     if not input_len < total:
-        raise LightLLMArgsError(f"{name('max_req_input_len')} ({input_len}) must be < {name('max_req_total_len')} ({total})")
+        raise LightLLMArgsError(
+            f"{name('max_req_input_len')} ({input_len}) must be < {name('max_req_total_len')} ({total})"
+        )
     if total > total_kv:
-        raise LightLLMArgsError(f"{name('max_req_total_len')} ({total}) must be <= {name('max_total_token_num')} ({total_kv})")
+        raise LightLLMArgsError(
+            f"{name('max_req_total_len')} ({total}) must be <= {name('max_total_token_num')} ({total_kv})"
+        )
     batch = light["batch_max_tokens"]
     if "batch_max_tokens" in given and not light["splitfuse_mode"] and batch < total:
         raise LightLLMArgsError(f"--batch_max_tokens ({batch}) must be >= {name('max_req_total_len')} ({total})")
@@ -252,7 +269,9 @@ def merge(parsed: ParsedArgs) -> dict[str, Any]:
     values.update({dest: value for dest, value in tgi_given.items() if dest in values})
     values["max_input_length"] = tgi_given.get("max_input_length")
     if values["max_input_length"] is not None and "max_req_input_len" in given:
-        raise LightLLMArgsError("--max_req_input_len conflicts with --max-input-length / MAX_INPUT_LENGTH: give only one of them")
+        raise LightLLMArgsError(
+            "--max_req_input_len conflicts with --max-input-length / MAX_INPUT_LENGTH: give only one of them"
+        )
     if values["max_input_length"] is not None and "max_input_tokens" not in tgi_given:
         values["max_input_tokens"] = None  # the legacy TGI alias alone decides
     values["env"] = bool(values.get("env"))
@@ -283,7 +302,8 @@ def unbuilt_features(light: dict[str, Any], given: set[str]) -> list[str]:
         "--use_reward_model": light["use_reward_model"],
         "--tokenizer_mode slow (only the fast tokenizer exists under transformers 5)": "tokenizer_mode" in given
         and light["tokenizer_mode"] == "slow",
-        "--splitfuse_block_size (steps are capped by --batch_max_tokens, not per request)": "splitfuse_block_size" in given,
+        "--splitfuse_block_size (steps are capped by --batch_max_tokens, not per request)": "splitfuse_block_size"
+        in given,
     }
     return unbuilt + [name for name, is_set in checks.items() if is_set]
 
@@ -292,7 +312,9 @@ def attention_backend(light: dict[str, Any]) -> str | None:
     return "triton" if ATTENTION_MODES & set(light["mode"]) else None
 
 
-def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> tuple[ServerConfig, list[str], bool]:
+def parse_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[ServerConfig, list[str], bool]:
     """(config, unbuilt LightLLM features, print env) from LightLLM + TGI flags and the environment."""
     parsed = parse(argv, environ)
     values = merge(parsed)

@@ -142,10 +142,14 @@ class HealingOutput:
 
     def final_text(self, generated_text: str) -> str:
         """`generated_text` of the whole sequence without the re-generated prompt text."""
-        return generated_text[len(self._prefix_text) :] if generated_text.startswith(self._prefix_text) else generated_text
+        return (
+            generated_text[len(self._prefix_text) :] if generated_text.startswith(self._prefix_text) else generated_text
+        )
 
 
-def add_lightllm_details(details: Any, features: RequestFeatures | None, result: Any, *, streaming: bool = False) -> None:
+def add_lightllm_details(
+    details: Any, features: RequestFeatures | None, result: Any, *, streaming: bool = False
+) -> None:
     """Fill the detail extensions of the features a request used (Details or StreamDetails)."""
     if features is None:
         return

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from tgi_compat.metrics import MetricsSnapshot, ServerMetrics
 
@@ -32,7 +32,11 @@ _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("reques
 _log_prompts = False
 
 # LogRecord attributes that are not user `extra` fields.
-_STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "request_id"}
+_STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "request_id",
+}
 
 
 def new_request_id() -> str:
@@ -67,7 +71,7 @@ class _RequestIdFilter(logging.Filter):
 
 
 def _timestamp(record: logging.LogRecord) -> str:
-    moment = datetime.fromtimestamp(record.created, tz=timezone.utc)
+    moment = datetime.fromtimestamp(record.created, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -116,7 +120,9 @@ def log_level_from_env(default: str = "INFO") -> str:
 def configure_logging(json_output: bool = False, level: str | None = None, log_prompts: bool | None = None) -> None:
     """Install the root handler (idempotent: replaces handlers a previous call installed)."""
     global _log_prompts
-    _log_prompts = log_prompts if log_prompts is not None else os.environ.get("LOG_PROMPTS", "") not in ("", "0", "false")
+    _log_prompts = (
+        log_prompts if log_prompts is not None else os.environ.get("LOG_PROMPTS", "") not in ("", "0", "false")
+    )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_output else PlainFormatter())
     handler.addFilter(_RequestIdFilter())

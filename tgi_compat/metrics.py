@@ -37,6 +37,7 @@ BATCH_METHODS = ("prefill", "decode")
 DURATION_BUCKETS = geometric_buckets(0.0001, 1.5, 35)
 BATCH_SIZE_BUCKETS = [float(k) for k in range(1, 1025)]
 
+
 class _TgiFamilies:
     """Every series of TGI's router and v3 backend, declared once with its TGI help text."""
 
@@ -67,7 +68,9 @@ class _TgiFamilies:
         self.batch_current_size = SetGauge("tgi_batch_current_size", "Current batch size")
         self.batch_current_max_tokens = SetGauge("tgi_batch_current_max_tokens", "Maximum tokens for the current batch")
         self.batch_max_total_tokens = SetGauge("tgi_batch_max_total_tokens", "")
-        self.batch_next_size = BucketHistogram("tgi_batch_next_size", "Batch size of the next batch", BATCH_SIZE_BUCKETS)
+        self.batch_next_size = BucketHistogram(
+            "tgi_batch_next_size", "Batch size of the next batch", BATCH_SIZE_BUCKETS
+        )
         self.batch_inference_count = BareCounter(
             "tgi_batch_inference_count", "Inference calls per method (prefill or decode)", m
         )
@@ -184,8 +187,16 @@ class ServerMetrics:
         if skipped_tokens is not None:
             t.skipped_tokens.observe(float(skipped_tokens))
         self._record_vllm_request(
-            total_s, queue_s, inference_s, time_per_token_s, input_len, generated_tokens, max_new_tokens,
-            time_to_first_token_s, finish_reason, n,
+            total_s,
+            queue_s,
+            inference_s,
+            time_per_token_s,
+            input_len,
+            generated_tokens,
+            max_new_tokens,
+            time_to_first_token_s,
+            finish_reason,
+            n,
         )
 
     def _record_vllm_request(
@@ -293,7 +304,12 @@ class ServerMetrics:
     def apply_engine_stats(self, stats: EngineStats) -> None:
         """Everything one EngineStats message carries: occupancy plus the steps since the last one."""
         self.set_engine_stats(
-            stats.queue_size, stats.running, stats.batch_max_tokens, stats.kv_used, stats.kv_total, stats.num_preemptions
+            stats.queue_size,
+            stats.running,
+            stats.batch_max_tokens,
+            stats.kv_used,
+            stats.kv_total,
+            stats.num_preemptions,
         )
         if stats.prompt_tokens or stats.generated_tokens:
             self._engine_tokens = (stats.prompt_tokens, stats.generated_tokens)
@@ -305,7 +321,14 @@ class ServerMetrics:
             )
 
     def record_batch_step(
-        self, method: str, forward_s: float, decode_s: float, total_s: float, *, ok: bool = True, new_batch_size: int = 0
+        self,
+        method: str,
+        forward_s: float,
+        decode_s: float,
+        total_s: float,
+        *,
+        ok: bool = True,
+        new_batch_size: int = 0,
     ) -> None:
         """One engine step (`method` prefill or decode), as TGI's backend records a shard call."""
         if method not in BATCH_METHODS:

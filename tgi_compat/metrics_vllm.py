@@ -10,9 +10,54 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # vLLM's bucket choices (vllm/engine/metrics.py), so its dashboards read the same.
-_VLLM_TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+_VLLM_TTFT = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
 _VLLM_TPOT = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-_VLLM_LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+_VLLM_LATENCY = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 
 
 def one_two_five_buckets(maximum: int) -> list[float]:
@@ -62,7 +107,9 @@ class VllmFamilies:
         self.e2e_latency = histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", _VLLM_LATENCY
         )
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _VLLM_TTFT)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _VLLM_TTFT
+        )
         self.tpot = histogram(
             "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", _VLLM_TPOT
         )
@@ -70,7 +117,9 @@ class VllmFamilies:
             "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", _VLLM_LATENCY
         )
         self.inference_time = histogram(
-            "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", _VLLM_LATENCY
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            _VLLM_LATENCY,
         )
         self.prompt_tokens_hist = histogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets

@@ -30,7 +30,9 @@ def _openai_deserialize_message(error: dict[str, Any], document: Any) -> str:
         return f"{_path(loc)}: {error['ctx']['error']}" if loc else str(error["ctx"]["error"])
     for position, part in enumerate(loc):
         if part in _UNTAGGED_ENUMS:
-            return f"{_path(loc[: position + 1])}: data did not match any variant of untagged enum {_UNTAGGED_ENUMS[part]}"
+            return (
+                f"{_path(loc[: position + 1])}: data did not match any variant of untagged enum {_UNTAGGED_ENUMS[part]}"
+            )
     return deserialize_message(error, document)
 
 
@@ -59,7 +61,11 @@ def openai_finish_reason(finish_reason: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def stream_error_event(error: TgiError) -> bytes:

@@ -60,7 +60,7 @@ class Message(_Request):
     name: str | None = None
 
     @model_validator(mode="after")
-    def _content_or_tool_calls(self) -> "Message":
+    def _content_or_tool_calls(self) -> Message:
         if self.content is None and self.tool_calls is None:
             raise ValueError("data did not match any variant of untagged enum MessageBody")
         return self

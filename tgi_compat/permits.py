@@ -6,8 +6,8 @@ is enough.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from tgi_compat.errors import overloaded_error
 

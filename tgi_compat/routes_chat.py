@@ -229,7 +229,12 @@ def _chat_stream(state: AppState, body: ChatRequest, prompt: str, timings: Timin
     return event_stream(events(), stream_headers(state.compute_type, prompt))
 
 
-@router.post("/v1/chat/completions", openapi_extra=json_body("ChatRequest"), dependencies=[Depends(require_api_key)], summary="Generate tokens")
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=json_body("ChatRequest"),
+    dependencies=[Depends(require_api_key)],
+    summary="Generate tokens",
+)
 async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     body = await parse_openai_body(request, ChatRequest, state.config.payload_limit)
@@ -260,7 +265,10 @@ async def chat_tokenize(request: Request) -> Response:
     raw = prompt.encode("utf-8")
     tokens = [
         SimpleToken(
-            id=span.id, text=raw[span.start : span.stop].decode("utf-8", errors="replace"), start=span.start, stop=span.stop
+            id=span.id,
+            text=raw[span.start : span.stop].decode("utf-8", errors="replace"),
+            start=span.start,
+            stop=span.stop,
         ).to_dict()
         for span in spans
     ]

@@ -54,7 +54,12 @@ register_schemas(CompletionRequest)
 
 
 def _suffix_error() -> TgiError:
-    return TgiError(422, "Suffix is not supported and can be achieved by preprocessing the prompt.", "suffix not supported", "validation")
+    return TgiError(
+        422,
+        "Suffix is not supported and can be achieved by preprocessing the prompt.",
+        "suffix not supported",
+        "validation",
+    )
 
 
 def _batch_error(max_client_batch_size: int) -> TgiError:
@@ -244,9 +249,24 @@ async def _completions_json(state: AppState, body: CompletionRequest, fanout: Fa
 
 def _stream_chunk(model: str, choice: dict[str, Any], usage_: dict[str, int] | None = None) -> bytes:
     if usage_ is None:  # TGI's `Chunk`: no usage key, model after choices
-        body = {"object": "text_completion", "id": "", "created": unix_now(), "choices": [choice], "model": model, "system_fingerprint": system_fingerprint()}
+        body = {
+            "object": "text_completion",
+            "id": "",
+            "created": unix_now(),
+            "choices": [choice],
+            "model": model,
+            "system_fingerprint": system_fingerprint(),
+        }
     else:  # TGI's `CompletionFinal`
-        body = {"object": "text_completion", "id": "", "created": unix_now(), "model": model, "system_fingerprint": system_fingerprint(), "choices": [choice], "usage": usage_}
+        body = {
+            "object": "text_completion",
+            "id": "",
+            "created": unix_now(),
+            "model": model,
+            "system_fingerprint": system_fingerprint(),
+            "choices": [choice],
+            "usage": usage_,
+        }
     return data_event(dump_json(body))
 
 
@@ -272,7 +292,9 @@ async def _stream_sequence(
             request = await validate_request(state, prompt, completion_parameters(body))
             offset = 0
             if body.echo:
-                await out.put(_stream_chunk(model, {"index": index, "text": prompt, "logprobs": None, "finish_reason": ""}))
+                await out.put(
+                    _stream_chunk(model, {"index": index, "text": prompt, "logprobs": None, "finish_reason": ""})
+                )
                 offset = len(prompt)
             first_token = inflight.first_token if inflight is not None else None
             async for step in stream_sequence(state, request, timings, streaming=True, on_first_token=first_token):
@@ -333,7 +355,12 @@ def _completions_stream(state: AppState, body: CompletionRequest, fanout: Fanout
     return event_stream(events(), stream_headers(state.compute_type, characters))
 
 
-@router.post("/v1/completions", openapi_extra=json_body("CompletionRequest"), dependencies=[Depends(require_api_key)], summary="Generate tokens")
+@router.post(
+    "/v1/completions",
+    openapi_extra=json_body("CompletionRequest"),
+    dependencies=[Depends(require_api_key)],
+    summary="Generate tokens",
+)
 async def completions(request: Request) -> Response:
     state = get_state(request)
     body = await parse_openai_body(request, CompletionRequest, state.config.payload_limit)

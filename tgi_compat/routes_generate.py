@@ -118,7 +118,11 @@ def generate_stream(state: AppState, body: GenerateRequest, http_request: Reques
     return event_stream(events(), stream_headers(state.compute_type, body.inputs))
 
 
-@router.post("/", openapi_extra=json_body("CompatGenerateRequest"), summary="Generate tokens if `stream == false` or a stream of token if `stream == true`")
+@router.post(
+    "/",
+    openapi_extra=json_body("CompatGenerateRequest"),
+    summary="Generate tokens if `stream == false` or a stream of token if `stream == true`",
+)
 async def compat_generate(request: Request) -> Response:
     state = get_state(request)
     body = await parse_json_body(request, CompatGenerateRequest, state.config.payload_limit)
@@ -138,7 +142,11 @@ async def generate(request: Request) -> Response:
         return await generate_json(state, body, span, as_list=False)
 
 
-@router.post("/generate_stream", openapi_extra=json_body("GenerateRequest"), summary="Generate a stream of token using Server-Sent Events")
+@router.post(
+    "/generate_stream",
+    openapi_extra=json_body("GenerateRequest"),
+    summary="Generate a stream of token using Server-Sent Events",
+)
 async def generate_stream_route(request: Request) -> Response:
     state = get_state(request)
     body = await parse_json_body(request, GenerateRequest, state.config.payload_limit)
@@ -157,7 +165,10 @@ async def tokenize(request: Request) -> Response:
     raw = body.inputs.encode("utf-8")
     tokens = [
         SimpleToken(
-            id=span.id, text=raw[span.start : span.stop].decode("utf-8", errors="replace"), start=span.start, stop=span.stop
+            id=span.id,
+            text=raw[span.start : span.stop].decode("utf-8", errors="replace"),
+            start=span.start,
+            stop=span.stop,
         ).to_dict()
         for span in spans
     ]

@@ -27,6 +27,7 @@ def _get(path: str, summary: str, include_in_schema: bool = True):
 
     return register
 
+
 HEALTH_TIMEOUT_SECONDS = 30.0
 METRICS_CONTENT_TYPE = "text/plain; charset=utf-8"
 

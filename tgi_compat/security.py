@@ -20,7 +20,16 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 GENERATION_ROUTES = frozenset(
-    ["/", "/generate", "/generate_stream", "/v1/chat/completions", "/v1/completions", "/vertex", "/invocations", "/tokenize"]
+    [
+        "/",
+        "/generate",
+        "/generate_stream",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/vertex",
+        "/invocations",
+        "/tokenize",
+    ]
 )
 BODY_ROUTES = GENERATION_ROUTES | {"/chat_tokenize"}
 PAYLOAD_TOO_LARGE = b"Failed to buffer the request body: length limit exceeded"
@@ -89,7 +98,10 @@ class SecurityMiddleware:
             return
         cors = [(b"vary", _VARY)] + self._allow_origin(scope)
         if scope["method"] == "OPTIONS":
-            preflight = cors + [(b"access-control-allow-methods", b"GET,POST"), (b"access-control-allow-headers", b"content-type")]
+            preflight = cors + [
+                (b"access-control-allow-methods", b"GET,POST"),
+                (b"access-control-allow-headers", b"content-type"),
+            ]
             await _send_plain(send, 200, b"", preflight)
             return
         if self._needs_key(scope) and not self._authorized(scope):
@@ -162,4 +174,6 @@ class _LimitedBody:
 
 def install_security(app, api_key: str | None, cors_origins: Iterable[str] | None, payload_limit: int) -> None:
     """Wrap a FastAPI/Starlette app; call once, after routes are added, before serving."""
-    app.add_middleware(SecurityMiddleware, api_key=api_key, cors_origins=list(cors_origins or []), payload_limit=payload_limit)
+    app.add_middleware(
+        SecurityMiddleware, api_key=api_key, cors_origins=list(cors_origins or []), payload_limit=payload_limit
+    )

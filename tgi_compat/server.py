@@ -129,7 +129,11 @@ async def run_server(config: ServerConfig) -> int:
         **graceful.uvicorn_options(),
     )
     server = uvicorn.Server(uvicorn_config)
-    logger.info("HTTP server: uvicorn, %s protocol, %s event loop", _http_protocol_name(), type(asyncio.get_running_loop()).__module__)
+    logger.info(
+        "HTTP server: uvicorn, %s protocol, %s event loop",
+        _http_protocol_name(),
+        type(asyncio.get_running_loop()).__module__,
+    )
     # Without --health-monitor a dead engine stops the server (TGI); with it the monitor restarts it.
     watcher = None if config.health_monitor else asyncio.create_task(_watch_engine(state, server))
     fatal: list[str] = []

@@ -22,7 +22,7 @@ def load_hf_tokenizer(model_id: str, revision: str | None = None) -> Any:
     return load_tokenizer(model_id, revision)
 
 
-def load_tokenizer_service(model_id: str, revision: str | None = None, workers: int = 2) -> "TokenizerService":
+def load_tokenizer_service(model_id: str, revision: str | None = None, workers: int = 2) -> TokenizerService:
     """The tokenizer plus its chat template, EOS set and limits (modeling.tokenizer.TokenizerInfo)."""
     from modeling.tokenizer import load_tokenizer_info
 

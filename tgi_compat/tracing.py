@@ -89,7 +89,9 @@ class RequestSpan:
         """A phase measured elsewhere (`queued`, `prefill`, `decode`): explicit `time.time_ns()` bounds."""
         if not self.recording:
             return _NOOP_SPAN
-        span = self._tracer.start_span(name, context=self._context(), start_time=start_ns, attributes=_clean(attributes))
+        span = self._tracer.start_span(
+            name, context=self._context(), start_time=start_ns, attributes=_clean(attributes)
+        )
         span.end(end_time=max(start_ns, end_ns))
         return RequestSpan(self._tracer, span)
 
@@ -192,7 +194,9 @@ class RequestTracer:
         return self._tracer is not None
 
     @contextmanager
-    def request_span(self, name: str, headers: Mapping[str, str] | None = None, **attributes: object) -> Iterator[RequestSpan]:
+    def request_span(
+        self, name: str, headers: Mapping[str, str] | None = None, **attributes: object
+    ) -> Iterator[RequestSpan]:
         """The root span of one request, child of the caller's `traceparent` if it sent one.
         An exception escaping the block marks the span failed and propagates."""
         if self._tracer is None:
@@ -208,7 +212,9 @@ class RequestTracer:
         finally:
             span.end()
 
-    def start_request_span(self, name: str, headers: Mapping[str, str] | None = None, **attributes: object) -> RequestSpan:
+    def start_request_span(
+        self, name: str, headers: Mapping[str, str] | None = None, **attributes: object
+    ) -> RequestSpan:
         """For streaming routes whose span outlives the handler: end it with `end_request_span`."""
         if self._tracer is None:
             return _NOOP_SPAN

@@ -117,9 +117,7 @@ def check_lengths(params: GenerateParameters, input_length: int, limits: Serving
             f"Given: {input_length} `inputs` tokens and {chunk} `max_new_tokens`"
         )
     if input_length > limits.max_input_tokens:
-        raise validation_error(
-            f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}"
-        )
+        raise validation_error(f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}")
     # One engine request covers every chunk TGI would schedule, up to the per-request cap.
     return min(requested, limits.max_total_tokens - input_length)
 

@@ -40,7 +40,5 @@ class AttentionBackend(ABC):
         return self.forward(qk[:, : qk.shape[1] - v.shape[1]], k_cache, v_cache, scale)
 
     @abstractmethod
-    def forward(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
         """Causal attention of the new tokens over their request's whole KV; returns [T, num_heads, head_dim]."""

@@ -144,8 +144,17 @@ class TritonAttentionBackend(AttentionBackend):
         if first:
             self._decode(q[:first], k_cache, v_cache, scale, out=out[:first])
         prefill_attention(
-            q, k_cache, v_cache, meta.req_to_token, meta.req_rows[first:], meta.q_start[first:], meta.q_lens[first:],
-            meta.kv_lens[first:], meta.max_q_len, scale, out=out,
+            q,
+            k_cache,
+            v_cache,
+            meta.req_to_token,
+            meta.req_rows[first:],
+            meta.q_start[first:],
+            meta.q_lens[first:],
+            meta.kv_lens[first:],
+            meta.max_q_len,
+            scale,
+            out=out,
         )
         return out
 
@@ -170,8 +179,19 @@ class TritonAttentionBackend(AttentionBackend):
         mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
         counter = self._split_counter if batch in self.merged_split_batches else None
         return decode_attention(
-            q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.kv_lens, scale, splits,
-            out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=meta.block_n, split_counter=counter,
+            q,
+            k_cache,
+            v_cache,
+            meta.req_to_token,
+            meta.req_rows,
+            meta.kv_lens,
+            scale,
+            splits,
+            out=out,
+            mid_out=mid_out,
+            mid_lse=mid_lse,
+            block_n=meta.block_n,
+            split_counter=counter,
             new_token=new_token,
         )
 

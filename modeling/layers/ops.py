@@ -8,8 +8,8 @@ can swap in the kernels in kernels/ (rmsnorm, rotary, silu_mul) without touching
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn

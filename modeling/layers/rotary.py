@@ -72,4 +72,3 @@ class RotaryEmbedding(nn.Module):
 
     def step_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.ops.rope_tables(self.cos_half, self.sin_half, positions)
-

@@ -47,8 +47,16 @@ def triton_rms_norm_linear(
     if config is None:
         return unfused_rms_norm_linear(x, residual, norm, proj)
     summed = torch.empty_like(x) if residual is not None else None
-    out = gemv(x, proj.weight, proj.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
-               residual_out=summed, config=config)
+    out = gemv(
+        x,
+        proj.weight,
+        proj.bias,
+        norm_weight=norm.weight,
+        eps=norm.eps,
+        residual=residual,
+        residual_out=summed,
+        config=config,
+    )
     return out, (x if residual is None else summed)
 
 

@@ -6,7 +6,7 @@ Input is the step's flat token batch; attention goes through the backend chosen 
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.nn as nn

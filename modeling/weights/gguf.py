@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -81,4 +82,3 @@ def iterate_gguf(
         elif is_llama and ".attn_k." in tensor.name:
             weights = unpermute_rotary_rows(weights, num_kv_heads)
         yield hf_tensor_name(tensor.name), weights
-

@@ -25,6 +25,7 @@ import triton
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model  # noqa: E402
+
 from kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention  # noqa: E402
 from kernels.prefill_attention import prefill_attention  # noqa: E402
 from kernels.rotary import rotary_and_kv_store  # noqa: E402
@@ -72,7 +73,9 @@ class DecodeCell:
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, context: int):
         self.k_cache, self.v_cache, self.batch, self.context = k_cache, v_cache, batch, context
-        self.slots = torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
+        self.slots = (
+            torch.randperm(k_cache.shape[0], device=DEV)[: batch * context].view(batch, context).to(torch.int32)
+        )
         self.q = torch.randn(batch, self.HEADS, self.HEAD_DIM, device=DEV, dtype=torch.bfloat16)
         self.kv_lens = torch.full((batch,), context, device=DEV)
         self.req_rows = torch.arange(batch, device=DEV)
@@ -88,9 +91,22 @@ class DecodeCell:
         out = torch.empty_like(self.q)
         mid_out = torch.empty(self.batch, self.HEADS, splits, self.HEAD_DIM, device=DEV)
         mid_lse = torch.empty(self.batch, self.HEADS, splits, device=DEV)
-        return graph_ms(lambda: decode_attention(
-            self.q, self.k_cache, self.v_cache, self.slots, self.req_rows, self.kv_lens, 0.088, splits,
-            out=out, mid_out=mid_out, mid_lse=mid_lse, **config))
+        return graph_ms(
+            lambda: decode_attention(
+                self.q,
+                self.k_cache,
+                self.v_cache,
+                self.slots,
+                self.req_rows,
+                self.kv_lens,
+                0.088,
+                splits,
+                out=out,
+                mid_out=mid_out,
+                mid_lse=mid_lse,
+                **config,
+            )
+        )
 
     def time_attention_side_ms(self, splits: int, merged: bool, fused_rotary: bool, block_n: int) -> float:
         """Graph-replay time of a layer's attention side from an unrotated q|k|v: the rotary + KV-store
@@ -110,9 +126,22 @@ class DecodeCell:
         def layer_attention():
             if not fused_rotary:
                 rotary_and_kv_store(qk, v, cos, sin, self.k_cache, self.v_cache, new_slots, heads)
-            decode_attention(qk[:, :heads], self.k_cache, self.v_cache, self.slots, self.req_rows, self.kv_lens, 0.088,
-                             splits, out=out, mid_out=mid_out, mid_lse=mid_lse, block_n=block_n,
-                             split_counter=counter, new_token=new_token)
+            decode_attention(
+                qk[:, :heads],
+                self.k_cache,
+                self.v_cache,
+                self.slots,
+                self.req_rows,
+                self.kv_lens,
+                0.088,
+                splits,
+                out=out,
+                mid_out=mid_out,
+                mid_lse=mid_lse,
+                block_n=block_n,
+                split_counter=counter,
+                new_token=new_token,
+            )
 
         return graph_ms(layer_attention)
 
@@ -136,10 +165,21 @@ def decode_attention_sweep(bandwidth: float) -> list[dict]:
             block_n = choose_block_n(batch, DecodeCell.KV_HEADS, sms)
             ms = cell.time_ms(splits, block_n=block_n)
             moved = cell.kv_bytes + batch * context * 4 + 2 * cell.q.numel() * 2  # + slot indices, q and out
-            rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, kv_gb=cell.kv_bytes / 1e9,
-                             ms=ms, pct_bw=100 * moved / (ms * 1e-3) / bandwidth))
-            log(f"decode-attn B={batch:4d} L={context:6d} splits={splits:3d} block={block_n:3d} "
-                f"KV {cell.kv_bytes / 1e9:7.3f} GB {ms * 1e3:9.1f} us  {rows[-1]['pct_bw']:5.1f}% of copy BW")
+            rows.append(
+                dict(
+                    batch=batch,
+                    context=context,
+                    splits=splits,
+                    block_n=block_n,
+                    kv_gb=cell.kv_bytes / 1e9,
+                    ms=ms,
+                    pct_bw=100 * moved / (ms * 1e-3) / bandwidth,
+                )
+            )
+            log(
+                f"decode-attn B={batch:4d} L={context:6d} splits={splits:3d} block={block_n:3d} "
+                f"KV {cell.kv_bytes / 1e9:7.3f} GB {ms * 1e3:9.1f} us  {rows[-1]['pct_bw']:5.1f}% of copy BW"
+            )
     del k_cache, v_cache
     return rows
 
@@ -159,10 +199,22 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
             for block_n, warps, stages in configs:
                 ms = cell.time_ms(splits, block_n=block_n, num_warps=warps, num_stages=stages)
                 pct = cell.kv_pct_bw(ms, bandwidth)
-                rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
-                                 stages=stages, ms=ms, pct_bw=pct))
-                log(f"decode-cfg B={batch} L={context} splits={splits} block={block_n} warps={warps} "
-                    f"stages={stages}: {ms * 1e3:.1f} us {pct:.1f}%")
+                rows.append(
+                    dict(
+                        batch=batch,
+                        context=context,
+                        splits=splits,
+                        block_n=block_n,
+                        warps=warps,
+                        stages=stages,
+                        ms=ms,
+                        pct_bw=pct,
+                    )
+                )
+                log(
+                    f"decode-cfg B={batch} L={context} splits={splits} block={block_n} warps={warps} "
+                    f"stages={stages}: {ms * 1e3:.1f} us {pct:.1f}%"
+                )
     del k_cache, v_cache
     return rows
 
@@ -170,8 +222,9 @@ def decode_config_sweep(bandwidth: float) -> list[dict]:
 MISSED_CELLS = [(8, 8192), (8, 32768), (32, 2048), (128, 512)]  # < 80% of copy BW in run E
 
 
-def decode_missed_cells_sweep(bandwidth: float, cells: list[tuple[int, int]] = MISSED_CELLS,
-                              split_counts: list[int] | None = None) -> list[dict]:
+def decode_missed_cells_sweep(
+    bandwidth: float, cells: list[tuple[int, int]] = MISSED_CELLS, split_counts: list[int] | None = None
+) -> list[dict]:
     """Cells over block size x warps x stages x split counts (default: multiples of the rule's count)."""
     kv_heads = DecodeCell.KV_HEADS
     k_cache, v_cache = DecodeCell.caches(2 * 2**20)
@@ -183,24 +236,46 @@ def decode_missed_cells_sweep(bandwidth: float, cells: list[tuple[int, int]] = M
         best = None
         counts = split_counts or sorted({max(1, min(128, int(base * scale))) for scale in (0.5, 1, 2, 4)})
         # explicit split counts: a narrower config grid, the split count is the question
-        grid = itertools.product(counts, (64, 128), (4,), (2, 3)) if split_counts else \
-            itertools.product(counts, (32, 64, 128), (2, 4, 8), (1, 2, 3, 4))
+        grid = (
+            itertools.product(counts, (64, 128), (4,), (2, 3))
+            if split_counts
+            else itertools.product(counts, (32, 64, 128), (2, 4, 8), (1, 2, 3, 4))
+        )
         for splits, block_n, warps, stages in grid:
             try:
                 ms = cell.time_ms(splits, block_n=block_n, num_warps=warps, num_stages=stages)
             except Exception as exc:  # noqa: BLE001 - a config Triton cannot build
                 log(f"  B={batch} L={context} {block_n}/{warps}/{stages}: {type(exc).__name__}")
                 continue
-            row = dict(batch=batch, context=context, splits=splits, block_n=block_n, warps=warps,
-                       stages=stages, ms=ms, pct_bw=cell.kv_pct_bw(ms, bandwidth))
+            row = dict(
+                batch=batch,
+                context=context,
+                splits=splits,
+                block_n=block_n,
+                warps=warps,
+                stages=stages,
+                ms=ms,
+                pct_bw=cell.kv_pct_bw(ms, bandwidth),
+            )
             rows.append(row)
             if best is None or row["pct_bw"] > best["pct_bw"]:
                 best = row
-        default = next((r for r in rows if r["batch"] == batch and r["context"] == context and r["splits"] == base
-                        and r["block_n"] == choose_block_n(batch, kv_heads, sms) and (r["warps"], r["stages"]) == (4, 2)),
-                       dict(pct_bw=float("nan")))
-        log(f"cell B={batch} L={context}: the rule's {default['pct_bw']:.1f}% -> best {best['pct_bw']:.1f}% "
-            f"(splits {best['splits']}, block {best['block_n']}, warps {best['warps']}, stages {best['stages']})")
+        default = next(
+            (
+                r
+                for r in rows
+                if r["batch"] == batch
+                and r["context"] == context
+                and r["splits"] == base
+                and r["block_n"] == choose_block_n(batch, kv_heads, sms)
+                and (r["warps"], r["stages"]) == (4, 2)
+            ),
+            dict(pct_bw=float("nan")),
+        )
+        log(
+            f"cell B={batch} L={context}: the rule's {default['pct_bw']:.1f}% -> best {best['pct_bw']:.1f}% "
+            f"(splits {best['splits']}, block {best['block_n']}, warps {best['warps']}, stages {best['stages']})"
+        )
     del k_cache, v_cache
     return rows
 
@@ -243,17 +318,44 @@ def prefill_attention_tflops() -> list[dict]:
         out = torch.empty_like(q)
         for block_m, block_n, warps, stages in configs:
             try:
-                ms = graph_ms(lambda: prefill_attention(q, k_cache, v_cache, r2t, one, one, lens, lens, seq, 0.088,
-                                                        out=out, block_m=block_m, block_n=block_n, num_warps=warps,
-                                                        num_stages=stages))
+                ms = graph_ms(
+                    lambda: prefill_attention(
+                        q,
+                        k_cache,
+                        v_cache,
+                        r2t,
+                        one,
+                        one,
+                        lens,
+                        lens,
+                        seq,
+                        0.088,
+                        out=out,
+                        block_m=block_m,
+                        block_n=block_n,
+                        num_warps=warps,
+                        num_stages=stages,
+                    )
+                )
             except Exception as exc:  # e.g. out of shared memory for a large tile
                 log(f"prefill-attn S={seq} {block_m}x{block_n} w{warps} s{stages}: {type(exc).__name__}")
                 continue
             flops = 4 * heads * head_dim * seq * seq / 2  # causal
-            rows.append(dict(seq=seq, block_m=block_m, block_n=block_n, warps=warps, stages=stages, ms=ms,
-                             tflops=flops / (ms * 1e-3) / 1e12))
-            log(f"prefill-attn S={seq} {block_m}x{block_n} w{warps} s{stages}: {ms:.3f} ms, "
-                f"{rows[-1]['tflops']:.0f} TFLOP/s (causal FLOPs)")
+            rows.append(
+                dict(
+                    seq=seq,
+                    block_m=block_m,
+                    block_n=block_n,
+                    warps=warps,
+                    stages=stages,
+                    ms=ms,
+                    tflops=flops / (ms * 1e-3) / 1e12,
+                )
+            )
+            log(
+                f"prefill-attn S={seq} {block_m}x{block_n} w{warps} s{stages}: {ms:.3f} ms, "
+                f"{rows[-1]['tflops']:.0f} TFLOP/s (causal FLOPs)"
+            )
     return rows
 
 
@@ -335,10 +437,13 @@ def bench_ours(model, hf_config: dict, bandwidth: float) -> dict:
         ms = time_decode(graphs.replay, batch, max_len, vocab, STEPS)
         moved = weights + batch * (CONTEXT + STEPS // 2) * kv_per_token
         floor_ms = moved / bandwidth * 1e3
-        result["batches"][batch] = dict(ms_per_step=ms, tok_s=batch * 1e3 / ms, floor_ms=floor_ms,
-                                        pct_roofline=100 * floor_ms / ms)
-        log(f"ours B={batch:4d}: {ms:7.3f} ms/step {batch * 1e3 / ms:9.0f} tok/s  floor {floor_ms:.3f} ms "
-            f"({100 * floor_ms / ms:.1f}% of roofline)")
+        result["batches"][batch] = dict(
+            ms_per_step=ms, tok_s=batch * 1e3 / ms, floor_ms=floor_ms, pct_roofline=100 * floor_ms / ms
+        )
+        log(
+            f"ours B={batch:4d}: {ms:7.3f} ms/step {batch * 1e3 / ms:9.0f} tok/s  floor {floor_ms:.3f} ms "
+            f"({100 * floor_ms / ms:.1f}% of roofline)"
+        )
     log(f"ours B=1 eager (no graphs): {eager_ms:.3f} ms/step; graph capture {capture_s:.1f} s")
     del graphs, runner
     gc.collect()
@@ -383,11 +488,15 @@ def attention_side_sweep(batches: list[int], contexts: list[int]) -> list[dict]:
         cell = DecodeCell(k_cache, v_cache, batch, context)
         splits = choose_num_splits(batch, DecodeCell.KV_HEADS, sms)
         block_n = choose_block_n(batch, DecodeCell.KV_HEADS, sms)
-        times = {name: cell.time_attention_side_ms(splits, merged, fused, block_n)
-                 for name, (merged, fused) in ATTN_SIDE_VARIANTS.items()}
+        times = {
+            name: cell.time_attention_side_ms(splits, merged, fused, block_n)
+            for name, (merged, fused) in ATTN_SIDE_VARIANTS.items()
+        }
         rows.append(dict(batch=batch, context=context, splits=splits, block_n=block_n, us=times))
-        log(f"attn-side B={batch:3d} L={context:5d} splits={splits:2d}: "
-            + "  ".join(f"{name} {ms * 1e3:6.2f} us" for name, ms in times.items()))
+        log(
+            f"attn-side B={batch:3d} L={context:5d} splits={splits:2d}: "
+            + "  ".join(f"{name} {ms * 1e3:6.2f} us" for name, ms in times.items())
+        )
     del k_cache, v_cache
     return rows
 
@@ -415,8 +524,11 @@ def attention_step_variants(model, hf_config: dict, batches: list[int], rounds: 
                 rows.append(dict(variant=name, round=round_index, batch=batch, ms_per_step=ms))
             del graphs
     for batch in batches:
-        cells = [f"{name} " + "/".join(f"{r['ms_per_step']:.3f}" for r in rows if r["variant"] == name
-                                        and r["batch"] == batch) for name in STEP_VARIANTS]
+        cells = [
+            f"{name} "
+            + "/".join(f"{r['ms_per_step']:.3f}" for r in rows if r["variant"] == name and r["batch"] == batch)
+            for name in STEP_VARIANTS
+        ]
         log(f"step B={batch:4d} ms: " + "   ".join(cells))
     del runner
     gc.collect()
@@ -437,8 +549,9 @@ def bench_transformers(model, vocab: int) -> dict:
         def run(new: int) -> float:
             torch.cuda.synchronize()
             t = time.perf_counter()
-            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                           pad_token_id=0)
+            model.generate(
+                ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+            )
             torch.cuda.synchronize()
             return time.perf_counter() - t
 
@@ -462,18 +575,33 @@ def main() -> None:
     parser.add_argument("--missed-cells", action="store_true", help="only the config sweep of run E's missed cells")
     parser.add_argument("--cells", default="", help="with --missed-cells: BxL,BxL,... instead of run E's")
     parser.add_argument("--split-counts", default="", help="with --missed-cells: split counts to try, e.g. 2,3,4")
-    parser.add_argument("--b1-splits", default="", help="only batch-1 steps of the first model with these split "
-                        "counts forced, e.g. 1,4,33 (contexts from --b1-contexts)")
+    parser.add_argument(
+        "--b1-splits",
+        default="",
+        help="only batch-1 steps of the first model with these split "
+        "counts forced, e.g. 1,4,33 (contexts from --b1-contexts)",
+    )
     parser.add_argument("--b1-contexts", default=str(CONTEXT), help="with --b1-splits: contexts, e.g. 512,2048")
-    parser.add_argument("--attn-variants", action="store_true", help="only the attention-side variants (two-kernel, "
-                        "merged splits, + fused rotary): one layer's kernels, then decode steps of the first model")
+    parser.add_argument(
+        "--attn-variants",
+        action="store_true",
+        help="only the attention-side variants (two-kernel, "
+        "merged splits, + fused rotary): one layer's kernels, then decode steps of the first model",
+    )
     parser.add_argument("--variant-batches", default="1,2,4,8,16,32,64,128,256", help="with --attn-variants")
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
-    report = dict(gpu=torch.cuda.get_device_name(), sms=props.multi_processor_count, torch=torch.__version__,
-                  triton=triton.__version__, context=CONTEXT, steps=STEPS, hf_steps=HF_STEPS,
-                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    report = dict(
+        gpu=torch.cuda.get_device_name(),
+        sms=props.multi_processor_count,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        context=CONTEXT,
+        steps=STEPS,
+        hf_steps=HF_STEPS,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )
     report["copy_bw_gbs"] = copy_bandwidth() / 1e9
     log(f"{report['gpu']}: copy bandwidth {report['copy_bw_gbs']:.0f} GB/s")
     bandwidth = report["copy_bw_gbs"] * 1e9

@@ -35,9 +35,18 @@ from router.request import GenerateRequest  # noqa: E402
 
 PROMPT_LEN, NEW_TOKENS = 128, 256
 TINY_LLAMA = dict(
-    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=256, intermediate_size=512,
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=2000,
-    max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2000,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
 )
 
 
@@ -64,8 +73,11 @@ def check_same_tokens(device: str = "cuda") -> dict:
     ]
     outputs = {}
     for overlap in (False, True):
-        engine = EngineCore(EngineConfig(model_id="random", max_running_requests=32, overlap_scheduling=overlap),
-                            runner, runner.model_config)
+        engine = EngineCore(
+            EngineConfig(model_id="random", max_running_requests=32, overlap_scheduling=overlap),
+            runner,
+            runner.model_config,
+        )
         for i, (prompt, sampling, max_new) in enumerate(requests):
             engine.add_request(GenerateRequest(f"c{i}", prompt, sampling, max_new_tokens=max_new, ignore_eos=True))
         tokens: dict[str, list[int]] = {}
@@ -108,8 +120,15 @@ async def measure(model_dir: str, overlap: bool, rows_list: list[int], repeats: 
                 seconds = time.perf_counter() - start
                 tokens = sum(n for n, _ in outcomes)
                 tpot = statistics.median(ms for _, ms in outcomes)
-                result = dict(overlap=overlap, rows=rows, rep=rep, tokens=tokens, seconds=seconds,
-                              tok_s=tokens / seconds, median_tpot_ms=tpot)
+                result = dict(
+                    overlap=overlap,
+                    rows=rows,
+                    rep=rep,
+                    tokens=tokens,
+                    seconds=seconds,
+                    tok_s=tokens / seconds,
+                    median_tpot_ms=tpot,
+                )
                 print(json.dumps(result), flush=True)
                 results.append(result)
     finally:

@@ -13,14 +13,32 @@ from modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batc
 from modeling.runner import ModelRunner, RunnerConfig
 
 LLAMA3_8B = dict(
-    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
-    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
 )
 QWEN2_7B = dict(
-    architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584, intermediate_size=18944,
-    num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-    max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+    architectures=["Qwen2ForCausalLM"],
+    model_type="qwen2",
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
 )
 
 
@@ -49,8 +67,14 @@ def build_runner(
 ) -> ModelRunner:
     """One spare row and slot beyond the driver's (num_rows, num_rows * max_len) for graph padding."""
     cfg = RunnerConfig(
-        device=device, dtype=dtype, attention_backend=backend, num_kv_slots=num_rows * max_len + 1,
-        max_rows=num_rows + 1, max_seq_len=max_len, show_progress=False, cuda_graph_batch_sizes=graph_sizes or [],
+        device=device,
+        dtype=dtype,
+        attention_backend=backend,
+        num_kv_slots=num_rows * max_len + 1,
+        max_rows=num_rows + 1,
+        max_seq_len=max_len,
+        show_progress=False,
+        cuda_graph_batch_sizes=graph_sizes or [],
     )
     return ModelRunner.from_hf_state_dict(hf_config, state_dict, cfg)
 
@@ -61,8 +85,12 @@ def eager_step(runner: ModelRunner):
 
 def capture_graphs(runner: ModelRunner, batch_sizes: list[int]) -> DecodeCudaGraphs:
     graphs = DecodeCudaGraphs(
-        eager_step(runner), batch_sizes, pad_row=runner.max_rows - 1, pad_slot=runner.num_kv_slots - 1,
-        max_seq_len=runner.max_seq_len, device=runner.device,
+        eager_step(runner),
+        batch_sizes,
+        pad_row=runner.max_rows - 1,
+        pad_slot=runner.num_kv_slots - 1,
+        max_seq_len=runner.max_seq_len,
+        device=runner.device,
     )
     graphs.capture()
     return graphs
@@ -90,10 +118,18 @@ def decode_batch(next_ids: torch.Tensor, kv_lens: torch.Tensor, max_len: int) ->
     rows = torch.arange(num_reqs, device=next_ids.device)
     positions = kv_lens - 1
     return ForwardBatch(
-        mode=ForwardMode.DECODE, input_ids=next_ids, positions=positions, out_slots=rows * max_len + positions,
-        req_rows=rows, q_start=rows, q_lens=torch.ones_like(rows), kv_lens=kv_lens, logits_indices=rows,
+        mode=ForwardMode.DECODE,
+        input_ids=next_ids,
+        positions=positions,
+        out_slots=rows * max_len + positions,
+        req_rows=rows,
+        q_start=rows,
+        q_lens=torch.ones_like(rows),
+        kv_lens=kv_lens,
+        logits_indices=rows,
         # exact, as the router's batches carry it: the torch backend leaves a lone request unmasked
-        max_q_len=1, max_kv_len=int(kv_lens.max()),
+        max_q_len=1,
+        max_kv_len=int(kv_lens.max()),
     )
 
 

@@ -67,12 +67,21 @@ def run(engine: EngineCore, lengths: list[tuple[int, int]], tag: str) -> dict:
     def summary(group):
         if not group:
             return dict(count=0)
-        return dict(count=len(group), seconds=sum(s[0] for s in group), mean_ms=1e3 * np.mean([s[0] for s in group]),
-                    mean_rows=float(np.mean([s[1] for s in group])),
-                    mean_prompt_tokens=float(np.mean([s[2] for s in group])))
+        return dict(
+            count=len(group),
+            seconds=sum(s[0] for s in group),
+            mean_ms=1e3 * np.mean([s[0] for s in group]),
+            mean_rows=float(np.mean([s[1] for s in group])),
+            mean_prompt_tokens=float(np.mean([s[2] for s in group])),
+        )
 
-    return dict(elapsed_s=elapsed, generated=generated, out_tok_s=generated / elapsed,
-                decode_steps=summary(decode), prompt_steps=summary(mixed))
+    return dict(
+        elapsed_s=elapsed,
+        generated=generated,
+        out_tok_s=generated / elapsed,
+        decode_steps=summary(decode),
+        prompt_steps=summary(mixed),
+    )
 
 
 def main() -> None:
@@ -83,8 +92,9 @@ def main() -> None:
     args = parser.parse_args()
     configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
     max_rows = max(rows for rows, _ in configs)
-    base = EngineConfig(model_id=args.model_dir, max_running_requests=max_rows,
-                        max_batch_prefill_tokens=max(p for _, p in configs))
+    base = EngineConfig(
+        model_id=args.model_dir, max_running_requests=max_rows, max_batch_prefill_tokens=max(p for _, p in configs)
+    )
     runner = load_runner(base)
     lengths = sharegpt_lengths(args.num_prompts)
     warm = EngineCore(base, runner, runner.model_config)
@@ -96,11 +106,14 @@ def main() -> None:
         result = run(engine, lengths, f"r{rows}p{prefill}")
         results[f"{rows}:{prefill}"] = result
         d, m = result["decode_steps"], result["prompt_steps"]
-        print(f"max_running {rows:4d} prefill {prefill:5d}: {result['out_tok_s']:7.0f} out tok/s in "
-              f"{result['elapsed_s']:.1f} s | decode steps {d.get('count', 0)} x {d.get('mean_ms', 0):.1f} ms "
-              f"(rows {d.get('mean_rows', 0):.0f}) = {d.get('seconds', 0):.1f} s | prompt steps {m.get('count', 0)} x "
-              f"{m.get('mean_ms', 0):.1f} ms (rows {m.get('mean_rows', 0):.0f}, prompt tokens "
-              f"{m.get('mean_prompt_tokens', 0):.0f}) = {m.get('seconds', 0):.1f} s", flush=True)
+        print(
+            f"max_running {rows:4d} prefill {prefill:5d}: {result['out_tok_s']:7.0f} out tok/s in "
+            f"{result['elapsed_s']:.1f} s | decode steps {d.get('count', 0)} x {d.get('mean_ms', 0):.1f} ms "
+            f"(rows {d.get('mean_rows', 0):.0f}) = {d.get('seconds', 0):.1f} s | prompt steps {m.get('count', 0)} x "
+            f"{m.get('mean_ms', 0):.1f} ms (rows {m.get('mean_rows', 0):.0f}, prompt tokens "
+            f"{m.get('mean_prompt_tokens', 0):.0f}) = {m.get('seconds', 0):.1f} s",
+            flush=True,
+        )
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "profile_offline.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 from common import build_runner, capture_graphs, greedy_generate, hf_model  # noqa: E402
+
 from kernels.decode_attention import (  # noqa: E402
     NewTokenKV,
     choose_num_splits,
@@ -72,35 +73,60 @@ def test_decode_attention() -> None:
             for splits in (1, 5, choose_num_splits(len(kv_lens), kv_heads, 132)):
                 for block_n in (64, 128):
                     out = torch.full_like(q, float("nan"))
-                    decode_attention(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, splits, out=out, block_n=block_n)
-                    check(f"decode {heads}/{kv_heads}x{head_dim} {dtype} splits={splits} block={block_n}",
-                          rel_err(out, ref), tolerance(dtype))
+                    decode_attention(
+                        q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, splits, out=out, block_n=block_n
+                    )
+                    check(
+                        f"decode {heads}/{kv_heads}x{head_dim} {dtype} splits={splits} block={block_n}",
+                        rel_err(out, ref),
+                        tolerance(dtype),
+                    )
 
 
 def test_decode_attention_merged() -> None:
     """Stage 2 merged into stage 1 (ticket counter): real shapes, both block sizes, the batch-1 split
     counts, two calls on one counter, and the counter back at zero after each."""
-    shapes = [(32, 8, 128, torch.bfloat16), (32, 8, 128, torch.float32), (28, 4, 128, torch.bfloat16),
-              (16, 16, 64, torch.bfloat16)]
+    shapes = [
+        (32, 8, 128, torch.bfloat16),
+        (32, 8, 128, torch.float32),
+        (28, 4, 128, torch.bfloat16),
+        (16, 16, 64, torch.bfloat16),
+    ]
     for (heads, kv_heads, head_dim, dtype), kv_lens in itertools.product(
         shapes, ([1, 4097, 37, 1500, 64, 3000, 2, 777], [513], [8191])
     ):
         k_cache, v_cache, r2t, rows = paged_cache(kv_lens, kv_heads, head_dim, dtype)
         kv = torch.tensor(kv_lens, device=DEV)
         counter = torch.zeros(len(kv_lens) + 1, kv_heads, device=DEV, dtype=torch.int32)
-        for splits, block_n in itertools.product(sorted({5, 33, choose_num_splits(len(kv_lens), kv_heads, 132)}),
-                                                 (64, 128)):
+        for splits, block_n in itertools.product(
+            sorted({5, 33, choose_num_splits(len(kv_lens), kv_heads, 132)}), (64, 128)
+        ):
             errors = []
             for _ in range(2):  # the second call finds the counter the first one left
                 q = torch.randn(len(kv_lens), heads, head_dim, device=DEV, dtype=dtype)
                 out = torch.full_like(q, float("nan"))
-                decode_attention(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, splits, out=out,
-                                 block_n=block_n, split_counter=counter)
+                decode_attention(
+                    q,
+                    k_cache,
+                    v_cache,
+                    r2t,
+                    rows,
+                    kv,
+                    head_dim**-0.5,
+                    splits,
+                    out=out,
+                    block_n=block_n,
+                    split_counter=counter,
+                )
                 errors.append(rel_err(out, decode_attention_ref(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5)))
             torch.cuda.synchronize()
             errors.append(0.0 if not counter.any() else float("inf"))
-            check(f"decode merged {heads}/{kv_heads}x{head_dim} {dtype} B={len(kv_lens)} L<={max(kv_lens)} "
-                  f"splits={splits} block={block_n} (2 calls, counter reset)", max(errors), tolerance(dtype))
+            check(
+                f"decode merged {heads}/{kv_heads}x{head_dim} {dtype} B={len(kv_lens)} L<={max(kv_lens)} "
+                f"splits={splits} block={block_n} (2 calls, counter reset)",
+                max(errors),
+                tolerance(dtype),
+            )
 
 
 def test_decode_attention_merged_graph_replays() -> None:
@@ -114,8 +140,9 @@ def test_decode_attention_merged_graph_replays() -> None:
     counter = torch.zeros(2, kv_heads, device=DEV, dtype=torch.int32)
 
     def step():
-        decode_attention(q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, 33, out=out, block_n=128,
-                         split_counter=counter)
+        decode_attention(
+            q, k_cache, v_cache, r2t, rows, kv, head_dim**-0.5, 33, out=out, block_n=128, split_counter=counter
+        )
 
     step()
     torch.cuda.synchronize()
@@ -160,9 +187,20 @@ def test_decode_attention_fused_rotary() -> None:
                 counter = torch.zeros(batch, kv_heads, device=DEV, dtype=torch.int32) if merged else None
                 out = torch.full((batch, heads, 128), float("nan"), device=DEV, dtype=dtype)
                 splits = 33 if batch == 1 else choose_num_splits(batch, kv_heads, 132)
-                decode_attention(qk[:, :heads], k_cache, v_cache, r2t, rows, kv, 128**-0.5, splits, out=out,
-                                 block_n=128, split_counter=counter,
-                                 new_token=NewTokenKV(k=qk[:, heads:], v=v, cos=cos, sin=sin, slots=slots))
+                decode_attention(
+                    qk[:, :heads],
+                    k_cache,
+                    v_cache,
+                    r2t,
+                    rows,
+                    kv,
+                    128**-0.5,
+                    splits,
+                    out=out,
+                    block_n=128,
+                    split_counter=counter,
+                    new_token=NewTokenKV(k=qk[:, heads:], v=v, cos=cos, sin=sin, slots=slots),
+                )
                 name = f"decode fused rotary {heads}/{kv_heads}x128 bf16 B={batch} L<={max(kv_lens)} merged={merged}"
                 check(f"{name}: output", rel_err(out, ref), 1e-2)
                 check(f"{name}: new k in the cache", rel_err(k_cache[slots], k_ref[slots]), 1e-2)
@@ -234,7 +272,9 @@ def test_elementwise() -> None:
     kv_store_ref(qk_ref[:, 32:], v, caches[2], caches[3], slots[:8])
     rotary_and_kv_store(qk, v, cos8, sin8, caches[0], caches[1], slots[:8], 32)
     check("rotary+kv_store bf16: q|k", rel_err(qk, qk_ref), 1e-2)
-    same = all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in ((caches[0], caches[2]), (caches[1], caches[3])))
+    same = all(
+        torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in ((caches[0], caches[2]), (caches[1], caches[3]))
+    )
     check("rotary+kv_store bf16: caches (exact)", 0.0 if same else float("inf"), 1e-12)
     # one-row GEMV with each fused prologue (Llama-3-8B shapes; the tuning script covers them all)
     x, res = torch.randn(1, 4096, device=DEV, dtype=dtype), torch.randn(1, 4096, device=DEV, dtype=dtype)
@@ -245,20 +285,45 @@ def test_elementwise() -> None:
     check("gemv rmsnorm+residual prologue bf16 (6144x4096)", rel_err(out, ref), 1e-2)
     check("gemv residual sum bf16 (exact)", rel_err(summed, ref_summed), 1e-12)
     w_down = torch.randn(4096, 14336, device=DEV, dtype=dtype) / 120
-    check("gemv silu_mul prologue bf16 (4096x14336)",
-          rel_err(gemv(gate_up[:1], w_down, silu_mul=True), gemv_ref(gate_up[:1], w_down, silu_mul=True)[0]), 1e-2)
+    check(
+        "gemv silu_mul prologue bf16 (4096x14336)",
+        rel_err(gemv(gate_up[:1], w_down, silu_mul=True), gemv_ref(gate_up[:1], w_down, silu_mul=True)[0]),
+        1e-2,
+    )
     check("gemv plain bf16 (4096x4096)", rel_err(gemv(x, w_qkv[:4096]), gemv_ref(x, w_qkv[:4096])[0]), 1e-2)
 
 
 TINY = {
-    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=256, intermediate_size=512,
-                  num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, vocab_size=1000,
-                  max_position_embeddings=1024, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
-                  pad_token_id=0),
-    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=224, intermediate_size=512,
-                  num_hidden_layers=3, num_attention_heads=7, num_key_value_heads=1, vocab_size=1200,
-                  max_position_embeddings=1024, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
-                  pad_token_id=0),
+    "llama": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        max_position_embeddings=1024,
+        initializer_range=0.1,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    ),
+    "qwen2": dict(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        hidden_size=224,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=7,
+        num_key_value_heads=1,
+        vocab_size=1200,
+        max_position_embeddings=1024,
+        initializer_range=0.1,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    ),
 }
 
 
@@ -266,7 +331,7 @@ def hf_greedy(model, prompt: list[int], num_new: int) -> list[int]:
     ids = torch.tensor([prompt], device=DEV)
     # an explicit mask: generate would otherwise treat pad-id tokens inside the prompt as padding
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_new, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def explain_mismatch(model, prompts, ours, theirs, runner, max_len) -> None:
@@ -280,9 +345,12 @@ def explain_mismatch(model, prompts, ours, theirs, runner, max_len) -> None:
             hf_logits = model(context).logits[0, -1].float()
         _, our_logits = greedy_generate(runner, [prompt + a[:step]], 1, max_len)
         top2 = hf_logits.topk(2).values
-        print(f"  diverge at step {step} (len {len(prompt)}): ours {a[step]} vs transformers {b[step]}; "
-              f"transformers top-2 margin {float(top2[0] - top2[1]):.2e}; logits rel err "
-              f"{rel_err(our_logits[0][0], hf_logits):.2e}", flush=True)
+        print(
+            f"  diverge at step {step} (len {len(prompt)}): ours {a[step]} vs transformers {b[step]}; "
+            f"transformers top-2 margin {float(top2[0] - top2[1]):.2e}; logits rel err "
+            f"{rel_err(our_logits[0][0], hf_logits):.2e}",
+            flush=True,
+        )
 
 
 def test_end_to_end() -> None:
@@ -310,11 +378,16 @@ def test_end_to_end() -> None:
             print(f"NOTE e2e {name}: ModelRunner does not capture CUDA graphs itself (no hook)", flush=True)
         else:
             ids_hooked, _ = greedy_generate(hooked, prompts, num_new, max_len)
-            check(f"e2e {name} fp32 greedy: ModelRunner(--cuda-graphs 1,2,8) == torch backend",
-                  0.0 if ids_hooked == ids_torch else 1.0, 0.5)
+            check(
+                f"e2e {name} fp32 greedy: ModelRunner(--cuda-graphs 1,2,8) == torch backend",
+                0.0 if ids_hooked == ids_torch else 1.0,
+                0.5,
+            )
         del hooked
         # fp32 logits of each prompt alone (batch 1), the truth for the bf16 batch-1 check below
-        truth_b1 = [greedy_generate(runners["torch"], [p], num_new, max_len, forced=[f])[1] for p, f in zip(prompts, ids_torch)]
+        truth_b1 = [
+            greedy_generate(runners["torch"], [p], num_new, max_len, forced=[f])[1] for p, f in zip(prompts, ids_torch)
+        ]
         del runners, graphs
         bf16 = {b: build_runner(hf_config, state, "bfloat16", b, 8, max_len) for b in ("torch", "triton")}
         graphs = capture_graphs(bf16["triton"], [2, 6])
@@ -334,9 +407,16 @@ def test_end_to_end() -> None:
                 _, got = greedy_generate(bf16["triton"], [prompt], num_new, max_len, graphs=use_graphs, forced=[forced])
                 err_triton = max(err_triton, *(rel_err(a, b) for a, b in zip(got, truth)))
                 direct = max(direct, *(rel_err(a, b) for a, b in zip(got, ref)))
-        print(f"  batch 1 bf16 vs fp32 truth: torch backend {err_torch:.2e}, triton {err_triton:.2e}; "
-              f"triton vs torch bf16 {direct:.2e}", flush=True)
-        check(f"e2e {name} bf16 batch-1 triton (one-row GEMV) error vs fp32 / torch backend's", err_triton / err_torch, 1.25)
+        print(
+            f"  batch 1 bf16 vs fp32 truth: torch backend {err_torch:.2e}, triton {err_triton:.2e}; "
+            f"triton vs torch bf16 {direct:.2e}",
+            flush=True,
+        )
+        check(
+            f"e2e {name} bf16 batch-1 triton (one-row GEMV) error vs fp32 / torch backend's",
+            err_triton / err_torch,
+            1.25,
+        )
         del graphs1
         del bf16, graphs, model
         torch.cuda.empty_cache()
@@ -345,8 +425,15 @@ def test_end_to_end() -> None:
 def main() -> int:
     torch.manual_seed(0)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    tests = (test_decode_attention, test_decode_attention_merged, test_decode_attention_merged_graph_replays,
-             test_decode_attention_fused_rotary, test_prefill_attention, test_elementwise, test_end_to_end)
+    tests = (
+        test_decode_attention,
+        test_decode_attention_merged,
+        test_decode_attention_merged_graph_replays,
+        test_decode_attention_fused_rotary,
+        test_prefill_attention,
+        test_elementwise,
+        test_end_to_end,
+    )
     for test in tests:
         try:
             test()

@@ -132,23 +132,27 @@ def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConf
     summed = torch.empty_like(res)
     gate_up = torch.randn(1, 2 * k, device=DEV, dtype=DTYPE)
     if prologue == "rmsnorm":
+
         def unfused(w):
             return F.linear(rmsnorm(x, nw, 1e-5, residual=res, residual_out=summed), w)
 
         def fused(w, cfg):
             return gemv(x, w, norm_weight=nw, eps=1e-5, residual=res, residual_out=summed, config=cfg)
     elif prologue == "silu_mul":
+
         def unfused(w):
             return F.linear(silu_mul(gate_up), w)
 
         def fused(w, cfg):
             return gemv(gate_up, w, silu_mul=True, config=cfg)
     else:
+
         def unfused(w):
             return F.linear(x, w)
 
         def fused(w, cfg):
             return gemv(x, w, config=cfg)
+
     floor_us = n * k * 2 / bandwidth * 1e6
     cublas = graph_us([lambda w=w: F.linear(x, w) for w in weights])
     baseline = graph_us([lambda w=w: unfused(w) for w in weights])
@@ -160,11 +164,22 @@ def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConf
             log(f"  {cfg} failed: {type(exc).__name__}")
     timed.sort(key=lambda t: t[0])
     best_us, best = timed[0]
-    row = dict(shape=name, n=n, k=k, prologue=prologue, floor_us=floor_us, cublas_us=cublas,
-               unfused_us=baseline, fused_us=best_us, best=best.__dict__,
-               top5=[dict(us=u, **c.__dict__) for u, c in timed[:5]])
-    log(f"{name:18s} {prologue:8s} floor {floor_us:6.1f} us | cuBLAS {cublas:6.1f} | unfused {baseline:6.1f} | "
-        f"fused {best_us:6.1f} ({100 * floor_us / best_us:5.1f}% of copy BW) {best}")
+    row = dict(
+        shape=name,
+        n=n,
+        k=k,
+        prologue=prologue,
+        floor_us=floor_us,
+        cublas_us=cublas,
+        unfused_us=baseline,
+        fused_us=best_us,
+        best=best.__dict__,
+        top5=[dict(us=u, **c.__dict__) for u, c in timed[:5]],
+    )
+    log(
+        f"{name:18s} {prologue:8s} floor {floor_us:6.1f} us | cuBLAS {cublas:6.1f} | unfused {baseline:6.1f} | "
+        f"fused {best_us:6.1f} ({100 * floor_us / best_us:5.1f}% of copy BW) {best}"
+    )
     for us, cfg in timed[1:5]:
         log(f"    {us:6.1f} {cfg}")
     del weights

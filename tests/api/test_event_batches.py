@@ -73,7 +73,9 @@ async def test_tokens_before_an_engine_error_are_sent_then_the_error(make_client
     events = [line for line in body.split("\n\n") if line]
     assert len(events) == 3
     assert events[0].startswith('data:{"index":1,') and events[1].startswith('data:{"index":2,')
-    assert events[2] == 'data:{"error":"Request failed during generation: CUDA out of memory","error_type":"generation"}'
+    assert (
+        events[2] == 'data:{"error":"Request failed during generation: CUDA out of memory","error_type":"generation"}'
+    )
 
 
 async def test_request_events_hand_over_everything_then_the_error():

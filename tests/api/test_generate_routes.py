@@ -192,6 +192,7 @@ async def test_leaving_a_stream_early_releases_the_engine_request(engine, tokeni
     import time
 
     from scripted_engine import make_state
+
     from tgi_compat.generation import Timings, stream_sequence
     from tgi_compat.routes_generate import validate_request
     from tgi_compat.schemas import GenerateParameters

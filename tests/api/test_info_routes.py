@@ -29,7 +29,10 @@ async def test_health_follows_the_engine(client, engine):
 async def test_models_and_metrics(client):
     models = (await client.get("/v1/models")).json()
     model_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert models == {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}]}
+    assert models == {
+        "object": "list",
+        "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}],
+    }
     metrics = await client.get("/metrics")
     assert metrics.headers["content-type"] == "text/plain; charset=utf-8"
 

@@ -63,9 +63,15 @@ def test_every_flag_is_accepted_and_documented():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--max-input-tokens", "10", "--max-total-tokens", "10"], "`max_input_tokens`(10) must be < `max_total_tokens`(10)"),
+        (
+            ["--max-input-tokens", "10", "--max-total-tokens", "10"],
+            "`max_input_tokens`(10) must be < `max_total_tokens`(10)",
+        ),
         (["--max-input-length", "5", "--max-input-tokens", "5"], "`max_input_tokens` and `max_input_length`"),
-        (["--max-total-tokens", "100", "--max-batch-total-tokens", "50"], "`max_total_tokens` must be <= `max_batch_total_tokens`. Given: 100 and 50"),
+        (
+            ["--max-total-tokens", "100", "--max-batch-total-tokens", "50"],
+            "`max_total_tokens` must be <= `max_batch_total_tokens`. Given: 100 and 50",
+        ),
         (["--validation-workers", "0"], "`validation_workers` must be > 0"),
     ],
 )
@@ -88,5 +94,9 @@ def test_bad_values_exit_with_usage_error():
 def test_engine_config_carries_engine_options():
     config = _config(["--max-batch-total-tokens", "4096", "--max-batch-size", "8", "--max-batch-prefill-tokens", "512"])
     engine = config.to_engine_config()
-    assert (engine.max_batch_total_tokens, engine.max_running_requests, engine.max_batch_prefill_tokens) == (4096, 8, 512)
+    assert (engine.max_batch_total_tokens, engine.max_running_requests, engine.max_batch_prefill_tokens) == (
+        4096,
+        8,
+        512,
+    )
     assert engine.model_id == config.model_id

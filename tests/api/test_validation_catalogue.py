@@ -26,7 +26,11 @@ ROWS = [
     ({}, "", "`inputs` cannot be empty"),
     ({"truncate": 0}, PROMPT, "`truncate` must be strictly positive and less than 63. Given: 0"),
     ({"truncate": 64}, PROMPT, "`truncate` must be strictly positive and less than 63. Given: 64"),
-    ({"max_new_tokens": 60}, PROMPT, "`inputs` tokens + `max_new_tokens` must be <= 64. Given: 7 `inputs` tokens and 60 `max_new_tokens`"),
+    (
+        {"max_new_tokens": 60},
+        PROMPT,
+        "`inputs` tokens + `max_new_tokens` must be <= 64. Given: 7 `inputs` tokens and 60 `max_new_tokens`",
+    ),
     ({}, "hello " * 63, "`inputs` must have less than 63 tokens. Given: 64"),
     ({"grammar": {"type": "regex", "value": "a+"}}, PROMPT, "grammar is not supported"),
     # order: temperature is checked before top_p, top_p before top_k

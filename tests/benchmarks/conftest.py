@@ -43,9 +43,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     tokenizer_dir = tmp_path_factory.mktemp("smollm2-tokenizer")
     tokenizer.save_pretrained(tokenizer_dir)
     model_dir = tmp_path_factory.mktemp("tiny-llama")
-    write_random_llama(model_dir, "llama3-tiny", "cpu", "float32", tokenizer_dir,
-                       overrides=dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                                      eos_token_id=tokenizer.eos_token_id))
+    write_random_llama(
+        model_dir,
+        "llama3-tiny",
+        "cpu",
+        "float32",
+        tokenizer_dir,
+        overrides=dict(
+            vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id
+        ),
+    )
     return model_dir
 
 

@@ -9,11 +9,17 @@ from benchmarks.metrics import RequestRecord, distribution, summarize, throughpu
 from benchmarks.runner import arrival_offsets
 
 
-def make_record(send: float, chunks: list[float], tokens: int | None = None, max_new: int = 10,
-                prompt_len: int = 5) -> RequestRecord:
-    return RequestRecord(prompt_len=prompt_len, max_new_tokens=max_new, send_time=send,
-                         chunk_times=chunks, end_time=chunks[-1],
-                         output_tokens=len(chunks) if tokens is None else tokens)
+def make_record(
+    send: float, chunks: list[float], tokens: int | None = None, max_new: int = 10, prompt_len: int = 5
+) -> RequestRecord:
+    return RequestRecord(
+        prompt_len=prompt_len,
+        max_new_tokens=max_new,
+        send_time=send,
+        chunk_times=chunks,
+        end_time=chunks[-1],
+        output_tokens=len(chunks) if tokens is None else tokens,
+    )
 
 
 def test_ttft_e2e_tpot_of_one_request():

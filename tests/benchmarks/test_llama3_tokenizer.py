@@ -3,8 +3,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from benchmarks.llama3_tokenizer import (quicktok_data_dir, read_ranks, reference_encode,
-                                         write_llama3_tokenizer)
+from benchmarks.llama3_tokenizer import quicktok_data_dir, read_ranks, reference_encode, write_llama3_tokenizer
 from benchmarks.workload import read_sharegpt_pairs
 
 

@@ -59,10 +59,24 @@ def check_report_files(out_dir, images: list[str]) -> None:
 
 def test_serve_sharegpt_two_rates_tgi_stream(server_url, tmp_path):
     out = tmp_path / "serve"
-    code = serve.main(["--base-url", server_url, "--dataset", "sharegpt", "--num-prompts",
-                       str(NUM_PROMPTS), "--max-output-len", str(MAX_OUTPUT),
-                       "--request-rate", "20,inf", "--out-dir", str(out), "--no-progress",
-                       "--no-warmup"])
+    code = serve.main(
+        [
+            "--base-url",
+            server_url,
+            "--dataset",
+            "sharegpt",
+            "--num-prompts",
+            str(NUM_PROMPTS),
+            "--max-output-len",
+            str(MAX_OUTPUT),
+            "--request-rate",
+            "20,inf",
+            "--out-dir",
+            str(out),
+            "--no-progress",
+            "--no-warmup",
+        ]
+    )
     assert code == 0
     result = _read(out)
     assert result["config"]["endpoint"] == "/generate_stream"
@@ -76,10 +90,28 @@ def test_serve_sharegpt_two_rates_tgi_stream(server_url, tmp_path):
 
 def test_serve_openai_completions_with_concurrency_cap(server_url, tmp_path):
     out = tmp_path / "openai"
-    code = serve.main(["--base-url", server_url, "--backend", "openai", "--dataset", "fixed",
-                       "--input-len", "12", "--output-len", str(MAX_OUTPUT), "--num-prompts", "3",
-                       "--max-concurrency", "2", "--out-dir", str(out), "--no-progress",
-                       "--no-warmup"])
+    code = serve.main(
+        [
+            "--base-url",
+            server_url,
+            "--backend",
+            "openai",
+            "--dataset",
+            "fixed",
+            "--input-len",
+            "12",
+            "--output-len",
+            str(MAX_OUTPUT),
+            "--num-prompts",
+            "3",
+            "--max-concurrency",
+            "2",
+            "--out-dir",
+            str(out),
+            "--no-progress",
+            "--no-warmup",
+        ]
+    )
     assert code == 0
     result = _read(out)
     assert result["config"]["endpoint"] == "/v1/completions"
@@ -91,23 +123,40 @@ def test_serve_openai_completions_with_concurrency_cap(server_url, tmp_path):
     check_report_files(out, ["latency_cdf.png", "throughput_over_time.png"])
 
 
-def test_offline_server_vs_transformers_static_batching(tiny_server_cmd, tiny_model_dir,
-                                                       tmp_path):
+def test_offline_server_vs_transformers_static_batching(tiny_server_cmd, tiny_model_dir, tmp_path):
     """One offline run: start the server, all requests at once, stop it, then transformers."""
     out = tmp_path / "offline"
     command, url = tiny_server_cmd
-    code = offline.main(["--server-cmd", command, "--base-url", url, "--dataset", "sharegpt-lengths", "--num-prompts", "3",
-                         "--max-output-len", "4", "--hf-model", str(tiny_model_dir),
-                         "--hf-batch-size", "2", "--hf-dtype", "float32", "--out-dir", str(out),
-                         "--no-progress"])
+    code = offline.main(
+        [
+            "--server-cmd",
+            command,
+            "--base-url",
+            url,
+            "--dataset",
+            "sharegpt-lengths",
+            "--num-prompts",
+            "3",
+            "--max-output-len",
+            "4",
+            "--hf-model",
+            str(tiny_model_dir),
+            "--hf-batch-size",
+            "2",
+            "--hf-dtype",
+            "float32",
+            "--out-dir",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     result = _read(out)
     (run,) = result["runs"]
     assert run["request_rate"] == "inf"
     check_run_consistency(run, "tgi", max_output=4)
     comparison = result["comparison"]
-    assert comparison["server_output_tok_per_s"] == pytest.approx(
-        run["summary"]["output_throughput"])
+    assert comparison["server_output_tok_per_s"] == pytest.approx(run["summary"]["output_throughput"])
     hf = comparison["hf_static"]
     assert hf["num_requests"] == 3 and hf["batch_size"] == 2
     # Each request asked for its capped reference length; static batching pads to the batch maximum.
@@ -115,6 +164,7 @@ def test_offline_server_vs_transformers_static_batching(tiny_server_cmd, tiny_mo
     assert hf["generated_slots"] >= hf["useful_output_tokens"]
     assert hf["output_throughput"] == pytest.approx(hf["useful_output_tokens"] / hf["duration_s"])
     assert comparison["server_over_hf_output_throughput"] == pytest.approx(
-        comparison["server_output_tok_per_s"] / comparison["hf_static_output_tok_per_s"])
+        comparison["server_output_tok_per_s"] / comparison["hf_static_output_tok_per_s"]
+    )
     assert "Offline comparison" in (out / "index.html").read_text()
     assert (out / "server.log").read_text()  # the server really ran

@@ -4,8 +4,14 @@ import numpy as np
 import pytest
 
 from benchmarks.tokenizer import default_model_id, load_tokenizer
-from benchmarks.workload import (build_workload, is_valid_pair, read_length_list, sample_sharegpt,
-                                 sharegpt_like_lengths, synthesize)
+from benchmarks.workload import (
+    build_workload,
+    is_valid_pair,
+    read_length_list,
+    sample_sharegpt,
+    sharegpt_like_lengths,
+    synthesize,
+)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,15 @@ from modeling.runner import ModelRunner, RunnerConfig
 
 MAX_LEN = 48
 TINY_LLAMA = dict(
-    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=96,
-    num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=16, vocab_size=97,
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=97,
     max_position_embeddings=128,
 )
 
@@ -30,8 +37,15 @@ def tiny_weights():
 
 def make_runner(weights, backend: str) -> ModelRunner:
     hf_config, state_dict = weights
-    cfg = RunnerConfig(device="cpu", dtype="float32", attention_backend=backend, num_kv_slots=4 * MAX_LEN,
-                       max_rows=4, max_seq_len=MAX_LEN, show_progress=False)
+    cfg = RunnerConfig(
+        device="cpu",
+        dtype="float32",
+        attention_backend=backend,
+        num_kv_slots=4 * MAX_LEN,
+        max_rows=4,
+        max_seq_len=MAX_LEN,
+        show_progress=False,
+    )
     return ModelRunner.from_hf_state_dict(hf_config, state_dict, cfg)
 
 
@@ -47,8 +61,11 @@ def run_steps(runner: ModelRunner) -> list[torch.Tensor]:
     ]
     logits = []
     for step in steps:
-        slots = [row * MAX_LEN + pos for row, q, kv in zip(step["req_rows"], step["q_lens"], step["kv_lens"])
-                 for pos in range(kv - q, kv)]
+        slots = [
+            row * MAX_LEN + pos
+            for row, q, kv in zip(step["req_rows"], step["q_lens"], step["kv_lens"])
+            for pos in range(kv - q, kv)
+        ]
         last = torch.tensor(step["q_lens"]).cumsum(0) - 1
         batch = build_forward_batch(out_slots=slots, logits_indices=last.tolist(), **step)
         logits.append(runner.forward(batch))
@@ -123,8 +140,12 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
     kv_lens = [33, 20][:num_requests]
     rows = [2, 0][:num_requests]
     batch = build_forward_batch(
-        input_ids=[5] * num_requests, req_rows=rows, q_lens=[1] * num_requests, kv_lens=kv_lens,
-        out_slots=[row * max_len + kv - 1 for row, kv in zip(rows, kv_lens)], logits_indices=list(range(num_requests)),
+        input_ids=[5] * num_requests,
+        req_rows=rows,
+        q_lens=[1] * num_requests,
+        kv_lens=kv_lens,
+        out_slots=[row * max_len + kv - 1 for row, kv in zip(rows, kv_lens)],
+        logits_indices=list(range(num_requests)),
     )
     req_to_token = torch.arange(4 * max_len, dtype=torch.int32).view(4, max_len)
     angles = torch.rand(max_len, head_dim // 2, generator=gen) * 6.3
@@ -133,8 +154,9 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
     caches = torch.randn(2, 4 * max_len, kv_heads, head_dim, generator=gen)
     results = []
     for fused in (True, False):
-        backend = TritonAttentionBackend(heads, kv_heads, head_dim, max_rows=4, max_seq_len=max_len,
-                                         device=torch.device("cpu"), dtype=torch.float32)
+        backend = TritonAttentionBackend(
+            heads, kv_heads, head_dim, max_rows=4, max_seq_len=max_len, device=torch.device("cpu"), dtype=torch.float32
+        )
         backend.fused_rotary_batches = range(1, 5) if fused else range(0)
         backend.merged_split_batches = range(1, 5)
         backend.init_forward_metadata(batch, req_to_token)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 
 
-
-
 @pytest.fixture(scope="session")
 def smollm2_vocabulary(smollm2_tokenizer):
     from tgi_compat.lightllm_features import healing_table
@@ -30,4 +28,13 @@ def smollm2_engine_llm(smollm2_gguf):
     from router.config import EngineConfig
     from router.offline import LLM
 
-    return LLM(EngineConfig(model_id=smollm2_gguf, dtype="float32", device="cpu", max_batch_total_tokens=2048, max_running_requests=8, max_batch_prefill_tokens=8))
+    return LLM(
+        EngineConfig(
+            model_id=smollm2_gguf,
+            dtype="float32",
+            device="cpu",
+            max_batch_total_tokens=2048,
+            max_running_requests=8,
+            max_batch_prefill_tokens=8,
+        )
+    )

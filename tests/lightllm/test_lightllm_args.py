@@ -83,7 +83,9 @@ def test_known_but_unbuilt_modes_are_accepted_and_named():
 
 
 def test_unbuilt_flags_are_named_only_when_given():
-    unbuilt = unbuilt_of("--use_dynamic_prompt_cache", "--beam_mode", "--tokenizer_mode", "slow", "--metric_gateway", "h:9091")
+    unbuilt = unbuilt_of(
+        "--use_dynamic_prompt_cache", "--beam_mode", "--tokenizer_mode", "slow", "--metric_gateway", "h:9091"
+    )
     assert any("--use_dynamic_prompt_cache" in u for u in unbuilt)
     assert any("--beam_mode" in u for u in unbuilt)
     assert any("--tokenizer_mode slow" in u for u in unbuilt)
@@ -121,7 +123,9 @@ def test_a_lightllm_flag_and_its_tgi_equivalent_conflict(argv, environ, message)
 
 
 def test_equal_values_given_both_ways_are_not_a_conflict():
-    config = config_of("--max_total_token_num", "8000", "--data_type", "fp16", MAX_BATCH_TOTAL_TOKENS="8000", DTYPE="float16")
+    config = config_of(
+        "--max_total_token_num", "8000", "--data_type", "fp16", MAX_BATCH_TOTAL_TOKENS="8000", DTYPE="float16"
+    )
     assert config.max_batch_total_tokens == 8000 and config.dtype == "float16"
 
 
@@ -138,7 +142,9 @@ def test_tgi_only_flags_pass_through():
 
 
 def test_checks_name_the_tgi_option_that_was_given():
-    with pytest.raises(LightLLMArgsError, match="--max-input-tokens / MAX_INPUT_TOKENS \\(100\\) must be < --max-total-tokens"):
+    with pytest.raises(
+        LightLLMArgsError, match="--max-input-tokens / MAX_INPUT_TOKENS \\(100\\) must be < --max-total-tokens"
+    ):
         config_of("--max-input-tokens", "100", "--max-total-tokens", "50")
 
 
@@ -169,7 +175,11 @@ def test_lightllm_only_options_reach_the_config_and_the_engine():
         "--return_all_prompt_logprobs", "--router_token_ratio", "0.5", "--router_max_new_token_len", "256",
     )  # fmt: skip
     assert config.eos_token_ids == [2, 7]
-    assert (config.long_truncation_mode, config.token_healing, config.return_all_prompt_logprobs) == ("center", True, True)
+    assert (config.long_truncation_mode, config.token_healing, config.return_all_prompt_logprobs) == (
+        "center",
+        True,
+        True,
+    )
     engine = config.to_engine_config()
     assert (engine.eos_token_ids, engine.router_token_ratio, engine.router_max_new_token_len) == ([2, 7], 0.5, 256)
     assert config_of("--long_truncation_mode", "None").long_truncation_mode is None
@@ -189,7 +199,11 @@ def test_the_tgi_launcher_accepts_the_lightllm_options(monkeypatch):
     argv = ["--long-truncation-mode", "head", "--token-healing", "--return-all-prompt-logprobs",
             "--eos-token-ids", "2,9", "--router-token-ratio", "0.3", "--router-max-new-token-len", "128"]  # fmt: skip
     config = launcher.config_from_args(launcher.parse_args(argv))
-    assert (config.long_truncation_mode, config.token_healing, config.return_all_prompt_logprobs) == ("head", True, True)
+    assert (config.long_truncation_mode, config.token_healing, config.return_all_prompt_logprobs) == (
+        "head",
+        True,
+        True,
+    )
     assert (config.eos_token_ids, config.router_token_ratio, config.router_max_new_token_len) == ([2, 9], 0.3, 128)
     defaults = launcher.config_from_args(launcher.parse_args([]))
     assert (defaults.long_truncation_mode, defaults.token_healing, defaults.eos_token_ids) == (None, False, [])
@@ -210,7 +224,11 @@ def test_push_gateway_and_stats_flags_fill_the_ops_fields():
         "--metric_gateway", "gw:9091", "--job_name", "svc", "--grouping_key", "a=b", "--grouping_key", "c=d",
         "--push_interval", "5", "--enable_monitor_auth", "--log_stats_interval", "3",
     )  # fmt: skip
-    assert (config.metric_gateway, config.metric_job_name, config.metric_grouping_key) == ("gw:9091", "svc", ["a=b", "c=d"])
+    assert (config.metric_gateway, config.metric_job_name, config.metric_grouping_key) == (
+        "gw:9091",
+        "svc",
+        ["a=b", "c=d"],
+    )
     assert (config.metric_push_interval, config.enable_monitor_auth, config.log_stats_interval) == (5, True, 3)
     defaults = config_of()
     assert (defaults.metric_gateway, defaults.log_stats_interval, defaults.disable_log_stats) == (None, 10, False)

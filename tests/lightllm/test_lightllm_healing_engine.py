@@ -42,7 +42,9 @@ def test_generation_re_covers_the_removed_text(smollm2_engine_llm, smollm2_token
         assert remaining_prefix(smollm2_vocabulary, split.prefix_bytes, tokens[request.request_id]) == b""
 
 
-def test_unhealed_requests_in_the_same_batch_are_unconstrained(smollm2_engine_llm, smollm2_tokenizer, smollm2_vocabulary):
+def test_unhealed_requests_in_the_same_batch_are_unconstrained(
+    smollm2_engine_llm, smollm2_tokenizer, smollm2_vocabulary
+):
     prompt = smollm2_tokenizer("The capital of Fra")["input_ids"]
     split = split_prompt(prompt, smollm2_vocabulary)
     alone = smollm2_engine_llm.generate([split.prompt_ids], max_new_tokens=4)[0].token_ids
@@ -61,7 +63,9 @@ def test_mask_comes_before_top_k(smollm2_vocabulary):
     """top_k=1 after the mask picks the best *allowed* token, never a masked one."""
     vocab = smollm2_vocabulary.size
     healer = TokenHealer.for_table(smollm2_vocabulary)
-    request = Request(GenerateRequest("r", [504], SamplingParams(top_k=1, seed=1), healing_prefix=" (a"), arrival=0, seed=1)
+    request = Request(
+        GenerateRequest("r", [504], SamplingParams(top_k=1, seed=1), healing_prefix=" (a"), arrival=0, seed=1
+    )
     logits = torch.zeros(1, vocab)
     logits[0, 42] = 100.0  # ":" would win unconstrained
     allowed = smollm2_vocabulary.allowed_ids(b" (a")

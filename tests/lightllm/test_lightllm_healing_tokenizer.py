@@ -51,7 +51,9 @@ def test_every_allowed_token_is_consistent_with_the_removed_text(smollm2_tokeniz
         assert piece.startswith(prefix) or (prefix.startswith(piece) and piece)
     # and nothing consistent is missing
     expected = {
-        i for i, piece in enumerate(smollm2_vocabulary.token_bytes) if piece and (piece.startswith(prefix) or prefix.startswith(piece))
+        i
+        for i, piece in enumerate(smollm2_vocabulary.token_bytes)
+        if piece and (piece.startswith(prefix) or prefix.startswith(piece))
     }
     assert set(allowed) == expected
 

@@ -17,7 +17,7 @@ from router.token_healing import (
 )
 
 # id:      0        1     2      3     4       5        6       7        8       9      10
-PIECES = ["<eos>", "Ġ", "Ġh", "Ġhe", "Ġhel", "Ġhello", "Ġhelp", "lo", "Ġworld", "Ġ(", "Ġ(\""]
+PIECES = ["<eos>", "Ġ", "Ġh", "Ġhe", "Ġhel", "Ġhello", "Ġhelp", "lo", "Ġworld", "Ġ(", 'Ġ("']
 PIECES += ["x", "Ġis", "Ġi", "https", ":", "://", ":/", "ĠÃ", "Ċ"]  # 11..20 (Ã = byte 0xC3, Ċ = \n)
 TABLE = VocabularyTable.from_pieces(PIECES, byte_level=True, special_ids=[0])
 
@@ -81,7 +81,12 @@ def _request(prefix: str | None, output: list[int]) -> Request:
 
 def test_healer_masks_only_rows_still_healing():
     healer = TokenHealer.for_table(TABLE)
-    requests = [_request(" hel", []), _request(None, []), _request(" hel", ids_of("Ġhelp")), _request(" hel", ids_of("Ġh"))]
+    requests = [
+        _request(" hel", []),
+        _request(None, []),
+        _request(" hel", ids_of("Ġhelp")),
+        _request(" hel", ids_of("Ġh")),
+    ]
     blocked = healer.blocked_rows(requests, vocab_width=24, device=torch.device("cpu"))
     assert blocked.shape == (4, 24)
     assert sorted((~blocked[0]).nonzero().flatten().tolist()) == ids_of("Ġ", "Ġh", "Ġhe", "Ġhel", "Ġhello", "Ġhelp")

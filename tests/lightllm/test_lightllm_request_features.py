@@ -41,7 +41,9 @@ async def test_without_max_new_tokens_only_max_input_tokens_binds(smollm2_tokeni
 async def test_healing_and_prompt_logprobs_fill_the_engine_request(smollm2_tokenizer):
     state = make_state(smollm2_tokenizer, token_healing=True)
     ids = smollm2_tokenizer("The capital of Fra")["input_ids"]
-    kept, features = await prepare_features(state, params(max_new_tokens=5, return_all_prompt_logprobs=True, top_n_tokens=2), ids)
+    kept, features = await prepare_features(
+        state, params(max_new_tokens=5, return_all_prompt_logprobs=True, top_n_tokens=2), ids
+    )
     assert kept == ids  # the validated prompt stays whole; only the engine request is healed
     request = EngineRequest("r", list(kept), max_new_tokens=5)
     features.apply_to(request)

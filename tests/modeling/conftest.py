@@ -10,6 +10,4 @@ from modeling.runner import ModelRunner, RunnerConfig
 
 @pytest.fixture(scope="session")
 def smollm2_runner() -> ModelRunner:
-    return ModelRunner(
-        RunnerConfig(device="cpu", dtype="float32", num_kv_slots=8192, max_rows=8, show_progress=False)
-    )
+    return ModelRunner(RunnerConfig(device="cpu", dtype="float32", num_kv_slots=8192, max_rows=8, show_progress=False))

@@ -22,8 +22,15 @@ PROMPT_LEN = 32
 
 
 SMOLLM2_SHAPE = dict(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-    num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
     tie_word_embeddings=True,
 )
 
@@ -74,7 +81,9 @@ def load_hf_reference():
 
 def report(name: str, times: list[float]) -> None:
     ms = sorted(t * 1e3 for t in times[5:])  # skip warm-up
-    print(f"{name}: median {statistics.median(ms):.2f} ms, p10 {ms[len(ms) // 10]:.2f} ms, threads {torch.get_num_threads()}")
+    print(
+        f"{name}: median {statistics.median(ms):.2f} ms, p10 {ms[len(ms) // 10]:.2f} ms, threads {torch.get_num_threads()}"
+    )
 
 
 if __name__ == "__main__":

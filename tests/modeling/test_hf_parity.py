@@ -24,7 +24,10 @@ CASES = {
     "llama": (LlamaConfig, {}),
     "llama-mha-tied": (LlamaConfig, {"num_key_value_heads": 4, "tie_word_embeddings": True}),
     "llama3-rope": (LlamaConfig, {"rope_parameters": {**LLAMA3_ROPE, "rope_theta": 500000.0}}),
-    "llama-linear-rope": (LlamaConfig, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+    "llama-linear-rope": (
+        LlamaConfig,
+        {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+    ),
     "llama-attention-mlp-bias": (LlamaConfig, {"attention_bias": True, "mlp_bias": True}),
     "mistral": (MistralConfig, {"sliding_window": None}),
     "qwen2": (Qwen2Config, {}),

@@ -67,7 +67,12 @@ def test_gguf_fields():
 
 
 def test_registry_resolves_every_supported_architecture():
-    assert set(supported_architectures()) >= {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+    assert set(supported_architectures()) >= {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+    }
     for arch in supported_architectures():
         assert resolve_model_class(arch).__name__ == "LlamaForCausalLM"
 

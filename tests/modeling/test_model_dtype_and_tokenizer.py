@@ -18,7 +18,9 @@ def test_bfloat16_runs_on_cpu_and_stays_close(tmp_path):
     model = tiny_hf_model(LlamaConfig)
     model.save_pretrained(tmp_path)
     runner = ModelRunner(
-        RunnerConfig(model_id=str(tmp_path), device="cpu", dtype="bfloat16", num_kv_slots=512, max_rows=2, show_progress=False)
+        RunnerConfig(
+            model_id=str(tmp_path), device="cpu", dtype="bfloat16", num_kv_slots=512, max_rows=2, show_progress=False
+        )
     )
     assert runner.dtype == torch.bfloat16 and runner.kv_caches[0][0].dtype == torch.bfloat16
     ids = list(range(3, 40))
@@ -54,9 +56,15 @@ def test_converted_gguf_tokenizer_is_cached(smollm2_tokenizer):
 
 def test_folder_tokenizer_takes_eos_list_from_generation_config(smollm2_tokenizer, tmp_path):
     smollm2_tokenizer.save_pretrained(tmp_path)
-    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 64,
-              "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
-              "max_position_embeddings": 2048}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 49152,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 2048,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     info = load_tokenizer_info(str(tmp_path))

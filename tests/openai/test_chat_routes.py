@@ -97,7 +97,9 @@ async def test_stream_without_usage_and_with_logprobs(client):
     body = {"messages": MESSAGES, "temperature": 0, "stream": True, "logprobs": True}
     chunks = [json.loads(p) for p in sse_payloads((await client.post("/v1/chat/completions", json=body)).text)[:-1]]
     assert len(chunks) == 6 and all(c["usage"] is None for c in chunks)
-    assert chunks[0]["choices"][0]["logprobs"] == {"content": [{"token": " Paris", "logprob": -0.51, "top_logprobs": []}]}
+    assert chunks[0]["choices"][0]["logprobs"] == {
+        "content": [{"token": " Paris", "logprob": -0.51, "top_logprobs": []}]
+    }
 
 
 async def test_stream_validation_error_is_an_event_then_done(client):
@@ -113,13 +115,19 @@ async def test_stream_validation_error_is_an_event_then_done(client):
 async def test_non_stream_validation_error(client):
     response = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "top_logprobs": 6})
     assert response.status_code == 422
-    assert response.json() == {"error": "Input validation error: `top_n_tokens` must be >= 0 and <= 5. Given: 6", "error_type": "validation"}
+    assert response.json() == {
+        "error": "Input validation error: `top_n_tokens` must be >= 0 and <= 5. Given: 6",
+        "error_type": "validation",
+    }
 
 
 async def test_body_errors_are_axum_text(client):
     response = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "logit_bias": {"42": 1.0}})
     assert (response.status_code, response.headers["content-type"]) == (422, "text/plain; charset=utf-8")
-    assert response.text == "Failed to deserialize the JSON body into the target type: logit_bias: invalid type: map, expected a sequence"
+    assert (
+        response.text
+        == "Failed to deserialize the JSON body into the target type: logit_bias: invalid type: map, expected a sequence"
+    )
     response = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "stream_options": None})
     assert response.status_code == 422 and response.text.startswith("Failed to deserialize the JSON body")
     response = await client.post("/v1/chat/completions", json={"model": "tgi"})
@@ -141,7 +149,9 @@ async def test_response_format_and_tools_are_refused(client, engine):
         response = await client.post("/v1/chat/completions", json={"messages": MESSAGES, **extra})
         assert (response.status_code, response.json()) == (422, expected), extra
     assert engine.requests == []  # nothing generated as if tools or grammars worked
-    response = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": [tool], "tool_choice": "none", "temperature": 0})
+    response = await client.post(
+        "/v1/chat/completions", json={"messages": MESSAGES, "tools": [tool], "tool_choice": "none", "temperature": 0}
+    )
     assert response.json()["choices"][0]["message"]["content"] == ANSWER  # TGI: tools ignored entirely
 
 
@@ -150,13 +160,16 @@ async def test_template_errors(engine, make_client):
     async with make_client(engine, chat_template=raising) as http:
         response = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True})
         assert response.status_code == 422  # before the stream starts: plain HTTP error
-        assert response.json() == {"error": "Template error: syntax error: Only user roles (in <string>:1)", "error_type": "template_error"}
+        assert response.json() == {
+            "error": "Template error: syntax error: Only user roles (in <string>:1)",
+            "error_type": "template_error",
+        }
 
 
 async def test_no_template_is_template_not_found(engine, tokenizer, monkeypatch):
     import httpx
-
     from scripted_engine import make_state
+
     from tgi_compat.app import create_app
 
     monkeypatch.setattr(tokenizer.tokenizer, "chat_template", None)
@@ -164,7 +177,10 @@ async def test_no_template_is_template_not_found(engine, tokenizer, monkeypatch)
     app = create_app(make_state(engine, tokenizer))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         response = await http.post("/v1/chat/completions", json={"messages": MESSAGES})
-    assert (response.status_code, response.json()) == (422, {"error": "Template error: template not found", "error_type": "template_error"})
+    assert (response.status_code, response.json()) == (
+        422,
+        {"error": "Template error: template not found", "error_type": "template_error"},
+    )
 
 
 async def test_continue_final_assistant_message(client, engine, smollm2_tokenizer):
@@ -178,7 +194,9 @@ async def test_chat_tokenize(client, smollm2_tokenizer):
     response = await client.post("/chat_tokenize", json={"messages": MESSAGES})
     assert response.status_code == 200
     body = response.json()
-    assert body["templated_text"] == smollm2_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert body["templated_text"] == smollm2_tokenizer.apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    )
     ids = smollm2_tokenizer(body["templated_text"], add_special_tokens=False)["input_ids"]
     assert [t["id"] for t in body["tokenize_response"]] == ids
     assert body["tokenize_response"][0] == {"id": 1, "text": "<|im_start|>", "start": 0, "stop": 12}
@@ -188,7 +206,9 @@ async def test_api_key_protects_chat_but_not_chat_tokenize(engine, make_client):
     async with make_client(engine, api_key="secret") as http:
         denied = await http.post("/v1/chat/completions", json={"messages": MESSAGES})
         assert (denied.status_code, denied.content) == (401, b"")
-        allowed = await http.post("/v1/chat/completions", json={"messages": MESSAGES}, headers={"Authorization": "Bearer secret"})
+        allowed = await http.post(
+            "/v1/chat/completions", json={"messages": MESSAGES}, headers={"Authorization": "Bearer secret"}
+        )
         assert allowed.status_code == 200
         assert (await http.post("/chat_tokenize", json={"messages": MESSAGES})).status_code == 200
 
@@ -215,5 +235,7 @@ def test_served_model_name_and_chat_template_from_config(smollm2_tokenizer):
     assert served_model_name(state) == "org/model"
     state.config.served_model_name = "public-name"
     assert served_model_name(state) == "public-name"
-    config = SimpleNamespace(model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision=None, chat_template="X{{ eos_token }}")
+    config = SimpleNamespace(
+        model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision=None, chat_template="X{{ eos_token }}"
+    )
     assert load_chat_template(config, smollm2_tokenizer).render([]) == "X<|im_end|>"

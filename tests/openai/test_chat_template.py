@@ -59,12 +59,16 @@ def test_content_is_flattened_like_tgi():
     flat = _messages(raw)
     assert flat[0] == {"role": "user", "content": "Describe ![](https://x/cat.png) please"}
     calls = json.loads(flat[1]["content"])
-    assert calls == [{"id": "0", "type": "function", "function": {"description": None, "name": "f", "arguments": '{"a":1}'}}]
+    assert calls == [
+        {"id": "0", "type": "function", "function": {"description": None, "name": "f", "arguments": '{"a":1}'}}
+    ]
 
 
 def test_sandbox_globals_and_tojson():
     template = ChatTemplate.create(
-        "{{ bos_token }}{% for m in messages %}{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}", "<s>", "</s>"
+        "{{ bos_token }}{% for m in messages %}{{ m | tojson }}{% endfor %}{{ strftime_now('%Y') | length }}",
+        "<s>",
+        "</s>",
     )
     rendered = template.render([{"role": "user", "content": "<b>&"}])
     assert rendered == '<s>{"role": "user", "content": "<b>&"}4'  # no HTML escaping, transformers' tojson
@@ -76,7 +80,9 @@ def test_trim_and_lstrip_blocks_like_transformers():
 
 
 def test_raise_exception_is_a_template_error():
-    template = ChatTemplate.create("\n{% if messages[0].role != 'system' %}{{ raise_exception('System first') }}{% endif %}", None, None)
+    template = ChatTemplate.create(
+        "\n{% if messages[0].role != 'system' %}{{ raise_exception('System first') }}{% endif %}", None, None
+    )
     with pytest.raises(TgiError) as caught:
         template.render([{"role": "user", "content": "hi"}])
     error = caught.value
@@ -92,7 +98,10 @@ def test_tgi_source_rewrites():
     )
     template = ChatTemplate.create(source, None, None)
     assert "|reverse" in template.source and "generation" not in template.source
-    assert template.render([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "x"}]) == "hello|assistant|user"
+    assert (
+        template.render([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "x"}])
+        == "hello|assistant|user"
+    )
 
 
 def test_template_sources_override_and_named_list(tmp_path, smollm2_tokenizer):
@@ -100,7 +109,9 @@ def test_template_sources_override_and_named_list(tmp_path, smollm2_tokenizer):
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     named = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ eos_token }}"}]
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": named, "eos_token": {"content": "</e>"}}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": named, "eos_token": {"content": "</e>"}})
+    )
     config = ServerConfig(model_id=str(folder))
     assert load_chat_template(config, smollm2_tokenizer).render([]) == "D</e>"
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": "J"}))

@@ -15,7 +15,9 @@ def sse_payloads(text: str) -> list[str]:
 
 
 async def test_single_and_list_prompts(client, engine):
-    response = await client.post("/v1/completions", json={"prompt": "The capital of France is", "temperature": 0, "model": "whatever"})
+    response = await client.post(
+        "/v1/completions", json={"prompt": "The capital of France is", "temperature": 0, "model": "whatever"}
+    )
     assert response.status_code == 200
     body = response.json()
     body.pop("created")
@@ -77,7 +79,9 @@ async def test_logprobs_without_echo_lists_alternatives(client):
 
 
 async def test_n_and_best_of(client, engine):
-    response = await client.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "temperature": 0.7, "max_tokens": 2})
+    response = await client.post(
+        "/v1/completions", json={"prompt": ["a", "b"], "n": 2, "temperature": 0.7, "max_tokens": 2}
+    )
     assert [c["index"] for c in response.json()["choices"]] == [0, 1, 2, 3]
     seeds = {r.sampling.seed for r in engine.requests}
     assert len(engine.requests) == 4 and len(seeds) == 4  # independent samples
@@ -94,7 +98,10 @@ async def test_n_and_best_of(client, engine):
     ]
     for extra, message in errors:
         response = await client.post("/v1/completions", json={"prompt": "a", **extra})
-        assert (response.status_code, response.json()) == (422, {"error": f"Input validation error: {message}", "error_type": "validation"})
+        assert (response.status_code, response.json()) == (
+            422,
+            {"error": f"Input validation error: {message}", "error_type": "validation"},
+        )
 
 
 async def test_stream_events_exactly(client):
@@ -110,7 +117,12 @@ async def test_stream_events_exactly(client):
         *chunks, final = mine
         for chunk in chunks:
             assert list(chunk) == ["object", "id", "created", "choices", "model", "system_fingerprint"]  # no usage key
-            assert chunk["choices"][0] == {"index": index, "text": chunk["choices"][0]["text"], "logprobs": None, "finish_reason": ""}
+            assert chunk["choices"][0] == {
+                "index": index,
+                "text": chunk["choices"][0]["text"],
+                "logprobs": None,
+                "finish_reason": "",
+            }
         assert list(final) == ["object", "id", "created", "model", "system_fingerprint", "choices", "usage"]
         assert final["choices"][0]["finish_reason"] == "length" and final["choices"][0]["sentence_length"] == 3
         assert final["usage"]["completion_tokens"] == 3
@@ -136,7 +148,9 @@ async def test_stream_validation_error_event(client):
 async def test_api_key_and_response_model_is_the_served_id(engine, make_client):
     async with make_client(engine, api_key="k") as http:
         assert (await http.post("/v1/completions", json={"prompt": "a"})).status_code == 401
-        ok = await http.post("/v1/completions", json={"prompt": "a", "temperature": 0}, headers={"authorization": "Bearer k"})
+        ok = await http.post(
+            "/v1/completions", json={"prompt": "a", "temperature": 0}, headers={"authorization": "Bearer k"}
+        )
         assert ok.json()["model"] == MODEL
 
 
@@ -149,7 +163,9 @@ async def test_one_failing_prompt_fails_the_request_and_frees_the_others(tokeniz
         body = {"prompt": ["short", "word " * 20], "temperature": 0, "max_tokens": 250}
         response = await http.post("/v1/completions", json=body)
     assert response.status_code == 422
-    assert response.json()["error"].startswith("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 256.")
+    assert response.json()["error"].startswith(
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 256."
+    )
     assert set(engine.closed) == {r.request_id for r in engine.requests}  # nothing left running
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from ops_fakes import FakeCollector
 
 

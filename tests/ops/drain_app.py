@@ -32,7 +32,9 @@ async def stream():
 
 async def main() -> int:
     graceful = GracefulShutdown(grace)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **graceful.uvicorn_options()))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **graceful.uvicorn_options())
+    )
 
     async def announce():
         while not server.started:

@@ -24,7 +24,9 @@ def start(grace: float, stream_seconds: float):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, APP, str(port), str(grace), str(stream_seconds)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert proc.stdout.readline().strip() == "listening"
     return proc, f"http://127.0.0.1:{port}"

@@ -4,8 +4,8 @@ import json
 import os
 import re
 
-from tgi_compat.metrics import ServerMetrics
 from router.stats import EngineStats, StepStats
+from tgi_compat.metrics import ServerMetrics
 
 DASHBOARD = os.path.join(os.path.dirname(__file__), "..", "..", "grafana", "tgi-compat-dashboard.json")
 
@@ -16,8 +16,20 @@ def exported_series() -> set[str]:
     metrics.request_failed("overloaded")
     metrics.record_input_length(5, 10)
     metrics.request_succeeded(1, 0.1, 0.1, 0.8, 0.1, 5, 10, 10, time_to_first_token_s=0.2)
-    metrics.apply_engine_stats(EngineStats(1, 1, 10, 5, 100, 1, steps=[StepStats("decode", 1, 0.1, 0.01, 0.12, ok=False),
-                                                                       StepStats("prefill", 1, 0.1, 0.01, 0.12, new_batch_size=1)]))
+    metrics.apply_engine_stats(
+        EngineStats(
+            1,
+            1,
+            10,
+            5,
+            100,
+            1,
+            steps=[
+                StepStats("decode", 1, 0.1, 0.01, 0.12, ok=False),
+                StepStats("prefill", 1, 0.1, 0.01, 0.12, new_batch_size=1),
+            ],
+        )
+    )
     names = set()
     for line in metrics.render().decode().splitlines():
         if line and not line.startswith("#"):

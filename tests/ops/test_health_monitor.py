@@ -72,7 +72,9 @@ async def test_healthy_engine_is_left_alone():
 
 async def test_dead_process_is_restarted_at_once():
     engine = ScriptedEngine(["ok"])
-    monitor = EngineHealthMonitor(engine, HealthMonitorConfig(**{**FAST, "check_interval_s": 60}), on_fatal=lambda r: None)
+    monitor = EngineHealthMonitor(
+        engine, HealthMonitorConfig(**{**FAST, "check_interval_s": 60}), on_fatal=lambda r: None
+    )
     monitor.start()
     engine.alive = False
     await wait_until(lambda: monitor.restarts == 1)
@@ -127,7 +129,9 @@ async def test_is_dead_property_is_understood():
             return not self.alive
 
     engine = DeadFlagEngine(["ok"])
-    monitor = EngineHealthMonitor(engine, HealthMonitorConfig(**{**FAST, "check_interval_s": 60}), on_fatal=lambda r: None)
+    monitor = EngineHealthMonitor(
+        engine, HealthMonitorConfig(**{**FAST, "check_interval_s": 60}), on_fatal=lambda r: None
+    )
     monitor.start()
     engine.alive = False
     await wait_until(lambda: monitor.restarts == 1)

@@ -63,7 +63,8 @@ def test_prompts_hidden_unless_asked(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "value,level", [("debug", "DEBUG"), ("info,text_generation_router=debug", "INFO"), ("warn", "WARNING"), ("junk", "INFO")]
+    "value,level",
+    [("debug", "DEBUG"), ("info,text_generation_router=debug", "INFO"), ("warn", "WARNING"), ("junk", "INFO")],
 )
 def test_log_level_env(monkeypatch, value, level):
     monkeypatch.setenv("LOG_LEVEL", value)

@@ -43,8 +43,16 @@ def feed_one_request(metrics: ServerMetrics) -> None:
     metrics.request_received()
     metrics.record_input_length(12, max_new_tokens=20)
     metrics.request_succeeded(
-        total_s=1.5, validation_s=0.002, queue_s=0.01, inference_s=1.4, time_per_token_s=0.07,
-        input_len=12, generated_tokens=20, max_new_tokens=20, time_to_first_token_s=0.2, finish_reason="length",
+        total_s=1.5,
+        validation_s=0.002,
+        queue_s=0.01,
+        inference_s=1.4,
+        time_per_token_s=0.07,
+        input_len=12,
+        generated_tokens=20,
+        max_new_tokens=20,
+        time_to_first_token_s=0.2,
+        finish_reason="length",
     )
 
 
@@ -66,7 +74,9 @@ def test_tgi_counters_are_bare_and_typed_counter(metrics):
         assert type_of(metrics, name) == "counter"
     assert not any(line.split(" ")[0].startswith("tgi_") and "_total" in line for line in lines(metrics))
     assert "# HELP tgi_request_count Total number of requests" in lines(metrics)
-    assert not any(line.startswith("# HELP tgi_request_failure") for line in lines(metrics))  # TGI leaves it undescribed
+    assert not any(
+        line.startswith("# HELP tgi_request_failure") for line in lines(metrics)
+    )  # TGI leaves it undescribed
 
 
 def test_unknown_failure_kind_is_refused(metrics):
@@ -83,8 +93,13 @@ def test_duration_histograms_use_tgis_35_geometric_buckets(metrics):
     # The first bound prints as the Rust exporter prints the f64 0.0001*1.5.
     assert 'tgi_request_duration_bucket{le="0.00015000000000000001"} 0' in text
     got = samples(metrics)
-    for name in ("tgi_request_duration", "tgi_request_validation_duration", "tgi_request_queue_duration",
-                 "tgi_request_inference_duration", "tgi_request_mean_time_per_token_duration"):
+    for name in (
+        "tgi_request_duration",
+        "tgi_request_validation_duration",
+        "tgi_request_queue_duration",
+        "tgi_request_inference_duration",
+        "tgi_request_mean_time_per_token_duration",
+    ):
         assert type_of(metrics, name) == "histogram"
         buckets = [l for l in text if l.startswith(name + "_bucket{")]
         assert len(buckets) == 36  # 35 bounds + +Inf
@@ -116,8 +131,10 @@ def test_skipped_tokens_is_a_summary_with_tgis_quantiles(metrics):
         metrics.tgi.skipped_tokens.observe(value)
     assert type_of(metrics, "tgi_request_skipped_tokens") == "summary"
     got = samples(metrics)
-    quantiles = {q: got[("tgi_request_skipped_tokens", (("quantile", q),))]
-                 for q in ("0", "0.5", "0.9", "0.95", "0.99", "0.999", "1")}
+    quantiles = {
+        q: got[("tgi_request_skipped_tokens", (("quantile", q),))]
+        for q in ("0", "0.5", "0.9", "0.95", "0.99", "0.999", "1")
+    }
     assert quantiles["0"] == 0 and quantiles["0.5"] == 5 and quantiles["0.9"] == 9 and quantiles["1"] == 10
     assert got[("tgi_request_skipped_tokens_count", ())] == 11
     assert got[("tgi_request_skipped_tokens_sum", ())] == 55
@@ -125,10 +142,17 @@ def test_skipped_tokens_is_a_summary_with_tgis_quantiles(metrics):
 
 def test_engine_stats_feed_gauges_batch_series_and_vllm(metrics):
     stats = EngineStats(
-        queue_size=3, running=5, batch_max_tokens=900, kv_used=250, kv_total=1000, num_preemptions=2,
-        steps=[StepStats("prefill", 2, 0.02, 0.001, 0.025, new_batch_size=2),
-               StepStats("decode", 5, 0.01, 0.001, 0.012),
-               StepStats("decode", 5, 0.0, 0.0, 0.0, ok=False)],
+        queue_size=3,
+        running=5,
+        batch_max_tokens=900,
+        kv_used=250,
+        kv_total=1000,
+        num_preemptions=2,
+        steps=[
+            StepStats("prefill", 2, 0.02, 0.001, 0.025, new_batch_size=2),
+            StepStats("decode", 5, 0.01, 0.001, 0.012),
+            StepStats("decode", 5, 0.0, 0.0, 0.0, ok=False),
+        ],
     )
     metrics.apply_engine_stats(STATS_DECODER.decode(STATS_ENCODER.encode(stats)))  # over the wire format
     got = samples(metrics)
@@ -175,7 +199,9 @@ def test_vllm_series_follow_a_request(metrics):
     assert got[("vllm:e2e_request_latency_seconds_sum", label)] == pytest.approx(1.5)
     assert got[("vllm:time_to_first_token_seconds_count", label)] == 1
     assert got[("vllm:time_per_output_token_seconds_count", label)] == 1
-    assert got[("vllm:request_params_n_bucket", (("le", "1.0"), ("model_name", "smol")))] == 1  # prometheus_client spells le as vLLM shows it
+    assert (
+        got[("vllm:request_params_n_bucket", (("le", "1.0"), ("model_name", "smol")))] == 1
+    )  # prometheus_client spells le as vLLM shows it
     assert type_of(metrics, "vllm:prompt_tokens_total") == "counter"
     assert one_two_five_buckets(2048)[-1] == 2000
 

@@ -18,8 +18,13 @@ def test_gateway_and_stats_line_from_lightllm_fields(collector, caplog):
     caplog.set_level(logging.INFO, logger="tgi_compat.stats")
     metrics = ServerMetrics(10, 20)
     config = SimpleNamespace(
-        metric_gateway=collector.address, metric_job_name="tgi", metric_grouping_key=["host=h1"],
-        metric_push_interval=0.05, enable_monitor_auth=False, disable_log_stats=False, log_stats_interval=0.05,
+        metric_gateway=collector.address,
+        metric_job_name="tgi",
+        metric_grouping_key=["host=h1"],
+        metric_push_interval=0.05,
+        enable_monitor_auth=False,
+        disable_log_stats=False,
+        log_stats_interval=0.05,
     )
     services = start_ops_services(metrics, config)
     metrics.request_succeeded(0.1, 0, 0, 0.1, 0.05, input_len=4, generated_tokens=2, max_new_tokens=2)

@@ -19,8 +19,9 @@ def test_request_spans_are_exported_with_traceparent_parenting(collector):
         with span.child("infer") as infer:
             infer.record_phase("prefill", submitted + 1_000_000, submitted + 3_000_000)
             infer.record_phase("decode", submitted + 3_000_000, submitted + 9_000_000)
-        span.set_timings(total_s=0.0095, validation_s=0.0005, queue_s=0.001, inference_s=0.008,
-                         time_per_token_s=0.002, seed=42)
+        span.set_timings(
+            total_s=0.0095, validation_s=0.0005, queue_s=0.001, inference_s=0.008, time_per_token_s=0.002, seed=42
+        )
     assert tracer.force_flush()
     assert collector.wait_for(lambda r: len(r.spans) >= 6)
     spans = {s.name: s for s in collector.recorded.spans}
@@ -77,10 +78,11 @@ def test_helpers():
 
 
 async def test_middleware_opens_route_spans_for_plain_and_streamed_responses(collector):
+    from types import SimpleNamespace
+
     import httpx
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, StreamingResponse
-    from types import SimpleNamespace
 
     from tgi_compat.tracing import current_span, install_tracing
 

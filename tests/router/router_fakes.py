@@ -37,7 +37,9 @@ def result_for(plan: StepPlan, next_token=lambda request: 100 + len(request.outp
     """The StepResult a model would return: `next_token(request)` for sampled chunks."""
     tokens = [SampledToken(next_token(c.request), -0.5) if c.is_sampled else None for c in plan.chunks]
     scores = [
-        None if c.num_prompt_logprob_rows is None else PromptScores([-1.0 * (c.start + i + 1) for i in range(c.num_prompt_logprob_rows)])
+        None
+        if c.num_prompt_logprob_rows is None
+        else PromptScores([-1.0 * (c.start + i + 1) for i in range(c.num_prompt_logprob_rows)])
         for c in plan.chunks
     ]
     return StepResult(tokens=tokens, prompt_scores=scores)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from router_fakes import hash_engine
+from test_engine import expected_greedy, prompts
 
 from router.client import InProcessEngineClient
 from router.client_api import EngineDeadError, RequestRejectedError
 from router.request import GenerateRequest
-from router_fakes import hash_engine
-from test_engine import expected_greedy, prompts
 
 
 async def collect(client, request):

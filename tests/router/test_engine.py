@@ -6,10 +6,10 @@ import re
 
 import pytest
 import torch
+from router_fakes import HashRunner, drain, hash_engine
 
 from router.client_api import RequestRejectedError
 from router.request import GenerateRequest, SamplingParams
-from router_fakes import HashRunner, drain, hash_engine
 
 
 def prompts(n: int, length: int = 7) -> list[list[int]]:

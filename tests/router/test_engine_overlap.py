@@ -18,6 +18,9 @@ import time
 
 import pytest
 import zmq
+from router_fakes import HashRunner, drain, hash_engine
+from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
+from test_engine import expected_greedy, prompts, tokens_of
 
 from router.client import ZmqEngineClient
 from router.config import EngineConfig
@@ -35,9 +38,6 @@ from router.wire import (
     encoder,
     engine_message_decoder,
 )
-from router_fakes import HashRunner, drain, hash_engine
-from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
-from test_engine import expected_greedy, prompts, tokens_of
 
 
 # ---- EngineCore over the stand-in model ---------------------------------------------------------
@@ -51,7 +51,9 @@ def every_kind_of_request(temperature: float = 1.5, one_token_request: int | Non
             GenerateRequest(
                 f"r{i}",
                 prompt,
-                SamplingParams(do_sample=kind == 1, temperature=temperature, seed=i, top_n_tokens=2 if kind == 2 else 0),
+                SamplingParams(
+                    do_sample=kind == 1, temperature=temperature, seed=i, top_n_tokens=2 if kind == 2 else 0
+                ),
                 max_new_tokens=1 if i == one_token_request else 4 + i % 7,
                 stop_token_ids=[17, 40] if kind == 3 else [],
                 ignore_eos=kind == 0,
@@ -165,7 +167,7 @@ def test_requests_that_read_their_own_tokens_turn_overlap_off_while_they_are_in(
     # F F R (overlapped), then R: drained before the penalised request is scheduled, then plain
     # steps F R while it runs (3 tokens), then overlapped again once it has finished.
     assert steps.startswith("FFR" + "R" + "FR" * 3 + "F"), steps
-    assert "FF" in steps[len("FFRR" + "FR" * 3):], steps
+    assert "FF" in steps[len("FFRR" + "FR" * 3) :], steps
     assert engine.scheduler.num_reading_own_tokens == 0
 
 

@@ -122,7 +122,9 @@ def test_temperature_scales_the_reported_logprobs():
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
     torch.manual_seed(0)
     logits = torch.randn(1, 1000)
-    alone = [sample(logits, [request(seed=42, do_sample=True, output=[0] * step)], 1000)[0].token_id for step in range(20)]
+    alone = [
+        sample(logits, [request(seed=42, do_sample=True, output=[0] * step)], 1000)[0].token_id for step in range(20)
+    ]
     other = request(seed=7, do_sample=True)
     batched = [
         sample(logits.repeat(2, 1), [other, request(seed=42, do_sample=True, output=[0] * step)], 1000)[1].token_id
@@ -130,7 +132,9 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
     ]
     assert alone == batched
     assert len(set(alone)) > 5  # it really samples
-    different_seed = [sample(logits, [request(seed=43, do_sample=True, output=[0] * s)], 1000)[0].token_id for s in range(20)]
+    different_seed = [
+        sample(logits, [request(seed=43, do_sample=True, output=[0] * s)], 1000)[0].token_id for s in range(20)
+    ]
     assert different_seed != alone
 
 
@@ -166,7 +170,9 @@ def test_logit_bias_shifts_raw_scores_per_row_before_the_other_processors():
     assert scores[1].tolist() == logits[1].tolist()  # rows without a bias are untouched
     out = sample(logits, [biased, request()])
     assert [t.token_id for t in out] == [2, 1]
-    assert out[0].logprob == pytest.approx(float(torch.log_softmax(scores[0], -1)[2]), abs=1e-6)  # processed distribution
+    assert out[0].logprob == pytest.approx(
+        float(torch.log_softmax(scores[0], -1)[2]), abs=1e-6
+    )  # processed distribution
     # with temperature the bias is applied first, then scaled
     hot = processed(logits, [request(logit_bias=((2, 5.0),), temperature=2.0)])
     assert hot[0, 2].item() == pytest.approx(3.0)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from router_fakes import drain, hash_engine
 
 import router.sampling_cache as sampling_cache
 from router.request import GenerateRequest, Request, SamplingParams
 from router.sampling import Sampler, SamplingBatch
 from router.sampling_cache import SamplingBatchCache
-from router_fakes import drain, hash_engine
 
 VOCAB = 50
 CPU = torch.device("cpu")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from router.request import FinishReason, RequestStatus
-
 from router_fakes import EOS, make_request, make_scheduler, result_for, run_to_completion
+
+from router.request import FinishReason, RequestStatus
 
 
 def test_requests_finish_with_their_tokens_and_the_pool_is_full_again():
@@ -91,7 +91,9 @@ def test_newest_request_is_preempted_and_resumes_with_prompt_and_generated_token
             assert scheduler.waiting[0] is victim and victim.num_computed_tokens == 0
             num_generated = len(victim.output_ids)
             assert num_generated > 0
-        resumed = [c for c in plan.chunks if c.request.request_id == "new" and c.start == 0 and preempted_at is not None]
+        resumed = [
+            c for c in plan.chunks if c.request.request_id == "new" and c.start == 0 and preempted_at is not None
+        ]
         if resumed:  # re-prefill covers the prompt and every generated token
             assert resumed[0].num_tokens == 8 + num_generated
         for event in scheduler.update(plan, result_for(plan)):

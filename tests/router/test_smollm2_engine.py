@@ -9,8 +9,8 @@ import time
 
 import pytest
 import torch
-
 from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
+
 from router.client import ZmqEngineClient
 from router.client_api import EngineDeadError
 from router.config import EngineConfig
@@ -59,7 +59,9 @@ async def test_engine_process_serves_32_concurrent_requests(smollm2_greedy):
     try:
         assert client.info.vocab_size == 49152 and 2 in client.info.eos_token_ids
         requests = [
-            GenerateRequest(f"r{i}", SMOLLM2_PROMPTS[i % len(SMOLLM2_PROMPTS)], max_new_tokens=SMOLLM2_MAX_NEW, ignore_eos=True)
+            GenerateRequest(
+                f"r{i}", SMOLLM2_PROMPTS[i % len(SMOLLM2_PROMPTS)], max_new_tokens=SMOLLM2_MAX_NEW, ignore_eos=True
+            )
             for i in range(32)
         ]
         outputs = await asyncio.gather(*(collect(client, r) for r in requests))
@@ -71,9 +73,14 @@ async def test_engine_process_serves_32_concurrent_requests(smollm2_greedy):
 
 
 async def test_killed_engine_fails_pending_requests_fast_and_restarts(tiny_llama_dir):
-    client = await ZmqEngineClient.start(EngineConfig(model_id=tiny_llama_dir, max_batch_total_tokens=2048, max_running_requests=8))
+    client = await ZmqEngineClient.start(
+        EngineConfig(model_id=tiny_llama_dir, max_batch_total_tokens=2048, max_running_requests=8)
+    )
     try:
-        streams = [client.generate(GenerateRequest(f"long{i}", [5, 6, 7 + i], max_new_tokens=400, ignore_eos=True)) for i in range(2)]
+        streams = [
+            client.generate(GenerateRequest(f"long{i}", [5, 6, 7 + i], max_new_tokens=400, ignore_eos=True))
+            for i in range(2)
+        ]
         await streams[0].__anext__()
         os.kill(client._process.pid, signal.SIGKILL)
         started = time.monotonic()

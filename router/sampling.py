@@ -305,12 +305,15 @@ def apply_typical_p(scores: torch.Tensor, typical_p: torch.Tensor) -> torch.Tens
 def top_n_with_ties(logprobs: torch.Tensor, top_n: torch.Tensor, max_n: int):
     """Top-n alternatives per row, sorted; every token tied with the n-th value counts too.
 
+    A -inf n-th value (fewer than n tokens survived top-k/top-p/typical-p) is no tie: only the
+    finite survivors are reported, as TGI does, so a row never carries the whole vocabulary.
     Returns ids and logprobs [B, K] (K = max_n + TIE_SLACK, capped at vocab) and counts [B]; a row
-    whose count exceeds K is completed on the host (see SampleDecoder).
+    whose count exceeds K is completed on the host (see SamplerOutput.to_token).
     """
     k = min(logprobs.shape[-1], max_n + TIE_SLACK)
     values, ids = logprobs.topk(k, dim=-1)
     nth = values.gather(1, (top_n.clamp(min=1, max=k) - 1)[:, None])
+    nth = nth.clamp(min=torch.finfo(logprobs.dtype).min)  # -inf -> the lowest finite value
     counts = (logprobs >= nth).sum(dim=-1)
     counts = torch.where(top_n > 0, counts, torch.zeros_like(counts))
     return ids, values, counts

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tgi_compat.auth import Unauthorized
+from tgi_compat.disconnect import AbortOnDisconnect
 from tgi_compat.errors import BodyRejection, TgiError
 from tgi_compat.openapi import build_openapi
 from tgi_compat.security import install_security
@@ -60,6 +61,7 @@ def create_app(state: AppState, extra_routers: Sequence[APIRouter] = ()) -> Fast
     for router in [*_route_modules(), *extra_routers]:
         app.include_router(router)
     config = state.config
+    app.add_middleware(AbortOnDisconnect)  # inside the security layer: its 413 and CORS stay outermost
     install_security(app, config.api_key, config.cors_allow_origin, config.payload_limit)  # CORS, key, size
     app.openapi = lambda: build_openapi(app, TGI_VERSION)  # type: ignore[method-assign]
     return app

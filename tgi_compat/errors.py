@@ -10,6 +10,7 @@ Two families:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -108,15 +109,50 @@ async def parse_json_body(
 
 
 def parse_json_bytes(raw: bytes, model: type[Model], describe: DescribeError | None = None) -> Model:
-    try:
-        document = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}")
+    document = load_json(raw)
     try:
         return model.model_validate(document, strict=True)
     except ValidationError as error:
         detail = (describe or deserialize_message)(error.errors()[0], document)
         raise BodyRejection(422, f"Failed to deserialize the JSON body into the target type: {detail}")
+
+
+SERDE_RECURSION_LIMIT = 128  # serde_json's nesting limit: deeper bodies are a 400 in TGI, never parsed
+_JSON_STRING_OR_BRACKET = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def load_json(raw: bytes) -> Any:
+    """`json.loads` with serde_json's errors: 400 for bad syntax and for nesting past its limit."""
+    try:
+        document = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}") from None
+    except RecursionError:
+        document = None  # nested past Python's own limit: past serde's too, found below
+    if (position := _nesting_overflow(raw)) is not None:
+        line, column = position
+        raise BodyRejection(
+            400, f"Failed to parse the request body as JSON: recursion limit exceeded at line {line} column {column}"
+        )
+    return document
+
+
+def _nesting_overflow(raw: bytes) -> tuple[int, int] | None:
+    """(line, column) of the first bracket nested SERDE_RECURSION_LIMIT deep, if any (strings skipped)."""
+    if raw.count(b"[") + raw.count(b"{") < SERDE_RECURSION_LIMIT:
+        return None  # the usual body: no scan
+    depth = 0
+    for match in _JSON_STRING_OR_BRACKET.finditer(raw):
+        char = raw[match.start()]
+        if char in b"[{":
+            depth += 1
+            if depth == SERDE_RECURSION_LIMIT:
+                start = match.start()
+                line_start = raw.rfind(b"\n", 0, start) + 1
+                return raw.count(b"\n", 0, start) + 1, start - line_start + 1
+        elif char in b"]}":
+            depth -= 1
+    return None
 
 
 def syntax_message(error: Exception) -> str:

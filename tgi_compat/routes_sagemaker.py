@@ -4,13 +4,11 @@ is answered exactly as its own route would answer it."""
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from tgi_compat.auth import require_api_key
-from tgi_compat.errors import BodyRejection, is_json_content_type, read_body, syntax_message
+from tgi_compat.errors import BodyRejection, is_json_content_type, load_json, read_body
 from tgi_compat.openapi import json_body
 from tgi_compat.state import get_state
 
@@ -44,10 +42,7 @@ async def sagemaker_compatibility(request: Request) -> Response:
     if not is_json_content_type(request.headers.get("content-type")):
         raise BodyRejection(415, "Expected request with `Content-Type: application/json`")
     raw = await read_body(request, state.config.payload_limit)
-    try:
-        document = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}")
+    document = load_json(raw)
     keys = document.keys() if isinstance(document, dict) else ()
     if "inputs" in keys:
         from tgi_compat.routes_generate import compat_generate

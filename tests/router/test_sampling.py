@@ -162,6 +162,14 @@ def test_top_n_ties_beyond_the_prefetched_columns():
     assert out[0].top_tokens[0].token_id == 0
 
 
+def test_top_n_never_counts_masked_tokens_as_ties():
+    """top_k=1 leaves one finite logprob: top_n_tokens=2 reports that one, never the -inf rest."""
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0, 0, 0, 0, 0]])
+    out = sample(logits, [request(top_k=1, top_n_tokens=2, do_sample=True, seed=1)])
+    assert [t.token_id for t in out[0].top_tokens] == [0]
+    assert all(math.isfinite(t.logprob) for t in out[0].top_tokens)
+
+
 def test_logit_bias_shifts_raw_scores_per_row_before_the_other_processors():
     logits = torch.tensor([[0.0, 3.0, 1.0, 0, 0, 0, 0, 0], [0.0, 3.0, 1.0, 0, 0, 0, 0, 0]])
     biased = request(logit_bias=((2, 5.0), (1, -1.0)))

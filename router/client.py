@@ -18,6 +18,7 @@ import queue
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 import zmq
@@ -34,6 +35,8 @@ from router.validation import validate_request
 from router.wire import (
     AbortRequest,
     AddRequest,
+    HealthProbe,
+    HealthReply,
     Ready,
     Rejected,
     Shutdown,
@@ -46,6 +49,8 @@ from router.wire import (
 
 logger = logging.getLogger(__name__)
 _health_ids = itertools.count()
+ENGINE_EXIT_TIMEOUT_S = 5.0  # after Shutdown; then the engine process is killed
+PROGRESS_WINDOW_S = 10.0  # token events this recent show a live engine without probing it
 
 
 class _RequestEvents:
@@ -100,6 +105,8 @@ class _QueueingClient(EngineClient):
         # Called in the event loop with each periodic EngineStats (tgi_compat feeds its metrics).
         self.stats_listener: Callable[[EngineStats], None] | None = None
         self.latest_stats: EngineStats | None = None
+        self._last_progress = float("-inf")  # monotonic time of the last token events or probe reply
+        self._probe: asyncio.Future | None = None  # the health probe in flight
 
     @property
     def is_dead(self) -> bool:
@@ -146,29 +153,28 @@ class _QueueingClient(EngineClient):
             self._submit(AbortRequest(request_id))
 
     async def check_health(self, timeout: float = 60.0) -> bool:
-        """Runs a one-token generation through the real engine step."""
+        """Alive and making progress: token events within PROGRESS_WINDOW_S prove it at once (TGI
+        answers from recent generations too); otherwise a probe that the engine loop answers
+        between two steps, so it never waits behind requests in admission."""
         if self._dead_reason is not None:
             return False
-        probe = GenerateRequest(
-            f"__health__{next(_health_ids)}",
-            [self.info.eos_token_ids[0] if self.info.eos_token_ids else 0],
-            max_new_tokens=1,
-        )
-
-        async def run() -> bool:
-            events = [event async for event in self.generate(probe)]
-            return bool(events) and events[-1].finish_reason in ("length", "eos_token", "stop_sequence")
-
+        if time.monotonic() - self._last_progress < PROGRESS_WINDOW_S:
+            return True
+        if self._probe is None or self._probe.done():  # concurrent checks share one probe
+            self._probe = asyncio.get_running_loop().create_future()
+            self._submit(HealthProbe(next(_health_ids)))
         try:
-            return await asyncio.wait_for(run(), timeout)
+            await asyncio.wait_for(asyncio.shield(self._probe), timeout)
         except (TimeoutError, EngineDeadError):
             return False
+        return True
 
     # ---- called by subclasses -----------------------------------------------------------
     def _submit(self, message) -> None:
         raise NotImplementedError
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
+        self._last_progress = time.monotonic()
         pending = self._pending
         for event in events:
             if (request_events := pending.get(event.request_id)) is not None:
@@ -178,6 +184,11 @@ class _QueueingClient(EngineClient):
         self.latest_stats = stats
         if self.stats_listener is not None:
             self.stats_listener(stats)
+
+    def _on_health_reply(self) -> None:
+        self._last_progress = time.monotonic()
+        if self._probe is not None and not self._probe.done():
+            self._probe.set_result(None)
 
     def _reject(self, request_id: str, message: str) -> None:
         if (request_events := self._pending.get(request_id)) is not None:
@@ -191,6 +202,9 @@ class _QueueingClient(EngineClient):
         self._dead_reason = reason
         for request_events in self._pending.values():
             request_events.fail(EngineDeadError(reason))
+        if self._probe is not None and not self._probe.done():
+            self._probe.set_exception(EngineDeadError(reason))
+            self._probe.exception()  # retrieved: nobody may be waiting for it
 
 
 class ZmqEngineClient(_QueueingClient):
@@ -246,19 +260,29 @@ class ZmqEngineClient(_QueueingClient):
         asyncio.get_running_loop().add_reader(self._process.sentinel, self._on_process_exit)
 
     async def _stop(self, reason: str) -> None:
+        """Fail what is pending now, ask the engine to exit, kill it if it has not within
+        ENGINE_EXIT_TIMEOUT_S: a busy or hung engine never outlives the server."""
+        if self._sockets is None:
+            return  # already stopped
         loop = asyncio.get_running_loop()
         process = self._process
         loop.remove_reader(process.sentinel)  # a requested exit is not a death
-        if process.is_alive() and self._dead_reason is None:
-            self._submit(Shutdown())
-            await loop.run_in_executor(None, process.join, 10)
+        was_dead = self._dead_reason is not None
+        self._mark_dead(reason, is_error=False)
+        started = time.monotonic()
+        if process.is_alive() and not was_dead:
+            self._sockets[1].send(encoder.encode(Shutdown()), flags=zmq.NOBLOCK)
+            while process.is_alive() and time.monotonic() - started < ENGINE_EXIT_TIMEOUT_S:
+                await asyncio.sleep(0.05)
         if process.is_alive():
+            logger.warning("engine did not exit within %.0f s; killing it", ENGINE_EXIT_TIMEOUT_S)
             process.kill()
-            await loop.run_in_executor(None, process.join, 5)
+        process.join(5)  # gone or killed: returns at once
+        logger.info("engine stopped in %.1f s", time.monotonic() - started)
         if self._reader is not None:
             self._reader.cancel()
-        self._mark_dead(reason, is_error=False)
         _close(*self._sockets)
+        self._sockets = None
 
     def _submit(self, message) -> None:
         try:
@@ -275,6 +299,8 @@ class ZmqEngineClient(_QueueingClient):
                 self._on_stats(message.stats)
             elif isinstance(message, Rejected):
                 self._reject(message.request_id, message.message)
+            elif isinstance(message, HealthReply):
+                self._on_health_reply()
 
     def _on_process_exit(self) -> None:
         asyncio.get_running_loop().remove_reader(self._process.sentinel)
@@ -346,6 +372,8 @@ class InProcessEngineClient(_QueueingClient):
                 return False
             if isinstance(message, AbortRequest):
                 self.core.abort(message.request_id)
+            elif isinstance(message, HealthProbe):
+                self._loop.call_soon_threadsafe(self._on_health_reply)
             else:
                 try:
                     self.core.add_request(message.request)

@@ -50,7 +50,7 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def check_health(self) -> bool:
-        """True when the engine answers a real model step."""
+        """True when the engine is alive and making progress (never queued behind requests)."""
 
     @abstractmethod
     async def shutdown(self) -> None: ...

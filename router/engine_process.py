@@ -17,6 +17,8 @@ from router.engine import EngineCore
 from router.wire import (
     AbortRequest,
     AddRequest,
+    HealthProbe,
+    HealthReply,
     Ready,
     Rejected,
     Shutdown,
@@ -89,6 +91,8 @@ def _handle(core: EngineCore, message, outbox: zmq.Socket) -> bool:
             outbox.send(encoder.encode(Rejected(message.request.request_id, str(exc))))
     elif isinstance(message, AbortRequest):
         core.abort(message.request_id)
+    elif isinstance(message, HealthProbe):
+        outbox.send(encoder.encode(HealthReply(message.probe_id)))
     elif isinstance(message, Shutdown):
         return False
     return True

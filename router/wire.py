@@ -1,7 +1,7 @@
 """Messages between the API process and the engine process (msgspec msgpack over ZeroMQ).
 
-    client PUSH --(AddRequest | AbortRequest | Shutdown)--> engine PULL
-    client PULL <--(Ready | StartupFailed | Rejected | StepOutputs | StatsReport)-- engine PUSH
+    client PUSH --(AddRequest | AbortRequest | HealthProbe | Shutdown)--> engine PULL
+    client PULL <--(Ready | StartupFailed | Rejected | StepOutputs | StatsReport | HealthReply)-- engine PUSH
 
 The client binds both ipc:// sockets in its own temporary directory and the engine connects, so
 no port is ever hard-coded and a dead engine leaves nothing behind but that directory.
@@ -29,6 +29,16 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
+class HealthProbe(msgspec.Struct, tag=True):
+    """Answered by the engine loop between two steps, never queued behind requests."""
+
+    probe_id: int
+
+
+class HealthReply(msgspec.Struct, tag=True):
+    probe_id: int
+
+
 class Ready(msgspec.Struct, tag=True):
     info: EngineInfo
 
@@ -50,8 +60,8 @@ class StatsReport(msgspec.Struct, tag=True):
     stats: EngineStats
 
 
-ClientMessage = AddRequest | AbortRequest | Shutdown
-EngineMessage = Ready | StartupFailed | Rejected | StepOutputs | StatsReport
+ClientMessage = AddRequest | AbortRequest | HealthProbe | Shutdown
+EngineMessage = Ready | StartupFailed | Rejected | StepOutputs | StatsReport | HealthReply
 
 encoder = msgspec.msgpack.Encoder()
 client_message_decoder = msgspec.msgpack.Decoder(ClientMessage)

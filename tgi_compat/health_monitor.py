@@ -6,7 +6,12 @@ leaving the restart to a supervisor. Here the monitor lives in the API process a
 engine directly:
 
   * liveness, every second: `engine.is_alive()`, or `not engine.is_dead` (router.client);
-  * a real step, every `check_interval_s`: `engine.check_health()` within `check_timeout_s`.
+  * progress, every `check_interval_s`: `engine.check_health()` within `check_timeout_s` (recent
+    token events, else a probe the engine loop answers between two steps: a busy engine passes,
+    only one that makes no progress at all fails).
+
+It runs only with `--health-monitor`; without it the server stops only when the engine process
+dies (tgi_compat.server), never because the engine is slow.
 
 A dead process counts at once; a step that fails or hangs counts after `failure_threshold`
 consecutive misses. Then, with restarts enabled, `engine.restart()` replaces the engine (which

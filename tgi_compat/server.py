@@ -102,14 +102,14 @@ async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:
 
 
 def _start_health_monitor(state: AppState, server: uvicorn.Server, fatal: list[str]) -> EngineHealthMonitor:
-    """Real engine steps every HEALTH_CHECK_INTERVAL_SECONDS: a hung engine also stops the server."""
+    """LightLLM's --health_monitor: a dead engine, or one that makes no progress at all, is replaced;
+    when the replacement fails the server stops."""
 
     def on_fatal(reason: str) -> None:
         fatal.append(reason)
         server.should_exit = True
 
-    restart = state.config.health_monitor  # LightLLM --health_monitor: replace the engine, keep serving
-    monitor = EngineHealthMonitor(state.engine, HealthMonitorConfig.from_env(restart=restart), on_fatal)
+    monitor = EngineHealthMonitor(state.engine, HealthMonitorConfig.from_env(restart=True), on_fatal)
     monitor.start()
     return monitor
 
@@ -118,7 +118,7 @@ async def run_server(config: ServerConfig) -> int:
     state = await build_state(config)
     app = create_app(state)
     freeze_startup_heap()
-    graceful = GracefulShutdown(config.graceful_termination_timeout)
+    graceful = GracefulShutdown(config.graceful_termination_timeout, on_expired=state.engine.shutdown)
     uvicorn_config = uvicorn.Config(
         app,
         host=config.hostname,
@@ -134,10 +134,11 @@ async def run_server(config: ServerConfig) -> int:
         _http_protocol_name(),
         type(asyncio.get_running_loop()).__module__,
     )
-    # Without --health-monitor a dead engine stops the server (TGI); with it the monitor restarts it.
+    # Without --health-monitor only a dead engine stops the server (TGI: a slow one never does);
+    # with it the monitor restarts a dead or hung one.
     watcher = None if config.health_monitor else asyncio.create_task(_watch_engine(state, server))
     fatal: list[str] = []
-    monitor = _start_health_monitor(state, server, fatal)
+    monitor = _start_health_monitor(state, server, fatal) if config.health_monitor else None
     services = start_ops_services(state.metrics, config)
     listener = start_prometheus_listener(state.metrics, config.hostname, config.prometheus_port)
     try:
@@ -148,7 +149,8 @@ async def run_server(config: ServerConfig) -> int:
         services.stop()
         if listener is not None:
             listener.stop()
-        await monitor.stop()
+        if monitor is not None:
+            await monitor.stop()
         await state.engine.shutdown()
         state.tokenizer.shutdown()
         if state.tracer is not None:

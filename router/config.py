@@ -22,7 +22,8 @@ class EngineConfig:
     max_total_tokens: int | None = None  # per-request prompt + generated cap; None: from the model
     router_token_ratio: float = 0.0  # LightLLM: below this KV use, admit optimistically
     router_max_new_token_len: int = 1024  # LightLLM: optimistic estimate of a request's output
-    max_waiting_tokens: int = 20  # decode steps before waiting requests must be considered
+    max_waiting_tokens: int = 20  # TGI: decode steps a few waiting requests may be held back
+    waiting_served_ratio: float = 0.3  # TGI: waiting/running ratio that admits at once
     cuda_graphs: list[int] | None = None  # decode batch sizes to capture; [] disables
     eos_token_ids: list[int] = field(default_factory=list)  # extra EOS ids (LightLLM --eos_id)
     seed: int = 0

@@ -49,6 +49,8 @@ class EngineCore:
                 router_token_ratio=config.router_token_ratio,
                 router_max_new_token_len=config.router_max_new_token_len,
             ),
+            max_waiting_tokens=config.max_waiting_tokens,
+            waiting_served_ratio=config.waiting_served_ratio,
         )
         self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests)
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids))

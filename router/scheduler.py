@@ -31,6 +31,12 @@ from router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, St
 class SchedulerLimits:
     max_batch_prefill_tokens: int
     admission: AdmissionLimits
+    # TGI's batching: while the running batch decodes, waiting requests join it once at least
+    # waiting_served_ratio x its size of them wait, or after max_waiting_tokens decode steps
+    # without an admission; a few late requests do not interrupt every decode step with a prefill.
+    # 0 and 0.0: admit at every step.
+    max_waiting_tokens: int = 0
+    waiting_served_ratio: float = 0.0
 
 
 class Scheduler:
@@ -42,6 +48,7 @@ class Scheduler:
         self.running: list[Request] = []  # oldest first: the tail is preempted first
         self.requests: dict[str, Request] = {}
         self._abort_ids: set[str] = set()
+        self._decode_steps_since_admission = 0
         # Requests here whose sampling reads their own tokens on the host (no overlap scheduling then)
         self.num_reading_own_tokens = 0
 
@@ -66,7 +73,9 @@ class Scheduler:
         plan = StepPlan(aborted=self._apply_aborts())
         budget = self.limits.max_batch_prefill_tokens
         if self._schedule_decodes(plan):
-            self._admit_waiting(plan, budget)
+            self._decode_steps_since_admission += 1
+            if self._admission_is_due():
+                self._admit_waiting(plan, budget)
             return plan
         index = 0
         while index < len(self.running):
@@ -81,6 +90,12 @@ class Scheduler:
         if not plan.preempted:  # after a preemption the pool is tight: admit nobody this step
             self._admit_waiting(plan, budget)
         return plan
+
+    def _admission_is_due(self) -> bool:
+        """Between decode steps: enough requests wait, or they have waited max_waiting_tokens steps."""
+        limits = self.limits
+        enough_waiting = len(self.waiting) >= int(len(self.running) * limits.waiting_served_ratio)
+        return enough_waiting or self._decode_steps_since_admission >= limits.max_waiting_tokens
 
     def _schedule_decodes(self, plan: StepPlan) -> bool:
         """The usual step: every running request decodes one token and the pool has a slot for each.
@@ -132,6 +147,7 @@ class Scheduler:
                 self.pool.free_row(row)
                 return
             self.waiting.popleft()
+            self._decode_steps_since_admission = 0
             request.row, request.status = row, RequestStatus.RUNNING
             self.running.append(request)
             running_tokens.append(_tokens(request))

@@ -115,6 +115,7 @@ class ServerConfig:
             cuda_memory_fraction=self.cuda_memory_fraction,
             max_total_tokens=self.max_total_tokens,
             max_waiting_tokens=self.max_waiting_tokens,
+            waiting_served_ratio=self.waiting_served_ratio,
             cuda_graphs=[] if self.enforce_eager else self.cuda_graphs,
             eos_token_ids=list(self.eos_token_ids),
             router_token_ratio=self.router_token_ratio,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from router_fakes import EOS, make_request, make_scheduler, result_for, run_to_completion
 
+from router.kv_slots import KVSlotPool
 from router.request import FinishReason, RequestStatus
+from router.scheduler import Scheduler, SchedulerLimits
 
 
 def test_requests_finish_with_their_tokens_and_the_pool_is_full_again():
@@ -153,4 +155,30 @@ def test_failed_request_is_finished_alone():
     events = {e.request_id: e for e in scheduler.update(plan, result)}
     assert events["bad"].finish_reason == "error" and events["bad"].error == "boom"
     assert events["ok"].finish_reason is None
+    run_to_completion(scheduler)
+
+
+def test_max_waiting_tokens_holds_a_few_late_requests_back_for_that_many_decode_steps():
+    """TGI's batching: 1 waiting request beside 7 decoding (fewer than floor(0.3 x 7) = 2) waits 3
+    decode steps, then joins; 2 waiting beside 8 (floor(2.4) = 2) join at once."""
+    base = make_scheduler()
+    limits = SchedulerLimits(base.limits.max_batch_prefill_tokens, base.limits.admission, 3, 0.3)
+    scheduler = Scheduler(KVSlotPool(1000, 16), limits, frozenset({EOS}))
+    for i in range(7):
+        scheduler.add(make_request(f"r{i}", max_new=20))
+    plan = scheduler.schedule()
+    scheduler.update(plan, result_for(plan))
+    scheduler.add(make_request("late", max_new=4))
+    admitted_at = []
+    for step in range(1, 6):
+        plan = scheduler.schedule()
+        if any(c.request.request_id == "late" and c.start == 0 for c in plan.chunks):
+            admitted_at.append(step)
+        scheduler.update(plan, result_for(plan))
+    assert admitted_at == [3]
+    scheduler.add(make_request("late2", max_new=4))
+    scheduler.add(make_request("late3", max_new=4))
+    plan = scheduler.schedule()
+    assert {c.request.request_id for c in plan.chunks if c.start == 0} == {"late2", "late3"}
+    scheduler.update(plan, result_for(plan))
     run_to_completion(scheduler)

@@ -12,6 +12,7 @@ is ignored.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -241,7 +242,7 @@ async def chat_completions(request: Request) -> Response:
     timings = Timings(arrival=time.perf_counter())
     accounting.received(state)
     try:
-        prompt = render_prompt(chat_template(request), body)
+        prompt = await asyncio.to_thread(render_prompt, chat_template(request), body)  # Jinja: off the loop
     except TgiError as error:
         accounting.failed(state, error)
         return error.response()
@@ -256,7 +257,7 @@ async def chat_tokenize(request: Request) -> Response:
     state = get_state(request)
     body = await parse_openai_body(request, ChatRequest, state.config.payload_limit)
     try:
-        prompt = render_prompt(chat_template(request), body)
+        prompt = await asyncio.to_thread(render_prompt, chat_template(request), body)  # Jinja: off the loop
         spans = await state.tokenizer.spans(prompt, add_special_tokens=False)
     except TgiError as error:
         return error.response()

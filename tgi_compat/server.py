@@ -11,13 +11,11 @@ import gc
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 
 import uvicorn
 
 from router.client_api import EngineClient, EngineDeadError
-from router.request import GenerateRequest as EngineRequest
 from tgi_compat.app import create_app
 from tgi_compat.config import ServerConfig, ServingLimits
 from tgi_compat.graceful import GracefulShutdown
@@ -28,6 +26,7 @@ from tgi_compat.permits import PermitPool
 from tgi_compat.state import AppState, ModelInfo
 from tgi_compat.tokenization import load_tokenizer_service
 from tgi_compat.tracing import RequestTracer
+from tgi_compat.warmup import GPU_BATCH, warm_up
 
 logger = logging.getLogger("tgi_compat.server")
 
@@ -40,17 +39,6 @@ async def start_engine(config: ServerConfig) -> EngineClient:
 
     client_class = InProcessEngineClient if config.engine_in_process else ZmqEngineClient
     return await client_class.start(config.to_engine_config())
-
-
-async def warm_up(engine: EngineClient, prompt_ids: list[int]) -> None:
-    """One real prefill + decode step before the port opens (TGI warms its shards the same way)."""
-    request = EngineRequest(request_id=f"warmup-{uuid.uuid4().hex}", prompt_ids=prompt_ids, max_new_tokens=2)
-    async for event in engine.generate(request):
-        if event.error is not None:
-            raise RuntimeError(f"warmup failed: {event.error}")
-        if event.finish_reason is not None:
-            return
-    raise RuntimeError("warmup failed: the engine stream ended without finishing")
 
 
 def _new_metrics(limits: ServingLimits, model_id: str, num_kv_slots: int):
@@ -68,8 +56,14 @@ async def build_state(config: ServerConfig) -> AppState:
     )
     engine = await start_engine(config)
     tokenizer = await tokenizer_task
-    await warm_up(engine, tokenizer.encode_sync("warmup") or [0])
     limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
+    await warm_up(  # before the port opens: TGI warms its shards the same way
+        engine,
+        tokenizer.encode_sync("The quick brown fox jumps over the lazy dog.") or [0],
+        limits.max_input_tokens,
+        limits.max_total_tokens,
+        config.max_batch_size or GPU_BATCH,
+    )
     logger.info(
         "Ready in %.1f s: %s on %s (%s), max_total_tokens=%d, max_input_tokens=%d, KV slots=%d",
         time.perf_counter() - started, config.model_id, engine.info.device, engine.info.dtype,

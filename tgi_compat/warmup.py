@@ -5,8 +5,8 @@ the first mixed prefill+decode step, the first chunked prompt and the first batc
 CUDA graph each pay for compilation. The warm-up sends real requests through the real engine in
 waves that produce those steps: prompts of lengths around the specialisation boundaries, decodes
 joined by new prompts (mixed steps), every sampling processor with top-n logprobs, and on a GPU a
-full batch of long prompts (chunked prefill, the widest decode). On a CPU it stays to the first
-two waves (nothing compiles there; they prove the model runs).
+full batch of long prompts (chunked prefill, the widest decode). On a CPU it stays to two short
+prompts per wave (nothing compiles there; they prove every path runs).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from router.request import GenerateRequest, SamplingParams
 logger = logging.getLogger("tgi_compat.warmup")
 
 PROMPT_LENGTHS = (1, 7, 16, 17, 100, 256, 1000)
+CPU_PROMPT_LENGTHS = (1, 17)  # nothing compiles on a CPU: the paths only need to run once
 NEW_TOKENS = 4
 GPU_BATCH = 64  # the widest burst the GPU warm-up runs (capped by the engine's limits)
 GPU_PROMPT_LENGTH = 256
@@ -69,8 +70,9 @@ async def warm_up(
 ) -> float:
     """Run the warm-up waves; returns the seconds it took."""
     started = time.perf_counter()
+    on_gpu = engine.info.device.startswith("cuda")
     longest = max(1, min(max_input_tokens, max_total_tokens - NEW_TOKENS))
-    lengths = sorted({min(length, longest) for length in PROMPT_LENGTHS})
+    lengths = sorted({min(length, longest) for length in (PROMPT_LENGTHS if on_gpu else CPU_PROMPT_LENGTHS)})
     num_requests = 2 * len(lengths)
     # Wave 1: one multi-prompt prefill, then its decodes; halfway, wave 2 joins (mixed steps),
     # with every sampling processor and top-n logprobs.
@@ -79,7 +81,7 @@ async def warm_up(
     await decoding.wait()
     second = [_run(engine, _request(_prompt(seed_ids, n), SAMPLING)) for n in lengths]
     await asyncio.gather(*first, *second)
-    if engine.info.device.startswith("cuda"):
+    if on_gpu:
         batch = max(1, min(GPU_BATCH, max_batch_size))
         prompt = _prompt(seed_ids, min(GPU_PROMPT_LENGTH, longest))
         await asyncio.gather(*(_run(engine, _request(prompt)) for _ in range(batch)))

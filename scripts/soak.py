@@ -100,12 +100,12 @@ class HealthPoller(threading.Thread):
         self.polls = 0
         self.failures: list[tuple[float, str]] = []  # (seconds into the run, what went wrong)
         self.slowest = 0.0
-        self._stop = threading.Event()
-        self._started = time.monotonic()
+        self._halt = threading.Event()
+        self._began = time.monotonic()
 
     def run(self) -> None:
         with httpx.Client(timeout=10) as client:
-            while not self._stop.wait(HEALTH_EVERY_S):
+            while not self._halt.wait(HEALTH_EVERY_S):
                 began = time.monotonic()
                 try:
                     status = client.get(f"{self.url}/health").status_code
@@ -115,10 +115,10 @@ class HealthPoller(threading.Thread):
                 self.polls += 1
                 self.slowest = max(self.slowest, took)
                 if status != 200 or took > HEALTH_DEADLINE_S:
-                    self.failures.append((round(began - self._started, 1), f"{status} in {took:.2f} s"))
+                    self.failures.append((round(began - self._began, 1), f"{status} in {took:.2f} s"))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 

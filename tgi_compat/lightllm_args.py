@@ -100,7 +100,7 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("use_reward_model", "Serve a reward model (scores instead of tokens)."),
     LightFlag("long_truncation_mode", "Default of the request parameter `long_truncation_mode`: None (refuse long prompts, 422), head (keep the end) or center (keep both ends).", _truncation_mode, tgi="long_truncation_mode"),
     LightFlag("use_tgi_api", "Speak TGI's API on /generate, /generate_stream and /. This server always does."),
-    LightFlag("health_monitor", "Restart a dead or hung engine (checked with real steps); in-flight requests fail with TGI's error shape.", tgi="health_monitor"),
+    LightFlag("health_monitor", "Restart a dead engine or one that makes no progress; in-flight requests fail with TGI's error shape.", tgi="health_monitor"),
     LightFlag("metric_gateway", "Prometheus Pushgateway host:port to push the metrics to.", str, config="metric_gateway"),
     LightFlag("job_name", "Pushgateway job name.", str, "lightllm", config="metric_job_name"),
     LightFlag("grouping_key", "Pushgateway grouping key key=value (repeatable).", str, [], repeatable=True, config="metric_grouping_key"),

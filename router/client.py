@@ -330,7 +330,7 @@ class InProcessEngineClient(_QueueingClient):
                     self._loop.call_soon_threadsafe(self._dispatch, events)
                 if stats is not None:
                     self._loop.call_soon_threadsafe(self._on_stats, stats)
-        except Exception as exc:  # noqa: BLE001 - the loop died: every pending request must learn it
+        except Exception as exc:  # the loop died: every pending request must learn it
             logger.exception("engine thread died")
             self._loop.call_soon_threadsafe(self._mark_dead, f"engine thread died: {type(exc).__name__}: {exc}")
 

@@ -97,7 +97,7 @@ class EngineCore:
         if overlap and not plan.is_empty:
             try:
                 launched = self.executor.launch(plan, previous)
-            except Exception:  # noqa: BLE001 - run it again below, where failures are contained
+            except Exception:  # run it again below, where failures are contained
                 logger.exception("launching a step of %d requests failed; running it synchronously", len(plan.chunks))
             else:
                 if previous is not None:
@@ -119,7 +119,7 @@ class EngineCore:
     def _complete(self, launched: LaunchedStep) -> list[TokenEvent]:
         try:
             result = launched.result()
-        except Exception as exc:  # noqa: BLE001 - an asynchronous failure: its requests fail, the engine serves on
+        except Exception as exc:  # an asynchronous failure: its requests fail, the engine serves on
             logger.exception("a step of %d requests failed", len(launched.plan.chunks))
             result = StepResult.failed(launched.plan, f"{type(exc).__name__}: {exc}")
         events = self.scheduler.update(launched.plan, result)

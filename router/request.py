@@ -17,7 +17,7 @@ class RequestStatus(enum.Enum):
     FINISHED = enum.auto()
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     LENGTH = "length"
     EOS_TOKEN = "eos_token"
     STOP_TOKEN = "stop_sequence"  # a stop token id (TGI reports stop strings the same way)

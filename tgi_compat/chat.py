@@ -166,12 +166,16 @@ class ChatTemplate:
                 tools=tools,
             )
         except _RaisedByTemplate as error:
-            raise template_error(_minijinja_style("syntax error", str(error), _template_line(sys.exc_info()[2])))
+            raise template_error(
+                _minijinja_style("syntax error", str(error), _template_line(sys.exc_info()[2]))
+            ) from error
         except jinja2.TemplateSyntaxError as error:
-            raise template_error(_minijinja_style("syntax error", error.message or str(error), error.lineno))
+            raise template_error(_minijinja_style("syntax error", error.message or str(error), error.lineno)) from error
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as error:
             detail = getattr(error, "message", None) or str(error)
-            raise template_error(_minijinja_style("invalid operation", detail, _template_line(sys.exc_info()[2])))
+            raise template_error(
+                _minijinja_style("invalid operation", detail, _template_line(sys.exc_info()[2]))
+            ) from error
         return continue_final_message(rendered, messages)
 
 
@@ -249,7 +253,7 @@ def _model_folder(config: Any) -> str | None:
         from modeling.source import resolve_model_source
 
         return resolve_model_source(config.model_id, config.revision).folder
-    except Exception:  # noqa: BLE001 - no local files (e.g. offline hub id): use the tokenizer's template
+    except Exception:  # no local files (e.g. offline hub id): use the tokenizer's template
         return None
 
 

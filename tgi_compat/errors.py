@@ -111,12 +111,12 @@ def parse_json_bytes(raw: bytes, model: type[Model], describe: DescribeError | N
     try:
         document = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}")
+        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}") from error
     try:
         return model.model_validate(document, strict=True)
     except ValidationError as error:
         detail = (describe or deserialize_message)(error.errors()[0], document)
-        raise BodyRejection(422, f"Failed to deserialize the JSON body into the target type: {detail}")
+        raise BodyRejection(422, f"Failed to deserialize the JSON body into the target type: {detail}") from error
 
 
 def syntax_message(error: Exception) -> str:

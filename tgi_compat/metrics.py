@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from router.stats import EngineStats
-from tgi_compat.metrics_vllm import VllmFamilies, one_two_five_buckets  # noqa: F401 (re-exported)
+from tgi_compat.metrics_vllm import VllmFamilies
 from tgi_compat.prometheus_text import (
     BareCounter,
     BucketHistogram,

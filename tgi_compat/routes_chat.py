@@ -260,7 +260,7 @@ async def chat_tokenize(request: Request) -> Response:
         spans = await state.tokenizer.spans(prompt, add_special_tokens=False)
     except TgiError as error:
         return error.response()
-    except Exception as error:  # noqa: BLE001 - tokenizer failures are the client's input
+    except Exception as error:  # tokenizer failures are the client's input
         return validation_error(f"tokenizer error {error}").response()
     raw = prompt.encode("utf-8")
     tokens = [

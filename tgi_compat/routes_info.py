@@ -36,7 +36,7 @@ async def _health(request: Request) -> Response:
     state = get_state(request)
     try:
         healthy = await asyncio.wait_for(state.engine.check_health(), HEALTH_TIMEOUT_SECONDS)
-    except Exception:  # noqa: BLE001 - a dead or hung engine is simply unhealthy
+    except Exception:  # a dead or hung engine is simply unhealthy
         logger.exception("health check failed")
         healthy = False
     return Response(status_code=200) if healthy else unhealthy_response()

@@ -47,7 +47,7 @@ async def sagemaker_compatibility(request: Request) -> Response:
     try:
         document = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}")
+        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}") from error
     keys = document.keys() if isinstance(document, dict) else ()
     if "inputs" in keys:
         from tgi_compat.routes_generate import compat_generate

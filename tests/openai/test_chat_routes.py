@@ -30,9 +30,11 @@ async def test_non_stream_shape_greedy_and_headers(client, engine, smollm2_token
         "id": "",
         "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "system_fingerprint": "3.3.6-dev0-native",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "logprobs": None, "finish_reason": "stop"}],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": ANSWER}, "logprobs": None, "finish_reason": "stop"}
+        ],
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": 6, "total_tokens": len(prompt_ids) + 6},
-    }  # fmt: skip
+    }
     sent = engine.requests[0]
     assert sent.prompt_ids == prompt_ids  # template rendered, no extra special tokens
     assert not sent.sampling.is_sampling
@@ -42,9 +44,17 @@ async def test_non_stream_shape_greedy_and_headers(client, engine, smollm2_token
 
 async def test_sampling_unless_temperature_zero_and_parameter_mapping(client, engine):
     body = {
-        "model": "my-model", "messages": MESSAGES, "presence_penalty": 0.5, "frequency_penalty": 0.25,
-        "top_p": 0.9, "seed": 7, "max_completion_tokens": 3, "stop": ["zzz"], "n": 3, "logit_bias": [0.5],
-    }  # fmt: skip
+        "model": "my-model",
+        "messages": MESSAGES,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.25,
+        "top_p": 0.9,
+        "seed": 7,
+        "max_completion_tokens": 3,
+        "stop": ["zzz"],
+        "n": 3,
+        "logit_bias": [0.5],
+    }
     response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200
     assert response.json()["model"] == "my-model"  # echoed like TGI

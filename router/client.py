@@ -18,7 +18,8 @@ import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from multiprocessing.process import BaseProcess
 
 import zmq
 import zmq.asyncio
@@ -93,8 +94,7 @@ class _RequestEvents:
 
 
 class _QueueingClient(EngineClient):
-    def __init__(self, info: EngineInfo | None) -> None:
-        self.info = info
+    def __init__(self) -> None:
         self._pending: dict[str, _RequestEvents] = {}
         self._dead_reason: str | None = None
         # Called in the event loop with each periodic EngineStats (tgi_compat feeds its metrics).
@@ -111,7 +111,7 @@ class _QueueingClient(EngineClient):
                 for event in batch:
                     yield event
 
-    async def generate_batches(self, request: GenerateRequest) -> AsyncIterator[list[TokenEvent]]:
+    async def generate_batches(self, request: GenerateRequest) -> AsyncGenerator[list[TokenEvent], None]:
         """`generate`, but each item is every event that had arrived for the request: one await
         per batch instead of per token, so a consumer that falls behind catches up in bulk."""
         if self._dead_reason is not None:
@@ -196,12 +196,13 @@ class _QueueingClient(EngineClient):
 class ZmqEngineClient(_QueueingClient):
     """The engine loop in a spawned process, reached over two ipc:// ZeroMQ sockets."""
 
+    _process: BaseProcess
+    _sockets: tuple[zmq.asyncio.Context, zmq.asyncio.Socket, zmq.asyncio.Socket, str]  # context, outbox, inbox, dir
+
     def __init__(self, config: EngineConfig, startup_timeout: float) -> None:
-        super().__init__(info=None)
+        super().__init__()  # info, _process and _sockets come with _launch
         self.config = config
         self.startup_timeout = startup_timeout
-        self._process = None
-        self._sockets: tuple | None = None  # (context, outbox, inbox, socket_dir)
         self._reader: asyncio.Task | None = None
 
     @classmethod
@@ -307,7 +308,8 @@ class InProcessEngineClient(_QueueingClient):
     """The same engine loop in a thread of this process: for tests and offline use."""
 
     def __init__(self, core: EngineCore) -> None:
-        super().__init__(core.info)
+        super().__init__()
+        self.info = core.info
         self.core = core
         self._loop = asyncio.get_running_loop()
         self._inbox: queue.Queue = queue.Queue()

@@ -18,7 +18,7 @@ import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator
 from multiprocessing.process import BaseProcess
 
 import zmq
@@ -29,7 +29,7 @@ from router.config import EngineConfig
 from router.engine import EngineCore
 from router.engine_process import run_engine_process
 from router.outputs import TokenEvent
-from router.request import GenerateRequest
+from router.request import COMPLETED_FINISH_REASONS, GenerateRequest
 from router.stats import EngineStats
 from router.validation import validate_request
 from router.wire import (
@@ -97,15 +97,14 @@ class _QueueingClient(EngineClient):
     def __init__(self) -> None:
         self._pending: dict[str, _RequestEvents] = {}
         self._dead_reason: str | None = None
-        # Called in the event loop with each periodic EngineStats (tgi_compat feeds its metrics).
-        self.stats_listener: Callable[[EngineStats], None] | None = None
-        self.latest_stats: EngineStats | None = None
+        self.stats_listener = None
+        self.latest_stats = None
 
     @property
     def is_dead(self) -> bool:
         return self._dead_reason is not None
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenEvent, None]:
         async with contextlib.aclosing(self.generate_batches(request)) as batches:
             async for batch in batches:
                 for event in batch:
@@ -157,7 +156,7 @@ class _QueueingClient(EngineClient):
 
         async def run() -> bool:
             events = [event async for event in self.generate(probe)]
-            return bool(events) and events[-1].finish_reason in ("length", "eos_token", "stop_sequence")
+            return bool(events) and events[-1].finish_reason in COMPLETED_FINISH_REASONS
 
         try:
             return await asyncio.wait_for(run(), timeout)
@@ -195,6 +194,8 @@ class _QueueingClient(EngineClient):
 
 class ZmqEngineClient(_QueueingClient):
     """The engine loop in a spawned process, reached over two ipc:// ZeroMQ sockets."""
+
+    can_restart = True
 
     _process: BaseProcess
     _sockets: tuple[zmq.asyncio.Context, zmq.asyncio.Socket, zmq.asyncio.Socket, str]  # context, outbox, inbox, dir

@@ -25,6 +25,11 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # the step that served this request raised
 
 
+# A request that ran to its end reports one of these, TGI's finish reasons (tgi_compat.schemas);
+# ABORT and ERROR never reach a client as a finish reason.
+COMPLETED_FINISH_REASONS = frozenset({FinishReason.LENGTH, FinishReason.EOS_TOKEN, FinishReason.STOP_TOKEN})
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request token selection, in TGI's processing order (contract §14)."""

@@ -30,6 +30,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from tgi_compat.config import ServerConfig
 from tgi_compat.errors import TgiError
 
 logger = logging.getLogger(__name__)
@@ -248,7 +249,7 @@ def read_template_override(value: str) -> str:
         return handle.read()
 
 
-def _model_folder(config: Any) -> str | None:
+def _model_folder(config: ServerConfig) -> str | None:
     try:
         from modeling.source import resolve_model_source
 
@@ -274,14 +275,14 @@ def _from_files(folder: str | None, tokenizer_config_path: str | None) -> tuple[
     return None, tokenizer_config
 
 
-def load_chat_template(config: Any, hf_tokenizer: Any) -> ChatTemplate | None:
+def load_chat_template(config: ServerConfig, hf_tokenizer: Any) -> ChatTemplate | None:
     """The server's chat template, or None (chat then answers `Template error: template not found`).
 
     `config.chat_template` (ours, `--chat-template`, env CHAT_TEMPLATE) wins over the model's files.
     """
-    override = getattr(config, "chat_template", None)
+    override = config.chat_template
     folder = _model_folder(config)
-    source, tokenizer_config = _from_files(folder, getattr(config, "tokenizer_config_path", None))
+    source, tokenizer_config = _from_files(folder, config.tokenizer_config_path)
     if override:
         source = read_template_override(override)
     if source is None:

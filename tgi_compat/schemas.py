@@ -131,6 +131,7 @@ class SimpleToken(_Response):
     stop: int
 
 
+# The wire form of router.request.COMPLETED_FINISH_REASONS (tests/api/test_finish_reason.py keeps them one set).
 FinishReason = Literal["length", "eos_token", "stop_sequence"]
 
 

@@ -82,8 +82,7 @@ async def build_state(config: ServerConfig) -> AppState:
         engine.info.num_kv_slots,
     )
     metrics = _new_metrics(limits, config.model_id, engine.info.num_kv_slots)
-    if hasattr(engine, "stats_listener"):
-        engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
+    engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
     return AppState(
         config=config,
         limits=limits,
@@ -101,7 +100,7 @@ async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:
     """A dead engine process stops the server (non-zero exit) instead of leaving clients hanging."""
     while not server.should_exit:
         await asyncio.sleep(ENGINE_WATCH_SECONDS)
-        if getattr(state.engine, "is_dead", False):
+        if state.engine.is_dead:
             logger.error("The engine process died; shutting down")
             server.should_exit = True
             raise EngineDeadError("engine process died")

@@ -234,18 +234,19 @@ async def test_max_tokens_and_openapi_document(client, engine):
 
 
 def test_served_model_name_and_chat_template_from_config(smollm2_tokenizer):
-    """The getattr hooks for --served-model-name / --chat-template (ServerConfig gains them later)."""
+    """--served-model-name and --chat-template, read from ServerConfig."""
     from types import SimpleNamespace
 
     from tgi_compat.chat import load_chat_template
+    from tgi_compat.config import ServerConfig
     from tgi_compat.openai_common import served_model_name
     from tgi_compat.state import ModelInfo
 
-    state = SimpleNamespace(config=SimpleNamespace(), model=ModelInfo("org/model"))
+    state = SimpleNamespace(config=ServerConfig(), model=ModelInfo("org/model"))
     assert served_model_name(state) == "org/model"
     state.config.served_model_name = "public-name"
     assert served_model_name(state) == "public-name"
-    config = SimpleNamespace(
+    config = ServerConfig(
         model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision=None, chat_template="X{{ eos_token }}"
     )
     assert load_chat_template(config, smollm2_tokenizer).render([]) == "X<|im_end|>"

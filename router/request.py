@@ -32,7 +32,7 @@ COMPLETED_FINISH_REASONS = frozenset({FinishReason.LENGTH, FinishReason.EOS_TOKE
 
 @dataclass(slots=True)
 class SamplingParams:
-    """Per-request token selection, in TGI's processing order (contract §14)."""
+    """Per-request token selection, in TGI's processing order (docs/contract.md §14)."""
 
     do_sample: bool = False
     temperature: float = 1.0

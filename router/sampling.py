@@ -1,6 +1,6 @@
 """Token selection on the device, vectorised across the batch (TGI's HeterogeneousNextTokenChooser).
 
-Order on each logits row (contract §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
+Order on each logits row (docs/contract.md §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
 temperature -> top-k -> top-p -> typical-p -> choose. Reported logprobs are log_softmax of the
 final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
 row of the batch needs it, so an all-greedy batch costs one log_softmax and one argmax.
@@ -8,7 +8,7 @@ row of the batch needs it, so an all-greedy batch costs one log_softmax and one 
 Sampling is the exponential race argmax(p / E), E ~ Exp(1), written as argmax(logp + Gumbel).
 The noise comes from a counter-based hash of (seed, generation step, token id) computed for the
 whole batch at once, instead of one torch.Generator per request: a per-request generator forces a
-Python loop per sampling row every step (STYLE §3.8), while the hash gives the same guarantees
+Python loop per sampling row every step (docs/architecture.md §7), while the hash gives the same guarantees
 (a seed reproduces its tokens, whatever else is in the batch and after a preemption).
 """
 

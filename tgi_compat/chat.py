@@ -1,4 +1,4 @@
-"""Chat templates, applied the way TGI's router applies them (contract §9.1-§9.2).
+"""Chat templates, applied the way TGI's router applies them (docs/contract.md §9.1-§9.2).
 
 * Source, first found wins: `--chat-template` (a file or the template text; ours), the model's
   `chat_template.json`, `chat_template` in tokenizer_config.json (`--tokenizer-config-path` replaces

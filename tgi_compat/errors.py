@@ -1,4 +1,4 @@
-"""TGI's error shapes (contract §1, §6) and axum-style JSON body rejections.
+"""TGI's error shapes (docs/contract.md §1, §6) and axum-style JSON body rejections.
 
 Two families:
 * `TgiError`: a router `InferError`, answered as `{"error": ..., "error_type": ...}` JSON (or as one

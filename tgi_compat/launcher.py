@@ -1,4 +1,4 @@
-"""`text-generation-launcher`: TGI's command line (contract §12), filling a ServerConfig.
+"""`text-generation-launcher`: TGI's command line (docs/contract.md §12), filling a ServerConfig.
 
 Every flag can also come from the environment variable of the same name in UPPER_SNAKE_CASE
 (`--max-total-tokens` <- MAX_TOTAL_TOKENS); an explicit flag wins over the environment.

@@ -2,7 +2,7 @@
 
 The HTTP layer calls the `request_*` methods as a request moves through validation, the queue and
 generation; the engine's periodic `router.stats.EngineStats` feeds the batch and KV gauges. Names,
-types, labels, buckets and help texts follow TGI's router (see reference/tgi-contract.md §11):
+types, labels, buckets and help texts follow TGI's router (see docs/contract.md §11):
 counters are bare (`tgi_request_count`, no `_total`), series appear only after first use, every
 `*duration` histogram has 35 geometric buckets 0.0001·1.5^k, and `tgi_request_skipped_tokens` is
 a summary. The vLLM series are plain prometheus_client metrics with vLLM's names and buckets, so

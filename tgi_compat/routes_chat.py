@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and POST /chat_tokenize (contract §9).
+"""POST /v1/chat/completions and POST /chat_tokenize (docs/contract.md §9).
 
 A chat request becomes a TGI generate request: the chat template renders the prompt (no special
 tokens added: the template has them), the OpenAI sampling fields map onto GenerateParameters the

@@ -1,4 +1,4 @@
-"""POST /v1/completions (contract §10) plus the OpenAI parameters vLLM-based servers accept.
+"""POST /v1/completions (docs/contract.md §10) plus the OpenAI parameters vLLM-based servers accept.
 
 Like TGI: every prompt is an independent generate request (special tokens added, details on);
 `suffix` and more than --max-client-batch-size prompts are refused before anything runs; a stream

@@ -1,4 +1,4 @@
-"""POST /, /generate, /generate_stream, /tokenize (contract §2-§7)."""
+"""POST /, /generate, /generate_stream, /tokenize (docs/contract.md §2-§7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GET /, /health, /ping, /info, /metrics, /v1/models (contract §8). None needs the API key."""
+"""GET /, /health, /ping, /info, /metrics, /v1/models (docs/contract.md §8). None needs the API key."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every validation row of contract §4 and every body rejection of §1, with TGI's exact texts."""
+"""Every validation row of docs/contract.md §4 and every body rejection of §1, with TGI's exact texts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and /chat_tokenize over the real app, scripted engine (contract §9)."""
+"""POST /v1/chat/completions and /chat_tokenize over the real app, scripted engine (docs/contract.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""POST /v1/completions over the real app, scripted engine (contract §10 + OpenAI/vLLM extensions)."""
+"""POST /v1/completions over the real app, scripted engine (docs/contract.md §10 + OpenAI/vLLM extensions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Lints the Dockerfile and its entrypoint against TGI's image conventions (contract §13).
+"""Lints the Dockerfile and its entrypoint against TGI's image conventions (docs/contract.md §13).
 
 No Docker engine here: .ci/docker_install_check.sh runs the image's install script for real; this
 test checks the Dockerfile's structure so that script is what the image runs.

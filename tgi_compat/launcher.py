@@ -248,8 +248,13 @@ _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
     "--waiting-served-ratio": lambda c: c.waiting_served_ratio != 0.3,
     "--weights-cache-override": lambda c: c.weights_cache_override is not None,
     "--disable-custom-kernels": lambda c: c.disable_custom_kernels,
-    "--ngrok": lambda c: c.ngrok,
+    "--ngrok": lambda c: c.ngrok or c.ngrok_authtoken is not None or c.ngrok_edge is not None,
+    "--master-addr/--master-port/--shard-uds-path (shard processes)": lambda c: (
+        (c.master_addr, c.master_port, c.shard_uds_path) != ("localhost", 29500, "/tmp/text-generation-server")
+    ),
 }
+# Options accepted that have nothing to do here, whatever their value (no warning).
+_WITHOUT_EFFECT = {"usage_stats": "TGI's telemetry switch: this server never sends telemetry"}
 
 
 def unimplemented_options(config: ServerConfig) -> list[str]:

@@ -120,10 +120,6 @@ class HealingOutput:
         self._pending_bytes = prefix_text.encode("utf-8")
         self._pending_text = prefix_text
 
-    @property
-    def is_healing(self) -> bool:
-        return bool(self._pending_bytes)
-
     def push(self, token_id: int, text: str) -> tuple[bool, str]:
         """(counts, text to emit) for one generated token and its detokenized text."""
         counts = True

@@ -114,7 +114,6 @@ class MetricsSnapshot:
 
     prompt_tokens: int  # cumulative
     generated_tokens: int  # cumulative
-    requests_succeeded: int
     waiting: int
     running: int
     kv_usage: float | None  # 0..1, None until the engine reports
@@ -356,7 +355,6 @@ class ServerMetrics:
         return MetricsSnapshot(
             prompt_tokens=prompt,
             generated_tokens=generated,
-            requests_succeeded=int(self.tgi.request_success.value()),
             waiting=waiting,
             running=running,
             kv_usage=self._kv_usage,

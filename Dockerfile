@@ -1,5 +1,5 @@
 # TGI-compatible server image: same entrypoint, port and cache conventions as
-# ghcr.io/huggingface/text-generation-inference (reference/tgi-contract.md §13).
+# ghcr.io/huggingface/text-generation-inference (docs/contract.md §13).
 #   docker build -t tgi-compat .
 #   docker run --gpus all --shm-size 1g -p 8080:80 -v $PWD/data:/data tgi-compat --model-id <id>
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04

@@ -22,7 +22,11 @@ $(STAMP): pyproject.toml Makefile
 serve: install
 	$(BIN)/text-generation-launcher $(ARGS)
 
+# Lint, format and type checks first (configured in pyproject.toml), then the tests.
 test: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q -x --durations=15 tests integration-tests
 
 clean:

@@ -125,7 +125,7 @@ async def send_request(
             if resp.status != 200:
                 return _fail(record, f"HTTP {resp.status}: {(await resp.text())[:200]}")
             await consume(resp, record)
-    except Exception as exc:  # noqa: BLE001 - a failed request is a data point, not a crash
+    except Exception as exc:  # a failed request is a data point, not a crash
         return _fail(record, f"{type(exc).__name__}: {exc}")
     record.end_time = time.perf_counter()
     if not record.chunk_times:

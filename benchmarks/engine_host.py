@@ -59,6 +59,8 @@ class InstantRunner:
 
     def __init__(self, vocab: int, max_rows: int, num_kv_slots: int) -> None:
         self.num_kv_slots = num_kv_slots
+        self.max_seq_len = 1 << 20  # no positions table: any length
+        self.dtype, self.device = torch.float32, torch.device("cpu")
         self.logits = torch.randn(max_rows, vocab, generator=torch.Generator().manual_seed(0))
 
     def forward(self, batch) -> torch.Tensor:

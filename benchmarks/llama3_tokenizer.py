@@ -79,7 +79,10 @@ def build_tokenizer(ranks: dict[bytes, int], specials: dict[str, int]):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     to_char = bytes_to_unicode()
-    encode = lambda b: "".join(to_char[x] for x in b)  # noqa: E731
+
+    def encode(b: bytes) -> str:
+        return "".join(to_char[x] for x in b)
+
     vocab = {encode(token): rank for token, rank in ranks.items()}
     merges = [
         (encode(a), encode(b))

@@ -19,7 +19,7 @@ def running_server(
     command: str, base_url: str, startup_timeout_s: float, log_path: Path | None = None
 ) -> Iterator[subprocess.Popen]:
     """Run ``command`` (e.g. 'text-generation-launcher --model-id X --port 3000') for the with-block."""
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(shlex.split(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     # A SIGTERM to us (e.g. from `timeout`) must still stop the server we started in its own session.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

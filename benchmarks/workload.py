@@ -92,7 +92,7 @@ def read_length_list(path: Path = LENGTHS_FILE) -> list[tuple[int, int]]:
     return rows
 
 
-# Quantiles of the vLLM-filtered ShareGPT set (Llama-3 tokens), from perf-anchors §5.4.
+# Quantiles of the vLLM-filtered ShareGPT set (Llama-3 tokens),.
 _Q = np.r_[np.arange(0, 96, 5), 96, 97, 98, 99, 99.5, 99.9, 100] / 100
 _IN = [
     4,

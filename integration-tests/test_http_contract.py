@@ -1,4 +1,4 @@
-"""TGI's wire contract over raw HTTP against the real server (contract §1-§8, §18)."""
+"""TGI's wire contract over raw HTTP against the real server (docs/contract.md §1-§8, §18)."""
 
 from __future__ import annotations
 

@@ -117,8 +117,14 @@ async def test_healed_stream_equals_the_healed_response(http, prompt, start):
 
 @pytest.mark.parametrize("prompt", ["The answer is (", "Hello "])
 async def test_healing_with_sampling_and_best_of(http, prompt):
-    params = {"max_new_tokens": 5, "token_healing": True, "best_of": 2, "do_sample": True, "details": True,
-              "return_full_text": True}  # fmt: skip
+    params = {
+        "max_new_tokens": 5,
+        "token_healing": True,
+        "best_of": 2,
+        "do_sample": True,
+        "details": True,
+        "return_full_text": True,
+    }
     body = (await http.post("/generate", json={"inputs": prompt, "parameters": params})).json()
     sequences = [body, *body["details"]["best_of_sequences"]]
     assert len(sequences) == 2

@@ -1,5 +1,5 @@
 """Raw-HTTP contract of the OpenAI routes on the real server: exact SSE framing and chunk shapes,
-and TGI's error bodies (contract §6, §7, §9, §10)."""
+and TGI's error bodies (docs/contract.md §6, §7, §9, §10)."""
 
 from __future__ import annotations
 

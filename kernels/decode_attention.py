@@ -413,11 +413,12 @@ def decode_attention(
         mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     if batch == 0:
         return out
-    merge = split_counter is not None and num_splits > 1
-    if merge:
+    counter = kv_lens  # never read unless MERGE
+    if split_counter is not None and num_splits > 1:
         assert split_counter.dtype == torch.int32 and split_counter.shape[0] >= batch
         assert split_counter.shape[1] == num_kv_heads
-    counter = split_counter if merge else kv_lens  # never read unless MERGE
+        counter = split_counter
+    merge = counter is split_counter
     rotary = _new_token_args(new_token, q, num_kv_heads)
     block_d = triton.next_power_of_2(head_dim)
     merge_g = triton.next_power_of_2(group)

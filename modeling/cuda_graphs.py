@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from modeling.attention.base import AttentionBackend
 from modeling.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ class DecodeCudaGraphs:
 
 def maybe_capture_decode_graphs(
     step_fn: StepFn,
-    backend: object,
+    backend: AttentionBackend,
     batch_sizes: list[int] | None,  # the --cuda-graphs value: None = DEFAULT_BATCH_SIZES, [] = off
     max_batch_size: int,
     pad_row: int,
@@ -182,7 +183,7 @@ def maybe_capture_decode_graphs(
 ) -> DecodeCudaGraphs | None:
     """Captured graphs on CUDA with a graph-safe attention backend and a non-empty list, else None (eager)."""
     sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
-    if torch.device(device).type != "cuda" or not sizes or not getattr(backend, "supports_cuda_graphs", False):
+    if torch.device(device).type != "cuda" or not sizes or not backend.supports_cuda_graphs:
         return None
     graphs = DecodeCudaGraphs(
         step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-import torch.nn as nn
+from modeling.models.base import CausalLM
 
 # architecture -> (module under modeling.models, class name)
 _MODELS: dict[str, tuple[str, str]] = {
@@ -27,7 +27,7 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def resolve_model_class(architecture: str) -> type[nn.Module]:
+def resolve_model_class(architecture: str) -> type[CausalLM]:
     if architecture not in _MODELS:
         raise UnsupportedArchitectureError(
             f"model architecture {architecture!r} is not supported; supported: {', '.join(supported_architectures())}"

@@ -21,6 +21,7 @@ from modeling.config import ModelConfig
 from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.layers.ops import select_ops
+from modeling.models.base import CausalLM
 from modeling.registry import resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
 from modeling.weights.loader import iterate_weights, load_model_config
@@ -65,6 +66,8 @@ class ModelRunner:
             self.source = resolve_model_source(cfg.model_id, cfg.revision)
             model_config = load_model_config(self.source)
             weights = iterate_weights(self.source, model_config, cfg.show_progress)
+        elif weights is None:
+            raise ValueError("a model_config comes with its weights")
         self.model_config = model_config
         _warn_about_unsupported_features(model_config)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -135,7 +138,7 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_caches, self.backend)
         return self.model.compute_logits(hidden[batch.logits_indices])
 
-    def _build_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> torch.nn.Module:
+    def _build_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> CausalLM:
         model_cls = resolve_model_class(self.model_config.architecture)
         with torch.device(self.device), _default_dtype(self.dtype):
             model = model_cls(self.model_config, select_ops(self.device))

@@ -57,13 +57,14 @@ def load_tokenizer_info(model_id: str | None = None, revision: str | None = None
 def _load(source: ModelSource):
     from transformers import AutoTokenizer
 
-    if not source.is_gguf:
+    gguf_file = source.gguf_file
+    if gguf_file is None:
         return AutoTokenizer.from_pretrained(source.folder)
-    cache = gguf_tokenizer_cache_folder(source.gguf_file)
+    cache = gguf_tokenizer_cache_folder(gguf_file)
     if os.path.exists(os.path.join(cache, "tokenizer.json")):
         return AutoTokenizer.from_pretrained(cache)
-    logger.info("Converting the GGUF tokenizer of %s (cached afterwards in %s)", source.gguf_file, cache)
-    tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=os.path.basename(source.gguf_file))
+    logger.info("Converting the GGUF tokenizer of %s (cached afterwards in %s)", gguf_file, cache)
+    tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=os.path.basename(gguf_file))
     _save_atomically(tokenizer, cache)
     return tokenizer
 

@@ -13,7 +13,9 @@ it is taken from `previous_ids`, the sampled ids of the step in flight, by a gat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -31,7 +33,7 @@ class LogitsLayout:
     prompt_chunks: list[tuple[int, int]]  # (chunk index, number of rows), in row order
 
 
-def upload(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
     """Host int lists of one length -> [len(rows), n] int64 on `device`, in one copy.
 
     Pinned on a GPU so that the copy is asynchronous; the caching host allocator keeps the
@@ -58,7 +60,8 @@ class StepBatchBuilder:
         requests = [c.request for c in chunks]
         positions = [c.start for c in chunks]
         kv_lens = [p + 1 for p in positions]
-        columns = [positions, [c.slots[0] for c in chunks], [r.row for r in requests], kv_lens]
+        rows = cast(list[int], [r.row for r in requests])  # scheduled requests hold a row
+        columns = [positions, [c.slots[0] for c in chunks], rows, kv_lens]
         if previous_ids is not None and _inputs_are_previous_rows(requests, previous_ids):
             packed = upload(columns, self.device)  # [4, B]
             input_ids = previous_ids  # the steady state of overlap scheduling: no gather
@@ -68,7 +71,11 @@ class StepBatchBuilder:
             if sources is not None:
                 columns.append(sources)
             packed = upload(columns, self.device)  # [5 or 6, B]
-            input_ids = packed[4] if sources is None else torch.cat([previous_ids, packed[4]])[packed[5]]
+            if sources is None:
+                input_ids = packed[4]
+            else:  # sources exist only when some token is pending in previous_ids
+                assert previous_ids is not None
+                input_ids = torch.cat([previous_ids, packed[4]])[packed[5]]
         arange, ones = self._size_constants(len(chunks))
         batch = ForwardBatch(
             mode=ForwardMode.DECODE,
@@ -117,9 +124,12 @@ def build_step_batch(
     out_slots: list[int] = []
     logits_indices: list[int] = []
     pending: list[tuple[int, int]] = []  # (flat position, row of previous_ids) of tokens still on the device
+    req_rows: list[int] = []
     layout = LogitsLayout([], [], [], [], [])
     for index, chunk in enumerate(plan.chunks):
         request, offset = chunk.request, len(input_ids)
+        assert request.row is not None  # a scheduled request holds a row
+        req_rows.append(request.row)
         if request.pending_row is not None:  # a decode of the token in flight
             assert chunk.num_tokens == 1 and previous_ids is not None
             pending.append((offset, request.pending_row))
@@ -139,7 +149,7 @@ def build_step_batch(
             logits_indices.append(offset + chunk.num_tokens - 1)
     batch = build_forward_batch(
         input_ids=input_ids,
-        req_rows=[chunk.request.row for chunk in plan.chunks],
+        req_rows=req_rows,
         q_lens=[chunk.num_tokens for chunk in plan.chunks],
         kv_lens=[chunk.end for chunk in plan.chunks],
         out_slots=out_slots,
@@ -147,6 +157,7 @@ def build_step_batch(
         device=device,
     )
     if pending:
+        assert previous_ids is not None  # pending tokens are read from the step in flight
         positions, rows = upload([list(p) for p in zip(*pending)], torch.device(device))
         batch.input_ids[positions] = previous_ids[rows]
     return batch, layout

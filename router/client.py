@@ -19,7 +19,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from multiprocessing.process import BaseProcess
 
 import zmq
 import zmq.asyncio
@@ -98,8 +99,7 @@ class _RequestEvents:
 
 
 class _QueueingClient(EngineClient):
-    def __init__(self, info: EngineInfo | None) -> None:
-        self.info = info
+    def __init__(self) -> None:
         self._pending: dict[str, _RequestEvents] = {}
         self._dead_reason: str | None = None
         # Called in the event loop with each periodic EngineStats (tgi_compat feeds its metrics).
@@ -112,13 +112,13 @@ class _QueueingClient(EngineClient):
     def is_dead(self) -> bool:
         return self._dead_reason is not None
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenEvent, None]:
         async with contextlib.aclosing(self.generate_batches(request)) as batches:
             async for batch in batches:
                 for event in batch:
                     yield event
 
-    async def generate_batches(self, request: GenerateRequest) -> AsyncIterator[list[TokenEvent]]:
+    async def generate_batches(self, request: GenerateRequest) -> AsyncGenerator[list[TokenEvent], None]:
         """`generate`, but each item is every event that had arrived for the request: one await
         per batch instead of per token, so a consumer that falls behind catches up in bulk."""
         if self._dead_reason is not None:
@@ -210,12 +210,15 @@ class _QueueingClient(EngineClient):
 class ZmqEngineClient(_QueueingClient):
     """The engine loop in a spawned process, reached over two ipc:// ZeroMQ sockets."""
 
+    can_restart = True
+
+    _process: BaseProcess
+    _sockets: tuple[zmq.asyncio.Context, zmq.asyncio.Socket, zmq.asyncio.Socket, str]  # context, outbox, inbox, dir
+
     def __init__(self, config: EngineConfig, startup_timeout: float) -> None:
-        super().__init__(info=None)
+        super().__init__()  # info, _process and _sockets come with _launch
         self.config = config
         self.startup_timeout = startup_timeout
-        self._process = None
-        self._sockets: tuple | None = None  # (context, outbox, inbox, socket_dir)
         self._reader: asyncio.Task | None = None
 
     @classmethod
@@ -333,7 +336,8 @@ class InProcessEngineClient(_QueueingClient):
     """The same engine loop in a thread of this process: for tests and offline use."""
 
     def __init__(self, core: EngineCore) -> None:
-        super().__init__(core.info)
+        super().__init__()
+        self.info = core.info
         self.core = core
         self._loop = asyncio.get_running_loop()
         self._inbox: queue.Queue = queue.Queue()
@@ -356,7 +360,7 @@ class InProcessEngineClient(_QueueingClient):
                     self._loop.call_soon_threadsafe(self._dispatch, events)
                 if stats is not None:
                     self._loop.call_soon_threadsafe(self._on_stats, stats)
-        except Exception as exc:  # noqa: BLE001 - the loop died: every pending request must learn it
+        except Exception as exc:  # the loop died: every pending request must learn it
             logger.exception("engine thread died")
             self._loop.call_soon_threadsafe(self._mark_dead, f"engine thread died: {type(exc).__name__}: {exc}")
 

@@ -11,11 +11,14 @@ If the engine dies, every pending iterator raises EngineDeadError at once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
+from typing import ClassVar
 
 from router.outputs import TokenEvent
 from router.request import GenerateRequest
+from router.stats import EngineStats
 
 
 class EngineDeadError(RuntimeError):
@@ -41,9 +44,29 @@ class EngineInfo:
 
 class EngineClient(ABC):
     info: EngineInfo
+    # Called in the event loop with each periodic EngineStats (tgi_compat feeds its metrics).
+    stats_listener: Callable[[EngineStats], None] | None = None
+    latest_stats: EngineStats | None = None  # the last periodic report; None before the first
+    can_restart: ClassVar[bool] = False  # whether restart() can replace the engine
+
+    @property
+    def is_dead(self) -> bool:
+        """True once the engine is gone (its process exited): every pending request has failed."""
+        return False
 
     @abstractmethod
-    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]: ...
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenEvent, None]:
+        """Closing it before the last event aborts the request."""
+
+    def generate_batches(self, request: GenerateRequest) -> AsyncGenerator[list[TokenEvent], None]:
+        """`generate`, each item holding every event that had arrived (clients that queue events
+        hand them over in one wake-up); by default one event per item."""
+        return _one_event_batches(self.generate(request))
+
+    async def restart(self) -> None:
+        """Kill the engine if it still runs, fail every pending request, start a fresh one
+        (only where can_restart)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart its engine")
 
     @abstractmethod
     async def abort(self, request_id: str) -> None: ...
@@ -54,3 +77,9 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def shutdown(self) -> None: ...
+
+
+async def _one_event_batches(events: AsyncGenerator[TokenEvent, None]) -> AsyncGenerator[list[TokenEvent], None]:
+    async with aclosing(events):
+        async for event in events:
+            yield [event]

@@ -25,10 +25,11 @@ from router.admission import AdmissionLimits
 from router.client_api import EngineInfo
 from router.config import EngineConfig
 from router.engine_stats import EngineStatsTracker
-from router.executor import LaunchedStep, Runner, StepExecutor
+from router.executor import LaunchedStep, StepExecutor
 from router.kv_slots import KVSlotPool
 from router.outputs import TokenEvent
 from router.request import GenerateRequest, Request
+from router.runner_api import Runner
 from router.scheduler import Scheduler, SchedulerLimits
 from router.stats import EngineStats
 from router.step import StepPlan, StepResult
@@ -99,7 +100,7 @@ class EngineCore:
         if overlap and not plan.is_empty:
             try:
                 launched = self.executor.launch(plan, previous)
-            except Exception:  # noqa: BLE001 - run it again below, where failures are contained
+            except Exception:  # run it again below, where failures are contained
                 logger.exception("launching a step of %d requests failed; running it synchronously", len(plan.chunks))
             else:
                 if previous is not None:
@@ -121,7 +122,7 @@ class EngineCore:
     def _complete(self, launched: LaunchedStep) -> list[TokenEvent]:
         try:
             result = launched.result()
-        except Exception as exc:  # noqa: BLE001 - an asynchronous failure: its requests fail, the engine serves on
+        except Exception as exc:  # an asynchronous failure: its requests fail, the engine serves on
             logger.exception("a step of %d requests failed", len(launched.plan.chunks))
             result = StepResult.failed(launched.plan, f"{type(exc).__name__}: {exc}")
         events = self.scheduler.update(launched.plan, result)
@@ -149,14 +150,13 @@ def _token_healer(config: EngineConfig):
 def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInfo:
     max_positions = model_config.max_position_embeddings
     # A request's positions must fit the runner's req_to_token rows and leave admission room.
-    max_seq_len = getattr(runner, "max_seq_len", max_positions)
-    max_total = min(config.max_total_tokens or max_positions, max_seq_len, runner.num_kv_slots - 1)
+    max_total = min(config.max_total_tokens or max_positions, runner.max_seq_len, runner.num_kv_slots - 1)
     eos = tuple(dict.fromkeys([*model_config.eos_token_ids, *config.eos_token_ids]))
     return EngineInfo(
         model_id=config.model_id,
         architecture=model_config.architecture,
-        dtype=str(getattr(runner, "dtype", config.dtype or "float32")).removeprefix("torch."),
-        device=str(getattr(runner, "device", config.device or "cpu")),
+        dtype=str(runner.dtype).removeprefix("torch."),
+        device=str(runner.device),
         vocab_size=model_config.vocab_size,
         max_position_embeddings=max_positions,
         num_kv_slots=runner.num_kv_slots,

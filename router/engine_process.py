@@ -42,7 +42,7 @@ def run_engine_process(config: EngineConfig, input_address: str, output_address:
     outbox.connect(output_address)
     try:
         core = EngineCore.from_config(config)
-    except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
+    except Exception as exc:  # reported to the client, which raises it
         logger.exception("engine startup failed")
         outbox.send(encoder.encode(StartupFailed(f"{type(exc).__name__}: {exc}")))
         return

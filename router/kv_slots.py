@@ -30,10 +30,6 @@ class KVSlotPool:
     def num_used_slots(self) -> int:
         return self.num_slots - len(self._free_slots)
 
-    @property
-    def num_free_rows(self) -> int:
-        return len(self._free_rows)
-
     def is_full_free(self) -> bool:
         """True when every slot and row is back in the pool (tests assert this after each run)."""
         return len(self._free_slots) == self.num_slots and len(self._free_rows) == self.num_rows

@@ -44,9 +44,11 @@ class GenerationResult:
 
 class LLM:
     def __init__(self, config: EngineConfig | None = None, *, engine: EngineCore | None = None) -> None:
-        if engine is None and config is None:
-            raise ValueError("LLM needs an EngineConfig or an EngineCore")
-        self.engine = engine or EngineCore.from_config(config)
+        if engine is None:
+            if config is None:
+                raise ValueError("LLM needs an EngineConfig or an EngineCore")
+            engine = EngineCore.from_config(config)
+        self.engine = engine
         self._ids = itertools.count()
 
     def generate(

@@ -17,7 +17,7 @@ class RequestStatus(enum.Enum):
     FINISHED = enum.auto()
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     LENGTH = "length"
     EOS_TOKEN = "eos_token"
     STOP_TOKEN = "stop_sequence"  # a stop token id (TGI reports stop strings the same way)
@@ -25,9 +25,14 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # the step that served this request raised
 
 
+# A request that ran to its end reports one of these, TGI's finish reasons (tgi_compat.schemas);
+# ABORT and ERROR never reach a client as a finish reason.
+COMPLETED_FINISH_REASONS = frozenset({FinishReason.LENGTH, FinishReason.EOS_TOKEN, FinishReason.STOP_TOKEN})
+
+
 @dataclass(slots=True)
 class SamplingParams:
-    """Per-request token selection, in TGI's processing order (contract §14)."""
+    """Per-request token selection, in TGI's processing order (docs/contract.md §14)."""
 
     do_sample: bool = False
     temperature: float = 1.0

@@ -1,6 +1,6 @@
 """Token selection on the device, vectorised across the batch (TGI's HeterogeneousNextTokenChooser).
 
-Order on each logits row (contract §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
+Order on each logits row (docs/contract.md §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
 temperature -> top-k -> top-p -> typical-p -> choose. Reported logprobs are log_softmax of the
 final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
 row of the batch needs it, so an all-greedy batch costs one log_softmax and one argmax.
@@ -8,7 +8,7 @@ row of the batch needs it, so an all-greedy batch costs one log_softmax and one 
 Sampling is the exponential race argmax(p / E), E ~ Exp(1), written as argmax(logp + Gumbel).
 The noise comes from a counter-based hash of (seed, generation step, token id) computed for the
 whole batch at once, instead of one torch.Generator per request: a per-request generator forces a
-Python loop per sampling row every step (STYLE §3.8), while the hash gives the same guarantees
+Python loop per sampling row every step (docs/architecture.md §7), while the hash gives the same guarantees
 (a seed reproduces its tokens, whatever else is in the batch and after a preemption).
 """
 
@@ -73,8 +73,9 @@ class SamplingBatch:
             [p.repetition_penalty for p in params],
             [p.frequency_penalty for p in params],
         ]
-        int_columns = [sampling, [_as_int64(r.seed or 0) for r in requests], [r.num_output_tokens for r in requests]]
-        int_columns += [[p.top_k for p in params], top_n]
+        top_k = [p.top_k for p in params]
+        seeds = [_as_int64(r.seed or 0) for r in requests]
+        int_columns: list[Sequence[int]] = [sampling, seeds, [r.num_output_tokens for r in requests], top_k, top_n]
         floats = torch.tensor(float_columns, dtype=torch.float32).to(device, non_blocking=True)  # [5, B]
         ints = torch.tensor(int_columns, dtype=torch.int64).to(device, non_blocking=True)  # [5, B]
         temperature, top_p, typical_p, rep, freq = float_columns
@@ -88,7 +89,7 @@ class SamplingBatch:
             seeds=ints[1],
             steps=ints[2],
             temperature=floats[0][:, None] if any(t != 1.0 for t in temperature) else None,
-            top_k=ints[3] if any(k > 0 for k in int_columns[3]) else None,
+            top_k=ints[3] if any(k > 0 for k in top_k) else None,
             top_p=floats[1] if any(v < 1.0 for v in top_p) else None,
             typical_p=floats[2] if any(v < 1.0 for v in typical_p) else None,
             repetition_penalty=floats[3][:, None] if any(v != 1.0 for v in rep) else None,
@@ -116,14 +117,21 @@ def _logit_bias(params: Sequence[SamplingParams], device: torch.device):
 
 
 @dataclass(slots=True)
+class TopAlternatives:
+    """Each row's top-n alternatives, ties with the n-th kept (top_n_with_ties)."""
+
+    ids: torch.Tensor  # [B, K]
+    logprobs: torch.Tensor  # [B, K]
+    counts: torch.Tensor  # [B] int64: how many alternatives each row reports
+
+
+@dataclass(slots=True)
 class SamplerOutput:
     """Device tensors of one step, packed for a single device-to-host copy."""
 
     token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] float32
-    top_ids: torch.Tensor | None  # [B, K]
-    top_logprobs: torch.Tensor | None  # [B, K]
-    top_counts: torch.Tensor | None  # [B] int64: how many alternatives each row reports (ties kept)
+    top: TopAlternatives | None  # only when some row asked for top-n tokens
     all_logprobs: torch.Tensor  # [B, V], read again only when ties overflow the top_ids columns (with top-n)
 
     def to_host(self) -> list[SampledToken]:
@@ -131,19 +139,19 @@ class SamplerOutput:
 
     def start_copy(self) -> SampledRows:
         """Start the step's one device-to-host copy; SampledRows.rows() waits for it."""
-        if self.top_counts is None:  # the usual step: ids and logprobs only
+        if self.top is None:  # the usual step: ids and logprobs only
             packed = torch.stack([self.token_ids.to(torch.float64), self.logprobs.to(torch.float64)])  # [2, B]
         else:
-            parts = [self.token_ids, self.logprobs, self.top_counts, self.top_ids, self.top_logprobs]
+            parts = [self.token_ids, self.logprobs, self.top.counts, self.top.ids, self.top.logprobs]
             num_rows = self.token_ids.shape[0]
             packed = torch.cat([p.reshape(num_rows, -1).to(torch.float64) for p in parts], dim=1)  # [B, 3 + 2K]
         return SampledRows(self, DeviceToHost(packed))
 
     def to_token(self, i: int, values: list[float]) -> SampledToken:
         token = SampledToken(int(values[0]), values[1])
-        if self.top_counts is None or (count := int(values[2])) == 0:
+        if self.top is None or (count := int(values[2])) == 0:
             return token
-        width = self.top_ids.shape[1]
+        width = self.top.ids.shape[1]
         if count > width:  # rare: more ties than fetched columns; a second copy for this row only
             row_values, row_ids = self.all_logprobs[i].topk(count)
             pairs = zip(row_ids.tolist(), row_values.tolist())
@@ -183,7 +191,7 @@ class SampledRows:
     def rows(self) -> list[SampledToken]:
         """Plain Python objects per row; waits for the copy."""
         values = self.copy.tolist()
-        if self.output.top_counts is None:
+        if self.output.top is None:
             ids, logprobs = values
             return list(map(SampledToken, map(int, ids), logprobs))
         return [self.output.to_token(i, row) for i, row in enumerate(values)]
@@ -201,14 +209,14 @@ class Sampler:
         token_ids = scores.argmax(dim=-1)
         if not batch.any_sampling and batch.top_n is None:  # all greedy: no [B, V] logprobs needed
             chosen = scores.gather(1, token_ids[:, None]).squeeze(1) - torch.logsumexp(scores, dim=-1)
-            return SamplerOutput(token_ids, chosen, None, None, None, all_logprobs=scores)
+            return SamplerOutput(token_ids, chosen, None, all_logprobs=scores)
         logprobs = torch.log_softmax(scores, dim=-1)  # [B, V]
         if batch.any_sampling:
             raced = (logprobs + gumbel_noise(batch.seeds, batch.steps, logprobs.shape[-1])).argmax(dim=-1)
             token_ids = torch.where(batch.is_sampling, raced, token_ids)
         chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1)
         top = top_n_with_ties(logprobs, batch.top_n, batch.max_top_n) if batch.top_n is not None else None
-        return SamplerOutput(token_ids, chosen, *(top or (None, None, None)), all_logprobs=logprobs)
+        return SamplerOutput(token_ids, chosen, top, all_logprobs=logprobs)
 
     def process(self, scores: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if batch.blocked is not None:  # token healing: only ids that re-cover the removed prompt text
@@ -252,16 +260,19 @@ def watermark_green_list(prev_token: int, vocab_size: int) -> torch.Tensor:
 
 def apply_penalties(scores: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Repetition (set semantics, HF/CTRL) then TGI's frequency penalty p * count / context_len."""
+    context_ids, context_lens = batch.context_ids, batch.context_lens
+    if context_ids is None or context_lens is None:  # built only when some row has a penalty
+        return scores
     num_rows, vocab = scores.shape
     counts = torch.zeros(num_rows, vocab + 1, dtype=scores.dtype, device=scores.device)  # +1: pad column
-    counts.scatter_add_(1, batch.context_ids, torch.ones_like(batch.context_ids, dtype=scores.dtype))
+    counts.scatter_add_(1, context_ids, torch.ones_like(context_ids, dtype=scores.dtype))
     counts = counts[:, :vocab]
     if batch.repetition_penalty is not None:
         penalty = batch.repetition_penalty
         penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
         scores = torch.where(counts > 0, penalised, scores)
     if batch.frequency_penalty is not None:
-        scores = scores - batch.frequency_penalty * counts / batch.context_lens
+        scores = scores - batch.frequency_penalty * counts / context_lens
     return scores
 
 
@@ -302,7 +313,7 @@ def apply_typical_p(scores: torch.Tensor, typical_p: torch.Tensor) -> torch.Tens
     return scores.masked_fill(remove, float("-inf"))
 
 
-def top_n_with_ties(logprobs: torch.Tensor, top_n: torch.Tensor, max_n: int):
+def top_n_with_ties(logprobs: torch.Tensor, top_n: torch.Tensor, max_n: int) -> TopAlternatives:
     """Top-n alternatives per row, sorted; every token tied with the n-th value counts too.
 
     A -inf n-th value (fewer than n tokens survived top-k/top-p/typical-p) is no tie: only the
@@ -316,7 +327,7 @@ def top_n_with_ties(logprobs: torch.Tensor, top_n: torch.Tensor, max_n: int):
     nth = nth.clamp(min=torch.finfo(logprobs.dtype).min)  # -inf -> the lowest finite value
     counts = (logprobs >= nth).sum(dim=-1)
     counts = torch.where(top_n > 0, counts, torch.zeros_like(counts))
-    return ids, values, counts
+    return TopAlternatives(ids, values, counts)
 
 
 def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -368,5 +379,5 @@ def score_prompt(logits: torch.Tensor, next_ids: torch.Tensor, top_n: torch.Tens
     """
     logprobs = torch.log_softmax(logits, dim=-1)
     chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
-    top = top_n_with_ties(logprobs, top_n, max_n) if max_n > 0 else (None, None, None)
-    return SamplerOutput(next_ids, chosen, *top, all_logprobs=logprobs)
+    top = top_n_with_ties(logprobs, top_n, max_n) if max_n > 0 else None
+    return SamplerOutput(next_ids, chosen, top, all_logprobs=logprobs)

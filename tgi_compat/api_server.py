@@ -35,9 +35,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.warning("These options are accepted but not implemented yet and have no effect: %s", "; ".join(missing))
     logger.info(
         "LightLLM flags mapped: KV slots=%s, batch_max_tokens=%s, max_input_tokens=%s, max_total_tokens=%s, "
-        "running_max_req_size=%s", config.max_batch_total_tokens, config.max_batch_prefill_tokens,
-        config.max_input_tokens, config.max_total_tokens, config.max_batch_size,
-    )  # fmt: skip
+        "running_max_req_size=%s",
+        config.max_batch_total_tokens,
+        config.max_batch_prefill_tokens,
+        config.max_input_tokens,
+        config.max_total_tokens,
+        config.max_batch_size,
+    )
     from tgi_compat.server import serve  # heavy imports only once the flags are valid
 
     return serve(config)

@@ -1,4 +1,4 @@
-"""Chat templates, applied the way TGI's router applies them (contract §9.1-§9.2).
+"""Chat templates, applied the way TGI's router applies them (docs/contract.md §9.1-§9.2).
 
 * Source, first found wins: `--chat-template` (a file or the template text; ours), the model's
   `chat_template.json`, `chat_template` in tokenizer_config.json (`--tokenizer-config-path` replaces
@@ -30,6 +30,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from tgi_compat.config import ServerConfig
 from tgi_compat.errors import TgiError
 
 logger = logging.getLogger(__name__)
@@ -166,12 +167,16 @@ class ChatTemplate:
                 tools=tools,
             )
         except _RaisedByTemplate as error:
-            raise template_error(_minijinja_style("syntax error", str(error), _template_line(sys.exc_info()[2])))
+            raise template_error(
+                _minijinja_style("syntax error", str(error), _template_line(sys.exc_info()[2]))
+            ) from error
         except jinja2.TemplateSyntaxError as error:
-            raise template_error(_minijinja_style("syntax error", error.message or str(error), error.lineno))
+            raise template_error(_minijinja_style("syntax error", error.message or str(error), error.lineno)) from error
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as error:
             detail = getattr(error, "message", None) or str(error)
-            raise template_error(_minijinja_style("invalid operation", detail, _template_line(sys.exc_info()[2])))
+            raise template_error(
+                _minijinja_style("invalid operation", detail, _template_line(sys.exc_info()[2]))
+            ) from error
         return continue_final_message(rendered, messages)
 
 
@@ -244,12 +249,12 @@ def read_template_override(value: str) -> str:
         return handle.read()
 
 
-def _model_folder(config: Any) -> str | None:
+def _model_folder(config: ServerConfig) -> str | None:
     try:
         from modeling.source import resolve_model_source
 
         return resolve_model_source(config.model_id, config.revision).folder
-    except Exception:  # noqa: BLE001 - no local files (e.g. offline hub id): use the tokenizer's template
+    except Exception:  # no local files (e.g. offline hub id): use the tokenizer's template
         return None
 
 
@@ -270,14 +275,14 @@ def _from_files(folder: str | None, tokenizer_config_path: str | None) -> tuple[
     return None, tokenizer_config
 
 
-def load_chat_template(config: Any, hf_tokenizer: Any) -> ChatTemplate | None:
+def load_chat_template(config: ServerConfig, hf_tokenizer: Any) -> ChatTemplate | None:
     """The server's chat template, or None (chat then answers `Template error: template not found`).
 
     `config.chat_template` (ours, `--chat-template`, env CHAT_TEMPLATE) wins over the model's files.
     """
-    override = getattr(config, "chat_template", None)
+    override = config.chat_template
     folder = _model_folder(config)
-    source, tokenizer_config = _from_files(folder, getattr(config, "tokenizer_config_path", None))
+    source, tokenizer_config = _from_files(folder, config.tokenizer_config_path)
     if override:
         source = read_template_override(override)
     if source is None:

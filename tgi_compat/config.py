@@ -2,7 +2,7 @@
 
 The TGI launcher (launcher.py) and LightLLM's api_server both fill this object; the engine part
 of it is handed to the router as an `EngineConfig` by `to_engine_config()`.
-Defaults follow TGI 3.3 (contract §12). `None` means "derive it at startup" (see `ServingLimits`).
+Defaults follow TGI 3.3 (docs/contract.md §12). `None` means "derive it at startup" (see `ServingLimits`).
 """
 
 from __future__ import annotations

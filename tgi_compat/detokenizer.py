@@ -1,4 +1,4 @@
-"""Incremental detokenization and stop strings, exactly as TGI's shard does them (contract §14-15).
+"""Incremental detokenization and stop strings, exactly as TGI's shard does them (docs/contract.md §14-15).
 
 Token text uses an offset window over prompt + generated ids: decode(ids[prefix:read]) is the
 context already shown, decode(ids[prefix:]) the context plus new ids; the difference is the new

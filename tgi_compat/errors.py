@@ -1,4 +1,4 @@
-"""TGI's error shapes (contract §1, §6) and axum-style JSON body rejections.
+"""TGI's error shapes (docs/contract.md §1, §6) and axum-style JSON body rejections.
 
 Two families:
 * `TgiError`: a router `InferError`, answered as `{"error": ..., "error_type": ...}` JSON (or as one
@@ -114,7 +114,7 @@ def parse_json_bytes(raw: bytes, model: type[Model], describe: DescribeError | N
         return model.model_validate(document, strict=True)
     except ValidationError as error:
         detail = (describe or deserialize_message)(error.errors()[0], document)
-        raise BodyRejection(422, f"Failed to deserialize the JSON body into the target type: {detail}")
+        raise BodyRejection(422, f"Failed to deserialize the JSON body into the target type: {detail}") from error
 
 
 SERDE_RECURSION_LIMIT = 128  # serde_json's nesting limit: deeper bodies are a 400 in TGI, never parsed

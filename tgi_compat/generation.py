@@ -11,20 +11,18 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from router.client_api import EngineClient, EngineDeadError, RequestRejectedError
+from router.client_api import EngineDeadError, RequestRejectedError
 from router.outputs import TokenEvent, TopToken
-from router.request import GenerateRequest as EngineRequest
+from router.request import COMPLETED_FINISH_REASONS, FinishReason
 from tgi_compat.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from tgi_compat.errors import TgiError, generation_error, incomplete_generation_error, validation_error
 from tgi_compat.schemas import PrefillToken, Token
 from tgi_compat.state import AppState
 from tgi_compat.validation import ValidatedRequest
-
-FINISH_REASONS = ("length", "eos_token", "stop_sequence")
 
 
 @dataclass(slots=True)
@@ -152,9 +150,9 @@ class _Sequence:
                 self.top_tokens.append(alternatives)
             finish = event.finish_reason if position == last_position else None
             if finish is None and len(tokens) >= request.max_new_tokens:
-                finish = "length"  # healing requests run with a larger engine budget
+                finish = FinishReason.LENGTH.value  # healing requests run with a larger engine budget
             if finish is None and self.stops and self.stops.push(text):
-                finish = "stop_sequence"  # TGI checks stop strings after length and EOS
+                finish = FinishReason.STOP_TOKEN.value  # TGI checks stop strings after length and EOS
             step = TokenStep(index=len(tokens), token=token, top_tokens=alternatives)
             steps.append(step)
             if finish is not None:
@@ -162,7 +160,7 @@ class _Sequence:
                 return
 
     def _finish(self, event: TokenEvent, finish: str) -> GenerationResult:
-        if finish not in FINISH_REASONS:
+        if finish not in COMPLETED_FINISH_REASONS:
             raise generation_error(event.error or f"request finished with `{finish}`")
         self.finished = True
         self.timings.finished = time.perf_counter()
@@ -199,7 +197,7 @@ async def stream_step_batches(
     sequence = _Sequence(state, request, timings, on_first_token)
     request_id = sequence.engine_request.request_id
     timings.validated = time.perf_counter()
-    events = _engine_batches(state.engine, sequence.engine_request)
+    events = state.engine.generate_batches(sequence.engine_request)
     released = False
     try:
         async for batch in events:
@@ -248,26 +246,12 @@ async def stream_sequence(
                 yield step
 
 
-def _engine_batches(engine: EngineClient, request: EngineRequest) -> AsyncIterator[list[TokenEvent]]:
-    """The engine's events for `request`, in batches when the client can hand them over so."""
-    generate_batches = getattr(engine, "generate_batches", None)
-    if generate_batches is not None:
-        return generate_batches(request)
-    return _one_event_batches(engine.generate(request))
-
-
-async def _one_event_batches(events: AsyncIterator[TokenEvent]) -> AsyncIterator[list[TokenEvent]]:
-    async with aclosing(events):
-        async for event in events:
-            yield [event]
-
-
-async def _release(state: AppState, events: AsyncIterator[TokenEvent], request_id: str, finished: bool) -> None:
+async def _release(
+    state: AppState, events: AsyncGenerator[list[TokenEvent], None], request_id: str, finished: bool
+) -> None:
     # Closing the engine's iterator aborts the request there (its KV slots free within a step).
-    aclose = getattr(events, "aclose", None)
     try:
-        if aclose is not None:
-            await asyncio.shield(aclose())
+        await asyncio.shield(events.aclose())
         if not finished:
             await asyncio.shield(state.engine.abort(request_id))
     except (EngineDeadError, RuntimeError):

@@ -5,7 +5,7 @@ server's pids and `GET /health` (60 s timeout) and after 3 failures in a row SIG
 leaving the restart to a supervisor. Here the monitor lives in the API process and watches the
 engine directly:
 
-  * liveness, every second: `engine.is_alive()`, or `not engine.is_dead` (router.client);
+  * liveness, every second: `not engine.is_dead`;
   * progress, every `check_interval_s`: `engine.check_health()` within `check_timeout_s` (recent
     token events, else a probe the engine loop answers between two steps: a busy engine passes,
     only one that makes no progress at all fails).
@@ -20,11 +20,9 @@ generation: ...`) and serving resumes; without restarts, or when a restart fails
 stops the server with a non-zero exit, as TGI does when a shard dies. `healthy` is False from the
 first miss until a step succeeds again, so `/health` can answer 503 meanwhile.
 
-The engine client must provide (beyond router.client_api.EngineClient):
-    is_dead: bool  (or is_alive())    # the engine process has exited
-    async def restart(self) -> None   # (restarts only) kill the engine if it still runs, fail every
-                                      # pending generate() iterator with EngineDeadError, start a
-                                      # fresh engine with the same config, return once it is loaded
+It uses router.client_api.EngineClient's `is_dead`, `check_health` and, where `can_restart`,
+`restart` (kill the engine if it still runs, fail every pending generate() iterator with
+EngineDeadError, start a fresh engine with the same config, return once it is loaded).
 """
 
 from __future__ import annotations
@@ -76,10 +74,7 @@ class EngineHealthMonitor:
         self._task: asyncio.Task | None = None
 
     def _alive(self) -> bool:
-        is_alive = getattr(self.engine, "is_alive", None)
-        if callable(is_alive):
-            return bool(is_alive())
-        return not getattr(self.engine, "is_dead", False)  # router.client's clients expose this
+        return not self.engine.is_dead
 
     async def check_step(self) -> bool:
         """One real engine step within the timeout; False on error, refusal or hang."""
@@ -117,14 +112,13 @@ class EngineHealthMonitor:
     async def _recover(self, reason: str) -> bool:
         """Restart the engine, or give up on the server. True when serving may go on."""
         self.healthy = False
-        restart = getattr(self.engine, "restart", None)
-        if not self.config.restart or restart is None:
+        if not self.config.restart or not self.engine.can_restart:
             logger.error("Engine unhealthy (%s); stopping the server", reason)
             self._on_fatal(reason)
             return False
         logger.error("Engine unhealthy (%s); restarting it, in-flight requests fail", reason)
         try:
-            await asyncio.wait_for(restart(), self.config.restart_timeout_s)
+            await asyncio.wait_for(self.engine.restart(), self.config.restart_timeout_s)
         except Exception as error:
             logger.error("Engine restart failed (%s); stopping the server", error)
             self._on_fatal(f"{reason}; restart failed: {error}")

@@ -1,4 +1,4 @@
-"""`text-generation-launcher`: TGI's command line (contract §12), filling a ServerConfig.
+"""`text-generation-launcher`: TGI's command line (docs/contract.md §12), filling a ServerConfig.
 
 Every flag can also come from the environment variable of the same name in UPPER_SNAKE_CASE
 (`--max-total-tokens` <- MAX_TOTAL_TOKENS); an explicit flag wins over the environment.
@@ -248,8 +248,13 @@ _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
     "--waiting-served-ratio": lambda c: c.waiting_served_ratio != 0.3,
     "--weights-cache-override": lambda c: c.weights_cache_override is not None,
     "--disable-custom-kernels": lambda c: c.disable_custom_kernels,
-    "--ngrok": lambda c: c.ngrok,
+    "--ngrok": lambda c: c.ngrok or c.ngrok_authtoken is not None or c.ngrok_edge is not None,
+    "--master-addr/--master-port/--shard-uds-path (shard processes)": lambda c: (
+        (c.master_addr, c.master_port, c.shard_uds_path) != ("localhost", 29500, "/tmp/text-generation-server")
+    ),
 }
+# Options accepted that have nothing to do here, whatever their value (no warning).
+_WITHOUT_EFFECT = {"usage_stats": "TGI's telemetry switch: this server never sends telemetry"}
 
 
 def unimplemented_options(config: ServerConfig) -> list[str]:

@@ -17,11 +17,15 @@ from __future__ import annotations
 import asyncio
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.request import GenerateRequest as EngineRequest
 from router.token_healing import HealingSplit, VocabularyTable, is_prefix_only, remaining_prefix, split_prompt
 from tgi_compat.truncation import kept_length, truncate_long_prompt
+
+if TYPE_CHECKING:
+    from tgi_compat.schemas import GenerateParameters
+    from tgi_compat.state import AppState
 
 MAX_NEW_TOKENS_CHUNK = 1024  # TGI counts at most this many new tokens in the budget check
 
@@ -34,11 +38,6 @@ def healing_table(tokenizer: Any) -> VocabularyTable:
     if table is None:
         table = _tables[tokenizer] = VocabularyTable.from_tokenizer(tokenizer)
     return table
-
-
-def _request_or_server(params: Any, name: str, config: Any, config_name: str, default: Any) -> Any:
-    value = getattr(params, name, None)
-    return value if value is not None else getattr(config, config_name, default)
 
 
 @dataclass(slots=True)
@@ -74,14 +73,21 @@ class RequestFeatures:
         return HealingOutput(self.healing_vocabulary, self.healing.prefix_text)
 
 
-async def prepare_features(state: Any, params: Any, prompt_ids: list[int]) -> tuple[list[int], RequestFeatures]:
+def _request_or_server(value: Any, server_default: Any) -> Any:
+    """A request parameter, or the server's default (a LightLLM flag) where the request left it unset."""
+    return value if value is not None else server_default
+
+
+async def prepare_features(
+    state: AppState, params: GenerateParameters, prompt_ids: list[int]
+) -> tuple[list[int], RequestFeatures]:
     """Apply long truncation and token healing to a tokenized prompt (before the length checks)."""
     config, limits = state.config, state.limits
-    mode = _request_or_server(params, "long_truncation_mode", config, "long_truncation_mode", None)
+    mode = _request_or_server(params.long_truncation_mode, config.long_truncation_mode)
     features = RequestFeatures(
         truncation_mode=mode if mode in ("head", "center") else None,
         all_prompt_logprobs=bool(
-            _request_or_server(params, "return_all_prompt_logprobs", config, "return_all_prompt_logprobs", False)
+            _request_or_server(params.return_all_prompt_logprobs, config.return_all_prompt_logprobs)
         ),
         prompt_top_n=params.top_n_tokens or 0,
         max_total_tokens=limits.max_total_tokens,
@@ -91,7 +97,7 @@ async def prepare_features(state: Any, params: Any, prompt_ids: list[int]) -> tu
         budget = kept_length(limits.max_input_tokens, limits.max_total_tokens, min(requested, MAX_NEW_TOKENS_CHUNK))
         truncated = truncate_long_prompt(prompt_ids, features.truncation_mode, budget)
         prompt_ids, features.truncated_prompt_tokens = truncated.prompt_ids, truncated.num_dropped
-    if _request_or_server(params, "token_healing", config, "token_healing", False):
+    if _request_or_server(params.token_healing, config.token_healing):
         tokenizer = state.tokenizer.tokenizer
         table = _tables.get(tokenizer) or await asyncio.to_thread(healing_table, tokenizer)
         features.healing = split_prompt(prompt_ids, table)
@@ -113,10 +119,6 @@ class HealingOutput:
         self._prefix_text = prefix_text
         self._pending_bytes = prefix_text.encode("utf-8")
         self._pending_text = prefix_text
-
-    @property
-    def is_healing(self) -> bool:
-        return bool(self._pending_bytes)
 
     def push(self, token_id: int, text: str) -> tuple[bool, str]:
         """(counts, text to emit) for one generated token and its detokenized text."""

@@ -54,10 +54,6 @@ def request_context(request_id: str | None = None) -> Iterator[str]:
         _request_id.reset(token)
 
 
-def current_request_id() -> str | None:
-    return _request_id.get()
-
-
 def loggable_text(text: str) -> str:
     """User text as it may appear in logs: verbatim only when prompt logging was asked for."""
     return text if _log_prompts else f"<{len(text)} chars>"

@@ -2,7 +2,7 @@
 
 The HTTP layer calls the `request_*` methods as a request moves through validation, the queue and
 generation; the engine's periodic `router.stats.EngineStats` feeds the batch and KV gauges. Names,
-types, labels, buckets and help texts follow TGI's router (see reference/tgi-contract.md §11):
+types, labels, buckets and help texts follow TGI's router (see docs/contract.md §11):
 counters are bare (`tgi_request_count`, no `_total`), series appear only after first use, every
 `*duration` histogram has 35 geometric buckets 0.0001·1.5^k, and `tgi_request_skipped_tokens` is
 a summary. The vLLM series are plain prometheus_client metrics with vLLM's names and buckets, so
@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from router.stats import EngineStats
-from tgi_compat.metrics_vllm import VllmFamilies, one_two_five_buckets  # noqa: F401 (re-exported)
+from tgi_compat.metrics_vllm import VllmFamilies
 from tgi_compat.prometheus_text import (
     BareCounter,
     BucketHistogram,
@@ -114,7 +114,6 @@ class MetricsSnapshot:
 
     prompt_tokens: int  # cumulative
     generated_tokens: int  # cumulative
-    requests_succeeded: int
     waiting: int
     running: int
     kv_usage: float | None  # 0..1, None until the engine reports
@@ -356,7 +355,6 @@ class ServerMetrics:
         return MetricsSnapshot(
             prompt_tokens=prompt,
             generated_tokens=generated,
-            requests_succeeded=int(self.tgi.request_success.value()),
             waiting=waiting,
             running=running,
             kv_usage=self._kv_usage,

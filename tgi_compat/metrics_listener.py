@@ -1,4 +1,4 @@
-"""TGI's second, Prometheus-only HTTP listener (`--prometheus-port`, default 9000; contract §1).
+"""TGI's second, Prometheus-only HTTP listener (`--prometheus-port`, default 9000; docs/contract.md §1).
 
 metrics-exporter-prometheus serves the same exposition text as `GET /metrics` on the main port,
 for a GET on any path, from its own socket on the same IP. Here: a small threaded http.server.

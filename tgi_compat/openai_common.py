@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
+from router.request import FinishReason
 from tgi_compat.errors import TgiError, deserialize_message, parse_json_body
 from tgi_compat.schemas import dump_json
 from tgi_compat.state import TGI_VERSION, AppState
@@ -43,7 +44,7 @@ async def parse_openai_body(request: Request, model: type[Model], limit: int) ->
 
 def served_model_name(state: AppState) -> str:
     """`--served-model-name` when the config has it (ours), else the model id (TGI)."""
-    return getattr(state.config, "served_model_name", None) or state.model.model_id
+    return state.config.served_model_name or state.model.model_id
 
 
 def system_fingerprint() -> str:
@@ -57,7 +58,7 @@ def unix_now() -> int:
 
 def openai_finish_reason(finish_reason: str) -> str:
     """TGI's `format(use_stop=true)`: only eos_token becomes "stop"; stop_sequence stays."""
-    return "stop" if finish_reason == "eos_token" else finish_reason
+    return "stop" if finish_reason == FinishReason.EOS_TOKEN else finish_reason
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -1,5 +1,5 @@
-"""Request bodies of the OpenAI-compatible routes (TGI's ChatRequest / CompletionRequest, contract
-§9.1 and §10, plus the OpenAI completions parameters vLLM-based servers accept).
+"""Request bodies of the OpenAI-compatible routes: TGI's ChatRequest and CompletionRequest
+(docs/contract.md §9.1 and §10), plus the OpenAI completions parameters vLLM-based servers accept.
 
 Parsed like serde would (strict types, unknown keys ignored, `null` only where TGI has an
 `Option`) through `tgi_compat.errors.parse_json_body`, so shape errors are axum's text/plain 422.

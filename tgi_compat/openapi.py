@@ -19,10 +19,21 @@ REF = "#/components/schemas/{model}"
 
 # Models documented by default; other route modules may register theirs with `register_schemas`.
 _DOCUMENTED: list[type[BaseModel]] = [
-    schemas.CompatGenerateRequest, schemas.GenerateRequest, schemas.GenerateParameters, schemas.GrammarType,
-    schemas.GenerateResponse, schemas.Details, schemas.BestOfSequence, schemas.Token, schemas.PrefillToken,
-    schemas.StreamResponse, schemas.StreamDetails, schemas.SimpleToken, schemas.ErrorResponse, schemas.Info,
-]  # fmt: skip
+    schemas.CompatGenerateRequest,
+    schemas.GenerateRequest,
+    schemas.GenerateParameters,
+    schemas.GrammarType,
+    schemas.GenerateResponse,
+    schemas.Details,
+    schemas.BestOfSequence,
+    schemas.Token,
+    schemas.PrefillToken,
+    schemas.StreamResponse,
+    schemas.StreamDetails,
+    schemas.SimpleToken,
+    schemas.ErrorResponse,
+    schemas.Info,
+]
 
 
 def register_schemas(*models: type[BaseModel]) -> None:

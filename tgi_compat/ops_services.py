@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tgi_compat.config import ServerConfig
 from tgi_compat.logging_setup import StatsLogger
 from tgi_compat.metrics import ServerMetrics
 from tgi_compat.metrics_push import MetricsPusher, PushGatewayConfig
@@ -34,21 +35,20 @@ class OpsServices:
             self.pusher.stop(final_push=True)
 
 
-def start_ops_services(metrics: ServerMetrics | None, config: object) -> OpsServices:
+def start_ops_services(metrics: ServerMetrics | None, config: ServerConfig) -> OpsServices:
     services = OpsServices()
     if metrics is None:
         return services
-    gateway = getattr(config, "metric_gateway", None)
-    if gateway:
+    if config.metric_gateway:
         push_config = PushGatewayConfig.from_flags(
-            gateway,
-            job_name=getattr(config, "metric_job_name", None) or "lightllm",
-            grouping_key=getattr(config, "metric_grouping_key", None) or (),
-            push_interval=getattr(config, "metric_push_interval", None) or 10,
-            enable_monitor_auth=bool(getattr(config, "enable_monitor_auth", False)),
+            config.metric_gateway,
+            job_name=config.metric_job_name or "lightllm",
+            grouping_key=config.metric_grouping_key or (),
+            push_interval=config.metric_push_interval or 10,
+            enable_monitor_auth=config.enable_monitor_auth,
         )
         services.pusher = MetricsPusher(metrics, push_config).start()
-    interval = getattr(config, "log_stats_interval", None)
-    if interval and not getattr(config, "disable_log_stats", False):
+    interval = config.log_stats_interval
+    if interval and not config.disable_log_stats:
         services.stats_logger = StatsLogger(metrics, float(interval)).start()
     return services

@@ -1,4 +1,4 @@
-"""Generation results -> TGI response bodies and headers (contract §5, §7)."""
+"""Generation results -> TGI response bodies and headers (docs/contract.md §5, §7)."""
 
 from __future__ import annotations
 

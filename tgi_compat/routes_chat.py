@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and POST /chat_tokenize (contract §9).
+"""POST /v1/chat/completions and POST /chat_tokenize (docs/contract.md §9).
 
 A chat request becomes a TGI generate request: the chat template renders the prompt (no special
 tokens added: the template has them), the OpenAI sampling fields map onto GenerateParameters the
@@ -261,7 +261,7 @@ async def chat_tokenize(request: Request) -> Response:
         spans = await state.tokenizer.spans(prompt, add_special_tokens=False)
     except TgiError as error:
         return error.response()
-    except Exception as error:  # noqa: BLE001 - tokenizer failures are the client's input
+    except Exception as error:  # tokenizer failures are the client's input
         return validation_error(f"tokenizer error {error}").response()
     raw = prompt.encode("utf-8")
     tokens = [

@@ -1,4 +1,4 @@
-"""POST /v1/completions (contract §10) plus the OpenAI parameters vLLM-based servers accept.
+"""POST /v1/completions (docs/contract.md §10) plus the OpenAI parameters vLLM-based servers accept.
 
 Like TGI: every prompt is an independent generate request (special tokens added, details on);
 `suffix` and more than --max-client-batch-size prompts are refused before anything runs; a stream
@@ -342,9 +342,15 @@ def _completions_stream(state: AppState, body: CompletionRequest, fanout: Fanout
                     continue
                 yield event
             if body.stream_options is not None and body.stream_options.include_usage:
-                final = {"object": "text_completion", "id": "", "created": unix_now(), "model": served_model_name(state),
-                         "system_fingerprint": system_fingerprint(), "choices": [],
-                         "usage": usage(totals.prompt_tokens, totals.completion_tokens)}  # fmt: skip
+                final = {
+                    "object": "text_completion",
+                    "id": "",
+                    "created": unix_now(),
+                    "model": served_model_name(state),
+                    "system_fingerprint": system_fingerprint(),
+                    "choices": [],
+                    "usage": usage(totals.prompt_tokens, totals.completion_tokens),
+                }
                 yield data_event(dump_json(final))
             yield done_event()
         finally:

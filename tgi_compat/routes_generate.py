@@ -1,4 +1,4 @@
-"""POST /, /generate, /generate_stream, /tokenize (contract §2-§7)."""
+"""POST /, /generate, /generate_stream, /tokenize (docs/contract.md §2-§7)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ async def validate_request(
     check_parameters(params, inputs, limits)
     try:
         prompt_ids = await state.tokenizer.encode(inputs, add_special_tokens)
-    except Exception as error:  # noqa: BLE001 - any tokenizer failure is the client's input
+    except Exception as error:  # any tokenizer failure is the client's input
         raise validation_error(f"tokenizer error {error}") from error
     prompt_ids = truncate_prompt(prompt_ids, params.truncate)
     prompt_ids, features = await prepare_features(state, params, prompt_ids)
@@ -160,7 +160,7 @@ async def tokenize(request: Request) -> Response:
     body = await parse_json_body(request, GenerateRequest, state.config.payload_limit)
     try:
         spans = await state.tokenizer.spans(body.inputs)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # any tokenizer failure is the client's input
         return validation_error(f"tokenizer error {error}").response()
     raw = body.inputs.encode("utf-8")
     tokens = [

@@ -1,4 +1,4 @@
-"""GET /, /health, /ping, /info, /metrics, /v1/models (contract §8). None needs the API key."""
+"""GET /, /health, /ping, /info, /metrics, /v1/models (docs/contract.md §8). None needs the API key."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ async def _health(request: Request) -> Response:
     state = get_state(request)
     try:
         healthy = await asyncio.wait_for(state.engine.check_health(), HEALTH_TIMEOUT_SECONDS)
-    except Exception as error:  # noqa: BLE001 - a dead or hung engine is simply unhealthy
+    except Exception as error:  # a dead or hung engine is simply unhealthy
         logger.warning("health check failed: %s", error or type(error).__name__)
         healthy = False
     return Response(status_code=200) if healthy else unhealthy_response()

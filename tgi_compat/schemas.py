@@ -20,12 +20,20 @@ I32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 # The Rust type serde names in "expected ..." messages, per field (see errors.deserialize_message).
 RUST_TYPES: dict[str, str] = {
-    "best_of": "usize", "truncate": "usize", "top_k": "i32", "seed": "u64",
-    "max_new_tokens": "u32", "top_n_tokens": "u32",
-    "temperature": "f32", "repetition_penalty": "f32", "frequency_penalty": "f32",
-    "top_p": "f32", "typical_p": "f32",
-    "parameters": "struct GenerateParameters", "grammar": "internally tagged enum GrammarType",
-}  # fmt: skip
+    "best_of": "usize",
+    "truncate": "usize",
+    "top_k": "i32",
+    "seed": "u64",
+    "max_new_tokens": "u32",
+    "top_n_tokens": "u32",
+    "temperature": "f32",
+    "repetition_penalty": "f32",
+    "frequency_penalty": "f32",
+    "top_p": "f32",
+    "typical_p": "f32",
+    "parameters": "struct GenerateParameters",
+    "grammar": "internally tagged enum GrammarType",
+}
 
 
 class _Request(BaseModel):
@@ -123,6 +131,7 @@ class SimpleToken(_Response):
     stop: int
 
 
+# The wire form of router.request.COMPLETED_FINISH_REASONS (tests/api/test_finish_reason.py keeps them one set).
 FinishReason = Literal["length", "eos_token", "stop_sequence"]
 
 

@@ -1,4 +1,4 @@
-"""TGI's transport guards as one pure-ASGI middleware (contract §1): CORS, `--api-key`, `--payload-limit`.
+"""TGI's transport guards as one pure-ASGI middleware (docs/contract.md §1): CORS, `--api-key`, `--payload-limit`.
 
 Order follows TGI's axum stack, outermost first:
   1. CORS (tower-http `CorsLayer`): every OPTIONS request is a preflight answered here with 200 and

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import logging
 import os
 import time
@@ -66,12 +67,16 @@ async def build_state(config: ServerConfig) -> AppState:
     )
     logger.info(
         "Ready in %.1f s: %s on %s (%s), max_total_tokens=%d, max_input_tokens=%d, KV slots=%d",
-        time.perf_counter() - started, config.model_id, engine.info.device, engine.info.dtype,
-        limits.max_total_tokens, limits.max_input_tokens, engine.info.num_kv_slots,
-    )  # fmt: skip
+        time.perf_counter() - started,
+        config.model_id,
+        engine.info.device,
+        engine.info.dtype,
+        limits.max_total_tokens,
+        limits.max_input_tokens,
+        engine.info.num_kv_slots,
+    )
     metrics = _new_metrics(limits, config.model_id, engine.info.num_kv_slots)
-    if hasattr(engine, "stats_listener"):
-        engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
+    engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
     return AppState(
         config=config,
         limits=limits,
@@ -89,7 +94,7 @@ async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:
     """A dead engine process stops the server (non-zero exit) instead of leaving clients hanging."""
     while not server.should_exit:
         await asyncio.sleep(ENGINE_WATCH_SECONDS)
-        if getattr(state.engine, "is_dead", False):
+        if state.engine.is_dead:
             logger.error("The engine process died; shutting down")
             server.should_exit = True
             raise EngineDeadError("engine process died")
@@ -163,11 +168,7 @@ def freeze_startup_heap() -> None:
 
 def _http_protocol_name() -> str:
     """What uvicorn's http="auto" picks: httptools when installed, else h11."""
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        return "h11"
-    return "httptools"
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

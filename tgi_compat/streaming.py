@@ -1,4 +1,4 @@
-"""TGI's SSE framing (contract §7) on top of sse-starlette.
+"""TGI's SSE framing (docs/contract.md §7) on top of sse-starlette.
 
 Each event is exactly `data:<compact json>\n\n` (axum's `Event::json_data`: no space after the
 colon, no `event:`/`id:` lines); a `:\n\n` comment keeps idle connections alive every 15 s.

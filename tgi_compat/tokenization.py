@@ -15,13 +15,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def load_hf_tokenizer(model_id: str, revision: str | None = None) -> Any:
-    """A transformers fast tokenizer for `model_id` (a folder, a .gguf file or a Hub id)."""
-    from modeling.tokenizer import load_tokenizer  # caches converted GGUF vocabularies
-
-    return load_tokenizer(model_id, revision)
-
-
 def load_tokenizer_service(model_id: str, revision: str | None = None, workers: int = 2) -> TokenizerService:
     """The tokenizer plus its chat template, EOS set and limits (modeling.tokenizer.TokenizerInfo)."""
     from modeling.tokenizer import load_tokenizer_info

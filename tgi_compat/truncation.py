@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass
 
 
-class TruncationMode(str, enum.Enum):
+class TruncationMode(enum.StrEnum):
     HEAD = "head"
     CENTER = "center"
 

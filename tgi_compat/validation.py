@@ -1,4 +1,4 @@
-"""TGI's request validation (contract §4): the same checks, texts and order, then the mapping of a
+"""TGI's request validation (docs/contract.md §4): the same checks, texts and order, then the mapping of a
 validated HTTP request onto the engine's `GenerateRequest`.
 
 Order (first failure wins): [stream-only checks] -> [non-stream best_of limits] -> concurrency

@@ -27,10 +27,15 @@ def create_backend(
     dtype: torch.dtype,
 ) -> AttentionBackend:
     name = name or default_backend_name(device)
+    backend_cls: type[AttentionBackend]
     if name == "torch":
-        from modeling.attention.torch_backend import TorchAttentionBackend as backend_cls
+        from modeling.attention.torch_backend import TorchAttentionBackend
+
+        backend_cls = TorchAttentionBackend
     elif name == "triton":
-        from modeling.attention.triton_backend import TritonAttentionBackend as backend_cls
+        from modeling.attention.triton_backend import TritonAttentionBackend
+
+        backend_cls = TritonAttentionBackend
     else:
         raise ValueError(f"unknown attention backend {name!r} (choose 'torch' or 'triton')")
     return backend_cls(

@@ -7,6 +7,7 @@ kv buffers per layer [num_slots, num_kv_heads, head_dim]; req_to_token [max_rows
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import torch
 
@@ -14,6 +15,10 @@ from modeling.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):
+    # True when a decode step through this backend can be captured as a CUDA graph and replayed:
+    # no host syncs, no allocations, fixed-size index tensors per batch size.
+    supports_cuda_graphs: ClassVar[bool] = False
+
     @abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
         """Once per step, before the first layer: build whatever index tensors the kernels need."""

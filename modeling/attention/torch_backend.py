@@ -32,6 +32,8 @@ class TorchAttentionMetadata:
 
 
 class TorchAttentionBackend(AttentionBackend):
+    metadata: TorchAttentionMetadata  # this step's, set by init_forward_metadata
+
     def __init__(
         self,
         num_heads: int,
@@ -47,7 +49,6 @@ class TorchAttentionBackend(AttentionBackend):
         self.head_dim = head_dim
         self.device = device
         self.dtype = dtype
-        self.metadata: TorchAttentionMetadata | None = None
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
         if batch.mode == ForwardMode.DECODE:

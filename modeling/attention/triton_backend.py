@@ -58,6 +58,7 @@ class TritonAttentionMetadata:
 
 class TritonAttentionBackend(AttentionBackend):
     supports_cuda_graphs = True
+    metadata: TritonAttentionMetadata  # this step's, set by init_forward_metadata
 
     def __init__(
         self,
@@ -87,7 +88,6 @@ class TritonAttentionBackend(AttentionBackend):
         self._split_counter = torch.zeros(max_rows, num_kv_heads, dtype=torch.int32, device=self.device)
         self.merged_split_batches = MERGED_SPLIT_BATCHES
         self.fused_rotary_batches = FUSED_ROTARY_BATCHES
-        self.metadata: TritonAttentionMetadata | None = None
 
     def _num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
@@ -96,7 +96,7 @@ class TritonAttentionBackend(AttentionBackend):
         is_decode = batch.mode == ForwardMode.DECODE
         num_flash = batch.batch_size if is_decode else _num_decode_prefix(batch)
         max_q_len = batch.max_q_len
-        if num_flash and not is_decode:
+        if num_flash and not is_decode and batch.q_lens_cpu is not None:  # a decode prefix needs host lengths
             max_q_len = max(batch.q_lens_cpu[num_flash:])
         self.metadata = TritonAttentionMetadata(
             is_decode=is_decode,

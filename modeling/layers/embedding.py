@@ -6,14 +6,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from modeling.layers.linear import default_weight_loader, dense
+from modeling.layers.linear import dense, new_param
 
 
 class VocabEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
-        self.weight.weight_loader = default_weight_loader
+        self.weight = new_param(vocab_size, hidden_size)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)
@@ -27,8 +26,7 @@ class LMHead(nn.Module):
         if tied_to is not None:
             self.weight = tied_to.weight  # same Parameter: loaded once, stored once
         else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
-            self.weight.weight_loader = default_weight_loader
+            self.weight = new_param(vocab_size, hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # [R, hidden] -> [R, vocab]

@@ -6,6 +6,8 @@ Parameters are allocated uninitialised (weights always come from a checkpoint) a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -38,14 +40,23 @@ def one_row_gemv_config(x: torch.Tensor, weight: torch.Tensor, prologue: int) ->
     return gemv_config(weight.shape[0], weight.shape[1], prologue)
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard: object = None) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}")
     param.data.copy_(loaded)
 
 
-def _new_param(*shape: int, loader=default_weight_loader) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
+WeightLoader = Callable[[nn.Parameter, torch.Tensor, object], None]  # (param, checkpoint tensor, shard)
+
+
+class LoadableParameter(nn.Parameter):
+    """A parameter that carries the loader placing a checkpoint tensor in it."""
+
+    weight_loader: WeightLoader
+
+
+def new_param(*shape: int, loader: WeightLoader = default_weight_loader) -> LoadableParameter:
+    param = LoadableParameter(torch.empty(*shape), requires_grad=False)
     param.weight_loader = loader
     return param
 
@@ -55,8 +66,8 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = _new_param(out_features, in_features, loader=self.load_shard)
-        self.bias = _new_param(out_features, loader=self.load_shard) if bias else None
+        self.weight = new_param(out_features, in_features, loader=self.load_shard)
+        self.bias = new_param(out_features, loader=self.load_shard) if bias else None
 
     def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
         default_weight_loader(param, loaded)
@@ -79,7 +90,9 @@ class MergedLinear(Linear):
         default_weight_loader(param.data.narrow(0, start, size), loaded)
 
     def shard_index(self, shard: object) -> int:
-        return int(shard)
+        if not isinstance(shard, int):
+            raise TypeError(f"{type(self).__name__} shards are numbered, got {shard!r}")
+        return shard
 
 
 class QKVLinear(MergedLinear):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from modeling.layers.linear import default_weight_loader
+from modeling.layers.linear import new_param
 from modeling.layers.ops import LayerOps
 
 
@@ -14,8 +14,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.ops = ops
-        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
-        self.weight.weight_loader = default_weight_loader
+        self.weight = new_param(dim)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

@@ -24,7 +24,7 @@ class LayerOps:
     # (x [T, ..., D], weight [D], eps, residual | None) -> (normed, x + residual | None)
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
     # (cos_half [P, D/2], sin_half [P, D/2], positions [T]) -> step tables, built once per step
-    rope_tables: Callable[..., tuple[torch.Tensor, ...]]
+    rope_tables: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [T, N, D], step tables) -> x rotated (neox layout: halves rotate as pairs)
     rotary: Callable[..., torch.Tensor]
     # A norm and the projection after it, as one op so that a backend can fuse them:

@@ -62,6 +62,9 @@ def build_cos_sin(
 
 
 class RotaryEmbedding(nn.Module):
+    cos_half: torch.Tensor  # [P, D/2], a buffer
+    sin_half: torch.Tensor  # [P, D/2], a buffer
+
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling, max_positions: int, ops: LayerOps):
         super().__init__()
         self.ops = ops

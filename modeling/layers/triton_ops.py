@@ -6,15 +6,19 @@ Same contract as TORCH_OPS in ops.py. Rotary rotates in place and returns its in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-import torch.nn as nn
 
 from kernels.gemv import PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL, gemv
 from kernels.rmsnorm import rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
-from modeling.layers.linear import one_row_gemv_config
+from modeling.layers.linear import Linear, one_row_gemv_config
 from modeling.layers.ops import LayerOps, unfused_rms_norm_linear, unfused_silu_mul_linear
+
+if TYPE_CHECKING:
+    from modeling.layers.norm import RMSNorm
 
 
 def triton_rms_norm(
@@ -40,7 +44,7 @@ def triton_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) ->
 
 
 def triton_rms_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module, proj: nn.Module
+    x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, proj: Linear
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One row (batch-1 decode): the norm runs inside the GEMV's prologue; else rmsnorm kernel + matmul."""
     config = one_row_gemv_config(x, proj.weight, PROLOGUE_RMSNORM)
@@ -57,10 +61,10 @@ def triton_rms_norm_linear(
         residual_out=summed,
         config=config,
     )
-    return out, (x if residual is None else summed)
+    return out, (x if summed is None else summed)
 
 
-def triton_silu_mul_linear(x: torch.Tensor, proj: nn.Module) -> torch.Tensor:
+def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     config = one_row_gemv_config(x, proj.weight, PROLOGUE_SILU_MUL)
     if config is None:
         return unfused_silu_mul_linear(x, proj, silu_mul)

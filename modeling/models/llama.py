@@ -15,7 +15,7 @@ from modeling.attention.base import AttentionBackend
 from modeling.config import ModelConfig
 from modeling.forward_batch import ForwardBatch
 from modeling.layers.embedding import LMHead, VocabEmbedding
-from modeling.layers.linear import Linear, MergedLinear, QKVLinear
+from modeling.layers.linear import Linear, LoadableParameter, MergedLinear, QKVLinear
 from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.layers.rotary import RotaryEmbedding
@@ -74,6 +74,10 @@ class LlamaForCausalLM(nn.Module):
             if target not in params:
                 raise KeyError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
             param = params[target]
+            if not isinstance(param, LoadableParameter):
+                raise TypeError(
+                    f"parameter {target!r} was not built with a weight loader (modeling.layers.linear.new_param)"
+                )
             param.weight_loader(param, tensor, shard)
             pending.discard(target)
         if self.config.tie_word_embeddings:
@@ -152,6 +156,8 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size, config.o_proj_bias)
         self.ops = ops
+        self.q_norm: RMSNorm | None
+        self.k_norm: RMSNorm | None
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
@@ -169,7 +175,7 @@ class LlamaAttention(nn.Module):
         num_tokens = qkv.shape[0]
         qk = qkv[:, : self.qk_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, _ = self.q_norm(qk[:, : self.num_heads])
             k, _ = self.k_norm(qk[:, self.num_heads :])
             qk = torch.cat((q, k), dim=1)

@@ -94,7 +94,7 @@ class GGUFFile:
 
     def _scalar(self, value_type: int) -> Any:
         fmt = _SCALARS[value_type]
-        (value,) = struct.unpack_from(fmt, self._buf, self._pos)
+        (value,) = struct.unpack_from(fmt, self._buf.data, self._pos)
         self._pos += struct.calcsize(fmt)
         return value
 
@@ -113,7 +113,7 @@ class GGUFFile:
         if item_type == _STRING:
             if count > _MAX_ARRAY_LEN:
                 for _ in range(count):  # walk past without decoding
-                    self._pos += 8 + struct.unpack_from("<Q", self._buf, self._pos)[0]
+                    self._pos += 8 + struct.unpack_from("<Q", self._buf.data, self._pos)[0]
                 return _SKIPPED
             return [self._string() for _ in range(count)]
         if item_type == _ARRAY:

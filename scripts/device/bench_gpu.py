@@ -12,6 +12,7 @@ and are timed with CUDA events over STEPS consecutive steps. Weights are random 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import itertools
 import json
@@ -24,11 +25,11 @@ import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model  # noqa: E402
+from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model
 
-from kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention  # noqa: E402
-from kernels.prefill_attention import prefill_attention  # noqa: E402
-from kernels.rotary import rotary_and_kv_store  # noqa: E402
+from kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention
+from kernels.prefill_attention import prefill_attention
+from kernels.rotary import rotary_and_kv_store
 
 DEV = "cuda"
 CONTEXT = 512
@@ -50,8 +51,7 @@ def copy_bandwidth() -> float:
     """Bytes/s of a large device-to-device copy, read + write counted."""
     src = torch.randn(2**30 // 2, device=DEV, dtype=torch.bfloat16).repeat(2)  # 2 GiB
     dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
-    del src, dst
+    ms = median_ms(functools.partial(dst.copy_, src))
     return 2 * 2**31 / (ms * 1e-3)
 
 
@@ -244,7 +244,7 @@ def decode_missed_cells_sweep(
         for splits, block_n, warps, stages in grid:
             try:
                 ms = cell.time_ms(splits, block_n=block_n, num_warps=warps, num_stages=stages)
-            except Exception as exc:  # noqa: BLE001 - a config Triton cannot build
+            except Exception as exc:  # a config Triton cannot build
                 log(f"  B={batch} L={context} {block_n}/{warps}/{stages}: {type(exc).__name__}")
                 continue
             row = dict(
@@ -318,25 +318,26 @@ def prefill_attention_tflops() -> list[dict]:
         out = torch.empty_like(q)
         for block_m, block_n, warps, stages in configs:
             try:
-                ms = graph_ms(
-                    lambda: prefill_attention(
-                        q,
-                        k_cache,
-                        v_cache,
-                        r2t,
-                        one,
-                        one,
-                        lens,
-                        lens,
-                        seq,
-                        0.088,
-                        out=out,
-                        block_m=block_m,
-                        block_n=block_n,
-                        num_warps=warps,
-                        num_stages=stages,
-                    )
+                # partial binds this iteration's tensors and tile config (graph_ms runs it before the loop moves on)
+                launch = functools.partial(
+                    prefill_attention,
+                    q,
+                    k_cache,
+                    v_cache,
+                    r2t,
+                    one,
+                    one,
+                    lens,
+                    lens,
+                    seq,
+                    0.088,
+                    out=out,
+                    block_m=block_m,
+                    block_n=block_n,
+                    num_warps=warps,
+                    num_stages=stages,
                 )
+                ms = graph_ms(launch)
             except Exception as exc:  # e.g. out of shared memory for a large tile
                 log(f"prefill-attn S={seq} {block_m}x{block_n} w{warps} s{stages}: {type(exc).__name__}")
                 continue
@@ -546,7 +547,7 @@ def bench_transformers(model, vocab: int) -> dict:
         ids = torch.randint(0, vocab, (batch, CONTEXT), device=DEV)
         mask = torch.ones_like(ids)
 
-        def run(new: int) -> float:
+        def run(new: int, ids: torch.Tensor = ids, mask: torch.Tensor = mask) -> float:
             torch.cuda.synchronize()
             t = time.perf_counter()
             model.generate(

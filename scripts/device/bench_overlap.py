@@ -29,9 +29,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from router.client import ZmqEngineClient  # noqa: E402
-from router.config import EngineConfig  # noqa: E402
-from router.request import GenerateRequest  # noqa: E402
+from router.client import ZmqEngineClient
+from router.config import EngineConfig
+from router.request import GenerateRequest
 
 PROMPT_LEN, NEW_TOKENS = 128, 256
 TINY_LLAMA = dict(

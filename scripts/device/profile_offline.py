@@ -23,11 +23,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from benchmarks.workload import read_length_list  # noqa: E402
-from router.config import EngineConfig  # noqa: E402
-from router.engine import EngineCore  # noqa: E402
-from router.model_loading import load_runner  # noqa: E402
-from router.request import GenerateRequest  # noqa: E402
+from benchmarks.workload import read_length_list
+from router.config import EngineConfig
+from router.engine import EngineCore
+from router.model_loading import load_runner
+from router.request import GenerateRequest
 
 
 def sharegpt_lengths(num: int, seed: int = 0) -> list[tuple[int, int]]:

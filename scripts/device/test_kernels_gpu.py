@@ -17,20 +17,20 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from common import build_runner, capture_graphs, greedy_generate, hf_model  # noqa: E402
+from common import build_runner, capture_graphs, greedy_generate, hf_model
 
-from kernels.decode_attention import (  # noqa: E402
+from kernels.decode_attention import (
     NewTokenKV,
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
 )
-from kernels.gemv import gemv, gemv_ref  # noqa: E402
-from kernels.kv_store import kv_store, kv_store_ref  # noqa: E402
-from kernels.prefill_attention import prefill_attention, prefill_attention_ref  # noqa: E402
-from kernels.rmsnorm import rmsnorm, rmsnorm_ref  # noqa: E402
-from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref  # noqa: E402
-from kernels.silu_mul import silu_mul, silu_mul_ref  # noqa: E402
+from kernels.gemv import gemv, gemv_ref
+from kernels.kv_store import kv_store, kv_store_ref
+from kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
+from kernels.silu_mul import silu_mul, silu_mul_ref
 
 DEV = "cuda"
 RESULTS: list[tuple[str, float, float]] = []  # (check, error, threshold)

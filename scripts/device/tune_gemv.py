@@ -24,9 +24,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from kernels.gemv import GemvConfig, gemv, gemv_ref  # noqa: E402
-from kernels.rmsnorm import rmsnorm  # noqa: E402
-from kernels.silu_mul import silu_mul  # noqa: E402
+from kernels.gemv import GemvConfig, gemv, gemv_ref
+from kernels.rmsnorm import rmsnorm
+from kernels.silu_mul import silu_mul
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
@@ -159,8 +159,8 @@ def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConf
     timed = []
     for cfg in configs:
         try:
-            timed.append((graph_us([lambda w=w: fused(w, cfg) for w in weights]), cfg))
-        except Exception as exc:  # noqa: BLE001 - a config Triton cannot build (registers, smem)
+            timed.append((graph_us([lambda w=w, cfg=cfg: fused(w, cfg) for w in weights]), cfg))
+        except Exception as exc:  # a config Triton cannot build (registers, smem)
             log(f"  {cfg} failed: {type(exc).__name__}")
     timed.sort(key=lambda t: t[0])
     best_us, best = timed[0]

@@ -32,10 +32,16 @@ class ScriptedEngine(EngineClient):
         self.healthy = True
         self.fail_with: str | None = None
         self.info = EngineInfo(
-            model_id="scripted", architecture="LlamaForCausalLM", dtype="float32", device="cpu",
-            vocab_size=49152, max_position_embeddings=8192, num_kv_slots=4096,
-            max_total_tokens=max_total_tokens, eos_token_ids=(EOS_ID,),
-        )  # fmt: skip
+            model_id="scripted",
+            architecture="LlamaForCausalLM",
+            dtype="float32",
+            device="cpu",
+            vocab_size=49152,
+            max_position_embeddings=8192,
+            num_kv_slots=4096,
+            max_total_tokens=max_total_tokens,
+            eos_token_ids=(EOS_ID,),
+        )
 
     def _events(self, request: GenerateRequest) -> list[TokenEvent]:
         ids = [*self.continuation, EOS_ID]
@@ -46,9 +52,14 @@ class ScriptedEngine(EngineClient):
             if request.sampling.top_n_tokens:
                 top = [[TopToken(token_id, -0.5), TopToken(token_id + 1, -1.5)][: request.sampling.top_n_tokens]]
             event = TokenEvent(
-                request.request_id, [token_id], [-0.5 - 0.01 * step], top, finish_reason=finish,
-                seed=request.sampling.seed, num_prompt_tokens=len(request.prompt_ids),
-            )  # fmt: skip
+                request.request_id,
+                [token_id],
+                [-0.5 - 0.01 * step],
+                top,
+                finish_reason=finish,
+                seed=request.sampling.seed,
+                num_prompt_tokens=len(request.prompt_ids),
+            )
             if step == 1 and request.prompt_logprobs:
                 event.prompt_logprobs = [None] + [-1.0] * (len(request.prompt_ids) - 1)
             events.append(event)
@@ -82,7 +93,11 @@ def make_state(engine: ScriptedEngine, tokenizer: TokenizerService, **overrides)
     config = replace(ServerConfig(model_id="HuggingFaceTB/SmolLM2-135M-Instruct"), **overrides)
     limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
     return AppState(
-        config=config, limits=limits, engine=engine, tokenizer=tokenizer,
-        permits=PermitPool(config.max_concurrent_requests), model=ModelInfo(config.model_id),
+        config=config,
+        limits=limits,
+        engine=engine,
+        tokenizer=tokenizer,
+        permits=PermitPool(config.max_concurrent_requests),
+        model=ModelInfo(config.model_id),
         metrics=ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, config.model_id),
-    )  # fmt: skip
+    )

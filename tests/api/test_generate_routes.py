@@ -129,9 +129,11 @@ async def test_stream_framing_and_final_event(client, engine):
     assert all("top_tokens" not in e for e in events)
     assert events[-1]["generated_text"] == " Paris is the capital."
     assert events[-1]["details"] == {
-        "finish_reason": "eos_token", "generated_tokens": len(events), "seed": None,
+        "finish_reason": "eos_token",
+        "generated_tokens": len(events),
+        "seed": None,
         "input_length": len(engine.requests[0].prompt_ids),
-    }  # fmt: skip
+    }
     assert events[-1]["token"]["special"] is True
 
 

@@ -1,4 +1,4 @@
-"""Every validation row of contract §4 and every body rejection of §1, with TGI's exact texts."""
+"""Every validation row of docs/contract.md §4 and every body rejection of §1, with TGI's exact texts."""
 
 from __future__ import annotations
 
@@ -103,11 +103,27 @@ async def test_payload_limit_is_413(make_client, engine):
 
 async def test_nulls_and_unknown_fields_are_accepted(client):
     params = {
-        "do_sample": False, "max_new_tokens": 5, "repetition_penalty": None, "frequency_penalty": None,
-        "return_full_text": False, "stop": [], "seed": None, "temperature": None, "top_k": None, "top_p": None,
-        "truncate": None, "typical_p": None, "best_of": None, "watermark": False, "details": True,
-        "decoder_input_details": False, "top_n_tokens": None, "grammar": None, "adapter_id": None, "bogus": 1,
-    }  # fmt: skip
+        "do_sample": False,
+        "max_new_tokens": 5,
+        "repetition_penalty": None,
+        "frequency_penalty": None,
+        "return_full_text": False,
+        "stop": [],
+        "seed": None,
+        "temperature": None,
+        "top_k": None,
+        "top_p": None,
+        "truncate": None,
+        "typical_p": None,
+        "best_of": None,
+        "watermark": False,
+        "details": True,
+        "decoder_input_details": False,
+        "top_n_tokens": None,
+        "grammar": None,
+        "adapter_id": None,
+        "bogus": 1,
+    }
     response = await client.post("/", json={"inputs": PROMPT, "parameters": params, "stream": False, "extra": {}})
     assert response.status_code == 200
     assert response.json()[0]["details"]["generated_tokens"] == 5

@@ -118,6 +118,9 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
     class GraphSafeBackend:
         supports_cuda_graphs = True
 
+    class EagerOnlyBackend:  # what AttentionBackend declares by default
+        supports_cuda_graphs = False
+
     def never_called(batch):
         raise AssertionError("nothing may be captured here")
 
@@ -125,7 +128,7 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
     common = dict(max_batch_size=8, pad_row=8, pad_slot=100, max_seq_len=64)
     assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), None, device=cpu, **common) is None
     assert maybe_capture_decode_graphs(never_called, GraphSafeBackend(), [], device=cuda, **common) is None
-    assert maybe_capture_decode_graphs(never_called, object(), [1, 2], device=cuda, **common) is None
+    assert maybe_capture_decode_graphs(never_called, EagerOnlyBackend(), [1, 2], device=cuda, **common) is None
 
 
 @pytest.mark.parametrize("num_requests", [1, 2])

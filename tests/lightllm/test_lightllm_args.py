@@ -40,8 +40,11 @@ def test_flags_map_onto_the_launcher_fields():
     assert config.max_batch_total_tokens == 120000 and config.max_batch_prefill_tokens == 20000
     assert (config.max_input_tokens, config.max_total_tokens, config.max_batch_size) == (1000, 4000, 64)
     assert (config.master_port, config.dtype, config.trust_remote_code, config.max_waiting_tokens) == (
-        30000, "bfloat16", True, 4,
-    )  # fmt: skip
+        30000,
+        "bfloat16",
+        True,
+        4,
+    )
 
 
 def test_batch_max_tokens_default_with_splitfuse_uses_the_block_size():

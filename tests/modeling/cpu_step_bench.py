@@ -13,10 +13,11 @@ import warnings
 import torch
 
 sys.path.insert(0, ".")
+from modeling.forward_batch import build_forward_batch
+from modeling.runner import ModelRunner, RunnerConfig
+from modeling.tokenizer import cache_root
+
 warnings.filterwarnings("ignore")
-from modeling.forward_batch import build_forward_batch  # noqa: E402
-from modeling.runner import ModelRunner, RunnerConfig  # noqa: E402
-from modeling.tokenizer import cache_root  # noqa: E402
 
 PROMPT_LEN = 32
 

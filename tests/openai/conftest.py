@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
-from scripted_engine import EOS_ID, ScriptedEngine, make_state  # noqa: E402
+from scripted_engine import EOS_ID, ScriptedEngine, make_state
 
-from tgi_compat.app import create_app  # noqa: E402
-from tgi_compat.tokenization import TokenizerService  # noqa: E402
+from tgi_compat.app import create_app
+from tgi_compat.tokenization import TokenizerService
 
 __all__ = ["EOS_ID"]
 

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and /chat_tokenize over the real app, scripted engine (contract §9)."""
+"""POST /v1/chat/completions and /chat_tokenize over the real app, scripted engine (docs/contract.md §9)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ async def test_non_stream_shape_greedy_and_headers(client, engine, smollm2_token
         "id": "",
         "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "system_fingerprint": "3.3.6-dev0-native",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "logprobs": None, "finish_reason": "stop"}],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": ANSWER}, "logprobs": None, "finish_reason": "stop"}
+        ],
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": 6, "total_tokens": len(prompt_ids) + 6},
-    }  # fmt: skip
+    }
     sent = engine.requests[0]
     assert sent.prompt_ids == prompt_ids  # template rendered, no extra special tokens
     assert not sent.sampling.is_sampling
@@ -42,9 +44,17 @@ async def test_non_stream_shape_greedy_and_headers(client, engine, smollm2_token
 
 async def test_sampling_unless_temperature_zero_and_parameter_mapping(client, engine):
     body = {
-        "model": "my-model", "messages": MESSAGES, "presence_penalty": 0.5, "frequency_penalty": 0.25,
-        "top_p": 0.9, "seed": 7, "max_completion_tokens": 3, "stop": ["zzz"], "n": 3, "logit_bias": [0.5],
-    }  # fmt: skip
+        "model": "my-model",
+        "messages": MESSAGES,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.25,
+        "top_p": 0.9,
+        "seed": 7,
+        "max_completion_tokens": 3,
+        "stop": ["zzz"],
+        "n": 3,
+        "logit_bias": [0.5],
+    }
     response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200
     assert response.json()["model"] == "my-model"  # echoed like TGI
@@ -224,18 +234,19 @@ async def test_max_tokens_and_openapi_document(client, engine):
 
 
 def test_served_model_name_and_chat_template_from_config(smollm2_tokenizer):
-    """The getattr hooks for --served-model-name / --chat-template (ServerConfig gains them later)."""
+    """--served-model-name and --chat-template, read from ServerConfig."""
     from types import SimpleNamespace
 
     from tgi_compat.chat import load_chat_template
+    from tgi_compat.config import ServerConfig
     from tgi_compat.openai_common import served_model_name
     from tgi_compat.state import ModelInfo
 
-    state = SimpleNamespace(config=SimpleNamespace(), model=ModelInfo("org/model"))
+    state = SimpleNamespace(config=ServerConfig(), model=ModelInfo("org/model"))
     assert served_model_name(state) == "org/model"
     state.config.served_model_name = "public-name"
     assert served_model_name(state) == "public-name"
-    config = SimpleNamespace(
+    config = ServerConfig(
         model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision=None, chat_template="X{{ eos_token }}"
     )
     assert load_chat_template(config, smollm2_tokenizer).render([]) == "X<|im_end|>"

@@ -1,4 +1,4 @@
-"""POST /v1/completions over the real app, scripted engine (contract §10 + OpenAI/vLLM extensions)."""
+"""POST /v1/completions over the real app, scripted engine (docs/contract.md §10 + OpenAI/vLLM extensions)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,22 @@ async def test_single_and_list_prompts(client, engine):
     body.pop("created")
     prompt_tokens = len(engine.requests[0].prompt_ids)
     assert body == {
-        "object": "text_completion", "id": "", "model": MODEL, "system_fingerprint": "3.3.6-dev0-native",
-        "choices": [{"index": 0, "text": ANSWER, "logprobs": None, "finish_reason": "stop",
-                     "sentence_length": 6, "cum_log_probs": body["choices"][0]["cum_log_probs"]}],
+        "object": "text_completion",
+        "id": "",
+        "model": MODEL,
+        "system_fingerprint": "3.3.6-dev0-native",
+        "choices": [
+            {
+                "index": 0,
+                "text": ANSWER,
+                "logprobs": None,
+                "finish_reason": "stop",
+                "sentence_length": 6,
+                "cum_log_probs": body["choices"][0]["cum_log_probs"],
+            }
+        ],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 6, "total_tokens": prompt_tokens + 6},
-    }  # fmt: skip
+    }
     assert abs(body["choices"][0]["cum_log_probs"] - sum(-0.5 - 0.01 * s for s in range(1, 7))) < 1e-6
     assert not engine.requests[0].sampling.is_sampling
     response = await client.post("/v1/completions", json={"prompt": ["a", "b", "c"], "max_tokens": 2})
@@ -49,12 +60,17 @@ async def test_tgi_refusals(client, engine):
     )
     response = await client.post("/v1/completions", json={"prompt": "x", "suffix": "y"})
     assert (response.status_code, response.json()) == (
-        422, {"error": "Suffix is not supported and can be achieved by preprocessing the prompt.", "error_type": "suffix not supported"},
-    )  # fmt: skip
+        422,
+        {
+            "error": "Suffix is not supported and can be achieved by preprocessing the prompt.",
+            "error_type": "suffix not supported",
+        },
+    )
     response = await client.post("/v1/completions", json={"prompt": ["a"] * 5, "stream": True})
     assert (response.status_code, response.json()) == (
-        422, {"error": "Number of prompts exceeds the maximum allowed batch size of 4", "error_type": "batch size exceeded"},
-    )  # fmt: skip
+        422,
+        {"error": "Number of prompts exceeds the maximum allowed batch size of 4", "error_type": "batch size exceeded"},
+    )
     response = await client.post("/v1/completions", json={"prompt": "", "temperature": 0})
     assert response.json() == {"error": "Input validation error: `inputs` cannot be empty", "error_type": "validation"}
     assert engine.requests == []

@@ -1,9 +1,10 @@
-"""Lints the Dockerfile and its entrypoint against TGI's image conventions (contract §13).
+"""Lints the Dockerfile and its entrypoint against TGI's image conventions (docs/contract.md §13).
 
 No Docker engine here: .ci/docker_install_check.sh runs the image's install script for real; this
 test checks the Dockerfile's structure so that script is what the image runs.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -12,6 +13,13 @@ import stat
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _load_setup_py():
+    spec = importlib.util.spec_from_file_location("wheel_layout", os.path.join(ROOT, "setup.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # setup() itself runs only as __main__
+    return module
 
 
 def read(path: str) -> str:
@@ -88,8 +96,8 @@ def test_install_runs_the_shared_script_with_the_cuda_torch():
 
 def test_every_package_is_copied_into_the_image():
     pyproject = tomllib.loads(read("pyproject.toml"))
-    patterns = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = [p.rstrip("*") for p in patterns if os.path.isdir(os.path.join(ROOT, p.rstrip("*")))]
+    layout = _load_setup_py()  # which source folders the wheel takes
+    packages = [layout.API_PACKAGE, *layout.ENGINE_PACKAGES]
     copied = {a.split()[0] for kw, a in instructions() if kw == "COPY" and len(a.split()) == 2}
     assert set(packages) <= copied, set(packages) - copied
     readme = pyproject["project"].get("readme")

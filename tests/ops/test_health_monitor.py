@@ -15,6 +15,7 @@ class ScriptedEngine(EngineClient):
     """Answers health steps as told: "ok", "fail", "hang"; `alive` can be switched off."""
 
     info = EngineInfo("m", "llama", "float32", "cpu", 10, 10, 10, 10, (2,))
+    can_restart = True
 
     def __init__(self, answers=("ok",), restartable=True, restart_ok=True):
         self.answers = list(answers)
@@ -22,11 +23,11 @@ class ScriptedEngine(EngineClient):
         self.checks = 0
         self.restart_calls = 0
         self.restart_ok = restart_ok
-        if not restartable:
-            self.restart = None
+        self.can_restart = restartable
 
-    def is_alive(self) -> bool:
-        return self.alive
+    @property
+    def is_dead(self) -> bool:
+        return not self.alive
 
     async def check_health(self) -> bool:
         self.checks += 1
@@ -121,14 +122,7 @@ async def test_failed_restart_is_fatal():
 
 
 async def test_is_dead_property_is_understood():
-    class DeadFlagEngine(ScriptedEngine):
-        is_alive = None  # router.client's clients expose `is_dead` instead
-
-        @property
-        def is_dead(self):
-            return not self.alive
-
-    engine = DeadFlagEngine(["ok"])
+    engine = ScriptedEngine(["ok"])
     monitor = EngineHealthMonitor(
         engine, HealthMonitorConfig(**{**FAST, "check_interval_s": 60}), on_fatal=lambda r: None
     )

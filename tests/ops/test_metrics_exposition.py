@@ -6,7 +6,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.stats import STATS_DECODER, STATS_ENCODER, EngineStats, StepStats
-from tgi_compat.metrics import DURATION_BUCKETS, ServerMetrics, one_two_five_buckets
+from tgi_compat.metrics import DURATION_BUCKETS, ServerMetrics
+from tgi_compat.metrics_vllm import one_two_five_buckets
 from tgi_compat.prometheus_text import format_value
 
 MAX_INPUT, MAX_TOTAL = 1000, 2048
@@ -101,7 +102,7 @@ def test_duration_histograms_use_tgis_35_geometric_buckets(metrics):
         "tgi_request_mean_time_per_token_duration",
     ):
         assert type_of(metrics, name) == "histogram"
-        buckets = [l for l in text if l.startswith(name + "_bucket{")]
+        buckets = [line for line in text if line.startswith(name + "_bucket{")]
         assert len(buckets) == 36  # 35 bounds + +Inf
         assert got[(name + "_count", ())] == 1
     assert got[("tgi_request_duration_sum", ())] == pytest.approx(1.5)
@@ -114,13 +115,13 @@ def test_duration_histograms_use_tgis_35_geometric_buckets(metrics):
 def test_length_histograms_have_linear_buckets_from_the_limits(metrics):
     feed_one_request(metrics)
     got = samples(metrics)
-    input_bounds = [l for l in lines(metrics) if l.startswith("tgi_request_input_length_bucket")]
+    input_bounds = [line for line in lines(metrics) if line.startswith("tgi_request_input_length_bucket")]
     assert len(input_bounds) == 101
     assert input_bounds[0].startswith('tgi_request_input_length_bucket{le="10"}')  # 1000/100
     assert input_bounds[99].startswith('tgi_request_input_length_bucket{le="1000"}')
     assert got[("tgi_request_input_length_bucket", (("le", "10"),))] == 0
     assert got[("tgi_request_input_length_bucket", (("le", "20"),))] == 1  # 12 tokens
-    gen = [l for l in lines(metrics) if l.startswith("tgi_request_generated_tokens_bucket")]
+    gen = [line for line in lines(metrics) if line.startswith("tgi_request_generated_tokens_bucket")]
     assert gen[0].startswith('tgi_request_generated_tokens_bucket{le="20.48"}')  # 2048/100
     assert got[("tgi_request_generated_tokens_bucket", (("le", "20.48"),))] == 1  # 20 tokens
     assert got[("tgi_request_max_new_tokens_count", ())] == 1
@@ -167,7 +168,7 @@ def test_engine_stats_feed_gauges_batch_series_and_vllm(metrics):
     assert got[("tgi_batch_forward_duration_count", (("method", "prefill"),))] == 1
     assert got[("tgi_batch_next_size_bucket", (("le", "1"),))] == 0
     assert got[("tgi_batch_next_size_bucket", (("le", "2"),))] == 1
-    assert len([l for l in lines(metrics) if l.startswith("tgi_batch_next_size_bucket")]) == 1025
+    assert len([line for line in lines(metrics) if line.startswith("tgi_batch_next_size_bucket")]) == 1025
     assert got[("vllm:num_requests_waiting", (("model_name", "smol"),))] == 3
     assert got[("vllm:num_requests_running", (("model_name", "smol"),))] == 5
     assert got[("vllm:gpu_cache_usage_perc", (("model_name", "smol"),))] == 0.25

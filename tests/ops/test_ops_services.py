@@ -2,14 +2,14 @@
 
 import logging
 import time
-from types import SimpleNamespace
 
+from tgi_compat.config import ServerConfig
 from tgi_compat.metrics import ServerMetrics
 from tgi_compat.ops_services import start_ops_services
 
 
 def test_nothing_starts_for_a_plain_tgi_config():
-    services = start_ops_services(ServerMetrics(10, 20), SimpleNamespace(port=80))
+    services = start_ops_services(ServerMetrics(10, 20), ServerConfig(port=80))
     assert services.pusher is None and services.stats_logger is None
     services.stop()
 
@@ -17,7 +17,7 @@ def test_nothing_starts_for_a_plain_tgi_config():
 def test_gateway_and_stats_line_from_lightllm_fields(collector, caplog):
     caplog.set_level(logging.INFO, logger="tgi_compat.stats")
     metrics = ServerMetrics(10, 20)
-    config = SimpleNamespace(
+    config = ServerConfig(
         metric_gateway=collector.address,
         metric_job_name="tgi",
         metric_grouping_key=["host=h1"],
@@ -39,5 +39,5 @@ def test_gateway_and_stats_line_from_lightllm_fields(collector, caplog):
 
 
 def test_disable_log_stats():
-    config = SimpleNamespace(disable_log_stats=True, log_stats_interval=10)
+    config = ServerConfig(disable_log_stats=True, log_stats_interval=10)
     assert start_ops_services(ServerMetrics(10, 20), config).stats_logger is None

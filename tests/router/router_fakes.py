@@ -74,6 +74,8 @@ class HashRunner:
 
     def __init__(self, num_kv_slots: int = 4096, max_rows: int = 64, max_len: int = 2048, vocab: int = 64) -> None:
         self.num_kv_slots = num_kv_slots
+        self.max_seq_len = max_len
+        self.dtype, self.device = torch.float32, torch.device("cpu")
         self.vocab = vocab
         self.kv = torch.full((num_kv_slots,), -1, dtype=torch.int64)
         self.req_to_token = torch.zeros(max_rows, max_len, dtype=torch.int64)

@@ -65,10 +65,17 @@ def every_kind_of_request(temperature: float = 1.5, one_token_request: int | Non
 
 def comparable(events: list[TokenEvent]) -> list[tuple]:
     return [
-        (e.token_ids, [round(lp, 4) for lp in e.logprobs], [[t.token_id for t in top] for top in e.top_tokens],
-         e.finish_reason, e.seed, e.num_prompt_tokens, e.prompt_logprobs)
+        (
+            e.token_ids,
+            [round(lp, 4) for lp in e.logprobs],
+            [[t.token_id for t in top] for top in e.top_tokens],
+            e.finish_reason,
+            e.seed,
+            e.num_prompt_tokens,
+            e.prompt_logprobs,
+        )
         for e in events
-    ]  # fmt: skip
+    ]
 
 
 def run_engine(overlap: bool, requests: list[GenerateRequest], **engine_kwargs) -> dict[str, list[TokenEvent]]:
@@ -285,9 +292,12 @@ def check_wire_order(messages: list) -> None:
 
 def run_wire_scenario(tiny_llama_dir: str, overlap: bool):
     config = EngineConfig(
-        model_id=tiny_llama_dir, max_batch_total_tokens=2048, max_running_requests=8,
-        max_batch_prefill_tokens=16, overlap_scheduling=overlap,
-    )  # fmt: skip
+        model_id=tiny_llama_dir,
+        max_batch_total_tokens=2048,
+        max_running_requests=8,
+        max_batch_prefill_tokens=16,
+        overlap_scheduling=overlap,
+    )
     engine = WireEngine(config)
     try:
         requests = every_kind_of_request(temperature=0.8, one_token_request=None)

@@ -123,9 +123,13 @@ def sampling_prompts(n: int) -> list[list[int]]:
 
 def sampled_params(i: int) -> SamplingParams:
     return SamplingParams(
-        do_sample=i % 3 != 0, temperature=0.8, top_k=8 if i % 2 else 0, seed=100 + i,
-        repetition_penalty=1.5 if i % 2 else 1.0, frequency_penalty=0.5 if i % 3 == 1 else 0.0,
-    )  # fmt: skip
+        do_sample=i % 3 != 0,
+        temperature=0.8,
+        top_k=8 if i % 2 else 0,
+        seed=100 + i,
+        repetition_penalty=1.5 if i % 2 else 1.0,
+        frequency_penalty=0.5 if i % 3 == 1 else 0.0,
+    )
 
 
 def run_alone(i: int, prompt: list[int]) -> list[int]:

@@ -1,0 +1,20 @@
+"""What the engine uses of a model runner: modeling.runner.ModelRunner, or a hand-made one in tests."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from modeling.forward_batch import ForwardBatch
+
+
+class Runner(Protocol):
+    num_kv_slots: int  # KV capacity in tokens
+    max_seq_len: int  # positions one request may hold (the length of a req_to_token row)
+    dtype: torch.dtype
+    device: torch.device
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [R, vocab] float32 for the rows batch.logits_indices."""
+        ...

@@ -1,0 +1,11 @@
+"""One set of finish reasons: the engine's completed ones are exactly TGI's wire values."""
+
+from typing import get_args
+
+from router.request import COMPLETED_FINISH_REASONS, FinishReason
+from tgi_compat import schemas
+
+
+def test_the_wire_finish_reasons_are_the_engines_completed_ones():
+    assert set(get_args(schemas.FinishReason)) == set(COMPLETED_FINISH_REASONS)
+    assert {FinishReason.ABORT, FinishReason.ERROR}.isdisjoint(get_args(schemas.FinishReason))

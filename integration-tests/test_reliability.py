@@ -157,7 +157,7 @@ def test_a_burst_of_200_streams_completes_and_memory_comes_back(busy_server):
     url = busy_server.base_url
     pids = _server_pids(busy_server)
     assert len(pids) == 2, pids
-    asyncio.run(_stream_burst(url, 50))  # allocator pools and caches reach their working size
+    asyncio.run(_stream_burst(url, 20))  # allocator pools and caches reach their working size
     before = [_rss(pid) for pid in pids]
     with HealthPoller(url, every_s=0.5) as poller:
         counts = asyncio.run(_stream_burst(url, 200))

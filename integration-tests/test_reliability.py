@@ -105,7 +105,7 @@ def test_a_deeply_nested_body_is_a_400_like_serde(busy_server):
 
 def test_health_answers_while_a_long_generation_runs(busy_server):
     url = busy_server.base_url
-    body = {"inputs": "Tell me a long story.", "parameters": {"max_new_tokens": 200, "do_sample": True, "seed": 1}}
+    body = {"inputs": "Tell me a long story.", "parameters": {"max_new_tokens": 200}}
     with HealthPoller(url) as poller:
         response = httpx.post(f"{url}/generate", json=body, timeout=300)
     assert response.status_code == 200, response.text
@@ -157,7 +157,7 @@ def test_a_burst_of_200_streams_completes_and_memory_comes_back(busy_server):
     url = busy_server.base_url
     pids = _server_pids(busy_server)
     assert len(pids) == 2, pids
-    asyncio.run(_stream_burst(url, 50))  # allocator pools and caches reach their working size
+    asyncio.run(_stream_burst(url, 20))  # allocator pools and caches reach their working size
     before = [_rss(pid) for pid in pids]
     with HealthPoller(url, every_s=0.5) as poller:
         counts = asyncio.run(_stream_burst(url, 200))

@@ -159,7 +159,7 @@ def fuzz(url: str, minutes: float, workers: int, report_dir: str) -> int:
         "--report-dir", report_dir,
     ]  # fmt: skip
     print("$", " ".join(command), flush=True)
-    return subprocess.run(command, cwd=REPO).returncode
+    return subprocess.run(command, cwd=report_dir).returncode  # its example cache stays out of the repo
 
 
 async def stream_burst(url: str, count: int, max_new_tokens: int = 32) -> list[int]:

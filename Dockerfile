@@ -15,7 +15,7 @@ RUN apt-get update \
 
 WORKDIR /usr/src/tgi-compat
 COPY docker/install.sh docker/install.sh
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY tgi_compat tgi_compat
 COPY router router
 COPY modeling modeling

@@ -101,7 +101,7 @@ class StepExecutor:
             return StepResult(tokens=[])
         try:
             return self.launch(plan).result()
-        except Exception as exc:  # any failure of a step must stay contained
+        except Exception as exc:  # noqa: BLE001 - any failure of a step must stay contained
             if len(plan.chunks) == 1:
                 request_id = plan.chunks[0].request.request_id
                 logger.exception("step failed for request %s", request_id)

@@ -100,6 +100,7 @@ def test_every_package_is_copied_into_the_image():
     packages = [layout.API_PACKAGE, *layout.ENGINE_PACKAGES]
     copied = {a.split()[0] for kw, a in instructions() if kw == "COPY" and len(a.split()) == 2}
     assert set(packages) <= copied, set(packages) - copied
+    assert any("setup.py" in a.split() for kw, a in instructions() if kw == "COPY")  # it lays out the wheel
     readme = pyproject["project"].get("readme")
     assert not readme or any(readme in a.split() for kw, a in instructions() if kw == "COPY")
 

@@ -11,7 +11,7 @@ from typing import Any
 # Families whose checkpoints never say `attention_bias` but always carry a q/k/v bias.
 _ALWAYS_QKV_BIAS = {"Qwen2ForCausalLM"}
 # Families with a per-head RMSNorm on q and k before rotary.
-_QK_NORM = {"Qwen3ForCausalLM"}
+_QK_NORM = {"Qwen3ForCausalLM", "Gemma3ForCausalLM"}
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
@@ -69,12 +69,24 @@ class ModelConfig:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
-    # Attention is always full; a checkpoint trained with a window only differs past it (logged).
     sliding_window: int | None = None
+    # per layer "full_attention" | "sliding_attention"; None: every layer slides when sliding_window is set
+    layer_types: list[str] | None = None
+    # the config.json it came from: family-specific knobs (Gemma's soft-caps, MoE sizes) are read from it
+    # by their model file, so this dataclass stays the set every family shares
+    hf_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def architectures(self) -> list[str]:
         return [self.architecture]
+
+    def sliding_window_of(self, layer: int) -> int | None:
+        """The window of layer `layer` (None: full attention)."""
+        if not self.sliding_window:
+            return None
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -109,6 +121,8 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_as_id_list(eos),
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
+            layer_types=d.get("layer_types") or _default_layer_types(arch, d),
+            hf_config=d,
         )
 
     @classmethod
@@ -151,6 +165,18 @@ class ModelConfig:
             bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_as_id_list(fields.get("tokenizer.ggml.eos_token_id")),
         )
+
+
+def _default_layer_types(arch: str, d: dict[str, Any]) -> list[str] | None:
+    """transformers 4 configs carry no layer_types: Gemma 2 alternates (even layers slide), Gemma 3
+    has one global layer per `sliding_window_pattern`; any other windowed model slides everywhere."""
+    num_layers = d["num_hidden_layers"]
+    if arch == "Gemma2ForCausalLM":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if arch == "Gemma3ForCausalLM":
+        pattern = d.get("sliding_window_pattern") or d.get("_sliding_window_pattern") or 6
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    return None
 
 
 def _as_id_list(value: int | list[int] | None) -> list[int]:

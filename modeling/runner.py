@@ -66,7 +66,6 @@ class ModelRunner:
             model_config = load_model_config(self.source)
             weights = iterate_weights(self.source, model_config, cfg.show_progress)
         self.model_config = model_config
-        _warn_about_unsupported_features(model_config)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.model = self._build_model(weights)
@@ -187,16 +186,6 @@ class ModelRunner:
             )
             for _ in range(c.num_layers)
         ]
-
-
-def _warn_about_unsupported_features(config: ModelConfig) -> None:
-    if config.sliding_window and config.sliding_window < config.max_position_embeddings:
-        logger.warning(
-            "sliding_window=%d is not implemented: attention stays full, so outputs differ from the "
-            "reference past %d tokens",
-            config.sliding_window,
-            config.sliding_window,
-        )
 
 
 def _resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:

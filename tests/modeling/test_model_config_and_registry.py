@@ -72,9 +72,13 @@ def test_registry_resolves_every_supported_architecture():
         "MistralForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
+        "GemmaForCausalLM",
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
     }
     for arch in supported_architectures():
-        assert resolve_model_class(arch).__name__ == "LlamaForCausalLM"
+        family = "GemmaForCausalLM" if arch.startswith("Gemma") else "LlamaForCausalLM"
+        assert resolve_model_class(arch).__name__ == family
 
 
 def test_unknown_architecture_is_a_clear_error():

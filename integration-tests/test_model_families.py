@@ -40,6 +40,7 @@ def _families() -> dict[str, tuple[str, dict]]:
             ),
         ),
         "gemma3": ("Gemma3TextConfig", dict(head_dim=16, num_hidden_layers=3, sliding_window=WINDOW)),
+        "phi3": ("Phi3Config", {}),
     }
 
 

@@ -24,20 +24,24 @@ GGUF_ARCHITECTURES = {
 
 @dataclass(slots=True)
 class RopeScaling:
-    rope_type: str = "default"  # default | linear | dynamic | llama3
+    rope_type: str = "default"  # default | linear | dynamic | llama3 | longrope
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
     original_max_position_embeddings: int | None = None
+    short_factor: list[float] | None = None  # longrope only: per-frequency divisors inside the original context
+    long_factor: list[float] | None = None  # longrope only: past it
+    attention_factor: float | None = None  # longrope only: cos/sin scale; None: from factor
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> RopeScaling:
         if not params:
             return cls()
         rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type not in ("default", "linear", "dynamic", "llama3"):
+        rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
+        if rope_type not in ("default", "linear", "dynamic", "llama3", "longrope"):
             raise ValueError(
-                f"unsupported rope scaling type {rope_type!r} (supported: default, linear, dynamic, llama3)"
+                f"unsupported rope scaling type {rope_type!r} (supported: default, linear, dynamic, llama3, longrope)"
             )
         return cls(
             rope_type=rope_type,
@@ -45,6 +49,9 @@ class RopeScaling:
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
             original_max_position_embeddings=params.get("original_max_position_embeddings"),
+            short_factor=params.get("short_factor"),
+            long_factor=params.get("long_factor"),
+            attention_factor=params.get("attention_factor"),
         )
 
 
@@ -100,6 +107,12 @@ class ModelConfig:
         # transformers 5 moves rope_theta inside rope_parameters; older configs keep it top-level.
         rope_theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
         eos = d.get("eos_token_id")
+        rope_scaling = RopeScaling.from_dict(rope_params)
+        if rope_scaling.rope_type == "longrope":  # Phi-3 keeps the original context beside, not inside
+            original = rope_scaling.original_max_position_embeddings or d.get("original_max_position_embeddings")
+            rope_scaling.original_max_position_embeddings = original or d["max_position_embeddings"]
+            if "factor" not in rope_params:
+                rope_scaling.factor = d["max_position_embeddings"] / rope_scaling.original_max_position_embeddings
         return cls(
             architecture=arch,
             vocab_size=d["vocab_size"],
@@ -111,7 +124,7 @@ class ModelConfig:
             head_dim=d.get("head_dim") or d["hidden_size"] // num_heads,
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
-            rope_scaling=RopeScaling.from_dict(rope_params),
+            rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=bool(d.get("attention_bias", d.get("qkv_bias", False))) or arch in _ALWAYS_QKV_BIAS,

@@ -19,6 +19,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
     "Gemma2ForCausalLM": ("gemma", "GemmaForCausalLM"),
     "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
 }
 
 

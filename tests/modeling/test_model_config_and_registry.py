@@ -75,9 +75,11 @@ def test_registry_resolves_every_supported_architecture():
         "GemmaForCausalLM",
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
+        "Phi3ForCausalLM",
     }
+    families = {"Gemma": "GemmaForCausalLM", "Phi3": "Phi3ForCausalLM"}
     for arch in supported_architectures():
-        family = "GemmaForCausalLM" if arch.startswith("Gemma") else "LlamaForCausalLM"
+        family = next((cls for prefix, cls in families.items() if arch.startswith(prefix)), "LlamaForCausalLM")
         assert resolve_model_class(arch).__name__ == family
 
 

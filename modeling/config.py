@@ -110,9 +110,11 @@ class ModelConfig:
         rope_scaling = RopeScaling.from_dict(rope_params)
         if rope_scaling.rope_type == "longrope":  # Phi-3 keeps the original context beside, not inside
             original = rope_scaling.original_max_position_embeddings or d.get("original_max_position_embeddings")
-            rope_scaling.original_max_position_embeddings = original or d["max_position_embeddings"]
+            rope_scaling.original_max_position_embeddings = original or d.get("max_position_embeddings", 4096)
             if "factor" not in rope_params:
-                rope_scaling.factor = d["max_position_embeddings"] / rope_scaling.original_max_position_embeddings
+                rope_scaling.factor = (
+                    d.get("max_position_embeddings", 4096) / rope_scaling.original_max_position_embeddings
+                )
         return cls(
             architecture=arch,
             vocab_size=d["vocab_size"],

@@ -44,8 +44,8 @@ def test_rope_keys_of_both_transformers_generations(rope_keys):
 
 
 def test_unsupported_rope_type_is_a_clear_error():
-    with pytest.raises(ValueError, match="unsupported rope scaling type 'su'"):
-        ModelConfig.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"], "rope_scaling": {"type": "su"}})
+    with pytest.raises(ValueError, match="unsupported rope scaling type 'yarn'"):
+        ModelConfig.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"], "rope_scaling": {"type": "yarn"}})
 
 
 def test_gguf_fields():

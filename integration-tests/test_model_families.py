@@ -41,6 +41,10 @@ def _families() -> dict[str, tuple[str, dict]]:
         ),
         "gemma3": ("Gemma3TextConfig", dict(head_dim=16, num_hidden_layers=3, sliding_window=WINDOW)),
         "phi3": ("Phi3Config", {}),
+        "qwen2-moe": (
+            "Qwen2MoeConfig",
+            dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=96),
+        ),
     }
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Families whose checkpoints never say `attention_bias` but always carry a q/k/v bias.
-_ALWAYS_QKV_BIAS = {"Qwen2ForCausalLM"}
+_ALWAYS_QKV_BIAS = {"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"}
 # Families with a per-head RMSNorm on q and k before rotary.
-_QK_NORM = {"Qwen3ForCausalLM", "Gemma3ForCausalLM"}
+_QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"}
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {

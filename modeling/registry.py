@@ -20,6 +20,9 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("gemma", "GemmaForCausalLM"),
     "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "MixtralForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
+    "Qwen2MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
+    "Qwen3MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
 }
 
 

@@ -26,10 +26,11 @@ RopeTables = tuple[torch.Tensor, ...]  # whatever the chosen LayerOps.rope_table
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, decoder_layer: type[nn.Module] | None = None):
+        """decoder_layer: built as decoder_layer(config, ops, layer index); the MoE families pass theirs."""
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, ops)
+        self.model = LlamaModel(config, ops, decoder_layer or LlamaDecoderLayer)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied)
 
@@ -59,10 +60,10 @@ class LlamaForCausalLM(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    def __init__(self, config: ModelConfig, ops: LayerOps, decoder_layer: type[nn.Module]):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, ops, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(decoder_layer(config, ops, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings, ops

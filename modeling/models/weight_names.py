@@ -3,7 +3,7 @@ gate/up projections fused on the way (each parameter's `weight_loader` places it
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -22,9 +22,11 @@ def load_packed_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, torch.Tensor]],
     tie_word_embeddings: bool,
-    packed: dict[str, tuple[str, object]] = PACKED_MODULES,
+    resolve: Callable[[str], tuple[str, object]] | None = None,
 ) -> None:
-    """Copy (HF name, tensor) pairs into model's parameters; raises on unknown or missing tensors."""
+    """Copy (HF name, tensor) pairs into model's parameters; raises on unknown or missing tensors.
+    `resolve` maps a checkpoint name to (parameter name, shard); default: fused_name."""
+    resolve = resolve or fused_name
     params = dict(model.named_parameters())
     pending = set(params)
     for name, tensor in weights:
@@ -32,7 +34,7 @@ def load_packed_weights(
             continue
         if name == "lm_head.weight" and tie_word_embeddings:
             continue  # some tied checkpoints still store it; the embedding is the one we keep
-        target, shard = fused_name(name, packed)
+        target, shard = resolve(name)
         if target not in params:
             raise KeyError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
         param = params[target]
@@ -44,8 +46,8 @@ def load_packed_weights(
         raise ValueError(f"checkpoint is missing weights: {sorted(pending)[:8]}")
 
 
-def fused_name(name: str, packed: dict[str, tuple[str, object]] = PACKED_MODULES) -> tuple[str, object]:
-    for source, (target, shard) in packed.items():
+def fused_name(name: str) -> tuple[str, object]:
+    for source, (target, shard) in PACKED_MODULES.items():
         if f".{source}." in name:
             return name.replace(f".{source}.", f".{target}."), shard
     return name, None

@@ -76,8 +76,17 @@ def test_registry_resolves_every_supported_architecture():
         "Gemma2ForCausalLM",
         "Gemma3ForCausalLM",
         "Phi3ForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3MoeForCausalLM",
     }
-    families = {"Gemma": "GemmaForCausalLM", "Phi3": "Phi3ForCausalLM"}
+    families = {
+        "Gemma": "GemmaForCausalLM",
+        "Phi3": "Phi3ForCausalLM",
+        "Mixtral": "MixtureOfExpertsForCausalLM",
+        "Qwen2Moe": "MixtureOfExpertsForCausalLM",
+        "Qwen3Moe": "MixtureOfExpertsForCausalLM",
+    }
     for arch in supported_architectures():
         family = next((cls for prefix, cls in families.items() if arch.startswith(prefix)), "LlamaForCausalLM")
         assert resolve_model_class(arch).__name__ == family

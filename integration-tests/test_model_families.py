@@ -24,10 +24,13 @@ PROMPTS = [
     "short one",
 ]
 WINDOW = 8
+FALLBACK_FAMILIES = {"olmo2", "gpt-neox"}
 
 
 def _families() -> dict[str, tuple[str, dict]]:
-    """family -> (transformers config class name, config overrides)."""
+    """family -> (transformers config class name, config overrides). Gemma 3 and the other MoE
+    families share these model files (their logits are checked in tests/modeling); OLMo-2 and
+    GPT-NeoX have no native file and take the transformers fallback."""
     return {
         "gemma2": (
             "Gemma2Config",
@@ -39,12 +42,13 @@ def _families() -> dict[str, tuple[str, dict]]:
                 final_logit_softcapping=3.0,
             ),
         ),
-        "gemma3": ("Gemma3TextConfig", dict(head_dim=16, num_hidden_layers=3, sliding_window=WINDOW)),
         "phi3": ("Phi3Config", {}),
         "qwen2-moe": (
             "Qwen2MoeConfig",
             dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=96),
         ),
+        "olmo2": ("Olmo2Config", {}),
+        "gpt-neox": ("GPTNeoXConfig", dict(num_key_value_heads=4, rotary_pct=0.5)),
     }
 
 
@@ -132,5 +136,8 @@ def test_family_serves_transformers_greedy_ids(family, tmp_path):
     with launched(command, {**os.environ, "LOG_LEVEL": "info"}, f"family-{family}-") as server:
         served = asyncio.run(drive(server.base_url))
         info = httpx.get(f"{server.base_url}/info").json()
+        log = server.log_tail(1 << 20)
     assert served == expected + expected
     assert info["model_id"] == str(tmp_path)
+    path = "transformers" if family in FALLBACK_FAMILIES else "native"
+    assert f"{model.config.architectures[0]}: {path} modeling" in log  # the startup log says which path

@@ -36,7 +36,10 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
     All on the device, no host sync: the output sizes depend only on T * top_k."""
     flat = topk_ids.flatten().to(torch.int64)  # [N]
     num_pairs = flat.shape[0]
-    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    # scatter_add, not bincount: bincount on CUDA reads the max on the host (no graph capture)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)  # pair indices, grouped by expert

@@ -1,7 +1,9 @@
 """Architecture name (config.json `architectures[0]`) -> model class, imported only when chosen.
 
 Qwen2 and Qwen3 are the Llama family with config switches (`qkv_bias`, `qk_norm`, set in
-ModelConfig), so they share one module rather than copying it.
+ModelConfig), so they share one module rather than copying it. Any other architecture that
+transformers implements on its AttentionInterface takes the transformers fallback
+(models/transformers_fallback.py): transformers' modeling on our attention and KV cache.
 """
 
 from __future__ import annotations
@@ -26,19 +28,39 @@ _MODELS: dict[str, tuple[str, str]] = {
 }
 
 
+NATIVE = "native"
+TRANSFORMERS = "transformers"  # the fallback path
+
+
 class UnsupportedArchitectureError(ValueError):
     pass
 
 
 def supported_architectures() -> list[str]:
+    """The architectures with a native model file (any other may take the transformers fallback)."""
     return sorted(_MODELS)
 
 
-def resolve_model_class(architecture: str) -> type[nn.Module]:
-    if architecture not in _MODELS:
+def modeling_path(architecture: str) -> str:
+    """NATIVE or TRANSFORMERS; raises UnsupportedArchitectureError when neither can serve it."""
+    if architecture in _MODELS:
+        return NATIVE
+    from modeling.models.transformers_fallback import check_supported
+
+    reason = check_supported(architecture)
+    if reason is not None:
         raise UnsupportedArchitectureError(
-            f"model architecture {architecture!r} is not supported; supported: {', '.join(supported_architectures())}"
+            f"model architecture {architecture!r} is not supported ({reason}); "
+            f"native: {', '.join(supported_architectures())}"
         )
+    return TRANSFORMERS
+
+
+def resolve_model_class(architecture: str) -> type[nn.Module]:
+    if modeling_path(architecture) == TRANSFORMERS:
+        from modeling.models.transformers_fallback import TransformersForCausalLM
+
+        return TransformersForCausalLM
     module_name, class_name = _MODELS[architecture]
     module = importlib.import_module(f"modeling.models.{module_name}")
     return getattr(module, class_name)

@@ -21,7 +21,7 @@ from modeling.config import ModelConfig
 from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.layers.ops import select_ops
-from modeling.registry import resolve_model_class
+from modeling.registry import NATIVE, modeling_path, resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
 from modeling.weights.loader import iterate_weights, load_model_config
 
@@ -66,6 +66,8 @@ class ModelRunner:
             model_config = load_model_config(self.source)
             weights = iterate_weights(self.source, model_config, cfg.show_progress)
         self.model_config = model_config
+        self.modeling_path = modeling_path(model_config.architecture)
+        logger.info("Model %s: %s modeling", model_config.architecture, self.modeling_path)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.model = self._build_model(weights)
@@ -94,7 +96,8 @@ class ModelRunner:
         self.cuda_graphs = maybe_capture_decode_graphs(
             self._forward_eager,
             self.backend,
-            cfg.cuda_graph_batch_sizes,
+            # transformers' modeling may sync with the host mid-step: no graphs on the fallback path
+            cfg.cuda_graph_batch_sizes if self.modeling_path == NATIVE else [],
             max_batch_size=self.max_rows,
             pad_row=self.max_rows,
             pad_slot=self.num_kv_slots,

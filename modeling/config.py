@@ -19,6 +19,9 @@ GGUF_ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 
 
@@ -161,15 +164,18 @@ class ModelConfig:
         rope_params = {"rope_type": rope_type, "factor": get("rope.scaling.factor", 1.0)} if rope_type else None
         if rope_type == "none":
             rope_params = None
+        num_layers = get("block_count")
+        head_dim = get("attention.key_length") or hidden // num_heads
+        sliding_window = get("attention.sliding_window")
         return cls(
             architecture=arch,
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=get("feed_forward_length"),
-            num_layers=get("block_count"),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=get("attention.head_count_kv") or num_heads,
-            head_dim=get("attention.key_length") or hidden // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)),
             rope_scaling=RopeScaling.from_dict(rope_params),
@@ -179,7 +185,22 @@ class ModelConfig:
             qk_norm=arch in _QK_NORM,
             bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_as_id_list(fields.get("tokenizer.ggml.eos_token_id")),
+            sliding_window=sliding_window,
+            layer_types=_default_layer_types(arch, {"num_hidden_layers": num_layers}) if sliding_window else None,
+            hf_config=_gguf_family_knobs(get, rope_params),
         )
+
+
+def _gguf_family_knobs(get, rope_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The config.json keys family files read beyond ModelConfig, from GGUF metadata (Gemma's soft-caps
+    and rope bases; llama.cpp stores no query_pre_attn_scalar, so Gemma scales by head_dim, as it does)."""
+    knobs = {
+        "attn_logit_softcapping": get("attn_logit_softcapping"),
+        "final_logit_softcapping": get("final_logit_softcapping"),
+        "rope_theta": get("rope.freq_base"),
+        "rope_scaling": rope_params,
+    }
+    return {key: value for key, value in knobs.items() if value is not None}
 
 
 def _default_layer_types(arch: str, d: dict[str, Any]) -> list[str] | None:

@@ -1,5 +1,6 @@
 """Sliding-window attention and attention-logit soft-capping in the decode and extend kernels,
-against their PyTorch references (windows shorter than, equal to and longer than the context)."""
+against their PyTorch references (windows shorter than, equal to and longer than the context); and
+Gemma's GeGLU through the gated-activation kernel."""
 
 from __future__ import annotations
 
@@ -52,3 +53,13 @@ def test_prefill_attention_window_and_softcap(window, softcap):
     ref = prefill_attention_ref(*args, scale=0.3, **options)
     assert relative_error(out, ref) < 1e-5
     assert relative_error(prefill_attention_ref(*args, scale=0.3), ref) > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gelu_tanh_mul_matches_reference(dtype):
+    """Gemma's GeGLU through the gated-activation kernel's GELU_TANH switch."""
+    from kernels.silu_mul import gelu_tanh_mul_ref, silu_mul
+
+    x = (torch.randn(3, 2 * 40, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(silu_mul(x, gelu_tanh=True), gelu_tanh_mul_ref(x), **tolerance)

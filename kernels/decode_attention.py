@@ -19,6 +19,11 @@ kernel then has nothing left to do.
 The split length is derived per request on the device (cdiv(kv_len, num_splits), at least one
 block), so the grid depends only on batch size and `num_splits`: one launch shape serves every
 context length, which is what CUDA-graph replay needs. Splits past a short request's end exit early.
+
+Model switches, both `tl.constexpr` (0 = off) so the plain path compiles as before:
+SLIDING_WINDOW = W: the query (position kv_len - 1) sees only the last W keys; the splits divide
+those W keys, so a windowed layer reads W keys whatever the context. SOFTCAP = c: scores become
+c * tanh(scores / c) before the softmax (Gemma 2).
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, use_pdl_for_one_request
+
+
+@triton.jit
+def soft_cap(scores, SOFTCAP: tl.constexpr):
+    """SOFTCAP * tanh(scores / SOFTCAP), with tanh from the sigmoid (portable, interpreter included)."""
+    return SOFTCAP * (2.0 * tl.sigmoid(scores * (2.0 / SOFTCAP)) - 1.0)
 
 
 @dataclass
@@ -194,6 +205,8 @@ def _decode_stage1_kernel(
     MERGE_CHUNK: tl.constexpr,
     ROTARY: tl.constexpr,  # rotate q here; the newest token's k/v are rotated and stored here
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
+    SLIDING_WINDOW: tl.constexpr = 0,  # > 0: only the last SLIDING_WINDOW keys are visible
+    SOFTCAP: tl.constexpr = 0.0,  # > 0: scores -> SOFTCAP * tanh(scores / SOFTCAP)
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -202,8 +215,11 @@ def _decode_stage1_kernel(
         tl.extra.cuda.gdc_wait()  # q and the newest K/V come from the previous kernels
 
     kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    kv_begin = 0
+    if SLIDING_WINDOW > 0:
+        kv_begin = tl.maximum(kv_len - SLIDING_WINDOW, 0)
+    split_len = tl.cdiv(tl.cdiv(kv_len - kv_begin, num_splits), BLOCK_N) * BLOCK_N
+    start = kv_begin + split * split_len
     end = tl.minimum(start + split_len, kv_len)
 
     offs_g = tl.arange(0, GROUP_PAD)
@@ -262,7 +278,10 @@ def _decode_stage1_kernel(
         v_ptrs = v_cache_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, BLOCK_N]
+        if SOFTCAP > 0:
+            qk = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, SOFTCAP) * 1.4426950408889634
+        else:
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -291,7 +310,7 @@ def _decode_stage1_kernel(
                 tl.debug_barrier()  # every thread's partial stores precede the ticket (released with it)
                 counter = counter_ptr + req * stride_cb + kv_head
                 ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                num_work = tl.cdiv(kv_len, split_len)
+                num_work = tl.cdiv(kv_len - kv_begin, split_len)
                 if ticket == num_work - 1:
                     _merge_splits(
                         mid_out_ptr,
@@ -400,6 +419,8 @@ def decode_attention(
     num_stages: int = 2,
     split_counter: torch.Tensor | None = None,  # [>=B, KVH] int32, all zero: merge in stage 1 (left zero)
     new_token: NewTokenKV | None = None,  # rotary + KV store of the step's token, fused in
+    sliding_window: int | None = None,  # only the last `sliding_window` keys are visible
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
 ) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -465,6 +486,8 @@ def decode_attention(
         MERGE_CHUNK=merge_chunk(merge_g, block_d),
         ROTARY=new_token is not None,
         USE_PDL=pdl,
+        SLIDING_WINDOW=sliding_window or 0,
+        SOFTCAP=float(softcap or 0.0),
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(pdl),
@@ -516,14 +539,20 @@ def decode_attention_ref(
     req_rows: torch.Tensor,  # [B]
     kv_lens: torch.Tensor,  # [B]
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Each request's single query attends to all of its kv_len tokens, read through req_to_token."""
+    """Each request's single query attends to its kv_len tokens (the last `sliding_window` of them
+    when given), read through req_to_token."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
     out = torch.empty_like(q)
     for i, (row, kv_len) in enumerate(zip(req_rows.tolist(), kv_lens.tolist())):
-        slots = req_to_token[row, :kv_len].long()
+        begin = max(0, kv_len - sliding_window) if sliding_window else 0
+        slots = req_to_token[row, begin:kv_len].long()
         k = k_cache[slots].float().repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, H, D]
         v = v_cache[slots].float().repeat_interleave(num_heads // num_kv_heads, dim=1)
         scores = torch.einsum("hd,lhd->hl", q[i].float(), k) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         out[i] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v).to(q.dtype)
     return out

@@ -6,6 +6,9 @@ before attention runs). One program owns BLOCK_M new tokens of one request and o
 walks key blocks only up to its last query's position (causal), so the cost of a cached prefix is
 reading it, never recomputing it. Decode tokens (q_len 1) are a valid special case, so MIXED steps
 run through this kernel too.
+
+SLIDING_WINDOW = W (`tl.constexpr`, 0 = off): a query at position p sees keys (p - W, p], and a
+program starts its key walk at its first query's window. SOFTCAP = c: scores -> c * tanh(scores / c).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels.decode_attention import soft_cap
 
 
 @triton.jit
@@ -42,6 +47,8 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr = 0,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -74,7 +81,10 @@ def _prefill_kernel(
     # causal: no query of this block sees past its last position; a block past q_len reads nothing
     key_end = tl.minimum(kv_len, prefix_len + (m_block + 1) * BLOCK_M)
     key_end = tl.where(m_block * BLOCK_M < q_len, key_end, 0)
-    for block_start in range(0, key_end, BLOCK_N):
+    key_begin = 0
+    if SLIDING_WINDOW > 0:  # the block's first query sees nothing before its own window
+        key_begin = tl.maximum(prefix_len + m_block * BLOCK_M - SLIDING_WINDOW + 1, 0)
+    for block_start in range(key_begin, key_end, BLOCK_N):
         offs_n = block_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < key_end
         slots = tl.load(token_row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
@@ -83,8 +93,13 @@ def _prefill_kernel(
         v_ptrs = v_cache_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP > 0:
+            qk = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, SOFTCAP) * 1.4426950408889634
+        else:
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if SLIDING_WINDOW > 0:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - SLIDING_WINDOW)
         qk = tl.where(visible, qk, float("-inf"))
         # rows past q_len see nothing; keep their max finite so no inf - inf appears
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -120,6 +135,8 @@ def prefill_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
+    sliding_window: int | None = None,  # a query at position p sees keys (p - sliding_window, p]
+    softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -156,6 +173,8 @@ def prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SLIDING_WINDOW=sliding_window or 0,
+        SOFTCAP=float(softcap or 0.0),
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -172,6 +191,8 @@ def prefill_attention_ref(
     q_lens: torch.Tensor,  # [B]
     kv_lens: torch.Tensor,  # [B]
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole KV (prefix + new), in fp32."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
@@ -182,7 +203,13 @@ def prefill_attention_ref(
         v = v_cache[slots].float().repeat_interleave(num_heads // num_kv_heads, dim=1)
         qs = q[start : start + q_len].float()  # [Q, H, D]
         scores = torch.einsum("qhd,lhd->hql", qs, k) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)[:, None]
-        scores.masked_fill_(torch.arange(kv_len, device=q.device)[None, :] > q_pos, float("-inf"))
+        key_pos = torch.arange(kv_len, device=q.device)[None, :]
+        hidden = key_pos > q_pos
+        if sliding_window:
+            hidden |= key_pos <= q_pos - sliding_window
+        scores.masked_fill_(hidden, float("-inf"))
         out[start : start + q_len] = torch.einsum("hql,lhd->qhd", scores.softmax(-1), v).to(q.dtype)
     return out

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Families whose checkpoints never say `attention_bias` but always carry a q/k/v bias.
-_ALWAYS_QKV_BIAS = {"Qwen2ForCausalLM"}
+_ALWAYS_QKV_BIAS = {"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"}
 # Families with a per-head RMSNorm on q and k before rotary.
-_QK_NORM = {"Qwen3ForCausalLM"}
+_QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"}
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
@@ -19,25 +19,32 @@ GGUF_ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 
 
 @dataclass(slots=True)
 class RopeScaling:
-    rope_type: str = "default"  # default | linear | dynamic | llama3
+    rope_type: str = "default"  # default | linear | dynamic | llama3 | longrope
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
     original_max_position_embeddings: int | None = None
+    short_factor: list[float] | None = None  # longrope only: per-frequency divisors inside the original context
+    long_factor: list[float] | None = None  # longrope only: past it
+    attention_factor: float | None = None  # longrope only: cos/sin scale; None: from factor
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> RopeScaling:
         if not params:
             return cls()
         rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type not in ("default", "linear", "dynamic", "llama3"):
+        rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
+        if rope_type not in ("default", "linear", "dynamic", "llama3", "longrope"):
             raise ValueError(
-                f"unsupported rope scaling type {rope_type!r} (supported: default, linear, dynamic, llama3)"
+                f"unsupported rope scaling type {rope_type!r} (supported: default, linear, dynamic, llama3, longrope)"
             )
         return cls(
             rope_type=rope_type,
@@ -45,6 +52,9 @@ class RopeScaling:
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
             original_max_position_embeddings=params.get("original_max_position_embeddings"),
+            short_factor=params.get("short_factor"),
+            long_factor=params.get("long_factor"),
+            attention_factor=params.get("attention_factor"),
         )
 
 
@@ -69,12 +79,24 @@ class ModelConfig:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
-    # Attention is always full; a checkpoint trained with a window only differs past it (logged).
     sliding_window: int | None = None
+    # per layer "full_attention" | "sliding_attention"; None: every layer slides when sliding_window is set
+    layer_types: list[str] | None = None
+    # the config.json it came from: family-specific knobs (Gemma's soft-caps, MoE sizes) are read from it
+    # by their model file, so this dataclass stays the set every family shares
+    hf_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def architectures(self) -> list[str]:
         return [self.architecture]
+
+    def sliding_window_of(self, layer: int) -> int | None:
+        """The window of layer `layer` (None: full attention)."""
+        if not self.sliding_window:
+            return None
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -88,6 +110,14 @@ class ModelConfig:
         # transformers 5 moves rope_theta inside rope_parameters; older configs keep it top-level.
         rope_theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
         eos = d.get("eos_token_id")
+        rope_scaling = RopeScaling.from_dict(rope_params)
+        if rope_scaling.rope_type == "longrope":  # Phi-3 keeps the original context beside, not inside
+            original = rope_scaling.original_max_position_embeddings or d.get("original_max_position_embeddings")
+            rope_scaling.original_max_position_embeddings = original or d.get("max_position_embeddings", 4096)
+            if "factor" not in rope_params:
+                rope_scaling.factor = (
+                    d.get("max_position_embeddings", 4096) / rope_scaling.original_max_position_embeddings
+                )
         return cls(
             architecture=arch,
             vocab_size=d["vocab_size"],
@@ -99,7 +129,7 @@ class ModelConfig:
             head_dim=d.get("head_dim") or d["hidden_size"] // num_heads,
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
-            rope_scaling=RopeScaling.from_dict(rope_params),
+            rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=bool(d.get("attention_bias", d.get("qkv_bias", False))) or arch in _ALWAYS_QKV_BIAS,
@@ -109,6 +139,8 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_as_id_list(eos),
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
+            layer_types=d.get("layer_types") or _default_layer_types(arch, d),
+            hf_config=d,
         )
 
     @classmethod
@@ -132,15 +164,18 @@ class ModelConfig:
         rope_params = {"rope_type": rope_type, "factor": get("rope.scaling.factor", 1.0)} if rope_type else None
         if rope_type == "none":
             rope_params = None
+        num_layers = get("block_count")
+        head_dim = get("attention.key_length") or hidden // num_heads
+        sliding_window = get("attention.sliding_window")
         return cls(
             architecture=arch,
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=get("feed_forward_length"),
-            num_layers=get("block_count"),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=get("attention.head_count_kv") or num_heads,
-            head_dim=get("attention.key_length") or hidden // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)),
             rope_scaling=RopeScaling.from_dict(rope_params),
@@ -150,7 +185,34 @@ class ModelConfig:
             qk_norm=arch in _QK_NORM,
             bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_as_id_list(fields.get("tokenizer.ggml.eos_token_id")),
+            sliding_window=sliding_window,
+            layer_types=_default_layer_types(arch, {"num_hidden_layers": num_layers}) if sliding_window else None,
+            hf_config=_gguf_family_knobs(get, rope_params),
         )
+
+
+def _gguf_family_knobs(get, rope_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The config.json keys family files read beyond ModelConfig, from GGUF metadata (Gemma's soft-caps
+    and rope bases; llama.cpp stores no query_pre_attn_scalar, so Gemma scales by head_dim, as it does)."""
+    knobs = {
+        "attn_logit_softcapping": get("attn_logit_softcapping"),
+        "final_logit_softcapping": get("final_logit_softcapping"),
+        "rope_theta": get("rope.freq_base"),
+        "rope_scaling": rope_params,
+    }
+    return {key: value for key, value in knobs.items() if value is not None}
+
+
+def _default_layer_types(arch: str, d: dict[str, Any]) -> list[str] | None:
+    """transformers 4 configs carry no layer_types: Gemma 2 alternates (even layers slide), Gemma 3
+    has one global layer per `sliding_window_pattern`; any other windowed model slides everywhere."""
+    num_layers = d["num_hidden_layers"]
+    if arch == "Gemma2ForCausalLM":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if arch == "Gemma3ForCausalLM":
+        pattern = d.get("sliding_window_pattern") or d.get("_sliding_window_pattern") or 6
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    return None
 
 
 def _as_id_list(value: int | list[int] | None) -> list[int]:

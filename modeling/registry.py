@@ -1,7 +1,9 @@
 """Architecture name (config.json `architectures[0]`) -> model class, imported only when chosen.
 
 Qwen2 and Qwen3 are the Llama family with config switches (`qkv_bias`, `qk_norm`, set in
-ModelConfig), so they share one module rather than copying it.
+ModelConfig), so they share one module rather than copying it. Any other architecture that
+transformers implements on its AttentionInterface takes the transformers fallback
+(models/transformers_fallback.py): transformers' modeling on our attention and KV cache.
 """
 
 from __future__ import annotations
@@ -16,7 +18,18 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("llama", "LlamaForCausalLM"),
     "Qwen3ForCausalLM": ("llama", "LlamaForCausalLM"),
+    "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "MixtralForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
+    "Qwen2MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
+    "Qwen3MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
 }
+
+
+NATIVE = "native"
+TRANSFORMERS = "transformers"  # the fallback path
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -24,14 +37,30 @@ class UnsupportedArchitectureError(ValueError):
 
 
 def supported_architectures() -> list[str]:
+    """The architectures with a native model file (any other may take the transformers fallback)."""
     return sorted(_MODELS)
 
 
-def resolve_model_class(architecture: str) -> type[CausalLM]:
-    if architecture not in _MODELS:
+def modeling_path(architecture: str) -> str:
+    """NATIVE or TRANSFORMERS; raises UnsupportedArchitectureError when neither can serve it."""
+    if architecture in _MODELS:
+        return NATIVE
+    from modeling.models.transformers_fallback import check_supported
+
+    reason = check_supported(architecture)
+    if reason is not None:
         raise UnsupportedArchitectureError(
-            f"model architecture {architecture!r} is not supported; supported: {', '.join(supported_architectures())}"
+            f"model architecture {architecture!r} is not supported ({reason}); "
+            f"native: {', '.join(supported_architectures())}"
         )
+    return TRANSFORMERS
+
+
+def resolve_model_class(architecture: str) -> type[CausalLM]:
+    if modeling_path(architecture) == TRANSFORMERS:
+        from modeling.models.transformers_fallback import TransformersForCausalLM
+
+        return TransformersForCausalLM
     module_name, class_name = _MODELS[architecture]
     module = importlib.import_module(f"modeling.models.{module_name}")
     return getattr(module, class_name)

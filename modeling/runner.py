@@ -22,7 +22,7 @@ from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.layers.ops import select_ops
 from modeling.models.base import CausalLM
-from modeling.registry import resolve_model_class
+from modeling.registry import NATIVE, modeling_path, resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
 from modeling.weights.loader import iterate_weights, load_model_config
 
@@ -69,7 +69,7 @@ class ModelRunner:
         elif weights is None:
             raise ValueError("a model_config comes with its weights")
         self.model_config = model_config
-        _warn_about_unsupported_features(model_config)
+        self.modeling_path = modeling_path(model_config.architecture)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.model = self._build_model(weights)
@@ -98,7 +98,8 @@ class ModelRunner:
         self.cuda_graphs = maybe_capture_decode_graphs(
             self._forward_eager,
             self.backend,
-            cfg.cuda_graph_batch_sizes,
+            # transformers' modeling may sync with the host mid-step: no graphs on the fallback path
+            cfg.cuda_graph_batch_sizes if self.modeling_path == NATIVE else [],
             max_batch_size=self.max_rows,
             pad_row=self.max_rows,
             pad_slot=self.num_kv_slots,
@@ -190,16 +191,6 @@ class ModelRunner:
             )
             for _ in range(c.num_layers)
         ]
-
-
-def _warn_about_unsupported_features(config: ModelConfig) -> None:
-    if config.sliding_window and config.sliding_window < config.max_position_embeddings:
-        logger.warning(
-            "sliding_window=%d is not implemented: attention stays full, so outputs differ from the "
-            "reference past %d tokens",
-            config.sliding_window,
-            config.sliding_window,
-        )
 
 
 def _resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:

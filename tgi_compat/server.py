@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from modeling.registry import UnsupportedArchitectureError, modeling_path
 from router.client_api import EngineClient, EngineDeadError
 from tgi_compat.app import create_app
 from tgi_compat.config import ServerConfig, ServingLimits
@@ -50,6 +51,13 @@ def _new_metrics(limits: ServingLimits, model_id: str, num_kv_slots: int):
     return metrics
 
 
+def _modeling_path(architecture: str) -> str:
+    try:
+        return modeling_path(architecture)
+    except UnsupportedArchitectureError:  # an engine stand-in (tests, benchmarks) with no real model
+        return "no"
+
+
 async def build_state(config: ServerConfig) -> AppState:
     started = time.perf_counter()
     tokenizer_task = asyncio.create_task(
@@ -75,6 +83,8 @@ async def build_state(config: ServerConfig) -> AppState:
         limits.max_input_tokens,
         engine.info.num_kv_slots,
     )
+    # TGI's /info has no field for it, so the log says which modeling path serves the model
+    logger.info("Model %s: %s modeling", engine.info.architecture, _modeling_path(engine.info.architecture))
     metrics = _new_metrics(limits, config.model_id, engine.info.num_kv_slots)
     engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
     return AppState(

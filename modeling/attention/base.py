@@ -2,6 +2,9 @@
 
 Shapes: q [T, num_heads, head_dim]; k, v [T, num_kv_heads, head_dim] for the new tokens;
 kv buffers per layer [num_slots, num_kv_heads, head_dim]; req_to_token [max_rows, max_len] int32.
+
+Per-layer switches ride on each call: `sliding_window` (a query at position p sees keys
+(p - sliding_window, p]) and `softcap` (scores -> softcap * tanh(scores / softcap)); None = off.
 """
 
 from __future__ import annotations
@@ -37,13 +40,31 @@ class AttentionBackend(ABC):
         return qk
 
     def rotate_store_and_attend(
-        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope,
+        ops,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """rotate_and_store_kv, then forward over the rotated q heads: [T, H, D]. Backends may fuse all
         three (qk is then left unrotated: nothing reads it after this call)."""
         qk = self.rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
-        return self.forward(qk[:, : qk.shape[1] - v.shape[1]], k_cache, v_cache, scale)
+        q = qk[:, : qk.shape[1] - v.shape[1]]
+        return self.forward(q, k_cache, v_cache, scale, sliding_window=sliding_window, softcap=softcap)
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
-        """Causal attention of the new tokens over their request's whole KV; returns [T, num_heads, head_dim]."""
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """Causal attention of the new tokens over their request's KV; returns [T, num_heads, head_dim]."""

@@ -4,6 +4,8 @@ A step's requests are split into groups that each run as one SDPA call over K/V 
 req_to_token: all single-token requests (decodes) together as one padded [B, 1, max_kv] block,
 and each multi-token request (a prefill chunk over its cached prefix) on its own, so a long chunk
 next to many decodes never builds a [B, max_q, max_kv] mask. A pure decode step is one group.
+A sliding window narrows a group's mask per call (layers differ); soft-capped scores take an eager
+softmax, since SDPA has no hook for them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class AttentionGroup:
     kv_slots: torch.Tensor  # [b, max_kv] slot of every key of every request (padding masked)
     mask: torch.Tensor | None  # [b, 1, q_len, max_kv] bool, True = may attend; None = every key
     q_len: int  # queries per request (1 for decodes)
+    query_pos: torch.Tensor  # [b, q_len] position of every query
 
 
 @dataclass
@@ -64,17 +67,33 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache.index_copy_(0, slots, k)
         v_cache.index_copy_(0, slots, v)
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         groups = self.metadata.groups
+        options = (scale, sliding_window, softcap)
         if len(groups) == 1:
-            return self._attend(q, groups[0], k_cache, v_cache, scale)
+            return self._attend(q, groups[0], k_cache, v_cache, *options)
         out = q.new_empty(q.shape)  # [T, H, D]
         for group in groups:
-            out[group.tokens] = self._attend(q[group.tokens], group, k_cache, v_cache, scale)
+            out[group.tokens] = self._attend(q[group.tokens], group, k_cache, v_cache, *options)
         return out
 
     def _attend(
-        self, q: torch.Tensor, group: AttentionGroup, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+        self,
+        q: torch.Tensor,
+        group: AttentionGroup,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        sliding_window: int | None,
+        softcap: float | None,
     ) -> torch.Tensor:
         num_reqs, max_kv = group.kv_slots.shape
         flat_slots = group.kv_slots.view(-1)
@@ -82,10 +101,33 @@ class TorchAttentionBackend(AttentionBackend):
         k = k_cache.index_select(0, flat_slots).view(num_reqs, max_kv, *k_cache.shape[1:]).transpose(1, 2)
         v = v_cache.index_select(0, flat_slots).view(num_reqs, max_kv, *v_cache.shape[1:]).transpose(1, 2)
         q_block = q.view(num_reqs, group.q_len, self.num_heads, self.head_dim).transpose(1, 2)  # [b, H, q, D]
-        out = F.scaled_dot_product_attention(
-            q_block, k, v, attn_mask=group.mask, scale=scale, enable_gqa=self.num_heads != self.num_kv_heads
-        )
+        mask = group.mask
+        if sliding_window:
+            key_pos = torch.arange(max_kv, device=k.device)
+            in_window = (key_pos > group.query_pos[:, :, None] - sliding_window)[:, None]  # [b, 1, q, max_kv]
+            mask = in_window if mask is None else mask & in_window
+        if softcap:
+            out = _soft_capped_attention(q_block, k, v, mask, scale, softcap)
+        else:
+            out = F.scaled_dot_product_attention(
+                q_block, k, v, attn_mask=mask, scale=scale, enable_gqa=self.num_heads != self.num_kv_heads
+            )
         return out.transpose(1, 2).reshape(q.shape)
+
+
+def _soft_capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, softcap: float
+) -> torch.Tensor:
+    """Eager attention with scores -> softcap * tanh(scores / softcap); q [b, H, q, D], k/v [b, H_kv, L, D]."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = softcap * torch.tanh(scores / softcap)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
 
 
 def _decode_group(
@@ -96,7 +138,7 @@ def _decode_group(
     if rows.shape[0] > 1:  # shorter requests mask their padding
         key_pos = torch.arange(max_kv, device=kv_lens.device)
         mask = (key_pos[None, :] < kv_lens[:, None]).view(rows.shape[0], 1, 1, max_kv)
-    return AttentionGroup(tokens, kv_slots, mask, q_len=1)
+    return AttentionGroup(tokens, kv_slots, mask, q_len=1, query_pos=(kv_lens - 1)[:, None])
 
 
 def _extend_groups(batch: ForwardBatch, req_to_token: torch.Tensor) -> list[AttentionGroup]:
@@ -125,5 +167,9 @@ def _extend_groups(batch: ForwardBatch, req_to_token: torch.Tensor) -> list[Atte
         # causal relative to each token's position: query j sits at position (kv_len - q_len + j)
         query_pos = torch.arange(kv_len - q_len, kv_len, device=kv_slots.device)
         mask = torch.arange(kv_len, device=kv_slots.device)[None, :] <= query_pos[:, None]
-        groups.append(AttentionGroup(slice(start, start + q_len), kv_slots, mask.view(1, 1, q_len, kv_len), q_len))
+        groups.append(
+            AttentionGroup(
+                slice(start, start + q_len), kv_slots, mask.view(1, 1, q_len, kv_len), q_len, query_pos[None]
+            )
+        )
     return groups

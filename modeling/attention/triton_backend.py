@@ -125,24 +125,43 @@ class TritonAttentionBackend(AttentionBackend):
         return qk
 
     def rotate_store_and_attend(
-        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope,
+        ops,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         meta = self.metadata
+        options = dict(sliding_window=sliding_window, softcap=softcap)
         if not (meta.is_decode and ops.name == "triton" and qk.shape[0] in self.fused_rotary_batches):
-            return super().rotate_store_and_attend(qk, v, rope, ops, k_cache, v_cache, scale)
+            return super().rotate_store_and_attend(qk, v, rope, ops, k_cache, v_cache, scale, **options)
         num_q_heads = qk.shape[1] - v.shape[1]
         cos, sin = rope  # [B, D/2] each, this step's rows (triton_rope_tables)
         new_token = NewTokenKV(k=qk[:, num_q_heads:], v=v, cos=cos, sin=sin, slots=meta.out_slots)
-        return self._decode(qk[:, :num_q_heads], k_cache, v_cache, scale, new_token=new_token)
+        return self._decode(qk[:, :num_q_heads], k_cache, v_cache, scale, new_token=new_token, **options)
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         meta = self.metadata
+        options = dict(sliding_window=sliding_window, softcap=softcap)
         if meta.is_decode:
-            return self._decode(q, k_cache, v_cache, scale)
+            return self._decode(q, k_cache, v_cache, scale, **options)
         out = torch.empty_like(q)
         first = meta.num_decode_prefix  # requests [0, first) own tokens [0, first), one each
         if first:
-            self._decode(q[:first], k_cache, v_cache, scale, out=out[:first])
+            self._decode(q[:first], k_cache, v_cache, scale, out=out[:first], **options)
         prefill_attention(
             q,
             k_cache,
@@ -155,6 +174,7 @@ class TritonAttentionBackend(AttentionBackend):
             meta.max_q_len,
             scale,
             out=out,
+            **options,
         )
         return out
 
@@ -166,6 +186,8 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         out: torch.Tensor | None = None,
         new_token: NewTokenKV | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i); with
         `new_token`, q is unrotated and the kernel does the rotary and the KV store too."""
@@ -193,6 +215,8 @@ class TritonAttentionBackend(AttentionBackend):
             block_n=meta.block_n,
             split_counter=counter,
             new_token=new_token,
+            sliding_window=sliding_window,
+            softcap=softcap,
         )
 
 

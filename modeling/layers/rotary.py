@@ -1,4 +1,4 @@
-"""Rotary position embedding: a cos/sin cache over all positions, with llama3/linear/dynamic scaling.
+"""Rotary position embedding: a cos/sin cache over all positions, with llama3/linear/dynamic/longrope scaling.
 
 The cache is built once in float32 (as transformers does) and stored in the model dtype; each step
 gathers its positions once (`step_tables`) and every layer reuses them.
@@ -43,6 +43,8 @@ def build_cos_sin(
     """Returns cos, sin [P, D/2] in float32 for positions 0..P-1 (P grows for dynamic scaling)."""
     inv_freq = _base_inv_freq(head_dim, theta)
     positions = torch.arange(max_positions)
+    if scaling.rope_type == "longrope":
+        return _longrope_cos_sin(inv_freq, scaling, max_positions)
     if scaling.rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, scaling, max_positions)
     elif scaling.rope_type == "linear":
@@ -59,6 +61,25 @@ def build_cos_sin(
     long = _angles(torch.arange(max_positions, long_len), _base_inv_freq(head_dim, base))
     angles = torch.cat((short, long))
     return angles.cos(), angles.sin()
+
+
+def _longrope_cos_sin(
+    inv_freq: torch.Tensor, scaling: RopeScaling, max_positions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LongRoPE (Phi-3): frequencies divided by short_factor inside the original context and by
+    long_factor past it, cos/sin scaled by the attention factor. transformers switches every position
+    to the long factors once a sequence passes the original context; we switch per position, so
+    cached keys never need re-rotating (vLLM does the same): identical up to that length."""
+    original = scaling.original_max_position_embeddings
+    attention_factor = scaling.attention_factor
+    if attention_factor is None:
+        attention_factor = 1.0
+        if scaling.factor > 1.0:
+            attention_factor = math.sqrt(1 + math.log(scaling.factor) / math.log(original))
+    short = _angles(torch.arange(min(original, max_positions)), inv_freq / torch.tensor(scaling.short_factor))
+    long = _angles(torch.arange(original, max_positions), inv_freq / torch.tensor(scaling.long_factor))
+    angles = torch.cat((short, long))
+    return angles.cos() * attention_factor, angles.sin() * attention_factor
 
 
 class RotaryEmbedding(nn.Module):

@@ -15,29 +15,22 @@ from modeling.attention.base import AttentionBackend
 from modeling.config import ModelConfig
 from modeling.forward_batch import ForwardBatch
 from modeling.layers.embedding import LMHead, VocabEmbedding
-from modeling.layers.linear import Linear, LoadableParameter, MergedLinear, QKVLinear
+from modeling.layers.linear import Linear, MergedLinear, QKVLinear
 from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.layers.rotary import RotaryEmbedding
+from modeling.models.weight_names import load_packed_weights
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, num_kv_heads, head_dim]
 RopeTables = tuple[torch.Tensor, ...]  # whatever the chosen LayerOps.rope_tables builds
 
-# checkpoint sub-module -> (our fused module, shard)
-_PACKED_MODULES = {
-    "q_proj": ("qkv_proj", "q"),
-    "k_proj": ("qkv_proj", "k"),
-    "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
-
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, decoder_layer: type[nn.Module] | None = None):
+        """decoder_layer: built as decoder_layer(config, ops, layer index); the MoE families pass theirs."""
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, ops)
+        self.model = LlamaModel(config, ops, decoder_layer or LlamaDecoderLayer)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied)
 
@@ -63,41 +56,14 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (HF name, tensor) pairs into the parameters, fusing q/k/v and gate/up on the way."""
-        params = dict(self.named_parameters())
-        pending = set(params)
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue  # some tied checkpoints still store it; the embedding is the one we keep
-            target, shard = _fused_name(name)
-            if target not in params:
-                raise KeyError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
-            param = params[target]
-            if not isinstance(param, LoadableParameter):
-                raise TypeError(
-                    f"parameter {target!r} was not built with a weight loader (modeling.layers.linear.new_param)"
-                )
-            param.weight_loader(param, tensor, shard)
-            pending.discard(target)
-        if self.config.tie_word_embeddings:
-            pending.discard("lm_head.weight")
-        if pending:
-            raise ValueError(f"checkpoint is missing weights: {sorted(pending)[:8]}")
-
-
-def _fused_name(name: str) -> tuple[str, object]:
-    for source, (target, shard) in _PACKED_MODULES.items():
-        if f".{source}." in name:
-            return name.replace(f".{source}.", f".{target}."), shard
-    return name, None
+        load_packed_weights(self, weights, self.config.tie_word_embeddings)
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    def __init__(self, config: ModelConfig, ops: LayerOps, decoder_layer: type[nn.Module]):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, ops) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(decoder_layer(config, ops, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings, ops
@@ -116,10 +82,10 @@ class LlamaModel(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    def __init__(self, config: ModelConfig, ops: LayerOps, layer: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = LlamaAttention(config, ops)
+        self.self_attn = LlamaAttention(config, ops, sliding_window=config.sliding_window_of(layer))
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.mlp = LlamaMLP(config, ops)
         self.ops = ops
@@ -144,12 +110,23 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    """Also Gemma's: `scale`, `sliding_window` and `softcap` are per-layer switches (None = the default)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: LayerOps,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ):
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = scale or config.head_dim**-0.5
+        self.sliding_window = sliding_window
+        self.softcap = softcap
         self.qk_size = (config.num_heads + config.num_kv_heads) * config.head_dim
         self.qkv_proj = QKVLinear(
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias
@@ -179,7 +156,9 @@ class LlamaAttention(nn.Module):
             q, _ = self.q_norm(qk[:, : self.num_heads])
             k, _ = self.k_norm(qk[:, self.num_heads :])
             qk = torch.cat((q, k), dim=1)
-        out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.scale)  # [T, H, D]
+        out = backend.rotate_store_and_attend(
+            qk, v, rope, self.ops, k_cache, v_cache, self.scale, self.sliding_window, self.softcap
+        )  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 
 from modeling.config import ModelConfig
+from modeling.registry import TRANSFORMERS, modeling_path
 from modeling.source import ModelSource
 
 
@@ -19,7 +20,13 @@ def load_model_config(source: ModelSource) -> ModelConfig:
         reader = open_gguf(source.gguf_file)
         return ModelConfig.from_gguf_fields(read_gguf_metadata(reader), has_output_tensor(reader))
     with open(os.path.join(source.folder, "config.json")) as f:
-        return ModelConfig.from_hf_dict(json.load(f))
+        d = json.load(f)
+    architecture = (d.get("architectures") or [None])[0]
+    if architecture is not None and modeling_path(architecture) == TRANSFORMERS:
+        from modeling.models.transformers_fallback import fallback_model_config
+
+        return fallback_model_config(d, source.folder)
+    return ModelConfig.from_hf_dict(d)
 
 
 def iterate_weights(

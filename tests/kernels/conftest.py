@@ -23,6 +23,7 @@ KERNEL_MODULES = [
     "kernels.rmsnorm",
     "kernels.rotary",
     "kernels.silu_mul",
+    "kernels.fused_moe",
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "modeling.attention.triton_backend",
     "modeling.layers.triton_ops",

@@ -39,10 +39,14 @@ def tiny_hf_model(config_cls, seed: int = 0, **overrides):
     return model
 
 
+_MODEL_CLASS_NAMES = {"Gemma3TextConfig": "Gemma3ForCausalLM"}  # configs not named after their model
+
+
 def _model_class(config_cls):
     import transformers
 
-    return getattr(transformers, config_cls.__name__.replace("Config", "ForCausalLM"))
+    name = _MODEL_CLASS_NAMES.get(config_cls.__name__, config_cls.__name__.replace("Config", "ForCausalLM"))
+    return getattr(transformers, name)
 
 
 def runner_for_folder(folder: str, dtype: str = "float32", num_kv_slots: int = 2048) -> ModelRunner:

@@ -30,6 +30,7 @@ CASES = {
     ),
     "llama-attention-mlp-bias": (LlamaConfig, {"attention_bias": True, "mlp_bias": True}),
     "mistral": (MistralConfig, {"sliding_window": None}),
+    "mistral-window": (MistralConfig, {"sliding_window": 16}),  # the 40-token prompt passes the window
     "qwen2": (Qwen2Config, {}),
     "qwen3": (Qwen3Config, {"head_dim": 32}),
 }

@@ -1,0 +1,92 @@
+"""A sparse mixture-of-experts MLP block: a router, E SwiGLU experts run together, and optionally a
+shared expert scaled by its own sigmoid gate (Qwen2-MoE).
+
+The experts' weights are stacked, w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I], which
+is what the grouped GEMM in kernels/fused_moe.py reads. On CUDA the experts run through it; on CPU
+through its reference (an expert-by-expert loop, as transformers does).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from kernels.fused_moe import fused_moe, fused_moe_ref
+from modeling.layers.linear import Linear, MergedLinear, default_weight_loader
+from modeling.layers.ops import LayerOps
+
+_PARTS = {"gate": 0, "up": 1}  # row blocks of w13
+
+
+class FusedExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        self.w13.weight_loader = self.w2.weight_loader = self.load_expert
+
+    def load_expert(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
+        """shard: (expert, "gate" | "up" | "down") for one expert's matrix; None for all experts at once."""
+        if shard is None:
+            default_weight_loader(param, loaded)
+            return
+        expert, part = shard
+        target = param.data[expert]
+        if part in _PARTS:
+            target = target.narrow(0, _PARTS[part] * self.intermediate_size, self.intermediate_size)
+        default_weight_loader(target, loaded)
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        run = fused_moe if x.is_cuda else fused_moe_ref
+        return run(x, self.w13, self.w2, topk_weights, topk_ids)
+
+
+class SharedExpert(nn.Module):
+    """A dense SwiGLU MLP every token goes through, scaled by sigmoid(shared_expert_gate(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, ops: LayerOps):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2)
+        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.silu_mul_linear(self.gate_up_proj(x), self.down_proj)
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,
+        renormalize: bool,
+        ops: LayerOps,
+        shared_intermediate_size: int = 0,
+    ):
+        super().__init__()
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.gate = Linear(hidden_size, num_experts)  # the router
+        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
+        self.shared_expert = None
+        if shared_intermediate_size:
+            self.shared_expert = SharedExpert(hidden_size, shared_intermediate_size, ops)
+            self.shared_expert_gate = Linear(hidden_size, 1)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, top_k] fp32, expert ids [T, top_k]): softmax in fp32, top-k, maybe renormalised."""
+        probs = self.gate(x).float().softmax(-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights, ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] (already normed) -> [T, hidden]."""
+        out = self.experts(x, *self.route(x))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

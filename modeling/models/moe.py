@@ -1,0 +1,125 @@
+"""Mixture-of-experts decoders: Mixtral, Qwen2-MoE (shared expert with its gate) and Qwen3-MoE.
+
+They are the Llama model (attention, norms, rope, qkv bias / q-k norm switches) with a sparse MoE
+block in place of the MLP on the layers that have one (Qwen's `mlp_only_layers` and
+`decoder_sparse_step` keep some dense). Routing is softmax, top-k, then renormalised for Mixtral
+always and for Qwen when `norm_topk_prob` says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from modeling.attention.base import AttentionBackend
+from modeling.config import ModelConfig
+from modeling.layers.moe import SparseMoeBlock
+from modeling.layers.norm import RMSNorm
+from modeling.layers.ops import TORCH_OPS, LayerOps
+from modeling.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, RopeTables
+from modeling.models.weight_names import fused_name, load_packed_weights
+
+# Checkpoint names of one expert's matrices, Mixtral's (w1 gate, w3 up, w2 down) and Qwen's.
+_EXPERT_RE = re.compile(
+    r"^(.*)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$"
+)
+_EXPERT_PARTS = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
+# transformers 5's in-memory layout: every expert in one tensor
+_STACKED_RE = re.compile(r"^(.*)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+@dataclass(frozen=True, slots=True)
+class MoEKnobs:
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    renormalize: bool
+    shared_intermediate_size: int  # 0: no shared expert
+    sparse_layers: frozenset[int]
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> MoEKnobs:
+        d = config.hf_config
+        is_mixtral = config.architecture == "MixtralForCausalLM"
+        num_experts = d.get("num_local_experts") or d["num_experts"]  # transformers 5 saves either name
+        step = d.get("decoder_sparse_step") or 1
+        dense = set(d.get("mlp_only_layers") or [])
+        sparse = frozenset(i for i in range(config.num_layers) if i not in dense and (i + 1) % step == 0)
+        return cls(
+            num_experts=num_experts,
+            top_k=d["num_experts_per_tok"],
+            expert_intermediate_size=config.intermediate_size if is_mixtral else d["moe_intermediate_size"],
+            renormalize=is_mixtral or bool(d.get("norm_topk_prob", False)),
+            shared_intermediate_size=d.get("shared_expert_intermediate_size") or 0,
+            sparse_layers=sparse,
+        )
+
+
+class MixtureOfExpertsForCausalLM(LlamaForCausalLM):
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+        knobs = MoEKnobs.from_config(config)
+        super().__init__(config, ops, decoder_layer=functools.partial(MoEDecoderLayer, knobs=knobs))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_packed_weights(self, weights, self.config.tie_word_embeddings, resolve=moe_weight_name)
+
+
+def moe_weight_name(name: str) -> tuple[str, object]:
+    """Checkpoint name -> (parameter, shard): experts into the stacked w13/w2, Mixtral's
+    `block_sparse_moe` into `mlp`, everything else as in the Llama family."""
+    match = _EXPERT_RE.match(name)
+    if match:
+        prefix, expert, kind = match.groups()
+        part = _EXPERT_PARTS[kind]
+        return f"{prefix}.mlp.experts.{'w2' if part == 'down' else 'w13'}", (int(expert), part)
+    match = _STACKED_RE.match(name)
+    if match:
+        prefix, kind = match.groups()
+        return f"{prefix}.mlp.experts.{'w13' if kind == 'gate_up_proj' else 'w2'}", None
+    return fused_name(name.replace(".block_sparse_moe.", ".mlp."))
+
+
+class MoEDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, ops: LayerOps, layer: int, knobs: MoEKnobs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = LlamaAttention(config, ops, sliding_window=config.sliding_window_of(layer))
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.is_sparse = layer in knobs.sparse_layers
+        if self.is_sparse:
+            self.mlp = SparseMoeBlock(
+                config.hidden_size,
+                knobs.num_experts,
+                knobs.top_k,
+                knobs.expert_intermediate_size,
+                knobs.renormalize,
+                ops,
+                knobs.shared_intermediate_size,
+            )
+        else:
+            self.mlp = LlamaMLP(config, ops)
+        self.ops = ops
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, self.self_attn.qkv_proj)
+        hidden = self.self_attn(qkv, rope, k_cache, v_cache, backend)
+        if not self.is_sparse:
+            gate_up, residual = self.ops.rms_norm_linear(
+                hidden, residual, self.post_attention_layernorm, self.mlp.gate_up_proj
+            )
+            return self.mlp(gate_up), residual
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual

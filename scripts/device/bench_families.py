@@ -1,0 +1,214 @@
+"""GPU benchmark of the newer model families (not CI), one call, random weights, < 8 min on one H100:
+
+1. A Mixtral-8x7B-shaped model (all shapes real, `--mixtral-layers` of its 32 layers so that it fits
+   one 80 GB GPU): decode steps at 64 streams with the fused-experts Triton kernel vs the eager
+   expert-by-expert loop (transformers' MoE algorithm, `fused_moe_ref`), both in this process on the
+   same weights and KV; the fused path also with CUDA graphs.
+2. The fused-experts kernel alone at batch 1 (one token, top-2 of 8 Mixtral experts): time and the
+   bandwidth of its expert-weight reads, beside a device copy's bandwidth.
+3. A Gemma-2-9B-shaped model: batch-1 decode time per token with CUDA graphs vs its weight-read roofline.
+
+Run on the device:  PYTHONPATH=$PWD python3 scripts/device/bench_families.py [--json FILE]
+
+Method as bench_gpu.py: decode steps start from CONTEXT tokens of random K/V written into the cache and
+are timed with CUDA events over STEPS steps; kernel times are medians of triton.testing.do_bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench_gpu import copy_bandwidth, fill_context, log, median_ms, time_decode
+
+import modeling.layers.moe as moe_layer
+from kernels.fused_moe import fused_moe, fused_moe_ref
+from modeling.config import ModelConfig
+from modeling.runner import ModelRunner, RunnerConfig
+
+DEV = "cuda"
+CONTEXT = 512
+STEPS = 32
+
+MIXTRAL_8X7B = dict(
+    architectures=["MixtralForCausalLM"],
+    model_type="mixtral",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    vocab_size=32000,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-5,
+    rope_theta=1e6,
+    sliding_window=None,
+    tie_word_embeddings=False,
+)
+GEMMA2_9B = dict(
+    architectures=["Gemma2ForCausalLM"],
+    model_type="gemma2",
+    hidden_size=3584,
+    intermediate_size=14336,
+    num_hidden_layers=42,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=256,
+    vocab_size=256000,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-6,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    attn_logit_softcapping=50.0,
+    final_logit_softcapping=30.0,
+    tie_word_embeddings=True,
+)
+
+
+def random_hf_weights(config: dict, dtype: torch.dtype):
+    """(name, random tensor on the GPU) for every tensor of the transformers model of `config`, one at a time."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = dict(config)
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(hf_config)
+    for name, tensor in meta.state_dict().items():
+        yield name, torch.empty(tensor.shape, dtype=dtype, device=DEV).normal_(0.0, 0.02)
+
+
+def build(config: dict, rows: int, max_len: int, graph_sizes: list[int]) -> ModelRunner:
+    cfg = RunnerConfig(
+        device=DEV,
+        dtype="bfloat16",
+        attention_backend="triton",
+        num_kv_slots=rows * max_len + 1,
+        max_rows=rows + 1,
+        max_seq_len=max_len,
+        show_progress=False,
+        cuda_graph_batch_sizes=graph_sizes,
+    )
+    hf_dict = {k: v for k, v in config.items()}
+    return ModelRunner(cfg, ModelConfig.from_hf_dict(hf_dict), random_hf_weights(config, torch.bfloat16))
+
+
+def weight_bytes(runner: ModelRunner) -> int:
+    """Bytes a batch-1 decode step reads: every parameter but the embedding table (gathered), with a
+    tied LM head counted once (it is the embedding)."""
+    model = runner.model
+    embed = model.model.embed_tokens.weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head.weight is not embed:
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+def bench_mixtral(layers: int, bandwidth: float) -> dict:
+    config = {**MIXTRAL_8X7B, "num_hidden_layers": layers}
+    batch, max_len = 64, CONTEXT + STEPS + 8
+    t0 = time.perf_counter()
+    runner = build(config, batch, max_len, graph_sizes=[1, batch])
+    log(f"mixtral ({layers} layers) built with graphs in {time.perf_counter() - t0:.0f} s")
+    fill_context(runner, batch, max_len, CONTEXT)
+    vocab = config["vocab_size"]
+    result = dict(layers=layers)
+    result["graphs_b64_ms"] = time_decode(runner.forward, batch, max_len, vocab, STEPS, CONTEXT)
+    result["graphs_b1_ms"] = time_decode(runner.forward, 1, max_len, vocab, STEPS, CONTEXT)
+    eager = runner._forward_eager
+    result["fused_eager_b64_ms"] = time_decode(eager, batch, max_len, vocab, STEPS, CONTEXT)
+    moe_layer.fused_moe = fused_moe_ref  # the layer looks the function up at call time
+    try:
+        result["loop_eager_b64_ms"] = time_decode(eager, batch, max_len, vocab, 8, CONTEXT)
+    finally:
+        moe_layer.fused_moe = fused_moe
+    result["speedup_eager"] = result["loop_eager_b64_ms"] / result["fused_eager_b64_ms"]
+    result["speedup_graphs"] = result["loop_eager_b64_ms"] / result["graphs_b64_ms"]
+    for key, value in result.items():
+        log(f"mixtral {key}: {value:.3f}" if isinstance(value, float) else f"mixtral {key}: {value}")
+    tokens_s = batch * 1e3 / result["graphs_b64_ms"]
+    log(f"mixtral 64 streams: {tokens_s:.0f} tok/s with graphs ({layers}/32 layers)")
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def bench_fused_moe_batch1(bandwidth: float) -> dict:
+    hidden, inter, experts = 4096, 14336, 8
+    w13 = torch.randn(experts, 2 * inter, hidden, device=DEV, dtype=torch.bfloat16) * 0.02
+    w2 = torch.randn(experts, hidden, inter, device=DEV, dtype=torch.bfloat16) * 0.02
+    x = torch.randn(1, hidden, device=DEV, dtype=torch.bfloat16)
+    topk_weights = torch.tensor([[0.6, 0.4]], device=DEV)
+    topk_ids = torch.tensor([[1, 5]], device=DEV)
+    ms = timed(fused_moe, x, w13, w2, topk_weights, topk_ids)
+    ref_ms = timed(fused_moe_ref, x, w13, w2, topk_weights, topk_ids)
+    moved = 2 * 3 * hidden * inter * 2  # two experts' w1, w3, w2 in bf16
+    gbs = moved / (ms * 1e-3) / 1e9
+    result = dict(ms=ms, loop_ms=ref_ms, gb_s=gbs, pct_copy=100 * gbs * 1e9 / bandwidth)
+    log(
+        f"fused_moe batch 1: {ms * 1e3:.1f} us, {gbs:.0f} GB/s ({result['pct_copy']:.1f}% of copy); loop {ref_ms * 1e3:.1f} us"
+    )
+    for tokens in (16, 64, 256):
+        xt = torch.randn(tokens, hidden, device=DEV, dtype=torch.bfloat16)
+        ids = torch.stack([torch.randperm(experts, device=DEV)[:2] for _ in range(tokens)])
+        weights = torch.full((tokens, 2), 0.5, device=DEV)
+        fused = timed(fused_moe, xt, w13, w2, weights, ids)
+        loop = timed(fused_moe_ref, xt, w13, w2, weights, ids)
+        result[f"t{tokens}"] = dict(fused_ms=fused, loop_ms=loop)
+        log(f"fused_moe {tokens} tokens: {fused:.3f} ms vs loop {loop:.3f} ms")
+    return result
+
+
+def timed(fn, *args) -> float:
+    return median_ms(lambda: fn(*args))
+
+
+def bench_gemma2(bandwidth: float) -> dict:
+    max_len = CONTEXT + STEPS + 8
+    t0 = time.perf_counter()
+    runner = build(GEMMA2_9B, 1, max_len, graph_sizes=[1])
+    log(f"gemma2-9b built with graphs in {time.perf_counter() - t0:.0f} s")
+    fill_context(runner, 1, max_len, CONTEXT)
+    vocab = GEMMA2_9B["vocab_size"]
+    ms = time_decode(runner.forward, 1, max_len, vocab, STEPS, CONTEXT)
+    eager_ms = time_decode(runner._forward_eager, 1, max_len, vocab, STEPS, CONTEXT)
+    moved = weight_bytes(runner) + (CONTEXT + STEPS // 2) * runner._kv_bytes_per_token()
+    floor_ms = moved / bandwidth * 1e3
+    result = dict(ms=ms, eager_ms=eager_ms, floor_ms=floor_ms, pct_roofline=100 * floor_ms / ms, gb=moved / 1e9)
+    log(
+        f"gemma2-9b batch 1: {ms:.3f} ms/token (eager {eager_ms:.3f}), floor {floor_ms:.3f} ms: {100 * floor_ms / ms:.1f}%"
+    )
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mixtral-layers", type=int, default=16, help="of 32; 16 is ~47 GB of bf16 weights")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    log(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    results = dict(device=torch.cuda.get_device_name(), copy_gb_s=bandwidth / 1e9)
+    results["fused_moe_batch1"] = bench_fused_moe_batch1(bandwidth)
+    results["gemma2_9b"] = bench_gemma2(bandwidth)
+    results["mixtral"] = bench_mixtral(args.mixtral_layers, bandwidth)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -30,6 +30,7 @@ from router.engine_process import run_engine_process
 from router.outputs import TokenEvent
 from router.request import GenerateRequest
 from router.stats import EngineStats
+from router.tp_worker import run_tp_worker
 from router.validation import validate_request
 from router.wire import (
     AbortRequest,
@@ -200,7 +201,8 @@ class ZmqEngineClient(_QueueingClient):
         super().__init__(info=None)
         self.config = config
         self.startup_timeout = startup_timeout
-        self._process = None
+        self._process = None  # the engine loop: tensor-parallel rank 0
+        self._workers: list = []  # tensor-parallel ranks 1..N-1 (--num-shard N)
         self._sockets: tuple | None = None  # (context, outbox, inbox, socket_dir)
         self._reader: asyncio.Task | None = None
 
@@ -228,33 +230,50 @@ class ZmqEngineClient(_QueueingClient):
         outbox.bind(input_address)
         inbox.bind(output_address)
         self._sockets = (context, outbox, inbox, socket_dir)
-        self._process = multiprocessing.get_context("spawn").Process(
+        spawn = multiprocessing.get_context("spawn")
+        self._process = spawn.Process(
             target=run_engine_process,
             args=(self.config, input_address, output_address, os.getpid()),
             name="engine-core",
             daemon=True,
         )
-        self._process.start()
+        self._workers = [
+            spawn.Process(
+                target=run_tp_worker, args=(self.config, rank, os.getpid()), name=f"tp-rank-{rank}", daemon=True
+            )
+            for rank in range(1, self.config.num_shard)
+        ]
+        for process in (self._process, *self._workers):
+            process.start()
         try:
-            self.info = await asyncio.wait_for(_await_ready(inbox, self._process), self.startup_timeout)
+            self.info = await asyncio.wait_for(_await_ready(inbox, self._process, self._workers), self.startup_timeout)
         except BaseException:
-            self._process.kill()
+            for process in (self._process, *self._workers):
+                process.kill()
             _close(*self._sockets)
             raise
         self._dead_reason = None
         self._reader = asyncio.create_task(self._read_outputs(inbox))
-        asyncio.get_running_loop().add_reader(self._process.sentinel, self._on_process_exit)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._process.sentinel, self._on_process_exit, self._process)
+        for worker in self._workers:  # a rank that dies takes the engine with it
+            loop.add_reader(worker.sentinel, self._on_process_exit, worker)
 
     async def _stop(self, reason: str) -> None:
         loop = asyncio.get_running_loop()
         process = self._process
-        loop.remove_reader(process.sentinel)  # a requested exit is not a death
+        for each in (process, *self._workers):
+            loop.remove_reader(each.sentinel)  # a requested exit is not a death
         if process.is_alive() and self._dead_reason is None:
-            self._submit(Shutdown())
+            self._submit(Shutdown())  # rank 0 releases the other ranks before it exits
             await loop.run_in_executor(None, process.join, 10)
-        if process.is_alive():
-            process.kill()
-            await loop.run_in_executor(None, process.join, 5)
+        graceful_s = 5 if self._dead_reason is None else 0  # after a death, other ranks may be stuck
+        for each in self._workers:
+            await loop.run_in_executor(None, each.join, graceful_s)
+        for each in (process, *self._workers):
+            if each.is_alive():
+                each.kill()
+                await loop.run_in_executor(None, each.join, 5)
         if self._reader is not None:
             self._reader.cancel()
         self._mark_dead(reason, is_error=False)
@@ -276,15 +295,16 @@ class ZmqEngineClient(_QueueingClient):
             elif isinstance(message, Rejected):
                 self._reject(message.request_id, message.message)
 
-    def _on_process_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._process.sentinel)
-        self._process.join(timeout=1)
-        self._mark_dead(f"engine process exited with code {self._process.exitcode}")
+    def _on_process_exit(self, process) -> None:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        process.join(timeout=1)
+        what = "engine process" if process is self._process else f"tensor-parallel {process.name} process"
+        self._mark_dead(f"{what} exited with code {process.exitcode}")
         if self._reader is not None:
             self._reader.cancel()
 
 
-async def _await_ready(inbox, process) -> EngineInfo:
+async def _await_ready(inbox, process, workers) -> EngineInfo:
     while True:
         if await inbox.poll(200):
             message = engine_message_decoder.decode(await inbox.recv())
@@ -294,6 +314,8 @@ async def _await_ready(inbox, process) -> EngineInfo:
                 raise EngineDeadError(f"engine failed to start: {message.error}")
         elif not process.is_alive():
             raise EngineDeadError(f"engine process exited during startup with code {process.exitcode}")
+        elif dead := [w for w in workers if not w.is_alive()]:
+            raise EngineDeadError(f"tensor-parallel {dead[0].name} exited during startup with code {dead[0].exitcode}")
 
 
 def _close(context, outbox, inbox, socket_dir: str) -> None:

@@ -19,6 +19,7 @@ from modeling.layers.linear import Linear, MergedLinear, QKVLinear
 from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.layers.rotary import RotaryEmbedding
+from modeling.parallel import NO_TP, TensorParallel, shard_heads, split_evenly
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, num_kv_heads, head_dim]
 RopeTables = tuple[torch.Tensor, ...]  # whatever the chosen LayerOps.rope_tables builds
@@ -34,12 +35,14 @@ _PACKED_MODULES = {
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+    supports_tensor_parallel = True  # column/row-parallel attention and MLP, vocab-parallel embedding
+
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, ops)
+        self.model = LlamaModel(config, ops, tp)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied, tp=tp)
 
     def forward(
         self,
@@ -90,10 +93,10 @@ def _fused_name(name: str) -> tuple[str, object]:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    def __init__(self, config: ModelConfig, ops: LayerOps, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, ops) for _ in range(config.num_layers))
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, ops, tp) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings, ops
@@ -112,12 +115,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    def __init__(self, config: ModelConfig, ops: LayerOps, tp: TensorParallel = NO_TP):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = LlamaAttention(config, ops)
+        self.self_attn = LlamaAttention(config, ops, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = LlamaMLP(config, ops)
+        self.mlp = LlamaMLP(config, ops, tp)
         self.ops = ops
 
     def forward(
@@ -140,17 +143,27 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    """Column-parallel q|k|v and row-parallel o under tensor parallelism: this rank's heads only."""
+
+    def __init__(self, config: ModelConfig, ops: LayerOps, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
+        heads = shard_heads(config.num_heads, config.num_kv_heads, tp)
+        self.num_heads = heads.num_heads
+        self.num_kv_heads = heads.num_kv_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
-        self.qk_size = (config.num_heads + config.num_kv_heads) * config.head_dim
+        self.qk_size = (self.num_heads + self.num_kv_heads) * config.head_dim
         self.qkv_proj = QKVLinear(
-            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias, tp=tp
         )
-        self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size, config.o_proj_bias)
+        self.o_proj = Linear(
+            config.num_heads * config.head_dim,
+            config.hidden_size,
+            config.o_proj_bias,
+            in_slice=heads.q_heads.scaled(config.head_dim),
+            tp=tp,
+        )
+        self.tp = tp
         self.ops = ops
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
@@ -174,16 +187,23 @@ class LlamaAttention(nn.Module):
             k, _ = self.k_norm(qk[:, self.num_heads :])
             qk = torch.cat((q, k), dim=1)
         out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.scale)  # [T, H, D]
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim)))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    """Column-parallel gate|up and row-parallel down under tensor parallelism."""
+
+    def __init__(self, config: ModelConfig, ops: LayerOps, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2, config.mlp_bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias)
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, [size] * 2, config.mlp_bias, tp=tp)
+        self.down_proj = Linear(
+            size, config.hidden_size, config.mlp_bias, in_slice=split_evenly(size, tp.size, tp.rank), tp=tp
+        )
         self.ops = ops
+        self.tp = tp
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up_proj's output [T, 2 * I] (the layer runs it with the norm) -> [T, hidden]."""
-        return self.ops.silu_mul_linear(gate_up, self.down_proj)
+        # the all-reduce sits here, not in down_proj: the fused GEMV op reads down_proj's weight directly
+        return self.tp.all_reduce(self.ops.silu_mul_linear(gate_up, self.down_proj))

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from modeling.weights.gguf_dequant import dequantize_tensor
-from modeling.weights.gguf_file import GGUFFile
+from modeling.weights.gguf_file import GGUFFile, GGUFTensorInfo
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 _BLOCK_TENSORS = {
@@ -70,15 +70,43 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def iterate_gguf(
-    reader: GGUFFile, num_heads: int, num_kv_heads: int, show_progress: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for every tensor, dequantized one at a time."""
+    reader: GGUFFile, num_heads: int, num_kv_heads: int, show_progress: bool = True, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | GGUFRows]]:
+    """Yield (HF name, float32 tensor) for every tensor, dequantized one at a time. lazy: yield
+    GGUFRows instead, from which a tensor-parallel rank dequantizes only its rows."""
     is_llama = reader.fields["general.architecture"] == "llama"
     for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress):
-        # GGUF lists dims fastest-first; reversed they are the torch shape.
-        weights = dequantize_tensor(tensor.data, tensor.type_name, tensor.shape)
+        rotary_heads = None
         if is_llama and ".attn_q." in tensor.name:
-            weights = unpermute_rotary_rows(weights, num_heads)
+            rotary_heads = num_heads
         elif is_llama and ".attn_k." in tensor.name:
-            weights = unpermute_rotary_rows(weights, num_kv_heads)
-        yield hf_tensor_name(tensor.name), weights
+            rotary_heads = num_kv_heads
+        rows = GGUFRows(tensor, rotary_heads)
+        yield hf_tensor_name(tensor.name), (rows if lazy else rows.materialize())
+
+
+class GGUFRows:
+    """One GGUF tensor, dequantized on demand. A row of a matrix is contiguous in the file (blocks
+    run along it), so a range of rows reads only its own bytes; other slices dequantize it all."""
+
+    def __init__(self, tensor: GGUFTensorInfo, rotary_heads: int | None = None) -> None:
+        self.tensor = tensor
+        self.shape = tensor.shape
+        self.rotary_heads = rotary_heads  # q/k: rows were permuted per head by llama.cpp's converter
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        if dim != 0 or len(self.shape) < 2:
+            return self.materialize().narrow(dim, start, length)
+        t = self.tensor
+        raw = t.data.reshape(self.shape[0], -1)[start : start + length]
+        weights = dequantize_tensor(raw, t.type_name, (length, *self.shape[1:]))
+        if self.rotary_heads is not None:  # whole heads: the per-head un-permutation commutes
+            head_dim = self.shape[0] // self.rotary_heads
+            weights = unpermute_rotary_rows(weights, length // head_dim)
+        return weights
+
+    def materialize(self) -> torch.Tensor:
+        weights = dequantize_tensor(self.tensor.data, self.tensor.type_name, self.shape)
+        if self.rotary_heads is not None:
+            weights = unpermute_rotary_rows(weights, self.rotary_heads)
+        return weights

@@ -22,6 +22,7 @@ from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.layers.ops import select_ops
 from modeling.parallel import NO_TP, TensorParallel, shard_heads
+from modeling.parallel.group import destroy_tensor_parallel
 from modeling.parallel.step_broadcast import StepBroadcast
 from modeling.registry import resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
@@ -151,10 +152,11 @@ class ModelRunner:
             self.forward(batch)
 
     def close(self) -> None:
-        """Rank 0: release the other ranks from follow_rank_zero."""
+        """Rank 0: release the other ranks from follow_rank_zero, then leave the group."""
         if self.step_sender is not None:
             self.step_sender.send_stop()
             self.step_sender = None
+        destroy_tensor_parallel(self.tp)
 
     def _build_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> torch.nn.Module:
         model_cls = resolve_model_class(self.model_config.architecture)

@@ -19,10 +19,12 @@ from router.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int) -> None:
     _exit_with_parent(parent_pid)
+    _name_process(f"tp-rank-{rank}")  # what ps/top show (and how tests find a rank)
     from modeling.parallel.group import destroy_tensor_parallel
     from modeling.parallel.step_broadcast import StepBroadcast
     from router.model_loading import load_runner
@@ -33,9 +35,16 @@ def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int) -> None:
     destroy_tensor_parallel(runner.tp)
 
 
+def _name_process(name: str) -> None:
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15])
+    except (OSError, AttributeError):
+        pass
+
+
 def _exit_with_parent(parent_pid: int) -> None:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass  # not Linux: the thread below still notices within a second
     if os.getppid() != parent_pid:

@@ -62,7 +62,7 @@ def _rank_main(rank: int, size: int, port: int, model_id: str, results_path: str
         runner.close()
     else:
         runner.follow_rank_zero(steps)
-    destroy_tensor_parallel(tp)
+        destroy_tensor_parallel(tp)
 
 
 def _sharded_logits(model_id: str, size: int, results_path: str) -> list[torch.Tensor]:
@@ -95,17 +95,24 @@ def test_smollm2_gguf_sharded_equals_one_rank(size, tmp_path):
 
 
 def test_safetensors_with_biases_and_fewer_kv_heads_than_ranks(tmp_path):
-    """q/k/v/o and MLP biases (row-parallel biases added once), one KV head replicated on both
-    ranks, a vocabulary that does not divide by 2, weights in several safetensors files."""
+    """q/k/v/o and MLP biases (row-parallel biases added once), 2 KV heads over 3 ranks (one held
+    by two ranks, which split its query heads 1 + 2), a vocabulary that does not divide by 3,
+    weights in several safetensors files."""
     from transformers import LlamaConfig
 
     from tests.modeling.helpers import tiny_hf_model
 
     model = tiny_hf_model(
-        LlamaConfig, vocab_size=251, num_attention_heads=4, num_key_value_heads=1, attention_bias=True, mlp_bias=True
+        LlamaConfig,
+        vocab_size=251,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        attention_bias=True,
+        mlp_bias=True,
     )
     model.save_pretrained(tmp_path / "model", max_shard_size="60KB")
-    _assert_same_logits(str(tmp_path / "model"), 2, tmp_path)
+    _assert_same_logits(str(tmp_path / "model"), 3, tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -338,6 +338,8 @@ class InProcessEngineClient(_QueueingClient):
 
     @classmethod
     async def start(cls, config: EngineConfig) -> InProcessEngineClient:
+        if config.num_shard > 1:  # the other ranks are processes that only ZmqEngineClient starts
+            raise ValueError("tensor parallelism (num_shard > 1) needs the engine in its own process")
         core = await asyncio.get_running_loop().run_in_executor(None, EngineCore.from_config, config)
         return cls(core)
 

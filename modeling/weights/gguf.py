@@ -85,9 +85,14 @@ def iterate_gguf(
         yield hf_tensor_name(tensor.name), (rows if lazy else rows.materialize())
 
 
+# elements and bytes of one quantization block, for the formats whose columns can be cut block-wise
+_COLUMN_BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34)}
+
+
 class GGUFRows:
     """One GGUF tensor, dequantized on demand. A row of a matrix is contiguous in the file (blocks
-    run along it), so a range of rows reads only its own bytes; other slices dequantize it all."""
+    run along it), so a range of rows reads only its own bytes, and a range of columns that starts
+    and ends on block boundaries only its blocks of each row; other slices dequantize it all."""
 
     def __init__(self, tensor: GGUFTensorInfo, rotary_heads: int | None = None) -> None:
         self.tensor = tensor
@@ -95,6 +100,8 @@ class GGUFRows:
         self.rotary_heads = rotary_heads  # q/k: rows were permuted per head by llama.cpp's converter
 
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        if dim == 1 and len(self.shape) == 2 and self.rotary_heads is None:
+            return self._columns(start, length)
         if dim != 0 or len(self.shape) < 2:
             return self.materialize().narrow(dim, start, length)
         t = self.tensor
@@ -104,6 +111,15 @@ class GGUFRows:
             head_dim = self.shape[0] // self.rotary_heads
             weights = unpermute_rotary_rows(weights, length // head_dim)
         return weights
+
+    def _columns(self, start: int, length: int) -> torch.Tensor:
+        block = _COLUMN_BLOCKS.get(self.tensor.type_name)
+        if block is None or start % block[0] or length % block[0]:
+            return self.materialize().narrow(1, start, length)
+        elements, block_bytes = block
+        raw = self.tensor.data.reshape(self.shape[0], -1)
+        raw = raw[:, start // elements * block_bytes : (start + length) // elements * block_bytes]
+        return dequantize_tensor(raw, self.tensor.type_name, (self.shape[0], length))
 
     def materialize(self) -> torch.Tensor:
         weights = dequantize_tensor(self.tensor.data, self.tensor.type_name, self.shape)

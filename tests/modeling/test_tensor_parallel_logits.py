@@ -135,3 +135,19 @@ def test_vocab_shards_are_equal_and_cover_the_vocabulary():
     shards = [vocab_shard(251, TensorParallel(rank, 3)) for rank in range(3)]
     assert {padded for _, padded in shards} == {84}
     assert [(rows.start, rows.size) for rows, _ in shards] == [(0, 84), (84, 84), (168, 83)]
+
+
+def test_gguf_slices_read_only_their_part_and_equal_the_whole():
+    from modeling.weights.gguf import iterate_gguf, open_gguf
+    from tests.modeling.helpers import smollm2_gguf_path
+
+    wanted = {"model.layers.0.self_attn.q_proj.weight": (0, 128, 192), "model.layers.0.self_attn.k_proj.weight": (0, 64, 64),
+              "model.layers.0.self_attn.o_proj.weight": (1, 384, 192), "model.layers.0.mlp.down_proj.weight": (1, 512, 1024),
+              "model.embed_tokens.weight": (0, 16384, 16384)}  # fmt: skip
+    checked = 0
+    for name, lazy in iterate_gguf(open_gguf(smollm2_gguf_path()), 9, 3, show_progress=False, lazy=True):
+        if name in wanted:
+            dim, start, length = wanted[name]
+            assert torch.equal(lazy.narrow(dim, start, length), lazy.materialize().narrow(dim, start, length))
+            checked += 1
+    assert checked == len(wanted)

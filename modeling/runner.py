@@ -22,6 +22,9 @@ from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.layers.ops import select_ops
 from modeling.models.base import CausalLM
+from modeling.parallel import NO_TP, TensorParallel, shard_heads
+from modeling.parallel.group import destroy_tensor_parallel
+from modeling.parallel.step_broadcast import StepBroadcast
 from modeling.registry import NATIVE, modeling_path, resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
 from modeling.weights.loader import iterate_weights, load_model_config
@@ -58,22 +61,28 @@ class ModelRunner:
         cfg: RunnerConfig,
         model_config: ModelConfig | None = None,
         weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+        tp: TensorParallel = NO_TP,
     ):
-        """Loads from cfg.model_id, or (tests) from an already-built config and weight iterable."""
+        """Loads from cfg.model_id, or (tests) from an already-built config and weight iterable.
+        tp: this rank's tensor-parallel group; the model holds this rank's shard of every weight."""
         self.cfg = cfg
+        self.tp = tp
         self.source: ModelSource | None = None
         if model_config is None:
             self.source = resolve_model_source(cfg.model_id, cfg.revision)
             model_config = load_model_config(self.source)
-            weights = iterate_weights(self.source, model_config, cfg.show_progress)
+            weights = iterate_weights(self.source, model_config, cfg.show_progress, lazy=tp.is_sharded)
         elif weights is None:
             raise ValueError("a model_config comes with its weights")
         self.model_config = model_config
         self.modeling_path = modeling_path(model_config.architecture)
-        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = tp.device if tp.is_sharded else torch.device(cfg.device or _default_device())
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
         self.model = self._build_model(weights)
-        self.num_kv_slots = self._num_kv_slots()
+        self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
+        # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
+        self.step_sender: StepBroadcast | None = None
         self.max_rows = cfg.max_rows
         self.max_seq_len = cfg.max_seq_len or min(self.model.max_positions, self.num_kv_slots)
         if self.max_seq_len > self.model.max_positions:
@@ -87,8 +96,8 @@ class ModelRunner:
         self.req_to_token = torch.zeros(self.max_rows + 1, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.backend = create_backend(
             cfg.attention_backend,
-            num_heads=model_config.num_heads,
-            num_kv_heads=model_config.num_kv_heads,
+            num_heads=self.heads.num_heads,
+            num_kv_heads=self.heads.num_kv_heads,
             head_dim=model_config.head_dim,
             max_rows=self.max_rows,
             max_seq_len=self.max_seq_len,
@@ -125,6 +134,8 @@ class ModelRunner:
 
         Read (sample from) them before the next forward: a CUDA-graph replay reuses their memory.
         """
+        if self.step_sender is not None:
+            self.step_sender.send(batch)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
             return self.cuda_graphs.replay(batch)
         return self._forward_eager(batch)
@@ -139,16 +150,33 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_caches, self.backend)
         return self.model.compute_logits(hidden[batch.logits_indices])
 
+    def follow_rank_zero(self, steps: StepBroadcast) -> None:
+        """Ranks > 0: run the forward of every batch rank 0 sends, until it sends stop."""
+        while (batch := steps.receive()) is not None:
+            self.forward(batch)
+
+    def close(self) -> None:
+        """Rank 0: release the other ranks from follow_rank_zero, then leave the group."""
+        if self.step_sender is not None:
+            self.step_sender.send_stop()
+            self.step_sender = None
+        destroy_tensor_parallel(self.tp)
+
     def _build_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> CausalLM:
         model_cls = resolve_model_class(self.model_config.architecture)
+        sharding = {}
+        if self.tp.is_sharded:
+            if not getattr(model_cls, "supports_tensor_parallel", False):
+                raise ValueError(f"{model_cls.__name__} does not support tensor parallelism (--num-shard > 1)")
+            sharding = {"tp": self.tp}
         with torch.device(self.device), _default_dtype(self.dtype):
-            model = model_cls(self.model_config, select_ops(self.device))
+            model = model_cls(self.model_config, select_ops(self.device), **sharding)
         model.load_weights(weights)
         return model.eval()
 
     def _kv_bytes_per_token(self) -> int:
         c = self.model_config
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+        return 2 * c.num_layers * self.heads.num_kv_heads * c.head_dim * self.dtype.itemsize
 
     def _activation_reserve_bytes(self) -> int:
         """Transient memory a step may need beside weights and KV. Without it a KV pool sized to the
@@ -183,7 +211,7 @@ class ModelRunner:
             self.num_kv_slots * bytes_per_token / 2**30,
             bytes_per_token,
         )
-        shape = (self.num_kv_slots + 1, c.num_kv_heads, c.head_dim)
+        shape = (self.num_kv_slots + 1, self.heads.num_kv_heads, c.head_dim)
         return [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -191,6 +219,10 @@ class ModelRunner:
             )
             for _ in range(c.num_layers)
         ]
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:

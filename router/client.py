@@ -32,6 +32,7 @@ from router.engine_process import run_engine_process
 from router.outputs import TokenEvent
 from router.request import GenerateRequest
 from router.stats import EngineStats
+from router.tp_worker import run_tp_worker
 from router.validation import validate_request
 from router.wire import (
     AbortRequest,
@@ -220,6 +221,8 @@ class ZmqEngineClient(_QueueingClient):
         super().__init__()  # info, _process and _sockets come with _launch
         self.config = config
         self.startup_timeout = startup_timeout
+        self._workers: list[BaseProcess] = []  # tensor-parallel ranks 1..N-1 (--num-shard N)
+        self._sockets = None
         self._reader: asyncio.Task | None = None
 
     @classmethod
@@ -246,22 +249,34 @@ class ZmqEngineClient(_QueueingClient):
         outbox.bind(input_address)
         inbox.bind(output_address)
         self._sockets = (context, outbox, inbox, socket_dir)
-        self._process = multiprocessing.get_context("spawn").Process(
+        spawn = multiprocessing.get_context("spawn")
+        self._process = spawn.Process(
             target=run_engine_process,
             args=(self.config, input_address, output_address, os.getpid()),
             name="engine-core",
             daemon=True,
         )
-        self._process.start()
+        self._workers = [
+            spawn.Process(
+                target=run_tp_worker, args=(self.config, rank, os.getpid()), name=f"tp-rank-{rank}", daemon=True
+            )
+            for rank in range(1, self.config.num_shard)
+        ]
+        for process in (self._process, *self._workers):
+            process.start()
         try:
-            self.info = await asyncio.wait_for(_await_ready(inbox, self._process), self.startup_timeout)
+            self.info = await asyncio.wait_for(_await_ready(inbox, self._process, self._workers), self.startup_timeout)
         except BaseException:
-            self._process.kill()
+            for process in (self._process, *self._workers):
+                process.kill()
             _close(*self._sockets)
             raise
         self._dead_reason = None
         self._reader = asyncio.create_task(self._read_outputs(inbox))
-        asyncio.get_running_loop().add_reader(self._process.sentinel, self._on_process_exit)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._process.sentinel, self._on_process_exit, self._process)
+        for worker in self._workers:  # a rank that dies takes the engine with it
+            loop.add_reader(worker.sentinel, self._on_process_exit, worker)
 
     async def _stop(self, reason: str) -> None:
         """Fail what is pending now, ask the engine to exit, kill it if it has not within
@@ -270,18 +285,21 @@ class ZmqEngineClient(_QueueingClient):
             return  # already stopped
         loop = asyncio.get_running_loop()
         process = self._process
-        loop.remove_reader(process.sentinel)  # a requested exit is not a death
+        for each in (process, *self._workers):
+            loop.remove_reader(each.sentinel)  # a requested exit is not a death
         was_dead = self._dead_reason is not None
         self._mark_dead(reason, is_error=False)
         started = time.monotonic()
-        if process.is_alive() and not was_dead:
-            self._sockets[1].send(encoder.encode(Shutdown()), flags=zmq.NOBLOCK)
-            while process.is_alive() and time.monotonic() - started < ENGINE_EXIT_TIMEOUT_S:
+        everyone = (process, *self._workers)
+        if process.is_alive() and not was_dead:  # after a death the other ranks may be stuck: no wait
+            self._sockets[1].send(encoder.encode(Shutdown()), flags=zmq.NOBLOCK)  # rank 0 releases the others
+            while any(each.is_alive() for each in everyone) and time.monotonic() - started < ENGINE_EXIT_TIMEOUT_S:
                 await asyncio.sleep(0.05)
-        if process.is_alive():
-            logger.warning("engine did not exit within %.0f s; killing it", ENGINE_EXIT_TIMEOUT_S)
-            process.kill()
-        process.join(5)  # gone or killed: returns at once
+        for each in everyone:
+            if each.is_alive():
+                logger.warning("%s did not exit within %.0f s; killing it", each.name, ENGINE_EXIT_TIMEOUT_S)
+                each.kill()
+            each.join(5)  # gone or killed: returns at once
         logger.info("engine stopped in %.1f s", time.monotonic() - started)
         if self._reader is not None:
             self._reader.cancel()
@@ -309,15 +327,16 @@ class ZmqEngineClient(_QueueingClient):
             elif isinstance(message, HealthReply):
                 self._on_health_reply()
 
-    def _on_process_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._process.sentinel)
-        self._process.join(timeout=1)
-        self._mark_dead(f"engine process exited with code {self._process.exitcode}")
+    def _on_process_exit(self, process) -> None:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        process.join(timeout=1)
+        what = "engine process" if process is self._process else f"tensor-parallel {process.name} process"
+        self._mark_dead(f"{what} exited with code {process.exitcode}")
         if self._reader is not None:
             self._reader.cancel()
 
 
-async def _await_ready(inbox, process) -> EngineInfo:
+async def _await_ready(inbox, process, workers) -> EngineInfo:
     while True:
         if await inbox.poll(200):
             message = engine_message_decoder.decode(await inbox.recv())
@@ -327,6 +346,8 @@ async def _await_ready(inbox, process) -> EngineInfo:
                 raise EngineDeadError(f"engine failed to start: {message.error}")
         elif not process.is_alive():
             raise EngineDeadError(f"engine process exited during startup with code {process.exitcode}")
+        elif dead := [w for w in workers if not w.is_alive()]:
+            raise EngineDeadError(f"tensor-parallel {dead[0].name} exited during startup with code {dead[0].exitcode}")
 
 
 def _close(context, outbox, inbox, socket_dir: str) -> None:
@@ -350,6 +371,8 @@ class InProcessEngineClient(_QueueingClient):
 
     @classmethod
     async def start(cls, config: EngineConfig) -> InProcessEngineClient:
+        if config.num_shard > 1:  # the other ranks are processes that only ZmqEngineClient starts
+            raise ValueError("tensor parallelism (num_shard > 1) needs the engine in its own process")
         core = await asyncio.get_running_loop().run_in_executor(None, EngineCore.from_config, config)
         return cls(core)
 

@@ -31,3 +31,7 @@ class EngineConfig:
     # work per step runs while the GPU computes. None: on for CUDA, off elsewhere (a CPU forward is
     # synchronous, so there is nothing to hide the host work behind); tests force it on.
     overlap_scheduling: bool | None = None
+    # Tensor parallelism (TGI --num-shard): one process per rank; rank 0 schedules, the others follow.
+    num_shard: int = 1
+    master_addr: str = "localhost"  # torch.distributed rendezvous of the ranks (TGI --master-addr/-port)
+    master_port: int = 29500

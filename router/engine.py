@@ -71,6 +71,10 @@ class EngineCore:
         runner = load_runner(config)
         return cls(config, runner, runner.model_config)
 
+    def close(self) -> None:
+        """Release what the runner holds beyond this process (the other tensor-parallel ranks)."""
+        self.executor.runner.close()
+
     def add_request(self, params: GenerateRequest) -> None:
         """Validate (RequestRejectedError) and queue; the request waits for admission."""
         validate_request(params, self.info)

@@ -50,6 +50,7 @@ def run_engine_process(config: EngineConfig, input_address: str, output_address:
     try:
         _serve(core, inbox, outbox, parent_pid)
     finally:
+        core.close()
         outbox.close(linger=1000)
         inbox.close(linger=0)
         context.term()

@@ -37,6 +37,9 @@ class Runner(Protocol):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:  # logits [R, vocab] float32
         ...
 
+    def close(self) -> None:  # release the other tensor-parallel ranks, if any
+        ...
+
 
 @dataclass(slots=True)
 class _PromptRows:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 from router.config import EngineConfig
 
 
-def load_runner(config: EngineConfig):
+def load_runner(config: EngineConfig, rank: int = 0):
+    """The runner of tensor-parallel rank `rank` (0, the scheduling rank, when not sharded). Under
+    --num-shard every rank calls this at once; they meet in torch.distributed's rendezvous."""
+    import torch
+
+    from modeling.parallel import init_tensor_parallel
+    from modeling.parallel.step_broadcast import StepBroadcast
     from modeling.runner import ModelRunner, RunnerConfig
 
     runner_config = RunnerConfig(
@@ -22,4 +30,15 @@ def load_runner(config: EngineConfig):
         max_prefill_tokens=config.max_batch_prefill_tokens,
         show_progress=False,
     )
-    return ModelRunner(runner_config)
+    if config.num_shard == 1:
+        return ModelRunner(runner_config)
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+    else:  # the ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.num_shard))
+    tp = init_tensor_parallel(rank, config.num_shard, config.master_addr, config.master_port, device)
+    runner = ModelRunner(runner_config, tp=tp)
+    if rank == 0:
+        runner.step_sender = StepBroadcast(tp)
+    return runner

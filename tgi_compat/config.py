@@ -37,8 +37,7 @@ class ServerConfig:
     weights_cache_override: str | None = None
     disable_custom_kernels: bool = False
     # --- sharding / devices ---
-    sharded: bool | None = None
-    num_shard: int | None = None
+    num_shard: int = 1  # resolved by the launcher from --num-shard/--sharded/-tp and the visible GPUs
     master_addr: str = "localhost"
     master_port: int = 29500
     shard_uds_path: str = "/tmp/text-generation-server"
@@ -120,6 +119,9 @@ class ServerConfig:
             eos_token_ids=list(self.eos_token_ids),
             router_token_ratio=self.router_token_ratio,
             router_max_new_token_len=self.router_max_new_token_len,
+            num_shard=self.num_shard,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
         )
         if self.max_batch_prefill_tokens is not None:
             engine.max_batch_prefill_tokens = self.max_batch_prefill_tokens

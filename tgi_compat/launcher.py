@@ -80,8 +80,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model-id", "Model to serve: a local folder, a .gguf file or a Hub id. Default: the embedded SmolLM2-135M-Instruct GGUF.", str, None),
     Flag("revision", "Hub revision (branch, tag or commit) of the model.", str),
     Flag("validation-workers", "Threads that tokenize and validate requests.", int, 2),
-    Flag("sharded", "Whether to shard the model across GPUs (true|false).", _true_false),
-    Flag("num-shard", "Number of shards (GPUs) for tensor parallelism.", int),
+    Flag("sharded", "Whether to shard the model across GPUs (true|false). true without --num-shard: every visible GPU.", _true_false),
+    Flag("num-shard", "Number of shards (GPUs) for tensor parallelism. Default: the devices in CUDA_VISIBLE_DEVICES (else NVIDIA_VISIBLE_DEVICES), 1 on CPU.", int),
     Flag("quantize", "Weight quantization: awq, compressed-tensors, eetq, exl2, gptq, marlin, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8.", _QUANTIZE),
     Flag("speculate", "Number of speculative tokens (n-gram / medusa).", int),
     Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", _choice("float16", "bfloat16", "float32")),
@@ -140,6 +140,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("router-max-new-token-len", "LightLLM: output length the optimistic admission estimate assumes.", int, 1024),
     Flag("health-monitor", "LightLLM --health_monitor: restart a dead or hung engine (in-flight requests fail with TGI's error) instead of stopping the server."),
     # vLLM-style options
+    Flag("tensor-parallel-size", "vLLM/AIAK spelling of --num-shard.", int, short="tp"),
     Flag("enforce-eager", "Run every decode step eagerly (no CUDA graphs), whatever --cuda-graphs says."),
     Flag("chat-template", "Chat template overriding the model's: a file (.jinja/text, or .json with `chat_template`) or the template text.", str),
     Flag("served-model-name", "Model name reported by /v1/models and the `model` field of OpenAI responses. Default: --model-id.", str),
@@ -230,6 +231,11 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
             f"`max_total_tokens` must be <= `max_batch_total_tokens`. Given: {max_total} and {max_batch_total}"
         )
     values.pop("env")
+    values["num_shard"] = resolve_num_shard(
+        values.pop("sharded"),
+        _one_of_num_shard(values["num_shard"], values.pop("tensor_parallel_size")),
+        values.get("device"),
+    )
     values["model_id"] = values["model_id"] or default_model_id()
     values["cors_allow_origin"] = values["cors_allow_origin"] or []
     values["eos_token_ids"] = values["eos_token_ids"] or []
@@ -241,7 +247,6 @@ _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
     "--quantize": lambda c: c.quantize is not None,
     "--speculate": lambda c: c.speculate is not None,
     "--kv-cache-dtype": lambda c: c.kv_cache_dtype is not None,
-    "--num-shard/--sharded (tensor parallelism)": lambda c: (c.num_shard or 1) > 1 or bool(c.sharded),
     "--rope-scaling/--rope-factor": lambda c: c.rope_scaling is not None or c.rope_factor is not None,
     "--lora-adapters": lambda c: c.lora_adapters is not None,
     "--watermark-gamma/--watermark-delta": lambda c: c.watermark_gamma is not None or c.watermark_delta is not None,
@@ -255,6 +260,48 @@ _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
 }
 # Options accepted that have nothing to do here, whatever their value (no warning).
 _WITHOUT_EFFECT = {"usage_stats": "TGI's telemetry switch: this server never sends telemetry"}
+
+
+def _one_of_num_shard(num_shard: int | None, tensor_parallel_size: int | None) -> int | None:
+    if num_shard is not None and tensor_parallel_size is not None and num_shard != tensor_parallel_size:
+        raise LauncherError(
+            f"`num_shard` ({num_shard}) and `tensor_parallel_size` ({tensor_parallel_size}) differ: give only one of them"
+        )
+    return num_shard if num_shard is not None else tensor_parallel_size
+
+
+def visible_cuda_devices() -> int | None:
+    """TGI's count: the entries of CUDA_VISIBLE_DEVICES, else NVIDIA_VISIBLE_DEVICES; None if neither is set."""
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES", os.environ.get("NVIDIA_VISIBLE_DEVICES"))
+    return None if devices is None else len(devices.split(","))
+
+
+def resolve_num_shard(sharded: bool | None, num_shard: int | None, device: str | None) -> int:
+    """TGI's launcher rules for --sharded/--num-shard; with neither, every visible GPU (1 on CPU)."""
+    if sharded is True and num_shard is None:
+        devices = visible_cuda_devices()
+        if devices is None:
+            raise LauncherError("--num-shard and CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES are not set")
+        if devices <= 1:
+            raise LauncherError(f"`sharded` is true but only found {devices} CUDA devices")
+        num_shard = devices
+    elif sharded is True and num_shard <= 1:
+        raise LauncherError("`sharded` is true but `num_shard` <= 1")
+    elif sharded is False and num_shard is None:
+        num_shard = 1
+    elif num_shard is None:
+        num_shard = visible_cuda_devices() or 1
+        if num_shard > 1 and (device == "cpu" or not _has_cuda()):
+            num_shard = 1  # CPU serving: the GPU list in the environment does not apply
+    if num_shard < 1:
+        raise LauncherError("`num_shard` cannot be < 1")
+    return num_shard
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def unimplemented_options(config: ServerConfig) -> list[str]:

@@ -293,6 +293,7 @@ class ServerMetrics:
             self._waiting_engine, self._running_engine = queue_size, batch_size
         self.vllm.gpu_cache_usage.labels(name).set(usage)
         self.vllm.kv_cache_usage.labels(name).set(usage)
+        self.vllm.lora_requests_info.labels("0", "", "").set_to_current_time()
         if num_preemptions is not None:
             with self._lock:
                 new = num_preemptions - self._preemptions_seen

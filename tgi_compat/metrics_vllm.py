@@ -89,6 +89,16 @@ class VllmFamilies:
         self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.gpu_cache_usage = gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.")
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        # Read with the two above by the Gateway API Inference Extension (llm-d) to route: the sample
+        # with the newest value (a timestamp) names the adapters. No LoRA is served: max_lora 0, none.
+        # Set with the engine's stats (ServerMetrics.set_engine_stats), like the gauges above.
+        self.lora_requests_info = Gauge(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+            registry=registry,
+            multiprocess_mode="livemostrecent",
+        )
         self.num_preemptions = Counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=registry
         )

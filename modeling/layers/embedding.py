@@ -1,4 +1,9 @@
-"""Token embedding and the LM head (which may share the embedding's weight)."""
+"""Token embedding and the LM head (which may share the embedding's weight).
+
+Vocab-parallel under tensor parallelism: each rank holds an equal, zero-padded block of vocabulary
+rows. The embedding looks up the ids in its block and all-reduces (exactly one rank contributes
+each row); the LM head computes its block of logits and all-gathers them for sampling.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +11,55 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from modeling.layers.linear import dense, new_param
+from modeling.layers.linear import LoadableParameter, default_weight_loader, dense, new_param
+from modeling.parallel import NO_TP, TensorParallel, vocab_shard
+from modeling.weights.lazy import LazyTensor, take
+
+
+def _vocab_parallel_weight(vocab_size: int, hidden_size: int, tp: TensorParallel) -> LoadableParameter:
+    rows, padded = vocab_shard(vocab_size, tp)
+
+    def load_rows(param: nn.Parameter, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
+        if not tp.is_sharded:
+            return default_weight_loader(param, loaded)
+        param.data[rows.size :].zero_()
+        default_weight_loader(param.data[: rows.size], take(loaded, 0, rows.start, rows.size))
+
+    return new_param(padded, hidden_size, loader=load_rows)
 
 
 class VocabEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int):
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.weight = new_param(vocab_size, hidden_size)
+        self.tp = tp
+        self.rows, _ = vocab_shard(vocab_size, tp)
+        self.weight = _vocab_parallel_weight(vocab_size, hidden_size, tp)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        if not self.tp.is_sharded:
+            return F.embedding(input_ids, self.weight)
+        local_ids = input_ids - self.rows.start
+        is_mine = (local_ids >= 0) & (local_ids < self.rows.size)
+        hidden = F.embedding(local_ids.masked_fill(~is_mine, 0), self.weight) * is_mine.unsqueeze(1)
+        return self.tp.all_reduce(hidden)
 
 
 class LMHead(nn.Module):
     """Projects the R rows whose logits are wanted (not all T tokens) to float32 logits."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, tied_to: VocabEmbedding | None = None):
+    def __init__(
+        self, vocab_size: int, hidden_size: int, tied_to: VocabEmbedding | None = None, tp: TensorParallel = NO_TP
+    ):
         super().__init__()
+        self.vocab_size, self.tp = vocab_size, tp
         if tied_to is not None:
             self.weight = tied_to.weight  # same Parameter: loaded once, stored once
         else:
-            self.weight = new_param(vocab_size, hidden_size)
+            self.weight = _vocab_parallel_weight(vocab_size, hidden_size, tp)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # [R, hidden] -> [R, vocab]
-        return dense(hidden, self.weight).float()
+        logits = dense(hidden, self.weight)
+        if self.tp.is_sharded:  # [R, padded vocab / N] per rank -> [R, vocab] on every rank
+            logits = self.tp.all_gather_columns(logits)[:, : self.vocab_size]
+        return logits.float()

@@ -6,7 +6,8 @@ Input is the step's flat token batch; attention goes through the backend chosen 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -20,19 +21,30 @@ from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.layers.rotary import RotaryEmbedding
 from modeling.models.weight_names import load_packed_weights
+from modeling.parallel import NO_TP, TensorParallel, shard_heads, split_evenly
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, num_kv_heads, head_dim]
 RopeTables = tuple[torch.Tensor, ...]  # whatever the chosen LayerOps.rope_tables builds
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, decoder_layer: type[nn.Module] | None = None):
+    # Column/row-parallel attention and MLP, vocab-parallel embedding. Subclasses whose layers are
+    # not built from LlamaAttention + LlamaMLP set it False.
+    supports_tensor_parallel = True
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: LayerOps = TORCH_OPS,
+        tp: TensorParallel = NO_TP,
+        decoder_layer: Callable[..., nn.Module] | None = None,
+    ):
         """decoder_layer: built as decoder_layer(config, ops, layer index); the MoE families pass theirs."""
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, ops, decoder_layer or LlamaDecoderLayer)
+        self.model = LlamaModel(config, ops, decoder_layer or functools.partial(LlamaDecoderLayer, tp=tp), tp)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied, tp=tp)
 
     def forward(
         self,
@@ -60,9 +72,9 @@ class LlamaForCausalLM(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps, decoder_layer: type[nn.Module]):
+    def __init__(self, config: ModelConfig, ops: LayerOps, decoder_layer: Callable[..., nn.Module], tp: TensorParallel):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(decoder_layer(config, ops, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(
@@ -82,12 +94,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps, layer: int):
+    def __init__(self, config: ModelConfig, ops: LayerOps, layer: int, tp: TensorParallel = NO_TP):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = LlamaAttention(config, ops, sliding_window=config.sliding_window_of(layer))
+        self.self_attn = LlamaAttention(config, ops, sliding_window=config.sliding_window_of(layer), tp=tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = LlamaMLP(config, ops)
+        self.mlp = LlamaMLP(config, ops, tp)
         self.ops = ops
 
     def forward(
@@ -110,7 +122,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    """Also Gemma's: `scale`, `sliding_window` and `softcap` are per-layer switches (None = the default)."""
+    """Also Gemma's: `scale`, `sliding_window` and `softcap` are per-layer switches (None = the default).
+    Column-parallel q|k|v and row-parallel o under tensor parallelism: this rank's heads only."""
 
     def __init__(
         self,
@@ -119,19 +132,29 @@ class LlamaAttention(nn.Module):
         scale: float | None = None,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        *,
+        tp: TensorParallel = NO_TP,
     ):
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
+        heads = shard_heads(config.num_heads, config.num_kv_heads, tp)
+        self.num_heads = heads.num_heads
+        self.num_kv_heads = heads.num_kv_heads
         self.head_dim = config.head_dim
         self.scale = scale or config.head_dim**-0.5
         self.sliding_window = sliding_window
         self.softcap = softcap
-        self.qk_size = (config.num_heads + config.num_kv_heads) * config.head_dim
+        self.qk_size = (self.num_heads + self.num_kv_heads) * config.head_dim
         self.qkv_proj = QKVLinear(
-            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias
+            config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias, tp=tp
         )
-        self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size, config.o_proj_bias)
+        self.o_proj = Linear(
+            config.num_heads * config.head_dim,
+            config.hidden_size,
+            config.o_proj_bias,
+            in_slice=heads.q_heads.scaled(config.head_dim),
+            tp=tp,
+        )
+        self.tp = tp
         self.ops = ops
         self.q_norm: RMSNorm | None
         self.k_norm: RMSNorm | None
@@ -159,16 +182,23 @@ class LlamaAttention(nn.Module):
         out = backend.rotate_store_and_attend(
             qk, v, rope, self.ops, k_cache, v_cache, self.scale, self.sliding_window, self.softcap
         )  # [T, H, D]
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim)))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps):
+    """Column-parallel gate|up and row-parallel down under tensor parallelism."""
+
+    def __init__(self, config: ModelConfig, ops: LayerOps, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2, config.mlp_bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias)
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, [size] * 2, config.mlp_bias, tp=tp)
+        self.down_proj = Linear(
+            size, config.hidden_size, config.mlp_bias, in_slice=split_evenly(size, tp.size, tp.rank), tp=tp
+        )
         self.ops = ops
+        self.tp = tp
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up_proj's output [T, 2 * I] (the layer runs it with the norm) -> [T, hidden]."""
-        return self.ops.silu_mul_linear(gate_up, self.down_proj)
+        # the all-reduce sits here, not in down_proj: the fused GEMV op reads down_proj's weight directly
+        return self.tp.all_reduce(self.ops.silu_mul_linear(gate_up, self.down_proj))

@@ -61,6 +61,8 @@ class MoEKnobs:
 
 
 class MixtureOfExpertsForCausalLM(LlamaForCausalLM):
+    supports_tensor_parallel = False  # the expert layers are not sharded (yet)
+
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
         knobs = MoEKnobs.from_config(config)
         super().__init__(config, ops, decoder_layer=functools.partial(MoEDecoderLayer, knobs=knobs))

@@ -13,6 +13,8 @@ from modeling.models.llama import LlamaForCausalLM
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
+    supports_tensor_parallel = False  # split_fused_projections reads whole tensors, not rank slices
+
     def __init__(self, config: ModelConfig, *args, **kwargs):
         partial = config.hf_config.get("partial_rotary_factor", 1.0)
         if partial != 1.0:

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from modeling.weights.gguf_dequant import dequantize_tensor
-from modeling.weights.gguf_file import GGUFFile
+from modeling.weights.gguf_file import GGUFFile, GGUFTensorInfo
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 _BLOCK_TENSORS = {
@@ -86,18 +86,65 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def iterate_gguf(
-    reader: GGUFFile, num_heads: int, num_kv_heads: int, show_progress: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for every tensor, dequantized one at a time."""
+    reader: GGUFFile, num_heads: int, num_kv_heads: int, show_progress: bool = True, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | GGUFRows]]:
+    """Yield (HF name, float32 tensor) for every tensor, dequantized one at a time. lazy: yield
+    GGUFRows instead, from which a tensor-parallel rank dequantizes only its rows."""
     gguf_arch = reader.fields["general.architecture"]
     is_llama = gguf_arch == "llama"
     for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", disable=not show_progress):
-        # GGUF lists dims fastest-first; reversed they are the torch shape.
-        weights = dequantize_tensor(tensor.data, tensor.type_name, tensor.shape)
+        rotary_heads = None
         if is_llama and ".attn_q." in tensor.name:
-            weights = unpermute_rotary_rows(weights, num_heads)
+            rotary_heads = num_heads
         elif is_llama and ".attn_k." in tensor.name:
-            weights = unpermute_rotary_rows(weights, num_kv_heads)
-        elif gguf_arch in _GEMMA_ARCHS and tensor.name.endswith("norm.weight"):
+            rotary_heads = num_kv_heads
+        # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
+        is_gemma_norm = gguf_arch in _GEMMA_ARCHS and tensor.name.endswith("norm.weight")
+        rows = GGUFRows(tensor, rotary_heads, subtract_one=is_gemma_norm)
+        yield hf_tensor_name(tensor.name, gguf_arch), (rows if lazy else rows.materialize())
+
+
+# elements and bytes of one quantization block, for the formats whose columns can be cut block-wise
+_COLUMN_BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34)}
+
+
+class GGUFRows:
+    """One GGUF tensor, dequantized on demand. A row of a matrix is contiguous in the file (blocks
+    run along it), so a range of rows reads only its own bytes, and a range of columns that starts
+    and ends on block boundaries only its blocks of each row; other slices dequantize it all."""
+
+    def __init__(self, tensor: GGUFTensorInfo, rotary_heads: int | None = None, subtract_one: bool = False) -> None:
+        self.tensor = tensor
+        self.shape = tensor.shape
+        self.rotary_heads = rotary_heads  # q/k: rows were permuted per head by llama.cpp's converter
+        self.subtract_one = subtract_one  # 1-D norm weights only: they never take the sliced paths
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        if dim == 1 and len(self.shape) == 2 and self.rotary_heads is None:
+            return self._columns(start, length)
+        if dim != 0 or len(self.shape) < 2:
+            return self.materialize().narrow(dim, start, length)
+        t = self.tensor
+        raw = t.data.reshape(self.shape[0], -1)[start : start + length]
+        weights = dequantize_tensor(raw, t.type_name, (length, *self.shape[1:]))
+        if self.rotary_heads is not None:  # whole heads: the per-head un-permutation commutes
+            head_dim = self.shape[0] // self.rotary_heads
+            weights = unpermute_rotary_rows(weights, length // head_dim)
+        return weights
+
+    def _columns(self, start: int, length: int) -> torch.Tensor:
+        block = _COLUMN_BLOCKS.get(self.tensor.type_name)
+        if block is None or start % block[0] or length % block[0]:
+            return self.materialize().narrow(1, start, length)
+        elements, block_bytes = block
+        raw = self.tensor.data.reshape(self.shape[0], -1)
+        raw = raw[:, start // elements * block_bytes : (start + length) // elements * block_bytes]
+        return dequantize_tensor(raw, self.tensor.type_name, (self.shape[0], length))
+
+    def materialize(self) -> torch.Tensor:
+        weights = dequantize_tensor(self.tensor.data, self.tensor.type_name, self.shape)
+        if self.rotary_heads is not None:
+            weights = unpermute_rotary_rows(weights, self.rotary_heads)
+        if self.subtract_one:
             weights = weights - 1
-        yield hf_tensor_name(tensor.name, gguf_arch), weights
+        return weights

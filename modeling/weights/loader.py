@@ -11,6 +11,7 @@ import torch
 from modeling.config import ModelConfig
 from modeling.registry import TRANSFORMERS, modeling_path
 from modeling.source import ModelSource
+from modeling.weights.lazy import LazyTensor
 
 
 def load_model_config(source: ModelSource) -> ModelConfig:
@@ -30,14 +31,15 @@ def load_model_config(source: ModelSource) -> ModelConfig:
 
 
 def iterate_weights(
-    source: ModelSource, config: ModelConfig, show_progress: bool = True
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF parameter name, tensor on CPU) pairs; the model copies each into place (device, dtype)."""
+    source: ModelSource, config: ModelConfig, show_progress: bool = True, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
+    """(HF parameter name, tensor on CPU) pairs; the model copies each into place (device, dtype).
+    lazy (tensor parallelism): LazyTensors, from which each parameter reads only its rank's part."""
     if source.is_gguf:
         from modeling.weights.gguf import iterate_gguf, open_gguf
 
-        yield from iterate_gguf(open_gguf(source.gguf_file), config.num_heads, config.num_kv_heads, show_progress)
+        yield from iterate_gguf(open_gguf(source.gguf_file), config.num_heads, config.num_kv_heads, show_progress, lazy)
     else:
         from modeling.weights.safetensors import iterate_safetensors
 
-        yield from iterate_safetensors(source.folder, show_progress)
+        yield from iterate_safetensors(source.folder, show_progress, lazy)

@@ -10,6 +10,8 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from modeling.weights.lazy import SafetensorsSlice
+
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -27,8 +29,11 @@ def safetensors_files(folder: str) -> list[str]:
     return [os.path.join(folder, n) for n in names]
 
 
-def iterate_safetensors(folder: str, show_progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) one at a time, so peak host memory stays at one tensor."""
+def iterate_safetensors(
+    folder: str, show_progress: bool = True, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | SafetensorsSlice]]:
+    """Yield (name, tensor) one at a time, so peak host memory stays at one tensor. lazy: yield
+    SafetensorsSlice instead, valid until the next item, from which a rank reads only its part."""
     files = safetensors_files(folder)
     total = 0
     for path in files:
@@ -38,5 +43,5 @@ def iterate_safetensors(folder: str, show_progress: bool = True) -> Iterator[tup
         for path in files:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    yield name, (SafetensorsSlice(f.get_slice(name)) if lazy else f.get_tensor(name))
                     bar.update(1)

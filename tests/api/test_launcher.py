@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from tgi_compat.config import ServerConfig
-from tgi_compat.launcher import FLAGS, LauncherError, build_parser, config_from_args, parse_args, unimplemented_options
+from tgi_compat.launcher import (
+    FLAGS,
+    LauncherError,
+    build_parser,
+    config_from_args,
+    parse_args,
+    resolve_num_shard,
+    unimplemented_options,
+)
 
 
 def _config(argv: list[str]) -> ServerConfig:
@@ -55,7 +65,7 @@ def test_every_flag_is_accepted_and_documented():
             "--cors-allow-origin", "x", "--cors-allow-origin", "y", "--usage-stats", "off", "-e", "--json-output"]  # fmt: skip
     config = _config(argv)
     assert config.cuda_graphs == [1, 2, 4] and config.port == 8080 and config.cors_allow_origin == ["x", "y"]
-    assert config.sharded is False and config.quantize == "gptq"
+    assert config.num_shard == 1 and config.quantize == "gptq"
     assert unimplemented_options(config) == ["--quantize"]
     assert _config(["--cuda-graphs", "0"]).cuda_graphs == []
 
@@ -100,3 +110,56 @@ def test_engine_config_carries_engine_options():
         512,
     )
     assert engine.model_id == config.model_id
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], {}, 1),
+        (["--num-shard", "3"], {}, 3),
+        (["--tensor-parallel-size", "2"], {}, 2),
+        (["-tp", "2"], {}, 2),
+        (["--sharded", "false"], {"CUDA_VISIBLE_DEVICES": "0,1"}, 1),
+        (["--num-shard", "2", "--sharded", "true"], {}, 2),
+        ([], {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4 if torch.cuda.is_available() else 1),
+        ([], {"NUM_SHARD": "2"}, 2),
+    ],
+)
+def test_num_shard_resolves_as_tgi_does(argv, env, expected, monkeypatch):
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NUM_SHARD"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _config(argv).num_shard == expected
+
+
+def test_num_shard_defaults_to_the_visible_gpus(monkeypatch):
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert resolve_num_shard(None, None, "cuda") == (4 if torch.cuda.is_available() else 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert resolve_num_shard(True, None, "cuda") == 2
+
+
+@pytest.mark.parametrize(
+    ("sharded", "num_shard", "env", "message"),
+    [
+        (True, 1, None, "`sharded` is true but `num_shard` <= 1"),
+        (True, None, "0", "`sharded` is true but only found 1 CUDA devices"),
+        (True, None, None, "--num-shard and CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES are not set"),
+        (None, 0, None, "`num_shard` cannot be < 1"),
+    ],
+)
+def test_num_shard_errors_are_tgis(sharded, num_shard, env, message, monkeypatch):
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    if env is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+    with pytest.raises(LauncherError, match=re.escape(message)):
+        resolve_num_shard(sharded, num_shard, None)
+
+
+def test_num_shard_and_tensor_parallel_size_must_agree():
+    with pytest.raises(LauncherError, match="give only one"):
+        _config(["--num-shard", "2", "-tp", "4"])

@@ -101,10 +101,10 @@ def test_health_monitor_turns_on_engine_restarts():
     assert config_of().health_monitor is False
 
 
-def test_tensor_parallel_is_passed_on_and_reported_by_the_launcher_list():
-    config = config_of("--tp", "2")
-    assert config.num_shard == 2
-    assert any("num-shard" in name for name in launcher.unimplemented_options(config))
+def test_tensor_parallel_is_passed_on_and_built():
+    config = config_of("--tp", "2", "--nccl_port", "29123")
+    assert config.num_shard == 2 and config.master_port == 29123
+    assert not any("shard" in name for name in launcher.unimplemented_options(config))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The /metrics text: TGI's names, types, labels, buckets and quantiles, vLLM's series beside them."""
 
 import re
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -172,6 +173,9 @@ def test_engine_stats_feed_gauges_batch_series_and_vllm(metrics):
     assert got[("vllm:num_requests_waiting", (("model_name", "smol"),))] == 3
     assert got[("vllm:num_requests_running", (("model_name", "smol"),))] == 5
     assert got[("vllm:gpu_cache_usage_perc", (("model_name", "smol"),))] == 0.25
+    # what the Gateway API Inference Extension (llm-d) reads: a timestamped sample naming no adapters
+    lora = (("max_lora", "0"), ("running_lora_adapters", ""), ("waiting_lora_adapters", ""))
+    assert abs(got[("vllm:lora_requests_info", lora)] - time.time()) < 60
     assert got[("vllm:num_preemptions_total", (("model_name", "smol"),))] == 2
     # cumulative preemptions: a later report of 3 adds one, a repeated 3 adds none
     metrics.set_engine_stats(0, 0, 0, 0, 1000, num_preemptions=3)

@@ -1,0 +1,131 @@
+"""--num-shard on the real launcher (CPU, gloo): 2 ranks (SmolLM2's 9 query heads split 6 + 3) answer
+exactly as the session's one-rank server (greedy text of 20 prompts sent concurrently, best_of,
+stop sequences, seeded sampling), and a killed rank makes the server unhealthy and exit non-zero,
+leaving no process behind. (3 ranks are proven equal at the logits level in tests/modeling.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from harness import MAX_CONCURRENT_REQUESTS, Server, _free_port, _launcher_command, launched
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+    "Water boils at",
+    "The largest planet in the solar system is",
+    "import numpy as np\n",
+    "My favourite food is",
+    "The quick brown fox",
+    "In 1492, Columbus",
+    "Photosynthesis is the process",
+    "SELECT * FROM",
+    "The meaning of life is",
+    "A haiku about the sea:",
+    "Two plus two equals",
+    "The first law of thermodynamics",
+    "Dear Sir or Madam,",
+    "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n",
+    "Rust and Python are",
+]
+SAMPLED = [
+    {"max_new_tokens": 6, "do_sample": True, "seed": 7, "temperature": 0.9, "top_k": 30},
+    # best_of may not take a seed (TGI); top_k=1 makes its sampled candidates deterministic
+    {"max_new_tokens": 6, "best_of": 2, "do_sample": True, "top_k": 1, "details": True},
+    {"max_new_tokens": 12, "stop": [".", "\n"], "details": True},
+]
+
+
+@pytest.fixture(scope="module")
+def sharded_server():
+    command = _launcher_command(_free_port()) + ["--num-shard", "2", "--master-port", str(_free_port())]
+    with launched(command, {**os.environ}, "launcher-tp2-") as handle:
+        yield handle
+
+
+async def _answers(base_url: str, bodies: list[dict]) -> list[dict]:
+    limit = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS // 2)  # a best_of=2 request takes 2 of the permits
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+
+        async def one(body: dict) -> dict:
+            async with limit:
+                response = await client.post("/generate", json=body)
+                assert response.status_code == 200, response.text
+                return response.json()
+
+        return await asyncio.gather(*(one(body) for body in bodies))
+
+
+async def _both(server: Server, sharded: Server, bodies: list[dict]) -> tuple[list[dict], list[dict]]:
+    return await asyncio.gather(_answers(server.base_url, bodies), _answers(sharded.base_url, bodies))
+
+
+async def test_greedy_text_is_the_same_as_one_rank(server, sharded_server):
+    bodies = [{"inputs": prompt, "parameters": {"max_new_tokens": 5}} for prompt in PROMPTS]
+    single, sharded = await _both(server, sharded_server, bodies)
+    assert [a["generated_text"] for a in sharded] == [a["generated_text"] for a in single]
+
+
+async def test_best_of_stop_sequences_and_seeded_sampling_are_the_same(server, sharded_server):
+    bodies = [{"inputs": prompt, "parameters": params} for prompt in PROMPTS[:3] for params in SAMPLED]
+    single, sharded = await _both(server, sharded_server, bodies)
+    for ours, reference in zip(sharded, single, strict=True):
+        assert ours["generated_text"] == reference["generated_text"]
+        if "details" in reference:
+            assert ours["details"]["finish_reason"] == reference["details"]["finish_reason"]
+            assert [t["id"] for t in ours["details"]["tokens"]] == [t["id"] for t in reference["details"]["tokens"]]
+            best_of = reference["details"].get("best_of_sequences")
+            if best_of is not None:
+                texts = [s["generated_text"] for s in ours["details"]["best_of_sequences"]]
+                assert texts == [s["generated_text"] for s in best_of]
+
+
+def test_a_killed_rank_fails_health_and_stops_the_server(sharded_server):
+    """Runs last: it ends the module's server."""
+    processes = _engine_processes(sharded_server)
+    assert len(processes) == 2
+    [rank_1] = [pid for pid in processes if Path(f"/proc/{pid}/comm").read_text().strip() == "tp-rank-1"]
+    os.kill(rank_1, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while sharded_server.process.poll() is None and time.monotonic() < deadline:
+        try:
+            assert httpx.get(f"{sharded_server.base_url}/health", timeout=5).status_code == 503
+        except httpx.TransportError:
+            pass  # the port closed: the server is on its way out
+        time.sleep(0.2)
+    assert sharded_server.process.poll() not in (None, 0), sharded_server.log_tail()
+    assert "engine is dead: tensor-parallel tp-rank-1 process exited" in sharded_server.log_tail(10**6)
+    time.sleep(1)
+    assert [pid for pid in processes if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)] == []
+
+
+def _engine_processes(server: Server) -> list[int]:
+    """The launcher's multiprocessing children: the engine (rank 0) and the other ranks."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server.process.pid and b"spawn_main" in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False

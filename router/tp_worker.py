@@ -1,0 +1,58 @@
+"""A tensor-parallel rank > 0 in its own process: load this rank's shard, then run the forward of
+every step rank 0 broadcasts, until rank 0 sends stop.
+
+The API process starts these beside the engine process (rank 0) and watches them all: a rank that
+dies is an engine death (router.client). A worker never outlives the API process: the kernel kills
+it when its parent dies (PR_SET_PDEATHSIG), and a watch thread covers systems without that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+
+from router.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+
+
+def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int) -> None:
+    _exit_with_parent(parent_pid)
+    _name_process(f"tp-rank-{rank}")  # what ps/top show (and how tests find a rank)
+    from modeling.parallel.group import destroy_tensor_parallel
+    from modeling.parallel.step_broadcast import StepBroadcast
+    from router.model_loading import load_runner
+
+    logger.info("tensor-parallel rank %d: pid %d", rank, os.getpid())
+    runner = load_runner(config, rank)
+    runner.follow_rank_zero(StepBroadcast(runner.tp))
+    destroy_tensor_parallel(runner.tp)
+
+
+def _name_process(name: str) -> None:
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15])
+    except (OSError, AttributeError):
+        pass
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the thread below still notices within a second
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -1,0 +1,153 @@
+"""Tensor parallelism on CPU (gloo): N ranks under torch.multiprocessing give TP=1's logits.
+
+Rank 0 drives the steps through ModelRunner.forward, which broadcasts each batch; the other ranks
+follow (ModelRunner.follow_rank_zero). The ranks load from disk, each reading only its slice
+(GGUF rows, safetensors get_slice). Also: how heads and vocabulary split.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from modeling.forward_batch import build_forward_batch
+from modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
+from modeling.parallel.group import destroy_tensor_parallel
+from modeling.parallel.step_broadcast import StepBroadcast
+from modeling.runner import ModelRunner, RunnerConfig
+from tests.modeling.helpers import max_rel_error
+
+PROMPTS = [[1, 17, 300, 4021, 9, 77, 15000], [2, 5000, 42, 31000, 8]]
+TOLERANCE = 1e-4  # fp32, relative to the largest logit: only the order of the sums differs
+
+
+def _steps() -> list[dict]:
+    """A two-request prefill, a decode step, then a mixed step (a new prompt beside a decode)."""
+    a, b = PROMPTS
+    return [
+        dict(input_ids=a + b, req_rows=[0, 1], q_lens=[7, 5], kv_lens=[7, 5], out_slots=list(range(12)),
+             logits_indices=list(range(12))),
+        dict(input_ids=[11, 12], req_rows=[0, 1], q_lens=[1, 1], kv_lens=[8, 6], out_slots=[12, 13],
+             logits_indices=[0, 1]),
+        dict(input_ids=[13, 3, 4, 5], req_rows=[0, 2], q_lens=[1, 3], kv_lens=[9, 3], out_slots=[14, 15, 16, 17],
+             logits_indices=[0, 1, 2, 3]),
+    ]  # fmt: skip
+
+
+def _run_steps(runner: ModelRunner, vocab_size: int) -> list[torch.Tensor]:
+    outputs = []
+    for step in _steps():
+        step = dict(step, input_ids=[i % vocab_size for i in step["input_ids"]])
+        outputs.append(runner.forward(build_forward_batch(device="cpu", **step)).clone())
+    return outputs
+
+
+def _runner(model_id: str, tp: TensorParallel) -> ModelRunner:
+    cfg = RunnerConfig(model_id=model_id, device="cpu", dtype="float32", num_kv_slots=64, max_rows=4)
+    cfg.show_progress = False
+    return ModelRunner(cfg, tp=tp)
+
+
+def _rank_main(rank: int, size: int, port: int, model_id: str, results_path: str) -> None:
+    torch.set_num_threads(1)
+    tp = init_tensor_parallel(rank, size, "127.0.0.1", port, torch.device("cpu"))
+    runner = _runner(model_id, tp)
+    steps = StepBroadcast(tp, capacity=8)  # small: the first step makes both sides grow it
+    if rank == 0:
+        runner.step_sender = steps
+        torch.save(_run_steps(runner, runner.vocab_size), results_path)
+        runner.close()
+    else:
+        runner.follow_rank_zero(steps)
+        destroy_tensor_parallel(tp)
+
+
+def _sharded_logits(model_id: str, size: int, results_path: str) -> list[torch.Tensor]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(_rank_main, args=(size, port, model_id, results_path), nprocs=size, start_method="spawn")
+    return torch.load(results_path)
+
+
+def _assert_same_logits(model_id: str, size: int, tmp_path) -> None:
+    reference = _run_steps(_runner(model_id, NO_TP), _runner_vocab(model_id))
+    sharded = _sharded_logits(model_id, size, str(tmp_path / "logits.pt"))
+    for ours, ref in zip(sharded, reference, strict=True):
+        assert ours.shape == ref.shape
+        assert max_rel_error(ours, ref) <= TOLERANCE
+
+
+def _runner_vocab(model_id: str) -> int:
+    from modeling.source import resolve_model_source
+    from modeling.weights.loader import load_model_config
+
+    return load_model_config(resolve_model_source(model_id)).vocab_size
+
+
+@pytest.mark.parametrize("size", [3, 2])
+def test_smollm2_gguf_sharded_equals_one_rank(size, tmp_path):
+    """The embedded SmolLM2 (9 query heads, 3 KV heads): 3 ranks split evenly, 2 split 6 + 3."""
+    _assert_same_logits("HuggingFaceTB/SmolLM2-135M-Instruct", size, tmp_path)
+
+
+def test_safetensors_with_biases_and_fewer_kv_heads_than_ranks(tmp_path):
+    """q/k/v/o and MLP biases (row-parallel biases added once), 2 KV heads over 3 ranks (one held
+    by two ranks, which split its query heads 1 + 2), a vocabulary that does not divide by 3,
+    weights in several safetensors files."""
+    from transformers import LlamaConfig
+
+    from tests.modeling.helpers import tiny_hf_model
+
+    model = tiny_hf_model(
+        LlamaConfig,
+        vocab_size=251,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        attention_bias=True,
+        mlp_bias=True,
+    )
+    model.save_pretrained(tmp_path / "model", max_shard_size="60KB")
+    _assert_same_logits(str(tmp_path / "model"), 3, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "size"), [(9, 3, 2), (9, 3, 3), (32, 8, 4), (64, 8, 16), (4, 1, 2), (12, 2, 3)]
+)
+def test_every_query_head_lands_on_exactly_one_rank_with_its_kv_head(num_heads, num_kv_heads, size):
+    group = num_heads // num_kv_heads
+    owners = []
+    for rank in range(size):
+        shard = shard_heads(num_heads, num_kv_heads, TensorParallel(rank, size))
+        heads = range(shard.q_heads.start, shard.q_heads.end)
+        kv_heads = range(shard.kv_heads.start, shard.kv_heads.end)
+        assert shard.num_heads >= 1 and all(h // group in kv_heads for h in heads)
+        assert shard.num_heads == group * shard.num_kv_heads or shard.num_kv_heads == 1
+        owners += heads
+    assert sorted(owners) == list(range(num_heads))
+
+
+def test_vocab_shards_are_equal_and_cover_the_vocabulary():
+    shards = [vocab_shard(251, TensorParallel(rank, 3)) for rank in range(3)]
+    assert {padded for _, padded in shards} == {84}
+    assert [(rows.start, rows.size) for rows, _ in shards] == [(0, 84), (84, 84), (168, 83)]
+
+
+def test_gguf_slices_read_only_their_part_and_equal_the_whole():
+    from modeling.weights.gguf import iterate_gguf, open_gguf
+    from tests.modeling.helpers import smollm2_gguf_path
+
+    wanted = {"model.layers.0.self_attn.q_proj.weight": (0, 128, 192), "model.layers.0.self_attn.k_proj.weight": (0, 64, 64),
+              "model.layers.0.self_attn.o_proj.weight": (1, 384, 192), "model.layers.0.mlp.down_proj.weight": (1, 512, 1024),
+              "model.embed_tokens.weight": (0, 16384, 16384)}  # fmt: skip
+    checked = 0
+    for name, lazy in iterate_gguf(open_gguf(smollm2_gguf_path()), 9, 3, show_progress=False, lazy=True):
+        if name in wanted:
+            dim, start, length = wanted[name]
+            assert torch.equal(lazy.narrow(dim, start, length), lazy.materialize().narrow(dim, start, length))
+            checked += 1
+    assert checked == len(wanted)

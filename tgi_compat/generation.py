@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from router.client_api import EngineClient, EngineDeadError, RequestRejectedError
 from router.outputs import TokenEvent, TopToken
+from router.request import FinishReason
 from router.request import GenerateRequest as EngineRequest
 from tgi_compat.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from tgi_compat.errors import TgiError, generation_error, incomplete_generation_error, validation_error
@@ -126,6 +127,8 @@ class _Sequence:
         Raises TgiError for an engine failure (steps appended before it are still valid).
         """
         if event.error is not None:
+            if event.finish_reason == FinishReason.REJECTED:  # refused after queueing: the grammar
+                raise validation_error(event.error)
             raise generation_error(event.error)
         timings = self.timings
         if timings.first_event is None:

@@ -36,10 +36,9 @@ from router.step import StepPlan, StepResult
 logger = logging.getLogger(__name__)
 
 COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the GIL while compiling
-# Whitespace runs inside JSON are capped: a small model can otherwise pad forever (never a `length`
-# answer that is only blanks). Strict mode closes objects to their listed properties, like TGI's
-# outlines regexes.
-MAX_WHITESPACE = 32
+# JSON comes out with single spaces after `,` and `:` (outlines, which TGI uses, allows one optional
+# space there and no newlines), so a small model cannot pad an answer with blanks forever; strict
+# mode closes objects to their listed properties, as outlines' regexes do.
 IDLE_WAIT_S = 0.005  # how long an otherwise idle engine sleeps on pending compiles per turn
 _CPP_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[12:00:00] /project/cpp/x.cc:83: " prefix
 
@@ -90,9 +89,7 @@ class GrammarCompiler:
             elif spec.kind is GrammarKind.ANY_JSON:
                 compiled = compiler.compile_builtin_json_grammar()
             else:
-                compiled = compiler.compile_json_schema(
-                    spec.value, any_whitespace=True, max_whitespace_cnt=MAX_WHITESPACE, strict_mode=True
-                )
+                compiled = compiler.compile_json_schema(spec.value, any_whitespace=False, strict_mode=True)
         except (RuntimeError, ValueError, TypeError) as error:
             raise GrammarCompileError(compile_error_message(spec, error)) from error
         return xgrammar.GrammarMatcher(compiled)

@@ -318,6 +318,8 @@ def top_n_with_ties(logprobs: torch.Tensor, top_n: torch.Tensor, max_n: int):
     k = min(logprobs.shape[-1], max_n + TIE_SLACK)
     values, ids = logprobs.topk(k, dim=-1)
     nth = values.gather(1, (top_n.clamp(min=1, max=k) - 1)[:, None])
+    # A masked (-inf) n-th value ties with every masked token: TGI counts only finite ones then.
+    nth = nth.clamp(min=torch.finfo(logprobs.dtype).min)
     counts = (logprobs >= nth).sum(dim=-1)
     counts = torch.where(top_n > 0, counts, torch.zeros_like(counts))
     return ids, values, counts

@@ -119,3 +119,14 @@ def test_a_grammar_that_does_not_compile_is_rejected_and_the_engine_serves_on(en
 def test_aborting_a_request_while_its_grammar_compiles(engine, tokenizer):
     events = run(engine, [GenerateRequest("gone", chat(tokenizer, "Hi"), grammar=json_spec(PERSON))], abort="gone")
     assert [e.finish_reason for e in events["gone"]] == ["abort"]
+
+
+def test_top_tokens_of_a_forced_step_leave_out_the_masked_ones():
+    import torch
+
+    from router.sampling import top_n_with_ties
+
+    logprobs = torch.full((1, 50), float("-inf"))
+    logprobs[0, 7] = 0.0  # the grammar allows one token only
+    _, _, counts = top_n_with_ties(logprobs, torch.tensor([3]), 3)
+    assert counts.tolist() == [1]  # TGI: -inf alternatives are not reported (not 50 ties at -inf)

@@ -75,7 +75,7 @@ async def generate_all(http, bodies: list[dict]) -> list[dict]:
 
 async def test_json_schema_prompts_greedy_and_seeded(http):
     grammar = {"type": "json", "value": PERSON}
-    greedy = {"max_new_tokens": 120, "grammar": grammar, "details": True}
+    greedy = {"max_new_tokens": 160, "grammar": grammar, "details": True}
     seeded = {**greedy, "do_sample": True, "temperature": 0.7}
     bodies = [{"inputs": chat(p), "parameters": greedy} for p in PROMPTS]
     bodies += [{"inputs": chat(p), "parameters": {**seeded, "seed": i}} for i, p in enumerate(PROMPTS)]

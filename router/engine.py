@@ -8,7 +8,10 @@ With overlap scheduling (on for CUDA) the host does not wait for a step before p
 Step N's plan counts the tokens of step N-1 as pending (Request.pending_row) and takes them as
 inputs on the device; a request that finished at N-1 (EOS, a stop id) still runs in step N,
 whose token for it is dropped. Requests whose sampling reads their own tokens on the host
-(penalties, watermark, healing) turn it off while any is in the engine.
+(penalties, watermark, healing, a grammar) turn it off while any is in the engine.
+
+A request with a grammar waits outside the scheduler until its grammar is compiled (router/grammar.py),
+so a slow compile holds up nobody else.
 
 Keep this file minimal. Scheduling lives in scheduler.py, batch building and failure isolation in
 executor.py, token selection in sampling.py, checks in validation.py; a feature that needs engine
@@ -60,6 +63,8 @@ class EngineCore:
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
         self._in_flight: LaunchedStep | None = None  # launched, not yet updated (overlap scheduling)
+        self.grammar = None  # router.grammar.GrammarBackend, built on the first grammar request
+        self._pending_events: list[TokenEvent] = []  # final events of requests that never reached the scheduler
         self._rng = random.Random(config.seed)
         self._num_arrivals = 0
 
@@ -83,23 +88,32 @@ class EngineCore:
         seed = None
         if params.sampling.is_sampling:
             seed = params.sampling.seed if params.sampling.seed is not None else self._rng.getrandbits(64)
-        self.scheduler.add(Request(params, arrival=self._num_arrivals, seed=seed))
+        request = Request(params, arrival=self._num_arrivals, seed=seed)
         self._num_arrivals += 1
+        if params.grammar is not None:
+            self._grammar_backend().submit(request)  # joins the scheduler once compiled
+        else:
+            self.scheduler.add(request)
 
     def abort(self, request_id: str) -> None:
-        self.scheduler.abort(request_id)
+        if self.grammar is not None and (event := self.grammar.abort(request_id)) is not None:
+            self._pending_events.append(event)
+        else:
+            self.scheduler.abort(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        compiling = self.grammar is not None and self.grammar.num_compiling > 0
+        return self.scheduler.has_unfinished() or self._in_flight is not None or compiling or bool(self._pending_events)
 
     def step(self) -> list[TokenEvent]:
         """Plain: schedule, execute and update one step, and return its events. With overlap
         scheduling: schedule and launch a step, then complete the one in flight and return its events."""
+        events = self._take_compiled() if self.grammar is not None or self._pending_events else []
         previous, self._in_flight = self._in_flight, None
         overlap = self.overlap_scheduling and not self.scheduler.num_reading_own_tokens
-        events: list[TokenEvent] = []
         if previous is not None and not overlap:  # the next plan needs every token on the host
-            events, previous = self._complete(previous), None
+            events += self._complete(previous)
+            previous = None
         plan = self.scheduler.schedule()
         if overlap and not plan.is_empty:
             try:
@@ -116,9 +130,33 @@ class EngineCore:
             events += self._complete(previous)
         return events + self._execute(plan)
 
+    def _take_compiled(self) -> list[TokenEvent]:
+        """Queue the requests whose grammar compiled; the final events of those refused or aborted."""
+        events, self._pending_events = self._pending_events, []
+        if self.grammar is None:
+            return events
+        if not self.scheduler.has_unfinished() and self._in_flight is None:
+            self.grammar.wait()  # nothing else to run: sleep on the compiles instead of spinning
+        ready, failed = self.grammar.take_compiled()
+        for request in ready:
+            self.scheduler.add(request)
+        return events + failed
+
+    def _grammar_backend(self):
+        """Built lazily: servers that never constrain never load xgrammar or scan the vocabulary."""
+        if self.grammar is None:
+            from router.grammar import GrammarBackend, GrammarCompiler
+
+            config = self.config
+            compiler = GrammarCompiler(lambda: _load_tokenizer(config), self.info.vocab_size, self.info.eos_token_ids)
+            self.grammar = self.executor.grammar = GrammarBackend(compiler, self.executor.device)
+        return self.grammar
+
     def _execute(self, plan: StepPlan) -> list[TokenEvent]:
         started = time.perf_counter()
         result = self.executor.execute(plan)
+        if self.grammar is not None:
+            self.grammar.advance(plan, result)
         events = self.scheduler.update(plan, result)
         self.stats.record(plan, result, events, time.perf_counter() - started)
         return events
@@ -129,6 +167,8 @@ class EngineCore:
         except Exception as exc:  # an asynchronous failure: its requests fail, the engine serves on
             logger.exception("a step of %d requests failed", len(launched.plan.chunks))
             result = StepResult.failed(launched.plan, f"{type(exc).__name__}: {exc}")
+        if self.grammar is not None:
+            self.grammar.advance(launched.plan, result)
         events = self.scheduler.update(launched.plan, result)
         self.stats.record(launched.plan, result, events, time.perf_counter() - launched.started)
         return events
@@ -149,6 +189,12 @@ def _token_healer(config: EngineConfig):
     from router.token_healing import TokenHealer
 
     return TokenHealer.for_model(config.model_id, config.revision)
+
+
+def _load_tokenizer(config: EngineConfig):
+    from modeling.tokenizer import load_tokenizer
+
+    return load_tokenizer(config.model_id, config.revision)
 
 
 def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInfo:

@@ -12,6 +12,7 @@ serving the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ class StepExecutor:
         self.batch_builder = StepBatchBuilder(self.device)
         self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
         self.healer = None  # router.token_healing.TokenHealer, set on the first healing request
+        self.grammar = None  # router.grammar.GrammarBackend, set on the first grammar request
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step to its result, failures contained."""
@@ -143,7 +145,10 @@ class StepExecutor:
         return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt)
 
     def _sampling_batch(self, requests: list[Request]) -> SamplingBatch:
-        return self.sampling_cache.get(requests, self.healer)
+        batch = self.sampling_cache.get(requests, self.healer)
+        if self.grammar is not None and (mask := self.grammar.mask(requests)) is not None:
+            batch = dataclasses.replace(batch, grammar=mask)  # per step: the cached batch stays unmasked
+        return batch
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """logits[rows] as float32; no copy in the usual all-decode step, where rows are all of them."""

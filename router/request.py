@@ -23,6 +23,21 @@ class FinishReason(enum.StrEnum):
     STOP_TOKEN = "stop_sequence"  # a stop token id (TGI reports stop strings the same way)
     ABORT = "abort"  # the client went away
     ERROR = "error"  # the step that served this request raised
+    REJECTED = "rejected"  # refused after it was queued (its grammar does not compile): a validation error
+
+
+class GrammarKind(enum.StrEnum):
+    JSON_SCHEMA = "json_schema"  # value: the schema as JSON text
+    ANY_JSON = "any_json"  # any JSON value (response_format `json_object` without a schema)
+    REGEX = "regex"  # value: the regular expression
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """What the generated text must match; the engine compiles it (router/grammar.py)."""
+
+    kind: GrammarKind
+    value: str = ""
 
 
 # A request that ran to its end reports one of these, TGI's finish reasons (tgi_compat.schemas);
@@ -65,6 +80,7 @@ class GenerateRequest:
     prompt_top_n: int = 0  # top alternatives at every prompt position (with prompt_logprobs)
     # Token healing: the healed prompt's removed text; generation is constrained until it is covered.
     healing_prefix: str | None = None
+    grammar: GrammarSpec | None = None  # constrain the generated text (TGI's `grammar`)
 
 
 @dataclass(slots=True, eq=False)
@@ -95,6 +111,7 @@ class Request:
     prompt_top_tokens: list[list] = field(default_factory=list)  # list[list[TopToken]]
     finish_reason: FinishReason | None = None
     pending_row: int | None = None  # see the class docstring
+    matcher: object | None = None  # xgrammar.GrammarMatcher of a constrained request, once compiled
 
     @property
     def request_id(self) -> str:
@@ -115,14 +132,15 @@ class Request:
 
     @property
     def reads_own_tokens_to_sample(self) -> bool:
-        """Penalties, the watermark and token healing read the generated ids on the host, so the
-        next token of such a request cannot be drawn while its previous one is still on the device."""
+        """Penalties, the watermark, token healing and a grammar read the generated ids on the host,
+        so the next token of such a request cannot be drawn while its previous one is still on the device."""
         sampling, params = self.params.sampling, self.params
         return (
             sampling.repetition_penalty != 1.0
             or sampling.frequency_penalty != 0.0
             or sampling.watermark
             or params.healing_prefix is not None
+            or params.grammar is not None
         )
 
     @property

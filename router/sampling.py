@@ -1,7 +1,7 @@
 """Token selection on the device, vectorised across the batch (TGI's HeterogeneousNextTokenChooser).
 
 Order on each logits row (docs/contract.md §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
-temperature -> top-k -> top-p -> typical-p -> choose. Reported logprobs are log_softmax of the
+[grammar mask] -> temperature -> top-k -> top-p -> typical-p -> choose. Reported logprobs are log_softmax of the
 final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
 row of the batch needs it, so an all-greedy batch costs one log_softmax and one argmax.
 
@@ -17,12 +17,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from router.outputs import TopToken
 from router.request import Request, SamplingParams
 from router.step import SampledToken
+
+if TYPE_CHECKING:
+    from router.grammar import GrammarMask
 
 WATERMARK_GAMMA = 0.5
 WATERMARK_DELTA = 2.0
@@ -54,6 +58,7 @@ class SamplingBatch:
     blocked: torch.Tensor | None = None  # [B, V] bool: token healing forbids these ids (first of all)
     # logit_bias as flat (row, token id, bias) triples: [N] int64, [N] int64, [N] float32
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    grammar: GrammarMask | None = None  # allowed tokens of the grammar-constrained rows (set per step)
 
     @classmethod
     def build(
@@ -227,6 +232,8 @@ class Sampler:
             self._apply_watermark(scores, batch.watermark_prev_ids)
         if batch.context_ids is not None:
             scores = apply_penalties(scores, batch)
+        if batch.grammar is not None:  # TGI's grammar processor runs after the penalties
+            scores = batch.grammar.apply(scores)
         if batch.temperature is not None:
             scores = scores / batch.temperature
         if batch.top_k is not None:
@@ -324,7 +331,8 @@ def top_n_with_ties(logprobs: torch.Tensor, top_n: torch.Tensor, max_n: int) -> 
     k = min(logprobs.shape[-1], max_n + TIE_SLACK)
     values, ids = logprobs.topk(k, dim=-1)
     nth = values.gather(1, (top_n.clamp(min=1, max=k) - 1)[:, None])
-    nth = nth.clamp(min=torch.finfo(logprobs.dtype).min)  # -inf -> the lowest finite value
+    # A masked (-inf) n-th value ties with every masked token: TGI counts only finite ones then.
+    nth = nth.clamp(min=torch.finfo(logprobs.dtype).min)
     counts = (logprobs >= nth).sum(dim=-1)
     counts = torch.where(top_n > 0, counts, torch.zeros_like(counts))
     return TopAlternatives(ids, values, counts)

@@ -24,9 +24,15 @@ from tgi_compat.state import TGI_VERSION, AppState
 
 def _route_modules() -> list[APIRouter]:
     # NOTE(owners of chat/openai/lightllm routes): add your router here with one line.
-    from tgi_compat import openai_routes, routes_generate, routes_info, routes_sagemaker
+    from tgi_compat import openai_routes, routes_generate, routes_info, routes_sagemaker, routes_vertex
 
-    return [routes_generate.router, routes_info.router, openai_routes.router, routes_sagemaker.router]
+    return [
+        routes_generate.router,
+        routes_info.router,
+        openai_routes.router,
+        routes_sagemaker.router,
+        routes_vertex.router,
+    ]
 
 
 def _install_error_handlers(app: FastAPI) -> None:

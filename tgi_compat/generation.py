@@ -124,6 +124,8 @@ class _Sequence:
         Raises TgiError for an engine failure (steps appended before it are still valid).
         """
         if event.error is not None:
+            if event.finish_reason == FinishReason.REJECTED:  # refused after queueing: the grammar
+                raise validation_error(event.error)
             raise generation_error(event.error)
         timings = self.timings
         if timings.first_event is None:

@@ -79,9 +79,11 @@ def _request_or_server(value: Any, server_default: Any) -> Any:
 
 
 async def prepare_features(
-    state: AppState, params: GenerateParameters, prompt_ids: list[int]
+    state: AppState, params: GenerateParameters, prompt_ids: list[int], *, constrained: bool = False
 ) -> tuple[list[int], RequestFeatures]:
-    """Apply long truncation and token healing to a tokenized prompt (before the length checks)."""
+    """Apply long truncation and token healing to a tokenized prompt (before the length checks).
+    `constrained`: the request has a grammar, which constrains the text after the prompt, so a
+    healed prompt tail could not be re-covered under it: such requests are not healed."""
     config, limits = state.config, state.limits
     mode = _request_or_server(params.long_truncation_mode, config.long_truncation_mode)
     features = RequestFeatures(
@@ -97,7 +99,7 @@ async def prepare_features(
         budget = kept_length(limits.max_input_tokens, limits.max_total_tokens, min(requested, MAX_NEW_TOKENS_CHUNK))
         truncated = truncate_long_prompt(prompt_ids, features.truncation_mode, budget)
         prompt_ids, features.truncated_prompt_tokens = truncated.prompt_ids, truncated.num_dropped
-    if _request_or_server(params.token_healing, config.token_healing):
+    if not constrained and _request_or_server(params.token_healing, config.token_healing):
         tokenizer = state.tokenizer.tokenizer
         table = _tables.get(tokenizer) or await asyncio.to_thread(healing_table, tokenizer)
         features.healing = split_prompt(prompt_ids, table)

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tgi_compat.schemas import U32, U64, GrammarType
+from tgi_compat.grammar import ResponseFormat
+from tgi_compat.schemas import U32, U64
 
 
 class _Request(BaseModel):
@@ -105,7 +106,7 @@ class ChatRequest(_Request):
     tools: list[Tool] | None = None
     tool_prompt: str | None = None
     tool_choice: str | TypedToolChoice | None = None
-    response_format: GrammarType | None = None
+    response_format: ResponseFormat | None = None  # TGI's GrammarType; `value` optional for json_object
     stream_options: StreamOptions = Field(default_factory=StreamOptions)
 
 

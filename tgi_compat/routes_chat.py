@@ -4,8 +4,8 @@ A chat request becomes a TGI generate request: the chat template renders the pro
 tokens added: the template has them), the OpenAI sampling fields map onto GenerateParameters the
 way TGI maps them, and the validated request runs through the same generation loop as /generate.
 
-Not supported yet (refused, never faked): tool calling (`Tool error`, 422) and `response_format`
-(TGI's `grammar is not supported` validation error, as under --disable-grammar-support).
+`response_format` constrains the answer with a grammar; `tools` constrain it to a tool call and
+come back as `tool_calls` (tgi_compat/tools.py, TGI's tool grammar and prompt injection).
 `n` is accepted and ignored like TGI (one choice); `logit_bias` must be an array (TGI's type) and
 is ignored.
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -24,6 +26,7 @@ from tgi_compat.auth import require_api_key
 from tgi_compat.chat import ChatTemplate, load_chat_template, template_error, template_messages, tool_error
 from tgi_compat.errors import TgiError, validation_error
 from tgi_compat.generation import GenerationResult, Timings, TokenStep, generate_to_end, stream_sequence
+from tgi_compat.grammar import ResponseFormat
 from tgi_compat.openai_common import (
     openai_finish_reason,
     parse_openai_body,
@@ -33,24 +36,28 @@ from tgi_compat.openai_common import (
     unix_now,
     usage,
 )
-from tgi_compat.openai_schemas import ChatRequest, FunctionDefinition, Tool
+from tgi_compat.openai_schemas import ChatRequest, Tool
 from tgi_compat.openapi import json_body, register_schemas
 from tgi_compat.responses import stream_headers, timing_headers
 from tgi_compat.routes_generate import validate_request
-from tgi_compat.schemas import GenerateParameters, SimpleToken, Token, dump_json
+from tgi_compat.schemas import GenerateParameters, GrammarType, SimpleToken, Token, dump_json
 from tgi_compat.state import AppState, get_state
 from tgi_compat.streaming import data_event, done_event, event_stream
+from tgi_compat.tools import (
+    StreamSignal,
+    ToolDelta,
+    ToolStream,
+    next_tool_call_id,
+    parse_tool_answer,
+    select_tools,
+    template_tools,
+    tool_grammar,
+    tool_prompt_text,
+)
 
 router = APIRouter()
 register_schemas(ChatRequest)
 _NO_TEMPLATE = object()
-# tool_choice "auto" adds TGI's open-ended `no_tool` function to the tools.
-_NO_TOOL = Tool(
-    type="function",
-    function=FunctionDefinition(
-        name="no_tool", description="Open ended response with no specific tool selected", parameters={"type": "object"}
-    ),
-)
 
 
 # ------------------------------------------------------------------------------ chat -> generate
@@ -66,35 +73,40 @@ def chat_template(request: Request) -> ChatTemplate | None:
     return None if template is _NO_TEMPLATE else template
 
 
-def _tools_in_use(body: ChatRequest) -> list[Tool]:
-    """TGI's ToolGrammar::apply selection: which tools the request would constrain generation to."""
-    if body.tools is None:
-        return []
-    choice = body.tool_choice
-    if choice is None or choice == "auto":
-        return [*body.tools, _NO_TOOL]
-    if choice == "none":
-        return []
-    if choice == "required":
-        return list(body.tools)
-    name = choice if isinstance(choice, str) else choice.function.name
-    chosen = [tool for tool in body.tools if tool.function.name == name]
-    if not chosen:
-        raise tool_error(f"Tool with name {name} not found")
-    return chosen[:1]
+@dataclass(slots=True)
+class ChatPrompt:
+    """A chat request made into a generate request's inputs and grammar (TGI's try_into_generate)."""
+
+    text: str
+    grammar: GrammarType | ResponseFormat | None = None
+    tools: list[Tool] = field(default_factory=list)  # the tools in use; [] = a plain answer
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools)
 
 
-def render_prompt(template: ChatTemplate | None, body: ChatRequest) -> str:
+def render_prompt(template: ChatTemplate | None, body: ChatRequest) -> ChatPrompt:
     """Tool checks, then the chat template (errors are HTTP 422 even on streams, like TGI)."""
     if body.response_format is not None and body.tools is not None:
         raise tool_error("Grammar and tools are mutually exclusive")
-    if _tools_in_use(body):
-        # TGI would constrain generation with a JSON grammar built from the tools; this server
-        # has no grammar support yet, so it refuses instead of answering as if tools worked.
-        raise tool_error("tool calling is not supported by this server yet")
+    if body.response_format is not None:
+        body.response_format.check_shape()
+    tools = select_tools(body) if body.response_format is None else []
     if template is None:
         raise template_error("template not found")
-    return template.render(template_messages(body.messages))
+    messages = template_messages(body.messages)
+    if not tools:
+        return ChatPrompt(template.render(messages), body.response_format)
+    if body.messages[-1].content is not None:  # TGI appends to a content message only
+        messages[-1]["content"] += tool_prompt_text(tools, body.tool_prompt, template)
+    text = template.render(messages, template_tools(tools))
+    return ChatPrompt(text, GrammarType(type="json", value=tool_grammar(tools)), tools)
+
+
+def without_tools(body: ChatRequest) -> ChatRequest:
+    """The request TGI runs again when the model picked `no_tool`: no tools, no grammar."""
+    return body.model_copy(update={"tools": None, "response_format": None})
 
 
 def chat_parameters(body: ChatRequest) -> GenerateParameters:
@@ -111,7 +123,6 @@ def chat_parameters(body: ChatRequest) -> GenerateParameters:
         stop=list(body.stop or []),
         seed=body.seed,
         top_n_tokens=body.top_logprobs,
-        grammar=body.response_format,  # refused by validation (no grammar support yet)
         details=True,
     )
 
@@ -123,9 +134,9 @@ def response_model(state: AppState, body: ChatRequest) -> str:
 # --------------------------------------------------------------------------------------- shapes
 
 
-def _logprob_entry(token: Token, top_tokens: list[Token]) -> dict[str, Any]:
+def _logprob_entry(token: Token, top_tokens: list[Token], text: str | None = None) -> dict[str, Any]:
     return {
-        "token": token.text,
+        "token": token.text if text is None else text,
         "logprob": token.logprob,
         "top_logprobs": [{"token": t.text, "logprob": t.logprob} for t in top_tokens],
     }
@@ -138,7 +149,15 @@ def completion_logprobs(result: GenerationResult) -> dict[str, Any]:
     }
 
 
-def chat_completion(model: str, result: GenerationResult, logprobs: bool) -> dict[str, Any]:
+def chat_completion(
+    model: str, result: GenerationResult, logprobs: bool, tool_calls: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """TGI's chat.completion; a tool call's message has `tool_calls` and no `content` key."""
+    message = (
+        {"role": "assistant", "tool_calls": tool_calls}
+        if tool_calls is not None
+        else {"role": "assistant", "content": result.generated_text}
+    )
     return {
         "object": "chat.completion",
         "id": "",
@@ -148,7 +167,7 @@ def chat_completion(model: str, result: GenerationResult, logprobs: bool) -> dic
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": result.generated_text},
+                "message": message,
                 "logprobs": completion_logprobs(result) if logprobs else None,
                 "finish_reason": openai_finish_reason(result.finish_reason),
             }
@@ -183,6 +202,24 @@ def token_chunk(model: str, step: TokenStep, logprobs: bool) -> str:
     return _chunk(model, [choice], None)
 
 
+def tool_chunk(model: str, step: TokenStep, logprobs: bool, delta: ToolDelta, call_id: str) -> str:
+    """One piece of a streamed tool call (TGI's ToolCallDelta); its logprob entry shows the piece sent."""
+    result = step.result
+    call = {
+        "index": 0,
+        "id": call_id,
+        "type": "function",
+        "function": {"name": delta.name, "arguments": delta.arguments},
+    }
+    choice = {
+        "index": 0,
+        "delta": {"role": "assistant", "tool_calls": [call]},
+        "logprobs": {"content": [_logprob_entry(step.token, step.top_tokens, delta.arguments)]} if logprobs else None,
+        "finish_reason": openai_finish_reason(result.finish_reason) if result is not None else None,
+    }
+    return _chunk(model, [choice], None)
+
+
 def usage_chunk(model: str, result: GenerationResult) -> str:
     return _chunk(model, [], usage(result.input_length, result.generated_tokens))
 
@@ -190,44 +227,80 @@ def usage_chunk(model: str, result: GenerationResult) -> str:
 # --------------------------------------------------------------------------------------- routes
 
 
-async def _chat_json(state: AppState, body: ChatRequest, prompt: str, timings: Timings) -> Response:
+async def _chat_json(
+    state: AppState, template: ChatTemplate, body: ChatRequest, prompt: ChatPrompt, timings: Timings
+) -> Response:
     params = chat_parameters(body)
+    tool_calls = None
     try:
         with state.permits.hold(1), accounting.inflight(state) as inflight:
-            request = await validate_request(state, prompt, params, add_special_tokens=False)
+            request = await validate_request(
+                state, prompt.text, params, add_special_tokens=False, grammar=prompt.grammar
+            )
             first_token = inflight.first_token if inflight is not None else None
             result = await generate_to_end(state, request, timings, first_token)
+            if prompt.uses_tools and (tool_calls := parse_tool_answer(result.generated_text)) is None:
+                # `no_tool`: TGI answers again, in plain text, without tools or grammar
+                prompt = render_prompt(template, without_tools(body))
+                request = await validate_request(state, prompt.text, params, add_special_tokens=False)
+                result = await generate_to_end(state, request, timings)
     except TgiError as error:
         accounting.failed(state, error)
         return error.response()
     accounting.succeeded(state, request, result, timings)
-    payload = chat_completion(response_model(state, body), result, bool(body.logprobs))
-    headers = timing_headers(timings, request.input_length, result.generated_tokens, state.compute_type, prompt)
+    payload = chat_completion(response_model(state, body), result, bool(body.logprobs), tool_calls)
+    headers = timing_headers(timings, request.input_length, result.generated_tokens, state.compute_type, prompt.text)
     return JSONResponse(payload, headers=headers)
 
 
-def _chat_stream(state: AppState, body: ChatRequest, prompt: str, timings: Timings) -> Response:
+def _chat_stream(
+    state: AppState, template: ChatTemplate, body: ChatRequest, prompt: ChatPrompt, timings: Timings
+) -> Response:
     model = response_model(state, body)
     logprobs = bool(body.logprobs)
 
+    async def answer(chat_prompt: ChatPrompt, on_first_token):
+        """The events of one generation; a StreamSignal.NO_TOOL item ends it (answer again)."""
+        request = await validate_request(
+            state, chat_prompt.text, chat_parameters(body), add_special_tokens=False, grammar=chat_prompt.grammar
+        )
+        tools = ToolStream() if chat_prompt.uses_tools else None
+        call_id = next_tool_call_id(body)
+        steps = stream_sequence(state, request, timings, streaming=True, on_first_token=on_first_token)
+        async with aclosing(steps):
+            async for step in steps:
+                piece = tools.push(step.token.text, step.token.special) if tools is not None else None
+                if piece is StreamSignal.NO_TOOL:
+                    yield piece
+                    return
+                if tools is None or piece is StreamSignal.EMPTY_CONTENT:
+                    yield data_event(token_chunk(model, step, logprobs))
+                elif piece is not None:
+                    yield data_event(tool_chunk(model, step, logprobs, piece, call_id))
+                if step.result is not None:
+                    accounting.succeeded(state, request, step.result, timings)
+                    if body.stream_options.include_usage:
+                        yield data_event(usage_chunk(model, step.result))
+
     async def events():
-        params = chat_parameters(body)
         try:
             with state.permits.hold(1), accounting.inflight(state) as inflight:
-                request = await validate_request(state, prompt, params, add_special_tokens=False)
                 first_token = inflight.first_token if inflight is not None else None
-                async for step in stream_sequence(state, request, timings, streaming=True, on_first_token=first_token):
-                    yield data_event(token_chunk(model, step, logprobs))
-                    if step.result is not None:
-                        accounting.succeeded(state, request, step.result, timings)
-                        if body.stream_options.include_usage:
-                            yield data_event(usage_chunk(model, step.result))
+                chat_prompt, restart = prompt, True
+                while restart:
+                    restart = False
+                    async with aclosing(answer(chat_prompt, first_token)) as chunks:
+                        async for chunk in chunks:
+                            if chunk is StreamSignal.NO_TOOL:  # TGI restarts the stream as a plain answer
+                                chat_prompt, restart = render_prompt(template, without_tools(body)), True
+                                break
+                            yield chunk
         except TgiError as error:
             accounting.failed(state, error)
             yield stream_error_event(error)
         yield done_event()
 
-    return event_stream(events(), stream_headers(state.compute_type, prompt))
+    return event_stream(events(), stream_headers(state.compute_type, prompt.text))
 
 
 @router.post(
@@ -241,14 +314,15 @@ async def chat_completions(request: Request) -> Response:
     body = await parse_openai_body(request, ChatRequest, state.config.payload_limit)
     timings = Timings(arrival=time.perf_counter())
     accounting.received(state)
+    template = chat_template(request)
     try:
-        prompt = await asyncio.to_thread(render_prompt, chat_template(request), body)  # Jinja: off the loop
+        prompt = await asyncio.to_thread(render_prompt, template, body)  # Jinja: off the loop
     except TgiError as error:
         accounting.failed(state, error)
         return error.response()
     if body.stream:
-        return _chat_stream(state, body, prompt, timings)
-    return await _chat_json(state, body, prompt, timings)
+        return _chat_stream(state, template, body, prompt, timings)
+    return await _chat_json(state, template, body, prompt, timings)
 
 
 @router.post("/chat_tokenize", openapi_extra=json_body("ChatRequest"), summary="Template and tokenize ChatRequest")
@@ -257,7 +331,7 @@ async def chat_tokenize(request: Request) -> Response:
     state = get_state(request)
     body = await parse_openai_body(request, ChatRequest, state.config.payload_limit)
     try:
-        prompt = await asyncio.to_thread(render_prompt, chat_template(request), body)  # Jinja: off the loop
+        prompt = (await asyncio.to_thread(render_prompt, chat_template(request), body)).text  # Jinja: off the loop
         spans = await state.tokenizer.spans(prompt, add_special_tokens=False)
     except TgiError as error:
         return error.response()

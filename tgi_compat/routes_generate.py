@@ -13,10 +13,18 @@ from tgi_compat import accounting
 from tgi_compat.auth import require_api_key
 from tgi_compat.errors import TgiError, parse_json_body, validation_error
 from tgi_compat.generation import Timings, generate_best_of, generate_to_end, stream_step_batches
+from tgi_compat.grammar import ResponseFormat
 from tgi_compat.lightllm_features import prepare_features
 from tgi_compat.openapi import json_body
 from tgi_compat.responses import generate_response, stream_event_json, stream_headers, timing_headers
-from tgi_compat.schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest, SimpleToken, dump_json
+from tgi_compat.schemas import (
+    CompatGenerateRequest,
+    GenerateParameters,
+    GenerateRequest,
+    GrammarType,
+    SimpleToken,
+    dump_json,
+)
 from tgi_compat.state import AppState, get_state
 from tgi_compat.streaming import data_event, event_stream
 from tgi_compat.validation import (
@@ -34,19 +42,26 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
 async def validate_request(
-    state: AppState, inputs: str, params: GenerateParameters, *, add_special_tokens: bool = True
+    state: AppState,
+    inputs: str,
+    params: GenerateParameters,
+    *,
+    add_special_tokens: bool = True,
+    grammar: GrammarType | ResponseFormat | None = None,
 ) -> ValidatedRequest:
-    """TGI's Validation::validate: parameters, tokenize, truncate, budget, grammar (in that order)."""
+    """TGI's Validation::validate: parameters, tokenize, truncate, budget, grammar (in that order).
+    `grammar`: the chat `response_format`, in place of `params.grammar`."""
     limits = state.limits
+    grammar = grammar or params.grammar
     check_parameters(params, inputs, limits)
     try:
         prompt_ids = await state.tokenizer.encode(inputs, add_special_tokens)
     except Exception as error:  # any tokenizer failure is the client's input
         raise validation_error(f"tokenizer error {error}") from error
     prompt_ids = truncate_prompt(prompt_ids, params.truncate)
-    prompt_ids, features = await prepare_features(state, params, prompt_ids)
+    prompt_ids, features = await prepare_features(state, params, prompt_ids, constrained=grammar is not None)
     max_new_tokens = check_lengths(params, len(prompt_ids), limits)
-    check_grammar(params, grammar_supported=not state.config.disable_grammar_support)
+    grammar_spec = await check_grammar(grammar, not state.config.disable_grammar_support)
     request = ValidatedRequest(
         inputs=inputs,
         prompt_ids=prompt_ids,
@@ -56,6 +71,7 @@ async def validate_request(
         prompt_logprobs=(state.config.enable_prefill_logprobs and params.decoder_input_details)
         or features.all_prompt_logprobs,
         features=features,
+        grammar=grammar_spec,
     )
     accounting.validated(state, request)
     return request

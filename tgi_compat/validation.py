@@ -8,16 +8,18 @@ permit (done by the caller, see permits.py) -> `check_parameters` -> tokenize ->
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from dataclasses import dataclass
 
 from router.request import GenerateRequest as EngineRequest
-from router.request import SamplingParams
+from router.request import GrammarSpec, SamplingParams
 from tgi_compat.config import ServingLimits
 from tgi_compat.errors import validation_error
+from tgi_compat.grammar import ResponseFormat, grammar_spec
 from tgi_compat.lightllm_features import RequestFeatures
-from tgi_compat.schemas import GenerateParameters
+from tgi_compat.schemas import GenerateParameters, GrammarType
 
 # v3.1+: the router validates and schedules max_new_tokens in chunks of at most this many tokens.
 MAX_NEW_TOKENS_CHUNK = 1024
@@ -122,12 +124,11 @@ def check_lengths(params: GenerateParameters, input_length: int, limits: Serving
     return min(requested, limits.max_total_tokens - input_length)
 
 
-def check_grammar(params: GenerateParameters, grammar_supported: bool) -> None:
-    # NOTE: no engine-side grammar (FSM logits mask) exists yet, so every grammar is refused the
-    # way TGI refuses it under --disable-grammar-support.
-    if params.grammar is not None:
-        raise validation_error("grammar is not supported")
-    del grammar_supported
+async def check_grammar(grammar: GrammarType | ResponseFormat | None, grammar_supported: bool) -> GrammarSpec | None:
+    """TGI's grammar checks (tgi_compat/grammar.py), off the event loop: a schema can be large."""
+    if grammar is None:
+        return None
+    return await asyncio.to_thread(grammar_spec, grammar, grammar_supported)
 
 
 @dataclass(slots=True)
@@ -141,6 +142,7 @@ class ValidatedRequest:
     return_full_text: bool
     prompt_logprobs: bool  # fill `details.prefill`
     features: RequestFeatures | None = None  # LightLLM's truncation / healing / prompt logprobs
+    grammar: GrammarSpec | None = None  # what the generated text must match
 
     @property
     def input_length(self) -> int:
@@ -178,6 +180,7 @@ class ValidatedRequest:
             sampling=self.sampling_params(),
             max_new_tokens=self.max_new_tokens,
             prompt_logprobs=self.prompt_logprobs,
+            grammar=self.grammar,
         )
         if self.features is not None:
             self.features.apply_to(request)

@@ -32,7 +32,43 @@ ROWS = [
         "`inputs` tokens + `max_new_tokens` must be <= 64. Given: 7 `inputs` tokens and 60 `max_new_tokens`",
     ),
     ({}, "hello " * 63, "`inputs` must have less than 63 tokens. Given: 64"),
-    ({"grammar": {"type": "regex", "value": "a+"}}, PROMPT, "grammar is not supported"),
+    # grammar (TGI's checks; the engine refuses what does not compile)
+    ({"grammar": {"type": "json", "value": 5}}, PROMPT, "grammar is not supported"),
+    (
+        {"grammar": {"type": "json", "value": "{bad"}},
+        PROMPT,
+        "grammar is not valid: key must be a string at line 1 column 2",
+    ),
+    (
+        {"grammar": {"type": "json", "value": "[1,"}},
+        PROMPT,
+        "grammar is not valid: EOF while parsing a value at line 1 column 4",
+    ),
+    (
+        {"grammar": {"type": "json", "value": {"type": "object"}}},
+        PROMPT,
+        "grammar is not valid: Grammar must have a 'properties' field",
+    ),
+    (
+        {"grammar": {"type": "json_object", "value": '{"required": []}'}},
+        PROMPT,
+        "grammar is not valid: Grammar must have a 'properties' field",
+    ),
+    (
+        {"grammar": {"type": "json", "value": {"type": "strin", "properties": {}}}},
+        PROMPT,
+        "grammar is not valid: \"strin\" is not valid under any of the schemas listed in the 'anyOf' keyword",
+    ),
+    (
+        {"grammar": {"type": "json", "value": {"properties": 5}}},
+        PROMPT,
+        'grammar is not valid: 5 is not of type "object"',
+    ),
+    (
+        {"grammar": {"type": "json_schema", "value": {"name": "x", "schema": {"type": "object"}}}},
+        PROMPT,
+        "grammar is not valid: Grammar must have a 'properties' field",
+    ),
     # order: temperature is checked before top_p, top_p before top_k
     ({"temperature": 0, "top_p": 1.0}, PROMPT, "`temperature` must be strictly positive"),
     ({"top_p": 1.0, "top_k": 0}, PROMPT, "`top_p` must be > 0.0 and < 1.0"),
@@ -45,6 +81,28 @@ async def test_validation_error_texts(client, params, inputs, message):
     assert response.status_code == 422
     assert response.headers["content-type"] == "application/json"
     assert response.json() == {"error": f"Input validation error: {message}", "error_type": "validation"}
+
+
+async def test_disabled_grammar_support_refuses_every_grammar(make_client, engine):
+    async with make_client(engine, disable_grammar_support=True) as http:
+        params = {"grammar": {"type": "regex", "value": "a+"}}
+        response = await http.post("/generate", json={"inputs": PROMPT, "parameters": params})
+    assert response.json() == {"error": "Input validation error: grammar is not supported", "error_type": "validation"}
+
+
+async def test_a_valid_grammar_reaches_the_engine_as_a_spec(client, engine):
+    from router.request import GrammarKind, GrammarSpec
+
+    schema = {"properties": {"a": {"type": "integer"}}}
+    for grammar, spec in [
+        ({"type": "regex", "value": "a+"}, GrammarSpec(GrammarKind.REGEX, "a+")),
+        ({"type": "json", "value": schema}, GrammarSpec(GrammarKind.JSON_SCHEMA, '{"properties":{"a":{"type":"integer"}}}')),
+        ({"type": "json_object", "value": '{"properties": {"a": {"type": "integer"}}}'}, GrammarSpec(GrammarKind.JSON_SCHEMA, '{"properties":{"a":{"type":"integer"}}}')),
+        ({"type": "json_schema", "value": {"name": "n", "schema": schema, "strict": True}}, GrammarSpec(GrammarKind.JSON_SCHEMA, '{"properties":{"a":{"type":"integer"}}}')),
+    ]:  # fmt: skip
+        response = await client.post("/generate", json={"inputs": PROMPT, "parameters": {"grammar": grammar}})
+        assert response.status_code == 200, response.text
+        assert engine.requests[-1].grammar == spec
 
 
 async def test_max_best_of_one_forbids_best_of(make_client, engine):

@@ -146,23 +146,31 @@ async def test_body_errors_are_axum_text(client):
     assert response.status_code == 400
 
 
-async def test_response_format_and_tools_are_refused(client, engine):
+async def test_tool_and_grammar_errors(client, engine):
     grammar = {"type": "json", "value": {"properties": {"a": {"type": "string"}}}}
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     cases = [
-        ({"response_format": grammar}, {"error": "Input validation error: grammar is not supported", "error_type": "validation"}),
         ({"response_format": grammar, "tools": []}, {"error": "Tool error: Grammar and tools are mutually exclusive", "error_type": "tool_error"}),
-        ({"tools": [tool]}, {"error": "Tool error: tool calling is not supported by this server yet", "error_type": "tool_error"}),
         ({"tools": [tool], "tool_choice": "other"}, {"error": "Tool error: Tool with name other not found", "error_type": "tool_error"}),
+        ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "x"}}}, {"error": "Tool error: Tool with name x not found", "error_type": "tool_error"}),
+        ({"response_format": {"type": "json", "value": {"type": "object"}}}, {"error": "Input validation error: grammar is not valid: Grammar must have a 'properties' field", "error_type": "validation"}),
     ]  # fmt: skip
     for extra, expected in cases:
         response = await client.post("/v1/chat/completions", json={"messages": MESSAGES, **extra})
         assert (response.status_code, response.json()) == (422, expected), extra
-    assert engine.requests == []  # nothing generated as if tools or grammars worked
+    assert engine.requests == []
+    response = await client.post(
+        "/v1/chat/completions", json={"messages": MESSAGES, "response_format": {"type": "regex"}}
+    )
+    assert (response.status_code, response.text) == (
+        422,
+        "Failed to deserialize the JSON body into the target type: response_format: missing field `value`",
+    )
     response = await client.post(
         "/v1/chat/completions", json={"messages": MESSAGES, "tools": [tool], "tool_choice": "none", "temperature": 0}
     )
     assert response.json()["choices"][0]["message"]["content"] == ANSWER  # TGI: tools ignored entirely
+    assert engine.requests[-1].grammar is None
 
 
 async def test_template_errors(engine, make_client):

@@ -1,0 +1,211 @@
+"""Grammar-constrained decoding on xgrammar (TGI's `grammar`, chat `response_format` and `tools`).
+
+The API sends a GrammarSpec (kind + text) inside the engine request; everything tokenizer-bound
+lives here, in the engine process:
+
+    add_request --submit--> compile pool (xgrammar's cache; the step loop never waits on it)
+    step: take_compiled() -> ready requests join the scheduler's queue, failures finish at once
+          fill_bitmask(rows) -> [B, ceil(V/32)] int32, copied to the device beside the step
+          Sampler applies it after the penalties, before temperature/top-k/top-p (TGI's order)
+          advance(plan, result) -> each matcher accepts its request's sampled token
+
+A completed grammar leaves only the EOS ids open (xgrammar's stop tokens are the engine's EOS set),
+so a finished answer ends with TGI's `eos_token` and a capped one is a prefix with `length`.
+A constrained request reads its own token on the host before the next can be masked, so it turns
+overlap scheduling off while it runs (Request.reads_own_tokens_to_sample); batches without one
+never reach this module. The backend itself is built on the first grammar request: servers that
+never constrain pay nothing, not even the vocabulary scan.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import torch
+
+from router.outputs import TokenEvent
+from router.request import FinishReason, GrammarKind, GrammarSpec, Request
+from router.step import StepPlan, StepResult
+
+logger = logging.getLogger(__name__)
+
+COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the GIL while compiling
+# JSON comes out with single spaces after `,` and `:` (outlines, which TGI uses, allows one optional
+# space there and no newlines), so a small model cannot pad an answer with blanks forever; strict
+# mode closes objects to their listed properties, as outlines' regexes do.
+IDLE_WAIT_S = 0.005  # how long an otherwise idle engine sleeps on pending compiles per turn
+_CPP_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[12:00:00] /project/cpp/x.cc:83: " prefix
+
+
+class GrammarCompileError(ValueError):
+    """The spec does not compile; the message is what the client sees after TGI's prefix."""
+
+
+def compile_error_message(spec: GrammarSpec, error: Exception) -> str:
+    """TGI's texts: a schema that cannot be turned into a regex, or an invalid grammar."""
+    detail = _CPP_LOCATION.sub("", str(error).strip()).strip()
+    if spec.kind is GrammarKind.REGEX:
+        return f"grammar is not valid: {detail}"
+    return f"cannot compile regex from schema: {detail}"
+
+
+class GrammarCompiler:
+    """xgrammar's TokenizerInfo and compiler for one tokenizer, built on first use in a pool thread."""
+
+    def __init__(self, load_tokenizer: Callable[[], object], vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        self._load_tokenizer = load_tokenizer
+        self.vocab_size = vocab_size
+        self._stop_token_ids = list(stop_token_ids)
+        self._lock = threading.Lock()
+        self._compiler = None
+
+    def _xgrammar_compiler(self):
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar
+
+                started = time.perf_counter()
+                info = xgrammar.TokenizerInfo.from_huggingface(
+                    self._load_tokenizer(), vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids
+                )
+                self._compiler = xgrammar.GrammarCompiler(info, max_threads=COMPILE_THREADS, cache_enabled=True)
+                logger.info("grammar compiler ready in %.2f s", time.perf_counter() - started)
+            return self._compiler
+
+    def compile(self, spec: GrammarSpec):
+        """A fresh xgrammar.GrammarMatcher for the spec; GrammarCompileError when it does not compile."""
+        import xgrammar
+
+        compiler = self._xgrammar_compiler()
+        try:
+            if spec.kind is GrammarKind.REGEX:
+                compiled = compiler.compile_regex(spec.value)
+            elif spec.kind is GrammarKind.ANY_JSON:
+                compiled = compiler.compile_builtin_json_grammar()
+            else:
+                compiled = compiler.compile_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+        except (RuntimeError, ValueError, TypeError) as error:
+            raise GrammarCompileError(compile_error_message(spec, error)) from error
+        return xgrammar.GrammarMatcher(compiled)
+
+
+@dataclass(slots=True)
+class GrammarMask:
+    """One step's allowed-token bitmask on the device; rows are the constrained sampled rows."""
+
+    bitmask: torch.Tensor  # [B, ceil(V/32)] int32
+    rows: list[int]
+
+    def apply(self, scores: torch.Tensor) -> torch.Tensor:
+        """-inf on every token the grammar forbids (in place on a contiguous float32 [B, V])."""
+        import xgrammar
+
+        scores = scores.contiguous()
+        every_row = len(self.rows) == scores.shape[0]  # the kernels' no-indices path is the fast one
+        xgrammar.apply_token_bitmask_inplace(scores, self.bitmask, indices=None if every_row else self.rows)
+        return scores
+
+
+class GrammarBackend:
+    """Compiles specs off the step loop and constrains the requests that carry one."""
+
+    def __init__(self, compiler: GrammarCompiler, device: torch.device) -> None:
+        self.compiler = compiler
+        self.device = torch.device(device)
+        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
+        self._compiling: dict[str, tuple[Request, Future]] = {}
+        self._host_bitmask: torch.Tensor | None = None  # reused: a constrained step runs synchronously
+        self._batch_matcher = None
+
+    # ---- compile --------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        spec = request.params.grammar
+        self._compiling[request.request_id] = (request, self._pool.submit(self.compiler.compile, spec))
+
+    @property
+    def num_compiling(self) -> int:
+        return len(self._compiling)
+
+    def abort(self, request_id: str) -> TokenEvent | None:
+        """The abort event of a request still compiling (None: it is not here)."""
+        entry = self._compiling.pop(request_id, None)
+        if entry is None:
+            return None
+        entry[1].cancel()
+        return TokenEvent(request_id, finish_reason=FinishReason.ABORT.value)
+
+    def take_compiled(self) -> tuple[list[Request], list[TokenEvent]]:
+        """Requests whose grammar is ready (matcher attached), and the final events of those whose
+        grammar failed: `rejected`, with TGI's validation text."""
+        ready, failed = [], []
+        for request_id, (request, future) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[request_id]
+            try:
+                request.matcher = future.result()
+            except GrammarCompileError as error:
+                failed.append(_rejected(request_id, str(error)))
+            except Exception as error:
+                logger.exception("compiling the grammar of %s failed", request_id)
+                failed.append(_rejected(request_id, compile_error_message(request.params.grammar, error)))
+            else:
+                ready.append(request)
+        return ready, failed
+
+    def wait(self, timeout: float = IDLE_WAIT_S) -> None:
+        """Sleep until a compile finishes or `timeout` passes (the engine has nothing else to do)."""
+        if self._compiling:
+            wait([future for _, future in self._compiling.values()], timeout, return_when=FIRST_COMPLETED)
+
+    # ---- per step -------------------------------------------------------------------------
+    def mask(self, requests: Sequence[Request]) -> GrammarMask | None:
+        """The bitmask of this step's sampled rows; None when none of them is constrained."""
+        rows = [i for i, r in enumerate(requests) if r.matcher is not None]
+        if not rows:
+            return None
+        bitmask = self._bitmask_rows(len(requests))
+        matchers = [requests[i].matcher for i in rows]
+        if len(rows) == 1:
+            matchers[0].fill_next_token_bitmask(bitmask, rows[0])
+        else:
+            self._batch().batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        return GrammarMask(bitmask.to(self.device, non_blocking=True), rows)
+
+    def advance(self, plan: StepPlan, result: StepResult) -> None:
+        """Every constrained request accepts the token it was just given (before update() sees it)."""
+        for chunk, token in zip(plan.chunks, result.tokens):
+            matcher = chunk.request.matcher
+            if matcher is None or token is None or chunk.request.is_finished:
+                continue
+            if not matcher.accept_token(token.token_id):  # only an unmasked (retried) step can do this
+                logger.warning("request %s: token %d is outside its grammar", chunk.request.request_id, token.token_id)
+
+    def _bitmask_rows(self, num_rows: int) -> torch.Tensor:
+        import xgrammar
+
+        if self._host_bitmask is None or self._host_bitmask.shape[0] < num_rows:
+            capacity = max(num_rows, 64)
+            bitmask = xgrammar.allocate_token_bitmask(capacity, self.compiler.vocab_size)
+            self._host_bitmask = bitmask.pin_memory() if self.device.type == "cuda" else bitmask
+        return self._host_bitmask[:num_rows]  # only the constrained rows are filled and applied
+
+    def _batch(self):
+        if self._batch_matcher is None:
+            import xgrammar
+
+            self._batch_matcher = xgrammar.BatchGrammarMatcher()
+        return self._batch_matcher
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _rejected(request_id: str, message: str) -> TokenEvent:
+    return TokenEvent(request_id, finish_reason=FinishReason.REJECTED.value, error=message)

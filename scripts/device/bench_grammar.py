@@ -1,0 +1,174 @@
+"""Grammar-constrained decoding: the per-step mask cost and the engine's throughput (not CI; no HTTP).
+
+    python3 scripts/device/bench_grammar.py [MODEL_DIR] [--rows 64] [--new-tokens 256]
+    python3 scripts/device/bench_grammar.py MODEL --mask-only --device cpu     # the CPU number in BENCHMARKS.md
+
+MODEL_DIR is serve_bench.sh's random Llama-3-8B (`STAGES=model bash scripts/device/serve_bench.sh`; its
+tokenizer is Llama-3's, so the vocabulary the masks cover is the real one). Needs xgrammar on the device.
+
+1. Mask cost (router.grammar.GrammarBackend, as the engine uses it): `rows` matchers of SCHEMA, each
+   advanced by tokens its grammar allows; per step, filling every row's bitmask on the host and copying
+   it to the device (`mask`), then applying it to a [rows, vocab] float32 logits tensor (`apply`).
+   Reported as ms per step and us per token (row).
+2. Throughput: an engine process behind router.client.ZmqEngineClient (the server's own client); `rows`
+   requests of PROMPT_LEN random ids x `new_tokens` at once, unconstrained vs constrained by SCHEMA, whose
+   array of people is long enough that no answer completes first (every request runs all its tokens, so
+   the two loads do the same work). Interleaved twice; output tok/s counts tokens that reached the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from router.request import GenerateRequest, GrammarKind, GrammarSpec
+
+PROMPT_LEN = 128
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "email": {"type": "string", "pattern": "[a-z]{1,8}@[a-z]{1,8}\\.com"},
+    },
+    "required": ["name", "age", "role", "email"],
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"people": {"type": "array", "items": PERSON, "minItems": 1000}},
+    "required": ["people"],
+}
+SPEC = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))
+
+
+def mask_cost(model_dir: str, rows: int, device: str, steps: int = 200) -> dict:
+    import torch
+
+    from modeling.source import resolve_model_source
+    from modeling.tokenizer import load_tokenizer
+    from modeling.weights.loader import load_model_config
+    from router.grammar import GrammarBackend, GrammarCompiler
+
+    source = resolve_model_source(model_dir)
+    vocab = load_model_config(source).vocab_size
+    tokenizer = load_tokenizer(model_dir)
+    compiler = GrammarCompiler(lambda: tokenizer, vocab, [tokenizer.eos_token_id])
+    backend = GrammarBackend(compiler, torch.device(device))
+    started = time.perf_counter()
+    compiler.compile(SPEC)
+    compile_s = time.perf_counter() - started
+
+    class Row:  # what GrammarBackend.mask reads of a Request
+        def __init__(self) -> None:
+            self.matcher = compiler.compile(SPEC)
+
+    requests = [Row() for _ in range(rows)]
+    logits = torch.randn(rows, vocab, device=device)
+    rng = random.Random(0)
+    fill_ms, apply_ms = [], []
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for step in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        mask = backend.mask(requests)
+        sync()
+        t1 = time.perf_counter()
+        scores = mask.apply(logits.clone())
+        sync()
+        t2 = time.perf_counter()
+        if step >= 10:  # warm-up
+            fill_ms.append(1e3 * (t1 - t0))
+            apply_ms.append(1e3 * (t2 - t1))
+        allowed = torch.isfinite(scores).cpu()
+        for i, row in enumerate(requests):  # advance each matcher by a random allowed token
+            ids = allowed[i].nonzero().flatten().tolist()
+            row.matcher.accept_token(rng.choice(ids))
+    fill, apply = statistics.median(fill_ms), statistics.median(apply_ms)
+    result = dict(
+        stage="mask",
+        device=device,
+        rows=rows,
+        vocab=vocab,
+        compile_ms=1e3 * compile_s,
+        fill_ms_per_step=fill,
+        apply_ms_per_step=apply,
+        mask_ms_per_step=fill + apply,
+        us_per_token=1e3 * (fill + apply) / rows,
+    )
+    print(json.dumps(result), flush=True)
+    return result
+
+
+async def throughput(model_dir: str, rows: int, new_tokens: int) -> list[dict]:
+    from router.client import ZmqEngineClient
+    from router.config import EngineConfig
+
+    client = await ZmqEngineClient.start(EngineConfig(model_id=model_dir))
+    rng, ids, results = random.Random(0), iter(range(10**9)), []
+
+    async def one(prompt: list[int], grammar: GrammarSpec | None, max_new: int) -> int:
+        request = GenerateRequest(f"g{next(ids)}", prompt, max_new_tokens=max_new, ignore_eos=True, grammar=grammar)
+        tokens = 0
+        async for batch in client.generate_batches(request):
+            tokens += sum(len(e.token_ids) for e in batch)
+            if batch[-1].error:
+                raise RuntimeError(batch[-1].error)
+        return tokens
+
+    def prompts(n: int) -> list[list[int]]:
+        return [[rng.randrange(1000, 100000) for _ in range(PROMPT_LEN)] for _ in range(n)]
+
+    try:
+        await asyncio.gather(*(one(p, SPEC, 16) for p in prompts(8)))  # warm-up, grammar compiled and cached
+        for rep in range(2):
+            for constrained in (False, True):
+                batch = prompts(rows)
+                start = time.perf_counter()
+                counts = await asyncio.gather(*(one(p, SPEC if constrained else None, new_tokens) for p in batch))
+                seconds = time.perf_counter() - start
+                result = dict(
+                    stage="throughput",
+                    constrained=constrained,
+                    rep=rep,
+                    rows=rows,
+                    tokens=sum(counts),
+                    seconds=seconds,
+                    tok_s=sum(counts) / seconds,
+                )
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    finally:
+        await client.shutdown()
+    plain = statistics.mean(r["tok_s"] for r in results if not r["constrained"])
+    constrained = statistics.mean(r["tok_s"] for r in results if r["constrained"])
+    summary = dict(stage="summary", plain_tok_s=plain, constrained_tok_s=constrained, ratio=constrained / plain)
+    print(json.dumps(summary), flush=True)
+    return [*results, summary]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir", nargs="?", default="/tmp/llama3-8b-random")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--mask-only", action="store_true")
+    args = parser.parse_args()
+    results = [mask_cost(args.model_dir, args.rows, args.device)]
+    if not args.mask_only:
+        results += asyncio.run(throughput(args.model_dir, args.rows, args.new_tokens))
+    with open(os.path.join(os.environ.get("OUT", "."), "grammar_bench.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Chat `tools` and `response_format` over the in-memory app: TGI's prompt injection, tool grammar,
+`tool_calls` shapes (streamed and not) and the `no_tool` re-run. The scripted engine answers what a
+constrained model would; the real engine's masks are tested in tests/router/test_grammar.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scripted_engine import ScriptedEngine
+
+from router.request import GrammarKind
+from tgi_compat.tools import DEFAULT_TOOL_PROMPT, StreamSignal, ToolDelta, ToolStream
+
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"location": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["location"],
+        },
+    },
+}
+CALL = '{"function": {"_name": "get_weather", "location": "Paris", "unit": "celsius"}}'
+
+
+class AnswerEach(ScriptedEngine):
+    """The i-th request gets answers[i] (the last one repeats)."""
+
+    def __init__(self, tokenizer, answers: list[str]) -> None:
+        self.answers = [tokenizer.encode_sync(a, add_special_tokens=False) for a in answers]
+        super().__init__(self.answers[0], max_total_tokens=512)
+
+    def _events(self, request):
+        self.continuation = self.answers[min(len(self.requests), len(self.answers)) - 1]
+        return super()._events(request)
+
+
+async def post(make_client, engine, body):
+    async with make_client(engine) as http:
+        return await http.post("/v1/chat/completions", json={"messages": MESSAGES, "temperature": 0, **body})
+
+
+async def test_named_tool_call_shape_prompt_and_grammar(make_client, tokenizer):
+    engine = AnswerEach(tokenizer, [CALL])
+    response = await post(make_client, engine, {"tools": [WEATHER], "tool_choice": "get_weather"})
+    choice = response.json()["choices"][0]
+    assert choice == {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "0",
+                    "type": "function",
+                    "function": {
+                        "description": None,
+                        "name": "get_weather",
+                        "arguments": '{"location":"Paris","unit":"celsius"}',
+                    },
+                }
+            ],
+        },
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    (request,) = engine.requests
+    grammar = json.loads(request.grammar.value)
+    assert request.grammar.kind is GrammarKind.JSON_SCHEMA
+    assert grammar["properties"] == {"function": {"anyOf": [{"$ref": "#/$functions/get_weather"}]}}
+    assert grammar["$functions"]["get_weather"] == {
+        "description": "Get the weather",
+        "additionalProperties": False,
+        "properties": {
+            "_name": {"type": "string", "const": "get_weather"},
+            "location": {"type": "string"},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["_name", "location"],
+    }
+
+
+async def test_chat_tokenize_shows_the_tools_in_the_prompt(make_client, engine):
+    async with make_client(engine) as http:
+        body = {"messages": MESSAGES, "tools": [WEATHER]}
+        templated = (await http.post("/chat_tokenize", json=body)).json()["templated_text"]
+    tools_json = (
+        '[{"type":"function","function":{"description":"Get the weather","name":"get_weather","arguments":'
+        + json.dumps(json.dumps(WEATHER["function"]["parameters"], separators=(",", ":")))
+        + '}},{"type":"function","function":{"description":"Open ended response with no specific tool selected",'
+        '"name":"no_tool","arguments":"{\\"type\\":\\"object\\"}"}}]'
+    )
+    expected_user = MESSAGES[0]["content"] + "\n---\n" + tools_json + "\n" + DEFAULT_TOOL_PROMPT
+    assert f"<|im_start|>user\n{expected_user}<|im_end|>" in templated
+
+
+async def test_no_tool_answers_again_in_plain_text(make_client, tokenizer):
+    engine = AnswerEach(tokenizer, ['{"function": {"_name": "no_tool"}}', " It is sunny."])
+    response = await post(make_client, engine, {"tools": [WEATHER]})
+    assert response.json()["choices"][0]["message"] == {"role": "assistant", "content": " It is sunny."}
+    first, second = engine.requests
+    assert first.grammar is not None and second.grammar is None
+    assert len(second.prompt_ids) < len(first.prompt_ids)  # no tools in the second prompt
+
+
+async def test_unparsable_tool_answer_is_a_tool_error(make_client, tokenizer):
+    response = await post(
+        make_client, AnswerEach(tokenizer, [" Paris"]), {"tools": [WEATHER], "tool_choice": "required"}
+    )
+    assert response.status_code == 422
+    assert response.json() == {
+        "error": 'Tool error: Failed to parse generated text: expected value at line 1 column 2 " Paris"',
+        "error_type": "tool_error",
+    }
+
+
+def sse_chunks(text: str) -> list:
+    events = [line.removeprefix("data:") for line in text.split("\n\n") if line.startswith("data:")]
+    assert events[-1] == " [DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+async def test_streamed_tool_call_reassembles(make_client, tokenizer):
+    engine = AnswerEach(tokenizer, [CALL])
+    body = {"tools": [WEATHER], "tool_choice": "required", "stream": True, "stream_options": {"include_usage": True}}
+    chunks = sse_chunks((await post(make_client, engine, body)).text)
+    *calls, usage = chunks
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in calls]
+    assert deltas[0] == {
+        "index": 0,
+        "id": "0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": "{"},
+    }
+    assert all(d["function"]["name"] is None for d in deltas[1:])
+    assert json.loads("".join(d["function"]["arguments"] for d in deltas)) == {"location": "Paris", "unit": "celsius"}
+    assert all(c["choices"][0]["finish_reason"] is None for c in calls)  # TGI sends no finish chunk for tools
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
+
+
+async def test_streamed_no_tool_restarts_as_plain_text(make_client, tokenizer):
+    engine = AnswerEach(tokenizer, ['{"function": {"_name": "no_tool"}}', " It is sunny."])
+    chunks = sse_chunks((await post(make_client, engine, {"tools": [WEATHER], "stream": True})).text)
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks) == " It is sunny."
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("response_format", "kind", "value"),
+    [
+        ({"type": "json_object"}, GrammarKind.ANY_JSON, ""),
+        ({"type": "json_object", "schema": {"properties": {"a": {"type": "integer"}}}}, GrammarKind.JSON_SCHEMA, '{"properties":{"a":{"type":"integer"}}}'),
+        ({"type": "regex", "value": "[0-9]+"}, GrammarKind.REGEX, "[0-9]+"),
+    ],
+)  # fmt: skip
+async def test_response_format_shapes(make_client, engine, response_format, kind, value):
+    response = await post(make_client, engine, {"response_format": response_format})
+    assert response.status_code == 200
+    assert (engine.requests[-1].grammar.kind, engine.requests[-1].grammar.value) == (kind, value)
+
+
+def test_tool_stream_replays_tgi_token_split():
+    """TGI's own test tokens: nothing until the name parses, then the arguments piece by piece."""
+    tokens = ['{"', "function", '":', ' {"', "_", "name", '":', ' "', "get", "_current", "_weather", '",']
+    tokens += [' "', "location", '":', ' "', "San", " Francisco", ",", " CA", '",', ' "', "format", '":', ' "']
+    tokens += ["c", "elsius", '"}}']
+    stream = ToolStream()
+    pieces = [stream.push(t, special=False) for t in tokens]
+    assert pieces[:11] == [None] * 11
+    assert pieces[11] == ToolDelta("{", name="get_current_weather")
+    assert "".join(p.arguments for p in pieces[11:]) == '{ "location": "San Francisco, CA", "format": "celsius"}'
+    assert stream.push("<|im_end|>", special=True) is None
+
+
+def test_tool_stream_edge_cases():
+    stream = ToolStream()  # the comma after the name comes as its own token
+    pieces = [stream.push(t, False) for t in ['{"function": {"_name": "f"', ",", ' "a": 1', "}}"]]
+    assert "".join(p.arguments for p in pieces if p) == '{ "a": 1}'
+    stream = ToolStream()  # a tool without arguments
+    assert stream.push('{"function": {"_name": "f"}}', False) == ToolDelta("{}", name="f")
+    assert ToolStream().push('{"function": {"_name": "no_tool"', False) is StreamSignal.NO_TOOL

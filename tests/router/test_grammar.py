@@ -1,0 +1,132 @@
+"""Grammar-constrained decoding in the real engine (SmolLM2 on CPU, overlap scheduling forced on)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from smollm2_cases import smollm2_engine_config
+
+from router.engine import EngineCore
+from router.request import GenerateRequest, GrammarKind, GrammarSpec, SamplingParams
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user"]},
+    },
+    "required": ["name", "age", "role"],
+}
+IPV4 = r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return EngineCore.from_config(smollm2_engine_config(overlap_scheduling=True))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(engine):
+    from modeling.tokenizer import load_tokenizer
+
+    return load_tokenizer(engine.config.model_id)
+
+
+def chat(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def run(engine: EngineCore, requests: list[GenerateRequest], abort: str | None = None) -> dict[str, list]:
+    for request in requests:
+        engine.add_request(request)
+    if abort is not None:
+        engine.abort(abort)
+    events: dict[str, list] = {}
+    while engine.has_unfinished():
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+    assert engine.pool.is_full_free()
+    assert engine.scheduler.num_reading_own_tokens == 0  # overlap scheduling is back on
+    return events
+
+
+def output(tokenizer, events) -> tuple[str, str]:
+    ids = [i for event in events for i in event.token_ids]
+    return tokenizer.decode(ids, skip_special_tokens=True), events[-1].finish_reason
+
+
+def json_spec(schema) -> GrammarSpec:
+    return GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema))
+
+
+def test_constrained_requests_match_their_grammar_beside_a_plain_one(engine, tokenizer):
+    prompt = chat(tokenizer, "Describe a user as JSON.")
+    plain = GenerateRequest("plain", prompt, max_new_tokens=12)
+    alone = output(tokenizer, run(engine, [plain])["plain"])
+    seeded = SamplingParams(do_sample=True, temperature=0.8, seed=7)
+    events = run(
+        engine,
+        [
+            GenerateRequest("json", prompt, max_new_tokens=60, grammar=json_spec(PERSON)),
+            GenerateRequest("sampled", prompt, seeded, max_new_tokens=60, grammar=json_spec(PERSON)),
+            GenerateRequest(
+                "ip", chat(tokenizer, "An IP address?"), max_new_tokens=20, grammar=GrammarSpec(GrammarKind.REGEX, IPV4)
+            ),
+            GenerateRequest("plain", prompt, max_new_tokens=12),
+        ],
+    )
+    for name in ("json", "sampled"):
+        text, finish = output(tokenizer, events[name])
+        assert finish == "eos_token", text
+        jsonschema.validate(json.loads(text), PERSON)
+    text, finish = output(tokenizer, events["ip"])
+    assert finish == "eos_token" and re.fullmatch(IPV4, text), text
+    assert output(tokenizer, events["plain"]) == alone  # neighbours' masks never touch its row
+
+
+@pytest.mark.parametrize("spec", [json_spec(PERSON), GrammarSpec(GrammarKind.ANY_JSON)], ids=["schema", "any"])
+def test_a_length_capped_answer_is_a_prefix_of_a_match(engine, tokenizer, spec):
+    events = run(engine, [GenerateRequest("short", chat(tokenizer, "JSON?"), max_new_tokens=4, grammar=spec)])
+    ids = [i for event in events["short"] for i in event.token_ids]
+    assert events["short"][-1].finish_reason == "length" and len(ids) == 4
+    matcher = engine.grammar.compiler.compile(spec)
+    assert all(matcher.accept_token(i) for i in ids) and not matcher.is_terminated()
+
+
+def test_a_grammar_that_does_not_compile_is_rejected_and_the_engine_serves_on(engine, tokenizer):
+    prompt = chat(tokenizer, "Hi")
+    events = run(
+        engine,
+        [
+            GenerateRequest("bad", prompt, max_new_tokens=5, grammar=GrammarSpec(GrammarKind.REGEX, "(((")),
+            GenerateRequest(
+                "badref", prompt, max_new_tokens=5, grammar=json_spec({"properties": {"a": {"$ref": "#/x"}}})
+            ),
+            GenerateRequest("ok", prompt, max_new_tokens=3),
+        ],
+    )
+    (bad,) = events["bad"]
+    assert bad.finish_reason == "rejected"
+    assert bad.error == "grammar is not valid: Regex parsing error at position 4: The parenthesis is not closed."
+    assert events["badref"][0].error.startswith("cannot compile regex from schema: ")
+    assert events["ok"][-1].finish_reason == "length"
+
+
+def test_aborting_a_request_while_its_grammar_compiles(engine, tokenizer):
+    events = run(engine, [GenerateRequest("gone", chat(tokenizer, "Hi"), grammar=json_spec(PERSON))], abort="gone")
+    assert [e.finish_reason for e in events["gone"]] == ["abort"]
+
+
+def test_top_tokens_of_a_forced_step_leave_out_the_masked_ones():
+    import torch
+
+    from router.sampling import top_n_with_ties
+
+    logprobs = torch.full((1, 50), float("-inf"))
+    logprobs[0, 7] = 0.0  # the grammar allows one token only
+    _, _, counts = top_n_with_ties(logprobs, torch.tensor([3]), 3)
+    assert counts.tolist() == [1]  # TGI: -inf alternatives are not reported (not 50 ties at -inf)

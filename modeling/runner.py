@@ -121,6 +121,9 @@ class ModelRunner:
 
         Read (sample from) them before the next forward: a CUDA-graph replay reuses their memory.
         """
+        if batch.cached_prefix_slots is not None:
+            rows, positions, slots = batch.cached_prefix_slots
+            self.req_to_token[rows, positions] = slots.to(torch.int32)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
             return self.cuda_graphs.replay(batch)
         return self._forward_eager(batch)

@@ -30,3 +30,6 @@ class EngineConfig:
     # work per step runs while the GPU computes. None: on for CUDA, off elsewhere (a CPU forward is
     # synchronous, so there is nothing to hide the host work behind); tests force it on.
     overlap_scheduling: bool | None = None
+    # Reuse the KV of cached prompt prefixes (router/prefix_cache.py): TGI PREFIX_CACHING, vLLM
+    # --enable-prefix-caching, LightLLM --use_dynamic_prompt_cache.
+    prefix_caching: bool = True

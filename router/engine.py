@@ -50,7 +50,7 @@ class EngineCore:
                 router_max_new_token_len=config.router_max_new_token_len,
             ),
         )
-        self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests)
+        self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests, config.prefix_caching)
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids))
         self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device)
         self.stats = EngineStatsTracker(self.scheduler)

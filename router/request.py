@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from router.prefix_cache import PrefixMatch
 
 
 class RequestStatus(enum.Enum):
@@ -90,6 +94,11 @@ class Request:
     prompt_top_tokens: list[list] = field(default_factory=list)  # list[list[TopToken]]
     finish_reason: FinishReason | None = None
     pending_row: int | None = None  # see the class docstring
+    # Prefix caching: the cached prefix this request runs on (locked in the tree: slots[:its length]
+    # are the tree's, the rest its own), and how many leading tokens have K/V written by completed
+    # steps (with overlap scheduling, num_computed_tokens also counts the step still in flight).
+    cached_prefix: PrefixMatch | None = None
+    num_kv_written: int = 0
 
     @property
     def request_id(self) -> str:

@@ -124,13 +124,20 @@ class PrefixCache:
 
     # ---- eviction -----------------------------------------------------------------------
     def evict(self, num_tokens: int) -> list[int]:
-        """Frees at least `num_tokens` slots (whole nodes, so maybe more) from unlocked leaves,
-        least recently used first, or every unlocked slot when there are fewer; returns them."""
+        """Frees `num_tokens` slots from unlocked leaves, least recently used first, or every
+        unlocked slot when there are fewer; returns them. The last leaf loses only its tail, so a
+        preempted request's prefix mostly survives the allocation that preempted it."""
         heap = [(leaf.last_access, id(leaf), leaf) for leaf in self._unlocked_leaves()]
         heapq.heapify(heap)
         freed: list[int] = []
         while len(freed) < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
+            num_wanted = num_tokens - len(freed)
+            if len(leaf.tokens) > num_wanted:
+                freed += leaf.slots[-num_wanted:]
+                del leaf.tokens[-num_wanted:], leaf.slots[-num_wanted:]
+                self.num_cached_tokens -= num_wanted
+                break
             parent = leaf.parent
             del parent.children[leaf.tokens[0]]
             freed += leaf.slots

@@ -176,8 +176,10 @@ def test_eviction_takes_the_least_recently_used_leaf_first():
     cache.insert([1, 2, 3], [10, 11, 12])
     cache.insert([4, 5], [20, 21])
     cache.match([1, 2, 3])  # [1, 2, 3] is now the most recently used
-    assert cache.evict(1) == [20, 21]  # whole leaves: both slots of [4, 5]
-    assert cache.evict(10) == [10, 11, 12]
+    assert cache.evict(1) == [21]  # the tail of the least recently used leaf
+    assert cache.match([4, 5]).slots == [20]
+    assert cache.evict(2) == [11, 12]  # [4] was used last now
+    assert cache.evict(10) == [10, 20]
     assert cache.num_cached_tokens == 0
 
 

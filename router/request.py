@@ -99,6 +99,7 @@ class Request:
     # steps (with overlap scheduling, num_computed_tokens also counts the step still in flight).
     cached_prefix: PrefixMatch | None = None
     num_kv_written: int = 0
+    num_cached_prompt_tokens: int = 0  # prompt tokens its first admission found cached (usage reports)
 
     @property
     def request_id(self) -> str:

@@ -162,6 +162,8 @@ class Scheduler:
         if prefix is not None:
             request.cached_prefix, request.slots = prefix, list(prefix.slots)
             request.num_computed_tokens = request.num_kv_written = prefix.num_tokens
+        if not request.output_ids:
+            request.num_cached_prompt_tokens = 0 if prefix is None else prefix.num_tokens
 
     def _chunk(self, request: Request, num_new: int, slots: list[int]) -> ScheduledChunk:
         start = request.num_computed_tokens
@@ -230,6 +232,7 @@ class Scheduler:
     def _first_or_last_token(self, request: Request, token_id: int, event: TokenEvent) -> None:
         if len(request.output_ids) == 1:
             event.num_prompt_tokens = request.num_prompt_tokens
+            event.num_cached_tokens = request.num_cached_prompt_tokens
             if self.pool.prefix_cache is not None and request.status is RequestStatus.RUNNING:
                 self._share_prompt(request)
             if request.params.prompt_logprobs:

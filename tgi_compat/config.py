@@ -64,6 +64,8 @@ class ServerConfig:
     max_batch_size: int | None = None
     # --- features ---
     enable_prefill_logprobs: bool = False
+    prefix_caching: bool = True  # TGI PREFIX_CACHING, vLLM --[no-]enable-prefix-caching
+    enable_prompt_tokens_details: bool = False  # vLLM: OpenAI usage.prompt_tokens_details.cached_tokens
     disable_grammar_support: bool = False
     watermark_gamma: float | None = None
     watermark_delta: float | None = None
@@ -119,6 +121,7 @@ class ServerConfig:
             eos_token_ids=list(self.eos_token_ids),
             router_token_ratio=self.router_token_ratio,
             router_max_new_token_len=self.router_max_new_token_len,
+            prefix_caching=self.prefix_caching,
         )
         if self.max_batch_prefill_tokens is not None:
             engine.max_batch_prefill_tokens = self.max_batch_prefill_tokens

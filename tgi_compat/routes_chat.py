@@ -26,6 +26,7 @@ from tgi_compat.generation import GenerationResult, Timings, TokenStep, generate
 from tgi_compat.openai_common import (
     openai_finish_reason,
     parse_openai_body,
+    reported_cached_tokens,
     served_model_name,
     stream_error_event,
     system_fingerprint,
@@ -137,7 +138,9 @@ def completion_logprobs(result: GenerationResult) -> dict[str, Any]:
     }
 
 
-def chat_completion(model: str, result: GenerationResult, logprobs: bool) -> dict[str, Any]:
+def chat_completion(
+    model: str, result: GenerationResult, logprobs: bool, cached_tokens: int | None = None
+) -> dict[str, Any]:
     return {
         "object": "chat.completion",
         "id": "",
@@ -152,7 +155,7 @@ def chat_completion(model: str, result: GenerationResult, logprobs: bool) -> dic
                 "finish_reason": openai_finish_reason(result.finish_reason),
             }
         ],
-        "usage": usage(result.input_length, result.generated_tokens),
+        "usage": usage(result.input_length, result.generated_tokens, cached_tokens),
     }
 
 
@@ -182,8 +185,8 @@ def token_chunk(model: str, step: TokenStep, logprobs: bool) -> str:
     return _chunk(model, [choice], None)
 
 
-def usage_chunk(model: str, result: GenerationResult) -> str:
-    return _chunk(model, [], usage(result.input_length, result.generated_tokens))
+def usage_chunk(model: str, result: GenerationResult, cached_tokens: int | None = None) -> str:
+    return _chunk(model, [], usage(result.input_length, result.generated_tokens, cached_tokens))
 
 
 # --------------------------------------------------------------------------------------- routes
@@ -200,7 +203,8 @@ async def _chat_json(state: AppState, body: ChatRequest, prompt: str, timings: T
         accounting.failed(state, error)
         return error.response()
     accounting.succeeded(state, request, result, timings)
-    payload = chat_completion(response_model(state, body), result, bool(body.logprobs))
+    cached = reported_cached_tokens(state, result.cached_tokens)
+    payload = chat_completion(response_model(state, body), result, bool(body.logprobs), cached)
     headers = timing_headers(timings, request.input_length, result.generated_tokens, state.compute_type, prompt)
     return JSONResponse(payload, headers=headers)
 
@@ -220,7 +224,7 @@ def _chat_stream(state: AppState, body: ChatRequest, prompt: str, timings: Timin
                     if step.result is not None:
                         accounting.succeeded(state, request, step.result, timings)
                         if body.stream_options.include_usage:
-                            yield data_event(usage_chunk(model, step.result))
+                            yield data_event(usage_chunk(model, step.result, reported_cached_tokens(state, step.result.cached_tokens)))
         except TgiError as error:
             accounting.failed(state, error)
             yield stream_error_event(error)

@@ -100,7 +100,7 @@ class KVSlotPool:
         num_locked = 0 if prefix is None else prefix.num_tokens
         if len(tokens) < num_locked:
             raise ValueError(f"{len(tokens)} tokens to cache, fewer than the {num_locked} locked")
-        num_present = self.prefix_cache.insert(tokens, slots[: len(tokens)])
+        num_present, _ = self.prefix_cache.insert(tokens, slots[: len(tokens)])
         self._free_slots += slots[num_locked:num_present]  # duplicates of what someone else cached
         self._free_slots += slots[len(tokens) :]  # K/V never written by a completed step
         self.release_cached_prefix(prefix)
@@ -115,11 +115,11 @@ class KVSlotPool:
         cache = self.prefix_cache
         if len(tokens) <= num_locked or cache.matched_length(tokens) != num_locked:
             return prefix
-        cache.insert(tokens, slots[: len(tokens)])
-        shared = cache.match(tokens)
-        cache.lock(shared.node)
+        shared = slots[: len(tokens)]
+        _, node = cache.insert(tokens, shared)
+        cache.lock(node)
         self.release_cached_prefix(prefix)
-        return shared
+        return PrefixMatch(shared, node)
 
     def flush_prefix_cache(self) -> None:
         """Evict every unlocked cached slot to the free list."""

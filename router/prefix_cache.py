@@ -84,10 +84,10 @@ class PrefixCache:
         return matched
 
     # ---- insert -------------------------------------------------------------------------
-    def insert(self, tokens: list[int], slots: list[int]) -> int:
-        """Cache `tokens` with their `slots`. Returns how many leading tokens were cached already:
-        the caller's slots for those are duplicates that the tree did not take (the caller frees
-        whichever of them it owns). The tree takes slots[returned:]."""
+    def insert(self, tokens: list[int], slots: list[int]) -> tuple[int, _Node]:
+        """Cache `tokens` with their `slots`. Returns how many leading tokens were cached already
+        (the caller's slots for those are duplicates that the tree did not take: the caller frees
+        whichever of them it owns; the tree takes the rest) and the node that ends at `tokens`."""
         if len(tokens) != len(slots):
             raise ValueError(f"{len(tokens)} tokens but {len(slots)} slots")
         now = next(self._clock)
@@ -100,10 +100,11 @@ class PrefixCache:
             matched += common
             node = child
         if matched < len(tokens):
-            leaf = _Node(list(tokens[matched:]), list(slots[matched:]), node, last_access=now)
+            leaf = _Node(tokens[matched:], slots[matched:], node, last_access=now)
             node.children[tokens[matched]] = leaf
             self.num_cached_tokens += len(leaf.tokens)
-        return matched
+            return matched, leaf
+        return matched, node
 
     # ---- locks --------------------------------------------------------------------------
     def lock(self, node: _Node) -> None:

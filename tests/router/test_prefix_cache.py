@@ -196,7 +196,9 @@ def test_a_locked_path_is_never_evicted_and_a_split_keeps_the_lock():
 
 def test_insert_reports_the_tokens_already_cached():
     cache = PrefixCache()
-    assert cache.insert([1, 2, 3], [10, 11, 12]) == 0
-    assert cache.insert([1, 2, 4, 5], [30, 31, 32, 33]) == 2  # slots 30, 31 are the caller's duplicates
+    assert cache.insert([1, 2, 3], [10, 11, 12])[0] == 0
+    assert cache.insert([1, 2, 4, 5], [30, 31, 32, 33])[0] == 2  # slots 30, 31 are the caller's duplicates
+    num_present, node = cache.insert([1, 2], [40, 41])  # ends inside an edge: split there
+    assert num_present == 2 and node.slots == [10, 11] and len(node.children) == 2
     assert cache.match([1, 2, 4, 5, 6]).slots == [10, 11, 32, 33]
     assert cache.num_cached_tokens == 5

@@ -9,6 +9,8 @@
   conversation is one client: turn k's prompt is the whole history (every user turn and the
   *reference* assistant answer before it, so the prompts are the same for every server) plus user turn
   k; the next turn is sent when the answer has streamed. ``--concurrency`` conversations run at once.
+  (The model's own answer differs from the reference, so a prefix cache can serve the previous turn's
+  prompt, not its answer: a lower bound on what a real chat, which sends back the model's answers, gets.)
   Output length = the reference answer's tokens (capped by ``--max-output-len``); a conversation stops
   before its prompt passes ``--max-context`` tokens.
 * ``shared-prefix``: one system prompt of exactly ``--system-len`` tokens (random words) before a

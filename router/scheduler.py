@@ -48,6 +48,7 @@ class Scheduler:
         self._abort_ids: set[str] = set()
         # Requests here whose sampling reads their own tokens on the host (no overlap scheduling then)
         self.num_reading_own_tokens = 0
+        self._first_prefills: list[Request] = []  # prefix caching: running, first token not out yet
 
     # ---- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -125,6 +126,8 @@ class Scheduler:
         pool = self.pool
         while self.waiting:
             request = self.waiting[0]
+            if pool.prefix_cache is not None and self._waits_for_a_sibling(request):
+                return
             admission = self.limits.admission
             if not can_admit(
                 running_tokens, _tokens(request), admission, pool.num_used_slots, budget, pool.num_shared_slots
@@ -135,6 +138,8 @@ class Scheduler:
                 return
             if pool.prefix_cache is not None:
                 self._take_cached_prefix(request)
+                if not request.output_ids:
+                    self._first_prefills.append(request)
             num_new = min(request.num_new_tokens, budget)
             slots = pool.allocate(num_new)
             if slots is None:
@@ -151,6 +156,14 @@ class Scheduler:
             chunk = self._chunk(request, num_new, slots)
             plan.chunks.append(chunk)
             budget -= _prefill_tokens(chunk)
+
+    def _waits_for_a_sibling(self, request: Request) -> bool:
+        """A request with the prompt of one still in its first prefill (`n` / `best_of` siblings,
+        the same prompt sent twice) waits for that prefill and then takes the prompt from the cache."""
+        if request.output_ids or request.needs_prompt_logprobs:
+            return False
+        prompt = request.params.prompt_ids
+        return any(r.params.prompt_ids == prompt for r in self._first_prefills)
 
     def _take_cached_prefix(self, request: Request) -> None:
         """Start `request` past the longest cached prefix of its tokens. The last token is always
@@ -289,11 +302,15 @@ class Scheduler:
         a common system prompt) hit while this one still runs."""
         tokens = request.token_ids(0, request.num_kv_written)
         request.cached_prefix = self.pool.share_running(tokens, request.slots, request.cached_prefix)
+        if request in self._first_prefills:
+            self._first_prefills.remove(request)
 
     def _release(self, request: Request) -> None:
         if self.pool.prefix_cache is None:
             self.pool.free(request.slots)
         else:  # only tokens whose K/V a completed step wrote are cached (never a token in flight)
+            if request in self._first_prefills:
+                self._first_prefills.remove(request)
             prefix = request.cached_prefix
             num_cached = max(min(request.num_kv_written, len(request.slots)), prefix.num_tokens if prefix else 0)
             self.pool.cache_and_free(request.token_ids(0, num_cached), request.slots, prefix)

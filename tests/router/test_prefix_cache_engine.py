@@ -98,6 +98,19 @@ def test_a_request_hits_the_prompt_of_one_still_running():
     assert tokens_of(events["sibling"]) == expected_greedy(prompt, 8)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_siblings_sent_together_compute_their_prompt_once(overlap):
+    """`n` / `best_of`: the siblings wait for the first one's prefill and take its prompt KV."""
+    engine = hash_engine(overlap_scheduling=overlap)
+    prompt = shared_prefix_prompts()[7]
+    siblings = [GenerateRequest(f"n{i}", prompt, max_new_tokens=5) for i in range(3)]
+    events = drain_events(engine, siblings + [GenerateRequest("other", prompt[:-1], max_new_tokens=5)])
+    assert engine.pool.num_prefix_hit_tokens >= 2 * (len(prompt) - 1)
+    for i in range(3):
+        assert tokens_of(events[f"n{i}"]) == expected_greedy(prompt, 5)
+    assert tokens_of(events["other"]) == expected_greedy(prompt[:-1], 5)
+
+
 def test_prompt_logprob_requests_compute_their_whole_prompt():
     prompts = shared_prefix_prompts(6)
     warm = hash_engine()

@@ -10,6 +10,9 @@
 #     && export PYTHONPATH=$PWD:/tmp/site && bash scripts/device/prefix_cache_bench.sh
 # Results: $OUT/{on,off}-{shared,multiturn}/result.json, $OUT/*.log, $OUT/summary.txt (one line per run
 # and the on/off ratios). CACHES=on or CACHES=off runs one side; EXTRA_ARGS is passed to every client.
+# If one 10-minute call is too short, split it on a warm machine (the model and results stay in /tmp):
+#   COPY_TO=$OUT OUT=/tmp/pcb CACHES=on bash scripts/device/prefix_cache_bench.sh
+#   COPY_TO=$OUT OUT=/tmp/pcb CACHES=off bash scripts/device/prefix_cache_bench.sh   (prints both ratios)
 set -euo pipefail
 
 OUT=${OUT:-$PWD/prefix-cache-bench-out}
@@ -101,3 +104,4 @@ for workload in ("shared", "multiturn"):
               f"{on['output_throughput'] / off['output_throughput']:.3f} (output tok/s)")
 EOF
 log "done; results under $OUT"
+if [[ -n "${COPY_TO:-}" && "$COPY_TO" != "$OUT" ]]; then mkdir -p "$COPY_TO" && cp -r "$OUT"/. "$COPY_TO"/; fi

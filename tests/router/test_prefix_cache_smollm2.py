@@ -43,8 +43,9 @@ def make_engine(runner, **overrides) -> EngineCore:
 
 def run(engine: EngineCore, prompts: list[list[int]], tag: str, **fields) -> list[list[int]]:
     """Every prompt at once, to completion; token ids in prompt order."""
+    fields = {"max_new_tokens": MAX_NEW, "ignore_eos": True} | fields
     for i, prompt in enumerate(prompts):
-        engine.add_request(GenerateRequest(f"{tag}{i}", prompt, max_new_tokens=MAX_NEW, ignore_eos=True, **fields))
+        engine.add_request(GenerateRequest(f"{tag}{i}", prompt, **fields))
     tokens: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for event in engine.step():
@@ -81,11 +82,23 @@ def test_concurrent_batches(smollm2_runner, cache_off_tokens, overrides):
     assert engine.pool.num_prefix_hit_tokens >= 3 * (len(FIRST_TURNS[0]) - 1) + 17 * len(SYSTEM)
 
 
-def test_across_preemption_with_overlap(smollm2_runner, cache_off_tokens):
-    runner = _SmallerPool(smollm2_runner, num_kv_slots=120)
-    engine = make_engine(runner, router_token_ratio=1.0, router_max_new_token_len=1, overlap_scheduling=True)
-    assert run(engine, PROMPTS, "p") == cache_off_tokens
-    assert engine.stats.num_preemptions > 0 and engine.pool.num_prefix_hit_tokens > 0
+def test_across_preemption_with_overlap(smollm2_runner):
+    """A pool of 90 slots and optimistic admission: requests are preempted and come back as hits."""
+    prompts = PROMPTS[:4] + PROMPTS[10:14]
+    outputs, engines = [], []
+    for caching in (False, True):
+        runner = _SmallerPool(smollm2_runner, num_kv_slots=90)
+        engine = make_engine(
+            runner,
+            prefix_caching=caching,
+            router_token_ratio=1.0,
+            router_max_new_token_len=1,
+            overlap_scheduling=True,
+        )
+        outputs.append(run(engine, prompts, "p", max_new_tokens=10))
+        engines.append(engine)
+    assert outputs[1] == outputs[0]
+    assert engines[1].stats.num_preemptions > 0 and engines[1].pool.num_prefix_hit_tokens > 0
 
 
 def test_prefill_logprobs_are_the_same_on_and_off(smollm2_runner):

@@ -95,7 +95,7 @@ def test_across_preemption_with_overlap(smollm2_runner):
             router_max_new_token_len=1,
             overlap_scheduling=True,
         )
-        outputs.append(run(engine, prompts, "p", max_new_tokens=10))
+        outputs.append(run(engine, prompts, "p", max_new_tokens=10, ignore_eos=False))  # (ignore_eos: no optimism)
         engines.append(engine)
     assert outputs[1] == outputs[0]
     assert engines[1].stats.num_preemptions > 0 and engines[1].pool.num_prefix_hit_tokens > 0

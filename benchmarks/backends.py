@@ -32,6 +32,7 @@ class BackendOptions:
     model: str = "tgi"  # the OpenAI ``model`` field
     temperature: float = 0.0  # 0 = greedy
     ignore_eos: bool = False  # vendor extension (vLLM, SGLang); TGI has no such parameter
+    tgi_details: bool = True  # ask for TGI's final `details` (servers that refuse the parameter: False)
 
 
 async def _sse_payloads(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[float, str]]:
@@ -43,7 +44,9 @@ async def _sse_payloads(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[flo
 
 
 def _tgi_body(spec: RequestSpec, opts: BackendOptions) -> dict:
-    params: dict = {"max_new_tokens": spec.max_new_tokens, "details": True}
+    params: dict = {"max_new_tokens": spec.max_new_tokens}
+    if opts.tgi_details:
+        params["details"] = True
     if opts.temperature > 0:
         params.update(do_sample=True, temperature=opts.temperature)
     return {"inputs": spec.prompt, "parameters": params}

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.engine_host [--rows 64 256] [--prompt-len 300] [--new-tokens 128]
                                                [--vocab 128256] [--mixes greedy sampling]
+                                               [--prefix-caching on off]
 
 An EngineCore (router/engine.py) is built around a runner whose forward hands back preallocated
 logits [R, vocab] at once, so everything timed is router work: scheduling, batch building,
@@ -14,6 +15,10 @@ Mixes:
   greedy    every request greedy
   sampling  3 of 4 rows sample (temperature / top_p / top_k in turn), 1 of 4 greedy; every third
             row has a repetition penalty, every fifth a frequency penalty
+
+Prompts are random, so nothing is shared: `--prefix-caching on off` measures what the prefix cache
+costs the plain path (its match at admission, inserts at the first token and at the finish).
+`all steps` is the summed wall time of every step of the run, prefills and finishes included.
 
 Only decode steps (every chunk one token over a cached prefix) are reported, as milliseconds per
 step (median over steps; mean in brackets), split by phase. `sampler math` is the sampler's tensor
@@ -154,19 +159,27 @@ def sampling_params(index: int, mix: str) -> SamplingParams:
     return params
 
 
-def build_engine(rows: int, prompt_len: int, new_tokens: int, vocab: int) -> EngineCore:
+def build_engine(rows: int, prompt_len: int, new_tokens: int, vocab: int, prefix_caching: bool = True) -> EngineCore:
     num_kv_slots = rows * (prompt_len * 2 + new_tokens) + 1024
     runner = InstantRunner(vocab, rows, num_kv_slots)
     model_config = SimpleNamespace(
         architecture="InstantForBenchmarks", vocab_size=vocab, max_position_embeddings=8192, eos_token_ids=[2]
     )
-    config = EngineConfig(model_id="instant", device="cpu", max_running_requests=rows, max_batch_prefill_tokens=16384)
+    config = EngineConfig(
+        model_id="instant",
+        device="cpu",
+        max_running_requests=rows,
+        max_batch_prefill_tokens=16384,
+        prefix_caching=prefix_caching,
+    )
     return EngineCore(config, runner, model_config)
 
 
-def run(rows: int, mix: str, prompt_len: int, new_tokens: int, vocab: int) -> dict[str, list[float]]:
+def run(
+    rows: int, mix: str, prompt_len: int, new_tokens: int, vocab: int, prefix_caching: bool = True
+) -> dict[str, list[float]]:
     """Every decode step's phase times (seconds), keyed by phase."""
-    engine = build_engine(rows, prompt_len, new_tokens, vocab)
+    engine = build_engine(rows, prompt_len, new_tokens, vocab, prefix_caching)
     rng = random.Random(rows)
     for i in range(rows):
         length = rng.randint(int(prompt_len * 0.9), int(prompt_len * 1.1))
@@ -195,6 +208,7 @@ def _drive(engine: EngineCore, clock: PhaseClock, rows: int, per_phase: dict[str
             phases = clock.take()
             phases["wire encode"] = time.perf_counter() - encode_started
             phases["step (wall)"] = step_s
+            per_phase["all steps"].append(step_s)
             if not _was_decode(engine, events, rows):
                 continue
             phases["host total"] = step_s + phases["wire encode"] - phases.get("sampler math", 0.0)
@@ -223,6 +237,7 @@ def report(rows: int, mix: str, per_phase: dict[str, list[float]]) -> None:
     builds = per_phase.get("tensor builds")
     if builds:
         print(f"| tensor builds (count) | {statistics.median(builds):.0f} | ({statistics.fmean(builds):.1f}) |")
+    print(f"| all steps (ms, summed) | {1e3 * sum(per_phase['all steps']):.1f} | |")
 
 
 def main() -> None:
@@ -233,6 +248,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--prefix-caching", nargs="+", default=["on"], choices=["on", "off"])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -241,7 +257,9 @@ def main() -> None:
     )
     for rows in args.rows:
         for mix in args.mixes:
-            report(rows, mix, run(rows, mix, args.prompt_len, args.new_tokens, args.vocab))
+            for caching in args.prefix_caching:
+                per_phase = run(rows, mix, args.prompt_len, args.new_tokens, args.vocab, caching == "on")
+                report(rows, f"{mix}, prefix caching {caching}", per_phase)
 
 
 if __name__ == "__main__":

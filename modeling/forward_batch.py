@@ -40,6 +40,9 @@ class ForwardBatch:
     # host copies, so backends can plan without a device sync
     q_lens_cpu: list[int] | None = None
     kv_lens_cpu: list[int] | None = None
+    # [3, H] int64 rows (req row, position, slot): prefix-cache hits of requests new to their row,
+    # whose K/V is already in the cache; the runner writes them into req_to_token before the step.
+    cached_prefix_slots: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

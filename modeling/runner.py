@@ -136,6 +136,9 @@ class ModelRunner:
         """
         if self.step_sender is not None:
             self.step_sender.send(batch)
+        if batch.cached_prefix_slots is not None:
+            rows, positions, slots = batch.cached_prefix_slots
+            self.req_to_token[rows, positions] = slots.to(torch.int32)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
             return self.cuda_graphs.replay(batch)
         return self._forward_eager(batch)

@@ -27,6 +27,7 @@ class RequestTokens:
     num_generated_tokens: int
     max_new_tokens: int
     ignore_eos: bool = False
+    num_shared_tokens: int = 0  # its prefix in the prefix cache, held once for all in `num_shared_slots`
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +44,15 @@ def can_admit(
     limits: AdmissionLimits,
     num_used_slots: int,
     prefill_budget_left: int,
+    num_shared_slots: int = 0,
 ) -> bool:
     """True when `candidate` may join `running` this step.
 
     Three gates: the step still has prefill-token budget (a long prompt is chunked, so any budget
     left starts it), the running-request cap, and the future-memory peak below the pool size.
+    With prefix caching, `num_used_slots` leaves out the evictable cache (it is as good as free)
+    and the cached prefixes running requests share count once, as `num_shared_slots` (LightLLM's
+    frozen tokens).
     """
     if prefill_budget_left <= 0 or len(running) + 1 > limits.max_running_requests:
         return False
@@ -58,7 +63,7 @@ def can_admit(
     for i, (held, remaining) in enumerate(needs, start=1):
         held_so_far += held
         peak = max(peak, held_so_far + i * remaining)
-    return peak < limits.num_kv_slots
+    return peak < limits.num_kv_slots - num_shared_slots
 
 
 def _future_need(request: RequestTokens, is_busy: bool, router_max_new_token_len: int) -> tuple[int, int]:
@@ -68,6 +73,6 @@ def _future_need(request: RequestTokens, is_busy: bool, router_max_new_token_len
         expected_new = request.max_new_tokens
     else:
         expected_new = min(request.max_new_tokens, max(int(1.1 * generated), router_max_new_token_len))
-    held = request.num_prompt_tokens + max(generated, 1)
+    held = request.num_prompt_tokens + max(generated, 1) - request.num_shared_tokens
     remaining = max(0, expected_new - generated - 1)
     return held, remaining

@@ -50,7 +50,9 @@ class StepBatchBuilder:
 
     def build(self, plan: StepPlan, previous_ids: torch.Tensor | None = None) -> tuple[ForwardBatch, LogitsLayout]:
         """`previous_ids`: [R] sampled ids of the step in flight, where pending tokens are read."""
-        if all(c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None for c in plan.chunks):
+        if not plan.cached_prefixes and all(
+            c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None for c in plan.chunks
+        ):
             return self._build_decode(plan, previous_ids)
         return build_step_batch(plan, self.device, previous_ids)
 
@@ -160,4 +162,18 @@ def build_step_batch(
         assert previous_ids is not None  # pending tokens are read from the step in flight
         positions, rows = upload([list(p) for p in zip(*pending)], torch.device(device))
         batch.input_ids[positions] = previous_ids[rows]
+    if plan.cached_prefixes:
+        batch.cached_prefix_slots = _cached_prefix_slots(plan.cached_prefixes, torch.device(device))
     return batch, layout
+
+
+def _cached_prefix_slots(prefixes: list[tuple[int, list[int]]], device: torch.device) -> torch.Tensor:
+    """[3, H]: (row, position, slot) of every position of the prefix-cache hits."""
+    rows: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    for row, prefix in prefixes:
+        rows += [row] * len(prefix)
+        positions += range(len(prefix))
+        slots += prefix
+    return upload([rows, positions, slots], device)

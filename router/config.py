@@ -35,3 +35,6 @@ class EngineConfig:
     num_shard: int = 1
     master_addr: str = "localhost"  # torch.distributed rendezvous of the ranks (TGI --master-addr/-port)
     master_port: int = 29500
+    # Reuse the KV of cached prompt prefixes (router/prefix_cache.py): TGI PREFIX_CACHING, vLLM
+    # --enable-prefix-caching, LightLLM --use_dynamic_prompt_cache.
+    prefix_caching: bool = True

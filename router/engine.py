@@ -56,7 +56,7 @@ class EngineCore:
             max_waiting_tokens=config.max_waiting_tokens,
             waiting_served_ratio=config.waiting_served_ratio,
         )
-        self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests)
+        self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests, config.prefix_caching)
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids))
         self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device)
         self.stats = EngineStatsTracker(self.scheduler)

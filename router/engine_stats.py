@@ -55,6 +55,9 @@ class EngineStatsTracker:
             num_preemptions=self.num_preemptions,
             prompt_tokens=self.num_prompt_tokens,
             generated_tokens=self.num_generated_tokens,
+            prefix_cache_queries=pool.num_prefix_queried_tokens,
+            prefix_cache_hits=pool.num_prefix_hit_tokens,
+            kv_cached=0 if pool.prefix_cache is None else pool.prefix_cache.num_cached_tokens,
         )
 
 

@@ -116,8 +116,8 @@ class StepExecutor:
 
     def _run_one_by_one(self, plan: StepPlan) -> StepResult:
         merged = StepResult(tokens=[], prompt_scores=[])
-        for chunk in plan.chunks:
-            single = self.execute(StepPlan(chunks=[chunk]))
+        for chunk in plan.chunks:  # (rewriting every hit's row each time is harmless: same slots)
+            single = self.execute(StepPlan(chunks=[chunk], cached_prefixes=plan.cached_prefixes))
             merged.tokens += single.tokens
             merged.prompt_scores += single.prompt_scores or [None]
             merged.errors.update(single.errors)

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from router.prefix_cache import PrefixMatch
 
 
 class RequestStatus(enum.Enum):
@@ -112,6 +116,12 @@ class Request:
     finish_reason: FinishReason | None = None
     pending_row: int | None = None  # see the class docstring
     matcher: object | None = None  # xgrammar.GrammarMatcher of a constrained request, once compiled
+    # Prefix caching: the cached prefix this request runs on (locked in the tree: slots[:its length]
+    # are the tree's, the rest its own), and how many leading tokens have K/V written by completed
+    # steps (with overlap scheduling, num_computed_tokens also counts the step still in flight).
+    cached_prefix: PrefixMatch | None = None
+    num_kv_written: int = 0
+    num_cached_prompt_tokens: int = 0  # prompt tokens its first admission found cached (usage reports)
 
     @property
     def request_id(self) -> str:

@@ -8,6 +8,10 @@ future-memory estimate (router/admission.py) says they fit. If the pool still ru
 running request is preempted: its slots are freed and it goes back to the head of the queue, to
 re-prefill prompt + generated later. Nothing is ever dropped.
 
+With prefix caching (router/prefix_cache.py, owned by the KV pool) an admitted request starts past
+the longest cached prefix of its tokens, and a request that finishes or is preempted gives its
+written tokens to the cache instead of the free list, so a preempted request comes back as a hit.
+
 A chunk advances `num_computed_tokens` when it is scheduled, and its sampled token is appended by
 update(). With overlap scheduling (router/engine.py) the next step is scheduled before update()
 has seen the step in flight: its sampled tokens are then marked pending (`tokens_in_flight`), a
@@ -51,6 +55,7 @@ class Scheduler:
         self._decode_steps_since_admission = 0
         # Requests here whose sampling reads their own tokens on the host (no overlap scheduling then)
         self.num_reading_own_tokens = 0
+        self._first_prefills: list[Request] = []  # prefix caching: running, first token not out yet
 
     # ---- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -133,27 +138,61 @@ class Scheduler:
 
     def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
         running_tokens = [_tokens(r) for r in self.running]
+        pool = self.pool
         while self.waiting:
             request = self.waiting[0]
+            if pool.prefix_cache is not None and self._waits_for_a_sibling(request):
+                return
             admission = self.limits.admission
-            if not can_admit(running_tokens, _tokens(request), admission, self.pool.num_used_slots, budget):
+            if not can_admit(
+                running_tokens, _tokens(request), admission, pool.num_used_slots, budget, pool.num_shared_slots
+            ):
                 return  # strict FIFO: nobody overtakes the head of the queue
-            row = self.pool.allocate_row()
+            row = pool.allocate_row()
             if row is None:
                 return
+            if pool.prefix_cache is not None:
+                self._take_cached_prefix(request)
+                if not request.output_ids:
+                    self._first_prefills.append(request)
             num_new = min(request.num_new_tokens, budget)
-            slots = self.pool.allocate(num_new)
+            slots = pool.allocate(num_new)
             if slots is None:
-                self.pool.free_row(row)
+                pool.free_row(row)
+                self._release(request)  # gives back a cached prefix it took
+                request.num_computed_tokens = 0
                 return
             self.waiting.popleft()
             self._decode_steps_since_admission = 0
             request.row, request.status = row, RequestStatus.RUNNING
             self.running.append(request)
             running_tokens.append(_tokens(request))
+            if request.cached_prefix is not None:
+                plan.cached_prefixes.append((row, request.cached_prefix.slots))
             chunk = self._chunk(request, num_new, slots)
             plan.chunks.append(chunk)
             budget -= _prefill_tokens(chunk)
+
+    def _waits_for_a_sibling(self, request: Request) -> bool:
+        """A request with the prompt of one still in its first prefill (`n` / `best_of` siblings,
+        the same prompt sent twice) waits for that prefill and then takes the prompt from the cache."""
+        if request.output_ids or request.needs_prompt_logprobs:
+            return False
+        prompt = request.params.prompt_ids
+        return any(r.params.prompt_ids == prompt for r in self._first_prefills)
+
+    def _take_cached_prefix(self, request: Request) -> None:
+        """Start `request` past the longest cached prefix of its tokens. The last token is always
+        computed (its logits give the next token); a request scoring its prompt computes all of it."""
+        request.num_kv_written = 0
+        if request.needs_prompt_logprobs:
+            return
+        prefix = self.pool.take_cached_prefix(request.token_ids(0, request.num_tokens - 1))
+        if prefix is not None:
+            request.cached_prefix, request.slots = prefix, list(prefix.slots)
+            request.num_computed_tokens = request.num_kv_written = prefix.num_tokens
+        if not request.output_ids:
+            request.num_cached_prompt_tokens = 0 if prefix is None else prefix.num_tokens
 
     def _chunk(self, request: Request, num_new: int, slots: list[int]) -> ScheduledChunk:
         start = request.num_computed_tokens
@@ -185,6 +224,7 @@ class Scheduler:
                 self.finish(request, FinishReason.ERROR)
                 events.append(TokenEvent(request.request_id, finish_reason="error", error=error))
                 continue
+            request.num_kv_written = chunk.end  # (only read with prefix caching, reset on admission)
             if prompt_scores is not None and request.status is RequestStatus.RUNNING:
                 # (a request preempted since this step was scheduled re-scores its whole prompt)
                 _record_prompt_scores(request, chunk.start, prompt_scores)
@@ -221,6 +261,9 @@ class Scheduler:
     def _first_or_last_token(self, request: Request, token_id: int, event: TokenEvent) -> None:
         if len(request.output_ids) == 1:
             event.num_prompt_tokens = request.num_prompt_tokens
+            event.num_cached_tokens = request.num_cached_prompt_tokens
+            if self.pool.prefix_cache is not None and request.status is RequestStatus.RUNNING:
+                self._share_prompt(request)
             if request.params.prompt_logprobs:
                 event.prompt_logprobs = list(request.prompt_logprobs)
                 if request.params.prompt_top_n > 0:
@@ -270,8 +313,24 @@ class Scheduler:
             request.prompt_top_tokens.clear()
         self.waiting.appendleft(request)
 
+    def _share_prompt(self, request: Request) -> None:
+        """Its prompt is prefilled: cache it now, so that requests sharing it (n / best_of siblings,
+        a common system prompt) hit while this one still runs."""
+        tokens = request.token_ids(0, request.num_kv_written)
+        request.cached_prefix = self.pool.share_running(tokens, request.slots, request.cached_prefix)
+        if request in self._first_prefills:
+            self._first_prefills.remove(request)
+
     def _release(self, request: Request) -> None:
-        self.pool.free(request.slots)
+        if self.pool.prefix_cache is None:
+            self.pool.free(request.slots)
+        else:  # only tokens whose K/V a completed step wrote are cached (never a token in flight)
+            if request in self._first_prefills:
+                self._first_prefills.remove(request)
+            prefix = request.cached_prefix
+            num_cached = max(min(request.num_kv_written, len(request.slots)), prefix.num_tokens if prefix else 0)
+            self.pool.cache_and_free(request.token_ids(0, num_cached), request.slots, prefix)
+            request.cached_prefix, request.num_kv_written = None, 0
         request.slots = []
         if request.row is not None:
             self.pool.free_row(request.row)
@@ -290,8 +349,14 @@ def _at_length_cap(request: Request) -> bool:
 
 
 def _tokens(request: Request) -> RequestTokens:
-    params = request.params
-    return RequestTokens(request.num_prompt_tokens, len(request.output_ids), params.max_new_tokens, params.ignore_eos)
+    params, prefix = request.params, request.cached_prefix
+    return RequestTokens(
+        request.num_prompt_tokens,
+        len(request.output_ids),
+        params.max_new_tokens,
+        params.ignore_eos,
+        0 if prefix is None else prefix.num_tokens,
+    )
 
 
 def _record_prompt_scores(request: Request, start: int, scores: PromptScores) -> None:

@@ -35,6 +35,9 @@ class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
     num_preemptions: int = 0  # cumulative
     prompt_tokens: int = 0  # cumulative prompt tokens prefilled
     generated_tokens: int = 0  # cumulative tokens sampled
+    prefix_cache_queries: int = 0  # cumulative tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # cumulative tokens found there (not computed again)
+    kv_cached: int = 0  # KV slots the prefix cache holds (in use or evictable)
     steps: list[StepStats] = []  # steps since the previous report
 
 

@@ -40,6 +40,9 @@ class StepPlan:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     aborted: list[Request] = field(default_factory=list)  # freed this step; each gets a final event
     preempted: list[Request] = field(default_factory=list)
+    # Prefix-cache hits of requests admitted this step: (req_to_token row, slots of positions 0..),
+    # written into the row before the forward (their K/V is cached, so they are not computed).
+    cached_prefixes: list[tuple[int, list[int]]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -63,6 +63,8 @@ class ServerConfig:
     max_batch_size: int | None = None
     # --- features ---
     enable_prefill_logprobs: bool = False
+    prefix_caching: bool = True  # TGI PREFIX_CACHING, vLLM --[no-]enable-prefix-caching
+    enable_prompt_tokens_details: bool = False  # vLLM: OpenAI usage.prompt_tokens_details.cached_tokens
     disable_grammar_support: bool = False
     watermark_gamma: float | None = None
     watermark_delta: float | None = None
@@ -122,6 +124,7 @@ class ServerConfig:
             num_shard=self.num_shard,
             master_addr=self.master_addr,
             master_port=self.master_port,
+            prefix_caching=self.prefix_caching,
         )
         if self.max_batch_prefill_tokens is not None:
             engine.max_batch_prefill_tokens = self.max_batch_prefill_tokens

@@ -56,6 +56,7 @@ class GenerationResult:
     top_tokens: list[list[Token]] = field(default_factory=list)
     prefill: list[PrefillToken] = field(default_factory=list)
     prefill_top_tokens: list[list[Token]] = field(default_factory=list)  # return_all_prompt_logprobs
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
 
     @property
     def generated_tokens(self) -> int:
@@ -117,6 +118,7 @@ class _Sequence:
         self.prefill_top_tokens: list[list[Token]] = []
         self.healing = request.features.output_filter() if request.features is not None else None
         self.finished = False
+        self.cached_tokens = 0
 
     def add_event(self, event: TokenEvent, steps: list[TokenStep]) -> None:
         """Append the event's steps; the last one carries `result` once the sequence finishes.
@@ -130,6 +132,7 @@ class _Sequence:
         timings = self.timings
         if timings.first_event is None:
             timings.first_event = time.perf_counter()
+            self.cached_tokens = event.num_cached_tokens
             if self.on_first_token is not None:
                 self.on_first_token()
         state, request = self.state, self.request
@@ -179,6 +182,7 @@ class _Sequence:
             top_tokens=self.top_tokens,
             prefill=self.prefill,
             prefill_top_tokens=self.prefill_top_tokens,
+            cached_tokens=self.cached_tokens,
         )
 
 

@@ -130,6 +130,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("usage-stats", "Usage statistics: on, off or no-stack (none are ever sent).", _choice("on", "off", "no-stack"), "on"),
     Flag("payload-limit", "Largest request body in bytes.", int, 2_000_000),
     Flag("enable-prefill-logprobs", "Return prompt logprobs in `details.prefill` (decoder_input_details)."),
+    Flag("prefix-caching", "Reuse the KV cache of prompt prefixes seen before (TGI's PREFIX_CACHING=0|1).", _bool_env, True),
     Flag("graceful-termination-timeout", "Seconds to finish running requests on shutdown.", int, 90),
     # LightLLM's options (python -m tgi_compat.api_server spells them the LightLLM way)
     Flag("long-truncation-mode", "LightLLM: default `long_truncation_mode` of requests: head or center cut over-long prompts instead of refusing them.", _choice("head", "center")),
@@ -142,6 +143,9 @@ FLAGS: tuple[Flag, ...] = (
     # vLLM-style options
     Flag("tensor-parallel-size", "vLLM/AIAK spelling of --num-shard.", int, short="tp"),
     Flag("enforce-eager", "Run every decode step eagerly (no CUDA graphs), whatever --cuda-graphs says."),
+    Flag("enable-prefix-caching", "vLLM: prefix caching on (the default; same as PREFIX_CACHING=1)."),
+    Flag("no-enable-prefix-caching", "vLLM: prefix caching off (same as PREFIX_CACHING=0)."),
+    Flag("enable-prompt-tokens-details", "vLLM: report `usage.prompt_tokens_details.cached_tokens` in OpenAI responses."),
     Flag("chat-template", "Chat template overriding the model's: a file (.jinja/text, or .json with `chat_template`) or the template text.", str),
     Flag("served-model-name", "Model name reported by /v1/models and the `model` field of OpenAI responses. Default: --model-id.", str),
 )  # fmt: skip
@@ -236,6 +240,11 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
         _one_of_num_shard(values["num_shard"], values.pop("tensor_parallel_size")),
         values.get("device"),
     )
+    enable, disable = values.pop("enable_prefix_caching"), values.pop("no_enable_prefix_caching")
+    if enable and disable:
+        raise LauncherError("`--enable-prefix-caching` and `--no-enable-prefix-caching` contradict each other")
+    if enable or disable:
+        values["prefix_caching"] = enable
     values["model_id"] = values["model_id"] or default_model_id()
     values["cors_allow_origin"] = values["cors_allow_origin"] or []
     values["eos_token_ids"] = values["eos_token_ids"] or []

@@ -86,7 +86,8 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("router_token_ratio", "Below this fraction of KV in use, admit requests optimistically (0.0: always conservative).", float, 0.0, tgi="router_token_ratio"),
     LightFlag("router_max_new_token_len", "Output length the optimistic admission estimate assumes.", int, 1024, tgi="router_max_new_token_len"),
     LightFlag("router_max_wait_tokens", "Decode steps between two admissions of waiting requests.", int, 10, tgi="max_waiting_tokens"),
-    LightFlag("use_dynamic_prompt_cache", "Reuse the KV of shared prompt prefixes (radix cache)."),
+    LightFlag("use_dynamic_prompt_cache", "Reuse the KV of shared prompt prefixes (radix cache). On by default, as in LightLLM v1.", tgi="enable_prefix_caching"),
+    LightFlag("disable_dynamic_prompt_cache", "LightLLM v1: turn the prompt cache off.", tgi="no_enable_prefix_caching"),
     LightFlag("splitfuse_block_size", "Prompt tokens of one request per fused step (with --splitfuse_mode).", int, 256),
     LightFlag("splitfuse_mode", "Fuse prompt chunks and decodes in one step. Our scheduler always does (chunked prefill)."),
     LightFlag("beam_mode", "Beam search over best_of sequences."),
@@ -295,7 +296,6 @@ def unbuilt_features(light: dict[str, Any], given: set[str]) -> list[str]:
     """LightLLM flags that were given but whose feature this server does not have (yet)."""
     unbuilt = [f"--mode {m}" for m in light["mode"] if m not in ATTENTION_MODES]
     checks = {
-        "--use_dynamic_prompt_cache (prompt KV reuse)": light["use_dynamic_prompt_cache"],
         "--beam_mode": light["beam_mode"],
         "--enable_multimodal / --cache_capacity / --cache_reserved_ratio": light["enable_multimodal"]
         or {"cache_capacity", "cache_reserved_ratio"} & given,

@@ -139,9 +139,12 @@ def format_stats_line(before: MetricsSnapshot, after: MetricsSnapshot, elapsed_s
     prompt_tps = (after.prompt_tokens - before.prompt_tokens) / elapsed_s
     gen_tps = (after.generated_tokens - before.generated_tokens) / elapsed_s
     kv = "n/a" if after.kv_usage is None else f"{after.kv_usage * 100:.1f}%"
+    queries = after.prefix_cache_queries - before.prefix_cache_queries
+    hit_rate = (after.prefix_cache_hits - before.prefix_cache_hits) / queries if queries else 0.0
     return (
         f"Avg prompt throughput: {prompt_tps:.1f} tokens/s, Avg generation throughput: {gen_tps:.1f} tokens/s, "
-        f"Running: {after.running} reqs, Waiting: {after.waiting} reqs, KV cache usage: {kv}"
+        f"Running: {after.running} reqs, Waiting: {after.waiting} reqs, KV cache usage: {kv}, "
+        f"Prefix cache hit rate: {hit_rate * 100:.1f}%, Cached tokens: {after.cached_tokens}"
     )
 
 

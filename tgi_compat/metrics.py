@@ -117,6 +117,9 @@ class MetricsSnapshot:
     waiting: int
     running: int
     kv_usage: float | None  # 0..1, None until the engine reports
+    prefix_cache_queries: int = 0  # cumulative tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # cumulative tokens found there
+    cached_tokens: int = 0  # KV slots the prefix cache holds
 
 
 class ServerMetrics:
@@ -135,6 +138,7 @@ class ServerMetrics:
         self._preemptions_seen = 0
         self._api_tokens = [0, 0]  # prompt, generated: summed over finished requests
         self._engine_tokens: tuple[int, int] | None = None  # the engine's cumulative counts
+        self._prefix_cache = (0, 0, 0)  # the engine's cumulative queries, hits; tokens cached now
         self._kv_usage: float | None = None
         self._waiting_engine = self._running_engine = 0
 
@@ -313,12 +317,23 @@ class ServerMetrics:
         )
         if stats.prompt_tokens or stats.generated_tokens:
             self._engine_tokens = (stats.prompt_tokens, stats.generated_tokens)
+        self._apply_prefix_cache_stats(stats.prefix_cache_queries, stats.prefix_cache_hits, stats.kv_cached)
         if stats.kv_total and self.tgi.batch_max_total_tokens.value() is None:
             self.set_max_batch_total_tokens(stats.kv_total)
         for step in stats.steps:
             self.record_batch_step(
                 step.method, step.forward_s, step.decode_s, step.total_s, ok=step.ok, new_batch_size=step.new_batch_size
             )
+
+    def _apply_prefix_cache_stats(self, queries: int, hits: int, cached: int) -> None:
+        """The engine's cumulative counts become increments of the vllm:prefix_cache_* counters."""
+        with self._lock:
+            seen_queries, seen_hits, _ = self._prefix_cache
+            self._prefix_cache = (max(queries, seen_queries), max(hits, seen_hits), cached)
+        if queries > seen_queries:
+            self.vllm.prefix_cache_queries.labels(self.model_name).inc(queries - seen_queries)
+        if hits > seen_hits:
+            self.vllm.prefix_cache_hits.labels(self.model_name).inc(hits - seen_hits)
 
     def record_batch_step(
         self,
@@ -353,12 +368,16 @@ class ServerMetrics:
                 waiting, running = self._waiting_engine, self._running_engine
             else:
                 waiting, running = self._waiting, self._running
+            queries, hits, cached = self._prefix_cache
         return MetricsSnapshot(
             prompt_tokens=prompt,
             generated_tokens=generated,
             waiting=waiting,
             running=running,
             kv_usage=self._kv_usage,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            cached_tokens=cached,
         )
 
     # -- exposition ----------------------------------------------------------------------------

@@ -61,12 +61,22 @@ def openai_finish_reason(finish_reason: str) -> str:
     return "stop" if finish_reason == FinishReason.EOS_TOKEN else finish_reason
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details` only with vLLM's --enable-prompt-tokens-details
+    (`cached_tokens` not None), so that TGI's shape stays exact by default."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+def reported_cached_tokens(state: AppState, cached_tokens: int) -> int | None:
+    """The `cached_tokens` that `usage()` reports: only with --enable-prompt-tokens-details."""
+    return cached_tokens if state.config.enable_prompt_tokens_details else None
 
 
 def stream_error_event(error: TgiError) -> bytes:

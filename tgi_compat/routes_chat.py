@@ -30,6 +30,7 @@ from tgi_compat.grammar import ResponseFormat
 from tgi_compat.openai_common import (
     openai_finish_reason,
     parse_openai_body,
+    reported_cached_tokens,
     served_model_name,
     stream_error_event,
     system_fingerprint,
@@ -150,7 +151,11 @@ def completion_logprobs(result: GenerationResult) -> dict[str, Any]:
 
 
 def chat_completion(
-    model: str, result: GenerationResult, logprobs: bool, tool_calls: list[dict[str, Any]] | None = None
+    model: str,
+    result: GenerationResult,
+    logprobs: bool,
+    tool_calls: list[dict[str, Any]] | None = None,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """TGI's chat.completion; a tool call's message has `tool_calls` and no `content` key."""
     message = (
@@ -172,7 +177,7 @@ def chat_completion(
                 "finish_reason": openai_finish_reason(result.finish_reason),
             }
         ],
-        "usage": usage(result.input_length, result.generated_tokens),
+        "usage": usage(result.input_length, result.generated_tokens, cached_tokens),
     }
 
 
@@ -220,8 +225,8 @@ def tool_chunk(model: str, step: TokenStep, logprobs: bool, delta: ToolDelta, ca
     return _chunk(model, [choice], None)
 
 
-def usage_chunk(model: str, result: GenerationResult) -> str:
-    return _chunk(model, [], usage(result.input_length, result.generated_tokens))
+def usage_chunk(model: str, result: GenerationResult, cached_tokens: int | None = None) -> str:
+    return _chunk(model, [], usage(result.input_length, result.generated_tokens, cached_tokens))
 
 
 # --------------------------------------------------------------------------------------- routes
@@ -248,7 +253,8 @@ async def _chat_json(
         accounting.failed(state, error)
         return error.response()
     accounting.succeeded(state, request, result, timings)
-    payload = chat_completion(response_model(state, body), result, bool(body.logprobs), tool_calls)
+    cached = reported_cached_tokens(state, result.cached_tokens)
+    payload = chat_completion(response_model(state, body), result, bool(body.logprobs), tool_calls, cached)
     headers = timing_headers(timings, request.input_length, result.generated_tokens, state.compute_type, prompt.text)
     return JSONResponse(payload, headers=headers)
 
@@ -280,7 +286,8 @@ def _chat_stream(
                 if step.result is not None:
                     accounting.succeeded(state, request, step.result, timings)
                     if body.stream_options.include_usage:
-                        yield data_event(usage_chunk(model, step.result))
+                        cached = reported_cached_tokens(state, step.result.cached_tokens)
+                        yield data_event(usage_chunk(model, step.result, cached))
 
     async def events():
         try:
@@ -292,7 +299,8 @@ def _chat_stream(
                     async with aclosing(answer(chat_prompt, first_token)) as chunks:
                         async for chunk in chunks:
                             if chunk is StreamSignal.NO_TOOL:  # TGI restarts the stream as a plain answer
-                                chat_prompt, restart = render_prompt(template, without_tools(body)), True
+                                chat_prompt = await asyncio.to_thread(render_prompt, template, without_tools(body))
+                                restart = True
                                 break
                             yield chunk
         except TgiError as error:

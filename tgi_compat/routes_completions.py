@@ -31,6 +31,7 @@ from tgi_compat.generation import GenerationResult, Timings, generate_best_of, g
 from tgi_compat.openai_common import (
     openai_finish_reason,
     parse_openai_body,
+    reported_cached_tokens,
     served_model_name,
     stream_error_event,
     summed_headers,
@@ -226,12 +227,13 @@ async def _completions_json(state: AppState, body: CompletionRequest, fanout: Fa
         outcomes = await _all_or_cancel([_run_prompt(state, body, prompt, fanout) for prompt in body.prompts])
     except TgiError as error:
         return error.response()
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+    choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
     for prompt_index, outcome in enumerate(outcomes):
         for k, result in enumerate(outcome.results):
             choices.append(completion_choice(body, prompt_index * fanout.n + k, outcome.prompt, result))
             prompt_tokens += result.input_length
             completion_tokens += result.generated_tokens
+            cached_tokens += result.cached_tokens
     payload = {
         "object": "text_completion",
         "id": "",
@@ -239,7 +241,7 @@ async def _completions_json(state: AppState, body: CompletionRequest, fanout: Fa
         "model": served_model_name(state),
         "system_fingerprint": system_fingerprint(),
         "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, reported_cached_tokens(state, cached_tokens)),
     }
     return JSONResponse(payload, headers=summed_headers([o.headers for o in outcomes]))
 
@@ -277,6 +279,7 @@ _DONE = object()
 class _UsageTotals:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
 async def _stream_sequence(
@@ -311,10 +314,12 @@ async def _stream_sequence(
                 accounting.succeeded(state, request, result, timings)
                 totals.prompt_tokens += result.input_length
                 totals.completion_tokens += result.generated_tokens
+                totals.cached_tokens += result.cached_tokens
                 choice["finish_reason"] = result.finish_reason  # raw on streams (TGI)
                 choice["sentence_length"] = result.generated_tokens
                 choice["cum_log_probs"] = cumulative_logprob(result.tokens)
-                await out.put(_stream_chunk(model, choice, usage(result.input_length, result.generated_tokens)))
+                cached = reported_cached_tokens(state, result.cached_tokens)
+                await out.put(_stream_chunk(model, choice, usage(result.input_length, result.generated_tokens, cached)))
     except TgiError as error:
         accounting.failed(state, error)
         await out.put(stream_error_event(error))
@@ -349,7 +354,11 @@ def _completions_stream(state: AppState, body: CompletionRequest, fanout: Fanout
                     "model": served_model_name(state),
                     "system_fingerprint": system_fingerprint(),
                     "choices": [],
-                    "usage": usage(totals.prompt_tokens, totals.completion_tokens),
+                    "usage": usage(
+                        totals.prompt_tokens,
+                        totals.completion_tokens,
+                        reported_cached_tokens(state, totals.cached_tokens),
+                    ),
                 }
                 yield data_event(dump_json(final))
             yield done_event()

@@ -6,9 +6,9 @@ the tokens sampled on the GPU by the previous step travel without a host sync) a
 the others unpack views of the same buffer. The buffer has a fixed size, so no step sends its
 length first: a step that would not fit sends a RESIZE header, after which both sides grow it.
 
-    buffer = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, capacity | payload ...]
+    buffer = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity | payload ...]
     payload = input_ids[T] positions[T] out_slots[T] req_rows[B] q_start[B] q_lens[B] kv_lens[B]
-              logits_indices[R]
+              logits_indices[R] cached_prefix_slots[3 * C] (rows, positions, slots of prefix-cache hits)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.parallel.group import TensorParallel
 
-_HEADER = 9
+_HEADER = 10
 _INITIAL_CAPACITY = 1 << 14
 _MODES = list(ForwardMode)
 
@@ -44,7 +44,9 @@ class StepBroadcast:
     @torch.inference_mode()
     def send(self, batch: ForwardBatch) -> None:
         num_tokens, batch_size, num_logits = batch.num_tokens, batch.batch_size, batch.logits_indices.shape[0]
-        needed = 3 * num_tokens + 4 * batch_size + num_logits
+        cached = batch.cached_prefix_slots
+        num_cached = 0 if cached is None else cached.shape[1]
+        needed = 3 * num_tokens + 4 * batch_size + num_logits + 3 * num_cached
         if needed > self.capacity:
             capacity = max(needed, 2 * self.capacity)
             self._send_header(_Op.RESIZE, capacity=capacity)
@@ -60,10 +62,13 @@ class StepBroadcast:
             batch.max_q_len,
             batch.max_kv_len,
             int(has_host_lens),
+            num_cached,
         ]
         self.buffer[:_HEADER].copy_(torch.tensor([*header, self.capacity], dtype=torch.int64), non_blocking=True)
         fields = (batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.q_start)
         fields += (batch.q_lens, batch.kv_lens, batch.logits_indices)
+        if cached is not None:
+            fields += (cached.reshape(-1),)
         torch.cat([field.to(torch.int64) for field in fields], out=self.buffer[_HEADER : _HEADER + needed])
         self.tp.broadcast(self.buffer)
 
@@ -84,13 +89,15 @@ class StepBroadcast:
         while True:
             self.tp.broadcast(self.buffer)
             header = self.buffer[:_HEADER].tolist()
-            op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, capacity = header
+            op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached, capacity = (
+                header
+            )
             if op == _Op.STOP:
                 return None
             if op == _Op.RESIZE:
                 self._allocate(capacity)
                 continue
-            sizes = [num_tokens] * 3 + [batch_size] * 4 + [num_logits]
+            sizes = [num_tokens] * 3 + [batch_size] * 4 + [num_logits, 3 * num_cached]
             fields = torch.split(self.buffer[_HEADER : _HEADER + sum(sizes)], sizes)
             q_lens, kv_lens = fields[5], fields[6]
             return ForwardBatch(
@@ -107,4 +114,5 @@ class StepBroadcast:
                 max_kv_len=max_kv_len,
                 q_lens_cpu=q_lens.tolist() if has_host_lens else None,
                 kv_lens_cpu=kv_lens.tolist() if has_host_lens else None,
+                cached_prefix_slots=fields[8].view(3, num_cached) if num_cached else None,
             )

@@ -31,6 +31,7 @@ class ScriptedEngine(EngineClient):
         self.closed: list[str] = []
         self.healthy = True
         self.fail_with: str | None = None
+        self.num_cached_tokens = 0  # reported with the first event, as the engine's prefix cache does
         self.info = EngineInfo(
             model_id="scripted",
             architecture="LlamaForCausalLM",
@@ -60,6 +61,8 @@ class ScriptedEngine(EngineClient):
                 seed=request.sampling.seed,
                 num_prompt_tokens=len(request.prompt_ids),
             )
+            if step == 1:
+                event.num_cached_tokens = self.num_cached_tokens
             if step == 1 and request.prompt_logprobs:
                 event.prompt_logprobs = [None] + [-1.0] * (len(request.prompt_ids) - 1)
             events.append(event)

@@ -163,3 +163,19 @@ def test_num_shard_errors_are_tgis(sharded, num_shard, env, message, monkeypatch
 def test_num_shard_and_tensor_parallel_size_must_agree():
     with pytest.raises(LauncherError, match="give only one"):
         _config(["--num-shard", "2", "-tp", "4"])
+
+
+def test_prefix_caching_in_every_spelling(monkeypatch):
+    for flag in FLAGS:
+        monkeypatch.delenv(flag.env, raising=False)
+    assert _config([]).to_engine_config().prefix_caching is True  # on by default, as in TGI 3
+    assert _config(["--no-enable-prefix-caching"]).to_engine_config().prefix_caching is False
+    monkeypatch.setenv("PREFIX_CACHING", "0")
+    assert _config([]).prefix_caching is False
+    assert _config(["--enable-prefix-caching"]).prefix_caching is True  # the flag wins over the environment
+    monkeypatch.setenv("PREFIX_CACHING", "1")
+    assert _config([]).prefix_caching is True
+    with pytest.raises(LauncherError, match="contradict"):
+        _config(["--enable-prefix-caching", "--no-enable-prefix-caching"])
+    assert _config([]).enable_prompt_tokens_details is False
+    assert _config(["--enable-prompt-tokens-details"]).enable_prompt_tokens_details is True

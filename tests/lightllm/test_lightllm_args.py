@@ -86,14 +86,21 @@ def test_known_but_unbuilt_modes_are_accepted_and_named():
 
 
 def test_unbuilt_flags_are_named_only_when_given():
-    unbuilt = unbuilt_of(
-        "--use_dynamic_prompt_cache", "--beam_mode", "--tokenizer_mode", "slow", "--metric_gateway", "h:9091"
-    )
-    assert any("--use_dynamic_prompt_cache" in u for u in unbuilt)
+    unbuilt = unbuilt_of("--beam_mode", "--tokenizer_mode", "slow", "--metric_gateway", "h:9091")
     assert any("--beam_mode" in u for u in unbuilt)
     assert any("--tokenizer_mode slow" in u for u in unbuilt)
     assert not any("--metric_gateway" in u for u in unbuilt)  # built: tgi_compat.ops_services
     assert unbuilt_of("--tokenizer_mode", "fast", "--use_tgi_api", "--health_monitor", "--diverse_mode") == []
+    assert unbuilt_of("--use_dynamic_prompt_cache") == []  # built: router/prefix_cache.py
+
+
+def test_dynamic_prompt_cache_flags_turn_prefix_caching_on_and_off():
+    assert config_of().prefix_caching is True  # LightLLM v1's default
+    assert config_of("--use_dynamic_prompt_cache").prefix_caching is True
+    assert config_of("--disable_dynamic_prompt_cache").to_engine_config().prefix_caching is False
+    assert config_of("--no-enable-prefix-caching").prefix_caching is False
+    with pytest.raises(LightLLMArgsError):
+        config_of("--use_dynamic_prompt_cache", "--disable_dynamic_prompt_cache")
 
 
 def test_health_monitor_turns_on_engine_restarts():

@@ -74,3 +74,22 @@ def test_mask_comes_before_top_k(smollm2_vocabulary):
     out = Sampler(vocab, "cpu")(logits, batch).to_host()[0]
     assert out.token_id == allowed[-1]
     assert out.logprob == pytest.approx(0.0, abs=1e-4)  # the only survivor of top-k=1
+
+
+def test_healed_prompts_served_from_the_prefix_cache_give_the_same_tokens(
+    smollm2_engine_llm, smollm2_tokenizer, smollm2_vocabulary
+):
+    splits = [split_prompt(smollm2_tokenizer(p)["input_ids"], smollm2_vocabulary) for p in PROMPTS]
+
+    def requests(tag: str) -> list[GenerateRequest]:
+        return [
+            GenerateRequest(f"{tag}{i}", split.prompt_ids, max_new_tokens=6, healing_prefix=split.prefix_text)
+            for i, split in enumerate(splits)
+        ]
+
+    pool = smollm2_engine_llm.engine.pool
+    first = run_batch(smollm2_engine_llm, requests("a"))
+    hits = pool.num_prefix_hit_tokens
+    again = run_batch(smollm2_engine_llm, requests("b"))  # every healed prompt is cached now
+    assert pool.num_prefix_hit_tokens - hits >= sum(len(s.prompt_ids) - 1 for s in splits)
+    assert [again[f"b{i}"] for i in range(len(splits))] == [first[f"a{i}"] for i in range(len(splits))]

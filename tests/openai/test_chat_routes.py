@@ -258,3 +258,20 @@ def test_served_model_name_and_chat_template_from_config(smollm2_tokenizer):
         model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision=None, chat_template="X{{ eos_token }}"
     )
     assert load_chat_template(config, smollm2_tokenizer).render([]) == "X<|im_end|>"
+
+
+async def test_cached_tokens_are_reported_only_with_enable_prompt_tokens_details(engine, make_client):
+    engine.num_cached_tokens = 7
+    body = {"messages": MESSAGES, "temperature": 0}
+    async with make_client(engine) as http:
+        assert "prompt_tokens_details" not in (await http.post("/v1/chat/completions", json=body)).json()["usage"]
+    async with make_client(engine, enable_prompt_tokens_details=True) as http:
+        usage = (await http.post("/v1/chat/completions", json=body)).json()["usage"]
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 7}
+        stream = await http.post(
+            "/v1/chat/completions", json=body | {"stream": True, "stream_options": {"include_usage": True}}
+        )
+        usage_chunk = json.loads(sse_payloads(stream.text)[-2])
+        assert usage_chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 7}
+        completion = await http.post("/v1/completions", json={"prompt": ["a", "b"], "max_tokens": 3})
+        assert completion.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 14}

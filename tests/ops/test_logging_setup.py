@@ -12,11 +12,12 @@ from tgi_compat.logging_setup import (
     PlainFormatter,
     StatsLogger,
     configure_logging,
+    format_stats_line,
     log_level_from_env,
     loggable_text,
     request_context,
 )
-from tgi_compat.metrics import ServerMetrics
+from tgi_compat.metrics import MetricsSnapshot, ServerMetrics
 
 
 @pytest.fixture(autouse=True)
@@ -90,3 +91,9 @@ def test_stats_logger_reports_throughput(caplog):
     line = next(r.message for r in caplog.records if "Avg prompt throughput" in r.message)
     assert "Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 30.0%" in line
     assert "Avg prompt throughput: 0.0" not in line  # 50 prompt tokens in a 50 ms window
+
+
+def test_stats_line_reports_the_prefix_cache():
+    before = MetricsSnapshot(0, 0, 0, 0, 0, 0.5, prefix_cache_queries=100, prefix_cache_hits=10)
+    after = MetricsSnapshot(0, 0, 0, 0, 0, 0.5, prefix_cache_queries=300, prefix_cache_hits=160, cached_tokens=4321)
+    assert "Prefix cache hit rate: 75.0%, Cached tokens: 4321" in format_stats_line(before, after, 1.0)

@@ -183,6 +183,17 @@ def test_engine_stats_feed_gauges_batch_series_and_vllm(metrics):
     assert samples(metrics)[("vllm:num_preemptions_total", (("model_name", "smol"),))] == 3
 
 
+def test_prefix_cache_counters_follow_the_engines_cumulative_counts(metrics):
+    for queries, hits in ((100, 40), (150, 90), (150, 90)):  # a repeated report adds nothing
+        stats = EngineStats(0, 0, 0, 0, 1000, prefix_cache_queries=queries, prefix_cache_hits=hits, kv_cached=77)
+        metrics.apply_engine_stats(STATS_DECODER.decode(STATS_ENCODER.encode(stats)))
+    got = samples(metrics)
+    assert got[("vllm:prefix_cache_queries_total", (("model_name", "smol"),))] == 150
+    assert got[("vllm:prefix_cache_hits_total", (("model_name", "smol"),))] == 90
+    snapshot = metrics.snapshot()
+    assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits, snapshot.cached_tokens) == (150, 90, 77)
+
+
 def test_api_side_occupancy_until_the_engine_reports(metrics):
     with metrics.track_inflight() as first, metrics.track_inflight():
         got = samples(metrics)

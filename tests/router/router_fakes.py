@@ -86,6 +86,9 @@ class HashRunner:
         self.num_forwards += 1
         if self.fail_on_token is not None and bool((batch.input_ids == self.fail_on_token).any()):
             raise RuntimeError("poisoned token")
+        if batch.cached_prefix_slots is not None:  # prefix-cache hits, as ModelRunner.forward writes them
+            hit_rows, hit_positions, hit_slots = batch.cached_prefix_slots
+            self.req_to_token[hit_rows, hit_positions] = hit_slots
         rows = batch.req_rows.repeat_interleave(batch.q_lens)  # [T]
         self.req_to_token[rows, batch.positions] = batch.out_slots
         self.kv[batch.out_slots] = batch.input_ids

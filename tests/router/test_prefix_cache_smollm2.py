@@ -1,0 +1,124 @@
+"""Prefix caching with the real embedded SmolLM2: greedy tokens and prompt logprobs are the same with
+the cache on as off, alone, batched, across preemption, chunked through a cached prefix, overlapped.
+
+Every engine here is built on the session's SmolLM2 runner (one model load), each with its own
+empty KV pool; the session engine's cache is flushed afterwards, since these runs overwrite slots.
+"""
+
+from __future__ import annotations
+
+import pytest
+from smollm2_cases import SMOLLM2_PROMPTS, smollm2_engine_config
+
+from router.engine import EngineCore
+from router.request import GenerateRequest
+
+MAX_NEW = 3
+SYSTEM = SMOLLM2_PROMPTS[8] + SMOLLM2_PROMPTS[5]  # a shared "system prompt" of natural text
+FIRST_TURNS = [SYSTEM + p for p in SMOLLM2_PROMPTS[:10]]
+PROMPTS = FIRST_TURNS + [turn + SMOLLM2_PROMPTS[(i + 3) % 12] for i, turn in enumerate(FIRST_TURNS)]  # 20
+
+
+class _SmallerPool:
+    """The SmolLM2 runner behind a smaller KV pool, to force preemptions."""
+
+    def __init__(self, runner, num_kv_slots: int) -> None:
+        self.runner, self.num_kv_slots = runner, num_kv_slots
+        self.model_config, self.max_seq_len = runner.model_config, runner.max_seq_len
+        self.dtype, self.device = runner.dtype, runner.device
+
+    def forward(self, batch):
+        return self.runner.forward(batch)
+
+
+@pytest.fixture(scope="module")
+def smollm2_runner(smollm2_llm):
+    yield smollm2_llm.engine.executor.runner
+    smollm2_llm.engine.pool.flush_prefix_cache()  # its cached slots were overwritten here
+
+
+def make_engine(runner, **overrides) -> EngineCore:
+    return EngineCore(smollm2_engine_config(**overrides), runner, runner.model_config)
+
+
+def run(engine: EngineCore, prompts: list[list[int]], tag: str, **fields) -> list[list[int]]:
+    """Every prompt at once, to completion; token ids in prompt order."""
+    fields = {"max_new_tokens": MAX_NEW, "ignore_eos": True} | fields
+    for i, prompt in enumerate(prompts):
+        engine.add_request(GenerateRequest(f"{tag}{i}", prompt, **fields))
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens.setdefault(event.request_id, []).extend(event.token_ids)
+    assert engine.pool.is_full_free()
+    return [tokens[f"{tag}{i}"] for i in range(len(prompts))]
+
+
+@pytest.fixture(scope="module")
+def cache_off_tokens(smollm2_runner) -> list[list[int]]:
+    return run(make_engine(smollm2_runner, prefix_caching=False), PROMPTS, "off")
+
+
+def test_alone_one_request_at_a_time(smollm2_runner, cache_off_tokens):
+    engine = make_engine(smollm2_runner)
+    chosen = [0, 1, 2, 10, 11, 12]  # first turns, then their second turns
+    outputs = [run(engine, [PROMPTS[i]], f"alone{i}-")[0] for i in chosen]
+    assert outputs == [cache_off_tokens[i] for i in chosen]
+    assert engine.pool.num_prefix_hit_tokens >= 2 * len(SYSTEM) + sum(len(PROMPTS[i]) - 1 for i in (0, 1, 2))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(max_batch_prefill_tokens=48, overlap_scheduling=True),  # prompts chunked after their hits
+    ],
+    ids=["batched", "chunked-overlap"],
+)
+def test_concurrent_batches(smollm2_runner, cache_off_tokens, overrides):
+    engine = make_engine(smollm2_runner, **overrides)
+    assert run(engine, FIRST_TURNS[:3], "warm") == cache_off_tokens[:3]
+    assert run(engine, PROMPTS, "all") == cache_off_tokens  # every prompt has a cached prefix now
+    assert engine.pool.num_prefix_hit_tokens >= 3 * (len(FIRST_TURNS[0]) - 1) + 17 * len(SYSTEM)
+
+
+def test_across_preemption_with_overlap(smollm2_runner):
+    """A pool of 90 slots and optimistic admission: requests are preempted and come back as hits."""
+    prompts = PROMPTS[:4] + PROMPTS[10:14]
+    outputs, engines = [], []
+    for caching in (False, True):
+        runner = _SmallerPool(smollm2_runner, num_kv_slots=90)
+        engine = make_engine(
+            runner,
+            prefix_caching=caching,
+            router_token_ratio=1.0,
+            router_max_new_token_len=1,
+            overlap_scheduling=True,
+        )
+        outputs.append(run(engine, prompts, "p", max_new_tokens=10, ignore_eos=False))  # (ignore_eos: no optimism)
+        engines.append(engine)
+    assert outputs[1] == outputs[0]
+    assert engines[1].stats.num_preemptions > 0 and engines[1].pool.num_prefix_hit_tokens > 0
+
+
+def test_prefill_logprobs_are_the_same_on_and_off(smollm2_runner):
+    prompts = PROMPTS[::4]
+    on, off = make_engine(smollm2_runner), make_engine(smollm2_runner, prefix_caching=False)
+    run(on, prompts, "warm")  # every prompt is cached now; prompt logprobs must not use it
+    hits = on.pool.num_prefix_hit_tokens
+    scored = []
+    for engine in (on, off):
+        for i, prompt in enumerate(prompts):
+            engine.add_request(GenerateRequest(f"s{i}", prompt, max_new_tokens=2, prompt_logprobs=True, prompt_top_n=2))
+        events = {}
+        while engine.has_unfinished():
+            for event in engine.step():
+                if event.prompt_logprobs is not None:
+                    events[event.request_id] = (event.prompt_logprobs, event.prompt_top_tokens)
+        scored.append(events)
+    assert on.pool.num_prefix_hit_tokens == hits
+    for request_id, (logprobs, top) in scored[1].items():
+        on_logprobs, on_top = scored[0][request_id]
+        assert on_logprobs[0] is None and logprobs[0] is None
+        assert on_logprobs[1:] == pytest.approx(logprobs[1:], abs=1e-4)
+        assert [[t.token_id for t in row] for row in on_top] == [[t.token_id for t in row] for row in top]

@@ -71,6 +71,8 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     # Attention is always full; a checkpoint trained with a window only differs past it (logged).
     sliding_window: int | None = None
+    # config.json `quantization_config` of a pre-quantized checkpoint (modeling.layers.quantization)
+    quantization_config: dict[str, Any] | None = None
 
     @property
     def architectures(self) -> list[str]:
@@ -109,6 +111,7 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_as_id_list(eos),
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
+            quantization_config=d.get("quantization_config"),
         )
 
     @classmethod

@@ -21,6 +21,8 @@ from modeling.config import ModelConfig
 from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.layers.ops import select_ops
+from modeling.layers.quantization import build_with
+from modeling.layers.quantization.select import resolve_quantization
 from modeling.registry import resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
 from modeling.weights.loader import iterate_weights, load_model_config
@@ -49,6 +51,9 @@ class RunnerConfig:
     cuda_graph_batch_sizes: list[int] | None = None
     max_prefill_tokens: int = 4096  # new tokens of the largest step: sizes the activation reserve
     show_progress: bool = True
+    # --quantize: fp8 | eetq | weight_only_int8 quantize while loading; awq | gptq | compressed-tensors
+    # name the checkpoint's own scheme. A quantized checkpoint's config.json decides in any case.
+    quantize: str | None = None
 
 
 class ModelRunner:
@@ -136,10 +141,18 @@ class ModelRunner:
         return self.model.compute_logits(hidden[batch.logits_indices])
 
     def _build_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> torch.nn.Module:
+        # imported here, like the model class: importing Triton kernels at module import would fix
+        # their mode before tests can choose the interpreter
+        from modeling.layers.linear import process_weights_after_loading
+
         model_cls = resolve_model_class(self.model_config.architecture)
-        with torch.device(self.device), _default_dtype(self.dtype):
+        quantization = resolve_quantization(self.cfg.quantize, self.model_config.quantization_config)
+        if quantization is not None:
+            logger.info("Weight quantization: %s", quantization.name)
+        with torch.device(self.device), _default_dtype(self.dtype), build_with(quantization):
             model = model_cls(self.model_config, select_ops(self.device))
         model.load_weights(weights)
+        process_weights_after_loading(model)
         return model.eval()
 
     def _kv_bytes_per_token(self) -> int:

@@ -13,6 +13,8 @@ class EngineConfig:
     device: str | None = None  # None: cuda if available else cpu
     trust_remote_code: bool = False
     attention_backend: str | None = None  # "torch" | "triton"; None: triton on GPU, torch on CPU
+    # Weight quantization scheme (modeling.layers.quantization.select); a quantized checkpoint decides anyway
+    quantize: str | None = None
     # KV capacity in tokens (TGI --max-batch-total-tokens / LightLLM --max_total_token_num).
     # None: from free device memory x cuda_memory_fraction on GPU, a fixed default on CPU.
     max_batch_total_tokens: int | None = None

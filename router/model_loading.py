@@ -14,6 +14,7 @@ def load_runner(config: EngineConfig):
         dtype=config.dtype,
         device=config.device,
         attention_backend=config.attention_backend,
+        quantize=config.quantize,
         num_kv_slots=config.max_batch_total_tokens,
         memory_fraction=config.cuda_memory_fraction,
         max_rows=config.max_running_requests,

@@ -75,6 +75,10 @@ _QUANTIZE = _choice(
     "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin",
     "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8",
 )  # fmt: skip
+# TGI's --quantize values this server has no kernels for: refused at startup, never ignored.
+UNBUILT_QUANTIZE = ("exl2", "marlin", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4")
+# vLLM / AIAK --quantization values -> our scheme names (modeling.layers.quantization.select)
+_QUANTIZATION = _choice("awq", "gptq", "fp8", "compressed-tensors", "weight_only_int8", "smooth_quant")
 
 FLAGS: tuple[Flag, ...] = (
     Flag("model-id", "Model to serve: a local folder, a .gguf file or a Hub id. Default: the embedded SmolLM2-135M-Instruct GGUF.", str, None),
@@ -82,7 +86,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("validation-workers", "Threads that tokenize and validate requests.", int, 2),
     Flag("sharded", "Whether to shard the model across GPUs (true|false).", _true_false),
     Flag("num-shard", "Number of shards (GPUs) for tensor parallelism.", int),
-    Flag("quantize", "Weight quantization: awq, compressed-tensors, eetq, exl2, gptq, marlin, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8.", _QUANTIZE),
+    Flag("quantize", "Weight quantization. fp8 (FP8 weights and activations) and eetq (int8 weights) quantize the checkpoint while loading; awq, gptq, compressed-tensors and fp8 also name a pre-quantized checkpoint's scheme, which is detected from its config.json anyway. exl2, marlin and bitsandbytes* are refused.", _QUANTIZE),
     Flag("speculate", "Number of speculative tokens (n-gram / medusa).", int),
     Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", _choice("float16", "bfloat16", "float32")),
     Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2.", _choice("fp8_e4m3fn", "fp8_e5m2")),
@@ -140,6 +144,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("router-max-new-token-len", "LightLLM: output length the optimistic admission estimate assumes.", int, 1024),
     Flag("health-monitor", "LightLLM --health_monitor: restart a dead or hung engine (in-flight requests fail with TGI's error) instead of stopping the server."),
     # vLLM-style options
+    Flag("quantization", "vLLM/AIAK spelling of --quantize: awq, gptq, fp8, compressed-tensors, weight_only_int8 (int8 weights, quantized while loading or from an int8 checkpoint) or smooth_quant (a W8A8 checkpoint from `python -m tgi_compat.quantize`).", _QUANTIZATION),
     Flag("enforce-eager", "Run every decode step eagerly (no CUDA graphs), whatever --cuda-graphs says."),
     Flag("chat-template", "Chat template overriding the model's: a file (.jinja/text, or .json with `chat_template`) or the template text.", str),
     Flag("served-model-name", "Model name reported by /v1/models and the `model` field of OpenAI responses. Default: --model-id.", str),
@@ -230,15 +235,26 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
             f"`max_total_tokens` must be <= `max_batch_total_tokens`. Given: {max_total} and {max_batch_total}"
         )
     values.pop("env")
+    values["quantize"] = _quantize_value(values.pop("quantization"), values["quantize"])
     values["model_id"] = values["model_id"] or default_model_id()
     values["cors_allow_origin"] = values["cors_allow_origin"] or []
     values["eos_token_ids"] = values["eos_token_ids"] or []
     return ServerConfig(**values)
 
 
+def _quantize_value(quantization: str | None, quantize: str | None) -> str | None:
+    if quantize in UNBUILT_QUANTIZE:
+        raise LauncherError(
+            f"--quantize {quantize} is not supported by this server: use fp8 or eetq to quantize while loading, "
+            "or an awq, gptq, fp8 or compressed-tensors checkpoint"
+        )
+    if quantization is not None and quantize is not None and quantization != quantize:
+        raise LauncherError(f"--quantization {quantization} conflicts with --quantize {quantize}: give only one")
+    return quantization or quantize
+
+
 # Options accepted for compatibility whose feature does not exist (yet) in this server.
 _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
-    "--quantize": lambda c: c.quantize is not None,
     "--speculate": lambda c: c.speculate is not None,
     "--kv-cache-dtype": lambda c: c.kv_cache_dtype is not None,
     "--num-shard/--sharded (tensor parallelism)": lambda c: (c.num_shard or 1) > 1 or bool(c.sharded),

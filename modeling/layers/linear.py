@@ -1,7 +1,9 @@
 """Linear layers, including the fused ones that turn 3 (q, k, v) or 2 (gate, up) matmuls into one.
 
 Parameters are allocated uninitialised (weights always come from a checkpoint) and carry a
-`weight_loader(param, tensor, shard)` that knows where a checkpoint tensor lands in them.
+`weight_loader(param, tensor, shard)` that knows where a checkpoint tensor lands in them. What the
+parameters are is the business of the layer's LinearMethod (quantization/base.py): plain weights
+here, FP8/int8/int4 ones in quantization/.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels.gemv import PROLOGUE_NONE, GemvConfig, gemv, gemv_config
+from modeling.layers.quantization import method_for_new_linear
+from modeling.layers.quantization.base import ROW_LAYOUT, WEIGHT_LAYOUT, LinearMethod, new_param
 
 # On CPU, oneDNN's matmul runs the few-row products of decoding 1.3-2x faster than F.linear's MKL
 # GEMV (2-core AVX2 VM, float32: LM head 49152x576 at 1 row 6.2 vs 9.7 ms, gate|up 3072x576 0.37 vs
@@ -44,39 +48,82 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard: obje
     param.data.copy_(loaded)
 
 
-def _new_param(*shape: int, loader=default_weight_loader) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
-    param.weight_loader = loader
-    return param
+class UnquantizedLinearMethod(LinearMethod):
+    """The plain weight [out, in] in the model's dtype, applied by `dense`."""
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+        new_param(layer, "weight", torch.empty(sum(out_sizes), in_features, dtype=dtype), WEIGHT_LAYOUT)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return dense(x, layer.weight, bias)
+
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
+        return layer.weight
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    """y = x W^T + b, with W held and applied by a LinearMethod (the quantization scheme's, or plain).
+
+    Sizes are this layer's own (a tensor-parallel rank's share); out_sizes lists fused shards.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, method: LinearMethod | None = None):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = _new_param(out_features, in_features, loader=self.load_shard)
-        self.bias = _new_param(out_features, loader=self.load_shard) if bias else None
+        self.method = method or method_for_new_linear() or UnquantizedLinearMethod()
+        self.method.create_weights(self, in_features, self.shard_sizes(), torch.get_default_dtype())
+        self.bias = new_param(self, "bias", torch.empty(out_features), ROW_LAYOUT) if bias else None
+
+    def shard_sizes(self) -> list[int]:
+        return [self.out_features]
 
     def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
-        default_weight_loader(param, loaded)
+        self.place(param, self.method.to_layout(self.param_name(param), loaded), self.shard_index(shard))
+
+    def shard_index(self, shard: object) -> int:
+        """Which fused shard a checkpoint tensor is (0 for a plain Linear)."""
+        return 0
+
+    def place(self, param: nn.Parameter, loaded: torch.Tensor, index: int) -> None:
+        """Copy one fused shard's tensor (already in the method's layout) into its part of param."""
+        target = param.data
+        if param.param_layout.output_dim is None:  # one value per shard
+            target = target.narrow(0, index, 1) if target.dim() and target.shape[0] > 1 else target
+            target.copy_(loaded.reshape(target.shape))
+            return
+        if len(self.shard_sizes()) > 1:
+            start = sum(self.shard_sizes()[:index])
+            target = target.narrow(param.param_layout.output_dim, start, self.shard_sizes()[index])
+        if loaded.dim() == 0:  # a per-tensor value for a per-row parameter
+            target.fill_(loaded)
+        else:
+            default_weight_loader(target, loaded)
+
+    def param_name(self, param: nn.Parameter) -> str:
+        return next(name for name, p in self.named_parameters(recurse=False) if p is param)
+
+    def process_weights_after_loading(self) -> None:
+        self.method.process_weights_after_loading(self)
+
+    @property
+    def dense_weight(self) -> torch.Tensor | None:
+        """The plain [out, in] weight for fused kernels (kernels.gemv), or None when quantized."""
+        return self.method.dense_weight(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense(x, self.weight, self.bias)
+        return self.method.apply(self, x, self.bias)
 
 
 class MergedLinear(Linear):
     """Several projections of the same input stacked along the output dim; shard = their index."""
 
-    def __init__(self, in_features: int, out_sizes: list[int], bias: bool = False):
-        super().__init__(in_features, sum(out_sizes), bias)
-        self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
-        self.out_sizes = out_sizes
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool = False, method: LinearMethod | None = None):
+        self.out_sizes = out_sizes  # before super().__init__: create_weights reads shard_sizes()
+        super().__init__(in_features, sum(out_sizes), bias, method)
 
-    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
-        index = self.shard_index(shard)
-        start, size = self.offsets[index], self.out_sizes[index]
-        default_weight_loader(param.data.narrow(0, start, size), loaded)
+    def shard_sizes(self) -> list[int]:
+        return self.out_sizes
 
     def shard_index(self, shard: object) -> int:
         return int(shard)
@@ -85,8 +132,24 @@ class MergedLinear(Linear):
 class QKVLinear(MergedLinear):
     """q, k and v projections in one matmul: output [T, (H + 2 * H_kv) * D]; shard = "q" | "k" | "v"."""
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool):
-        super().__init__(hidden_size, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], bias)
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        bias: bool,
+        method: LinearMethod | None = None,
+    ):
+        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        super().__init__(hidden_size, sizes, bias, method)
 
     def shard_index(self, shard: object) -> int:
         return ("q", "k", "v").index(shard)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let every Linear's method finish its weights (quantize, repack) once the checkpoint is in."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.process_weights_after_loading()

@@ -56,7 +56,7 @@ def test_every_flag_is_accepted_and_documented():
     config = _config(argv)
     assert config.cuda_graphs == [1, 2, 4] and config.port == 8080 and config.cors_allow_origin == ["x", "y"]
     assert config.sharded is False and config.quantize == "gptq"
-    assert unimplemented_options(config) == ["--quantize"]
+    assert unimplemented_options(config) == []  # quantization is built: the engine applies it
     assert _config(["--cuda-graphs", "0"]).cuda_graphs == []
 
 
@@ -78,6 +78,19 @@ def test_every_flag_is_accepted_and_documented():
 def test_argument_errors(argv, message):
     with pytest.raises(LauncherError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         _config(argv)
+
+
+@pytest.mark.parametrize("value", ["bitsandbytes", "bitsandbytes-nf4", "exl2", "marlin"])
+def test_unbuilt_quantize_values_are_refused(value: str):
+    with pytest.raises(LauncherError, match=f"--quantize {value} is not supported by this server"):
+        _config(["--quantize", value])
+
+
+def test_vllm_quantization_flag_fills_quantize():
+    assert _config(["--quantization", "weight_only_int8"]).to_engine_config().quantize == "weight_only_int8"
+    assert _config(["--quantization", "fp8", "--quantize", "fp8"]).quantize == "fp8"
+    with pytest.raises(LauncherError, match="conflicts with --quantize"):
+        _config(["--quantization", "awq", "--quantize", "gptq"])
 
 
 def test_legacy_max_input_length_is_an_alias():

@@ -33,6 +33,12 @@ CPU_DEFAULT_KV_SLOTS = 16384
 # Left free on the GPU for activations and logits when sizing the KV cache from free memory.
 ACTIVATION_RESERVE_BYTES = 1 << 30  # allocator slack, CUDA graph pools, cuBLAS workspaces
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_CACHE_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 
 
 @dataclass(slots=True)
@@ -54,6 +60,9 @@ class RunnerConfig:
     # --quantize: fp8 | eetq | weight_only_int8 quantize while loading; awq | gptq | compressed-tensors
     # name the checkpoint's own scheme. A quantized checkpoint's config.json decides in any case.
     quantize: str | None = None
+    # KV cache element type: None/"auto" = the model's dtype; fp8 | fp8_e4m3 | fp8_e4m3fn | fp8_e5m2 store
+    # K and V in one byte (unit scale, vLLM's default without calibrated scales): twice the tokens
+    kv_cache_dtype: str | None = None
 
 
 class ModelRunner:
@@ -74,6 +83,7 @@ class ModelRunner:
         _warn_about_unsupported_features(model_config)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        self.kv_dtype = _resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
         self.num_kv_slots = self._num_kv_slots()
         self.max_rows = cfg.max_rows
@@ -157,7 +167,7 @@ class ModelRunner:
 
     def _kv_bytes_per_token(self) -> int:
         c = self.model_config
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_dtype.itemsize
 
     def _activation_reserve_bytes(self) -> int:
         """Transient memory a step may need beside weights and KV. Without it a KV pool sized to the
@@ -187,16 +197,17 @@ class ModelRunner:
         c = self.model_config
         bytes_per_token = self._kv_bytes_per_token()
         logger.info(
-            "KV cache: %d tokens (%.2f GiB, %d bytes/token)",
+            "KV cache: %d tokens of %s (%.2f GiB, %d bytes/token)",
             self.num_kv_slots,
+            str(self.kv_dtype).removeprefix("torch."),
             self.num_kv_slots * bytes_per_token / 2**30,
             bytes_per_token,
         )
         shape = (self.num_kv_slots + 1, c.num_kv_heads, c.head_dim)
         return [
             (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
             )
             for _ in range(c.num_layers)
         ]
@@ -220,6 +231,14 @@ def _resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torc
     if name not in _DTYPES:
         raise ValueError(f"unsupported dtype {name!r} (choose float32, float16 or bfloat16)")
     return _DTYPES[name]
+
+
+def _resolve_kv_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
+    if name is None or name == "auto":
+        return model_dtype
+    if name not in _KV_CACHE_DTYPES:
+        raise ValueError(f"unsupported kv_cache_dtype {name!r} (choose auto, {', '.join(_KV_CACHE_DTYPES)})")
+    return _KV_CACHE_DTYPES[name]
 
 
 @contextlib.contextmanager

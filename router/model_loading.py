@@ -15,6 +15,7 @@ def load_runner(config: EngineConfig):
         device=config.device,
         attention_backend=config.attention_backend,
         quantize=config.quantize,
+        kv_cache_dtype=config.kv_cache_dtype,
         num_kv_slots=config.max_batch_total_tokens,
         memory_fraction=config.cuda_memory_fraction,
         max_rows=config.max_running_requests,

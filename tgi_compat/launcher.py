@@ -89,7 +89,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("quantize", "Weight quantization. fp8 (FP8 weights and activations) and eetq (int8 weights) quantize the checkpoint while loading; awq, gptq, compressed-tensors and fp8 also name a pre-quantized checkpoint's scheme, which is detected from its config.json anyway. exl2, marlin and bitsandbytes* are refused.", _QUANTIZE),
     Flag("speculate", "Number of speculative tokens (n-gram / medusa).", int),
     Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", _choice("float16", "bfloat16", "float32")),
-    Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2.", _choice("fp8_e4m3fn", "fp8_e5m2")),
+    Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2 store K and V in one byte (twice the tokens; unit scale); vLLM's fp8, fp8_e4m3 and auto are accepted too.", _choice("fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3", "auto")),
     Flag("trust-remote-code", "Allow custom modeling code from the model repository."),
     Flag("max-concurrent-requests", "Requests handled at once; more fail fast with 429 `Model is overloaded`.", int, 128),
     Flag("max-best-of", "Largest allowed `best_of`.", int, 2),
@@ -256,7 +256,6 @@ def _quantize_value(quantization: str | None, quantize: str | None) -> str | Non
 # Options accepted for compatibility whose feature does not exist (yet) in this server.
 _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
     "--speculate": lambda c: c.speculate is not None,
-    "--kv-cache-dtype": lambda c: c.kv_cache_dtype is not None,
     "--num-shard/--sharded (tensor parallelism)": lambda c: (c.num_shard or 1) > 1 or bool(c.sharded),
     "--rope-scaling/--rope-factor": lambda c: c.rope_scaling is not None or c.rope_factor is not None,
     "--lora-adapters": lambda c: c.lora_adapters is not None,

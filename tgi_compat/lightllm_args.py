@@ -30,8 +30,9 @@ ATTENTION_MODES = {"triton_flashdecoding", "triton_gqa_flashdecoding", "triton_g
 QUANT_MODES = {
     "triton_w8a16": "weight_only_int8", "triton_w8a8": "w8a8_int8", "triton_fp8w8a8": "fp8", "triton_w4a16": "w4a16_int4",
 }  # fmt: skip
+KV_MODES = {"triton_fp8kv": "fp8_e4m3fn"}  # --mode values that choose the KV cache dtype
 UNBUILT_MODES = {
-    "triton_int8kv", "triton_fp8kv", "ppl_int8kv", "ppl_int8kv_flashdecoding", "ppl_int4kv_flashdecoding",
+    "triton_int8kv", "ppl_int8kv", "ppl_int8kv_flashdecoding", "ppl_int4kv_flashdecoding",
     "ppl_fp16", "lmdeploy_w4a16", "ppl_w4a16", "ppl_w8a8", "ppl_w8a8_mixdown", "quik_activation_weight",
 }  # fmt: skip
 _GROUPED_W4A16 = re.compile(r"^(triton|lmdeploy|ppl)_w4a16(g\d+)?$")  # e.g. triton_w4a16g64: group size 64
@@ -43,6 +44,9 @@ _DATA_TYPES = {
     "fp32": "float32",
     "float32": "float32",
 }
+
+
+_KNOWN_MODES = ATTENTION_MODES | UNBUILT_MODES | set(QUANT_MODES) | set(KV_MODES)
 
 
 class LightLLMArgsError(ValueError):
@@ -82,7 +86,7 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("max_req_input_len", "Longest prompt in tokens.", int, 2048, tgi="max_input_tokens"),
     LightFlag("max_req_total_len", "Prompt + generated tokens per request.", int, 2048 + 1024, tgi="max_total_tokens"),
     LightFlag("nccl_port", "torch.distributed port between tensor-parallel ranks.", int, 28765, tgi="master_port"),
-    LightFlag("mode", "Kernel modes. triton_flashdecoding, triton_gqa_flashdecoding and triton_gqa_attention select the Triton attention backend; triton_w8a16 (int8 weights), triton_w8a8 (int8 weights and activations), triton_fp8w8a8 (FP8) and triton_w4a16 (int4 weights, groups of 128) quantize the weights while loading; the int8-KV / ppl / lmdeploy / grouped-w4a16 modes are accepted but not built; anything else is refused.", str, [], nargs="+"),
+    LightFlag("mode", "Kernel modes. triton_flashdecoding, triton_gqa_flashdecoding and triton_gqa_attention select the Triton attention backend; triton_w8a16 (int8 weights), triton_w8a8 (int8 weights and activations), triton_fp8w8a8 (FP8) and triton_w4a16 (int4 weights, groups of 128) quantize the weights while loading; triton_fp8kv stores the KV cache in FP8; the int8-KV / ppl / lmdeploy / grouped-w4a16 modes are accepted but not built; anything else is refused.", str, [], nargs="+"),
     LightFlag("trust_remote_code", "Allow custom modeling code from the model repository.", tgi="trust_remote_code"),
     LightFlag("disable_log_stats", "Do not log the periodic throughput line.", config="disable_log_stats"),
     LightFlag("log_stats_interval", "Seconds between throughput log lines.", int, 10, config="log_stats_interval"),
@@ -218,8 +222,8 @@ def _check_flag_values(light: dict[str, Any], given: set[str], tgi_given: dict[s
             f"--load_way {light['load_way']} is not supported: only HF weights (safetensors or GGUF) load"
         )
     for mode in light["mode"]:
-        if mode not in ATTENTION_MODES | UNBUILT_MODES | set(QUANT_MODES) and not _GROUPED_W4A16.match(mode):
-            known = ", ".join(sorted(ATTENTION_MODES | UNBUILT_MODES | set(QUANT_MODES)))
+        if mode not in _KNOWN_MODES and not _GROUPED_W4A16.match(mode):
+            known = ", ".join(sorted(_KNOWN_MODES))
             raise LightLLMArgsError(f"--mode {mode} is unknown (known modes: {known})")
     total, total_kv = light["max_req_total_len"], light["max_total_token_num"]
     input_len = light["max_req_input_len"]
@@ -296,7 +300,7 @@ def _normalise(value: Any) -> Any:
 
 def unbuilt_features(light: dict[str, Any], given: set[str]) -> list[str]:
     """LightLLM flags that were given but whose feature this server does not have (yet)."""
-    unbuilt = [f"--mode {m}" for m in light["mode"] if m not in ATTENTION_MODES and m not in QUANT_MODES]
+    unbuilt = [f"--mode {m}" for m in light["mode"] if m not in ATTENTION_MODES | set(QUANT_MODES) | set(KV_MODES)]
     checks = {
         "--use_dynamic_prompt_cache (prompt KV reuse)": light["use_dynamic_prompt_cache"],
         "--beam_mode": light["beam_mode"],
@@ -344,6 +348,8 @@ def parse_config(
     if (backend := attention_backend(parsed.light)) is not None:
         config.attention_backend = backend
     config.quantize = quantize_mode(parsed.light, config.quantize)
+    if "triton_fp8kv" in parsed.light["mode"] and config.kv_cache_dtype is None:
+        config.kv_cache_dtype = KV_MODES["triton_fp8kv"]
     for flag in FLAGS:
         if flag.config is not None:  # the push gateway and stats line (tgi_compat.ops_services)
             setattr(config, flag.config, _normalise(parsed.light[flag.name]))

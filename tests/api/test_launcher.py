@@ -93,6 +93,12 @@ def test_vllm_quantization_flag_fills_quantize():
         _config(["--quantization", "awq", "--quantize", "gptq"])
 
 
+@pytest.mark.parametrize("value", ["fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3"])
+def test_kv_cache_dtype_reaches_the_engine(value: str):
+    config = _config(["--kv-cache-dtype", value])
+    assert config.to_engine_config().kv_cache_dtype == value and unimplemented_options(config) == []
+
+
 def test_legacy_max_input_length_is_an_alias():
     assert _config(["--max-input-length", "100"]).max_input_tokens == 100
 

@@ -24,3 +24,8 @@ def test_a_quant_mode_agreeing_with_quantize_is_fine_and_conflicts_are_refused()
         parse_config(["--mode", "triton_w8a16", "--quantize", "fp8"], {})
     with pytest.raises(LightLLMArgsError, match="several weight quantizations"):
         parse_config(["--mode", "triton_w8a16", "triton_w4a16"], {})
+
+
+def test_fp8kv_mode_chooses_the_fp8_kv_cache():
+    config, unbuilt, _ = parse_config(["--mode", "triton_fp8kv"], {})
+    assert config.to_engine_config().kv_cache_dtype == "fp8_e4m3fn" and unbuilt == []

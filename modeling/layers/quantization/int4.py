@@ -10,7 +10,8 @@ scale and zero [out, in/G] with w = (q - zero) * scale. Parameters keep the chec
     CT packed    weight_packed int32 [out, in/8] (q + 8), weight_scale [out, in/G], weight_shape [2]; symmetric
 
 A half-precision checkpoint can also be rounded to int4 while loading (`rtn`, LightLLM's triton_w4a16):
-asymmetric groups of 128, no calibration, so less accurate than AWQ/GPTQ.
+asymmetric groups of 128 (64 or 32 where 128 does not divide the inputs), no calibration, so less
+accurate than AWQ/GPTQ.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class Int4LinearMethod(LinearMethod):
         return "qweight", "scales", "qzeros"
 
     def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+        if self.format == "rtn":  # the largest usual group that divides this layer's inputs
+            self.group_size = next((g for g in (self.group_size, 64, 32) if in_features % g == 0), self.group_size)
         if in_features % self.group_size:
             raise ValueError(f"int4 groups of {self.group_size} do not divide {in_features} input features")
         out_features, groups = sum(out_sizes), in_features // self.group_size

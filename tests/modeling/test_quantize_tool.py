@@ -10,8 +10,12 @@ import os
 import pytest
 import torch
 
-from modeling.quantize.compressed_tensors_writer import LINEAR_WEIGHT, int4_tensors, quantization_config
-from modeling.quantize.compressed_tensors_writer import write_checkpoint
+from modeling.quantize.compressed_tensors_writer import (
+    LINEAR_WEIGHT,
+    int4_tensors,
+    quantization_config,
+    write_checkpoint,
+)
 from tests.modeling.helpers import full_logits, runner_for_folder, smollm2_gguf_path
 from tgi_compat.quantize import main
 
@@ -41,8 +45,8 @@ def _quantized(tmp_path_factory, *argv: str):
 @pytest.mark.parametrize(
     "argv, scheme, ppl_bound, logit_bound",
     [
-        (["-quant_type", "weight_only_int8"], "int8", 1.02, 0.05),
-        (["-quant_type", "smooth_quant", "-sq", "0.8"], "int8", 1.05, 0.15),
+        (["-quant_type", "weight_only_int8"], "int8", 1.02, 0.06),  # measured ppl -2.3%, logits 0.043
+        (["-quant_type", "smooth_quant", "-sq", "0.8"], "int8", 1.05, 0.2),  # measured ppl +1.5%, logits 0.141
     ],
 )
 def test_tool_checkpoint_serves_close_to_the_original(

@@ -46,7 +46,7 @@ def _quantized(tmp_path_factory, *argv: str):
     "argv, scheme, ppl_bound, logit_bound",
     [
         (["-quant_type", "weight_only_int8"], "int8", 1.02, 0.06),  # measured ppl -2.3%, logits 0.043
-        (["-quant_type", "smooth_quant", "-sq", "0.8"], "int8", 1.05, 0.2),  # measured ppl +1.5%, logits 0.141
+        (["-quant_type", "smooth_quant", "-sq", "0.8"], "int8", 1.02, 0.2),  # measured ppl +1.5%, logits 0.141
     ],
 )
 def test_tool_checkpoint_serves_close_to_the_original(

@@ -91,8 +91,9 @@ def _prefill_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k_ptrs = k_cache_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :]
         v_ptrs = v_cache_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        # an FP8 cache (unit scale) widens to the model's dtype here; for a bf16/fp16 cache this is a no-op
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)
         if SOFTCAP > 0:
             qk = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, SOFTCAP) * 1.4426950408889634
         else:

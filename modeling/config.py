@@ -85,6 +85,8 @@ class ModelConfig:
     # the config.json it came from: family-specific knobs (Gemma's soft-caps, MoE sizes) are read from it
     # by their model file, so this dataclass stays the set every family shares
     hf_config: dict[str, Any] = field(default_factory=dict)
+    # config.json `quantization_config` of a pre-quantized checkpoint (modeling.layers.quantization)
+    quantization_config: dict[str, Any] | None = None
 
     @property
     def architectures(self) -> list[str]:
@@ -141,6 +143,7 @@ class ModelConfig:
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
             layer_types=d.get("layer_types") or _default_layer_types(arch, d),
             hf_config=d,
+            quantization_config=d.get("quantization_config"),
         )
 
     @classmethod

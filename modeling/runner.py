@@ -21,6 +21,8 @@ from modeling.config import ModelConfig
 from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.layers.ops import select_ops
+from modeling.layers.quantization import build_with
+from modeling.layers.quantization.select import resolve_quantization
 from modeling.models.base import CausalLM
 from modeling.parallel import NO_TP, TensorParallel, shard_heads
 from modeling.parallel.group import destroy_tensor_parallel
@@ -35,6 +37,12 @@ CPU_DEFAULT_KV_SLOTS = 16384
 # Left free on the GPU for activations and logits when sizing the KV cache from free memory.
 ACTIVATION_RESERVE_BYTES = 1 << 30  # allocator slack, CUDA graph pools, cuBLAS workspaces
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KV_CACHE_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 
 
 @dataclass(slots=True)
@@ -53,6 +61,12 @@ class RunnerConfig:
     cuda_graph_batch_sizes: list[int] | None = None
     max_prefill_tokens: int = 4096  # new tokens of the largest step: sizes the activation reserve
     show_progress: bool = True
+    # --quantize: fp8 | eetq | weight_only_int8 quantize while loading; awq | gptq | compressed-tensors
+    # name the checkpoint's own scheme. A quantized checkpoint's config.json decides in any case.
+    quantize: str | None = None
+    # KV cache element type: None/"auto" = the model's dtype; fp8 | fp8_e4m3 | fp8_e4m3fn | fp8_e5m2 store
+    # K and V in one byte (unit scale, vLLM's default without calibrated scales): twice the tokens
+    kv_cache_dtype: str | None = None
 
 
 class ModelRunner:
@@ -79,6 +93,7 @@ class ModelRunner:
         self.device = tp.device if tp.is_sharded else torch.device(cfg.device or _default_device())
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
+        self.kv_dtype = _resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
@@ -166,20 +181,28 @@ class ModelRunner:
         destroy_tensor_parallel(self.tp)
 
     def _build_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> CausalLM:
+        # imported here, like the model class: importing Triton kernels at module import would fix
+        # their mode before tests can choose the interpreter
+        from modeling.layers.linear import process_weights_after_loading
+
         model_cls = resolve_model_class(self.model_config.architecture)
+        quantization = resolve_quantization(self.cfg.quantize, self.model_config.quantization_config)
+        if quantization is not None:
+            logger.info("Weight quantization: %s", quantization.name)
         sharding = {}
         if self.tp.is_sharded:
             if not getattr(model_cls, "supports_tensor_parallel", False):
                 raise ValueError(f"{model_cls.__name__} does not support tensor parallelism (--num-shard > 1)")
             sharding = {"tp": self.tp}
-        with torch.device(self.device), _default_dtype(self.dtype):
+        with torch.device(self.device), _default_dtype(self.dtype), build_with(quantization):
             model = model_cls(self.model_config, select_ops(self.device), **sharding)
         model.load_weights(weights)
+        process_weights_after_loading(model)
         return model.eval()
 
     def _kv_bytes_per_token(self) -> int:
         c = self.model_config
-        return 2 * c.num_layers * self.heads.num_kv_heads * c.head_dim * self.dtype.itemsize
+        return 2 * c.num_layers * self.heads.num_kv_heads * c.head_dim * self.kv_dtype.itemsize
 
     def _activation_reserve_bytes(self) -> int:
         """Transient memory a step may need beside weights and KV. Without it a KV pool sized to the
@@ -209,16 +232,17 @@ class ModelRunner:
         c = self.model_config
         bytes_per_token = self._kv_bytes_per_token()
         logger.info(
-            "KV cache: %d tokens (%.2f GiB, %d bytes/token)",
+            "KV cache: %d tokens of %s (%.2f GiB, %d bytes/token)",
             self.num_kv_slots,
+            str(self.kv_dtype).removeprefix("torch."),
             self.num_kv_slots * bytes_per_token / 2**30,
             bytes_per_token,
         )
         shape = (self.num_kv_slots + 1, self.heads.num_kv_heads, c.head_dim)
         return [
             (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
             )
             for _ in range(c.num_layers)
         ]
@@ -236,6 +260,14 @@ def _resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torc
     if name not in _DTYPES:
         raise ValueError(f"unsupported dtype {name!r} (choose float32, float16 or bfloat16)")
     return _DTYPES[name]
+
+
+def _resolve_kv_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
+    if name is None or name == "auto":
+        return model_dtype
+    if name not in _KV_CACHE_DTYPES:
+        raise ValueError(f"unsupported kv_cache_dtype {name!r} (choose auto, {', '.join(_KV_CACHE_DTYPES)})")
+    return _KV_CACHE_DTYPES[name]
 
 
 @contextlib.contextmanager

@@ -13,6 +13,9 @@ class EngineConfig:
     device: str | None = None  # None: cuda if available else cpu
     trust_remote_code: bool = False
     attention_backend: str | None = None  # "torch" | "triton"; None: triton on GPU, torch on CPU
+    # Weight quantization scheme (modeling.layers.quantization.select); a quantized checkpoint decides anyway
+    quantize: str | None = None
+    kv_cache_dtype: str | None = None  # None: the model's dtype; fp8_e4m3fn / fp8_e5m2 (and vLLM's spellings)
     # KV capacity in tokens (TGI --max-batch-total-tokens / LightLLM --max_total_token_num).
     # None: from free device memory x cuda_memory_fraction on GPU, a fixed default on CPU.
     max_batch_total_tokens: int | None = None

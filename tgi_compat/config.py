@@ -112,6 +112,8 @@ class ServerConfig:
             device=self.device,
             trust_remote_code=self.trust_remote_code,
             attention_backend=self.attention_backend,
+            quantize=self.quantize,
+            kv_cache_dtype=self.kv_cache_dtype,
             max_batch_total_tokens=self.max_batch_total_tokens,
             cuda_memory_fraction=self.cuda_memory_fraction,
             max_total_tokens=self.max_total_tokens,

@@ -75,6 +75,10 @@ _QUANTIZE = _choice(
     "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin",
     "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8",
 )  # fmt: skip
+# TGI's --quantize values this server has no kernels for: refused at startup, never ignored.
+UNBUILT_QUANTIZE = ("exl2", "marlin", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4")
+# vLLM / AIAK --quantization values -> our scheme names (modeling.layers.quantization.select)
+_QUANTIZATION = _choice("awq", "gptq", "fp8", "compressed-tensors", "weight_only_int8", "smooth_quant")
 
 FLAGS: tuple[Flag, ...] = (
     Flag("model-id", "Model to serve: a local folder, a .gguf file or a Hub id. Default: the embedded SmolLM2-135M-Instruct GGUF.", str, None),
@@ -82,10 +86,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("validation-workers", "Threads that tokenize and validate requests.", int, 2),
     Flag("sharded", "Whether to shard the model across GPUs (true|false). true without --num-shard: every visible GPU.", _true_false),
     Flag("num-shard", "Number of shards (GPUs) for tensor parallelism. Default: the devices in CUDA_VISIBLE_DEVICES (else NVIDIA_VISIBLE_DEVICES), 1 on CPU.", int),
-    Flag("quantize", "Weight quantization: awq, compressed-tensors, eetq, exl2, gptq, marlin, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8.", _QUANTIZE),
+    Flag("quantize", "Weight quantization. fp8 (FP8 weights and activations) and eetq (int8 weights) quantize the checkpoint while loading; awq, gptq, compressed-tensors and fp8 also name a pre-quantized checkpoint's scheme, which is detected from its config.json anyway. exl2, marlin and bitsandbytes* are refused.", _QUANTIZE),
     Flag("speculate", "Number of speculative tokens (n-gram / medusa).", int),
     Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", _choice("float16", "bfloat16", "float32")),
-    Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2.", _choice("fp8_e4m3fn", "fp8_e5m2")),
+    Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2 store K and V in one byte (twice the tokens; unit scale); vLLM's fp8, fp8_e4m3 and auto are accepted too.", _choice("fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3", "auto")),
     Flag("trust-remote-code", "Allow custom modeling code from the model repository."),
     Flag("max-concurrent-requests", "Requests handled at once; more fail fast with 429 `Model is overloaded`.", int, 128),
     Flag("max-best-of", "Largest allowed `best_of`.", int, 2),
@@ -142,6 +146,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("health-monitor", "LightLLM --health_monitor: restart a dead or hung engine (in-flight requests fail with TGI's error) instead of stopping the server."),
     # vLLM-style options
     Flag("tensor-parallel-size", "vLLM/AIAK spelling of --num-shard.", int, short="tp"),
+    Flag("quantization", "vLLM/AIAK spelling of --quantize: awq, gptq, fp8, compressed-tensors, weight_only_int8 (int8 weights, quantized while loading or from an int8 checkpoint) or smooth_quant (a W8A8 checkpoint from `python -m tgi_compat.quantize`).", _QUANTIZATION),
     Flag("enforce-eager", "Run every decode step eagerly (no CUDA graphs), whatever --cuda-graphs says."),
     Flag("enable-prefix-caching", "vLLM: prefix caching on (the default; same as PREFIX_CACHING=1)."),
     Flag("no-enable-prefix-caching", "vLLM: prefix caching off (same as PREFIX_CACHING=0)."),
@@ -245,17 +250,27 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
         raise LauncherError("`--enable-prefix-caching` and `--no-enable-prefix-caching` contradict each other")
     if enable or disable:
         values["prefix_caching"] = enable
+    values["quantize"] = _quantize_value(values.pop("quantization"), values["quantize"])
     values["model_id"] = values["model_id"] or default_model_id()
     values["cors_allow_origin"] = values["cors_allow_origin"] or []
     values["eos_token_ids"] = values["eos_token_ids"] or []
     return ServerConfig(**values)
 
 
+def _quantize_value(quantization: str | None, quantize: str | None) -> str | None:
+    if quantize in UNBUILT_QUANTIZE:
+        raise LauncherError(
+            f"--quantize {quantize} is not supported by this server: use fp8 or eetq to quantize while loading, "
+            "or an awq, gptq, fp8 or compressed-tensors checkpoint"
+        )
+    if quantization is not None and quantize is not None and quantization != quantize:
+        raise LauncherError(f"--quantization {quantization} conflicts with --quantize {quantize}: give only one")
+    return quantization or quantize
+
+
 # Options accepted for compatibility whose feature does not exist (yet) in this server.
 _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
-    "--quantize": lambda c: c.quantize is not None,
     "--speculate": lambda c: c.speculate is not None,
-    "--kv-cache-dtype": lambda c: c.kv_cache_dtype is not None,
     "--rope-scaling/--rope-factor": lambda c: c.rope_scaling is not None or c.rope_factor is not None,
     "--lora-adapters": lambda c: c.lora_adapters is not None,
     "--watermark-gamma/--watermark-delta": lambda c: c.watermark_gamma is not None or c.watermark_delta is not None,

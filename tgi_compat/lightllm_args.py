@@ -26,10 +26,14 @@ from tgi_compat.config import ServerConfig
 
 # --mode values: LightLLM's kernel choices. The Triton attention ones are what our triton backend does.
 ATTENTION_MODES = {"triton_flashdecoding", "triton_gqa_flashdecoding", "triton_gqa_attention"}
+# --mode values that quantize the weights while loading -> the scheme (modeling.layers.quantization.select)
+QUANT_MODES = {
+    "triton_w8a16": "weight_only_int8", "triton_w8a8": "w8a8_int8", "triton_fp8w8a8": "fp8", "triton_w4a16": "w4a16_int4",
+}  # fmt: skip
+KV_MODES = {"triton_fp8kv": "fp8_e4m3fn"}  # --mode values that choose the KV cache dtype
 UNBUILT_MODES = {
-    "triton_int8kv", "triton_fp8kv", "ppl_int8kv", "ppl_int8kv_flashdecoding", "ppl_int4kv_flashdecoding",
-    "ppl_fp16", "triton_w8a16", "triton_w4a16", "triton_w8a8", "lmdeploy_w4a16", "ppl_w4a16", "ppl_w8a8",
-    "ppl_w8a8_mixdown", "quik_activation_weight",
+    "triton_int8kv", "ppl_int8kv", "ppl_int8kv_flashdecoding", "ppl_int4kv_flashdecoding",
+    "ppl_fp16", "lmdeploy_w4a16", "ppl_w4a16", "ppl_w8a8", "ppl_w8a8_mixdown", "quik_activation_weight",
 }  # fmt: skip
 _GROUPED_W4A16 = re.compile(r"^(triton|lmdeploy|ppl)_w4a16(g\d+)?$")  # e.g. triton_w4a16g64: group size 64
 _DATA_TYPES = {
@@ -40,6 +44,9 @@ _DATA_TYPES = {
     "fp32": "float32",
     "float32": "float32",
 }
+
+
+_KNOWN_MODES = ATTENTION_MODES | UNBUILT_MODES | set(QUANT_MODES) | set(KV_MODES)
 
 
 class LightLLMArgsError(ValueError):
@@ -79,7 +86,7 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("max_req_input_len", "Longest prompt in tokens.", int, 2048, tgi="max_input_tokens"),
     LightFlag("max_req_total_len", "Prompt + generated tokens per request.", int, 2048 + 1024, tgi="max_total_tokens"),
     LightFlag("nccl_port", "torch.distributed port between tensor-parallel ranks.", int, 28765, tgi="master_port"),
-    LightFlag("mode", "Kernel modes. triton_flashdecoding, triton_gqa_flashdecoding and triton_gqa_attention select the Triton attention backend; the int8-KV / weight-quantization / ppl / lmdeploy modes are accepted but not built; anything else is refused.", str, [], nargs="+"),
+    LightFlag("mode", "Kernel modes. triton_flashdecoding, triton_gqa_flashdecoding and triton_gqa_attention select the Triton attention backend; triton_w8a16 (int8 weights), triton_w8a8 (int8 weights and activations), triton_fp8w8a8 (FP8) and triton_w4a16 (int4 weights, groups of 128) quantize the weights while loading; triton_fp8kv stores the KV cache in FP8; the int8-KV / ppl / lmdeploy / grouped-w4a16 modes are accepted but not built; anything else is refused.", str, [], nargs="+"),
     LightFlag("trust_remote_code", "Allow custom modeling code from the model repository.", tgi="trust_remote_code"),
     LightFlag("disable_log_stats", "Do not log the periodic throughput line.", config="disable_log_stats"),
     LightFlag("log_stats_interval", "Seconds between throughput log lines.", int, 10, config="log_stats_interval"),
@@ -216,8 +223,8 @@ def _check_flag_values(light: dict[str, Any], given: set[str], tgi_given: dict[s
             f"--load_way {light['load_way']} is not supported: only HF weights (safetensors or GGUF) load"
         )
     for mode in light["mode"]:
-        if mode not in ATTENTION_MODES and mode not in UNBUILT_MODES and not _GROUPED_W4A16.match(mode):
-            known = ", ".join(sorted(ATTENTION_MODES | UNBUILT_MODES))
+        if mode not in _KNOWN_MODES and not _GROUPED_W4A16.match(mode):
+            known = ", ".join(sorted(_KNOWN_MODES))
             raise LightLLMArgsError(f"--mode {mode} is unknown (known modes: {known})")
     total, total_kv = light["max_req_total_len"], light["max_total_token_num"]
     input_len = light["max_req_input_len"]
@@ -294,7 +301,7 @@ def _normalise(value: Any) -> Any:
 
 def unbuilt_features(light: dict[str, Any], given: set[str]) -> list[str]:
     """LightLLM flags that were given but whose feature this server does not have (yet)."""
-    unbuilt = [f"--mode {m}" for m in light["mode"] if m not in ATTENTION_MODES]
+    unbuilt = [f"--mode {m}" for m in light["mode"] if m not in ATTENTION_MODES | set(QUANT_MODES) | set(KV_MODES)]
     checks = {
         "--beam_mode": light["beam_mode"],
         "--enable_multimodal / --cache_capacity / --cache_reserved_ratio": light["enable_multimodal"]
@@ -312,6 +319,19 @@ def attention_backend(light: dict[str, Any]) -> str | None:
     return "triton" if ATTENTION_MODES & set(light["mode"]) else None
 
 
+def quantize_mode(light: dict[str, Any], quantize: str | None) -> str | None:
+    """The weight scheme the --mode list names (at most one, agreeing with --quantize), else quantize."""
+    modes = [mode for mode in light["mode"] if mode in QUANT_MODES]
+    if len(modes) > 1:
+        raise LightLLMArgsError(f"--mode {' '.join(modes)} names several weight quantizations: pick one")
+    if not modes:
+        return quantize
+    scheme = QUANT_MODES[modes[0]]
+    if quantize is not None and quantize != scheme:
+        raise LightLLMArgsError(f"--mode {modes[0]} conflicts with --quantize {quantize}: give only one")
+    return scheme
+
+
 def parse_config(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> tuple[ServerConfig, list[str], bool]:
@@ -327,6 +347,9 @@ def parse_config(
         raise LightLLMArgsError(str(error)) from error
     if (backend := attention_backend(parsed.light)) is not None:
         config.attention_backend = backend
+    config.quantize = quantize_mode(parsed.light, config.quantize)
+    if "triton_fp8kv" in parsed.light["mode"] and config.kv_cache_dtype is None:
+        config.kv_cache_dtype = KV_MODES["triton_fp8kv"]
     for flag in FLAGS:
         if flag.config is not None:  # the push gateway and stats line (tgi_compat.ops_services)
             setattr(config, flag.config, _normalise(parsed.light[flag.name]))

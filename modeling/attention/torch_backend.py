@@ -64,8 +64,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         slots = self.metadata.out_slots
-        k_cache.index_copy_(0, slots, k)
-        v_cache.index_copy_(0, slots, v)
+        _store(k_cache, slots, k)
+        _store(v_cache, slots, v)
 
     def forward(
         self,
@@ -98,8 +98,8 @@ class TorchAttentionBackend(AttentionBackend):
         num_reqs, max_kv = group.kv_slots.shape
         flat_slots = group.kv_slots.view(-1)
         # index_select beats advanced indexing here; [b, max_kv, H_kv, D] -> [b, H_kv, max_kv, D]
-        k = k_cache.index_select(0, flat_slots).view(num_reqs, max_kv, *k_cache.shape[1:]).transpose(1, 2)
-        v = v_cache.index_select(0, flat_slots).view(num_reqs, max_kv, *v_cache.shape[1:]).transpose(1, 2)
+        k = _gather(k_cache, flat_slots, q.dtype).view(num_reqs, max_kv, *k_cache.shape[1:]).transpose(1, 2)
+        v = _gather(v_cache, flat_slots, q.dtype).view(num_reqs, max_kv, *v_cache.shape[1:]).transpose(1, 2)
         q_block = q.view(num_reqs, group.q_len, self.num_heads, self.head_dim).transpose(1, 2)  # [b, H, q, D]
         mask = group.mask
         if sliding_window:
@@ -128,6 +128,19 @@ def _soft_capped_attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v)
+
+
+def _store(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    if cache.element_size() == 1:  # FP8 KV: CPU has no index_copy_ for float8, so copy the bytes
+        cache.view(torch.uint8).index_copy_(0, slots, values.to(cache.dtype).view(torch.uint8))
+    else:
+        cache.index_copy_(0, slots, values)
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if cache.element_size() == 1:  # FP8 KV (unit scale): read the bytes, widen to the model's dtype
+        return cache.view(torch.uint8).index_select(0, slots).view(cache.dtype).to(dtype)
+    return cache.index_select(0, slots)
 
 
 def _decode_group(

@@ -1,7 +1,9 @@
 """Linear layers, including the fused ones that turn 3 (q, k, v) or 2 (gate, up) matmuls into one.
 
 Parameters are allocated uninitialised (weights always come from a checkpoint) and carry a
-`weight_loader(param, tensor, shard)` that knows where a checkpoint tensor lands in them.
+`weight_loader(param, tensor, shard)` that knows where a checkpoint tensor lands in them. What the
+parameters are is the business of the layer's LinearMethod (quantization/base.py): plain weights
+here, FP8/int8/int4 ones in quantization/.
 
 Tensor parallelism is a constructor knob: a column-parallel layer keeps a slice of the output rows
 (`out_slice`; fused layers: a slice of each part), a row-parallel one a slice of the input columns
@@ -17,6 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels.gemv import PROLOGUE_NONE, GemvConfig, gemv, gemv_config
+from modeling.layers.quantization import method_for_new_linear
+from modeling.layers.quantization.base import ROW_LAYOUT, WEIGHT_LAYOUT, LinearMethod, register_param
 from modeling.parallel import NO_TP, Slice, TensorParallel, shard_heads, split_evenly
 from modeling.weights.lazy import LazyTensor, take
 
@@ -68,36 +72,108 @@ def new_param(*shape: int, loader: WeightLoader = default_weight_loader) -> Load
     return param
 
 
+class UnquantizedLinearMethod(LinearMethod):
+    """The plain weight [out, in] in the model's dtype, applied by `dense`."""
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+        register_param(layer, "weight", torch.empty(sum(out_sizes), in_features, dtype=dtype), WEIGHT_LAYOUT)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return dense(x, layer.weight, bias)
+
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
+        return layer.weight
+
+
 class Linear(nn.Module):
+    """y = x W^T + b, with W held and applied by a LinearMethod (the quantization scheme's, or plain).
+
+    in/out_features are the checkpoint's sizes; out_slice / in_slice the part this tensor-parallel
+    rank keeps (column- / row-parallel). The parameters hold only that part.
+    """
+
     def __init__(
         self,
         in_features: int,
         out_features: int,
         bias: bool = False,
+        method: LinearMethod | None = None,
         *,
         out_slice: Slice | None = None,
         in_slice: Slice | None = None,
         tp: TensorParallel = NO_TP,
     ):
-        """in/out_features: the checkpoint's sizes; out_slice/in_slice: the part this rank keeps."""
         super().__init__()
-        self.out_slice, self.in_slice, self.tp = out_slice, in_slice, tp
+        self.tp, self.in_slice = tp, in_slice
+        if not hasattr(self, "part_slices"):  # MergedLinear sets its parts first
+            self.part_slices: list[Slice] | None = [out_slice] if out_slice is not None else None
+            self.full_out_sizes = [out_features]
+        self.full_in_features = in_features
         self.in_features = in_slice.size if in_slice is not None else in_features
         self.out_features = out_slice.size if out_slice is not None else out_features
-        self.weight = new_param(self.out_features, self.in_features, loader=self.load_shard)
-        self.bias = new_param(self.out_features, loader=self.load_shard) if bias else None
+        self.method = method or method_for_new_linear() or UnquantizedLinearMethod()
+        self.method.create_weights(self, self.in_features, self.shard_sizes(), torch.get_default_dtype())
+        self.bias = register_param(self, "bias", torch.empty(self.out_features), ROW_LAYOUT) if bias else None
+
+    def shard_sizes(self) -> list[int]:
+        return [self.out_features]
 
     def load_shard(self, param: nn.Parameter, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
-        if self.out_slice is not None:
-            loaded = take(loaded, 0, self.out_slice.start, self.out_slice.size)
-        elif self.in_slice is not None and param.dim() == 2:
-            loaded = take(loaded, 1, self.in_slice.start, self.in_slice.size)
-        elif self.in_slice is not None and self.tp.rank > 0:
-            loaded = torch.zeros(loaded.shape)  # row-parallel bias: added once, by rank 0, before the sum
-        default_weight_loader(param, loaded)
+        index = self.shard_index(shard)
+        if not isinstance(self.method, UnquantizedLinearMethod):
+            loaded = self.method.to_layout(self.param_name(param), take(loaded))
+        self.place(param, self.rank_part(param, loaded, index), index)
+
+    def rank_part(self, param: nn.Parameter, loaded: torch.Tensor | LazyTensor, index: int) -> torch.Tensor:
+        """This rank's part of a checkpoint tensor already in the method's layout: scaled from the
+        layer's slices by the tensor's own extent along the sliced dim (packed or grouped dims too)."""
+        layout = param.param_layout
+        if not self.tp.is_sharded or len(loaded.shape) == 0:
+            return take(loaded)
+        if self.part_slices is not None and layout.output_dim is not None:
+            part, full = self.part_slices[index], self.full_out_sizes[index]
+            extent = loaded.shape[layout.output_dim]
+            return take(loaded, layout.output_dim, part.start * extent // full, part.size * extent // full)
+        if self.in_slice is not None and layout.input_dim is not None:
+            extent = loaded.shape[layout.input_dim]
+            start = self.in_slice.start * extent // self.full_in_features
+            return take(loaded, layout.input_dim, start, self.in_slice.size * extent // self.full_in_features)
+        if self.in_slice is not None and param is self.bias and self.tp.rank > 0:
+            return torch.zeros(loaded.shape)  # row-parallel bias: added once, by rank 0, before the sum
+        return take(loaded)
+
+    def shard_index(self, shard: object) -> int:
+        """Which fused shard a checkpoint tensor is (0 for a plain Linear)."""
+        return 0
+
+    def place(self, param: nn.Parameter, loaded: torch.Tensor, index: int) -> None:
+        """Copy one fused shard's tensor (already in the method's layout) into its part of param."""
+        target = param.data
+        if param.param_layout.output_dim is None:  # one value per shard
+            target = target.narrow(0, index, 1) if target.dim() and target.shape[0] > 1 else target
+            target.copy_(loaded.reshape(target.shape))
+            return
+        if len(self.shard_sizes()) > 1:
+            start = sum(self.shard_sizes()[:index])
+            target = target.narrow(param.param_layout.output_dim, start, self.shard_sizes()[index])
+        if loaded.dim() == 0:  # a per-tensor value for a per-row parameter
+            target.fill_(loaded)
+        else:
+            default_weight_loader(target, loaded)
+
+    def param_name(self, param: nn.Parameter) -> str:
+        return next(name for name, p in self.named_parameters(recurse=False) if p is param)
+
+    def process_weights_after_loading(self) -> None:
+        self.method.process_weights_after_loading(self)
+
+    @property
+    def dense_weight(self) -> torch.Tensor | None:
+        """The plain [out, in] weight for fused kernels (kernels.gemv), or None when quantized."""
+        return self.method.dense_weight(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense(x, self.weight, self.bias)
+        return self.method.apply(self, x, self.bias)
 
 
 class MergedLinear(Linear):
@@ -109,20 +185,19 @@ class MergedLinear(Linear):
         in_features: int,
         out_sizes: list[int],
         bias: bool = False,
+        method: LinearMethod | None = None,
         *,
         tp: TensorParallel = NO_TP,
         part_slices: list[Slice] | None = None,
     ):
+        # before super().__init__: create_weights reads shard_sizes()
+        self.full_out_sizes = out_sizes
         self.part_slices = part_slices or [split_evenly(size, tp.size, tp.rank) for size in out_sizes]
-        local_sizes = [part.size for part in self.part_slices]
-        super().__init__(in_features, sum(local_sizes), bias, tp=tp)
-        self.offsets = [sum(local_sizes[:i]) for i in range(len(local_sizes))]
-        self.out_sizes = local_sizes
+        self.out_sizes = [part.size for part in self.part_slices]
+        super().__init__(in_features, sum(self.out_sizes), bias, method, tp=tp)
 
-    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
-        index = self.shard_index(shard)
-        start, size, part = self.offsets[index], self.out_sizes[index], self.part_slices[index]
-        default_weight_loader(param.data.narrow(0, start, size), take(loaded, 0, part.start, part.size))
+    def shard_sizes(self) -> list[int]:
+        return self.out_sizes
 
     def shard_index(self, shard: object) -> int:
         if not isinstance(shard, int):
@@ -141,12 +216,21 @@ class QKVLinear(MergedLinear):
         num_kv_heads: int,
         head_dim: int,
         bias: bool,
+        method: LinearMethod | None = None,
         *,
         tp: TensorParallel = NO_TP,
     ):
         heads = shard_heads(num_heads, num_kv_heads, tp)
         q, kv = heads.q_heads.scaled(head_dim), heads.kv_heads.scaled(head_dim)
-        super().__init__(hidden_size, [q.size, kv.size, kv.size], bias, tp=tp, part_slices=[q, kv, kv])
+        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        super().__init__(hidden_size, sizes, bias, method, tp=tp, part_slices=[q, kv, kv])
 
     def shard_index(self, shard: object) -> int:
         return ("q", "k", "v").index(shard)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let every Linear's method finish its weights (quantize, repack) once the checkpoint is in."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.process_weights_after_loading()

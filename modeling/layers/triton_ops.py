@@ -47,13 +47,14 @@ def triton_rms_norm_linear(
     x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, proj: Linear
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One row (batch-1 decode): the norm runs inside the GEMV's prologue; else rmsnorm kernel + matmul."""
-    config = one_row_gemv_config(x, proj.weight, PROLOGUE_RMSNORM)
+    weight = proj.dense_weight  # None for a quantized projection: its own method runs it
+    config = one_row_gemv_config(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
     if config is None:
         return unfused_rms_norm_linear(x, residual, norm, proj)
     summed = torch.empty_like(x) if residual is not None else None
     out = gemv(
         x,
-        proj.weight,
+        weight,
         proj.bias,
         norm_weight=norm.weight,
         eps=norm.eps,
@@ -65,10 +66,11 @@ def triton_rms_norm_linear(
 
 
 def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
-    config = one_row_gemv_config(x, proj.weight, PROLOGUE_SILU_MUL)
+    weight = proj.dense_weight
+    config = one_row_gemv_config(x, weight, PROLOGUE_SILU_MUL) if weight is not None else None
     if config is None:
         return unfused_silu_mul_linear(x, proj, silu_mul)
-    return gemv(x, proj.weight, proj.bias, silu_mul=True, config=config)
+    return gemv(x, weight, proj.bias, silu_mul=True, config=config)
 
 
 TRITON_OPS = LayerOps(

@@ -66,7 +66,7 @@ def test_every_flag_is_accepted_and_documented():
     config = _config(argv)
     assert config.cuda_graphs == [1, 2, 4] and config.port == 8080 and config.cors_allow_origin == ["x", "y"]
     assert config.num_shard == 1 and config.quantize == "gptq"
-    assert unimplemented_options(config) == ["--quantize"]
+    assert unimplemented_options(config) == []  # quantization is built: the engine applies it
     assert _config(["--cuda-graphs", "0"]).cuda_graphs == []
 
 
@@ -88,6 +88,25 @@ def test_every_flag_is_accepted_and_documented():
 def test_argument_errors(argv, message):
     with pytest.raises(LauncherError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         _config(argv)
+
+
+@pytest.mark.parametrize("value", ["bitsandbytes", "bitsandbytes-nf4", "exl2", "marlin"])
+def test_unbuilt_quantize_values_are_refused(value: str):
+    with pytest.raises(LauncherError, match=f"--quantize {value} is not supported by this server"):
+        _config(["--quantize", value])
+
+
+def test_vllm_quantization_flag_fills_quantize():
+    assert _config(["--quantization", "weight_only_int8"]).to_engine_config().quantize == "weight_only_int8"
+    assert _config(["--quantization", "fp8", "--quantize", "fp8"]).quantize == "fp8"
+    with pytest.raises(LauncherError, match="conflicts with --quantize"):
+        _config(["--quantization", "awq", "--quantize", "gptq"])
+
+
+@pytest.mark.parametrize("value", ["fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3"])
+def test_kv_cache_dtype_reaches_the_engine(value: str):
+    config = _config(["--kv-cache-dtype", value])
+    assert config.to_engine_config().kv_cache_dtype == value and unimplemented_options(config) == []
 
 
 def test_legacy_max_input_length_is_an_alias():

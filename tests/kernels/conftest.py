@@ -24,6 +24,8 @@ KERNEL_MODULES = [
     "kernels.rotary",
     "kernels.silu_mul",
     "kernels.fused_moe",
+    "kernels.quant_activation",
+    "kernels.dequant_matmul",
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "modeling.attention.triton_backend",
     "modeling.layers.triton_ops",

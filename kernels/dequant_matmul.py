@@ -1,0 +1,146 @@
+"""Weight-only quantized matmul: y = x @ dequant(W)^T, W int8 per output channel or int4 per group.
+
+    BITS=8  W int8 [N, K],                         w[n, k] = W[n, k] * scale[n]
+    BITS=4  W uint8 [N, K/2] (low nibble: even k),  w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G]
+
+One program per [BLOCK_M, BLOCK_N] output tile walks K, dequantizes a [BLOCK_N, BLOCK_K] weight
+tile in registers to x's dtype and feeds tl.dot (fp32 accumulation). BLOCK_K divides the group
+size, so each K step reads one scale (and zero) per output row. Decoding is memory-bound, so the
+point is reading 1 or 0.5 bytes per weight instead of 2; one kernel serves both widths through the
+BITS constexpr.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dequant_matmul_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K] int8 or [N, K/2] uint8
+    scale_ptr,  # [N] (BITS=8) or [N, K/G] (BITS=4)
+    zero_ptr,  # [N, K/G] (BITS=4)
+    bias_ptr,  # [N]
+    out_ptr,  # [M, N]
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    BITS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_n = tl.where(offs_n < N, offs_n, 0).to(tl.int64)  # clamp instead of masking weight loads
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        mask_k = k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=(offs_m[:, None] < M) & mask_k[None, :])
+        if BITS == 8:
+            w = tl.load(w_ptr + rows_n[:, None] * stride_wn + k[None, :], mask=mask_k[None, :], other=0)
+            w = w.to(x.dtype)
+        else:
+            packed = tl.load(w_ptr + rows_n[:, None] * stride_wn + (k // 2)[None, :], mask=mask_k[None, :], other=0)
+            q = ((packed.to(tl.int32) >> ((k % 2) * 4)[None, :]) & 0xF).to(tl.float32)
+            group = k0 // GROUP_SIZE
+            scale = tl.load(scale_ptr + rows_n * stride_sn + group).to(tl.float32)
+            zero = tl.load(zero_ptr + rows_n * stride_sn + group).to(tl.float32)
+            w = ((q - zero[:, None]) * scale[:, None]).to(x.dtype)
+        acc += tl.dot(x, tl.trans(w))
+    if BITS == 8:
+        acc *= tl.load(scale_ptr + rows_n).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rows_n).to(tl.float32)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequant_matmul(
+    x: torch.Tensor,  # [M, K] float
+    weight: torch.Tensor,  # int8 [N, K] or uint8 [N, K/2]
+    scale: torch.Tensor,  # [N] or [N, K/G]
+    zero: torch.Tensor | None = None,  # [N, K/G] (int4)
+    bias: torch.Tensor | None = None,
+    *,
+    bits: int = 8,
+    group_size: int = 0,
+    block_m: int = 16,
+    block_n: int = 64,
+    block_k: int = 64,
+) -> torch.Tensor:
+    """[M, N] in x's dtype."""
+    assert x.dim() == 2 and x.stride(1) == 1 and weight.stride(1) == 1
+    m, k = x.shape
+    n = weight.shape[0]
+    if bits == 4:  # one scale/zero per row per K step: BLOCK_K divides the group
+        block_k = min(block_k, group_size)
+        assert zero is not None and group_size % block_k == 0 and k % group_size == 0, (group_size, block_k, k)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _dequant_matmul_kernel[grid](
+        x,
+        weight,
+        scale,
+        zero if zero is not None else scale,
+        bias if bias is not None else scale,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        scale.stride(0),
+        out.stride(0),
+        BITS=bits,
+        GROUP_SIZE=max(group_size, 1),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=4,
+    )
+    return out
+
+
+def dequantize_weight(
+    weight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = None, *, bits: int = 8, group_size: int = 0
+) -> torch.Tensor:
+    """The float32 [N, K] weight the kernel multiplies by."""
+    if bits == 8:
+        return weight.float() * scale.float()[:, None]
+    q = unpack_int4(weight).float()
+    return (q - zero.float().repeat_interleave(group_size, 1)) * scale.float().repeat_interleave(group_size, 1)
+
+
+def dequant_matmul_ref(x, weight, scale, zero=None, bias=None, *, bits: int = 8, group_size: int = 0) -> torch.Tensor:
+    out = x.float() @ dequantize_weight(weight, scale, zero, bits=bits, group_size=group_size).T
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 -> uint8 [N, K/2], element 2i in the low nibble of byte i."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] -> uint8 [N, K]."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(packed.shape[0], -1)

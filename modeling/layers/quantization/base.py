@@ -1,0 +1,75 @@
+"""The quantized-linear seam: one `LinearMethod` object per scheme owns a Linear's weights.
+
+A method creates the layer's parameters (in the layer's *local* sizes, so tensor parallelism shards
+a quantized layer the same way as a plain one), turns checkpoint tensors into its own layout while
+they load, finishes them after loading (e.g. quantizing a bf16 weight to FP8), and runs the matmul.
+Models and the TP loaders never look inside: they see `Linear(in, out)` and `param.weight_loader`.
+
+Every parameter a method creates carries a `ParamLayout` (`param.param_layout`) saying which of its dims index the output
+features and the input features (and how many features one stored element covers along the input),
+which is all a sharding loader needs to cut a quantized tensor for its rank.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+@dataclass(frozen=True, slots=True)
+class ParamLayout:
+    output_dim: int | None = 0  # dim indexed by output features (None: one value per fused shard or layer)
+    input_dim: int | None = None  # dim indexed by input features (None: not split by input)
+    input_pack: int = 1  # input features per element along input_dim (8 for int4 packed in int32, g for group scales)
+
+
+WEIGHT_LAYOUT = ParamLayout(output_dim=0, input_dim=1)
+ROW_LAYOUT = ParamLayout(output_dim=0)  # bias, per-channel scales
+SHARD_LAYOUT = ParamLayout(output_dim=None)  # one value per fused shard (per-tensor scales)
+
+
+def register_param(layer: nn.Module, name: str, tensor: torch.Tensor, layout: ParamLayout) -> nn.Parameter:
+    """Register `tensor` as a frozen parameter of `layer`, loaded through the layer's load_shard."""
+    param = nn.Parameter(tensor, requires_grad=False)
+    param.param_layout = layout
+    param.weight_loader = layer.load_shard
+    layer.register_parameter(name, param)
+    return param
+
+
+class LinearMethod(ABC):
+    """How one quantization scheme stores, loads and applies a Linear's weight."""
+
+    name: str = "unquantized"
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+        """Register the parameters on `layer` (local sizes; out_sizes: one entry per fused shard)."""
+
+    def to_layout(self, param_name: str, loaded: torch.Tensor) -> torch.Tensor:
+        """A checkpoint tensor (one fused shard's, unsharded) in this method's layout for `param_name`."""
+        return loaded
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 (optional hook)
+        """Last step after every tensor is in: quantize, transpose, pack for the kernel."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, in] -> [T, out] in x's dtype."""
+
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
+        """The [out, in] half/full-precision weight fused kernels may read directly, or None."""
+        return None
+
+
+class QuantizationConfig(ABC):
+    """A scheme chosen once at startup (flag or checkpoint): hands each Linear its method."""
+
+    name: str
+
+    @abstractmethod
+    def linear_method(self) -> LinearMethod:
+        """A fresh method object for one Linear (methods may keep per-layer state)."""

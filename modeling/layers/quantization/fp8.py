@@ -1,0 +1,144 @@
+"""FP8 weights (e4m3, one scale per output channel) with dynamic per-token FP8 activations.
+
+Two sources: a half-precision checkpoint quantized while loading (`--quantize fp8`), or an FP8
+checkpoint loaded as it is (compressed-tensors `float-quantized`, TGI/transformers `fp8`, FBGEMM
+`fbgemm_fp8`): `weight` float8_e4m3fn [out, in] and `weight_scale` per tensor ([] / [1]) or per
+channel ([out] / [out, 1]). A per-tensor scale of a fused shard (q, k, v) becomes that shard's rows of
+the per-channel scale, which is exact. A static `input_scale` is loaded but not used: activations are
+always scaled per token at run time, which is at least as accurate.
+
+On GPUs with FP8 tensor cores (compute capability >= 8.9) the product is `torch._scaled_mm` with
+row-wise scales. Elsewhere the weight is dequantized once after loading and the same arithmetic is
+emulated (activations rounded through FP8 per token, product in fp32): the numbers are FP8's, the
+memory and the speed are the unquantized model's (logged once).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kernels.quant_activation import FP8_E4M3_MAX, quant_per_token, quant_per_token_ref
+from modeling.layers.quantization.base import (
+    ROW_LAYOUT,
+    SHARD_LAYOUT,
+    WEIGHT_LAYOUT,
+    LinearMethod,
+    QuantizationConfig,
+    register_param,
+)
+
+logger = logging.getLogger(__name__)
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+@functools.cache
+def device_has_fp8_matmul(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+@functools.cache
+def _log_emulation_once(device_type: str) -> None:
+    logger.warning(
+        "FP8 on %s: this device has no FP8 matmul, so FP8 weights are dequantized after loading and FP8 "
+        "activations emulated: FP8's accuracy, without its memory saving or speed-up",
+        device_type,
+    )
+
+
+def quantize_weight_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] -> (float8_e4m3fn [out, in], float32 scale [out]) with weight ~= q * scale[:, None]."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / FP8_E4M3_MAX).clamp(min=1e-12)
+    return (w / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_DTYPE), scale
+
+
+def dequantize_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    return weight.float() * weight_scale.float()[:, None]
+
+
+def fp8_linear_ref(x: torch.Tensor, dequantized_weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """What _scaled_mm computes: per-token FP8 activations times the (dequantized) FP8 weight, in fp32."""
+    xq, x_scale = quant_per_token_ref(x, FP8_DTYPE)
+    out = F.linear(xq.float() * x_scale, dequantized_weight.float())
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)
+
+
+class Fp8LinearMethod(LinearMethod):
+    name = "fp8"
+
+    def __init__(self, is_serialized: bool, has_input_scale: bool = False):
+        self.is_serialized = is_serialized  # FP8 in the checkpoint (else: quantize after loading)
+        self.has_input_scale = has_input_scale
+        self.use_scaled_mm = False
+        self.dtype = torch.float32  # the model's, for the dequantized weight of the emulation
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+        out_features = sum(out_sizes)
+        self.dtype = dtype
+        if not self.is_serialized:  # filled in dtype, quantized in process_weights_after_loading
+            register_param(layer, "weight", torch.empty(out_features, in_features, dtype=dtype), WEIGHT_LAYOUT)
+            return
+        register_param(layer, "weight", torch.empty(out_features, in_features, dtype=FP8_DTYPE), WEIGHT_LAYOUT)
+        register_param(layer, "weight_scale", torch.empty(out_features, dtype=torch.float32), ROW_LAYOUT)
+        if self.has_input_scale:
+            register_param(layer, "input_scale", torch.empty(len(out_sizes), dtype=torch.float32), SHARD_LAYOUT)
+
+    def to_layout(self, param_name: str, loaded: torch.Tensor) -> torch.Tensor:
+        if param_name == "weight_scale":  # [] / [1] per tensor (a scalar fills the shard), [out(, 1)] per channel
+            return loaded.float().reshape(()) if loaded.numel() == 1 else loaded.float().reshape(-1)
+        if param_name == "input_scale":
+            return loaded.float().reshape(-1)
+        return loaded
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if not self.is_serialized:
+            weight, scale = quantize_weight_per_channel(layer.weight.data)
+            register_param(layer, "weight", weight, WEIGHT_LAYOUT)  # replaces the half-precision one
+            register_param(layer, "weight_scale", scale, ROW_LAYOUT)
+        out_features, in_features = layer.weight.shape
+        device = layer.weight.device
+        self.use_scaled_mm = device_has_fp8_matmul(device) and out_features % 16 == 0 and in_features % 16 == 0
+        if not self.use_scaled_mm:
+            _log_emulation_once(device.type)
+            dequantized = dequantize_fp8(layer.weight.data, layer.weight_scale.data).to(self.dtype)
+            register_param(layer, "weight", dequantized, WEIGHT_LAYOUT)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not self.use_scaled_mm:
+            return fp8_linear_ref(x, layer.weight, bias)
+        x_q, x_scale = quant_per_token(x, FP8_DTYPE)
+        # row-wise scaled FP8 GEMM: bf16 output only, so fp16 models convert back
+        out = torch._scaled_mm(
+            x_q,
+            layer.weight.t(),
+            scale_a=x_scale,
+            scale_b=layer.weight_scale.view(1, -1),
+            bias=bias if bias is not None and bias.dtype == torch.bfloat16 else None,
+            out_dtype=torch.bfloat16,
+        )
+        if bias is not None and bias.dtype != torch.bfloat16:
+            out = out + bias
+        return out.to(x.dtype)
+
+
+class Fp8Config(QuantizationConfig):
+    name = "fp8"
+
+    def __init__(self, is_serialized: bool = False, has_input_scale: bool = False):
+        self.is_serialized = is_serialized
+        self.has_input_scale = has_input_scale
+
+    @classmethod
+    def from_checkpoint(cls, quant_config: dict) -> Fp8Config:
+        """TGI/transformers `fp8` or `fbgemm_fp8` quantization_config."""
+        return cls(is_serialized=True, has_input_scale=quant_config.get("activation_scheme") == "static")
+
+    def linear_method(self) -> LinearMethod:
+        return Fp8LinearMethod(self.is_serialized, self.has_input_scale)

@@ -82,7 +82,7 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int = 200, forward_
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     forward = _stand_in_forward(device, forward_ms) if on_gpu else (lambda: None)
     # The fill with other thread counts, at the same matcher states (the engine's count is FILL_THREADS).
-    sweep = {n: xgrammar.BatchGrammarMatcher(max_threads=n) for n in sorted({1, 2, 4, 8, FILL_THREADS})}
+    sweep = {n: xgrammar.BatchGrammarMatcher(max_threads=n) for n in sorted({1, 2, 4, 8, 16, FILL_THREADS})}
     sweep_bitmask = xgrammar.allocate_token_bitmask(rows, vocab)
     fill_ms, apply_ms, step_ms, forward_only_ms = [], [], [], []
     sweep_ms: dict[int, list[float]] = {n: [] for n in sweep}

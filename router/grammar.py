@@ -5,7 +5,8 @@ lives here, in the engine process:
 
     add_request --submit--> compile pool (xgrammar's cache; the step loop never waits on it)
     step: take_compiled() -> ready requests join the scheduler's queue, failures finish at once
-          fill_bitmask(rows) -> [B, ceil(V/32)] int32, copied to the device beside the step
+          mask(rows) -> [B, ceil(V/32)] int32, filled by xgrammar's threads (GIL released) after the
+                        executor has queued the forward, so on a GPU the fill runs while the forward does
           Sampler applies it after the penalties, before temperature/top-k/top-p (TGI's order)
           advance(plan, result) -> each matcher accepts its request's sampled token
 
@@ -20,6 +21,7 @@ never constrain pay nothing, not even the vocabulary scan.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -39,6 +41,9 @@ COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the 
 # JSON comes out with single spaces after `,` and `:` (outlines, which TGI uses, allows one optional
 # space there and no newlines), so a small model cannot pad an answer with blanks forever; strict
 # mode closes objects to their listed properties, as outlines' regexes do.
+# Threads of the batched bitmask fill: the cores this process may run on, as xgrammar's own "auto"
+# would count them were it not reading the host's CPU count (a container may see a fraction of it).
+FILL_THREADS = max(1, len(os.sched_getaffinity(0)) // 2)
 IDLE_WAIT_S = 0.005  # how long an otherwise idle engine sleeps on pending compiles per turn
 _CPP_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[12:00:00] /project/cpp/x.cc:83: " prefix
 
@@ -166,7 +171,8 @@ class GrammarBackend:
 
     # ---- per step -------------------------------------------------------------------------
     def mask(self, requests: Sequence[Request]) -> GrammarMask | None:
-        """The bitmask of this step's sampled rows; None when none of them is constrained."""
+        """The bitmask of this step's sampled rows; None when none of them is constrained. Called once
+        the step's forward is queued: the mask reads only tokens already accepted, not the logits."""
         rows = [i for i, r in enumerate(requests) if r.matcher is not None]
         if not rows:
             return None
@@ -200,7 +206,7 @@ class GrammarBackend:
         if self._batch_matcher is None:
             import xgrammar
 
-            self._batch_matcher = xgrammar.BatchGrammarMatcher()
+            self._batch_matcher = xgrammar.BatchGrammarMatcher(max_threads=FILL_THREADS)
         return self._batch_matcher
 
     def shutdown(self) -> None:

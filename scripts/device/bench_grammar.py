@@ -9,7 +9,10 @@ tokenizer is Llama-3's, so the vocabulary the masks cover is the real one). Need
 1. Mask cost (router.grammar.GrammarBackend, as the engine uses it): `rows` matchers of SCHEMA, each
    advanced by tokens its grammar allows; per step, filling every row's bitmask on the host and copying
    it to the device (`mask`), then applying it to a [rows, vocab] float32 logits tensor (`apply`).
-   Reported as ms per step and us per token (row).
+   Reported as ms per step and us per token (row), the fill at other thread counts at the same states
+   (`fill_ms_by_threads`), and on a GPU the exposed cost: the time the mask adds to a step whose
+   stand-in forward (~8 ms of matmuls, about a 64-row decode step of Llama-3-8B) is queued first, as
+   the executor queues the forward before it fills (`exposed_mask_ms_per_step`).
 2. Throughput: an engine process behind router.client.ZmqEngineClient (the server's own client); `rows`
    requests of PROMPT_LEN random ids x `new_tokens` at once, unconstrained vs constrained by SCHEMA, whose
    array of people is long enough that no answer completes first (every request runs all its tokens, so
@@ -50,13 +53,14 @@ SCHEMA = {
 SPEC = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))
 
 
-def mask_cost(model_dir: str, rows: int, device: str, steps: int = 200) -> dict:
+def mask_cost(model_dir: str, rows: int, device: str, steps: int = 200, forward_ms: float = 8.0) -> dict:
     import torch
+    import xgrammar
 
     from modeling.source import resolve_model_source
     from modeling.tokenizer import load_tokenizer
     from modeling.weights.loader import load_model_config
-    from router.grammar import GrammarBackend, GrammarCompiler
+    from router.grammar import FILL_THREADS, GrammarBackend, GrammarCompiler
 
     source = resolve_model_source(model_dir)
     vocab = load_model_config(source).vocab_size
@@ -74,38 +78,90 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int = 200) -> dict:
     requests = [Row() for _ in range(rows)]
     logits = torch.randn(rows, vocab, device=device)
     rng = random.Random(0)
-    fill_ms, apply_ms = [], []
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    on_gpu = device.startswith("cuda")
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    forward = _stand_in_forward(device, forward_ms) if on_gpu else (lambda: None)
+    # The fill with other thread counts, at the same matcher states (the engine's count is FILL_THREADS).
+    sweep = {n: xgrammar.BatchGrammarMatcher(max_threads=n) for n in sorted({1, 2, 4, 8, 16, FILL_THREADS})}
+    sweep_bitmask = xgrammar.allocate_token_bitmask(rows, vocab)
+    fill_ms, apply_ms, step_ms, forward_only_ms = [], [], [], []
+    sweep_ms: dict[int, list[float]] = {n: [] for n in sweep}
     for step in range(steps):
+        for threads, batch_matcher in sweep.items():
+            t = time.perf_counter()
+            batch_matcher.batch_fill_next_token_bitmask([r.matcher for r in requests], sweep_bitmask)
+            sweep_ms[threads].append(1e3 * (time.perf_counter() - t))
         sync()
         t0 = time.perf_counter()
-        mask = backend.mask(requests)
+        forward()
         sync()
         t1 = time.perf_counter()
-        scores = mask.apply(logits.clone())
+        mask = backend.mask(requests)
         sync()
         t2 = time.perf_counter()
+        scores = mask.apply(logits.clone())
+        sync()
+        t3 = time.perf_counter()
+        forward()  # the engine's order: forward queued, then the host fills while the GPU runs it
+        mask = backend.mask(requests)
+        scores = mask.apply(logits.clone())
+        sync()
+        t4 = time.perf_counter()
         if step >= 10:  # warm-up
-            fill_ms.append(1e3 * (t1 - t0))
-            apply_ms.append(1e3 * (t2 - t1))
+            forward_only_ms.append(1e3 * (t1 - t0))
+            fill_ms.append(1e3 * (t2 - t1))
+            apply_ms.append(1e3 * (t3 - t2))
+            step_ms.append(1e3 * (t4 - t3))
         allowed = torch.isfinite(scores).cpu()
         for i, row in enumerate(requests):  # advance each matcher by a random allowed token
             ids = allowed[i].nonzero().flatten().tolist()
             row.matcher.accept_token(rng.choice(ids))
     fill, apply = statistics.median(fill_ms), statistics.median(apply_ms)
+    # Exposed: what the mask adds to a step whose forward is already queued (on a CPU nothing is hidden).
+    exposed = statistics.median(step_ms) - statistics.median(forward_only_ms) if on_gpu else fill + apply
     result = dict(
         stage="mask",
         device=device,
         rows=rows,
         vocab=vocab,
         compile_ms=1e3 * compile_s,
+        fill_threads=FILL_THREADS,
         fill_ms_per_step=fill,
+        fill_ms_mean=statistics.mean(fill_ms),  # the cost is bimodal: a few grammar states are expensive
+        fill_ms_p90=statistics.quantiles(fill_ms, n=10)[-1],
         apply_ms_per_step=apply,
         mask_ms_per_step=fill + apply,
         us_per_token=1e3 * (fill + apply) / rows,
+        stand_in_forward_ms=statistics.median(forward_only_ms),
+        exposed_mask_ms_per_step=exposed,
+        exposed_mask_ms_mean=(
+            statistics.mean(step_ms) - statistics.mean(forward_only_ms)
+            if on_gpu
+            else statistics.mean(fill_ms) + statistics.mean(apply_ms)
+        ),
+        fill_ms_by_threads={n: (statistics.median(v[10:]), statistics.mean(v[10:])) for n, v in sweep_ms.items()},
     )
     print(json.dumps(result), flush=True)
     return result
+
+
+def _stand_in_forward(device: str, target_ms: float):
+    """GPU work of about `target_ms` (a chain of matmuls), queued asynchronously like a model forward."""
+    import torch
+
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize()
+    repeats = max(1, round(target_ms / (1e3 * (time.perf_counter() - t) / 20)))
+
+    def forward() -> None:
+        for _ in range(repeats):
+            a @ a
+
+    return forward
 
 
 async def throughput(model_dir: str, rows: int, new_tokens: int) -> list[dict]:
@@ -162,8 +218,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--mask-only", action="store_true")
+    parser.add_argument("--mask-steps", type=int, default=200)
     args = parser.parse_args()
-    results = [mask_cost(args.model_dir, args.rows, args.device)]
+    results = [mask_cost(args.model_dir, args.rows, args.device, args.mask_steps)]
     if not args.mask_only:
         results += asyncio.run(throughput(args.model_dir, args.rows, args.new_tokens))
     with open(os.path.join(os.environ.get("OUT", "."), "grammar_bench.json"), "w") as f:

@@ -278,9 +278,8 @@ _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
     "--weights-cache-override": lambda c: c.weights_cache_override is not None,
     "--disable-custom-kernels": lambda c: c.disable_custom_kernels,
     "--ngrok": lambda c: c.ngrok or c.ngrok_authtoken is not None or c.ngrok_edge is not None,
-    "--master-addr/--master-port/--shard-uds-path (shard processes)": lambda c: (
-        (c.master_addr, c.master_port, c.shard_uds_path) != ("localhost", 29500, "/tmp/text-generation-server")
-    ),
+    # ranks talk through torch.distributed (--master-addr/--master-port), not TGI's shard sockets
+    "--shard-uds-path": lambda c: c.shard_uds_path != "/tmp/text-generation-server",
 }
 # Options accepted that have nothing to do here, whatever their value (no warning).
 _WITHOUT_EFFECT = {"usage_stats": "TGI's telemetry switch: this server never sends telemetry"}

@@ -94,6 +94,6 @@ def test_stats_logger_reports_throughput(caplog):
 
 
 def test_stats_line_reports_the_prefix_cache():
-    before = MetricsSnapshot(0, 0, 0, 0, 0, 0.5, prefix_cache_queries=100, prefix_cache_hits=10)
-    after = MetricsSnapshot(0, 0, 0, 0, 0, 0.5, prefix_cache_queries=300, prefix_cache_hits=160, cached_tokens=4321)
+    before = MetricsSnapshot(0, 0, 0, 0, 0.5, prefix_cache_queries=100, prefix_cache_hits=10)
+    after = MetricsSnapshot(0, 0, 0, 0, 0.5, prefix_cache_queries=300, prefix_cache_hits=160, cached_tokens=4321)
     assert "Prefix cache hit rate: 75.0%, Cached tokens: 4321" in format_stats_line(before, after, 1.0)

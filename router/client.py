@@ -213,7 +213,8 @@ class ZmqEngineClient(_QueueingClient):
     can_restart = True
 
     _process: BaseProcess
-    _sockets: tuple[zmq.asyncio.Context, zmq.asyncio.Socket, zmq.asyncio.Socket, str]  # context, outbox, inbox, dir
+    # context, outbox, inbox, dir; None once closed
+    _sockets: tuple[zmq.asyncio.Context, zmq.asyncio.Socket, zmq.asyncio.Socket, str] | None
 
     def __init__(self, config: EngineConfig, startup_timeout: float) -> None:
         super().__init__()  # info, _process and _sockets come with _launch
@@ -288,6 +289,9 @@ class ZmqEngineClient(_QueueingClient):
         self._sockets = None
 
     def _submit(self, message) -> None:
+        if self._sockets is None:
+            self._mark_dead("the engine is stopped")
+            return
         try:
             self._sockets[1].send(encoder.encode(message), flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:

@@ -25,7 +25,7 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # the step that served this request raised
 
 
-# A request that ran to its end reports one of these, TGI's finish reasons (tgi_compat.schemas);
+# A request that ran to its end reports one of these, TGI's finish reasons (tgi_compat.protocol.tgi);
 # ABORT and ERROR never reach a client as a finish reason.
 COMPLETED_FINISH_REASONS = frozenset({FinishReason.LENGTH, FinishReason.EOS_TOKEN, FinishReason.STOP_TOKEN})
 

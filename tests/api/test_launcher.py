@@ -7,8 +7,15 @@ import sys
 
 import pytest
 
-from tgi_compat.config import ServerConfig
-from tgi_compat.launcher import FLAGS, LauncherError, build_parser, config_from_args, parse_args, unimplemented_options
+from tgi_compat.cli.config import ServerConfig
+from tgi_compat.cli.launcher import (
+    FLAGS,
+    LauncherError,
+    build_parser,
+    config_from_args,
+    parse_args,
+    unimplemented_options,
+)
 
 
 def _config(argv: list[str]) -> ServerConfig:
@@ -86,7 +93,7 @@ def test_legacy_max_input_length_is_an_alias():
 
 def test_bad_values_exit_with_usage_error():
     result = subprocess.run(
-        [sys.executable, "-m", "tgi_compat.launcher", "--quantize", "nope"], capture_output=True, text=True
+        [sys.executable, "-m", "tgi_compat.cli.launcher", "--quantize", "nope"], capture_output=True, text=True
     )
     assert result.returncode == 2 and "possible values" in result.stderr
 

@@ -13,7 +13,6 @@ is ignored.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -33,10 +32,8 @@ from tgi_compat.protocol.openai_common import (
 from tgi_compat.protocol.openapi import json_body, register_schemas
 from tgi_compat.protocol.sse import data_event, done_event, event_stream
 from tgi_compat.protocol.tgi import GenerateParameters, SimpleToken, Token, dump_json
-from tgi_compat.routes.generate import validate_request
 from tgi_compat.server.auth import require_api_key
 from tgi_compat.server.state import AppState, get_state
-from tgi_compat.serving import accounting
 from tgi_compat.serving.chat_template import (
     ChatTemplate,
     load_chat_template,
@@ -44,7 +41,8 @@ from tgi_compat.serving.chat_template import (
     template_messages,
     tool_error,
 )
-from tgi_compat.serving.generation import GenerationResult, Timings, TokenStep, generate_to_end, stream_sequence
+from tgi_compat.serving.frame import RequestFrame
+from tgi_compat.serving.generation import GenerationResult, TokenStep
 from tgi_compat.serving.responses import stream_headers, timing_headers
 
 router = APIRouter()
@@ -196,40 +194,37 @@ def usage_chunk(model: str, result: GenerationResult) -> str:
 # --------------------------------------------------------------------------------------- routes
 
 
-async def _chat_json(state: AppState, body: ChatRequest, prompt: str, timings: Timings) -> Response:
-    params = chat_parameters(body)
+async def _chat_json(frame: RequestFrame, body: ChatRequest, prompt: str) -> Response:
+    state = frame.state
     try:
-        with state.permits.hold(1), accounting.inflight(state) as inflight:
-            request = await validate_request(state, prompt, params, add_special_tokens=False)
-            first_token = inflight.first_token if inflight is not None else None
-            result = await generate_to_end(state, request, timings, first_token)
+        async with frame.admit(prompt, chat_parameters(body), add_special_tokens=False) as admitted:
+            request = admitted.request
+            result = await admitted.to_end()
     except TgiError as error:
-        accounting.failed(state, error)
+        frame.failed(error)
         return error.response()
-    accounting.succeeded(state, request, result, timings)
+    frame.succeeded(request, result)
     payload = chat_completion(response_model(state, body), result, bool(body.logprobs))
-    headers = timing_headers(timings, request.input_length, result.generated_tokens, state.compute_type, prompt)
+    headers = timing_headers(frame.timings, request.input_length, result.generated_tokens, state.compute_type, prompt)
     return JSONResponse(payload, headers=headers)
 
 
-def _chat_stream(state: AppState, body: ChatRequest, prompt: str, timings: Timings) -> Response:
+def _chat_stream(frame: RequestFrame, body: ChatRequest, prompt: str) -> Response:
+    state = frame.state
     model = response_model(state, body)
     logprobs = bool(body.logprobs)
 
     async def events():
-        params = chat_parameters(body)
         try:
-            with state.permits.hold(1), accounting.inflight(state) as inflight:
-                request = await validate_request(state, prompt, params, add_special_tokens=False)
-                first_token = inflight.first_token if inflight is not None else None
-                async for step in stream_sequence(state, request, timings, streaming=True, on_first_token=first_token):
+            async with frame.admit(prompt, chat_parameters(body), add_special_tokens=False) as admitted:
+                async for step in admitted.stream():
                     yield data_event(token_chunk(model, step, logprobs))
                     if step.result is not None:
-                        accounting.succeeded(state, request, step.result, timings)
+                        frame.succeeded(admitted.request, step.result)
                         if body.stream_options.include_usage:
                             yield data_event(usage_chunk(model, step.result))
         except TgiError as error:
-            accounting.failed(state, error)
+            frame.failed(error)
             yield stream_error_event(error)
         yield done_event()
 
@@ -245,16 +240,15 @@ def _chat_stream(state: AppState, body: ChatRequest, prompt: str, timings: Timin
 async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     body = await parse_openai_body(request, ChatRequest, state.config.payload_limit)
-    timings = Timings(arrival=time.perf_counter())
-    accounting.received(state)
+    frame = RequestFrame(state)
     try:
         prompt = await asyncio.to_thread(render_prompt, chat_template(request), body)  # Jinja: off the loop
     except TgiError as error:
-        accounting.failed(state, error)
+        frame.failed(error)
         return error.response()
     if body.stream:
-        return _chat_stream(state, body, prompt, timings)
-    return await _chat_json(state, body, prompt, timings)
+        return _chat_stream(frame, body, prompt)
+    return await _chat_json(frame, body, prompt)
 
 
 @router.post("/chat_tokenize", openapi_extra=json_body("ChatRequest"), summary="Template and tokenize ChatRequest")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -39,11 +38,10 @@ from tgi_compat.protocol.openai_common import (
 from tgi_compat.protocol.openapi import json_body, register_schemas
 from tgi_compat.protocol.sse import data_event, done_event, event_stream
 from tgi_compat.protocol.tgi import GenerateParameters, PrefillToken, Token, dump_json
-from tgi_compat.routes.generate import validate_request
 from tgi_compat.server.auth import require_api_key
 from tgi_compat.server.state import AppState, get_state
-from tgi_compat.serving import accounting
-from tgi_compat.serving.generation import GenerationResult, Timings, generate_best_of, generate_to_end, stream_sequence
+from tgi_compat.serving.frame import RequestFrame
+from tgi_compat.serving.generation import GenerationResult
 from tgi_compat.serving.responses import stream_headers, timing_headers
 
 router = APIRouter()
@@ -169,24 +167,21 @@ class PromptOutcome:
 
 
 async def _run_prompt(state: AppState, body: CompletionRequest, prompt: str, fanout: Fanout) -> PromptOutcome:
-    timings = Timings(arrival=time.perf_counter())
-    accounting.received(state)
+    frame = RequestFrame(state)
     try:
-        with state.permits.hold(fanout.best_of), accounting.inflight(state) as inflight:
-            request = await validate_request(state, prompt, completion_parameters(body))
+        async with frame.admit(prompt, completion_parameters(body), permits=fanout.best_of) as admitted:
+            request = admitted.request
             request.prompt_logprobs = request.prompt_logprobs or (bool(body.echo) and body.logprobs is not None)
-            if fanout.best_of == 1:
-                first_token = inflight.first_token if inflight is not None else None
-                results = [await generate_to_end(state, request, timings, first_token)]
-            else:
-                results = await generate_best_of(state, request, timings, fanout.best_of)
+            results = [await admitted.to_end()] if fanout.best_of == 1 else await admitted.best_of(fanout.best_of)
     except TgiError as error:
-        accounting.failed(state, error)
+        frame.failed(error)
         raise
-    accounting.succeeded(state, request, results[0], timings, fanout.best_of)
+    frame.succeeded(request, results[0], fanout.best_of)
     if fanout.best_of > fanout.n:
         results = sorted(results, key=lambda r: cumulative_logprob(r.tokens), reverse=True)[: fanout.n]
-    headers = timing_headers(timings, request.input_length, results[0].generated_tokens, state.compute_type, prompt)
+    headers = timing_headers(
+        frame.timings, request.input_length, results[0].generated_tokens, state.compute_type, prompt
+    )
     return PromptOutcome(prompt, results, headers)
 
 
@@ -284,20 +279,17 @@ async def _stream_sequence(
 ) -> None:
     """One sequence's events into `out`; errors become an OpenAI-route error event."""
     model = served_model_name(state)
-    timings = Timings(arrival=time.perf_counter())
-    accounting.received(state)
+    frame = RequestFrame(state)
     want_logprobs = body.logprobs is not None
     try:
-        with state.permits.hold(1), accounting.inflight(state) as inflight:
-            request = await validate_request(state, prompt, completion_parameters(body))
+        async with frame.admit(prompt, completion_parameters(body)) as admitted:
             offset = 0
             if body.echo:
                 await out.put(
                     _stream_chunk(model, {"index": index, "text": prompt, "logprobs": None, "finish_reason": ""})
                 )
                 offset = len(prompt)
-            first_token = inflight.first_token if inflight is not None else None
-            async for step in stream_sequence(state, request, timings, streaming=True, on_first_token=first_token):
+            async for step in admitted.stream():
                 logprobs = None
                 if want_logprobs:
                     builder = OpenAILogprobs(offset)
@@ -308,7 +300,7 @@ async def _stream_sequence(
                 if result is None:
                     await out.put(_stream_chunk(model, choice))
                     continue
-                accounting.succeeded(state, request, result, timings)
+                frame.succeeded(admitted.request, result)
                 totals.prompt_tokens += result.input_length
                 totals.completion_tokens += result.generated_tokens
                 choice["finish_reason"] = result.finish_reason  # raw on streams (TGI)
@@ -316,7 +308,7 @@ async def _stream_sequence(
                 choice["cum_log_probs"] = cumulative_logprob(result.tokens)
                 await out.put(_stream_chunk(model, choice, usage(result.input_length, result.generated_tokens)))
     except TgiError as error:
-        accounting.failed(state, error)
+        frame.failed(error)
         await out.put(stream_error_event(error))
     finally:
         out.put_nowait(_DONE)
@@ -373,8 +365,7 @@ async def completions(request: Request) -> Response:
     try:
         fanout = check_request(state, body)
     except TgiError as error:
-        accounting.received(state)
-        accounting.failed(state, error)
+        RequestFrame(state).failed(error)
         return error.response()
     if body.stream:
         return _completions_stream(state, body, fanout)

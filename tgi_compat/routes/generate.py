@@ -2,89 +2,42 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from tgi_compat.lightllm.features import prepare_features
 from tgi_compat.protocol.errors import TgiError, parse_json_body, validation_error
 from tgi_compat.protocol.openapi import json_body
 from tgi_compat.protocol.sse import data_event, event_stream
-from tgi_compat.protocol.tgi import CompatGenerateRequest, GenerateParameters, GenerateRequest, SimpleToken, dump_json
+from tgi_compat.protocol.tgi import CompatGenerateRequest, GenerateRequest, SimpleToken, dump_json
 from tgi_compat.server.auth import require_api_key
 from tgi_compat.server.state import AppState, get_state
-from tgi_compat.serving import accounting
-from tgi_compat.serving.generation import Timings, generate_best_of, generate_to_end, stream_step_batches
+from tgi_compat.serving.frame import RequestFrame
 from tgi_compat.serving.responses import generate_response, stream_event_json, stream_headers, timing_headers
-from tgi_compat.serving.validation import (
-    ValidatedRequest,
-    check_best_of_limits,
-    check_grammar,
-    check_lengths,
-    check_parameters,
-    check_stream_only,
-    num_sequences,
-    truncate_prompt,
-)
+from tgi_compat.serving.validation import check_best_of_limits, check_stream_only, num_sequences
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
-async def validate_request(
-    state: AppState, inputs: str, params: GenerateParameters, *, add_special_tokens: bool = True
-) -> ValidatedRequest:
-    """TGI's Validation::validate: parameters, tokenize, truncate, budget, grammar (in that order)."""
-    limits = state.limits
-    check_parameters(params, inputs, limits)
-    try:
-        prompt_ids = await state.tokenizer.encode(inputs, add_special_tokens)
-    except Exception as error:  # any tokenizer failure is the client's input
-        raise validation_error(f"tokenizer error {error}") from error
-    prompt_ids = truncate_prompt(prompt_ids, params.truncate)
-    prompt_ids, features = await prepare_features(state, params, prompt_ids)
-    max_new_tokens = check_lengths(params, len(prompt_ids), limits)
-    check_grammar(params, grammar_supported=not state.config.disable_grammar_support)
-    request = ValidatedRequest(
-        inputs=inputs,
-        prompt_ids=prompt_ids,
-        params=params,
-        max_new_tokens=max_new_tokens,
-        return_full_text=bool(params.return_full_text),
-        prompt_logprobs=(state.config.enable_prefill_logprobs and params.decoder_input_details)
-        or features.all_prompt_logprobs,
-        features=features,
-    )
-    accounting.validated(state, request)
-    return request
-
-
 async def generate_json(state: AppState, body: GenerateRequest, span: Any, *, as_list: bool) -> Response:
     """Non-streaming generation; `as_list` wraps the body in a one-element array (POST /)."""
-    timings = Timings(arrival=time.perf_counter())
-    accounting.received(state)
+    frame = RequestFrame(state, span)
     params = body.parameters
     try:
         check_best_of_limits(params, state.limits)
         n = num_sequences(params)
-        with state.permits.hold(n), accounting.inflight(state) as inflight:
-            with span.child("validate"):
-                request = await validate_request(state, body.inputs, params)
-            first_token = inflight.first_token if inflight is not None else None
-            if n > 1:
-                results = await generate_best_of(state, request, timings, n)
-            else:
-                results = [await generate_to_end(state, request, timings, first_token)]
+        async with frame.admit(body.inputs, params, permits=n) as admitted:
+            request = admitted.request
+            results = await admitted.best_of(n) if n > 1 else [await admitted.to_end()]
     except TgiError as error:
-        accounting.failed(state, error, span)
+        frame.failed(error)
         return error.response()
-    accounting.succeeded(state, request, results[0], timings, n)
-    accounting.traced(span, results[0], timings)
+    frame.succeeded(request, results[0], n)
     payload = generate_response(request, results).to_dict()
     headers = timing_headers(
-        timings, request.input_length, results[0].generated_tokens, state.compute_type, body.inputs
+        frame.timings, request.input_length, results[0].generated_tokens, state.compute_type, body.inputs
     )
     return JSONResponse([payload] if as_list else payload, headers=headers)
 
@@ -93,26 +46,21 @@ def generate_stream(state: AppState, body: GenerateRequest, http_request: Reques
     """SSE generation; every failure, validation included, is one error event on HTTP 200."""
 
     async def events():
-        timings = Timings(arrival=time.perf_counter())
-        accounting.received(state)
-        params = body.parameters
+        frame = RequestFrame(state)
         with state.request_span(route, http_request) as span:
+            frame.span = span
             try:
-                check_stream_only(params)
-                with state.permits.hold(1), accounting.inflight(state) as inflight:
-                    with span.child("validate"):
-                        request = await validate_request(state, body.inputs, params)
-                    first_token = inflight.first_token if inflight is not None else None
-                    batches = stream_step_batches(state, request, timings, streaming=True, on_first_token=first_token)
-                    async with aclosing(batches):
+                check_stream_only(body.parameters)
+                async with frame.admit(body.inputs, body.parameters) as admitted:
+                    request = admitted.request
+                    async with aclosing(admitted.stream_batches()) as batches:
                         async for steps in batches:
                             # One SSE event per token; tokens that arrived together share one write.
                             yield b"".join([data_event(stream_event_json(request, step)) for step in steps])
                             if (result := steps[-1].result) is not None:
-                                accounting.succeeded(state, request, result, timings)
-                                accounting.traced(span, result, timings)
+                                frame.succeeded(request, result)
             except TgiError as error:
-                accounting.failed(state, error, span)
+                frame.failed(error)
                 yield data_event(dump_json(error.body()))
 
     return event_stream(events(), stream_headers(state.compute_type, body.inputs))

@@ -4,6 +4,8 @@ is answered exactly as its own route would answer it."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
@@ -12,9 +14,10 @@ from tgi_compat.protocol.openapi import json_body
 from tgi_compat.server.auth import require_api_key
 from tgi_compat.server.state import get_state
 
-router = APIRouter()
-
 NO_VARIANT = "Failed to deserialize the JSON body into the target type: data did not match any variant of untagged enum SagemakerRequest"
+
+
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _replay(request: Request, raw: bytes) -> Request:
@@ -31,29 +34,27 @@ def _replay(request: Request, raw: bytes) -> Request:
     return Request(request.scope, receive)
 
 
-@router.post(
-    "/invocations",
-    openapi_extra=json_body("CompatGenerateRequest"),
-    dependencies=[Depends(require_api_key)],
-    summary="Generate tokens from Sagemaker request",
-)
-async def sagemaker_compatibility(request: Request) -> Response:
-    state = get_state(request)
-    if not is_json_content_type(request.headers.get("content-type")):
-        raise BodyRejection(415, "Expected request with `Content-Type: application/json`")
-    raw = await read_body(request, state.config.payload_limit)
-    document = load_json(raw)
-    keys = document.keys() if isinstance(document, dict) else ()
-    if "inputs" in keys:
-        from tgi_compat.routes.generate import compat_generate
+def build_router(variants: Sequence[tuple[str, Handler]]) -> APIRouter:
+    """/invocations over the app's own handlers, as (key, handler) in TGI's variant order; the app
+    passes them in, so this module imports no other route module."""
+    router = APIRouter()
 
-        return await compat_generate(_replay(request, raw))
-    if "messages" in keys:
-        from tgi_compat.routes.chat import chat_completions
+    @router.post(
+        "/invocations",
+        openapi_extra=json_body("CompatGenerateRequest"),
+        dependencies=[Depends(require_api_key)],
+        summary="Generate tokens from Sagemaker request",
+    )
+    async def sagemaker_compatibility(request: Request) -> Response:
+        state = get_state(request)
+        if not is_json_content_type(request.headers.get("content-type")):
+            raise BodyRejection(415, "Expected request with `Content-Type: application/json`")
+        raw = await read_body(request, state.config.payload_limit)
+        document = load_json(raw)
+        keys = document.keys() if isinstance(document, dict) else ()
+        for key, handler in variants:
+            if key in keys:  # the first key present picks the handler that answers
+                return await handler(_replay(request, raw))
+        raise BodyRejection(422, NO_VARIANT)
 
-        return await chat_completions(_replay(request, raw))
-    if "prompt" in keys:
-        from tgi_compat.routes.completions import completions
-
-        return await completions(_replay(request, raw))
-    raise BodyRejection(422, NO_VARIANT)
+    return router

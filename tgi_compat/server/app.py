@@ -24,12 +24,12 @@ from tgi_compat.serving.disconnect import AbortOnDisconnect
 
 def _route_modules() -> list[APIRouter]:
     # NOTE(owners of chat/openai/lightllm routes): add your router here with one line.
-    from tgi_compat.routes import generate as routes_generate
-    from tgi_compat.routes import info as routes_info
-    from tgi_compat.routes import openai as openai_routes
-    from tgi_compat.routes import sagemaker as routes_sagemaker
+    from tgi_compat.routes import chat, completions, generate, info, sagemaker
 
-    return [routes_generate.router, routes_info.router, openai_routes.router, routes_sagemaker.router]
+    invocations = sagemaker.build_router(
+        [("inputs", generate.compat_generate), ("messages", chat.chat_completions), ("prompt", completions.completions)]
+    )
+    return [generate.router, info.router, chat.router, completions.router, invocations]
 
 
 def _install_error_handlers(app: FastAPI) -> None:

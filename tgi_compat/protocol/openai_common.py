@@ -61,14 +61,6 @@ def openai_finish_reason(finish_reason: str) -> str:
     return "stop" if finish_reason == FinishReason.EOS_TOKEN else finish_reason
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
 def stream_error_event(error: TgiError) -> bytes:
     """Errors inside an OpenAI-route stream: TGI's `into_openai_event` (always 422)."""
     return data_event(dump_json({"error": {"message": error.message, "http_status_code": 422}}))

@@ -13,7 +13,6 @@ is ignored.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -27,7 +26,18 @@ from tgi_compat.protocol.openai_common import (
     stream_error_event,
     system_fingerprint,
     unix_now,
-    usage,
+)
+from tgi_compat.protocol.openai_responses import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprob,
+    ChatLogprobs,
+    ChatMessage,
+    ChatTopLogprob,
+    Usage,
 )
 from tgi_compat.protocol.openapi import json_body, register_schemas
 from tgi_compat.protocol.sse import data_event, done_event, event_stream
@@ -127,68 +137,59 @@ def response_model(state: AppState, body: ChatRequest) -> str:
 # --------------------------------------------------------------------------------------- shapes
 
 
-def _logprob_entry(token: Token, top_tokens: list[Token]) -> dict[str, Any]:
-    return {
-        "token": token.text,
-        "logprob": token.logprob,
-        "top_logprobs": [{"token": t.text, "logprob": t.logprob} for t in top_tokens],
-    }
-
-
-def completion_logprobs(result: GenerationResult) -> dict[str, Any]:
-    tops = result.top_tokens
-    return {
-        "content": [_logprob_entry(token, tops[i] if i < len(tops) else []) for i, token in enumerate(result.tokens)]
-    }
-
-
-def chat_completion(model: str, result: GenerationResult, logprobs: bool) -> dict[str, Any]:
-    return {
-        "object": "chat.completion",
-        "id": "",
-        "created": unix_now(),
-        "model": model,
-        "system_fingerprint": system_fingerprint(),
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result.generated_text},
-                "logprobs": completion_logprobs(result) if logprobs else None,
-                "finish_reason": openai_finish_reason(result.finish_reason),
-            }
-        ],
-        "usage": usage(result.input_length, result.generated_tokens),
-    }
-
-
-def _chunk(model: str, choices: list[dict[str, Any]], usage_: dict[str, int] | None) -> str:
-    return dump_json(
-        {
-            "object": "chat.completion.chunk",
-            "id": "",
-            "created": unix_now(),
-            "model": model,
-            "system_fingerprint": system_fingerprint(),
-            "choices": choices,
-            "usage": usage_,
-        }
+def _logprob_entry(token: Token, top_tokens: list[Token]) -> ChatLogprob:
+    return ChatLogprob(
+        token=token.text,
+        logprob=token.logprob,
+        top_logprobs=[ChatTopLogprob(token=t.text, logprob=t.logprob) for t in top_tokens],
     )
+
+
+def completion_logprobs(result: GenerationResult) -> ChatLogprobs:
+    tops = result.top_tokens
+    return ChatLogprobs(
+        content=[_logprob_entry(token, tops[i] if i < len(tops) else []) for i, token in enumerate(result.tokens)]
+    )
+
+
+def chat_completion(model: str, result: GenerationResult, logprobs: bool) -> ChatCompletion:
+    return ChatCompletion(
+        created=unix_now(),
+        model=model,
+        system_fingerprint=system_fingerprint(),
+        choices=[
+            ChatChoice(
+                index=0,
+                message=ChatMessage(content=result.generated_text),
+                logprobs=completion_logprobs(result) if logprobs else None,
+                finish_reason=openai_finish_reason(result.finish_reason),
+            )
+        ],
+        usage=Usage.of(result.input_length, result.generated_tokens),
+    )
+
+
+def _chunk(model: str, choices: list[ChatChunkChoice], usage_: Usage | None) -> str:
+    chunk = ChatCompletionChunk(
+        created=unix_now(), model=model, system_fingerprint=system_fingerprint(), choices=choices, usage=usage_
+    )
+    return dump_json(chunk.to_dict())
 
 
 def token_chunk(model: str, step: TokenStep, logprobs: bool) -> str:
     """One token: role on every chunk, "" for special tokens, finish_reason on the last."""
     result = step.result
-    choice = {
-        "index": 0,
-        "delta": {"role": "assistant", "content": "" if step.token.special else step.token.text},
-        "logprobs": {"content": [_logprob_entry(step.token, step.top_tokens)]} if logprobs else None,
-        "finish_reason": openai_finish_reason(result.finish_reason) if result is not None else None,
-    }
+    choice = ChatChunkChoice(
+        index=0,
+        delta=ChatDelta(content="" if step.token.special else step.token.text),
+        logprobs=ChatLogprobs(content=[_logprob_entry(step.token, step.top_tokens)]) if logprobs else None,
+        finish_reason=openai_finish_reason(result.finish_reason) if result is not None else None,
+    )
     return _chunk(model, [choice], None)
 
 
 def usage_chunk(model: str, result: GenerationResult) -> str:
-    return _chunk(model, [], usage(result.input_length, result.generated_tokens))
+    return _chunk(model, [], Usage.of(result.input_length, result.generated_tokens))
 
 
 # --------------------------------------------------------------------------------------- routes
@@ -204,7 +205,7 @@ async def _chat_json(frame: RequestFrame, body: ChatRequest, prompt: str) -> Res
         frame.failed(error)
         return error.response()
     frame.succeeded(request, result)
-    payload = chat_completion(response_model(state, body), result, bool(body.logprobs))
+    payload = chat_completion(response_model(state, body), result, bool(body.logprobs)).to_dict()
     headers = timing_headers(frame.timings, request.input_length, result.generated_tokens, state.compute_type, prompt)
     return JSONResponse(payload, headers=headers)
 

@@ -33,7 +33,13 @@ from tgi_compat.protocol.openai_common import (
     summed_headers,
     system_fingerprint,
     unix_now,
-    usage,
+)
+from tgi_compat.protocol.openai_responses import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionStreamChoice,
+    TextCompletion,
+    Usage,
 )
 from tgi_compat.protocol.openapi import json_body, register_schemas
 from tgi_compat.protocol.sse import data_event, done_event, event_stream
@@ -196,7 +202,7 @@ async def _all_or_cancel(awaitables: list[Awaitable[PromptOutcome]]) -> list[Pro
         raise
 
 
-def completion_choice(body: CompletionRequest, index: int, prompt: str, result: GenerationResult) -> dict[str, Any]:
+def completion_choice(body: CompletionRequest, index: int, prompt: str, result: GenerationResult) -> CompletionChoice:
     echo = bool(body.echo)
     logprobs = None
     if body.logprobs is not None:
@@ -206,14 +212,14 @@ def completion_choice(body: CompletionRequest, index: int, prompt: str, result: 
             builder.offset = len(prompt)
         builder.add_generated(result.tokens, result.top_tokens)
         logprobs = builder.value
-    return {
-        "index": index,
-        "text": prompt + result.generated_text if echo else result.generated_text,
-        "logprobs": logprobs,
-        "finish_reason": openai_finish_reason(result.finish_reason),
-        "sentence_length": result.generated_tokens,
-        "cum_log_probs": cumulative_logprob(result.tokens),
-    }
+    return CompletionChoice(
+        index=index,
+        text=prompt + result.generated_text if echo else result.generated_text,
+        logprobs=logprobs,
+        finish_reason=openai_finish_reason(result.finish_reason),
+        sentence_length=result.generated_tokens,
+        cum_log_probs=cumulative_logprob(result.tokens),
+    )
 
 
 async def _completions_json(state: AppState, body: CompletionRequest, fanout: Fanout) -> Response:
@@ -221,48 +227,36 @@ async def _completions_json(state: AppState, body: CompletionRequest, fanout: Fa
         outcomes = await _all_or_cancel([_run_prompt(state, body, prompt, fanout) for prompt in body.prompts])
     except TgiError as error:
         return error.response()
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+    choices: list[CompletionChoice] = []
+    prompt_tokens, completion_tokens = 0, 0
     for prompt_index, outcome in enumerate(outcomes):
         for k, result in enumerate(outcome.results):
             choices.append(completion_choice(body, prompt_index * fanout.n + k, outcome.prompt, result))
             prompt_tokens += result.input_length
             completion_tokens += result.generated_tokens
-    payload = {
-        "object": "text_completion",
-        "id": "",
-        "created": unix_now(),
-        "model": served_model_name(state),
-        "system_fingerprint": system_fingerprint(),
-        "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
-    }
-    return JSONResponse(payload, headers=summed_headers([o.headers for o in outcomes]))
+    payload = TextCompletion(
+        created=unix_now(),
+        model=served_model_name(state),
+        system_fingerprint=system_fingerprint(),
+        choices=choices,
+        usage=Usage.of(prompt_tokens, completion_tokens),
+    )
+    return JSONResponse(payload.to_dict(), headers=summed_headers([o.headers for o in outcomes]))
 
 
 # --------------------------------------------------------------------------------------- stream
 
 
-def _stream_chunk(model: str, choice: dict[str, Any], usage_: dict[str, int] | None = None) -> bytes:
-    if usage_ is None:  # TGI's `Chunk`: no usage key, model after choices
-        body = {
-            "object": "text_completion",
-            "id": "",
-            "created": unix_now(),
-            "choices": [choice],
-            "model": model,
-            "system_fingerprint": system_fingerprint(),
-        }
-    else:  # TGI's `CompletionFinal`
-        body = {
-            "object": "text_completion",
-            "id": "",
-            "created": unix_now(),
-            "model": model,
-            "system_fingerprint": system_fingerprint(),
-            "choices": [choice],
-            "usage": usage_,
-        }
-    return data_event(dump_json(body))
+def _stream_chunk(model: str, choice: CompletionStreamChoice) -> bytes:
+    chunk = CompletionChunk(created=unix_now(), choices=[choice], model=model, system_fingerprint=system_fingerprint())
+    return data_event(dump_json(chunk.to_dict()))
+
+
+def _final_chunk(model: str, choices: list[CompletionChoice], usage: Usage) -> bytes:
+    final = TextCompletion(
+        created=unix_now(), model=model, system_fingerprint=system_fingerprint(), choices=choices, usage=usage
+    )
+    return data_event(dump_json(final.to_dict()))
 
 
 _DONE = object()
@@ -285,9 +279,8 @@ async def _stream_sequence(
         async with frame.admit(prompt, completion_parameters(body)) as admitted:
             offset = 0
             if body.echo:
-                await out.put(
-                    _stream_chunk(model, {"index": index, "text": prompt, "logprobs": None, "finish_reason": ""})
-                )
+                echoed = CompletionStreamChoice(index=index, text=prompt, logprobs=None, finish_reason="")
+                await out.put(_stream_chunk(model, echoed))
                 offset = len(prompt)
             async for step in admitted.stream():
                 logprobs = None
@@ -295,18 +288,25 @@ async def _stream_sequence(
                     builder = OpenAILogprobs(offset)
                     builder.add_generated([step.token], [step.top_tokens])
                     logprobs, offset = builder.value, builder.offset
-                choice = {"index": index, "text": step.token.text, "logprobs": logprobs, "finish_reason": ""}
                 result = step.result
                 if result is None:
+                    choice = CompletionStreamChoice(
+                        index=index, text=step.token.text, logprobs=logprobs, finish_reason=""
+                    )
                     await out.put(_stream_chunk(model, choice))
                     continue
                 frame.succeeded(admitted.request, result)
                 totals.prompt_tokens += result.input_length
                 totals.completion_tokens += result.generated_tokens
-                choice["finish_reason"] = result.finish_reason  # raw on streams (TGI)
-                choice["sentence_length"] = result.generated_tokens
-                choice["cum_log_probs"] = cumulative_logprob(result.tokens)
-                await out.put(_stream_chunk(model, choice, usage(result.input_length, result.generated_tokens)))
+                last = CompletionChoice(
+                    index=index,
+                    text=step.token.text,
+                    logprobs=logprobs,
+                    finish_reason=result.finish_reason,  # raw on streams (TGI)
+                    sentence_length=result.generated_tokens,
+                    cum_log_probs=cumulative_logprob(result.tokens),
+                )
+                await out.put(_final_chunk(model, [last], Usage.of(result.input_length, result.generated_tokens)))
     except TgiError as error:
         frame.failed(error)
         await out.put(stream_error_event(error))
@@ -334,16 +334,8 @@ def _completions_stream(state: AppState, body: CompletionRequest, fanout: Fanout
                     continue
                 yield event
             if body.stream_options is not None and body.stream_options.include_usage:
-                final = {
-                    "object": "text_completion",
-                    "id": "",
-                    "created": unix_now(),
-                    "model": served_model_name(state),
-                    "system_fingerprint": system_fingerprint(),
-                    "choices": [],
-                    "usage": usage(totals.prompt_tokens, totals.completion_tokens),
-                }
-                yield data_event(dump_json(final))
+                usage = Usage.of(totals.prompt_tokens, totals.completion_tokens)
+                yield _final_chunk(served_model_name(state), [], usage)
             yield done_event()
         finally:
             for task in tasks:  # the client went away: stop generating for it

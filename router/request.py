@@ -77,8 +77,8 @@ class Request:
     and the request re-prefills prompt + generated later.
 
     With overlap scheduling the newest generated token may still be on the device when the next
-    step is scheduled: `pending_row` is then its row in the sampled ids of the step in flight, and
-    it counts in `num_tokens` although `output_ids` does not hold it yet.
+    step is scheduled: `num_pending_tokens` counts it (in `num_tokens`, although `output_ids` does
+    not hold it yet); which output row holds it is the executor's business (router/executor.py).
     """
 
     params: GenerateRequest
@@ -94,7 +94,7 @@ class Request:
     prompt_logprobs: list[float | None] = field(default_factory=list)
     prompt_top_tokens: list[list] = field(default_factory=list)  # list[list[TopToken]]
     finish_reason: FinishReason | None = None
-    pending_row: int | None = None  # see the class docstring
+    num_pending_tokens: int = 0  # sampled, still on the device (see the class docstring)
 
     @property
     def request_id(self) -> str:
@@ -111,7 +111,7 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         """Generated tokens, the one still on the device included."""
-        return len(self.output_ids) + (self.pending_row is not None)
+        return len(self.output_ids) + self.num_pending_tokens
 
     @property
     def reads_own_tokens_to_sample(self) -> bool:

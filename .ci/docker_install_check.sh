@@ -29,7 +29,7 @@ grep -q -- '--model-id' "$work/help.txt"
 grep -q -- '--graceful-termination-timeout' "$work/help.txt"
 "$work/venv/bin/python" - <<'PY'
 import importlib, importlib.util, os, sys
-for name in ("tgi_compat.launcher", "tgi_compat.metrics", "tgi_compat.tracing", "router.client_api", "modeling", "kernels"):
+for name in ("tgi_compat.cli.launcher", "tgi_compat.observability.metrics", "tgi_compat.observability.tracing", "router.client_api", "modeling", "kernels"):
     module = importlib.import_module(name)
     assert "site-packages" in module.__file__, (name, module.__file__)
 from modeling.source import resolve_model_source

@@ -29,7 +29,7 @@ def _command(port: int) -> list[str]:
     import sys
 
     return [
-        sys.executable, "-m", "tgi_compat.launcher",
+        sys.executable, "-m", "tgi_compat.cli.launcher",
         "--hostname", "127.0.0.1",
         "--port", str(port),
         "--max-concurrent-requests", "256",

@@ -7,8 +7,9 @@ The usual step is all decodes (one sampled token per request, no prompt logprobs
 fast path: its per-step ids go to the device in a single copy, and the fields that only depend
 on the batch size (q_start, q_lens, logits_indices) are device tensors made once per size.
 
-With overlap scheduling a request's input token may still be on the device (`Request.pending_row`):
-it is taken from `previous_ids`, the sampled ids of the step in flight, by a gather on the device.
+With overlap scheduling a request's input token may still be on the device: `input_rows[i]` (from
+the executor) is then the row of `previous_ids`, the sampled ids of the step in flight, that holds
+chunk i's input, taken by a gather on the device.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import cast
 import torch
 
 from modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
-from router.request import Request
 from router.step import StepPlan
+
+# Per chunk of a plan: the row of the in-flight step's sampled ids holding its input, or None.
+InputRows = Sequence[int | None]
 
 
 @dataclass(slots=True)
@@ -48,15 +51,21 @@ class StepBatchBuilder:
         self.device = torch.device(device)
         self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # B -> (arange, ones)
 
-    def build(self, plan: StepPlan, previous_ids: torch.Tensor | None = None) -> tuple[ForwardBatch, LogitsLayout]:
-        """`previous_ids`: [R] sampled ids of the step in flight, where pending tokens are read."""
+    def build(
+        self, plan: StepPlan, previous_ids: torch.Tensor | None = None, input_rows: InputRows | None = None
+    ) -> tuple[ForwardBatch, LogitsLayout]:
+        """`previous_ids`: [R] sampled ids of the step in flight; `input_rows[i]`: the row of it that
+        holds chunk i's input, None where the input is on the host."""
+        rows = input_rows if previous_ids is not None and input_rows is not None else [None] * len(plan.chunks)
         if not plan.cached_prefixes and all(
             c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None for c in plan.chunks
         ):
-            return self._build_decode(plan, previous_ids)
-        return build_step_batch(plan, self.device, previous_ids)
+            return self._build_decode(plan, previous_ids, rows)
+        return build_step_batch(plan, self.device, previous_ids, rows)
 
-    def _build_decode(self, plan: StepPlan, previous_ids: torch.Tensor | None) -> tuple[ForwardBatch, LogitsLayout]:
+    def _build_decode(
+        self, plan: StepPlan, previous_ids: torch.Tensor | None, input_rows: InputRows
+    ) -> tuple[ForwardBatch, LogitsLayout]:
         """Every chunk runs the last token of its sequence (position start) and samples after it."""
         chunks = plan.chunks
         requests = [c.request for c in chunks]
@@ -64,12 +73,12 @@ class StepBatchBuilder:
         kv_lens = [p + 1 for p in positions]
         rows = cast(list[int], [r.row for r in requests])  # scheduled requests hold a row
         columns = [positions, [c.slots[0] for c in chunks], rows, kv_lens]
-        if previous_ids is not None and _inputs_are_previous_rows(requests, previous_ids):
+        if previous_ids is not None and _inputs_are_previous_rows(input_rows, previous_ids):
             packed = upload(columns, self.device)  # [4, B]
             input_ids = previous_ids  # the steady state of overlap scheduling: no gather
         else:
             columns.append([(r.output_ids or r.params.prompt_ids)[-1] for r in requests])
-            sources = _input_sources(requests, previous_ids)
+            sources = _input_sources(input_rows, previous_ids)
             if sources is not None:
                 columns.append(sources)
             packed = upload(columns, self.device)  # [5 or 6, B]
@@ -105,21 +114,24 @@ class StepBatchBuilder:
         return constants
 
 
-def _inputs_are_previous_rows(requests: list[Request], previous_ids: torch.Tensor) -> bool:
-    """Request i's input is row i of the step in flight, for every i (same requests, same order)."""
-    return len(requests) == previous_ids.shape[0] and all(r.pending_row == i for i, r in enumerate(requests))
+def _inputs_are_previous_rows(input_rows: InputRows, previous_ids: torch.Tensor) -> bool:
+    """Chunk i's input is row i of the step in flight, for every i (same requests, same order)."""
+    return len(input_rows) == previous_ids.shape[0] and all(row == i for i, row in enumerate(input_rows))
 
 
-def _input_sources(requests: list[Request], previous_ids: torch.Tensor | None) -> list[int] | None:
+def _input_sources(input_rows: InputRows, previous_ids: torch.Tensor | None) -> list[int] | None:
     """Index of each input in cat(previous_ids, host ids), or None when none is pending."""
-    if previous_ids is None or all(r.pending_row is None for r in requests):
+    if previous_ids is None or all(row is None for row in input_rows):
         return None
     offset = previous_ids.shape[0]
-    return [offset + i if r.pending_row is None else r.pending_row for i, r in enumerate(requests)]
+    return [offset + i if row is None else row for i, row in enumerate(input_rows)]
 
 
 def build_step_batch(
-    plan: StepPlan, device: torch.device | str, previous_ids: torch.Tensor | None = None
+    plan: StepPlan,
+    device: torch.device | str,
+    previous_ids: torch.Tensor | None = None,
+    input_rows: InputRows | None = None,
 ) -> tuple[ForwardBatch, LogitsLayout]:
     """Any plan (prefill chunks, prompt logprobs, decodes mixed in)."""
     input_ids: list[int] = []
@@ -132,9 +144,9 @@ def build_step_batch(
         request, offset = chunk.request, len(input_ids)
         assert request.row is not None  # a scheduled request holds a row
         req_rows.append(request.row)
-        if request.pending_row is not None:  # a decode of the token in flight
+        if input_rows is not None and (pending_row := input_rows[index]) is not None:  # the token in flight
             assert chunk.num_tokens == 1 and previous_ids is not None
-            pending.append((offset, request.pending_row))
+            pending.append((offset, pending_row))
             input_ids.append(0)
         else:
             input_ids += request.token_ids(chunk.start, chunk.end)

@@ -5,8 +5,8 @@ With overlap scheduling (on for CUDA) the host does not wait for a step before p
     step N:   schedule N -> launch N -> [wait for N-1 -> update N-1] -> return N-1's events
                             GPU: ...N-1 | N .................. (N+1 is queued before N ends)
 
-Step N's plan counts the tokens of step N-1 as pending (Request.pending_row) and takes them as
-inputs on the device; a request that finished at N-1 (EOS, a stop id) still runs in step N,
+Step N's plan counts the tokens of step N-1 as pending (Request.num_pending_tokens) and takes them
+as inputs on the device (the executor maps each to its output row of N-1); a request that finished at N-1 (EOS, a stop id) still runs in step N,
 whose token for it is dropped. Requests whose sampling reads their own tokens on the host
 (penalties, watermark, healing, a grammar) turn it off while any is in the engine.
 
@@ -107,7 +107,14 @@ class EngineCore:
 
     def step(self) -> list[TokenEvent]:
         """Plain: schedule, execute and update one step, and return its events. With overlap
-        scheduling: schedule and launch a step, then complete the one in flight and return its events."""
+        scheduling: schedule and launch a step, then complete the one in flight and return its events.
+
+        Ordering invariant (overlap): schedule(N) -> launch(N, previous=N-1) -> update(N-1) ->
+        tokens_in_flight(N). N is scheduled while N-1's tokens are pending and launched before
+        N-1 is updated, so its pending inputs are read from N-1's sampled ids on the device; N-1
+        is updated before N's tokens are counted, so a request has at most one pending token when
+        a step is scheduled, and it is always in the step just before.
+        """
         events = self._take_compiled() if self.grammar is not None or self._pending_events else []
         previous, self._in_flight = self._in_flight, None
         overlap = self.overlap_scheduling and not self.scheduler.num_reading_own_tokens

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
@@ -25,7 +25,7 @@ from router.batch import LogitsLayout, StepBatchBuilder
 from router.request import Request
 from router.sampling import SampledRows, Sampler, SamplingBatch, score_prompt
 from router.sampling_cache import SamplingBatchCache
-from router.step import PromptScores, StepPlan, StepResult
+from router.step import PromptScores, SampledToken, StepPlan, StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class LaunchedStep:
         if self.sampled is not None:
             tokens = self.sampled.rows()
             if len(tokens) == len(plan.chunks):  # every chunk sampled
-                result.tokens = tokens
+                result.tokens = cast(list[SampledToken | None], tokens)  # the same list; every row is a token
             else:
                 for chunk_index, token in zip(self.sampled_chunks, tokens):
                     result.tokens[chunk_index] = token
@@ -131,7 +131,8 @@ class StepExecutor:
         inputs of this plan's pending tokens (overlap scheduling)."""
         started = time.perf_counter()
         previous_ids = previous.sampled_ids if previous is not None else None
-        batch, layout = self.batch_builder.build(plan, previous_ids)
+        input_rows = _input_rows(plan, previous) if previous is not None and previous_ids is not None else None
+        batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
         logits = self.runner.forward(batch)  # [R, vocab]
         forward_s = time.perf_counter() - started
         sampled = prompt = None
@@ -164,3 +165,11 @@ class StepExecutor:
             torch.tensor(top_n, dtype=torch.int64, device=self.device),
             max(top_n, default=0),
         ).start_copy()
+
+
+def _input_rows(plan: StepPlan, previous: LaunchedStep) -> list[int | None]:
+    """Which row of `previous`'s sampled ids feeds each chunk of `plan`: a request with a pending
+    token decodes it next, and that token is the row its chunk of `previous` sampled."""
+    chunks = previous.plan.chunks
+    row_of = {id(chunks[chunk_index].request): row for row, chunk_index in enumerate(previous.sampled_chunks)}
+    return [row_of[id(c.request)] if c.request.num_pending_tokens else None for c in plan.chunks]

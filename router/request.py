@@ -44,7 +44,7 @@ class GrammarSpec:
     value: str = ""
 
 
-# A request that ran to its end reports one of these, TGI's finish reasons (tgi_compat.schemas);
+# A request that ran to its end reports one of these, TGI's finish reasons (tgi_compat.protocol.tgi);
 # ABORT and ERROR never reach a client as a finish reason.
 COMPLETED_FINISH_REASONS = frozenset({FinishReason.LENGTH, FinishReason.EOS_TOKEN, FinishReason.STOP_TOKEN})
 
@@ -97,8 +97,8 @@ class Request:
     and the request re-prefills prompt + generated later.
 
     With overlap scheduling the newest generated token may still be on the device when the next
-    step is scheduled: `pending_row` is then its row in the sampled ids of the step in flight, and
-    it counts in `num_tokens` although `output_ids` does not hold it yet.
+    step is scheduled: `num_pending_tokens` counts it (in `num_tokens`, although `output_ids` does
+    not hold it yet); which output row holds it is the executor's business (router/executor.py).
     """
 
     params: GenerateRequest
@@ -114,7 +114,7 @@ class Request:
     prompt_logprobs: list[float | None] = field(default_factory=list)
     prompt_top_tokens: list[list] = field(default_factory=list)  # list[list[TopToken]]
     finish_reason: FinishReason | None = None
-    pending_row: int | None = None  # see the class docstring
+    num_pending_tokens: int = 0  # sampled, still on the device (see the class docstring)
     matcher: object | None = None  # xgrammar.GrammarMatcher of a constrained request, once compiled
     # Prefix caching: the cached prefix this request runs on (locked in the tree: slots[:its length]
     # are the tree's, the rest its own), and how many leading tokens have K/V written by completed
@@ -138,7 +138,7 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         """Generated tokens, the one still on the device included."""
-        return len(self.output_ids) + (self.pending_row is not None)
+        return len(self.output_ids) + self.num_pending_tokens
 
     @property
     def reads_own_tokens_to_sample(self) -> bool:

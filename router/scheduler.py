@@ -14,9 +14,10 @@ written tokens to the cache instead of the free list, so a preempted request com
 
 A chunk advances `num_computed_tokens` when it is scheduled, and its sampled token is appended by
 update(). With overlap scheduling (router/engine.py) the next step is scheduled before update()
-has seen the step in flight: its sampled tokens are then marked pending (`tokens_in_flight`), a
-pending token is the input of the request's next decode, and a request whose pending token is its
-last by length is not scheduled again.
+has seen the step in flight: its sampled tokens are then counted as pending (`tokens_in_flight`;
+the scheduler keeps only that count, the executor knows which output row holds each), a pending
+token is the input of the request's next decode, and a request whose pending token is its last by
+length is not scheduled again.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class Scheduler:
             if request.num_computed_tokens == 0 or request.num_new_tokens != 1 or _at_length_cap(request):
                 return False
         slots = self.pool.allocate(len(running))
+        assert slots is not None  # checked above: the pool has a free slot for each
         chunk = self._chunk
         plan.chunks = [chunk(request, 1, [slot]) for request, slot in zip(running, reversed(slots))]
         return True
@@ -235,14 +237,15 @@ class Scheduler:
 
     def tokens_in_flight(self, plan: StepPlan, sampled_chunks: list[int]) -> None:
         """Overlap scheduling: `plan` is launched and the next step will be scheduled before its
-        update(); its sampled tokens stay on the device until then, row i for chunk sampled_chunks[i]."""
+        update(); the tokens sampled for chunks `sampled_chunks` stay on the device until then."""
         chunks = plan.chunks
-        for row, chunk_index in enumerate(sampled_chunks):
-            chunks[chunk_index].request.pending_row = row
+        for chunk_index in sampled_chunks:
+            chunks[chunk_index].request.num_pending_tokens += 1
 
     def _append_token(self, request: Request, sampled: SampledToken) -> TokenEvent:
         output_ids, params, token_id = request.output_ids, request.params, sampled.token_id
-        request.pending_row = None
+        if request.num_pending_tokens:  # this token was the one in flight
+            request.num_pending_tokens -= 1
         output_ids.append(token_id)
         event = TokenEvent(
             params.request_id,

@@ -44,8 +44,8 @@ fi
 SERVER_PID=
 start_server() {  # name, then env assignments for the server
   local name=$1; shift
-  log "server $name: $* $PY -m tgi_compat.launcher --model-id $MODEL_DIR $SERVER_ARGS"
-  setsid env "$@" $PY -m tgi_compat.launcher --model-id "$MODEL_DIR" --port "$PORT" --hostname 127.0.0.1 \
+  log "server $name: $* $PY -m tgi_compat.cli.launcher --model-id $MODEL_DIR $SERVER_ARGS"
+  setsid env "$@" $PY -m tgi_compat.cli.launcher --model-id "$MODEL_DIR" --port "$PORT" --hostname 127.0.0.1 \
     $SERVER_ARGS > "$OUT/server-$name.log" 2>&1 &
   SERVER_PID=$!
   local waited=0

@@ -35,7 +35,7 @@ read -r -a DATASET <<< "--dataset sharegpt-lengths --seed 0 ${EXTRA_ARGS:-}"
 
 mkdir -p "$OUT"
 BASE_URL="http://127.0.0.1:$PORT"
-SERVER_CMD="$PY -m tgi_compat.launcher --model-id $MODEL_DIR --port $PORT --hostname 127.0.0.1 $SERVER_ARGS"
+SERVER_CMD="$PY -m tgi_compat.cli.launcher --model-id $MODEL_DIR --port $PORT --hostname 127.0.0.1 $SERVER_ARGS"
 has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 

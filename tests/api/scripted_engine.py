@@ -10,11 +10,11 @@ from dataclasses import replace
 from router.client_api import EngineClient, EngineInfo
 from router.outputs import TokenEvent, TopToken
 from router.request import GenerateRequest
-from tgi_compat.config import ServerConfig, ServingLimits
-from tgi_compat.metrics import ServerMetrics
-from tgi_compat.permits import PermitPool
-from tgi_compat.state import AppState, ModelInfo
-from tgi_compat.tokenization import TokenizerService
+from tgi_compat.cli.config import ServerConfig, ServingLimits
+from tgi_compat.observability.metrics import ServerMetrics
+from tgi_compat.server.permits import PermitPool
+from tgi_compat.server.state import AppState, ModelInfo
+from tgi_compat.serving.tokenization import TokenizerService
 
 EOS_ID = 2
 

@@ -3,7 +3,7 @@
 from typing import get_args
 
 from router.request import COMPLETED_FINISH_REASONS, FinishReason
-from tgi_compat import schemas
+from tgi_compat.protocol import tgi as schemas
 
 
 def test_the_wire_finish_reasons_are_the_engines_completed_ones():

@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2_vocabulary(smollm2_tokenizer):
-    from tgi_compat.lightllm_features import healing_table
+    from tgi_compat.lightllm.features import healing_table
 
     return healing_table(smollm2_tokenizer)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from router.token_healing import remaining_prefix, split_prompt
-from tgi_compat.detokenizer import IncrementalDetokenizer
-from tgi_compat.lightllm_features import HealingOutput
+from tgi_compat.lightllm.features import HealingOutput
+from tgi_compat.serving.detokenizer import IncrementalDetokenizer
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
 from scripted_engine import EOS_ID, ScriptedEngine, make_state
 
-from tgi_compat.app import create_app
-from tgi_compat.tokenization import TokenizerService
+from tgi_compat.server.app import create_app
+from tgi_compat.serving.tokenization import TokenizerService
 
 __all__ = ["EOS_ID"]
 
@@ -39,7 +39,7 @@ def make_client(tokenizer) -> Callable[..., httpx.AsyncClient]:
     def build(engine: ScriptedEngine, chat_template=None, **overrides) -> httpx.AsyncClient:
         app = create_app(make_state(engine, tokenizer, **overrides))
         if chat_template is not None:
-            app.state.chat_template = chat_template  # routes_chat keeps the loaded template here
+            app.state.chat_template = chat_template  # routes/chat.py keeps the loaded template here
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
     return build

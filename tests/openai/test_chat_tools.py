@@ -10,7 +10,7 @@ import pytest
 from scripted_engine import ScriptedEngine
 
 from router.request import GrammarKind
-from tgi_compat.tools import DEFAULT_TOOL_PROMPT, StreamSignal, ToolDelta, ToolStream
+from tgi_compat.serving.tools import DEFAULT_TOOL_PROMPT, StreamSignal, ToolDelta, ToolStream
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {

@@ -5,7 +5,7 @@ import os
 import re
 
 from router.stats import EngineStats, StepStats
-from tgi_compat.metrics import ServerMetrics
+from tgi_compat.observability.metrics import ServerMetrics
 
 DASHBOARD = os.path.join(os.path.dirname(__file__), "..", "..", "grafana", "tgi-compat-dashboard.json")
 

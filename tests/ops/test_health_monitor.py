@@ -6,7 +6,7 @@
 import asyncio
 
 from router.client_api import EngineClient, EngineDeadError, EngineInfo
-from tgi_compat.health_monitor import EngineHealthMonitor, HealthMonitorConfig
+from tgi_compat.server.health_monitor import EngineHealthMonitor, HealthMonitorConfig
 
 FAST = dict(check_interval_s=0.02, check_timeout_s=0.05, liveness_interval_s=0.01, failure_threshold=3)
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from tgi_compat import logging_setup
-from tgi_compat.logging_setup import (
+from tgi_compat.observability import logging_setup
+from tgi_compat.observability.logging_setup import (
     JsonFormatter,
     PlainFormatter,
     StatsLogger,
@@ -17,7 +17,7 @@ from tgi_compat.logging_setup import (
     loggable_text,
     request_context,
 )
-from tgi_compat.metrics import MetricsSnapshot, ServerMetrics
+from tgi_compat.observability.metrics import MetricsSnapshot, ServerMetrics
 
 
 @pytest.fixture(autouse=True)

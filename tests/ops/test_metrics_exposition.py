@@ -7,9 +7,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.stats import STATS_DECODER, STATS_ENCODER, EngineStats, StepStats
-from tgi_compat.metrics import DURATION_BUCKETS, ServerMetrics
-from tgi_compat.metrics_vllm import one_two_five_buckets
-from tgi_compat.prometheus_text import format_value
+from tgi_compat.observability.metrics import DURATION_BUCKETS, ServerMetrics
+from tgi_compat.observability.metrics_vllm import one_two_five_buckets
+from tgi_compat.observability.prometheus_text import format_value
 
 MAX_INPUT, MAX_TOTAL = 1000, 2048
 

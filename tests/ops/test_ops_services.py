@@ -3,9 +3,9 @@
 import logging
 import time
 
-from tgi_compat.config import ServerConfig
-from tgi_compat.metrics import ServerMetrics
-from tgi_compat.ops_services import start_ops_services
+from tgi_compat.cli.config import ServerConfig
+from tgi_compat.observability.metrics import ServerMetrics
+from tgi_compat.server.ops_services import start_ops_services
 
 
 def test_nothing_starts_for_a_plain_tgi_config():

@@ -1,0 +1,1 @@
+"""LightLLM compatibility: its server flags mapped onto ServerConfig, and its per-request features."""

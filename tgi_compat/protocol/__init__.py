@@ -1,0 +1,1 @@
+"""Wire formats: TGI and OpenAI request/response models, errors, SSE framing, the OpenAPI document."""

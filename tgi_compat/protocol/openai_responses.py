@@ -1,0 +1,157 @@
+"""OpenAI response bodies as TGI writes them: chat completions and their chunks, text completions
+and their chunks, usage. Field order is the wire order; `to_dict()` keeps every field (nulls too)
+and leaves floats as they are, so the JSON is the bytes the routes wrote before these were typed."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+class PromptTokensDetails(_Body):
+    cached_tokens: int
+
+
+class Usage(_Body):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    # vLLM's --enable-prompt-tokens-details only; absent (not null) otherwise, so TGI's shape stays exact
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_details(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        body = handler(self)
+        if body.get("prompt_tokens_details") is None:
+            body.pop("prompt_tokens_details", None)
+        return body
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens)
+            if cached_tokens is not None
+            else None,
+        )
+
+
+# ------------------------------------------------------------------------------------------ chat
+
+
+class ChatTopLogprob(_Body):
+    token: str
+    logprob: float | None
+
+
+class ChatLogprob(_Body):
+    token: str
+    logprob: float | None
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(_Body):
+    content: list[ChatLogprob]
+
+
+class ChatMessage(_Body):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Body):
+    index: int
+    message: ChatMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str
+
+
+class ChatCompletion(_Body):
+    object: Literal["chat.completion"] = "chat.completion"
+    id: str = ""
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(_Body):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChunkChoice(_Body):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(_Body):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    id: str = ""
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None
+
+
+# ----------------------------------------------------------------------------------- completions
+
+# OpenAI's legacy logprobs: parallel lists {tokens, token_logprobs, top_logprobs, text_offset}.
+CompletionLogprobs = dict[str, list[Any]]
+
+
+class CompletionChoice(_Body):
+    """A choice with AIAK's `sentence_length` and `cum_log_probs` (non-stream, and a stream's last)."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str
+    sentence_length: int
+    cum_log_probs: int | float  # the sum keeps its type: 0 when nothing was generated
+
+
+class CompletionStreamChoice(_Body):
+    """A stream's token choice: no AIAK fields; finish_reason "" until the last."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str
+
+
+class TextCompletion(_Body):
+    """Non-stream /v1/completions, and TGI's `CompletionFinal` (a stream's last chunk per prompt)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    id: str = ""
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionChunk(_Body):
+    """TGI's streamed `Chunk`: no usage key, model after choices."""
+
+    object: Literal["text_completion"] = "text_completion"
+    id: str = ""
+    created: int
+    choices: list[CompletionStreamChoice]
+    model: str
+    system_fingerprint: str

@@ -1,0 +1,1 @@
+"""Thin FastAPI route functions, one module per API family."""

@@ -1,0 +1,1 @@
+"""What a request goes through: validation, tokenization, generation, detokenization, chat templates, accounting."""

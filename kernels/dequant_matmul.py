@@ -124,6 +124,7 @@ def dequantize_weight(
     """The float32 [N, K] weight the kernel multiplies by."""
     if bits == 8:
         return weight.float() * scale.float()[:, None]
+    assert zero is not None, "int4 weights carry zero points"
     q = unpack_int4(weight).float()
     return (q - zero.float().repeat_interleave(group_size, 1)) * scale.float().repeat_interleave(group_size, 1)
 

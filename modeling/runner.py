@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from modeling.attention import create_backend
 from modeling.config import ModelConfig
@@ -29,6 +30,7 @@ from modeling.parallel.group import destroy_tensor_parallel
 from modeling.parallel.step_broadcast import StepBroadcast
 from modeling.registry import NATIVE, modeling_path, resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
+from modeling.weights.lazy import LazyTensor
 from modeling.weights.loader import iterate_weights, load_model_config
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ class ModelRunner:
         self,
         cfg: RunnerConfig,
         model_config: ModelConfig | None = None,
-        weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+        weights: Iterable[tuple[str, torch.Tensor | LazyTensor]] | None = None,
         tp: TensorParallel = NO_TP,
     ):
         """Loads from cfg.model_id, or (tests) from an already-built config and weight iterable.
@@ -180,7 +182,7 @@ class ModelRunner:
             self.step_sender = None
         destroy_tensor_parallel(self.tp)
 
-    def _build_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> CausalLM:
+    def _build_model(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> CausalLM:
         # imported here, like the model class: importing Triton kernels at module import would fix
         # their mode before tests can choose the interpreter
         from modeling.layers.linear import process_weights_after_loading
@@ -197,6 +199,7 @@ class ModelRunner:
         with torch.device(self.device), _default_dtype(self.dtype), build_with(quantization):
             model = model_cls(self.model_config, select_ops(self.device), **sharding)
         model.load_weights(weights)
+        assert isinstance(model, nn.Module), model_cls  # every model family is a torch module
         process_weights_after_loading(model)
         return model.eval()
 

@@ -16,30 +16,18 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import cast
 
 import torch
 
-from modeling.forward_batch import ForwardBatch
 from router.batch import LogitsLayout, StepBatchBuilder
 from router.request import Request
+from router.runner_api import Runner
 from router.sampling import SampledRows, Sampler, SamplingBatch, score_prompt
 from router.sampling_cache import SamplingBatchCache
 from router.step import PromptScores, SampledToken, StepPlan, StepResult
 
 logger = logging.getLogger(__name__)
-
-
-class Runner(Protocol):
-    """What the engine needs of modeling.runner.ModelRunner (tests pass hand-made runners)."""
-
-    num_kv_slots: int
-
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:  # logits [R, vocab] float32
-        ...
-
-    def close(self) -> None:  # release the other tensor-parallel ranks, if any
-        ...
 
 
 @dataclass(slots=True)

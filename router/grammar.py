@@ -28,12 +28,16 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from router.outputs import TokenEvent
 from router.request import FinishReason, GrammarKind, GrammarSpec, Request
 from router.step import StepPlan, StepResult
+
+if TYPE_CHECKING:
+    import xgrammar
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +87,7 @@ class GrammarCompiler:
                 logger.info("grammar compiler ready in %.2f s", time.perf_counter() - started)
             return self._compiler
 
-    def compile(self, spec: GrammarSpec):
+    def compile(self, spec: GrammarSpec) -> xgrammar.GrammarMatcher:
         """A fresh xgrammar.GrammarMatcher for the spec; GrammarCompileError when it does not compile."""
         import xgrammar
 
@@ -131,6 +135,7 @@ class GrammarBackend:
     # ---- compile --------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         spec = request.params.grammar
+        assert spec is not None, "only constrained requests compile a grammar"
         self._compiling[request.request_id] = (request, self._pool.submit(self.compiler.compile, spec))
 
     @property
@@ -159,7 +164,9 @@ class GrammarBackend:
                 failed.append(_rejected(request_id, str(error)))
             except Exception as error:
                 logger.exception("compiling the grammar of %s failed", request_id)
-                failed.append(_rejected(request_id, compile_error_message(request.params.grammar, error)))
+                spec = request.params.grammar
+                assert spec is not None  # submit() took only constrained requests
+                failed.append(_rejected(request_id, compile_error_message(spec, error)))
             else:
                 ready.append(request)
         return ready, failed
@@ -173,11 +180,15 @@ class GrammarBackend:
     def mask(self, requests: Sequence[Request]) -> GrammarMask | None:
         """The bitmask of this step's sampled rows; None when none of them is constrained. Called once
         the step's forward is queued: the mask reads only tokens already accepted, not the logits."""
-        rows = [i for i, r in enumerate(requests) if r.matcher is not None]
+        rows: list[int] = []
+        matchers: list[xgrammar.GrammarMatcher] = []
+        for i, request in enumerate(requests):
+            if request.matcher is not None:
+                rows.append(i)
+                matchers.append(request.matcher)
         if not rows:
             return None
         bitmask = self._bitmask_rows(len(requests))
-        matchers = [requests[i].matcher for i in rows]
         if len(rows) == 1:
             matchers[0].fill_next_token_bitmask(bitmask, rows[0])
         else:

@@ -59,7 +59,7 @@ class KVSlotPool:
         if num_tokens > len(self._free_slots):
             if num_tokens > self.num_free_slots:
                 return None
-            self._free_slots += self.prefix_cache.evict(num_tokens - len(self._free_slots))
+            self._free_slots += self._cache.evict(num_tokens - len(self._free_slots))
         if num_tokens == 0:
             return []
         taken = self._free_slots[-num_tokens:]
@@ -76,19 +76,24 @@ class KVSlotPool:
         self._free_rows.append(row)
 
     # ---- prefix caching (only called when self.prefix_cache is set) ----------------------
+    @property
+    def _cache(self) -> PrefixCache:
+        assert self.prefix_cache is not None, "prefix caching is off"
+        return self.prefix_cache
+
     def take_cached_prefix(self, tokens: list[int]) -> PrefixMatch | None:
         """The longest cached prefix of `tokens`, locked for the caller, or None on a miss."""
         self.num_prefix_queried_tokens += len(tokens)
-        match = self.prefix_cache.match(tokens)
+        match = self._cache.match(tokens)
         if not match.slots:
             return None
-        self.prefix_cache.lock(match.node)
+        self._cache.lock(match.node)
         self.num_prefix_hit_tokens += match.num_tokens
         return match
 
     def release_cached_prefix(self, prefix: PrefixMatch | None) -> None:
         if prefix is not None:
-            self.prefix_cache.unlock(prefix.node)
+            self._cache.unlock(prefix.node)
 
     def cache_and_free(self, tokens: list[int], slots: list[int], prefix: PrefixMatch | None) -> None:
         """A request gives its slots back: `tokens` (the leading ones whose K/V is written, at
@@ -96,7 +101,7 @@ class KVSlotPool:
         num_locked = 0 if prefix is None else prefix.num_tokens
         if len(tokens) < num_locked:
             raise ValueError(f"{len(tokens)} tokens to cache, fewer than the {num_locked} locked")
-        num_present, _ = self.prefix_cache.insert(tokens, slots[: len(tokens)])
+        num_present, _ = self._cache.insert(tokens, slots[: len(tokens)])
         self._free_slots += slots[num_locked:num_present]  # duplicates of what someone else cached
         self._free_slots += slots[len(tokens) :]  # K/V never written by a completed step
         self.release_cached_prefix(prefix)
@@ -108,7 +113,7 @@ class KVSlotPool:
         Only when no one cached part of its private tail meanwhile: the tree would then hold other
         slots for those tokens while the request's row still points at its own."""
         num_locked = 0 if prefix is None else prefix.num_tokens
-        cache = self.prefix_cache
+        cache = self._cache
         if len(tokens) <= num_locked or cache.matched_length(tokens) != num_locked:
             return prefix
         shared = slots[: len(tokens)]

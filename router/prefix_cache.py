@@ -31,6 +31,12 @@ class _Node:
     lock_ref: int = 0  # running requests whose cached prefix passes through here
     last_access: int = 0  # LRU clock tick of the last match or insert through here
 
+    @property
+    def parent_node(self) -> _Node:
+        """The parent of a non-root node (only the root has none)."""
+        assert self.parent is not None, "the root has no parent"
+        return self.parent
+
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
@@ -112,7 +118,7 @@ class PrefixCache:
             if node.lock_ref == 0:
                 self.num_locked_tokens += len(node.tokens)
             node.lock_ref += 1
-            node = node.parent
+            node = node.parent_node
 
     def unlock(self, node: _Node) -> None:
         while node is not self.root:
@@ -121,7 +127,7 @@ class PrefixCache:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self.num_locked_tokens -= len(node.tokens)
-            node = node.parent
+            node = node.parent_node
 
     # ---- eviction -----------------------------------------------------------------------
     def evict(self, num_tokens: int) -> list[int]:
@@ -139,7 +145,7 @@ class PrefixCache:
                 del leaf.tokens[-num_wanted:], leaf.slots[-num_wanted:]
                 self.num_cached_tokens -= num_wanted
                 break
-            parent = leaf.parent
+            parent = leaf.parent_node
             del parent.children[leaf.tokens[0]]
             freed += leaf.slots
             self.num_cached_tokens -= len(leaf.tokens)
@@ -159,7 +165,7 @@ class PrefixCache:
 
     def _split(self, child: _Node, length: int) -> _Node:
         """Cut `child`'s edge after `length` tokens; the new upper node keeps its locks and clock."""
-        parent = child.parent
+        parent = child.parent_node
         upper = _Node(
             child.tokens[:length],
             child.slots[:length],

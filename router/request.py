@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import xgrammar
+
     from router.prefix_cache import PrefixMatch
 
 
@@ -115,7 +117,7 @@ class Request:
     prompt_top_tokens: list[list] = field(default_factory=list)  # list[list[TopToken]]
     finish_reason: FinishReason | None = None
     num_pending_tokens: int = 0  # sampled, still on the device (see the class docstring)
-    matcher: object | None = None  # xgrammar.GrammarMatcher of a constrained request, once compiled
+    matcher: xgrammar.GrammarMatcher | None = None  # a constrained request's, once compiled
     # Prefix caching: the cached prefix this request runs on (locked in the tree: slots[:its length]
     # are the tree's, the rest its own), and how many leading tokens have K/V written by completed
     # steps (with overlap scheduling, num_computed_tokens also counts the step still in flight).

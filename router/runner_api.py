@@ -18,3 +18,7 @@ class Runner(Protocol):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [R, vocab] float32 for the rows batch.logits_indices."""
         ...
+
+    def close(self) -> None:
+        """Release the other tensor-parallel ranks, if any."""
+        ...

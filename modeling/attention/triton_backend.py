@@ -137,13 +137,22 @@ class TritonAttentionBackend(AttentionBackend):
         softcap: float | None = None,
     ) -> torch.Tensor:
         meta = self.metadata
-        options = dict(sliding_window=sliding_window, softcap=softcap)
         if not (meta.is_decode and ops.name == "triton" and qk.shape[0] in self.fused_rotary_batches):
-            return super().rotate_store_and_attend(qk, v, rope, ops, k_cache, v_cache, scale, **options)
+            return super().rotate_store_and_attend(
+                qk, v, rope, ops, k_cache, v_cache, scale, sliding_window=sliding_window, softcap=softcap
+            )
         num_q_heads = qk.shape[1] - v.shape[1]
         cos, sin = rope  # [B, D/2] each, this step's rows (triton_rope_tables)
         new_token = NewTokenKV(k=qk[:, num_q_heads:], v=v, cos=cos, sin=sin, slots=meta.out_slots)
-        return self._decode(qk[:, :num_q_heads], k_cache, v_cache, scale, new_token=new_token, **options)
+        return self._decode(
+            qk[:, :num_q_heads],
+            k_cache,
+            v_cache,
+            scale,
+            new_token=new_token,
+            sliding_window=sliding_window,
+            softcap=softcap,
+        )
 
     def forward(
         self,
@@ -155,13 +164,14 @@ class TritonAttentionBackend(AttentionBackend):
         softcap: float | None = None,
     ) -> torch.Tensor:
         meta = self.metadata
-        options = dict(sliding_window=sliding_window, softcap=softcap)
         if meta.is_decode:
-            return self._decode(q, k_cache, v_cache, scale, **options)
+            return self._decode(q, k_cache, v_cache, scale, sliding_window=sliding_window, softcap=softcap)
         out = torch.empty_like(q)
         first = meta.num_decode_prefix  # requests [0, first) own tokens [0, first), one each
         if first:
-            self._decode(q[:first], k_cache, v_cache, scale, out=out[:first], **options)
+            self._decode(
+                q[:first], k_cache, v_cache, scale, out=out[:first], sliding_window=sliding_window, softcap=softcap
+            )
         prefill_attention(
             q,
             k_cache,
@@ -174,7 +184,8 @@ class TritonAttentionBackend(AttentionBackend):
             meta.max_q_len,
             scale,
             out=out,
-            **options,
+            sliding_window=sliding_window,
+            softcap=softcap,
         )
         return out
 

@@ -12,15 +12,21 @@ Tensor parallelism is a constructor knob: a column-parallel layer keeps a slice 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels.gemv import PROLOGUE_NONE, GemvConfig, gemv, gemv_config
 from modeling.layers.quantization import method_for_new_linear
-from modeling.layers.quantization.base import ROW_LAYOUT, WEIGHT_LAYOUT, LinearMethod, register_param
+from modeling.layers.quantization.base import (
+    ROW_LAYOUT,
+    WEIGHT_LAYOUT,
+    LinearMethod,
+    LoadableParameter,
+    WeightLoader,
+    layer_tensor,
+    register_param,
+)
 from modeling.parallel import NO_TP, Slice, TensorParallel, shard_heads, split_evenly
 from modeling.weights.lazy import LazyTensor, take
 
@@ -50,20 +56,11 @@ def one_row_gemv_config(x: torch.Tensor, weight: torch.Tensor, prologue: int) ->
     return gemv_config(weight.shape[0], weight.shape[1], prologue)
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
     loaded = take(loaded)
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}")
     param.data.copy_(loaded)
-
-
-WeightLoader = Callable[[nn.Parameter, torch.Tensor, object], None]  # (param, checkpoint tensor, shard)
-
-
-class LoadableParameter(nn.Parameter):
-    """A parameter that carries the loader placing a checkpoint tensor in it."""
-
-    weight_loader: WeightLoader
 
 
 def new_param(*shape: int, loader: WeightLoader = default_weight_loader) -> LoadableParameter:
@@ -75,14 +72,14 @@ def new_param(*shape: int, loader: WeightLoader = default_weight_loader) -> Load
 class UnquantizedLinearMethod(LinearMethod):
     """The plain weight [out, in] in the model's dtype, applied by `dense`."""
 
-    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+    def create_weights(self, layer: Linear, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
         register_param(layer, "weight", torch.empty(sum(out_sizes), in_features, dtype=dtype), WEIGHT_LAYOUT)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return dense(x, layer.weight, bias)
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return dense(x, layer_tensor(layer, "weight"), bias)
 
-    def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
-        return layer.weight
+    def dense_weight(self, layer: Linear) -> torch.Tensor | None:
+        return layer_tensor(layer, "weight")
 
 
 class Linear(nn.Module):
@@ -118,13 +115,13 @@ class Linear(nn.Module):
     def shard_sizes(self) -> list[int]:
         return [self.out_features]
 
-    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
+    def load_shard(self, param: LoadableParameter, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
         index = self.shard_index(shard)
         if not isinstance(self.method, UnquantizedLinearMethod):
             loaded = self.method.to_layout(self.param_name(param), take(loaded))
         self.place(param, self.rank_part(param, loaded, index), index)
 
-    def rank_part(self, param: nn.Parameter, loaded: torch.Tensor | LazyTensor, index: int) -> torch.Tensor:
+    def rank_part(self, param: LoadableParameter, loaded: torch.Tensor | LazyTensor, index: int) -> torch.Tensor:
         """This rank's part of a checkpoint tensor already in the method's layout: scaled from the
         layer's slices by the tensor's own extent along the sliced dim (packed or grouped dims too)."""
         layout = param.param_layout
@@ -146,7 +143,7 @@ class Linear(nn.Module):
         """Which fused shard a checkpoint tensor is (0 for a plain Linear)."""
         return 0
 
-    def place(self, param: nn.Parameter, loaded: torch.Tensor, index: int) -> None:
+    def place(self, param: LoadableParameter, loaded: torch.Tensor, index: int) -> None:
         """Copy one fused shard's tensor (already in the method's layout) into its part of param."""
         target = param.data
         if param.param_layout.output_dim is None:  # one value per shard
@@ -161,7 +158,7 @@ class Linear(nn.Module):
         else:
             default_weight_loader(target, loaded)
 
-    def param_name(self, param: nn.Parameter) -> str:
+    def param_name(self, param: LoadableParameter) -> str:
         return next(name for name, p in self.named_parameters(recurse=False) if p is param)
 
     def process_weights_after_loading(self) -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from kernels.fused_moe import fused_moe, fused_moe_ref
-from modeling.layers.linear import Linear, MergedLinear, default_weight_loader
+from modeling.layers.linear import Linear, LoadableParameter, MergedLinear, default_weight_loader
 from modeling.layers.ops import LayerOps
 
 _PARTS = {"gate": 0, "up": 1}  # row blocks of w13
@@ -22,15 +22,16 @@ class FusedExperts(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        self.w13 = LoadableParameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
+        self.w2 = LoadableParameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
         self.w13.weight_loader = self.w2.weight_loader = self.load_expert
 
-    def load_expert(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
+    def load_expert(self, param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
         """shard: (expert, "gate" | "up" | "down") for one expert's matrix; None for all experts at once."""
         if shard is None:
             default_weight_loader(param, loaded)
             return
+        assert isinstance(shard, tuple), shard
         expert, part = shard
         target = param.data[expert]
         if part in _PARTS:

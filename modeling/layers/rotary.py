@@ -71,6 +71,7 @@ def _longrope_cos_sin(
     to the long factors once a sequence passes the original context; we switch per position, so
     cached keys never need re-rotating (vLLM does the same): identical up to that length."""
     original = scaling.original_max_position_embeddings
+    assert original is not None, "longrope scaling names its original context"
     attention_factor = scaling.attention_factor
     if attention_factor is None:
         attention_factor = 1.0

@@ -49,7 +49,7 @@ def triton_rms_norm_linear(
     """One row (batch-1 decode): the norm runs inside the GEMV's prologue; else rmsnorm kernel + matmul."""
     weight = proj.dense_weight  # None for a quantized projection: its own method runs it
     config = one_row_gemv_config(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
-    if config is None:
+    if weight is None or config is None:
         return unfused_rms_norm_linear(x, residual, norm, proj)
     summed = torch.empty_like(x) if residual is not None else None
     out = gemv(
@@ -68,7 +68,7 @@ def triton_rms_norm_linear(
 def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     weight = proj.dense_weight
     config = one_row_gemv_config(x, weight, PROLOGUE_SILU_MUL) if weight is not None else None
-    if config is None:
+    if weight is None or config is None:
         return unfused_silu_mul_linear(x, proj, silu_mul)
     return gemv(x, weight, proj.bias, silu_mul=True, config=config)
 

@@ -11,6 +11,7 @@ from modeling.attention.base import AttentionBackend
 from modeling.config import ModelConfig
 from modeling.forward_batch import ForwardBatch
 from modeling.layers.ops import LayerOps
+from modeling.weights.lazy import LazyTensor
 
 
 class CausalLM(Protocol):
@@ -36,6 +37,6 @@ class CausalLM(Protocol):
         """[R, hidden] -> [R, vocab] float32."""
         ...
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None: ...
 
     def eval(self) -> CausalLM: ...

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -143,7 +143,7 @@ class GemmaModel(nn.Module):
         global_tables = self.global_rope.step_tables(positions)
         local_tables = self.local_rope.step_tables(positions) if self.local_rope is not None else global_tables
         residual = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for layer, (k_cache, v_cache) in zip(cast(Iterable[GemmaDecoderLayer], self.layers), kv_caches):
             rope = local_tables if layer.self_attn.sliding_window else global_tables
             hidden, residual = layer(hidden, residual, rope, k_cache, v_cache, backend)
         hidden, _ = self.norm(hidden, residual)

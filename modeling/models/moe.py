@@ -93,6 +93,7 @@ class MoEDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, ops, sliding_window=config.sliding_window_of(layer))
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.is_sparse = layer in knobs.sparse_layers
+        self.mlp: SparseMoeBlock | LlamaMLP
         if self.is_sparse:
             self.mlp = SparseMoeBlock(
                 config.hidden_size,
@@ -118,7 +119,7 @@ class MoEDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, self.self_attn.qkv_proj)
         hidden = self.self_attn(qkv, rope, k_cache, v_cache, backend)
-        if not self.is_sparse:
+        if isinstance(self.mlp, LlamaMLP):  # a dense layer (not self.is_sparse)
             gate_up, residual = self.ops.rms_norm_linear(
                 hidden, residual, self.post_attention_layernorm, self.mlp.gate_up_proj
             )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -26,6 +26,7 @@ from modeling.attention.base import AttentionBackend
 from modeling.config import ModelConfig
 from modeling.forward_batch import ForwardBatch
 from modeling.layers.ops import TORCH_OPS, LayerOps
+from modeling.weights.lazy import LazyTensor, take
 
 ATTENTION_NAME = "tgi_compat_kv"
 
@@ -50,7 +51,7 @@ def kv_cache_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: returns ([1, T, H, D], no weights)."""
     step: KVCacheStep = kwargs["kv_cache_step"]
-    k_cache, v_cache = step.kv_caches[module.layer_idx]
+    k_cache, v_cache = step.kv_caches[cast(int, module.layer_idx)]  # transformers' attention modules number their layer
     q = query[0].transpose(0, 1)  # [T, H, D]
     step.backend.store_kv(key[0].transpose(0, 1), value[0].transpose(0, 1), k_cache, v_cache)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -124,7 +125,7 @@ class TransformersForCausalLM(nn.Module):
         register_attention()
         self.config = config
         hf_config = transformers_config(config.hf_config)
-        folder = config.hf_config.get("_name_or_path")
+        folder: str = config.hf_config.get("_name_or_path") or ""
         self.loaded_by_transformers = bool(folder) and os.path.isdir(folder)
         options = dict(attn_implementation=ATTENTION_NAME, dtype=torch.get_default_dtype())
         if self.loaded_by_transformers:
@@ -164,11 +165,11 @@ class TransformersForCausalLM(nn.Module):
             logits = self.final_softcap * torch.tanh(logits / self.final_softcap)
         return logits
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:
         """A state dict under transformers' own parameter names; nothing to do if it read the folder."""
         if self.loaded_by_transformers:
             return
-        state = dict(weights)
+        state = {name: take(tensor) for name, tensor in weights}
         missing, unexpected = self.hf.load_state_dict(state, strict=False)
         self.hf.tie_weights()
         tied = {"lm_head.weight", "embed_out.weight"} if self.config.tie_word_embeddings else set()

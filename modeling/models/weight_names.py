@@ -4,9 +4,12 @@ gate/up projections fused on the way (each parameter's `weight_loader` places it
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 import torch.nn as nn
+
+from modeling.layers.quantization.base import LoadableParameter
 
 # checkpoint sub-module -> (our fused module, shard)
 PACKED_MODULES = {
@@ -37,7 +40,7 @@ def load_packed_weights(
         target, shard = resolve(name)
         if target not in params:
             raise KeyError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
-        param = params[target]
+        param = cast(LoadableParameter, params[target])  # our layers create every parameter with a loader
         param.weight_loader(param, tensor, shard)
         pending.discard(target)
     if tie_word_embeddings:

@@ -83,7 +83,7 @@ def init_tensor_parallel(
         rank=rank,
         world_size=size,
         timeout=datetime.timedelta(seconds=timeout_s),
-        **({"device_id": device} if device.type == "cuda" else {}),
+        device_id=device if device.type == "cuda" else None,  # None: the default, no eager NCCL init
     )
     logger.info("tensor-parallel rank %d of %d joined (%s, %s)", rank, size, backend, device)
     return TensorParallel(rank, size, device)

@@ -65,10 +65,10 @@ class StepBroadcast:
             num_cached,
         ]
         self.buffer[:_HEADER].copy_(torch.tensor([*header, self.capacity], dtype=torch.int64), non_blocking=True)
-        fields = (batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.q_start)
-        fields += (batch.q_lens, batch.kv_lens, batch.logits_indices)
+        fields = [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.q_start]
+        fields += [batch.q_lens, batch.kv_lens, batch.logits_indices]
         if cached is not None:
-            fields += (cached.reshape(-1),)
+            fields.append(cached.reshape(-1))
         torch.cat([field.to(torch.int64) for field in fields], out=self.buffer[_HEADER : _HEADER + needed])
         self.tp.broadcast(self.buffer)
 

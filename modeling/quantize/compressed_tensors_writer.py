@@ -34,7 +34,9 @@ def int4_tensors(name: str, weight: torch.Tensor, dtype: torch.dtype, group_size
     scale = (w.abs().amax(-1) / 7).clamp(min=1e-8).to(dtype).float()  # q in -7..7, no clipping
     q = (w / scale[..., None]).round().clamp(-8, 7).to(torch.int64).reshape(out_features, in_features) + 8
     nibbles = q.reshape(out_features, -1, 8)
-    packed = sum(nibbles[..., i] << (4 * i) for i in range(8))
+    packed = nibbles[..., 0].clone()
+    for i in range(1, 8):
+        packed += nibbles[..., i] << (4 * i)
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
     stem = name.removesuffix(".weight")
     return {

@@ -49,7 +49,9 @@ def activation_absmax(runner, samples: Iterable[list[int]], show_progress: bool 
 def smooth(weights: dict[str, torch.Tensor], act_max: dict[str, torch.Tensor], alpha: float) -> None:
     """Fold the smoothing factors into `weights` (HF names, float) in place."""
     for fused_name, x_max in act_max.items():
-        layer, fused = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", fused_name).groups()
+        match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", fused_name)
+        assert match is not None, fused_name  # act_max holds only the hooked decoder-layer modules
+        layer, fused = match.groups()
         norm, projections = _SMOOTHED[fused]
         prefix = f"model.layers.{layer}."
         w_max = torch.stack([weights[f"{prefix}{p}.weight"].abs().amax(0).float() for p in projections]).amax(0)

@@ -26,6 +26,7 @@ from modeling.quantize.compressed_tensors_writer import (
     write_checkpoint,
 )
 from modeling.source import resolve_model_source
+from modeling.weights.lazy import take
 from modeling.weights.loader import iterate_weights, load_model_config
 
 QUANT_TYPES = ("weight_only_int8", "smooth_quant", "awq", "gptq")
@@ -57,7 +58,7 @@ def run(job: QuantizeJob) -> None:
     config = load_model_config(source)
     if config.num_kv_heads % job.tp and job.tp % config.num_kv_heads:
         raise QuantizeError(f"-tp {job.tp} does not split the {config.num_kv_heads} KV heads evenly")
-    weights = {name: t.float() for name, t in iterate_weights(source, config, show_progress=False)}
+    weights = {name: take(t).float() for name, t in iterate_weights(source, config, show_progress=False)}
     if job.quant_type == "smooth_quant":
         from modeling.quantize.smoothquant import activation_absmax, smooth
 

@@ -13,10 +13,15 @@ which is all a sharding loader needs to cut a quantized tensor for its rank.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    from modeling.layers.linear import Linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,13 +36,28 @@ ROW_LAYOUT = ParamLayout(output_dim=0)  # bias, per-channel scales
 SHARD_LAYOUT = ParamLayout(output_dim=None)  # one value per fused shard (per-tensor scales)
 
 
-def register_param(layer: nn.Module, name: str, tensor: torch.Tensor, layout: ParamLayout) -> nn.Parameter:
+class LoadableParameter(nn.Parameter):
+    """A parameter that carries the loader placing a checkpoint tensor in it, and (a Linear's) its layout."""
+
+    weight_loader: WeightLoader
+    param_layout: ParamLayout
+
+
+WeightLoader = Callable[[LoadableParameter, torch.Tensor, object], None]  # (param, checkpoint tensor, shard)
+
+
+def register_param(layer: Linear, name: str, tensor: torch.Tensor, layout: ParamLayout) -> LoadableParameter:
     """Register `tensor` as a frozen parameter of `layer`, loaded through the layer's load_shard."""
-    param = nn.Parameter(tensor, requires_grad=False)
+    param = LoadableParameter(tensor, requires_grad=False)
     param.param_layout = layout
     param.weight_loader = layer.load_shard
     layer.register_parameter(name, param)
     return param
+
+
+def layer_tensor(layer: Linear, name: str) -> torch.Tensor:
+    """A parameter a method registered on `layer` (nn.Module's __getattr__ is typed Tensor | Module)."""
+    return cast(torch.Tensor, getattr(layer, name))
 
 
 class LinearMethod(ABC):
@@ -46,21 +66,21 @@ class LinearMethod(ABC):
     name: str = "unquantized"
 
     @abstractmethod
-    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+    def create_weights(self, layer: Linear, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
         """Register the parameters on `layer` (local sizes; out_sizes: one entry per fused shard)."""
 
     def to_layout(self, param_name: str, loaded: torch.Tensor) -> torch.Tensor:
         """A checkpoint tensor (one fused shard's, unsharded) in this method's layout for `param_name`."""
         return loaded
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 (optional hook)
+    def process_weights_after_loading(self, layer: Linear) -> None:  # noqa: B027 (optional hook)
         """Last step after every tensor is in: quantize, transpose, pack for the kernel."""
 
     @abstractmethod
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in] -> [T, out] in x's dtype."""
 
-    def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
+    def dense_weight(self, layer: Linear) -> torch.Tensor | None:
         """The [out, in] half/full-precision weight fused kernels may read directly, or None."""
         return None
 

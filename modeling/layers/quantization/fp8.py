@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels.quant_activation import FP8_E4M3_MAX, quant_per_token, quant_per_token_ref
@@ -29,8 +29,12 @@ from modeling.layers.quantization.base import (
     WEIGHT_LAYOUT,
     LinearMethod,
     QuantizationConfig,
+    layer_tensor,
     register_param,
 )
+
+if TYPE_CHECKING:
+    from modeling.layers.linear import Linear
 
 logger = logging.getLogger(__name__)
 FP8_DTYPE = torch.float8_e4m3fn
@@ -79,7 +83,7 @@ class Fp8LinearMethod(LinearMethod):
         self.use_scaled_mm = False
         self.dtype = torch.float32  # the model's, for the dequantized weight of the emulation
 
-    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+    def create_weights(self, layer: Linear, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
         out_features = sum(out_sizes)
         self.dtype = dtype
         if not self.is_serialized:  # filled in dtype, quantized in process_weights_after_loading
@@ -97,29 +101,31 @@ class Fp8LinearMethod(LinearMethod):
             return loaded.float().reshape(-1)
         return loaded
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
+    def process_weights_after_loading(self, layer: Linear) -> None:
         if not self.is_serialized:
-            weight, scale = quantize_weight_per_channel(layer.weight.data)
+            weight, scale = quantize_weight_per_channel(layer_tensor(layer, "weight").data)
             register_param(layer, "weight", weight, WEIGHT_LAYOUT)  # replaces the half-precision one
             register_param(layer, "weight_scale", scale, ROW_LAYOUT)
-        out_features, in_features = layer.weight.shape
-        device = layer.weight.device
+        out_features, in_features = layer_tensor(layer, "weight").shape
+        device = layer_tensor(layer, "weight").device
         self.use_scaled_mm = device_has_fp8_matmul(device) and out_features % 16 == 0 and in_features % 16 == 0
         if not self.use_scaled_mm:
             _log_emulation_once(device.type)
-            dequantized = dequantize_fp8(layer.weight.data, layer.weight_scale.data).to(self.dtype)
+            dequantized = dequantize_fp8(
+                layer_tensor(layer, "weight").data, layer_tensor(layer, "weight_scale").data
+            ).to(self.dtype)
             register_param(layer, "weight", dequantized, WEIGHT_LAYOUT)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.use_scaled_mm:
-            return fp8_linear_ref(x, layer.weight, bias)
+            return fp8_linear_ref(x, layer_tensor(layer, "weight"), bias)
         x_q, x_scale = quant_per_token(x, FP8_DTYPE)
         # row-wise scaled FP8 GEMM: bf16 output only, so fp16 models convert back
         out = torch._scaled_mm(
             x_q,
-            layer.weight.t(),
+            layer_tensor(layer, "weight").t(),
             scale_a=x_scale,
-            scale_b=layer.weight_scale.view(1, -1),
+            scale_b=layer_tensor(layer, "weight_scale").view(1, -1),
             bias=bias if bias is not None and bias.dtype == torch.bfloat16 else None,
             out_dtype=torch.bfloat16,
         )

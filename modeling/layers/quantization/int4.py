@@ -16,8 +16,9 @@ accurate than AWQ/GPTQ.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-import torch.nn as nn
 
 from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
 from modeling.layers.quantization.base import (
@@ -26,8 +27,12 @@ from modeling.layers.quantization.base import (
     LinearMethod,
     ParamLayout,
     QuantizationConfig,
+    layer_tensor,
     register_param,
 )
+
+if TYPE_CHECKING:
+    from modeling.layers.linear import Linear
 
 _AWQ_NATURAL_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # nibble holding column c of each group of 8
 _SYMMETRIC_ZERO = 8.0
@@ -75,7 +80,7 @@ class Int4LinearMethod(LinearMethod):
             return "weight_packed", "weight_scale", None
         return "qweight", "scales", "qzeros"
 
-    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+    def create_weights(self, layer: Linear, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
         if self.format == "rtn":  # the largest usual group that divides this layer's inputs
             self.group_size = next((g for g in (self.group_size, 64, 32) if in_features % g == 0), self.group_size)
         if in_features % self.group_size:
@@ -115,31 +120,36 @@ class Int4LinearMethod(LinearMethod):
             return pack_int4(unpack_int32_nibbles(loaded.to(torch.int32), 1))
         return loaded
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
+    def process_weights_after_loading(self, layer: Linear) -> None:
         in_features = layer.in_features
         if self.format == "rtn":
-            q, scale, zero = quantize_int4_groupwise(layer.weight.data, self.group_size)
+            q, scale, zero = quantize_int4_groupwise(layer_tensor(layer, "weight").data, self.group_size)
             del layer.weight
             group_layout = ParamLayout(output_dim=0, input_dim=1, input_pack=self.group_size)
             register_param(layer, "qweight", pack_int4(q), ParamLayout(output_dim=0, input_dim=1, input_pack=2))
             register_param(layer, "scales", scale.to(self.dtype), group_layout)
             register_param(layer, "qzeros", zero.to(self.dtype), group_layout)
         if self.format == "gptq":
-            expected = torch.arange(in_features, device=layer.g_idx.device) // self.group_size
-            if not torch.equal(layer.g_idx, expected.to(layer.g_idx.dtype).expand_as(layer.g_idx)):
+            g_idx = layer_tensor(layer, "g_idx")
+            expected = torch.arange(in_features, device=g_idx.device) // self.group_size
+            if not torch.equal(g_idx, expected.to(g_idx.dtype).expand_as(g_idx)):
                 raise ValueError("GPTQ checkpoints with act-order (desc_act) are not supported")
             del layer.g_idx
         if self.format == "pack-quantized":  # symmetric: the kernel reads a constant zero
             del layer.weight_shape
-            zero = torch.full_like(layer.weight_scale, _SYMMETRIC_ZERO)
+            zero = torch.full_like(layer_tensor(layer, "weight_scale"), _SYMMETRIC_ZERO)
             register_param(layer, "weight_zero_point", zero, ParamLayout(0, 1, self.group_size))
 
-    def tensors(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tensors(self, layer: Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.format == "pack-quantized":
-            return layer.weight_packed, layer.weight_scale, layer.weight_zero_point
-        return layer.qweight, layer.scales, layer.qzeros
+            return (
+                layer_tensor(layer, "weight_packed"),
+                layer_tensor(layer, "weight_scale"),
+                layer_tensor(layer, "weight_zero_point"),
+            )
+        return layer_tensor(layer, "qweight"), layer_tensor(layer, "scales"), layer_tensor(layer, "qzeros")
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         weight, scale, zero = self.tensors(layer)
         kwargs = dict(bits=4, group_size=self.group_size)
         if not x.is_cuda:

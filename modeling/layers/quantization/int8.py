@@ -12,8 +12,9 @@ W8A16 kernel, skipping the activation rounding. On CPU both run their torch refe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels.dequant_matmul import dequant_matmul
@@ -23,8 +24,12 @@ from modeling.layers.quantization.base import (
     WEIGHT_LAYOUT,
     LinearMethod,
     QuantizationConfig,
+    layer_tensor,
     register_param,
 )
+
+if TYPE_CHECKING:
+    from modeling.layers.linear import Linear
 
 _INT_MM_MIN_ROWS = 17
 
@@ -55,7 +60,7 @@ class Int8LinearMethod(LinearMethod):
         self.is_serialized = is_serialized
         self.quantize_activations = quantize_activations
 
-    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
+    def create_weights(self, layer: Linear, in_features: int, out_sizes: list[int], dtype: torch.dtype) -> None:
         out_features = sum(out_sizes)
         if not self.is_serialized:
             register_param(layer, "weight", torch.empty(out_features, in_features, dtype=dtype), WEIGHT_LAYOUT)
@@ -68,22 +73,26 @@ class Int8LinearMethod(LinearMethod):
             return loaded.float().reshape(()) if loaded.numel() == 1 else loaded.float().reshape(-1)
         return loaded
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
+    def process_weights_after_loading(self, layer: Linear) -> None:
         if not self.is_serialized:
-            weight, scale = quantize_weight_int8(layer.weight.data)
+            weight, scale = quantize_weight_int8(layer_tensor(layer, "weight").data)
             register_param(layer, "weight", weight, WEIGHT_LAYOUT)
             register_param(layer, "weight_scale", scale, ROW_LAYOUT)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not x.is_cuda:
             return int8_linear_ref(x, layer.weight, layer.weight_scale, bias, self.quantize_activations)
         if self.quantize_activations and x.shape[0] >= _INT_MM_MIN_ROWS:
             x_q, x_scale = quant_per_token(x, torch.int8)
-            out = torch._int_mm(x_q, layer.weight.t()).float() * x_scale * layer.weight_scale
+            out = (
+                torch._int_mm(x_q, layer_tensor(layer, "weight").t()).float()
+                * x_scale
+                * layer_tensor(layer, "weight_scale")
+            )
             if bias is not None:
                 out += bias.float()
             return out.to(x.dtype)
-        return dequant_matmul(x, layer.weight, layer.weight_scale, bias=bias, bits=8)
+        return dequant_matmul(x, layer_tensor(layer, "weight"), layer_tensor(layer, "weight_scale"), bias=bias, bits=8)
 
 
 class Int8Config(QuantizationConfig):

@@ -24,6 +24,10 @@ from harness import _free_port, launched
 GRACE_S = 15
 HEALTH_DEADLINE_S = 2.0  # /health must answer within this (1 s in the soak; CI runners are noisier)
 
+# Greedy SmolLM2 keeps counting to the length cap ("Tell me a long story." ends at once with EOS),
+# so these requests are still running when the test needs them to be.
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"
+
 
 def _command(port: int) -> list[str]:
     import sys
@@ -105,7 +109,7 @@ def test_a_deeply_nested_body_is_a_400_like_serde(busy_server):
 
 def test_health_answers_while_a_long_generation_runs(busy_server):
     url = busy_server.base_url
-    body = {"inputs": "Tell me a long story.", "parameters": {"max_new_tokens": 200}}
+    body = {"inputs": COUNTING, "parameters": {"max_new_tokens": 200}}
     with HealthPoller(url) as poller:
         response = httpx.post(f"{url}/generate", json=body, timeout=300)
     assert response.status_code == 200, response.text
@@ -116,7 +120,7 @@ def test_health_answers_while_a_long_generation_runs(busy_server):
 
 def test_an_abandoned_non_streaming_request_leaves_the_batch_within_a_second(busy_server):
     url = busy_server.base_url
-    body = {"inputs": "Tell me a long story.", "parameters": {"max_new_tokens": 400}}
+    body = {"inputs": COUNTING, "parameters": {"max_new_tokens": 400}}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url}/generate", json=body, timeout=httpx.Timeout(60, read=1.5))
     time.sleep(1.0)
@@ -174,7 +178,7 @@ def test_sigterm_with_50_requests_in_flight_exits_0_within_the_grace_period(busy
     """Runs last: stops the module's server."""
     url, process = busy_server.base_url, busy_server.process
     pids = _server_pids(busy_server)
-    body = {"inputs": "Tell me a long story.", "parameters": {"max_new_tokens": 200}}
+    body = {"inputs": COUNTING, "parameters": {"max_new_tokens": 200}}
     statuses: list[int | str] = []
 
     def post() -> None:

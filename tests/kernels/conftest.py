@@ -36,8 +36,7 @@ def _import_interpreted() -> None:
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        # Triton's own helpers (tl.cdiv, gluon's copies of them) are decorated at import as well.
-        importlib.import_module("triton.experimental.gluon")
+        # Triton's own helpers (tl.cdiv, ...) were imported interpreted by tests/conftest.py.
         for name in KERNEL_MODULES:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])

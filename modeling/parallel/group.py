@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from modeling.parallel.symmetric_all_reduce import SymmetricAllReduce, make_symmetric_all_reduce
+
 logger = logging.getLogger(__name__)
 
 # torch >= 2.12 renamed all_gather_into_tensor (output: the inputs of every rank stacked along dim 0)
@@ -27,6 +29,8 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     device: torch.device = torch.device("cpu")  # where this rank's tensors (and collective buffers) live
+    symmetric: SymmetricAllReduce | None = None  # the small sums' fast path on CUDA (None: NCCL/gloo)
+    host_group: dist.ProcessGroup | None = None  # gloo over the same ranks, for host tensors (None: the default group)
 
     @property
     def is_sharded(self) -> bool:
@@ -35,7 +39,10 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of x over the ranks, in place (row-parallel partial sums -> the full output)."""
         if self.size > 1:
-            dist.all_reduce(x)
+            if self.symmetric is not None and self.symmetric.fits(x):
+                self.symmetric.all_reduce_(x)
+            else:
+                dist.all_reduce(x)
         return x
 
     def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,9 +63,14 @@ class TensorParallel:
         return int(tensor.item())
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        """Rank 0's tensor into every rank's tensor of the same shape."""
+        """Rank 0's tensor into every rank's tensor of the same shape (on this rank's device)."""
         if self.size > 1:
             dist.broadcast(tensor, src=0)
+
+    def broadcast_host(self, tensor: torch.Tensor) -> None:
+        """The same for a tensor in host memory: it reaches the host without waiting for any GPU work."""
+        if self.size > 1:
+            dist.broadcast(tensor, src=0, group=self.host_group)
 
 
 NO_TP = TensorParallel()
@@ -86,7 +98,8 @@ def init_tensor_parallel(
         device_id=device if device.type == "cuda" else None,  # None: the default, no eager NCCL init
     )
     logger.info("tensor-parallel rank %d of %d joined (%s, %s)", rank, size, backend, device)
-    return TensorParallel(rank, size, device)
+    host_group = dist.new_group(backend="gloo") if backend == "nccl" else None
+    return TensorParallel(rank, size, device, make_symmetric_all_reduce(device), host_group)
 
 
 def destroy_tensor_parallel(tp: TensorParallel) -> None:

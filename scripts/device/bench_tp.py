@@ -117,12 +117,17 @@ async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
     client = await ZmqEngineClient.start(config)
     result = {"num_shard": num_shard, "load_s": time.perf_counter() - start, "num_kv_slots": client.info.num_kv_slots}
     try:
-        await run_streams(client, 4, 16)  # warm-up: compile, first graphs replays
+        for count in streams:  # warm-up at every measured width: compile, autotune, first graph replays
+            await run_streams(client, count, 32)
         for count in streams:
             times = await run_streams(client, count, NEW_TOKENS)
             gaps = [b - a for stream in times for a, b in zip(stream[1:], stream[2:])]
             wall = max(s[-1] for s in times) - min(s[0] for s in times)
             result[f"b{count}_tpot_ms"] = 1e3 * statistics.median(gaps)
+            quantiles = statistics.quantiles(gaps, n=100)
+            result[f"b{count}_gap_p90_p99_max_ms"] = [1e3 * quantiles[89], 1e3 * quantiles[98], 1e3 * max(gaps)]
+            ttfts = sorted(stream[1] - stream[0] for stream in times)
+            result[f"b{count}_ttft_p50_max_ms"] = [1e3 * statistics.median(ttfts), 1e3 * ttfts[-1]]
             result[f"b{count}_output_tok_s"] = count * NEW_TOKENS / wall
             log(f"num_shard={num_shard} streams={count}: {result}")
     finally:

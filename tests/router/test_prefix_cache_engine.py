@@ -142,3 +142,57 @@ def test_only_kv_written_by_a_completed_step_is_cached():
     assert pool.prefix_cache.num_cached_tokens == 6  # positions 0..5: token 6's K/V is still in flight
     scheduler.update(third, result_for(third))
     assert pool.is_full_free()
+
+
+LONG_PREFIX = [(13 * k) % 50 + 3 for k in range(300)]  # a "system prompt" longer than MIN_SHARED_PREFILL_TOKENS
+
+
+def long_prefix_prompts(n: int) -> list[list[int]]:
+    return [LONG_PREFIX + [(7 * i + k) % 50 + 3 for k in range(3 + i)] for i in range(n)]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+@pytest.mark.parametrize("max_prefill", [512, 64], ids=["one-chunk", "chunked"])
+def test_requests_sent_together_compute_a_shared_prefix_once(max_prefill, overlap):
+    """The first request prefills the prefix; the others wait until it is published and take it."""
+    engine = hash_engine(max_prefill=max_prefill, overlap_scheduling=overlap)
+    prompts = long_prefix_prompts(4)
+    events = drain_events(engine, [GenerateRequest(f"r{i}", p, max_new_tokens=4) for i, p in enumerate(prompts)])
+    for i, prompt in enumerate(prompts):
+        assert tokens_of(events[f"r{i}"]) == expected_greedy(prompt, 4)
+    assert engine.pool.num_prefix_hit_tokens == 3 * len(LONG_PREFIX)
+    assert engine.stats.num_prompt_tokens == sum(map(len, prompts)) - 3 * len(LONG_PREFIX)
+
+
+def test_unrelated_requests_are_not_held_behind_a_deferred_one():
+    engine = hash_engine()
+    first, second = long_prefix_prompts(2)
+    unrelated = [50, 49, 48, 47, 46]
+    for request_id, prompt in (("first", first), ("second", second), ("unrelated", unrelated)):
+        engine.add_request(GenerateRequest(request_id, prompt, max_new_tokens=4))
+    engine.step()  # first: its whole prompt; second: deferred; unrelated: admitted behind it
+    running = {r.request_id for r in engine.scheduler.running}
+    assert running == {"first", "unrelated"}
+    events = drain_events(engine, [])
+    assert tokens_of(events["second"]) == expected_greedy(second, 4)
+    assert engine.pool.num_prefix_hit_tokens == len(LONG_PREFIX)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_a_waiter_whose_sibling_is_aborted_goes_on_alone(overlap):
+    """The waiter takes what the aborted sibling had published and computes the rest; a third
+    request then waits for the waiter."""
+    engine = hash_engine(max_prefill=64, overlap_scheduling=overlap)
+    prompts = long_prefix_prompts(3)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(GenerateRequest(f"r{i}", prompt, max_new_tokens=4))
+    for _ in range(3):
+        engine.step()
+    assert [r.request_id for r in engine.scheduler.running] == ["r0"]  # still prefilling; the others wait
+    engine.abort("r0")
+    events = drain_events(engine, [])
+    assert events["r0"][-1].finish_reason == "abort"
+    for i in (1, 2):
+        assert tokens_of(events[f"r{i}"]) == expected_greedy(prompts[i], 4)
+    published = engine.pool.num_prefix_hit_tokens - len(LONG_PREFIX)  # r2 hit all of r1's prefix
+    assert 64 <= published < len(LONG_PREFIX)  # r1 hit r0's published chunks, not the whole prefix

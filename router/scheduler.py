@@ -33,12 +33,17 @@ from dataclasses import dataclass
 from router.admission import AdmissionLimits, RequestTokens, can_admit
 from router.kv_slots import KVSlotPool
 from router.outputs import TokenEvent
+from router.prefix_cache import PrefixCache
 from router.request import FinishReason, Request, RequestStatus
 from router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, StepResult
 
 # A waiting request is deferred for a sibling's prefill only when they share at least this many
 # prompt tokens (or all of a shorter prompt): a short overlap costs less to compute twice than a wait.
 MIN_SHARED_PREFILL_TOKENS = 256
+# TGI's batching hold (max_waiting_tokens / waiting_served_ratio) spares the running decodes from
+# frequent prefills. A waiting request whose prompt is mostly cached (a chat's next turn, a shared
+# system prompt) has a short prefill, at most this many tokens: it joins at once instead.
+MAX_UNHELD_PREFILL_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +115,15 @@ class Scheduler:
         return plan
 
     def _admission_is_due(self) -> bool:
-        """Between decode steps: enough requests wait, or they have waited max_waiting_tokens steps."""
+        """Between decode steps: enough requests wait, or they have waited max_waiting_tokens steps,
+        or (prefix caching) the first one in the queue has a short prefill after its cached prefix."""
         limits = self.limits
-        enough_waiting = len(self.waiting) >= int(len(self.running) * limits.waiting_served_ratio)
-        return enough_waiting or self._decode_steps_since_admission >= limits.max_waiting_tokens
+        if len(self.waiting) >= int(len(self.running) * limits.waiting_served_ratio):
+            return True
+        if self._decode_steps_since_admission >= limits.max_waiting_tokens:
+            return True
+        cache = self.pool.prefix_cache
+        return cache is not None and bool(self.waiting) and _has_a_short_cached_prefill(cache, self.waiting[0])
 
     def _schedule_decodes(self, plan: StepPlan) -> bool:
         """The usual step: every running request decodes one token and the pool has a slot for each.
@@ -375,6 +385,16 @@ def _prefill_tokens(chunk: ScheduledChunk) -> int:
     """Tokens a chunk takes from the step's prefill budget (decodes take none)."""
     is_decode = chunk.num_tokens == 1 and chunk.start > 0 and chunk.is_sampled
     return 0 if is_decode else chunk.num_tokens
+
+
+def _has_a_short_cached_prefill(cache: PrefixCache, request: Request) -> bool:
+    """Most of the prompt is cached and what is left is short (MAX_UNHELD_PREFILL_TOKENS)."""
+    if request.output_ids or request.needs_prompt_logprobs:
+        return False
+    prompt = request.params.prompt_ids
+    num_cached = min(cache.matched_length(prompt), len(prompt) - 1)
+    num_new = len(prompt) - num_cached
+    return num_new <= min(num_cached, MAX_UNHELD_PREFILL_TOKENS)
 
 
 def _is_worth_waiting_for(sibling: Request, num_shared: int, request: Request) -> bool:

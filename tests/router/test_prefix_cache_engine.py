@@ -196,3 +196,22 @@ def test_a_waiter_whose_sibling_is_aborted_goes_on_alone(overlap):
         assert tokens_of(events[f"r{i}"]) == expected_greedy(prompts[i], 4)
     published = engine.pool.num_prefix_hit_tokens - len(LONG_PREFIX)  # r2 hit all of r1's prefix
     assert 64 <= published < len(LONG_PREFIX)  # r1 hit r0's published chunks, not the whole prefix
+
+
+def test_a_mostly_cached_request_is_not_held_back_by_tgi_batching():
+    """max_waiting_tokens / waiting_served_ratio hold a lone arrival while the batch decodes; a
+    next chat turn, whose prefill after its cached prefix is short, joins at once."""
+    engine = hash_engine(max_waiting_tokens=100, waiting_served_ratio=10.0)
+    first, next_turn = shared_prefix_prompts()[9], shared_prefix_prompts()[9] + [9, 8, 7]
+    engine.add_request(GenerateRequest("first", first, max_new_tokens=30))
+    engine.step()
+    engine.step()  # decoding; its prompt and first token are cached
+    engine.add_request(GenerateRequest("unrelated", [40, 41, 42, 43, 44, 45], max_new_tokens=4))
+    engine.step()
+    assert [r.request_id for r in engine.scheduler.running] == ["first"]  # held, as TGI does
+    engine.add_request(GenerateRequest("next-turn", next_turn, max_new_tokens=4))
+    engine.scheduler.waiting.rotate(1)  # (the next turn first in the queue)
+    events = [event for event in engine.step() if event.request_id == "next-turn"]
+    assert [r.request_id for r in engine.scheduler.running] == ["first", "next-turn", "unrelated"]
+    events += drain_events(engine, [])["next-turn"]
+    assert tokens_of(events) == expected_greedy(next_turn, 4)

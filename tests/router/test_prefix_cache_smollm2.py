@@ -162,3 +162,37 @@ def test_a_waiter_whose_sibling_is_aborted_goes_on_alone(smollm2_runner, long_pr
     assert tokens == long_prompts_off[1]
     assert engine.pool.num_prefix_hit_tokens == 128  # what a0 published; a1 computed the rest itself
     assert engine.pool.is_full_free()
+
+
+def test_a_second_chat_turn_hits_the_first_turns_prompt_and_answer(smollm2_runner, smollm2_tokenizer):
+    """A chat client sends back the model's answer as the assistant message: the chat template
+    re-renders it to the tokens the model generated, which the first turn left in the cache."""
+    engine = make_engine(smollm2_runner)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def render(messages) -> list[int]:
+        text = smollm2_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return smollm2_tokenizer(text, add_special_tokens=False).input_ids
+
+    first_prompt = render(messages)
+    [answer] = run(engine, [first_prompt], "turn1-", max_new_tokens=12, ignore_eos=False)
+    messages += [
+        {"role": "assistant", "content": smollm2_tokenizer.decode(answer, skip_special_tokens=True)},
+        {"role": "user", "content": "And of Germany?"},
+    ]
+    second_prompt = render(messages)
+    hits_before = engine.pool.num_prefix_hit_tokens
+    [second] = run(engine, [second_prompt], "turn2-", max_new_tokens=6, ignore_eos=False)
+    # every token but the answer's last (fed to no step, so its K/V was never written)
+    assert engine.pool.num_prefix_hit_tokens - hits_before == len(first_prompt) + len(answer) - 1
+    assert second_prompt[: len(first_prompt) + len(answer)] == first_prompt + answer
+    assert (
+        second
+        == run(
+            make_engine(smollm2_runner, prefix_caching=False),
+            [second_prompt],
+            "off2-",
+            max_new_tokens=6,
+            ignore_eos=False,
+        )[0]
+    )

@@ -191,8 +191,8 @@ class Scheduler:
             request.row, request.status = row, RequestStatus.RUNNING
             self.running.append(request)
             running_tokens.append(_tokens(request))
-            if pool.prefix_cache is not None and not request.output_ids:
-                self._prefilling.append(request)
+            if pool.prefix_cache is not None and not request.output_ids and not request.needs_prompt_logprobs:
+                self._prefilling.append(request)  # (one scoring its prompt bypasses the cache: nobody waits for it)
             if request.cached_prefix is not None:
                 plan.cached_prefixes.append((row, request.cached_prefix.slots))
             chunk = self._chunk(request, num_new, slots)

@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks.backends import RequestSpec, make_session, send_request
 from benchmarks.cli_common import add_endpoint_args, backend_options, fetch_info
@@ -98,7 +99,7 @@ def shared_prefix_workload(tokenizer, num: int, system_len: int, question_len: i
 class OwnAnswers:
     """History of the answers the server gave (``--history model``): prompts are built as they go."""
 
-    tokenizer: object
+    tokenizer: Any  # a Hugging Face tokenizer
     max_context: int
 
     def next_turn(self, history: str, turn: Turn) -> RequestSpec | None:

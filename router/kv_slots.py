@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from router.prefix_cache import PrefixCache, PrefixMatch
 
+# An eviction walks the whole tree, so it frees at least this share of the pool: with the tree full
+# (a long-running server) the walk is paid once every many steps, not at every allocation.
+EVICTION_BATCH_FRACTION = 1 / 64
+
 
 class KVSlotPool:
     def __init__(self, num_slots: int, num_rows: int, prefix_caching: bool = False) -> None:
@@ -29,6 +33,7 @@ class KVSlotPool:
         self._free_slots: list[int] = list(range(num_slots - 1, -1, -1))
         self._free_rows: list[int] = list(range(num_rows - 1, -1, -1))
         self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_caching else None
+        self._eviction_batch = max(1, int(num_slots * EVICTION_BATCH_FRACTION))
         self.num_prefix_queried_tokens = 0  # cumulative, for vllm:prefix_cache_queries_total
         self.num_prefix_hit_tokens = 0  # cumulative, for vllm:prefix_cache_hits_total
 
@@ -59,7 +64,7 @@ class KVSlotPool:
         if num_tokens > len(self._free_slots):
             if num_tokens > self.num_free_slots:
                 return None
-            self._free_slots += self._cache.evict(num_tokens - len(self._free_slots))
+            self._free_slots += self._cache.evict(max(num_tokens - len(self._free_slots), self._eviction_batch))
         if num_tokens == 0:
             return []
         taken = self._free_slots[-num_tokens:]

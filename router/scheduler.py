@@ -11,6 +11,11 @@ re-prefill prompt + generated later. Nothing is ever dropped.
 With prefix caching (router/prefix_cache.py, owned by the KV pool) an admitted request starts past
 the longest cached prefix of its tokens, and a request that finishes or is preempted gives its
 written tokens to the cache instead of the free list, so a preempted request comes back as a hit.
+A prompt's K/V is published to the cache chunk by chunk as its prefill steps complete. A waiting
+request whose prompt shares a long prefix with one still being prefilled (a common system prompt,
+`n` siblings) is deferred until that prefix is published, then admitted with the hit: the prefix is
+computed once, not once per request that arrived before it was cached. Deferred requests keep
+their place; the requests behind them are admitted meanwhile.
 
 A chunk advances `num_computed_tokens` when it is scheduled, and its sampled token is appended by
 update(). With overlap scheduling (router/engine.py) the next step is scheduled before update()
@@ -28,8 +33,17 @@ from dataclasses import dataclass
 from router.admission import AdmissionLimits, RequestTokens, can_admit
 from router.kv_slots import KVSlotPool
 from router.outputs import TokenEvent
+from router.prefix_cache import PrefixCache
 from router.request import FinishReason, Request, RequestStatus
 from router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, StepResult
+
+# A waiting request is deferred for a sibling's prefill only when they share at least this many
+# prompt tokens (or all of a shorter prompt): a short overlap costs less to compute twice than a wait.
+MIN_SHARED_PREFILL_TOKENS = 256
+# TGI's batching hold (max_waiting_tokens / waiting_served_ratio) spares the running decodes from
+# frequent prefills. A waiting request whose prompt is mostly cached (a chat's next turn, a shared
+# system prompt) has a short prefill, at most this many tokens: it joins at once instead.
+MAX_UNHELD_PREFILL_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +70,10 @@ class Scheduler:
         self._decode_steps_since_admission = 0
         # Requests here whose sampling reads their own tokens on the host (no overlap scheduling then)
         self.num_reading_own_tokens = 0
-        self._first_prefills: list[Request] = []  # prefix caching: running, first token not out yet
+        # Prefix caching: running requests whose prompt is not all published to the cache yet, and
+        # the waiting requests deferred for one of them (-> that one, tokens they share).
+        self._prefilling: list[Request] = []
+        self._deferred: dict[Request, tuple[Request, int]] = {}
 
     # ---- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -98,10 +115,15 @@ class Scheduler:
         return plan
 
     def _admission_is_due(self) -> bool:
-        """Between decode steps: enough requests wait, or they have waited max_waiting_tokens steps."""
+        """Between decode steps: enough requests wait, or they have waited max_waiting_tokens steps,
+        or (prefix caching) the first one in the queue has a short prefill after its cached prefix."""
         limits = self.limits
-        enough_waiting = len(self.waiting) >= int(len(self.running) * limits.waiting_served_ratio)
-        return enough_waiting or self._decode_steps_since_admission >= limits.max_waiting_tokens
+        if len(self.waiting) >= int(len(self.running) * limits.waiting_served_ratio):
+            return True
+        if self._decode_steps_since_admission >= limits.max_waiting_tokens:
+            return True
+        cache = self.pool.prefix_cache
+        return cache is not None and bool(self.waiting) and _has_a_short_cached_prefill(cache, self.waiting[0])
 
     def _schedule_decodes(self, plan: StepPlan) -> bool:
         """The usual step: every running request decodes one token and the pool has a slot for each.
@@ -140,23 +162,23 @@ class Scheduler:
 
     def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
         running_tokens = [_tokens(r) for r in self.running]
-        pool = self.pool
-        while self.waiting:
-            request = self.waiting[0]
-            if pool.prefix_cache is not None and self._waits_for_a_sibling(request):
-                return
+        pool, waiting = self.pool, self.waiting
+        index = 0
+        while index < len(waiting):
+            request = waiting[index]
+            if self._prefilling and self._is_deferred(request):
+                index += 1  # it keeps its place; the requests behind it may start
+                continue
             admission = self.limits.admission
             if not can_admit(
                 running_tokens, _tokens(request), admission, pool.num_used_slots, budget, pool.num_shared_slots
             ):
-                return  # strict FIFO: nobody overtakes the head of the queue
+                return  # FIFO: nobody overtakes a request that does not fit
             row = pool.allocate_row()
             if row is None:
                 return
             if pool.prefix_cache is not None:
                 self._take_cached_prefix(request)
-                if not request.output_ids:
-                    self._first_prefills.append(request)
             num_new = min(request.num_new_tokens, budget)
             slots = pool.allocate(num_new)
             if slots is None:
@@ -164,24 +186,38 @@ class Scheduler:
                 self._release(request)  # gives back a cached prefix it took
                 request.num_computed_tokens = 0
                 return
-            self.waiting.popleft()
+            del waiting[index]
             self._decode_steps_since_admission = 0
             request.row, request.status = row, RequestStatus.RUNNING
             self.running.append(request)
             running_tokens.append(_tokens(request))
+            if pool.prefix_cache is not None and not request.output_ids and not request.needs_prompt_logprobs:
+                self._prefilling.append(request)  # (one scoring its prompt bypasses the cache: nobody waits for it)
             if request.cached_prefix is not None:
                 plan.cached_prefixes.append((row, request.cached_prefix.slots))
             chunk = self._chunk(request, num_new, slots)
             plan.chunks.append(chunk)
             budget -= _prefill_tokens(chunk)
 
-    def _waits_for_a_sibling(self, request: Request) -> bool:
-        """A request with the prompt of one still in its first prefill (`n` / `best_of` siblings,
-        the same prompt sent twice) waits for that prefill and then takes the prompt from the cache."""
+    def _is_deferred(self, request: Request) -> bool:
+        """True while a running request is prefilling a long prefix of `request`'s prompt that is not
+        in the cache yet: `request` then takes it from the cache once published instead of computing
+        it too. A sibling that is preempted, aborted or finishes leaves `_prefilling`, which ends the wait."""
         if request.output_ids or request.needs_prompt_logprobs:
-            return False
+            return False  # a resumed request goes first; a scoring one computes its whole prompt anyway
+        deferred = self._deferred.get(request)
+        if deferred is not None:
+            sibling, num_shared = deferred
+            if sibling in self._prefilling and _is_worth_waiting_for(sibling, num_shared, request):
+                return True
         prompt = request.params.prompt_ids
-        return any(r.params.prompt_ids == prompt for r in self._first_prefills)
+        for sibling in self._prefilling:
+            num_shared = _common_prefix_length(prompt, sibling.params.prompt_ids, len(prompt) - 1)
+            if _is_worth_waiting_for(sibling, num_shared, request):
+                self._deferred[request] = (sibling, num_shared)
+                return True
+        self._deferred.pop(request, None)
+        return False
 
     def _take_cached_prefix(self, request: Request) -> None:
         """Start `request` past the longest cached prefix of its tokens. The last token is always
@@ -193,6 +229,7 @@ class Scheduler:
         if prefix is not None:
             request.cached_prefix, request.slots = prefix, list(prefix.slots)
             request.num_computed_tokens = request.num_kv_written = prefix.num_tokens
+        self._deferred.pop(request, None)
         if not request.output_ids:
             request.num_cached_prompt_tokens = 0 if prefix is None else prefix.num_tokens
 
@@ -233,6 +270,8 @@ class Scheduler:
             if chunk.is_sampled:
                 assert sampled is not None, f"chunk of {request.request_id} was sampled but has no token"
                 events.append(self._append_token(request, sampled))
+            elif request in self._prefilling and request.status is RequestStatus.RUNNING:
+                self._publish_prefix(request)  # a prefill chunk: waiters may take it from the cache now
         return events
 
     def tokens_in_flight(self, plan: StepPlan, sampled_chunks: list[int]) -> None:
@@ -266,7 +305,9 @@ class Scheduler:
             event.num_prompt_tokens = request.num_prompt_tokens
             event.num_cached_tokens = request.num_cached_prompt_tokens
             if self.pool.prefix_cache is not None and request.status is RequestStatus.RUNNING:
-                self._share_prompt(request)
+                self._publish_prefix(request)
+                if request in self._prefilling:
+                    self._prefilling.remove(request)
             if request.params.prompt_logprobs:
                 event.prompt_logprobs = list(request.prompt_logprobs)
                 if request.params.prompt_top_n > 0:
@@ -293,6 +334,7 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self._release(request)
+        self._deferred.pop(request, None)
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
         if self.requests.pop(request.request_id, None) is not None:
             self.num_reading_own_tokens -= request.reads_own_tokens_to_sample
@@ -316,20 +358,19 @@ class Scheduler:
             request.prompt_top_tokens.clear()
         self.waiting.appendleft(request)
 
-    def _share_prompt(self, request: Request) -> None:
-        """Its prompt is prefilled: cache it now, so that requests sharing it (n / best_of siblings,
-        a common system prompt) hit while this one still runs."""
+    def _publish_prefix(self, request: Request) -> None:
+        """Cache the tokens of a running request whose K/V completed steps wrote (each prefill chunk,
+        then its whole prompt), so that requests sharing them (n / best_of siblings, a common system
+        prompt) hit while this one still runs."""
         tokens = request.token_ids(0, request.num_kv_written)
         request.cached_prefix = self.pool.share_running(tokens, request.slots, request.cached_prefix)
-        if request in self._first_prefills:
-            self._first_prefills.remove(request)
 
     def _release(self, request: Request) -> None:
         if self.pool.prefix_cache is None:
             self.pool.free(request.slots)
         else:  # only tokens whose K/V a completed step wrote are cached (never a token in flight)
-            if request in self._first_prefills:
-                self._first_prefills.remove(request)
+            if request in self._prefilling:
+                self._prefilling.remove(request)
             prefix = request.cached_prefix
             num_cached = max(min(request.num_kv_written, len(request.slots)), prefix.num_tokens if prefix else 0)
             self.pool.cache_and_free(request.token_ids(0, num_cached), request.slots, prefix)
@@ -344,6 +385,39 @@ def _prefill_tokens(chunk: ScheduledChunk) -> int:
     """Tokens a chunk takes from the step's prefill budget (decodes take none)."""
     is_decode = chunk.num_tokens == 1 and chunk.start > 0 and chunk.is_sampled
     return 0 if is_decode else chunk.num_tokens
+
+
+def _has_a_short_cached_prefill(cache: PrefixCache, request: Request) -> bool:
+    """Most of the prompt is cached and what is left is short (MAX_UNHELD_PREFILL_TOKENS)."""
+    if request.output_ids or request.needs_prompt_logprobs:
+        return False
+    prompt = request.params.prompt_ids
+    num_cached = min(cache.matched_length(prompt), len(prompt) - 1)
+    num_new = len(prompt) - num_cached
+    return num_new <= min(num_cached, MAX_UNHELD_PREFILL_TOKENS)
+
+
+def _is_worth_waiting_for(sibling: Request, num_shared: int, request: Request) -> bool:
+    """`request` shares `num_shared` leading prompt tokens with `sibling`, which is prefilling them:
+    wait while some are not published yet, if they are a long prefix (or all but the last token of
+    a short prompt: `n` siblings)."""
+    return num_shared > sibling.num_kv_written and num_shared >= min(
+        MIN_SHARED_PREFILL_TOKENS, request.num_prompt_tokens - 1
+    )
+
+
+def _common_prefix_length(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of `a` and `b`, at most `limit`: slices of doubling length
+    compared in C, then a short scan of the first one that differs."""
+    end, start, step = min(len(a), len(b), limit), 0, 16
+    while start < end:
+        stop = min(start + step, end)
+        if a[start:stop] != b[start:stop]:
+            while a[start] == b[start]:
+                start += 1
+            return start
+        start, step = stop, 2 * step
+    return end
 
 
 def _at_length_cap(request: Request) -> bool:

@@ -142,3 +142,76 @@ def test_only_kv_written_by_a_completed_step_is_cached():
     assert pool.prefix_cache.num_cached_tokens == 6  # positions 0..5: token 6's K/V is still in flight
     scheduler.update(third, result_for(third))
     assert pool.is_full_free()
+
+
+LONG_PREFIX = [(13 * k) % 50 + 3 for k in range(300)]  # a "system prompt" longer than MIN_SHARED_PREFILL_TOKENS
+
+
+def long_prefix_prompts(n: int) -> list[list[int]]:
+    return [LONG_PREFIX + [(7 * i + k) % 50 + 3 for k in range(3 + i)] for i in range(n)]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+@pytest.mark.parametrize("max_prefill", [512, 64], ids=["one-chunk", "chunked"])
+def test_requests_sent_together_compute_a_shared_prefix_once(max_prefill, overlap):
+    """The first request prefills the prefix; the others wait until it is published and take it."""
+    engine = hash_engine(max_prefill=max_prefill, overlap_scheduling=overlap)
+    prompts = long_prefix_prompts(4)
+    events = drain_events(engine, [GenerateRequest(f"r{i}", p, max_new_tokens=4) for i, p in enumerate(prompts)])
+    for i, prompt in enumerate(prompts):
+        assert tokens_of(events[f"r{i}"]) == expected_greedy(prompt, 4)
+    assert engine.pool.num_prefix_hit_tokens == 3 * len(LONG_PREFIX)
+    assert engine.stats.num_prompt_tokens == sum(map(len, prompts)) - 3 * len(LONG_PREFIX)
+
+
+def test_unrelated_requests_are_not_held_behind_a_deferred_one():
+    engine = hash_engine()
+    first, second = long_prefix_prompts(2)
+    unrelated = [50, 49, 48, 47, 46]
+    for request_id, prompt in (("first", first), ("second", second), ("unrelated", unrelated)):
+        engine.add_request(GenerateRequest(request_id, prompt, max_new_tokens=4))
+    engine.step()  # first: its whole prompt; second: deferred; unrelated: admitted behind it
+    running = {r.request_id for r in engine.scheduler.running}
+    assert running == {"first", "unrelated"}
+    events = drain_events(engine, [])
+    assert tokens_of(events["second"]) == expected_greedy(second, 4)
+    assert engine.pool.num_prefix_hit_tokens == len(LONG_PREFIX)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_a_waiter_whose_sibling_is_aborted_goes_on_alone(overlap):
+    """The waiter takes what the aborted sibling had published and computes the rest; a third
+    request then waits for the waiter."""
+    engine = hash_engine(max_prefill=64, overlap_scheduling=overlap)
+    prompts = long_prefix_prompts(3)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(GenerateRequest(f"r{i}", prompt, max_new_tokens=4))
+    for _ in range(3):
+        engine.step()
+    assert [r.request_id for r in engine.scheduler.running] == ["r0"]  # still prefilling; the others wait
+    engine.abort("r0")
+    events = drain_events(engine, [])
+    assert events["r0"][-1].finish_reason == "abort"
+    for i in (1, 2):
+        assert tokens_of(events[f"r{i}"]) == expected_greedy(prompts[i], 4)
+    published = engine.pool.num_prefix_hit_tokens - len(LONG_PREFIX)  # r2 hit all of r1's prefix
+    assert 64 <= published < len(LONG_PREFIX)  # r1 hit r0's published chunks, not the whole prefix
+
+
+def test_a_mostly_cached_request_is_not_held_back_by_tgi_batching():
+    """max_waiting_tokens / waiting_served_ratio hold a lone arrival while the batch decodes; a
+    next chat turn, whose prefill after its cached prefix is short, joins at once."""
+    engine = hash_engine(max_waiting_tokens=100, waiting_served_ratio=10.0)
+    first, next_turn = shared_prefix_prompts()[9], shared_prefix_prompts()[9] + [9, 8, 7]
+    engine.add_request(GenerateRequest("first", first, max_new_tokens=30))
+    engine.step()
+    engine.step()  # decoding; its prompt and first token are cached
+    engine.add_request(GenerateRequest("unrelated", [40, 41, 42, 43, 44, 45], max_new_tokens=4))
+    engine.step()
+    assert [r.request_id for r in engine.scheduler.running] == ["first"]  # held, as TGI does
+    engine.add_request(GenerateRequest("next-turn", next_turn, max_new_tokens=4))
+    engine.scheduler.waiting.rotate(1)  # (the next turn first in the queue)
+    events = [event for event in engine.step() if event.request_id == "next-turn"]
+    assert [r.request_id for r in engine.scheduler.running] == ["first", "next-turn", "unrelated"]
+    events += drain_events(engine, [])["next-turn"]
+    assert tokens_of(events) == expected_greedy(next_turn, 4)

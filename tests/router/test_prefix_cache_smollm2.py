@@ -122,3 +122,77 @@ def test_prefill_logprobs_are_the_same_on_and_off(smollm2_runner):
         assert on_logprobs[0] is None and logprobs[0] is None
         assert on_logprobs[1:] == pytest.approx(logprobs[1:], abs=1e-4)
         assert [[t.token_id for t in row] for row in on_top] == [[t.token_id for t in row] for row in top]
+
+
+# A "system prompt" past MIN_SHARED_PREFILL_TOKENS: the natural prompts, four times in different orders.
+_TEXTS = [p for i, p in enumerate(SMOLLM2_PROMPTS) if i != 10]
+LONG_SYSTEM = [t for shift in range(4) for p in _TEXTS[shift:] + _TEXTS[:shift] for t in p]
+LONG_PROMPTS = [LONG_SYSTEM + SMOLLM2_PROMPTS[i] for i in (0, 1, 2, 4)]  # no two share a first token
+
+
+@pytest.fixture(scope="module")
+def long_prompts_off(smollm2_runner) -> list[list[int]]:
+    return run(make_engine(smollm2_runner, prefix_caching=False), LONG_PROMPTS, "loff")
+
+
+def test_requests_sent_together_compute_their_shared_prefix_once(smollm2_runner, long_prompts_off):
+    """Four requests arrive together: the first prefills the system prompt (chunk by chunk), the
+    others wait for it and take it from the cache; the tokens are those of the cache off.
+    (Overlap scheduling: tests/router/test_prefix_cache_engine.py, on the stand-in model.)"""
+    assert len(LONG_SYSTEM) >= 256
+    engine = make_engine(smollm2_runner, max_batch_prefill_tokens=128)
+    assert run(engine, LONG_PROMPTS, "l") == long_prompts_off
+    num_shared = len(LONG_SYSTEM) * (len(LONG_PROMPTS) - 1)
+    assert engine.pool.num_prefix_hit_tokens == num_shared
+    assert engine.stats.num_prompt_tokens == sum(map(len, LONG_PROMPTS)) - num_shared
+
+
+def test_a_waiter_whose_sibling_is_aborted_goes_on_alone(smollm2_runner, long_prompts_off):
+    engine = make_engine(smollm2_runner, max_batch_prefill_tokens=64)
+    for i, prompt in enumerate(LONG_PROMPTS[:2]):
+        engine.add_request(GenerateRequest(f"a{i}", prompt, max_new_tokens=MAX_NEW, ignore_eos=True))
+    engine.step()
+    engine.step()  # a0 has prefilled and published 128 tokens of the system prompt; a1 waits
+    assert [r.request_id for r in engine.scheduler.running] == ["a0"]
+    engine.abort("a0")
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens += event.token_ids if event.request_id == "a1" else []
+    assert tokens == long_prompts_off[1]
+    assert engine.pool.num_prefix_hit_tokens == 128  # what a0 published; a1 computed the rest itself
+    assert engine.pool.is_full_free()
+
+
+def test_a_second_chat_turn_hits_the_first_turns_prompt_and_answer(smollm2_runner, smollm2_tokenizer):
+    """A chat client sends back the model's answer as the assistant message: the chat template
+    re-renders it to the tokens the model generated, which the first turn left in the cache."""
+    engine = make_engine(smollm2_runner)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def render(messages) -> list[int]:
+        text = smollm2_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return smollm2_tokenizer(text, add_special_tokens=False).input_ids
+
+    first_prompt = render(messages)
+    [answer] = run(engine, [first_prompt], "turn1-", max_new_tokens=12, ignore_eos=False)
+    messages += [
+        {"role": "assistant", "content": smollm2_tokenizer.decode(answer, skip_special_tokens=True)},
+        {"role": "user", "content": "And of Germany?"},
+    ]
+    second_prompt = render(messages)
+    hits_before = engine.pool.num_prefix_hit_tokens
+    [second] = run(engine, [second_prompt], "turn2-", max_new_tokens=6, ignore_eos=False)
+    # every token but the answer's last (fed to no step, so its K/V was never written)
+    assert engine.pool.num_prefix_hit_tokens - hits_before == len(first_prompt) + len(answer) - 1
+    assert second_prompt[: len(first_prompt) + len(answer)] == first_prompt + answer
+    assert (
+        second
+        == run(
+            make_engine(smollm2_runner, prefix_caching=False),
+            [second_prompt],
+            "off2-",
+            max_new_tokens=6,
+            ignore_eos=False,
+        )[0]
+    )

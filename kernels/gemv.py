@@ -445,15 +445,15 @@ def gemv_config(
     return fit_rows(config, num_rows, weight_format)
 
 
-def fit_rows(config: GemvConfig, num_rows: int, weight_format: int, group_size: int = 128) -> GemvConfig:
+def fit_rows(config: GemvConfig, num_rows: int, weight_format: int) -> GemvConfig:
     """`config` with its K tile (int4: its rows) shrunk until the accumulator of `num_rows` rows fits."""
     block_m = triton.next_power_of_2(num_rows)
     if block_m == 1:
         return config
     budget = _MAX_ACC_PER_THREAD * 32 * config.num_warps
     block_n, block_k = config.block_n, config.block_k
-    if weight_format == WEIGHT_INT4:  # the accumulator is one group's half-width tile, whatever BLOCK_K
-        while block_n > 1 and block_m * block_n * min(block_k, group_size) // 2 > budget:
+    if weight_format == WEIGHT_INT4:  # the accumulator is one group's half-width tile (groups of <= 128)
+        while block_n > 1 and block_m * block_n * min(block_k, 128) // 2 > budget:
             block_n //= 2
     else:
         while block_k > 64 and block_m * block_n * block_k > budget:
@@ -481,7 +481,9 @@ def _is_power_of_2(value: int) -> bool:
 def few_rows_gemv(weight: QuantizedWeight | None, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """The GEMV over a quantized weight when x is the few rows of decoding on CUDA (it reads 1 or 1/2 byte
     a weight where the GEMM paths are built for more rows); None: the caller takes its own path."""
-    config = gemv_config_for(x, weight, PROLOGUE_NONE) if weight is not None else None
+    if weight is None:
+        return None
+    config = gemv_config_for(x, weight, PROLOGUE_NONE)
     return gemv(x, weight, bias, config=config) if config is not None else None
 
 
@@ -508,13 +510,13 @@ def gemv(
         assert residual.is_contiguous() and residual_out.is_contiguous() and residual.shape == (m, k)
         assert residual_out.data_ptr() != residual.data_ptr(), "program 0 writes residual_out while others read"
     if not isinstance(weight, torch.Tensor):
-        data, weight_format, group_size = weight.data, weight.format, weight.group_size
+        data, weight_format, group_size, zero = weight.data, weight.format, weight.group_size, weight.zero
         scale = weight.scale.reshape(-1) if weight_format == WEIGHT_ROW_SCALED else weight.scale
         stride_sn = scale.stride(0) if scale.numel() > 1 else 0
         if weight_format == WEIGHT_INT4:
-            assert weight.zero is not None and weight.zero.stride() == scale.stride() and k % group_size == 0
+            assert zero is not None and zero.stride() == scale.stride() and k % group_size == 0
     else:
-        data, weight_format, group_size, scale, stride_sn = weight, WEIGHT_DENSE, 1, None, 0
+        data, weight_format, group_size, scale, zero, stride_sn = weight, WEIGHT_DENSE, 1, None, None, 0
     assert data.stride(1) == 1
     config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
     block_m = triton.next_power_of_2(m)
@@ -536,7 +538,7 @@ def gemv(
         norm_weight if norm_weight is not None else dummy,
         data,
         scale if scale is not None else dummy,
-        weight.zero if weight_format == WEIGHT_INT4 else dummy,
+        zero if zero is not None else dummy,
         bias if bias is not None else dummy,
         out,
         m,

@@ -230,17 +230,19 @@ def bench_format(
     if fmt != "bf16":
         for num_rows in MULTI_ROWS:
             record(f"gemv {num_rows} rows", us(lambda w, r=num_rows: case.run(w, PROLOGUE_NONE, r)))
-    x = case.x[:1, :k]
-    if fmt == "bf16":
-        record("cuBLAS F.linear", us(lambda w: torch.nn.functional.linear(x, w)))
-    elif fmt == "fp8":
-        record("quant_per_token + _scaled_mm", us(lambda w: scaled_mm(x, w)))
-    else:
-        bits = 4 if fmt == "int4" else 8
-        record(
-            "dequant_matmul (the >8-row path)",
-            us(lambda w: dequant_matmul(x, w.data, w.scale, w.zero, bits=bits, group_size=w.group_size)),
-        )
+    for num_rows in (1, max(MULTI_ROWS)):  # the path the GEMV replaces, at one row and at the row limit
+        x = case.x[:num_rows, :k].contiguous()
+        if fmt == "bf16":
+            record(f"cuBLAS F.linear {num_rows} rows", us(lambda w, x=x: torch.nn.functional.linear(x, w)))
+        elif fmt == "fp8":
+            record(f"quant_per_token + _scaled_mm {num_rows} rows", us(lambda w, x=x: scaled_mm(x, w)))
+        else:
+            bits = 4 if fmt == "int4" else 8
+            record(f"dequant_matmul {num_rows} rows", us(lambda w, x=x: dequantizing_matmul(x, w, bits)))
+
+
+def dequantizing_matmul(x: torch.Tensor, w: QuantizedWeight, bits: int) -> torch.Tensor:
+    return dequant_matmul(x, w.data, w.scale, w.zero, bits=bits, group_size=w.group_size)
 
 
 def scaled_mm(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:

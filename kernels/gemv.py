@@ -73,14 +73,12 @@ def _load(ptrs, mask, EVEN: tl.constexpr):
 def _activation_block(
     x_ptr,
     residual_ptr,
-    residual_out_ptr,
     norm_weight_ptr,
     rows_m,
     mask_m,
     stride_xm,
     offs_k,
     K,
-    pid,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -95,8 +93,6 @@ def _activation_block(
         if HAS_RESIDUAL:  # rounded to x's dtype, as an unfused residual add would store it
             r_offs = rows_m[:, None] * K + offs_k[None, :]
             h = (h.to(tl.float32) + _load(residual_ptr + r_offs, mask, EVEN_K).to(tl.float32)).to(dtype)
-            if pid == 0:
-                tl.store(residual_out_ptr + r_offs, h, mask=mask)
         hf = h.to(tl.float32)
         xk = hf * _load(norm_weight_ptr + offs_k, mask_k, EVEN_K).to(tl.float32)[None, :]
         squares = hf * hf
@@ -109,6 +105,19 @@ def _activation_block(
         xk = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
         squares = xk  # unused
     return xk, squares
+
+
+@triton.jit
+def _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K):
+    """residual_out = x + residual rounded to x's dtype, as the prologue computes it (one program writes it,
+    in a pass of its own: a store inside the main loop would keep later weight loads from being hoisted)."""
+    for k0 in range(0, K, 256):  # small tiles: this pass must not raise the kernel's register count
+        offs_k = k0 + tl.arange(0, 256)
+        mask = mask_m[:, None] & (offs_k < K)[None, :]
+        r_offs = rows_m[:, None] * K + offs_k[None, :]
+        h = tl.load(x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :], mask=mask).to(tl.float32)
+        h += tl.load(residual_ptr + r_offs, mask=mask).to(tl.float32)
+        tl.store(residual_out_ptr + r_offs, h.to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -148,7 +157,6 @@ def _accumulate_block(
     k0,
     x_ptr,
     residual_ptr,
-    residual_out_ptr,
     norm_weight_ptr,
     w_ptr,
     scale_ptr,
@@ -161,7 +169,6 @@ def _accumulate_block(
     stride_xm,
     stride_wn,
     stride_sn,
-    pid,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     WEIGHT: tl.constexpr,
@@ -186,14 +193,12 @@ def _accumulate_block(
             x_even, sq_even = _activation_block(
                 x_ptr,
                 residual_ptr,
-                residual_out_ptr,
                 norm_weight_ptr,
                 rows_m,
                 mask_m,
                 stride_xm,
                 offs_k,
                 K,
-                pid,
                 PROLOGUE,
                 HAS_RESIDUAL,
                 True,
@@ -201,14 +206,12 @@ def _accumulate_block(
             x_odd, sq_odd = _activation_block(
                 x_ptr,
                 residual_ptr,
-                residual_out_ptr,
                 norm_weight_ptr,
                 rows_m,
                 mask_m,
                 stride_xm,
                 offs_k + 1,
                 K,
-                pid,
                 PROLOGUE,
                 HAS_RESIDUAL,
                 True,
@@ -220,14 +223,12 @@ def _accumulate_block(
         xk, squares = _activation_block(
             x_ptr,
             residual_ptr,
-            residual_out_ptr,
             norm_weight_ptr,
             rows_m,
             mask_m,
             stride_xm,
             k0 + offs_c,
             K,
-            pid,
             PROLOGUE,
             HAS_RESIDUAL,
             EVEN_K,
@@ -288,6 +289,9 @@ def _gemv_kernel(
     w = _weight_tile(w_ptr, rows, stride_wn, offs_c, K // PACK, EVEN_K)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the activations below are the previous kernel's output
+    if HAS_RESIDUAL:
+        if pid == 0:
+            _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, SUB_K // PACK], dtype=tl.float32)
     else:
@@ -300,7 +304,6 @@ def _gemv_kernel(
         0,
         x_ptr,
         residual_ptr,
-        residual_out_ptr,
         norm_weight_ptr,
         w_ptr,
         scale_ptr,
@@ -313,7 +316,6 @@ def _gemv_kernel(
         stride_xm,
         stride_wn,
         stride_sn,
-        pid,
         PROLOGUE,
         HAS_RESIDUAL,
         WEIGHT,
@@ -332,7 +334,6 @@ def _gemv_kernel(
             k0,
             x_ptr,
             residual_ptr,
-            residual_out_ptr,
             norm_weight_ptr,
             w_ptr,
             scale_ptr,
@@ -345,7 +346,6 @@ def _gemv_kernel(
             stride_xm,
             stride_wn,
             stride_sn,
-            pid,
             PROLOGUE,
             HAS_RESIDUAL,
             WEIGHT,

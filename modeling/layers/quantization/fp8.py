@@ -11,8 +11,8 @@ On GPUs with FP8 tensor cores (compute capability >= 8.9) the product is `torch.
 row-wise scales, except for the few rows of decoding (<= kernels.gemv.MAX_QUANTIZED_ROWS): there the
 GEMV reads the FP8 weight and dequantizes it in registers, with the activations left in half precision
 (W8A16: reading half the bytes is the whole gain there, and quantizing the activations would be an
-extra kernel and an extra rounding). Elsewhere the weight is dequantized once after loading and the same arithmetic is
-emulated (activations rounded through FP8 per token, product in fp32): the numbers are FP8's, the
+extra kernel and an extra rounding). Elsewhere the weight is dequantized once after loading and the
+same arithmetic is emulated (activations rounded through FP8 per token, product in fp32): the numbers are FP8's, the
 memory and the speed are the unquantized model's (logged once).
 """
 

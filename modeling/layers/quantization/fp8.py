@@ -12,8 +12,8 @@ row-wise scales, except for the few rows of decoding (<= kernels.gemv.MAX_QUANTI
 GEMV reads the FP8 weight and dequantizes it in registers, with the activations left in half precision
 (W8A16: reading half the bytes is the whole gain there, and quantizing the activations would be an
 extra kernel and an extra rounding). Elsewhere the weight is dequantized once after loading and the
-same arithmetic is emulated (activations rounded through FP8 per token, product in fp32): the numbers are FP8's, the
-memory and the speed are the unquantized model's (logged once).
+same arithmetic is emulated (activations rounded through FP8 per token, product in fp32): the numbers
+are FP8's, the memory and the speed are the unquantized model's (logged once).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""One-row matrix-vector product (batch-1 decode) with the preceding elementwise op fused in.
+"""Few-row matrix-vector product (decode at batch 1 to ~8) with the preceding elementwise op fused in,
+reading a half-precision weight or a quantized one that it dequantizes in registers.
 
-At batch 1 a decoder layer is four weight reads (q|k|v, o, gate|up, down) separated by small
+At small batch a decoder layer is four weight reads (q|k|v, o, gate|up, down) separated by small
 elementwise kernels (RMSNorm with the residual add, SiLU-and-mul). Those kernels move almost no bytes
 but each costs a launch and a gap in the CUDA graph; fused into the GEMV's prologue they cost nothing:
 
@@ -8,13 +9,30 @@ but each costs a launch and a gap in the CUDA graph; fused into the GEMV's prolo
     PROLOGUE_RMSNORM   y = W rmsnorm(x [+ residual])   (x + residual also written out, by program 0)
     PROLOGUE_SILU_MUL  y = W (silu(x[:K]) * x[K:])
 
-Each program owns BLOCK_N output rows and walks the whole K once, so there is no split-K reduction;
-the prologue is recomputed per program from L2 (K elements, against BLOCK_N * K weight bytes from HBM).
-RMSNorm needs the row's sum of squares, which is only known at the end of the walk: the kernel
-accumulates W (h * norm_weight) and scales by 1/rms afterwards (a scalar per row commutes with the dot
-product). So in half precision it skips the unfused path's two intermediate roundings of the normed
-activation (kernels/rmsnorm.py); the result is the more exact one and within the dtype's tolerance of
-it. SiLU-and-mul rounds its output to the input dtype like kernels/silu_mul.py. Accumulation is fp32.
+The weight is read in one of three formats (`QuantizedWeight` describes the quantized ones):
+
+    WEIGHT_DENSE       W [N, K] fp16/bf16/fp32
+    WEIGHT_ROW_SCALED  W [N, K] int8 or float8_e4m3fn, w[n, k] = W[n, k] * scale[n] (per channel; a
+                       scale of stride 0 is per tensor)
+    WEIGHT_INT4        W uint8 [N, K/2], two per byte (low nibble: even k),
+                       w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G], integer zero points
+
+Weight-only: activations stay in their half precision, so reading 1 or 1/2 byte per weight instead of
+2 is the whole gain at these row counts. Each program owns BLOCK_N output rows and walks the whole K
+once, so there is no split-K reduction; the prologue is recomputed per program from L2 (K elements per
+row of x, against BLOCK_N * K weight elements from HBM). RMSNorm needs the row's sum of squares, which
+is only known at the end of the walk: the kernel accumulates W (h * norm_weight) and scales by 1/rms
+afterwards (a scalar per row commutes with the dot product). So in half precision it skips the unfused
+path's two intermediate roundings of the normed activation (kernels/rmsnorm.py); the result is the more
+exact one and within the dtype's tolerance of it. SiLU-and-mul rounds its output to the input dtype like
+kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row) or over [rows, K
+block] (several), reduced once at the end.
+
+Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
+int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,
+and subtracting 2^23 (plus the zero point or int8's +128 bias) is exact. An int4 K block spans at most
+one group per row; blocks wider than the group are walked as static sub-blocks of one group each,
+whose loads are independent of the arithmetic before them.
 
 On Hopper the kernel is launched as a programmatic dependent (PDL) of the kernel before it: it reads
 its first weight block, then waits for that kernel's output, and lets the next kernel start once its
@@ -35,119 +53,352 @@ PROLOGUE_NONE = 0
 PROLOGUE_RMSNORM = 1
 PROLOGUE_SILU_MUL = 2
 
+WEIGHT_DENSE = 0
+WEIGHT_ROW_SCALED = 1
+WEIGHT_INT4 = 2
+
+# Quantized weights take the GEMV up to this many rows (the existing GEMM paths above it); a dense
+# weight only at one row, where it beats cuBLAS.
+MAX_QUANTIZED_ROWS = 8
+
 
 @triton.jit
-def _load_summed(x_ptr, residual_ptr, offs_k, mask_k, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
-    """x[k] (+ residual[k]) rounded to x's dtype, as an unfused residual add would store it."""
-    if EVEN_K:
-        h = tl.load(x_ptr + offs_k)
-    else:
-        h = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)
-    if HAS_RESIDUAL:
-        if EVEN_K:
-            res = tl.load(residual_ptr + offs_k)
-        else:
-            res = tl.load(residual_ptr + offs_k, mask=mask_k, other=0.0)
-        h = (h.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
-    return h
+def _load(ptrs, mask, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
 def _activation_block(
     x_ptr,
     residual_ptr,
-    residual_out_ptr,
     norm_weight_ptr,
+    rows_m,
+    mask_m,
+    stride_xm,
     offs_k,
     K,
-    pid,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    """(f(x)[offs_k] in fp32 (before the 1/rms scale), its squares for the RMS or zeros)."""
+    """(f(x)[rows, offs_k] in fp32 (before the 1/rms scale), [BLOCK_M, len(offs_k)]; its squares for the RMS)."""
     mask_k = offs_k < K
+    mask = mask_m[:, None] & mask_k[None, :]
+    x_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :]
     dtype = x_ptr.dtype.element_ty
     if PROLOGUE == 1:
-        h = _load_summed(x_ptr, residual_ptr, offs_k, mask_k, HAS_RESIDUAL, EVEN_K)
-        if HAS_RESIDUAL:
-            if pid == 0:
-                tl.store(residual_out_ptr + offs_k, h, mask=mask_k)
+        h = _load(x_ptrs, mask, EVEN_K)
+        if HAS_RESIDUAL:  # rounded to x's dtype, as an unfused residual add would store it
+            r_offs = rows_m[:, None] * K + offs_k[None, :]
+            h = (h.to(tl.float32) + _load(residual_ptr + r_offs, mask, EVEN_K).to(tl.float32)).to(dtype)
         hf = h.to(tl.float32)
-        xk = hf * tl.load(norm_weight_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        xk = hf * _load(norm_weight_ptr + offs_k, mask_k, EVEN_K).to(tl.float32)[None, :]
         squares = hf * hf
     elif PROLOGUE == 2:
-        gate = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        gate = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
+        up = _load(x_ptrs + K, mask, EVEN_K).to(tl.float32)
         xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
-        squares = tl.zeros_like(xk)
+        squares = xk  # unused
     else:
-        xk = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        squares = tl.zeros_like(xk)
+        xk = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
+        squares = xk  # unused
     return xk, squares
 
 
 @triton.jit
-def _weight_block(w_ptr, rows, stride_wn, offs_k, K, EVEN_K: tl.constexpr):
-    w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_k[None, :]
+def _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K):
+    """residual_out = x + residual rounded to x's dtype, as the prologue computes it (one program writes it,
+    in a pass of its own: a store inside the main loop would keep later weight loads from being hoisted)."""
+    for k0 in range(0, K, 256):  # small tiles: this pass must not raise the kernel's register count
+        offs_k = k0 + tl.arange(0, 256)
+        mask = mask_m[:, None] & (offs_k < K)[None, :]
+        r_offs = rows_m[:, None] * K + offs_k[None, :]
+        h = tl.load(x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :], mask=mask).to(tl.float32)
+        h += tl.load(residual_ptr + r_offs, mask=mask).to(tl.float32)
+        tl.store(residual_out_ptr + r_offs, h.to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _weight_tile(w_ptr, rows, stride_wn, offs_c, num_cols, EVEN_K: tl.constexpr):
+    """[BLOCK_N, len(offs_c)] stored elements (rows are clamped in range, so only columns are masked)."""
+    w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_c[None, :]
     if EVEN_K:
         return tl.load(w_ptrs)
-    return tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+    return tl.load(w_ptrs, mask=(offs_c < num_cols)[None, :], other=0.0)
+
+
+@triton.jit
+def _fma_rows(acc, w, xk, BLOCK_M: tl.constexpr):
+    """acc + w * x per row of x: [BLOCK_N, C] += w * x[0] (one row), [BLOCK_M, BLOCK_N, C] += w[None] * x[:, None]."""
+    if BLOCK_M == 1:
+        return acc + w * xk
+    return acc + w[None, :, :] * xk[:, None, :]
+
+
+@triton.jit
+def _int8_to_float(w):
+    """Exact int8 -> fp32 without a conversion instruction: 0x4B000080 + v is the float 2^23 + 128 + v."""
+    return (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+
+
+@triton.jit
+def _nibble_plus_2p23(nibbles):
+    """int32 values 0..15 -> the floats 2^23 + v (the caller subtracts 2^23 with the zero point)."""
+    return (nibbles | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _accumulate_block(
+    acc,
+    sum_sq,
+    w,  # the block's first stored tile, already loaded
+    k0,
+    x_ptr,
+    residual_ptr,
+    norm_weight_ptr,
+    w_ptr,
+    scale_ptr,
+    zero_ptr,
+    rows,
+    rows_m,
+    mask_m,
+    offs_c,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    WEIGHT: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SUB_K: tl.constexpr,  # int4: min(BLOCK_K, GROUP_SIZE), one scale per row per sub-block; else BLOCK_K
+):
+    if WEIGHT == 2:
+        for s in tl.static_range(BLOCK_K // SUB_K):
+            kk = k0 + s * SUB_K
+            if s > 0:
+                w = _weight_tile(w_ptr, rows, stride_wn, kk // 2 + offs_c, K // 2, True)
+            group = kk // GROUP_SIZE
+            scale = tl.load(scale_ptr + rows * stride_sn + group).to(tl.float32)[:, None]
+            offset = 8388608.0 + tl.load(zero_ptr + rows * stride_sn + group).to(tl.float32)[:, None]
+            packed = w.to(tl.int32)
+            w_even = (_nibble_plus_2p23(packed & 0xF) - offset) * scale
+            w_odd = (_nibble_plus_2p23(packed >> 4) - offset) * scale
+            offs_k = kk + 2 * offs_c
+            x_even, sq_even = _activation_block(
+                x_ptr,
+                residual_ptr,
+                norm_weight_ptr,
+                rows_m,
+                mask_m,
+                stride_xm,
+                offs_k,
+                K,
+                PROLOGUE,
+                HAS_RESIDUAL,
+                True,
+            )
+            x_odd, sq_odd = _activation_block(
+                x_ptr,
+                residual_ptr,
+                norm_weight_ptr,
+                rows_m,
+                mask_m,
+                stride_xm,
+                offs_k + 1,
+                K,
+                PROLOGUE,
+                HAS_RESIDUAL,
+                True,
+            )
+            acc = _fma_rows(_fma_rows(acc, w_even, x_even, BLOCK_M), w_odd, x_odd, BLOCK_M)
+            if PROLOGUE == 1:
+                sum_sq += sq_even + sq_odd
+    else:
+        xk, squares = _activation_block(
+            x_ptr,
+            residual_ptr,
+            norm_weight_ptr,
+            rows_m,
+            mask_m,
+            stride_xm,
+            k0 + offs_c,
+            K,
+            PROLOGUE,
+            HAS_RESIDUAL,
+            EVEN_K,
+        )
+        if w.dtype == tl.int8:
+            wf = _int8_to_float(w)
+        else:
+            wf = w.to(tl.float32)
+        acc = _fma_rows(acc, wf, xk, BLOCK_M)
+        if PROLOGUE == 1:
+            sum_sq += squares
+    return acc, sum_sq
 
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr,  # [K], or [2K] for SILU_MUL
-    residual_ptr,  # [K], read when HAS_RESIDUAL
-    residual_out_ptr,  # [K], receives x + residual when HAS_RESIDUAL (never aliases residual)
+    x_ptr,  # [M, K], or [M, 2K] for SILU_MUL; row stride stride_xm
+    residual_ptr,  # [M, K] contiguous, read when HAS_RESIDUAL
+    residual_out_ptr,  # [M, K] contiguous, receives x + residual when HAS_RESIDUAL (never aliases residual)
     norm_weight_ptr,  # [K], RMSNORM only
-    w_ptr,  # [N, K], row stride stride_wn, K contiguous
+    w_ptr,  # [N, K] (dense, row-scaled) or [N, K/2] (int4), row stride stride_wn, columns contiguous
+    scale_ptr,  # [N] (row-scaled; stride_sn 0: per tensor) or [N, K/G] (int4)
+    zero_ptr,  # [N, K/G] (int4), same strides as scale
     bias_ptr,  # [N], when HAS_BIAS
-    out_ptr,  # [N]
+    out_ptr,  # [M, N], row stride stride_om
+    M,
     N,
     K,
+    stride_xm,
     stride_wn,
+    stride_sn,
+    stride_om,
     eps,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    WEIGHT: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
     EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows of x, padded to a power of two
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SUB_K: tl.constexpr,
+    PACK: tl.constexpr,  # weights per stored element along K (2 for int4)
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     rows = tl.where(mask_n, offs_n, 0).to(tl.int64)  # clamp instead of masking the weight loads
-    offs = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    rows_m = tl.where(mask_m, offs_m, 0)  # padding rows recompute row 0 and are not stored
+    offs_c = tl.arange(0, SUB_K // PACK)
 
-    # The first weight block is read before waiting on the previous kernel: no kernel writes
+    # The first weight tile is read before waiting on the previous kernel: no kernel writes
     # weights, so under programmatic dependent launch this read overlaps that kernel's tail.
-    w = _weight_block(w_ptr, rows, stride_wn, offs, K, EVEN_K)
+    w = _weight_tile(w_ptr, rows, stride_wn, offs_c, K // PACK, EVEN_K)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the activations below are the previous kernel's output
-    xk, sum_sq = _activation_block(
-        x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs, K, pid, PROLOGUE, HAS_RESIDUAL, EVEN_K
+    if HAS_RESIDUAL:
+        if pid == 0:
+            _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, SUB_K // PACK], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, SUB_K // PACK], dtype=tl.float32)
+    sum_sq = tl.zeros([BLOCK_M, SUB_K // PACK], dtype=tl.float32)
+    acc, sum_sq = _accumulate_block(
+        acc,
+        sum_sq,
+        w,
+        0,
+        x_ptr,
+        residual_ptr,
+        norm_weight_ptr,
+        w_ptr,
+        scale_ptr,
+        zero_ptr,
+        rows,
+        rows_m,
+        mask_m,
+        offs_c,
+        K,
+        stride_xm,
+        stride_wn,
+        stride_sn,
+        PROLOGUE,
+        HAS_RESIDUAL,
+        WEIGHT,
+        GROUP_SIZE,
+        EVEN_K,
+        BLOCK_M,
+        BLOCK_K,
+        SUB_K,
     )
-    acc = w.to(tl.float32) * xk[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
-        offs_k = k0 + offs
-        w = _weight_block(w_ptr, rows, stride_wn, offs_k, K, EVEN_K)
-        xk, squares = _activation_block(
-            x_ptr, residual_ptr, residual_out_ptr, norm_weight_ptr, offs_k, K, pid, PROLOGUE, HAS_RESIDUAL, EVEN_K
+        w = _weight_tile(w_ptr, rows, stride_wn, k0 // PACK + offs_c, K // PACK, EVEN_K)
+        acc, sum_sq = _accumulate_block(
+            acc,
+            sum_sq,
+            w,
+            k0,
+            x_ptr,
+            residual_ptr,
+            norm_weight_ptr,
+            w_ptr,
+            scale_ptr,
+            zero_ptr,
+            rows,
+            rows_m,
+            mask_m,
+            offs_c,
+            K,
+            stride_xm,
+            stride_wn,
+            stride_sn,
+            PROLOGUE,
+            HAS_RESIDUAL,
+            WEIGHT,
+            GROUP_SIZE,
+            EVEN_K,
+            BLOCK_M,
+            BLOCK_K,
+            SUB_K,
         )
-        sum_sq += squares
-        acc += w.to(tl.float32) * xk[None, :]
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight reads
 
-    y = tl.sum(acc, 1)
+    if BLOCK_M == 1:
+        y = tl.sum(acc, 1)[None, :]
+    else:
+        y = tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
     if PROLOGUE == 1:  # 1/rms is one scalar per row: it commutes with the dot product
-        y *= 1.0 / tl.sqrt(tl.sum(sum_sq, 0) / K + eps)
+        y *= (1.0 / tl.sqrt(tl.sum(sum_sq, 1) / K + eps))[:, None]
+    if WEIGHT == 1:  # so is the per-channel scale
+        y *= tl.load(scale_ptr + rows * stride_sn).to(tl.float32)[None, :]
     if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+        y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight the GEMV dequantizes in registers, in the layout the quantized linear methods keep."""
+
+    data: torch.Tensor  # int8 / float8_e4m3fn [N, K], or uint8 [N, K/2] for int4 (low nibble: even k)
+    scale: torch.Tensor  # [N] per output channel, a single value per tensor, or [N, K/G] for int4
+    zero: torch.Tensor | None = None  # int4: [N, K/G] integer zero points, same strides as scale
+    group_size: int = 0  # int4: G
+
+    @property
+    def format(self) -> int:
+        return WEIGHT_INT4 if self.zero is not None else WEIGHT_ROW_SCALED
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The logical [N, K]."""
+        n, cols = self.data.shape
+        return n, cols * 2 if self.format == WEIGHT_INT4 else cols
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [N, K]."""
+        if self.format == WEIGHT_ROW_SCALED:
+            return self.data.float() * self.scale.float().reshape(-1, 1)
+        assert self.zero is not None
+        q = torch.stack((self.data & 0xF, self.data >> 4), dim=-1).reshape(self.data.shape[0], -1).float()
+        zero = self.zero.float().repeat_interleave(self.group_size, 1)
+        return (q - zero) * self.scale.float().repeat_interleave(self.group_size, 1)
 
 
 @dataclass(frozen=True)
@@ -172,38 +423,112 @@ TUNED: dict[tuple[int, int, int], GemvConfig | None] = {
     (3584, 18944, PROLOGUE_SILU_MUL): None,
 }
 
+# fp32 accumulator elements a thread may hold ([rows, BLOCK_N, K tile] / threads) before spilling
+_MAX_ACC_PER_THREAD = 64
 
-def gemv_config(n: int, k: int, prologue: int) -> GemvConfig | None:
-    """The tuned config of this shape, else a rule of thumb from the tuning runs; None: do not fuse."""
-    if (n, k, prologue) in TUNED:
+
+def gemv_config(
+    n: int, k: int, prologue: int, weight_format: int = WEIGHT_DENSE, num_rows: int = 1
+) -> GemvConfig | None:
+    """The tuned config of this shape, else a rule of thumb; None: do not fuse (dense weights only).
+
+    Quantized weights move 1 or 1/2 byte per weight, so their tiles hold twice the rows (the same
+    bytes per step); several rows shrink the K tile so that the [rows, BLOCK_N, K tile] fp32
+    accumulator stays in registers."""
+    if weight_format == WEIGHT_DENSE and num_rows == 1 and (n, k, prologue) in TUNED:
         return TUNED[(n, k, prologue)]
     block_k = next((b for b in (1024, 512, 256, 128) if k % b == 0), 512)
-    return GemvConfig(block_n=8 if prologue == PROLOGUE_RMSNORM else 4, block_k=block_k, num_warps=4, num_stages=1)
+    block_n = 8 if prologue == PROLOGUE_RMSNORM else 4
+    if weight_format != WEIGHT_DENSE:
+        block_n *= 2
+    config = GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=1)
+    return fit_rows(config, num_rows, weight_format)
+
+
+def fit_rows(config: GemvConfig, num_rows: int, weight_format: int) -> GemvConfig:
+    """`config` with its K tile (int4: its rows) shrunk until the accumulator of `num_rows` rows fits."""
+    block_m = triton.next_power_of_2(num_rows)
+    if block_m == 1:
+        return config
+    budget = _MAX_ACC_PER_THREAD * 32 * config.num_warps
+    block_n, block_k = config.block_n, config.block_k
+    if weight_format == WEIGHT_INT4:  # the accumulator is one group's half-width tile (groups of <= 128)
+        while block_n > 1 and block_m * block_n * min(block_k, 128) // 2 > budget:
+            block_n //= 2
+    else:
+        while block_k > 64 and block_m * block_n * block_k > budget:
+            block_k //= 2
+    return GemvConfig(block_n, block_k, config.num_warps, config.num_stages)
+
+
+def gemv_config_for(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, prologue: int) -> GemvConfig | None:
+    """The GEMV's config when x is few enough fp16/bf16 rows on CUDA for `weight` (one row of a
+    dense weight, up to MAX_QUANTIZED_ROWS of a quantized one) and the shape is worth it; else None."""
+    if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    n, k = weight.shape
+    if isinstance(weight, torch.Tensor):  # (not isinstance QuantizedWeight: tests reload this module)
+        return gemv_config(n, k, prologue) if x.shape[0] == 1 else None
+    if x.shape[0] > MAX_QUANTIZED_ROWS or (weight.format == WEIGHT_INT4 and not _is_power_of_2(weight.group_size)):
+        return None
+    return gemv_config(n, k, prologue, weight.format, x.shape[0])
+
+
+def _is_power_of_2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def few_rows_gemv(weight: QuantizedWeight | None, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The GEMV over a quantized weight when x is the few rows of decoding on CUDA (it reads 1 or 1/2 byte
+    a weight where the GEMM paths are built for more rows); None: the caller takes its own path."""
+    if weight is None:
+        return None
+    config = gemv_config_for(x, weight, PROLOGUE_NONE)
+    return gemv(x, weight, bias, config=config) if config is not None else None
 
 
 def gemv(
-    x: torch.Tensor,  # [1, K], or [1, 2K] with silu_mul
-    weight: torch.Tensor,  # [N, K]
+    x: torch.Tensor,  # [M, K], or [M, 2K] with silu_mul; M small (decode rows)
+    weight: torch.Tensor | QuantizedWeight,  # [N, K]
     bias: torch.Tensor | None = None,  # [N]
     *,
     norm_weight: torch.Tensor | None = None,  # [K]: apply RMSNorm (eps) to x first
     eps: float = 0.0,
-    residual: torch.Tensor | None = None,  # [1, K]: normalise x + residual (RMSNorm only)
-    residual_out: torch.Tensor | None = None,  # [1, K]: receives x + residual
+    residual: torch.Tensor | None = None,  # [M, K]: normalise x + residual (RMSNorm only)
+    residual_out: torch.Tensor | None = None,  # [M, K]: receives x + residual
     silu_mul: bool = False,
     config: GemvConfig | None = None,
 ) -> torch.Tensor:
-    """Returns [1, N] in x's dtype."""
+    """Returns [M, N] in x's dtype."""
     n, k = weight.shape
-    assert x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(1) == 1
-    assert x.shape[1] == (2 * k if silu_mul else k), (tuple(x.shape), tuple(weight.shape))
+    m = x.shape[0]
+    assert x.stride(-1) == 1 and x.shape[1] == (2 * k if silu_mul else k), (tuple(x.shape), (n, k))
     assert not (silu_mul and norm_weight is not None)
     prologue = PROLOGUE_SILU_MUL if silu_mul else PROLOGUE_RMSNORM if norm_weight is not None else PROLOGUE_NONE
     if residual is not None:
         assert prologue == PROLOGUE_RMSNORM and residual_out is not None
+        assert residual.is_contiguous() and residual_out.is_contiguous() and residual.shape == (m, k)
         assert residual_out.data_ptr() != residual.data_ptr(), "program 0 writes residual_out while others read"
-    config = config or gemv_config(n, k, prologue) or GemvConfig()
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    if not isinstance(weight, torch.Tensor):
+        data, weight_format, group_size, zero = weight.data, weight.format, weight.group_size, weight.zero
+        scale = weight.scale.reshape(-1) if weight_format == WEIGHT_ROW_SCALED else weight.scale
+        stride_sn = scale.stride(0) if scale.numel() > 1 else 0
+        if weight_format == WEIGHT_INT4:
+            assert zero is not None and zero.stride() == scale.stride() and k % group_size == 0
+    else:
+        data, weight_format, group_size, scale, zero, stride_sn = weight, WEIGHT_DENSE, 1, None, None, 0
+    assert data.stride(1) == 1
+    config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
+    block_m = triton.next_power_of_2(m)
+    block_k = sub_k = config.block_k
+    if weight_format == WEIGHT_INT4:  # whole sub-blocks of at most one group each, no K mask
+        assert _is_power_of_2(group_size) and _is_power_of_2(block_k), (group_size, config)
+        while k % block_k:
+            block_k //= 2
+        sub_k = min(block_k, group_size)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
     pdl = use_pdl(x)
     dummy = x
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
@@ -211,19 +536,30 @@ def gemv(
         residual if residual is not None else dummy,
         residual_out if residual_out is not None else dummy,
         norm_weight if norm_weight is not None else dummy,
-        weight,
+        data,
+        scale if scale is not None else dummy,
+        zero if zero is not None else dummy,
         bias if bias is not None else dummy,
         out,
+        m,
         n,
         k,
-        weight.stride(0),
+        x.stride(0),
+        data.stride(0),
+        stride_sn,
+        out.stride(0),
         eps,
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None,
-        EVEN_K=k % config.block_k == 0,
+        WEIGHT=weight_format,
+        GROUP_SIZE=group_size,
+        EVEN_K=k % block_k == 0,
+        BLOCK_M=block_m,
         BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
+        BLOCK_K=block_k,
+        SUB_K=sub_k,
+        PACK=2 if weight_format == WEIGHT_INT4 else 1,
         USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -234,7 +570,7 @@ def gemv(
 
 def gemv_ref(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | QuantizedWeight,
     bias: torch.Tensor | None = None,
     *,
     norm_weight: torch.Tensor | None = None,
@@ -242,7 +578,7 @@ def gemv_ref(
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, x + residual or None) with the unfused kernels' roundings, product in fp32."""
+    """(y, x + residual or None) with the unfused kernels' roundings, product in fp32 with the dequantized weight."""
     from kernels.rmsnorm import rmsnorm_ref
     from kernels.silu_mul import silu_mul_ref
 
@@ -253,7 +589,8 @@ def gemv_ref(
         if residual is not None:
             summed = (x.float() + residual.float()).to(x.dtype)
         x = rmsnorm_ref(summed if summed is not None else x, norm_weight, eps)
-    y = x.float() @ weight.float().T
+    w = weight.float() if isinstance(weight, torch.Tensor) else weight.dequantize()
+    y = x.float() @ w.T
     if bias is not None:
         y += bias.float()
     return y.to(x.dtype), summed

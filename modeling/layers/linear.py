@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.gemv import PROLOGUE_NONE, GemvConfig, gemv, gemv_config
+from kernels.gemv import PROLOGUE_NONE, QuantizedWeight, gemv, gemv_config_for
 from modeling.layers.quantization import method_for_new_linear
 from modeling.layers.quantization.base import (
     ROW_LAYOUT,
@@ -41,19 +41,12 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     """x @ weight.T + bias: F.linear; oneDNN for few-row float32 inputs on CPU; kernels.gemv for one
     half-precision row on CUDA (batch-1 decode), where it reads the weight faster than cuBLAS."""
     if x.is_cuda:
-        config = one_row_gemv_config(x, weight, PROLOGUE_NONE)
+        config = gemv_config_for(x, weight, PROLOGUE_NONE)
         if config is not None:
             return gemv(x, weight, bias, config=config)
     elif _onednn_linear is not None and x.dtype == torch.float32 and x.shape[0] <= _ONEDNN_MAX_ROWS:
         return _onednn_linear(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
-
-
-def one_row_gemv_config(x: torch.Tensor, weight: torch.Tensor, prologue: int) -> GemvConfig | None:
-    """kernels.gemv's config when x is one fp16/bf16 row on CUDA and the shape is worth fusing, else None."""
-    if x.shape[0] != 1 or x.dtype not in (torch.float16, torch.bfloat16) or not x.is_cuda:
-        return None
-    return gemv_config(weight.shape[0], weight.shape[1], prologue)
 
 
 def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
@@ -78,7 +71,7 @@ class UnquantizedLinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return dense(x, layer_tensor(layer, "weight"), bias)
 
-    def dense_weight(self, layer: Linear) -> torch.Tensor | None:
+    def gemv_weight(self, layer: Linear) -> torch.Tensor | QuantizedWeight | None:
         return layer_tensor(layer, "weight")
 
 
@@ -165,9 +158,9 @@ class Linear(nn.Module):
         self.method.process_weights_after_loading(self)
 
     @property
-    def dense_weight(self) -> torch.Tensor | None:
-        """The plain [out, in] weight for fused kernels (kernels.gemv), or None when quantized."""
-        return self.method.dense_weight(self)
+    def gemv_weight(self) -> torch.Tensor | QuantizedWeight | None:
+        """The weight fused decode kernels (kernels.gemv) read: plain, quantized with its scales, or None."""
+        return self.method.gemv_weight(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)

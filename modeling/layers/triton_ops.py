@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.gemv import PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL, gemv
+from kernels.gemv import PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL, gemv, gemv_config_for
 from kernels.rmsnorm import rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
-from modeling.layers.linear import Linear, one_row_gemv_config
+from modeling.layers.linear import Linear
 from modeling.layers.ops import LayerOps, unfused_rms_norm_linear, unfused_silu_mul_linear
 
 if TYPE_CHECKING:
@@ -46,9 +46,10 @@ def triton_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) ->
 def triton_rms_norm_linear(
     x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, proj: Linear
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row (batch-1 decode): the norm runs inside the GEMV's prologue; else rmsnorm kernel + matmul."""
-    weight = proj.dense_weight  # None for a quantized projection: its own method runs it
-    config = one_row_gemv_config(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
+    """Few decode rows (one for a plain weight, up to 8 for a quantized one): the norm runs inside the
+    GEMV's prologue; else rmsnorm kernel + matmul."""
+    weight = proj.gemv_weight  # None: the projection's method has no GEMV, it runs the matmul itself
+    config = gemv_config_for(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
     if weight is None or config is None:
         return unfused_rms_norm_linear(x, residual, norm, proj)
     summed = torch.empty_like(x) if residual is not None else None
@@ -66,8 +67,8 @@ def triton_rms_norm_linear(
 
 
 def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
-    weight = proj.dense_weight
-    config = one_row_gemv_config(x, weight, PROLOGUE_SILU_MUL) if weight is not None else None
+    weight = proj.gemv_weight
+    config = gemv_config_for(x, weight, PROLOGUE_SILU_MUL) if weight is not None else None
     if weight is None or config is None:
         return unfused_silu_mul_linear(x, proj, silu_mul)
     return gemv(x, weight, proj.bias, silu_mul=True, config=config)

@@ -28,7 +28,8 @@ from kernels.decode_attention import (
     decode_attention,
     decode_attention_ref,
 )
-from kernels.gemv import gemv, gemv_ref
+from kernels.dequant_matmul import pack_int4
+from kernels.gemv import QuantizedWeight, gemv, gemv_ref
 from kernels.kv_store import kv_store, kv_store_ref
 from kernels.prefill_attention import prefill_attention, prefill_attention_ref
 from kernels.rmsnorm import rmsnorm, rmsnorm_ref
@@ -306,6 +307,40 @@ def test_elementwise() -> None:
         1e-2,
     )
     check("gemv plain bf16 (4096x4096)", rel_err(gemv(x, w_qkv[:4096]), gemv_ref(x, w_qkv[:4096])[0]), 1e-2)
+
+
+def test_quantized_gemv() -> None:
+    """FP8 / int8 / int4 (groups of 128) weights at 1-8 bf16 rows, each prologue, the default configs."""
+    n, k, dtype = 1536, 4096, torch.bfloat16
+    weights = {
+        "fp8": QuantizedWeight(torch.randn(n, k, device=DEV).to(torch.float8_e4m3fn), torch.rand(n, device=DEV) / 50),
+        "fp8 per tensor": QuantizedWeight(
+            torch.randn(n, k, device=DEV).to(torch.float8_e4m3fn), torch.tensor(0.01, device=DEV)
+        ),
+        "int8": QuantizedWeight(
+            torch.randint(-128, 128, (n, k), device=DEV, dtype=torch.int8), torch.rand(n, device=DEV) / 500
+        ),
+        "int4": QuantizedWeight(
+            pack_int4(torch.randint(0, 16, (n, k), device=DEV)),
+            torch.rand(n, k // 128, device=DEV, dtype=dtype) / 50,
+            torch.randint(0, 16, (n, k // 128), device=DEV).to(dtype),
+            128,
+        ),
+    }
+    norm_weight = 1 + 0.1 * torch.randn(k, device=DEV, dtype=dtype)
+    for (name, w), rows in itertools.product(weights.items(), (1, 3, 8)):
+        x, res = torch.randn(rows, 2 * k, device=DEV, dtype=dtype), torch.randn(rows, k, device=DEV, dtype=dtype)
+        summed = torch.full_like(res, float("nan"))
+        check(f"gemv {name} plain, {rows} rows", rel_err(gemv(x[:, :k], w), gemv_ref(x[:, :k], w)[0]), 1e-2)
+        out = gemv(x[:, :k], w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed)
+        ref, ref_summed = gemv_ref(x[:, :k], w, norm_weight=norm_weight, eps=1e-5, residual=res)
+        check(f"gemv {name} rmsnorm+residual, {rows} rows", rel_err(out, ref), 1e-2)
+        check(f"gemv {name} residual sum, {rows} rows (exact)", rel_err(summed, ref_summed), 1e-12)
+        check(
+            f"gemv {name} silu_mul, {rows} rows",
+            rel_err(gemv(x, w, silu_mul=True), gemv_ref(x, w, silu_mul=True)[0]),
+            1e-2,
+        )
 
 
 TINY = {

@@ -1,11 +1,12 @@
-"""The batch-1 GEMV with fused prologues against its reference (unfused roundings, fp32 product)."""
+"""The few-row GEMV with fused prologues against its reference (unfused roundings, fp32 product with the
+dequantized weight): plain weights at one row, FP8 / int8 / int4 weights at one to several rows."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.gemv import GemvConfig, gemv, gemv_ref
+from kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
 
 # Small tiles so the interpreter walks several programs and K blocks, ragged and even.
 CONFIGS = [GemvConfig(block_n=8, block_k=32, num_warps=1), GemvConfig(block_n=16, block_k=64, num_warps=2)]
@@ -70,3 +71,67 @@ def test_gemv_refuses_an_aliased_residual_output():
     residual = torch.randn(1, 32)
     with pytest.raises(AssertionError):
         gemv(x, weight, norm_weight=torch.ones(32), eps=1e-6, residual=residual, residual_out=residual)
+
+
+# --- quantized weights ------------------------------------------------------------------------------
+
+
+def _quantized(fmt: str, n: int, k: int, gen: torch.Generator, dtype: torch.dtype, group: int = 32) -> QuantizedWeight:
+    if fmt == "int8":
+        q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)  # -128 too: the +128 bias trick
+        return QuantizedWeight(q, torch.rand(n, generator=gen) / 100)
+    if fmt == "fp8":
+        return QuantizedWeight(
+            torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn), torch.rand(n, generator=gen) / 10
+        )
+    if fmt == "fp8 per tensor":
+        return QuantizedWeight(torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn), torch.tensor(0.05))
+    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    scale = (torch.rand(n, k // group, generator=gen) / 50).to(dtype)
+    return QuantizedWeight(packed, scale, torch.randint(0, 16, scale.shape, generator=gen).to(dtype), group)
+
+
+FORMATS = ["int8", "fp8", "fp8 per tensor", "int4"]
+QUANT_CONFIG = GemvConfig(block_n=8, block_k=64, num_warps=1)  # int4 groups of 32: two sub-blocks a K block
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("num_rows", [1, 5])
+@pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul"])
+def test_quantized_gemv_matches_dequantized_reference(fmt: str, num_rows: int, prologue: str):
+    gen = torch.Generator().manual_seed(num_rows + len(fmt))
+    n, k, dtype = 37, 128 if fmt == "int4" else 96, torch.float16  # int8/fp8: a ragged last K block
+    weight = _quantized(fmt, n, k, gen, dtype)
+    x = torch.randn(num_rows, 2 * k if prologue == "silu_mul" else k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    kwargs: dict = {"silu_mul": True} if prologue == "silu_mul" else {}
+    summed = None
+    if prologue == "rmsnorm":
+        norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
+        kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=torch.randn(num_rows, k, generator=gen).to(dtype))
+        summed = torch.full((num_rows, k), float("nan"), dtype=dtype)
+    out = gemv(x, weight, bias, residual_out=summed, config=QUANT_CONFIG, **kwargs)
+    ref, ref_summed = gemv_ref(x, weight, bias, **kwargs)
+    assert out.shape == (num_rows, n) and out.dtype == dtype
+    torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+    if summed is not None:
+        torch.testing.assert_close(summed, ref_summed, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "k, group, block_k",
+    [(128, 64, 32), (192, 64, 128)],  # K blocks inside one group; a K block that does not divide K (shrunk)
+)
+def test_int4_gemv_group_and_block_sizes(k: int, group: int, block_k: int):
+    gen = torch.Generator().manual_seed(k + block_k)
+    weight = _quantized("int4", 24, k, gen, torch.bfloat16, group)
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    out = gemv(x, weight, config=GemvConfig(block_n=8, block_k=block_k, num_warps=1))
+    torch.testing.assert_close(out, gemv_ref(x, weight)[0], rtol=1e-2, atol=1e-2)
+
+
+def test_int4_dequantize_reads_the_low_nibble_as_the_even_input():
+    packed = torch.tensor([[0x21, 0x43]], dtype=torch.uint8)  # q = 1 2 3 4
+    weight = QuantizedWeight(packed, torch.tensor([[2.0]]), torch.tensor([[1.0]]), group_size=4)
+    assert weight.shape == (1, 4)
+    assert weight.dequantize().tolist() == [[0.0, 2.0, 4.0, 6.0]]

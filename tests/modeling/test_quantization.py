@@ -42,7 +42,7 @@ def test_fp8_on_the_fly_matches_fake_quantized_product():
     layer = _loaded(
         Linear(64, 48, bias=True, method=Fp8LinearMethod(is_serialized=False)), {"weight": weight, "bias": bias}
     )
-    assert layer.dense_weight is None  # fused GEMVs must not read it
+    assert layer.gemv_weight is None  # emulated FP8 (no FP8 matmul here): fused GEMVs must not read it
     expected = F.linear(_fake_fp8_per_row(x), _fake_fp8_per_row(weight), bias)
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
     exact = F.linear(x, weight, bias)
@@ -73,6 +73,7 @@ def test_int8_layer_matches_dequantized_reference(quantize_activations: bool):
         x_scale = x.abs().amax(1, keepdim=True) / 127
         x = (x / x_scale).round() * x_scale
     torch.testing.assert_close(layer(x), F.linear(x, q.float() * scale), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.gemv_weight.dequantize(), q.float() * scale)  # what the decode GEMV reads
 
 
 def test_int8_on_the_fly_is_within_int8_error():
@@ -127,6 +128,8 @@ def test_int4_checkpoint_formats_load_to_the_weights_they_pack(fmt: str):
     _loaded(layer, tensors)
     x = torch.randn(3, hidden, generator=gen)
     torch.testing.assert_close(layer(x), F.linear(x, torch.cat(dequantized)), rtol=1e-3, atol=1e-3)
+    # the decode GEMV's reading of the stored layout (kernels.gemv is tested against dequantize())
+    torch.testing.assert_close(layer.gemv_weight.dequantize(), torch.cat(dequantized), rtol=1e-3, atol=1e-3)
 
 
 def test_gptq_act_order_is_refused():

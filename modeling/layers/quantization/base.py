@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 if TYPE_CHECKING:
+    from kernels.gemv import QuantizedWeight
     from modeling.layers.linear import Linear
 
 
@@ -80,8 +81,9 @@ class LinearMethod(ABC):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in] -> [T, out] in x's dtype."""
 
-    def dense_weight(self, layer: Linear) -> torch.Tensor | None:
-        """The [out, in] half/full-precision weight fused kernels may read directly, or None."""
+    def gemv_weight(self, layer: Linear) -> torch.Tensor | QuantizedWeight | None:
+        """The weight kernels.gemv reads for the few rows of decoding (with the norm or SiLU-mul before the
+        projection fused in): the plain [out, in] weight, or a quantized one with its scales; None: none."""
         return None
 
 

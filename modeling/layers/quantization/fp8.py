@@ -8,9 +8,12 @@ the per-channel scale, which is exact. A static `input_scale` is loaded but not 
 always scaled per token at run time, which is at least as accurate.
 
 On GPUs with FP8 tensor cores (compute capability >= 8.9) the product is `torch._scaled_mm` with
-row-wise scales. Elsewhere the weight is dequantized once after loading and the same arithmetic is
-emulated (activations rounded through FP8 per token, product in fp32): the numbers are FP8's, the
-memory and the speed are the unquantized model's (logged once).
+row-wise scales, except for the few rows of decoding (<= kernels.gemv.MAX_QUANTIZED_ROWS): there the
+GEMV reads the FP8 weight and dequantizes it in registers, with the activations left in half precision
+(W8A16: reading half the bytes is the whole gain there, and quantizing the activations would be an
+extra kernel and an extra rounding). Elsewhere the weight is dequantized once after loading and the
+same arithmetic is emulated (activations rounded through FP8 per token, product in fp32): the numbers
+are FP8's, the memory and the speed are the unquantized model's (logged once).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from kernels.gemv import QuantizedWeight, few_rows_gemv
 from kernels.quant_activation import FP8_E4M3_MAX, quant_per_token, quant_per_token_ref
 from modeling.layers.quantization.base import (
     ROW_LAYOUT,
@@ -116,9 +120,17 @@ class Fp8LinearMethod(LinearMethod):
             ).to(self.dtype)
             register_param(layer, "weight", dequantized, WEIGHT_LAYOUT)
 
+    def gemv_weight(self, layer: Linear) -> QuantizedWeight | None:
+        if not self.use_scaled_mm:  # emulation: the weight is dequantized, the activations must be rounded
+            return None
+        return QuantizedWeight(layer_tensor(layer, "weight"), layer_tensor(layer, "weight_scale"))
+
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.use_scaled_mm:
             return fp8_linear_ref(x, layer_tensor(layer, "weight"), bias)
+        out = few_rows_gemv(self.gemv_weight(layer), x, bias)
+        if out is not None:
+            return out
         x_q, x_scale = quant_per_token(x, FP8_DTYPE)
         # row-wise scaled FP8 GEMM: bf16 output only, so fp16 models convert back
         out = torch._scaled_mm(

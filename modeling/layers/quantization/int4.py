@@ -1,7 +1,8 @@
 """int4 group-wise weights (W4A16) from AWQ, GPTQ and compressed-tensors `pack-quantized` checkpoints.
 
 Each format packs nibbles its own way; while loading they are all turned into one layout, the
-one kernels.dequant_matmul reads: q uint8 [out, in/2] (low nibble = even input feature),
+one kernels.gemv (the few rows of decoding, <= kernels.gemv.MAX_QUANTIZED_ROWS) and
+kernels.dequant_matmul (more rows) read: q uint8 [out, in/2] (low nibble = even input feature),
 scale and zero [out, in/G] with w = (q - zero) * scale. Parameters keep the checkpoint's names
 (`qweight`/`qzeros`/`scales`, or `weight_packed`/`weight_scale`) so the model's loader finds them.
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
+from kernels.gemv import QuantizedWeight, few_rows_gemv
 from modeling.layers.quantization.base import (
     SHARD_LAYOUT,
     WEIGHT_LAYOUT,
@@ -149,11 +151,17 @@ class Int4LinearMethod(LinearMethod):
             )
         return layer_tensor(layer, "qweight"), layer_tensor(layer, "scales"), layer_tensor(layer, "qzeros")
 
+    def gemv_weight(self, layer: Linear) -> QuantizedWeight:
+        return QuantizedWeight(*self.tensors(layer), group_size=self.group_size)
+
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         weight, scale, zero = self.tensors(layer)
         kwargs = dict(bits=4, group_size=self.group_size)
         if not x.is_cuda:
             return dequant_matmul_ref(x, weight, scale, zero, bias, **kwargs)
+        out = few_rows_gemv(self.gemv_weight(layer), x, bias)
+        if out is not None:
+            return out
         return dequant_matmul(x, weight, scale, zero, bias, **kwargs, block_k=min(64, self.group_size))
 
 

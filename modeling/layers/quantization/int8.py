@@ -5,9 +5,10 @@ Sources: a half-precision checkpoint quantized while loading (`--quantize eetq`,
 int8 [out, in], `weight_scale` [out, 1]; W8A8 ones are what SmoothQuant writes, the smoothing already
 folded into the norms before).
 
-W8A16 runs kernels.dequant_matmul on CUDA (the int8 weight dequantized in registers). W8A8 runs
-`torch._int_mm` on CUDA when there are more than 16 rows (its limit); fewer rows (decoding) take the
-W8A16 kernel, skipping the activation rounding. On CPU both run their torch reference.
+On CUDA the few rows of decoding (<= kernels.gemv.MAX_QUANTIZED_ROWS) run kernels.gemv, which
+dequantizes the int8 weight in registers; more rows run kernels.dequant_matmul (W8A16) or, for W8A8,
+`torch._int_mm` above 16 rows (its limit; 9..16 rows take dequant_matmul). Both weight-only kernels skip
+W8A8's activation rounding. On CPU both schemes run their torch reference.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.dequant_matmul import dequant_matmul
+from kernels.gemv import QuantizedWeight, few_rows_gemv
 from kernels.quant_activation import INT8_MAX, quant_per_token, quant_per_token_ref
 from modeling.layers.quantization.base import (
     ROW_LAYOUT,
@@ -79,9 +81,15 @@ class Int8LinearMethod(LinearMethod):
             register_param(layer, "weight", weight, WEIGHT_LAYOUT)
             register_param(layer, "weight_scale", scale, ROW_LAYOUT)
 
+    def gemv_weight(self, layer: Linear) -> QuantizedWeight:
+        return QuantizedWeight(layer_tensor(layer, "weight"), layer_tensor(layer, "weight_scale"))
+
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not x.is_cuda:
             return int8_linear_ref(x, layer.weight, layer.weight_scale, bias, self.quantize_activations)
+        out = few_rows_gemv(self.gemv_weight(layer), x, bias)
+        if out is not None:
+            return out
         if self.quantize_activations and x.shape[0] >= _INT_MM_MIN_ROWS:
             x_q, x_scale = quant_per_token(x, torch.int8)
             out = (

@@ -132,9 +132,12 @@ def _weight_tile(w_ptr, rows, stride_wn, offs_c, num_cols, EVEN_K: tl.constexpr)
 @triton.jit
 def _fma_rows(acc, w, xk, BLOCK_M: tl.constexpr):
     """acc + w * x per row of x: [BLOCK_N, C] += w * x[0] (one row), [BLOCK_M, BLOCK_N, C] += w[None] * x[:, None]."""
+    # one return: Triton's compiler rejects returns of different shapes, even under a constexpr branch
     if BLOCK_M == 1:
-        return acc + w * xk
-    return acc + w[None, :, :] * xk[:, None, :]
+        out = acc + w * xk
+    else:
+        out = acc + w[None, :, :] * xk[:, None, :]
+    return out
 
 
 @triton.jit

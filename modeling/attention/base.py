@@ -3,18 +3,27 @@
 Shapes: q [T, num_heads, head_dim]; k, v [T, num_kv_heads, head_dim] for the new tokens;
 kv buffers per layer [num_slots, num_kv_heads, head_dim]; req_to_token [max_rows, max_len] int32.
 
-Per-layer switches ride on each call: `sliding_window` (a query at position p sees keys
-(p - sliding_window, p]) and `softcap` (scores -> softcap * tanh(scores / softcap)); None = off.
+Each call carries its layer's AttentionParams: the scale and the per-layer switches.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from modeling.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionParams:
+    """One layer's attention switches, built once with the layer and passed on every call."""
+
+    scale: float
+    sliding_window: int | None = None  # a query at position p sees keys (p - sliding_window, p]
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap)
 
 
 class AttentionBackend(ABC):
@@ -47,24 +56,15 @@ class AttentionBackend(ABC):
         ops,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        scale: float,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
+        params: AttentionParams,
     ) -> torch.Tensor:
         """rotate_and_store_kv, then forward over the rotated q heads: [T, H, D]. Backends may fuse all
         three (qk is then left unrotated: nothing reads it after this call)."""
         qk = self.rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
-        q = qk[:, : qk.shape[1] - v.shape[1]]
-        return self.forward(q, k_cache, v_cache, scale, sliding_window=sliding_window, softcap=softcap)
+        return self.forward(qk[:, : qk.shape[1] - v.shape[1]], k_cache, v_cache, params)
 
     @abstractmethod
     def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        scale: float,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams
     ) -> torch.Tensor:
         """Causal attention of the new tokens over their request's KV; returns [T, num_heads, head_dim]."""

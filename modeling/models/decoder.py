@@ -15,7 +15,7 @@ from typing import Protocol, cast
 import torch
 import torch.nn as nn
 
-from modeling.attention.base import AttentionBackend
+from modeling.attention.base import AttentionBackend, AttentionParams
 from modeling.config import ModelConfig
 from modeling.forward_batch import ForwardBatch
 from modeling.layers.embedding import LMHead, VocabEmbedding
@@ -61,9 +61,7 @@ class Attention(nn.Module):
         self.num_heads = heads.num_heads
         self.num_kv_heads = heads.num_kv_heads
         self.head_dim = config.head_dim
-        self.scale = scale or config.head_dim**-0.5
-        self.sliding_window = sliding_window
-        self.softcap = softcap
+        self.params = AttentionParams(scale or config.head_dim**-0.5, sliding_window, softcap)
         self.qk_size = (self.num_heads + self.num_kv_heads) * config.head_dim
         self.qkv_proj = QKVLinear(
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias, tp=tp
@@ -100,9 +98,7 @@ class Attention(nn.Module):
             q, _ = self.q_norm(qk[:, : self.num_heads])
             k, _ = self.k_norm(qk[:, self.num_heads :])
             qk = torch.cat((q, k), dim=1)
-        out = backend.rotate_store_and_attend(
-            qk, v, rope, self.ops, k_cache, v_cache, self.scale, self.sliding_window, self.softcap
-        )  # [T, H, D]
+        out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.params)  # [T, H, D]
         return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim)))
 
 
@@ -166,7 +162,8 @@ class DecoderModel(nn.Module):
         self.local_rotary_emb = local_rotary_emb
         # per layer: does it rotate with local_rotary_emb (built once: no lookup per step)
         self.uses_local_rope = tuple(
-            local_rotary_emb is not None and layer.self_attn.sliding_window is not None for layer in self.decoder_layers
+            local_rotary_emb is not None and layer.self_attn.params.sliding_window is not None
+            for layer in self.decoder_layers
         )
 
     @property

@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from modeling.forward_batch import ForwardBatch
+from modeling.layers.ops import LayerOps, RopeTables
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +41,16 @@ class AttentionBackend(ABC):
         """Write the new tokens' k/v into their slots (batch.out_slots)."""
 
     def rotate_and_store_kv(
-        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ops: LayerOps,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
     ) -> torch.Tensor:
         """Rotary on qk [T, H + H_kv, D] (q heads, then k heads), then k and v into the KV cache; returns
-        the rotated qk. `ops` (modeling.layers.ops.LayerOps) made `rope`. Backends may fuse the two."""
+        the rotated qk. `ops` made `rope`. Backends may fuse the two."""
         qk = ops.rotary(qk, rope)
         self.store_kv(qk[:, qk.shape[1] - v.shape[1] :], v, k_cache, v_cache)
         return qk
@@ -52,8 +59,8 @@ class AttentionBackend(ABC):
         self,
         qk: torch.Tensor,
         v: torch.Tensor,
-        rope,
-        ops,
+        rope: RopeTables,
+        ops: LayerOps,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         params: AttentionParams,

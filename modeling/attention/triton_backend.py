@@ -30,6 +30,7 @@ from kernels.prefill_attention import prefill_attention
 from kernels.rotary import rotary_and_kv_store
 from modeling.attention.base import AttentionBackend, AttentionParams
 from modeling.forward_batch import ForwardBatch, ForwardMode
+from modeling.layers.ops import LayerOps, RopeTables
 
 MAX_DECODE_SPLITS = 64
 # Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
@@ -116,7 +117,13 @@ class TritonAttentionBackend(AttentionBackend):
         kv_store(k, v, k_cache, v_cache, self.metadata.out_slots)
 
     def rotate_and_store_kv(
-        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ops: LayerOps,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
     ) -> torch.Tensor:
         if ops.name != "triton":  # rope tables in another op set's layout
             return super().rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
@@ -128,8 +135,8 @@ class TritonAttentionBackend(AttentionBackend):
         self,
         qk: torch.Tensor,
         v: torch.Tensor,
-        rope,
-        ops,
+        rope: RopeTables,
+        ops: LayerOps,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         params: AttentionParams,

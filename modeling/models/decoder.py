@@ -21,13 +21,12 @@ from modeling.forward_batch import ForwardBatch
 from modeling.layers.embedding import LMHead, VocabEmbedding
 from modeling.layers.linear import Linear, QKVLinear
 from modeling.layers.norm import RMSNorm
-from modeling.layers.ops import LayerOps
+from modeling.layers.ops import LayerOps, RopeTables
 from modeling.layers.rotary import RotaryEmbedding
 from modeling.models.weight_names import load_packed_weights
 from modeling.parallel import NO_TP, TensorParallel, shard_heads
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, num_kv_heads, head_dim]
-RopeTables = tuple[torch.Tensor, ...]  # whatever the chosen LayerOps.rope_tables builds
 
 
 class FeedForward(Protocol):

@@ -43,6 +43,54 @@ def soft_cap(scores, SOFTCAP: tl.constexpr):
     return SOFTCAP * (2.0 * tl.sigmoid(scores * (2.0 / SOFTCAP)) - 1.0)
 
 
+@triton.jit
+def attend_kv_block(
+    q,  # [M, BLOCK_D] queries of one KV head's group (decode) or of one head's token block (extend)
+    m_i,  # [M] running max of the scores, log2 domain
+    l_i,  # [M] running sum of exp2(score - m_i)
+    acc,  # [M, BLOCK_D] fp32 running output, unnormalised
+    slots,  # [BLOCK_N] int64: the KV slots of this block's keys
+    mask_n,  # [BLOCK_N]: keys that exist
+    visible,  # [M or 1, BLOCK_N]: which key each query sees (mask_n and the caller's causal/window rule)
+    k_cache_ptr,
+    v_cache_ptr,
+    kv_head,
+    offs_d,
+    mask_d,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    scale,
+    DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    EMPTY_ROWS: tl.constexpr,  # a query row may see no key of a block: keep its max finite (no inf - inf)
+):
+    """One step of the online softmax over a block of BLOCK_N keys read through their slots:
+    gathers K and V, scores (soft-capped when SOFTCAP > 0), masks, and returns (m_i, l_i, acc) updated.
+    Shared by the decode and extend kernels; Triton inlines it."""
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k_ptrs = k_cache_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :]
+    v_ptrs = v_cache_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
+    # an FP8 cache (unit scale) widens to the model's dtype here; for a bf16/fp16 cache this is a no-op
+    k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+    v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q.dtype)
+    if SOFTCAP > 0:
+        qk = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, SOFTCAP) * 1.4426950408889634
+    else:
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * 1.4426950408889634)  # [M, BLOCK_N]
+    qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = m_new
+    if EMPTY_ROWS:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
 @dataclass
 class NewTokenKV:
     """This step's token of each request, for the fused rotary path: unrotated k, v and the rope rows."""
@@ -262,7 +310,6 @@ def _decode_stage1_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    qk_scale = scale * 1.4426950408889634  # exp2 domain
     # Slot indices of the next block are loaded one iteration ahead, so the K/V gathers of a block
     # never wait on its own index load (measured on H200: +3.5 points of bandwidth at B=32, L=2048).
     offs_block = tl.arange(0, BLOCK_N)
@@ -273,23 +320,29 @@ def _decode_stage1_kernel(
         slots = next_slots.to(tl.int64)
         after = offs_n + BLOCK_N
         next_slots = tl.load(token_row_ptr + after, mask=after < end, other=0)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k_ptrs = k_cache_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :]
-        v_ptrs = v_cache_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
-        # an FP8 cache (unit scale) widens to the model's dtype here; for a bf16/fp16 cache this is a no-op
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)
-        if SOFTCAP > 0:
-            qk = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, SOFTCAP) * 1.4426950408889634
-        else:
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, BLOCK_N]
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        # the one query sees every key of its split (the window is in the split bounds)
+        m_i, l_i, acc = attend_kv_block(
+            q,
+            m_i,
+            l_i,
+            acc,
+            slots,
+            mask_n,
+            mask_n[None, :],
+            k_cache_ptr,
+            v_cache_ptr,
+            kv_head,
+            offs_d,
+            mask_d,
+            stride_ks,
+            stride_kh,
+            stride_vs,
+            stride_vh,
+            scale,
+            DOT_PRECISION,
+            SOFTCAP,
+            EMPTY_ROWS=False,
+        )
 
     if USE_PDL:
         if not MERGE:

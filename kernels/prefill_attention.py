@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_attention import soft_cap
+from kernels.decode_attention import attend_kv_block
 
 
 @triton.jit
@@ -77,7 +77,6 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    qk_scale = scale * 1.4426950408889634  # exp2 domain
     # causal: no query of this block sees past its last position; a block past q_len reads nothing
     key_end = tl.minimum(kv_len, prefix_len + (m_block + 1) * BLOCK_M)
     key_end = tl.where(m_block * BLOCK_M < q_len, key_end, 0)
@@ -88,28 +87,32 @@ def _prefill_kernel(
         offs_n = block_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < key_end
         slots = tl.load(token_row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k_ptrs = k_cache_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :]
-        v_ptrs = v_cache_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
-        # an FP8 cache (unit scale) widens to the model's dtype here; for a bf16/fp16 cache this is a no-op
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)
-        if SOFTCAP > 0:
-            qk = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, SOFTCAP) * 1.4426950408889634
-        else:
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if SLIDING_WINDOW > 0:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - SLIDING_WINDOW)
-        qk = tl.where(visible, qk, float("-inf"))
-        # rows past q_len see nothing; keep their max finite so no inf - inf appears
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        # rows past q_len (and, windowed, rows whose window starts past this block) see no key here
+        m_i, l_i, acc = attend_kv_block(
+            q,
+            m_i,
+            l_i,
+            acc,
+            slots,
+            mask_n,
+            visible,
+            k_cache_ptr,
+            v_cache_ptr,
+            kv_head,
+            offs_d,
+            mask_d,
+            stride_ks,
+            stride_kh,
+            stride_vs,
+            stride_vh,
+            scale,
+            DOT_PRECISION,
+            SOFTCAP,
+            EMPTY_ROWS=True,
+        )
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]

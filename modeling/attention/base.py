@@ -3,18 +3,28 @@
 Shapes: q [T, num_heads, head_dim]; k, v [T, num_kv_heads, head_dim] for the new tokens;
 kv buffers per layer [num_slots, num_kv_heads, head_dim]; req_to_token [max_rows, max_len] int32.
 
-Per-layer switches ride on each call: `sliding_window` (a query at position p sees keys
-(p - sliding_window, p]) and `softcap` (scores -> softcap * tanh(scores / softcap)); None = off.
+Each call carries its layer's AttentionParams: the scale and the per-layer switches.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from modeling.forward_batch import ForwardBatch
+from modeling.layers.ops import LayerOps, RopeTables
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionParams:
+    """One layer's attention switches, built once with the layer and passed on every call."""
+
+    scale: float
+    sliding_window: int | None = None  # a query at position p sees keys (p - sliding_window, p]
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap)
 
 
 class AttentionBackend(ABC):
@@ -31,10 +41,16 @@ class AttentionBackend(ABC):
         """Write the new tokens' k/v into their slots (batch.out_slots)."""
 
     def rotate_and_store_kv(
-        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ops: LayerOps,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
     ) -> torch.Tensor:
         """Rotary on qk [T, H + H_kv, D] (q heads, then k heads), then k and v into the KV cache; returns
-        the rotated qk. `ops` (modeling.layers.ops.LayerOps) made `rope`. Backends may fuse the two."""
+        the rotated qk. `ops` made `rope`. Backends may fuse the two."""
         qk = ops.rotary(qk, rope)
         self.store_kv(qk[:, qk.shape[1] - v.shape[1] :], v, k_cache, v_cache)
         return qk
@@ -43,28 +59,19 @@ class AttentionBackend(ABC):
         self,
         qk: torch.Tensor,
         v: torch.Tensor,
-        rope,
-        ops,
+        rope: RopeTables,
+        ops: LayerOps,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        scale: float,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
+        params: AttentionParams,
     ) -> torch.Tensor:
         """rotate_and_store_kv, then forward over the rotated q heads: [T, H, D]. Backends may fuse all
         three (qk is then left unrotated: nothing reads it after this call)."""
         qk = self.rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
-        q = qk[:, : qk.shape[1] - v.shape[1]]
-        return self.forward(q, k_cache, v_cache, scale, sliding_window=sliding_window, softcap=softcap)
+        return self.forward(qk[:, : qk.shape[1] - v.shape[1]], k_cache, v_cache, params)
 
     @abstractmethod
     def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        scale: float,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams
     ) -> torch.Tensor:
         """Causal attention of the new tokens over their request's KV; returns [T, num_heads, head_dim]."""

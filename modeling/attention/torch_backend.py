@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from modeling.attention.base import AttentionBackend
+from modeling.attention.base import AttentionBackend, AttentionParams
 from modeling.forward_batch import ForwardBatch, ForwardMode
 
 
@@ -68,21 +68,14 @@ class TorchAttentionBackend(AttentionBackend):
         _store(v_cache, slots, v)
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        scale: float,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams
     ) -> torch.Tensor:
         groups = self.metadata.groups
-        options = (scale, sliding_window, softcap)
         if len(groups) == 1:
-            return self._attend(q, groups[0], k_cache, v_cache, *options)
+            return self._attend(q, groups[0], k_cache, v_cache, params)
         out = q.new_empty(q.shape)  # [T, H, D]
         for group in groups:
-            out[group.tokens] = self._attend(q[group.tokens], group, k_cache, v_cache, *options)
+            out[group.tokens] = self._attend(q[group.tokens], group, k_cache, v_cache, params)
         return out
 
     def _attend(
@@ -91,10 +84,9 @@ class TorchAttentionBackend(AttentionBackend):
         group: AttentionGroup,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        scale: float,
-        sliding_window: int | None,
-        softcap: float | None,
+        params: AttentionParams,
     ) -> torch.Tensor:
+        scale, sliding_window, softcap = params.scale, params.sliding_window, params.softcap
         num_reqs, max_kv = group.kv_slots.shape
         flat_slots = group.kv_slots.view(-1)
         # index_select beats advanced indexing here; [b, max_kv, H_kv, D] -> [b, H_kv, max_kv, D]

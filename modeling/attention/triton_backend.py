@@ -28,8 +28,9 @@ from kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_spli
 from kernels.kv_store import kv_store
 from kernels.prefill_attention import prefill_attention
 from kernels.rotary import rotary_and_kv_store
-from modeling.attention.base import AttentionBackend
+from modeling.attention.base import AttentionBackend, AttentionParams
 from modeling.forward_batch import ForwardBatch, ForwardMode
+from modeling.layers.ops import LayerOps, RopeTables
 
 MAX_DECODE_SPLITS = 64
 # Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
@@ -116,7 +117,13 @@ class TritonAttentionBackend(AttentionBackend):
         kv_store(k, v, k_cache, v_cache, self.metadata.out_slots)
 
     def rotate_and_store_kv(
-        self, qk: torch.Tensor, v: torch.Tensor, rope, ops, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ops: LayerOps,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
     ) -> torch.Tensor:
         if ops.name != "triton":  # rope tables in another op set's layout
             return super().rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
@@ -128,50 +135,30 @@ class TritonAttentionBackend(AttentionBackend):
         self,
         qk: torch.Tensor,
         v: torch.Tensor,
-        rope,
-        ops,
+        rope: RopeTables,
+        ops: LayerOps,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        scale: float,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
+        params: AttentionParams,
     ) -> torch.Tensor:
         meta = self.metadata
         if not (meta.is_decode and ops.name == "triton" and qk.shape[0] in self.fused_rotary_batches):
-            return super().rotate_store_and_attend(
-                qk, v, rope, ops, k_cache, v_cache, scale, sliding_window=sliding_window, softcap=softcap
-            )
+            return super().rotate_store_and_attend(qk, v, rope, ops, k_cache, v_cache, params)
         num_q_heads = qk.shape[1] - v.shape[1]
         cos, sin = rope  # [B, D/2] each, this step's rows (triton_rope_tables)
         new_token = NewTokenKV(k=qk[:, num_q_heads:], v=v, cos=cos, sin=sin, slots=meta.out_slots)
-        return self._decode(
-            qk[:, :num_q_heads],
-            k_cache,
-            v_cache,
-            scale,
-            new_token=new_token,
-            sliding_window=sliding_window,
-            softcap=softcap,
-        )
+        return self._decode(qk[:, :num_q_heads], k_cache, v_cache, params, new_token=new_token)
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        scale: float,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams
     ) -> torch.Tensor:
         meta = self.metadata
         if meta.is_decode:
-            return self._decode(q, k_cache, v_cache, scale, sliding_window=sliding_window, softcap=softcap)
+            return self._decode(q, k_cache, v_cache, params)
         out = torch.empty_like(q)
         first = meta.num_decode_prefix  # requests [0, first) own tokens [0, first), one each
         if first:
-            self._decode(
-                q[:first], k_cache, v_cache, scale, out=out[:first], sliding_window=sliding_window, softcap=softcap
-            )
+            self._decode(q[:first], k_cache, v_cache, params, out=out[:first])
         prefill_attention(
             q,
             k_cache,
@@ -182,10 +169,10 @@ class TritonAttentionBackend(AttentionBackend):
             meta.q_lens[first:],
             meta.kv_lens[first:],
             meta.max_q_len,
-            scale,
+            params.scale,
             out=out,
-            sliding_window=sliding_window,
-            softcap=softcap,
+            sliding_window=params.sliding_window,
+            softcap=params.softcap,
         )
         return out
 
@@ -194,11 +181,9 @@ class TritonAttentionBackend(AttentionBackend):
         q: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        scale: float,
+        params: AttentionParams,
         out: torch.Tensor | None = None,
         new_token: NewTokenKV | None = None,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
     ) -> torch.Tensor:
         """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i); with
         `new_token`, q is unrotated and the kernel does the rotary and the KV store too."""
@@ -218,7 +203,7 @@ class TritonAttentionBackend(AttentionBackend):
             meta.req_to_token,
             meta.req_rows,
             meta.kv_lens,
-            scale,
+            params.scale,
             splits,
             out=out,
             mid_out=mid_out,
@@ -226,8 +211,8 @@ class TritonAttentionBackend(AttentionBackend):
             block_n=meta.block_n,
             split_counter=counter,
             new_token=new_token,
-            sliding_window=sliding_window,
-            softcap=softcap,
+            sliding_window=params.sliding_window,
+            softcap=params.softcap,
         )
 
 

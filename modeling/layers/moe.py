@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from kernels.fused_moe import fused_moe, fused_moe_ref
 from modeling.layers.linear import Linear, LoadableParameter, MergedLinear, default_weight_loader
+from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import LayerOps
 
 _PARTS = {"gate": 0, "up": 1}  # row blocks of w13
@@ -91,3 +92,12 @@ class SparseMoeBlock(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def norm_and_forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decoder layer's feed-forward (models/decoder.py): the router reads the normed stream, so
+        the norm runs on its own."""
+        normed, summed = norm(hidden, residual)
+        assert summed is not None  # a residual in gives the sum out
+        return self(normed), summed

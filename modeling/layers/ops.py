@@ -17,6 +17,8 @@ import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
 
+RopeTables = tuple[torch.Tensor, ...]  # a step's rope rows, in the layout of the LayerOps that built them
+
 
 @dataclass(frozen=True)
 class LayerOps:

@@ -8,20 +8,17 @@ always and for Qwen when `norm_topk_prob` says so.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
-from modeling.attention.base import AttentionBackend
 from modeling.config import ModelConfig
 from modeling.layers.moe import SparseMoeBlock
-from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import TORCH_OPS, LayerOps
-from modeling.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, RopeTables
+from modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer, DecoderModel
+from modeling.models.llama import LlamaMLP, llama_rope
 from modeling.models.weight_names import fused_name, load_packed_weights
 
 # Checkpoint names of one expert's matrices, Mixtral's (w1 gate, w3 up, w2 down) and Qwen's.
@@ -60,15 +57,33 @@ class MoEKnobs:
         )
 
 
-class MixtureOfExpertsForCausalLM(LlamaForCausalLM):
+class MixtureOfExpertsForCausalLM(DecoderForCausalLM):
     supports_tensor_parallel = False  # the expert layers are not sharded (yet)
 
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
         knobs = MoEKnobs.from_config(config)
-        super().__init__(config, ops, decoder_layer=functools.partial(MoEDecoderLayer, knobs=knobs))
+        layers = (moe_layer(config, ops, i, knobs) for i in range(config.num_layers))
+        super().__init__(config, DecoderModel(config, ops, layers, llama_rope(config, ops)))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_packed_weights(self, weights, self.config.tie_word_embeddings, resolve=moe_weight_name)
+
+
+def moe_layer(config: ModelConfig, ops: LayerOps, layer: int, knobs: MoEKnobs) -> DecoderLayer:
+    """A Llama layer whose MLP is a sparse MoE block, except on the layers the config keeps dense."""
+    attention = Attention(config, ops, sliding_window=config.sliding_window_of(layer))
+    if layer not in knobs.sparse_layers:
+        return DecoderLayer(config, ops, attention, LlamaMLP(config, ops))
+    experts = SparseMoeBlock(
+        config.hidden_size,
+        knobs.num_experts,
+        knobs.top_k,
+        knobs.expert_intermediate_size,
+        knobs.renormalize,
+        ops,
+        knobs.shared_intermediate_size,
+    )
+    return DecoderLayer(config, ops, attention, experts)
 
 
 def moe_weight_name(name: str) -> tuple[str, object]:
@@ -84,45 +99,3 @@ def moe_weight_name(name: str) -> tuple[str, object]:
         prefix, kind = match.groups()
         return f"{prefix}.mlp.experts.{'w13' if kind == 'gate_up_proj' else 'w2'}", None
     return fused_name(name.replace(".block_sparse_moe.", ".mlp."))
-
-
-class MoEDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps, layer: int, knobs: MoEKnobs):
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = LlamaAttention(config, ops, sliding_window=config.sliding_window_of(layer))
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.is_sparse = layer in knobs.sparse_layers
-        self.mlp: SparseMoeBlock | LlamaMLP
-        if self.is_sparse:
-            self.mlp = SparseMoeBlock(
-                config.hidden_size,
-                knobs.num_experts,
-                knobs.top_k,
-                knobs.expert_intermediate_size,
-                knobs.renormalize,
-                ops,
-                knobs.shared_intermediate_size,
-            )
-        else:
-            self.mlp = LlamaMLP(config, ops)
-        self.ops = ops
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        rope: RopeTables,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        backend: AttentionBackend,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, self.self_attn.qkv_proj)
-        hidden = self.self_attn(qkv, rope, k_cache, v_cache, backend)
-        if isinstance(self.mlp, LlamaMLP):  # a dense layer (not self.is_sparse)
-            gate_up, residual = self.ops.rms_norm_linear(
-                hidden, residual, self.post_attention_layernorm, self.mlp.gate_up_proj
-            )
-            return self.mlp(gate_up), residual
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual

@@ -22,7 +22,7 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 
-from modeling.attention.base import AttentionBackend
+from modeling.attention.base import AttentionBackend, AttentionParams
 from modeling.config import ModelConfig
 from modeling.forward_batch import ForwardBatch
 from modeling.layers.ops import TORCH_OPS, LayerOps
@@ -55,9 +55,8 @@ def kv_cache_attention(
     q = query[0].transpose(0, 1)  # [T, H, D]
     step.backend.store_kv(key[0].transpose(0, 1), value[0].transpose(0, 1), k_cache, v_cache)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = step.backend.forward(
-        q, k_cache, v_cache, scale, sliding_window=kwargs.get("sliding_window"), softcap=kwargs.get("softcap")
-    )
+    params = AttentionParams(scale, kwargs.get("sliding_window"), kwargs.get("softcap"))
+    out = step.backend.forward(q, k_cache, v_cache, params)
     return out.unsqueeze(0), None
 
 

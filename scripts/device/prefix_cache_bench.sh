@@ -38,41 +38,10 @@ PY=${PYTHON:-python3}
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
 mkdir -p "$OUT"
-BASE_URL="http://127.0.0.1:$PORT"
-log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-600}
+source "$(dirname "${BASH_SOURCE[0]}")/bench_server.sh"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } > "$OUT/device.txt"
-
-if ! [[ -f "$MODEL_DIR/.complete" ]]; then
-  log "model: building random Llama-3-8B-shaped bf16 weights on cuda into $MODEL_DIR"
-  rm -rf "$MODEL_DIR"
-  $PY -m benchmarks.random_model "$MODEL_DIR" --preset llama3-8b --device cuda --dtype bfloat16 2>&1 | tail -n 3
-  touch "$MODEL_DIR/.complete"
-fi
-
-SERVER_PID=
-start_server() {  # name, then env assignments for the server
-  local name=$1; shift
-  log "server $name: $* $PY -m tgi_compat.cli.launcher --model-id $MODEL_DIR $SERVER_ARGS"
-  setsid env "$@" $PY -m tgi_compat.cli.launcher --model-id "$MODEL_DIR" --port "$PORT" --hostname 127.0.0.1 \
-    $SERVER_ARGS > "$OUT/server-$name.log" 2>&1 &
-  SERVER_PID=$!
-  local waited=0
-  until $PY -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$BASE_URL/health" 2>/dev/null; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then log "server exited"; tail -n 40 "$OUT/server-$name.log"; return 1; fi
-    sleep 2; waited=$((waited + 2))
-    if (( waited > 600 )); then log "server not healthy after 600 s"; return 1; fi
-  done
-  log "server $name: healthy after ${waited} s"
-}
-stop_server() {
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID"
-    for _ in $(seq 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
-  fi
-  SERVER_PID=
-}
-trap stop_server EXIT
+build_model
 
 run_client() {  # name, benchmarks.multiturn arguments...
   local name=$1; shift
@@ -99,7 +68,8 @@ run_plain() {  # name, streams: PLAIN_REPEATS runs of distinct random prompts (s
 
 for cache in $CACHES; do
   flag=$([[ $cache == on ]] && echo 1 || echo 0)
-  start_server "$cache" PREFIX_CACHING=$flag
+  start_server "$cache" env PREFIX_CACHING=$flag $PY -m tgi_compat.cli.launcher --model-id "$MODEL_DIR" \
+    --port "$PORT" --hostname 127.0.0.1 $SERVER_ARGS
   for workload in $WORKLOADS; do
     case $workload in
       shared) run_client "$cache-shared" --workload shared-prefix --num-prompts "$NUM_SHARED" --system-len "$SYSTEM_LEN" ;;

@@ -34,51 +34,14 @@ PY=${PYTHON:-python3}
 read -r -a DATASET <<< "--dataset sharegpt-lengths --seed 0 ${EXTRA_ARGS:-}"
 
 mkdir -p "$OUT"
-BASE_URL="http://127.0.0.1:$PORT"
+source "$(dirname "${BASH_SOURCE[0]}")/bench_server.sh"
 SERVER_CMD="$PY -m tgi_compat.cli.launcher --model-id $MODEL_DIR --port $PORT --hostname 127.0.0.1 $SERVER_ARGS"
 has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
-log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } > "$OUT/device.txt"
 $PY -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'triton', triton.__version__)" >> "$OUT/device.txt"
 git rev-parse HEAD >> "$OUT/device.txt" 2>/dev/null || true
-
-build_model() {
-  if [[ -f "$MODEL_DIR/config.json" && -f "$MODEL_DIR/tokenizer.json" ]] && \
-     ls "$MODEL_DIR"/*.safetensors >/dev/null 2>&1 && [[ -f "$MODEL_DIR/.complete" ]]; then
-    log "model: reusing $MODEL_DIR"; return
-  fi
-  log "model: building random Llama-3-8B-shaped bf16 weights on cuda into $MODEL_DIR"
-  rm -rf "$MODEL_DIR"
-  $PY -m benchmarks.random_model "$MODEL_DIR" --preset llama3-8b --device cuda --dtype bfloat16 \
-    2>&1 | tail -n 3 | tee -a "$OUT/summary.txt"
-  touch "$MODEL_DIR/.complete"
-}
-
-SERVER_PID=
-start_server() {
-  log "server: $SERVER_CMD"
-  setsid $SERVER_CMD > "$OUT/server-$1.log" 2>&1 &
-  SERVER_PID=$!
-  local waited=0
-  until $PY -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" \
-        "$BASE_URL/health" 2>/dev/null; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then log "server exited; tail of log:"; tail -n 40 "$OUT/server-$1.log"; return 1; fi
-    sleep 2; waited=$((waited + 2))
-    if (( waited > 900 )); then log "server not healthy after 900 s"; return 1; fi
-  done
-  log "server: healthy after ${waited} s"
-}
-stop_server() {
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID"
-    for _ in $(seq 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
-  fi
-  SERVER_PID=
-}
-trap stop_server EXIT
 
 run_stage() {  # name, command...: a failed or timed-out stage is logged, later stages still run
   local name=$1; shift
@@ -90,11 +53,10 @@ run_stage() {  # name, command...: a failed or timed-out stage is logged, later 
   fi
 }
 
-has_stage model && build_model
-[[ -f "$MODEL_DIR/.complete" ]] || build_model
+build_model  # every stage needs it (reused when already built)
 
 if has_stage fixed || has_stage online || has_stage offline; then
-  start_server main
+  start_server main $SERVER_CMD
   has_stage fixed && run_stage fixed $PY -m benchmarks.serve --base-url "$BASE_URL" --dataset fixed \
     --input-len 256 --output-len 256 --num-prompts $((FIXED_CONCURRENCY * 4)) --request-rate inf \
     --max-concurrency "$FIXED_CONCURRENCY" --tokenizer "$MODEL_DIR" --out-dir "$OUT/fixed" --no-progress

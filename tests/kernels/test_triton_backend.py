@@ -135,6 +135,7 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
 def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_requests: int):
     """rotate_store_and_attend with the fused kernel (rotary + KV store + merged splits in one launch)
     gives the output and KV cache of the separate rotary + KV-store kernel and flash-decoding."""
+    from modeling.attention.base import AttentionParams
     from modeling.attention.triton_backend import TritonAttentionBackend
     from modeling.layers.triton_ops import TRITON_OPS, triton_rope_tables
 
@@ -167,7 +168,8 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
         assert backend.metadata.num_splits > 1
         k_cache, v_cache = caches[0].clone(), caches[1].clone()
         qk, v = qkv[:, : heads + kv_heads].clone(), qkv[:, heads + kv_heads :]
-        out = backend.rotate_store_and_attend(qk, v, rope, TRITON_OPS, k_cache, v_cache, head_dim**-0.5)
+        params = AttentionParams(head_dim**-0.5)
+        out = backend.rotate_store_and_attend(qk, v, rope, TRITON_OPS, k_cache, v_cache, params)
         results.append((out, k_cache, v_cache))
         # the fused kernel rotates in registers and leaves qk as it was; the separate rotary turns it in place
         assert torch.equal(qk, qkv[:, : heads + kv_heads]) == fused

@@ -308,7 +308,7 @@ def resolve_num_shard(sharded: bool | None, num_shard: int | None, device: str |
         if devices <= 1:
             raise LauncherError(f"`sharded` is true but only found {devices} CUDA devices")
         num_shard = devices
-    elif sharded is True and num_shard <= 1:
+    elif sharded is True and num_shard is not None and num_shard <= 1:
         raise LauncherError("`sharded` is true but `num_shard` <= 1")
     elif sharded is False and num_shard is None:
         num_shard = 1

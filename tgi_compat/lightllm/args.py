@@ -146,20 +146,21 @@ def build_parser() -> argparse.ArgumentParser:
         group.add_argument(f"--{flag.name}", **kwargs)
     tgi = parser.add_argument_group("text-generation-launcher options")
     light_names = {f"--{flag.name}" for flag in FLAGS}
-    for flag in launcher.FLAGS:
-        names = [n for n in [f"--{flag.name}"] + ([f"-{flag.short}"] if flag.short else []) if n not in light_names]
-        if f"--{flag.name}" in light_names:
+    for tgi_flag in launcher.FLAGS:
+        spellings = [f"--{tgi_flag.name}"] + ([f"-{tgi_flag.short}"] if tgi_flag.short else [])
+        names = [n for n in spellings if n not in light_names]
+        if f"--{tgi_flag.name}" in light_names:
             continue  # same spelling in both (--port): LightLLM's flag, TGI's env var
-        help_text = f"{flag.help} [env: {flag.env}]"
-        if flag.type is None:
-            tgi.add_argument(*names, dest=f"tgi_{flag.dest}", action="store_true", default=None, help=help_text)
+        help_text = f"{tgi_flag.help} [env: {tgi_flag.env}]"
+        if tgi_flag.type is None:
+            tgi.add_argument(*names, dest=f"tgi_{tgi_flag.dest}", action="store_true", default=None, help=help_text)
         else:
-            action = "append" if flag.repeatable else "store"
+            action = "append" if tgi_flag.repeatable else "store"
             tgi.add_argument(
                 *names,
-                dest=f"tgi_{flag.dest}",
-                metavar=flag.env,
-                type=flag.type,
+                dest=f"tgi_{tgi_flag.dest}",
+                metavar=tgi_flag.env,
+                type=tgi_flag.type,
                 action=action,
                 default=None,
                 help=help_text,
@@ -191,14 +192,14 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         if light[flag.name] is None:
             light[flag.name] = False if flag.type is None else flag.default
     tgi_given: dict[str, Any] = {}
-    for flag in launcher.FLAGS:
-        value = namespace.get(f"tgi_{flag.dest}")
-        if value is None and (raw := environ.get(flag.env)) is not None:
-            value = _env_value(flag, raw, parser)
-            if flag.dest == "hostname" and not launcher._is_ip(value):
+    for tgi_flag in launcher.FLAGS:
+        value = namespace.get(f"tgi_{tgi_flag.dest}")
+        if value is None and (raw := environ.get(tgi_flag.env)) is not None:
+            value = _env_value(tgi_flag, raw, parser)
+            if tgi_flag.dest == "hostname" and not launcher._is_ip(value):
                 value = None  # Docker sets HOSTNAME to the container id: not a listen address
         if value is not None:
-            tgi_given[flag.dest] = value
+            tgi_given[tgi_flag.dest] = value
     return ParsedArgs(light, given, tgi_given)
 
 
@@ -216,7 +217,8 @@ def _check_flag_values(light: dict[str, Any], given: set[str], tgi_given: dict[s
 
     def name(flag_name: str) -> str:
         tgi = _BY_NAME[flag_name].tgi
-        return _tgi_option(_BY_NAME[flag_name]) if flag_name not in given and tgi in tgi_given else f"--{flag_name}"
+        option = _tgi_option(_BY_NAME[flag_name]) if flag_name not in given and tgi in tgi_given else None
+        return option or f"--{flag_name}"
 
     if light["load_way"] != "HF":
         raise LightLLMArgsError(

@@ -101,7 +101,9 @@ async def prepare_features(
         prompt_ids, features.truncated_prompt_tokens = truncated.prompt_ids, truncated.num_dropped
     if not constrained and _request_or_server(params.token_healing, config.token_healing):
         tokenizer = state.tokenizer.tokenizer
-        table = _tables.get(tokenizer) or await asyncio.to_thread(healing_table, tokenizer)
+        table = _tables.get(tokenizer)
+        if table is None:
+            table = await asyncio.to_thread(healing_table, tokenizer)
         features.healing = split_prompt(prompt_ids, table)
         features.healing_vocabulary = table
     return prompt_ids, features

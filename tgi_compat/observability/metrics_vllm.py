@@ -62,7 +62,8 @@ _VLLM_LATENCY = [
 
 def one_two_five_buckets(maximum: int) -> list[float]:
     """1, 2, 5, 10, 20, 50, ... up to `maximum` (vLLM's token-count buckets)."""
-    bounds, exponent = [], 0
+    bounds: list[float] = []
+    exponent = 0
     while True:
         for mantissa in (1, 2, 5):
             value = mantissa * 10**exponent

@@ -15,11 +15,13 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
+from typing import Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
 
 LabelKey = tuple[tuple[str, str], ...]
 SUMMARY_QUANTILES = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0)
+ChildT = TypeVar("ChildT")  # the per-label-set state of one family kind
 
 
 def format_value(value: float) -> str:
@@ -49,7 +51,7 @@ def linear_buckets(maximum: int, count: int = 100) -> list[float]:
     return [step * float(k + 1) for k in range(count)]
 
 
-class _Family:
+class _Family(Generic[ChildT]):
     """One named metric with per-label-set children; absent from the output until first use."""
 
     kind = ""
@@ -59,7 +61,7 @@ class _Family:
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self._lock = threading.Lock()
-        self._children: dict[LabelKey, object] = {}
+        self._children: dict[LabelKey, ChildT] = {}
 
     def _key(self, labels: dict[str, str]) -> LabelKey:
         if set(labels) != set(self.labelnames):
@@ -76,7 +78,7 @@ class _Family:
             self._add_samples(metric, dict(key), child)
         return metric
 
-    def _add_samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
+    def _add_samples(self, metric: Metric, labels: dict[str, str], child: ChildT) -> None:
         raise NotImplementedError
 
 
@@ -87,7 +89,7 @@ class _Scalar:
         self.value = 0.0
 
 
-class BareCounter(_Family):
+class BareCounter(_Family[_Scalar]):
     """A counter rendered under its own name, with no `_total` suffix."""
 
     kind = "counter"
@@ -96,29 +98,29 @@ class BareCounter(_Family):
         if amount < 0:
             raise ValueError("counters only go up")
         with self._lock:
-            self._children.setdefault(self._key(labels), _Scalar()).value += amount  # type: ignore[union-attr]
+            self._children.setdefault(self._key(labels), _Scalar()).value += amount
 
     def value(self, **labels: str) -> float:
         child = self._children.get(self._key(labels))
-        return child.value if child is not None else 0.0  # type: ignore[union-attr]
+        return child.value if child is not None else 0.0
 
-    def _add_samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
-        metric.add_sample(self.name, labels, child.value)  # type: ignore[attr-defined]
+    def _add_samples(self, metric: Metric, labels: dict[str, str], child: _Scalar) -> None:
+        metric.add_sample(self.name, labels, child.value)
 
 
-class SetGauge(_Family):
+class SetGauge(_Family[_Scalar]):
     kind = "gauge"
 
     def set(self, value: float, **labels: str) -> None:
         with self._lock:
-            self._children.setdefault(self._key(labels), _Scalar()).value = float(value)  # type: ignore[union-attr]
+            self._children.setdefault(self._key(labels), _Scalar()).value = float(value)
 
     def value(self, **labels: str) -> float | None:
         child = self._children.get(self._key(labels))
-        return child.value if child is not None else None  # type: ignore[union-attr]
+        return child.value if child is not None else None
 
-    def _add_samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
-        metric.add_sample(self.name, labels, child.value)  # type: ignore[attr-defined]
+    def _add_samples(self, metric: Metric, labels: dict[str, str], child: _Scalar) -> None:
+        metric.add_sample(self.name, labels, child.value)
 
 
 class _HistogramState:
@@ -130,7 +132,7 @@ class _HistogramState:
         self.count = 0
 
 
-class BucketHistogram(_Family):
+class BucketHistogram(_Family[_HistogramState]):
     kind = "histogram"
 
     def __init__(self, name: str, documentation: str, bounds: Sequence[float], labelnames: Sequence[str] = ()) -> None:
@@ -142,12 +144,11 @@ class BucketHistogram(_Family):
             state = self._children.setdefault(self._key(labels), _HistogramState(len(self.bounds)))
             index = bisect.bisect_left(self.bounds, value)  # first bound >= value (le is inclusive)
             if index < len(self.bounds):
-                state.counts[index] += 1  # type: ignore[union-attr]
-            state.total += value  # type: ignore[union-attr]
-            state.count += 1  # type: ignore[union-attr]
+                state.counts[index] += 1
+            state.total += value
+            state.count += 1
 
-    def _add_samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
-        state: _HistogramState = child  # type: ignore[assignment]
+    def _add_samples(self, metric: Metric, labels: dict[str, str], state: _HistogramState) -> None:
         running = 0
         for bound, count in zip(self.bounds, state.counts):
             running += count
@@ -166,7 +167,7 @@ class _SummaryState:
         self.count = 0
 
 
-class WindowSummary(_Family):
+class WindowSummary(_Family[_SummaryState]):
     """TGI renders un-bucketed histograms as summaries; quantiles come from the recent window."""
 
     kind = "summary"
@@ -178,12 +179,11 @@ class WindowSummary(_Family):
     def observe(self, value: float, **labels: str) -> None:
         with self._lock:
             state = self._children.setdefault(self._key(labels), _SummaryState(self._window))
-            state.window.append(value)  # type: ignore[union-attr]
-            state.total += value  # type: ignore[union-attr]
-            state.count += 1  # type: ignore[union-attr]
+            state.window.append(value)
+            state.total += value
+            state.count += 1
 
-    def _add_samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
-        state: _SummaryState = child  # type: ignore[assignment]
+    def _add_samples(self, metric: Metric, labels: dict[str, str], state: _SummaryState) -> None:
         ordered = sorted(state.window)
         for q in SUMMARY_QUANTILES:
             value = ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else 0.0

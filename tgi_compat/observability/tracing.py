@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 DEFAULT_SERVICE_NAME = "text-generation-inference.router"
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -57,15 +58,16 @@ def format_duration(seconds: float) -> str:
 
 
 class RequestSpan:
-    """One request's root span plus helpers to hang TGI's phase spans under it."""
+    """One request's root span plus helpers to hang TGI's phase spans under it (tracing off:
+    OpenTelemetry's no-op tracer and invalid span, which records nothing)."""
 
-    def __init__(self, tracer: trace.Tracer | None, span: Span | None) -> None:
+    def __init__(self, tracer: trace.Tracer, span: Span) -> None:
         self._tracer = tracer
         self.span = span
 
     @property
     def recording(self) -> bool:
-        return self.span is not None and self.span.is_recording()
+        return self.span.is_recording()
 
     def _context(self, parent: Span | None = None):
         return trace.set_span_in_context(parent or self.span)
@@ -149,7 +151,7 @@ class RequestSpan:
         self.span.set_status(Status(StatusCode.ERROR, message))
 
 
-_NOOP_SPAN = RequestSpan(None, None)
+_NOOP_SPAN = RequestSpan(trace.NoOpTracer(), trace.INVALID_SPAN)
 _CURRENT_SPAN: contextvars.ContextVar[RequestSpan] = contextvars.ContextVar("tgi_request_span", default=_NOOP_SPAN)
 
 
@@ -158,9 +160,9 @@ def current_span() -> RequestSpan:
     return _CURRENT_SPAN.get()
 
 
-def _clean(attributes: Mapping[str, object]) -> dict[str, object]:
+def _clean(attributes: Mapping[str, object]) -> dict[str, AttributeValue]:
     """OTel takes str/bool/int/float (or lists of them); anything else becomes its repr."""
-    cleaned: dict[str, object] = {}
+    cleaned: dict[str, AttributeValue] = {}
     for key, value in attributes.items():
         if value is None:
             continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -113,7 +113,8 @@ def parse_json_bytes(raw: bytes, model: type[Model], describe: DescribeError | N
     try:
         return model.model_validate(document, strict=True)
     except ValidationError as error:
-        detail = (describe or deserialize_message)(error.errors()[0], document)
+        first = cast(dict[str, Any], error.errors()[0])  # pydantic's ErrorDetails TypedDict
+        detail = (describe or deserialize_message)(first, document)
         raise BodyRejection(422, f"Failed to deserialize the JSON body into the target type: {detail}") from error
 
 

@@ -3,7 +3,7 @@
 
 Parsed like serde would (strict types, unknown keys ignored, `null` only where TGI has an
 `Option`) through `tgi_compat.protocol.errors.parse_json_body`, so shape errors are axum's text/plain 422.
-Responses are built as plain dicts in openai_responses.py, in TGI's key order.
+Responses are the typed models in openai_responses.py, in TGI's key order.
 """
 
 from __future__ import annotations

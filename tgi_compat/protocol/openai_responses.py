@@ -4,7 +4,7 @@ and leaves floats as they are, so the JSON is the bytes the routes wrote before 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
@@ -46,6 +46,21 @@ class Usage(_Body):
         )
 
 
+ChoiceT = TypeVar("ChoiceT", bound=_Body)
+
+
+class _Response(_Body, Generic[ChoiceT]):
+    """The fields every OpenAI body and chunk starts with, in TGI's order. A subclass pins `object`
+    to its literal and adds `usage`; redeclared fields keep their place."""
+
+    object: str
+    id: str = ""
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChoiceT]
+
+
 # ------------------------------------------------------------------------------------------ chat
 
 
@@ -76,13 +91,8 @@ class ChatChoice(_Body):
     finish_reason: str
 
 
-class ChatCompletion(_Body):
+class ChatCompletion(_Response[ChatChoice]):
     object: Literal["chat.completion"] = "chat.completion"
-    id: str = ""
-    created: int
-    model: str
-    system_fingerprint: str
-    choices: list[ChatChoice]
     usage: Usage
 
 
@@ -98,13 +108,8 @@ class ChatChunkChoice(_Body):
     finish_reason: str | None
 
 
-class ChatCompletionChunk(_Body):
+class ChatCompletionChunk(_Response[ChatChunkChoice]):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    id: str = ""
-    created: int
-    model: str
-    system_fingerprint: str
-    choices: list[ChatChunkChoice]
     usage: Usage | None
 
 
@@ -114,40 +119,33 @@ class ChatCompletionChunk(_Body):
 CompletionLogprobs = dict[str, list[Any]]
 
 
-class CompletionChoice(_Body):
-    """A choice with AIAK's `sentence_length` and `cum_log_probs` (non-stream, and a stream's last)."""
-
+class _TextChoice(_Body):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str
+
+
+class CompletionStreamChoice(_TextChoice):
+    """A stream's token choice: no AIAK fields; finish_reason "" until the last."""
+
+
+class CompletionChoice(_TextChoice):
+    """A choice with AIAK's `sentence_length` and `cum_log_probs` (non-stream, and a stream's last)."""
+
     sentence_length: int
     cum_log_probs: int | float  # the sum keeps its type: 0 when nothing was generated
 
 
-class CompletionStreamChoice(_Body):
-    """A stream's token choice: no AIAK fields; finish_reason "" until the last."""
-
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: str
-
-
-class TextCompletion(_Body):
+class TextCompletion(_Response[CompletionChoice]):
     """Non-stream /v1/completions, and TGI's `CompletionFinal` (a stream's last chunk per prompt)."""
 
     object: Literal["text_completion"] = "text_completion"
-    id: str = ""
-    created: int
-    model: str
-    system_fingerprint: str
-    choices: list[CompletionChoice]
     usage: Usage
 
 
 class CompletionChunk(_Body):
-    """TGI's streamed `Chunk`: no usage key, model after choices."""
+    """TGI's streamed `Chunk`: no usage key, and model after choices (so not a _Response)."""
 
     object: Literal["text_completion"] = "text_completion"
     id: str = ""

@@ -162,7 +162,7 @@ def usage_chunk(model: str, result: GenerationResult, cached_tokens: int | None 
 
 
 async def _chat_json(
-    state: AppState, template: ChatTemplate, body: ChatRequest, prompt: ChatPrompt, timings: Timings
+    state: AppState, template: ChatTemplate | None, body: ChatRequest, prompt: ChatPrompt, timings: Timings
 ) -> Response:
     params = chat_parameters(body)
     tool_calls = None
@@ -189,7 +189,7 @@ async def _chat_json(
 
 
 def _chat_stream(
-    state: AppState, template: ChatTemplate, body: ChatRequest, prompt: ChatPrompt, timings: Timings
+    state: AppState, template: ChatTemplate | None, body: ChatRequest, prompt: ChatPrompt, timings: Timings
 ) -> Response:
     model = response_model(state, body)
     logprobs = bool(body.logprobs)

@@ -29,6 +29,7 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -54,16 +55,16 @@ class GracefulShutdown:
         self.on_expired = on_expired
         self.received: signal.Signals | None = None  # the first termination signal, if any
 
-    def uvicorn_options(self) -> dict[str, object]:
+    def uvicorn_options(self) -> dict[str, Any]:  # keyword arguments of uvicorn.Config
         margin = EXPIRY_MARGIN_S if self.on_expired is not None else 0.0
         return {"timeout_graceful_shutdown": self.timeout_s + margin}
 
-    async def _expire(self, server: uvicorn.Server) -> None:
+    async def _expire(self, server: uvicorn.Server, on_expired: Callable[[], Awaitable[None]]) -> None:
         while not server.should_exit:
             await asyncio.sleep(0.1)
         await asyncio.sleep(self.timeout_s)
         logger.warning("Grace period of %.0f s over: failing the requests still in flight", self.timeout_s)
-        await self.on_expired()
+        await on_expired()
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
@@ -72,7 +73,7 @@ class GracefulShutdown:
     async def serve(self, server: uvicorn.Server) -> None:
         """Run `server` until a termination signal (or `should_exit`), drained."""
         _let_sse_streams_finish()
-        expiry = asyncio.create_task(self._expire(server)) if self.on_expired is not None else None
+        expiry = asyncio.create_task(self._expire(server, self.on_expired)) if self.on_expired is not None else None
         try:
             await self._serve(server)
         finally:

@@ -6,6 +6,7 @@ mapped onto GenerateParameters the way TGI maps them. Shared by /v1/chat/complet
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from fastapi import Request
 
@@ -35,7 +36,7 @@ def chat_template(request: Request) -> ChatTemplate | None:
         state = get_state(request)
         template = load_chat_template(state.config, state.tokenizer.tokenizer) or _NO_TEMPLATE
         request.app.state.chat_template = template
-    return None if template is _NO_TEMPLATE else template
+    return None if template is _NO_TEMPLATE else cast(ChatTemplate, template)  # app.state is untyped
 
 
 @dataclass(slots=True)

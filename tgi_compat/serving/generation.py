@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import cast
 
 from router.client_api import EngineDeadError, RequestRejectedError
 from router.outputs import TokenEvent, TopToken
 from router.request import COMPLETED_FINISH_REASONS, FinishReason
 from tgi_compat.protocol.errors import TgiError, generation_error, incomplete_generation_error, validation_error
+from tgi_compat.protocol.tgi import FinishReason as TgiFinishReason
 from tgi_compat.protocol.tgi import PrefillToken, Token
 from tgi_compat.server.state import AppState
 from tgi_compat.serving.detokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -49,7 +51,7 @@ class Timings:
 @dataclass(slots=True)
 class GenerationResult:
     generated_text: str  # without the prompt (return_full_text is applied by the response builder)
-    finish_reason: str
+    finish_reason: TgiFinishReason
     seed: int | None
     input_length: int
     tokens: list[Token]
@@ -175,7 +177,7 @@ class _Sequence:
             generated_text, input_length = self.healing.final_text(generated_text), self.request.input_length
         return GenerationResult(
             generated_text=generated_text,
-            finish_reason=finish,
+            finish_reason=cast(TgiFinishReason, finish),  # one of COMPLETED_FINISH_REASONS (checked above)
             seed=self.seed,
             input_length=input_length,
             tokens=self.tokens,
@@ -193,7 +195,7 @@ async def stream_step_batches(
     *,
     streaming: bool = False,
     on_first_token: Callable[[], None] | None = None,
-) -> AsyncIterator[list[TokenStep]]:
+) -> AsyncGenerator[list[TokenStep], None]:
     """Run one sequence, yielding the steps of every engine event that had arrived at once.
 
     A stream that keeps up gets one step per batch; one that falls behind catches up with fewer
@@ -243,7 +245,7 @@ async def stream_sequence(
     *,
     streaming: bool = False,
     on_first_token: Callable[[], None] | None = None,
-) -> AsyncIterator[TokenStep]:
+) -> AsyncGenerator[TokenStep, None]:
     """`stream_step_batches` one step at a time."""
     batches = stream_step_batches(state, request, timings, streaming=streaming, on_first_token=on_first_token)
     async with aclosing(batches):

@@ -39,7 +39,7 @@ NO_TOOL = Tool(
     function=FunctionDefinition(
         name=NO_TOOL_NAME,
         description="Open ended response with no specific tool selected",
-        parameters={"type": "object"},
+        arguments={"type": "object"},
     ),
 )
 

@@ -58,8 +58,11 @@ WEIGHT_ROW_SCALED = 1
 WEIGHT_INT4 = 2
 
 # Quantized weights take the GEMV up to this many rows (the existing GEMM paths above it); a dense
-# weight only at one row, where it beats cuBLAS.
+# weight only at one row, where it beats cuBLAS. Measured on an H100 (BENCHMARKS.md): at 8 rows the
+# fp8/int8 GEMV falls below _scaled_mm / dequant_matmul (25% vs 31% of bandwidth), at 4 it is ahead
+# (42% vs 30%); the int4 GEMV beats dequant_matmul at every row count up to 8 (9.5% vs 3%).
 MAX_QUANTIZED_ROWS = 8
+MAX_ROW_SCALED_ROWS = 4
 
 
 @triton.jit
@@ -472,7 +475,8 @@ def gemv_config_for(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, pro
     n, k = weight.shape
     if isinstance(weight, torch.Tensor):  # (not isinstance QuantizedWeight: tests reload this module)
         return gemv_config(n, k, prologue) if x.shape[0] == 1 else None
-    if x.shape[0] > MAX_QUANTIZED_ROWS or (weight.format == WEIGHT_INT4 and not _is_power_of_2(weight.group_size)):
+    max_rows = MAX_ROW_SCALED_ROWS if weight.format == WEIGHT_ROW_SCALED else MAX_QUANTIZED_ROWS
+    if x.shape[0] > max_rows or (weight.format == WEIGHT_INT4 and not _is_power_of_2(weight.group_size)):
         return None
     return gemv_config(n, k, prologue, weight.format, x.shape[0])
 

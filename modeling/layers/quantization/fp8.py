@@ -8,7 +8,7 @@ the per-channel scale, which is exact. A static `input_scale` is loaded but not 
 always scaled per token at run time, which is at least as accurate.
 
 On GPUs with FP8 tensor cores (compute capability >= 8.9) the product is `torch._scaled_mm` with
-row-wise scales, except for the few rows of decoding (<= kernels.gemv.MAX_QUANTIZED_ROWS): there the
+row-wise scales, except for the few rows of decoding (kernels.gemv.gemv_config_for decides how few): there the
 GEMV reads the FP8 weight and dequantizes it in registers, with the activations left in half precision
 (W8A16: reading half the bytes is the whole gain there, and quantizing the activations would be an
 extra kernel and an extra rounding). Elsewhere the weight is dequantized once after loading and the

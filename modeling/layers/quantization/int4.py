@@ -1,7 +1,7 @@
 """int4 group-wise weights (W4A16) from AWQ, GPTQ and compressed-tensors `pack-quantized` checkpoints.
 
 Each format packs nibbles its own way; while loading they are all turned into one layout, the
-one kernels.gemv (the few rows of decoding, <= kernels.gemv.MAX_QUANTIZED_ROWS) and
+one kernels.gemv (the few rows of decoding; kernels.gemv.gemv_config_for decides how few) and
 kernels.dequant_matmul (more rows) read: q uint8 [out, in/2] (low nibble = even input feature),
 scale and zero [out, in/G] with w = (q - zero) * scale. Parameters keep the checkpoint's names
 (`qweight`/`qzeros`/`scales`, or `weight_packed`/`weight_scale`) so the model's loader finds them.

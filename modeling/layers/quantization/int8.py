@@ -5,7 +5,7 @@ Sources: a half-precision checkpoint quantized while loading (`--quantize eetq`,
 int8 [out, in], `weight_scale` [out, 1]; W8A8 ones are what SmoothQuant writes, the smoothing already
 folded into the norms before).
 
-On CUDA the few rows of decoding (<= kernels.gemv.MAX_QUANTIZED_ROWS) run kernels.gemv, which
+On CUDA the few rows of decoding (kernels.gemv.gemv_config_for decides how few) run kernels.gemv, which
 dequantizes the int8 weight in registers; more rows run kernels.dequant_matmul (W8A16) or, for W8A8,
 `torch._int_mm` above 16 rows (its limit; 9..16 rows take dequant_matmul). Both weight-only kernels skip
 W8A8's activation rounding. On CPU both schemes run their torch reference.

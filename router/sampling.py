@@ -34,6 +34,7 @@ WATERMARK_HASH_KEY = 15485863
 TIE_SLACK = 8  # extra top-n columns fetched so ties at the n-th value usually need no second pass
 
 _MASK32 = 0xFFFFFFFF
+_LARGEST_BELOW_ONE = 1.0 - 2.0**-24  # the float32 just under 1
 
 
 @dataclass(slots=True)
@@ -344,7 +345,10 @@ def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> t
     key = _mix32(_mix32(lo ^ _mix32(hi)) ^ ((steps * 0x9E3779B1) & _MASK32))  # [B]
     token = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     bits = _mix32(_mix32((key[:, None] + token * 0x2C1B3C6D) & _MASK32) ^ key[:, None])  # [B, V]
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # The top value (2**24 - 0.5) / 2**24 rounds to 1.0 in float32, whose noise is +inf: that token would
+    # win whatever its score, and a masked one (-inf + inf = NaN) would win argmax too. Keep U below 1.
+    uniform = uniform.clamp_(max=_LARGEST_BELOW_ONE)
     return -torch.log(-torch.log(uniform))
 
 

@@ -88,6 +88,24 @@ def test_constrained_requests_match_their_grammar_beside_a_plain_one(engine, tok
     assert output(tokenizer, events["plain"]) == alone  # neighbours' masks never touch its row
 
 
+def test_seeds_whose_noise_peaks_on_a_forbidden_token_follow_the_grammar(engine, tokenizer):
+    # At their first step seeds 10, 50 and 189 draw the largest uniform of the hash on tokens no IPv4 answer
+    # starts with ("      ", ...); float32 rounded it to 1.0, the noise was +inf and beat the mask's -inf
+    # (issue 15: a batched JSON answer's enum came out as " relativeadmin").
+    ip = GrammarSpec(GrammarKind.REGEX, IPV4)
+    prompt = chat(tokenizer, "An IP address?")
+    seeds = (10, 50, 189)
+    requests = [
+        GenerateRequest(f"s{seed}", prompt, SamplingParams(do_sample=True, temperature=0.7, seed=seed), 16, grammar=ip)
+        for seed in seeds
+    ]
+    events = run(engine, [*requests, GenerateRequest("plain", prompt, max_new_tokens=4)])
+    for seed in seeds:
+        ids = [i for event in events[f"s{seed}"] for i in event.token_ids]
+        matcher = engine.grammar.compiler.compile(ip)
+        assert all(matcher.accept_token(i) for i in ids), tokenizer.decode(ids)
+
+
 @pytest.mark.parametrize("spec", [json_spec(PERSON), GrammarSpec(GrammarKind.ANY_JSON)], ids=["schema", "any"])
 def test_a_length_capped_answer_is_a_prefix_of_a_match(engine, tokenizer, spec):
     events = run(engine, [GenerateRequest("short", chat(tokenizer, "JSON?"), max_new_tokens=4, grammar=spec)])

@@ -15,6 +15,7 @@ from router.sampling import (
     apply_top_k,
     apply_top_p,
     apply_typical_p,
+    gumbel_noise,
     watermark_green_list,
 )
 
@@ -143,6 +144,19 @@ def test_sampling_follows_the_distribution():
     draws = [sample(logits, [request(seed=s, do_sample=True)])[0].token_id for s in range(600)]
     frequencies = [draws.count(i) / len(draws) for i in range(3)]
     assert frequencies == pytest.approx([0.7, 0.2, 0.1], abs=0.06)
+
+
+def test_the_noise_never_lets_an_impossible_token_win():
+    # Seed 10's noise at step 0 peaks on token 5013 of a 49,152-token vocabulary: its uniform draw was the
+    # largest, which float32 rounded to 1.0, so the noise was +inf and the token won from a -inf score
+    # (a grammar's mask) or from any finite one (issue 15's " relativeadmin").
+    noise = gumbel_noise(torch.arange(2000), torch.zeros(2000, dtype=torch.int64), 49152)
+    assert bool(torch.isfinite(noise).all())
+    logits = torch.zeros(1, 49152)
+    logits[0, 5013] = float("-inf")
+    logits[0, 7] = 5.0  # every other token is a possible draw
+    token = sample(logits, [request(seed=10, do_sample=True)], 49152)[0]
+    assert token.token_id != 5013 and math.isfinite(token.logprob)
 
 
 def test_top_n_includes_ties_at_the_nth_value():

@@ -70,7 +70,7 @@ class GrammarCompiler:
     def __init__(self, load_tokenizer: Callable[[], object], vocab_size: int, stop_token_ids: Sequence[int]) -> None:
         self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
-        self._stop_token_ids = list(stop_token_ids)
+        self.stop_token_ids = list(stop_token_ids)
         self._lock = threading.Lock()
         self._compiler = None
 
@@ -81,7 +81,7 @@ class GrammarCompiler:
 
                 started = time.perf_counter()
                 info = xgrammar.TokenizerInfo.from_huggingface(
-                    self._load_tokenizer(), vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids
+                    self._load_tokenizer(), vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
                 )
                 self._compiler = xgrammar.GrammarCompiler(info, max_threads=COMPILE_THREADS, cache_enabled=True)
                 logger.info("grammar compiler ready in %.2f s", time.perf_counter() - started)
@@ -131,6 +131,7 @@ class GrammarBackend:
         self._compiling: dict[str, tuple[Request, Future]] = {}
         self._host_bitmask: torch.Tensor | None = None  # reused: a constrained step runs synchronously
         self._batch_matcher = None
+        self._stop_row: torch.Tensor | None = None
 
     # ---- compile --------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -181,25 +182,43 @@ class GrammarBackend:
         """The bitmask of this step's sampled rows; None when none of them is constrained. Called once
         the step's forward is queued: the mask reads only tokens already accepted, not the logits."""
         rows: list[int] = []
+        fill_rows: list[int] = []
         matchers: list[xgrammar.GrammarMatcher] = []
         for i, request in enumerate(requests):
             if request.matcher is not None:
                 rows.append(i)
-                matchers.append(request.matcher)
+                if not request.matcher.is_terminated():
+                    fill_rows.append(i)
+                    matchers.append(request.matcher)
         if not rows:
             return None
         bitmask = self._bitmask_rows(len(requests))
-        if len(rows) == 1:
-            matchers[0].fill_next_token_bitmask(bitmask, rows[0])
-        else:
-            self._batch().batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        if len(fill_rows) == 1:
+            matchers[0].fill_next_token_bitmask(bitmask, fill_rows[0])
+        elif fill_rows:
+            self._batch().batch_fill_next_token_bitmask(matchers, bitmask, fill_rows)
+        for i in set(rows).difference(fill_rows):
+            # The grammar is complete and the request goes on (ignore_eos): only a stop token is
+            # allowed, as xgrammar would have it (its matcher refuses to fill a mask once terminated).
+            bitmask[i] = self._stop_tokens_row()
         return GrammarMask(bitmask.to(self.device, non_blocking=True), rows)
+
+    def _stop_tokens_row(self) -> torch.Tensor:
+        """One bitmask row (int32 words, bit t % 32 of word t // 32) allowing only the stop tokens."""
+        if self._stop_row is None:
+            words = torch.zeros(self._bitmask_rows(1).shape[1], dtype=torch.int64)
+            for token_id in self.compiler.stop_token_ids:
+                words[token_id // 32] |= 1 << (token_id % 32)
+            if not self.compiler.stop_token_ids:
+                words.fill_(-1)  # no stop token known: leave the row unconstrained rather than empty
+            self._stop_row = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+        return self._stop_row
 
     def advance(self, plan: StepPlan, result: StepResult) -> None:
         """Every constrained request accepts the token it was just given (before update() sees it)."""
         for chunk, token in zip(plan.chunks, result.tokens):
             matcher = chunk.request.matcher
-            if matcher is None or token is None or chunk.request.is_finished:
+            if matcher is None or token is None or chunk.request.is_finished or matcher.is_terminated():
                 continue
             if not matcher.accept_token(token.token_id):  # only an unmasked (retried) step can do this
                 logger.warning("request %s: token %d is outside its grammar", chunk.request.request_id, token.token_id)

@@ -148,3 +148,18 @@ def test_top_tokens_of_a_forced_step_leave_out_the_masked_ones():
     logprobs[0, 7] = 0.0  # the grammar allows one token only
     counts = top_n_with_ties(logprobs, torch.tensor([3]), 3).counts
     assert counts.tolist() == [1]  # TGI: -inf alternatives are not reported (not 50 ties at -inf)
+
+
+def test_a_completed_grammar_with_ignore_eos_goes_on_with_stop_tokens_beside_a_plain_one(engine, tokenizer):
+    # xgrammar refuses to fill a mask once its matcher accepted the stop token; the request must not
+    # fail (nor fail the step, and with it every request in the batch).
+    digit = GrammarSpec(GrammarKind.REGEX, r"\d")
+    prompt = chat(tokenizer, "A digit?")
+    constrained = GenerateRequest("done", prompt, max_new_tokens=6, grammar=digit, ignore_eos=True)
+    events = run(engine, [constrained, GenerateRequest("plain", prompt, max_new_tokens=6, ignore_eos=True)])
+    for request_id in ("done", "plain"):
+        assert [event.error for event in events[request_id]] == [None] * len(events[request_id])
+        assert events[request_id][-1].finish_reason == "length"
+    ids = [i for event in events["done"] for i in event.token_ids]
+    assert len(ids) == 6 and tokenizer.decode(ids[:1]).isdigit()
+    assert set(ids[2:]) <= set(engine.grammar.compiler.stop_token_ids)

@@ -183,3 +183,11 @@ def test_tool_stream_edge_cases():
     stream = ToolStream()  # a tool without arguments
     assert stream.push('{"function": {"_name": "f"}}', False) == ToolDelta("{}", name="f")
     assert ToolStream().push('{"function": {"_name": "no_tool"', False) is StreamSignal.NO_TOOL
+
+
+async def test_tools_with_no_messages_is_an_error_answer_not_a_500(make_client, engine):
+    # Found by the schemathesis soak: the tool prompt went to messages[-1] of an empty list.
+    async with make_client(engine) as http:
+        response = await http.post("/v1/chat/completions", json={"messages": [], "tools": [WEATHER]})
+    assert response.status_code != 500 and response.status_code < 500, response.text
+    assert response.status_code == 200 or "error" in response.json()

@@ -64,7 +64,7 @@ def render_prompt(template: ChatTemplate | None, body: ChatRequest) -> ChatPromp
     messages = template_messages(body.messages)
     if not tools:
         return ChatPrompt(template.render(messages), body.response_format)
-    if body.messages[-1].content is not None:  # TGI appends to a content message only
+    if body.messages and body.messages[-1].content is not None:  # TGI appends to a content message only
         messages[-1]["content"] += tool_prompt_text(tools, body.tool_prompt, template)
     text = template.render(messages, template_tools(tools))
     return ChatPrompt(text, GrammarType(type="json", value=tool_grammar(tools)), tools)

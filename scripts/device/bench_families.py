@@ -1,12 +1,18 @@
 """GPU benchmark of the newer model families (not CI), one call, random weights, < 8 min on one H100:
 
+0. Tunes the fused-experts kernels for the Mixtral-8x7B expert shapes (scripts/device/tune_fused_moe.py,
+   --tune-budget-s; 0 skips it) and runs everything below with that table; the table is printed and
+   written to $OUT/fused_moe_tuned.py (copy it over kernels/fused_moe_tuned.py to keep it).
 1. A Mixtral-8x7B-shaped model (all shapes real, `--mixtral-layers` of its 32 layers so that it fits
    one 80 GB GPU): decode steps at 64 streams with the fused-experts Triton kernel vs the eager
    expert-by-expert loop (transformers' MoE algorithm, `fused_moe_ref`), both in this process on the
    same weights and KV; the fused path also with CUDA graphs.
-2. The fused-experts kernel alone at batch 1 (one token, top-2 of 8 Mixtral experts): time and the
-   bandwidth of its expert-weight reads, beside a device copy's bandwidth.
-3. A Gemma-2-9B-shaped model: batch-1 decode time per token with CUDA graphs vs its weight-read roofline.
+2. The fused-experts block alone at batch 1 (one token, top-2 of 8 Mixtral experts) as a decode step
+   runs it (a CUDA graph; eager beside it): time and the bandwidth of its expert-weight reads, beside a
+   device copy's bandwidth; then 16 / 64 / 256 tokens against the loop.
+3. A Gemma-2-9B-shaped model: batch-1 decode time per token with CUDA graphs vs its weight-read roofline,
+   and a per-kernel profile of one step (eager, and the graph replay) to see where the time above the
+   roofline goes.
 
 Run on the device:  PYTHONPATH=$PWD python3 scripts/device/bench_families.py [--json FILE]
 
@@ -27,8 +33,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_gpu import copy_bandwidth, fill_context, log, median_ms, time_decode
+from bench_gpu import copy_bandwidth, fill_context, graph_ms, log, median_ms, profile_step, time_decode
+from tune_fused_moe import SHAPES, render_table, tune
 
+import kernels.fused_moe as fm
 import modeling.layers.moe as moe_layer
 from kernels.fused_moe import fused_moe, fused_moe_ref
 from modeling.config import ModelConfig
@@ -150,22 +158,27 @@ def bench_fused_moe_batch1(bandwidth: float) -> dict:
     x = torch.randn(1, hidden, device=DEV, dtype=torch.bfloat16)
     topk_weights = torch.tensor([[0.6, 0.4]], device=DEV)
     topk_ids = torch.tensor([[1, 5]], device=DEV)
-    ms = timed(fused_moe, x, w13, w2, topk_weights, topk_ids)
+    ms = graph_ms(lambda: fused_moe(x, w13, w2, topk_weights, topk_ids))
+    eager_ms = timed(fused_moe, x, w13, w2, topk_weights, topk_ids)
     ref_ms = timed(fused_moe_ref, x, w13, w2, topk_weights, topk_ids)
     moved = 2 * 3 * hidden * inter * 2  # two experts' w1, w3, w2 in bf16
     gbs = moved / (ms * 1e-3) / 1e9
-    result = dict(ms=ms, loop_ms=ref_ms, gb_s=gbs, pct_copy=100 * gbs * 1e9 / bandwidth)
+    config = fm.moe_config(1, experts, 2, inter, hidden)
+    result = dict(ms=ms, eager_ms=eager_ms, loop_ms=ref_ms, gb_s=gbs, pct_copy=100 * gbs * 1e9 / bandwidth)
+    result["config"] = repr(config)
     log(
-        f"fused_moe batch 1: {ms * 1e3:.1f} us, {gbs:.0f} GB/s ({result['pct_copy']:.1f}% of copy); loop {ref_ms * 1e3:.1f} us"
+        f"fused_moe batch 1 (graph): {ms * 1e3:.1f} us, {gbs:.0f} GB/s ({result['pct_copy']:.1f}% of copy);"
+        f" eager {eager_ms * 1e3:.1f} us; loop {ref_ms * 1e3:.1f} us; {config}"
     )
     for tokens in (16, 64, 256):
         xt = torch.randn(tokens, hidden, device=DEV, dtype=torch.bfloat16)
         ids = torch.stack([torch.randperm(experts, device=DEV)[:2] for _ in range(tokens)])
         weights = torch.full((tokens, 2), 0.5, device=DEV)
-        fused = timed(fused_moe, xt, w13, w2, weights, ids)
+        fused = graph_ms(lambda xt=xt, ids=ids, weights=weights: fused_moe(xt, w13, w2, weights, ids))
+        fused_eager = timed(fused_moe, xt, w13, w2, weights, ids)
         loop = timed(fused_moe_ref, xt, w13, w2, weights, ids)
-        result[f"t{tokens}"] = dict(fused_ms=fused, loop_ms=loop)
-        log(f"fused_moe {tokens} tokens: {fused:.3f} ms vs loop {loop:.3f} ms")
+        result[f"t{tokens}"] = dict(fused_ms=fused, fused_eager_ms=fused_eager, loop_ms=loop)
+        log(f"fused_moe {tokens} tokens: {fused:.3f} ms (graph), {fused_eager:.3f} ms (eager) vs loop {loop:.3f} ms")
     return result
 
 
@@ -173,7 +186,7 @@ def timed(fn, *args) -> float:
     return median_ms(lambda: fn(*args))
 
 
-def bench_gemma2(bandwidth: float) -> dict:
+def bench_gemma2(bandwidth: float, profile: bool) -> dict:
     max_len = CONTEXT + STEPS + 8
     t0 = time.perf_counter()
     runner = build(GEMMA2_9B, 1, max_len, graph_sizes=[1])
@@ -188,6 +201,11 @@ def bench_gemma2(bandwidth: float) -> dict:
     log(
         f"gemma2-9b batch 1: {ms:.3f} ms/token (eager {eager_ms:.3f}), floor {floor_ms:.3f} ms: {100 * floor_ms / ms:.1f}%"
     )
+    if profile:
+        log("gemma2-9b profile, graph replay (kernels inside the graph):")
+        result["profile_graph"] = profile_step(runner.forward, 1, max_len, vocab)
+        log("gemma2-9b profile, eager:")
+        result["profile_eager"] = profile_step(runner._forward_eager, 1, max_len, vocab)
     del runner
     gc.collect()
     torch.cuda.empty_cache()
@@ -198,12 +216,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mixtral-layers", type=int, default=16, help="of 32; 16 is ~47 GB of bf16 weights")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--tune-budget-s", type=float, default=150.0, help="fused-MoE tuning time; 0: the table as is")
+    parser.add_argument("--no-profile", action="store_true", help="skip the Gemma-2 per-kernel profile")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     log(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     results = dict(device=torch.cuda.get_device_name(), copy_gb_s=bandwidth / 1e9)
+    if args.tune_budget_s > 0:
+        tuned, results["tune"] = tune("mixtral-8x7b", args.tune_budget_s)
+        text = render_table(SHAPES["mixtral-8x7b"], tuned, torch.cuda.get_device_name())
+        log(text)
+        with open(os.path.join(os.environ.get("OUT", "."), "fused_moe_tuned.py"), "w") as f:
+            f.write(text)
+        experts, inter, hidden, _ = SHAPES["mixtral-8x7b"]
+        fm.TUNED.update({(experts, inter, hidden, tokens): config for tokens, config in tuned.items()})
     results["fused_moe_batch1"] = bench_fused_moe_batch1(bandwidth)
-    results["gemma2_9b"] = bench_gemma2(bandwidth)
+    results["gemma2_9b"] = bench_gemma2(bandwidth, not args.no_profile)
     results["mixtral"] = bench_mixtral(args.mixtral_layers, bandwidth)
     if args.json:
         with open(args.json, "w") as f:

@@ -13,6 +13,12 @@ _ALWAYS_QKV_BIAS = {"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"}
 # Families with a per-head RMSNorm on q and k before rotary.
 _QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"}
 
+# Multimodal checkpoints served as their text model (text-only requests; the vision tower is not
+# loaded): the wrapper's architecture -> its text model's.
+MULTIMODAL_TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+# Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
+_WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")
+
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -87,6 +93,8 @@ class ModelConfig:
     hf_config: dict[str, Any] = field(default_factory=dict)
     # config.json `quantization_config` of a pre-quantized checkpoint (modeling.layers.quantization)
     quantization_config: dict[str, Any] | None = None
+    # the checkpoint's multimodal wrapper (MULTIMODAL_TEXT_MODELS) when this is its text model
+    multimodal_architecture: str | None = None
 
     @property
     def architectures(self) -> list[str]:
@@ -107,6 +115,8 @@ class ModelConfig:
         if not architectures:
             raise ValueError("config.json has no 'architectures' entry; cannot choose a model class")
         arch = architectures[0]
+        if arch in MULTIMODAL_TEXT_MODELS:
+            return cls.text_model_of(d)
         num_heads = d["num_attention_heads"]
         rope_params = d.get("rope_parameters") or d.get("rope_scaling") or {}
         # transformers 5 moves rope_theta inside rope_parameters; older configs keep it top-level.
@@ -145,6 +155,24 @@ class ModelConfig:
             hf_config=d,
             quantization_config=d.get("quantization_config"),
         )
+
+    @classmethod
+    def text_model_of(cls, d: dict[str, Any]) -> ModelConfig:
+        """The text model of a multimodal config.json. Hub configs keep only the non-default text
+        fields (gemma-3-4b-it: hidden size, layers, window, rope scaling), so transformers' own
+        config class fills in the rest, as transformers does when it loads the checkpoint."""
+        from transformers import AutoConfig
+
+        wrapper = d["architectures"][0]
+        fields = {key: value for key, value in d.items() if key != "model_type"}
+        text = AutoConfig.for_model(d["model_type"], **fields).get_text_config().to_dict()
+        text |= {key: d[key] for key in _WRAPPER_KEYS if key in d}
+        text["architectures"] = [MULTIMODAL_TEXT_MODELS[wrapper]]
+        # transformers' wrapper never applies its text config's final soft-cap (released checkpoints have none)
+        text["final_logit_softcapping"] = None
+        config = cls.from_hf_dict(text)
+        config.multimodal_architecture = wrapper
+        return config
 
     @classmethod
     def from_gguf_fields(cls, fields: dict[str, Any], has_output_tensor: bool) -> ModelConfig:

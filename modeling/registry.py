@@ -21,6 +21,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
     "Gemma2ForCausalLM": ("gemma", "GemmaForCausalLM"),
     "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM"),
+    # its text model (ModelConfig.text_model_of); the config then names Gemma3ForCausalLM
+    "Gemma3ForConditionalGeneration": ("gemma", "GemmaForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "MixtralForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
     "Qwen2MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
@@ -54,6 +56,17 @@ def modeling_path(architecture: str) -> str:
             f"native: {', '.join(supported_architectures())}"
         )
     return TRANSFORMERS
+
+
+def describe_modeling_path(architecture: str) -> str:
+    """What the start-up log says serves `architecture`: "native", "transformers", or for a multimodal
+    checkpoint the native path of its text model."""
+    from modeling.config import MULTIMODAL_TEXT_MODELS
+
+    path = modeling_path(architecture)
+    if architecture in MULTIMODAL_TEXT_MODELS:
+        return f"{path} modeling of its text model {MULTIMODAL_TEXT_MODELS[architecture]} (text-only requests)"
+    return f"{path} modeling"
 
 
 def resolve_model_class(architecture: str) -> type[CausalLM]:

@@ -211,7 +211,7 @@ def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInf
     eos = tuple(dict.fromkeys([*model_config.eos_token_ids, *config.eos_token_ids]))
     return EngineInfo(
         model_id=config.model_id,
-        architecture=model_config.architecture,
+        architecture=model_config.multimodal_architecture or model_config.architecture,  # the checkpoint's
         dtype=str(runner.dtype).removeprefix("torch."),
         device=str(runner.device),
         vocab_size=model_config.vocab_size,

@@ -13,6 +13,8 @@ from modeling.registry import TRANSFORMERS, modeling_path
 from modeling.source import ModelSource
 from modeling.weights.lazy import LazyTensor
 
+Weights = Iterator[tuple[str, torch.Tensor | LazyTensor]]
+
 
 def load_model_config(source: ModelSource) -> ModelConfig:
     if source.is_gguf:
@@ -42,4 +44,25 @@ def iterate_weights(
     else:
         from modeling.weights.safetensors import iterate_safetensors
 
-        yield from iterate_safetensors(source.folder, show_progress, lazy)
+        weights = iterate_safetensors(source.folder, show_progress, lazy)
+        yield from text_model_weights(weights) if config.multimodal_architecture else weights
+
+
+# A multimodal checkpoint's text-model prefixes -> the text model's own (transformers 4 and the hub
+# save `language_model.model.*`; transformers 5 names its modules `model.language_model.*`)
+_TEXT_MODEL_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("lm_head.", "lm_head."),
+)
+
+
+def text_model_weights(weights: Weights) -> Weights:
+    """The text model's tensors of a multimodal checkpoint under its text model's names; the vision
+    tower's and the projector's are skipped."""
+    for name, tensor in weights:
+        for prefix, target in _TEXT_MODEL_PREFIXES:
+            if name.startswith(prefix):
+                yield target + name.removeprefix(prefix), tensor
+                break

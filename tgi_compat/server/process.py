@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from modeling.registry import UnsupportedArchitectureError, modeling_path
+from modeling.registry import UnsupportedArchitectureError, describe_modeling_path
 from router.client_api import EngineClient, EngineDeadError
 from tgi_compat.cli.config import ServerConfig, ServingLimits
 from tgi_compat.observability.metrics_listener import start_prometheus_listener
@@ -53,9 +53,9 @@ def _new_metrics(limits: ServingLimits, model_id: str, num_kv_slots: int):
 
 def _modeling_path(architecture: str) -> str:
     try:
-        return modeling_path(architecture)
+        return describe_modeling_path(architecture)
     except UnsupportedArchitectureError:  # an engine stand-in (tests, benchmarks) with no real model
-        return "no"
+        return "no modeling"
 
 
 async def build_state(config: ServerConfig) -> AppState:
@@ -84,7 +84,7 @@ async def build_state(config: ServerConfig) -> AppState:
         engine.info.num_kv_slots,
     )
     # TGI's /info has no field for it, so the log says which modeling path serves the model
-    logger.info("Model %s: %s modeling", engine.info.architecture, _modeling_path(engine.info.architecture))
+    logger.info("Model %s: %s", engine.info.architecture, _modeling_path(engine.info.architecture))
     metrics = _new_metrics(limits, config.model_id, engine.info.num_kv_slots)
     engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
     return AppState(

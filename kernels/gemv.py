@@ -8,6 +8,7 @@ but each costs a launch and a gap in the CUDA graph; fused into the GEMV's prolo
     PROLOGUE_NONE      y = W x
     PROLOGUE_RMSNORM   y = W rmsnorm(x [+ residual])   (x + residual also written out, by program 0)
     PROLOGUE_SILU_MUL  y = W (silu(x[:K]) * x[K:])
+    PROLOGUE_GELU_TANH_MUL  y = W (gelu_tanh(x[:K]) * x[K:])   (Gemma's GeGLU)
 
 The weight is read in one of three formats (`QuantizedWeight` describes the quantized ones):
 
@@ -52,6 +53,7 @@ from kernels.pdl import launch_options, use_pdl
 PROLOGUE_NONE = 0
 PROLOGUE_RMSNORM = 1
 PROLOGUE_SILU_MUL = 2
+PROLOGUE_GELU_TANH_MUL = 3
 
 WEIGHT_DENSE = 0
 WEIGHT_ROW_SCALED = 1
@@ -103,6 +105,12 @@ def _activation_block(
         gate = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
         up = _load(x_ptrs + K, mask, EVEN_K).to(tl.float32)
         xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
+        squares = xk  # unused
+    elif PROLOGUE == 3:  # gelu_tanh(g) = g * sigmoid(2 sqrt(2 / pi) (g + 0.044715 g^3)), as kernels/silu_mul.py
+        gate = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
+        up = _load(x_ptrs + K, mask, EVEN_K).to(tl.float32)
+        xk = (gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up).to(dtype)
+        xk = xk.to(tl.float32)
         squares = xk  # unused
     else:
         xk = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
@@ -504,6 +512,7 @@ def gemv(
     residual: torch.Tensor | None = None,  # [M, K]: normalise x + residual (RMSNorm only)
     residual_out: torch.Tensor | None = None,  # [M, K]: receives x + residual
     silu_mul: bool = False,
+    gelu_tanh: bool = False,  # with silu_mul: the gate's activation is tanh-approximated GELU (GeGLU)
     config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """Returns [M, N] in x's dtype."""
@@ -512,6 +521,9 @@ def gemv(
     assert x.stride(-1) == 1 and x.shape[1] == (2 * k if silu_mul else k), (tuple(x.shape), (n, k))
     assert not (silu_mul and norm_weight is not None)
     prologue = PROLOGUE_SILU_MUL if silu_mul else PROLOGUE_RMSNORM if norm_weight is not None else PROLOGUE_NONE
+    if gelu_tanh:
+        assert silu_mul, "gelu_tanh selects the gated prologue's activation"
+        prologue = PROLOGUE_GELU_TANH_MUL
     if residual is not None:
         assert prologue == PROLOGUE_RMSNORM and residual_out is not None
         assert residual.is_contiguous() and residual_out.is_contiguous() and residual.shape == (m, k)
@@ -584,14 +596,15 @@ def gemv_ref(
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
+    gelu_tanh: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(y, x + residual or None) with the unfused kernels' roundings, product in fp32 with the dequantized weight."""
     from kernels.rmsnorm import rmsnorm_ref
-    from kernels.silu_mul import silu_mul_ref
+    from kernels.silu_mul import gelu_tanh_mul_ref, silu_mul_ref
 
     summed = None
     if silu_mul:
-        x = silu_mul_ref(x)
+        x = gelu_tanh_mul_ref(x) if gelu_tanh else silu_mul_ref(x)
     elif norm_weight is not None:
         if residual is not None:
             summed = (x.float() + residual.float()).to(x.dtype)

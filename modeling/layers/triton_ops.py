@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.gemv import PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL, gemv, gemv_config_for
+from kernels.gemv import PROLOGUE_GELU_TANH_MUL, PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL, gemv, gemv_config_for
 from kernels.rmsnorm import rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
@@ -72,6 +72,15 @@ def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     if weight is None or config is None:
         return unfused_silu_mul_linear(x, proj, silu_mul)
     return gemv(x, weight, proj.bias, silu_mul=True, config=config)
+
+
+def triton_gelu_tanh_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
+    """Gemma's GeGLU then its down projection: one GEMV at a decode row, else the gated kernel + matmul."""
+    weight = proj.gemv_weight
+    config = gemv_config_for(x, weight, PROLOGUE_GELU_TANH_MUL) if weight is not None else None
+    if weight is None or config is None:
+        return proj(silu_mul(x, gelu_tanh=True))
+    return gemv(x, weight, proj.bias, silu_mul=True, gelu_tanh=True, config=config)
 
 
 TRITON_OPS = LayerOps(

@@ -21,12 +21,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.silu_mul import silu_mul
 from modeling.config import ModelConfig, RopeScaling
 from modeling.layers.linear import Linear, MergedLinear, default_weight_loader
 from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.layers.rotary import RotaryEmbedding
+from modeling.layers.triton_ops import triton_gelu_tanh_mul_linear
 from modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer, DecoderModel, FeedForward
 
 _EXACT_GELU = {"gelu"}  # every other GELU name Gemma configs use is the tanh approximation
@@ -151,7 +151,7 @@ class GemmaMLP(nn.Module):
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
         gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj)  # [T, 2 * I]
-        if gate_up.is_cuda and self.gelu_approximate == "tanh":
-            return self.down_proj(silu_mul(gate_up, gelu_tanh=True)), residual  # one kernel instead of three
+        if gate_up.is_cuda and self.gelu_approximate == "tanh":  # at a decode row, one GEMV for all of it
+            return triton_gelu_tanh_mul_linear(gate_up, self.down_proj), residual
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.gelu(gate, approximate=self.gelu_approximate) * up), residual

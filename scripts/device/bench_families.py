@@ -241,7 +241,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mixtral-layers", type=int, default=16, help="of 32; 16 is ~47 GB of bf16 weights")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--tune-budget-s", type=float, default=150.0, help="fused-MoE tuning time; 0: the table as is")
+    parser.add_argument("--tune-budget-s", type=float, default=120.0, help="fused-MoE tuning time; 0: the table as is")
     parser.add_argument("--no-profile", action="store_true", help="skip the Gemma-2 per-kernel profile")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()

@@ -67,7 +67,7 @@ def graph_us(fn, reps: int = 10) -> float:
         for _ in range(reps):
             fn()
     torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=5, rep=40, return_mode="median")
+    ms = triton.testing.do_bench(graph.replay, warmup=5, rep=25, return_mode="median")
     return ms * 1e3 / reps
 
 

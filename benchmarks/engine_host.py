@@ -163,7 +163,11 @@ def build_engine(rows: int, prompt_len: int, new_tokens: int, vocab: int, prefix
     num_kv_slots = rows * (prompt_len * 2 + new_tokens) + 1024
     runner = InstantRunner(vocab, rows, num_kv_slots)
     model_config = SimpleNamespace(
-        architecture="InstantForBenchmarks", vocab_size=vocab, max_position_embeddings=8192, eos_token_ids=[2]
+        architecture="InstantForBenchmarks",
+        multimodal_architecture=None,
+        vocab_size=vocab,
+        max_position_embeddings=8192,
+        eos_token_ids=[2],
     )
     config = EngineConfig(
         model_id="instant",

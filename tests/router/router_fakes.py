@@ -119,7 +119,11 @@ def hash_engine(num_kv_slots: int = 4096, max_running: int = 16, max_prefill: in
 
     runner = runner or HashRunner(num_kv_slots=num_kv_slots, max_rows=max_running)
     model_config = SimpleNamespace(
-        architecture="HashForTests", vocab_size=runner.vocab, max_position_embeddings=2048, eos_token_ids=[EOS]
+        architecture="HashForTests",
+        multimodal_architecture=None,
+        vocab_size=runner.vocab,
+        max_position_embeddings=2048,
+        eos_token_ids=[EOS],
     )
     engine_config = EngineConfig(
         model_id="hash", max_running_requests=max_running, max_batch_prefill_tokens=max_prefill, **config

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from kernels.fused_moe import fused_moe, fused_moe_ref
+from kernels.fused_moe import fused_moe, fused_moe_ref, fused_route, route_ref
 from modeling.layers.linear import Linear, LoadableParameter, MergedLinear, default_weight_loader
 from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import LayerOps
@@ -80,11 +80,9 @@ class SparseMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, top_k] fp32, expert ids [T, top_k]): softmax in fp32, top-k, maybe renormalised."""
-        probs = self.gate(x).float().softmax(-1)
-        weights, ids = probs.topk(self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(-1, keepdim=True)
-        return weights, ids
+        logits = self.gate(x)
+        run = fused_route if logits.is_cuda else route_ref
+        return run(logits, self.top_k, self.renormalize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] (already normed) -> [T, hidden]."""

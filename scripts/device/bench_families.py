@@ -136,11 +136,12 @@ def bench_mixtral(layers: int, bandwidth: float) -> dict:
     result["graphs_b1_ms"] = time_decode(runner.forward, 1, max_len, vocab, STEPS, CONTEXT)
     eager = runner._forward_eager
     result["fused_eager_b64_ms"] = time_decode(eager, batch, max_len, vocab, STEPS, CONTEXT)
-    moe_layer.fused_moe = fused_moe_ref  # the layer looks the function up at call time
+    # transformers' algorithm: torch routing and the expert loop (the layer looks both up at call time)
+    moe_layer.fused_moe, moe_layer.fused_route = fused_moe_ref, fm.route_ref
     try:
         result["loop_eager_b64_ms"] = time_decode(eager, batch, max_len, vocab, 8, CONTEXT)
     finally:
-        moe_layer.fused_moe = fused_moe
+        moe_layer.fused_moe, moe_layer.fused_route = fused_moe, fm.fused_route
     result["speedup_eager"] = result["loop_eager_b64_ms"] / result["fused_eager_b64_ms"]
     result["speedup_graphs"] = result["loop_eager_b64_ms"] / result["graphs_b64_ms"]
     # at 64 rows every expert is chosen: a step reads all weights once, at best at copy bandwidth

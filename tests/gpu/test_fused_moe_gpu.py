@@ -16,7 +16,9 @@ from kernels.fused_moe import (
     LaunchConfig,
     MoeConfig,
     fused_moe,
+    fused_route,
     moe_config,
+    route_ref,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -97,3 +99,12 @@ def test_graph_replays_with_new_routing(experts, num_tokens):
         ids.copy_(new_ids)
         graph.replay()
         assert rel_err(out, loop_reference(experts, x, weights, ids)) < 1e-2
+
+
+@pytest.mark.parametrize("num_experts,top_k,renormalize", [(8, 2, True), (60, 4, False), (128, 8, True)])
+def test_fused_route_matches_softmax_topk(num_experts, top_k, renormalize):
+    logits = torch.randn(64, num_experts, device=DEV, dtype=torch.bfloat16) * 3
+    weights, ids = fused_route(logits, top_k, renormalize)
+    ref_weights, ref_ids = route_ref(logits, top_k, renormalize)
+    assert torch.equal(ids.long(), ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)

@@ -13,9 +13,11 @@ from kernels.fused_moe import (
     default_moe_config,
     fused_moe,
     fused_moe_ref,
+    fused_route,
     grouped_gemm,
     moe_config,
     moe_gemv_down,
+    route_ref,
     token_bucket,
 )
 from tests.kernels.test_kernel_attention import relative_error
@@ -127,3 +129,14 @@ def test_config_follows_the_token_count():
     block_ms = [default_moe_config(t, 8, 2).block_m for t in (8, 64, 1024)]
     assert block_ms == sorted(block_ms) and block_ms[0] == 16 and block_ms[-1] == 64
     assert moe_config(3, 6, 2, 40, 48) == default_moe_config(3, 6, 2)  # a shape the measured table lacks
+
+
+@pytest.mark.parametrize("num_experts,top_k,renormalize", [(8, 2, True), (60, 4, False), (128, 8, True)])
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+def test_fused_route_matches_softmax_topk(num_experts, top_k, renormalize, dtype):
+    gen = torch.Generator().manual_seed(num_experts)
+    logits = (3 * torch.randn(5, num_experts, generator=gen)).to(dtype)
+    weights, ids = fused_route(logits, top_k, renormalize)
+    ref_weights, ref_ids = route_ref(logits, top_k, renormalize)
+    assert torch.equal(ids.long(), ref_ids)  # largest first, as torch.topk
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)

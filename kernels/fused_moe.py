@@ -22,6 +22,8 @@ GEMV kernels skip both: the up kernel's programs own (pair, BLOCK_N columns) and
 expert straight from topk_ids; the down kernel's programs own (token, BLOCK_N columns), walk the
 token's top_k experts and write the routed sum, so y and its reduction disappear too.
 
+Routing (`fused_route`): softmax, top-k and the optional renormalisation in one launch per step.
+
 Block sizes per token count come from `moe_config`: a table measured by scripts/device/tune_fused_moe.py
 on the GPU, keyed by (E, I, H, token bucket), else a rule of thumb.
 """

@@ -2,8 +2,9 @@
 shared expert scaled by its own sigmoid gate (Qwen2-MoE).
 
 The experts' weights are stacked, w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I], which
-is what the grouped GEMM in kernels/fused_moe.py reads. On CUDA the experts run through it; on CPU
-through its reference (an expert-by-expert loop, as transformers does).
+is what the grouped GEMM in kernels/fused_moe.py reads. On CUDA the router's top-k and the experts run
+through its kernels; on CPU through their references (torch routing and an expert-by-expert loop, as
+transformers does).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tune the fused-experts kernels on the GPU (not CI): block sizes per token count, in a few minutes.
 
-    PYTHONPATH=$PWD python3 scripts/device/tune_fused_moe.py [--shape mixtral-8x7b] [--budget-s 240]
+    PYTHONPATH=$PWD python3 scripts/device/tune_fused_moe.py [--shape mixtral-8x7b] [--budget-s 200]
 
 For each token count (1, 2, 4, ... 512; the decode sizes first) with realistic routing (top-k of a
 softmax over random logits): every candidate tiling of the up launch (gate|up + SiLU-mul) and of the
@@ -196,7 +196,7 @@ def tune(shape_name: str, budget_s: float, token_counts=TOKEN_COUNTS) -> tuple[d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="mixtral-8x7b", choices=list(SHAPES))
-    parser.add_argument("--budget-s", type=float, default=240.0, help="stop starting new token counts after this")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="stop starting new token counts after this")
     parser.add_argument("--write", help="where to write the table module (default $OUT/fused_moe_tuned.py)")
     args = parser.parse_args()
     tuned, _ = tune(args.shape, args.budget_s)

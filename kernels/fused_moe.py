@@ -535,6 +535,8 @@ def fused_moe(
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = w13.shape
     top_k = topk_ids.shape[1]
+    if num_tokens == 0:
+        return torch.empty_like(x)
     config = config or moe_config(num_tokens, num_experts, top_k, two_inter // 2, hidden)
     if config.block_m == 0:
         return moe_gemv_down(moe_gemv_up(x, w13, topk_ids, config.up), w2, topk_weights, topk_ids, config.down)

@@ -30,7 +30,7 @@ from router.config import EngineConfig
 from router.engine import EngineCore
 from router.engine_process import run_engine_process
 from router.outputs import TokenEvent
-from router.rank_heartbeat import BEAT_INTERVAL_S, RankHeartbeats, hang_timeout_s
+from router.rank_heartbeat import BEAT_INTERVAL_S, HangWatch, RankHeartbeats, hang_timeout_s
 from router.request import GenerateRequest
 from router.stats import EngineStats
 from router.tp_worker import run_tp_worker
@@ -338,13 +338,11 @@ class ZmqEngineClient(_QueueingClient):
                 self._on_health_reply()
 
     async def _watch_heartbeats(self, heartbeats: RankHeartbeats) -> None:
-        timeout_s, since = hang_timeout_s(), time.monotonic()
+        watch = HangWatch(heartbeats, hang_timeout_s(), time.monotonic())
         while not self.is_dead:
             await asyncio.sleep(BEAT_INTERVAL_S)
-            stale = heartbeats.stalest(since)
-            if stale.silent_s > timeout_s:
-                what = "engine process (rank 0)" if stale.rank == 0 else f"tensor-parallel tp-rank-{stale.rank} process"
-                self._mark_dead(f"{what} is hung: no heartbeat for {stale.silent_s:.1f} s")
+            if (hung := watch.check(time.monotonic())) is not None:
+                self._mark_dead(hung)
 
     def _on_process_exit(self, process) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)

@@ -41,8 +41,10 @@ def run_engine_process(
     parent_pid: int,
     heartbeats: RankHeartbeats | None = None,  # tensor-parallel rank 0's beat (--num-shard > 1)
 ) -> None:
+    count_step = None
     if heartbeats is not None:
         heartbeats.start_beating(0)
+        count_step = heartbeats.step_counter(0)
     context = zmq.Context()
     inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     inbox.setsockopt(zmq.RCVHWM, 0)
@@ -50,7 +52,7 @@ def run_engine_process(
     inbox.connect(input_address)
     outbox.connect(output_address)
     try:
-        core = EngineCore.from_config(config)
+        core = EngineCore.from_config(config, count_step)
     except Exception as exc:  # reported to the client, which raises it
         logger.exception("engine startup failed")
         outbox.send(encoder.encode(StartupFailed(f"{type(exc).__name__}: {exc}")))

@@ -34,7 +34,7 @@ def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int, heartbeats: 
 
     logger.info("tensor-parallel rank %d: pid %d", rank, os.getpid())
     runner = load_runner(config, rank)
-    runner.follow_rank_zero(StepBroadcast(runner.tp))
+    runner.follow_rank_zero(StepBroadcast(runner.tp, on_step=heartbeats.step_counter(rank)))
     destroy_tensor_parallel(runner.tp)
 
 

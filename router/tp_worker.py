@@ -2,7 +2,7 @@
 every step rank 0 broadcasts, until rank 0 sends stop.
 
 The API process starts these beside the engine process (rank 0) and watches them all: a rank that
-dies is an engine death (router.client), and so is one that stops beating (router.rank_heartbeat).
+dies is an engine death (router.client), and so is one that hangs (router.rank_heartbeat).
 A worker never outlives the API process: the kernel kills it when its parent dies (PR_SET_PDEATHSIG),
 and a watch thread covers systems without that.
 """

@@ -154,6 +154,31 @@ def test_vocab_shards_are_equal_and_cover_the_vocabulary():
     assert [(rows.start, rows.size) for rows, _ in shards] == [(0, 84), (84, 84), (168, 83)]
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["per-expert", "stacked"])
+def test_expert_slices_of_the_ranks_tile_every_expert(stacked):
+    """Each rank's gate, up and down slices, from per-expert checkpoint tensors or transformers 5's
+    stacked ones, put back together are the experts (10 intermediate rows over 3 ranks: 3 + 3 + 4)."""
+    from modeling.layers.moe import FusedExperts
+
+    num_experts, hidden, inter = 3, 8, 10
+    w13, w2 = torch.randn(num_experts, 2 * inter, hidden), torch.randn(num_experts, hidden, inter)
+    ranks = [FusedExperts(num_experts, hidden, inter, TensorParallel(rank, 3)) for rank in range(3)]
+    for experts in ranks:
+        if stacked:
+            experts.w13.weight_loader(experts.w13, w13, None)
+            experts.w2.weight_loader(experts.w2, w2, None)
+            continue
+        for e in range(num_experts):
+            experts.w13.weight_loader(experts.w13, w13[e, :inter], (e, "gate"))
+            experts.w13.weight_loader(experts.w13, w13[e, inter:], (e, "up"))
+            experts.w2.weight_loader(experts.w2, w2[e], (e, "down"))
+    gate = torch.cat([experts.w13[:, : experts.intermediate_size] for experts in ranks], dim=1)
+    up = torch.cat([experts.w13[:, experts.intermediate_size :] for experts in ranks], dim=1)
+    assert [experts.intermediate_size for experts in ranks] == [3, 3, 4]
+    assert torch.equal(torch.cat([gate, up], dim=1), w13)
+    assert torch.equal(torch.cat([experts.w2 for experts in ranks], dim=2), w2)
+
+
 def test_gguf_slices_read_only_their_part_and_equal_the_whole():
     from modeling.weights.gguf import iterate_gguf, open_gguf
     from tests.modeling.helpers import smollm2_gguf_path

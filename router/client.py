@@ -305,7 +305,10 @@ class ZmqEngineClient(_QueueingClient):
                 await asyncio.sleep(0.05)
         for each in everyone:
             if each.is_alive():
-                logger.warning("%s did not exit within %.0f s; killing it", each.name, ENGINE_EXIT_TIMEOUT_S)
+                if was_dead:
+                    logger.warning("killing %s: the engine is dead", each.name)
+                else:
+                    logger.warning("%s did not exit within %.0f s; killing it", each.name, ENGINE_EXIT_TIMEOUT_S)
                 each.kill()
             each.join(5)  # gone or killed: returns at once
         logger.info("engine stopped in %.1f s", time.monotonic() - started)

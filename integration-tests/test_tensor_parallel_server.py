@@ -1,11 +1,15 @@
 """--num-shard on the real launcher (CPU, gloo): 2 ranks (SmolLM2's 9 query heads split 6 + 3) answer
 exactly as the session's one-rank server (greedy text of 20 prompts sent concurrently, best_of,
 stop sequences, seeded sampling), and a killed rank makes the server unhealthy and exit non-zero,
-leaving no process behind. (3 ranks are proven equal at the logits level in tests/modeling.)"""
+leaving no process behind. A tiny Qwen2-MoE (experts split across the ranks) served by 2 ranks
+picks transformers' greedy ids, and a hung (SIGSTOPped) rank makes the server unhealthy within
+seconds and exit non-zero. (3 ranks and every family are proven equal at the logits level in
+tests/modeling.)"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -14,6 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 from harness import MAX_CONCURRENT_REQUESTS, Server, _free_port, _launcher_command, launched
+from test_model_families import PROMPTS as FAMILY_PROMPTS
+from test_model_families import served_greedy, tiny_checkpoint, transformers_greedy
+
+HANG_TIMEOUT_S = 10  # the README's promise: a rank silent this long is declared hung
 
 PROMPTS = [
     "The capital of France is",
@@ -111,6 +119,52 @@ def test_a_killed_rank_fails_health_and_stops_the_server(sharded_server):
     assert "engine is dead: tensor-parallel tp-rank-1 process exited" in sharded_server.log_tail(10**6)
     time.sleep(1)
     assert [pid for pid in processes if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)] == []
+
+
+@pytest.fixture(scope="module")
+def sharded_moe(tmp_path_factory):
+    """(server, transformers model, tokenizer): a tiny random Qwen2-MoE served by 2 ranks."""
+    folder = tmp_path_factory.mktemp("qwen2-moe")
+    model, tokenizer = tiny_checkpoint("qwen2-moe", str(folder))
+    command = [*_launcher_command(_free_port()), "--model-id", str(folder), "--num-shard", "2"]
+    with launched(command + ["--master-port", str(_free_port())], {**os.environ}, "launcher-moe-tp2-") as handle:
+        yield handle, model, tokenizer
+
+
+async def test_sharded_moe_picks_transformers_greedy_ids(sharded_moe):
+    server, model, tokenizer = sharded_moe
+    expected = [transformers_greedy(model, tokenizer(p).input_ids, tokenizer.eos_token_id) for p in FAMILY_PROMPTS]
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as client:
+        served = await asyncio.gather(*(served_greedy(client, p, stream=False) for p in FAMILY_PROMPTS))
+    assert served == expected
+
+
+def test_a_hung_rank_fails_health_within_seconds_and_stops_the_server(sharded_moe):
+    """Runs after the MoE greedy test: it ends that server. A stopped process cannot beat."""
+    server = sharded_moe[0]
+    processes = _engine_processes(server)
+    [rank_1] = [pid for pid in processes if Path(f"/proc/{pid}/comm").read_text().strip() == "tp-rank-1"]
+    os.kill(rank_1, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        answers = []  # (seconds since the stop, /health status or "closed")
+        while server.process.poll() is None and time.monotonic() - stopped_at < HANG_TIMEOUT_S + 20:
+            try:
+                status: int | str = httpx.get(f"{server.base_url}/health", timeout=5).status_code
+            except httpx.TransportError:
+                status = "closed"  # the port closed: the server is on its way out
+            answers.append((time.monotonic() - stopped_at, status))
+            time.sleep(0.2)
+        assert server.process.poll() not in (None, 0), server.log_tail()
+        failing = [i for i, (_, status) in enumerate(answers) if status != 200]
+        assert failing and all(status != 200 for _, status in answers[failing[0] :]), answers
+        assert answers[failing[0]][0] <= HANG_TIMEOUT_S + 3, answers
+        assert "engine is dead: tensor-parallel tp-rank-1 process is hung" in server.log_tail(10**6)
+        time.sleep(1)
+        assert [pid for pid in processes if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)] == []
+    finally:  # never leave a stopped process behind, whatever failed above
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank_1, signal.SIGKILL)
 
 
 def _engine_processes(server: Server) -> list[int]:

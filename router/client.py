@@ -30,6 +30,7 @@ from router.config import EngineConfig
 from router.engine import EngineCore
 from router.engine_process import run_engine_process
 from router.outputs import TokenEvent
+from router.rank_heartbeat import BEAT_INTERVAL_S, HangWatch, RankHeartbeats, hang_timeout_s
 from router.request import GenerateRequest
 from router.stats import EngineStats
 from router.tp_worker import run_tp_worker
@@ -224,6 +225,7 @@ class ZmqEngineClient(_QueueingClient):
         self._workers: list[BaseProcess] = []  # tensor-parallel ranks 1..N-1 (--num-shard N)
         self._sockets = None
         self._reader: asyncio.Task | None = None
+        self._hang_watch: asyncio.Task | None = None  # --num-shard > 1: notices a rank that hangs
 
     @classmethod
     async def start(cls, config: EngineConfig, startup_timeout: float = 900.0) -> ZmqEngineClient:
@@ -250,15 +252,19 @@ class ZmqEngineClient(_QueueingClient):
         inbox.bind(output_address)
         self._sockets = (context, outbox, inbox, socket_dir)
         spawn = multiprocessing.get_context("spawn")
+        heartbeats = RankHeartbeats(self.config.num_shard) if self.config.num_shard > 1 else None
         self._process = spawn.Process(
             target=run_engine_process,
-            args=(self.config, input_address, output_address, os.getpid()),
+            args=(self.config, input_address, output_address, os.getpid(), heartbeats),
             name="engine-core",
             daemon=True,
         )
         self._workers = [
             spawn.Process(
-                target=run_tp_worker, args=(self.config, rank, os.getpid()), name=f"tp-rank-{rank}", daemon=True
+                target=run_tp_worker,
+                args=(self.config, rank, os.getpid(), heartbeats),
+                name=f"tp-rank-{rank}",
+                daemon=True,
             )
             for rank in range(1, self.config.num_shard)
         ]
@@ -277,6 +283,8 @@ class ZmqEngineClient(_QueueingClient):
         loop.add_reader(self._process.sentinel, self._on_process_exit, self._process)
         for worker in self._workers:  # a rank that dies takes the engine with it
             loop.add_reader(worker.sentinel, self._on_process_exit, worker)
+        if heartbeats is not None:  # and so does one that hangs
+            self._hang_watch = asyncio.create_task(self._watch_heartbeats(heartbeats))
 
     async def _stop(self, reason: str) -> None:
         """Fail what is pending now, ask the engine to exit, kill it if it has not within
@@ -297,12 +305,17 @@ class ZmqEngineClient(_QueueingClient):
                 await asyncio.sleep(0.05)
         for each in everyone:
             if each.is_alive():
-                logger.warning("%s did not exit within %.0f s; killing it", each.name, ENGINE_EXIT_TIMEOUT_S)
+                if was_dead:
+                    logger.warning("killing %s: the engine is dead", each.name)
+                else:
+                    logger.warning("%s did not exit within %.0f s; killing it", each.name, ENGINE_EXIT_TIMEOUT_S)
                 each.kill()
             each.join(5)  # gone or killed: returns at once
         logger.info("engine stopped in %.1f s", time.monotonic() - started)
         if self._reader is not None:
             self._reader.cancel()
+        if self._hang_watch is not None:
+            self._hang_watch.cancel()
         _close(*self._sockets)
         self._sockets = None
 
@@ -326,6 +339,13 @@ class ZmqEngineClient(_QueueingClient):
                 self._reject(message.request_id, message.message)
             elif isinstance(message, HealthReply):
                 self._on_health_reply()
+
+    async def _watch_heartbeats(self, heartbeats: RankHeartbeats) -> None:
+        watch = HangWatch(heartbeats, hang_timeout_s(), time.monotonic())
+        while not self.is_dead:
+            await asyncio.sleep(BEAT_INTERVAL_S)
+            if (hung := watch.check(time.monotonic())) is not None:
+                self._mark_dead(hung)
 
     def _on_process_exit(self, process) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)

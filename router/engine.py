@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 
 from router.admission import AdmissionLimits
 from router.client_api import EngineInfo
@@ -69,11 +70,12 @@ class EngineCore:
         self._num_arrivals = 0
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> EngineCore:
-        """Load the model named by the config (modeling.runner) and build the engine around it."""
+    def from_config(cls, config: EngineConfig, count_step: Callable[[], None] | None = None) -> EngineCore:
+        """Load the model named by the config (modeling.runner) and build the engine around it.
+        count_step: called per step sent to the other tensor-parallel ranks (router.rank_heartbeat)."""
         from router.model_loading import load_runner
 
-        runner = load_runner(config)
+        runner = load_runner(config, count_step=count_step)
         return cls(config, runner, runner.model_config)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ import zmq
 from router.client_api import RequestRejectedError
 from router.config import EngineConfig
 from router.engine import EngineCore
+from router.rank_heartbeat import RankHeartbeats
 from router.wire import (
     AbortRequest,
     AddRequest,
@@ -33,7 +34,17 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 100
 
 
-def run_engine_process(config: EngineConfig, input_address: str, output_address: str, parent_pid: int) -> None:
+def run_engine_process(
+    config: EngineConfig,
+    input_address: str,
+    output_address: str,
+    parent_pid: int,
+    heartbeats: RankHeartbeats | None = None,  # tensor-parallel rank 0's beat (--num-shard > 1)
+) -> None:
+    count_step = None
+    if heartbeats is not None:
+        heartbeats.start_beating(0)
+        count_step = heartbeats.step_counter(0)
     context = zmq.Context()
     inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     inbox.setsockopt(zmq.RCVHWM, 0)
@@ -41,7 +52,7 @@ def run_engine_process(config: EngineConfig, input_address: str, output_address:
     inbox.connect(input_address)
     outbox.connect(output_address)
     try:
-        core = EngineCore.from_config(config)
+        core = EngineCore.from_config(config, count_step)
     except Exception as exc:  # reported to the client, which raises it
         logger.exception("engine startup failed")
         outbox.send(encoder.encode(StartupFailed(f"{type(exc).__name__}: {exc}")))

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from router.config import EngineConfig
 
 
-def load_runner(config: EngineConfig, rank: int = 0):
+def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], None] | None = None):
     """The runner of tensor-parallel rank `rank` (0, the scheduling rank, when not sharded). Under
-    --num-shard every rank calls this at once; they meet in torch.distributed's rendezvous."""
+    --num-shard every rank calls this at once; they meet in torch.distributed's rendezvous.
+    count_step: rank 0 calls it for each step it sends (router.rank_heartbeat)."""
     import torch
 
     from modeling.parallel import init_tensor_parallel
@@ -42,5 +44,5 @@ def load_runner(config: EngineConfig, rank: int = 0):
     tp = init_tensor_parallel(rank, config.num_shard, config.master_addr, config.master_port, device)
     runner = ModelRunner(runner_config, tp=tp)
     if rank == 0:
-        runner.step_sender = StepBroadcast(tp)
+        runner.step_sender = StepBroadcast(tp, on_step=count_step)
     return runner

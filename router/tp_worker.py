@@ -2,8 +2,9 @@
 every step rank 0 broadcasts, until rank 0 sends stop.
 
 The API process starts these beside the engine process (rank 0) and watches them all: a rank that
-dies is an engine death (router.client). A worker never outlives the API process: the kernel kills
-it when its parent dies (PR_SET_PDEATHSIG), and a watch thread covers systems without that.
+dies is an engine death (router.client), and so is one that hangs (router.rank_heartbeat).
+A worker never outlives the API process: the kernel kills it when its parent dies (PR_SET_PDEATHSIG),
+and a watch thread covers systems without that.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import threading
 import time
 
 from router.config import EngineConfig
+from router.rank_heartbeat import RankHeartbeats
 
 logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 
 
-def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int) -> None:
+def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int, heartbeats: RankHeartbeats) -> None:
+    heartbeats.start_beating(rank)
     _exit_with_parent(parent_pid)
     _name_process(f"tp-rank-{rank}")  # what ps/top show (and how tests find a rank)
     from modeling.parallel.group import destroy_tensor_parallel
@@ -31,7 +34,7 @@ def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int) -> None:
 
     logger.info("tensor-parallel rank %d: pid %d", rank, os.getpid())
     runner = load_runner(config, rank)
-    runner.follow_rank_zero(StepBroadcast(runner.tp))
+    runner.follow_rank_zero(StepBroadcast(runner.tp, on_step=heartbeats.step_counter(rank)))
     destroy_tensor_parallel(runner.tp)
 
 

@@ -28,6 +28,8 @@ from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.layers.rotary import RotaryEmbedding
 from modeling.layers.triton_ops import triton_gelu_tanh_mul_linear
 from modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer, DecoderModel, FeedForward
+from modeling.parallel import NO_TP, TensorParallel, split_evenly
+from modeling.weights.lazy import LazyTensor, take
 
 _EXACT_GELU = {"gelu"}  # every other GELU name Gemma configs use is the tanh approximation
 
@@ -74,13 +76,15 @@ def _gemma3_ropes(d: dict[str, Any]) -> tuple[float, tuple[float, RopeScaling]]:
     return float(d.get("rope_local_base_freq", 10000.0)), (global_theta, scaling)
 
 
-def load_gemma_norm(param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
+def load_gemma_norm(param: nn.Parameter, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
     """Gemma norms scale by (1 + w); storing 1 + w lets the shared RMSNorm scale by it directly."""
-    default_weight_loader(param, loaded.float() + 1.0)
+    default_weight_loader(param, take(loaded).float() + 1.0)
 
 
 class GemmaForCausalLM(DecoderForCausalLM):
-    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+    supports_tensor_parallel = True
+
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
         knobs = GemmaKnobs.from_config(config)
         theta, scaling = knobs.global_rope
         max_positions = config.max_position_embeddings
@@ -90,12 +94,13 @@ class GemmaForCausalLM(DecoderForCausalLM):
         model = DecoderModel(
             config,
             ops,
-            (gemma_layer(config, knobs, ops, i) for i in range(config.num_layers)),
+            (gemma_layer(config, knobs, ops, i, tp) for i in range(config.num_layers)),
             RotaryEmbedding(config.head_dim, theta, scaling, max_positions, ops),
+            tp=tp,
             embed_scale=config.hidden_size**0.5,
             local_rotary_emb=local_rope,
         )
-        super().__init__(config, model)
+        super().__init__(config, model, tp)
         self.knobs = knobs
         for module in self.modules():
             if isinstance(module, RMSNorm):
@@ -107,15 +112,18 @@ class GemmaForCausalLM(DecoderForCausalLM):
         return cap * torch.tanh(logits / cap) if cap else logits
 
 
-def gemma_layer(config: ModelConfig, knobs: GemmaKnobs, ops: LayerOps, layer: int) -> DecoderLayer:
+def gemma_layer(
+    config: ModelConfig, knobs: GemmaKnobs, ops: LayerOps, layer: int, tp: TensorParallel = NO_TP
+) -> DecoderLayer:
     attention = Attention(
         config,
         ops,
         scale=knobs.attention_scale,
         sliding_window=config.sliding_window_of(layer),
         softcap=knobs.attn_softcap,
+        tp=tp,
     )
-    mlp = GemmaMLP(config, ops, knobs.gelu_approximate)
+    mlp = GemmaMLP(config, ops, knobs.gelu_approximate, tp)
     # Gemma 1 is pre-norm like Llama (its pre-MLP norm is named post_attention_layernorm too)
     layer_cls = SandwichNormDecoderLayer if knobs.sandwich_norms else DecoderLayer
     return layer_cls(config, ops, attention, mlp)
@@ -138,20 +146,27 @@ class SandwichNormDecoderLayer(DecoderLayer):
 
 
 class GemmaMLP(nn.Module):
-    """GeGLU: gate|up, GELU(gate) * up, down."""
+    """GeGLU: gate|up, GELU(gate) * up, down. Column-parallel gate|up and row-parallel down under
+    tensor parallelism, as Llama's MLP."""
 
-    def __init__(self, config: ModelConfig, ops: LayerOps, gelu_approximate: str):
+    def __init__(self, config: ModelConfig, ops: LayerOps, gelu_approximate: str, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2, config.mlp_bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias)
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, [size] * 2, config.mlp_bias, tp=tp)
+        self.down_proj = Linear(
+            size, config.hidden_size, config.mlp_bias, in_slice=split_evenly(size, tp.size, tp.rank), tp=tp
+        )
         self.gelu_approximate = gelu_approximate
         self.ops = ops
+        self.tp = tp
 
     def norm_and_forward(
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
         gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj)  # [T, 2 * I]
         if gate_up.is_cuda and self.gelu_approximate == "tanh":  # at a decode row, one GEMV for all of it
-            return triton_gelu_tanh_mul_linear(gate_up, self.down_proj), residual
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate=self.gelu_approximate) * up), residual
+            out = triton_gelu_tanh_mul_linear(gate_up, self.down_proj)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            out = self.down_proj(F.gelu(gate, approximate=self.gelu_approximate) * up)
+        return self.tp.all_reduce(out), residual

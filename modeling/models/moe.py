@@ -3,7 +3,8 @@
 They are the Llama model (attention, norms, rope, qkv bias / q-k norm switches) with a sparse MoE
 block in place of the MLP on the layers that have one (Qwen's `mlp_only_layers` and
 `decoder_sparse_step` keep some dense). Routing is softmax, top-k, then renormalised for Mixtral
-always and for Qwen when `norm_topk_prob` says so.
+always and for Qwen when `norm_topk_prob` says so. Tensor parallelism shards the attention and
+dense layers as Llama's and each expert's intermediate dim (layers/moe.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer, DecoderModel
 from modeling.models.llama import LlamaMLP, llama_rope
 from modeling.models.weight_names import fused_name, load_packed_weights
+from modeling.parallel import NO_TP, TensorParallel
 
 # Checkpoint names of one expert's matrices, Mixtral's (w1 gate, w3 up, w2 down) and Qwen's.
 _EXPERT_RE = re.compile(
@@ -58,22 +60,24 @@ class MoEKnobs:
 
 
 class MixtureOfExpertsForCausalLM(DecoderForCausalLM):
-    supports_tensor_parallel = False  # the expert layers are not sharded (yet)
+    supports_tensor_parallel = True
 
-    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
         knobs = MoEKnobs.from_config(config)
-        layers = (moe_layer(config, ops, i, knobs) for i in range(config.num_layers))
-        super().__init__(config, DecoderModel(config, ops, layers, llama_rope(config, ops)))
+        layers = (moe_layer(config, ops, i, knobs, tp) for i in range(config.num_layers))
+        super().__init__(config, DecoderModel(config, ops, layers, llama_rope(config, ops), tp=tp), tp)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_packed_weights(self, weights, self.config.tie_word_embeddings, resolve=moe_weight_name)
 
 
-def moe_layer(config: ModelConfig, ops: LayerOps, layer: int, knobs: MoEKnobs) -> DecoderLayer:
+def moe_layer(
+    config: ModelConfig, ops: LayerOps, layer: int, knobs: MoEKnobs, tp: TensorParallel = NO_TP
+) -> DecoderLayer:
     """A Llama layer whose MLP is a sparse MoE block, except on the layers the config keeps dense."""
-    attention = Attention(config, ops, sliding_window=config.sliding_window_of(layer))
+    attention = Attention(config, ops, sliding_window=config.sliding_window_of(layer), tp=tp)
     if layer not in knobs.sparse_layers:
-        return DecoderLayer(config, ops, attention, LlamaMLP(config, ops))
+        return DecoderLayer(config, ops, attention, LlamaMLP(config, ops, tp))
     experts = SparseMoeBlock(
         config.hidden_size,
         knobs.num_experts,
@@ -82,6 +86,7 @@ def moe_layer(config: ModelConfig, ops: LayerOps, layer: int, knobs: MoEKnobs) -
         knobs.renormalize,
         ops,
         knobs.shared_intermediate_size,
+        tp,
     )
     return DecoderLayer(config, ops, attention, experts)
 

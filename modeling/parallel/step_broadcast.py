@@ -18,6 +18,7 @@ views of it. Its capacity travels in the header: a step that needs more grows it
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import torch
 
@@ -35,8 +36,11 @@ class _Op(enum.IntEnum):
 
 
 class StepBroadcast:
-    def __init__(self, tp: TensorParallel, capacity: int = _INITIAL_CAPACITY) -> None:
+    def __init__(
+        self, tp: TensorParallel, capacity: int = _INITIAL_CAPACITY, on_step: Callable[[], None] | None = None
+    ) -> None:
         self.tp = tp
+        self.on_step = on_step  # called once per step sent or received (the hang watch counts them)
         self.header = torch.zeros(_HEADER, dtype=torch.int64)
         self._allocate(capacity)
 
@@ -57,6 +61,8 @@ class StepBroadcast:
         header = [_Op.STEP, _MODES.index(batch.mode), num_tokens, batch_size, num_logits]
         header += [batch.max_q_len, batch.max_kv_len, int(has_host_lens), num_cached, self.capacity]
         self.header.copy_(torch.tensor(header, dtype=torch.int64))
+        if self.on_step is not None:
+            self.on_step()
         self.tp.broadcast_host(self.header)
         if has_host_lens:
             self.tp.broadcast_host(torch.tensor([*batch.q_lens_cpu, *batch.kv_lens_cpu], dtype=torch.int64))  # type: ignore[misc]
@@ -84,6 +90,8 @@ class StepBroadcast:
         )
         if op == _Op.STOP:
             return None
+        if self.on_step is not None:
+            self.on_step()
         host_lens = None
         if has_host_lens:
             host_lens = torch.empty(2 * batch_size, dtype=torch.int64)

@@ -44,3 +44,27 @@ class SafetensorsSlice:
 
     def materialize(self) -> torch.Tensor:
         return self._slice[:]
+
+
+class NarrowedTensor:
+    """A range along one dim of a lazy tensor, itself lazy: a checkpoint tensor that fuses several
+    (Phi-3's q|k|v) is cut into its parts without reading it; each rank then reads its slice of a part."""
+
+    def __init__(self, base: LazyTensor, dim: int, start: int, length: int) -> None:
+        self._base, self._dim, self._start = base, dim, start
+        self.shape = tuple(length if d == dim else size for d, size in enumerate(base.shape))
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        if dim == self._dim:
+            return self._base.narrow(dim, self._start + start, length)
+        return self.materialize().narrow(dim, start, length)
+
+    def materialize(self) -> torch.Tensor:
+        return self._base.narrow(self._dim, self._start, self.shape[self._dim])
+
+
+def narrow(loaded: torch.Tensor | LazyTensor, dim: int, start: int, length: int) -> torch.Tensor | LazyTensor:
+    """A range of a tensor, lazy when the tensor is (nothing is read until a loader takes it)."""
+    if isinstance(loaded, torch.Tensor):
+        return loaded.narrow(dim, start, length)
+    return NarrowedTensor(loaded, dim, start, length)

@@ -2,26 +2,48 @@
 
 Rank 0 drives the steps through ModelRunner.forward, which broadcasts each batch; the other ranks
 follow (ModelRunner.follow_rank_zero). The ranks load from disk, each reading only its slice
-(GGUF rows, safetensors get_slice). Also: how heads and vocabulary split.
+(GGUF rows, safetensors get_slice). One group of N ranks runs every model in turn (starting
+processes, not the tiny models, is what costs time): the embedded SmolLM2 and a tiny random
+checkpoint of each sharded family. Also: how heads and vocabulary split.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from transformers import LlamaConfig, Phi3Config
 
 from modeling.forward_batch import build_forward_batch
 from modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
 from modeling.parallel.group import destroy_tensor_parallel
 from modeling.parallel.step_broadcast import StepBroadcast
 from modeling.runner import ModelRunner, RunnerConfig
-from tests.modeling.helpers import max_rel_error
+from tests.modeling.helpers import max_rel_error, tiny_hf_model
+from tests.modeling.test_gemma_parity import CASES as GEMMA_CASES
+from tests.modeling.test_moe_parity import CASES as MOE_CASES
 
 PROMPTS = [[1, 17, 300, 4021, 9, 77, 15000], [2, 5000, 42, 31000, 8]]
 TOLERANCE = 1e-4  # fp32, relative to the largest logit: only the order of the sums differs
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # 9 query heads, 3 KV heads: 3 ranks split evenly, 2 split 6 + 3
+# 6 query heads over 3 KV heads (2 ranks: 4 + 2 query heads), intermediate sizes and a vocabulary
+# that do not divide by 2 or 3: every split is uneven somewhere.
+SHARDED_SIZES = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, intermediate_size=100)
+TINY_FAMILIES = {
+    **{name: (cls, {**overrides, "tie_word_embeddings": True}) for name, (cls, overrides) in GEMMA_CASES.items()},
+    "phi3": (Phi3Config, {"pad_token_id": 0}),  # q|k|v and gate|up fused in the checkpoint
+    **{name: (cls, {**overrides, "moe_intermediate_size": 40}) for name, (cls, overrides) in MOE_CASES.items()},
+    # q/k/v/o and MLP biases (row-parallel biases added once), 2 KV heads (over 3 ranks: one held by
+    # two ranks, which split its query heads 1 + 2), weights in several safetensors files
+    "llama-biases": (
+        LlamaConfig,
+        dict(vocab_size=251, num_key_value_heads=2, attention_bias=True, mlp_bias=True),
+    ),
+}
+CASES = [(SMOLLM2, 3), (SMOLLM2, 2)] + [(family, size) for family in TINY_FAMILIES for size in (2, 3)]
 
 
 def _steps() -> list[dict]:
@@ -37,10 +59,10 @@ def _steps() -> list[dict]:
     ]  # fmt: skip
 
 
-def _run_steps(runner: ModelRunner, vocab_size: int) -> list[torch.Tensor]:
+def _run_steps(runner: ModelRunner) -> list[torch.Tensor]:
     outputs = []
     for step in _steps():
-        step = dict(step, input_ids=[i % vocab_size for i in step["input_ids"]])
+        step = dict(step, input_ids=[i % runner.vocab_size for i in step["input_ids"]])
         outputs.append(runner.forward(build_forward_batch(device="cpu", **step)).clone())
     return outputs
 
@@ -51,68 +73,63 @@ def _runner(model_id: str, tp: TensorParallel) -> ModelRunner:
     return ModelRunner(cfg, tp=tp)
 
 
-def _rank_main(rank: int, size: int, port: int, model_id: str, results_path: str) -> None:
+def _rank_main(rank: int, size: int, port: int, model_ids: list[str], results_path: str) -> None:
     torch.set_num_threads(1)
     tp = init_tensor_parallel(rank, size, "127.0.0.1", port, torch.device("cpu"))
-    runner = _runner(model_id, tp)
-    steps = StepBroadcast(tp, capacity=8)  # small: the first step makes both sides grow it
+    results = {}
+    for model_id in model_ids:  # the same group serves one model after the other
+        runner = _runner(model_id, tp)
+        steps = StepBroadcast(tp, capacity=8)  # small: the first step makes both sides grow it
+        if rank == 0:
+            runner.step_sender = steps
+            results[model_id] = _run_steps(runner)
+            steps.send_stop()
+        else:
+            runner.follow_rank_zero(steps)
     if rank == 0:
-        runner.step_sender = steps
-        torch.save(_run_steps(runner, runner.vocab_size), results_path)
-        runner.close()
-    else:
-        runner.follow_rank_zero(steps)
-        destroy_tensor_parallel(tp)
+        torch.save(results, results_path)
+    destroy_tensor_parallel(tp)
 
 
-def _sharded_logits(model_id: str, size: int, results_path: str) -> list[torch.Tensor]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.start_processes(_rank_main, args=(size, port, model_id, results_path), nprocs=size, start_method="spawn")
-    return torch.load(results_path)
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, str]:
+    """family -> folder of its tiny random checkpoint (SmolLM2: the embedded GGUF)."""
+    folders = {SMOLLM2: SMOLLM2}
+    for family, (config_cls, overrides) in TINY_FAMILIES.items():
+        folder = tmp_path_factory.mktemp(family)
+        tiny_hf_model(config_cls, **{**SHARDED_SIZES, **overrides}).save_pretrained(folder, max_shard_size="200KB")
+        folders[family] = str(folder)
+    return folders
 
 
-def _assert_same_logits(model_id: str, size: int, tmp_path) -> None:
-    reference = _run_steps(_runner(model_id, NO_TP), _runner_vocab(model_id))
-    sharded = _sharded_logits(model_id, size, str(tmp_path / "logits.pt"))
-    for ours, ref in zip(sharded, reference, strict=True):
+@pytest.fixture(scope="module")
+def sharded_logits(checkpoints, tmp_path_factory):
+    """size -> {folder: logits of every step}: one group of `size` processes per size, run on demand."""
+
+    @functools.cache
+    def run(size: int) -> dict[str, list[torch.Tensor]]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        results_path = str(tmp_path_factory.mktemp(f"tp{size}") / "logits.pt")
+        model_ids = list(checkpoints.values())
+        mp.start_processes(_rank_main, args=(size, port, model_ids, results_path), nprocs=size, start_method="spawn")
+        return torch.load(results_path)
+
+    return run
+
+
+@functools.cache
+def _one_rank_logits(folder: str) -> list[torch.Tensor]:
+    return _run_steps(_runner(folder, NO_TP))
+
+
+@pytest.mark.parametrize(("model", "size"), CASES)
+def test_sharded_logits_equal_one_rank(model, size, checkpoints, sharded_logits):
+    folder = checkpoints[model]
+    for ours, ref in zip(sharded_logits(size)[folder], _one_rank_logits(folder), strict=True):
         assert ours.shape == ref.shape
         assert max_rel_error(ours, ref) <= TOLERANCE
-
-
-def _runner_vocab(model_id: str) -> int:
-    from modeling.source import resolve_model_source
-    from modeling.weights.loader import load_model_config
-
-    return load_model_config(resolve_model_source(model_id)).vocab_size
-
-
-@pytest.mark.parametrize("size", [3, 2])
-def test_smollm2_gguf_sharded_equals_one_rank(size, tmp_path):
-    """The embedded SmolLM2 (9 query heads, 3 KV heads): 3 ranks split evenly, 2 split 6 + 3."""
-    _assert_same_logits("HuggingFaceTB/SmolLM2-135M-Instruct", size, tmp_path)
-
-
-def test_safetensors_with_biases_and_fewer_kv_heads_than_ranks(tmp_path):
-    """q/k/v/o and MLP biases (row-parallel biases added once), 2 KV heads over 3 ranks (one held
-    by two ranks, which split its query heads 1 + 2), a vocabulary that does not divide by 3,
-    weights in several safetensors files."""
-    from transformers import LlamaConfig
-
-    from tests.modeling.helpers import tiny_hf_model
-
-    model = tiny_hf_model(
-        LlamaConfig,
-        vocab_size=251,
-        hidden_size=96,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        attention_bias=True,
-        mlp_bias=True,
-    )
-    model.save_pretrained(tmp_path / "model", max_shard_size="60KB")
-    _assert_same_logits(str(tmp_path / "model"), 3, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -135,6 +152,31 @@ def test_vocab_shards_are_equal_and_cover_the_vocabulary():
     shards = [vocab_shard(251, TensorParallel(rank, 3)) for rank in range(3)]
     assert {padded for _, padded in shards} == {84}
     assert [(rows.start, rows.size) for rows, _ in shards] == [(0, 84), (84, 84), (168, 83)]
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["per-expert", "stacked"])
+def test_expert_slices_of_the_ranks_tile_every_expert(stacked):
+    """Each rank's gate, up and down slices, from per-expert checkpoint tensors or transformers 5's
+    stacked ones, put back together are the experts (10 intermediate rows over 3 ranks: 3 + 3 + 4)."""
+    from modeling.layers.moe import FusedExperts
+
+    num_experts, hidden, inter = 3, 8, 10
+    w13, w2 = torch.randn(num_experts, 2 * inter, hidden), torch.randn(num_experts, hidden, inter)
+    ranks = [FusedExperts(num_experts, hidden, inter, TensorParallel(rank, 3)) for rank in range(3)]
+    for experts in ranks:
+        if stacked:
+            experts.w13.weight_loader(experts.w13, w13, None)
+            experts.w2.weight_loader(experts.w2, w2, None)
+            continue
+        for e in range(num_experts):
+            experts.w13.weight_loader(experts.w13, w13[e, :inter], (e, "gate"))
+            experts.w13.weight_loader(experts.w13, w13[e, inter:], (e, "up"))
+            experts.w2.weight_loader(experts.w2, w2[e], (e, "down"))
+    gate = torch.cat([experts.w13[:, : experts.intermediate_size] for experts in ranks], dim=1)
+    up = torch.cat([experts.w13[:, experts.intermediate_size :] for experts in ranks], dim=1)
+    assert [experts.intermediate_size for experts in ranks] == [3, 3, 4]
+    assert torch.equal(torch.cat([gate, up], dim=1), w13)
+    assert torch.equal(torch.cat([experts.w2 for experts in ranks], dim=2), w2)
 
 
 def test_gguf_slices_read_only_their_part_and_equal_the_whole():

@@ -1,0 +1,100 @@
+"""GPU check (not CI) of tensor parallelism for every sharded family: 2 ranks over NCCL give one GPU's
+logits on a tiny random checkpoint of each (Llama with biases, Gemma 1/2/3, Phi-3, Mixtral, Qwen2-MoE,
+Qwen3-MoE), through the GPU paths CI's gloo test cannot reach: the Triton attention and layer ops,
+the fused-experts kernel on each rank's slice of the experts, the symmetric-memory all-reduce and
+decode steps replayed from CUDA graphs. float32; exits non-zero on a miss.
+
+Run on a 2-GPU device:  PYTHONPATH=$PWD python3 scripts/device/check_tp_families_gpu.py
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import tempfile
+
+import torch
+import torch.multiprocessing as mp
+
+from modeling.forward_batch import build_forward_batch
+from modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
+from modeling.parallel.group import destroy_tensor_parallel
+from modeling.parallel.step_broadcast import StepBroadcast
+from modeling.runner import ModelRunner, RunnerConfig
+from tests.modeling.helpers import max_rel_error, tiny_hf_model
+from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, TINY_FAMILIES, _steps
+
+TOLERANCE = 2e-3  # float32 on GPU: the kernels' reduction order differs between 1 and 2 ranks
+SIZES = {**SHARDED_SIZES, "hidden_size": 192, "intermediate_size": 320}  # head_dim 32 where derived
+NUM_DECODE_STEPS = 6  # batch-2 decode steps after the test's three: replayed from CUDA graphs
+
+
+def steps() -> list[dict]:
+    """The CPU test's prefill, decode and mixed steps, then decode steps of rows 0 and 2."""
+    out = _steps()
+    for i in range(NUM_DECODE_STEPS):
+        slots = [18 + 2 * i, 19 + 2 * i]
+        out.append(dict(input_ids=[20 + i, 40 + i], req_rows=[0, 2], q_lens=[1, 1], kv_lens=[10 + i, 4 + i],
+                        out_slots=slots, logits_indices=[0, 1]))  # fmt: skip
+    return out
+
+
+def runner(folder: str, tp: TensorParallel, device: str) -> ModelRunner:
+    cfg = RunnerConfig(model_id=folder, device=device, dtype="float32", num_kv_slots=256, max_rows=4,
+                       cuda_graph_batch_sizes=[1, 2, 4], show_progress=False)  # fmt: skip
+    return ModelRunner(cfg, tp=tp)
+
+
+def run_steps(model: ModelRunner) -> list[torch.Tensor]:
+    outputs = []
+    for step in steps():
+        step = dict(step, input_ids=[i % model.vocab_size for i in step["input_ids"]])
+        outputs.append(model.forward(build_forward_batch(device=model.device, **step)).cpu().clone())
+    return outputs
+
+
+def rank_main(rank: int, port: int, folders: list[str], results_path: str) -> None:
+    tp = init_tensor_parallel(rank, 2, "127.0.0.1", port, torch.device("cuda", rank))
+    results = {}
+    for folder in folders:
+        model = runner(folder, tp, f"cuda:{rank}")
+        broadcast = StepBroadcast(tp)
+        if rank == 0:
+            model.step_sender = broadcast
+            results[folder] = run_steps(model)
+            broadcast.send_stop()
+        else:
+            model.follow_rank_zero(broadcast)
+        torch.cuda.synchronize()
+    if rank == 0:
+        torch.save(results, results_path)
+    destroy_tensor_parallel(tp)
+
+
+def main() -> int:
+    assert torch.cuda.device_count() >= 2, "needs 2 GPUs"
+    work = tempfile.mkdtemp(prefix="tp-families-")
+    folders = {}
+    for family, (config_cls, overrides) in TINY_FAMILIES.items():
+        folders[family] = f"{work}/{family}"
+        head_dim = {"head_dim": 32} if "head_dim" in overrides else {}  # the CPU cases' 16 is below Triton's minimum
+        tiny_hf_model(config_cls, **{**SIZES, **overrides, **head_dim}).save_pretrained(folders[family])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(rank_main, args=(port, list(folders.values()), f"{work}/tp2.pt"), nprocs=2, start_method="spawn")
+    sharded = torch.load(f"{work}/tp2.pt")
+    failed = False
+    for family, folder in folders.items():
+        reference = run_steps(runner(folder, NO_TP, "cuda:0"))
+        errors = [max_rel_error(ours, ref) for ours, ref in zip(sharded[folder], reference, strict=True)]
+        ok = max(errors) <= TOLERANCE
+        failed |= not ok
+        print(
+            f"{family:14s} TP=2 vs TP=1: max rel error {max(errors):.2e} over {len(errors)} steps {'ok' if ok else 'MISS'}"
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -212,7 +212,13 @@ class Scheduler:
                 return True
         prompt = request.params.prompt_ids
         for sibling in self._prefilling:
-            num_shared = _common_prefix_length(prompt, sibling.params.prompt_ids, len(prompt) - 1)
+            published, sibling_prompt = sibling.num_kv_written, sibling.params.prompt_ids
+            if (
+                published >= len(prompt) - 1
+                or sibling_prompt[published : published + 1] != prompt[published : published + 1]
+            ):
+                continue  # they part before its first unpublished token: nothing to wait for (O(1) check)
+            num_shared = _common_prefix_length(prompt, sibling_prompt, len(prompt) - 1)
             if _is_worth_waiting_for(sibling, num_shared, request):
                 self._deferred[request] = (sibling, num_shared)
                 return True

@@ -1,7 +1,13 @@
 """Weight-only quantized matmul: y = x @ dequant(W)^T, W int8 per output channel or int4 per group.
 
-    BITS=8  W int8 [N, K],                         w[n, k] = W[n, k] * scale[n]
-    BITS=4  W uint8 [N, K/2] (low nibble: even k),  w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G]
+    BITS=8  W int8 [N, K],                                  w[n, k] = W[n, k] * scale[n]
+    BITS=4  W int32 [N, K/8] (eight nibbles, interleaved),  w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G]
+
+The int4 layout is interleaved in periods of P input features (P = `int4_period(G)`, 128 for groups
+of 128): a period is P/8 consecutive int32 words, and nibble i of its word j holds feature i * P/8 + j.
+So nibble i of a run of words covers a contiguous run of features, and all eight nibbles of a word
+share one group: the few-row GEMV (kernels.gemv) unpacks a word with one shift and one mask per
+nibble against contiguous activations. `pack_int4` / `unpack_int4` convert from / to plain values.
 
 One program per [BLOCK_M, BLOCK_N] output tile walks K, dequantizes a [BLOCK_N, BLOCK_K] weight
 tile in registers to x's dtype and feeds tl.dot (fp32 accumulation). BLOCK_K divides the group
@@ -20,7 +26,7 @@ import triton.language as tl
 @triton.jit
 def _dequant_matmul_kernel(
     x_ptr,  # [M, K]
-    w_ptr,  # [N, K] int8 or [N, K/2] uint8
+    w_ptr,  # [N, K] int8 or [N, K/8] int32 (interleaved int4)
     scale_ptr,  # [N] (BITS=8) or [N, K/G] (BITS=4)
     zero_ptr,  # [N, K/G] (BITS=4)
     bias_ptr,  # [N]
@@ -34,6 +40,7 @@ def _dequant_matmul_kernel(
     stride_om,
     BITS: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
+    PERIOD: tl.constexpr,  # int4: features per interleaving period
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -54,8 +61,11 @@ def _dequant_matmul_kernel(
             w = tl.load(w_ptr + rows_n[:, None] * stride_wn + k[None, :], mask=mask_k[None, :], other=0)
             w = w.to(x.dtype)
         else:
-            packed = tl.load(w_ptr + rows_n[:, None] * stride_wn + (k // 2)[None, :], mask=mask_k[None, :], other=0)
-            q = ((packed.to(tl.int32) >> ((k % 2) * 4)[None, :]) & 0xF).to(tl.float32)
+            words_per_period: tl.constexpr = PERIOD // 8
+            word = (k // PERIOD) * words_per_period + k % words_per_period
+            shift = ((k % PERIOD) // words_per_period) * 4
+            packed = tl.load(w_ptr + rows_n[:, None] * stride_wn + word[None, :], mask=mask_k[None, :], other=0)
+            q = ((packed >> shift[None, :]) & 0xF).to(tl.float32)
             group = k0 // GROUP_SIZE
             scale = tl.load(scale_ptr + rows_n * stride_sn + group).to(tl.float32)
             zero = tl.load(zero_ptr + rows_n * stride_sn + group).to(tl.float32)
@@ -71,7 +81,7 @@ def _dequant_matmul_kernel(
 
 def dequant_matmul(
     x: torch.Tensor,  # [M, K] float
-    weight: torch.Tensor,  # int8 [N, K] or uint8 [N, K/2]
+    weight: torch.Tensor,  # int8 [N, K] or int32 [N, K/8] (interleaved int4)
     scale: torch.Tensor,  # [N] or [N, K/G]
     zero: torch.Tensor | None = None,  # [N, K/G] (int4)
     bias: torch.Tensor | None = None,
@@ -109,6 +119,7 @@ def dequant_matmul(
         out.stride(0),
         BITS=bits,
         GROUP_SIZE=max(group_size, 1),
+        PERIOD=int4_period(group_size) if bits == 4 else 8,
         HAS_BIAS=bias is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -125,7 +136,7 @@ def dequantize_weight(
     if bits == 8:
         return weight.float() * scale.float()[:, None]
     assert zero is not None, "int4 weights carry zero points"
-    q = unpack_int4(weight).float()
+    q = unpack_int4(weight, int4_period(group_size)).float()
     return (q - zero.float().repeat_interleave(group_size, 1)) * scale.float().repeat_interleave(group_size, 1)
 
 
@@ -136,12 +147,26 @@ def dequant_matmul_ref(x, weight, scale, zero=None, bias=None, *, bits: int = 8,
     return out.to(x.dtype)
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """[N, K] values 0..15 -> uint8 [N, K/2], element 2i in the low nibble of byte i."""
-    q = q.to(torch.uint8)
-    return q[:, 0::2] | (q[:, 1::2] << 4)
+def int4_period(group_size: int) -> int:
+    """Input features per interleaving period of the int4 layout: the largest of 128 .. 8 dividing the group."""
+    period = next((p for p in (128, 64, 32, 16, 8) if group_size % p == 0), 0)
+    if not period:
+        raise ValueError(f"int4 groups of {group_size} are not a multiple of 8")
+    return period
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, K/2] -> uint8 [N, K]."""
-    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+def pack_int4(q: torch.Tensor, period: int) -> torch.Tensor:
+    """[N, K] values 0..15 -> int32 [N, K/8] in the interleaved layout (K a multiple of period)."""
+    n, k = q.shape
+    nibbles = q.to(torch.int32).reshape(n, k // period, 8, period // 8)  # [N, periods, nibble, word]
+    packed = torch.zeros(n, k // period, period // 8, dtype=torch.int32, device=q.device)
+    for i in range(8):
+        packed |= nibbles[:, :, i] << (4 * i)
+    return packed.reshape(n, k // 8)
+
+
+def unpack_int4(packed: torch.Tensor, period: int) -> torch.Tensor:
+    """int32 [N, K/8] in the interleaved layout -> uint8 [N, K] values 0..15."""
+    words = packed.reshape(packed.shape[0], -1, 1, period // 8)
+    shifts = 4 * torch.arange(8, dtype=torch.int32, device=packed.device).view(1, 1, 8, 1)
+    return ((words >> shifts) & 0xF).reshape(packed.shape[0], -1).to(torch.uint8)

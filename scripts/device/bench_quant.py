@@ -137,7 +137,7 @@ def make_weight(fmt: str, n: int, k: int) -> torch.Tensor | QuantizedWeight:
     if fmt == "int4":
         scale = torch.rand(n, k // GROUP, device="cuda", dtype=torch.bfloat16) / 100
         zero = torch.randint(0, 16, scale.shape, device="cuda").to(torch.bfloat16)
-        return QuantizedWeight(pack_int4(torch.randint(0, 16, (n, k), device="cuda")), scale, zero, GROUP)
+        return QuantizedWeight(pack_int4(torch.randint(0, 16, (n, k), device="cuda"), GROUP), scale, zero, GROUP)
     scale = torch.rand(n, device="cuda") / 100
     if fmt == "fp8":
         return QuantizedWeight(torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn), scale)

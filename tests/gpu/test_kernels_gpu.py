@@ -321,7 +321,7 @@ def test_quantized_gemv() -> None:
             torch.randint(-128, 128, (n, k), device=DEV, dtype=torch.int8), torch.rand(n, device=DEV) / 500
         ),
         "int4": QuantizedWeight(
-            pack_int4(torch.randint(0, 16, (n, k), device=DEV)),
+            pack_int4(torch.randint(0, 16, (n, k), device=DEV), 128),
             torch.rand(n, k // 128, device=DEV, dtype=dtype) / 50,
             torch.randint(0, 16, (n, k // 128), device=DEV).to(dtype),
             128,

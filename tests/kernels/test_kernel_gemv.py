@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.dequant_matmul import int4_period, pack_int4
 from kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
 
 # Small tiles so the interpreter walks several programs and K blocks, ragged and even.
@@ -86,13 +87,13 @@ def _quantized(fmt: str, n: int, k: int, gen: torch.Generator, dtype: torch.dtyp
         )
     if fmt == "fp8 per tensor":
         return QuantizedWeight(torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn), torch.tensor(0.05))
-    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    packed = pack_int4(torch.randint(0, 16, (n, k), generator=gen), int4_period(group))
     scale = (torch.rand(n, k // group, generator=gen) / 50).to(dtype)
     return QuantizedWeight(packed, scale, torch.randint(0, 16, scale.shape, generator=gen).to(dtype), group)
 
 
 FORMATS = ["int8", "fp8", "fp8 per tensor", "int4"]
-QUANT_CONFIG = GemvConfig(block_n=8, block_k=64, num_warps=1)  # int4 groups of 32: two sub-blocks a K block
+QUANT_CONFIG = GemvConfig(block_n=8, block_k=64, num_warps=1)  # int4 groups of 32: two periods a K tile, two tiles
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -120,7 +121,9 @@ def test_quantized_gemv_matches_dequantized_reference(fmt: str, num_rows: int, p
 
 @pytest.mark.parametrize(
     "k, group, block_k",
-    [(128, 64, 32), (192, 64, 128)],  # K blocks inside one group; a K block that does not divide K (shrunk)
+    # a tile narrower than the period (widened to it); a tile that does not divide K (shrunk); two groups
+    # of 128 in a tile of two periods; a group of 256 over two periods
+    [(128, 64, 32), (192, 64, 128), (512, 128, 256), (512, 256, 512)],
 )
 def test_int4_gemv_group_and_block_sizes(k: int, group: int, block_k: int):
     gen = torch.Generator().manual_seed(k + block_k)
@@ -130,8 +133,8 @@ def test_int4_gemv_group_and_block_sizes(k: int, group: int, block_k: int):
     torch.testing.assert_close(out, gemv_ref(x, weight)[0], rtol=1e-2, atol=1e-2)
 
 
-def test_int4_dequantize_reads_the_low_nibble_as_the_even_input():
-    packed = torch.tensor([[0x21, 0x43]], dtype=torch.uint8)  # q = 1 2 3 4
-    weight = QuantizedWeight(packed, torch.tensor([[2.0]]), torch.tensor([[1.0]]), group_size=4)
-    assert weight.shape == (1, 4)
-    assert weight.dequantize().tolist() == [[0.0, 2.0, 4.0, 6.0]]
+def test_int4_dequantize_reads_the_packed_layout():
+    q = torch.arange(16).view(1, 16)
+    weight = QuantizedWeight(pack_int4(q, 8), torch.tensor([[2.0, 1.0]]), torch.tensor([[1.0, 0.0]]), group_size=8)
+    assert weight.shape == (1, 16)
+    assert weight.dequantize().tolist() == [[2.0 * (v - 1) for v in range(8)] + [float(v) for v in range(8, 16)]]

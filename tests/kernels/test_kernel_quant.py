@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4, unpack_int4
+from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, int4_period, pack_int4, unpack_int4
 from kernels.quant_activation import quant_per_token, quant_per_token_ref
 
 
@@ -33,11 +33,22 @@ def test_fp8_rounding_carries_into_the_next_exponent():
     assert q.float().tolist() == [[448.0, 8.0, -8.0, 2.0, 16.0, 0.0]]
 
 
-def test_int4_pack_round_trip():
-    q = torch.randint(0, 16, (5, 32), generator=torch.Generator().manual_seed(1))
-    packed = pack_int4(q)
-    assert packed.shape == (5, 16) and packed.dtype == torch.uint8
-    assert torch.equal(unpack_int4(packed), q.to(torch.uint8))
+@pytest.mark.parametrize("period", [8, 32, 128])
+def test_int4_pack_round_trip(period: int):
+    q = torch.randint(0, 16, (5, 256), generator=torch.Generator().manual_seed(1))
+    packed = pack_int4(q, period)
+    assert packed.shape == (5, 32) and packed.dtype == torch.int32
+    assert torch.equal(unpack_int4(packed, period), q.to(torch.uint8))
+
+
+def test_int4_layout_interleaves_each_period():
+    q = torch.arange(16).repeat(2).view(1, 32) % 16  # features 0..31 hold 0..15, 0..15
+    words = pack_int4(q, 32)[0]  # one period of 4 words: nibble i of word j is feature 4 i + j
+    for j in range(4):
+        assert [(int(words[j]) >> (4 * i)) & 0xF for i in range(8)] == [(4 * i + j) % 16 for i in range(8)]
+    assert int4_period(128) == 128 and int4_period(256) == 128 and int4_period(32) == 32
+    with pytest.raises(ValueError):
+        int4_period(12)
 
 
 # bf16 is left to the GPU test: the interpreter's bf16 tl.dot is wrong on CPU
@@ -62,7 +73,7 @@ def test_int4_dequant_matmul(dtype: torch.dtype, group_size: int, block_k: int):
     gen = torch.Generator().manual_seed(group_size)
     m, n, k = 3, 24, 128
     x = torch.randn(m, k, generator=gen).to(dtype)
-    weight = pack_int4(torch.randint(0, 16, (n, k), generator=gen))
+    weight = pack_int4(torch.randint(0, 16, (n, k), generator=gen), int4_period(group_size))
     scale = (torch.rand(n, k // group_size, generator=gen) / 50).to(dtype)
     zero = torch.randint(0, 16, (n, k // group_size), generator=gen).to(dtype)
     bias = torch.randn(n, generator=gen).to(dtype)

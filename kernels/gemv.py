@@ -41,6 +41,7 @@ own main loop is done, so consecutive GEMVs overlap one's tail with the next one
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -248,6 +249,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr,  # rows of x, padded to a power of two
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next weight tile before this one's arithmetic
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
 ):
     pid = tl.program_id(0)
@@ -272,16 +274,27 @@ def _gemv_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     sum_sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    acc, sum_sq = _accumulate_block(
-        acc, sum_sq, w, 0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
-        PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
-    )  # fmt: skip
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        w = _weight_tile(w_ptr, rows, stride_wn, k0 + offs_c, K, EVEN_K)
+    if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic: two tiles in flight
+        for k0 in range(0, K, BLOCK_K):
+            w_next = w
+            if k0 + BLOCK_K < K:
+                w_next = _weight_tile(w_ptr, rows, stride_wn, k0 + BLOCK_K + offs_c, K, EVEN_K)
+            acc, sum_sq = _accumulate_block(
+                acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
+                PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
+            )  # fmt: skip
+            w = w_next
+    else:
         acc, sum_sq = _accumulate_block(
-            acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
+            acc, sum_sq, w, 0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
             PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
         )  # fmt: skip
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            w = _weight_tile(w_ptr, rows, stride_wn, k0 + offs_c, K, EVEN_K)
+            acc, sum_sq = _accumulate_block(
+                acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
+                PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
+            )  # fmt: skip
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight reads
 
@@ -450,6 +463,7 @@ def _gemv_int4_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # a multiple of PERIOD dividing K
+    PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """The int4 GEMV: each K tile is read as [BLOCK_N, periods, words] int32, so nibble i of the tile's words
@@ -478,17 +492,20 @@ def _gemv_int4_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
     sum_sq = tl.zeros([BLOCK_M, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
-    acc, sum_sq = _int4_tile(
-        acc, sum_sq, words, one_bits, 0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows, rows_m, offs_p,
-        offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD, BLOCK_M, BLOCK_N, BLOCK_K,
-    )  # fmt: skip
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        words = tl.load(word_ptrs + k0 // 8)
+    for k0 in range(0, K, BLOCK_K):
+        next_words = words
+        if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic
+            if k0 + BLOCK_K < K:
+                next_words = tl.load(word_ptrs + (k0 + BLOCK_K) // 8)
         acc, sum_sq = _int4_tile(
             acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows, rows_m,
             offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD, BLOCK_M,
             BLOCK_N, BLOCK_K,
         )  # fmt: skip
+        if not PREFETCH:
+            if k0 + BLOCK_K < K:
+                next_words = tl.load(word_ptrs + (k0 + BLOCK_K) // 8)
+        words = next_words
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
@@ -537,6 +554,7 @@ class GemvConfig:
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 3
+    prefetch: bool = False  # issue the next weight tile's loads before this tile's arithmetic (registers: 2 tiles)
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -598,7 +616,7 @@ def fit_rows(config: GemvConfig, num_rows: int) -> GemvConfig:
     block_k = config.block_k
     while block_k > 64 and block_m * config.block_n * block_k > budget:
         block_k //= 2
-    return GemvConfig(config.block_n, block_k, config.num_warps, config.num_stages)
+    return dataclasses.replace(config, block_k=block_k)
 
 
 def gemv_config_for(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, prologue: int) -> GemvConfig | None:
@@ -694,6 +712,7 @@ def gemv(
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
+        PREFETCH=config.prefetch,
         USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -746,6 +765,7 @@ def _launch_int4(
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=config.block_n,
         BLOCK_K=block_k,
+        PREFETCH=config.prefetch,
         USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

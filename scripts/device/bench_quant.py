@@ -119,14 +119,16 @@ SHAPES = {  # Llama-3-8B's projections: (N, K, the prologue the model fuses into
 FORMATS = {"bf16": WEIGHT_DENSE, "fp8": WEIGHT_ROW_SCALED, "int8": WEIGHT_ROW_SCALED, "int4": WEIGHT_INT4}
 GROUP = 128
 PROLOGUE_NAMES = {PROLOGUE_NONE: "plain", PROLOGUE_RMSNORM: "rmsnorm+residual", PROLOGUE_SILU_MUL: "silu_mul"}
-# GEMV configs swept at one row for the quantized formats (block_n, block_k, num_warps, num_stages); bf16
-# runs its tuned configs (scripts/device/tune_gemv.py sweeps those). 1-byte and 1/2-byte weights want more
-# rows a tile than bf16 for the same bytes in flight; int4 tiles walk the groups of 128 as sub-blocks.
+# GEMV configs swept at one row for the quantized formats (block_n, block_k, num_warps, num_stages), with the
+# prologue the model fuses into each projection; bf16 runs its tuned configs (scripts/device/tune_gemv.py
+# sweeps those). 1-byte weights want more rows a tile than bf16 for the same bytes in flight. The int4 kernel
+# spreads a tile's threads over its periods of 128 features (8 periods a warp; a K tile that does not divide K
+# is halved until it does); 16 rows a program spill its registers, so the sweep stays at 4-8.
 SWEEP = {
     WEIGHT_ROW_SCALED: [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 1024, 4, 1), (16, 1024, 8, 1), (32, 512, 8, 1),
                         (8, 2048, 8, 1)],
-    WEIGHT_INT4: [(8, 1024, 4, 1), (16, 1024, 4, 1), (16, 2048, 8, 1), (32, 512, 4, 1), (32, 1024, 8, 1),
-                  (64, 256, 4, 1)],
+    WEIGHT_INT4: [(8, 4096, 4, 1), (8, 2048, 2, 1), (8, 2048, 4, 1), (4, 4096, 4, 1), (8, 4096, 8, 1),
+                  (4, 2048, 2, 1), (8, 1024, 1, 1), (8, 2048, 2, 2)],
 }  # fmt: skip
 MULTI_ROWS = [2, 4, 8]
 
@@ -223,7 +225,7 @@ def bench_format(
     record(f"gemv + {PROLOGUE_NAMES[prologue]} (as the model runs)", us(lambda w: case.run(w, prologue)))
     if sweep and fmt != "bf16":
         configs = [GemvConfig(*c) for c in SWEEP[FORMATS[fmt]]]
-        timed = sorted(((us(lambda w, c=c: case.run(w, PROLOGUE_NONE, 1, c)), i) for i, c in enumerate(configs)))
+        timed = sorted(((us(lambda w, c=c: case.run(w, prologue, 1, c)), i) for i, c in enumerate(configs)))
         for t_us, i in timed[:3]:
             record(f"gemv sweep {SWEEP[FORMATS[fmt]][i]}", t_us)
         report["best_configs"][f"{shape} {fmt}"] = SWEEP[FORMATS[fmt]][timed[0][1]]

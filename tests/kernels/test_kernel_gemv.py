@@ -9,8 +9,12 @@ import torch
 from kernels.dequant_matmul import int4_period, pack_int4
 from kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
 
-# Small tiles so the interpreter walks several programs and K blocks, ragged and even.
-CONFIGS = [GemvConfig(block_n=8, block_k=32, num_warps=1), GemvConfig(block_n=16, block_k=64, num_warps=2)]
+# Small tiles so the interpreter walks several programs and K blocks, ragged and even; with and without the
+# next tile's prefetch.
+CONFIGS = [
+    GemvConfig(block_n=8, block_k=32, num_warps=1),
+    GemvConfig(block_n=16, block_k=64, num_warps=2, prefetch=True),
+]
 
 
 def _inputs(n: int, k: int, dtype: torch.dtype, seed: int, x_cols: int | None = None):
@@ -125,11 +129,12 @@ def test_quantized_gemv_matches_dequantized_reference(fmt: str, num_rows: int, p
     # of 128 in a tile of two periods; a group of 256 over two periods
     [(128, 64, 32), (192, 64, 128), (512, 128, 256), (512, 256, 512)],
 )
-def test_int4_gemv_group_and_block_sizes(k: int, group: int, block_k: int):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_int4_gemv_group_and_block_sizes(k: int, group: int, block_k: int, prefetch: bool):
     gen = torch.Generator().manual_seed(k + block_k)
     weight = _quantized("int4", 24, k, gen, torch.bfloat16, group)
     x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
-    out = gemv(x, weight, config=GemvConfig(block_n=8, block_k=block_k, num_warps=1))
+    out = gemv(x, weight, config=GemvConfig(block_n=8, block_k=block_k, num_warps=1, prefetch=prefetch))
     torch.testing.assert_close(out, gemv_ref(x, weight)[0], rtol=1e-2, atol=1e-2)
 
 

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, int4_period, pack_int4, unpack_int4
-from kernels.quant_activation import quant_per_token, quant_per_token_ref
+from kernels.quant_activation import (
+    quant_per_token,
+    quant_per_token_ref,
+    rmsnorm_quant_per_token,
+    silu_mul_quant_per_token,
+)
+from kernels.rmsnorm import rmsnorm
+from kernels.silu_mul import silu_mul
 
 
 @pytest.mark.parametrize("qdtype", [torch.float8_e4m3fn, torch.int8])
@@ -81,3 +88,63 @@ def test_int4_dequant_matmul(dtype: torch.dtype, group_size: int, block_k: int):
     out = dequant_matmul(x, weight, scale, zero, bias, **kwargs, block_m=16, block_n=16, block_k=block_k)
     ref = dequant_matmul_ref(x, weight, scale, zero, bias, **kwargs)
     torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("qdtype", [torch.float8_e4m3fn, torch.int8])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_quant_gives_the_unfused_pairs_bits(qdtype: torch.dtype, with_residual: bool):
+    gen = torch.Generator().manual_seed(3)
+    # fp16: the interpreter's bf16 products are wrong on CPU; 200: a masked tail in the row block
+    x = (torch.randn(5, 200, generator=gen) * 2).to(torch.float16)
+    weight = (1 + 0.1 * torch.randn(200, generator=gen)).to(torch.float16)
+    residual = torch.randn(5, 200, generator=gen).to(torch.float16) if with_residual else None
+    summed = torch.empty_like(x) if with_residual else None
+    q, scale = rmsnorm_quant_per_token(x, weight, 1e-5, qdtype, residual=residual, residual_out=summed)
+    unfused_summed = torch.empty_like(x) if with_residual else None
+    normed = rmsnorm(x, weight, 1e-5, residual=residual, residual_out=unfused_summed)
+    q_ref, scale_ref = quant_per_token(normed, qdtype)
+    torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0)
+    assert torch.equal(q.float(), q_ref.float())
+    if with_residual:
+        assert torch.equal(summed, unfused_summed)
+
+
+@pytest.mark.parametrize("qdtype", [torch.float8_e4m3fn, torch.int8])
+def test_silu_mul_quant_gives_the_unfused_pairs_bits(qdtype: torch.dtype):
+    x = (torch.randn(4, 2 * 136, generator=torch.Generator().manual_seed(4)) * 3).to(torch.float16)
+    q, scale = silu_mul_quant_per_token(x, qdtype)
+    q_ref, scale_ref = quant_per_token(silu_mul(x), qdtype)
+    assert q.shape == (4, 136)
+    torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0)
+    assert torch.equal(q.float(), q_ref.float())
+
+
+def test_fp8_projections_take_their_activations_from_the_norm_and_silu_kernels():
+    """Triton ops hand an FP8 projection the per-token FP8 output of the fused RMSNorm / SiLU-mul kernels (here
+    the emulated FP8 of a CPU): the same product as the unfused torch path's norm, quantization and matmul."""
+    from modeling.layers.linear import Linear
+    from modeling.layers.norm import RMSNorm
+    from modeling.layers.ops import TORCH_OPS
+    from modeling.layers.quantization.fp8 import Fp8LinearMethod
+    from modeling.layers.triton_ops import triton_rms_norm_linear, triton_silu_mul_linear
+
+    gen = torch.Generator().manual_seed(6)
+    proj = Linear(64, 48, bias=True, method=Fp8LinearMethod(is_serialized=False))
+    proj.weight.data.copy_(torch.randn(48, 64, generator=gen) / 8)
+    proj.bias.data.copy_(torch.randn(48, generator=gen))
+    proj.process_weights_after_loading()
+    assert proj.takes_fp8_activations
+    norm = RMSNorm(64, 1e-5, TORCH_OPS)
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(64, generator=gen))
+    x, residual = torch.randn(6, 64, generator=gen), torch.randn(6, 64, generator=gen)
+
+    out, summed = triton_rms_norm_linear(x, residual.clone(), norm, proj)
+    normed, ref_summed = norm(x, residual.clone())
+    ref = proj(normed)
+    torch.testing.assert_close(summed, ref_summed)
+    torch.testing.assert_close(out, ref)
+
+    gate_up = torch.randn(6, 128, generator=gen)
+    out = triton_silu_mul_linear(gate_up, proj)
+    ref = proj(torch.nn.functional.silu(gate_up[:, :64]) * gate_up[:, 64:])
+    torch.testing.assert_close(out, ref)

@@ -492,20 +492,30 @@ def _gemv_int4_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
     sum_sq = tl.zeros([BLOCK_M, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        next_words = words
-        if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic
+    if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic
+        for k0 in range(0, K, BLOCK_K):
+            next_words = words
             if k0 + BLOCK_K < K:
                 next_words = tl.load(word_ptrs + (k0 + BLOCK_K) // 8)
+            acc, sum_sq = _int4_tile(
+                acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
+                rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
+                BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            words = next_words
+    else:
         acc, sum_sq = _int4_tile(
-            acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows, rows_m,
-            offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD, BLOCK_M,
-            BLOCK_N, BLOCK_K,
+            acc, sum_sq, words, one_bits, 0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
+            rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
+            BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-        if not PREFETCH:
-            if k0 + BLOCK_K < K:
-                next_words = tl.load(word_ptrs + (k0 + BLOCK_K) // 8)
-        words = next_words
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            words = tl.load(word_ptrs + k0 // 8)
+            acc, sum_sq = _int4_tile(
+                acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
+                rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
+                BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
 

@@ -79,6 +79,61 @@ def _dequant_matmul_kernel(
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _int4_matmul_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # int32 [N, K/8], interleaved in periods of 128 features (16 words)
+    scale_ptr,  # [N, K/G]
+    zero_ptr,  # [N, K/G]
+    bias_ptr,  # [N]
+    out_ptr,  # [M, N]
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    one_bits,  # 0x3F800000, the bits of 1.0, as an argument (see kernels.gemv._int4_as_float)
+    GROUP_SIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The int4 layout's own GEMM: nibble i of a period's 16 words is a contiguous run of 16 features, so
+    each period is eight [BLOCK_M, 16] x [16, BLOCK_N] dots, each weight unpacked with one shift, one mask
+    and one FMA (w = 16 s f - (16 + z) s with f = 1 + q/16) and dequantized once for all BLOCK_M rows."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_n = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    mask_m = offs_m < M
+    offs_w = tl.arange(0, 16)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, 128):
+        words = tl.load(w_ptr + rows_n[None, :] * stride_wn + (k0 // 8 + offs_w)[:, None])  # [16, BLOCK_N]
+        group = k0 // GROUP_SIZE
+        scale = tl.load(scale_ptr + rows_n * stride_sn + group).to(tl.float32)
+        zero = tl.load(zero_ptr + rows_n * stride_sn + group).to(tl.float32)
+        scale16 = (16.0 * scale)[None, :]
+        offset = (-(16.0 + zero) * scale)[None, :]
+        for i in tl.static_range(8):
+            if 4 * i <= 19:
+                bits = words << (19 - 4 * i)
+            else:
+                bits = words >> (4 * i - 19)
+            f = ((bits & 0x780000) | one_bits).to(tl.float32, bitcast=True)
+            w = (f * scale16 + offset).to(x_ptr.dtype.element_ty)  # [16, BLOCK_N]
+            k = k0 + i * 16 + offs_w
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0)
+            acc += tl.dot(x, w)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rows_n).to(tl.float32)[None, :]
+    mask = mask_m[:, None] & (offs_n < N)[None, :]
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def dequant_matmul(
     x: torch.Tensor,  # [M, K] float
     weight: torch.Tensor,  # int8 [N, K] or int32 [N, K/8] (interleaved int4)
@@ -96,6 +151,8 @@ def dequant_matmul(
     assert x.dim() == 2 and x.stride(1) == 1 and weight.stride(1) == 1
     m, k = x.shape
     n = weight.shape[0]
+    if bits == 4 and int4_period(group_size) == 128:
+        return _int4_matmul(x, weight, scale, zero, bias, group_size)
     if bits == 4:  # one scale/zero per row per K step: BLOCK_K divides the group
         block_k = min(block_k, group_size)
         assert zero is not None and group_size % block_k == 0 and k % group_size == 0, (group_size, block_k, k)
@@ -125,6 +182,40 @@ def dequant_matmul(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=4,
+    )
+    return out
+
+
+def _int4_matmul(x, weight, scale, zero, bias, group_size: int) -> torch.Tensor:
+    m, k = x.shape
+    n = weight.shape[0]
+    assert zero is not None and zero.stride() == scale.stride() and k % group_size == 0
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    block_m = min(64, max(16, triton.next_power_of_2(m)))  # the weights are dequantized once per M block
+    block_n = 64
+    _int4_matmul_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+        x,
+        weight,
+        scale,
+        zero,
+        bias if bias is not None else scale,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        scale.stride(0),
+        out.stride(0),
+        0x3F800000,
+        GROUP_SIZE=group_size,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=4,
+        num_stages=3,
     )
     return out
 

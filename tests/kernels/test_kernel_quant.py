@@ -75,10 +75,11 @@ def test_int8_dequant_matmul(dtype: torch.dtype, m: int, n: int, with_bias: bool
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("group_size, block_k", [(32, 32), (64, 32)])
+# groups of 32 and 64: the generic gather path; of 128: the layout's own GEMM (two periods of eight dots)
+@pytest.mark.parametrize("group_size, block_k", [(32, 32), (64, 32), (128, 64)])
 def test_int4_dequant_matmul(dtype: torch.dtype, group_size: int, block_k: int):
     gen = torch.Generator().manual_seed(group_size)
-    m, n, k = 3, 24, 128
+    m, n, k = 3, 72, 256
     x = torch.randn(m, k, generator=gen).to(dtype)
     weight = pack_int4(torch.randint(0, 16, (n, k), generator=gen), int4_period(group_size))
     scale = (torch.rand(n, k // group_size, generator=gen) / 50).to(dtype)

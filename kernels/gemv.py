@@ -308,6 +308,105 @@ def _gemv_kernel(
     )  # fmt: skip
 
 
+# --- 1-byte weights ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bytes_tile(
+    acc,
+    sum_sq,
+    w,  # [BLOCK_N, BLOCK_K / 16, 16] FP8 or int8
+    k0,
+    x_ptr,
+    residual_ptr,
+    norm_weight_ptr,
+    rows_m,
+    offs_c,  # [BLOCK_K / 16, 16]
+    K,
+    stride_xm,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    xk, squares = _activation_tile(
+        x_ptr, residual_ptr, norm_weight_ptr, rows_m, stride_xm, k0 + offs_c, K, PROLOGUE, HAS_RESIDUAL
+    )  # [BLOCK_M, BLOCK_K / 16, 16]
+    if w.dtype == tl.int8:
+        wf = _int8_to_float(w)
+    else:
+        wf = w.to(tl.float32)
+    acc += tl.sum(wf * xk, 2)  # [BLOCK_N, P]; xk is the one row's [1, P, 16]
+    if PROLOGUE == 1:
+        sum_sq += squares
+    return acc, sum_sq
+
+
+@triton.jit
+def _gemv_bytes_kernel(
+    x_ptr,  # [M, K], or [M, 2K] for SILU_MUL; row stride stride_xm
+    residual_ptr,  # [M, K] contiguous, read when HAS_RESIDUAL
+    residual_out_ptr,  # [M, K] contiguous, receives x + residual when HAS_RESIDUAL
+    norm_weight_ptr,  # [K], RMSNORM only
+    w_ptr,  # [N, K] FP8 or int8, row stride stride_wn
+    scale_ptr,  # [N] (stride_sn 0: per tensor)
+    bias_ptr,  # [N], when HAS_BIAS
+    out_ptr,  # [M, N], row stride stride_om
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # divides K
+    USE_PDL: tl.constexpr,
+):
+    """_gemv_kernel for 1-byte weights at one row when BLOCK_K divides K: tiles are read as [BLOCK_N, BLOCK_K / 16, 16],
+    so each thread holds 16 consecutive weights (one 16-byte load) of its rows and sums their products in
+    registers as it makes them. The accumulator is [BLOCK_N, BLOCK_K / 16], not the elementwise
+    [BLOCK_N, BLOCK_K]: a sixteenth of the registers, so more programs (and weight bytes) in flight per SM."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    rows = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    offs_m = tl.arange(0, 1)  # the one row of x
+    mask_m = offs_m < M
+    rows_m = offs_m
+    offs_c = tl.arange(0, BLOCK_K // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [BLOCK_K / 16, 16]
+    w_ptrs = w_ptr + rows[:, None, None] * stride_wn + offs_c[None, :, :]
+
+    w = tl.load(w_ptrs)  # before the wait, as in _gemv_kernel
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    if HAS_RESIDUAL:
+        if pid == 0:
+            _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
+    sum_sq = tl.zeros([1, BLOCK_K // 16, 16], dtype=tl.float32)
+    acc, sum_sq = _bytes_tile(
+        acc, sum_sq, w, 0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, offs_c, K, stride_xm, PROLOGUE,
+        HAS_RESIDUAL,
+    )  # fmt: skip
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w = tl.load(w_ptrs + k0)
+        acc, sum_sq = _bytes_tile(
+            acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, offs_c, K, stride_xm, PROLOGUE,
+            HAS_RESIDUAL,
+        )  # fmt: skip
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+    y = tl.sum(acc, 1)[None, :]
+    _store_output(
+        y, tl.sum(tl.sum(sum_sq, 2), 1), scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K,
+        stride_sn, stride_om, eps, PROLOGUE, True, HAS_BIAS,
+    )  # fmt: skip
+
+
 # --- int4 ----------------------------------------------------------------------------------------------
 
 
@@ -700,6 +799,16 @@ def gemv(
     assert data.stride(1) == 1
     weight_format = WEIGHT_DENSE if scale is None else WEIGHT_ROW_SCALED
     config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
+    one_row_of_bytes = scale is not None and m == 1 and not config.prefetch  # (prefetch: the 2D kernel)
+    if one_row_of_bytes and k % config.block_k == 0 and config.block_k % 16 == 0:
+        _gemv_bytes_kernel[(triton.cdiv(n, config.block_n),)](
+            *common, data, scale, bias if bias is not None else dummy, out, m, n, k, x.stride(0), data.stride(0),
+            stride_sn, out.stride(0), eps, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
+            HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
+            BLOCK_K=config.block_k, USE_PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+            **launch_options(pdl),
+        )  # fmt: skip
+        return out
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         *common,
         data,

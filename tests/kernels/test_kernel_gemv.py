@@ -104,8 +104,19 @@ QUANT_CONFIG = GemvConfig(block_n=8, block_k=64, num_warps=1)  # int4 groups of 
 @pytest.mark.parametrize("num_rows", [1, 5])
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul"])
 def test_quantized_gemv_matches_dequantized_reference(fmt: str, num_rows: int, prologue: str):
-    gen = torch.Generator().manual_seed(num_rows + len(fmt))
-    n, k, dtype = 37, 128 if fmt == "int4" else 96, torch.float16  # int8/fp8: a ragged last K block
+    _check_quantized(fmt, num_rows, prologue, 128 if fmt == "int4" else 96)  # int8/fp8: a ragged last K block
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "fp8 per tensor"])
+@pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul"])
+def test_one_row_of_byte_weights_in_whole_tiles(fmt: str, prologue: str):
+    """1-byte weights at one row with K tiles that divide K: the kernel that reads 16-byte runs per thread."""
+    _check_quantized(fmt, 1, prologue, 128)
+
+
+def _check_quantized(fmt: str, num_rows: int, prologue: str, k: int) -> None:
+    gen = torch.Generator().manual_seed(num_rows + len(fmt) + k)
+    n, dtype = 37, torch.float16
     weight = _quantized(fmt, n, k, gen, dtype)
     x = torch.randn(num_rows, 2 * k if prologue == "silu_mul" else k, generator=gen).to(dtype)
     bias = torch.randn(n, generator=gen).to(dtype)

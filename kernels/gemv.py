@@ -14,8 +14,8 @@ The weight is read in one of three formats (`QuantizedWeight` describes the quan
     WEIGHT_DENSE       W [N, K] fp16/bf16/fp32
     WEIGHT_ROW_SCALED  W [N, K] int8 or float8_e4m3fn, w[n, k] = W[n, k] * scale[n] (per channel; a
                        scale of stride 0 is per tensor)
-    WEIGHT_INT4        W uint8 [N, K/2], two per byte (low nibble: even k),
-                       w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G], integer zero points
+    WEIGHT_INT4        W int32 [N, K/8], eight nibbles a word in kernels.dequant_matmul's interleaved
+                       layout, w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G], integer zero points
 
 Weight-only: activations stay in their half precision, so reading 1 or 1/2 byte per weight instead of
 2 is the whole gain at these row counts. Each program owns BLOCK_N output rows and walks the whole K
@@ -28,11 +28,17 @@ exact one and within the dtype's tolerance of it. SiLU-and-mul rounds its output
 kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row) or over [rows, K
 block] (several), reduced once at the end.
 
+Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight.
+`_gemv_bytes_kernel` (1-byte weights, one row, BLOCK_K dividing K) reads [BLOCK_N, BLOCK_K/16, 16]
+tiles and sums each thread's 16 products in registers, so its accumulator is 16x smaller.
+`_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
+features, so each nibble is one shift and one mask against a contiguous slice of x, and the tile's
+threads spread over K rather than over the rows (each activation is computed once a program).
+
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,
-and subtracting 2^23 (plus the zero point or int8's +128 bias) is exact. An int4 K block spans at most
-one group per row; blocks wider than the group are walked as static sub-blocks of one group each,
-whose loads are independent of the arithmetic before them.
+and subtracting 2^23 (plus int8's +128 bias) is exact; an int4 nibble goes to the mantissa's top bits
+under 1.0's exponent (1 + q/16), and its scale and zero point are applied once per word position.
 
 On Hopper the kernel is launched as a programmatic dependent (PDL) of the kernel before it: it reads
 its first weight block, then waits for that kernel's output, and lets the next kernel start once its
@@ -663,7 +669,9 @@ class GemvConfig:
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 3
-    prefetch: bool = False  # issue the next weight tile's loads before this tile's arithmetic (registers: 2 tiles)
+    # issue the next weight tile's loads before this tile's arithmetic (registers: 2 tiles; _gemv_kernel and
+    # _gemv_int4_kernel: a 1-byte weight at one row with prefetch runs _gemv_kernel, not _gemv_bytes_kernel)
+    prefetch: bool = False
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B

@@ -35,7 +35,7 @@ from common import LLAMA3_8B, capture_graphs, hf_model
 from tune_gemv import graph_us
 
 from kernels.decode_attention import choose_block_n, choose_num_splits, decode_attention
-from kernels.dequant_matmul import dequant_matmul, pack_int4
+from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
 from kernels.gemv import (
     PROLOGUE_NONE,
     PROLOGUE_RMSNORM,
@@ -48,7 +48,8 @@ from kernels.gemv import (
     gemv,
     gemv_ref,
 )
-from kernels.quant_activation import quant_per_token
+from kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
+from kernels.rmsnorm import rmsnorm
 from modeling.attention.triton_backend import MAX_DECODE_SPLITS
 from modeling.runner import ModelRunner, RunnerConfig
 
@@ -225,6 +226,7 @@ def gemv_kernels(bandwidth: float, sweep: bool) -> dict:
             bench_format(report, case, shape, n, prologue, fmt, bandwidth, sweep)
             torch.cuda.empty_cache()
     report["checks"].append(fp8_subnormals_check())
+    report["checks"] += many_rows_checks()
     if report["best_configs"]:
         log("best GEMV configs at one row (block_n, block_k, num_warps, num_stages[, prefetch]):")
         for key, config in report["best_configs"].items():
@@ -291,6 +293,35 @@ def fp8_subnormals_check() -> dict:
     err = rel_err(gemv(x, w), gemv_ref(x, w)[0])
     log(f"{'PASS' if err <= 1e-2 else 'FAIL'} gemv fp8 subnormal weights: rel err {err:.2e}")
     return dict(shape="64x4096 subnormal", fmt="fp8", rows=1, rel_err=err, ok=err <= 1e-2)
+
+
+def many_rows_checks() -> list[dict]:
+    """The paths above the GEMV's rows, on the GPU (the CPU interpreter cannot run their bf16 dots): the int4
+    GEMM at 64 rows against its dequantized reference; the FP8 GEMM fed by the fused RMSNorm + per-token
+    quantization (the same bits as the unfused pair) against the fp32 product of the same FP8 operands."""
+    out = []
+    n, k, rows = 4096, 4096, 64
+    w4 = make_weight("int4", n, k)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    err = rel_err(dequantizing_matmul(x, w4, 4), dequant_matmul_ref(x, w4.data, w4.scale, w4.zero, bits=4,
+                                                                  group_size=GROUP))  # fmt: skip
+    out.append(dict(shape=f"{n}x{k}", fmt="int4 gemm", rows=rows, rel_err=err, ok=err <= 1e-2))
+    w8 = make_weight("fp8", n, k)
+    norm_weight, residual = 1 + 0.1 * torch.randn(k, device="cuda", dtype=torch.bfloat16), torch.randn_like(x)
+    summed = torch.empty_like(x)
+    q, scale = rmsnorm_quant_per_token(x, norm_weight, 1e-5, torch.float8_e4m3fn, residual, summed)
+    q_ref, scale_ref = quant_per_token(rmsnorm(x, norm_weight, 1e-5, residual=residual.clone()), torch.float8_e4m3fn)
+    same = bool(torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(scale, scale_ref))
+    out.append(dict(shape=f"{rows}x{k}", fmt="rmsnorm+fp8 quant vs unfused", rows=rows, rel_err=0.0 if same else 1.0,
+                    ok=same))  # fmt: skip
+    y = torch._scaled_mm(q, w8.data.t(), scale_a=scale, scale_b=w8.scale.view(1, -1), out_dtype=torch.bfloat16,
+                         use_fast_accum=True)  # fmt: skip
+    ref = (q.float() * scale) @ (w8.data.float() * w8.scale[:, None]).T
+    err = rel_err(y, ref)
+    out.append(dict(shape=f"{n}x{k}", fmt="fp8 _scaled_mm fast accum", rows=rows, rel_err=err, ok=err <= 1e-2))
+    for check in out:
+        log(f"{'PASS' if check['ok'] else 'FAIL'} {check['fmt']} {check['rows']} rows: rel err {check['rel_err']:.2e}")
+    return out
 
 
 def main() -> None:

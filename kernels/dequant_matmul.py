@@ -80,6 +80,19 @@ def _dequant_matmul_kernel(
 
 
 @triton.jit
+def int4_as_float(words, one_bits, NIBBLE: tl.constexpr):
+    """Nibble NIBBLE of each int32 word as the float 1 + q/16, exactly and without a conversion instruction: the
+    nibble is shifted to the mantissa's top bits (19..22) and 1.0's exponent (`one_bits`, 0x3F800000) is OR-ed
+    in. `one_bits` comes in as a kernel argument so that the compiler cannot see it as a constant: the mask
+    and the OR then become one three-input logic instruction (which takes one immediate) instead of two."""
+    if 4 * NIBBLE <= 19:
+        bits = words << (19 - 4 * NIBBLE)
+    else:
+        bits = words >> (4 * NIBBLE - 19)  # arithmetic on a negative word: the mask drops the sign bits
+    return ((bits & 0x780000) | one_bits).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _int4_matmul_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # int32 [N, K/8], interleaved in periods of 128 features (16 words)
@@ -94,7 +107,7 @@ def _int4_matmul_kernel(
     stride_wn,
     stride_sn,
     stride_om,
-    one_bits,  # 0x3F800000, the bits of 1.0, as an argument (see kernels.gemv._int4_as_float)
+    one_bits,  # 0x3F800000, the bits of 1.0, as an argument (see int4_as_float)
     GROUP_SIZE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -119,11 +132,7 @@ def _int4_matmul_kernel(
         scale16 = (16.0 * scale)[None, :]
         offset = (-(16.0 + zero) * scale)[None, :]
         for i in tl.static_range(8):
-            if 4 * i <= 19:
-                bits = words << (19 - 4 * i)
-            else:
-                bits = words >> (4 * i - 19)
-            f = ((bits & 0x780000) | one_bits).to(tl.float32, bitcast=True)
+            f = int4_as_float(words, one_bits, i)
             w = (f * scale16 + offset).to(x_ptr.dtype.element_ty)  # [16, BLOCK_N]
             k = k0 + i * 16 + offs_w
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0)

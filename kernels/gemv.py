@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dequant_matmul import int4_period, unpack_int4
+from kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
 from kernels.pdl import launch_options, use_pdl
 
 PROLOGUE_NONE = 0
@@ -417,19 +417,6 @@ def _gemv_bytes_kernel(
 
 
 @triton.jit
-def _int4_as_float(words, one_bits, NIBBLE: tl.constexpr):
-    """Nibble NIBBLE of each int32 word as the float 1 + q/16, exactly and without a conversion instruction: the
-    nibble is shifted to the mantissa's top bits (19..22) and 1.0's exponent (`one_bits`, 0x3F800000) is OR-ed
-    in. `one_bits` comes in as a kernel argument so that the compiler cannot see it as a constant: the mask
-    and the OR then become one three-input logic instruction (which takes one immediate) instead of two."""
-    if 4 * NIBBLE <= 19:
-        bits = words << (19 - 4 * NIBBLE)
-    else:
-        bits = words >> (4 * NIBBLE - 19)  # arithmetic on a negative word: the mask drops the sign bits
-    return ((bits & 0x780000) | one_bits).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _activation_tile(
     x_ptr,
     residual_ptr,
@@ -502,7 +489,7 @@ def _int4_tile(
 ):
     """acc += the tile's (q - zero) * scale * x, elementwise over [(BLOCK_M,) BLOCK_N, P, W].
 
-    With f = 1 + q/16 (what `_int4_as_float` gives), (q - z) s x = 16 s (f x) - (16 + z) s x. A period lies
+    With f = 1 + q/16 (what `int4_as_float` gives), (q - z) s x = 16 s (f x) - (16 + z) s x. A period lies
     in one group, so per word position the eight nibbles' f x are summed first (one FMA a weight) and the
     scale and zero point are applied once per word position: 16 s * sum(f x) - (16 + z) s * sum(x)."""
     groups = (k0 + offs_p * PERIOD) // GROUP_SIZE  # [P]
@@ -529,7 +516,7 @@ def _int4_tile(
             PROLOGUE,
             HAS_RESIDUAL,
         )
-        dot = _fma_rows3(dot, _int4_as_float(words, one_bits, i), xk, BLOCK_M)
+        dot = _fma_rows3(dot, int4_as_float(words, one_bits, i), xk, BLOCK_M)
         x_sum += xk
         if PROLOGUE == 1:
             sum_sq += squares
@@ -559,7 +546,7 @@ def _gemv_int4_kernel(
     stride_sn,
     stride_om,
     eps,
-    one_bits,  # 0x3F800000, the bits of 1.0 (see _int4_as_float)
+    one_bits,  # 0x3F800000, the bits of 1.0 (see kernels.dequant_matmul.int4_as_float)
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,

@@ -1,4 +1,4 @@
-"""GPU benchmark of quantization (not CI), one call (~5-7 min on an H100), random Llama-3-8B weights
+"""GPU benchmark of quantization (not CI), one call (~6-8 min on an H100), random Llama-3-8B weights
 built on the device:
 
     PYTHONPATH=$PWD python3 scripts/device/bench_quant.py [--json $OUT/bench_quant.json] [--no-sweep]
@@ -255,7 +255,7 @@ def bench_format(
         report["checks"].append(dict(shape=shape, fmt=fmt, rows=num_rows, rel_err=err, ok=err <= 1e-2))
         log(f"{'PASS' if err <= 1e-2 else 'FAIL'} gemv {shape} {fmt} {num_rows} row(s): rel err {err:.2e}")
     record(f"gemv + {PROLOGUE_NAMES[prologue]} (as the model runs)", us(lambda w: case.run(w, prologue)))
-    if sweep and fmt != "bf16":
+    if sweep and fmt in ("fp8", "int4"):  # int8 runs the fp8 kernels with int8 bytes
         configs = [GemvConfig(*c) for c in SWEEP[FORMATS[fmt]]]
         timed = sorted(((us(lambda w, c=c: case.run(w, prologue, 1, c)), i) for i, c in enumerate(configs)))
         for t_us, i in timed[:3]:

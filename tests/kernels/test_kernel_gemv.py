@@ -154,3 +154,15 @@ def test_int4_dequantize_reads_the_packed_layout():
     weight = QuantizedWeight(pack_int4(q, 8), torch.tensor([[2.0, 1.0]]), torch.tensor([[1.0, 0.0]]), group_size=8)
     assert weight.shape == (1, 16)
     assert weight.dequantize().tolist() == [[2.0 * (v - 1) for v in range(8)] + [float(v) for v in range(8, 16)]]
+
+
+@pytest.mark.parametrize("fmt, num_rows", [("int4", 1), ("int4", 3), ("fp8", 1)])
+def test_default_configs_at_a_llama_width(fmt: str, num_rows: int):
+    """K = 4096 with the configs the model runs (int4: one 4,096-wide tile of 32 periods; FP8: 16-byte runs)."""
+    gen = torch.Generator().manual_seed(num_rows)
+    weight = _quantized(fmt, 24, 4096, gen, torch.float16, group=128)
+    x, residual = (torch.randn(num_rows, 4096, generator=gen).to(torch.float16) for _ in range(2))
+    norm_weight = (1 + 0.1 * torch.randn(4096, generator=gen)).to(torch.float16)
+    kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
+    out = gemv(x, weight, residual_out=torch.empty_like(residual), **kwargs)
+    torch.testing.assert_close(out, gemv_ref(x, weight, **kwargs)[0], rtol=1e-2, atol=1e-2)

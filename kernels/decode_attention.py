@@ -304,6 +304,14 @@ def _decode_stage1_kernel(
             tl.debug_barrier()  # every thread's cache stores precede this program's gathers of that slot
     else:
         q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    qk_scale = scale
+    if k_cache_ptr.dtype.element_ty.is_fp8() and q_ptr.dtype.element_ty != tl.float32:
+        # FP8 keys and values widen exactly to fp16 in one conversion per two elements (to bf16 it takes
+        # three steps, which bound this kernel), so a half-precision model's FP8 cache runs its dots in
+        # fp16. q goes over with the softmax scale applied (fp16 keeps more of a bf16 q's mantissa; the
+        # scale keeps it in range).
+        q = (q.to(tl.float32) * scale).to(tl.float16)
+        qk_scale = 1.0
     row = tl.load(req_rows_ptr + req).to(tl.int64)
     token_row_ptr = req_to_token_ptr + row * stride_rt
 
@@ -338,7 +346,7 @@ def _decode_stage1_kernel(
             stride_kh,
             stride_vs,
             stride_vh,
-            scale,
+            qk_scale,
             DOT_PRECISION,
             SOFTCAP,
             EMPTY_ROWS=False,

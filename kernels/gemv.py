@@ -15,8 +15,8 @@ The weight is read in one of three formats (`QuantizedWeight` describes the quan
     WEIGHT_DENSE       W [N, K] fp16/bf16/fp32
     WEIGHT_ROW_SCALED  W [N, K] int8 or float8_e4m3fn, w[n, k] = W[n, k] * scale[n] (per channel; a
                        scale of stride 0 is per tensor)
-    WEIGHT_INT4        W uint8 [N, K/2], two per byte (low nibble: even k),
-                       w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G], integer zero points
+    WEIGHT_INT4        W int32 [N, K/8], eight nibbles a word in kernels.dequant_matmul's interleaved
+                       layout, w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G], integer zero points
 
 Weight-only: activations stay in their half precision, so reading 1 or 1/2 byte per weight instead of
 2 is the whole gain at these row counts. Each program owns BLOCK_N output rows and walks the whole K
@@ -29,11 +29,17 @@ exact one and within the dtype's tolerance of it. SiLU-and-mul rounds its output
 kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row) or over [rows, K
 block] (several), reduced once at the end.
 
+Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight.
+`_gemv_bytes_kernel` (1-byte weights, one row, BLOCK_K dividing K) reads [BLOCK_N, BLOCK_K/16, 16]
+tiles and sums each thread's 16 products in registers, so its accumulator is 16x smaller.
+`_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
+features, so each nibble is one shift and one mask against a contiguous slice of x, and the tile's
+threads spread over K rather than over the rows (each activation is computed once a program).
+
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,
-and subtracting 2^23 (plus the zero point or int8's +128 bias) is exact. An int4 K block spans at most
-one group per row; blocks wider than the group are walked as static sub-blocks of one group each,
-whose loads are independent of the arithmetic before them.
+and subtracting 2^23 (plus int8's +128 bias) is exact; an int4 nibble goes to the mantissa's top bits
+under 1.0's exponent (1 + q/16), and its scale and zero point are applied once per word position.
 
 On Hopper the kernel is launched as a programmatic dependent (PDL) of the kernel before it: it reads
 its first weight block, then waits for that kernel's output, and lets the next kernel start once its
@@ -42,12 +48,14 @@ own main loop is done, so consecutive GEMVs overlap one's tail with the next one
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
 from kernels.pdl import launch_options, use_pdl
 
 PROLOGUE_NONE = 0
@@ -158,103 +166,75 @@ def _int8_to_float(w):
 
 
 @triton.jit
-def _nibble_plus_2p23(nibbles):
-    """int32 values 0..15 -> the floats 2^23 + v (the caller subtracts 2^23 with the zero point)."""
-    return (nibbles | 0x4B000000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _accumulate_block(
     acc,
     sum_sq,
-    w,  # the block's first stored tile, already loaded
+    w,  # the block's stored tile, already loaded
     k0,
     x_ptr,
     residual_ptr,
     norm_weight_ptr,
-    w_ptr,
-    scale_ptr,
-    zero_ptr,
-    rows,
     rows_m,
     mask_m,
     offs_c,
     K,
     stride_xm,
-    stride_wn,
-    stride_sn,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
-    WEIGHT: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SUB_K: tl.constexpr,  # int4: min(BLOCK_K, GROUP_SIZE), one scale per row per sub-block; else BLOCK_K
 ):
-    if WEIGHT == 2:
-        for s in tl.static_range(BLOCK_K // SUB_K):
-            kk = k0 + s * SUB_K
-            if s > 0:
-                w = _weight_tile(w_ptr, rows, stride_wn, kk // 2 + offs_c, K // 2, True)
-            group = kk // GROUP_SIZE
-            scale = tl.load(scale_ptr + rows * stride_sn + group).to(tl.float32)[:, None]
-            offset = 8388608.0 + tl.load(zero_ptr + rows * stride_sn + group).to(tl.float32)[:, None]
-            packed = w.to(tl.int32)
-            w_even = (_nibble_plus_2p23(packed & 0xF) - offset) * scale
-            w_odd = (_nibble_plus_2p23(packed >> 4) - offset) * scale
-            offs_k = kk + 2 * offs_c
-            x_even, sq_even = _activation_block(
-                x_ptr,
-                residual_ptr,
-                norm_weight_ptr,
-                rows_m,
-                mask_m,
-                stride_xm,
-                offs_k,
-                K,
-                PROLOGUE,
-                HAS_RESIDUAL,
-                True,
-            )
-            x_odd, sq_odd = _activation_block(
-                x_ptr,
-                residual_ptr,
-                norm_weight_ptr,
-                rows_m,
-                mask_m,
-                stride_xm,
-                offs_k + 1,
-                K,
-                PROLOGUE,
-                HAS_RESIDUAL,
-                True,
-            )
-            acc = _fma_rows(_fma_rows(acc, w_even, x_even, BLOCK_M), w_odd, x_odd, BLOCK_M)
-            if PROLOGUE == 1:
-                sum_sq += sq_even + sq_odd
+    xk, squares = _activation_block(
+        x_ptr,
+        residual_ptr,
+        norm_weight_ptr,
+        rows_m,
+        mask_m,
+        stride_xm,
+        k0 + offs_c,
+        K,
+        PROLOGUE,
+        HAS_RESIDUAL,
+        EVEN_K,
+    )
+    if w.dtype == tl.int8:
+        wf = _int8_to_float(w)
     else:
-        xk, squares = _activation_block(
-            x_ptr,
-            residual_ptr,
-            norm_weight_ptr,
-            rows_m,
-            mask_m,
-            stride_xm,
-            k0 + offs_c,
-            K,
-            PROLOGUE,
-            HAS_RESIDUAL,
-            EVEN_K,
-        )
-        if w.dtype == tl.int8:
-            wf = _int8_to_float(w)
-        else:
-            wf = w.to(tl.float32)
-        acc = _fma_rows(acc, wf, xk, BLOCK_M)
-        if PROLOGUE == 1:
-            sum_sq += squares
+        wf = w.to(tl.float32)
+    acc = _fma_rows(acc, wf, xk, BLOCK_M)
+    if PROLOGUE == 1:
+        sum_sq += squares
     return acc, sum_sq
+
+
+@triton.jit
+def _store_output(
+    y,  # [BLOCK_M, BLOCK_N] fp32, before the 1/rms and per-channel scales
+    sum_sq,  # [BLOCK_M] sums of squares of the normed rows (RMSNORM)
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    rows,
+    offs_n,
+    mask_n,
+    offs_m,
+    mask_m,
+    K,
+    stride_sn,
+    stride_om,
+    eps,
+    PROLOGUE: tl.constexpr,
+    ROW_SCALED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    if PROLOGUE == 1:  # 1/rms is one scalar per row: it commutes with the dot product
+        y *= (1.0 / tl.sqrt(sum_sq / K + eps))[:, None]
+    if ROW_SCALED:  # so is the per-channel scale
+        y *= tl.load(scale_ptr + rows * stride_sn).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -263,9 +243,8 @@ def _gemv_kernel(
     residual_ptr,  # [M, K] contiguous, read when HAS_RESIDUAL
     residual_out_ptr,  # [M, K] contiguous, receives x + residual when HAS_RESIDUAL (never aliases residual)
     norm_weight_ptr,  # [K], RMSNORM only
-    w_ptr,  # [N, K] (dense, row-scaled) or [N, K/2] (int4), row stride stride_wn, columns contiguous
-    scale_ptr,  # [N] (row-scaled; stride_sn 0: per tensor) or [N, K/G] (int4)
-    zero_ptr,  # [N, K/G] (int4), same strides as scale
+    w_ptr,  # [N, K], row stride stride_wn, columns contiguous
+    scale_ptr,  # [N] (row-scaled; stride_sn 0: per tensor)
     bias_ptr,  # [N], when HAS_BIAS
     out_ptr,  # [M, N], row stride stride_om
     M,
@@ -279,14 +258,12 @@ def _gemv_kernel(
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    WEIGHT: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
+    ROW_SCALED: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,  # rows of x, padded to a power of two
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SUB_K: tl.constexpr,
-    PACK: tl.constexpr,  # weights per stored element along K (2 for int4)
+    PREFETCH: tl.constexpr,  # load the next weight tile before this one's arithmetic
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
 ):
     pid = tl.program_id(0)
@@ -296,79 +273,42 @@ def _gemv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     rows_m = tl.where(mask_m, offs_m, 0)  # padding rows recompute row 0 and are not stored
-    offs_c = tl.arange(0, SUB_K // PACK)
+    offs_c = tl.arange(0, BLOCK_K)
 
     # The first weight tile is read before waiting on the previous kernel: no kernel writes
     # weights, so under programmatic dependent launch this read overlaps that kernel's tail.
-    w = _weight_tile(w_ptr, rows, stride_wn, offs_c, K // PACK, EVEN_K)
+    w = _weight_tile(w_ptr, rows, stride_wn, offs_c, K, EVEN_K)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the activations below are the previous kernel's output
     if HAS_RESIDUAL:
         if pid == 0:
             _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
     if BLOCK_M == 1:
-        acc = tl.zeros([BLOCK_N, SUB_K // PACK], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N, SUB_K // PACK], dtype=tl.float32)
-    sum_sq = tl.zeros([BLOCK_M, SUB_K // PACK], dtype=tl.float32)
-    acc, sum_sq = _accumulate_block(
-        acc,
-        sum_sq,
-        w,
-        0,
-        x_ptr,
-        residual_ptr,
-        norm_weight_ptr,
-        w_ptr,
-        scale_ptr,
-        zero_ptr,
-        rows,
-        rows_m,
-        mask_m,
-        offs_c,
-        K,
-        stride_xm,
-        stride_wn,
-        stride_sn,
-        PROLOGUE,
-        HAS_RESIDUAL,
-        WEIGHT,
-        GROUP_SIZE,
-        EVEN_K,
-        BLOCK_M,
-        BLOCK_K,
-        SUB_K,
-    )
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        w = _weight_tile(w_ptr, rows, stride_wn, k0 // PACK + offs_c, K // PACK, EVEN_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    sum_sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic: two tiles in flight
+        for k0 in range(0, K, BLOCK_K):
+            w_next = w
+            if k0 + BLOCK_K < K:
+                w_next = _weight_tile(w_ptr, rows, stride_wn, k0 + BLOCK_K + offs_c, K, EVEN_K)
+            acc, sum_sq = _accumulate_block(
+                acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
+                PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
+            )  # fmt: skip
+            w = w_next
+    else:
         acc, sum_sq = _accumulate_block(
-            acc,
-            sum_sq,
-            w,
-            k0,
-            x_ptr,
-            residual_ptr,
-            norm_weight_ptr,
-            w_ptr,
-            scale_ptr,
-            zero_ptr,
-            rows,
-            rows_m,
-            mask_m,
-            offs_c,
-            K,
-            stride_xm,
-            stride_wn,
-            stride_sn,
-            PROLOGUE,
-            HAS_RESIDUAL,
-            WEIGHT,
-            GROUP_SIZE,
-            EVEN_K,
-            BLOCK_M,
-            BLOCK_K,
-            SUB_K,
-        )
+            acc, sum_sq, w, 0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
+            PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
+        )  # fmt: skip
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            w = _weight_tile(w_ptr, rows, stride_wn, k0 + offs_c, K, EVEN_K)
+            acc, sum_sq = _accumulate_block(
+                acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
+                PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
+            )  # fmt: skip
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight reads
 
@@ -376,21 +316,324 @@ def _gemv_kernel(
         y = tl.sum(acc, 1)[None, :]
     else:
         y = tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
-    if PROLOGUE == 1:  # 1/rms is one scalar per row: it commutes with the dot product
-        y *= (1.0 / tl.sqrt(tl.sum(sum_sq, 1) / K + eps))[:, None]
-    if WEIGHT == 1:  # so is the per-channel scale
-        y *= tl.load(scale_ptr + rows * stride_sn).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    _store_output(
+        y, tl.sum(sum_sq, 1), scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K, stride_sn,
+        stride_om, eps, PROLOGUE, ROW_SCALED, HAS_BIAS,
+    )  # fmt: skip
+
+
+# --- 1-byte weights ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bytes_tile(
+    acc,
+    sum_sq,
+    w,  # [BLOCK_N, BLOCK_K / 16, 16] FP8 or int8
+    k0,
+    x_ptr,
+    residual_ptr,
+    norm_weight_ptr,
+    rows_m,
+    offs_c,  # [BLOCK_K / 16, 16]
+    K,
+    stride_xm,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    xk, squares = _activation_tile(
+        x_ptr, residual_ptr, norm_weight_ptr, rows_m, stride_xm, k0 + offs_c, K, PROLOGUE, HAS_RESIDUAL
+    )  # [BLOCK_M, BLOCK_K / 16, 16]
+    if w.dtype == tl.int8:
+        wf = _int8_to_float(w)
+    else:
+        wf = w.to(tl.float32)
+    acc += tl.sum(wf * xk, 2)  # [BLOCK_N, P]; xk is the one row's [1, P, 16]
+    if PROLOGUE == 1:
+        sum_sq += squares
+    return acc, sum_sq
+
+
+@triton.jit
+def _gemv_bytes_kernel(
+    x_ptr,  # [M, K], or [M, 2K] for SILU_MUL; row stride stride_xm
+    residual_ptr,  # [M, K] contiguous, read when HAS_RESIDUAL
+    residual_out_ptr,  # [M, K] contiguous, receives x + residual when HAS_RESIDUAL
+    norm_weight_ptr,  # [K], RMSNORM only
+    w_ptr,  # [N, K] FP8 or int8, row stride stride_wn
+    scale_ptr,  # [N] (stride_sn 0: per tensor)
+    bias_ptr,  # [N], when HAS_BIAS
+    out_ptr,  # [M, N], row stride stride_om
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # divides K
+    USE_PDL: tl.constexpr,
+):
+    """_gemv_kernel for 1-byte weights at one row when BLOCK_K divides K: tiles are read as [BLOCK_N, BLOCK_K / 16, 16],
+    so each thread holds 16 consecutive weights (one 16-byte load) of its rows and sums their products in
+    registers as it makes them. The accumulator is [BLOCK_N, BLOCK_K / 16], not the elementwise
+    [BLOCK_N, BLOCK_K]: a sixteenth of the registers, so more programs (and weight bytes) in flight per SM."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    rows = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    offs_m = tl.arange(0, 1)  # the one row of x
+    mask_m = offs_m < M
+    rows_m = offs_m
+    offs_c = tl.arange(0, BLOCK_K // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [BLOCK_K / 16, 16]
+    w_ptrs = w_ptr + rows[:, None, None] * stride_wn + offs_c[None, :, :]
+
+    w = tl.load(w_ptrs)  # before the wait, as in _gemv_kernel
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    if HAS_RESIDUAL:
+        if pid == 0:
+            _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
+    sum_sq = tl.zeros([1, BLOCK_K // 16, 16], dtype=tl.float32)
+    acc, sum_sq = _bytes_tile(
+        acc, sum_sq, w, 0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, offs_c, K, stride_xm, PROLOGUE,
+        HAS_RESIDUAL,
+    )  # fmt: skip
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w = tl.load(w_ptrs + k0)
+        acc, sum_sq = _bytes_tile(
+            acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, offs_c, K, stride_xm, PROLOGUE,
+            HAS_RESIDUAL,
+        )  # fmt: skip
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+    y = tl.sum(acc, 1)[None, :]
+    _store_output(
+        y, tl.sum(tl.sum(sum_sq, 2), 1), scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K,
+        stride_sn, stride_om, eps, PROLOGUE, True, HAS_BIAS,
+    )  # fmt: skip
+
+
+# --- int4 ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _activation_tile(
+    x_ptr,
+    residual_ptr,
+    norm_weight_ptr,
+    rows_m,
+    stride_xm,
+    offs_k,  # [P, W] features
+    K,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """`_activation_block` over a [P, W] tile of features (no masks: int4 K tiles divide K): [BLOCK_M, P, W]."""
+    x_ptrs = x_ptr + rows_m[:, None, None] * stride_xm + offs_k[None, :, :]
+    dtype = x_ptr.dtype.element_ty
+    if PROLOGUE == 1:
+        h = tl.load(x_ptrs)
+        if HAS_RESIDUAL:  # rounded to x's dtype, as an unfused residual add would store it
+            r_offs = rows_m[:, None, None] * K + offs_k[None, :, :]
+            h = (h.to(tl.float32) + tl.load(residual_ptr + r_offs).to(tl.float32)).to(dtype)
+        hf = h.to(tl.float32)
+        xk = hf * tl.load(norm_weight_ptr + offs_k).to(tl.float32)[None, :, :]
+        squares = hf * hf
+    elif PROLOGUE == 2:
+        gate = tl.load(x_ptrs).to(tl.float32)
+        up = tl.load(x_ptrs + K).to(tl.float32)
+        xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
+        squares = xk  # unused
+    else:
+        xk = tl.load(x_ptrs).to(tl.float32)
+        squares = xk  # unused
+    return xk, squares
+
+
+@triton.jit
+def _fma_rows3(acc, w, xk, BLOCK_M: tl.constexpr):
+    """acc + w * x per row of x: [BLOCK_N, P, W] += w * x (one row), [BLOCK_M, BLOCK_N, P, W] += w[None] * x[:, None]."""
+    if BLOCK_M == 1:
+        out = acc + w * xk
+    else:
+        out = acc + w[None, :, :, :] * xk[:, None, :, :]
+    return out
+
+
+@triton.jit
+def _int4_tile(
+    acc,
+    sum_sq,
+    words,  # [BLOCK_N, P, W] int32: one K tile of P periods of W words
+    one_bits,
+    k0,
+    x_ptr,
+    residual_ptr,
+    norm_weight_ptr,
+    scale_ptr,
+    zero_ptr,
+    rows,
+    rows_m,
+    offs_p,
+    offs_w,
+    K,
+    stride_xm,
+    stride_sn,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    PERIOD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """acc += the tile's (q - zero) * scale * x, elementwise over [(BLOCK_M,) BLOCK_N, P, W].
+
+    With f = 1 + q/16 (what `int4_as_float` gives), (q - z) s x = 16 s (f x) - (16 + z) s x. A period lies
+    in one group, so per word position the eight nibbles' f x are summed first (one FMA a weight) and the
+    scale and zero point are applied once per word position: 16 s * sum(f x) - (16 + z) s * sum(x)."""
+    groups = (k0 + offs_p * PERIOD) // GROUP_SIZE  # [P]
+    group_offs = rows[:, None] * stride_sn + groups[None, :]  # [BLOCK_N, P]
+    scale = tl.load(scale_ptr + group_offs).to(tl.float32)
+    zero = tl.load(zero_ptr + group_offs).to(tl.float32)
+    scale16 = (16.0 * scale)[:, :, None]
+    correction = (-(16.0 + zero) * scale)[:, :, None]
+    offs_k = k0 + offs_p[:, None] * PERIOD + offs_w[None, :]  # [P, W]: the features of nibble 0
+    if BLOCK_M == 1:
+        dot = tl.zeros([BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
+    else:
+        dot = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
+    x_sum = tl.zeros([BLOCK_M, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
+    for i in tl.static_range(8):
+        xk, squares = _activation_tile(
+            x_ptr,
+            residual_ptr,
+            norm_weight_ptr,
+            rows_m,
+            stride_xm,
+            offs_k + i * (PERIOD // 8),
+            K,
+            PROLOGUE,
+            HAS_RESIDUAL,
+        )
+        dot = _fma_rows3(dot, int4_as_float(words, one_bits, i), xk, BLOCK_M)
+        x_sum += xk
+        if PROLOGUE == 1:
+            sum_sq += squares
+    if BLOCK_M == 1:
+        acc += scale16 * dot + correction * x_sum
+    else:
+        acc += scale16[None, :, :, :] * dot + correction[None, :, :, :] * x_sum[:, None, :, :]
+    return acc, sum_sq
+
+
+@triton.jit
+def _gemv_int4_kernel(
+    x_ptr,  # [M, K], or [M, 2K] for SILU_MUL; row stride stride_xm
+    residual_ptr,  # [M, K] contiguous, read when HAS_RESIDUAL
+    residual_out_ptr,  # [M, K] contiguous, receives x + residual when HAS_RESIDUAL
+    norm_weight_ptr,  # [K], RMSNORM only
+    w_ptr,  # int32 [N, K/8], interleaved in periods of PERIOD features (kernels.dequant_matmul)
+    scale_ptr,  # [N, K/G]
+    zero_ptr,  # [N, K/G], same strides as scale
+    bias_ptr,  # [N], when HAS_BIAS
+    out_ptr,  # [M, N], row stride stride_om
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    eps,
+    one_bits,  # 0x3F800000, the bits of 1.0 (see kernels.dequant_matmul.int4_as_float)
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    PERIOD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # a multiple of PERIOD dividing K
+    PREFETCH: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """The int4 GEMV: each K tile is read as [BLOCK_N, periods, words] int32, so nibble i of the tile's words
+    meets a contiguous [periods, words] slice of x, and the tile's threads spread over the periods and
+    words (not over the BLOCK_N rows): each activation is computed once per program."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    rows = tl.where(mask_n, offs_n, 0).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    rows_m = tl.where(mask_m, offs_m, 0)
+    offs_p = tl.arange(0, BLOCK_K // PERIOD)
+    offs_w = tl.arange(0, PERIOD // 8)
+    word_offs = offs_p[:, None] * (PERIOD // 8) + offs_w[None, :]  # [P, W]: the tile's words, contiguous
+    word_ptrs = w_ptr + rows[:, None, None] * stride_wn + word_offs[None, :, :]
+
+    words = tl.load(word_ptrs)  # before the wait, as in _gemv_kernel
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    if HAS_RESIDUAL:
+        if pid == 0:
+            _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
+    sum_sq = tl.zeros([BLOCK_M, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
+    if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic
+        for k0 in range(0, K, BLOCK_K):
+            next_words = words
+            if k0 + BLOCK_K < K:
+                next_words = tl.load(word_ptrs + (k0 + BLOCK_K) // 8)
+            acc, sum_sq = _int4_tile(
+                acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
+                rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
+                BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            words = next_words
+    else:
+        acc, sum_sq = _int4_tile(
+            acc, sum_sq, words, one_bits, 0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
+            rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
+            BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            words = tl.load(word_ptrs + k0 // 8)
+            acc, sum_sq = _int4_tile(
+                acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
+                rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
+                BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+    if BLOCK_M == 1:
+        y = tl.sum(tl.sum(acc, 2), 1)[None, :]
+    else:
+        y = tl.sum(tl.sum(acc, 3), 2)
+    _store_output(
+        y, tl.sum(tl.sum(sum_sq, 2), 1), scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K,
+        stride_sn, stride_om, eps, PROLOGUE, False, HAS_BIAS,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A weight the GEMV dequantizes in registers, in the layout the quantized linear methods keep."""
 
-    data: torch.Tensor  # int8 / float8_e4m3fn [N, K], or uint8 [N, K/2] for int4 (low nibble: even k)
+    data: torch.Tensor  # int8 / float8_e4m3fn [N, K], or int32 [N, K/8] for int4 (kernels.dequant_matmul's layout)
     scale: torch.Tensor  # [N] per output channel, a single value per tensor, or [N, K/G] for int4
     zero: torch.Tensor | None = None  # int4: [N, K/G] integer zero points, same strides as scale
     group_size: int = 0  # int4: G
@@ -403,14 +646,14 @@ class QuantizedWeight:
     def shape(self) -> tuple[int, int]:
         """The logical [N, K]."""
         n, cols = self.data.shape
-        return n, cols * 2 if self.format == WEIGHT_INT4 else cols
+        return n, cols * 8 if self.format == WEIGHT_INT4 else cols
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [N, K]."""
         if self.format == WEIGHT_ROW_SCALED:
             return self.data.float() * self.scale.float().reshape(-1, 1)
         assert self.zero is not None
-        q = torch.stack((self.data & 0xF, self.data >> 4), dim=-1).reshape(self.data.shape[0], -1).float()
+        q = unpack_int4(self.data, int4_period(self.group_size)).float()
         zero = self.zero.float().repeat_interleave(self.group_size, 1)
         return (q - zero) * self.scale.float().repeat_interleave(self.group_size, 1)
 
@@ -421,6 +664,9 @@ class GemvConfig:
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 3
+    # issue the next weight tile's loads before this tile's arithmetic (registers: 2 tiles; _gemv_kernel and
+    # _gemv_int4_kernel: a 1-byte weight at one row with prefetch runs _gemv_kernel, not _gemv_bytes_kernel)
+    prefetch: bool = False
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -442,13 +688,15 @@ _MAX_ACC_PER_THREAD = 64
 
 
 def gemv_config(
-    n: int, k: int, prologue: int, weight_format: int = WEIGHT_DENSE, num_rows: int = 1
+    n: int, k: int, prologue: int, weight_format: int = WEIGHT_DENSE, num_rows: int = 1, group_size: int = 128
 ) -> GemvConfig | None:
     """The tuned config of this shape, else a rule of thumb; None: do not fuse (dense weights only).
 
     Quantized weights move 1 or 1/2 byte per weight, so their tiles hold twice the rows (the same
     bytes per step); several rows shrink the K tile so that the [rows, BLOCK_N, K tile] fp32
     accumulator stays in registers."""
+    if weight_format == WEIGHT_INT4:
+        return int4_config(k, num_rows, group_size)
     if weight_format == WEIGHT_DENSE and num_rows == 1 and (n, k, prologue) in TUNED:
         return TUNED[(n, k, prologue)]
     block_k = next((b for b in (1024, 512, 256, 128) if k % b == 0), 512)
@@ -456,23 +704,31 @@ def gemv_config(
     if weight_format != WEIGHT_DENSE:
         block_n *= 2
     config = GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=1)
-    return fit_rows(config, num_rows, weight_format)
+    return fit_rows(config, num_rows)
 
 
-def fit_rows(config: GemvConfig, num_rows: int, weight_format: int) -> GemvConfig:
-    """`config` with its K tile (int4: its rows) shrunk until the accumulator of `num_rows` rows fits."""
+def int4_config(k: int, num_rows: int, group_size: int) -> GemvConfig:
+    """The int4 kernel's rule of thumb: 8 weight rows a program and the widest K tile (up to 4,096 features,
+    fewer for several rows of x, whose activations each thread holds) dividing K. At one row, one warp per 8
+    periods of the tile (a warp spans 8 periods of 16 words), so that the threads spread over K only."""
+    period = int4_period(group_size)
+    block_m = triton.next_power_of_2(num_rows)
+    widths = [b for b in (4096, 2048, 1024, 512, 256, 128) if b % period == 0 and k % b == 0 and b * block_m <= 4096]
+    block_k = widths[0] if widths else period
+    num_warps = max(1, min(4, block_k // period // 8)) if block_m == 1 else 4
+    return GemvConfig(block_n=8, block_k=block_k, num_warps=num_warps, num_stages=1)
+
+
+def fit_rows(config: GemvConfig, num_rows: int) -> GemvConfig:
+    """`config` with its K tile shrunk until the accumulator of `num_rows` rows fits."""
     block_m = triton.next_power_of_2(num_rows)
     if block_m == 1:
         return config
     budget = _MAX_ACC_PER_THREAD * 32 * config.num_warps
-    block_n, block_k = config.block_n, config.block_k
-    if weight_format == WEIGHT_INT4:  # the accumulator is one group's half-width tile (groups of <= 128)
-        while block_n > 1 and block_m * block_n * min(block_k, 128) // 2 > budget:
-            block_n //= 2
-    else:
-        while block_k > 64 and block_m * block_n * block_k > budget:
-            block_k //= 2
-    return GemvConfig(block_n, block_k, config.num_warps, config.num_stages)
+    block_k = config.block_k
+    while block_k > 64 and block_m * config.block_n * block_k > budget:
+        block_k //= 2
+    return dataclasses.replace(config, block_k=block_k)
 
 
 def gemv_config_for(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, prologue: int) -> GemvConfig | None:
@@ -486,7 +742,7 @@ def gemv_config_for(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, pro
     max_rows = MAX_ROW_SCALED_ROWS if weight.format == WEIGHT_ROW_SCALED else MAX_QUANTIZED_ROWS
     if x.shape[0] > max_rows or (weight.format == WEIGHT_INT4 and not _is_power_of_2(weight.group_size)):
         return None
-    return gemv_config(n, k, prologue, weight.format, x.shape[0])
+    return gemv_config(n, k, prologue, weight.format, x.shape[0], weight.group_size)
 
 
 def _is_power_of_2(value: int) -> bool:
@@ -528,36 +784,42 @@ def gemv(
         assert prologue == PROLOGUE_RMSNORM and residual_out is not None
         assert residual.is_contiguous() and residual_out.is_contiguous() and residual.shape == (m, k)
         assert residual_out.data_ptr() != residual.data_ptr(), "program 0 writes residual_out while others read"
-    if not isinstance(weight, torch.Tensor):
-        data, weight_format, group_size, zero = weight.data, weight.format, weight.group_size, weight.zero
-        scale = weight.scale.reshape(-1) if weight_format == WEIGHT_ROW_SCALED else weight.scale
-        stride_sn = scale.stride(0) if scale.numel() > 1 else 0
-        if weight_format == WEIGHT_INT4:
-            assert zero is not None and zero.stride() == scale.stride() and k % group_size == 0
-    else:
-        data, weight_format, group_size, scale, zero, stride_sn = weight, WEIGHT_DENSE, 1, None, None, 0
-    assert data.stride(1) == 1
-    config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
-    block_m = triton.next_power_of_2(m)
-    block_k = sub_k = config.block_k
-    if weight_format == WEIGHT_INT4:  # whole sub-blocks of at most one group each, no K mask
-        assert _is_power_of_2(group_size) and _is_power_of_2(block_k), (group_size, config)
-        while k % block_k:
-            block_k //= 2
-        sub_k = min(block_k, group_size)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    pdl = use_pdl(x)
     dummy = x
-    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
+    pdl = use_pdl(x)
+    common = (
         x,
         residual if residual is not None else dummy,
         residual_out if residual_out is not None else dummy,
         norm_weight if norm_weight is not None else dummy,
+    )
+    if not isinstance(weight, torch.Tensor) and weight.format == WEIGHT_INT4:
+        _launch_int4(common, weight, bias, out, eps, prologue, residual is not None, config, pdl)
+        return out
+    if isinstance(weight, torch.Tensor):
+        data, scale, stride_sn = weight, None, 0
+    else:
+        data, scale = weight.data, weight.scale.reshape(-1)
+        stride_sn = scale.stride(0) if scale.numel() > 1 else 0
+    assert data.stride(1) == 1
+    weight_format = WEIGHT_DENSE if scale is None else WEIGHT_ROW_SCALED
+    config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
+    one_row_of_bytes = scale is not None and m == 1 and not config.prefetch  # (prefetch: the 2D kernel)
+    if one_row_of_bytes and k % config.block_k == 0 and config.block_k % 16 == 0:
+        _gemv_bytes_kernel[(triton.cdiv(n, config.block_n),)](
+            *common, data, scale, bias if bias is not None else dummy, out, m, n, k, x.stride(0), data.stride(0),
+            stride_sn, out.stride(0), eps, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
+            HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
+            BLOCK_K=config.block_k, USE_PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+            **launch_options(pdl),
+        )  # fmt: skip
+        return out
+    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
+        *common,
         data,
         scale if scale is not None else dummy,
-        zero if zero is not None else dummy,
         bias if bias is not None else dummy,
         out,
         m,
@@ -571,20 +833,70 @@ def gemv(
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None,
-        WEIGHT=weight_format,
-        GROUP_SIZE=group_size,
-        EVEN_K=k % block_k == 0,
-        BLOCK_M=block_m,
+        ROW_SCALED=scale is not None,
+        EVEN_K=k % config.block_k == 0,
+        BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=config.block_n,
-        BLOCK_K=block_k,
-        SUB_K=sub_k,
-        PACK=2 if weight_format == WEIGHT_INT4 else 1,
+        BLOCK_K=config.block_k,
+        PREFETCH=config.prefetch,
         USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),
     )
     return out
+
+
+def _launch_int4(
+    common: tuple,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    eps: float,
+    prologue: int,
+    has_residual: bool,
+    config: GemvConfig | None,
+    pdl: bool,
+) -> None:
+    x = common[0]
+    (m, n), k = out.shape, weight.shape[1]
+    group_size, period = weight.group_size, int4_period(weight.group_size)
+    assert weight.zero is not None and weight.zero.stride() == weight.scale.stride() and k % group_size == 0
+    assert _is_power_of_2(group_size) and weight.data.stride(1) == 1, group_size
+    config = config or int4_config(k, m, group_size)
+    block_k = max(config.block_k, period)  # a whole number of periods that divides K (K divides by the period)
+    while k % block_k:
+        block_k //= 2
+    _gemv_int4_kernel[(triton.cdiv(n, config.block_n),)](
+        *common,
+        weight.data,
+        weight.scale,
+        weight.zero,
+        bias if bias is not None else x,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.data.stride(0),
+        weight.scale.stride(0),
+        out.stride(0),
+        eps,
+        0x3F800000,
+        PROLOGUE=prologue,
+        HAS_RESIDUAL=has_residual,
+        HAS_BIAS=bias is not None,
+        GROUP_SIZE=group_size,
+        PERIOD=period,
+        BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_N=config.block_n,
+        BLOCK_K=block_k,
+        PREFETCH=config.prefetch,
+        USE_PDL=pdl,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        **launch_options(pdl),
+    )
 
 
 def gemv_ref(

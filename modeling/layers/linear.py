@@ -165,6 +165,14 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)
 
+    @property
+    def takes_fp8_activations(self) -> bool:
+        """Whether `forward_fp8` may be given per-token FP8 activations instead of `forward`'s half precision."""
+        return self.method.takes_fp8_activations(self)
+
+    def forward_fp8(self, x_q: torch.Tensor, x_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        return self.method.apply_fp8(self, x_q, x_scale, self.bias, out_dtype)
+
 
 class MergedLinear(Linear):
     """Several projections of the same input stacked along the output dim; shard = their index.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.gemv import PROLOGUE_GELU_TANH_MUL, PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL, gemv, gemv_config_for
+from kernels.quant_activation import rmsnorm_quant_per_token, silu_mul_quant_per_token
 from kernels.rmsnorm import rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
@@ -47,11 +48,18 @@ def triton_rms_norm_linear(
     x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, proj: Linear
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Few decode rows (one for a plain weight, up to 8 for a quantized one): the norm runs inside the
-    GEMV's prologue; else rmsnorm kernel + matmul."""
+    GEMV's prologue; an FP8 GEMM gets its per-token FP8 input from the norm kernel; else rmsnorm kernel +
+    matmul."""
     weight = proj.gemv_weight  # None: the projection's method has no GEMV, it runs the matmul itself
     config = gemv_config_for(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
-    if weight is None or config is None:
-        return unfused_rms_norm_linear(x, residual, norm, proj)
+    if config is None:
+        if not proj.takes_fp8_activations:
+            return unfused_rms_norm_linear(x, residual, norm, proj)
+        summed = torch.empty_like(x) if residual is not None else None
+        x_q, x_scale = rmsnorm_quant_per_token(
+            x, norm.weight, norm.eps, torch.float8_e4m3fn, residual=residual, residual_out=summed
+        )
+        return proj.forward_fp8(x_q, x_scale, x.dtype), (x if summed is None else summed)
     summed = torch.empty_like(x) if residual is not None else None
     out = gemv(
         x,
@@ -69,8 +77,11 @@ def triton_rms_norm_linear(
 def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     weight = proj.gemv_weight
     config = gemv_config_for(x, weight, PROLOGUE_SILU_MUL) if weight is not None else None
-    if weight is None or config is None:
-        return unfused_silu_mul_linear(x, proj, silu_mul)
+    if config is None:
+        if not proj.takes_fp8_activations:
+            return unfused_silu_mul_linear(x, proj, silu_mul)
+        x_q, x_scale = silu_mul_quant_per_token(x, torch.float8_e4m3fn)
+        return proj.forward_fp8(x_q, x_scale, x.dtype)
     return gemv(x, weight, proj.bias, silu_mul=True, config=config)
 
 

@@ -28,10 +28,11 @@ from kernels.decode_attention import (
     decode_attention,
     decode_attention_ref,
 )
-from kernels.dequant_matmul import pack_int4
+from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
 from kernels.gemv import QuantizedWeight, gemv, gemv_ref
 from kernels.kv_store import kv_store, kv_store_ref
 from kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
 from kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
 from kernels.silu_mul import silu_mul, silu_mul_ref
@@ -321,7 +322,7 @@ def test_quantized_gemv() -> None:
             torch.randint(-128, 128, (n, k), device=DEV, dtype=torch.int8), torch.rand(n, device=DEV) / 500
         ),
         "int4": QuantizedWeight(
-            pack_int4(torch.randint(0, 16, (n, k), device=DEV)),
+            pack_int4(torch.randint(0, 16, (n, k), device=DEV), 128),
             torch.rand(n, k // 128, device=DEV, dtype=dtype) / 50,
             torch.randint(0, 16, (n, k // 128), device=DEV).to(dtype),
             128,
@@ -341,6 +342,24 @@ def test_quantized_gemv() -> None:
             rel_err(gemv(x, w, silu_mul=True), gemv_ref(x, w, silu_mul=True)[0]),
             1e-2,
         )
+
+
+def test_quantized_gemms_above_the_gemv_rows() -> None:
+    """The int4 layout's GEMM at 64 rows; the FP8 GEMM's input from the fused RMSNorm + per-token quantization."""
+    n, k, rows, dtype = 4096, 4096, 64, torch.bfloat16
+    scale = torch.rand(n, k // 128, device=DEV, dtype=dtype) / 50
+    zero = torch.randint(0, 16, (n, k // 128), device=DEV).to(dtype)
+    packed = pack_int4(torch.randint(0, 16, (n, k), device=DEV), 128)
+    x = torch.randn(rows, k, device=DEV, dtype=dtype)
+    out = dequant_matmul(x, packed, scale, zero, bits=4, group_size=128)
+    check("int4 GEMM, 64 rows", rel_err(out, dequant_matmul_ref(x, packed, scale, zero, bits=4, group_size=128)), 1e-2)
+    norm_weight, residual = 1 + 0.1 * torch.randn(k, device=DEV, dtype=dtype), torch.randn_like(x)
+    q, q_scale = rmsnorm_quant_per_token(x, norm_weight, 1e-5, torch.float8_e4m3fn, residual, torch.empty_like(x))
+    q_ref, scale_ref = quant_per_token(rmsnorm(x, norm_weight, 1e-5, residual=residual.clone()), torch.float8_e4m3fn)
+    same = torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(q_scale, scale_ref)
+    check(
+        "rmsnorm + FP8 per-token quantization, 64 rows (the unfused pair's bits)", 0.0 if same else float("inf"), 1e-12
+    )
 
 
 TINY = {

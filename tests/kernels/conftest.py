@@ -17,6 +17,7 @@ import torch
 KERNEL_MODULES = [
     "kernels.pdl",
     "kernels.decode_attention",
+    "kernels.dequant_matmul",  # before kernels.gemv, which calls its int4 helper
     "kernels.gemv",
     "kernels.prefill_attention",
     "kernels.kv_store",
@@ -25,7 +26,6 @@ KERNEL_MODULES = [
     "kernels.silu_mul",
     "kernels.fused_moe",
     "kernels.quant_activation",
-    "kernels.dequant_matmul",
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "modeling.attention.triton_backend",
     "modeling.layers.triton_ops",

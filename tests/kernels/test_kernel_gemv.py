@@ -6,10 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.dequant_matmul import int4_period, pack_int4
 from kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
 
-# Small tiles so the interpreter walks several programs and K blocks, ragged and even.
-CONFIGS = [GemvConfig(block_n=8, block_k=32, num_warps=1), GemvConfig(block_n=16, block_k=64, num_warps=2)]
+# Small tiles so the interpreter walks several programs and K blocks, ragged and even; with and without the
+# next tile's prefetch.
+CONFIGS = [
+    GemvConfig(block_n=8, block_k=32, num_warps=1),
+    GemvConfig(block_n=16, block_k=64, num_warps=2, prefetch=True),
+]
 
 
 def _inputs(n: int, k: int, dtype: torch.dtype, seed: int, x_cols: int | None = None):
@@ -86,21 +91,32 @@ def _quantized(fmt: str, n: int, k: int, gen: torch.Generator, dtype: torch.dtyp
         )
     if fmt == "fp8 per tensor":
         return QuantizedWeight(torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn), torch.tensor(0.05))
-    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    packed = pack_int4(torch.randint(0, 16, (n, k), generator=gen), int4_period(group))
     scale = (torch.rand(n, k // group, generator=gen) / 50).to(dtype)
     return QuantizedWeight(packed, scale, torch.randint(0, 16, scale.shape, generator=gen).to(dtype), group)
 
 
 FORMATS = ["int8", "fp8", "fp8 per tensor", "int4"]
-QUANT_CONFIG = GemvConfig(block_n=8, block_k=64, num_warps=1)  # int4 groups of 32: two sub-blocks a K block
+QUANT_CONFIG = GemvConfig(block_n=8, block_k=64, num_warps=1)  # int4 groups of 32: two periods a K tile, two tiles
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("num_rows", [1, 5])
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul"])
 def test_quantized_gemv_matches_dequantized_reference(fmt: str, num_rows: int, prologue: str):
-    gen = torch.Generator().manual_seed(num_rows + len(fmt))
-    n, k, dtype = 37, 128 if fmt == "int4" else 96, torch.float16  # int8/fp8: a ragged last K block
+    _check_quantized(fmt, num_rows, prologue, 128 if fmt == "int4" else 96)  # int8/fp8: a ragged last K block
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "fp8 per tensor"])
+@pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul"])
+def test_one_row_of_byte_weights_in_whole_tiles(fmt: str, prologue: str):
+    """1-byte weights at one row with K tiles that divide K: the kernel that reads 16-byte runs per thread."""
+    _check_quantized(fmt, 1, prologue, 128)
+
+
+def _check_quantized(fmt: str, num_rows: int, prologue: str, k: int) -> None:
+    gen = torch.Generator().manual_seed(num_rows + len(fmt) + k)
+    n, dtype = 37, torch.float16
     weight = _quantized(fmt, n, k, gen, dtype)
     x = torch.randn(num_rows, 2 * k if prologue == "silu_mul" else k, generator=gen).to(dtype)
     bias = torch.randn(n, generator=gen).to(dtype)
@@ -120,18 +136,33 @@ def test_quantized_gemv_matches_dequantized_reference(fmt: str, num_rows: int, p
 
 @pytest.mark.parametrize(
     "k, group, block_k",
-    [(128, 64, 32), (192, 64, 128)],  # K blocks inside one group; a K block that does not divide K (shrunk)
+    # a tile narrower than the period (widened to it); a tile that does not divide K (shrunk); two groups
+    # of 128 in a tile of two periods; a group of 256 over two periods
+    [(128, 64, 32), (192, 64, 128), (512, 128, 256), (512, 256, 512)],
 )
-def test_int4_gemv_group_and_block_sizes(k: int, group: int, block_k: int):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_int4_gemv_group_and_block_sizes(k: int, group: int, block_k: int, prefetch: bool):
     gen = torch.Generator().manual_seed(k + block_k)
     weight = _quantized("int4", 24, k, gen, torch.bfloat16, group)
     x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
-    out = gemv(x, weight, config=GemvConfig(block_n=8, block_k=block_k, num_warps=1))
+    out = gemv(x, weight, config=GemvConfig(block_n=8, block_k=block_k, num_warps=1, prefetch=prefetch))
     torch.testing.assert_close(out, gemv_ref(x, weight)[0], rtol=1e-2, atol=1e-2)
 
 
-def test_int4_dequantize_reads_the_low_nibble_as_the_even_input():
-    packed = torch.tensor([[0x21, 0x43]], dtype=torch.uint8)  # q = 1 2 3 4
-    weight = QuantizedWeight(packed, torch.tensor([[2.0]]), torch.tensor([[1.0]]), group_size=4)
-    assert weight.shape == (1, 4)
-    assert weight.dequantize().tolist() == [[0.0, 2.0, 4.0, 6.0]]
+def test_int4_dequantize_reads_the_packed_layout():
+    q = torch.arange(16).view(1, 16)
+    weight = QuantizedWeight(pack_int4(q, 8), torch.tensor([[2.0, 1.0]]), torch.tensor([[1.0, 0.0]]), group_size=8)
+    assert weight.shape == (1, 16)
+    assert weight.dequantize().tolist() == [[2.0 * (v - 1) for v in range(8)] + [float(v) for v in range(8, 16)]]
+
+
+@pytest.mark.parametrize("fmt, num_rows", [("int4", 1), ("int4", 3), ("fp8", 1)])
+def test_default_configs_at_a_llama_width(fmt: str, num_rows: int):
+    """K = 4096 with the configs the model runs (int4: one 4,096-wide tile of 32 periods; FP8: 16-byte runs)."""
+    gen = torch.Generator().manual_seed(num_rows)
+    weight = _quantized(fmt, 24, 4096, gen, torch.float16, group=128)
+    x, residual = (torch.randn(num_rows, 4096, generator=gen).to(torch.float16) for _ in range(2))
+    norm_weight = (1 + 0.1 * torch.randn(4096, generator=gen)).to(torch.float16)
+    kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
+    out = gemv(x, weight, residual_out=torch.empty_like(residual), **kwargs)
+    torch.testing.assert_close(out, gemv_ref(x, weight, **kwargs)[0], rtol=1e-2, atol=1e-2)

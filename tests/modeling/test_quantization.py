@@ -176,6 +176,6 @@ def test_int4_round_to_nearest_while_loading():
     gen = torch.Generator().manual_seed(5)
     weight, x = torch.randn(24, 256, generator=gen), torch.randn(3, 256, generator=gen)
     layer = _loaded(Linear(256, 24, method=Int4LinearMethod("rtn", 128)), {"weight": weight})
-    assert layer.qweight.shape == (24, 128) and layer.scales.shape == (24, 2)
+    assert layer.qweight.shape == (24, 32) and layer.qweight.dtype == torch.int32 and layer.scales.shape == (24, 2)
     exact = F.linear(x, weight)
     assert (layer(x) - exact).norm() / exact.norm() < 0.12  # int4's error, not a broken layer

@@ -81,6 +81,17 @@ class LinearMethod(ABC):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in] -> [T, out] in x's dtype."""
 
+    def takes_fp8_activations(self, layer: Linear) -> bool:
+        """Whether `apply_fp8` runs this layer on activations already quantized per token to FP8, so that the
+        kernel before the projection (RMSNorm, SiLU-and-mul) can write them directly."""
+        return False
+
+    def apply_fp8(
+        self, layer: Linear, x_q: torch.Tensor, x_scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        """x_q float8_e4m3fn [T, in] with x_scale float32 [T, 1] -> [T, out] in out_dtype."""
+        raise NotImplementedError(f"{self.name} takes half-precision activations")
+
     def gemv_weight(self, layer: Linear) -> torch.Tensor | QuantizedWeight | None:
         """The weight kernels.gemv reads for the few rows of decoding (with the norm or SiLU-mul before the
         projection fused in): the plain [out, in] weight, or a quantized one with its scales; None: none."""

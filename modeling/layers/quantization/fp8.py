@@ -11,9 +11,12 @@ On GPUs with FP8 tensor cores (compute capability >= 8.9) the product is `torch.
 row-wise scales, except for the few rows of decoding (kernels.gemv.gemv_config_for decides how few): there the
 GEMV reads the FP8 weight and dequantizes it in registers, with the activations left in half precision
 (W8A16: reading half the bytes is the whole gain there, and quantizing the activations would be an
-extra kernel and an extra rounding). Elsewhere the weight is dequantized once after loading and the
-same arithmetic is emulated (activations rounded through FP8 per token, product in fp32): the numbers
-are FP8's, the memory and the speed are the unquantized model's (logged once).
+extra kernel and an extra rounding). Above those rows the FP8 activations of the q|k|v, gate|up and down
+projections come straight out of the RMSNorm / SiLU-and-mul kernel before them (`apply_fp8`,
+modeling/layers/triton_ops.py): no quantization launch of their own. Elsewhere the weight is
+dequantized once after loading and the same arithmetic is emulated (activations rounded through FP8
+per token, product in fp32): the numbers are FP8's, the memory and the speed are the unquantized
+model's (logged once).
 """
 
 from __future__ import annotations
@@ -69,15 +72,6 @@ def dequantize_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Te
     return weight.float() * weight_scale.float()[:, None]
 
 
-def fp8_linear_ref(x: torch.Tensor, dequantized_weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """What _scaled_mm computes: per-token FP8 activations times the (dequantized) FP8 weight, in fp32."""
-    xq, x_scale = quant_per_token_ref(x, FP8_DTYPE)
-    out = F.linear(xq.float() * x_scale, dequantized_weight.float())
-    if bias is not None:
-        out += bias.float()
-    return out.to(x.dtype)
-
-
 class Fp8LinearMethod(LinearMethod):
     name = "fp8"
 
@@ -127,12 +121,25 @@ class Fp8LinearMethod(LinearMethod):
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.use_scaled_mm:
-            return fp8_linear_ref(x, layer_tensor(layer, "weight"), bias)
+            x_q, x_scale = quant_per_token_ref(x, FP8_DTYPE)
+            return self.apply_fp8(layer, x_q, x_scale, bias, x.dtype)
         out = few_rows_gemv(self.gemv_weight(layer), x, bias)
         if out is not None:
             return out
         x_q, x_scale = quant_per_token(x, FP8_DTYPE)
-        # row-wise scaled FP8 GEMM: bf16 output only, so fp16 models convert back
+        return self.apply_fp8(layer, x_q, x_scale, bias, x.dtype)
+
+    def takes_fp8_activations(self, layer: Linear) -> bool:
+        return True  # _scaled_mm's input, or the emulation's rounded activations
+
+    def apply_fp8(
+        self, layer: Linear, x_q: torch.Tensor, x_scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        if not self.use_scaled_mm:  # emulation: the product in fp32 with the dequantized weight
+            out = F.linear(x_q.float() * x_scale, layer_tensor(layer, "weight").float())
+            return (out if bias is None else out + bias.float()).to(out_dtype)
+        # Row-wise scaled FP8 GEMM (bf16 output only, so fp16 models convert back). Fast accumulation (no
+        # periodic promotion of the tensor cores' partial sums to fp32) as vLLM's CUTLASS FP8 kernels run.
         out = torch._scaled_mm(
             x_q,
             layer_tensor(layer, "weight").t(),
@@ -140,10 +147,11 @@ class Fp8LinearMethod(LinearMethod):
             scale_b=layer_tensor(layer, "weight_scale").view(1, -1),
             bias=bias if bias is not None and bias.dtype == torch.bfloat16 else None,
             out_dtype=torch.bfloat16,
+            use_fast_accum=True,
         )
         if bias is not None and bias.dtype != torch.bfloat16:
             out = out + bias
-        return out.to(x.dtype)
+        return out.to(out_dtype)
 
 
 class Fp8Config(QuantizationConfig):

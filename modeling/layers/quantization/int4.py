@@ -1,10 +1,12 @@
 """int4 group-wise weights (W4A16) from AWQ, GPTQ and compressed-tensors `pack-quantized` checkpoints.
 
-Each format packs nibbles its own way; while loading they are all turned into one layout, the
-one kernels.gemv (the few rows of decoding; kernels.gemv.gemv_config_for decides how few) and
-kernels.dequant_matmul (more rows) read: q uint8 [out, in/2] (low nibble = even input feature),
-scale and zero [out, in/G] with w = (q - zero) * scale. Parameters keep the checkpoint's names
-(`qweight`/`qzeros`/`scales`, or `weight_packed`/`weight_scale`) so the model's loader finds them.
+Each format packs nibbles its own way; while loading (and sharding) they are all turned into plain
+bytes, q uint8 [out, in/2] (low nibble = even input feature), scale and zero [out, in/G] with
+w = (q - zero) * scale. After loading the bytes are repacked once into the interleaved int32
+[out, in/8] layout that kernels.gemv (the few rows of decoding; kernels.gemv.gemv_config_for decides
+how few) and kernels.dequant_matmul (more rows) read (see kernels.dequant_matmul). Parameters keep the
+checkpoint's names (`qweight`/`qzeros`/`scales`, or `weight_packed`/`weight_scale`) so the model's
+loader finds them.
 
     AWQ (GEMM)   qweight int32 [in, out/8] (nibble order 0 2 4 6 1 3 5 7), qzeros int32 [in/G, out/8], scales [in/G, out]
     GPTQ         qweight int32 [in/8, out], qzeros int32 [in/G, out/8] (stored zero - 1 unless gptq_v2), scales, g_idx [in]
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
+from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, int4_period, pack_int4
 from kernels.gemv import QuantizedWeight, few_rows_gemv
 from modeling.layers.quantization.base import (
     SHARD_LAYOUT,
@@ -49,6 +51,17 @@ def quantize_int4_groupwise(weight: torch.Tensor, group_size: int) -> tuple[torc
     zero = (-low / scale).round()
     q = (w / scale[..., None] + zero[..., None]).round().clamp(0, 15)
     return q.reshape(weight.shape).to(torch.uint8), scale, zero
+
+
+def pack_bytes(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 -> uint8 [N, K/2], element 2i in the low nibble of byte i (the loading layout)."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_bytes(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] -> uint8 [N, K]."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
 
 
 def unpack_int32_nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
@@ -87,6 +100,7 @@ class Int4LinearMethod(LinearMethod):
             self.group_size = next((g for g in (self.group_size, 64, 32) if in_features % g == 0), self.group_size)
         if in_features % self.group_size:
             raise ValueError(f"int4 groups of {self.group_size} do not divide {in_features} input features")
+        int4_period(self.group_size)  # refuses groups the kernels' layout cannot hold
         out_features, groups = sum(out_sizes), in_features // self.group_size
         self.dtype = dtype
         if self.format == "rtn":  # filled in dtype, quantized in process_weights_after_loading
@@ -111,15 +125,15 @@ class Int4LinearMethod(LinearMethod):
             if param_name == "scales":
                 return loaded.t()
             columns = _awq_columns(loaded.to(torch.int32)).t()  # [out, in] or [out, in/G]
-            return pack_int4(columns) if param_name == "qweight" else columns
+            return pack_bytes(columns) if param_name == "qweight" else columns
         if self.format == "gptq":
             if param_name == "scales":
                 return loaded.t()
             if param_name == "qweight":
-                return pack_int4(unpack_int32_nibbles(loaded.to(torch.int32), 0).t())
+                return pack_bytes(unpack_int32_nibbles(loaded.to(torch.int32), 0).t())
             return unpack_int32_nibbles(loaded.to(torch.int32), 1).t() + self.zero_offset
         if param_name == "weight_packed":
-            return pack_int4(unpack_int32_nibbles(loaded.to(torch.int32), 1))
+            return pack_bytes(unpack_int32_nibbles(loaded.to(torch.int32), 1))
         return loaded
 
     def process_weights_after_loading(self, layer: Linear) -> None:
@@ -128,7 +142,7 @@ class Int4LinearMethod(LinearMethod):
             q, scale, zero = quantize_int4_groupwise(layer_tensor(layer, "weight").data, self.group_size)
             del layer.weight
             group_layout = ParamLayout(output_dim=0, input_dim=1, input_pack=self.group_size)
-            register_param(layer, "qweight", pack_int4(q), ParamLayout(output_dim=0, input_dim=1, input_pack=2))
+            register_param(layer, "qweight", pack_bytes(q), ParamLayout(output_dim=0, input_dim=1, input_pack=2))
             register_param(layer, "scales", scale.to(self.dtype), group_layout)
             register_param(layer, "qzeros", zero.to(self.dtype), group_layout)
         if self.format == "gptq":
@@ -141,6 +155,9 @@ class Int4LinearMethod(LinearMethod):
             del layer.weight_shape
             zero = torch.full_like(layer_tensor(layer, "weight_scale"), _SYMMETRIC_ZERO)
             register_param(layer, "weight_zero_point", zero, ParamLayout(0, 1, self.group_size))
+        weight_name = self._names()[0]  # bytes in, the kernels' interleaved int32 layout out
+        packed = pack_int4(unpack_bytes(layer_tensor(layer, weight_name).data), int4_period(self.group_size))
+        register_param(layer, weight_name, packed, ParamLayout(output_dim=0, input_dim=1, input_pack=8))
 
     def tensors(self, layer: Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.format == "pack-quantized":

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from router.grammar_ebnf import fold_bounded_repetitions
 from router.outputs import TokenEvent
 from router.request import FinishReason, GrammarKind, GrammarSpec, Request
 from router.step import StepPlan, StepResult
@@ -93,15 +94,25 @@ class GrammarCompiler:
 
         compiler = self._xgrammar_compiler()
         try:
-            if spec.kind is GrammarKind.REGEX:
-                compiled = compiler.compile_regex(spec.value)
-            elif spec.kind is GrammarKind.ANY_JSON:
+            if spec.kind is GrammarKind.ANY_JSON:
                 compiled = compiler.compile_builtin_json_grammar()
-            else:
-                compiled = compiler.compile_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+            else:  # xgrammar's cache is keyed by the EBNF text, so a repeated spec compiles once
+                compiled = compiler.compile_grammar(grammar_ebnf(spec))
         except (RuntimeError, ValueError, TypeError) as error:
             raise GrammarCompileError(compile_error_message(spec, error)) from error
         return xgrammar.GrammarMatcher(compiled)
+
+
+def grammar_ebnf(spec: GrammarSpec) -> str:
+    """The EBNF of a regex or JSON-schema spec, as xgrammar converts it, with its bounded repetitions
+    folded (router/grammar_ebnf.py: the same language, masks that fill fast)."""
+    import xgrammar
+
+    if spec.kind is GrammarKind.REGEX:
+        grammar = xgrammar.Grammar.from_regex(spec.value)
+    else:
+        grammar = xgrammar.Grammar.from_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+    return fold_bounded_repetitions(str(grammar))
 
 
 @dataclass(slots=True)

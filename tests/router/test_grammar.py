@@ -218,4 +218,4 @@ def test_overlapped_constrained_steps_give_the_plain_steps_answers(engine, plain
     }
     assert len(overlapped["digit"][0]) == 2  # the digit, then EOS: it ended while the others went on
     # Every launch but the first of a run overlapped the step before it (a compile wait may add one).
-    assert len(overlapping) > 30 and overlapping.count(False) <= 2, overlapping
+    assert len(overlapping) >= 20 and overlapping.count(False) <= 2, overlapping

@@ -219,3 +219,27 @@ def test_overlapped_constrained_steps_give_the_plain_steps_answers(engine, plain
     assert len(overlapped["digit"][0]) == 2  # the digit, then EOS: it ended while the others went on
     # Every launch but the first of a run overlapped the step before it (a compile wait may add one).
     assert len(overlapping) >= 20 and overlapping.count(False) <= 2, overlapping
+
+
+def test_a_deferred_sampling_that_fails_runs_its_step_again_where_failures_are_contained(
+    engine, plain_engine, tokenizer, monkeypatch
+):
+    prompt, schema = chat(tokenizer, "Describe a user as JSON."), json_spec(PERSON)
+    sample, calls = engine.executor.sample, []
+
+    def flaky_sample(launched):
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        sample(launched)
+
+    monkeypatch.setattr(engine.executor, "sample", flaky_sample)
+
+    def requests() -> list[GenerateRequest]:
+        return [GenerateRequest(name, prompt, max_new_tokens=12, grammar=schema) for name in ("a", "b")]
+
+    overlapped = run(engine, requests())
+    assert len(calls) > 3
+    expected = run(plain_engine, requests())
+    for name in ("a", "b"):
+        assert output(tokenizer, overlapped[name]) == output(tokenizer, expected[name])

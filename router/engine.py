@@ -8,7 +8,12 @@ With overlap scheduling (on for CUDA) the host does not wait for a step before p
 Step N's plan counts the tokens of step N-1 as pending (Request.num_pending_tokens) and takes them
 as inputs on the device (the executor maps each to its output row of N-1); a request that finished at N-1 (EOS, a stop id) still runs in step N,
 whose token for it is dropped. Requests whose sampling reads their own tokens on the host
-(penalties, watermark, healing, a grammar) turn it off while any is in the engine.
+(penalties, watermark, healing) turn it off while any is in the engine.
+
+Grammar-constrained requests keep it on, with the sampling of step N deferred past its forward:
+
+    step N:   schedule N -> launch forward N -> [wait for N-1 -> matchers accept N-1 -> update N-1]
+              -> fill N's masks (the host, while the GPU runs forward N) -> queue sampling N
 
 A request with a grammar waits outside the scheduler until its grammar is compiled (router/grammar.py),
 so a slow compile holds up nobody else.
@@ -125,19 +130,35 @@ class EngineCore:
             previous = None
         plan = self.scheduler.schedule()
         if overlap and not plan.is_empty:
+            constrained = self.grammar is not None and self.scheduler.num_constrained > 0
             try:
-                launched = self.executor.launch(plan, previous)
+                launched = self.executor.launch(plan, previous, defer_sampling=constrained)
             except Exception:  # run it again below, where failures are contained
                 logger.exception("launching a step of %d requests failed; running it synchronously", len(plan.chunks))
             else:
                 if previous is not None:
                     events += self._complete(previous)
+                if constrained and not self._sample_deferred(launched):
+                    return events + self._execute(plan)
                 self.scheduler.tokens_in_flight(plan, launched.sampled_chunks)
                 self._in_flight = launched
                 return events
         if previous is not None:
             events += self._complete(previous)
         return events + self._execute(plan)
+
+    def _sample_deferred(self, launched: LaunchedStep) -> bool:
+        """Queue the sampling of a constrained step once the matchers have accepted the tokens of the
+        step before it; False when that fails (the step then runs again where failures are contained:
+        its forward rewrites the same slots)."""
+        try:
+            self.executor.sample(launched)
+        except Exception:
+            logger.exception(
+                "sampling a step of %d requests failed; running it synchronously", len(launched.plan.chunks)
+            )
+            return False
+        return True
 
     def _take_compiled(self) -> list[TokenEvent]:
         """Queue the requests whose grammar compiled; the final events of those refused or aborted."""

@@ -5,6 +5,13 @@ device-to-host copy (on a GPU all asynchronous, so the host is free meanwhile) a
 for the copy and turns it into a StepResult. The engine's overlap scheduling schedules and launches
 step N+1 between the two calls of step N.
 
+A step with grammar-constrained rows is launched in two phases under overlap scheduling
+(`launch(..., defer_sampling=True)` queues the forward only; `sample` queues the rest): its masks
+depend on the tokens of the step before it, which the matchers accept only once that step's
+result is on the host, so the engine completes step N-1 and fills step N's masks while step N's
+forward runs on the device, then queues the sampling (vLLM v1's async scheduling with structured
+output works the same way).
+
 Failures are contained in `execute` (the plain, synchronous path): if a batch raises, its chunks
 are retried one by one so that only the request that really fails is failed, and the engine keeps
 serving the rest.
@@ -39,6 +46,14 @@ class _PromptRows:
 
 
 @dataclass(slots=True)
+class _DeferredSampling:
+    """A launched step's logits rows to sample, and the requests they belong to."""
+
+    logits: torch.Tensor  # [R, vocab] float32, on the device
+    requests: list[Request]
+
+
+@dataclass(slots=True)
 class LaunchedStep:
     """A step whose GPU work is queued; `result()` waits for it."""
 
@@ -48,13 +63,16 @@ class LaunchedStep:
     sampled: SampledRows | None
     sampled_chunks: list[int]  # index in plan.chunks of each sampled row
     prompt: _PromptRows | None
+    deferred: _DeferredSampling | None = None  # sampling not queued yet (StepExecutor.sample)
 
     @property
     def sampled_ids(self) -> torch.Tensor | None:
         """[R] on the device: the inputs of the next step's pending tokens."""
+        assert self.deferred is None, "a deferred step is sampled before the next one is launched"
         return self.sampled.output.token_ids if self.sampled is not None else None
 
     def result(self) -> StepResult:
+        assert self.deferred is None, "StepExecutor.sample() queues a deferred step's sampling first"
         waited = time.perf_counter()
         plan = self.plan
         result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
@@ -114,24 +132,41 @@ class StepExecutor:
         return merged
 
     @torch.inference_mode()
-    def launch(self, plan: StepPlan, previous: LaunchedStep | None = None) -> LaunchedStep:
+    def launch(
+        self, plan: StepPlan, previous: LaunchedStep | None = None, *, defer_sampling: bool = False
+    ) -> LaunchedStep:
         """Queue a non-empty step's work. `previous`: the step in flight whose sampled ids are the
-        inputs of this plan's pending tokens (overlap scheduling)."""
+        inputs of this plan's pending tokens (overlap scheduling). `defer_sampling`: queue the
+        forward (and prompt scoring) only; `sample()` queues the sampling later."""
         started = time.perf_counter()
         previous_ids = previous.sampled_ids if previous is not None else None
         input_rows = _input_rows(plan, previous) if previous is not None and previous_ids is not None else None
         batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
         logits = self.runner.forward(batch)  # [R, vocab]
         forward_s = time.perf_counter() - started
-        sampled = prompt = None
+        sampled = prompt = deferred = None
         if layout.sample_rows:
-            sampling = self._sampling_batch([plan.chunks[i].request for i in layout.sampled_chunks])
-            output = self.sampler(self._rows(logits, layout.sample_rows), sampling)
-            self.sampling_cache.sampled(output.token_ids)
-            sampled = output.start_copy()
+            requests = [plan.chunks[i].request for i in layout.sampled_chunks]
+            if defer_sampling:
+                deferred = _DeferredSampling(self._rows(logits, layout.sample_rows), requests)
+            else:
+                sampled = self._sample(self._rows(logits, layout.sample_rows), requests)
         if layout.prompt_chunks:
             prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
-        return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt)
+        return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt, deferred)
+
+    @torch.inference_mode()
+    def sample(self, launched: LaunchedStep) -> None:
+        """Queue the sampling of a step launched with `defer_sampling`: its grammar masks are filled
+        now, from the tokens the matchers have accepted so far, while its forward runs."""
+        deferred, launched.deferred = launched.deferred, None
+        if deferred is not None:
+            launched.sampled = self._sample(deferred.logits, deferred.requests)
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> SampledRows:
+        output = self.sampler(logits, self._sampling_batch(requests))
+        self.sampling_cache.sampled(output.token_ids)
+        return output.start_copy()
 
     def _sampling_batch(self, requests: list[Request]) -> SamplingBatch:
         batch = self.sampling_cache.get(requests, self.healer)

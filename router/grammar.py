@@ -5,17 +5,19 @@ lives here, in the engine process:
 
     add_request --submit--> compile pool (xgrammar's cache; the step loop never waits on it)
     step: take_compiled() -> ready requests join the scheduler's queue, failures finish at once
+          advance(plan, result) -> each matcher accepts its request's sampled token
           mask(rows) -> [B, ceil(V/32)] int32, filled by xgrammar's threads (GIL released) after the
                         executor has queued the forward, so on a GPU the fill runs while the forward does
           Sampler applies it after the penalties, before temperature/top-k/top-p (TGI's order)
-          advance(plan, result) -> each matcher accepts its request's sampled token
 
+With overlap scheduling, step N's forward is queued before step N-1's tokens reach the host; the
+engine then advances the matchers by N-1's tokens and fills N's masks while forward N runs, and the
+executor queues N's sampling after them (router/engine.py, StepExecutor.sample).
 A completed grammar leaves only the EOS ids open (xgrammar's stop tokens are the engine's EOS set),
 so a finished answer ends with TGI's `eos_token` and a capped one is a prefix with `length`.
-A constrained request reads its own token on the host before the next can be masked, so it turns
-overlap scheduling off while it runs (Request.reads_own_tokens_to_sample); batches without one
-never reach this module. The backend itself is built on the first grammar request: servers that
-never constrain pay nothing, not even the vocabulary scan.
+Batches without a constrained request never reach this module. The backend itself is built on the
+first grammar request: servers that never constrain pay nothing, not even the vocabulary scan.
+Specs are compiled from xgrammar's EBNF with their bounded repetitions folded (router/grammar_ebnf.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from router.grammar_ebnf import fold_bounded_repetitions
 from router.outputs import TokenEvent
 from router.request import FinishReason, GrammarKind, GrammarSpec, Request
 from router.step import StepPlan, StepResult
@@ -93,15 +96,25 @@ class GrammarCompiler:
 
         compiler = self._xgrammar_compiler()
         try:
-            if spec.kind is GrammarKind.REGEX:
-                compiled = compiler.compile_regex(spec.value)
-            elif spec.kind is GrammarKind.ANY_JSON:
+            if spec.kind is GrammarKind.ANY_JSON:
                 compiled = compiler.compile_builtin_json_grammar()
-            else:
-                compiled = compiler.compile_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+            else:  # xgrammar's cache is keyed by the EBNF text, so a repeated spec compiles once
+                compiled = compiler.compile_grammar(grammar_ebnf(spec))
         except (RuntimeError, ValueError, TypeError) as error:
             raise GrammarCompileError(compile_error_message(spec, error)) from error
         return xgrammar.GrammarMatcher(compiled)
+
+
+def grammar_ebnf(spec: GrammarSpec) -> str:
+    """The EBNF of a regex or JSON-schema spec, as xgrammar converts it, with its bounded repetitions
+    folded (router/grammar_ebnf.py: the same language, masks that fill fast)."""
+    import xgrammar
+
+    if spec.kind is GrammarKind.REGEX:
+        grammar = xgrammar.Grammar.from_regex(spec.value)
+    else:
+        grammar = xgrammar.Grammar.from_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+    return fold_bounded_repetitions(str(grammar))
 
 
 @dataclass(slots=True)
@@ -129,7 +142,9 @@ class GrammarBackend:
         self.device = torch.device(device)
         self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
         self._compiling: dict[str, tuple[Request, Future]] = {}
-        self._host_bitmask: torch.Tensor | None = None  # reused: a constrained step runs synchronously
+        # Reused: a step's masks are filled after the previous step's result, which waited for the
+        # device to finish that step's sampling, and with it the copy of its masks.
+        self._host_bitmask: torch.Tensor | None = None
         self._batch_matcher = None
         self._stop_row: torch.Tensor | None = None
 

@@ -144,15 +144,15 @@ class Request:
 
     @property
     def reads_own_tokens_to_sample(self) -> bool:
-        """Penalties, the watermark, token healing and a grammar read the generated ids on the host,
-        so the next token of such a request cannot be drawn while its previous one is still on the device."""
+        """Penalties, the watermark and token healing read the generated ids on the host, so the next
+        token of such a request cannot be drawn while its previous one is still on the device. (A grammar
+        reads them too, but only at sampling time, which the engine defers past the forward instead.)"""
         sampling, params = self.params.sampling, self.params
         return (
             sampling.repetition_penalty != 1.0
             or sampling.frequency_penalty != 0.0
             or sampling.watermark
             or params.healing_prefix is not None
-            or params.grammar is not None
         )
 
     @property

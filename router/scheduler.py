@@ -70,6 +70,8 @@ class Scheduler:
         self._decode_steps_since_admission = 0
         # Requests here whose sampling reads their own tokens on the host (no overlap scheduling then)
         self.num_reading_own_tokens = 0
+        # Grammar-constrained requests here (their steps sample after the previous step's update)
+        self.num_constrained = 0
         # Prefix caching: running requests whose prompt is not all published to the cache yet, and
         # the waiting requests deferred for one of them (-> that one, tokens they share).
         self._prefilling: list[Request] = []
@@ -82,6 +84,7 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
         self.num_reading_own_tokens += request.reads_own_tokens_to_sample
+        self.num_constrained += request.params.grammar is not None
 
     def abort(self, request_id: str) -> None:
         """Takes effect at the next schedule(): the request's slots are free after it."""
@@ -344,6 +347,7 @@ class Scheduler:
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
         if self.requests.pop(request.request_id, None) is not None:
             self.num_reading_own_tokens -= request.reads_own_tokens_to_sample
+            self.num_constrained -= request.params.grammar is not None
         self._abort_ids.discard(request.request_id)
 
     def _apply_aborts(self) -> list[Request]:

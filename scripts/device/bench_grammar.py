@@ -7,7 +7,9 @@ MODEL_DIR is serve_bench.sh's random Llama-3-8B (`STAGES=model bash scripts/devi
 tokenizer is Llama-3's, so the vocabulary the masks cover is the real one). Needs xgrammar on the device.
 
 1. Mask cost (router.grammar.GrammarBackend, as the engine uses it): `rows` matchers of SCHEMA, each
-   advanced by tokens its grammar allows; per step, filling every row's bitmask on the host and copying
+   advanced by tokens its grammar allows (the schema compiled as the engine compiles it, its bounded
+   repetitions folded; `fill_*_folded_vs_unfolded` compares with xgrammar's own conversion on the same
+   tokens); per step, filling every row's bitmask on the host and copying
    it to the device (`mask`), then applying it to a [rows, vocab] float32 logits tensor (`apply`).
    Reported as ms per step and us per token (row), the fill at other thread counts at the same states
    (`fill_ms_by_threads`), and on a GPU the exposed cost: the time the mask adds to a step whose
@@ -17,6 +19,9 @@ tokenizer is Llama-3's, so the vocabulary the masks cover is the real one). Need
    requests of PROMPT_LEN random ids x `new_tokens` at once, unconstrained vs constrained by SCHEMA, whose
    array of people is long enough that no answer completes first (every request runs all its tokens, so
    the two loads do the same work). Interleaved twice; output tok/s counts tokens that reached the client.
+   This is the real engine path: overlap scheduling on, constrained steps' masks filled while their forward
+   runs. `exposed_grammar_ms_per_step` = rows x (1/constrained - 1/plain tok/s): what the grammar adds to a
+   64-row step end to end.
 """
 
 from __future__ import annotations
@@ -84,13 +89,21 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int = 200, forward_
     # The fill with other thread counts, at the same matcher states (the engine's count is FILL_THREADS).
     sweep = {n: xgrammar.BatchGrammarMatcher(max_threads=n) for n in sorted({1, 2, 4, 8, 16, FILL_THREADS})}
     sweep_bitmask = xgrammar.allocate_token_bitmask(rows, vocab)
-    fill_ms, apply_ms, step_ms, forward_only_ms = [], [], [], []
+    # The same rows on xgrammar's own conversion of the schema (before router/grammar_ebnf.py's folding),
+    # advanced by the same tokens (the folded grammar accepts exactly the same strings).
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab, stop_token_ids=[tokenizer.eos_token_id])
+    unfolded = xgrammar.GrammarCompiler(info).compile_json_schema(SPEC.value, any_whitespace=False, strict_mode=True)
+    unfolded_matchers = [xgrammar.GrammarMatcher(unfolded) for _ in range(rows)]
+    fill_ms, apply_ms, step_ms, forward_only_ms, unfolded_ms = [], [], [], [], []
     sweep_ms: dict[int, list[float]] = {n: [] for n in sweep}
     for step in range(steps):
         for threads, batch_matcher in sweep.items():
             t = time.perf_counter()
             batch_matcher.batch_fill_next_token_bitmask([r.matcher for r in requests], sweep_bitmask)
             sweep_ms[threads].append(1e3 * (time.perf_counter() - t))
+        t = time.perf_counter()
+        sweep[FILL_THREADS].batch_fill_next_token_bitmask(unfolded_matchers, sweep_bitmask)
+        unfolded_ms.append(1e3 * (time.perf_counter() - t))
         sync()
         t0 = time.perf_counter()
         forward()
@@ -115,7 +128,9 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int = 200, forward_
         allowed = torch.isfinite(scores).cpu()
         for i, row in enumerate(requests):  # advance each matcher by a random allowed token
             ids = allowed[i].nonzero().flatten().tolist()
-            row.matcher.accept_token(rng.choice(ids))
+            token = rng.choice(ids)
+            row.matcher.accept_token(token)
+            assert unfolded_matchers[i].accept_token(token)
     fill, apply = statistics.median(fill_ms), statistics.median(apply_ms)
     # Exposed: what the mask adds to a step whose forward is already queued (on a CPU nothing is hidden).
     exposed = statistics.median(step_ms) - statistics.median(forward_only_ms) if on_gpu else fill + apply
@@ -140,6 +155,15 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int = 200, forward_
             else statistics.mean(fill_ms) + statistics.mean(apply_ms)
         ),
         fill_ms_by_threads={n: (statistics.median(v[10:]), statistics.mean(v[10:])) for n, v in sweep_ms.items()},
+        # mean per step, and per row in us, of the fill on FILL_THREADS: folded (the engine's) vs xgrammar's own
+        fill_mean_ms_folded_vs_unfolded=(
+            statistics.mean(sweep_ms[FILL_THREADS][10:]),
+            statistics.mean(unfolded_ms[10:]),
+        ),
+        fill_us_per_row_folded_vs_unfolded=(
+            1e3 * statistics.mean(sweep_ms[FILL_THREADS][10:]) / rows,
+            1e3 * statistics.mean(unfolded_ms[10:]) / rows,
+        ),
     )
     print(json.dumps(result), flush=True)
     return result
@@ -206,7 +230,16 @@ async def throughput(model_dir: str, rows: int, new_tokens: int) -> list[dict]:
         await client.shutdown()
     plain = statistics.mean(r["tok_s"] for r in results if not r["constrained"])
     constrained = statistics.mean(r["tok_s"] for r in results if r["constrained"])
-    summary = dict(stage="summary", plain_tok_s=plain, constrained_tok_s=constrained, ratio=constrained / plain)
+    # What the grammar adds to a step end to end (fill not hidden behind the forward, apply, the deferred
+    # sampling's launch gap): the step time of the constrained load minus the plain one's.
+    exposed = 1e3 * rows * (1 / constrained - 1 / plain)
+    summary = dict(
+        stage="summary",
+        plain_tok_s=plain,
+        constrained_tok_s=constrained,
+        ratio=constrained / plain,
+        exposed_grammar_ms_per_step=exposed,
+    )
     print(json.dumps(summary), flush=True)
     return [*results, summary]
 

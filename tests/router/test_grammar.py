@@ -1,4 +1,5 @@
-"""Grammar-constrained decoding in the real engine (SmolLM2 on CPU, overlap scheduling forced on)."""
+"""Grammar-constrained decoding in the real engine (SmolLM2 on CPU, overlap scheduling forced on, and
+off for the comparison: constrained steps sample after the previous step's update, same tokens)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def engine():
 
 
 @pytest.fixture(scope="module")
+def plain_engine():
+    return EngineCore.from_config(smollm2_engine_config(overlap_scheduling=False))
+
+
+@pytest.fixture(scope="module")
 def tokenizer(engine):
     from modeling.tokenizer import load_tokenizer
 
@@ -50,7 +56,7 @@ def run(engine: EngineCore, requests: list[GenerateRequest], abort: str | None =
         for event in engine.step():
             events.setdefault(event.request_id, []).append(event)
     assert engine.pool.is_full_free()
-    assert engine.scheduler.num_reading_own_tokens == 0  # overlap scheduling is back on
+    assert engine.scheduler.num_constrained == 0
     return events
 
 
@@ -163,3 +169,77 @@ def test_a_completed_grammar_with_ignore_eos_goes_on_with_stop_tokens_beside_a_p
     ids = [i for event in events["done"] for i in event.token_ids]
     assert len(ids) == 6 and tokenizer.decode(ids[:1]).isdigit()
     assert set(ids[2:]) <= set(engine.grammar.compiler.stop_token_ids)
+
+
+def test_overlapped_constrained_steps_give_the_plain_steps_answers(engine, plain_engine, tokenizer, monkeypatch):
+    # Overlap on: forward N is queued before the matchers accept N-1's tokens, the masks of N are filled
+    # after them, and N is sampled last. Same tokens as plain steps for a grammar that completes early, a
+    # length-capped one, a stop id inside the answer, seeded best_of-style siblings and a plain neighbour.
+    prompt, schema = chat(tokenizer, "Describe a user as JSON."), json_spec(PERSON)
+    probe = run(plain_engine, [GenerateRequest("probe", prompt, max_new_tokens=8, grammar=schema)])["probe"]
+    stop_id = [i for event in probe for i in event.token_ids][5]
+
+    def requests() -> list[GenerateRequest]:
+        seeded = [SamplingParams(do_sample=True, temperature=0.9, seed=seed) for seed in (1, 2)]
+        return [
+            GenerateRequest("json", prompt, max_new_tokens=60, grammar=schema),
+            GenerateRequest("capped", prompt, max_new_tokens=5, grammar=schema),
+            GenerateRequest(
+                "digit", chat(tokenizer, "A digit?"), max_new_tokens=10, grammar=GrammarSpec(GrammarKind.REGEX, r"\d")
+            ),
+            GenerateRequest("stop", prompt, max_new_tokens=60, stop_token_ids=[stop_id], grammar=schema),
+            *[
+                GenerateRequest(f"best_of{i}", prompt, p, max_new_tokens=40, grammar=schema)
+                for i, p in enumerate(seeded)
+            ],
+            GenerateRequest("plain", prompt, max_new_tokens=12),
+        ]
+
+    def tokens(events) -> dict[str, tuple]:
+        return {k: ([i for e in v for i in e.token_ids], v[-1].finish_reason) for k, v in events.items()}
+
+    overlapping: list[bool] = []  # per launch: was the step before it still unread (overlap on)?
+    launch = engine.executor.launch
+    monkeypatch.setattr(
+        engine.executor,
+        "launch",
+        lambda plan, previous=None, **kw: (overlapping.append(previous is not None), launch(plan, previous, **kw))[1],
+    )
+    overlapped = tokens(run(engine, requests()))
+    assert tokens(run(plain_engine, requests())) == overlapped
+    assert {k: reason for k, (_, reason) in overlapped.items()} == {
+        "json": "eos_token",
+        "capped": "length",
+        "digit": "eos_token",
+        "stop": "stop_sequence",
+        "best_of0": "eos_token",
+        "best_of1": "eos_token",
+        "plain": "length",
+    }
+    assert len(overlapped["digit"][0]) == 2  # the digit, then EOS: it ended while the others went on
+    # Every launch but the first of a run overlapped the step before it (a compile wait may add one).
+    assert len(overlapping) >= 20 and overlapping.count(False) <= 2, overlapping
+
+
+def test_a_deferred_sampling_that_fails_runs_its_step_again_where_failures_are_contained(
+    engine, plain_engine, tokenizer, monkeypatch
+):
+    prompt, schema = chat(tokenizer, "Describe a user as JSON."), json_spec(PERSON)
+    sample, calls = engine.executor.sample, []
+
+    def flaky_sample(launched):
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        sample(launched)
+
+    monkeypatch.setattr(engine.executor, "sample", flaky_sample)
+
+    def requests() -> list[GenerateRequest]:
+        return [GenerateRequest(name, prompt, max_new_tokens=12, grammar=schema) for name in ("a", "b")]
+
+    overlapped = run(engine, requests())
+    assert len(calls) > 3
+    expected = run(plain_engine, requests())
+    for name in ("a", "b"):
+        assert output(tokenizer, overlapped[name]) == output(tokenizer, expected[name])

@@ -1,7 +1,17 @@
 """Fused-MoE block sizes measured by scripts/device/tune_fused_moe.py; generated, do not edit by hand."""
 
-from kernels.fused_moe_configs import LaunchConfig, MoeConfig  # noqa: F401 (the entries use both)
+from kernels.fused_moe_configs import LaunchConfig, MoeConfig
 
-# Key: (experts, intermediate size, hidden size, token bucket). Empty until the tuner's first GPU run:
-# every shape takes kernels.fused_moe.default_moe_config.
-TUNED: dict[tuple[int, int, int, int], MoeConfig] = {}
+# NVIDIA H100 80GB HBM3, bf16 (8, 14336, 4096). Key: (experts, intermediate size, hidden size, token bucket).
+TUNED: dict[tuple[int, int, int, int], MoeConfig] = {
+    (8, 14336, 4096, 1): MoeConfig(
+        0,
+        LaunchConfig(block_n=2, block_k=512, num_warps=4, num_stages=2, group_m=1),
+        LaunchConfig(block_n=2, block_k=1024, num_warps=4, num_stages=1, group_m=1),
+    ),
+    (8, 14336, 4096, 64): MoeConfig(
+        32,
+        LaunchConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, group_m=1),
+        LaunchConfig(block_n=128, block_k=128, num_warps=4, num_stages=3, group_m=1),
+    ),
+}

@@ -30,8 +30,8 @@ kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row
 block] (several), reduced once at the end.
 
 Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight.
-`_gemv_bytes_kernel` (1-byte weights, one row, BLOCK_K dividing K) reads [BLOCK_N, BLOCK_K/16, 16]
-tiles and sums each thread's 16 products in registers, so its accumulator is 16x smaller.
+`_gemv_bytes_kernel` (1-byte weights, one row, BLOCK_K dividing K, opt-in: `GemvConfig.byte_tiles`) reads
+[BLOCK_N, BLOCK_K/16, 16] tiles and sums each thread's 16 products in registers (a 16x smaller accumulator).
 `_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
 features, so each nibble is one shift and one mask against a contiguous slice of x, and the tile's
 threads spread over K rather than over the rows (each activation is computed once a program).
@@ -667,6 +667,9 @@ class GemvConfig:
     # issue the next weight tile's loads before this tile's arithmetic (registers: 2 tiles; _gemv_kernel and
     # _gemv_int4_kernel: a 1-byte weight at one row with prefetch runs _gemv_kernel, not _gemv_bytes_kernel)
     prefetch: bool = False
+    # one row of 1-byte weights through _gemv_bytes_kernel (16 weights a thread); off by default: on an H100
+    # (2026-11-24, bench_quant.py) fp8 batch 1 took 4.30 ms a step with it and 3.74 ms without
+    byte_tiles: bool = False
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -806,7 +809,7 @@ def gemv(
     assert data.stride(1) == 1
     weight_format = WEIGHT_DENSE if scale is None else WEIGHT_ROW_SCALED
     config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
-    one_row_of_bytes = scale is not None and m == 1 and not config.prefetch  # (prefetch: the 2D kernel)
+    one_row_of_bytes = scale is not None and m == 1 and config.byte_tiles and not config.prefetch
     if one_row_of_bytes and k % config.block_k == 0 and config.block_k % 16 == 0:
         _gemv_bytes_kernel[(triton.cdiv(n, config.block_n),)](
             *common, data, scale, bias if bias is not None else dummy, out, m, n, k, x.stride(0), data.stride(0),

@@ -148,16 +148,18 @@ SHAPES = {  # Llama-3-8B's projections: (N, K, the prologue the model fuses into
 FORMATS = {"bf16": WEIGHT_DENSE, "fp8": WEIGHT_ROW_SCALED, "int8": WEIGHT_ROW_SCALED, "int4": WEIGHT_INT4}
 GROUP = 128
 PROLOGUE_NAMES = {PROLOGUE_NONE: "plain", PROLOGUE_RMSNORM: "rmsnorm+residual", PROLOGUE_SILU_MUL: "silu_mul"}
-# GEMV configs swept at one row for the quantized formats (block_n, block_k, num_warps, num_stages[, prefetch]),
+# GEMV configs swept at one row for the quantized formats (block_n, block_k, num_warps, num_stages[, prefetch[,
+# byte_tiles]]),
 # with the prologue the model fuses into each projection; bf16 runs its tuned configs (scripts/device/tune_gemv.py
 # sweeps those). 1-byte weights want more rows a tile than bf16 for the same bytes in flight; at one row they
-# run the 16-bytes-a-thread kernel (kernels.gemv._gemv_bytes_kernel) unless the config prefetches. The int4 kernel
+# run the 16-bytes-a-thread kernel (kernels.gemv._gemv_bytes_kernel) when byte_tiles is set. The int4 kernel
 # spreads a tile's threads over its periods of 128 features (8 periods a warp; a K tile that does not divide K
 # is halved until it does); 16 rows a program spill its registers, so the sweep stays at 4-8.
 SWEEP = {
     WEIGHT_ROW_SCALED: [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 1024, 4, 1), (16, 1024, 8, 1), (32, 512, 8, 1),
                         (8, 2048, 8, 1), (8, 1024, 4, 1, True), (4, 2048, 4, 1), (32, 1024, 4, 1),
-                        (16, 2048, 8, 1)],
+                        (16, 2048, 8, 1), (16, 1024, 4, 1, False, True), (32, 512, 8, 1, False, True),
+                        (16, 2048, 8, 1, False, True)],
     WEIGHT_INT4: [(8, 4096, 4, 1), (8, 2048, 2, 1), (8, 2048, 4, 1), (4, 4096, 4, 1), (8, 4096, 8, 1),
                   (4, 2048, 2, 1), (8, 1024, 1, 1), (8, 2048, 2, 1, True)],
 }  # fmt: skip

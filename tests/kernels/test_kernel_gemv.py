@@ -10,10 +10,11 @@ from kernels.dequant_matmul import int4_period, pack_int4
 from kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
 
 # Small tiles so the interpreter walks several programs and K blocks, ragged and even; with and without the
-# next tile's prefetch.
+# next tile's prefetch; the one-row kernel of 1-byte weights.
 CONFIGS = [
     GemvConfig(block_n=8, block_k=32, num_warps=1),
     GemvConfig(block_n=16, block_k=64, num_warps=2, prefetch=True),
+    GemvConfig(block_n=8, block_k=64, num_warps=2, byte_tiles=True),  # 1-byte weights: _gemv_bytes_kernel
 ]
 
 

@@ -75,8 +75,137 @@ MODEL_LIST = {  # GET /v1/models: TGI answers OpenAI's list of the one served mo
 }
 
 
-def tgi_as_served(document: dict) -> dict:
-    """TGI's document plus the responses TGI's router gives and the document omits."""
+ERROR_RESPONSE = {"$ref": "#/components/schemas/ErrorResponse"}
+OPENAI_STREAM_ERROR = {  # TGI's `into_openai_event`: errors inside an OpenAI-route stream
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "http_status_code"],
+            "properties": {"message": {"type": "string"}, "http_status_code": {"type": "integer"}},
+        }
+    },
+}
+HEALTH = {  # GET / is TGI's alias of /health (axum: `.route("/", get(health))`); the document omits it
+    "summary": "Health check method",
+    "responses": {
+        "200": {"description": "Everything is working fine"},
+        "503": {
+            "description": "Text generation inference is down",
+            "content": {"application/json": {"schema": ERROR_RESPONSE}},
+        },
+    },
+}
+
+
+def _stream_errors(path: str) -> list[dict]:
+    """What an error event of `path`'s stream looks like: /invocations answers with either route's shape."""
+    if path.startswith("/v1/"):
+        return [OPENAI_STREAM_ERROR]
+    return [ERROR_RESPONSE, OPENAI_STREAM_ERROR] if path == "/invocations" else [ERROR_RESPONSE]
+
+
+def sse_events(payload: dict, errors: list[dict]) -> dict:
+    """An SSE event whose `data` is JSON matching `payload` or one of TGI's in-stream `errors`. OpenAPI
+    3.0 tools read the document's own text/event-stream `schema` as the event object itself
+    (`{data, event, ...}`), which no TGI event matches; 3.2's `itemSchema` says what is meant."""
+    content = {"anyOf": [payload, *errors]}
+    data = {"type": "string", "contentMediaType": "application/json", "contentSchema": content}
+    return {"type": "object", "required": ["data"], "properties": {"data": data}}
+
+
+def _serde_values(node):
+    """utoipa writes the Rust values of `default` and `example` as strings ("null", "20", "false"), and
+    serde refuses a string where a number, boolean or object is expected (TGI answers `seed: "null"`
+    with a 422 too): put back the values meant. "null" is null even for a string field (a Rust `None`)."""
+    if isinstance(node, dict):
+        for key in ("default", "example"):
+            value = node.get(key)
+            if value == "null":
+                node[key] = None
+            elif isinstance(value, str) and node.get("type") in ("integer", "number", "boolean"):
+                with contextlib.suppress(ValueError):
+                    node[key] = json.loads(value)
+        for child in node.values():
+            _serde_values(child)
+    elif isinstance(node, list):
+        for child in node:
+            _serde_values(child)
+
+
+MAX_TOP_N_TOKENS = 5  # TGI's --max-top-n-tokens default (not in /info)
+
+
+def _bounds(info: dict) -> dict[tuple[str, str], dict]:
+    """TGI's validation (`Validation::validate` and the chat/completions mappings) as JSON Schema bounds, where
+    the document has none or others; the server's limits come from its /info. A value out of these bounds
+    is a 422 from TGI, so the document must not call it valid, nor call valid values invalid."""
+    max_input, max_total = info["max_input_tokens"], info["max_total_tokens"]
+    new_tokens = {"minimum": 1, "maximum": max_total - max_input}  # != 0; any prompt fits the budget
+    open_unit = {"exclusiveMinimum": True, "minimum": 0, "exclusiveMaximum": True, "maximum": 1}  # 1.0 refused too
+    penalty = {"minimum": -2, "maximum": 2, "exclusiveMinimum": False}  # -2.0 <= x <= 2.0
+    return {
+        ("GenerateParameters", "max_new_tokens"): new_tokens,
+        ("GenerateParameters", "top_p"): open_unit,
+        ("GenerateParameters", "typical_p"): open_unit,
+        ("GenerateParameters", "frequency_penalty"): penalty,
+        ("GenerateParameters", "top_n_tokens"): {"minimum": 0, "exclusiveMinimum": False, "maximum": MAX_TOP_N_TOKENS},
+        ("GenerateParameters", "truncate"): {"minimum": 1, "maximum": max_input},
+        ("GenerateParameters", "seed"): {"exclusiveMinimum": False},  # a u64: 0 is a seed
+        ("GenerateParameters", "best_of"): {"minimum": 0, "exclusiveMinimum": False, "maximum": info["max_best_of"]},
+        ("GenerateParameters", "stop"): {"maxItems": info["max_stop_sequences"]},
+        ("ChatRequest", "max_tokens"): new_tokens,
+        ("ChatRequest", "top_logprobs"): {"maximum": MAX_TOP_N_TOKENS},  # becomes top_n_tokens
+        ("ChatRequest", "temperature"): {"minimum": 0},  # 0 means greedy
+        ("ChatRequest", "top_p"): open_unit,
+        ("ChatRequest", "frequency_penalty"): penalty,
+        ("ChatRequest", "presence_penalty"): {
+            "minimum": -2,
+            "exclusiveMinimum": True,
+        },  # + 2.0 = repetition_penalty > 0
+        ("ChatRequest", "stop"): {"maxItems": info["max_stop_sequences"]},
+        ("CompletionRequest", "max_tokens"): new_tokens,
+        ("CompletionRequest", "temperature"): {"minimum": 0},
+        ("CompletionRequest", "top_p"): open_unit,
+        ("CompletionRequest", "frequency_penalty"): penalty,
+        ("CompletionRequest", "repetition_penalty"): {"minimum": 0, "exclusiveMinimum": True},
+        ("CompletionRequest", "stop"): {"maxItems": info["max_stop_sequences"]},
+        ("CompletionRequest", "suffix"): {"enum": [None]},  # "Suffix is not supported": only null passes
+    }
+
+
+def tgi_as_served(document: dict, info: dict) -> dict:
+    """TGI's document plus the responses TGI's router gives and the document omits, and the requests TGI
+    (serde, then validation under the server's limits in `info`, its GET /info) accepts where the document
+    says otherwise. Each change says why."""
+    _serde_values(document)
+    schemas = document["components"]["schemas"]
+    for (name, field), bounds in _bounds(info).items():
+        schemas[name]["properties"][field].update(bounds)
+    # Validation refuses empty inputs and more than max_input_tokens of them; 60 characters are at most 240
+    # UTF-8 bytes, so at most 240 tokens. /tokenize takes any (it does not validate).
+    for name in ("GenerateRequest", "CompatGenerateRequest"):
+        schemas[name]["properties"]["inputs"].update({"minLength": 1, "maxLength": 60})
+    # best_of > 1 needs sampling and no seed (the rule names do_sample; temperature & co. would do too)
+    schemas["GenerateParameters"]["anyOf"] = [
+        {"properties": {"best_of": {"type": "integer", "maximum": 1, "nullable": True}}},
+        {
+            "required": ["do_sample"],
+            "properties": {
+                "do_sample": {"type": "boolean", "enum": [True]},
+                "seed": {"enum": [None], "nullable": True},
+            },
+        },
+    ]
+    # `stream_options` is `#[serde(default)] StreamOptions`, not an Option: TGI refuses `null` with a 422.
+    schemas["ChatRequest"]["properties"]["stream_options"].pop("nullable", None)
+    # TGI's Prompt deserializer takes a string or a non-empty array ("Empty array detected ..." is a 422).
+    # (and validation refuses an empty one, and more than --max-client-batch-size of them)
+    prompt = {"type": "string", "minLength": 1, "maxLength": 60}
+    many = {"type": "array", "items": prompt, "minItems": 1, "maxItems": info["max_client_batch_size"]}
+    schemas["Prompt"] = {"anyOf": [prompt, many]}
+    document["paths"]["/"]["get"] = HEALTH
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
@@ -84,6 +213,13 @@ def tgi_as_served(document: dict) -> dict:
                 for status, description in AXUM_REJECTIONS.items():
                     response = responses.setdefault(status, {"description": description})
                     response.setdefault("content", {})["text/plain"] = {"schema": {"type": "string"}}
+            if path in ("/tokenize", "/chat_tokenize"):
+                # tokenizer, template and tool errors: TGI's JSON 422 (`Input validation error`, `template_error`)
+                responses["422"]["content"]["application/json"] = {"schema": ERROR_RESPONSE}
+            for response in responses.values():
+                stream = response.get("content", {}).get("text/event-stream")
+                if stream is not None and "schema" in stream:
+                    stream["itemSchema"] = sse_events(stream.pop("schema"), _stream_errors(path))
             if path == "/v1/models":
                 responses["200"]["content"]["application/json"]["schema"] = MODEL_LIST
     return document
@@ -172,29 +308,47 @@ def idle_and_serving(url: str) -> dict:
     }
 
 
-def fuzz(url: str, minutes: float, workers: int, report_dir: str) -> int:
-    spec = tgi_as_served(openapi_30(json.loads(SPEC.read_text())))
+# Routes whose invalid data TGI does not answer with a 4xx, so schemathesis' built-in negative_data_rejection
+# must not judge them: the streaming routes validate inside the stream (an error event on HTTP 200; the
+# hooks' negative_data_rejection_in_streams judges them instead), and the tokenize routes only deserialize
+# and tokenize (TGI validates no parameter there; /chat_tokenize runs the template and tool mapping only).
+NO_NEGATIVE_DATA_REJECTION = (
+    *("/", "/generate_stream", "/invocations", "/v1/chat/completions", "/v1/completions"),
+    *("/tokenize", "/chat_tokenize"),
+)
+HOOKS_DIR = REPO / "scripts" / "soak_data"
+
+
+def schemathesis_config() -> str:
+    """Every check, but negative_data_rejection off where TGI answers invalid data without a 4xx. (Checks
+    named on the command line, `--checks all`, would override the per-route settings.)"""
+    return "[checks]\nenabled = true\n\n" + "".join(
+        f'[[operations]]\ninclude-path = "{path}"\nchecks.negative_data_rejection.enabled = false\n\n'
+        for path in NO_NEGATIVE_DATA_REJECTION
+    )
+
+
+def fuzz(url: str, minutes: float, workers: int, report_dir: str, max_response_s: float) -> int:
+    info = httpx.get(f"{url}/info", timeout=30).json()
+    spec = tgi_as_served(openapi_30(json.loads(SPEC.read_text())), info)
     spec_path = Path(report_dir) / "tgi-openapi-3.0.json"
     spec_path.write_text(json.dumps(spec))
+    config = Path(report_dir) / "schemathesis.toml"
+    config.write_text(schemathesis_config())
     command = [
-        str(Path(sys.executable).with_name("schemathesis")), "run", str(spec_path),
+        str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run", str(spec_path),
         "--url", url,
         "--workers", str(workers),
         "--max-time", str(int(minutes * 60)),
-        "--checks", "all",
+        "--max-response-time", str(max_response_s),
         "--request-timeout", "120",
         "--continue-on-failure",
         "--report", "junit",
         "--report-dir", report_dir,
     ]  # fmt: skip
-    # /generate_stream validates inside the stream, as TGI does: a 200 whose one event is the error
-    config = Path(report_dir) / "schemathesis.toml"
-    config.write_text(
-        '[[operations]]\ninclude-path = "/generate_stream"\nchecks.negative_data_rejection.enabled = false\n'
-    )
-    command[1:1] = ["--config-file", str(config)]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tgi_hooks", "PYTHONPATH": str(HOOKS_DIR)}
     print("$", " ".join(command), flush=True)
-    return subprocess.run(command, cwd=report_dir).returncode  # its example cache stays out of the repo
+    return subprocess.run(command, cwd=report_dir, env=env).returncode  # its example cache stays out of the repo
 
 
 async def stream_burst(url: str, count: int, max_new_tokens: int = 32) -> list[int]:
@@ -223,6 +377,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--max-response-time",
+        type=float,
+        default=90.0,
+        help="seconds a response may take (schemathesis' max_response_time check; default 90: the longest "
+        "answer --max-total-tokens 512 allows, ~500 tokens, at ~6 tokens/s, the slowest decode of the 2-core "
+        "CPU under the soak's two workers; schemathesis' own 10 s is a GPU's pace)",
+    )
     parser.add_argument("--url", help="a running server (started with the flags above); default: launch one")
     parser.add_argument("--burst", type=int, default=1000, help="concurrent 32-token streams (0: none)")
     parser.add_argument("--no-burst", dest="burst", action="store_const", const=0)
@@ -234,7 +396,7 @@ def main() -> int:
         url = args.url or stack.enter_context(launched(FUZZ_FLAGS, f"{report_dir}/server.log"))[0]
         poller = HealthPoller(url)
         poller.start()
-        fuzz_rc = fuzz(url, args.minutes, args.workers, report_dir)
+        fuzz_rc = fuzz(url, args.minutes, args.workers, report_dir, args.max_response_time)
         poller.stop()
         after = idle_and_serving(url)
         print(f"\n[soak] started {started}, {args.minutes:g} min of schemathesis: exit code {fuzz_rc}")

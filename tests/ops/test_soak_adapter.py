@@ -131,3 +131,12 @@ def test_validation_bounds_follow_the_servers_limits(document):
     assert (parameters["truncate"]["minimum"], parameters["truncate"]["maximum"]) == (1, 256)
     assert parameters["top_p"]["exclusiveMaximum"] is True and parameters["top_p"]["maximum"] == 1  # 1.0: a 422
     assert parameters["seed"]["exclusiveMinimum"] is False  # seed 0 is accepted
+
+
+def test_only_the_soaks_own_length_bounds_are_excused():
+    excused = "Invalid data should have been rejected\nExpected: 400\nInvalid component: in body - max_tokens: Value greater than maximum"
+    assert tgi_hooks.only_soak_bounds(excused)
+    reported = "Invalid data should have been rejected\nInvalid component: in body - top_p: Value greater than maximum"
+    assert not tgi_hooks.only_soak_bounds(reported)
+    mixed = "Invalid component: in body\n  - inputs: String larger than maxLength\n  - seed: Value smaller than minimum"
+    assert not tgi_hooks.only_soak_bounds(mixed)

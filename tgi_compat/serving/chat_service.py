@@ -30,8 +30,8 @@ from tgi_compat.serving.chat_request import ChatPrompt, chat_parameters, chat_te
 from tgi_compat.serving.chat_responses import chat_completion, token_chunk, tool_chunk, usage_chunk
 from tgi_compat.serving.chat_template import ChatTemplate
 from tgi_compat.serving.frame import Admitted, RequestFrame
-from tgi_compat.serving.generate_service import token_spans
 from tgi_compat.serving.responses import stream_headers, timing_headers
+from tgi_compat.serving.tokenization import simple_tokens
 from tgi_compat.serving.tools import StreamSignal, ToolStream, next_tool_call_id, parse_tool_answer
 
 
@@ -137,4 +137,4 @@ class ChatService:
             return JsonAnswer.error(error)
         except Exception as error:  # tokenizer failures are the client's input
             return JsonAnswer.error(validation_error(f"tokenizer error {error}"))
-        return JsonAnswer({"tokenize_response": token_spans(prompt, spans), "templated_text": prompt})
+        return JsonAnswer({"tokenize_response": simple_tokens(prompt, spans), "templated_text": prompt})

@@ -1,8 +1,9 @@
-"""The frame every generation route runs a request in: permit -> validate -> generate -> account.
+"""The frame every generation service runs a request in: permit -> validate -> generate -> account.
 
-A route builds one `RequestFrame` per engine request (counted as received), enters `admit()` to hold
-its permits and validate the prompt (TGI's Validation::validate), generates inside that block, and
-reports the outcome with `succeeded()` or `failed()`. The routes keep only their wire shapes.
+A service (generate_service.py, chat_service.py, ...) builds one `RequestFrame` per engine request
+(counted as received), enters `admit()` to hold its permits and validate the prompt (TGI's
+Validation::validate), generates inside that block, and reports the outcome with `succeeded()` or
+`failed()`. The services keep only their wire shapes.
 """
 
 from __future__ import annotations

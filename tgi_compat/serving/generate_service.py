@@ -15,11 +15,11 @@ from fastapi import Request
 from tgi_compat.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.protocol.errors import TgiError, validation_error
 from tgi_compat.protocol.sse import data_event
-from tgi_compat.protocol.tgi import CompatGenerateRequest, GenerateRequest, SimpleToken, dump_json
+from tgi_compat.protocol.tgi import CompatGenerateRequest, GenerateRequest, dump_json
 from tgi_compat.server.state import AppState, get_state
 from tgi_compat.serving.frame import RequestFrame
 from tgi_compat.serving.responses import generate_response, stream_event_json, stream_headers, timing_headers
-from tgi_compat.serving.tokenization import ByteSpan
+from tgi_compat.serving.tokenization import simple_tokens
 from tgi_compat.serving.validation import check_best_of_limits, check_stream_only, num_sequences
 
 
@@ -100,18 +100,4 @@ class GenerateService:
             spans = await self.state.tokenizer.spans(body.inputs)
         except Exception as error:  # any tokenizer failure is the client's input
             return JsonAnswer.error(validation_error(f"tokenizer error {error}"))
-        return JsonAnswer(token_spans(body.inputs, spans))
-
-
-def token_spans(text: str, spans: list[ByteSpan]) -> list[dict[str, Any]]:
-    """SimpleToken dicts for tokenizer spans of `text`; offsets count UTF-8 bytes (TGI)."""
-    raw = text.encode("utf-8")
-    return [
-        SimpleToken(
-            id=span.id,
-            text=raw[span.start : span.stop].decode("utf-8", errors="replace"),
-            start=span.start,
-            stop=span.stop,
-        ).to_dict()
-        for span in spans
-    ]
+        return JsonAnswer(simple_tokens(body.inputs, spans))

@@ -213,6 +213,10 @@ def tgi_as_served(document: dict, info: dict) -> dict:
     # /invocations answers an `inputs` request as POST / does: a one-element array
     one_generation = {"type": "array", "items": {"$ref": "#/components/schemas/GenerateResponse"}, "minItems": 1}
     schemas["SagemakerResponse"]["oneOf"][0] = one_generation
+    # A named tool_choice (`{"type": "function", "function": {"name": N}}`: serde's tag is required too)
+    # must name one of `tools`, else TGI answers a 422 tool error; a schema cannot tie the two fields,
+    # so the soak sends only "auto", "none" and "required".
+    schemas["ToolChoice"]["oneOf"] = [choice for choice in schemas["ToolChoice"]["oneOf"] if "enum" in choice]
     # `stream_options` is `#[serde(default)] StreamOptions`, not an Option: TGI refuses `null` with a 422.
     schemas["ChatRequest"]["properties"]["stream_options"].pop("nullable", None)
     # TGI's Prompt deserializer takes a string or a non-empty array ("Empty array detected ..." is a 422).

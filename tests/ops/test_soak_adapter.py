@@ -112,6 +112,7 @@ def test_no_string_null_defaults_left(document):
 def test_request_shapes_match_tgis_serde(document):
     schemas = document["components"]["schemas"]
     assert "nullable" not in schemas["ChatRequest"]["properties"]["stream_options"]  # null: 422 in TGI
+    assert [choice["enum"] for choice in schemas["ToolChoice"]["oneOf"]] == [["auto"], ["none"], ["required"]]
     prompt = schemas["Prompt"]["anyOf"]
     text = {"type": "string", "minLength": 1, "maxLength": 60}  # "`inputs` cannot be empty", <= 240 tokens
     assert text in prompt and {"type": "array", "items": text, "minItems": 1, "maxItems": 4} in prompt

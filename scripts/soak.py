@@ -217,6 +217,12 @@ def tgi_as_served(document: dict, info: dict) -> dict:
     # must name one of `tools`, else TGI answers a 422 tool error; a schema cannot tie the two fields,
     # so the soak sends only "auto", "none" and "required".
     schemas["ToolChoice"]["oneOf"] = [choice for choice in schemas["ToolChoice"]["oneOf"] if "enum" in choice]
+    # response_format and tools together are a 422 tool error ("Grammar and tools are mutually exclusive",
+    # even for `tools: []`); null is their absence
+    schemas["ChatRequest"]["not"] = {
+        "required": ["tools", "response_format"],
+        "properties": {"tools": {"type": "array"}, "response_format": {"type": "object"}},
+    }
     # `stream_options` is `#[serde(default)] StreamOptions`, not an Option: TGI refuses `null` with a 422.
     schemas["ChatRequest"]["properties"]["stream_options"].pop("nullable", None)
     # TGI's Prompt deserializer takes a string or a non-empty array ("Empty array detected ..." is a 422).

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection
 STREAMING_PATHS = frozenset({"/", "/generate_stream", "/invocations", "/v1/chat/completions", "/v1/completions"})
 UNVALIDATED_PATHS = frozenset({"/tokenize", "/chat_tokenize"})
 SOAK_BOUNDS = re.compile(
-    r"(max_new_tokens|max_tokens): Value greater than maximum|(inputs|prompt)\S*: String larger than maxLength"
+    r"(max_new_tokens|max_tokens): Value greater than maximum|\b(inputs|prompt)\b.*String larger than maxLength"
 )
 DONE = b"data: [DONE]\n\n"
 

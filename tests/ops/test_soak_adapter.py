@@ -139,5 +139,8 @@ def test_only_the_soaks_own_length_bounds_are_excused():
     assert tgi_hooks.only_soak_bounds(excused)
     reported = "Invalid data should have been rejected\nInvalid component: in body - top_p: Value greater than maximum"
     assert not tgi_hooks.only_soak_bounds(reported)
+    assert tgi_hooks.only_soak_bounds(
+        "Invalid component: in body - prompt -> Array with invalid items: String larger than maxLength"
+    )
     mixed = "Invalid component: in body\n  - inputs: String larger than maxLength\n  - seed: Value smaller than minimum"
     assert not tgi_hooks.only_soak_bounds(mixed)

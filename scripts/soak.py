@@ -75,8 +75,162 @@ MODEL_LIST = {  # GET /v1/models: TGI answers OpenAI's list of the one served mo
 }
 
 
-def tgi_as_served(document: dict) -> dict:
-    """TGI's document plus the responses TGI's router gives and the document omits."""
+ERROR_RESPONSE = {"$ref": "#/components/schemas/ErrorResponse"}
+OPENAI_STREAM_ERROR = {  # TGI's `into_openai_event`: errors inside an OpenAI-route stream
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "http_status_code"],
+            "properties": {"message": {"type": "string"}, "http_status_code": {"type": "integer"}},
+        }
+    },
+}
+HEALTH = {  # GET / is TGI's alias of /health (axum: `.route("/", get(health))`); the document omits it
+    "summary": "Health check method",
+    "responses": {
+        "200": {"description": "Everything is working fine"},
+        "503": {
+            "description": "Text generation inference is down",
+            "content": {"application/json": {"schema": ERROR_RESPONSE}},
+        },
+    },
+}
+
+
+def _stream_errors(path: str) -> list[dict]:
+    """What an error event of `path`'s stream looks like: /invocations answers with either route's shape."""
+    if path.startswith("/v1/"):
+        return [OPENAI_STREAM_ERROR]
+    return [ERROR_RESPONSE, OPENAI_STREAM_ERROR] if path == "/invocations" else [ERROR_RESPONSE]
+
+
+def sse_events(payload: dict, errors: list[dict]) -> dict:
+    """An SSE event whose `data` is JSON matching `payload` or one of TGI's in-stream `errors`. OpenAPI
+    3.0 tools read the document's own text/event-stream `schema` as the event object itself
+    (`{data, event, ...}`), which no TGI event matches; 3.2's `itemSchema` says what is meant."""
+    content = {"anyOf": [payload, *errors]}
+    data = {"type": "string", "contentMediaType": "application/json", "contentSchema": content}
+    return {"type": "object", "required": ["data"], "properties": {"data": data}}
+
+
+def _serde_values(node):
+    """utoipa writes the Rust values of `default` and `example` as strings ("null", "20", "[{...}]"), and
+    serde refuses a string where a number, boolean or object is expected (TGI answers `seed: "null"`
+    with a 422 too): put back the values meant. "null" is null even for a string field (a Rust `None`)."""
+    if isinstance(node, dict):
+        for key in ("default", "example"):
+            value = node.get(key)
+            if value == "null":
+                node[key] = None
+            elif isinstance(value, str) and node.get("type") in ("integer", "number", "boolean", "array"):
+                with contextlib.suppress(ValueError):  # an array example is JSON text (`messages`)
+                    node[key] = json.loads(value)
+        for child in node.values():
+            _serde_values(child)
+    elif isinstance(node, list):
+        for child in node:
+            _serde_values(child)
+
+
+MAX_TOP_N_TOKENS = 5  # TGI's --max-top-n-tokens default (not in /info)
+
+
+def _bounds(info: dict) -> dict[tuple[str, str], dict]:
+    """TGI's validation (`Validation::validate` and the chat/completions mappings) as JSON Schema bounds, where
+    the document has none or others; the server's limits come from its /info. A value out of these bounds
+    is a 422 from TGI, so the document must not call it valid, nor call valid values invalid."""
+    max_input, max_total = info["max_input_tokens"], info["max_total_tokens"]
+    new_tokens = {"minimum": 1, "maximum": max_total - max_input}  # != 0; any prompt fits the budget
+    open_unit = {"exclusiveMinimum": True, "minimum": 0, "exclusiveMaximum": True, "maximum": 1}  # 1.0 refused too
+    penalty = {"minimum": -2, "maximum": 2, "exclusiveMinimum": False}  # -2.0 <= x <= 2.0
+    u64 = {"format": None, "minimum": 0, "exclusiveMinimum": False, "maximum": 2**64 - 1}  # seeds: u64, not int64
+    return {
+        ("GenerateParameters", "max_new_tokens"): new_tokens,
+        ("GenerateParameters", "top_p"): open_unit,
+        ("GenerateParameters", "typical_p"): open_unit,
+        ("GenerateParameters", "frequency_penalty"): penalty,
+        ("GenerateParameters", "top_n_tokens"): {"minimum": 0, "exclusiveMinimum": False, "maximum": MAX_TOP_N_TOKENS},
+        ("GenerateParameters", "truncate"): {"minimum": 1, "maximum": max_input},
+        ("GenerateParameters", "seed"): u64,
+        ("GenerateParameters", "best_of"): {"minimum": 0, "exclusiveMinimum": False, "maximum": info["max_best_of"]},
+        ("GenerateParameters", "stop"): {"maxItems": info["max_stop_sequences"]},
+        ("ChatRequest", "max_tokens"): new_tokens,
+        ("ChatRequest", "top_logprobs"): {"maximum": MAX_TOP_N_TOKENS},  # becomes top_n_tokens
+        ("ChatRequest", "temperature"): {"minimum": 0},  # 0 means greedy
+        ("ChatRequest", "top_p"): open_unit,
+        ("ChatRequest", "frequency_penalty"): penalty,
+        ("ChatRequest", "presence_penalty"): {
+            "minimum": -2,
+            "exclusiveMinimum": True,
+        },  # + 2.0 = repetition_penalty > 0
+        ("ChatRequest", "stop"): {"maxItems": info["max_stop_sequences"]},
+        ("ChatRequest", "seed"): u64,
+        ("CompletionRequest", "max_tokens"): new_tokens,
+        ("CompletionRequest", "temperature"): {"minimum": 0},
+        ("CompletionRequest", "top_p"): open_unit,
+        ("CompletionRequest", "frequency_penalty"): penalty,
+        ("CompletionRequest", "repetition_penalty"): {"minimum": 0, "exclusiveMinimum": True},
+        ("CompletionRequest", "stop"): {"maxItems": info["max_stop_sequences"]},
+        ("CompletionRequest", "seed"): u64,
+        ("CompletionRequest", "suffix"): {"enum": [None]},  # "Suffix is not supported": only null passes
+    }
+
+
+def tgi_as_served(document: dict, info: dict) -> dict:
+    """TGI's document plus the responses TGI's router gives and the document omits, and the requests TGI
+    (serde, then validation under the server's limits in `info`, its GET /info) accepts where the document
+    says otherwise. Each change says why."""
+    _serde_values(document)
+    schemas = document["components"]["schemas"]
+    for (name, field), bounds in _bounds(info).items():
+        schema = schemas[name]["properties"][field]
+        schema.update(bounds)
+        if "format" in bounds and bounds["format"] is None:
+            del schema["format"]
+    # Validation refuses empty inputs and more than max_input_tokens of them; 60 characters are at most 240
+    # UTF-8 bytes, so at most 240 tokens. /tokenize takes any (it does not validate).
+    for name in ("GenerateRequest", "CompatGenerateRequest"):
+        schemas[name]["properties"]["inputs"].update({"minLength": 1, "maxLength": 60})
+    # best_of > 1 needs sampling and no seed (the rule names do_sample; temperature & co. would do too)
+    schemas["GenerateParameters"]["anyOf"] = [
+        {"properties": {"best_of": {"type": "integer", "maximum": 1, "nullable": True}}},
+        {
+            "required": ["do_sample"],
+            "properties": {
+                "do_sample": {"type": "boolean", "enum": [True]},
+                "seed": {"enum": [None], "nullable": True},
+            },
+        },
+    ]
+    # A message needs `content` or `tool_calls` (serde: "did not match any variant of untagged enum
+    # MessageBody"); schemathesis would build its example from the property examples, which have neither.
+    schemas["Message"]["example"] = {"role": "user", "content": "What is Deep Learning?"}
+    for part in schemas["Message"]["allOf"]:
+        for field in part.get("properties", {}).values():
+            field.pop("example", None)
+    # /invocations answers an `inputs` request as POST / does: a one-element array
+    one_generation = {"type": "array", "items": {"$ref": "#/components/schemas/GenerateResponse"}, "minItems": 1}
+    schemas["SagemakerResponse"]["oneOf"][0] = one_generation
+    # A named tool_choice (`{"type": "function", "function": {"name": N}}`: serde's tag is required too)
+    # must name one of `tools`, else TGI answers a 422 tool error; a schema cannot tie the two fields,
+    # so the soak sends only "auto", "none" and "required".
+    schemas["ToolChoice"]["oneOf"] = [choice for choice in schemas["ToolChoice"]["oneOf"] if "enum" in choice]
+    # response_format and tools together are a 422 tool error ("Grammar and tools are mutually exclusive",
+    # even for `tools: []`); null is their absence
+    schemas["ChatRequest"]["not"] = {
+        "required": ["tools", "response_format"],
+        "properties": {"tools": {"type": "array"}, "response_format": {"type": "object"}},
+    }
+    # `stream_options` is `#[serde(default)] StreamOptions`, not an Option: TGI refuses `null` with a 422.
+    schemas["ChatRequest"]["properties"]["stream_options"].pop("nullable", None)
+    # TGI's Prompt deserializer takes a string or a non-empty array ("Empty array detected ..." is a 422).
+    # (and validation refuses an empty one, and more than --max-client-batch-size of them)
+    prompt = {"type": "string", "minLength": 1, "maxLength": 60}
+    many = {"type": "array", "items": prompt, "minItems": 1, "maxItems": info["max_client_batch_size"]}
+    schemas["Prompt"] = {"anyOf": [prompt, many]}
+    document["paths"]["/"]["get"] = HEALTH
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
@@ -84,6 +238,13 @@ def tgi_as_served(document: dict) -> dict:
                 for status, description in AXUM_REJECTIONS.items():
                     response = responses.setdefault(status, {"description": description})
                     response.setdefault("content", {})["text/plain"] = {"schema": {"type": "string"}}
+            if path in ("/tokenize", "/chat_tokenize"):
+                # tokenizer, template and tool errors: TGI's JSON 422 (`Input validation error`, `template_error`)
+                responses["422"]["content"]["application/json"] = {"schema": ERROR_RESPONSE}
+            for response in responses.values():
+                stream = response.get("content", {}).get("text/event-stream")
+                if stream is not None and "schema" in stream:
+                    stream["itemSchema"] = sse_events(stream.pop("schema"), _stream_errors(path))
             if path == "/v1/models":
                 responses["200"]["content"]["application/json"]["schema"] = MODEL_LIST
     return document
@@ -172,29 +333,56 @@ def idle_and_serving(url: str) -> dict:
     }
 
 
-def fuzz(url: str, minutes: float, workers: int, report_dir: str) -> int:
-    spec = tgi_as_served(openapi_30(json.loads(SPEC.read_text())))
+HOOKS_DIR = REPO / "scripts" / "soak_data"  # tgi_hooks.py: TGI's behaviour the document cannot state
+
+
+def schemathesis_config() -> str:
+    """Every check; the built-in negative_data_rejection gives way to the hooks' negative_data_rejection_tgi
+    (checks named on the command line, `--checks all`, would override settings made here)."""
+    return "[checks]\nenabled = true\n\n[checks.negative_data_rejection]\nenabled = false\n"
+
+
+RESPONSE_TIME_FACTOR = 4.0
+
+
+def calibrated_response_time(url: str, max_total_tokens: int) -> float:
+    """The response-time limit for this machine: the longest answer the server allows (max_total_tokens
+    tokens, the default length of `parameters: {}`) at the decode pace measured here alone, times 4 for
+    what the fuzzing adds (two workers, /v1/completions' prompts x best_of sequences in one batch, a shared
+    CPU). Schemathesis' own 10 s suits a GPU; on a 2-core CPU a default-length answer alone takes ~40 s."""
+    body = {"inputs": "My name is Olivier and I", "parameters": {"max_new_tokens": 32, "stop": []}}
+    paces = []
+    for _ in range(2):  # the faster of two: the first may pay for a cold cache
+        response = httpx.post(f"{url}/generate", json=body, timeout=600)
+        response.raise_for_status()
+        paces.append(int(response.headers["x-time-per-token"]) / 1000)
+    return round(RESPONSE_TIME_FACTOR * max_total_tokens * max(min(paces), 0.001), 1)
+
+
+def fuzz(url: str, minutes: float, workers: int, report_dir: str, max_response_s: float | None) -> int:
+    info = httpx.get(f"{url}/info", timeout=30).json()
+    if max_response_s is None:
+        max_response_s = calibrated_response_time(url, info["max_total_tokens"])
+    print(f"[soak] response-time limit {max_response_s:g} s", flush=True)
+    spec = tgi_as_served(openapi_30(json.loads(SPEC.read_text())), info)
     spec_path = Path(report_dir) / "tgi-openapi-3.0.json"
     spec_path.write_text(json.dumps(spec))
+    config = Path(report_dir) / "schemathesis.toml"
+    config.write_text(schemathesis_config())
     command = [
-        str(Path(sys.executable).with_name("schemathesis")), "run", str(spec_path),
+        str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run", str(spec_path),
         "--url", url,
         "--workers", str(workers),
         "--max-time", str(int(minutes * 60)),
-        "--checks", "all",
-        "--request-timeout", "120",
+        "--max-response-time", str(max_response_s),
+        "--request-timeout", str(max(120, 2 * max_response_s)),  # a slower answer is reported, not cut
         "--continue-on-failure",
         "--report", "junit",
         "--report-dir", report_dir,
     ]  # fmt: skip
-    # /generate_stream validates inside the stream, as TGI does: a 200 whose one event is the error
-    config = Path(report_dir) / "schemathesis.toml"
-    config.write_text(
-        '[[operations]]\ninclude-path = "/generate_stream"\nchecks.negative_data_rejection.enabled = false\n'
-    )
-    command[1:1] = ["--config-file", str(config)]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tgi_hooks", "PYTHONPATH": str(HOOKS_DIR)}
     print("$", " ".join(command), flush=True)
-    return subprocess.run(command, cwd=report_dir).returncode  # its example cache stays out of the repo
+    return subprocess.run(command, cwd=report_dir, env=env).returncode  # its example cache stays out of the repo
 
 
 async def stream_burst(url: str, count: int, max_new_tokens: int = 32) -> list[int]:
@@ -223,6 +411,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--max-response-time",
+        type=float,
+        help="seconds a response may take (schemathesis' max_response_time check); default: calibrated, "
+        "4x the longest answer the server allows at the decode pace measured at the start",
+    )
     parser.add_argument("--url", help="a running server (started with the flags above); default: launch one")
     parser.add_argument("--burst", type=int, default=1000, help="concurrent 32-token streams (0: none)")
     parser.add_argument("--no-burst", dest="burst", action="store_const", const=0)
@@ -234,7 +428,7 @@ def main() -> int:
         url = args.url or stack.enter_context(launched(FUZZ_FLAGS, f"{report_dir}/server.log"))[0]
         poller = HealthPoller(url)
         poller.start()
-        fuzz_rc = fuzz(url, args.minutes, args.workers, report_dir)
+        fuzz_rc = fuzz(url, args.minutes, args.workers, report_dir, args.max_response_time)
         poller.stop()
         after = idle_and_serving(url)
         print(f"\n[soak] started {started}, {args.minutes:g} min of schemathesis: exit code {fuzz_rc}")

@@ -191,3 +191,19 @@ async def test_tools_with_no_messages_is_an_error_answer_not_a_500(make_client, 
         response = await http.post("/v1/chat/completions", json={"messages": [], "tools": [WEATHER]})
     assert response.status_code != 500 and response.status_code < 500, response.text
     assert response.status_code == 200 or "error" in response.json()
+
+
+def test_a_tool_named_empty_is_constrained_to_its_call():
+    """TGI resolves "#/$functions/" to the tool named ""; xgrammar read it as `$functions` and let the
+    model answer any JSON there (found by the soak: `{"function": [2019673845]}`, then a tool error)."""
+    import xgrammar as xgr
+
+    from tgi_compat.protocol.openai import Tool
+    from tgi_compat.serving.grammar import inline_function_refs
+    from tgi_compat.serving.tools import tool_grammar
+
+    tool = Tool.model_validate({"type": "function", "function": {"name": "", "arguments": None}})
+    schema = inline_function_refs(tool_grammar([tool]))
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+    assert xgr.testing._is_grammar_accept_string(grammar, '{"function": {"_name": ""}}')
+    assert not xgr.testing._is_grammar_accept_string(grammar, '{"function": [2019673845]}')

@@ -84,9 +84,30 @@ class ChatMessage(_Body):
     content: str
 
 
+class FunctionCall(_Body):
+    """TGI's FunctionDefinition as a generated call: `description` is always null."""
+
+    description: str | None = None
+    name: str
+    arguments: str  # compact JSON
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatToolCallMessage(_Body):
+    """A tool call's message: `tool_calls` and no `content` key (TGI)."""
+
+    role: Literal["assistant"] = "assistant"
+    tool_calls: list[ToolCall]
+
+
 class ChatChoice(_Body):
     index: int
-    message: ChatMessage
+    message: ChatMessage | ChatToolCallMessage
     logprobs: ChatLogprobs | None
     finish_reason: str
 
@@ -101,9 +122,28 @@ class ChatDelta(_Body):
     content: str
 
 
+class FunctionCallChunk(_Body):
+    name: str | None  # on the first piece only
+    arguments: str
+
+
+class ToolCallDelta(_Body):
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallChunk
+
+
+class ChatToolCallDelta(_Body):
+    """TGI's ToolCallDelta: one piece of a streamed tool call."""
+
+    role: Literal["assistant"] = "assistant"
+    tool_calls: list[ToolCallDelta]
+
+
 class ChatChunkChoice(_Body):
     index: int
-    delta: ChatDelta
+    delta: ChatDelta | ChatToolCallDelta
     logprobs: ChatLogprobs | None
     finish_reason: str | None
 

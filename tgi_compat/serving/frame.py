@@ -1,15 +1,16 @@
-"""The frame every generation route runs a request in: permit -> validate -> generate -> account.
+"""The frame every generation service runs a request in: permit -> validate -> generate -> account.
 
-A route builds one `RequestFrame` per engine request (counted as received), enters `admit()` to hold
-its permits and validate the prompt (TGI's Validation::validate), generates inside that block, and
-reports the outcome with `succeeded()` or `failed()`. The routes keep only their wire shapes.
+A service (generate_service.py, chat_service.py, ...) builds one `RequestFrame` per engine request
+(counted as received), enters `admit()` to hold its permits and validate the prompt (TGI's
+Validation::validate), generates inside that block, and reports the outcome with `succeeded()` or
+`failed()`. The services keep only their wire shapes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,16 +83,24 @@ class Admitted:
     timings: Timings
     first_token: Callable[[], None] | None  # marks the request running in the in-flight gauges
 
+    async def revalidate(
+        self, inputs: str, params: GenerateParameters, *, add_special_tokens: bool = True
+    ) -> ValidatedRequest:
+        """Validate another prompt under the same permits (chat answers again in plain text after
+        the model chose `no_tool`); generation then runs that request."""
+        self.request = await validate_request(self.state, inputs, params, add_special_tokens=add_special_tokens)
+        return self.request
+
     async def to_end(self) -> GenerationResult:
         return await generate_to_end(self.state, self.request, self.timings, self.first_token)
 
     async def best_of(self, n: int) -> list[GenerationResult]:
         return await generate_best_of(self.state, self.request, self.timings, n)
 
-    def stream(self) -> AsyncIterator[TokenStep]:
+    def stream(self) -> AsyncGenerator[TokenStep, None]:
         return stream_sequence(self.state, self.request, self.timings, streaming=True, on_first_token=self.first_token)
 
-    def stream_batches(self) -> AsyncIterator[list[TokenStep]]:
+    def stream_batches(self) -> AsyncGenerator[list[TokenStep], None]:
         return stream_step_batches(
             self.state, self.request, self.timings, streaming=True, on_first_token=self.first_token
         )
@@ -100,23 +109,32 @@ class Admitted:
 class RequestFrame:
     """One engine request's permits, validation and metrics; `span` is the route's trace span, if any."""
 
-    def __init__(self, state: AppState, span: Any = None) -> None:
+    def __init__(self, state: AppState, span: Any = None, *, count_received: bool = True) -> None:
+        """`count_received=False`: the route counted the HTTP request once for all its frames (/vertex)."""
         self.state = state
         self.span = span
         self.timings = Timings(arrival=time.perf_counter())
-        accounting.received(state)
+        if count_received:
+            accounting.received(state)
 
     @asynccontextmanager
     async def admit(
-        self, inputs: str, params: GenerateParameters, *, permits: int = 1, add_special_tokens: bool = True
+        self,
+        inputs: str,
+        params: GenerateParameters,
+        *,
+        permits: int = 1,
+        add_special_tokens: bool = True,
+        grammar: GrammarType | ResponseFormat | None = None,
     ) -> AsyncIterator[Admitted]:
-        """Hold `permits` (TGI's 429 when short), count the request in flight, validate it."""
+        """Hold `permits` (TGI's 429 when short), count the request in flight, validate it.
+        `grammar`: the chat `response_format` or tool grammar, in place of `params.grammar`."""
         with self.state.permits.hold(permits), accounting.inflight(self.state) as inflight:
-            if self.span is not None:
-                with self.span.child("validate"):
-                    request = await validate_request(self.state, inputs, params, add_special_tokens=add_special_tokens)
-            else:
-                request = await validate_request(self.state, inputs, params, add_special_tokens=add_special_tokens)
+            validating = self.span.child("validate") if self.span is not None else nullcontext()
+            with validating:
+                request = await validate_request(
+                    self.state, inputs, params, add_special_tokens=add_special_tokens, grammar=grammar
+                )
             first_token = inflight.first_token if inflight is not None else None
             yield Admitted(self.state, request, self.timings, first_token)
 

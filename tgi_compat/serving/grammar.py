@@ -77,7 +77,33 @@ def grammar_spec(grammar: GrammarType | ResponseFormat | None, supported: bool) 
     else:
         schema = _json_value(grammar.value)
     check_schema(schema)
+    schema = inline_function_refs(schema)
     return GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+
+
+_EMPTY_NAME_REF = "#/$functions/"  # the tool grammar's pointer to a tool named ""
+
+
+def inline_function_refs(schema: Any) -> Any:
+    """The tool grammar's `{"$ref": "#/$functions/"}` (a tool named "") replaced by that function.
+
+    TGI's resolver reads the pointer as the key "" (RFC 6901) and constrains the call; xgrammar reads
+    it as `$functions` itself and then accepts any JSON there. Other names resolve alike in both."""
+    functions = schema.get("$functions") if isinstance(schema, dict) else None
+    if not isinstance(functions, dict) or "" not in functions:
+        return schema
+    function = functions[""]
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if node == {"$ref": _EMPTY_NAME_REF}:
+            return function
+        return {key: value if key == "$functions" else resolve(value) for key, value in node.items()}
+
+    return resolve(schema)
 
 
 def _json_value(value: Any) -> Any:

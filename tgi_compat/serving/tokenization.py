@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tgi_compat.protocol.tgi import SimpleToken
+
 logger = logging.getLogger(__name__)
 
 
@@ -94,3 +96,17 @@ class TokenizerService:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def simple_tokens(text: str, spans: list[ByteSpan]) -> list[dict[str, Any]]:
+    """SimpleToken dicts for tokenizer spans of `text`; offsets count UTF-8 bytes (TGI)."""
+    raw = text.encode("utf-8")
+    return [
+        SimpleToken(
+            id=span.id,
+            text=raw[span.start : span.stop].decode("utf-8", errors="replace"),
+            start=span.start,
+            stop=span.stop,
+        ).to_dict()
+        for span in spans
+    ]

@@ -60,6 +60,7 @@ def triton_rms_norm_linear(
             x, norm.weight, norm.eps, torch.float8_e4m3fn, residual=residual, residual_out=summed
         )
         return proj.forward_fp8(x_q, x_scale, x.dtype), (x if summed is None else summed)
+    assert weight is not None  # a config implies a GEMV weight
     summed = torch.empty_like(x) if residual is not None else None
     out = gemv(
         x,
@@ -82,6 +83,7 @@ def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
             return unfused_silu_mul_linear(x, proj, silu_mul)
         x_q, x_scale = silu_mul_quant_per_token(x, torch.float8_e4m3fn)
         return proj.forward_fp8(x_q, x_scale, x.dtype)
+    assert weight is not None  # a config implies a GEMV weight
     return gemv(x, weight, proj.bias, silu_mul=True, config=config)
 
 

@@ -25,6 +25,7 @@ from modeling.layers.ops import LayerOps, RopeTables
 from modeling.layers.rotary import RotaryEmbedding
 from modeling.models.weight_names import load_packed_weights
 from modeling.parallel import NO_TP, TensorParallel, shard_heads
+from modeling.weights.lazy import LazyTensor
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [num_slots, num_kv_heads, head_dim]
 
@@ -218,6 +219,6 @@ class DecoderForCausalLM(nn.Module):
         # [R, hidden] -> [R, vocab] float32
         return self.lm_head(hidden)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:
         """Copy (HF name, tensor) pairs into the parameters, fusing q/k/v and gate/up on the way."""
         load_packed_weights(self, weights, self.config.tie_word_embeddings)

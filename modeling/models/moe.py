@@ -22,6 +22,7 @@ from modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer,
 from modeling.models.llama import LlamaMLP, llama_rope
 from modeling.models.weight_names import fused_name, load_packed_weights
 from modeling.parallel import NO_TP, TensorParallel
+from modeling.weights.lazy import LazyTensor
 
 # Checkpoint names of one expert's matrices, Mixtral's (w1 gate, w3 up, w2 down) and Qwen's.
 _EXPERT_RE = re.compile(
@@ -67,7 +68,7 @@ class MixtureOfExpertsForCausalLM(DecoderForCausalLM):
         layers = (moe_layer(config, ops, i, knobs, tp) for i in range(config.num_layers))
         super().__init__(config, DecoderModel(config, ops, layers, llama_rope(config, ops), tp=tp), tp)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:
         load_packed_weights(self, weights, self.config.tie_word_embeddings, resolve=moe_weight_name)
 
 

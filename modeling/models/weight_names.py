@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from modeling.layers.quantization.base import LoadableParameter
+from modeling.weights.lazy import LazyTensor
 
 # checkpoint sub-module -> (our fused module, shard)
 PACKED_MODULES = {
@@ -23,7 +24,7 @@ PACKED_MODULES = {
 
 def load_packed_weights(
     model: nn.Module,
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, torch.Tensor | LazyTensor]],
     tie_word_embeddings: bool,
     resolve: Callable[[str], tuple[str, object]] | None = None,
 ) -> None:

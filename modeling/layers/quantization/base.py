@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.nn as nn
 
+from modeling.weights.lazy import LazyTensor
+
 if TYPE_CHECKING:
     from kernels.gemv import QuantizedWeight
     from modeling.layers.linear import Linear
@@ -44,7 +46,8 @@ class LoadableParameter(nn.Parameter):
     param_layout: ParamLayout
 
 
-WeightLoader = Callable[[LoadableParameter, torch.Tensor, object], None]  # (param, checkpoint tensor, shard)
+# (param, checkpoint tensor, shard); the tensor may be lazy (tensor parallelism reads each rank's slice)
+WeightLoader = Callable[[LoadableParameter, torch.Tensor | LazyTensor, object], None]
 
 
 def register_param(layer: Linear, name: str, tensor: torch.Tensor, layout: ParamLayout) -> LoadableParameter:

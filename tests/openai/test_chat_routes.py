@@ -154,6 +154,8 @@ async def test_tool_and_grammar_errors(client, engine):
         ({"tools": [tool], "tool_choice": "other"}, {"error": "Tool error: Tool with name other not found", "error_type": "tool_error"}),
         ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "x"}}}, {"error": "Tool error: Tool with name x not found", "error_type": "tool_error"}),
         ({"response_format": {"type": "json", "value": {"type": "object"}}}, {"error": "Input validation error: grammar is not valid: Grammar must have a 'properties' field", "error_type": "validation"}),
+        # serde reads an explicit null as Value::Null: not "missing", refused by validation instead
+        ({"response_format": {"type": "json", "value": None}}, {"error": "Input validation error: grammar is not supported", "error_type": "validation"}),
     ]  # fmt: skip
     for extra, expected in cases:
         response = await client.post("/v1/chat/completions", json={"messages": MESSAGES, **extra})
@@ -209,6 +211,8 @@ async def test_continue_final_assistant_message(client, engine, smollm2_tokenize
 
 
 async def test_chat_tokenize(client, smollm2_tokenizer):
+    null_grammar = {"messages": MESSAGES, "response_format": {"type": "json", "value": None}}
+    assert (await client.post("/chat_tokenize", json=null_grammar)).status_code == 200  # found by the soak
     response = await client.post("/chat_tokenize", json={"messages": MESSAGES})
     assert response.status_code == 200
     body = response.json()

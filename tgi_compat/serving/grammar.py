@@ -38,15 +38,16 @@ class ResponseFormat(BaseModel):
     schema_: Any = Field(default=None, alias="schema")  # {"type": "json_object", "schema": {...}}
 
     def check_shape(self) -> None:
-        """What serde would refuse: only `json_object` may come without a `value` (axum's 422 text)."""
-        if self.value is None and self.type != "json_object":
+        """What serde would refuse: only `json_object` may come without a `value` (axum's 422 text).
+        An explicit `"value": null` deserializes (serde_json's Value::Null); validation refuses it later."""
+        if "value" not in self.model_fields_set and self.type != "json_object":
             raise BodyRejection(
                 422, "Failed to deserialize the JSON body into the target type: response_format: missing field `value`"
             )
 
     def as_grammar(self) -> GrammarType | None:
         """The TGI grammar it stands for; None for any JSON (no schema given)."""
-        if self.value is not None:
+        if self.value is not None or (self.type != "json_object" and "value" in self.model_fields_set):
             return GrammarType(type=self.type, value=self.value)
         if self.schema_ is not None:
             return GrammarType(type="json", value=self.schema_)

@@ -142,5 +142,10 @@ def test_only_the_soaks_own_length_bounds_are_excused():
     assert tgi_hooks.only_soak_bounds(
         "Invalid component: in body - prompt -> Array with invalid items: String larger than maxLength"
     )
+    assert tgi_hooks.only_soak_bounds(  # the wording of the 20-minute soak's one finding (2026-11-24)
+        "Invalid component: in body - violates `maxLength` at /$ref/schema000001/properties/inputs "
+        '(was "V G", became "V G*****")'
+    )
+    assert not tgi_hooks.only_soak_bounds("Invalid component: in body - violates `minimum` at /properties/seed")
     mixed = "Invalid component: in body\n  - inputs: String larger than maxLength\n  - seed: Value smaller than minimum"
     assert not tgi_hooks.only_soak_bounds(mixed)

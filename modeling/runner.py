@@ -30,6 +30,7 @@ from modeling.parallel.group import destroy_tensor_parallel
 from modeling.parallel.step_broadcast import StepBroadcast
 from modeling.registry import NATIVE, modeling_path, resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
+from modeling.step_profiler import StepProfiler
 from modeling.weights.lazy import LazyTensor
 from modeling.weights.loader import iterate_weights, load_model_config
 
@@ -100,6 +101,7 @@ class ModelRunner:
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
         self.step_sender: StepBroadcast | None = None
+        self.step_profiler = StepProfiler.from_env(tp.rank)
         self.max_rows = cfg.max_rows
         self.max_seq_len = cfg.max_seq_len or min(self.model.max_positions, self.num_kv_slots)
         if self.max_seq_len > self.model.max_positions:
@@ -151,6 +153,8 @@ class ModelRunner:
 
         Read (sample from) them before the next forward: a CUDA-graph replay reuses their memory.
         """
+        if self.step_profiler is not None:
+            self.step_profiler.before_step()
         if self.step_sender is not None:
             self.step_sender.send(batch)
         if batch.cached_prefix_slots is not None:

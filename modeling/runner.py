@@ -212,6 +212,10 @@ class ModelRunner:
         model.load_weights(weights)
         assert isinstance(model, nn.Module), model_cls  # every model family is a torch module
         process_weights_after_loading(model)
+        # Loading may leave device temporaries in the caching allocator (dummy weights, quantizing):
+        # hand them back before the KV pool is sized from the free memory
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         return model.eval()
 
     def _kv_bytes_per_token(self) -> int:

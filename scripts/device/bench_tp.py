@@ -121,14 +121,9 @@ def bytes_per_token_per_rank(config: dict, num_shard: int, context: int) -> floa
 async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
     if profile_root := os.environ.get("TGI_PROFILE_ROOT"):  # modeling.step_profiler, one folder per shard count
         os.environ["TGI_PROFILE_DIR"] = os.path.join(profile_root, f"tp{num_shard}")
-    config = EngineConfig(
-        model_id=str(model_dir),
-        load_format="dummy",
-        num_shard=num_shard,
-        master_port=free_port(),
-        max_total_tokens=4096,
-        max_running_requests=max(streams),  # CUDA graphs are captured up to this batch size only
-    )
+    config = EngineConfig(model_id=str(model_dir), num_shard=num_shard, master_port=free_port(), max_total_tokens=4096)
+    config.load_format = "dummy"  # config.json + tokenizer only: each rank makes its shard of random weights
+    config.max_running_requests = max(streams)  # CUDA graphs are captured up to this batch size only
     start = time.perf_counter()
     client = await ZmqEngineClient.start(config)
     result = {"num_shard": num_shard, "load_s": time.perf_counter() - start, "num_kv_slots": client.info.num_kv_slots}

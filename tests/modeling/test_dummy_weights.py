@@ -1,6 +1,7 @@
 """--load-format dummy: random weights with a real checkpoint's names and shapes, from a folder that
 holds only config.json. The names and shapes equal what save_pretrained writes for each family; a
-rank's slice is made alone, reproducibly; every family loads and runs from config.json alone."""
+rank's slice is made alone, reproducibly, and fills its whole shard; every family loads and runs from
+config.json alone."""
 
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ import torch
 from safetensors import safe_open
 from transformers import LlamaConfig, Olmo2Config, Phi3Config
 
+from modeling.config import ModelConfig
+from modeling.layers.ops import TORCH_OPS
+from modeling.parallel import TensorParallel
+from modeling.registry import NATIVE, modeling_path, resolve_model_class
 from modeling.runner import ModelRunner, RunnerConfig
+from modeling.source import resolve_model_source
 from modeling.weights.dummy import INIT_STD, DummyTensor, checkpoint_shapes
+from modeling.weights.loader import iterate_weights
 from tests.modeling.helpers import full_logits, tiny_hf_model
 from tests.modeling.test_gemma_parity import CASES as GEMMA_CASES
 from tests.modeling.test_moe_parity import CASES as MOE_CASES
@@ -64,8 +71,24 @@ def test_every_family_serves_from_config_json_alone(family, tmp_path):
     logits = full_logits(runner, [1, 5, 9, 200])
     assert logits.shape == (4, runner.vocab_size) and torch.isfinite(logits).all()
     assert logits.std() > 0  # random weights, not zeros
-    again = ModelRunner(cfg)  # the same folder gives the same weights
-    assert torch.equal(full_logits(again, [1, 5, 9, 200]), logits)
+
+
+@pytest.mark.parametrize(("rank", "size"), [(1, 2), (2, 3)])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_tensor_parallel_rank_fills_every_value_of_its_shard(family, rank, size, tmp_path):
+    """Each rank's parameters, NaN before loading, are all written from the slices it asked for."""
+    config_cls, overrides = FAMILIES[family]
+    source = resolve_model_source(_config_only(tiny_hf_model(config_cls, **overrides), tmp_path))
+    with open(os.path.join(source.folder, "config.json")) as f:
+        config = ModelConfig.from_hf_dict(json.load(f))
+    if modeling_path(config.architecture) != NATIVE:
+        pytest.skip("the transformers fallback does not shard")
+    tp = TensorParallel(rank, size)
+    model = resolve_model_class(config.architecture)(config, TORCH_OPS, tp=tp)
+    for param in model.parameters():
+        param.data.fill_(float("nan"))
+    model.load_weights(iterate_weights(source, config, lazy=True, load_format="dummy"))
+    assert all(torch.isfinite(param).all() for param in model.parameters())
 
 
 def test_a_slice_is_made_alone_reproducibly_on_its_device_and_dtype():

@@ -193,6 +193,8 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     num_gpus = torch.cuda.device_count()
+    if num_gpus < 2:
+        parser.error(f"tensor parallelism needs 2 or more GPUs, this host has {num_gpus}")
     log(f"{num_gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     report: dict = {"gpus": num_gpus, "device": torch.cuda.get_device_name(0)}
     bandwidth = copy_bandwidth()

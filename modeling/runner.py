@@ -70,6 +70,9 @@ class RunnerConfig:
     # KV cache element type: None/"auto" = the model's dtype; fp8 | fp8_e4m3 | fp8_e4m3fn | fp8_e5m2 store
     # K and V in one byte (unit scale, vLLM's default without calibrated scales): twice the tokens
     kv_cache_dtype: str | None = None
+    # vLLM --load-format: "auto" reads the checkpoint; "dummy" makes random weights of its names and
+    # shapes on the device (config.json and a tokenizer are all the folder needs)
+    load_format: str = "auto"
 
 
 class ModelRunner:
@@ -85,16 +88,24 @@ class ModelRunner:
         self.cfg = cfg
         self.tp = tp
         self.source: ModelSource | None = None
+        self.device = tp.device if tp.is_sharded else torch.device(cfg.device or _default_device())
+        self.dtype = _resolve_dtype(cfg.dtype, self.device)
         if model_config is None:
             self.source = resolve_model_source(cfg.model_id, cfg.revision)
-            model_config = load_model_config(self.source)
-            weights = iterate_weights(self.source, model_config, cfg.show_progress, lazy=tp.is_sharded)
+            model_config = load_model_config(self.source, cfg.load_format)
+            weights = iterate_weights(
+                self.source,
+                model_config,
+                cfg.show_progress,
+                lazy=tp.is_sharded,
+                load_format=cfg.load_format,
+                device=self.device,
+                dtype=self.dtype,
+            )
         elif weights is None:
             raise ValueError("a model_config comes with its weights")
         self.model_config = model_config
         self.modeling_path = modeling_path(model_config.architecture)
-        self.device = tp.device if tp.is_sharded else torch.device(cfg.device or _default_device())
-        self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
         self.kv_dtype = _resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
@@ -205,6 +216,10 @@ class ModelRunner:
         model.load_weights(weights)
         assert isinstance(model, nn.Module), model_cls  # every model family is a torch module
         process_weights_after_loading(model)
+        # Loading may leave device temporaries in the caching allocator (dummy weights, quantizing):
+        # hand them back before the KV pool is sized from the free memory
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         return model.eval()
 
     def _kv_bytes_per_token(self) -> int:

@@ -16,6 +16,7 @@ class EngineConfig:
     # Weight quantization scheme (modeling.layers.quantization.select); a quantized checkpoint decides anyway
     quantize: str | None = None
     kv_cache_dtype: str | None = None  # None: the model's dtype; fp8_e4m3fn / fp8_e5m2 (and vLLM's spellings)
+    load_format: str = "auto"  # vLLM --load-format: "auto" (the checkpoint) or "dummy" (random weights)
     # KV capacity in tokens (TGI --max-batch-total-tokens / LightLLM --max_total_token_num).
     # None: from free device memory x cuda_memory_fraction on GPU, a fixed default on CPU.
     max_batch_total_tokens: int | None = None

@@ -26,6 +26,7 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         attention_backend=config.attention_backend,
         quantize=config.quantize,
         kv_cache_dtype=config.kv_cache_dtype,
+        load_format=config.load_format,
         num_kv_slots=config.max_batch_total_tokens,
         memory_fraction=config.cuda_memory_fraction,
         max_rows=config.max_running_requests,

@@ -13,10 +13,13 @@ from modeling.registry import TRANSFORMERS, modeling_path
 from modeling.source import ModelSource
 from modeling.weights.lazy import LazyTensor
 
+LOAD_FORMATS = ("auto", "dummy")  # vLLM's --load-format values we serve: the checkpoint, or random weights
 Weights = Iterator[tuple[str, torch.Tensor | LazyTensor]]
 
 
-def load_model_config(source: ModelSource) -> ModelConfig:
+def load_model_config(source: ModelSource, load_format: str = "auto") -> ModelConfig:
+    """The model's config.json (or GGUF metadata). load_format "dummy": the transformers fallback is
+    told of no checkpoint to read, so that it takes the (random) weights the runner streams to it."""
     if source.is_gguf:
         from modeling.weights.gguf import has_output_tensor, open_gguf, read_gguf_metadata
 
@@ -28,16 +31,28 @@ def load_model_config(source: ModelSource) -> ModelConfig:
     if architecture is not None and modeling_path(architecture) == TRANSFORMERS:
         from modeling.models.transformers_fallback import fallback_model_config
 
-        return fallback_model_config(d, source.folder)
+        return fallback_model_config(d, source.folder if load_format != "dummy" else None)
     return ModelConfig.from_hf_dict(d)
 
 
 def iterate_weights(
-    source: ModelSource, config: ModelConfig, show_progress: bool = True, lazy: bool = False
+    source: ModelSource,
+    config: ModelConfig,
+    show_progress: bool = True,
+    lazy: bool = False,
+    load_format: str = "auto",
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
-    """(HF parameter name, tensor on CPU) pairs; the model copies each into place (device, dtype).
-    lazy (tensor parallelism): LazyTensors, from which each parameter reads only its rank's part."""
-    if source.is_gguf:
+    """(HF parameter name, tensor) pairs; the model copies each into place (device, dtype).
+    lazy (tensor parallelism): LazyTensors, from which each parameter reads only its rank's part.
+    load_format "dummy": random tensors of the checkpoint's names and shapes, made on `device` in
+    `dtype` (no weight files needed); "auto": the checkpoint's own, on the CPU."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load format {load_format!r} (choose {', '.join(LOAD_FORMATS)})")
+    if load_format == "dummy":
+        yield from _dummy_weights(source, config, device or torch.device("cpu"), dtype, lazy)
+    elif source.is_gguf:
         from modeling.weights.gguf import iterate_gguf, open_gguf
 
         yield from iterate_gguf(open_gguf(source.gguf_file), config.num_heads, config.num_kv_heads, show_progress, lazy)
@@ -46,6 +61,20 @@ def iterate_weights(
 
         weights = iterate_safetensors(source.folder, show_progress, lazy)
         yield from text_model_weights(weights) if config.multimodal_architecture else weights
+
+
+def _dummy_weights(source: ModelSource, config: ModelConfig, device: torch.device, dtype: torch.dtype, lazy: bool):
+    from modeling.weights.dummy import iterate_dummy_weights
+
+    if source.is_gguf:
+        raise ValueError("--load-format dummy needs a model folder with config.json, not a GGUF file")
+    if config.quantization_config is not None:
+        raise ValueError(
+            "--load-format dummy makes unquantized weights, but config.json describes a quantized checkpoint; "
+            "drop its quantization_config (--quantize fp8 or eetq quantizes the random weights while loading)"
+        )
+    weights = iterate_dummy_weights(source.folder, device, dtype, lazy)
+    return text_model_weights(weights) if config.multimodal_architecture else weights
 
 
 # A multimodal checkpoint's text-model prefixes -> the text model's own (transformers 4 and the hub

@@ -1,12 +1,15 @@
 """Tensor-parallel serving on a multi-GPU host (random weights, no network), in one command:
 
-    python scripts/device/bench_tp.py            # needs 4 GPUs (2 for --skip-70b); writes $OUT/bench_tp.json
+    python scripts/device/bench_tp.py            # 2 or 4 GPUs; writes $OUT/bench_tp.json after each part
 
 1. Random Llama-3-8B: batch-1 time per output token and 64-stream output throughput at --num-shard 1
    and 2 (targets: TPOT(2) <= 0.62 x TPOT(1), throughput(2) >= 1.6 x throughput(1)).
-2. Random Llama-3-70B-shaped model at --num-shard 4: batch-1 time per token against its memory
-   roofline (weight + KV bytes one rank reads per token / measured copy bandwidth; target >= 80%).
+2. Random Llama-3-70B-shaped model (80 layers) at --num-shard 4 when there are 4 GPUs, else at 2 when
+   two GPUs have room for its ~141 GB (H200s): batch-1 time per token against its memory roofline
+   (weight + KV bytes one rank reads per token / measured copy bandwidth; target >= 80%).
 
+No checkpoint is written: each model folder holds config.json and the Llama-3 tokenizer, and the
+engine loads it with --load-format dummy (each rank makes its own shard of random weights on its GPU).
 The engine runs as the server runs it (router.client.ZmqEngineClient: rank 0 in the engine process,
 ranks 1..N-1 beside it, NCCL, CUDA graphs), driven without HTTP so the numbers are the engine's.
 """
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -27,13 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
+from benchmarks.random_model import PRESETS
 from router.client import ZmqEngineClient
 from router.config import EngineConfig
 from router.request import GenerateRequest
 
 PROMPT_LEN, NEW_TOKENS, STREAMS = 128, 256, 64
+WARMUP_TOKENS = 8  # enough to compile and autotune every step shape the measured run meets
 LLAMA3_70B = dict(hidden_size=8192, intermediate_size=28_672, num_hidden_layers=80, num_attention_heads=64,
                   num_key_value_heads=8)  # fmt: skip
+# Besides its weight shard a rank needs its CUDA context, NCCL buffers, the activation and sampling
+# reserve (modeling.runner: ~8 GiB at 4096 prefill tokens and Llama-3's vocabulary) and some KV cache.
+RANK_HEADROOM_BYTES = 16 * 2**30
 
 
 def log(message: str) -> None:
@@ -63,42 +72,40 @@ def copy_bandwidth() -> float:
     return 2 * 2**31 / seconds
 
 
-def write_70b_shaped(out_dir: Path, num_layers: int) -> None:
-    """Llama-3-70B shapes with random bf16 weights, written tensor by tensor (never 140 GB in memory)."""
-    from safetensors.torch import save_file
-
-    from benchmarks.llama3_tokenizer import write_llama3_tokenizer
-    from benchmarks.random_model import PRESETS
-
-    config = {**PRESETS["llama3-8b"], **LLAMA3_70B, "num_hidden_layers": num_layers}
+def write_config_folder(out_dir: Path, config: dict, tokenizer_from: Path | None = None) -> None:
+    """config.json and the Llama-3 tokenizer (copied from tokenizer_from when given): all that
+    --load-format dummy needs."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_llama3_tokenizer(out_dir)
-    (out_dir / "config.json").write_text(
-        json.dumps({**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16"})
-    )
-    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    if tokenizer_from is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer_from / name, out_dir / name)
+    elif not (out_dir / "tokenizer.json").exists():
+        from benchmarks.llama3_tokenizer import write_llama3_tokenizer
+
+        write_llama3_tokenizer(out_dir)
+    hf_config = {**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16"}
+    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=1))
+
+
+def weight_bytes(config: dict) -> int:
+    """bf16 bytes of the whole model: layers, embedding and LM head."""
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
     kv = hidden // config["num_attention_heads"] * config["num_key_value_heads"]
+    per_layer = hidden * (2 * hidden + 2 * kv) + 3 * hidden * inter + 2 * hidden
+    return 2 * (layers * per_layer + 2 * config["vocab_size"] * hidden + hidden)
 
-    def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, device="cuda:0", dtype=torch.bfloat16) * 0.02).cpu()
 
-    save_file({"model.embed_tokens.weight": rand(vocab, hidden), "model.norm.weight": torch.ones(hidden).bfloat16(),
-               "lm_head.weight": rand(vocab, hidden)}, out_dir / "model-top.safetensors")  # fmt: skip
-    for layer in range(num_layers):
-        p = f"model.layers.{layer}."
-        tensors = {
-            p + "self_attn.q_proj.weight": rand(hidden, hidden),
-            p + "self_attn.k_proj.weight": rand(kv, hidden),
-            p + "self_attn.v_proj.weight": rand(kv, hidden),
-            p + "self_attn.o_proj.weight": rand(hidden, hidden),
-            p + "mlp.gate_proj.weight": rand(inter, hidden),
-            p + "mlp.up_proj.weight": rand(inter, hidden),
-            p + "mlp.down_proj.weight": rand(hidden, inter),
-            p + "input_layernorm.weight": torch.ones(hidden).bfloat16(),
-            p + "post_attention_layernorm.weight": torch.ones(hidden).bfloat16(),
-        }
-        save_file(tensors, out_dir / f"model-{layer:03d}.safetensors")
-    torch.cuda.empty_cache()
+def shards_for_70b(config: dict, num_gpus: int) -> int | None:
+    """4 when there are 4 GPUs, else 2 when both GPUs have room for half the model; None: it does not fit."""
+    for num_shard in (4, 2):
+        if num_gpus < num_shard:
+            continue
+        need = weight_bytes(config) / num_shard + RANK_HEADROOM_BYTES
+        free = [torch.cuda.mem_get_info(i)[0] for i in range(num_shard)]
+        if min(free) >= need:
+            return num_shard
+        log(f"70B-shaped at {num_shard} shards needs {need / 1e9:.0f} GB per GPU, {min(free) / 1e9:.0f} GB free")
+    return None
 
 
 def bytes_per_token_per_rank(config: dict, num_shard: int, context: int) -> float:
@@ -115,12 +122,15 @@ async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
     if profile_root := os.environ.get("TGI_PROFILE_ROOT"):  # modeling.step_profiler, one folder per shard count
         os.environ["TGI_PROFILE_DIR"] = os.path.join(profile_root, f"tp{num_shard}")
     config = EngineConfig(model_id=str(model_dir), num_shard=num_shard, master_port=free_port(), max_total_tokens=4096)
+    config.load_format = "dummy"  # config.json + tokenizer only: each rank makes its shard of random weights
+    config.max_running_requests = max(streams)  # CUDA graphs are captured up to this batch size only
     start = time.perf_counter()
     client = await ZmqEngineClient.start(config)
     result = {"num_shard": num_shard, "load_s": time.perf_counter() - start, "num_kv_slots": client.info.num_kv_slots}
+    log(f"num_shard={num_shard}: engine up in {result['load_s']:.0f} s")
     try:
         for count in streams:  # warm-up at every measured width: compile, autotune, first graph replays
-            await run_streams(client, count, 32)
+            await run_streams(client, count, WARMUP_TOKENS)
         for count in streams:
             times = await run_streams(client, count, NEW_TOKENS)
             gaps = [b - a for stream in times for a, b in zip(stream[1:], stream[2:])]
@@ -134,6 +144,7 @@ async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
             log(f"num_shard={num_shard} streams={count}: {result}")
     finally:
         await client.shutdown()
+    result["total_s"] = time.perf_counter() - start
     return result
 
 
@@ -151,29 +162,10 @@ async def run_streams(client: ZmqEngineClient, count: int, new_tokens: int) -> l
     return await asyncio.gather(*(one(i) for i in range(count)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/bench_tp"))
-    parser.add_argument("--skip-70b", action="store_true")
-    parser.add_argument("--layers-70b", type=int, default=80, help="fewer layers to save time; the roofline follows")
-    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_tp.json"))
-    args = parser.parse_args()
-    num_gpus = torch.cuda.device_count()
-    log(f"{num_gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    report: dict = {"gpus": num_gpus, "device": torch.cuda.get_device_name(0)}
-    bandwidth = copy_bandwidth()
-    report["copy_bandwidth_gb_s"] = bandwidth / 1e9
-
-    from benchmarks.random_model import PRESETS, write_random_llama
-
-    llama8b = args.work_dir / "llama3-8b"
-    if not (llama8b / "config.json").exists():
-        log("writing random Llama-3-8B")
-        write_random_llama(llama8b, "llama3-8b", device="cuda")
-        torch.cuda.empty_cache()
-    one = asyncio.run(measure(llama8b, 1, [1, STREAMS]))
-    two = asyncio.run(measure(llama8b, 2, [1, STREAMS]))
-    report["llama3_8b"] = {
+def bench_8b(folder: Path, bandwidth: float) -> dict:
+    one = asyncio.run(measure(folder, 1, [1, STREAMS]))
+    two = asyncio.run(measure(folder, 2, [1, STREAMS]))
+    return {
         "one_gpu": one,
         "two_gpus": two,
         "tpot_ratio": two["b1_tpot_ms"] / one["b1_tpot_ms"],  # target <= 0.62
@@ -183,23 +175,54 @@ def main() -> None:
             for n in (1, 2)
         },
     }
-    log(json.dumps(report["llama3_8b"], indent=1))
-    if not args.skip_70b and num_gpus >= 4:
-        llama70b = args.work_dir / f"llama3-70b-{args.layers_70b}l"
-        if not (llama70b / "config.json").exists():
-            log(f"writing random Llama-3-70B-shaped model ({args.layers_70b} layers)")
-            write_70b_shaped(llama70b, args.layers_70b)
-        four = asyncio.run(measure(llama70b, 4, [1]))
+
+
+def bench_70b(folder: Path, config: dict, num_shard: int, bandwidth: float) -> dict:
+    result = asyncio.run(measure(folder, num_shard, [1]))
+    roofline_ms = 1e3 * bytes_per_token_per_rank(config, num_shard, PROMPT_LEN + NEW_TOKENS) / bandwidth
+    return {**result, "roofline_b1_ms": roofline_ms, "pct_of_roofline": roofline_ms / result["b1_tpot_ms"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/bench_tp"))
+    parser.add_argument("--skip-8b", action="store_true", help="only the 70B-shaped model")
+    parser.add_argument("--skip-70b", action="store_true", help="only the 8B at 1 and 2 GPUs")
+    parser.add_argument("--layers-70b", type=int, default=80, help="fewer layers to save time; the roofline follows")
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_tp.json"))
+    args = parser.parse_args()
+    started = time.perf_counter()
+    num_gpus = torch.cuda.device_count()
+    if num_gpus < 2:
+        parser.error(f"tensor parallelism needs 2 or more GPUs, this host has {num_gpus}")
+    log(f"{num_gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    report: dict = {"gpus": num_gpus, "device": torch.cuda.get_device_name(0)}
+    bandwidth = copy_bandwidth()
+    report["copy_bandwidth_gb_s"] = bandwidth / 1e9
+
+    def save(part: str) -> None:  # after each part: a run cut short still leaves what it measured
+        report["elapsed_s"] = time.perf_counter() - started
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        log(f"{part} done at {report['elapsed_s']:.0f} s; wrote {args.json}")
+
+    llama8b = args.work_dir / "llama3-8b-dummy"
+    write_config_folder(llama8b, PRESETS["llama3-8b"])
+    if not args.skip_8b:
+        report["llama3_8b"] = bench_8b(llama8b, bandwidth)
+        log(json.dumps(report["llama3_8b"], indent=1))
+        save("Llama-3-8B")
+    if not args.skip_70b:
         config = {**PRESETS["llama3-8b"], **LLAMA3_70B, "num_hidden_layers": args.layers_70b}
-        roofline_ms = 1e3 * bytes_per_token_per_rank(config, 4, PROMPT_LEN + NEW_TOKENS) / bandwidth
-        report["llama3_70b"] = {
-            **four,
-            "roofline_b1_ms": roofline_ms,
-            "pct_of_roofline": roofline_ms / four["b1_tpot_ms"],
-        }
-        log(json.dumps(report["llama3_70b"], indent=1))
-    Path(args.json).write_text(json.dumps(report, indent=1))
-    log(f"wrote {args.json}")
+        num_shard = shards_for_70b(config, num_gpus)
+        if num_shard is None:
+            log(f"skipping the 70B-shaped model: {weight_bytes(config) / 1e9:.0f} GB fits neither 4 GPUs nor 2")
+        else:
+            llama70b = args.work_dir / f"llama3-70b-{args.layers_70b}l-dummy"
+            write_config_folder(llama70b, config, tokenizer_from=llama8b)
+            log(f"70B-shaped ({args.layers_70b} layers, {weight_bytes(config) / 1e9:.0f} GB) at {num_shard} shards")
+            report["llama3_70b"] = bench_70b(llama70b, config, num_shard, bandwidth)
+            log(json.dumps(report["llama3_70b"], indent=1))
+    save("all")
 
 
 if __name__ == "__main__":

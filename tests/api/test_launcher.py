@@ -109,6 +109,16 @@ def test_kv_cache_dtype_reaches_the_engine(value: str):
     assert config.to_engine_config().kv_cache_dtype == value and unimplemented_options(config) == []
 
 
+def test_load_format_reaches_the_engine_from_the_flag_or_the_environment(monkeypatch):
+    monkeypatch.delenv("LOAD_FORMAT", raising=False)
+    assert _config([]).to_engine_config().load_format == "auto"
+    assert _config(["--load-format", "dummy"]).to_engine_config().load_format == "dummy"
+    monkeypatch.setenv("LOAD_FORMAT", "dummy")
+    assert _config([]).to_engine_config().load_format == "dummy"
+    with pytest.raises(SystemExit):
+        _config(["--load-format", "safetensors-of-another-kind"])
+
+
 def test_legacy_max_input_length_is_an_alias():
     assert _config(["--max-input-length", "100"]).max_input_tokens == 100
 

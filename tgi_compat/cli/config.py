@@ -27,6 +27,7 @@ class ServerConfig:
     dtype: str | None = None
     quantize: str | None = None
     kv_cache_dtype: str | None = None
+    load_format: str = "auto"  # vLLM --load-format: auto (the checkpoint) | dummy (random weights, no files)
     trust_remote_code: bool = False
     speculate: int | None = None
     rope_scaling: str | None = None
@@ -114,6 +115,7 @@ class ServerConfig:
             attention_backend=self.attention_backend,
             quantize=self.quantize,
             kv_cache_dtype=self.kv_cache_dtype,
+            load_format=self.load_format,
             max_batch_total_tokens=self.max_batch_total_tokens,
             cuda_memory_fraction=self.cuda_memory_fraction,
             max_total_tokens=self.max_total_tokens,

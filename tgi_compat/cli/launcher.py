@@ -90,6 +90,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("speculate", "Number of speculative tokens (n-gram / medusa).", int),
     Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", _choice("float16", "bfloat16", "float32")),
     Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2 store K and V in one byte (twice the tokens; unit scale); vLLM's fp8, fp8_e4m3 and auto are accepted too.", _choice("fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3", "auto")),
+    Flag("load-format", "vLLM's --load-format: auto reads the checkpoint; dummy serves random weights of the checkpoint's names and shapes, made on the GPU (the model folder needs only config.json and a tokenizer): for benchmarks.", _choice("auto", "dummy"), "auto"),
     Flag("trust-remote-code", "Allow custom modeling code from the model repository."),
     Flag("max-concurrent-requests", "Requests handled at once; more fail fast with 429 `Model is overloaded`.", int, 128),
     Flag("max-best-of", "Largest allowed `best_of`.", int, 2),

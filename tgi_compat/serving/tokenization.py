@@ -38,6 +38,24 @@ def _raw_decoder(tokenizer: Any) -> Any | None:
     return backend.decode
 
 
+def _raw_encoder(tokenizer: Any) -> Any | None:
+    """The Rust `tokenizers.Tokenizer.encode_batch_fast` when it gives transformers' ids.
+
+    transformers' `__call__` runs the same Rust encode, plus the character offsets of every token,
+    an attention mask and its own argument handling: ~20% more time on a 4,000-token prompt, and
+    a long prompt is tokenized on every request. `encode_batch_fast` skips the offsets and, like
+    every batch call, releases the GIL, so the validation workers encode in parallel. A backend
+    configured to truncate, pad or split special tokens keeps the wrapper (which resets those)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not hasattr(backend, "encode_batch_fast"):
+        return None
+    if backend.truncation is not None or backend.padding is not None or backend.encode_special_tokens:
+        return None
+    if getattr(tokenizer, "split_special_tokens", False):
+        return None
+    return backend.encode_batch_fast
+
+
 @dataclass(frozen=True, slots=True)
 class ByteSpan:
     id: int
@@ -56,10 +74,13 @@ class TokenizerService:
         )
         self.eos_token_id: int | None = tokenizer.eos_token_id
         self._raw_decode = _raw_decoder(tokenizer)
+        self._raw_encode = _raw_encoder(tokenizer)
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tokenize")
 
     # ---- encode (off the loop) ----
     def encode_sync(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self._raw_encode is not None:
+            return self._raw_encode([text], add_special_tokens=add_special_tokens)[0].ids
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -72,6 +72,8 @@ for cache in 1 0; do
     --port 8001 --max-concurrent-requests 2048 > "$OUT/ours-cache$cache.log" 2>&1 &
   pid=$!
   wait_up $pid http://127.0.0.1:8001 "$OUT/ours-cache$cache.log" && workloads "ours-cache$cache" http://127.0.0.1:8001
+  curl -sf http://127.0.0.1:8001/metrics | grep -E "^(vllm:prefix_cache_(queries|hits)_total|tgi_request_(validation|queue)_duration_(sum|count))" \
+    | sed "s/^/ours-cache$cache /" | tee -a "$OUT/summary.txt"
   stop $pid
 done
 

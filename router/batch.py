@@ -184,21 +184,36 @@ def build_step_batch(
 def _cached_prefix_slots(prefixes: list[tuple[int, list[int]]], device: torch.device) -> torch.Tensor:
     """[3, H]: (row, position, slot) of every position of the prefix-cache hits.
 
-    Only the slots cross from the host, as one flat buffer (a shared 4,000-token system prompt hit by
-    16 requests is 64k slots); rows and positions are expanded on the device.
+    Only distinct slot lists cross from the host, as one flat buffer: 16 requests hitting one
+    4,000-token system prompt send its 4,000 slots once, not 64k. Per hit go its row, length and
+    where its slots start in that buffer; rows, positions and slots are expanded on the device.
     """
+    buffer: list[list[int]] = []  # the distinct slot lists, concatenated in this order
+    sources: list[int] = []  # per hit: where its slots start in the buffer
+    starts_by_key: dict[tuple[int, int, int], int] = {}  # (length, first, last slot) -> a buffer start
+    lists_by_start: dict[int, list[int]] = {}
+    num_buffered = 0
+    for _, prefix in prefixes:
+        key = (len(prefix), prefix[0], prefix[-1]) if prefix else (0, 0, 0)
+        source = starts_by_key.get(key)
+        if source is None or lists_by_start[source] != prefix:  # (one C compare)
+            source = starts_by_key[key] = num_buffered
+            lists_by_start[source] = prefix
+            buffer.append(prefix)
+            num_buffered += len(prefix)
+        sources.append(source)
     lengths = [len(prefix) for _, prefix in prefixes]
     total = sum(lengths)
-    slots = array.array("q", itertools.chain.from_iterable(prefix for _, prefix in prefixes))
     starts = list(itertools.accumulate(lengths, initial=0))[:-1]
-    small = upload([[row for row, _ in prefixes], lengths, starts], device)
-    rows, counts, offsets = small[0], small[1], small[2]
-    pinned = device.type == "cuda"
-    host = torch.frombuffer(slots, dtype=torch.int64) if total else torch.empty(0, dtype=torch.int64)
-    if pinned:
+    small = upload([[row for row, _ in prefixes], lengths, starts, sources], device)
+    rows, counts, offsets, source_starts = small[0], small[1], small[2], small[3]
+    slots = array.array("q", itertools.chain.from_iterable(buffer))
+    host = torch.frombuffer(slots, dtype=torch.int64) if num_buffered else torch.empty(0, dtype=torch.int64)
+    if device.type == "cuda":
         host = host.pin_memory()
+    distinct = host.to(device, non_blocking=True)
     out = torch.empty(3, total, dtype=torch.int64, device=device)
     out[0] = rows.repeat_interleave(counts, output_size=total)
     out[1] = torch.arange(total, device=device) - offsets.repeat_interleave(counts, output_size=total)
-    out[2] = host.to(device, non_blocking=True)
+    out[2] = distinct[source_starts.repeat_interleave(counts, output_size=total) + out[1]]
     return out

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from router.admission import AdmissionLimits, RequestTokens, can_admit
 from router.kv_slots import KVSlotPool
 from router.outputs import TokenEvent
-from router.prefix_cache import PrefixCache
+from router.prefix_cache import PrefixCache, common_prefix_length
 from router.request import FinishReason, Request, RequestStatus
 from router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, StepResult
 
@@ -221,7 +221,7 @@ class Scheduler:
                 or sibling_prompt[published : published + 1] != prompt[published : published + 1]
             ):
                 continue  # they part before its first unpublished token: nothing to wait for (O(1) check)
-            num_shared = _common_prefix_length(prompt, sibling_prompt, len(prompt) - 1)
+            num_shared = common_prefix_length(prompt, sibling_prompt, limit=len(prompt) - 1)
             if _is_worth_waiting_for(sibling, num_shared, request):
                 self._deferred[request] = (sibling, num_shared)
                 return True
@@ -414,20 +414,6 @@ def _is_worth_waiting_for(sibling: Request, num_shared: int, request: Request) -
     return num_shared > sibling.num_kv_written and num_shared >= min(
         MIN_SHARED_PREFILL_TOKENS, request.num_prompt_tokens - 1
     )
-
-
-def _common_prefix_length(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of `a` and `b`, at most `limit`: slices of doubling length
-    compared in C, then a short scan of the first one that differs."""
-    end, start, step = min(len(a), len(b), limit), 0, 16
-    while start < end:
-        stop = min(start + step, end)
-        if a[start:stop] != b[start:stop]:
-            while a[start] == b[start]:
-                start += 1
-            return start
-        start, step = stop, 2 * step
-    return end
 
 
 def _at_length_cap(request: Request) -> bool:

@@ -7,27 +7,50 @@
 #   multiturn  NUM_CONVERSATIONS (128) ShareGPT conversations replayed turn by turn with the server's own
 #              answers as history (a chat client), MULTITURN_CONCURRENCY (64) conversations in flight,
 #              answers capped at 128 tokens, prompt + answer <= 4,096 tokens
+#   multiturn-ref  the same conversations with the dataset's answers as history (--history reference):
+#              every server gets the same prompts (mean ~730 tokens, ~7 prompt tokens per output token;
+#              ~64% of a turn's prompt is the previous turn's prompt, which a prefix cache can serve)
 # Run from the repo root on the device, carrying [".whl", ".peer"]:
-#   bash scripts/device/prefix_side_by_side.sh        (SKIP_LIGHTLLM=1: this project alone)
-# Results: $OUT/<server>-<workload>/result.json and one line each in $OUT/summary.txt.
+#   bash scripts/device/prefix_side_by_side.sh        (SKIP_LIGHTLLM=1: this project alone;
+#   WORKLOADS="multiturn-ref": a subset of "shared multiturn multiturn-ref")
+# Results: $OUT/<server>-<workload>/result.json, one line each in $OUT/summary.txt, then the ratios
+# (ours cache on / off, ours / LightLLM). DEADLINE (540 s): no client starts, or runs past, that many
+# seconds after the script started, so one device call (10 minutes) always ends with its results.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>&1 | grep -v "already exists"
 export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site
 [ -f /tmp/model/config.json ] || python3 -m benchmarks.random_model /tmp/model --preset llama3-8b --device cuda || exit 1
 CONCURRENCY=${CONCURRENCY:-16} MULTITURN_CONCURRENCY=${MULTITURN_CONCURRENCY:-64} NUM_CONVERSATIONS=${NUM_CONVERSATIONS:-128}
 
+DEADLINE=${DEADLINE:-540}
+
+client() {  # label url cap_s [benchmarks.multiturn args...]: one run, cut at the deadline
+  local label=$1 url=$2 cap=$3 left=$((DEADLINE - SECONDS - 15))
+  shift 3
+  if ((left < 20)); then echo "$label: skipped (DEADLINE=${DEADLINE}s reached)" | tee -a "$OUT/summary.txt"; return; fi
+  timeout $((cap < left ? cap : left)) python3 -m benchmarks.multiturn --base-url "$url" --tokenizer /tmp/model \
+    --label "$label" --out-dir "$OUT/$label" "$@" 2>&1 | tail -n 1 | tee -a "$OUT/summary.txt"
+}
+WORKLOADS=${WORKLOADS:-shared multiturn multiturn-ref}
 workloads() {  # label url [client args...]
-  local label=$1 url=$2; shift 2
-  timeout 200 python3 -m benchmarks.multiturn --base-url "$url" --tokenizer /tmp/model "$@" --label "$label-shared" \
-    --out-dir "$OUT/$label-shared" --workload shared-prefix --num-prompts 128 --system-len 4000 \
-    --concurrency "$CONCURRENCY" 2>&1 | tail -n 1 | tee -a "$OUT/summary.txt"
-  timeout 240 python3 -m benchmarks.multiturn --base-url "$url" --tokenizer /tmp/model "$@" --label "$label-multiturn" \
-    --out-dir "$OUT/$label-multiturn" --workload multiturn --num-conversations "$NUM_CONVERSATIONS" \
-    --max-output-len 128 --history model --concurrency "$MULTITURN_CONCURRENCY" 2>&1 | tail -n 1 | tee -a "$OUT/summary.txt"
+  local label=$1 url=$2 workload
+  shift 2
+  for workload in $WORKLOADS; do
+    case $workload in
+      shared) client "$label-shared" "$url" 200 "$@" --workload shared-prefix --num-prompts 128 --system-len 4000 \
+        --concurrency "$CONCURRENCY" ;;
+      multiturn | multiturn-ref)
+        history=$([[ $workload == multiturn ]] && echo model || echo reference)
+        client "$label-$workload" "$url" 240 "$@" --workload multiturn --num-conversations "$NUM_CONVERSATIONS" \
+          --max-output-len 128 --history "$history" --concurrency "$MULTITURN_CONCURRENCY" ;;
+      *) echo "unknown workload $workload" | tee -a "$OUT/summary.txt" ;;
+    esac
+  done
 }
 wait_up() {  # pid url log
   for _ in $(seq 1 400); do
     curl -sf "$2/health" > /dev/null && return 0
+    ((SECONDS < DEADLINE)) || return 1
     kill -0 "$1" 2> /dev/null || { tail -30 "$3"; return 1; }
     sleep 1
   done
@@ -49,5 +72,24 @@ for cache in 1 0; do
     --port 8001 --max-concurrent-requests 2048 > "$OUT/ours-cache$cache.log" 2>&1 &
   pid=$!
   wait_up $pid http://127.0.0.1:8001 "$OUT/ours-cache$cache.log" && workloads "ours-cache$cache" http://127.0.0.1:8001
+  curl -sf http://127.0.0.1:8001/metrics | grep -E "^(vllm:prefix_cache_(queries|hits)_total|tgi_request_(validation|queue)_duration_(sum|count))" \
+    | sed "s/^/ours-cache$cache /" | tee -a "$OUT/summary.txt"
   stop $pid
 done
+
+python3 - "$OUT" << 'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+from pathlib import Path
+def load(name):
+    path = Path(sys.argv[1]) / name / "result.json"
+    s = json.loads(path.read_text())["all_turns"] if path.exists() else None
+    return s if s and s["completed"] == s["num_requests"] else None
+for workload in ("shared", "multiturn", "multiturn-ref"):
+    for a, b in (("ours-cache1", "ours-cache0"), ("ours-cache1", "lightllm")):
+        x, y = load(f"{a}-{workload}"), load(f"{b}-{workload}")
+        if x and y:
+            print(f"{workload} {a}/{b}: TTFT p50 {x['ttft']['median_ms'] / y['ttft']['median_ms']:.2f}x, output tok/s "
+                  f"{x['output_throughput'] / y['output_throughput']:.2f}x, total tok/s "
+                  f"{x['total_token_throughput'] / y['total_token_throughput']:.2f}x")
+EOF
+echo "done in ${SECONDS} s" | tee -a "$OUT/summary.txt"

@@ -22,3 +22,24 @@ def test_multiturn_with_the_models_own_answers_hits_the_previous_turn(server_url
     follow_up_prompt_tokens = result["config"]["mean_prompt_len"] * result["config"]["num_requests"] / 2
     # Each follow-up's prompt starts with the previous turn's prompt and answer, as the server cached them.
     assert prefix_cache_hits(server_url) - hits_before >= follow_up_prompt_tokens / 2
+
+
+def test_multiturn_with_reference_answers_sends_the_same_prompts_and_hits_the_previous_prompt(server_url, tmp_path):
+    """`--history reference` (the prefix_side_by_side.sh row every server gets identical prompts for):
+    turn k+1's prompt extends turn k's, so the cache serves at least most of the previous prompt."""
+    from benchmarks.tokenizer import load_tokenizer
+
+    hits_before = prefix_cache_hits(server_url)
+    args = ["--base-url", server_url, "--workload", "multiturn", "--history", "reference", "--num-conversations", "2"]
+    args += ["--concurrency", "2", "--max-output-len", "4", "--max-context", "320", "--out-dir", str(tmp_path)]
+    assert multiturn.main(args) == 0
+    result = json.loads((tmp_path / "result.json").read_text())
+    conversations = multiturn.multiturn_workload(load_tokenizer(None), 2, 320, 4, seed=0)
+    turns = [turn for conversation in conversations for turn in conversation]
+    assert result["all_turns"]["completed"] == result["config"]["num_requests"] == len(turns) >= 4
+    previous_prompts = 0
+    for conversation in conversations:
+        for before, after in zip(conversation, conversation[1:]):
+            assert after.request.prompt.startswith(before.request.prompt)
+            previous_prompts += before.request.prompt_len
+    assert prefix_cache_hits(server_url) - hits_before >= previous_prompts / 2

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.kv_store import kv_store, kv_store_ref
-from kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from kernels.rmsnorm import norm_add_rmsnorm, norm_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
 from kernels.silu_mul import silu_mul, silu_mul_ref
 
@@ -53,6 +53,31 @@ def test_rmsnorm_writes_the_sum_to_a_separate_buffer_when_asked():
     torch.testing.assert_close(residual, before, rtol=0, atol=0)
     torch.testing.assert_close(summed, x + before)
     torch.testing.assert_close(out, rmsnorm_ref(x + before, weight, 1e-6))
+
+
+@pytest.mark.parametrize("num_cols", [37, 100])  # not a power of two: masked lanes
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_norm_add_rmsnorm_rounds_as_the_three_unfused_ops(num_cols: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(5)
+    x = (3 * torch.randn(5, num_cols, generator=gen)).to(dtype)
+    residual = torch.randn(5, num_cols, generator=gen).to(dtype)
+    x_weight = (1 + 0.2 * torch.randn(num_cols, generator=gen)).to(dtype)
+    weight = (1 + 0.2 * torch.randn(num_cols, generator=gen)).to(dtype)
+    before, residual_ref = residual.clone(), residual.clone()
+    summed = torch.empty_like(residual)
+    out = norm_add_rmsnorm(x, x_weight, 1e-6, residual, weight, 1e-5, residual_out=summed)
+    ref = norm_add_rmsnorm_ref(x, x_weight, 1e-6, residual_ref, weight, 1e-5)
+    torch.testing.assert_close(residual, before, rtol=0, atol=0)  # a separate residual_out leaves it alone
+    # fp16: the sum is bit-equal (each op rounds to the dtype where the unfused one does). Triton's interpreter
+    # rounds fp32 -> bf16 toward zero (the GPU to nearest), so bf16 gets a few ulps here.
+    exact = {torch.float32: 1e-6, torch.float16: 0.0, torch.bfloat16: 0.07}[dtype]
+    torch.testing.assert_close(summed, residual_ref, rtol=exact, atol=exact)
+    tol = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 0.07}[dtype]
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    assert (out != 0).any()
+    in_place = norm_add_rmsnorm(x, x_weight, 1e-6, residual, weight, 1e-5)  # default: the sum replaces residual
+    torch.testing.assert_close(in_place, out, rtol=0, atol=0)
+    torch.testing.assert_close(residual, summed, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("gather_positions", [False, True])

@@ -33,6 +33,10 @@ class LayerOps:
     # (x, residual | None, norm: RMSNorm, proj: Linear) -> (proj(norm(x + residual)), x + residual),
     # with no residual (proj(norm(x)), x): the second output is the next residual either way.
     rms_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # Gemma 2/3's sandwich norms: the sublayer output's own norm, the residual add, the next norm and its
+    # projection: (x, x_norm: RMSNorm, residual, norm: RMSNorm, proj: Linear) ->
+    # (proj(norm(residual + x_norm(x))), residual + x_norm(x))
+    norm_add_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [T, 2 * I], proj: Linear) -> proj(silu(x[:, :I]) * x[:, I:])
     silu_mul_linear: Callable[..., torch.Tensor]
 
@@ -80,6 +84,13 @@ def unfused_rms_norm_linear(
     return proj(normed), (x if residual is None else summed)
 
 
+def unfused_norm_add_norm_linear(
+    x: torch.Tensor, x_norm: nn.Module, residual: torch.Tensor, norm: nn.Module, proj: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, _ = x_norm(x)
+    return unfused_rms_norm_linear(normed, residual, norm, proj)
+
+
 def unfused_silu_mul_linear(x: torch.Tensor, proj: nn.Module, silu_and_mul=torch_silu_and_mul) -> torch.Tensor:
     return proj(silu_and_mul(x))
 
@@ -90,6 +101,7 @@ TORCH_OPS = LayerOps(
     rope_tables=torch_rope_tables,
     rotary=torch_rotary,
     rms_norm_linear=unfused_rms_norm_linear,
+    norm_add_norm_linear=unfused_norm_add_norm_linear,
     silu_mul_linear=unfused_silu_mul_linear,
 )
 

@@ -27,15 +27,19 @@ def _residual_sum(x, residual_ptr, residual_out_ptr, offs, mask):
 
 
 @triton.jit
-def _rms_normalize(x, weight_ptr, offs, mask, eps, NUM_COLS: tl.constexpr):
-    """rmsnorm(x) * w as fp32 for the caller to round once: normalised in fp32, rounded to the activation
-    dtype, then scaled (HF's order of roundings; the fp32 product of two half-precision values is exact, so
-    rounding it equals the half-precision multiply); masked lanes of x must be 0."""
+def _rms_normalize(x, w, eps, NUM_COLS: tl.constexpr):
+    """rmsnorm(x) * w over x's last axis, as fp32 for the caller to round once: normalised in fp32, rounded to
+    the activation dtype, then scaled (HF's order of roundings; the fp32 product of two half-precision values
+    is exact, so rounding it equals the half-precision multiply); masked lanes of x must be 0."""
     xf = x.to(tl.float32)
-    inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / NUM_COLS + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=len(x.shape) - 1, keep_dims=True) / NUM_COLS + eps)
     normed = (xf * inv_rms).to(x.dtype)
     return normed.to(tl.float32) * w.to(tl.float32)
+
+
+@triton.jit
+def _load_weight(weight_ptr, offs, mask):
+    return tl.load(weight_ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -60,7 +64,7 @@ def _rmsnorm_kernel(
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         x = _residual_sum(x, residual_ptr + row * stride_r, residual_out_ptr + row * stride_ro, offs, mask)
-    y = _rms_normalize(x, weight_ptr, offs, mask, eps, NUM_COLS)
+    y = _rms_normalize(x, _load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -86,10 +90,39 @@ def _norm_add_norm_kernel(
     mask = offs < NUM_COLS
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     # x's norm is stored in x's dtype by the unfused op: round it there before the add
-    x = _rms_normalize(x, x_weight_ptr, offs, mask, x_eps, NUM_COLS).to(x_ptr.dtype.element_ty)
+    x = _rms_normalize(x, _load_weight(x_weight_ptr, offs, mask), x_eps, NUM_COLS).to(x_ptr.dtype.element_ty)
     s = _residual_sum(x, residual_ptr + row * stride_r, residual_out_ptr + row * stride_ro, offs, mask)
-    y = _rms_normalize(s, weight_ptr, offs, mask, eps, NUM_COLS)
+    y = _rms_normalize(s, _load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qk_norm_kernel(
+    qk_ptr,  # [T, Hq + Hkv, D], token stride stride_t, head stride stride_h: normalised in place
+    q_weight_ptr,  # [D]
+    k_weight_ptr,  # [D]
+    stride_t,
+    stride_h,
+    eps,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_HEADS: tl.constexpr,  # Hq + Hkv
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Qwen3 / Gemma 3's per-head q and k norms: one program per token, all its heads at once."""
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, BLOCK_H)
+    offs = tl.arange(0, BLOCK_D)
+    mask_d = offs < HEAD_DIM
+    mask = (heads < NUM_HEADS)[:, None] & mask_d[None, :]
+    ptrs = qk_ptr + token * stride_t + heads[:, None] * stride_h + offs[None, :]
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    q_w = _load_weight(q_weight_ptr, offs, mask_d)[None, :]
+    k_w = _load_weight(k_weight_ptr, offs, mask_d)[None, :]
+    w = tl.where((heads < NUM_Q_HEADS)[:, None], q_w, k_w)
+    y = _rms_normalize(x, w, eps, HEAD_DIM)
+    tl.store(ptrs, y.to(qk_ptr.dtype.element_ty), mask=mask)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -174,6 +207,36 @@ def norm_add_rmsnorm(
     return out
 
 
+def qk_rmsnorm(
+    qk: torch.Tensor,  # [T, Hq + Hkv, D], D contiguous (the q|k view of a fused qkv output)
+    q_weight: torch.Tensor,  # [D]
+    k_weight: torch.Tensor,  # [D]
+    eps: float,
+    num_q_heads: int,
+) -> torch.Tensor:
+    """RMSNorm of every head in place, q heads by q_weight and k heads by k_weight (one launch); returns qk."""
+    num_tokens, num_heads, head_dim = qk.shape
+    assert qk.stride(2) == 1
+    if num_tokens == 0:
+        return qk
+    block_h, block_d = triton.next_power_of_2(num_heads), triton.next_power_of_2(head_dim)
+    _qk_norm_kernel[(num_tokens,)](
+        qk,
+        q_weight,
+        k_weight,
+        qk.stride(0),
+        qk.stride(1),
+        eps,
+        NUM_Q_HEADS=num_q_heads,
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        num_warps=min(16, max(1, block_h * block_d // 1024)),
+    )
+    return qk
+
+
 def rmsnorm_ref(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -190,3 +253,12 @@ def norm_add_rmsnorm_ref(
 ) -> torch.Tensor:
     """The three unfused ops; residual becomes residual + rmsnorm(x, x_weight) in place."""
     return rmsnorm_ref(rmsnorm_ref(x, x_weight, x_eps), weight, eps, residual=residual)
+
+
+def qk_rmsnorm_ref(
+    qk: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, num_q_heads: int
+) -> torch.Tensor:
+    """A new [T, Hq + Hkv, D]: the q heads normed by q_weight, the k heads by k_weight."""
+    q = rmsnorm_ref(qk[:, :num_q_heads], q_weight, eps)
+    k = rmsnorm_ref(qk[:, num_q_heads:], k_weight, eps)
+    return torch.cat((q, k), dim=1)

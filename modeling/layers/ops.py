@@ -28,6 +28,9 @@ class LayerOps:
     # (cos_half [P, D/2], sin_half [P, D/2], positions [T]) -> step tables, built once per step
     rope_tables: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [T, N, D], step tables) -> x rotated (neox layout: halves rotate as pairs)
+    # Qwen3 / Gemma 3's per-head norms: (qk [T, Hq + Hkv, D], Hq, q_norm: RMSNorm, k_norm: RMSNorm) -> qk with
+    # the q heads normed by q_norm and the k heads by k_norm (a new tensor, or qk normed in place)
+    qk_norm: Callable[..., torch.Tensor]
     rotary: Callable[..., torch.Tensor]
     # A norm and the projection after it, as one op so that a backend can fuse them:
     # (x, residual | None, norm: RMSNorm, proj: Linear) -> (proj(norm(x + residual)), x + residual),
@@ -72,6 +75,12 @@ def torch_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> 
     return x * cos + swapped * signed_sin
 
 
+def torch_qk_norm(qk: torch.Tensor, num_q_heads: int, q_norm: nn.Module, k_norm: nn.Module) -> torch.Tensor:
+    q, _ = q_norm(qk[:, :num_q_heads])
+    k, _ = k_norm(qk[:, num_q_heads:])
+    return torch.cat((q, k), dim=1)
+
+
 def torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -100,6 +109,7 @@ TORCH_OPS = LayerOps(
     rms_norm=torch_rms_norm,
     rope_tables=torch_rope_tables,
     rotary=torch_rotary,
+    qk_norm=torch_qk_norm,
     rms_norm_linear=unfused_rms_norm_linear,
     norm_add_norm_linear=unfused_norm_add_norm_linear,
     silu_mul_linear=unfused_silu_mul_linear,

@@ -19,7 +19,7 @@ from kernels.gemv import (
     gemv_config_for,
 )
 from kernels.quant_activation import rmsnorm_quant_per_token, silu_mul_quant_per_token
-from kernels.rmsnorm import norm_add_rmsnorm, rmsnorm
+from kernels.rmsnorm import norm_add_rmsnorm, qk_rmsnorm, rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
 from modeling.layers.linear import Linear
@@ -49,6 +49,12 @@ def triton_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) ->
     cos, sin = tables
     rotary_embedding(x, None, cos, sin)
     return x
+
+
+def triton_qk_norm(qk: torch.Tensor, num_q_heads: int, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
+    """Both norms in one launch, in place on the q|k view (no copies, no concatenation)."""
+    assert q_norm.eps == k_norm.eps
+    return qk_rmsnorm(qk, q_norm.weight, k_norm.weight, q_norm.eps, num_q_heads)
 
 
 def triton_rms_norm_linear(
@@ -135,6 +141,7 @@ TRITON_OPS = LayerOps(
     rms_norm=triton_rms_norm,
     rope_tables=triton_rope_tables,
     rotary=triton_rotary,
+    qk_norm=triton_qk_norm,
     rms_norm_linear=triton_rms_norm_linear,
     norm_add_norm_linear=triton_norm_add_norm_linear,
     silu_mul_linear=triton_silu_mul_linear,

@@ -97,9 +97,7 @@ class Attention(nn.Module):
         qk = qkv[:, : self.qk_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, _ = self.q_norm(qk[:, : self.num_heads])
-            k, _ = self.k_norm(qk[:, self.num_heads :])
-            qk = torch.cat((q, k), dim=1)
+            qk = self.ops.qk_norm(qk, self.num_heads, self.q_norm, self.k_norm)
         out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.params)  # [T, H, D]
         return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim)))
 

@@ -41,9 +41,9 @@ def test_triton_backend_windowed_soft_capped_model_matches_torch_backend():
 
 @pytest.mark.parametrize("case", ["gemma2", "gemma3"])
 def test_triton_layer_ops_fuse_the_sandwich_norms_and_keep_transformers_logits(case: str, monkeypatch):
-    """Gemma 2/3 on the Triton layer ops (interpreted): the prompt's chunks through the norm-add-norm kernel,
-    then one-row decode steps through the GEMVs' NORM_ADD_NORM prologue (the GEMV is allowed on CPU here),
-    within 1e-4 of transformers in fp32, past the sliding window."""
+    """Gemma 2/3 on the Triton layer ops (interpreted; Gemma 3's q/k norms in one kernel): the prompt's chunks
+    through the norm-add-norm kernel, then one-row decode steps through the GEMVs' NORM_ADD_NORM prologue (the
+    GEMV is allowed on CPU here), within 1e-4 of transformers in fp32, past the sliding window."""
     import modeling.runner
     from tests.modeling.helpers import hf_logits, max_rel_error, run_step, tiny_runner
     from tests.modeling.test_gemma_parity import CASES, prompt

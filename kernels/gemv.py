@@ -144,11 +144,12 @@ def _x_normed(x, x_inv_rms, x_norm_weight):
 
 
 @triton.jit
-def _inv_rms_rows(x_ptr, rows_m, mask_m, stride_xm, K, eps):
-    """1/rms of each row of x [rows, K] (NORM_ADD_NORM's first norm), read in 256-wide slices."""
+def _inv_rms_rows(x_ptr, rows_m, mask_m, stride_xm, K, eps, X_BLOCK: tl.constexpr):
+    """1/rms of each row of x [rows, K] (NORM_ADD_NORM's first norm), read X_BLOCK features at a time: the
+    whole row at once when it fits, so that it costs one L2 round trip before the main loop, not one a slice."""
     sum_sq = tl.zeros_like(rows_m).to(tl.float32)
-    for k0 in range(0, K, 256):
-        offs_k = k0 + tl.arange(0, 256)
+    for k0 in range(0, K, X_BLOCK):
+        offs_k = k0 + tl.arange(0, X_BLOCK)
         mask = mask_m[:, None] & (offs_k < K)[None, :]
         xf = tl.load(x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
         sum_sq += tl.sum(xf * xf, 1)
@@ -316,6 +317,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr,  # load the next weight tile before this one's arithmetic
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
+    X_BLOCK: tl.constexpr,  # NORM_ADD_NORM: features of x a step of its 1/rms pass reads
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -333,7 +335,7 @@ def _gemv_kernel(
         tl.extra.cuda.gdc_wait()  # the activations below are the previous kernel's output
     x_inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 4:
-        x_inv_rms = _inv_rms_rows(x_ptr, rows_m, mask_m, stride_xm, K, x_eps)
+        x_inv_rms = _inv_rms_rows(x_ptr, rows_m, mask_m, stride_xm, K, x_eps, X_BLOCK)
         if pid == 0:
             _store_normed_residual_sum(
                 x_ptr, x_norm_weight_ptr, x_inv_rms, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K
@@ -912,11 +914,18 @@ def gemv(
         BLOCK_K=config.block_k,
         PREFETCH=config.prefetch,
         USE_PDL=pdl,
+        X_BLOCK=_x_block(k, m) if prologue == PROLOGUE_NORM_ADD_NORM else 16,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),
     )
     return out
+
+
+def _x_block(k: int, num_rows: int) -> int:
+    """NORM_ADD_NORM's 1/rms pass: the whole row in one load up to 8,192 features (32 fp32 values a thread of
+    4 warps at one row), fewer features for more rows so that the tile stays as many registers."""
+    return min(triton.next_power_of_2(k), max(256, 8192 // triton.next_power_of_2(num_rows)))
 
 
 def _launch_int4(

@@ -55,9 +55,9 @@ def test_norm_add_norm_prologue_matches_the_unfused_ops(config: GemvConfig, k: i
     assert not torch.allclose(plain, out, **tol)
 
 
-@pytest.mark.parametrize("num_rows", [1, 3])
-def test_norm_add_norm_prologue_over_a_row_scaled_weight_at_several_rows(num_rows: int):
-    k, n = 128, 24
+@pytest.mark.parametrize("num_rows, k", [(1, 128), (3, 128), (8, 1100)])  # 8 rows: x's 1/rms pass takes 2 steps
+def test_norm_add_norm_prologue_over_a_row_scaled_weight_at_several_rows(num_rows: int, k: int):
+    n = 24
     x, residual, x_norm_weight, norm_weight, gen = _inputs(num_rows, k, torch.float16, seed=num_rows)
     q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
     weight = QuantizedWeight(q, torch.rand(n, generator=gen) / 100)

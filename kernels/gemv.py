@@ -25,13 +25,13 @@ Weight-only: activations stay in their half precision, so reading 1 or 1/2 byte 
 once, so there is no split-K reduction; the prologue is recomputed per program from L2 (K elements per
 row of x, against BLOCK_N * K weight elements from HBM). RMSNorm needs the row's sum of squares, which
 is only known at the end of the walk: the kernel accumulates W (h * norm_weight) and scales by 1/rms
-afterwards (a scalar per row commutes with the dot product). NORM_ADD_NORM needs x's own 1/rms before
-its main loop: each program first sums x's squares (K elements from L2), then runs RMSNORM's loop on
-residual + rmsnorm(x, w1), rounded to the dtype as the unfused norm and add store it. So in half precision it skips the unfused
+afterwards (a scalar per row commutes with the dot product). So in half precision it skips the unfused
 path's two intermediate roundings of the normed activation (kernels/rmsnorm.py); the result is the more
-exact one and within the dtype's tolerance of it. SiLU-and-mul rounds its output to the input dtype like
-kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row) or over [rows, K
-block] (several), reduced once at the end.
+exact one and within the dtype's tolerance of it. NORM_ADD_NORM needs x's own 1/rms before its main loop:
+each program first reads x's row once from L2 for it, then runs RMSNORM's loop on residual + rmsnorm(x, w1),
+rounded to the dtype where the unfused norm and add store their outputs. SiLU-and-mul rounds its output
+to the input dtype like kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row)
+or over [rows, K block] (several), reduced once at the end.
 
 Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight.
 `_gemv_bytes_kernel` (1-byte weights, one row, BLOCK_K dividing K, opt-in: `GemvConfig.byte_tiles`) reads
@@ -160,7 +160,7 @@ def _inv_rms_rows(x_ptr, rows_m, mask_m, stride_xm, K, eps, X_BLOCK: tl.constexp
 def _store_normed_residual_sum(
     x_ptr, x_norm_weight_ptr, x_inv_rms, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K
 ):
-    """NORM_ADD_NORM's residual_out = residual + rmsnorm(x, w1), as its prologue computes it (see below)."""
+    """NORM_ADD_NORM's residual_out = residual + rmsnorm(x, w1), as `_activation_block` computes it."""
     for k0 in range(0, K, 256):
         offs_k = k0 + tl.arange(0, 256)
         mask_k = offs_k < K

@@ -1,7 +1,7 @@
 """The elementwise layer ops, behind one object chosen once at startup.
 
 Layers never call torch or Triton for these directly: they call `self.ops.<op>`, so the GPU path
-can swap in the kernels in kernels/ (rmsnorm, rotary, silu_mul) without touching any model file.
+can swap in the kernels in kernels/ (rmsnorm, rotary, silu_mul, gemv) without touching any model file.
 `TORCH_OPS` is the reference, used on CPU and in tests; `select_ops(device)` picks at startup.
 """
 
@@ -28,10 +28,10 @@ class LayerOps:
     # (cos_half [P, D/2], sin_half [P, D/2], positions [T]) -> step tables, built once per step
     rope_tables: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [T, N, D], step tables) -> x rotated (neox layout: halves rotate as pairs)
+    rotary: Callable[..., torch.Tensor]
     # Qwen3 / Gemma 3's per-head norms: (qk [T, Hq + Hkv, D], Hq, q_norm: RMSNorm, k_norm: RMSNorm) -> qk with
     # the q heads normed by q_norm and the k heads by k_norm (a new tensor, or qk normed in place)
     qk_norm: Callable[..., torch.Tensor]
-    rotary: Callable[..., torch.Tensor]
     # A norm and the projection after it, as one op so that a backend can fuse them:
     # (x, residual | None, norm: RMSNorm, proj: Linear) -> (proj(norm(x + residual)), x + residual),
     # with no residual (proj(norm(x)), x): the second output is the next residual either way.

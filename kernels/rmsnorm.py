@@ -6,8 +6,10 @@ unfused model would store it), writes s to `residual_out` (which may be `residua
 normalizes s. That is the decoder-layer pattern: one read of x and residual, one write of each output.
 
 `norm_add_rmsnorm` puts one more norm in front: s = residual + rmsnorm(x, w1), out = rmsnorm(s, w2), with
-every intermediate rounded as the three unfused ops round it. The two kernels share the jit helpers
-below (`_residual_sum`, `_rms_normalize`), so they cannot drift apart in their roundings.
+every intermediate rounded as the three unfused ops round it. `qk_rmsnorm` norms the q and k heads of a
+fused qkv output in place, each group by its own weight (Qwen3 / Gemma 3). These kernels, and
+kernels/quant_activation.py's norm + quantize, share the jit helpers below (`add_residual`,
+`rms_normalize`), so they cannot drift apart in their roundings.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _residual_sum(x, residual_ptr, residual_out_ptr, offs, mask):
+def add_residual(x, residual_ptr, residual_out_ptr, offs, mask):
     """x + residual rounded to x's dtype (as an unfused add stores it), also written to residual_out."""
     res = tl.load(residual_ptr + offs, mask=mask, other=0.0)
     s = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
@@ -27,7 +29,7 @@ def _residual_sum(x, residual_ptr, residual_out_ptr, offs, mask):
 
 
 @triton.jit
-def _rms_normalize(x, w, eps, NUM_COLS: tl.constexpr):
+def rms_normalize(x, w, eps, NUM_COLS: tl.constexpr):
     """rmsnorm(x) * w over x's last axis, as fp32 for the caller to round once: normalised in fp32, rounded to
     the activation dtype, then scaled (HF's order of roundings; the fp32 product of two half-precision values
     is exact, so rounding it equals the half-precision multiply); masked lanes of x must be 0."""
@@ -38,7 +40,7 @@ def _rms_normalize(x, w, eps, NUM_COLS: tl.constexpr):
 
 
 @triton.jit
-def _load_weight(weight_ptr, offs, mask):
+def load_weight(weight_ptr, offs, mask):
     return tl.load(weight_ptr + offs, mask=mask, other=0.0)
 
 
@@ -63,8 +65,8 @@ def _rmsnorm_kernel(
     mask = offs < NUM_COLS
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        x = _residual_sum(x, residual_ptr + row * stride_r, residual_out_ptr + row * stride_ro, offs, mask)
-    y = _rms_normalize(x, _load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
+        x = add_residual(x, residual_ptr + row * stride_r, residual_out_ptr + row * stride_ro, offs, mask)
+    y = rms_normalize(x, load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -90,9 +92,9 @@ def _norm_add_norm_kernel(
     mask = offs < NUM_COLS
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     # x's norm is stored in x's dtype by the unfused op: round it there before the add
-    x = _rms_normalize(x, _load_weight(x_weight_ptr, offs, mask), x_eps, NUM_COLS).to(x_ptr.dtype.element_ty)
-    s = _residual_sum(x, residual_ptr + row * stride_r, residual_out_ptr + row * stride_ro, offs, mask)
-    y = _rms_normalize(s, _load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
+    x = rms_normalize(x, load_weight(x_weight_ptr, offs, mask), x_eps, NUM_COLS).to(x_ptr.dtype.element_ty)
+    s = add_residual(x, residual_ptr + row * stride_r, residual_out_ptr + row * stride_ro, offs, mask)
+    y = rms_normalize(s, load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -118,10 +120,10 @@ def _qk_norm_kernel(
     mask = (heads < NUM_HEADS)[:, None] & mask_d[None, :]
     ptrs = qk_ptr + token * stride_t + heads[:, None] * stride_h + offs[None, :]
     x = tl.load(ptrs, mask=mask, other=0.0)
-    q_w = _load_weight(q_weight_ptr, offs, mask_d)[None, :]
-    k_w = _load_weight(k_weight_ptr, offs, mask_d)[None, :]
+    q_w = load_weight(q_weight_ptr, offs, mask_d)[None, :]
+    k_w = load_weight(k_weight_ptr, offs, mask_d)[None, :]
     w = tl.where((heads < NUM_Q_HEADS)[:, None], q_w, k_w)
-    y = _rms_normalize(x, w, eps, HEAD_DIM)
+    y = rms_normalize(x, w, eps, HEAD_DIM)
     tl.store(ptrs, y.to(qk_ptr.dtype.element_ty), mask=mask)
 
 

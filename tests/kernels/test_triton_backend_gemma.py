@@ -58,16 +58,27 @@ def test_triton_layer_ops_fuse_the_sandwich_norms_and_keep_transformers_logits(c
             fused_calls.append(prologue)
         return GemvConfig(block_n=64, block_k=32, num_warps=1)  # few programs: the interpreter is slow
 
+    norm_launches = []
+
+    def counted_rmsnorm(*args, **kwargs):
+        norm_launches.append(1)
+        return rmsnorm(*args, **kwargs)
+
+    rmsnorm = triton_ops.rmsnorm
     monkeypatch.setattr(modeling.runner, "select_ops", lambda device: triton_ops.TRITON_OPS)
     monkeypatch.setattr(triton_ops, "gemv_config_for", gemv_on_cpu_too)
+    monkeypatch.setattr(triton_ops, "rmsnorm", counted_rmsnorm)
     config_cls, overrides = CASES[case]
     model, runner = tiny_runner(config_cls, tie_word_embeddings=True, **overrides)
     ids = prompt(model.config.vocab_size, 14)  # the window is 8
     ref = hf_logits(model, ids)
     slots = list(range(100, 114))
     (first,) = run_step(runner, [(1, ids[:12], 0, slots[:12])])
+    norm_launches.clear()
     decodes = [run_step(runner, [(1, [ids[p]], p, [slots[p]])])[0] for p in range(12, 14)]
     assert max_rel_error(torch.cat([first, *decodes]), ref) <= 1e-4
     # per decode step: one per layer after the first (its input norm) and one per layer (the pre-MLP norm)
     layers = model.config.num_hidden_layers
     assert len(fused_calls) == 2 * (2 * layers - 1)
+    # and no norm kernel of a layer's own: only the last layer's post-MLP norm and the final norm, once a step
+    assert len(norm_launches) == 2 * 2

@@ -466,22 +466,27 @@ def _moe_gemv_down_kernel(
     tl.store(out_ptr + token * stride_om + offs_n, out.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-def moe_gemv_up(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
-    """inter [T * top_k, I]: silu(gate) * up of every (token, expert) pair, no sorting."""
-    num_tokens, top_k = topk_ids.shape
-    inter = w13.shape[1] // 2
-    out = torch.empty(num_tokens * top_k, inter, dtype=x.dtype, device=x.device)
-    assert x.stride(1) == 1 and w13.stride(2) == 1
-    _moe_gemv_up_kernel[(num_tokens * top_k, triton.cdiv(inter, config.block_n))](
-        x,
-        w13,
-        topk_ids.flatten(),
-        out,
-        inter,
-        x.shape[1],
-        x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
+def _launch_moe_gemv(
+    kernel,
+    num_programs: int,
+    operands: tuple[torch.Tensor, ...],
+    a: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    top_k: int,
+    config: LaunchConfig,
+) -> torch.Tensor:
+    """Both GEMV-path kernels over (num_programs, N / BLOCK_N): their tensor operands, then N (out's width),
+    K (a's width) and the strides of a [rows, K], w [E, N', K] and out."""
+    assert a.stride(1) == 1 and w.stride(2) == 1
+    n = out.shape[1]
+    kernel[(num_programs, triton.cdiv(n, config.block_n))](
+        *operands,
+        n,
+        a.shape[1],
+        a.stride(0),
+        w.stride(0),
+        w.stride(1),
         out.stride(0),
         TOP_K=top_k,
         BLOCK_N=config.block_n,
@@ -490,6 +495,14 @@ def moe_gemv_up(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, conf
         num_stages=config.num_stages,
     )
     return out
+
+
+def moe_gemv_up(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, config: LaunchConfig) -> torch.Tensor:
+    """inter [T * top_k, I]: silu(gate) * up of every (token, expert) pair, no sorting."""
+    num_tokens, top_k = topk_ids.shape
+    out = torch.empty(num_tokens * top_k, w13.shape[1] // 2, dtype=x.dtype, device=x.device)
+    operands = (x, w13, topk_ids.flatten(), out)
+    return _launch_moe_gemv(_moe_gemv_up_kernel, num_tokens * top_k, operands, x, w13, out, top_k, config)
 
 
 def moe_gemv_down(
@@ -497,28 +510,10 @@ def moe_gemv_down(
 ) -> torch.Tensor:
     """out [T, H]: each token's sum over its experts of weight * (inter[pair] @ w2[expert].T)."""
     num_tokens, top_k = topk_ids.shape
-    hidden = w2.shape[1]
-    out = torch.empty(num_tokens, hidden, dtype=inter.dtype, device=inter.device)
-    assert inter.stride(1) == 1 and w2.stride(2) == 1
-    _moe_gemv_down_kernel[(num_tokens, triton.cdiv(hidden, config.block_n))](
-        inter,
-        w2,
-        topk_ids.flatten(),
-        topk_weights.flatten().to(torch.float32).contiguous(),
-        out,
-        hidden,
-        inter.shape[1],
-        inter.stride(0),
-        w2.stride(0),
-        w2.stride(1),
-        out.stride(0),
-        TOP_K=top_k,
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
-    return out
+    out = torch.empty(num_tokens, w2.shape[1], dtype=inter.dtype, device=inter.device)
+    weights = topk_weights.flatten().to(torch.float32).contiguous()
+    operands = (inter, w2, topk_ids.flatten(), weights, out)
+    return _launch_moe_gemv(_moe_gemv_down_kernel, num_tokens, operands, inter, w2, out, top_k, config)
 
 
 # --- the block ------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ but each costs a launch and a gap in the CUDA graph; fused into the GEMV's prolo
     PROLOGUE_RMSNORM   y = W rmsnorm(x [+ residual])   (x + residual also written out, by program 0)
     PROLOGUE_SILU_MUL  y = W (silu(x[:K]) * x[K:])
     PROLOGUE_GELU_TANH_MUL  y = W (gelu_tanh(x[:K]) * x[K:])   (Gemma's GeGLU)
+    PROLOGUE_NORM_ADD_NORM  y = W rmsnorm(residual + rmsnorm(x, w1))   (Gemma 2/3's post-sublayer norm, the
+                       residual add and the next pre-norm; residual + rmsnorm(x, w1) also written out)
 
 The weight is read in one of three formats (`QuantizedWeight` describes the quantized ones):
 
@@ -25,9 +27,11 @@ row of x, against BLOCK_N * K weight elements from HBM). RMSNorm needs the row's
 is only known at the end of the walk: the kernel accumulates W (h * norm_weight) and scales by 1/rms
 afterwards (a scalar per row commutes with the dot product). So in half precision it skips the unfused
 path's two intermediate roundings of the normed activation (kernels/rmsnorm.py); the result is the more
-exact one and within the dtype's tolerance of it. SiLU-and-mul rounds its output to the input dtype like
-kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row) or over [rows, K
-block] (several), reduced once at the end.
+exact one and within the dtype's tolerance of it. NORM_ADD_NORM needs x's own 1/rms before its main loop:
+each program first reads x's row once from L2 for it, then runs RMSNORM's loop on residual + rmsnorm(x, w1),
+rounded to the dtype where the unfused norm and add store their outputs. SiLU-and-mul rounds its output
+to the input dtype like kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row)
+or over [rows, K block] (several), reduced once at the end.
 
 Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight.
 `_gemv_bytes_kernel` (1-byte weights, one row, BLOCK_K dividing K, opt-in: `GemvConfig.byte_tiles`) reads
@@ -62,6 +66,7 @@ PROLOGUE_NONE = 0
 PROLOGUE_RMSNORM = 1
 PROLOGUE_SILU_MUL = 2
 PROLOGUE_GELU_TANH_MUL = 3
+PROLOGUE_NORM_ADD_NORM = 4
 
 WEIGHT_DENSE = 0
 WEIGHT_ROW_SCALED = 1
@@ -87,6 +92,8 @@ def _activation_block(
     x_ptr,
     residual_ptr,
     norm_weight_ptr,
+    x_norm_weight_ptr,
+    x_inv_rms,  # [BLOCK_M] fp32: 1/rms of x's rows (NORM_ADD_NORM)
     rows_m,
     mask_m,
     stride_xm,
@@ -101,8 +108,10 @@ def _activation_block(
     mask = mask_m[:, None] & mask_k[None, :]
     x_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :]
     dtype = x_ptr.dtype.element_ty
-    if PROLOGUE == 1:
+    if PROLOGUE == 1 or PROLOGUE == 4:
         h = _load(x_ptrs, mask, EVEN_K)
+        if PROLOGUE == 4:
+            h = _x_normed(h, x_inv_rms, _load(x_norm_weight_ptr + offs_k, mask_k, EVEN_K))
         if HAS_RESIDUAL:  # rounded to x's dtype, as an unfused residual add would store it
             r_offs = rows_m[:, None] * K + offs_k[None, :]
             h = (h.to(tl.float32) + _load(residual_ptr + r_offs, mask, EVEN_K).to(tl.float32)).to(dtype)
@@ -124,6 +133,43 @@ def _activation_block(
         xk = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
         squares = xk  # unused
     return xk, squares
+
+
+@triton.jit
+def _x_normed(x, x_inv_rms, x_norm_weight):
+    """rmsnorm(x) * w1 of a [rows, K block] tile given x's 1/rms per row, with kernels/rmsnorm.py's roundings:
+    normalised in fp32, rounded to x's dtype, scaled, rounded again (the unfused norm's stored output)."""
+    normed = (x.to(tl.float32) * x_inv_rms[:, None]).to(x.dtype)
+    return (normed.to(tl.float32) * x_norm_weight.to(tl.float32)[None, :]).to(x.dtype)
+
+
+@triton.jit
+def _inv_rms_rows(x_ptr, rows_m, mask_m, stride_xm, K, eps, X_BLOCK: tl.constexpr):
+    """1/rms of each row of x [rows, K] (NORM_ADD_NORM's first norm), read X_BLOCK features at a time: the
+    whole row at once when it fits, so that it costs one L2 round trip before the main loop, not one a slice."""
+    sum_sq = tl.zeros_like(rows_m).to(tl.float32)
+    for k0 in range(0, K, X_BLOCK):
+        offs_k = k0 + tl.arange(0, X_BLOCK)
+        mask = mask_m[:, None] & (offs_k < K)[None, :]
+        xf = tl.load(x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        sum_sq += tl.sum(xf * xf, 1)
+    return 1.0 / tl.sqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def _store_normed_residual_sum(
+    x_ptr, x_norm_weight_ptr, x_inv_rms, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K
+):
+    """NORM_ADD_NORM's residual_out = residual + rmsnorm(x, w1), as `_activation_block` computes it."""
+    for k0 in range(0, K, 256):
+        offs_k = k0 + tl.arange(0, 256)
+        mask_k = offs_k < K
+        mask = mask_m[:, None] & mask_k[None, :]
+        r_offs = rows_m[:, None] * K + offs_k[None, :]
+        h = tl.load(x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0)
+        h = _x_normed(h, x_inv_rms, tl.load(x_norm_weight_ptr + offs_k, mask=mask_k, other=0.0))
+        h = h.to(tl.float32) + tl.load(residual_ptr + r_offs, mask=mask).to(tl.float32)
+        tl.store(residual_out_ptr + r_offs, h.to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -174,6 +220,8 @@ def _accumulate_block(
     x_ptr,
     residual_ptr,
     norm_weight_ptr,
+    x_norm_weight_ptr,
+    x_inv_rms,
     rows_m,
     mask_m,
     offs_c,
@@ -188,6 +236,8 @@ def _accumulate_block(
         x_ptr,
         residual_ptr,
         norm_weight_ptr,
+        x_norm_weight_ptr,
+        x_inv_rms,
         rows_m,
         mask_m,
         stride_xm,
@@ -202,7 +252,7 @@ def _accumulate_block(
     else:
         wf = w.to(tl.float32)
     acc = _fma_rows(acc, wf, xk, BLOCK_M)
-    if PROLOGUE == 1:
+    if PROLOGUE == 1 or PROLOGUE == 4:
         sum_sq += squares
     return acc, sum_sq
 
@@ -227,7 +277,7 @@ def _store_output(
     ROW_SCALED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
 ):
-    if PROLOGUE == 1:  # 1/rms is one scalar per row: it commutes with the dot product
+    if PROLOGUE == 1 or PROLOGUE == 4:  # 1/rms is one scalar per row: it commutes with the dot product
         y *= (1.0 / tl.sqrt(sum_sq / K + eps))[:, None]
     if ROW_SCALED:  # so is the per-channel scale
         y *= tl.load(scale_ptr + rows * stride_sn).to(tl.float32)[None, :]
@@ -242,7 +292,8 @@ def _gemv_kernel(
     x_ptr,  # [M, K], or [M, 2K] for SILU_MUL; row stride stride_xm
     residual_ptr,  # [M, K] contiguous, read when HAS_RESIDUAL
     residual_out_ptr,  # [M, K] contiguous, receives x + residual when HAS_RESIDUAL (never aliases residual)
-    norm_weight_ptr,  # [K], RMSNORM only
+    norm_weight_ptr,  # [K], RMSNORM and NORM_ADD_NORM
+    x_norm_weight_ptr,  # [K], NORM_ADD_NORM only: x's own norm
     w_ptr,  # [N, K], row stride stride_wn, columns contiguous
     scale_ptr,  # [N] (row-scaled; stride_sn 0: per tensor)
     bias_ptr,  # [N], when HAS_BIAS
@@ -255,6 +306,7 @@ def _gemv_kernel(
     stride_sn,
     stride_om,
     eps,
+    x_eps,  # NORM_ADD_NORM: x's norm's epsilon
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -265,6 +317,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr,  # load the next weight tile before this one's arithmetic
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
+    X_BLOCK: tl.constexpr,  # NORM_ADD_NORM: features of x a step of its 1/rms pass reads
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -280,7 +333,14 @@ def _gemv_kernel(
     w = _weight_tile(w_ptr, rows, stride_wn, offs_c, K, EVEN_K)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the activations below are the previous kernel's output
-    if HAS_RESIDUAL:
+    x_inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 4:
+        x_inv_rms = _inv_rms_rows(x_ptr, rows_m, mask_m, stride_xm, K, x_eps, X_BLOCK)
+        if pid == 0:
+            _store_normed_residual_sum(
+                x_ptr, x_norm_weight_ptr, x_inv_rms, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K
+            )
+    elif HAS_RESIDUAL:
         if pid == 0:
             _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
     if BLOCK_M == 1:
@@ -294,20 +354,20 @@ def _gemv_kernel(
             if k0 + BLOCK_K < K:
                 w_next = _weight_tile(w_ptr, rows, stride_wn, k0 + BLOCK_K + offs_c, K, EVEN_K)
             acc, sum_sq = _accumulate_block(
-                acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
-                PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
+                acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, x_norm_weight_ptr, x_inv_rms, rows_m,
+                mask_m, offs_c, K, stride_xm, PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
             )  # fmt: skip
             w = w_next
     else:
         acc, sum_sq = _accumulate_block(
-            acc, sum_sq, w, 0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
-            PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
+            acc, sum_sq, w, 0, x_ptr, residual_ptr, norm_weight_ptr, x_norm_weight_ptr, x_inv_rms, rows_m, mask_m,
+            offs_c, K, stride_xm, PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
         )  # fmt: skip
         for k0 in range(BLOCK_K, K, BLOCK_K):
             w = _weight_tile(w_ptr, rows, stride_wn, k0 + offs_c, K, EVEN_K)
             acc, sum_sq = _accumulate_block(
-                acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, mask_m, offs_c, K, stride_xm,
-                PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
+                acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, x_norm_weight_ptr, x_inv_rms, rows_m,
+                mask_m, offs_c, K, stride_xm, PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M,
             )  # fmt: skip
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its own weight reads
@@ -703,7 +763,7 @@ def gemv_config(
     if weight_format == WEIGHT_DENSE and num_rows == 1 and (n, k, prologue) in TUNED:
         return TUNED[(n, k, prologue)]
     block_k = next((b for b in (1024, 512, 256, 128) if k % b == 0), 512)
-    block_n = 8 if prologue == PROLOGUE_RMSNORM else 4
+    block_n = 8 if prologue in (PROLOGUE_RMSNORM, PROLOGUE_NORM_ADD_NORM) else 4
     if weight_format != WEIGHT_DENSE:
         block_n *= 2
     config = GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=1)
@@ -743,6 +803,8 @@ def gemv_config_for(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, pro
     if isinstance(weight, torch.Tensor):  # (not isinstance QuantizedWeight: tests reload this module)
         return gemv_config(n, k, prologue) if x.shape[0] == 1 else None
     max_rows = MAX_ROW_SCALED_ROWS if weight.format == WEIGHT_ROW_SCALED else MAX_QUANTIZED_ROWS
+    if weight.format == WEIGHT_INT4 and prologue == PROLOGUE_NORM_ADD_NORM:
+        return None  # the int4 kernel has no such prologue
     if x.shape[0] > max_rows or (weight.format == WEIGHT_INT4 and not _is_power_of_2(weight.group_size)):
         return None
     return gemv_config(n, k, prologue, weight.format, x.shape[0], weight.group_size)
@@ -770,6 +832,8 @@ def gemv(
     eps: float = 0.0,
     residual: torch.Tensor | None = None,  # [M, K]: normalise x + residual (RMSNorm only)
     residual_out: torch.Tensor | None = None,  # [M, K]: receives x + residual
+    x_norm_weight: torch.Tensor | None = None,  # [K]: x is RMS-normed by it (x_eps) before the residual add
+    x_eps: float = 0.0,
     silu_mul: bool = False,
     gelu_tanh: bool = False,  # with silu_mul: the gate's activation is tanh-approximated GELU (GeGLU)
     config: GemvConfig | None = None,
@@ -783,8 +847,11 @@ def gemv(
     if gelu_tanh:
         assert silu_mul, "gelu_tanh selects the gated prologue's activation"
         prologue = PROLOGUE_GELU_TANH_MUL
+    if x_norm_weight is not None:
+        assert prologue == PROLOGUE_RMSNORM and residual is not None, "x's norm goes before a residual add and a norm"
+        prologue = PROLOGUE_NORM_ADD_NORM
     if residual is not None:
-        assert prologue == PROLOGUE_RMSNORM and residual_out is not None
+        assert prologue in (PROLOGUE_RMSNORM, PROLOGUE_NORM_ADD_NORM) and residual_out is not None
         assert residual.is_contiguous() and residual_out.is_contiguous() and residual.shape == (m, k)
         assert residual_out.data_ptr() != residual.data_ptr(), "program 0 writes residual_out while others read"
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -799,6 +866,7 @@ def gemv(
         norm_weight if norm_weight is not None else dummy,
     )
     if not isinstance(weight, torch.Tensor) and weight.format == WEIGHT_INT4:
+        assert prologue != PROLOGUE_NORM_ADD_NORM, "the int4 kernel has no NORM_ADD_NORM prologue"
         _launch_int4(common, weight, bias, out, eps, prologue, residual is not None, config, pdl)
         return out
     if isinstance(weight, torch.Tensor):
@@ -810,6 +878,7 @@ def gemv(
     weight_format = WEIGHT_DENSE if scale is None else WEIGHT_ROW_SCALED
     config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
     one_row_of_bytes = scale is not None and m == 1 and config.byte_tiles and not config.prefetch
+    one_row_of_bytes = one_row_of_bytes and prologue != PROLOGUE_NORM_ADD_NORM  # _gemv_kernel has that prologue
     if one_row_of_bytes and k % config.block_k == 0 and config.block_k % 16 == 0:
         _gemv_bytes_kernel[(triton.cdiv(n, config.block_n),)](
             *common, data, scale, bias if bias is not None else dummy, out, m, n, k, x.stride(0), data.stride(0),
@@ -821,6 +890,7 @@ def gemv(
         return out
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         *common,
+        x_norm_weight if x_norm_weight is not None else dummy,
         data,
         scale if scale is not None else dummy,
         bias if bias is not None else dummy,
@@ -833,6 +903,7 @@ def gemv(
         stride_sn,
         out.stride(0),
         eps,
+        x_eps,
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None,
@@ -843,11 +914,18 @@ def gemv(
         BLOCK_K=config.block_k,
         PREFETCH=config.prefetch,
         USE_PDL=pdl,
+        X_BLOCK=_x_block(k, m) if prologue == PROLOGUE_NORM_ADD_NORM else 16,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),
     )
     return out
+
+
+def _x_block(k: int, num_rows: int) -> int:
+    """NORM_ADD_NORM's 1/rms pass: the whole row in one load up to 8,192 features (32 fp32 values a thread of
+    4 warps at one row), fewer features for more rows so that the tile stays as many registers."""
+    return min(triton.next_power_of_2(k), max(256, 8192 // triton.next_power_of_2(num_rows)))
 
 
 def _launch_int4(
@@ -912,8 +990,11 @@ def gemv_ref(
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
     gelu_tanh: bool = False,
+    x_norm_weight: torch.Tensor | None = None,
+    x_eps: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, x + residual or None) with the unfused kernels' roundings, product in fp32 with the dequantized weight."""
+    """(y, x + residual or None) with the unfused kernels' roundings, product in fp32 with the dequantized weight;
+    with x_norm_weight, x is rmsnorm(x, x_norm_weight) first."""
     from kernels.rmsnorm import rmsnorm_ref
     from kernels.silu_mul import gelu_tanh_mul_ref, silu_mul_ref
 
@@ -921,6 +1002,8 @@ def gemv_ref(
     if silu_mul:
         x = gelu_tanh_mul_ref(x) if gelu_tanh else silu_mul_ref(x)
     elif norm_weight is not None:
+        if x_norm_weight is not None:
+            x = rmsnorm_ref(x, x_norm_weight, x_eps)
         if residual is not None:
             summed = (x.float() + residual.float()).to(x.dtype)
         x = rmsnorm_ref(summed if summed is not None else x, norm_weight, eps)

@@ -1,7 +1,7 @@
 """The elementwise layer ops, behind one object chosen once at startup.
 
 Layers never call torch or Triton for these directly: they call `self.ops.<op>`, so the GPU path
-can swap in the kernels in kernels/ (rmsnorm, rotary, silu_mul) without touching any model file.
+can swap in the kernels in kernels/ (rmsnorm, rotary, silu_mul, gemv) without touching any model file.
 `TORCH_OPS` is the reference, used on CPU and in tests; `select_ops(device)` picks at startup.
 """
 
@@ -29,10 +29,17 @@ class LayerOps:
     rope_tables: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [T, N, D], step tables) -> x rotated (neox layout: halves rotate as pairs)
     rotary: Callable[..., torch.Tensor]
+    # Qwen3 / Gemma 3's per-head norms: (qk [T, Hq + Hkv, D], Hq, q_norm: RMSNorm, k_norm: RMSNorm) -> qk with
+    # the q heads normed by q_norm and the k heads by k_norm (a new tensor, or qk normed in place)
+    qk_norm: Callable[..., torch.Tensor]
     # A norm and the projection after it, as one op so that a backend can fuse them:
     # (x, residual | None, norm: RMSNorm, proj: Linear) -> (proj(norm(x + residual)), x + residual),
     # with no residual (proj(norm(x)), x): the second output is the next residual either way.
     rms_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # Gemma 2/3's sandwich norms: the sublayer output's own norm, the residual add, the next norm and its
+    # projection: (x, x_norm: RMSNorm, residual, norm: RMSNorm, proj: Linear) ->
+    # (proj(norm(residual + x_norm(x))), residual + x_norm(x))
+    norm_add_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [T, 2 * I], proj: Linear) -> proj(silu(x[:, :I]) * x[:, I:])
     silu_mul_linear: Callable[..., torch.Tensor]
 
@@ -68,6 +75,12 @@ def torch_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> 
     return x * cos + swapped * signed_sin
 
 
+def torch_qk_norm(qk: torch.Tensor, num_q_heads: int, q_norm: nn.Module, k_norm: nn.Module) -> torch.Tensor:
+    q, _ = q_norm(qk[:, :num_q_heads])
+    k, _ = k_norm(qk[:, num_q_heads:])
+    return torch.cat((q, k), dim=1)
+
+
 def torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -80,6 +93,13 @@ def unfused_rms_norm_linear(
     return proj(normed), (x if residual is None else summed)
 
 
+def unfused_norm_add_norm_linear(
+    x: torch.Tensor, x_norm: nn.Module, residual: torch.Tensor, norm: nn.Module, proj: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, _ = x_norm(x)
+    return unfused_rms_norm_linear(normed, residual, norm, proj)
+
+
 def unfused_silu_mul_linear(x: torch.Tensor, proj: nn.Module, silu_and_mul=torch_silu_and_mul) -> torch.Tensor:
     return proj(silu_and_mul(x))
 
@@ -89,7 +109,9 @@ TORCH_OPS = LayerOps(
     rms_norm=torch_rms_norm,
     rope_tables=torch_rope_tables,
     rotary=torch_rotary,
+    qk_norm=torch_qk_norm,
     rms_norm_linear=unfused_rms_norm_linear,
+    norm_add_norm_linear=unfused_norm_add_norm_linear,
     silu_mul_linear=unfused_silu_mul_linear,
 )
 

@@ -10,9 +10,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.gemv import PROLOGUE_GELU_TANH_MUL, PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL, gemv, gemv_config_for
+from kernels.gemv import (
+    PROLOGUE_GELU_TANH_MUL,
+    PROLOGUE_NORM_ADD_NORM,
+    PROLOGUE_RMSNORM,
+    PROLOGUE_SILU_MUL,
+    gemv,
+    gemv_config_for,
+)
 from kernels.quant_activation import rmsnorm_quant_per_token, silu_mul_quant_per_token
-from kernels.rmsnorm import rmsnorm
+from kernels.rmsnorm import norm_add_rmsnorm, qk_rmsnorm, rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
 from modeling.layers.linear import Linear
@@ -42,6 +49,12 @@ def triton_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) ->
     cos, sin = tables
     rotary_embedding(x, None, cos, sin)
     return x
+
+
+def triton_qk_norm(qk: torch.Tensor, num_q_heads: int, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
+    """Both norms in one launch, in place on the q|k view (no copies, no concatenation)."""
+    assert q_norm.eps == k_norm.eps
+    return qk_rmsnorm(qk, q_norm.weight, k_norm.weight, q_norm.eps, num_q_heads)
 
 
 def triton_rms_norm_linear(
@@ -75,6 +88,33 @@ def triton_rms_norm_linear(
     return out, (x if summed is None else summed)
 
 
+def triton_norm_add_norm_linear(
+    x: torch.Tensor, x_norm: RMSNorm, residual: torch.Tensor, norm: RMSNorm, proj: Linear
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """At a decode row all three ops run in the projection's GEMV prologue (no launch of their own); else one
+    norm-add-norm kernel, then the projection."""
+    weight = proj.gemv_weight
+    config = gemv_config_for(x, weight, PROLOGUE_NORM_ADD_NORM) if weight is not None else None
+    summed = torch.empty_like(residual)  # a fresh tensor: the caller's residual may still be referenced
+    if config is None:
+        normed = norm_add_rmsnorm(x, x_norm.weight, x_norm.eps, residual, norm.weight, norm.eps, residual_out=summed)
+        return proj(normed), summed
+    assert weight is not None  # a config implies a GEMV weight
+    out = gemv(
+        x,
+        weight,
+        proj.bias,
+        norm_weight=norm.weight,
+        eps=norm.eps,
+        residual=residual,
+        residual_out=summed,
+        x_norm_weight=x_norm.weight,
+        x_eps=x_norm.eps,
+        config=config,
+    )
+    return out, summed
+
+
 def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     weight = proj.gemv_weight
     config = gemv_config_for(x, weight, PROLOGUE_SILU_MUL) if weight is not None else None
@@ -101,6 +141,8 @@ TRITON_OPS = LayerOps(
     rms_norm=triton_rms_norm,
     rope_tables=triton_rope_tables,
     rotary=triton_rotary,
+    qk_norm=triton_qk_norm,
     rms_norm_linear=triton_rms_norm_linear,
+    norm_add_norm_linear=triton_norm_add_norm_linear,
     silu_mul_linear=triton_silu_mul_linear,
 )

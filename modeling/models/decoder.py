@@ -4,7 +4,9 @@ A family file says only what differs: the feed-forward it plugs into each layer 
 sparse MoE block), Gemma's extra norms, the embedding scale, a second rope for sliding layers and
 the final logits. Input is the step's flat token batch; attention goes through the backend chosen
 at startup. The residual stream travels as (hidden, residual) whose sum is the stream, so that each
-residual add rides with the norm after it (one fused op on GPU).
+residual add rides with the norm after it (one fused op on GPU). A layer whose output still owes a norm
+(Gemma 2/3's post-feedforward norm) says so in `output_norm`: the next layer (or the final norm) runs it
+with its own input norm, so that the norm, the add and the next norm are one op too.
 """
 
 from __future__ import annotations
@@ -95,9 +97,7 @@ class Attention(nn.Module):
         qk = qkv[:, : self.qk_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, _ = self.q_norm(qk[:, : self.num_heads])
-            k, _ = self.k_norm(qk[:, self.num_heads :])
-            qk = torch.cat((q, k), dim=1)
+            qk = self.ops.qk_norm(qk, self.num_heads, self.q_norm, self.k_norm)
         out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.params)  # [T, H, D]
         return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim)))
 
@@ -122,12 +122,22 @@ class DecoderLayer(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         backend: AttentionBackend,
+        owed_norm: RMSNorm | None = None,  # the previous layer's output_norm, still to apply to hidden
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Each norm travels with the projection after it (and the residual add of the previous
         # sub-block with the norm): one op each, which the Triton ops fuse into one kernel at batch 1.
-        qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, self.self_attn.qkv_proj)
+        qkv_proj = self.self_attn.qkv_proj
+        if owed_norm is None:
+            qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, qkv_proj)
+        else:
+            assert residual is not None  # a layer before this one owes the norm
+            qkv, residual = self.ops.norm_add_norm_linear(hidden, owed_norm, residual, self.input_layernorm, qkv_proj)
         hidden = self.self_attn(qkv, rope, k_cache, v_cache, backend)
         return self.feed_forward(hidden, residual)
+
+    def output_norm(self) -> RMSNorm | None:
+        """The norm this layer's output hidden still needs before it joins the stream; None: it needs none."""
+        return None
 
     def feed_forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention output and the stream so far -> the layer's (hidden, residual)."""
@@ -165,6 +175,10 @@ class DecoderModel(nn.Module):
             local_rotary_emb is not None and layer.self_attn.params.sliding_window is not None
             for layer in self.decoder_layers
         )
+        # the norm owed at each layer's input (the layer before's output_norm), then the one owed at the
+        # final norm; a tuple, so that the modules are not registered twice
+        outputs = [layer.output_norm() for layer in self.decoder_layers]
+        self.owed_norms: tuple[RMSNorm | None, ...] = (None, *outputs)
 
     @property
     def decoder_layers(self) -> Iterable[DecoderLayer]:
@@ -179,8 +193,14 @@ class DecoderModel(nn.Module):
         rope = self.rotary_emb.step_tables(positions)  # gathered once, shared by every layer
         local_rope = rope if self.local_rotary_emb is None else self.local_rotary_emb.step_tables(positions)
         residual = None
-        for layer, is_local, (k_cache, v_cache) in zip(self.layers, self.uses_local_rope, kv_caches):
-            hidden, residual = layer(hidden, residual, local_rope if is_local else rope, k_cache, v_cache, backend)
+        layers = zip(self.layers, self.uses_local_rope, self.owed_norms, kv_caches)
+        for layer, is_local, owed, (k_cache, v_cache) in layers:
+            hidden, residual = layer(
+                hidden, residual, local_rope if is_local else rope, k_cache, v_cache, backend, owed
+            )
+        final_owed = self.owed_norms[-1]
+        if final_owed is not None:  # once a step: the last layer's post-feedforward norm on its own
+            hidden, _ = final_owed(hidden)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

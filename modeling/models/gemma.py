@@ -27,7 +27,7 @@ from modeling.layers.norm import RMSNorm
 from modeling.layers.ops import TORCH_OPS, LayerOps
 from modeling.layers.rotary import RotaryEmbedding
 from modeling.layers.triton_ops import triton_gelu_tanh_mul_linear
-from modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer, DecoderModel, FeedForward
+from modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer, DecoderModel
 from modeling.parallel import NO_TP, TensorParallel, split_evenly
 from modeling.weights.lazy import LazyTensor, take
 
@@ -131,18 +131,26 @@ def gemma_layer(
 
 class SandwichNormDecoderLayer(DecoderLayer):
     """Gemma 2/3: post_attention_layernorm norms the attention output, and a pre- and a
-    post-feedforward norm wrap the MLP."""
+    post-feedforward norm wrap the MLP.
 
-    def __init__(self, config: ModelConfig, ops: LayerOps, self_attn: Attention, mlp: FeedForward):
+    Each post-sublayer norm runs with the residual add and the next pre-norm as one op (at a decode row, in
+    the next projection's GEMV): the attention output's inside the layer, the MLP output's in the next
+    layer (`output_norm`), so a layer launches no norm kernel of its own."""
+
+    def __init__(self, config: ModelConfig, ops: LayerOps, self_attn: Attention, mlp: GemmaMLP):
         super().__init__(config, ops, self_attn, mlp)
+        self.mlp: GemmaMLP = mlp
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
+    def output_norm(self) -> RMSNorm:
+        return self.post_feedforward_layernorm
+
     def feed_forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, _ = self.post_attention_layernorm(hidden)
-        hidden, residual = self.mlp.norm_and_forward(hidden, residual, self.pre_feedforward_layernorm)
-        hidden, _ = self.post_feedforward_layernorm(hidden)
-        return hidden, residual
+        """(the MLP output, not yet post-feedforward-normed; the stream up to it)."""
+        return self.mlp.norm_and_forward(
+            hidden, residual, self.pre_feedforward_layernorm, hidden_norm=self.post_attention_layernorm
+        )
 
 
 class GemmaMLP(nn.Module):
@@ -161,9 +169,14 @@ class GemmaMLP(nn.Module):
         self.tp = tp
 
     def norm_and_forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, hidden_norm: RMSNorm | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj)  # [T, 2 * I]
+        """FeedForward's, and with `hidden_norm` (the sandwich layers' post-attention norm) the stream is
+        residual + hidden_norm(hidden) instead."""
+        if hidden_norm is None:
+            gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj)  # [T, 2 * I]
+        else:
+            gate_up, residual = self.ops.norm_add_norm_linear(hidden, hidden_norm, residual, norm, self.gate_up_proj)
         if gate_up.is_cuda and self.gelu_approximate == "tanh":  # at a decode row, one GEMV for all of it
             out = triton_gelu_tanh_mul_linear(gate_up, self.down_proj)
         else:

@@ -13,9 +13,11 @@
 3. Gemma-2-9B's down projection at one row: the GeGLU-prologue GEMV against gelu_mul + cuBLAS; then a
    Gemma-2-9B-shaped model: batch-1 decode time per token with CUDA graphs vs its weight-read roofline,
    and a per-kernel profile of one step (eager, and the graph replay) to see where the time above the
-   roofline goes.
+   roofline goes. `--unfused-too` also times it with Gemma's sandwich norms unfused (a norm kernel after
+   o_proj and after down_proj, as before the norm-add-norm fusion): the fusion's before/after in one call.
 
 Run on the device:  PYTHONPATH=$PWD python3 scripts/device/bench_families.py [--json FILE]
+Only the Gemma-2 part (~2-3 min on an H100):  ... bench_families.py --family gemma2 [--unfused-too] [--no-profile]
 
 Method as bench_gpu.py: decode steps start from CONTEXT tokens of random K/V written into the cache and
 are timed with CUDA events over STEPS steps; kernel times are medians of triton.testing.do_bench.
@@ -212,11 +214,33 @@ def bench_geglu_down(bandwidth: float) -> dict:
     return dict(fused_us=fused * 1e3, unfused_us=unfused * 1e3, fused_gb_s=gb_s)
 
 
-def bench_gemma2(bandwidth: float, profile: bool) -> dict:
+def unfused_sandwich_ops():
+    """The Triton layer ops with Gemma's norm-add-norm unfused the way the model ran before: x's norm as a
+    kernel of its own, then the residual add and the next norm in the projection's GEMV prologue."""
+    import dataclasses
+
+    from modeling.layers.triton_ops import TRITON_OPS, triton_rms_norm_linear
+
+    def norm_then_rms_norm_linear(x, x_norm, residual, norm, proj):
+        return triton_rms_norm_linear(x_norm(x)[0], residual, norm, proj)
+
+    return dataclasses.replace(TRITON_OPS, norm_add_norm_linear=norm_then_rms_norm_linear)
+
+
+def bench_gemma2(bandwidth: float, profile: bool, unfused: bool = False) -> dict:
+    import modeling.runner
+
     max_len = CONTEXT + STEPS + 8
     t0 = time.perf_counter()
-    runner = build(GEMMA2_9B, 1, max_len, graph_sizes=[1])
-    log(f"gemma2-9b built with graphs in {time.perf_counter() - t0:.0f} s")
+    select_ops = modeling.runner.select_ops
+    if unfused:
+        modeling.runner.select_ops = lambda device: unfused_sandwich_ops()
+    try:
+        runner = build(GEMMA2_9B, 1, max_len, graph_sizes=[1])
+    finally:
+        modeling.runner.select_ops = select_ops
+    label = "gemma2-9b" + (" (sandwich norms unfused)" if unfused else "")
+    log(f"{label} built with graphs in {time.perf_counter() - t0:.0f} s")
     fill_context(runner, 1, max_len, CONTEXT)
     vocab = GEMMA2_9B["vocab_size"]
     ms = time_decode(runner.forward, 1, max_len, vocab, STEPS, CONTEXT)
@@ -225,12 +249,12 @@ def bench_gemma2(bandwidth: float, profile: bool) -> dict:
     floor_ms = moved / bandwidth * 1e3
     result = dict(ms=ms, eager_ms=eager_ms, floor_ms=floor_ms, pct_roofline=100 * floor_ms / ms, gb=moved / 1e9)
     log(
-        f"gemma2-9b batch 1: {ms:.3f} ms/token (eager {eager_ms:.3f}), floor {floor_ms:.3f} ms: {100 * floor_ms / ms:.1f}%"
+        f"{label} batch 1: {ms:.3f} ms/token (eager {eager_ms:.3f}), floor {floor_ms:.3f} ms: {100 * floor_ms / ms:.1f}%"
     )
     if profile:
-        log("gemma2-9b profile, graph replay (kernels inside the graph):")
+        log(f"{label} profile, graph replay (kernels inside the graph):")
         result["profile_graph"] = profile_step(runner.forward, 1, max_len, vocab)
-        log("gemma2-9b profile, eager:")
+        log(f"{label} profile, eager:")
         result["profile_eager"] = profile_step(runner._forward_eager, 1, max_len, vocab)
     del runner
     gc.collect()
@@ -244,10 +268,34 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--tune-budget-s", type=float, default=120.0, help="fused-MoE tuning time; 0: the table as is")
     parser.add_argument("--no-profile", action="store_true", help="skip the Gemma-2 per-kernel profile")
+    parser.add_argument(
+        "--family",
+        choices=["all", "gemma2", "moe"],
+        default="all",
+        help="gemma2: only part 3 (no fused-MoE tuning); moe: only parts 0-2",
+    )
+    parser.add_argument(
+        "--unfused-too", action="store_true", help="also time Gemma-2 with its sandwich norms unfused (before/after)"
+    )
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     log(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     results = dict(device=torch.cuda.get_device_name(), copy_gb_s=bandwidth / 1e9)
+    if args.family in ("all", "gemma2"):
+        results["gemma2_down"] = bench_geglu_down(bandwidth)
+        results["gemma2_9b"] = bench_gemma2(bandwidth, not args.no_profile)
+        if args.unfused_too:
+            results["gemma2_9b_unfused"] = bench_gemma2(bandwidth, not args.no_profile, unfused=True)
+    if args.family in ("all", "moe"):
+        results.update(bench_moe(args, bandwidth))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def bench_moe(args: argparse.Namespace, bandwidth: float) -> dict:
+    """Parts 0-2: the fused-MoE tuning, the kernel at batch 1 and by token count, the Mixtral-shaped model."""
+    results: dict = {}
     if args.tune_budget_s > 0:
         tuned, results["tune"] = tune("mixtral-8x7b", args.tune_budget_s)
         text = render_table(SHAPES["mixtral-8x7b"], tuned, torch.cuda.get_device_name())
@@ -257,12 +305,8 @@ def main() -> None:
         experts, inter, hidden, _ = SHAPES["mixtral-8x7b"]
         fm.TUNED.update({(experts, inter, hidden, tokens): config for tokens, config in tuned.items()})
     results["fused_moe_batch1"] = bench_fused_moe_batch1(bandwidth)
-    results["gemma2_down"] = bench_geglu_down(bandwidth)
-    results["gemma2_9b"] = bench_gemma2(bandwidth, not args.no_profile)
     results["mixtral"] = bench_mixtral(args.mixtral_layers, bandwidth)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    return results
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
     python3 scripts/device/tune_gemv.py [--quick]     (repo root on the device; writes $OUT/gemv.json)
 
-For every projection of Llama-3-8B and Qwen2-7B at one row, bf16:
-  1. kernels.gemv against gemv_ref on fresh random data (plain, RMSNorm+residual, SiLU-mul prologues);
+For every projection of Llama-3-8B, Qwen2-7B and Gemma-2-9B at one row, bf16:
+  1. kernels.gemv against gemv_ref on fresh random data (plain, RMSNorm+residual, SiLU-mul, Gemma's
+     norm-add-norm prologues);
   2. cuBLAS (F.linear) time and the best kernels.gemv config, as % of the copy bandwidth;
-  3. the unfused pair as the model runs it today (rmsnorm kernel + F.linear, silu_mul + F.linear) against
+  3. the unfused pair (rmsnorm kernel + F.linear, silu_mul + F.linear, norm_add_rmsnorm + F.linear) against
      the fused kernel.
 Times are CUDA-graph replays over enough weight copies (> 4x L2) that no weight is read from L2, as
 in a real step where each layer's weights are read once.
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from kernels.gemv import GemvConfig, gemv, gemv_ref
-from kernels.rmsnorm import rmsnorm
+from kernels.rmsnorm import norm_add_rmsnorm, rmsnorm
 from kernels.silu_mul import silu_mul
 
 DEV = "cuda"
@@ -40,6 +41,9 @@ SHAPES = {  # name: (N, K, the prologue the model fuses into this projection)
     "qwen2-7b o": (3584, 3584, "plain"),
     "qwen2-7b gate_up": (37888, 3584, "rmsnorm"),
     "qwen2-7b down": (3584, 18944, "silu_mul"),
+    "gemma2-9b qkv": (8192, 3584, "norm_add_norm"),
+    "gemma2-9b o": (3584, 4096, "plain"),
+    "gemma2-9b gate_up": (28672, 3584, "norm_add_norm"),
 }
 
 
@@ -104,6 +108,11 @@ def check_correctness() -> list[dict]:
                 gemv_ref(x, w, norm_weight=nw, eps=1e-5, residual=res)[0],
             ),
         }
+        norm_add_norm = dict(norm_weight=nw, eps=1e-6, residual=res, x_norm_weight=nw.flip(0), x_eps=1e-6)
+        cases["norm_add_norm"] = (
+            gemv(8 * x, w, residual_out=torch.empty_like(res), **norm_add_norm),
+            gemv_ref(8 * x, w, **norm_add_norm)[0],
+        )
         gate_up = torch.randn(1, 2 * k, device=DEV, dtype=DTYPE, generator=gen)
         cases["silu_mul"] = (gemv(gate_up, w, silu_mul=True), gemv_ref(gate_up, w, silu_mul=True)[0])
         for case, (out, ref) in cases.items():
@@ -138,6 +147,16 @@ def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConf
 
         def fused(w, cfg):
             return gemv(x, w, norm_weight=nw, eps=1e-5, residual=res, residual_out=summed, config=cfg)
+    elif prologue == "norm_add_norm":
+
+        def unfused(w):
+            return F.linear(norm_add_rmsnorm(x, nw, 1e-6, res, nw, 1e-6, residual_out=summed), w)
+
+        def fused(w, cfg):
+            return gemv(
+                x, w, norm_weight=nw, eps=1e-6, residual=res, residual_out=summed, x_norm_weight=nw, x_eps=1e-6,
+                config=cfg,
+            )  # fmt: skip
     elif prologue == "silu_mul":
 
         def unfused(w):

@@ -33,7 +33,14 @@ from kernels.gemv import QuantizedWeight, gemv, gemv_ref
 from kernels.kv_store import kv_store, kv_store_ref
 from kernels.prefill_attention import prefill_attention, prefill_attention_ref
 from kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
-from kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from kernels.rmsnorm import (
+    norm_add_rmsnorm,
+    norm_add_rmsnorm_ref,
+    qk_rmsnorm,
+    qk_rmsnorm_ref,
+    rmsnorm,
+    rmsnorm_ref,
+)
 from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
 from kernels.silu_mul import silu_mul, silu_mul_ref
 
@@ -308,6 +315,28 @@ def test_elementwise() -> None:
         1e-2,
     )
     check("gemv plain bf16 (4096x4096)", rel_err(gemv(x, w_qkv[:4096]), gemv_ref(x, w_qkv[:4096])[0]), 1e-2)
+    # Gemma 2/3's sandwich norms (Gemma-2-9B shapes): x's norm, the residual add and the next norm
+    o, res = 8 * torch.randn(5, 3584, device=DEV, dtype=dtype), torch.randn(5, 3584, device=DEV, dtype=dtype)
+    w1, w2 = ((1 + 0.1 * torch.randn(3584, device=DEV)).to(dtype) for _ in range(2))
+    summed, res_ref = torch.full_like(res, float("nan")), res.clone()
+    out = norm_add_rmsnorm(o, w1, 1e-6, res, w2, 1e-6, residual_out=summed)
+    ref = norm_add_rmsnorm_ref(o, w1, 1e-6, res_ref, w2, 1e-6)
+    check("norm_add_rmsnorm bf16 (5x3584)", rel_err(out, ref), 1e-2)
+    # the sums hold x's normed values rounded to bf16: a last-bit difference of 1/rms may flip one
+    check("norm_add_rmsnorm residual sum bf16 (to an ulp)", rel_err(summed, res_ref), 1e-3)
+    # Gemma 3 / Qwen3's per-head q and k norms, in place on the q|k view of a qkv output (64 tokens)
+    qkv = torch.randn(64, 48 * 128, device=DEV, dtype=dtype)
+    qk = qkv[:, : 40 * 128].view(64, 40, 128)
+    q_w, k_w = ((1 + 0.1 * torch.randn(128, device=DEV)).to(dtype) for _ in range(2))
+    ref = qk_rmsnorm_ref(qk, q_w, k_w, 1e-6, 32)
+    check("qk_rmsnorm bf16 (32 + 8 heads of 128)", rel_err(qk_rmsnorm(qk, q_w, k_w, 1e-6, 32), ref), 1e-2)
+    w_gate_up = torch.randn(28672, 3584, device=DEV, dtype=dtype) / 60
+    summed = torch.full_like(res[:1], float("nan"))
+    kwargs = dict(norm_weight=w2, eps=1e-6, residual=res[:1], x_norm_weight=w1, x_eps=1e-6)
+    out = gemv(o[:1], w_gate_up, residual_out=summed, **kwargs)
+    ref, ref_summed = gemv_ref(o[:1], w_gate_up, **kwargs)
+    check("gemv norm_add_norm prologue bf16 (28672x3584)", rel_err(out, ref), 1e-2)
+    check("gemv norm_add_norm residual sum bf16 (to an ulp)", rel_err(summed, ref_summed), 1e-3)
 
 
 def test_quantized_gemv() -> None:

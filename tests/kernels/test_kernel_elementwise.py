@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from kernels.kv_store import kv_store, kv_store_ref
-from kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from kernels.rmsnorm import (
+    norm_add_rmsnorm,
+    norm_add_rmsnorm_ref,
+    qk_rmsnorm,
+    qk_rmsnorm_ref,
+    rmsnorm,
+    rmsnorm_ref,
+)
 from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
 from kernels.silu_mul import silu_mul, silu_mul_ref
 
@@ -53,6 +60,49 @@ def test_rmsnorm_writes_the_sum_to_a_separate_buffer_when_asked():
     torch.testing.assert_close(residual, before, rtol=0, atol=0)
     torch.testing.assert_close(summed, x + before)
     torch.testing.assert_close(out, rmsnorm_ref(x + before, weight, 1e-6))
+
+
+@pytest.mark.parametrize("num_cols", [37, 100])  # not a power of two: masked lanes
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_norm_add_rmsnorm_rounds_as_the_three_unfused_ops(num_cols: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(5)
+    x = (3 * torch.randn(5, num_cols, generator=gen)).to(dtype)
+    residual = torch.randn(5, num_cols, generator=gen).to(dtype)
+    x_weight = (1 + 0.2 * torch.randn(num_cols, generator=gen)).to(dtype)
+    weight = (1 + 0.2 * torch.randn(num_cols, generator=gen)).to(dtype)
+    before, residual_ref = residual.clone(), residual.clone()
+    summed = torch.empty_like(residual)
+    out = norm_add_rmsnorm(x, x_weight, 1e-6, residual, weight, 1e-5, residual_out=summed)
+    ref = norm_add_rmsnorm_ref(x, x_weight, 1e-6, residual_ref, weight, 1e-5)
+    torch.testing.assert_close(residual, before, rtol=0, atol=0)  # a separate residual_out leaves it alone
+    # fp16: the sum is bit-equal (each op rounds to the dtype where the unfused one does). Triton's interpreter
+    # rounds fp32 -> bf16 toward zero (the GPU to nearest), so bf16 gets a few ulps here.
+    exact = {torch.float32: 1e-6, torch.float16: 0.0, torch.bfloat16: 0.07}[dtype]
+    torch.testing.assert_close(summed, residual_ref, rtol=exact, atol=exact)
+    tol = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 0.07}[dtype]
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    assert (out != 0).any()
+    in_place = norm_add_rmsnorm(x, x_weight, 1e-6, residual, weight, 1e-5)  # default: the sum replaces residual
+    torch.testing.assert_close(in_place, out, rtol=0, atol=0)
+    torch.testing.assert_close(residual, summed, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_qk_rmsnorm_norms_q_and_k_heads_in_place_in_the_qkv_buffer(dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(6)
+    tokens, q_heads, kv_heads, head_dim = 3, 5, 2, 24  # neither a power of two
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    qk = qkv[:, : (q_heads + kv_heads) * head_dim].view(tokens, q_heads + kv_heads, head_dim)
+    v_before = qkv[:, (q_heads + kv_heads) * head_dim :].clone()
+    q_weight = (1 + 0.3 * torch.randn(head_dim, generator=gen)).to(dtype)
+    k_weight = (1 + 0.3 * torch.randn(head_dim, generator=gen)).to(dtype)
+    ref = qk_rmsnorm_ref(qk, q_weight, k_weight, 1e-6, q_heads)
+    swapped = qk_rmsnorm_ref(qk, k_weight, q_weight, 1e-6, q_heads)  # the weights are not interchangeable
+    assert qk_rmsnorm(qk, q_weight, k_weight, 1e-6, q_heads) is qk
+    tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 0.05}[dtype]  # interpreter: bf16 truncates
+    torch.testing.assert_close(qk, ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(qkv[:, (q_heads + kv_heads) * head_dim :], v_before, rtol=0, atol=0)  # v untouched
+    assert not torch.allclose(swapped, ref, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("gather_positions", [False, True])

@@ -546,6 +546,8 @@ def _gemv_int4_kernel(
     zero_ptr,  # [N, K/G], same strides as scale
     bias_ptr,  # [N], when HAS_BIAS
     out_ptr,  # [M, N], row stride stride_om
+    partial_ptr,  # fp32 [programs along N, SPLIT_K, BLOCK_M, BLOCK_N + 1] when SPLIT_K > 1 (see _reduce_split_k)
+    counter_ptr,  # int32 [programs along N], zero between launches, when SPLIT_K > 1
     M,
     N,
     K,
@@ -562,14 +564,19 @@ def _gemv_int4_kernel(
     PERIOD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,  # a multiple of PERIOD dividing K
+    BLOCK_K: tl.constexpr,  # a multiple of PERIOD dividing K / SPLIT_K
+    SPLIT_K: tl.constexpr,  # programs along K (grid axis 1), each walking K / SPLIT_K features
     PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """The int4 GEMV: each K tile is read as [BLOCK_N, periods, words] int32, so nibble i of the tile's words
     meets a contiguous [periods, words] slice of x, and the tile's threads spread over the periods and
-    words (not over the BLOCK_N rows): each activation is computed once per program."""
+    words (not over the BLOCK_N rows): each activation is computed once per program. With SPLIT_K > 1 the K
+    walk is shared by SPLIT_K programs (more programs in flight where N / BLOCK_N is small against the SMs)
+    and the last of them to finish adds the partial sums (`_reduce_split_k`)."""
     pid = tl.program_id(0)
+    k_begin = tl.program_id(1) * (K // SPLIT_K)
+    k_end = k_begin + K // SPLIT_K
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     rows = tl.where(mask_n, offs_n, 0).to(tl.int64)
@@ -581,11 +588,11 @@ def _gemv_int4_kernel(
     word_offs = offs_p[:, None] * (PERIOD // 8) + offs_w[None, :]  # [P, W]: the tile's words, contiguous
     word_ptrs = w_ptr + rows[:, None, None] * stride_wn + word_offs[None, :, :]
 
-    words = tl.load(word_ptrs)  # before the wait, as in _gemv_kernel
+    words = tl.load(word_ptrs + k_begin // 8)  # before the wait, as in _gemv_kernel
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
     if HAS_RESIDUAL:
-        if pid == 0:
+        if pid + tl.program_id(1) == 0:
             _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
@@ -593,9 +600,9 @@ def _gemv_int4_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
     sum_sq = tl.zeros([BLOCK_M, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
     if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_begin, k_end, BLOCK_K):
             next_words = words
-            if k0 + BLOCK_K < K:
+            if k0 + BLOCK_K < k_end:
                 next_words = tl.load(word_ptrs + (k0 + BLOCK_K) // 8)
             acc, sum_sq = _int4_tile(
                 acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
@@ -605,11 +612,11 @@ def _gemv_int4_kernel(
             words = next_words
     else:
         acc, sum_sq = _int4_tile(
-            acc, sum_sq, words, one_bits, 0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
-            rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
+            acc, sum_sq, words, one_bits, k_begin, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr,
+            rows, rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
             BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-        for k0 in range(BLOCK_K, K, BLOCK_K):
+        for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
             words = tl.load(word_ptrs + k0 // 8)
             acc, sum_sq = _int4_tile(
                 acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
@@ -623,10 +630,56 @@ def _gemv_int4_kernel(
         y = tl.sum(tl.sum(acc, 2), 1)[None, :]
     else:
         y = tl.sum(tl.sum(acc, 3), 2)
-    _store_output(
-        y, tl.sum(tl.sum(sum_sq, 2), 1), scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K,
-        stride_sn, stride_om, eps, PROLOGUE, False, HAS_BIAS,
-    )  # fmt: skip
+    sq = tl.sum(tl.sum(sum_sq, 2), 1)
+    if SPLIT_K > 1:
+        y, sq, last = _reduce_split_k(y, sq, partial_ptr, counter_ptr, pid, offs_m, SPLIT_K, BLOCK_M, BLOCK_N)
+        if last:
+            _store_output(
+                y, sq, scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K, stride_sn, stride_om,
+                eps, PROLOGUE, False, HAS_BIAS,
+            )  # fmt: skip
+    else:
+        _store_output(
+            y, sq, scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K, stride_sn, stride_om, eps,
+            PROLOGUE, False, HAS_BIAS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _reduce_split_k(
+    y,  # [BLOCK_M, BLOCK_N] this program's partial dot products
+    sq,  # [BLOCK_M] its partial sums of squares (RMSNORM)
+    partial_ptr,
+    counter_ptr,
+    pid_n,
+    offs_m,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """(the SPLIT_K programs' sums, the sums of squares, whether this program is the last of its column).
+
+    Each program stores its partials in its own slot of the workspace, then counts itself in on its column's
+    counter; the one that counts SPLIT_K adds every slot in split order (deterministic) and resets the counter
+    to zero for the next launch. The barriers order the CTA's stores before the release of its count (and the
+    acquire before the reads); the reads bypass L1, which is not coherent between SMs."""
+    offs_s = tl.arange(0, SPLIT_K)
+    offs_c = tl.arange(0, BLOCK_N)
+    row_stride: tl.constexpr = BLOCK_N + 1  # the row's BLOCK_N sums, then its sum of squares
+    slot = partial_ptr + (pid_n * SPLIT_K + tl.program_id(1)) * (BLOCK_M * row_stride)
+    tl.store(slot + offs_m[:, None] * row_stride + offs_c[None, :], y)
+    tl.store(slot + offs_m * row_stride + BLOCK_N, sq)
+    tl.debug_barrier()
+    count = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+    last = count == SPLIT_K - 1
+    if last:
+        tl.debug_barrier()
+        column = partial_ptr + pid_n * SPLIT_K * (BLOCK_M * row_stride) + offs_s[:, None] * (BLOCK_M * row_stride)
+        rows_at = column + offs_m[None, :] * row_stride  # [SPLIT_K, BLOCK_M]
+        y = tl.sum(tl.load(rows_at[:, :, None] + offs_c[None, None, :], cache_modifier=".cg"), 0)
+        sq = tl.sum(tl.load(rows_at + BLOCK_N, cache_modifier=".cg"), 0)
+        tl.atomic_xchg(counter_ptr + pid_n, 0)
+    return y, sq, last
 
 
 @dataclass(frozen=True)
@@ -670,6 +723,9 @@ class GemvConfig:
     # one row of 1-byte weights through _gemv_bytes_kernel (16 weights a thread); off by default: on an H100
     # (2026-11-24, bench_quant.py) fp8 batch 1 took 4.30 ms a step with it and 3.74 ms without
     byte_tiles: bool = False
+    # int4: programs sharing each column's K walk (a power of two dividing K / block_k); the last to finish adds
+    # the partial sums. More programs in flight where N / block_n is small against the SMs.
+    split_k: int = 1
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -699,7 +755,7 @@ def gemv_config(
     bytes per step); several rows shrink the K tile so that the [rows, BLOCK_N, K tile] fp32
     accumulator stays in registers."""
     if weight_format == WEIGHT_INT4:
-        return int4_config(k, num_rows, group_size)
+        return int4_config(k, num_rows, group_size, n, prologue)
     if weight_format == WEIGHT_DENSE and num_rows == 1 and (n, k, prologue) in TUNED:
         return TUNED[(n, k, prologue)]
     block_k = next((b for b in (1024, 512, 256, 128) if k % b == 0), 512)
@@ -710,12 +766,21 @@ def gemv_config(
     return fit_rows(config, num_rows)
 
 
-def int4_config(k: int, num_rows: int, group_size: int) -> GemvConfig:
-    """The int4 kernel's rule of thumb: 8 weight rows a program and the widest K tile (up to 4,096 features,
-    fewer for several rows of x, whose activations each thread holds) dividing K. At one row, one warp per 8
-    periods of the tile (a warp spans 8 periods of 16 words), so that the threads spread over K only."""
-    period = int4_period(group_size)
+# Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweep, keyed (N, K, prologue, rows of x
+# padded to a power of two); empty until a GPU sweep fills it (the sweep prints the literal to paste here).
+TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {}
+
+
+def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
+    """The tuned config of this shape (groups of 128), else the int4 kernel's rule of thumb: 8 weight rows a
+    program and the widest K tile (up to 4,096 features, fewer for several rows of x, whose activations each
+    thread holds) dividing K. At one row, one warp per 8 periods of the tile (a warp spans 8 periods of 16
+    words), so that the threads spread over K only."""
     block_m = triton.next_power_of_2(num_rows)
+    tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
+    if tuned is not None:
+        return tuned
+    period = int4_period(group_size)
     widths = [b for b in (4096, 2048, 1024, 512, 256, 128) if b % period == 0 and k % b == 0 and b * block_m <= 4096]
     block_k = widths[0] if widths else period
     num_warps = max(1, min(4, block_k // period // 8)) if block_m == 1 else 4
@@ -866,17 +931,27 @@ def _launch_int4(
     group_size, period = weight.group_size, int4_period(weight.group_size)
     assert weight.zero is not None and weight.zero.stride() == weight.scale.stride() and k % group_size == 0
     assert _is_power_of_2(group_size) and weight.data.stride(1) == 1, group_size
-    config = config or int4_config(k, m, group_size)
-    block_k = max(config.block_k, period)  # a whole number of periods that divides K (K divides by the period)
-    while k % block_k:
+    config = config or int4_config(k, m, group_size, n, prologue)
+    split_k = config.split_k
+    while split_k > 1 and k % (split_k * period):  # each split a whole number of periods
+        split_k //= 2
+    block_k = max(config.block_k, period)  # a whole number of periods that divides K / split_k
+    while (k // split_k) % block_k:
         block_k //= 2
-    _gemv_int4_kernel[(triton.cdiv(n, config.block_n),)](
+    block_m, programs = triton.next_power_of_2(m), triton.cdiv(n, config.block_n)
+    partial = counters = x  # unused at split_k 1
+    if split_k > 1:
+        partial = torch.empty(programs * split_k * block_m * (config.block_n + 1), dtype=torch.float32, device=x.device)
+        counters = split_k_counters(x.device, programs)
+    _gemv_int4_kernel[(programs, split_k)](
         *common,
         weight.data,
         weight.scale,
         weight.zero,
         bias if bias is not None else x,
         out,
+        partial,
+        counters,
         m,
         n,
         k,
@@ -891,15 +966,31 @@ def _launch_int4(
         HAS_BIAS=bias is not None,
         GROUP_SIZE=group_size,
         PERIOD=period,
-        BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_M=block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=block_k,
+        SPLIT_K=split_k,
         PREFETCH=config.prefetch,
         USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),
     )
+
+
+_MAX_SPLIT_K_COLUMNS = 1 << 17
+_split_k_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def split_k_counters(device: torch.device, columns: int) -> torch.Tensor:
+    """The device's split-K counters (int32, zero between launches: the last program of a column resets its
+    counter). One buffer for the device's life, never reallocated, as CUDA graphs keep its address; the
+    kernels using it run one at a time on the device's stream (each waits for the one before, PDL included)."""
+    assert columns <= _MAX_SPLIT_K_COLUMNS, f"{columns} programs along N: raise block_n"
+    counters = _split_k_counters.get(device)
+    if counters is None:
+        counters = _split_k_counters[device] = torch.zeros(_MAX_SPLIT_K_COLUMNS, dtype=torch.int32, device=device)
+    return counters
 
 
 def gemv_ref(

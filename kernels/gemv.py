@@ -57,6 +57,7 @@ import triton.language as tl
 
 from kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
 from kernels.pdl import launch_options, use_pdl
+from kernels.silu_mul import gated_activation
 
 PROLOGUE_NONE = 0
 PROLOGUE_RMSNORM = 1
@@ -109,16 +110,10 @@ def _activation_block(
         hf = h.to(tl.float32)
         xk = hf * _load(norm_weight_ptr + offs_k, mask_k, EVEN_K).to(tl.float32)[None, :]
         squares = hf * hf
-    elif PROLOGUE == 2:
+    elif PROLOGUE == 2 or PROLOGUE == 3:  # rounded to x's dtype as kernels/silu_mul.py stores it
         gate = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
         up = _load(x_ptrs + K, mask, EVEN_K).to(tl.float32)
-        xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
-        squares = xk  # unused
-    elif PROLOGUE == 3:  # gelu_tanh(g) = g * sigmoid(2 sqrt(2 / pi) (g + 0.044715 g^3)), as kernels/silu_mul.py
-        gate = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
-        up = _load(x_ptrs + K, mask, EVEN_K).to(tl.float32)
-        xk = (gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up).to(dtype)
-        xk = xk.to(tl.float32)
+        xk = gated_activation(gate, up, PROLOGUE == 3).to(dtype).to(tl.float32)
         squares = xk  # unused
     else:
         xk = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
@@ -447,10 +442,10 @@ def _activation_tile(
         hf = h.to(tl.float32)
         xk = hf * tl.load(norm_weight_ptr + offs_k).to(tl.float32)[None, :, :]
         squares = hf * hf
-    elif PROLOGUE == 2:
+    elif PROLOGUE == 2 or PROLOGUE == 3:
         gate = tl.load(x_ptrs).to(tl.float32)
         up = tl.load(x_ptrs + K).to(tl.float32)
-        xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
+        xk = gated_activation(gate, up, PROLOGUE == 3).to(dtype).to(tl.float32)
         squares = xk  # unused
     else:
         xk = tl.load(x_ptrs).to(tl.float32)

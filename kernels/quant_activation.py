@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.rmsnorm import rmsnorm_row
+from kernels.silu_mul import gated_activation
+
 FP8_E4M3_MAX = 448.0
 INT8_MAX = 127.0
 _MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of NaN
@@ -103,17 +106,11 @@ def _rmsnorm_quant_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < NUM_COLS
-    dtype = x_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        res = tl.load(residual_ptr + row * NUM_COLS + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + res.to(tl.float32)).to(dtype)
-        tl.store(residual_out_ptr + row * NUM_COLS + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / NUM_COLS + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
-    normed = (xf * inv_rms).to(dtype)  # kernels/rmsnorm.py's roundings
-    y = (normed * w).to(dtype).to(tl.float32)
+    y = rmsnorm_row(
+        x_ptr, residual_ptr, residual_out_ptr, weight_ptr, row, offs, mask, stride_x, NUM_COLS, NUM_COLS, eps,
+        NUM_COLS, HAS_RESIDUAL,
+    )  # fmt: skip
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # rounded as kernels/rmsnorm.py stores it
     _store_quantized_row(y, q_ptr, scale_ptr, row, offs, mask, stride_q, QMAX, IS_FP8)
 
 
@@ -134,7 +131,7 @@ def _silu_mul_quant_kernel(
     mask = offs < INTERMEDIATE
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + INTERMEDIATE + offs, mask=mask, other=0.0).to(tl.float32)
-    y = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)  # kernels/silu_mul.py's
+    y = gated_activation(gate, up, False).to(x_ptr.dtype.element_ty).to(tl.float32)  # as kernels/silu_mul.py stores
     _store_quantized_row(y, q_ptr, scale_ptr, row, offs, mask, stride_q, QMAX, IS_FP8)
 
 

@@ -13,6 +13,38 @@ import triton.language as tl
 
 
 @triton.jit
+def rmsnorm_row(
+    x_ptr,
+    residual_ptr,
+    residual_out_ptr,
+    weight_ptr,
+    row,
+    offs,  # [BLOCK] the row's columns, masked by `mask`
+    mask,
+    stride_x,
+    stride_r,
+    stride_ro,
+    eps,
+    NUM_COLS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """One row's RMSNorm times its weight (not yet rounded to the output dtype), x + residual written to
+    residual_out first when HAS_RESIDUAL. The body of every kernel that normalizes a whole row
+    (here; kernels/quant_activation.py's RMSNorm with per-token quantization)."""
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(residual_out_ptr + row * stride_ro + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / NUM_COLS + eps)
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
+    # normalise in fp32, round to the activation dtype, then scale (HF's order of roundings)
+    normed = (xf * inv_rms).to(x_ptr.dtype.element_ty)
+    return normed * w
+
+
+@triton.jit
 def _rmsnorm_kernel(
     x_ptr,  # [N, C]
     residual_ptr,  # [N, C], read when HAS_RESIDUAL
@@ -31,17 +63,11 @@ def _rmsnorm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < NUM_COLS
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        res = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(residual_out_ptr + row * stride_ro + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / NUM_COLS + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
-    # normalise in fp32, round to the activation dtype, then scale (HF's order of roundings)
-    normed = (xf * inv_rms).to(x_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_o + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = rmsnorm_row(
+        x_ptr, residual_ptr, residual_out_ptr, weight_ptr, row, offs, mask, stride_x, stride_r, stride_ro, eps,
+        NUM_COLS, HAS_RESIDUAL,
+    )  # fmt: skip
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rmsnorm(

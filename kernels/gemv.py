@@ -737,6 +737,10 @@ TUNED: dict[tuple[int, int, int], GemvConfig | None] = {
     (3584, 18944, PROLOGUE_SILU_MUL): None,
 }
 
+# Best 1-byte (FP8 / int8) configs at one row from scripts/device/bench_quant.py's sweep (key: N, K, prologue);
+# empty until a GPU sweep fills it (the sweep prints the literal to paste here).
+TUNED_ROW_SCALED: dict[tuple[int, int, int], GemvConfig] = {}
+
 # fp32 accumulator elements a thread may hold ([rows, BLOCK_N, K tile] / threads) before spilling
 _MAX_ACC_PER_THREAD = 64
 
@@ -753,6 +757,8 @@ def gemv_config(
         return int4_config(k, num_rows, group_size, n, prologue)
     if weight_format == WEIGHT_DENSE and num_rows == 1 and (n, k, prologue) in TUNED:
         return TUNED[(n, k, prologue)]
+    if weight_format == WEIGHT_ROW_SCALED and num_rows == 1 and (n, k, prologue) in TUNED_ROW_SCALED:
+        return TUNED_ROW_SCALED[(n, k, prologue)]
     block_k = next((b for b in (1024, 512, 256, 128) if k % b == 0), 512)
     block_n = 8 if prologue == PROLOGUE_RMSNORM else 4
     if weight_format != WEIGHT_DENSE:
@@ -768,18 +774,27 @@ TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {}
 
 def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
     """The tuned config of this shape (groups of 128), else the int4 kernel's rule of thumb: 8 weight rows a
-    program and the widest K tile (up to 4,096 features, fewer for several rows of x, whose activations each
-    thread holds) dividing K. At one row, one warp per 8 periods of the tile (a warp spans 8 periods of 16
-    words), so that the threads spread over K only."""
+    program, 4 warps, and the widest K tile dividing K that does not spill (`int4_register_estimate`; the
+    4,096-wide tiles this rule chose before took all 255 registers and spilled)."""
     block_m = triton.next_power_of_2(num_rows)
     tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
     if tuned is not None:
         return tuned
     period = int4_period(group_size)
-    widths = [b for b in (4096, 2048, 1024, 512, 256, 128) if b % period == 0 and k % b == 0 and b * block_m <= 4096]
-    block_k = widths[0] if widths else period
-    num_warps = max(1, min(4, block_k // period // 8)) if block_m == 1 else 4
-    return GemvConfig(block_n=8, block_k=block_k, num_warps=num_warps, num_stages=1)
+    config = GemvConfig(block_n=8, block_k=period, num_warps=4, num_stages=1)
+    for width in (2048, 1024, 512, 256, 128):
+        if width % period == 0 and k % width == 0 and int4_register_estimate(config, num_rows, width) <= 160:
+            return dataclasses.replace(config, block_k=width)
+    return config
+
+
+def int4_register_estimate(config: GemvConfig, num_rows: int, block_k: int | None = None) -> int:
+    """Registers a thread of the int4 kernel takes, estimated from sm_90 compiles (scripts/check_kernels_compile.py's
+    driver, 2026-11-24): w words of the weight tile a thread holds cost ~4 registers each for the tile and its
+    products, plus ~4 per row of x for the accumulator, plus ~30 of overhead (16 words at one row: 128 measured;
+    32: 255 and spilled; 4 words at 8 rows: 168-177). Above ~200 the kernel spills."""
+    words = config.block_n * (block_k or config.block_k) // 8 // (32 * config.num_warps)
+    return words * (4 * triton.next_power_of_2(num_rows) + 4) + 30
 
 
 def fit_rows(config: GemvConfig, num_rows: int) -> GemvConfig:
@@ -927,12 +942,7 @@ def _launch_int4(
     assert weight.zero is not None and weight.zero.stride() == weight.scale.stride() and k % group_size == 0
     assert _is_power_of_2(group_size) and weight.data.stride(1) == 1, group_size
     config = config or int4_config(k, m, group_size, n, prologue)
-    split_k = config.split_k
-    while split_k > 1 and k % (split_k * period):  # each split a whole number of periods
-        split_k //= 2
-    block_k = max(config.block_k, period)  # a whole number of periods that divides K / split_k
-    while (k // split_k) % block_k:
-        block_k //= 2
+    block_k, split_k = int4_launch_tiles(k, group_size, config)
     block_m, programs = triton.next_power_of_2(m), triton.cdiv(n, config.block_n)
     partial = counters = x  # unused at split_k 1
     if split_k > 1:
@@ -971,6 +981,19 @@ def _launch_int4(
         num_stages=config.num_stages,
         **launch_options(pdl),
     )
+
+
+def int4_launch_tiles(k: int, group_size: int, config: GemvConfig) -> tuple[int, int]:
+    """(K tile, splits) the int4 kernel runs `config` with: splits halved until each is a whole number of
+    periods, the tile widened to a period and halved until it divides a split (K divides by the period)."""
+    period = int4_period(group_size)
+    split_k = config.split_k
+    while split_k > 1 and k % (split_k * period):
+        split_k //= 2
+    block_k = max(config.block_k, period)
+    while (k // split_k) % block_k:
+        block_k //= 2
+    return block_k, split_k
 
 
 _MAX_SPLIT_K_COLUMNS = 1 << 17

@@ -464,6 +464,14 @@ def _fma_rows3(acc, w, xk, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _word_offset(k, PERIOD: tl.constexpr):
+    """The word offset of feature k, a multiple of the period, as the compiler must know it: division loses the
+    divisibility its alignment analysis tracks, and without it the tile's loads are split into 32-bit ones
+    (sm_90 PTX: `ld.global.b32` instead of `ld.global.v4.b32`)."""
+    return tl.multiple_of(k // 8, PERIOD // 8)
+
+
+@triton.jit
 def _int4_tile(
     acc,
     sum_sq,
@@ -495,6 +503,7 @@ def _int4_tile(
     With f = 1 + q/16 (what `int4_as_float` gives), (q - z) s x = 16 s (f x) - (16 + z) s x. A period lies
     in one group, so per word position the eight nibbles' f x are summed first (one FMA a weight) and the
     scale and zero point are applied once per word position: 16 s * sum(f x) - (16 + z) s * sum(x)."""
+    k0 = tl.multiple_of(k0, PERIOD)  # (see _word_offset) so that x's loads are vectorized too
     groups = (k0 + offs_p * PERIOD) // GROUP_SIZE  # [P]
     group_offs = rows[:, None] * stride_sn + groups[None, :]  # [BLOCK_N, P]
     scale = tl.load(scale_ptr + group_offs).to(tl.float32)
@@ -583,7 +592,7 @@ def _gemv_int4_kernel(
     word_offs = offs_p[:, None] * (PERIOD // 8) + offs_w[None, :]  # [P, W]: the tile's words, contiguous
     word_ptrs = w_ptr + rows[:, None, None] * stride_wn + word_offs[None, :, :]
 
-    words = tl.load(word_ptrs + k_begin // 8)  # before the wait, as in _gemv_kernel
+    words = tl.load(word_ptrs + _word_offset(k_begin, PERIOD))  # before the wait, as in _gemv_kernel
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
     if HAS_RESIDUAL:
@@ -598,7 +607,7 @@ def _gemv_int4_kernel(
         for k0 in range(k_begin, k_end, BLOCK_K):
             next_words = words
             if k0 + BLOCK_K < k_end:
-                next_words = tl.load(word_ptrs + (k0 + BLOCK_K) // 8)
+                next_words = tl.load(word_ptrs + _word_offset(k0 + BLOCK_K, PERIOD))
             acc, sum_sq = _int4_tile(
                 acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
                 rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
@@ -612,7 +621,7 @@ def _gemv_int4_kernel(
             BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
         for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
-            words = tl.load(word_ptrs + k0 // 8)
+            words = tl.load(word_ptrs + _word_offset(k0, PERIOD))
             acc, sum_sq = _int4_tile(
                 acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
                 rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
@@ -773,14 +782,24 @@ TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {}
 
 
 def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
-    """The tuned config of this shape (groups of 128), else the int4 kernel's rule of thumb: 8 weight rows a
-    program, 4 warps, and the widest K tile dividing K that does not spill (`int4_register_estimate`; the
-    4,096-wide tiles this rule chose before took all 255 registers and spilled)."""
+    """The tuned config of this shape (groups of 128), else the int4 kernel's rule of thumb.
+
+    At one row: 4 weight rows a program and a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that
+    does not divide K). Compiled for sm_90 (scripts/check_kernels_compile.py's driver) that is the shape where
+    the [periods, words] slice of x gives each thread 4 consecutive features, so its layout is the weight
+    tile's (4 consecutive words a thread, 16-byte loads) and no layout conversion goes through shared memory:
+    80 registers for 16 words a thread, against 128 plus ~70 shared-memory round trips a tile otherwise, and
+    255 with spills for the 8 x 4,096 tiles this rule chose before. Several rows: 8 weight rows a program,
+    4 warps, the widest K tile that does not spill (`int4_register_estimate`)."""
     block_m = triton.next_power_of_2(num_rows)
     tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
     if tuned is not None:
         return tuned
     period = int4_period(group_size)
+    if block_m == 1:
+        for width in (4096, 2048, 1024):
+            if width % period == 0 and k % width == 0:
+                return GemvConfig(block_n=4, block_k=width, num_warps=width // 1024, num_stages=1)
     config = GemvConfig(block_n=8, block_k=period, num_warps=4, num_stages=1)
     for width in (2048, 1024, 512, 256, 128):
         if width % period == 0 and k % width == 0 and int4_register_estimate(config, num_rows, width) <= 160:

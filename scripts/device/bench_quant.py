@@ -181,6 +181,11 @@ INT4_AXES = {
     "prefetch": (False, True),
 }
 INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k")  # at 2-8 rows
+# Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
+# features a warp, where x's layout is the weight tile's (see kernels.gemv.int4_config), which one axis at a time
+# cannot reach from another such point; split-K keeps that ratio per split.
+INT4_SEEDS = [(2, 4096, 4, 1), (4, 2048, 2, 1), (4, 1024, 1, 1), (8, 2048, 4, 1), (4, 2048, 2, 2), (4, 1024, 1, 4),
+              (2, 2048, 2, 2)]  # fmt: skip
 INT4_ROWS = [1, 2, 4, 8]
 MULTI_ROWS = [2, 4, 8]
 
@@ -307,6 +312,10 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
             if (rows, shape) not in defaults:
                 defaults[(rows, shape)] = int4_config(k, rows, GROUP, n, prologue)
                 measure(rows, shape, defaults[(rows, shape)])
+                for block_n, block_k, num_warps, split_k in INT4_SEEDS if rows == 1 else []:
+                    seed = GemvConfig(block_n, block_k, num_warps, num_stages=1, split_k=split_k)
+                    if k % (block_k * split_k) == 0:
+                        measure(rows, shape, seed)
             seen = timed.get((rows, shape))
             if not seen:
                 continue  # out of budget

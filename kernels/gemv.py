@@ -55,6 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import rmsnorm as rmsnorm_module
+from kernels import silu_mul as silu_mul_module
 from kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
 from kernels.pdl import launch_options, use_pdl
 from kernels.silu_mul import gated_activation
@@ -730,6 +732,10 @@ class GemvConfig:
     # int4: programs sharing each column's K walk (a power of two dividing K / block_k); the last to finish adds
     # the partial sums. More programs in flight where N / block_n is small against the SMs.
     split_k: int = 1
+    # run the prologue (RMSNorm, SiLU/GeLU-mul) as its own kernel (kernels/rmsnorm.py, kernels/silu_mul.py) and
+    # the GEMV without one: one more launch, but each activation computed once instead of once a program (the
+    # int4 kernel's few weight rows a program make the fused prologue a large share of its instructions)
+    separate_prologue: bool = False
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -881,6 +887,14 @@ def gemv(
         assert prologue == PROLOGUE_RMSNORM and residual_out is not None
         assert residual.is_contiguous() and residual_out.is_contiguous() and residual.shape == (m, k)
         assert residual_out.data_ptr() != residual.data_ptr(), "program 0 writes residual_out while others read"
+    if config is None and not isinstance(weight, torch.Tensor) and weight.format == WEIGHT_INT4:
+        config = int4_config(k, m, weight.group_size, n, prologue)
+    if config is not None and config.separate_prologue and prologue != PROLOGUE_NONE:
+        if silu_mul:
+            x = silu_mul_module.silu_mul(x, gelu_tanh=gelu_tanh)
+        else:
+            x = rmsnorm_module.rmsnorm(x, norm_weight, eps, residual=residual, residual_out=residual_out)
+        return gemv(x, weight, bias, config=dataclasses.replace(config, separate_prologue=False))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out

@@ -161,26 +161,37 @@ GROUP = 128
 PROLOGUE_NAMES = {PROLOGUE_NONE: "plain", PROLOGUE_RMSNORM: "rmsnorm+residual", PROLOGUE_SILU_MUL: "silu_mul"}
 PROLOGUE_CONSTANTS = {PROLOGUE_NONE: "PROLOGUE_NONE", PROLOGUE_RMSNORM: "PROLOGUE_RMSNORM",
                       PROLOGUE_SILU_MUL: "PROLOGUE_SILU_MUL"}  # fmt: skip
-# FP8 / int8 GEMV configs swept at one row (block_n, block_k, num_warps, num_stages[, prefetch[, byte_tiles]]), with
+# FP8 / int8 GEMV configs swept at one row (GemvConfig's fields in order: block_n, block_k, num_warps, num_stages,
+# prefetch, byte_tiles, split_k, separate_prologue), with
 # the prologue the model fuses into each projection; bf16 runs its tuned configs (scripts/device/tune_gemv.py
 # sweeps those). Each byte_tiles config (kernels.gemv._gemv_bytes_kernel, 16 bytes a thread) has its twin
 # without, so the sweep says whether that kernel ever wins.
-SWEEP_ROW_SCALED = [(8, 1024, 4, 1), (16, 512, 4, 1), (8, 2048, 8, 1), (8, 1024, 4, 1, True),
-                    (16, 1024, 4, 1), (16, 1024, 4, 1, False, True),
-                    (32, 512, 8, 1), (32, 512, 8, 1, False, True),
-                    (16, 2048, 8, 1), (16, 2048, 8, 1, False, True)]  # fmt: skip
+SWEEP_ROW_SCALED = [
+    (8, 1024, 4, 1),
+    (16, 512, 4, 1),
+    (8, 2048, 8, 1),
+    (8, 1024, 4, 1, True),
+    (16, 1024, 4, 1),
+    (16, 1024, 4, 1, False, True),
+    (32, 512, 8, 1),
+    (32, 512, 8, 1, False, True),
+    (16, 2048, 8, 1),
+    (16, 2048, 8, 1, False, True),
+    (16, 1024, 4, 1, False, False, 1, True),
+]  # the last: separate_prologue
 # The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (kernels.gemv.int4_config): one axis
 # at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping configs that
 # would spill on sm_90 (kernels.gemv.int4_register_estimate), within a time budget (compiles dominate).
 INT4_AXES = {
     "block_k": (256, 512, 1024, 2048, 4096),
     "num_warps": (1, 2, 4, 8),
-    "block_n": (4, 8, 16),
+    "block_n": (2, 4, 8, 16),
     "split_k": (1, 2, 4),
     "num_stages": (1, 3),
     "prefetch": (False, True),
+    "separate_prologue": (False, True),
 }
-INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k")  # at 2-8 rows
+INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologue")  # at 2-8 rows
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
 # features a warp, where x's layout is the weight tile's (see kernels.gemv.int4_config), which one axis at a time
 # cannot reach from another such point; split-K keeps that ratio per split.
@@ -290,7 +301,8 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
     def measure(rows: int, shape: str, config: GemvConfig) -> None:
         n, k, prologue = SHAPES[shape]
         block_k, split_k = int4_launch_tiles(k, GROUP, config)
-        config = dataclasses.replace(config, block_k=block_k, split_k=split_k)
+        separate = config.separate_prologue and prologue != PROLOGUE_NONE
+        config = dataclasses.replace(config, block_k=block_k, split_k=split_k, separate_prologue=separate)
         seen = timed.setdefault((rows, shape), {})
         if config in seen or int4_register_estimate(config, rows) > 200 or time.monotonic() > deadline:
             return

@@ -253,14 +253,14 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
 
-def gemv_kernels(bandwidth: float, sweep: bool) -> dict:
+def gemv_kernels(bandwidth: float, sweep: bool, multi_rows: bool) -> dict:
     """Per shape and weight format at one row: the GEMV (model's prologue, default config) and the best
     swept config as % of the copy bandwidth, beside the paths they replace; 2-8 rows; GPU correctness."""
     report = {"rows": [], "checks": [], "best_configs": {}, "tuned_row_scaled": {}, "byte_tiles": []}
     for shape, (n, k, prologue) in SHAPES.items():
         case = GemvCase(k)
         for fmt in FORMATS:
-            bench_format(report, case, shape, n, prologue, fmt, bandwidth, sweep)
+            bench_format(report, case, shape, n, prologue, fmt, bandwidth, sweep, multi_rows)
             torch.cuda.empty_cache()
     report["checks"].append(fp8_subnormals_check())
     report["checks"] += many_rows_checks()
@@ -358,7 +358,15 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
 
 
 def bench_format(
-    report: dict, case: GemvCase, shape: str, n: int, prologue: int, fmt: str, bandwidth: float, sweep: bool
+    report: dict,
+    case: GemvCase,
+    shape: str,
+    n: int,
+    prologue: int,
+    fmt: str,
+    bandwidth: float,
+    sweep: bool,
+    multi_rows: bool,
 ) -> None:
     k = case.k
     w0 = make_weight(fmt, n, k)
@@ -389,7 +397,7 @@ def bench_format(
             twin = c[:4]
             log(f"  {shape:8s} fp8 byte_tiles on/off {twin}: {timed[c]:.1f} / {timed[twin]:.1f} us")
             report["byte_tiles"].append(dict(shape=shape, config=twin, on_us=timed[c], off_us=timed[twin]))
-    if fmt != "bf16":
+    if fmt != "bf16" and multi_rows:  # (int4 at 2-8 rows: int4_sweep)
         for num_rows in MULTI_ROWS:
             record(f"gemv {num_rows} rows", us(lambda w, r=num_rows: case.run(w, PROLOGUE_NONE, r)))
     for num_rows in (1, max(MULTI_ROWS)):  # the path the GEMV replaces, at one row and at the row limit
@@ -474,6 +482,45 @@ def split_k_checks(n: int = 6144, k: int = 4096, repeats: int = 200) -> list[dic
     return out
 
 
+def summarize(report: dict) -> dict:
+    """The numbers the issue's targets name, in one block at the end of the output (and the JSON's "summary")."""
+    out: dict = {}
+    steps = report.get("steps", {})
+    base = steps.get("bf16")
+    targets = {"fp8": ("b1 <= 0.65x", "64 rows >= 1.3x"), "w4a16_int4": ("b1 <= 0.45x", "")}
+    for scheme, row in steps.items():
+        if base is None:
+            break
+        ratios = dict(b1=row["b1_ms"] / base["b1_ms"], b8=row["b8_ms"] / base["b8_ms"],
+                      b64_tok_s=row["b64_tok_s"] / base["b64_tok_s"])  # fmt: skip
+        out[f"steps {scheme}"] = dict(b1_ms=row["b1_ms"], **ratios)
+        log(f"SUMMARY steps {scheme:10s} b1 {row['b1_ms']:.3f} ms ({ratios['b1']:.2f}x bf16), b8 {ratios['b8']:.2f}x, "
+            f"64 rows {ratios['b64_tok_s']:.2f}x bf16 tok/s  {' '.join(targets.get(scheme, ()))}")  # fmt: skip
+    for case in report.get("int4_sweep", {}).get("cases", []):
+        key = f"int4 gemv {case['shape']} {case['rows']} row(s)"
+        out[key] = dict(default_pct_bw=case["default_pct_bw"], best_pct_bw=case["best_pct_bw"], best=case["best"])
+        log(f"SUMMARY {key:32s} default {case['default_pct_bw']:3.0f}% of copy BW, best {case['best_pct_bw']:3.0f}%")
+    byte_tiles = report.get("kernels", {}).get("byte_tiles", [])
+    if byte_tiles:
+        wins = [r for r in byte_tiles if r["on_us"] < r["off_us"]]
+        out["byte_tiles_wins"] = f"{len(wins)} of {len(byte_tiles)}"
+        log(f"SUMMARY fp8 byte_tiles faster than its twin in {len(wins)} of {len(byte_tiles)} (shape, config) pairs")
+    checks = report.get("kernels", {}).get("checks", [])
+    failed = [c for c in checks if not c["ok"]]
+    out["gpu_checks_failed"] = len(failed)
+    log(f"SUMMARY GPU correctness checks: {len(checks) - len(failed)} passed, {len(failed)} failed {failed or ''}")
+    for row in report.get("attention_32k", []):
+        if row["kernel"] == "as the model runs":
+            out[f"attention 32k b{row['batch']} {row['kv']} ms"] = row["ms"]
+    for batch in (1, 8):
+        bf16, fp8 = out.get(f"attention 32k b{batch} bf16 ms"), out.get(f"attention 32k b{batch} fp8 ms")
+        if bf16 and fp8:
+            log(f"SUMMARY decode attention 32k batch {batch}: FP8 KV {bf16 / fp8:.2f}x bf16 KV (target >= 1.6x)")
+    if "kv_capacity" in report:
+        log(f"SUMMARY KV slots FP8 / bf16: {report['kv_capacity']['ratio']:.2f}x (target >= 1.9x)")
+    return out
+
+
 def install_tuned(report: dict) -> None:
     """The sweeps' best configs into kernels.gemv's tables, so the decode steps below run them."""
     gemv_module.TUNED_ROW_SCALED.update(report.get("kernels", {}).get("tuned_row_scaled", {}))
@@ -498,6 +545,7 @@ def main() -> None:
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_quant.json"))
     parser.add_argument("--no-sweep", action="store_true", help="skip the GEMV config sweeps")
     parser.add_argument("--int4-budget-s", type=float, default=120.0, help="time for the int4 GEMV sweep")
+    parser.add_argument("--multi-rows", action="store_true", help="time the FP8/int8/int4 GEMVs at 2, 4, 8 rows too")
     parser.add_argument("--parts", default="kernels,steps,attention,kv", help="comma-separated subset to run")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -513,7 +561,7 @@ def main() -> None:
             json.dump(jsonable(report), f, indent=1)
 
     if "kernels" in parts:
-        report["kernels"] = gemv_kernels(bandwidth, sweep=not args.no_sweep)
+        report["kernels"] = gemv_kernels(bandwidth, sweep=not args.no_sweep, multi_rows=args.multi_rows)
         save("kernels")
         if not args.no_sweep:
             report["int4_sweep"] = int4_sweep(bandwidth, args.int4_budget_s)
@@ -537,6 +585,8 @@ def main() -> None:
     if "kv" in parts:
         report["kv_capacity"] = kv_capacity(hf_config, state_dict)
         save("kv")
+    report["summary"] = summarize(report)
+    save("summary")
 
 
 if __name__ == "__main__":

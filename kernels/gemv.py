@@ -34,7 +34,11 @@ Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles
 [BLOCK_N, BLOCK_K/16, 16] tiles and sums each thread's 16 products in registers (a 16x smaller accumulator).
 `_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
 features, so each nibble is one shift and one mask against a contiguous slice of x, and the tile's
-threads spread over K rather than over the rows (each activation is computed once a program).
+threads spread over K rather than over the rows (each activation is computed once a program). It can split
+K over several programs per column (`GemvConfig.split_k`: more programs where N / BLOCK_N is small against
+the SMs; the last program of a column adds the partials, in split order, and resets its counter). Its
+few weight rows a program make the fused prologue a large share of its instructions, so a config may run
+the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format).
 
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,

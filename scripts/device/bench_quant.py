@@ -2,7 +2,7 @@
 built on the device:
 
     PYTHONPATH=$PWD python3 scripts/device/bench_quant.py [--json $OUT/bench_quant.json] [--no-sweep]
-        [--int4-budget-s 120] [--parts kernels,steps,attention,kv]
+        [--int4-budget-s 120] [--time-limit-s 540] [--multi-rows] [--parts kernels,steps,attention,kv]
 
 1. each weight format's few-row GEMV (kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
    Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
@@ -17,7 +17,7 @@ built on the device:
 4. FP8 KV: decode attention at 32k context, bf16 vs FP8 KV, with the model backend's split count and
    key block, and the best of a small sweep of each;
 5. FP8 KV: KV slots from the same free memory vs bf16 KV.
-The JSON is rewritten after each part.
+The JSON is rewritten after each part; parts 4 and 5 are skipped when --time-limit-s would be passed.
 """
 
 # ruff: noqa: B023  (each lambda is timed inside the loop iteration that defines it)
@@ -545,6 +545,7 @@ def main() -> None:
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_quant.json"))
     parser.add_argument("--no-sweep", action="store_true", help="skip the GEMV config sweeps")
     parser.add_argument("--int4-budget-s", type=float, default=120.0, help="time for the int4 GEMV sweep")
+    parser.add_argument("--time-limit-s", type=float, default=540.0, help="skip the attention / kv parts past it")
     parser.add_argument("--multi-rows", action="store_true", help="time the FP8/int8/int4 GEMVs at 2, 4, 8 rows too")
     parser.add_argument("--parts", default="kernels,steps,attention,kv", help="comma-separated subset to run")
     args = parser.parse_args()
@@ -579,10 +580,18 @@ def main() -> None:
         for scheme, row in report["steps"].items():
             log(f"{scheme:>10}: batch 1 {row['b1_ms'] / base['b1_ms']:.2f}x bf16 time, batch 8 "
                 f"{row['b8_ms'] / base['b8_ms']:.2f}x, batch 64 {row['b64_tok_s'] / base['b64_tok_s']:.2f}x bf16 throughput")  # fmt: skip
-    if "attention" in parts:
+        report["summary"] = summarize(report)  # printed now too, in case the parts below run out of time
+
+    def time_left_for(part: str, seconds: float) -> bool:  # the last parts are skipped rather than cut
+        left = args.time_limit_s - (time.monotonic() - started)
+        if left < seconds:
+            log(f"[{part} skipped: {left:.0f} s left of --time-limit-s, it takes ~{seconds:.0f} s]")
+        return left >= seconds
+
+    if "attention" in parts and time_left_for("attention", 60):
         report["attention_32k"] = attention_32k(bandwidth)
         save("attention")
-    if "kv" in parts:
+    if "kv" in parts and time_left_for("kv", 45):
         report["kv_capacity"] = kv_capacity(hf_config, state_dict)
         save("kv")
     report["summary"] = summarize(report)

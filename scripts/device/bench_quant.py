@@ -7,11 +7,11 @@ built on the device:
 1. each weight format's few-row GEMV (kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
    Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
    fuses into that projection; FP8's small config sweep (each byte_tiles config against its twin without);
-   2-8 rows, and the path each replaces (cuBLAS, per-token FP8 + _scaled_mm, dequant_matmul); GPU
-   correctness (bf16 activations, 1 and 8 rows, FP8 subnormal weights);
-2. the int4 GEMV's sweep: coordinate descent over block_n, block_k, num_warps, num_stages, prefetch and
-   split_k per shape at 1, 2, 4 and 8 rows (GB/s per config, the default against the best, TUNED_INT4's
-   literal); the best FP8 and int4 configs are then installed for the decode steps;
+   with --multi-rows 2-8 rows; the path each replaces (cuBLAS, per-token FP8 + _scaled_mm, dequant_matmul);
+   GPU correctness (bf16 activations, 1 and 8 rows, FP8 subnormal weights, int4 split-K over 200 launches);
+2. the int4 GEMV's sweep: coordinate descent over block_n, block_k, num_warps, num_stages, prefetch,
+   split_k and separate_prologue per shape at 1, 2, 4 and 8 rows (GB/s per config, the default against the
+   best, TUNED_INT4's literal); the best FP8 and int4 configs are then installed for the decode steps;
 3. decode step time (CUDA graphs, context 512) at batch 1, 8 and 64 for bf16, --quantize fp8, eetq (W8A16)
    and w4a16_int4 (W4A16), the same model and call; ratios to bf16;
 4. FP8 KV: decode attention at 32k context, bf16 vs FP8 KV, with the model backend's split count and

@@ -195,7 +195,8 @@ INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologu
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
 # features a warp, where x's layout is the weight tile's (see kernels.gemv.int4_config), which one axis at a time
 # cannot reach from another such point; split-K keeps that ratio per split.
-INT4_SEEDS = [(2, 4096, 4, 1), (4, 2048, 2, 1), (4, 1024, 1, 1), (8, 2048, 4, 1), (4, 2048, 2, 2), (4, 1024, 1, 2), (4, 1024, 1, 4), (2, 2048, 2, 2)]  # fmt: skip
+INT4_SEEDS = [(2, 4096, 4, 1), (4, 2048, 2, 1), (4, 1024, 1, 1), (8, 2048, 4, 1), (4, 2048, 2, 2), (4, 1024, 1, 2),
+              (4, 1024, 1, 4), (2, 2048, 2, 2)]  # fmt: skip
 INT4_ROWS = [1, 2, 4, 8]
 MULTI_ROWS = [2, 4, 8]
 

@@ -269,6 +269,10 @@ def gemv_kernels(bandwidth: float, sweep: bool, multi_rows: bool) -> dict:
         log("best fp8 GEMV configs at one row (block_n, block_k, num_warps, num_stages[, prefetch[, byte_tiles]]):")
         for key, config in report["best_configs"].items():
             log(f"  {key:14s} {config}")
+        log("TUNED_ROW_SCALED = {  # kernels/gemv.py")
+        for (n, k, prologue), config in report["tuned_row_scaled"].items():
+            log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}): {config_literal(config)},")
+        log("}")
         wins = sum(r["on_us"] < r["off_us"] for r in report["byte_tiles"])
         log(
             f"byte_tiles (kernels.gemv._gemv_bytes_kernel) faster than its twin in {wins} of {len(report['byte_tiles'])}"

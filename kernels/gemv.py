@@ -794,22 +794,23 @@ TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {}
 def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
     """The tuned config of this shape (groups of 128), else the int4 kernel's rule of thumb.
 
-    At one row: 4 weight rows a program and a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that
-    does not divide K). Compiled for sm_90 (scripts/check_kernels_compile.py's driver) that is the shape where
-    the [periods, words] slice of x gives each thread 4 consecutive features, so its layout is the weight
-    tile's (4 consecutive words a thread, 16-byte loads) and no layout conversion goes through shared memory:
-    80 registers for 16 words a thread, against 128 plus ~70 shared-memory round trips a tile otherwise, and
-    255 with spills for the 8 x 4,096 tiles this rule chose before. Several rows: 8 weight rows a program,
-    4 warps, the widest K tile that does not spill (`int4_register_estimate`)."""
+    At one row: a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K).
+    Compiled for sm_90 (scripts/gemv_resources.py) that is the shape where the [periods, words] slice of x
+    gives each thread 4 consecutive features, so its layout is the weight tile's (4 consecutive words a
+    thread, 16-byte loads) and no layout conversion goes through shared memory: 8 weight rows a program take
+    168 registers and 4 take 80, against 255 and spills for the 8 x 4,096 tiles with the wrong ratio this rule
+    chose before. 8 rows where a prologue is fused (it is computed once a program, so more rows share it), 4
+    without. Several rows: 8 weight rows, 4 warps, the widest K tile that does not spill."""
     block_m = triton.next_power_of_2(num_rows)
     tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
     if tuned is not None:
         return tuned
     period = int4_period(group_size)
     if block_m == 1:
+        block_n = 4 if prologue == PROLOGUE_NONE else 8
         for width in (4096, 2048, 1024):
             if width % period == 0 and k % width == 0:
-                return GemvConfig(block_n=4, block_k=width, num_warps=width // 1024, num_stages=1)
+                return GemvConfig(block_n=block_n, block_k=width, num_warps=width // 1024, num_stages=1)
     config = GemvConfig(block_n=8, block_k=period, num_warps=4, num_stages=1)
     for width in (2048, 1024, 512, 256, 128):
         if width % period == 0 and k % width == 0 and int4_register_estimate(config, num_rows, width) <= 160:
@@ -818,11 +819,15 @@ def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: in
 
 
 def int4_register_estimate(config: GemvConfig, num_rows: int, block_k: int | None = None) -> int:
-    """Registers a thread of the int4 kernel takes, estimated from sm_90 compiles (scripts/check_kernels_compile.py's
-    driver, 2026-11-24): w words of the weight tile a thread holds cost ~4 registers each for the tile and its
-    products, plus ~4 per row of x for the accumulator, plus ~30 of overhead (16 words at one row: 128 measured;
-    32: 255 and spilled; 4 words at 8 rows: 168-177). Above ~200 the kernel spills."""
-    words = config.block_n * (block_k or config.block_k) // 8 // (32 * config.num_warps)
+    """Registers a thread of the int4 kernel takes, estimated from sm_90 compiles (scripts/gemv_resources.py,
+    2026-11-24) for w words of the weight tile a thread holds. At one row with 1,024 features a warp (x's
+    layout is the tile's) ~5 a word (16 words: 80, 32: 168). Otherwise ~4 a word for the tile and its
+    products, plus ~4 a row of x for the accumulator, plus ~30 (16 words at one row: 128; 32: 255 and
+    spilled; 4 words at 8 rows: 168-177). Above ~200 the kernel spills."""
+    block_k = block_k or config.block_k
+    words = config.block_n * block_k // 8 // (32 * config.num_warps)
+    if num_rows == 1 and block_k == 1024 * config.num_warps:
+        return 5 * words + 8
     return words * (4 * triton.next_power_of_2(num_rows) + 4) + 30
 
 

@@ -2,7 +2,7 @@
 built on the device:
 
     PYTHONPATH=$PWD python3 scripts/device/bench_quant.py [--json $OUT/bench_quant.json] [--no-sweep]
-        [--int4-budget-s 120] [--time-limit-s 540] [--multi-rows] [--parts kernels,steps,attention,kv]
+        [--int4-budget-s 150] [--time-limit-s 540] [--multi-rows] [--parts kernels,steps,attention,kv]
 
 1. each weight format's few-row GEMV (kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
    Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
@@ -195,8 +195,8 @@ INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologu
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
 # features a warp, where x's layout is the weight tile's (see kernels.gemv.int4_config), which one axis at a time
 # cannot reach from another such point; split-K keeps that ratio per split.
-INT4_SEEDS = [(2, 4096, 4, 1), (4, 2048, 2, 1), (4, 1024, 1, 1), (8, 2048, 4, 1), (4, 2048, 2, 2), (4, 1024, 1, 2),
-              (4, 1024, 1, 4), (2, 2048, 2, 2)]  # fmt: skip
+INT4_SEEDS = [(4, 4096, 4, 1), (8, 4096, 4, 1), (2, 4096, 4, 1), (8, 2048, 2, 1), (4, 2048, 2, 1), (8, 1024, 1, 1),
+              (8, 2048, 2, 2), (4, 1024, 1, 2), (8, 2048, 4, 1)]  # fmt: skip
 INT4_ROWS = [1, 2, 4, 8]
 MULTI_ROWS = [2, 4, 8]
 
@@ -548,7 +548,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_quant.json"))
     parser.add_argument("--no-sweep", action="store_true", help="skip the GEMV config sweeps")
-    parser.add_argument("--int4-budget-s", type=float, default=120.0, help="time for the int4 GEMV sweep")
+    parser.add_argument("--int4-budget-s", type=float, default=150.0, help="time for the int4 GEMV sweep")
     parser.add_argument("--time-limit-s", type=float, default=540.0, help="skip the attention / kv parts past it")
     parser.add_argument("--multi-rows", action="store_true", help="time the FP8/int8/int4 GEMVs at 2, 4, 8 rows too")
     parser.add_argument("--parts", default="kernels,steps,attention,kv", help="comma-separated subset to run")

@@ -292,7 +292,6 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
     """The int4 GEMV by coordinate descent (INT4_AXES) from its rule-of-thumb config, per Llama-3-8B projection
     and row count, within `budget_s` seconds: one round at one row, then at 8, 2 and 4 rows, then a second round
     at one row. Prints GB/s per config, the default against the best, and the TUNED_INT4 literal."""
-    deadline = time.monotonic() + budget_s
     report: dict = {"timings": [], "cases": [], "tuned": {}}
     cases = {shape: GemvCase(k) for shape, (_, k, _) in SHAPES.items()}
     weights = {}
@@ -301,6 +300,7 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
         copies = max(1, -(-200_000_000 // weight_bytes(w0)))
         weights[shape] = [w0] + [make_weight("int4", n, k) for _ in range(copies - 1)]
     timed: dict[tuple[int, str], dict[GemvConfig, float]] = {}  # (rows, shape) -> config -> us
+    deadline = time.monotonic() + budget_s
 
     def measure(rows: int, shape: str, config: GemvConfig) -> None:
         n, k, prologue = SHAPES[shape]

@@ -38,7 +38,11 @@ Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles
 [BLOCK_N, BLOCK_K/16, 16] tiles and sums each thread's 16 products in registers (a 16x smaller accumulator).
 `_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
 features, so each nibble is one shift and one mask against a contiguous slice of x, and the tile's
-threads spread over K rather than over the rows (each activation is computed once a program).
+threads spread over K rather than over the rows (each activation is computed once a program). It can split
+K over several programs per column (`GemvConfig.split_k`: more programs where N / BLOCK_N is small against
+the SMs; the last program of a column adds the partials, in split order, and resets its counter). Its
+few weight rows a program make the fused prologue a large share of its instructions, so a config may run
+the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format).
 
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,
@@ -59,8 +63,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import rmsnorm as rmsnorm_module
+from kernels import silu_mul as silu_mul_module
 from kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
 from kernels.pdl import launch_options, use_pdl
+from kernels.silu_mul import gated_activation
 
 PROLOGUE_NONE = 0
 PROLOGUE_RMSNORM = 1
@@ -118,16 +125,10 @@ def _activation_block(
         hf = h.to(tl.float32)
         xk = hf * _load(norm_weight_ptr + offs_k, mask_k, EVEN_K).to(tl.float32)[None, :]
         squares = hf * hf
-    elif PROLOGUE == 2:
+    elif PROLOGUE == 2 or PROLOGUE == 3:  # rounded to x's dtype as kernels/silu_mul.py stores it
         gate = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
         up = _load(x_ptrs + K, mask, EVEN_K).to(tl.float32)
-        xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
-        squares = xk  # unused
-    elif PROLOGUE == 3:  # gelu_tanh(g) = g * sigmoid(2 sqrt(2 / pi) (g + 0.044715 g^3)), as kernels/silu_mul.py
-        gate = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
-        up = _load(x_ptrs + K, mask, EVEN_K).to(tl.float32)
-        xk = (gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up).to(dtype)
-        xk = xk.to(tl.float32)
+        xk = gated_activation(gate, up, PROLOGUE == 3).to(dtype).to(tl.float32)
         squares = xk  # unused
     else:
         xk = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
@@ -507,10 +508,10 @@ def _activation_tile(
         hf = h.to(tl.float32)
         xk = hf * tl.load(norm_weight_ptr + offs_k).to(tl.float32)[None, :, :]
         squares = hf * hf
-    elif PROLOGUE == 2:
+    elif PROLOGUE == 2 or PROLOGUE == 3:
         gate = tl.load(x_ptrs).to(tl.float32)
         up = tl.load(x_ptrs + K).to(tl.float32)
-        xk = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
+        xk = gated_activation(gate, up, PROLOGUE == 3).to(dtype).to(tl.float32)
         squares = xk  # unused
     else:
         xk = tl.load(x_ptrs).to(tl.float32)
@@ -526,6 +527,14 @@ def _fma_rows3(acc, w, xk, BLOCK_M: tl.constexpr):
     else:
         out = acc + w[None, :, :, :] * xk[:, None, :, :]
     return out
+
+
+@triton.jit
+def _word_offset(k, PERIOD: tl.constexpr):
+    """The word offset of feature k, a multiple of the period, as the compiler must know it: division loses the
+    divisibility its alignment analysis tracks, and without it the tile's loads are split into 32-bit ones
+    (sm_90 PTX: `ld.global.b32` instead of `ld.global.v4.b32`)."""
+    return tl.multiple_of(k // 8, PERIOD // 8)
 
 
 @triton.jit
@@ -560,6 +569,7 @@ def _int4_tile(
     With f = 1 + q/16 (what `int4_as_float` gives), (q - z) s x = 16 s (f x) - (16 + z) s x. A period lies
     in one group, so per word position the eight nibbles' f x are summed first (one FMA a weight) and the
     scale and zero point are applied once per word position: 16 s * sum(f x) - (16 + z) s * sum(x)."""
+    k0 = tl.multiple_of(k0, PERIOD)  # (see _word_offset) so that x's loads are vectorized too
     groups = (k0 + offs_p * PERIOD) // GROUP_SIZE  # [P]
     group_offs = rows[:, None] * stride_sn + groups[None, :]  # [BLOCK_N, P]
     scale = tl.load(scale_ptr + group_offs).to(tl.float32)
@@ -606,6 +616,8 @@ def _gemv_int4_kernel(
     zero_ptr,  # [N, K/G], same strides as scale
     bias_ptr,  # [N], when HAS_BIAS
     out_ptr,  # [M, N], row stride stride_om
+    partial_ptr,  # fp32 [programs along N, SPLIT_K, BLOCK_M, BLOCK_N + 1] when SPLIT_K > 1 (see _reduce_split_k)
+    counter_ptr,  # int32 [programs along N], zero between launches, when SPLIT_K > 1
     M,
     N,
     K,
@@ -622,14 +634,19 @@ def _gemv_int4_kernel(
     PERIOD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,  # a multiple of PERIOD dividing K
+    BLOCK_K: tl.constexpr,  # a multiple of PERIOD dividing K / SPLIT_K
+    SPLIT_K: tl.constexpr,  # programs along K (grid axis 1), each walking K / SPLIT_K features
     PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """The int4 GEMV: each K tile is read as [BLOCK_N, periods, words] int32, so nibble i of the tile's words
     meets a contiguous [periods, words] slice of x, and the tile's threads spread over the periods and
-    words (not over the BLOCK_N rows): each activation is computed once per program."""
+    words (not over the BLOCK_N rows): each activation is computed once per program. With SPLIT_K > 1 the K
+    walk is shared by SPLIT_K programs (more programs in flight where N / BLOCK_N is small against the SMs)
+    and the last of them to finish adds the partial sums (`_reduce_split_k`)."""
     pid = tl.program_id(0)
+    k_begin = tl.program_id(1) * (K // SPLIT_K)
+    k_end = k_begin + K // SPLIT_K
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     rows = tl.where(mask_n, offs_n, 0).to(tl.int64)
@@ -641,11 +658,11 @@ def _gemv_int4_kernel(
     word_offs = offs_p[:, None] * (PERIOD // 8) + offs_w[None, :]  # [P, W]: the tile's words, contiguous
     word_ptrs = w_ptr + rows[:, None, None] * stride_wn + word_offs[None, :, :]
 
-    words = tl.load(word_ptrs)  # before the wait, as in _gemv_kernel
+    words = tl.load(word_ptrs + _word_offset(k_begin, PERIOD))  # before the wait, as in _gemv_kernel
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
     if HAS_RESIDUAL:
-        if pid == 0:
+        if pid + tl.program_id(1) == 0:
             _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
@@ -653,10 +670,10 @@ def _gemv_int4_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
     sum_sq = tl.zeros([BLOCK_M, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
     if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_begin, k_end, BLOCK_K):
             next_words = words
-            if k0 + BLOCK_K < K:
-                next_words = tl.load(word_ptrs + (k0 + BLOCK_K) // 8)
+            if k0 + BLOCK_K < k_end:
+                next_words = tl.load(word_ptrs + _word_offset(k0 + BLOCK_K, PERIOD))
             acc, sum_sq = _int4_tile(
                 acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
                 rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
@@ -665,12 +682,12 @@ def _gemv_int4_kernel(
             words = next_words
     else:
         acc, sum_sq = _int4_tile(
-            acc, sum_sq, words, one_bits, 0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
-            rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
+            acc, sum_sq, words, one_bits, k_begin, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr,
+            rows, rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
             BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            words = tl.load(word_ptrs + k0 // 8)
+        for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
+            words = tl.load(word_ptrs + _word_offset(k0, PERIOD))
             acc, sum_sq = _int4_tile(
                 acc, sum_sq, words, one_bits, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr, zero_ptr, rows,
                 rows_m, offs_p, offs_w, K, stride_xm, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
@@ -683,10 +700,56 @@ def _gemv_int4_kernel(
         y = tl.sum(tl.sum(acc, 2), 1)[None, :]
     else:
         y = tl.sum(tl.sum(acc, 3), 2)
-    _store_output(
-        y, tl.sum(tl.sum(sum_sq, 2), 1), scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K,
-        stride_sn, stride_om, eps, PROLOGUE, False, HAS_BIAS,
-    )  # fmt: skip
+    sq = tl.sum(tl.sum(sum_sq, 2), 1)
+    if SPLIT_K > 1:
+        y, sq, last = _reduce_split_k(y, sq, partial_ptr, counter_ptr, pid, offs_m, SPLIT_K, BLOCK_M, BLOCK_N)
+        if last:
+            _store_output(
+                y, sq, scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K, stride_sn, stride_om,
+                eps, PROLOGUE, False, HAS_BIAS,
+            )  # fmt: skip
+    else:
+        _store_output(
+            y, sq, scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K, stride_sn, stride_om, eps,
+            PROLOGUE, False, HAS_BIAS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _reduce_split_k(
+    y,  # [BLOCK_M, BLOCK_N] this program's partial dot products
+    sq,  # [BLOCK_M] its partial sums of squares (RMSNORM)
+    partial_ptr,
+    counter_ptr,
+    pid_n,
+    offs_m,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """(the SPLIT_K programs' sums, the sums of squares, whether this program is the last of its column).
+
+    Each program stores its partials in its own slot of the workspace, then counts itself in on its column's
+    counter; the one that counts SPLIT_K adds every slot in split order (deterministic) and resets the counter
+    to zero for the next launch. The barriers order the CTA's stores before the release of its count (and the
+    acquire before the reads); the reads bypass L1, which is not coherent between SMs."""
+    offs_s = tl.arange(0, SPLIT_K)
+    offs_c = tl.arange(0, BLOCK_N)
+    row_stride: tl.constexpr = BLOCK_N + 1  # the row's BLOCK_N sums, then its sum of squares
+    slot = partial_ptr + (pid_n * SPLIT_K + tl.program_id(1)) * (BLOCK_M * row_stride)
+    tl.store(slot + offs_m[:, None] * row_stride + offs_c[None, :], y)
+    tl.store(slot + offs_m * row_stride + BLOCK_N, sq)
+    tl.debug_barrier()
+    count = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+    last = count == SPLIT_K - 1
+    if last:
+        tl.debug_barrier()
+        column = partial_ptr + pid_n * SPLIT_K * (BLOCK_M * row_stride) + offs_s[:, None] * (BLOCK_M * row_stride)
+        rows_at = column + offs_m[None, :] * row_stride  # [SPLIT_K, BLOCK_M]
+        y = tl.sum(tl.load(rows_at[:, :, None] + offs_c[None, None, :], cache_modifier=".cg"), 0)
+        sq = tl.sum(tl.load(rows_at + BLOCK_N, cache_modifier=".cg"), 0)
+        tl.atomic_xchg(counter_ptr + pid_n, 0)
+    return y, sq, last
 
 
 @dataclass(frozen=True)
@@ -730,6 +793,13 @@ class GemvConfig:
     # one row of 1-byte weights through _gemv_bytes_kernel (16 weights a thread); off by default: on an H100
     # (2026-11-24, bench_quant.py) fp8 batch 1 took 4.30 ms a step with it and 3.74 ms without
     byte_tiles: bool = False
+    # int4: programs sharing each column's K walk (a power of two dividing K / block_k); the last to finish adds
+    # the partial sums. More programs in flight where N / block_n is small against the SMs.
+    split_k: int = 1
+    # run the prologue (RMSNorm, SiLU/GeLU-mul) as its own kernel (kernels/rmsnorm.py, kernels/silu_mul.py) and
+    # the GEMV without one: one more launch, but each activation computed once instead of once a program (the
+    # int4 kernel's few weight rows a program make the fused prologue a large share of its instructions)
+    separate_prologue: bool = False
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -746,6 +816,10 @@ TUNED: dict[tuple[int, int, int], GemvConfig | None] = {
     (3584, 18944, PROLOGUE_SILU_MUL): None,
 }
 
+# Best 1-byte (FP8 / int8) configs at one row from scripts/device/bench_quant.py's sweep (key: N, K, prologue);
+# empty until a GPU sweep fills it (the sweep prints the literal to paste here).
+TUNED_ROW_SCALED: dict[tuple[int, int, int], GemvConfig] = {}
+
 # fp32 accumulator elements a thread may hold ([rows, BLOCK_N, K tile] / threads) before spilling
 _MAX_ACC_PER_THREAD = 64
 
@@ -759,9 +833,11 @@ def gemv_config(
     bytes per step); several rows shrink the K tile so that the [rows, BLOCK_N, K tile] fp32
     accumulator stays in registers."""
     if weight_format == WEIGHT_INT4:
-        return int4_config(k, num_rows, group_size)
+        return int4_config(k, num_rows, group_size, n, prologue)
     if weight_format == WEIGHT_DENSE and num_rows == 1 and (n, k, prologue) in TUNED:
         return TUNED[(n, k, prologue)]
+    if weight_format == WEIGHT_ROW_SCALED and num_rows == 1 and (n, k, prologue) in TUNED_ROW_SCALED:
+        return TUNED_ROW_SCALED[(n, k, prologue)]
     block_k = next((b for b in (1024, 512, 256, 128) if k % b == 0), 512)
     block_n = 8 if prologue in (PROLOGUE_RMSNORM, PROLOGUE_NORM_ADD_NORM) else 4
     if weight_format != WEIGHT_DENSE:
@@ -770,16 +846,49 @@ def gemv_config(
     return fit_rows(config, num_rows)
 
 
-def int4_config(k: int, num_rows: int, group_size: int) -> GemvConfig:
-    """The int4 kernel's rule of thumb: 8 weight rows a program and the widest K tile (up to 4,096 features,
-    fewer for several rows of x, whose activations each thread holds) dividing K. At one row, one warp per 8
-    periods of the tile (a warp spans 8 periods of 16 words), so that the threads spread over K only."""
-    period = int4_period(group_size)
+# Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweep, keyed (N, K, prologue, rows of x
+# padded to a power of two); empty until a GPU sweep fills it (the sweep prints the literal to paste here).
+TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {}
+
+
+def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
+    """The tuned config of this shape (groups of 128), else the int4 kernel's rule of thumb.
+
+    At one row: a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K).
+    Compiled for sm_90 (scripts/gemv_resources.py) that is the shape where the [periods, words] slice of x
+    gives each thread 4 consecutive features, so its layout is the weight tile's (4 consecutive words a
+    thread, 16-byte loads) and no layout conversion goes through shared memory: 8 weight rows a program take
+    168 registers and 4 take 80, against 255 and spills for the 8 x 4,096 tiles with the wrong ratio this rule
+    chose before. 8 rows where a prologue is fused (it is computed once a program, so more rows share it), 4
+    without. Several rows: 8 weight rows, 4 warps, the widest K tile that does not spill."""
     block_m = triton.next_power_of_2(num_rows)
-    widths = [b for b in (4096, 2048, 1024, 512, 256, 128) if b % period == 0 and k % b == 0 and b * block_m <= 4096]
-    block_k = widths[0] if widths else period
-    num_warps = max(1, min(4, block_k // period // 8)) if block_m == 1 else 4
-    return GemvConfig(block_n=8, block_k=block_k, num_warps=num_warps, num_stages=1)
+    tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
+    if tuned is not None:
+        return tuned
+    period = int4_period(group_size)
+    if block_m == 1:
+        block_n = 4 if prologue == PROLOGUE_NONE else 8
+        for width in (4096, 2048, 1024):
+            if width % period == 0 and k % width == 0:
+                return GemvConfig(block_n=block_n, block_k=width, num_warps=width // 1024, num_stages=1)
+    config = GemvConfig(block_n=8, block_k=period, num_warps=4, num_stages=1)
+    for width in (2048, 1024, 512, 256, 128):
+        if width % period == 0 and k % width == 0 and int4_register_estimate(config, num_rows, width) <= 160:
+            return dataclasses.replace(config, block_k=width)
+    return config
+
+
+def int4_register_estimate(config: GemvConfig, num_rows: int, block_k: int | None = None) -> int:
+    """Registers a thread of the int4 kernel takes, estimated from sm_90 compiles (scripts/gemv_resources.py,
+    2026-11-24) for w words of the weight tile a thread holds. At one row with 1,024 features a warp (x's
+    layout is the tile's) ~5 a word (16 words: 80, 32: 168). Otherwise ~4 a word for the tile and its
+    products, plus ~4 a row of x for the accumulator, plus ~30 (16 words at one row: 128; 32: 255 and
+    spilled; 4 words at 8 rows: 168-177). Above ~200 the kernel spills."""
+    block_k = block_k or config.block_k
+    words = config.block_n * block_k // 8 // (32 * config.num_warps)
+    if num_rows == 1 and block_k == 1024 * config.num_warps:
+        return 5 * words + 8
+    return words * (4 * triton.next_power_of_2(num_rows) + 4) + 30
 
 
 def fit_rows(config: GemvConfig, num_rows: int) -> GemvConfig:
@@ -854,6 +963,14 @@ def gemv(
         assert prologue in (PROLOGUE_RMSNORM, PROLOGUE_NORM_ADD_NORM) and residual_out is not None
         assert residual.is_contiguous() and residual_out.is_contiguous() and residual.shape == (m, k)
         assert residual_out.data_ptr() != residual.data_ptr(), "program 0 writes residual_out while others read"
+    if config is None and not isinstance(weight, torch.Tensor) and weight.format == WEIGHT_INT4:
+        config = int4_config(k, m, weight.group_size, n, prologue)
+    if config is not None and config.separate_prologue and prologue != PROLOGUE_NONE:
+        if silu_mul:
+            x = silu_mul_module.silu_mul(x, gelu_tanh=gelu_tanh)
+        else:
+            x = rmsnorm_module.rmsnorm(x, norm_weight, eps, residual=residual, residual_out=residual_out)
+        return gemv(x, weight, bias, config=dataclasses.replace(config, separate_prologue=False))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
@@ -944,17 +1061,22 @@ def _launch_int4(
     group_size, period = weight.group_size, int4_period(weight.group_size)
     assert weight.zero is not None and weight.zero.stride() == weight.scale.stride() and k % group_size == 0
     assert _is_power_of_2(group_size) and weight.data.stride(1) == 1, group_size
-    config = config or int4_config(k, m, group_size)
-    block_k = max(config.block_k, period)  # a whole number of periods that divides K (K divides by the period)
-    while k % block_k:
-        block_k //= 2
-    _gemv_int4_kernel[(triton.cdiv(n, config.block_n),)](
+    config = config or int4_config(k, m, group_size, n, prologue)
+    block_k, split_k = int4_launch_tiles(k, group_size, config)
+    block_m, programs = triton.next_power_of_2(m), triton.cdiv(n, config.block_n)
+    partial = counters = x  # unused at split_k 1
+    if split_k > 1:
+        partial = torch.empty(programs * split_k * block_m * (config.block_n + 1), dtype=torch.float32, device=x.device)
+        counters = split_k_counters(x.device, programs)
+    _gemv_int4_kernel[(programs, split_k)](
         *common,
         weight.data,
         weight.scale,
         weight.zero,
         bias if bias is not None else x,
         out,
+        partial,
+        counters,
         m,
         n,
         k,
@@ -969,15 +1091,44 @@ def _launch_int4(
         HAS_BIAS=bias is not None,
         GROUP_SIZE=group_size,
         PERIOD=period,
-        BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_M=block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=block_k,
+        SPLIT_K=split_k,
         PREFETCH=config.prefetch,
         USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),
     )
+
+
+def int4_launch_tiles(k: int, group_size: int, config: GemvConfig) -> tuple[int, int]:
+    """(K tile, splits) the int4 kernel runs `config` with: splits halved until each is a whole number of
+    periods, the tile widened to a period and halved until it divides a split (K divides by the period)."""
+    period = int4_period(group_size)
+    split_k = config.split_k
+    while split_k > 1 and k % (split_k * period):
+        split_k //= 2
+    block_k = max(config.block_k, period)
+    while (k // split_k) % block_k:
+        block_k //= 2
+    return block_k, split_k
+
+
+_MAX_SPLIT_K_COLUMNS = 1 << 17
+_split_k_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def split_k_counters(device: torch.device, columns: int) -> torch.Tensor:
+    """The device's split-K counters (int32, zero between launches: the last program of a column resets its
+    counter). One buffer for the device's life, never reallocated, as CUDA graphs keep its address; the
+    kernels using it run one at a time on the device's stream (each waits for the one before, PDL included)."""
+    assert columns <= _MAX_SPLIT_K_COLUMNS, f"{columns} programs along N: raise block_n"
+    counters = _split_k_counters.get(device)
+    if counters is None:
+        counters = _split_k_counters[device] = torch.zeros(_MAX_SPLIT_K_COLUMNS, dtype=torch.int32, device=device)
+    return counters
 
 
 def gemv_ref(

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.rmsnorm import add_residual, load_weight, rms_normalize
+from kernels.silu_mul import gated_activation
 
 FP8_E4M3_MAX = 448.0
 INT8_MAX = 127.0
@@ -130,7 +131,7 @@ def _silu_mul_quant_kernel(
     mask = offs < INTERMEDIATE
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + INTERMEDIATE + offs, mask=mask, other=0.0).to(tl.float32)
-    y = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)  # kernels/silu_mul.py's
+    y = gated_activation(gate, up, False).to(x_ptr.dtype.element_ty).to(tl.float32)  # as kernels/silu_mul.py stores
     _store_quantized_row(y, q_ptr, scale_ptr, row, offs, mask, stride_q, QMAX, IS_FP8)
 
 

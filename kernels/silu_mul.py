@@ -9,6 +9,17 @@ import triton.language as tl
 
 
 @triton.jit
+def gated_activation(gate, up, GELU_TANH: tl.constexpr):
+    """silu(gate) * up, or gelu_tanh(gate) * up, in fp32 from fp32 operands (not yet rounded): the body of
+    every kernel with a gated activation (here, kernels/quant_activation.py, kernels/gemv.py's prologues)."""
+    if GELU_TANH:  # 0.5 g (1 + tanh(z)) = g * sigmoid(2 z), z = sqrt(2 / pi) (g + 0.044715 g^3)
+        out = gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up
+    else:
+        out = gate / (1.0 + tl.exp(-gate)) * up
+    return out
+
+
+@triton.jit
 def _silu_mul_kernel(
     x_ptr,  # [N, 2 * I]
     out_ptr,  # [N, I]
@@ -23,10 +34,7 @@ def _silu_mul_kernel(
     mask = offs < INTERMEDIATE
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + INTERMEDIATE + offs, mask=mask, other=0.0).to(tl.float32)
-    if GELU_TANH:  # 0.5 g (1 + tanh(z)) = g * sigmoid(2 z), z = sqrt(2 / pi) (g + 0.044715 g^3)
-        out = gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up
-    else:
-        out = gate / (1.0 + tl.exp(-gate)) * up
+    out = gated_activation(gate, up, GELU_TANH)
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

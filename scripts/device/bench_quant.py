@@ -1,19 +1,23 @@
-"""GPU benchmark of quantization (not CI), one call (~6-8 min on an H100), random Llama-3-8B weights
+"""GPU benchmark of quantization (not CI), one call (< 8 min on an H100), random Llama-3-8B weights
 built on the device:
 
     PYTHONPATH=$PWD python3 scripts/device/bench_quant.py [--json $OUT/bench_quant.json] [--no-sweep]
-        [--parts kernels,attention,steps,kv]
+        [--int4-budget-s 150] [--time-limit-s 540] [--multi-rows] [--parts kernels,steps,attention,kv]
 
 1. each weight format's few-row GEMV (kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
-   Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth: with the prologue the model
-   fuses into that projection, the best of a small config sweep (printed at the end of the section),
-   2-8 rows, and the path each replaces (cuBLAS, per-token FP8 + _scaled_mm, dequant_matmul); its GPU
-   correctness (bf16 activations, 1 and 8 rows, FP8 subnormal weights);
-2. FP8 KV: decode attention at 32k context, bf16 vs FP8 KV, with the model backend's split count and
-   key block, and the best of a small sweep of each;
+   Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
+   fuses into that projection; FP8's small config sweep (each byte_tiles config against its twin without);
+   with --multi-rows 2-8 rows; the path each replaces (cuBLAS, per-token FP8 + _scaled_mm, dequant_matmul);
+   GPU correctness (bf16 activations, 1 and 8 rows, FP8 subnormal weights, int4 split-K over 200 launches);
+2. the int4 GEMV's sweep: coordinate descent over block_n, block_k, num_warps, num_stages, prefetch,
+   split_k and separate_prologue per shape at 1, 2, 4 and 8 rows (GB/s per config, the default against the
+   best, TUNED_INT4's literal); the best FP8 and int4 configs are then installed for the decode steps;
 3. decode step time (CUDA graphs, context 512) at batch 1, 8 and 64 for bf16, --quantize fp8, eetq (W8A16)
    and w4a16_int4 (W4A16), the same model and call; ratios to bf16;
-4. FP8 KV: KV slots from the same free memory vs bf16 KV.
+4. FP8 KV: decode attention at 32k context, bf16 vs FP8 KV, with the model backend's split count and
+   key block, and the best of a small sweep of each;
+5. FP8 KV: KV slots from the same free memory vs bf16 KV.
+The JSON is rewritten after each part; parts 4 and 5 are skipped when --time-limit-s would be passed.
 """
 
 # ruff: noqa: B023  (each lambda is timed inside the loop iteration that defines it)
@@ -21,12 +25,15 @@ built on the device:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
 import sys
+import time
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -34,6 +41,7 @@ from bench_gpu import copy_bandwidth, fill_context, graph_ms, log, time_decode
 from common import LLAMA3_8B, capture_graphs, hf_model
 from tune_gemv import graph_us
 
+from kernels import gemv as gemv_module
 from kernels.decode_attention import choose_block_n, choose_num_splits, decode_attention
 from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
 from kernels.gemv import (
@@ -47,12 +55,17 @@ from kernels.gemv import (
     QuantizedWeight,
     gemv,
     gemv_ref,
+    int4_config,
+    int4_launch_tiles,
+    int4_register_estimate,
+    split_k_counters,
 )
 from kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
 from kernels.rmsnorm import rmsnorm
 from modeling.attention.triton_backend import MAX_DECODE_SPLITS
 from modeling.runner import ModelRunner, RunnerConfig
 
+DEVICE = "cuda"  # the GEMV cases' tensors (a CPU dry run of the sweep's logic sets "cpu")
 CONTEXT, STEPS, BATCHES = 512, 64, [1, 8, 64]
 SCHEMES = [None, "fp8", "eetq", "w4a16_int4"]
 
@@ -93,9 +106,7 @@ def kv_capacity(hf_config: dict, state_dict: dict) -> dict:
     return {"slots": slots, "ratio": ratio}
 
 
-ATTENTION_SWEEP = [
-    (block_n, warps, split_scale) for block_n in (64, 128, 256) for warps in (4, 8) for split_scale in (1, 2)
-]
+ATTENTION_SWEEP = [(64, 4, 1), (64, 4, 2), (128, 4, 1), (128, 4, 2), (128, 8, 2), (256, 8, 1)]
 
 
 def attention_32k(bandwidth: float) -> list[dict]:
@@ -148,35 +159,59 @@ SHAPES = {  # Llama-3-8B's projections: (N, K, the prologue the model fuses into
 FORMATS = {"bf16": WEIGHT_DENSE, "fp8": WEIGHT_ROW_SCALED, "int8": WEIGHT_ROW_SCALED, "int4": WEIGHT_INT4}
 GROUP = 128
 PROLOGUE_NAMES = {PROLOGUE_NONE: "plain", PROLOGUE_RMSNORM: "rmsnorm+residual", PROLOGUE_SILU_MUL: "silu_mul"}
-# GEMV configs swept at one row for the quantized formats (block_n, block_k, num_warps, num_stages[, prefetch[,
-# byte_tiles]]),
-# with the prologue the model fuses into each projection; bf16 runs its tuned configs (scripts/device/tune_gemv.py
-# sweeps those). 1-byte weights want more rows a tile than bf16 for the same bytes in flight; at one row they
-# run the 16-bytes-a-thread kernel (kernels.gemv._gemv_bytes_kernel) when byte_tiles is set. The int4 kernel
-# spreads a tile's threads over its periods of 128 features (8 periods a warp; a K tile that does not divide K
-# is halved until it does); 16 rows a program spill its registers, so the sweep stays at 4-8.
-SWEEP = {
-    WEIGHT_ROW_SCALED: [(8, 1024, 4, 1), (16, 512, 4, 1), (16, 1024, 4, 1), (16, 1024, 8, 1), (32, 512, 8, 1),
-                        (8, 2048, 8, 1), (8, 1024, 4, 1, True), (4, 2048, 4, 1), (32, 1024, 4, 1),
-                        (16, 2048, 8, 1), (16, 1024, 4, 1, False, True), (32, 512, 8, 1, False, True),
-                        (16, 2048, 8, 1, False, True)],
-    WEIGHT_INT4: [(8, 4096, 4, 1), (8, 2048, 2, 1), (8, 2048, 4, 1), (4, 4096, 4, 1), (8, 4096, 8, 1),
-                  (4, 2048, 2, 1), (8, 1024, 1, 1), (8, 2048, 2, 1, True)],
-}  # fmt: skip
+PROLOGUE_CONSTANTS = {PROLOGUE_NONE: "PROLOGUE_NONE", PROLOGUE_RMSNORM: "PROLOGUE_RMSNORM",
+                      PROLOGUE_SILU_MUL: "PROLOGUE_SILU_MUL"}  # fmt: skip
+# FP8 / int8 GEMV configs swept at one row (GemvConfig's fields in order: block_n, block_k, num_warps, num_stages,
+# prefetch, byte_tiles, split_k, separate_prologue), with
+# the prologue the model fuses into each projection; bf16 runs its tuned configs (scripts/device/tune_gemv.py
+# sweeps those). Each byte_tiles config (kernels.gemv._gemv_bytes_kernel, 16 bytes a thread) has its twin
+# without, so the sweep says whether that kernel ever wins.
+SWEEP_ROW_SCALED = [
+    (8, 1024, 4, 1),
+    (16, 512, 4, 1),
+    (8, 2048, 8, 1),
+    (8, 1024, 4, 1, True),
+    (16, 1024, 4, 1),
+    (16, 1024, 4, 1, False, True),
+    (32, 512, 8, 1),
+    (32, 512, 8, 1, False, True),
+    (16, 2048, 8, 1),
+    (16, 2048, 8, 1, False, True),
+    (16, 1024, 4, 1, False, False, 1, True),
+]  # the last: separate_prologue
+# The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (kernels.gemv.int4_config): one axis
+# at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping configs that
+# would spill on sm_90 (kernels.gemv.int4_register_estimate), within a time budget (compiles dominate).
+INT4_AXES = {
+    "block_k": (256, 512, 1024, 2048, 4096),
+    "num_warps": (1, 2, 4, 8),
+    "block_n": (2, 4, 8, 16),
+    "split_k": (1, 2, 4),
+    "num_stages": (1, 3),
+    "prefetch": (False, True),
+    "separate_prologue": (False, True),
+}
+INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologue")  # at 2-8 rows
+# Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
+# features a warp, where x's layout is the weight tile's (see kernels.gemv.int4_config), which one axis at a time
+# cannot reach from another such point; split-K keeps that ratio per split.
+INT4_SEEDS = [(4, 4096, 4, 1), (8, 4096, 4, 1), (2, 4096, 4, 1), (8, 2048, 2, 1), (4, 2048, 2, 1), (8, 1024, 1, 1),
+              (8, 2048, 2, 2), (4, 1024, 1, 2), (8, 2048, 4, 1)]  # fmt: skip
+INT4_ROWS = [1, 2, 4, 8]
 MULTI_ROWS = [2, 4, 8]
 
 
 def make_weight(fmt: str, n: int, k: int) -> torch.Tensor | QuantizedWeight:
     if fmt == "bf16":
-        return torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        return torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) / k**0.5
     if fmt == "int4":
-        scale = torch.rand(n, k // GROUP, device="cuda", dtype=torch.bfloat16) / 100
-        zero = torch.randint(0, 16, scale.shape, device="cuda").to(torch.bfloat16)
-        return QuantizedWeight(pack_int4(torch.randint(0, 16, (n, k), device="cuda"), GROUP), scale, zero, GROUP)
-    scale = torch.rand(n, device="cuda") / 100
+        scale = torch.rand(n, k // GROUP, device=DEVICE, dtype=torch.bfloat16) / 100
+        zero = torch.randint(0, 16, scale.shape, device=DEVICE).to(torch.bfloat16)
+        return QuantizedWeight(pack_int4(torch.randint(0, 16, (n, k), device=DEVICE), GROUP), scale, zero, GROUP)
+    scale = torch.rand(n, device=DEVICE) / 100
     if fmt == "fp8":
-        return QuantizedWeight(torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn), scale)
-    return QuantizedWeight(torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8), scale)
+        return QuantizedWeight(torch.randn(n, k, device=DEVICE).to(torch.float8_e4m3fn), scale)
+    return QuantizedWeight(torch.randint(-128, 128, (n, k), device=DEVICE, dtype=torch.int8), scale)
 
 
 def weight_bytes(w: torch.Tensor | QuantizedWeight) -> int:
@@ -189,10 +224,10 @@ class GemvCase:
     that each is read from HBM, as each layer's weights are in a real step."""
 
     def __init__(self, k: int):
-        self.x = torch.randn(max(MULTI_ROWS), 2 * k, device="cuda", dtype=torch.bfloat16)
-        self.residual = torch.randn(max(MULTI_ROWS), k, device="cuda", dtype=torch.bfloat16)
+        self.x = torch.randn(max(MULTI_ROWS), 2 * k, device=DEVICE, dtype=torch.bfloat16)
+        self.residual = torch.randn(max(MULTI_ROWS), k, device=DEVICE, dtype=torch.bfloat16)
         self.summed = torch.empty_like(self.residual)
-        self.norm_weight = 1 + 0.1 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
+        self.norm_weight = 1 + 0.1 * torch.randn(k, device=DEVICE, dtype=torch.bfloat16)
         self.k = k
 
     def args(self, prologue: int, rows: int) -> tuple[torch.Tensor, dict]:
@@ -218,26 +253,124 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
 
-def gemv_kernels(bandwidth: float, sweep: bool) -> dict:
+def gemv_kernels(bandwidth: float, sweep: bool, multi_rows: bool) -> dict:
     """Per shape and weight format at one row: the GEMV (model's prologue, default config) and the best
     swept config as % of the copy bandwidth, beside the paths they replace; 2-8 rows; GPU correctness."""
-    report = {"rows": [], "checks": [], "best_configs": {}}
+    report = {"rows": [], "checks": [], "best_configs": {}, "tuned_row_scaled": {}, "byte_tiles": []}
     for shape, (n, k, prologue) in SHAPES.items():
         case = GemvCase(k)
         for fmt in FORMATS:
-            bench_format(report, case, shape, n, prologue, fmt, bandwidth, sweep)
+            bench_format(report, case, shape, n, prologue, fmt, bandwidth, sweep, multi_rows)
             torch.cuda.empty_cache()
     report["checks"].append(fp8_subnormals_check())
     report["checks"] += many_rows_checks()
+    report["checks"] += split_k_checks()
     if report["best_configs"]:
-        log("best GEMV configs at one row (block_n, block_k, num_warps, num_stages[, prefetch]):")
+        log("best fp8 GEMV configs at one row (block_n, block_k, num_warps, num_stages[, prefetch[, byte_tiles]]):")
         for key, config in report["best_configs"].items():
             log(f"  {key:14s} {config}")
+        log("TUNED_ROW_SCALED = {  # kernels/gemv.py")
+        for (n, k, prologue), config in report["tuned_row_scaled"].items():
+            log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}): {config_literal(config)},")
+        log("}")
+        wins = sum(r["on_us"] < r["off_us"] for r in report["byte_tiles"])
+        log(
+            f"byte_tiles (kernels.gemv._gemv_bytes_kernel) faster than its twin in {wins} of {len(report['byte_tiles'])}"
+        )
+    return report
+
+
+def config_literal(config: GemvConfig) -> str:
+    """`config` as the shortest GemvConfig(...) call (fields at their defaults left out)."""
+    default = GemvConfig()
+    fields = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
+              if getattr(config, f.name) != getattr(default, f.name)]  # fmt: skip
+    return f"GemvConfig({', '.join(fields)})"
+
+
+def int4_sweep(bandwidth: float, budget_s: float) -> dict:
+    """The int4 GEMV by coordinate descent (INT4_AXES) from its rule-of-thumb config, per Llama-3-8B projection
+    and row count, within `budget_s` seconds: one round at one row, then at 8, 2 and 4 rows, then a second round
+    at one row. Prints GB/s per config, the default against the best, and the TUNED_INT4 literal."""
+    report: dict = {"timings": [], "cases": [], "tuned": {}}
+    cases = {shape: GemvCase(k) for shape, (_, k, _) in SHAPES.items()}
+    weights = {}
+    for shape, (n, k, _) in SHAPES.items():
+        w0 = make_weight("int4", n, k)
+        copies = max(1, -(-200_000_000 // weight_bytes(w0)))
+        weights[shape] = [w0] + [make_weight("int4", n, k) for _ in range(copies - 1)]
+    timed: dict[tuple[int, str], dict[GemvConfig, float]] = {}  # (rows, shape) -> config -> us
+    deadline = time.monotonic() + budget_s
+
+    def measure(rows: int, shape: str, config: GemvConfig) -> None:
+        n, k, prologue = SHAPES[shape]
+        block_k, split_k = int4_launch_tiles(k, GROUP, config)
+        separate = config.separate_prologue and prologue != PROLOGUE_NONE
+        config = dataclasses.replace(config, block_k=block_k, split_k=split_k, separate_prologue=separate)
+        seen = timed.setdefault((rows, shape), {})
+        if config in seen or int4_register_estimate(config, rows) > 200 or time.monotonic() > deadline:
+            return
+        case, moved = cases[shape], weight_bytes(weights[shape][0])
+        try:
+            t_us = graph_us([lambda w=w: case.run(w, prologue, rows, config) for w in weights[shape]])
+        except Exception as exc:  # a config Triton cannot build (registers, shared memory)
+            log(f"    int4 {shape} {rows} row(s) {config_literal(config)} failed: {type(exc).__name__}")
+            t_us = float("inf")
+        seen[config] = t_us
+        gbs = moved / (t_us * 1e-6) / 1e9
+        report["timings"].append(dict(shape=shape, rows=rows, config=dataclasses.asdict(config), us=t_us, gb_s=gbs,
+                                      pct_bw=100 * gbs * 1e9 / bandwidth))  # fmt: skip
+        log(f"    int4 {shape:8s} {rows} row(s) {config_literal(config):72s} {t_us:8.1f} us {gbs:6.0f} GB/s")
+
+    defaults: dict[tuple[int, str], GemvConfig] = {}
+    for rows, axes in ((1, INT4_AXES), (8, INT4_ROW_AXES), (2, INT4_ROW_AXES), (4, INT4_ROW_AXES), (1, INT4_AXES)):
+        for shape, (n, k, prologue) in SHAPES.items():
+            if (rows, shape) not in defaults:
+                defaults[(rows, shape)] = int4_config(k, rows, GROUP, n, prologue)
+                measure(rows, shape, defaults[(rows, shape)])
+                for block_n, block_k, num_warps, split_k in INT4_SEEDS if rows == 1 else []:
+                    seed = GemvConfig(block_n, block_k, num_warps, num_stages=1, split_k=split_k)
+                    if k % (block_k * split_k) == 0:
+                        measure(rows, shape, seed)
+            seen = timed.get((rows, shape))
+            if not seen:
+                continue  # out of budget
+            for axis in axes:
+                best = min(seen, key=seen.get)
+                for value in INT4_AXES[axis]:
+                    measure(rows, shape, dataclasses.replace(best, **{axis: value}))
+    for (rows, shape), seen in sorted(timed.items()):
+        if not seen:
+            continue
+        n, k, prologue = SHAPES[shape]
+        moved = weight_bytes(weights[shape][0])
+        default, best = min(seen, key=lambda c: c != defaults[(rows, shape)]), min(seen, key=seen.get)
+        pct = {c: 100 * moved / (seen[c] * 1e-6) / bandwidth for c in (default, best)}
+        report["cases"].append(dict(shape=shape, n=n, k=k, rows=rows, configs_timed=len(seen),
+                                    default=dataclasses.asdict(default), default_us=seen[default],
+                                    default_pct_bw=pct[default], best=dataclasses.asdict(best), best_us=seen[best],
+                                    best_pct_bw=pct[best]))  # fmt: skip
+        report["tuned"][(n, k, prologue, triton.next_power_of_2(rows))] = best
+        log(f"int4 {shape:8s} {rows} row(s): default {seen[default]:7.1f} us ({pct[default]:3.0f}% of copy BW), "
+            f"best of {len(seen):2d} {seen[best]:7.1f} us ({pct[best]:3.0f}%) {config_literal(best)}")  # fmt: skip
+    log(f"int4 sweep: {len(report['timings'])} configs in {budget_s - max(0.0, deadline - time.monotonic()):.0f} s")
+    log("TUNED_INT4 = {  # kernels/gemv.py")
+    for (n, k, prologue, block_m), config in report["tuned"].items():
+        log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}, {block_m}): {config_literal(config)},")
+    log("}")
     return report
 
 
 def bench_format(
-    report: dict, case: GemvCase, shape: str, n: int, prologue: int, fmt: str, bandwidth: float, sweep: bool
+    report: dict,
+    case: GemvCase,
+    shape: str,
+    n: int,
+    prologue: int,
+    fmt: str,
+    bandwidth: float,
+    sweep: bool,
+    multi_rows: bool,
 ) -> None:
     k = case.k
     w0 = make_weight(fmt, n, k)
@@ -257,13 +390,18 @@ def bench_format(
         report["checks"].append(dict(shape=shape, fmt=fmt, rows=num_rows, rel_err=err, ok=err <= 1e-2))
         log(f"{'PASS' if err <= 1e-2 else 'FAIL'} gemv {shape} {fmt} {num_rows} row(s): rel err {err:.2e}")
     record(f"gemv + {PROLOGUE_NAMES[prologue]} (as the model runs)", us(lambda w: case.run(w, prologue)))
-    if sweep and fmt in ("fp8", "int4"):  # int8 runs the fp8 kernels with int8 bytes
-        configs = [GemvConfig(*c) for c in SWEEP[FORMATS[fmt]]]
-        timed = sorted(((us(lambda w, c=c: case.run(w, prologue, 1, c)), i) for i, c in enumerate(configs)))
-        for t_us, i in timed[:3]:
-            record(f"gemv sweep {SWEEP[FORMATS[fmt]][i]}", t_us)
-        report["best_configs"][f"{shape} {fmt}"] = SWEEP[FORMATS[fmt]][timed[0][1]]
-    if fmt != "bf16":
+    if sweep and fmt == "fp8":  # int8 runs the fp8 kernels with int8 bytes; int4 has its own sweep (int4_sweep)
+        timed = {c: us(lambda w, c=c: case.run(w, prologue, 1, GemvConfig(*c))) for c in SWEEP_ROW_SCALED}
+        ranked = sorted(timed, key=timed.get)
+        for c in ranked[:3]:
+            record(f"gemv sweep {c}", timed[c])
+        report["best_configs"][f"{shape} {fmt}"] = ranked[0]
+        report["tuned_row_scaled"][(n, k, prologue)] = GemvConfig(*ranked[0])
+        for c in (c for c in SWEEP_ROW_SCALED if len(c) > 5 and c[5]):
+            twin = c[:4]
+            log(f"  {shape:8s} fp8 byte_tiles on/off {twin}: {timed[c]:.1f} / {timed[twin]:.1f} us")
+            report["byte_tiles"].append(dict(shape=shape, config=twin, on_us=timed[c], off_us=timed[twin]))
+    if fmt != "bf16" and multi_rows:  # (int4 at 2-8 rows: int4_sweep)
         for num_rows in MULTI_ROWS:
             record(f"gemv {num_rows} rows", us(lambda w, r=num_rows: case.run(w, PROLOGUE_NONE, r)))
     for num_rows in (1, max(MULTI_ROWS)):  # the path the GEMV replaces, at one row and at the row limit
@@ -326,34 +464,142 @@ def many_rows_checks() -> list[dict]:
     return out
 
 
+def split_k_checks(n: int = 6144, k: int = 4096, repeats: int = 200) -> list[dict]:
+    """The int4 split-K reduction on the GPU (its counters and barriers order real concurrent programs, which
+    the CPU interpreter runs one after another): 200 launches in a row at 1 and 8 rows must all give the same
+    bits (the partials are added in split order), match the reference, and leave the counters at zero."""
+    out = []
+    w = make_weight("int4", n, k)
+    case = GemvCase(k)
+    for split_k in (2, 4):
+        for rows in (1, max(MULTI_ROWS)):
+            config = GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=1, split_k=split_k)
+            first = case.run(w, PROLOGUE_RMSNORM, rows, config)
+            same = all(torch.equal(case.run(w, PROLOGUE_RMSNORM, rows, config), first) for _ in range(repeats))
+            err = rel_err(first, case.ref(w, PROLOGUE_RMSNORM, rows))
+            zeroed = not split_k_counters(first.device, 1).any().item()
+            ok = same and zeroed and err <= 1e-2
+            out.append(dict(shape=f"{n}x{k}", fmt=f"int4 split_k={split_k}", rows=rows, rel_err=err, ok=ok,
+                            deterministic=same, counters_zero=zeroed))  # fmt: skip
+            log(f"{'PASS' if ok else 'FAIL'} int4 split_k={split_k} {rows} row(s): rel err {err:.2e}, {repeats} launches "
+                f"{'identical' if same else 'DIFFER'}, counters {'zero' if zeroed else 'NOT ZERO'}")  # fmt: skip
+    return out
+
+
+def summarize(report: dict) -> dict:
+    """The numbers the issue's targets name, in one block at the end of the output (and the JSON's "summary")."""
+    out: dict = {}
+    steps = report.get("steps", {})
+    base = steps.get("bf16")
+    targets = {"fp8": ("b1 <= 0.65x", "64 rows >= 1.3x"), "w4a16_int4": ("b1 <= 0.45x", "")}
+    for scheme, row in steps.items():
+        if base is None:
+            break
+        ratios = dict(b1=row["b1_ms"] / base["b1_ms"], b8=row["b8_ms"] / base["b8_ms"],
+                      b64_tok_s=row["b64_tok_s"] / base["b64_tok_s"])  # fmt: skip
+        out[f"steps {scheme}"] = dict(b1_ms=row["b1_ms"], **ratios)
+        log(f"SUMMARY steps {scheme:10s} b1 {row['b1_ms']:.3f} ms ({ratios['b1']:.2f}x bf16), b8 {ratios['b8']:.2f}x, "
+            f"64 rows {ratios['b64_tok_s']:.2f}x bf16 tok/s  {' '.join(targets.get(scheme, ()))}")  # fmt: skip
+    for case in report.get("int4_sweep", {}).get("cases", []):
+        key = f"int4 gemv {case['shape']} {case['rows']} row(s)"
+        out[key] = dict(default_pct_bw=case["default_pct_bw"], best_pct_bw=case["best_pct_bw"], best=case["best"])
+        log(f"SUMMARY {key:32s} default {case['default_pct_bw']:3.0f}% of copy BW, best {case['best_pct_bw']:3.0f}%")
+    byte_tiles = report.get("kernels", {}).get("byte_tiles", [])
+    if byte_tiles:
+        wins = [r for r in byte_tiles if r["on_us"] < r["off_us"]]
+        out["byte_tiles_wins"] = f"{len(wins)} of {len(byte_tiles)}"
+        log(f"SUMMARY fp8 byte_tiles faster than its twin in {len(wins)} of {len(byte_tiles)} (shape, config) pairs")
+    checks = report.get("kernels", {}).get("checks", [])
+    failed = [c for c in checks if not c["ok"]]
+    out["gpu_checks_failed"] = len(failed)
+    log(f"SUMMARY GPU correctness checks: {len(checks) - len(failed)} passed, {len(failed)} failed {failed or ''}")
+    for row in report.get("attention_32k", []):
+        if row["kernel"] == "as the model runs":
+            out[f"attention 32k b{row['batch']} {row['kv']} ms"] = row["ms"]
+    for batch in (1, 8):
+        bf16, fp8 = out.get(f"attention 32k b{batch} bf16 ms"), out.get(f"attention 32k b{batch} fp8 ms")
+        if bf16 and fp8:
+            log(f"SUMMARY decode attention 32k batch {batch}: FP8 KV {bf16 / fp8:.2f}x bf16 KV (target >= 1.6x)")
+    if "kv_capacity" in report:
+        log(f"SUMMARY KV slots FP8 / bf16: {report['kv_capacity']['ratio']:.2f}x (target >= 1.9x)")
+    return out
+
+
+def install_tuned(report: dict) -> None:
+    """The sweeps' best configs into kernels.gemv's tables, so the decode steps below run them."""
+    gemv_module.TUNED_ROW_SCALED.update(report.get("kernels", {}).get("tuned_row_scaled", {}))
+    gemv_module.TUNED_INT4.update(report.get("int4_sweep", {}).get("tuned", {}))
+    log(f"decode steps run {len(gemv_module.TUNED_ROW_SCALED)} tuned fp8/int8 and {len(gemv_module.TUNED_INT4)} "
+        f"tuned int4 GEMV configs")  # fmt: skip
+
+
+def jsonable(value):
+    """The report with tuple keys as strings and configs as dicts."""
+    if isinstance(value, dict):
+        return {str(k) if isinstance(k, tuple) else k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, GemvConfig):
+        return dataclasses.asdict(value)
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_quant.json"))
-    parser.add_argument("--no-sweep", action="store_true", help="skip the GEMV config sweep")
-    parser.add_argument("--parts", default="kernels,attention,steps,kv", help="comma-separated subset to run")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the GEMV config sweeps")
+    parser.add_argument("--int4-budget-s", type=float, default=150.0, help="time for the int4 GEMV sweep")
+    parser.add_argument("--time-limit-s", type=float, default=540.0, help="skip the attention / kv parts past it")
+    parser.add_argument("--multi-rows", action="store_true", help="time the FP8/int8/int4 GEMVs at 2, 4, 8 rows too")
+    parser.add_argument("--parts", default="kernels,steps,attention,kv", help="comma-separated subset to run")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     torch.manual_seed(0)
+    started = time.monotonic()
     bandwidth = copy_bandwidth()
     report = {"gpu": torch.cuda.get_device_name(), "copy_bw_gbs": bandwidth / 1e9}
     log(f"{report['gpu']}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+
+    def save(part: str) -> None:  # after every part, so a run cut short keeps what it measured
+        log(f"[{part} done at {time.monotonic() - started:.0f} s]")
+        with open(args.json, "w") as f:
+            json.dump(jsonable(report), f, indent=1)
+
     if "kernels" in parts:
-        report["kernels"] = gemv_kernels(bandwidth, sweep=not args.no_sweep)
-    if "attention" in parts:
-        report["attention_32k"] = attention_32k(bandwidth)
+        report["kernels"] = gemv_kernels(bandwidth, sweep=not args.no_sweep, multi_rows=args.multi_rows)
+        save("kernels")
+        if not args.no_sweep:
+            report["int4_sweep"] = int4_sweep(bandwidth, args.int4_budget_s)
+            save("int4 sweep")
+        install_tuned(report)
     if parts & {"steps", "kv"}:
         model, hf_config = hf_model(LLAMA3_8B, torch.bfloat16)
         state_dict = {name: t for name, t in model.state_dict().items()}
     if "steps" in parts:
-        report["steps"] = {scheme or "bf16": decode_steps(hf_config, state_dict, scheme) for scheme in SCHEMES}
+        report["steps"] = {}
+        for scheme in SCHEMES:
+            report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme)
+            save(f"steps {scheme or 'bf16'}")
         base = report["steps"]["bf16"]
         for scheme, row in report["steps"].items():
             log(f"{scheme:>10}: batch 1 {row['b1_ms'] / base['b1_ms']:.2f}x bf16 time, batch 8 "
                 f"{row['b8_ms'] / base['b8_ms']:.2f}x, batch 64 {row['b64_tok_s'] / base['b64_tok_s']:.2f}x bf16 throughput")  # fmt: skip
-    if "kv" in parts:
+        report["summary"] = summarize(report)  # printed now too, in case the parts below run out of time
+
+    def time_left_for(part: str, seconds: float) -> bool:  # the last parts are skipped rather than cut
+        left = args.time_limit_s - (time.monotonic() - started)
+        if left < seconds:
+            log(f"[{part} skipped: {left:.0f} s left of --time-limit-s, it takes ~{seconds:.0f} s]")
+        return left >= seconds
+
+    if "attention" in parts and time_left_for("attention", 60):
+        report["attention_32k"] = attention_32k(bandwidth)
+        save("attention")
+    if "kv" in parts and time_left_for("kv", 45):
         report["kv_capacity"] = kv_capacity(hf_config, state_dict)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=1)
+        save("kv")
+    report["summary"] = summarize(report)
+    save("summary")
 
 
 if __name__ == "__main__":

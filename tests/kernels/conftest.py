@@ -18,12 +18,12 @@ KERNEL_MODULES = [
     "kernels.pdl",
     "kernels.decode_attention",
     "kernels.dequant_matmul",  # before kernels.gemv, which calls its int4 helper
+    "kernels.rmsnorm",  # before kernels.quant_activation, which calls its row helper
+    "kernels.silu_mul",  # before kernels.gemv and kernels.quant_activation, which call its activation
     "kernels.gemv",
     "kernels.prefill_attention",
     "kernels.kv_store",
-    "kernels.rmsnorm",
     "kernels.rotary",
-    "kernels.silu_mul",
     "kernels.fused_moe",
     "kernels.quant_activation",
     # importers of the kernels, reloaded after them so they bind the interpreted versions

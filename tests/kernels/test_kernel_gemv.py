@@ -167,3 +167,57 @@ def test_default_configs_at_a_llama_width(fmt: str, num_rows: int):
     kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
     out = gemv(x, weight, residual_out=torch.empty_like(residual), **kwargs)
     torch.testing.assert_close(out, gemv_ref(x, weight, **kwargs)[0], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("split_k, block_k", [(2, 64), (4, 32), (8, 128)])  # 8: shrunk to the 4 periods of K
+@pytest.mark.parametrize("num_rows", [1, 3])
+@pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul"])
+def test_int4_split_k_adds_the_partials_and_resets_its_counters(split_k: int, block_k: int, num_rows: int, prologue):
+    """Split-K (several programs along K, the last one adding the partial sums): twice in a row, so the
+    second launch finds the counters the first one reset."""
+    from kernels.gemv import split_k_counters
+
+    k = 128
+    config = GemvConfig(block_n=8, block_k=block_k, num_warps=1, split_k=split_k, prefetch=split_k == 4)
+    for seed in range(2):
+        gen = torch.Generator().manual_seed(seed + split_k)
+        weight = _quantized("int4", 21, k, gen, torch.float16, group=32)
+        x = torch.randn(num_rows, 2 * k if prologue == "silu_mul" else k, generator=gen).to(torch.float16)
+        bias = torch.randn(21, generator=gen).to(torch.float16)
+        kwargs: dict = {"silu_mul": True} if prologue == "silu_mul" else {}
+        summed = None
+        if prologue == "rmsnorm":
+            norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.float16)
+            residual = torch.randn(num_rows, k, generator=gen).to(torch.float16)
+            kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
+            summed = torch.full((num_rows, k), float("nan"), dtype=torch.float16)
+        out = gemv(x, weight, bias, residual_out=summed, config=config, **kwargs)
+        ref, ref_summed = gemv_ref(x, weight, bias, **kwargs)
+        torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+        if summed is not None:
+            torch.testing.assert_close(summed, ref_summed, rtol=0, atol=0)
+        assert not split_k_counters(x.device, 3).any()
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+@pytest.mark.parametrize("prologue", ["rmsnorm", "silu_mul"])
+def test_separate_prologue_runs_the_elementwise_kernel_first(fmt: str, prologue: str):
+    """GemvConfig.separate_prologue: RMSNorm (with the residual sum) or SiLU-mul as its own kernel, then the
+    GEMV without a prologue: the unfused roundings, so the reference's."""
+    k, n, rows = 128, 21, 2
+    gen = torch.Generator().manual_seed(len(fmt) + len(prologue))
+    weight = _quantized(fmt, n, k, gen, torch.float16)
+    x = torch.randn(rows, 2 * k if prologue == "silu_mul" else k, generator=gen).to(torch.float16)
+    kwargs: dict = {"silu_mul": True}
+    summed = None
+    if prologue == "rmsnorm":
+        norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.float16)
+        residual = torch.randn(rows, k, generator=gen).to(torch.float16)
+        kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
+        summed = torch.full((rows, k), float("nan"), dtype=torch.float16)
+    config = GemvConfig(block_n=8, block_k=64, num_warps=1, separate_prologue=True)
+    out = gemv(x, weight, residual_out=summed, config=config, **kwargs)
+    ref, ref_summed = gemv_ref(x, weight, **kwargs)
+    torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+    if summed is not None:
+        torch.testing.assert_close(summed, ref_summed, rtol=0, atol=0)

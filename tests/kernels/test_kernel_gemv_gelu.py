@@ -23,3 +23,21 @@ def test_gelu_tanh_mul_prologue_matches_the_unfused_pair(dtype: torch.dtype):
     torch.testing.assert_close(out, ref, **tol)
     silu = gemv(x, weight, bias, silu_mul=True, config=config)
     assert not torch.allclose(silu, out, **tol)
+
+
+def test_gelu_tanh_mul_prologue_over_int4_weights():
+    """The int4 kernel's prologue takes the GeGLU too (a Gemma AWQ/GPTQ checkpoint's down projection)."""
+    from kernels.dequant_matmul import int4_period, pack_int4
+    from kernels.gemv import QuantizedWeight
+
+    n, k, group = 24, 128, 32
+    gen = torch.Generator().manual_seed(6)
+    scale = (torch.rand(n, k // group, generator=gen) / 50).to(torch.float16)
+    zero = torch.randint(0, 16, scale.shape, generator=gen).to(torch.float16)
+    weight = QuantizedWeight(
+        pack_int4(torch.randint(0, 16, (n, k), generator=gen), int4_period(group)), scale, zero, group
+    )
+    x = (2 * torch.randn(2, 2 * k, generator=gen)).to(torch.float16)
+    config = GemvConfig(block_n=8, block_k=64, num_warps=1)
+    out = gemv(x, weight, silu_mul=True, gelu_tanh=True, config=config)
+    torch.testing.assert_close(out, gemv_ref(x, weight, silu_mul=True, gelu_tanh=True)[0], rtol=1e-2, atol=1e-2)

@@ -1,0 +1,79 @@
+"""Registers, spills and load widths of the few-row GEMV for sm_90, compiled on a machine with no GPU.
+
+    python scripts/gemv_resources.py [--format int4|fp8] N,K,PROLOGUE,ROWS[,block_n,block_k,warps,stages,split_k] ...
+
+PROLOGUE: 0 plain, 1 RMSNorm + residual, 2 SiLU-mul. Without the config fields the default config runs
+(kernels.gemv.gemv_config). Triton's NVIDIA backend builds the launch down to a cubin through
+scripts/check_kernels_compile.py's compile-only driver; cuobjdump (shipped with Triton) reads its resource
+usage. This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding 32
+words spilled, and the tile shapes where x's layout is the weight tile's need no shared-memory conversion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--format", choices=("int4", "fp8"), default="int4")
+    parser.add_argument("cases", nargs="+")
+    args = parser.parse_args()
+    from check_kernels_compile import PLUGIN  # the compile-only driver
+
+    exec(compile(PLUGIN, "compile_only_driver", "exec"), {})
+    import torch
+    import triton
+
+    from kernels import gemv
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    for spec in args.cases:
+        n, k, prologue, rows, *fields = (int(v) for v in spec.split(","))
+        config = None
+        if fields:
+            block_n, block_k, warps, stages, *split = fields
+            config = gemv.GemvConfig(block_n, block_k, warps, stages, split_k=split[0] if split else 1)
+        x = torch.randn(rows, 2 * k if prologue == 2 else k, dtype=torch.bfloat16)
+        kwargs: dict = {"silu_mul": True} if prologue == 2 else {}
+        if prologue == 1:
+            zeros = torch.zeros(rows, k, dtype=torch.bfloat16)
+            kwargs = dict(norm_weight=torch.ones(k, dtype=torch.bfloat16), eps=1e-5, residual=zeros,
+                          residual_out=zeros.clone())  # fmt: skip
+        if args.format == "int4":
+            groups = torch.ones(n, k // 128, dtype=torch.bfloat16)
+            weight = gemv.QuantizedWeight(torch.zeros(n, k // 8, dtype=torch.int32), groups, groups.clone(), 128)
+            kernel_fn = gemv._gemv_int4_kernel
+        else:
+            weight = gemv.QuantizedWeight(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(n))
+            kernel_fn = gemv._gemv_kernel
+        kernel_fn.device_caches.clear()
+        try:
+            gemv.gemv(x, weight, config=config, **kwargs)
+        except Exception as exc:
+            if type(exc).__name__ != "Compiled":
+                raise
+        kernel = next(iter(next(iter(kernel_fn.device_caches.values()))[0].values()))
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(kernel.asm["cubin"])
+        usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
+        os.unlink(f.name)
+        found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+        ptx = kernel.asm["ptx"]
+        loads = collections.Counter(m.group(0) for m in re.finditer(r"ld\.global[.\w]*", ptx))
+        print(f"{spec}: registers {found.group(1)}, stack {found.group(2)} B, shared {found.group(3)} B; "
+              f"bar.sync {ptx.count('bar.sync')}, st.shared {len(re.findall(r'st[.]shared', ptx))}; {dict(loads)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -123,15 +123,40 @@ class GrammarMask:
 
     bitmask: torch.Tensor  # [B, ceil(V/32)] int32
     rows: list[int]
+    row_index: torch.Tensor | None = field(init=False)  # `rows` on the device; None when they are all B
+
+    def __post_init__(self) -> None:
+        every_row = len(self.rows) == self.bitmask.shape[0]
+        self.row_index = None if every_row else torch.tensor(self.rows).to(self.bitmask.device, non_blocking=True)
 
     def apply(self, scores: torch.Tensor) -> torch.Tensor:
         """-inf on every token the grammar forbids (in place on a contiguous float32 [B, V])."""
         import xgrammar
 
         scores = scores.contiguous()
-        every_row = len(self.rows) == scores.shape[0]  # the kernels' no-indices path is the fast one
-        xgrammar.apply_token_bitmask_inplace(scores, self.bitmask, indices=None if every_row else self.rows)
+        indices = None if self.row_index is None else self.rows  # the kernels' no-indices path is the fast one
+        xgrammar.apply_token_bitmask_inplace(scores, self.bitmask, indices=indices)
         return scores
+
+    def confine(self, scores: torch.Tensor) -> torch.Tensor:
+        """The last word on the constrained rows, after every warper: whatever the request's parameters
+        did to the scores, the token chosen from them is one the grammar allows.
+
+        Extreme parameters break the masked scores: a temperature that is inf in float32 turns the
+        masked -inf into NaN (-inf / inf), a repetition penalty that is 0 in float32 makes +inf
+        (x / 0) whose log_softmax is NaN, and argmax takes NaN for the largest value, so the choice
+        fell on the row's first NaN (token 0). Penalties can also leave every allowed token at -inf.
+        So NaN counts as -inf and +inf as the largest float, and a row left without a finite allowed
+        score chooses uniformly among its allowed tokens (greedy: the lowest id; sampling: its seed's
+        draw). Vectorised on the device: no host sync."""
+        import xgrammar
+
+        rows = scores if self.row_index is None else scores.index_select(0, self.row_index)
+        rows = rows.nan_to_num(nan=float("-inf"), posinf=torch.finfo(rows.dtype).max, neginf=float("-inf"))
+        rows.masked_fill_(rows.amax(dim=-1, keepdim=True) == float("-inf"), 0.0)
+        bitmask = self.bitmask if self.row_index is None else self.bitmask.index_select(0, self.row_index)
+        xgrammar.apply_token_bitmask_inplace(rows, bitmask)  # the uniform rows' forbidden tokens back to -inf
+        return rows if self.row_index is None else scores.index_copy(0, self.row_index, rows)
 
 
 class GrammarBackend:
@@ -235,7 +260,7 @@ class GrammarBackend:
             matcher = chunk.request.matcher
             if matcher is None or token is None or chunk.request.is_finished or matcher.is_terminated():
                 continue
-            if not matcher.accept_token(token.token_id):  # only an unmasked (retried) step can do this
+            if not matcher.accept_token(token.token_id):  # GrammarMask.confine rules this out: a bug if seen
                 logger.warning("request %s: token %d is outside its grammar", chunk.request.request_id, token.token_id)
 
     def _bitmask_rows(self, num_rows: int) -> torch.Tensor:

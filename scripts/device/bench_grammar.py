@@ -1,7 +1,7 @@
 """Grammar-constrained decoding: settles issue 15's two GPU targets in one run (not CI; no HTTP).
 
     python3 -m benchmarks.random_model /tmp/model --preset llama3-8b --device cuda
-    python3 scripts/device/bench_grammar.py /tmp/model                # ~3 min on one H100 (limit: 5)
+    python3 scripts/device/bench_grammar.py /tmp/model                # must finish within 5 min on one H100
     python3 scripts/device/bench_grammar.py MODEL --mask-only --device cpu    # the CPU figure in BENCHMARKS.md
 
 MODEL is a model folder with its tokenizer (the random Llama-3-8B has Llama-3's, so the masks cover the real

@@ -175,6 +175,29 @@ async def test_bad_grammars_never_hurt_the_server(http):
     assert (await http.post("/generate", json=plain)).status_code == 200
 
 
+async def test_extreme_parameters_never_leave_the_grammar(http):
+    # float32 makes 1e39 inf and 1e-46 zero: NaN and +inf scores chose token 0 (found by the 20-minute soak)
+    extremes = [
+        {"do_sample": True, "temperature": 1e-46, "seed": 2},
+        {"repetition_penalty": 1e-46, "top_n_tokens": 2},
+        {"do_sample": True, "temperature": 1e39, "best_of": 2},
+    ]
+    grammar = {"type": "regex", "value": DATE}
+    bodies = [
+        {"inputs": chat("A date?"), "parameters": {"max_new_tokens": 16, "details": True, "grammar": grammar, **p}}
+        for p in extremes
+    ]
+    responses = await asyncio.gather(*(http.post("/generate", json=body) for body in bodies))
+    for parameters, response in zip(extremes, responses):
+        assert response.status_code == 200, response.text
+        details = response.json()["details"]
+        answers = [(response.json()["generated_text"], details["finish_reason"])]
+        answers += [(s["generated_text"], s["finish_reason"]) for s in details.get("best_of_sequences", [])]
+        assert len(answers) == parameters.get("best_of", 1)
+        for text, finish_reason in answers:
+            assert finish_reason == "eos_token" and re.fullmatch(DATE, text), (parameters, text, finish_reason)
+
+
 # ------------------------------------------------------------------------------------ clients
 
 

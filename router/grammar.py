@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,11 +48,22 @@ COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the 
 # JSON comes out with single spaces after `,` and `:` (outlines, which TGI uses, allows one optional
 # space there and no newlines), so a small model cannot pad an answer with blanks forever; strict
 # mode closes objects to their listed properties, as outlines' regexes do.
-# Threads of the batched bitmask fill: the cores this process may run on, as xgrammar's own "auto"
-# would count them were it not reading the host's CPU count (a container may see a fraction of it).
-FILL_THREADS = max(1, len(os.sched_getaffinity(0)) // 2)
+# Threads of the batched bitmask fill (fill_threads is the one place that picks them). Most fills cost a
+# few us a row, less than waking xgrammar's threads: on the H100 host (16 cores) 64 rows of the benchmark
+# schema filled in 0.61 ms median on one thread and 2.12 / 3.50 / 1.09 ms on 2 / 4 / 8, and on the 2-core
+# development machine in 0.36 ms on one thread and 9.0 ms on two. So one thread fills up to
+# SINGLE_THREAD_FILL_ROWS rows, and larger batches use the cores this process may run on, as xgrammar's
+# "auto" would count them were it not reading the host's CPU count (a container may see a fraction of it).
+# scripts/device/bench_grammar.py sweeps threads x rows and prints the crossover to set this from.
+SINGLE_THREAD_FILL_ROWS = 128
+MAX_FILL_THREADS = max(1, len(os.sched_getaffinity(0)) // 2)
 IDLE_WAIT_S = 0.005  # how long an otherwise idle engine sleeps on pending compiles per turn
 _CPP_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[12:00:00] /project/cpp/x.cc:83: " prefix
+
+
+def fill_threads(num_rows: int) -> int:
+    """How many threads fill the bitmask rows of `num_rows` constrained requests."""
+    return 1 if num_rows <= SINGLE_THREAD_FILL_ROWS else MAX_FILL_THREADS
 
 
 class GrammarCompileError(ValueError):
@@ -123,15 +134,51 @@ class GrammarMask:
 
     bitmask: torch.Tensor  # [B, ceil(V/32)] int32
     rows: list[int]
+    row_index: torch.Tensor | None = field(init=False)  # `rows` on the device; None when they are all B
+
+    def __post_init__(self) -> None:
+        self.row_index = None
+        if len(self.rows) < self.bitmask.shape[0]:  # some sampled rows are unconstrained
+            index = torch.tensor(self.rows, dtype=torch.int64)
+            index = index.pin_memory() if self.bitmask.is_cuda else index  # an asynchronous copy needs it
+            self.row_index = index.to(self.bitmask.device, non_blocking=True)
 
     def apply(self, scores: torch.Tensor) -> torch.Tensor:
         """-inf on every token the grammar forbids (in place on a contiguous float32 [B, V])."""
         import xgrammar
 
         scores = scores.contiguous()
-        every_row = len(self.rows) == scores.shape[0]  # the kernels' no-indices path is the fast one
-        xgrammar.apply_token_bitmask_inplace(scores, self.bitmask, indices=None if every_row else self.rows)
+        indices = None if self.row_index is None else self.rows  # the kernels' no-indices path is the fast one
+        xgrammar.apply_token_bitmask_inplace(scores, self.bitmask, indices=indices)
         return scores
+
+    def confine(self, scores: torch.Tensor) -> torch.Tensor:
+        """The last word on the constrained rows (in place), after every warper: whatever the request's
+        parameters did to the scores, the token chosen from them is one the grammar allows.
+
+        Extreme parameters break the masked scores: a temperature that is inf in float32 turns the
+        masked -inf into NaN (-inf / inf), one that is 0 makes +inf (x / 0) whose log_softmax is NaN,
+        and argmax takes NaN for the largest value, so the choice fell on the row's first NaN (token 0).
+        Penalties can also push every allowed token to -inf. So NaN counts as -inf, +inf as the largest
+        float, and a row left without a finite score takes its lowest allowed id (greedy or sampled).
+        No processor after the mask turns -inf into a number, so forbidden tokens stay -inf. Vectorised
+        on the device (no host sync), and a few passes over the rows: the bitmask is not applied again."""
+        rows = scores if self.row_index is None else scores.index_select(0, self.row_index)
+        rows.nan_to_num_(nan=float("-inf"), posinf=torch.finfo(rows.dtype).max, neginf=float("-inf"))
+        stuck = rows.amax(dim=-1, keepdim=True) == float("-inf")
+        lowest = self._lowest_allowed_ids()[:, None]
+        rows.scatter_(1, lowest, torch.where(stuck, 0.0, rows.gather(1, lowest)))
+        return rows if self.row_index is None else scores.index_copy(0, self.row_index, rows)
+
+    def _lowest_allowed_ids(self) -> torch.Tensor:
+        """[len(rows)] the smallest token id each constrained row's bitmask allows (0 for an empty row,
+        which a matcher never fills: a grammar state always allows some token or the stop tokens)."""
+        words = self.bitmask if self.row_index is None else self.bitmask.index_select(0, self.row_index)
+        first_word = (words != 0).to(torch.uint8).argmax(dim=1)  # argmax: the first of equal maxima
+        word = words.gather(1, first_word[:, None]).to(torch.int64) & 0xFFFFFFFF  # [R, 1], unsigned
+        powers = 2 ** torch.arange(32, dtype=torch.int64, device=words.device)  # made there: no copy, no sync
+        lowest_bit = ((word & -word) == powers).to(torch.uint8).argmax(dim=1)  # word & -word: its lowest set bit
+        return 32 * first_word + lowest_bit
 
 
 class GrammarBackend:
@@ -145,7 +192,7 @@ class GrammarBackend:
         # Reused: a step's masks are filled after the previous step's result, which waited for the
         # device to finish that step's sampling, and with it the copy of its masks.
         self._host_bitmask: torch.Tensor | None = None
-        self._batch_matcher = None
+        self._batch_matchers: dict[int, xgrammar.BatchGrammarMatcher] = {}  # by thread count
         self._stop_row: torch.Tensor | None = None
 
     # ---- compile --------------------------------------------------------------------------
@@ -211,7 +258,7 @@ class GrammarBackend:
         if len(fill_rows) == 1:
             matchers[0].fill_next_token_bitmask(bitmask, fill_rows[0])
         elif fill_rows:
-            self._batch().batch_fill_next_token_bitmask(matchers, bitmask, fill_rows)
+            self._batch(fill_threads(len(matchers))).batch_fill_next_token_bitmask(matchers, bitmask, fill_rows)
         for i in set(rows).difference(fill_rows):
             # The grammar is complete and the request goes on (ignore_eos): only a stop token is
             # allowed, as xgrammar would have it (its matcher refuses to fill a mask once terminated).
@@ -235,7 +282,7 @@ class GrammarBackend:
             matcher = chunk.request.matcher
             if matcher is None or token is None or chunk.request.is_finished or matcher.is_terminated():
                 continue
-            if not matcher.accept_token(token.token_id):  # only an unmasked (retried) step can do this
+            if not matcher.accept_token(token.token_id):  # GrammarMask.confine rules this out: a bug if seen
                 logger.warning("request %s: token %d is outside its grammar", chunk.request.request_id, token.token_id)
 
     def _bitmask_rows(self, num_rows: int) -> torch.Tensor:
@@ -247,12 +294,12 @@ class GrammarBackend:
             self._host_bitmask = bitmask.pin_memory() if self.device.type == "cuda" else bitmask
         return self._host_bitmask[:num_rows]  # only the constrained rows are filled and applied
 
-    def _batch(self):
-        if self._batch_matcher is None:
+    def _batch(self, threads: int):
+        if (batch_matcher := self._batch_matchers.get(threads)) is None:
             import xgrammar
 
-            self._batch_matcher = xgrammar.BatchGrammarMatcher(max_threads=FILL_THREADS)
-        return self._batch_matcher
+            batch_matcher = self._batch_matchers[threads] = xgrammar.BatchGrammarMatcher(max_threads=threads)
+        return batch_matcher
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,8 +1,8 @@
 """Token selection on the device, vectorised across the batch (TGI's HeterogeneousNextTokenChooser).
 
 Order on each logits row (docs/contract.md §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
-[grammar mask] -> temperature -> top-k -> top-p -> typical-p -> choose. Reported logprobs are log_softmax of the
-final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
+[grammar mask] -> temperature -> top-k -> top-p -> typical-p -> [grammar confinement] -> choose. Reported logprobs
+are log_softmax of the final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
 row of the batch needs it, so an all-greedy batch costs one log_softmax and one argmax.
 
 Sampling is the exponential race argmax(p / E), E ~ Exp(1), written as argmax(logp + Gumbel).
@@ -243,6 +243,8 @@ class Sampler:
             scores = apply_top_p(scores, batch.top_p)
         if batch.typical_p is not None:
             scores = apply_typical_p(scores, batch.typical_p)
+        if batch.grammar is not None:  # extreme parameters can leave NaN, +inf or nothing on a constrained row
+            scores = batch.grammar.confine(scores)
         return scores
 
     def _apply_watermark(self, scores: torch.Tensor, rows: list[tuple[int, int]]) -> None:

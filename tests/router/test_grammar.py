@@ -243,3 +243,99 @@ def test_a_deferred_sampling_that_fails_runs_its_step_again_where_failures_are_c
     expected = run(plain_engine, requests())
     for name in ("a", "b"):
         assert output(tokenizer, overlapped[name]) == output(tokenizer, expected[name])
+
+
+# Extreme parameters (issue 15's soak: "token 0 is outside its grammar"). In float32 a temperature of 1e39
+# is inf (masked -inf / inf = NaN) and one of 1e-46 is 0 (x / 0 = +inf, whose log_softmax is NaN); a
+# repetition penalty of 1e-46 is 0 too; argmax took the row's first NaN, token 0.
+OVERLAPPED_EXTREMES = {  # no penalty: these steps overlap (the sampling deferred past the forward)
+    "inf_temperature": SamplingParams(do_sample=True, temperature=1e39, seed=1),
+    "zero_temperature": SamplingParams(do_sample=True, temperature=1e-46, seed=2),
+    "inf_temperature_top_n": SamplingParams(temperature=1e39, top_n_tokens=3, seed=5),
+}
+SYNCHRONOUS_EXTREMES = {  # penalties read the request's own tokens: the engine runs these steps one by one
+    "zero_repetition_penalty_seeded": SamplingParams(do_sample=True, repetition_penalty=1e-46, seed=3),
+    "zero_repetition_penalty_greedy": SamplingParams(repetition_penalty=1e-46),
+    "everything": SamplingParams(
+        do_sample=True, temperature=1e39, top_k=2, top_p=1e-9, typical_p=1e-9, frequency_penalty=2.0, seed=4
+    ),
+}
+
+
+@pytest.mark.parametrize("extremes", [OVERLAPPED_EXTREMES, SYNCHRONOUS_EXTREMES], ids=["overlapped", "synchronous"])
+def test_extreme_parameters_never_leave_the_grammar(engine, tokenizer, caplog, extremes):
+    prompt, schema = chat(tokenizer, "Describe a user as JSON."), json_spec(PERSON)
+    date = GrammarSpec(GrammarKind.REGEX, r"(19|20)\d\d-(0[1-9]|1[0-2])")
+    requests = [
+        GenerateRequest(f"{name}/{kind}", prompt, params, max_new_tokens=10, grammar=spec)
+        for name, params in extremes.items()
+        for kind, spec in (("json", schema), ("date", date))
+    ]
+    events = run(engine, [*requests, GenerateRequest("plain", prompt, max_new_tokens=4)])
+    assert "outside its grammar" not in caplog.text
+    for generate in requests:
+        ids = [i for event in events[generate.request_id] for i in event.token_ids]
+        matcher = engine.grammar.compiler.compile(generate.grammar)
+        assert all(matcher.accept_token(i) for i in ids), (generate.request_id, ids)
+        if generate.grammar is date:
+            assert events[generate.request_id][-1].finish_reason == "eos_token", (generate.request_id, ids)
+
+
+def confined_sampling(logits, allowed: list[set[int] | None], seed: int = 0, **sampling):
+    """Sample `logits` [B, V] with rows i constrained to allowed[i] (None: unconstrained), row i seeded seed + i."""
+    import dataclasses
+
+    import torch
+
+    from router.grammar import GrammarMask
+    from router.request import Request
+    from router.sampling import Sampler, SamplingBatch
+
+    num_rows, vocab = logits.shape
+    requests = [
+        Request(GenerateRequest(f"r{i}", [1], SamplingParams(**sampling)), 0, seed=seed + i) for i in range(num_rows)
+    ]
+    words = torch.zeros(num_rows, (vocab + 31) // 32, dtype=torch.int64)
+    for row, tokens in enumerate(allowed):
+        for token in tokens or ():
+            words[row, token // 32] |= 1 << (token % 32)
+    bitmask = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    rows = [i for i, tokens in enumerate(allowed) if tokens is not None]
+    batch = SamplingBatch.build(requests, vocab, torch.device("cpu"))
+    batch = dataclasses.replace(batch, grammar=GrammarMask(bitmask, rows))
+    return Sampler(vocab, "cpu")(logits.clone(), batch)
+
+
+def test_a_row_whose_allowed_scores_are_all_gone_chooses_among_its_allowed_tokens():
+    import torch
+
+    logits = torch.randn(3, 70)
+    logits[0, [5, 40]] = float("-inf")  # every allowed token of row 0 penalised away
+    logits[1] = float("nan")  # a model that produced NaN
+    logits[2, 3] = 100.0  # an unconstrained neighbour
+    greedy = confined_sampling(logits, [{5, 40}, {7, 66}, None])
+    assert greedy.token_ids.tolist() == [5, 7, 3]  # the lowest allowed id: deterministic, never token 0
+    assert torch.isfinite(greedy.logprobs).all()
+    for seed in range(8):
+        sampled = confined_sampling(logits, [{5, 40}, {7, 66}, None], do_sample=True, seed=seed)
+        assert sampled.token_ids[:2].tolist() == [5, 7]
+
+
+def test_the_lowest_allowed_id_is_read_from_any_bit_of_the_bitmask():
+    import torch
+
+    for lowest in (0, 1, 31, 32, 63, 64, 95, 96, 127):  # every bit position of a word, the sign bit too
+        logits = torch.full((1, 130), float("-inf"))
+        assert confined_sampling(logits, [{lowest, 129}]).token_ids.item() == lowest
+
+
+@pytest.mark.parametrize("temperature", [1e39, 1e-46], ids=["inf", "zero"])
+def test_a_temperature_that_float32_cannot_hold_stays_inside_the_grammar(temperature):
+    import torch
+
+    logits = torch.randn(2, 70)
+    logits[:, 0] = 50.0  # the forbidden favourite
+    for seed in range(8):
+        out = confined_sampling(logits, [{9, 33}, {12}], do_sample=True, temperature=temperature, seed=seed)
+        assert out.token_ids[0].item() in {9, 33} and out.token_ids[1].item() == 12
+        assert torch.isfinite(out.logprobs).all()

@@ -52,11 +52,11 @@ COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the 
 # few us a row, less than waking xgrammar's threads: on the H100 host (16 cores) 64 rows of the benchmark
 # schema filled in 0.61 ms median on one thread and 2.12 / 3.50 / 1.09 ms on 2 / 4 / 8, and on the 2-core
 # development machine in 0.36 ms on one thread and 9.0 ms on two. So one thread fills up to
-# SINGLE_THREAD_FILL_ROWS rows, and larger batches use the cores this process may run on, as xgrammar's
-# "auto" would count them were it not reading the host's CPU count (a container may see a fraction of it).
+# SINGLE_THREAD_FILL_ROWS rows, and larger batches up to 4 of the cores this process may run on (counted
+# from its affinity: xgrammar's "auto" reads the host's CPU count, and a container may see a fraction of it).
 # scripts/device/bench_grammar.py sweeps threads x rows and prints the crossover to set this from.
-SINGLE_THREAD_FILL_ROWS = 128
-MAX_FILL_THREADS = max(1, len(os.sched_getaffinity(0)) // 2)
+SINGLE_THREAD_FILL_ROWS = 32  # H100 host, 2026-11-24: 1 thread fastest at 16-32 rows, 4 threads at 64-256
+MAX_FILL_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) // 2))  # 8 threads lost to 4 at every size
 IDLE_WAIT_S = 0.005  # how long an otherwise idle engine sleeps on pending compiles per turn
 _CPP_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[12:00:00] /project/cpp/x.cc:83: " prefix
 
@@ -161,24 +161,15 @@ class GrammarMask:
         and argmax takes NaN for the largest value, so the choice fell on the row's first NaN (token 0).
         Penalties can also push every allowed token to -inf. So NaN counts as -inf, +inf as the largest
         float, and a row left without a finite score takes its lowest allowed id (greedy or sampled).
-        No processor after the mask turns -inf into a number, so forbidden tokens stay -inf. Vectorised
-        on the device (no host sync), and a few passes over the rows: the bitmask is not applied again."""
-        rows = scores if self.row_index is None else scores.index_select(0, self.row_index)
-        rows.nan_to_num_(nan=float("-inf"), posinf=torch.finfo(rows.dtype).max, neginf=float("-inf"))
-        stuck = rows.amax(dim=-1, keepdim=True) == float("-inf")
-        lowest = self._lowest_allowed_ids()[:, None]
-        rows.scatter_(1, lowest, torch.where(stuck, 0.0, rows.gather(1, lowest)))
-        return rows if self.row_index is None else scores.index_copy(0, self.row_index, rows)
+        No processor after the mask turns -inf into a number, so forbidden tokens stay -inf. On the device
+        with no host sync, one kernel on a GPU (kernels/grammar_confine.py); the bitmask is not applied again."""
+        if scores.is_cuda and scores.dtype == torch.float32 and scores.stride(1) == 1:
+            from kernels.grammar_confine import grammar_confine
 
-    def _lowest_allowed_ids(self) -> torch.Tensor:
-        """[len(rows)] the smallest token id each constrained row's bitmask allows (0 for an empty row,
-        which a matcher never fills: a grammar state always allows some token or the stop tokens)."""
-        words = self.bitmask if self.row_index is None else self.bitmask.index_select(0, self.row_index)
-        first_word = (words != 0).to(torch.uint8).argmax(dim=1)  # argmax: the first of equal maxima
-        word = words.gather(1, first_word[:, None]).to(torch.int64) & 0xFFFFFFFF  # [R, 1], unsigned
-        powers = 2 ** torch.arange(32, dtype=torch.int64, device=words.device)  # made there: no copy, no sync
-        lowest_bit = ((word & -word) == powers).to(torch.uint8).argmax(dim=1)  # word & -word: its lowest set bit
-        return 32 * first_word + lowest_bit
+            return grammar_confine(scores, self.bitmask, self.row_index)
+        from kernels.grammar_confine import grammar_confine_ref
+
+        return grammar_confine_ref(scores, self.bitmask, self.row_index)
 
 
 class GrammarBackend:

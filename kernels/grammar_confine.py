@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)  # a global a kernel reads must be a constexpr
 
 
 @triton.jit

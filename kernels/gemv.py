@@ -33,10 +33,9 @@ rounded to the dtype where the unfused norm and add store their outputs. SiLU-an
 to the input dtype like kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row)
 or over [rows, K block] (several), reduced once at the end.
 
-Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight.
-`_gemv_bytes_kernel` (1-byte weights, one row, BLOCK_K dividing K, opt-in: `GemvConfig.byte_tiles`) reads
-[BLOCK_N, BLOCK_K/16, 16] tiles and sums each thread's 16 products in registers (a 16x smaller accumulator).
-`_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
+Two kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight (a one-row
+variant for 1-byte weights with [BLOCK_N, BLOCK_K/16, 16] tiles was swept against it on an H100 and lost in
+every pair that mattered, so it is gone). `_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
 features, so each nibble is one shift and one mask against a contiguous slice of x, and the tile's
 threads spread over K rather than over the rows (each activation is computed once a program). It can split
 K over several programs per column (`GemvConfig.split_k`: more programs where N / BLOCK_N is small against
@@ -383,105 +382,6 @@ def _gemv_kernel(
     )  # fmt: skip
 
 
-# --- 1-byte weights ------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _bytes_tile(
-    acc,
-    sum_sq,
-    w,  # [BLOCK_N, BLOCK_K / 16, 16] FP8 or int8
-    k0,
-    x_ptr,
-    residual_ptr,
-    norm_weight_ptr,
-    rows_m,
-    offs_c,  # [BLOCK_K / 16, 16]
-    K,
-    stride_xm,
-    PROLOGUE: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-):
-    xk, squares = _activation_tile(
-        x_ptr, residual_ptr, norm_weight_ptr, rows_m, stride_xm, k0 + offs_c, K, PROLOGUE, HAS_RESIDUAL
-    )  # [BLOCK_M, BLOCK_K / 16, 16]
-    if w.dtype == tl.int8:
-        wf = _int8_to_float(w)
-    else:
-        wf = w.to(tl.float32)
-    acc += tl.sum(wf * xk, 2)  # [BLOCK_N, P]; xk is the one row's [1, P, 16]
-    if PROLOGUE == 1:
-        sum_sq += squares
-    return acc, sum_sq
-
-
-@triton.jit
-def _gemv_bytes_kernel(
-    x_ptr,  # [M, K], or [M, 2K] for SILU_MUL; row stride stride_xm
-    residual_ptr,  # [M, K] contiguous, read when HAS_RESIDUAL
-    residual_out_ptr,  # [M, K] contiguous, receives x + residual when HAS_RESIDUAL
-    norm_weight_ptr,  # [K], RMSNORM only
-    w_ptr,  # [N, K] FP8 or int8, row stride stride_wn
-    scale_ptr,  # [N] (stride_sn 0: per tensor)
-    bias_ptr,  # [N], when HAS_BIAS
-    out_ptr,  # [M, N], row stride stride_om
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_sn,
-    stride_om,
-    eps,
-    PROLOGUE: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,  # divides K
-    USE_PDL: tl.constexpr,
-):
-    """_gemv_kernel for 1-byte weights at one row when BLOCK_K divides K: tiles are read as [BLOCK_N, BLOCK_K / 16, 16],
-    so each thread holds 16 consecutive weights (one 16-byte load) of its rows and sums their products in
-    registers as it makes them. The accumulator is [BLOCK_N, BLOCK_K / 16], not the elementwise
-    [BLOCK_N, BLOCK_K]: a sixteenth of the registers, so more programs (and weight bytes) in flight per SM."""
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    rows = tl.where(mask_n, offs_n, 0).to(tl.int64)
-    offs_m = tl.arange(0, 1)  # the one row of x
-    mask_m = offs_m < M
-    rows_m = offs_m
-    offs_c = tl.arange(0, BLOCK_K // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [BLOCK_K / 16, 16]
-    w_ptrs = w_ptr + rows[:, None, None] * stride_wn + offs_c[None, :, :]
-
-    w = tl.load(w_ptrs)  # before the wait, as in _gemv_kernel
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-    if HAS_RESIDUAL:
-        if pid == 0:
-            _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, rows_m, mask_m, stride_xm, K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
-    sum_sq = tl.zeros([1, BLOCK_K // 16, 16], dtype=tl.float32)
-    acc, sum_sq = _bytes_tile(
-        acc, sum_sq, w, 0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, offs_c, K, stride_xm, PROLOGUE,
-        HAS_RESIDUAL,
-    )  # fmt: skip
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        w = tl.load(w_ptrs + k0)
-        acc, sum_sq = _bytes_tile(
-            acc, sum_sq, w, k0, x_ptr, residual_ptr, norm_weight_ptr, rows_m, offs_c, K, stride_xm, PROLOGUE,
-            HAS_RESIDUAL,
-        )  # fmt: skip
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-
-    y = tl.sum(acc, 1)[None, :]
-    _store_output(
-        y, tl.sum(tl.sum(sum_sq, 2), 1), scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K,
-        stride_sn, stride_om, eps, PROLOGUE, True, HAS_BIAS,
-    )  # fmt: skip
-
-
 # --- int4 ----------------------------------------------------------------------------------------------
 
 
@@ -788,11 +688,8 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     # issue the next weight tile's loads before this tile's arithmetic (registers: 2 tiles; _gemv_kernel and
-    # _gemv_int4_kernel: a 1-byte weight at one row with prefetch runs _gemv_kernel, not _gemv_bytes_kernel)
+    # _gemv_int4_kernel)
     prefetch: bool = False
-    # one row of 1-byte weights through _gemv_bytes_kernel (16 weights a thread); off by default: on an H100
-    # (2026-11-24, bench_quant.py) fp8 batch 1 took 4.30 ms a step with it and 3.74 ms without
-    byte_tiles: bool = False
     # int4: programs sharing each column's K walk (a power of two dividing K / block_k); the last to finish adds
     # the partial sums. More programs in flight where N / block_n is small against the SMs.
     split_k: int = 1
@@ -816,9 +713,14 @@ TUNED: dict[tuple[int, int, int], GemvConfig | None] = {
     (3584, 18944, PROLOGUE_SILU_MUL): None,
 }
 
-# Best 1-byte (FP8 / int8) configs at one row from scripts/device/bench_quant.py's sweep (key: N, K, prologue);
-# empty until a GPU sweep fills it (the sweep prints the literal to paste here).
-TUNED_ROW_SCALED: dict[tuple[int, int, int], GemvConfig] = {}
+# Best 1-byte (FP8 / int8) configs at one row from scripts/device/bench_quant.py's sweep (key: N, K, prologue):
+# Llama-3-8B's shapes, H100, 2026-11-24 (BENCHMARKS.md, "Quantization, third pass"); the sweep prints this literal.
+TUNED_ROW_SCALED: dict[tuple[int, int, int], GemvConfig] = {
+    (6144, 4096, PROLOGUE_RMSNORM): GemvConfig(block_n=16, num_stages=1),
+    (4096, 4096, PROLOGUE_NONE): GemvConfig(block_k=1024, num_stages=1),
+    (28672, 4096, PROLOGUE_RMSNORM): GemvConfig(block_k=1024, num_stages=1),
+    (4096, 14336, PROLOGUE_SILU_MUL): GemvConfig(block_k=1024, num_stages=1),
+}
 
 # fp32 accumulator elements a thread may hold ([rows, BLOCK_N, K tile] / threads) before spilling
 _MAX_ACC_PER_THREAD = 64
@@ -847,8 +749,14 @@ def gemv_config(
 
 
 # Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweep, keyed (N, K, prologue, rows of x
-# padded to a power of two); empty until a GPU sweep fills it (the sweep prints the literal to paste here).
-TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {}
+# padded to a power of two): Llama-3-8B's shapes, H100, 2026-11-24; the sweep prints this literal.
+TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
+    (4096, 14336, PROLOGUE_SILU_MUL, 1): GemvConfig(block_k=2048, num_stages=1, separate_prologue=True),
+    (28672, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_k=1024, separate_prologue=True),
+    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_k=2048),
+    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_k=2048, num_warps=8, separate_prologue=True),
+    (6144, 4096, PROLOGUE_RMSNORM, 8): GemvConfig(num_stages=1),
+}
 
 
 def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
@@ -994,17 +902,6 @@ def gemv(
     assert data.stride(1) == 1
     weight_format = WEIGHT_DENSE if scale is None else WEIGHT_ROW_SCALED
     config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
-    one_row_of_bytes = scale is not None and m == 1 and config.byte_tiles and not config.prefetch
-    one_row_of_bytes = one_row_of_bytes and prologue != PROLOGUE_NORM_ADD_NORM  # _gemv_kernel has that prologue
-    if one_row_of_bytes and k % config.block_k == 0 and config.block_k % 16 == 0:
-        _gemv_bytes_kernel[(triton.cdiv(n, config.block_n),)](
-            *common, data, scale, bias if bias is not None else dummy, out, m, n, k, x.stride(0), data.stride(0),
-            stride_sn, out.stride(0), eps, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
-            HAS_BIAS=bias is not None, BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k, USE_PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
-            **launch_options(pdl),
-        )  # fmt: skip
-        return out
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         *common,
         x_norm_weight if x_norm_weight is not None else dummy,

@@ -6,7 +6,7 @@ built on the device:
 
 1. each weight format's few-row GEMV (kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
    Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
-   fuses into that projection; FP8's small config sweep (each byte_tiles config against its twin without);
+   fuses into that projection; FP8's small config sweep;
    with --multi-rows 2-8 rows; the path each replaces (cuBLAS, per-token FP8 + _scaled_mm, dequant_matmul);
    GPU correctness (bf16 activations, 1 and 8 rows, FP8 subnormal weights, int4 split-K over 200 launches);
 2. the int4 GEMV's sweep: coordinate descent over block_n, block_k, num_warps, num_stages, prefetch,
@@ -162,22 +162,17 @@ PROLOGUE_NAMES = {PROLOGUE_NONE: "plain", PROLOGUE_RMSNORM: "rmsnorm+residual", 
 PROLOGUE_CONSTANTS = {PROLOGUE_NONE: "PROLOGUE_NONE", PROLOGUE_RMSNORM: "PROLOGUE_RMSNORM",
                       PROLOGUE_SILU_MUL: "PROLOGUE_SILU_MUL"}  # fmt: skip
 # FP8 / int8 GEMV configs swept at one row (GemvConfig's fields in order: block_n, block_k, num_warps, num_stages,
-# prefetch, byte_tiles, split_k, separate_prologue), with
-# the prologue the model fuses into each projection; bf16 runs its tuned configs (scripts/device/tune_gemv.py
-# sweeps those). Each byte_tiles config (kernels.gemv._gemv_bytes_kernel, 16 bytes a thread) has its twin
-# without, so the sweep says whether that kernel ever wins.
+# prefetch, split_k, separate_prologue), with the prologue the model fuses into each projection; bf16 runs its
+# tuned configs (scripts/device/tune_gemv.py sweeps those).
 SWEEP_ROW_SCALED = [
     (8, 1024, 4, 1),
     (16, 512, 4, 1),
     (8, 2048, 8, 1),
     (8, 1024, 4, 1, True),
     (16, 1024, 4, 1),
-    (16, 1024, 4, 1, False, True),
     (32, 512, 8, 1),
-    (32, 512, 8, 1, False, True),
     (16, 2048, 8, 1),
-    (16, 2048, 8, 1, False, True),
-    (16, 1024, 4, 1, False, False, 1, True),
+    (16, 1024, 4, 1, False, 1, True),
 ]  # the last: separate_prologue
 # The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (kernels.gemv.int4_config): one axis
 # at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping configs that
@@ -256,7 +251,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def gemv_kernels(bandwidth: float, sweep: bool, multi_rows: bool) -> dict:
     """Per shape and weight format at one row: the GEMV (model's prologue, default config) and the best
     swept config as % of the copy bandwidth, beside the paths they replace; 2-8 rows; GPU correctness."""
-    report = {"rows": [], "checks": [], "best_configs": {}, "tuned_row_scaled": {}, "byte_tiles": []}
+    report = {"rows": [], "checks": [], "best_configs": {}, "tuned_row_scaled": {}}
     for shape, (n, k, prologue) in SHAPES.items():
         case = GemvCase(k)
         for fmt in FORMATS:
@@ -266,17 +261,13 @@ def gemv_kernels(bandwidth: float, sweep: bool, multi_rows: bool) -> dict:
     report["checks"] += many_rows_checks()
     report["checks"] += split_k_checks()
     if report["best_configs"]:
-        log("best fp8 GEMV configs at one row (block_n, block_k, num_warps, num_stages[, prefetch[, byte_tiles]]):")
+        log("best fp8 GEMV configs at one row (block_n, block_k, num_warps, num_stages[, prefetch, ...]):")
         for key, config in report["best_configs"].items():
             log(f"  {key:14s} {config}")
         log("TUNED_ROW_SCALED = {  # kernels/gemv.py")
         for (n, k, prologue), config in report["tuned_row_scaled"].items():
             log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}): {config_literal(config)},")
         log("}")
-        wins = sum(r["on_us"] < r["off_us"] for r in report["byte_tiles"])
-        log(
-            f"byte_tiles (kernels.gemv._gemv_bytes_kernel) faster than its twin in {wins} of {len(report['byte_tiles'])}"
-        )
     return report
 
 
@@ -397,10 +388,6 @@ def bench_format(
             record(f"gemv sweep {c}", timed[c])
         report["best_configs"][f"{shape} {fmt}"] = ranked[0]
         report["tuned_row_scaled"][(n, k, prologue)] = GemvConfig(*ranked[0])
-        for c in (c for c in SWEEP_ROW_SCALED if len(c) > 5 and c[5]):
-            twin = c[:4]
-            log(f"  {shape:8s} fp8 byte_tiles on/off {twin}: {timed[c]:.1f} / {timed[twin]:.1f} us")
-            report["byte_tiles"].append(dict(shape=shape, config=twin, on_us=timed[c], off_us=timed[twin]))
     if fmt != "bf16" and multi_rows:  # (int4 at 2-8 rows: int4_sweep)
         for num_rows in MULTI_ROWS:
             record(f"gemv {num_rows} rows", us(lambda w, r=num_rows: case.run(w, PROLOGUE_NONE, r)))
@@ -504,11 +491,6 @@ def summarize(report: dict) -> dict:
         key = f"int4 gemv {case['shape']} {case['rows']} row(s)"
         out[key] = dict(default_pct_bw=case["default_pct_bw"], best_pct_bw=case["best_pct_bw"], best=case["best"])
         log(f"SUMMARY {key:32s} default {case['default_pct_bw']:3.0f}% of copy BW, best {case['best_pct_bw']:3.0f}%")
-    byte_tiles = report.get("kernels", {}).get("byte_tiles", [])
-    if byte_tiles:
-        wins = [r for r in byte_tiles if r["on_us"] < r["off_us"]]
-        out["byte_tiles_wins"] = f"{len(wins)} of {len(byte_tiles)}"
-        log(f"SUMMARY fp8 byte_tiles faster than its twin in {len(wins)} of {len(byte_tiles)} (shape, config) pairs")
     checks = report.get("kernels", {}).get("checks", [])
     failed = [c for c in checks if not c["ok"]]
     out["gpu_checks_failed"] = len(failed)

@@ -10,11 +10,10 @@ from kernels.dequant_matmul import int4_period, pack_int4
 from kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
 
 # Small tiles so the interpreter walks several programs and K blocks, ragged and even; with and without the
-# next tile's prefetch; the one-row kernel of 1-byte weights.
+# next tile's prefetch.
 CONFIGS = [
     GemvConfig(block_n=8, block_k=32, num_warps=1),
     GemvConfig(block_n=16, block_k=64, num_warps=2, prefetch=True),
-    GemvConfig(block_n=8, block_k=64, num_warps=2, byte_tiles=True),  # 1-byte weights: _gemv_bytes_kernel
 ]
 
 
@@ -111,7 +110,7 @@ def test_quantized_gemv_matches_dequantized_reference(fmt: str, num_rows: int, p
 @pytest.mark.parametrize("fmt", ["int8", "fp8", "fp8 per tensor"])
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul"])
 def test_one_row_of_byte_weights_in_whole_tiles(fmt: str, prologue: str):
-    """1-byte weights at one row with K tiles that divide K: the kernel that reads 16-byte runs per thread."""
+    """1-byte weights at one row with K tiles that divide K (the unmasked K loop)."""
     _check_quantized(fmt, 1, prologue, 128)
 
 

@@ -11,7 +11,6 @@ from kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
 CONFIGS = [
     GemvConfig(block_n=8, block_k=32, num_warps=1),
     GemvConfig(block_n=16, block_k=64, num_warps=2, prefetch=True),
-    GemvConfig(block_n=8, block_k=64, num_warps=2, byte_tiles=True),  # 1-byte weights still take _gemv_kernel
 ]
 
 

@@ -876,7 +876,13 @@ def gemv(
     if config is not None and config.separate_prologue and prologue != PROLOGUE_NONE:
         if silu_mul:
             x = silu_mul_module.silu_mul(x, gelu_tanh=gelu_tanh)
+        elif prologue == PROLOGUE_NORM_ADD_NORM:
+            assert norm_weight is not None and x_norm_weight is not None and residual is not None
+            x = rmsnorm_module.norm_add_rmsnorm(
+                x, x_norm_weight, x_eps, residual, norm_weight, eps, residual_out=residual_out
+            )
         else:
+            assert norm_weight is not None
             x = rmsnorm_module.rmsnorm(x, norm_weight, eps, residual=residual, residual_out=residual_out)
         return gemv(x, weight, bias, config=dataclasses.replace(config, separate_prologue=False))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)

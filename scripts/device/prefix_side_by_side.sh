@@ -35,6 +35,11 @@ WORKLOADS=${WORKLOADS:-shared multiturn multiturn-ref}
 workloads() {  # label url [client args...]
   local label=$1 url=$2 workload
   shift 2
+  # not reported: a first burst of long prompts (another system prompt, so nothing it caches is reused) takes
+  # the start-up costs that otherwise land in the first measured run's TTFT (two calls read 96 and 128 ms)
+  timeout 60 python3 -m benchmarks.multiturn --base-url "$url" --tokenizer /tmp/model --label "$label-warmup" \
+    --out-dir "/tmp/$label-warmup" "$@" --workload shared-prefix --num-prompts 32 --system-len 4000 \
+    --concurrency "$CONCURRENCY" --seed 1 > /dev/null 2>&1
   for workload in $WORKLOADS; do
     case $workload in
       shared) client "$label-shared" "$url" 200 "$@" --workload shared-prefix --num-prompts 128 --system-len 4000 \

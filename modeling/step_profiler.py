@@ -10,10 +10,8 @@ in forwards of this rank (default "100:20"). Each window writes, per rank:
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
-import shutil
 import time
 
 import torch
@@ -76,10 +74,7 @@ class StepProfiler:
         start, count = self._windows.pop(0)
         stem = os.path.join(self.out_dir, f"rank{self.rank}-steps{start}")
         self._write_summary(stem + ".txt", start, count, wall)
-        self._profile.export_chrome_trace(stem + ".json")
-        with open(stem + ".json", "rb") as raw, gzip.open(stem + ".json.gz", "wb") as packed:
-            shutil.copyfileobj(raw, packed)
-        os.remove(stem + ".json")
+        self._profile.export_chrome_trace(stem + ".json.gz")  # torch gzips a path ending in .gz
         self._profile = None
         logger.warning("rank %d: wrote the profile of steps %d..%d to %s.*", self.rank, start, start + count, stem)
 

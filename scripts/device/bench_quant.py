@@ -3,6 +3,7 @@ built on the device:
 
     PYTHONPATH=$PWD python3 scripts/device/bench_quant.py [--json $OUT/bench_quant.json] [--no-sweep]
         [--int4-budget-s 150] [--time-limit-s 540] [--multi-rows] [--parts kernels,steps,attention,kv]
+        [--fp8-tuned $OUT/fp8_gemm_tuned.json]   (bench_fp8_gemm.py's best FP8 GEMM configs for the steps)
 
 1. each weight format's few-row GEMV (kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
    Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
@@ -534,7 +535,12 @@ def main() -> None:
     parser.add_argument("--time-limit-s", type=float, default=540.0, help="skip the attention / kv parts past it")
     parser.add_argument("--multi-rows", action="store_true", help="time the FP8/int8/int4 GEMVs at 2, 4, 8 rows too")
     parser.add_argument("--parts", default="kernels,steps,attention,kv", help="comma-separated subset to run")
+    parser.add_argument("--fp8-tuned", help="bench_fp8_gemm.py's --tuned-out file, installed before the steps")
     args = parser.parse_args()
+    if args.fp8_tuned:
+        from bench_fp8_gemm import install_tuned as install_fp8_gemm_tuned
+
+        install_fp8_gemm_tuned(args.fp8_tuned)
     parts = set(args.parts.split(","))
     torch.manual_seed(0)
     started = time.monotonic()

@@ -29,6 +29,7 @@ from kernels.decode_attention import (
     decode_attention_ref,
 )
 from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
+from kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
 from kernels.gemv import QuantizedWeight, gemv, gemv_ref
 from kernels.kv_store import kv_store, kv_store_ref
 from kernels.prefill_attention import prefill_attention, prefill_attention_ref
@@ -43,6 +44,7 @@ from kernels.rmsnorm import (
 )
 from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
 from kernels.silu_mul import silu_mul, silu_mul_ref
+from modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 DEV = "cuda"
 RESULTS: list[tuple[str, float, float]] = []  # (check, error, threshold)
@@ -422,6 +424,16 @@ def test_quantized_gemms_above_the_gemv_rows() -> None:
     check(
         "rmsnorm + FP8 per-token quantization, 64 rows (the unfused pair's bits)", 0.0 if same else float("inf"), 1e-12
     )
+    # the skinny FP8 GEMM at each decode width it takes, Llama-3-8B's down projection (K not a power of two)
+    weight, weight_scale = quantize_weight_per_channel(torch.randn(4096, 14336, device=DEV) / 120)
+    for num_rows in (5, 16, 64, 128):
+        q, q_scale = quant_per_token(torch.randn(num_rows, 14336, device=DEV, dtype=dtype), torch.float8_e4m3fn)
+        out = fp8_gemm(q, q_scale, weight, weight_scale)
+        check(
+            f"FP8 GEMM, {num_rows} rows (4096x14336)",
+            rel_err(out, fp8_gemm_ref(q, q_scale, weight, weight_scale)),
+            1e-2,
+        )
 
 
 TINY = {

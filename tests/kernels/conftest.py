@@ -27,6 +27,7 @@ KERNEL_MODULES = [
     "kernels.fused_moe",
     "kernels.quant_activation",
     "kernels.grammar_confine",
+    "kernels.fp8_gemm",
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "modeling.attention.triton_backend",
     "modeling.layers.triton_ops",

@@ -8,7 +8,8 @@ the per-channel scale, which is exact. A static `input_scale` is loaded but not 
 always scaled per token at run time, which is at least as accurate.
 
 On GPUs with FP8 tensor cores (compute capability >= 8.9) the product is `torch._scaled_mm` with
-row-wise scales, except for the few rows of decoding (kernels.gemv.gemv_config_for decides how few): there the
+row-wise scales above kernels.fp8_gemm.MAX_ROWS rows, and kernels.fp8_gemm's weight-streaming FP8 GEMM at
+the few dozen rows of batched decoding, except for the fewest rows (kernels.gemv.gemv_config_for decides how few): there the
 GEMV reads the FP8 weight and dequantizes it in registers, with the activations left in half precision
 (W8A16: reading half the bytes is the whole gain there, and quantizing the activations would be an
 extra kernel and an extra rounding). Above those rows the FP8 activations of the q|k|v, gate|up and down
@@ -28,6 +29,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from kernels.fp8_gemm import MAX_ROWS as FP8_GEMM_MAX_ROWS
+from kernels.fp8_gemm import fp8_gemm
 from kernels.gemv import QuantizedWeight, few_rows_gemv
 from kernels.quant_activation import FP8_E4M3_MAX, quant_per_token, quant_per_token_ref
 from modeling.layers.quantization.base import (
@@ -138,6 +141,9 @@ class Fp8LinearMethod(LinearMethod):
         if not self.use_scaled_mm:  # emulation: the product in fp32 with the dequantized weight
             out = F.linear(x_q.float() * x_scale, layer_tensor(layer, "weight").float())
             return (out if bias is None else out + bias.float()).to(out_dtype)
+        if x_q.shape[0] <= FP8_GEMM_MAX_ROWS:  # a decode step's few dozen rows: our weight-streaming kernel
+            weight, weight_scale = layer_tensor(layer, "weight"), layer_tensor(layer, "weight_scale")
+            return fp8_gemm(x_q, x_scale, weight, weight_scale, bias, out_dtype)
         # Row-wise scaled FP8 GEMM (bf16 output only, so fp16 models convert back). Fast accumulation (no
         # periodic promotion of the tensor cores' partial sums to fp32) as vLLM's CUTLASS FP8 kernels run.
         out = torch._scaled_mm(

@@ -1,0 +1,137 @@
+"""Row-wise scaled FP8 GEMM for the skinny products of batched decoding (tens of rows).
+
+out[M, N] = (x_q[M, K] @ w[N, K]^T) * x_scale[M] * w_scale[N] (+ bias), x_q and w float8_e4m3fn, out in
+the model's half dtype. At a few dozen rows the product reads the weight once and does little arithmetic
+on it, so it is bound by the weight's bytes; cuBLAS's FP8 GEMM (`torch._scaled_mm`) picks tiles made for
+large M there and reads the weight at 27-63% of the copy bandwidth on an H100 (BENCHMARKS.md). Here one
+program owns a BLOCK_N slice of the output for every row, streams its BLOCK_N weight rows over K in
+pipelined BLOCK_K tiles, and applies both scales (and the bias) once, in the epilogue.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+
+class Fp8GemmConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Most rows this kernel takes; above, `_scaled_mm`'s large-M tiles do as well or better.
+MAX_ROWS = 128
+# Measured best configs, by (rows rounded up to a power of two, N, K): scripts/device/bench_fp8_gemm.py
+# prints the table; shapes not in it take the heuristic below.
+TUNED: dict[tuple[int, int, int], Fp8GemmConfig] = {}
+
+
+def row_bucket(num_rows: int) -> int:
+    return max(16, triton.next_power_of_2(num_rows))
+
+
+def fp8_gemm_config(num_rows: int, n: int, k: int) -> Fp8GemmConfig:
+    """The tuned config of the shape, else enough programs to keep every SM pulling weight bytes:
+    narrow output slices for narrow N."""
+    if (tuned := TUNED.get((row_bucket(num_rows), n, k))) is not None:
+        return tuned
+    block_m = min(row_bucket(num_rows), 64)
+    block_n = 32 if n <= 8192 else 64
+    return Fp8GemmConfig(block_m, block_n, 128 if k % 128 == 0 else 64, 4, 4)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    x_ptr,  # [M, K] float8_e4m3fn
+    w_ptr,  # [N, K] float8_e4m3fn
+    out_ptr,  # [M, N] bf16 / fp16
+    x_scale_ptr,  # [M] float32
+    w_scale_ptr,  # [N] float32
+    bias_ptr,  # [N] (unused without HAS_BIAS)
+    num_rows,
+    n,
+    k,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < num_rows
+    mask_n = offs_n < n
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, k, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+        else:
+            in_k = start + offs_k < k
+            x = tl.load(x_ptrs, mask=mask_m[:, None] & in_k[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_n[:, None] & in_k[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    x_scale = tl.load(x_scale_ptr + offs_m, mask=mask_m, other=0.0)
+    w_scale = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
+    out = acc * x_scale[:, None] * w_scale[None, :]
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def fp8_gemm(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    config: Fp8GemmConfig | None = None,
+) -> torch.Tensor:
+    """x_q [M, K] and weight [N, K] float8_e4m3fn, x_scale [M] or [M, 1] and weight_scale [N] float32."""
+    num_rows, k = x_q.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k and x_q.stride(1) == 1 and weight.stride(1) == 1
+    out = torch.empty(num_rows, n, dtype=out_dtype, device=x_q.device)
+    if num_rows == 0:
+        return out
+    cfg = config or fp8_gemm_config(num_rows, n, k)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(num_rows, cfg.block_m))
+    _fp8_gemm_kernel[grid](
+        x_q, weight, out, x_scale.reshape(-1), weight_scale.reshape(-1), weight_scale if bias is None else bias,
+        num_rows, n, k, x_q.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def fp8_gemm_ref(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """The same product in float32 torch ops."""
+    out = (x_q.float() @ weight.float().t()) * x_scale.reshape(-1, 1).float() * weight_scale.reshape(1, -1).float()
+    return (out if bias is None else out + bias.float()).to(out_dtype)

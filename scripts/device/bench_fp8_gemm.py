@@ -1,0 +1,134 @@
+"""The skinny FP8 GEMM (kernels/fp8_gemm.py) against `torch._scaled_mm` at decode widths (not CI), < 3 min on an H100:
+
+    PYTHONPATH=$PWD python3 scripts/device/bench_fp8_gemm.py [--json $OUT/bench_fp8_gemm.json]
+        [--tuned-out $OUT/fp8_gemm_tuned.json]
+
+Llama-3-8B's four projections (q|k|v 6144x4096, o 4096x4096, gate|up 28672x4096, down 4096x14336) at 16, 32, 64 and
+128 rows of FP8 activations: `_scaled_mm` as modeling/layers/quantization/fp8.py calls it (row-wise scales, fast
+accumulation), kernels.fp8_gemm at its default config and at every config of a small sweep. Each config's output is
+checked against the float32 reference first (relative error < 1e-2); a miss is reported and not timed. Times are
+do_bench medians of CUDA-graph replays; GB/s counts weight + activation + output bytes, as % of the measured copy
+bandwidth. The best config per (row bucket, N, K) is printed as a `TUNED` literal for kernels/fp8_gemm.py and written
+to --tuned-out, which `bench_quant.py --fp8-tuned FILE` installs before its decode steps.
+"""
+
+# ruff: noqa: B023  (each lambda is timed inside the loop iteration that defines it)
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench_gpu import copy_bandwidth, graph_ms, log
+
+import kernels.fp8_gemm as fp8_gemm_module
+from kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_config, fp8_gemm_ref, row_bucket
+from kernels.quant_activation import quant_per_token
+from modeling.layers.quantization.fp8 import quantize_weight_per_channel
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+ROWS = (16, 32, 64, 128)
+SWEEP = list(itertools.product((32, 64, 128), (128, 256), (3, 4, 5)))  # block_n, block_k, num_stages
+
+
+def sweep(num_rows: int) -> list[Fp8GemmConfig]:
+    """One row tile up to 64 rows (two at 128): every config reads the weight once per row tile."""
+    block_m = min(row_bucket(num_rows), 64)
+    return [Fp8GemmConfig(block_m, block_n, block_k, 4, stages) for block_n, block_k, stages in SWEEP]
+
+
+def install_tuned(path: str) -> None:
+    """A --tuned-out file's configs into kernels.fp8_gemm.TUNED (for the decode steps of bench_quant.py)."""
+    with open(path) as f:
+        tuned = json.load(f)
+    for key, config in tuned.items():
+        bucket, n, k = (int(v) for v in key.split(","))
+        fp8_gemm_module.TUNED[(bucket, n, k)] = Fp8GemmConfig(*config)
+    log(f"installed {len(tuned)} tuned FP8 GEMM configs from {path}")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if out.isnan().any():
+        return float("inf")
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_fp8_gemm.json"))
+    parser.add_argument("--tuned-out", default=os.path.join(os.environ.get("OUT", "."), "fp8_gemm_tuned.json"))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth()
+    log(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    rows_out, tuned, misses = [], {}, 0
+    for (name, (n, k)), num_rows in itertools.product(SHAPES.items(), ROWS):
+        weight, weight_scale = quantize_weight_per_channel(torch.randn(n, k, device="cuda") / 64)
+        x_q, x_scale = quant_per_token(
+            torch.randn(num_rows, k, device="cuda", dtype=torch.bfloat16), torch.float8_e4m3fn
+        )
+        ref = fp8_gemm_ref(x_q, x_scale, weight, weight_scale)
+        moved = n * k + num_rows * k + 2 * num_rows * n  # fp8 weight and input, bf16 output
+
+        def pct(ms: float) -> float:
+            return 100 * moved / (ms * 1e-3) / bandwidth
+
+        scaled_mm_ms = graph_ms(
+            lambda: torch._scaled_mm(
+                x_q,
+                weight.t(),
+                scale_a=x_scale,
+                scale_b=weight_scale.view(1, -1),
+                out_dtype=torch.bfloat16,
+                use_fast_accum=True,
+            )  # fmt: skip
+        )
+        default = fp8_gemm_config(num_rows, n, k)
+        timed: dict[Fp8GemmConfig, float] = {}
+        for config in dict.fromkeys([default, *sweep(num_rows)]):
+            err = rel_err(fp8_gemm(x_q, x_scale, weight, weight_scale, config=config), ref)
+            if not err < 1e-2:
+                misses += 1
+                log(f"MISS {name} {num_rows} rows {tuple(config)}: rel err {err:.2e}")
+                continue
+            timed[config] = graph_ms(lambda: fp8_gemm(x_q, x_scale, weight, weight_scale, config=config))
+        best = min(timed, key=timed.__getitem__)
+        tuned[f"{row_bucket(num_rows)},{n},{k}"] = list(best)
+        row = {
+            "shape": name, "rows": num_rows, "n": n, "k": k,
+            "scaled_mm_us": 1e3 * scaled_mm_ms, "scaled_mm_pct_bw": pct(scaled_mm_ms),
+            "default": list(default), "default_us": 1e3 * timed.get(default, float("nan")),
+            "default_pct_bw": pct(timed.get(default, float("nan"))),
+            "best": list(best), "best_us": 1e3 * timed[best], "best_pct_bw": pct(timed[best]),
+            "best_vs_scaled_mm": scaled_mm_ms / timed[best],
+        }  # fmt: skip
+        rows_out.append(row)
+        log(json.dumps(row))
+    report = {"gpu": torch.cuda.get_device_name(), "copy_bw_gbs": bandwidth / 1e9, "rows": rows_out, "misses": misses}
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
+    with open(args.tuned_out, "w") as f:
+        json.dump(tuned, f, indent=1)
+    log("TUNED = {")
+    for key, config in tuned.items():
+        log(f"    ({key}): Fp8GemmConfig{tuple(config)},")
+    log("}")
+    log(
+        f"{'shape':>8} {'rows':>4} | {'_scaled_mm us (%bw)':>20} | {'default us (%bw)':>18} | {'best us (%bw)':>16} | x"
+    )
+    for r in rows_out:
+        log(f"{r['shape']:>8} {r['rows']:>4} | {r['scaled_mm_us']:>10.1f} ({r['scaled_mm_pct_bw']:>4.0f}%) | "
+            f"{r['default_us']:>9.1f} ({r['default_pct_bw']:>4.0f}%) | {r['best_us']:>8.1f} ({r['best_pct_bw']:>4.0f}%) | "
+            f"{r['best_vs_scaled_mm']:.2f}")  # fmt: skip
+    log(f"correctness misses: {misses}")
+
+
+if __name__ == "__main__":
+    main()

@@ -36,6 +36,7 @@ import random
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,10 @@ async def replay(
     Returns [(turn index, record)] and the wall-clock duration."""
     records: list[tuple[int, RequestRecord]] = []
     queue = list(reversed(conversations))
+    loop = asyncio.get_running_loop()
+    # One thread tokenizes the next turns' prompts: off the event loop (a long history would stall the
+    # other streams), one at a time (a Hugging Face tokenizer is not safe to share between threads).
+    tokenizing = ThreadPoolExecutor(max_workers=1)
 
     async with make_session() as session:
 
@@ -133,8 +138,8 @@ async def replay(
                 for index, turn in enumerate(queue.pop()):
                     spec = turn.request
                     if own_answers is not None and index > 0:
-                        # (a thread: tokenizing a long history on the loop would stall the other streams)
-                        if (built := await asyncio.to_thread(own_answers.next_turn, history, turn)) is None:
+                        built = await loop.run_in_executor(tokenizing, own_answers.next_turn, history, turn)
+                        if built is None:
                             break
                         spec = built
                     record = await send_request(session, backend, spec, opts)
@@ -142,7 +147,10 @@ async def replay(
                     history = f"{spec.prompt}{record.generated_text}\n\n"
 
         start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        try:
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+        finally:
+            tokenizing.shutdown(wait=False)
         return records, time.perf_counter() - start
 
 

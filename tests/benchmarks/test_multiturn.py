@@ -43,3 +43,23 @@ def test_multiturn_with_reference_answers_sends_the_same_prompts_and_hits_the_pr
             assert after.request.prompt.startswith(before.request.prompt)
             previous_prompts += before.request.prompt_len
     assert prefix_cache_hits(server_url) - hits_before >= previous_prompts / 2
+
+
+def test_min_turns_keeps_only_conversations_that_long():
+    from benchmarks.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    conversations = multiturn.multiturn_workload(tokenizer, 3, 1024, 4, seed=0, min_turns=4)
+    assert len(conversations) == 3 and min(len(c) for c in conversations) >= 4
+
+
+def test_the_servers_ttft_breakdown_covers_the_run(server_url, tmp_path):
+    """Means over the run's requests from /metrics: tokenizing and waiting both come before the first token."""
+    args = ["--base-url", server_url, "--workload", "shared-prefix", "--num-prompts", "4", "--system-len", "64"]
+    args += ["--question-len", "8", "--output-len", "2", "--concurrency", "2", "--out-dir", str(tmp_path)]
+    assert multiturn.main(args) == 0
+    server = json.loads((tmp_path / "result.json").read_text())["server_mean_ms"]
+    assert set(server) == {"validation_mean_ms", "queue_mean_ms", "ttft_mean_ms"}
+    assert 0 <= server["validation_mean_ms"] <= server["ttft_mean_ms"]
+    assert 0 < server["queue_mean_ms"] <= server["ttft_mean_ms"]
+    assert multiturn.server_breakdown(None, None) == {}

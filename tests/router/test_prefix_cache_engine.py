@@ -16,7 +16,7 @@ from test_engine_overlap import comparable, every_kind_of_request, run_engine
 from router.admission import AdmissionLimits
 from router.kv_slots import KVSlotPool
 from router.request import GenerateRequest
-from router.scheduler import Scheduler, SchedulerLimits
+from router.scheduler import SHORT_PREFILL_HOLD_STEPS, Scheduler, SchedulerLimits
 from router.step import SampledToken, StepResult
 
 
@@ -198,9 +198,10 @@ def test_a_waiter_whose_sibling_is_aborted_goes_on_alone(overlap):
     assert 64 <= published < len(LONG_PREFIX)  # r1 hit r0's published chunks, not the whole prefix
 
 
-def test_a_mostly_cached_request_is_not_held_back_by_tgi_batching():
+def test_a_mostly_cached_request_is_held_back_only_a_few_decode_steps():
     """max_waiting_tokens / waiting_served_ratio hold a lone arrival while the batch decodes; a
-    next chat turn, whose prefill after its cached prefix is short, joins at once."""
+    next chat turn, whose prefill after its cached prefix is short, joins once
+    SHORT_PREFILL_HOLD_STEPS decode steps have passed since the last admission."""
     engine = hash_engine(max_waiting_tokens=100, waiting_served_ratio=10.0)
     first, next_turn = shared_prefix_prompts()[9], shared_prefix_prompts()[9] + [9, 8, 7]
     engine.add_request(GenerateRequest("first", first, max_new_tokens=30))
@@ -211,7 +212,11 @@ def test_a_mostly_cached_request_is_not_held_back_by_tgi_batching():
     assert [r.request_id for r in engine.scheduler.running] == ["first"]  # held, as TGI does
     engine.add_request(GenerateRequest("next-turn", next_turn, max_new_tokens=4))
     engine.scheduler.waiting.rotate(1)  # (the next turn first in the queue)
-    events = [event for event in engine.step() if event.request_id == "next-turn"]
+    events, decode_steps = [], 2  # "first" decoded twice since its admission
+    while "next-turn" not in [r.request_id for r in engine.scheduler.running]:
+        events += [event for event in engine.step() if event.request_id == "next-turn"]
+        decode_steps += 1
+    assert decode_steps == SHORT_PREFILL_HOLD_STEPS  # it joins the decode step that reaches the hold
     assert [r.request_id for r in engine.scheduler.running] == ["first", "next-turn", "unrelated"]
     events += drain_events(engine, [])["next-turn"]
     assert tokens_of(events) == expected_greedy(next_turn, 4)

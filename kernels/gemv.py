@@ -140,7 +140,8 @@ def _x_normed(x, x_inv_rms, x_norm_weight):
     """rmsnorm(x) * w1 of a [rows, K block] tile given x's 1/rms per row, with kernels/rmsnorm.py's roundings:
     normalised in fp32, rounded to x's dtype, scaled, rounded again (the unfused norm's stored output)."""
     normed = (x.to(tl.float32) * x_inv_rms[:, None]).to(x.dtype)
-    return (normed.to(tl.float32) * x_norm_weight.to(tl.float32)[None, :]).to(x.dtype)
+    weight = x_norm_weight.to(tl.float32)[None, :]
+    return rmsnorm_module.mul_uncontracted(normed.to(tl.float32), weight).to(x.dtype)  # not fused into the add
 
 
 @triton.jit

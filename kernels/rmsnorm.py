@@ -10,13 +10,34 @@ every intermediate rounded as the three unfused ops round it. `qk_rmsnorm` norms
 fused qkv output in place, each group by its own weight (Qwen3 / Gemma 3). These kernels, and
 kernels/quant_activation.py's norm + quantize, share the jit helpers below (`add_residual`,
 `rms_normalize`), so they cannot drift apart in their roundings.
+
+Those roundings hold on the GPU only if the compiler keeps them: the NVPTX backend shrinks a rounded product
+of two half-precision values and the add after it into one half-precision FMA, which rounds once where the
+unfused ops round twice (Gemma's residual sum came out a bf16 ulp off in about a third of its elements). The
+weight product is therefore an `mul_uncontracted`, which no FMA absorbs.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+# Triton's interpreter has no libdevice; it fuses nothing either, so a plain product rounds the same there.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def mul_uncontracted(a, b):
+    """a * b in fp32, rounded on its own: never fused with a later add into one FMA (libdevice's mul_rn)."""
+    if _INTERPRETED:
+        product = a * b
+    else:
+        product = libdevice.mul_rn(a, b)
+    return product
 
 
 @triton.jit
@@ -36,7 +57,7 @@ def rms_normalize(x, w, eps, NUM_COLS: tl.constexpr):
     xf = x.to(tl.float32)
     inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=len(x.shape) - 1, keep_dims=True) / NUM_COLS + eps)
     normed = (xf * inv_rms).to(x.dtype)
-    return normed.to(tl.float32) * w.to(tl.float32)
+    return mul_uncontracted(normed.to(tl.float32), w.to(tl.float32))
 
 
 @triton.jit

@@ -44,6 +44,22 @@ driver.set_active(CompileOnlyDriver())
 """
 
 
+def install_compile_only_driver() -> None:
+    """From now on, Triton launches in this process compile for sm_90 and stop with `Compiled` (no GPU needed)."""
+    exec(compile(PLUGIN, "compile_only_driver", "exec"), {})
+
+
+def compiled_ptx(kernel_fn, launch) -> str:
+    """The PTX of what `launch()` compiles of the @triton.jit `kernel_fn` (compile-only driver installed)."""
+    kernel_fn.device_caches.clear()
+    try:
+        launch()
+    except Exception as exc:
+        if type(exc).__name__ != "Compiled":
+            raise
+    return "\n".join(k.asm["ptx"] for cache in kernel_fn.device_caches.values() for k in cache[0].values())
+
+
 def main() -> int:
     import tempfile
 

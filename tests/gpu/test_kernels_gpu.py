@@ -68,9 +68,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
-def check(name: str, err: float, threshold: float) -> None:
+def check(name: str, err: float, threshold: float, measure: str = "rel err") -> None:
     RESULTS.append((name, err, threshold))
-    print(f"{'PASS' if err < threshold else 'FAIL'} {name}: rel err {err:.2e} (< {threshold:.0e})", flush=True)
+    print(f"{'PASS' if err < threshold else 'FAIL'} {name}: {measure} {err:.2e} (< {threshold:.0e})", flush=True)
+
+
+def check_bits(name: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+    """`out` holds `ref`'s bits but in at most 1% of its elements, where 1/rms differed in its last bit (torch's
+    rsqrt against the kernel's sqrt and divide, another sum order) and flipped a rounding; those stay small."""
+    check(f"{name}: elements not bit-equal", (out != ref).float().mean().item(), 1e-2, "fraction")
+    check(f"{name}", rel_err(out, ref), 1e-3)
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -324,8 +331,8 @@ def test_elementwise() -> None:
     out = norm_add_rmsnorm(o, w1, 1e-6, res, w2, 1e-6, residual_out=summed)
     ref = norm_add_rmsnorm_ref(o, w1, 1e-6, res_ref, w2, 1e-6)
     check("norm_add_rmsnorm bf16 (5x3584)", rel_err(out, ref), 1e-2)
-    # the sums hold x's normed values rounded to bf16: a last-bit difference of 1/rms may flip one
-    check("norm_add_rmsnorm residual sum bf16 (to an ulp)", rel_err(summed, res_ref), 1e-3)
+    # the sums hold x's normed values rounded to bf16 before the add, as the unfused ops store them
+    check_bits("norm_add_rmsnorm residual sum bf16", summed, res_ref)
     # Gemma 3 / Qwen3's per-head q and k norms, in place on the q|k view of a qkv output (64 tokens)
     qkv = torch.randn(64, 48 * 128, device=DEV, dtype=dtype)
     qk = qkv[:, : 40 * 128].view(64, 40, 128)
@@ -338,7 +345,7 @@ def test_elementwise() -> None:
     out = gemv(o[:1], w_gate_up, residual_out=summed, **kwargs)
     ref, ref_summed = gemv_ref(o[:1], w_gate_up, **kwargs)
     check("gemv norm_add_norm prologue bf16 (28672x3584)", rel_err(out, ref), 1e-2)
-    check("gemv norm_add_norm residual sum bf16 (to an ulp)", rel_err(summed, ref_summed), 1e-3)
+    check_bits("gemv norm_add_norm residual sum bf16", summed, ref_summed)
 
 
 def test_quantized_gemv() -> None:

@@ -28,6 +28,10 @@ def tiny_hf_model(config_cls, seed: int = 0, **overrides):
     )
     kwargs.update(overrides)
     config = config_cls(**kwargs)
+    if getattr(config, "attn_logit_softcapping", None):
+        # transformers' sdpa attention drops the soft-cap, and transformers 5.17 (the GPU image's) gives Gemma 2
+        # sdpa by default: the reference runs the eager attention, which applies it
+        config = config_cls(**kwargs, attn_implementation="eager")
     torch.manual_seed(seed)
     model = _model_class(config_cls)(config).float().eval()
     with torch.no_grad():

@@ -8,7 +8,15 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma3TextConfig, GemmaConfig
 
-from tests.modeling.helpers import full_logits, hf_logits, max_rel_error, run_step, runner_for_folder, tiny_hf_model
+from tests.modeling.helpers import (
+    full_logits,
+    hf_logits,
+    max_rel_error,
+    run_step,
+    runner_for_folder,
+    tiny_hf_model,
+    tiny_runner,
+)
 
 WINDOW = 8
 CASES = {
@@ -85,3 +93,17 @@ def test_window_and_softcap_change_the_logits():
     ref = hf_logits(model, ids)
     for change in ({"sliding_window": 4096}, {"attn_logit_softcapping": None}, {"final_logit_softcapping": None}):
         assert max_rel_error(hf_logits(tiny_gemma("gemma2", **change), ids), ref) > 1e-3, change
+
+
+def test_a_soft_capped_reference_soft_caps_its_attention_whatever_transformers_defaults_to(monkeypatch):
+    """transformers 5.17 (the GPU image's) declares sdpa for Gemma 2, and its sdpa attention ignores the soft-cap:
+    a tiny reference built there lacked it and the GPU families check missed by 0.27 against our (right) logits.
+    The reference runs transformers' eager attention whatever the installed version defaults to."""
+    import transformers
+
+    monkeypatch.setattr(transformers.Gemma2PreTrainedModel, "_supports_sdpa", True)  # as transformers 5.17 has it
+    config_cls, overrides = CASES["gemma2"]
+    model, runner = tiny_runner(config_cls, tie_word_embeddings=True, **overrides)
+    ids = prompt(model.config.vocab_size, 20)
+    assert model.config._attn_implementation == "eager"
+    assert max_rel_error(full_logits(runner, ids), hf_logits(model, ids)) <= 1e-4

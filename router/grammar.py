@@ -6,9 +6,11 @@ lives here, in the engine process:
     add_request --submit--> compile pool (xgrammar's cache; the step loop never waits on it)
     step: take_compiled() -> ready requests join the scheduler's queue, failures finish at once
           advance(plan, result) -> each matcher accepts its request's sampled token
-          mask(rows) -> [B, ceil(V/32)] int32, filled by xgrammar's threads (GIL released) after the
-                        executor has queued the forward, so on a GPU the fill runs while the forward does
-          Sampler applies it after the penalties, before temperature/top-k/top-p (TGI's order)
+          mask(rows) -> [R, ceil(V/32)] int32 for the R constrained rows (+ their row index), filled by
+                        xgrammar (GIL released) after the executor has queued the forward, so on a GPU the
+                        fill runs while the forward does; one host-to-device copy
+          Sampler applies it after the penalties, before temperature/top-k/top-p (TGI's order), and
+          confines the constrained rows after the warpers (kernels/grammar_apply.py, grammar_confine.py)
 
 With overlap scheduling, step N's forward is queued before step N-1's tokens reach the host; the
 engine then advances the matchers by N-1's tokens and fills N's masks while forward N runs, and the

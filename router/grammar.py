@@ -182,6 +182,7 @@ class GrammarBackend:
         # the copy of its masks. Flat int32: the compact bitmask rows, then the row index, copied at once.
         self._host: torch.Tensor | None = None
         self._num_words = (compiler.vocab_size + 31) // 32  # xgrammar's bitmask width
+        self._stop_token_ids = frozenset(compiler.stop_token_ids)
         self._batch_matchers: dict[int, xgrammar.BatchGrammarMatcher] = {}  # by thread count
         self._stop_row: torch.Tensor | None = None
 
@@ -238,7 +239,7 @@ class GrammarBackend:
 
     def fill(self, requests: Sequence[Request]) -> GrammarMask | None:
         """The mask in the reused host buffer (valid until the next fill): mask() without the copy."""
-        constrained = [(i, request.matcher) for i, request in enumerate(requests) if request.matcher is not None]
+        constrained = [(i, request) for i, request in enumerate(requests) if request.matcher is not None]
         if not constrained:
             return None
         num_rows, num_words = len(constrained), self._num_words
@@ -248,13 +249,14 @@ class GrammarBackend:
         bitmask = host[:size].view(num_rows, num_words)
         matchers: list[xgrammar.GrammarMatcher] = []
         fill_rows: list[int] = []
-        for k, (_, matcher) in enumerate(constrained):
-            if matcher.is_terminated():
+        for k, (_, request) in enumerate(constrained):
+            if request.grammar_terminated:
                 # The grammar is complete and the request goes on (ignore_eos): only a stop token is
                 # allowed, as xgrammar would have it (its matcher refuses to fill a mask once terminated).
                 bitmask[k] = self._stop_tokens_row()
             else:
-                matchers.append(matcher)
+                assert request.matcher is not None
+                matchers.append(request.matcher)
                 fill_rows.append(k)
         if len(matchers) == 1:
             matchers[0].fill_next_token_bitmask(bitmask, fill_rows[0])
@@ -289,11 +291,15 @@ class GrammarBackend:
     def advance(self, plan: StepPlan, result: StepResult) -> None:
         """Every constrained request accepts the token it was just given (before update() sees it)."""
         for chunk, token in zip(plan.chunks, result.tokens):
-            matcher = chunk.request.matcher
-            if matcher is None or token is None or chunk.request.is_finished or matcher.is_terminated():
+            request, matcher = chunk.request, chunk.request.matcher
+            if matcher is None or token is None or request.is_finished or request.grammar_terminated:
                 continue
             if not matcher.accept_token(token.token_id):  # GrammarMask.confine rules this out: a bug if seen
-                logger.warning("request %s: token %d is outside its grammar", chunk.request.request_id, token.token_id)
+                logger.warning("request %s: token %d is outside its grammar", request.request_id, token.token_id)
+            elif token.token_id in self._stop_token_ids:
+                # Only a stop token completes the grammar (xgrammar's matchers wait for one), so the
+                # per-step fill asks no matcher whether it terminated.
+                request.grammar_terminated = matcher.is_terminated()
 
     def _host_buffer(self, num_words: int) -> torch.Tensor:
         if self._host is None or self._host.numel() < num_words:

@@ -95,6 +95,7 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
     class Row:  # what GrammarBackend.mask reads of a Request
         def __init__(self, matcher) -> None:
             self.matcher = matcher
+            self.grammar_terminated = False  # the schema's array of people is never complete here
 
     requests = [Row(m) for m in matchers[:rows]]
     batch_matchers = {t: xgrammar.BatchGrammarMatcher(max_threads=t) for t in THREAD_COUNTS}

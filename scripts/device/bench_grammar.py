@@ -105,6 +105,7 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
     on_gpu = device.startswith("cuda")
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     forward = _stand_in_forward(device) if on_gpu else (lambda: None)
+    kernels_match = _kernels_match_reference(backend, requests, logits, Row)
 
     fill_ms: dict[tuple[int, int], list[float]] = {(n, t): [] for n in row_counts for t in THREAD_COUNTS}
     idle_fill_ms: dict[int, list[float]] = {t: [] for t in THREAD_COUNTS}
@@ -216,6 +217,7 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         # the host's share of a part (its call returning), and on a GPU its device time (CUDA events)
         **{f"{key}_ms": median(engine[key]) if engine[key] else None for key in extra},
         mask_ms_per_step=mask_ms,
+        kernels_match_reference=kernels_match,
         mask_us_per_token=1e3 * mask_ms / rows,
         mask_target_met=mask_ms <= MASK_TARGET_MS,
         stand_in_forward_ms=median(engine["forward"]) if on_gpu else None,
@@ -229,6 +231,29 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
     )
     print(json.dumps(result), flush=True)
     return result
+
+
+def _kernels_match_reference(backend, requests: list, logits, row_type) -> bool:
+    """GrammarMask.apply then .confine on the device (the Triton kernels on a GPU) give the torch reference's
+    scores, every row constrained and every third one not (a row index), with NaN and +inf among the scores."""
+    import torch
+
+    from kernels.grammar_apply import grammar_apply_ref
+    from kernels.grammar_confine import grammar_confine_ref
+
+    scores = logits.clone()
+    scores[0, ::5], scores[1, 7], scores[2] = float("nan"), float("inf"), float("-inf")
+    matches = []
+    for batch in (requests, [row_type(None) if i % 3 == 0 else r for i, r in enumerate(requests)]):
+        host = backend.fill(batch)
+        expected = grammar_apply_ref(scores.to("cpu", copy=True), host.bitmask, host.row_index)
+        expected = grammar_confine_ref(expected, host.bitmask, host.row_index)
+        mask = backend.upload(host)
+        got = mask.confine(mask.apply(scores.clone())).cpu()
+        matches.append(
+            torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.nan_to_num(), expected.nan_to_num())
+        )
+    return all(matches)
 
 
 def _advance_randomly(matchers, bitmask, vocab: int, rng: random.Random) -> None:
@@ -327,6 +352,7 @@ def _print_table(mask: dict) -> None:
         shares = [f"{kind} {mask[key]:.3f}" for kind in ("host", "device") if mask.get(key := f"{part}_{kind}_ms")]
         print(f"  {part:<12} {mask[f'{part}_ms']:7.3f}" + (f"   ({', '.join(shares)})" if shares else ""))
     print(f"  {'total':<12} {mask['mask_ms_per_step']:7.3f}   target <= {MASK_TARGET_MS}")
+    print(f"  apply + confine match the torch reference: {mask['kernels_match_reference']}")
     idle = "  ".join(f"{t}: {ms:.3f}" for t, ms in mask["fill_after_idle_ms"].items())
     print(f"  fill after idle by threads: {idle}   (the engine fills on {mask['engine_fill_threads']})")
 
@@ -349,6 +375,7 @@ def main() -> None:
         verdict |= dict(ratio_median=results[-1]["ratio_median"], ratio_target=RATIO_TARGET)
         verdict["ratio_target_met"] = results[-1]["ratio_target_met"]
     verdict |= dict(mask_target_met=results[0]["mask_target_met"], seconds=time.perf_counter() - started)
+    verdict["kernels_match_reference"] = results[0]["kernels_match_reference"]
     print(json.dumps(verdict), flush=True)
     results.append(verdict)
     _print_table(results[0])

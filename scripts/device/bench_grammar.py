@@ -15,14 +15,15 @@ $OUT/grammar_bench.json; the last line says whether each target is met.
      `fill_ms[rows][threads]` medians, and `fastest_threads` per row count, from which
      router.grammar.SINGLE_THREAD_FILL_ROWS is set (`single_thread_fastest_up_to_rows`);
    - the engine's own path at `--rows`, each part timed to a device sync: GrammarBackend.fill (on
-     router.grammar.fill_threads(rows) threads, right after the GPU went idle, as in the engine), .upload (the
-     one host-to-device copy), GrammarMask.apply (after the penalties) and GrammarMask.confine (after the
+     router.grammar.fill_threads(rows) threads, right after the host waited ~8 ms on a stand-in forward, as
+     in the engine), .upload (the one host-to-device copy, `copy_mb`), GrammarMask.apply (after the penalties) and GrammarMask.confine (after the
      warpers); `mask_ms_per_step` = the sum of their four medians. Target at 64 rows: <= 1 ms. `*_host_ms`:
      the host's share of a part (its call returning, before the sync); `*_device_ms` on a GPU: its device
      time (CUDA events around it, queued behind a forward, in the exposed-cost pass below).
    - fill_after_idle_ms: the fill of `--rows` rows on each thread count right after a stand-in forward's sync,
      i.e. with the host idle for ~8 ms as in the engine (the sweep's fills run back to back); its fastest
      thread count is the one router.grammar.fill_threads should pick at that size.
+   - kernels_match_reference: apply + confine on the device equal the torch reference (CPU) on these masks.
    On a GPU also the exposed cost: what the mask adds to a step whose stand-in forward (~8 ms of matmuls,
    about a 64-row Llama-3-8B decode step) is queued first, as the executor queues it before it fills.
 2. Throughput. An engine process behind router.client.ZmqEngineClient (the server's own client); `rows`
@@ -211,6 +212,7 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         engine_fill_ms=part_ms["fill"],
         engine_fill_ms_mean=statistics.mean(engine["fill"]),  # bimodal: a few grammar states are expensive
         copy_ms=part_ms["copy"],
+        copy_mb=4 * rows * ((vocab + 31) // 32) / 1e6,  # one step's host-to-device copy (int32 words)
         fill_and_copy_ms=part_ms["fill"] + part_ms["copy"],  # GrammarBackend.mask, as measured before the split
         apply_ms=part_ms["apply"],
         confine_ms=part_ms["confine"],

@@ -6,9 +6,11 @@ lives here, in the engine process:
     add_request --submit--> compile pool (xgrammar's cache; the step loop never waits on it)
     step: take_compiled() -> ready requests join the scheduler's queue, failures finish at once
           advance(plan, result) -> each matcher accepts its request's sampled token
-          mask(rows) -> [B, ceil(V/32)] int32, filled by xgrammar's threads (GIL released) after the
-                        executor has queued the forward, so on a GPU the fill runs while the forward does
-          Sampler applies it after the penalties, before temperature/top-k/top-p (TGI's order)
+          mask(rows) -> [R, ceil(V/32)] int32 for the R constrained rows (+ their row index), filled by
+                        xgrammar (GIL released) after the executor has queued the forward, so on a GPU the
+                        fill runs while the forward does; one host-to-device copy
+          Sampler applies it after the penalties, before temperature/top-k/top-p (TGI's order), and
+          confines the constrained rows after the warpers (kernels/grammar_apply.py, grammar_confine.py)
 
 With overlap scheduling, step N's forward is queued before step N-1's tokens reach the host; the
 engine then advances the matchers by N-1's tokens and fills N's masks while forward N runs, and the
@@ -29,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -130,27 +132,22 @@ def grammar_ebnf(spec: GrammarSpec) -> str:
 
 @dataclass(slots=True)
 class GrammarMask:
-    """One step's allowed-token bitmask on the device; rows are the constrained sampled rows."""
+    """One step's allowed-token bitmasks on the device, compact: row r for the constrained sampled row
+    row_index[r], or for sampled row r when row_index is None (every sampled row is constrained)."""
 
-    bitmask: torch.Tensor  # [B, ceil(V/32)] int32
-    rows: list[int]
-    row_index: torch.Tensor | None = field(init=False)  # `rows` on the device; None when they are all B
-
-    def __post_init__(self) -> None:
-        self.row_index = None
-        if len(self.rows) < self.bitmask.shape[0]:  # some sampled rows are unconstrained
-            index = torch.tensor(self.rows, dtype=torch.int64)
-            index = index.pin_memory() if self.bitmask.is_cuda else index  # an asynchronous copy needs it
-            self.row_index = index.to(self.bitmask.device, non_blocking=True)
+    bitmask: torch.Tensor  # [R, ceil(V/32)] int32
+    row_index: torch.Tensor | None  # [R] int32 on the bitmask's device
 
     def apply(self, scores: torch.Tensor) -> torch.Tensor:
-        """-inf on every token the grammar forbids (in place on a contiguous float32 [B, V])."""
-        import xgrammar
-
+        """-inf on every token the grammar forbids (in place on a float32 [B, V]; one kernel on a GPU)."""
         scores = scores.contiguous()
-        indices = None if self.row_index is None else self.rows  # the kernels' no-indices path is the fast one
-        xgrammar.apply_token_bitmask_inplace(scores, self.bitmask, indices=indices)
-        return scores
+        if scores.is_cuda and scores.dtype == torch.float32:
+            from kernels.grammar_apply import grammar_apply
+
+            return grammar_apply(scores, self.bitmask, self.row_index)
+        from kernels.grammar_apply import grammar_apply_ref
+
+        return grammar_apply_ref(scores, self.bitmask, self.row_index)
 
     def confine(self, scores: torch.Tensor) -> torch.Tensor:
         """The last word on the constrained rows (in place), after every warper: whatever the request's
@@ -180,9 +177,12 @@ class GrammarBackend:
         self.device = torch.device(device)
         self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
         self._compiling: dict[str, tuple[Request, Future]] = {}
-        # Reused: a step's masks are filled after the previous step's result, which waited for the
-        # device to finish that step's sampling, and with it the copy of its masks.
-        self._host_bitmask: torch.Tensor | None = None
+        # Reused, pinned on a GPU (pinning is a slow cudaHostAlloc): a step's masks are filled after the
+        # previous step's result, which waited for the device to finish that step's sampling, and with it
+        # the copy of its masks. Flat int32: the compact bitmask rows, then the row index, copied at once.
+        self._host: torch.Tensor | None = None
+        self._num_words = (compiler.vocab_size + 31) // 32  # xgrammar's bitmask width
+        self._stop_token_ids = frozenset(compiler.stop_token_ids)
         self._batch_matchers: dict[int, xgrammar.BatchGrammarMatcher] = {}  # by thread count
         self._stop_row: torch.Tensor | None = None
 
@@ -232,34 +232,55 @@ class GrammarBackend:
 
     # ---- per step -------------------------------------------------------------------------
     def mask(self, requests: Sequence[Request]) -> GrammarMask | None:
-        """The bitmask of this step's sampled rows; None when none of them is constrained. Called once
-        the step's forward is queued: the mask reads only tokens already accepted, not the logits."""
-        rows: list[int] = []
-        fill_rows: list[int] = []
-        matchers: list[xgrammar.GrammarMatcher] = []
-        for i, request in enumerate(requests):
-            if request.matcher is not None:
-                rows.append(i)
-                if not request.matcher.is_terminated():
-                    fill_rows.append(i)
-                    matchers.append(request.matcher)
-        if not rows:
+        """The bitmask of this step's sampled rows on the device; None when none of them is constrained.
+        Called once the step's forward is queued: the mask reads only tokens already accepted, not the logits."""
+        host = self.fill(requests)
+        return None if host is None else self.upload(host)
+
+    def fill(self, requests: Sequence[Request]) -> GrammarMask | None:
+        """The mask in the reused host buffer (valid until the next fill): mask() without the copy."""
+        constrained = [(i, request) for i, request in enumerate(requests) if request.matcher is not None]
+        if not constrained:
             return None
-        bitmask = self._bitmask_rows(len(requests))
-        if len(fill_rows) == 1:
+        num_rows, num_words = len(constrained), self._num_words
+        size = num_rows * num_words
+        total = size + num_rows if num_rows < len(requests) else size  # a row index when some rows are not
+        host = self._host_buffer(total)
+        bitmask = host[:size].view(num_rows, num_words)
+        matchers: list[xgrammar.GrammarMatcher] = []
+        fill_rows: list[int] = []
+        for k, (_, request) in enumerate(constrained):
+            if request.grammar_terminated:
+                # The grammar is complete and the request goes on (ignore_eos): only a stop token is
+                # allowed, as xgrammar would have it (its matcher refuses to fill a mask once terminated).
+                bitmask[k] = self._stop_tokens_row()
+            else:
+                assert request.matcher is not None
+                matchers.append(request.matcher)
+                fill_rows.append(k)
+        if len(matchers) == 1:
             matchers[0].fill_next_token_bitmask(bitmask, fill_rows[0])
-        elif fill_rows:
-            self._batch(fill_threads(len(matchers))).batch_fill_next_token_bitmask(matchers, bitmask, fill_rows)
-        for i in set(rows).difference(fill_rows):
-            # The grammar is complete and the request goes on (ignore_eos): only a stop token is
-            # allowed, as xgrammar would have it (its matcher refuses to fill a mask once terminated).
-            bitmask[i] = self._stop_tokens_row()
-        return GrammarMask(bitmask.to(self.device, non_blocking=True), rows)
+        elif matchers:  # rows 0..n-1 in order, the usual case, need no index list
+            indices = None if len(matchers) == num_rows else fill_rows
+            self._batch(fill_threads(len(matchers))).batch_fill_next_token_bitmask(matchers, bitmask, indices)
+        if total == size:
+            return GrammarMask(bitmask, None)
+        host[size:total] = torch.tensor([i for i, _ in constrained], dtype=torch.int32)
+        return GrammarMask(bitmask, host[size:total])
+
+    def upload(self, host: GrammarMask) -> GrammarMask:
+        """The filled host mask on the device, in one copy: the bitmask rows and the row index after them
+        are one stretch of the host buffer."""
+        assert self._host is not None and host.bitmask.data_ptr() == self._host.data_ptr(), "not from fill()"
+        size = host.bitmask.numel()
+        total = size if host.row_index is None else size + host.row_index.numel()
+        device = self._host[:total].to(self.device, non_blocking=True)
+        return GrammarMask(device[:size].view(host.bitmask.shape), None if total == size else device[size:])
 
     def _stop_tokens_row(self) -> torch.Tensor:
         """One bitmask row (int32 words, bit t % 32 of word t // 32) allowing only the stop tokens."""
         if self._stop_row is None:
-            words = torch.zeros(self._bitmask_rows(1).shape[1], dtype=torch.int64)
+            words = torch.zeros(self._num_words, dtype=torch.int64)
             for token_id in self.compiler.stop_token_ids:
                 words[token_id // 32] |= 1 << (token_id % 32)
             if not self.compiler.stop_token_ids:
@@ -270,20 +291,21 @@ class GrammarBackend:
     def advance(self, plan: StepPlan, result: StepResult) -> None:
         """Every constrained request accepts the token it was just given (before update() sees it)."""
         for chunk, token in zip(plan.chunks, result.tokens):
-            matcher = chunk.request.matcher
-            if matcher is None or token is None or chunk.request.is_finished or matcher.is_terminated():
+            request, matcher = chunk.request, chunk.request.matcher
+            if matcher is None or token is None or request.is_finished or request.grammar_terminated:
                 continue
             if not matcher.accept_token(token.token_id):  # GrammarMask.confine rules this out: a bug if seen
-                logger.warning("request %s: token %d is outside its grammar", chunk.request.request_id, token.token_id)
+                logger.warning("request %s: token %d is outside its grammar", request.request_id, token.token_id)
+            elif token.token_id in self._stop_token_ids:
+                # Only a stop token completes the grammar (xgrammar's matchers wait for one), so the
+                # per-step fill asks no matcher whether it terminated.
+                request.grammar_terminated = matcher.is_terminated()
 
-    def _bitmask_rows(self, num_rows: int) -> torch.Tensor:
-        import xgrammar
-
-        if self._host_bitmask is None or self._host_bitmask.shape[0] < num_rows:
-            capacity = max(num_rows, 64)
-            bitmask = xgrammar.allocate_token_bitmask(capacity, self.compiler.vocab_size)
-            self._host_bitmask = bitmask.pin_memory() if self.device.type == "cuda" else bitmask
-        return self._host_bitmask[:num_rows]  # only the constrained rows are filled and applied
+    def _host_buffer(self, num_words: int) -> torch.Tensor:
+        if self._host is None or self._host.numel() < num_words:
+            buffer = torch.empty(max(num_words, 64 * (self._num_words + 1)), dtype=torch.int32)
+            self._host = buffer.pin_memory() if self.device.type == "cuda" else buffer
+        return self._host
 
     def _batch(self, threads: int):
         if (batch_matcher := self._batch_matchers.get(threads)) is None:

@@ -118,6 +118,7 @@ class Request:
     finish_reason: FinishReason | None = None
     num_pending_tokens: int = 0  # sampled, still on the device (see the class docstring)
     matcher: xgrammar.GrammarMatcher | None = None  # a constrained request's, once compiled
+    grammar_terminated: bool = False  # its matcher accepted a stop token: the grammar is complete
     # Prefix caching: the cached prefix this request runs on (locked in the tree: slots[:its length]
     # are the tree's, the rest its own), and how many leading tokens have K/V written by completed
     # steps (with overlap scheduling, num_computed_tokens also counts the step still in flight).

@@ -14,9 +14,16 @@ $OUT/grammar_bench.json; the last line says whether each target is met.
    - the fill sweep: threads x rows (THREAD_COUNTS x ROW_COUNTS), xgrammar's batched fill on the host;
      `fill_ms[rows][threads]` medians, and `fastest_threads` per row count, from which
      router.grammar.SINGLE_THREAD_FILL_ROWS is set (`single_thread_fastest_up_to_rows`);
-   - the engine's own path at `--rows`: GrammarBackend.mask (fill on router.grammar.fill_threads(rows) threads,
-     copy to the device), GrammarMask.apply (after the penalties) and GrammarMask.confine (after the warpers);
-     `mask_ms_per_step` = the sum of their medians. Target at 64 rows: <= 1 ms.
+   - the engine's own path at `--rows`, each part timed to a device sync: GrammarBackend.fill (on
+     router.grammar.fill_threads(rows) threads, right after the host waited ~8 ms on a stand-in forward, as
+     in the engine), .upload (the one host-to-device copy, `copy_mb`), GrammarMask.apply (after the penalties) and GrammarMask.confine (after the
+     warpers); `mask_ms_per_step` = the sum of their four medians. Target at 64 rows: <= 1 ms. `*_host_ms`:
+     the host's share of a part (its call returning, before the sync); `*_device_ms` on a GPU: its device
+     time (CUDA events around it, queued behind a forward, in the exposed-cost pass below).
+   - fill_after_idle_ms: the fill of `--rows` rows on each thread count right after a stand-in forward's sync,
+     i.e. with the host idle for ~8 ms as in the engine (the sweep's fills run back to back); its fastest
+     thread count is the one router.grammar.fill_threads should pick at that size.
+   - kernels_match_reference: apply + confine on the device equal the torch reference (CPU) on these masks.
    On a GPU also the exposed cost: what the mask adds to a step whose stand-in forward (~8 ms of matmuls,
    about a 64-row Llama-3-8B decode step) is queued first, as the executor queues it before it fills.
 2. Throughput. An engine process behind router.client.ZmqEngineClient (the server's own client); `rows`
@@ -89,6 +96,7 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
     class Row:  # what GrammarBackend.mask reads of a Request
         def __init__(self, matcher) -> None:
             self.matcher = matcher
+            self.grammar_terminated = False  # the schema's array of people is never complete here
 
     requests = [Row(m) for m in matchers[:rows]]
     batch_matchers = {t: xgrammar.BatchGrammarMatcher(max_threads=t) for t in THREAD_COUNTS}
@@ -98,9 +106,14 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
     on_gpu = device.startswith("cuda")
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     forward = _stand_in_forward(device) if on_gpu else (lambda: None)
+    kernels_match = _kernels_match_reference(backend, requests, logits, Row)
 
     fill_ms: dict[tuple[int, int], list[float]] = {(n, t): [] for n in row_counts for t in THREAD_COUNTS}
-    engine = {key: [] for key in ("mask", "apply", "confine", "forward", "step")}
+    idle_fill_ms: dict[int, list[float]] = {t: [] for t in THREAD_COUNTS}
+    parts = ("fill", "copy", "apply", "confine")
+    extra = ("copy_host", "apply_host", "confine_host", "copy_device", "apply_device", "confine_device")
+    engine: dict[str, list[float]] = {key: [] for key in (*parts, *extra)}
+    engine |= {"forward": [], "step": []}
 
     def engine_path() -> None:
         sync()
@@ -108,37 +121,69 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         forward()
         scores = logits.clone()
         sync()
-        t1 = time.perf_counter()
-        mask = backend.mask(requests)  # the fill and the copy to the device
-        sync()
+        t1 = time.perf_counter()  # the host was idle for the forward, as it is in the engine before a fill
+        host = backend.fill(requests)
         t2 = time.perf_counter()
-        mask.apply(scores)
+        mask = backend.upload(host)
+        t2_host = time.perf_counter()
         sync()
         t3 = time.perf_counter()
-        mask.confine(scores)
+        mask.apply(scores)
+        t3_host = time.perf_counter()
         sync()
         t4 = time.perf_counter()
-        forward()  # the engine's order: forward queued, then the host fills while the GPU runs it
-        mask = backend.mask(requests)
-        mask.confine(mask.apply(logits.clone()))
+        mask.confine(scores)
+        t4_host = time.perf_counter()
         sync()
         t5 = time.perf_counter()
-        for key, value in zip(engine, (t2 - t1, t3 - t2, t4 - t3, t1 - t0, t5 - t4)):
+        forward()  # the engine's order: forward queued, then the host fills while the GPU runs it
+        scores = logits.clone()
+        host = backend.fill(requests)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if on_gpu else []
+
+        def mark(i: int) -> None:
+            if marks:
+                marks[i].record()
+
+        mark(0)  # queued behind the forward: the differences are the parts' device times, no launch gaps
+        mask = backend.upload(host)
+        mark(1)
+        mask.apply(scores)
+        mark(2)
+        mask.confine(scores)
+        mark(3)
+        sync()
+        t6 = time.perf_counter()
+        timings = dict(fill=t2 - t1, copy=t3 - t2, apply=t4 - t3, confine=t5 - t4, forward=t1 - t0, step=t6 - t5)
+        timings |= dict(copy_host=t2_host - t2, apply_host=t3_host - t3, confine_host=t4_host - t4)
+        for key, value in timings.items():
             engine[key].append(1e3 * value)
+        for i, key in enumerate(("copy_device", "apply_device", "confine_device") if marks else ()):
+            engine[key].append(marks[i].elapsed_time(marks[i + 1]))  # in ms
+
+    def fill_after_idle(threads: int) -> None:
+        forward()
+        sync()
+        t = time.perf_counter()
+        batch_matchers[threads].batch_fill_next_token_bitmask(matchers[:rows], sweep_bitmask)
+        idle_fill_ms[threads].append(1e3 * (time.perf_counter() - t))
 
     for step in range(warmup + steps):
-        runs = [*fill_ms, "engine"]
+        runs: list = [*fill_ms, *(("idle", t) for t in THREAD_COUNTS), "engine"]
         rng.shuffle(runs)  # no configuration always runs first (cold caches) or last
         for run in runs:
             if run == "engine":
                 engine_path()
+                continue
+            if run[0] == "idle":
+                fill_after_idle(run[1])
                 continue
             num_rows, threads = run
             t = time.perf_counter()
             batch_matchers[threads].batch_fill_next_token_bitmask(matchers[:num_rows], sweep_bitmask)
             fill_ms[run].append(1e3 * (time.perf_counter() - t))
         if step == warmup - 1:  # drop the warm-up
-            for values in (*fill_ms.values(), *engine.values()):
+            for values in (*fill_ms.values(), *idle_fill_ms.values(), *engine.values()):
                 values.clear()
         batch_matchers[1].batch_fill_next_token_bitmask(matchers, sweep_bitmask)
         _advance_randomly(matchers, sweep_bitmask, vocab, rng)
@@ -151,7 +196,9 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         if fill[n][1] > 1.05 * fill[n][fastest[n]]:
             break
         single_up_to = n
-    mask_ms = median(engine["mask"]) + median(engine["apply"]) + median(engine["confine"])
+    part_ms = {key: median(engine[key]) for key in parts}
+    mask_ms = sum(part_ms.values())
+    idle_fill = {t: median(values) for t, values in idle_fill_ms.items()}
     # Exposed: what the grammar adds to a step whose forward is queued first (on a CPU nothing is hidden).
     exposed = median(engine["step"]) - median(engine["forward"]) if on_gpu else mask_ms
     result = dict(
@@ -162,15 +209,23 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         timed_steps=steps,
         compile_ms=1e3 * compile_s,
         engine_fill_threads=fill_threads(rows),
-        fill_and_copy_ms=median(engine["mask"]),
-        fill_and_copy_ms_mean=statistics.mean(engine["mask"]),  # bimodal: a few grammar states are expensive
-        apply_ms=median(engine["apply"]),
-        confine_ms=median(engine["confine"]),
+        engine_fill_ms=part_ms["fill"],
+        engine_fill_ms_mean=statistics.mean(engine["fill"]),  # bimodal: a few grammar states are expensive
+        copy_ms=part_ms["copy"],
+        copy_mb=4 * rows * ((vocab + 31) // 32) / 1e6,  # one step's host-to-device copy (int32 words)
+        fill_and_copy_ms=part_ms["fill"] + part_ms["copy"],  # GrammarBackend.mask, as measured before the split
+        apply_ms=part_ms["apply"],
+        confine_ms=part_ms["confine"],
+        # the host's share of a part (its call returning), and on a GPU its device time (CUDA events)
+        **{f"{key}_ms": median(engine[key]) if engine[key] else None for key in extra},
         mask_ms_per_step=mask_ms,
+        kernels_match_reference=kernels_match,
         mask_us_per_token=1e3 * mask_ms / rows,
         mask_target_met=mask_ms <= MASK_TARGET_MS,
         stand_in_forward_ms=median(engine["forward"]) if on_gpu else None,
         exposed_mask_ms_per_step=exposed,
+        fill_after_idle_ms=idle_fill,  # at `rows` rows, by threads
+        fastest_threads_after_idle=min(idle_fill, key=idle_fill.get),
         fill_ms=fill,  # median per step, by rows then threads
         fill_ms_mean={n: {t: statistics.mean(fill_ms[n, t]) for t in THREAD_COUNTS} for n in row_counts},
         fastest_threads=fastest,
@@ -178,6 +233,29 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
     )
     print(json.dumps(result), flush=True)
     return result
+
+
+def _kernels_match_reference(backend, requests: list, logits, row_type) -> bool:
+    """GrammarMask.apply then .confine on the device (the Triton kernels on a GPU) give the torch reference's
+    scores, every row constrained and every third one not (a row index), with NaN and +inf among the scores."""
+    import torch
+
+    from kernels.grammar_apply import grammar_apply_ref
+    from kernels.grammar_confine import grammar_confine_ref
+
+    scores = logits.clone()
+    scores[0, ::5], scores[1, 7], scores[2] = float("nan"), float("inf"), float("-inf")
+    matches = []
+    for batch in (requests, [row_type(None) if i % 3 == 0 else r for i, r in enumerate(requests)]):
+        host = backend.fill(batch)
+        expected = grammar_apply_ref(scores.to("cpu", copy=True), host.bitmask, host.row_index)
+        expected = grammar_confine_ref(expected, host.bitmask, host.row_index)
+        mask = backend.upload(host)
+        got = mask.confine(mask.apply(scores.clone())).cpu()
+        matches.append(
+            torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.nan_to_num(), expected.nan_to_num())
+        )
+    return all(matches)
 
 
 def _advance_randomly(matchers, bitmask, vocab: int, rng: random.Random) -> None:
@@ -269,6 +347,18 @@ async def throughput(model_dir: str, rows: int, new_tokens: int, reps: int) -> l
     return [*results, summary]
 
 
+def _print_table(mask: dict) -> None:
+    """The mask's parts at `rows` rows, for a reader of the log (the JSON above has every figure)."""
+    print(f"\nmask cost per step at {mask['rows']} rows ({mask['device']}), medians in ms:")
+    for part in ("engine_fill", "copy", "apply", "confine"):
+        shares = [f"{kind} {mask[key]:.3f}" for kind in ("host", "device") if mask.get(key := f"{part}_{kind}_ms")]
+        print(f"  {part:<12} {mask[f'{part}_ms']:7.3f}" + (f"   ({', '.join(shares)})" if shares else ""))
+    print(f"  {'total':<12} {mask['mask_ms_per_step']:7.3f}   target <= {MASK_TARGET_MS}")
+    print(f"  apply + confine match the torch reference: {mask['kernels_match_reference']}")
+    idle = "  ".join(f"{t}: {ms:.3f}" for t, ms in mask["fill_after_idle_ms"].items())
+    print(f"  fill after idle by threads: {idle}   (the engine fills on {mask['engine_fill_threads']})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", nargs="?", default="/tmp/model")
@@ -287,8 +377,10 @@ def main() -> None:
         verdict |= dict(ratio_median=results[-1]["ratio_median"], ratio_target=RATIO_TARGET)
         verdict["ratio_target_met"] = results[-1]["ratio_target_met"]
     verdict |= dict(mask_target_met=results[0]["mask_target_met"], seconds=time.perf_counter() - started)
+    verdict["kernels_match_reference"] = results[0]["kernels_match_reference"]
     print(json.dumps(verdict), flush=True)
     results.append(verdict)
+    _print_table(results[0])
     with open(os.path.join(os.environ.get("OUT", "."), "grammar_bench.json"), "w") as f:
         json.dump(results, f, indent=1)
 

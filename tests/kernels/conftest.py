@@ -26,6 +26,7 @@ KERNEL_MODULES = [
     "kernels.rotary",
     "kernels.fused_moe",
     "kernels.quant_activation",
+    "kernels.grammar_apply",
     "kernels.grammar_confine",
     "kernels.fp8_gemm",
     # importers of the kernels, reloaded after them so they bind the interpreted versions

@@ -30,9 +30,10 @@ def _case(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("subset", [False, True])
 def test_matches_the_reference(vocab, subset):
     scores, bitmask = _case(vocab, seed=vocab)
-    row_index = torch.tensor([0, 1, 3, 5]) if subset else None
-    expected = grammar_confine_ref(scores.clone(), bitmask, row_index)
-    got = grammar_confine(scores.clone(), bitmask, row_index)
+    row_index = torch.tensor([0, 1, 3, 5], dtype=torch.int32) if subset else None
+    compact = bitmask if row_index is None else bitmask[row_index.long()]  # row r for scores row row_index[r]
+    expected = grammar_confine_ref(scores.clone(), compact, row_index)
+    got = grammar_confine(scores.clone(), compact, row_index)
     torch.testing.assert_close(got, expected, equal_nan=False)
     assert got[0].argmax() == 127 and got[1].argmax() == 5
     assert not got.isnan().any() if not subset else not got[[0, 1, 3, 5]].isnan().any()

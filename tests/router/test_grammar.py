@@ -295,14 +295,15 @@ def confined_sampling(logits, allowed: list[set[int] | None], seed: int = 0, **s
     requests = [
         Request(GenerateRequest(f"r{i}", [1], SamplingParams(**sampling)), 0, seed=seed + i) for i in range(num_rows)
     ]
-    words = torch.zeros(num_rows, (vocab + 31) // 32, dtype=torch.int64)
-    for row, tokens in enumerate(allowed):
-        for token in tokens or ():
-            words[row, token // 32] |= 1 << (token % 32)
-    bitmask = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     rows = [i for i, tokens in enumerate(allowed) if tokens is not None]
+    words = torch.zeros(len(rows), (vocab + 31) // 32, dtype=torch.int64)  # compact: the constrained rows
+    for k, row in enumerate(rows):
+        for token in allowed[row] or ():
+            words[k, token // 32] |= 1 << (token % 32)
+    bitmask = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    row_index = None if len(rows) == num_rows else torch.tensor(rows, dtype=torch.int32)
     batch = SamplingBatch.build(requests, vocab, torch.device("cpu"))
-    batch = dataclasses.replace(batch, grammar=GrammarMask(bitmask, rows))
+    batch = dataclasses.replace(batch, grammar=GrammarMask(bitmask, row_index))
     return Sampler(vocab, "cpu")(logits.clone(), batch)
 
 

@@ -982,15 +982,15 @@ def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: in
 
 def int4_register_estimate(config: GemvConfig, num_rows: int, block_k: int | None = None) -> int:
     """Registers a thread of the int4 kernels takes, estimated from sm_90 compiles (scripts/gemv_resources.py).
-    Row kernel (2026-11-27), r 16-byte runs a thread: ~18 a run (4 words, their 4 products, x's share) plus ~24
-    (4 rows: 96, 8: 168). `_gemv_int4_kernel` (2026-11-24), w words of the
+    Row kernel (2026-11-27), r 16-byte runs a thread: ~11 a run (4 words, their 4 products) plus ~80 (4 rows:
+    96, 8: 168, 16: 255 without spilling; its limit is 256, not ~200 as below). `_gemv_int4_kernel` (2026-11-24), w words of the
     weight tile a thread: at one row with 1,024 features a warp (x's layout is the tile's) ~5 a word (16 words:
     80, 32: 168). Otherwise ~4 a word for the tile and its products, plus ~4 a row of x for the accumulator, plus
     ~30 (16 words at one row: 128; 32: 255 and spilled; 4 words at 8 rows: 168-177). Above ~200 the kernel spills."""
     block_k = block_k or config.block_k
     words = config.block_n * block_k // 8 // (32 * config.num_warps)
     if config.row_kernel and num_rows == 1:
-        return 18 * max(config.block_n, words // 4) + 24
+        return 11 * max(config.block_n, words // 4) + 80
     if num_rows == 1 and block_k == 1024 * config.num_warps:
         return 5 * words + 8
     return words * (4 * triton.next_power_of_2(num_rows) + 4) + 30

@@ -211,12 +211,13 @@ INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologu
 # cannot reach from another such point; split-K keeps that ratio per split.
 INT4_SEEDS = [(4, 4096, 4, 1), (8, 4096, 4, 1), (2, 4096, 4, 1), (8, 2048, 2, 1), (4, 2048, 2, 1), (8, 1024, 1, 1),
               (8, 2048, 2, 2), (4, 1024, 1, 2), (8, 2048, 4, 1)]  # fmt: skip
-# The row kernel's: 1,024 features a warp (x in the weights' layout; see kernels.gemv.int4_config) at 4 and 8 weight
-# rows, split-K 2, and the prefetch of the next K tile where a program walks several.
+# The row kernel's: 1,024 features a warp (x in the weights' layout; see kernels.gemv.int4_config) at 4, 8 and 16
+# weight rows, split-K 2, and the prefetch of the next K tile where a program walks several.
 INT4_ROW_SEEDS = [GemvConfig(block_n, block_k, num_warps, 1, prefetch, split_k, row_kernel=True)
                   for block_n, block_k, num_warps, prefetch, split_k in
-                  [(8, 4096, 4, False, 1), (4, 4096, 4, False, 1), (8, 2048, 2, False, 1), (4, 2048, 2, False, 1),
-                   (8, 1024, 1, True, 1), (8, 2048, 2, False, 2), (8, 2048, 2, True, 1), (4, 1024, 1, True, 2)]]  # fmt: skip
+                  [(8, 4096, 4, False, 1), (4, 4096, 4, False, 1), (16, 4096, 4, False, 1), (8, 2048, 2, False, 1),
+                   (4, 2048, 2, False, 1), (16, 2048, 2, False, 1), (8, 1024, 1, True, 1), (8, 2048, 2, False, 2),
+                   (8, 2048, 2, True, 1), (4, 1024, 1, True, 2)]]  # fmt: skip
 INT4_ROWS = [1, 2, 4, 8]
 MULTI_ROWS = [2, 4, 8]
 
@@ -330,7 +331,8 @@ def int4_sweep(bandwidth: float, budget_s: float, row_counts: list[int]) -> dict
         config = dataclasses.replace(config, block_k=block_k, split_k=split_k, separate_prologue=separate,
                                      row_kernel=config.row_kernel and rows == 1)  # fmt: skip
         seen = timed.setdefault((rows, shape), {})
-        if config in seen or int4_register_estimate(config, rows) > 200 or time.monotonic() > deadline:
+        limit = 256 if config.row_kernel else 200  # registers before spilling (kernels.gemv.int4_register_estimate)
+        if config in seen or int4_register_estimate(config, rows) > limit or time.monotonic() > deadline:
             return config
         case, moved = cases[shape], weight_bytes(weights[shape][0])
         try:

@@ -33,7 +33,7 @@ rounded to the dtype where the unfused norm and add store their outputs. SiLU-an
 to the input dtype like kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row)
 or over [rows, K block] (several), reduced once at the end.
 
-Two kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight (a one-row
+Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight (a one-row
 variant for 1-byte weights with [BLOCK_N, BLOCK_K/16, 16] tiles was swept against it on an H100 and lost in
 every pair that mattered, so it is gone). `_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
 features, so each nibble is one shift and one mask against a contiguous slice of x, and the tile's
@@ -41,7 +41,9 @@ threads spread over K rather than over the rows (each activation is computed onc
 K over several programs per column (`GemvConfig.split_k`: more programs where N / BLOCK_N is small against
 the SMs; the last program of a column adds the partials, in split order, and resets its counter). Its
 few weight rows a program make the fused prologue a large share of its instructions, so a config may run
-the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format).
+the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format). At one row of x
+`_gemv_int4_row_kernel` (`GemvConfig.row_kernel`, the default there) lets each thread hold 16-byte runs of all
+the program's weight rows at the same features, so x is read once a thread for them, in the weights' layout.
 
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,

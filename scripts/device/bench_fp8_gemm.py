@@ -35,7 +35,7 @@ from modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ROWS = (16, 32, 64, 128)
-SWEEP = list(itertools.product((32, 64, 128), (128, 256), (3, 4, 5)))  # block_n, block_k, num_stages
+SWEEP = list(itertools.product((32, 64, 128), (128, 256), (3, 4)))  # block_n, block_k, num_stages
 
 
 def sweep(num_rows: int) -> list[Fp8GemmConfig]:

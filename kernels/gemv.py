@@ -33,7 +33,7 @@ rounded to the dtype where the unfused norm and add store their outputs. SiLU-an
 to the input dtype like kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row)
 or over [rows, K block] (several), reduced once at the end.
 
-Three kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight (a one-row
+Two kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight (a one-row
 variant for 1-byte weights with [BLOCK_N, BLOCK_K/16, 16] tiles was swept against it on an H100 and lost in
 every pair that mattered, so it is gone). `_gemv_int4_kernel` reads [BLOCK_N, periods, 16] words: nibble i of the words is a contiguous run of
 features, so each nibble is one shift and one mask against a contiguous slice of x, and the tile's
@@ -41,9 +41,7 @@ threads spread over K rather than over the rows (each activation is computed onc
 K over several programs per column (`GemvConfig.split_k`: more programs where N / BLOCK_N is small against
 the SMs; the last program of a column adds the partials, in split order, and resets its counter). Its
 few weight rows a program make the fused prologue a large share of its instructions, so a config may run
-the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format). At one row of x
-`_gemv_int4_row_kernel` (`GemvConfig.row_kernel`, the default there) lets each thread hold 16-byte runs of all
-the program's weight rows at the same features, so x is read once a thread for them, in the weights' layout.
+the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format).
 
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,
@@ -393,22 +391,23 @@ def _activation_tile(
     x_ptr,
     residual_ptr,
     norm_weight_ptr,
-    x_offs,  # offsets into x of the tile's elements (any shape; no masks: int4 K tiles divide K)
-    r_offs,  # the same elements' offsets into residual (contiguous rows)
-    offs_k,  # their features, broadcastable to x_offs' shape
+    rows_m,
+    stride_xm,
+    offs_k,  # [P, W] features
     K,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
 ):
-    """`_activation_block` over a tile of x given its offsets: (f(x), its squares for the RMS) in fp32."""
-    x_ptrs = x_ptr + x_offs
+    """`_activation_block` over a [P, W] tile of features (no masks: int4 K tiles divide K): [BLOCK_M, P, W]."""
+    x_ptrs = x_ptr + rows_m[:, None, None] * stride_xm + offs_k[None, :, :]
     dtype = x_ptr.dtype.element_ty
     if PROLOGUE == 1:
         h = tl.load(x_ptrs)
         if HAS_RESIDUAL:  # rounded to x's dtype, as an unfused residual add would store it
+            r_offs = rows_m[:, None, None] * K + offs_k[None, :, :]
             h = (h.to(tl.float32) + tl.load(residual_ptr + r_offs).to(tl.float32)).to(dtype)
         hf = h.to(tl.float32)
-        xk = hf * tl.load(norm_weight_ptr + offs_k).to(tl.float32)
+        xk = hf * tl.load(norm_weight_ptr + offs_k).to(tl.float32)[None, :, :]
         squares = hf * hf
     elif PROLOGUE == 2 or PROLOGUE == 3:
         gate = tl.load(x_ptrs).to(tl.float32)
@@ -485,14 +484,13 @@ def _int4_tile(
         dot = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
     x_sum = tl.zeros([BLOCK_M, BLOCK_K // PERIOD, PERIOD // 8], dtype=tl.float32)
     for i in tl.static_range(8):
-        feats = offs_k[None, :, :] + i * (PERIOD // 8)  # [1, P, W]
         xk, squares = _activation_tile(
             x_ptr,
             residual_ptr,
             norm_weight_ptr,
-            rows_m[:, None, None] * stride_xm + feats,
-            rows_m[:, None, None] * K + feats,
-            feats,
+            rows_m,
+            stride_xm,
+            offs_k + i * (PERIOD // 8),
             K,
             PROLOGUE,
             HAS_RESIDUAL,
@@ -655,191 +653,6 @@ def _reduce_split_k(
     return y, sq, last
 
 
-# --- int4, one row of x: each thread holds its K slices of all the program's weight rows ----------------------
-
-# The bits of 128.0: the int4 row kernel's magic float (see `_int4_as_magic_float`), a kernel argument.
-INT4_MAGIC_128 = 0x43000000
-
-
-@triton.jit
-def _int4_as_magic_float(words, magic_128, NIBBLE: tl.constexpr):
-    """Nibble NIBBLE of each int32 word as the float M + q, exactly, with M = 2^(23 - p) for the nibble at bits
-    p..p+3: nibbles 0-4 are read in the word itself (p = 0..16), 5-7 in the word shifted right by 12 (p = 8, 12,
-    16). OR-ed into the mantissa of M, the nibble's lowest bit weighs 1. A bit
-    position of the mantissa for every nibble of the word's low 20 bits, so a word's eight nibbles take one shift
-    and eight three-input logic instructions (the mask an immediate, M's bits a register: they derive from a
-    kernel argument so that the compiler cannot fold them into the mask)."""
-    p: tl.constexpr = 4 * NIBBLE - 12 * (NIBBLE // 5)
-    bits = words if NIBBLE < 5 else words >> 12  # arithmetic on a negative word: the mask drops the sign bits
-    magic = magic_128 + ((16 - p) << 23)  # one more exponent step a bit lower
-    return ((bits & (0xF << p)) | magic).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _int4_row_tile(
-    acc,  # [BLOCK_N, P, T] fp32
-    sum_sq,  # [P, T, 4] fp32 (RMSNORM)
-    words,  # [BLOCK_N, P, T, 4] int32: P periods of T runs of 4 words (16 bytes) a row
-    magic_128,
-    k0,
-    x_ptr,
-    residual_ptr,
-    norm_weight_ptr,
-    scale_ptr,
-    zero_ptr,
-    rows,
-    offs_p,
-    offs_t,
-    offs_w,
-    K,
-    stride_sn,
-    PROLOGUE: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    PERIOD: tl.constexpr,
-):
-    """acc += the tile's (q - zero) * scale * x, one row of x. A thread holds runs of 4 words of every weight row
-    of the program at the same features, and nibble i of those words meets the same 4 features of x: each
-    activation is loaded (and its prologue computed) once a thread for BLOCK_N rows, in the layout of the
-    weights (no shared-memory conversion). Per weight: one logic instruction, one FMA, an add for 6 nibbles of 8
-    and an eighth of a shift (23 instructions a word; sm_90 SASS of the K loop at 8 rows: ~4.1 a weight with x,
-    the scales and the addresses, against ~5.1 and shared-memory layout conversions in `_gemv_int4_kernel`).
-    Every nibble at bits 16..19 would need a shift each instead of the adds (the same count, on the integer
-    pipe, half as fast); leaving the nibbles at bits 12..15 (M = 2048) unfused would save 3 adds a word but
-    costs ~20x the rounding error (4e-5 of the output's RMS at K = 4,096 against 2e-6; the tile kernel 1e-6).
-
-    With f = M + q (`_int4_as_magic_float`): nibbles at bits 16..19 (M = 128) add f x to the run's dot product
-    and M x is taken off once a run; the others (M up to 2^23) add fma(f, x, -M x), which is q x rounded once,
-    as M x is exact. A 16-byte run lies in one group, so the scale and zero point apply once a run:
-    s * (sum(dot) - 128 x_128 - z x_all), with x_128 and x_all the run's sums of x over those nibbles and all."""
-    k0 = tl.multiple_of(k0, PERIOD)  # (see _word_offset) so that x's loads are vectorized too
-    feats = k0 + offs_p[:, None, None] * PERIOD + offs_t[None, :, None] * 4 + offs_w[None, None, :]  # nibble 0's
-    dot = tl.zeros(words.shape, dtype=tl.float32)
-    x_128 = tl.zeros(feats.shape, dtype=tl.float32)
-    x_all = tl.zeros(feats.shape, dtype=tl.float32)
-    for i in tl.static_range(8):
-        offs_k = feats + i * (PERIOD // 8)
-        xk, squares = _activation_tile(
-            x_ptr, residual_ptr, norm_weight_ptr, offs_k, offs_k, offs_k, K, PROLOGUE, HAS_RESIDUAL
-        )
-        f = _int4_as_magic_float(words, magic_128, i)
-        if i == 4 or i == 7:  # at bits 16..19 (M = 128)
-            dot += f * xk[None, :, :, :]
-            x_128 += xk
-        else:
-            dot += tl.fma(f, xk[None, :, :, :], (xk * -(1 << (23 - 4 * i + 12 * (i // 5))))[None, :, :, :])
-        x_all += xk
-        if PROLOGUE == 1:
-            sum_sq += squares
-    groups = (k0 + offs_p * PERIOD) // GROUP_SIZE  # [P]
-    group_offs = rows[:, None, None] * stride_sn + groups[None, :, None] + 0 * offs_t[None, None, :]  # [BLOCK_N, P, T]
-    scale = tl.load(scale_ptr + group_offs).to(tl.float32)
-    zero = tl.load(zero_ptr + group_offs).to(tl.float32)
-    x_128 = tl.sum(x_128, 2)[None, :, :]
-    x_all = tl.sum(x_all, 2)[None, :, :]
-    acc += scale * (tl.sum(dot, 3) - (128.0 * x_128 + zero * x_all))
-    return acc, sum_sq
-
-
-@triton.jit
-def _gemv_int4_row_kernel(
-    x_ptr,  # [1, K], or [1, 2K] for SILU_MUL
-    residual_ptr,  # [1, K], read when HAS_RESIDUAL
-    residual_out_ptr,  # [1, K], receives x + residual when HAS_RESIDUAL
-    norm_weight_ptr,  # [K], RMSNORM only
-    w_ptr,  # int32 [N, K/8], interleaved in periods of PERIOD features (kernels.dequant_matmul)
-    scale_ptr,  # [N, K/G]
-    zero_ptr,  # [N, K/G], same strides as scale
-    bias_ptr,  # [N], when HAS_BIAS
-    out_ptr,  # [1, N]
-    partial_ptr,  # fp32 [programs along N, SPLIT_K, 1, BLOCK_N + 1] when SPLIT_K > 1 (see _reduce_split_k)
-    counter_ptr,  # int32 [programs along N], zero between launches, when SPLIT_K > 1
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_sn,
-    stride_om,
-    eps,
-    magic_128,  # INT4_MAGIC_128 (see _int4_as_magic_float)
-    PROLOGUE: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    PERIOD: tl.constexpr,  # at least 32: a period is whole 16-byte runs
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,  # a multiple of PERIOD dividing K / SPLIT_K
-    SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """The int4 GEMV at one row of x (`_int4_row_tile`): K tiles of [BLOCK_N, periods, runs, 4] words. The tile's
-    threads spread over the periods and runs only, so BLOCK_K / 32 runs should be at least 32 * num_warps (else
-    the layout puts threads on the rows and x's slice no longer matches it); each thread then holds BLOCK_N
-    16-byte loads a tile. Split-K and the prologues as in `_gemv_int4_kernel`."""
-    pid = tl.program_id(0)
-    k_begin = tl.program_id(1) * (K // SPLIT_K)
-    k_end = k_begin + K // SPLIT_K
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    rows = tl.where(mask_n, offs_n, 0).to(tl.int64)
-    offs_m = tl.arange(0, 1)
-    mask_m = offs_m < M
-    offs_p = tl.arange(0, BLOCK_K // PERIOD)
-    offs_t = tl.arange(0, PERIOD // 32)
-    offs_w = tl.arange(0, 4)
-    word_offs = offs_p[:, None, None] * (PERIOD // 8) + offs_t[None, :, None] * 4 + offs_w[None, None, :]
-    word_ptrs = w_ptr + rows[:, None, None, None] * stride_wn + word_offs[None, :, :, :]
-
-    words = tl.load(word_ptrs + _word_offset(k_begin, PERIOD))  # before the wait, as in _gemv_kernel
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-    if HAS_RESIDUAL:
-        if pid + tl.program_id(1) == 0:
-            _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, offs_m, mask_m, stride_xm, K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K // PERIOD, PERIOD // 32], dtype=tl.float32)
-    sum_sq = tl.zeros([BLOCK_K // PERIOD, PERIOD // 32, 4], dtype=tl.float32)
-    if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            next_words = words
-            if k0 + BLOCK_K < k_end:
-                next_words = tl.load(word_ptrs + _word_offset(k0 + BLOCK_K, PERIOD))
-            acc, sum_sq = _int4_row_tile(
-                acc, sum_sq, words, magic_128, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr,
-                zero_ptr, rows, offs_p, offs_t, offs_w, K, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
-            )  # fmt: skip
-            words = next_words
-    else:
-        acc, sum_sq = _int4_row_tile(
-            acc, sum_sq, words, magic_128, k_begin, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr,
-            zero_ptr, rows, offs_p, offs_t, offs_w, K, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
-        )  # fmt: skip
-        for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
-            words = tl.load(word_ptrs + _word_offset(k0, PERIOD))
-            acc, sum_sq = _int4_row_tile(
-                acc, sum_sq, words, magic_128, k0, x_ptr, residual_ptr, norm_weight_ptr, scale_ptr,
-                zero_ptr, rows, offs_p, offs_t, offs_w, K, stride_sn, PROLOGUE, HAS_RESIDUAL, GROUP_SIZE, PERIOD,
-            )  # fmt: skip
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-
-    y = tl.sum(tl.sum(acc, 2), 1)[None, :]
-    sq = tl.zeros([1], dtype=tl.float32) + tl.sum(tl.sum(tl.sum(sum_sq, 2), 1), 0)
-    if SPLIT_K > 1:
-        y, sq, last = _reduce_split_k(y, sq, partial_ptr, counter_ptr, pid, offs_m, SPLIT_K, 1, BLOCK_N)
-        if last:
-            _store_output(
-                y, sq, scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K, stride_sn, stride_om,
-                eps, PROLOGUE, False, HAS_BIAS,
-            )  # fmt: skip
-    else:
-        _store_output(
-            y, sq, scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K, stride_sn, stride_om, eps,
-            PROLOGUE, False, HAS_BIAS,
-        )  # fmt: skip
-
-
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A weight the GEMV dequantizes in registers, in the layout the quantized linear methods keep."""
@@ -885,10 +698,6 @@ class GemvConfig:
     # the GEMV without one: one more launch, but each activation computed once instead of once a program (the
     # int4 kernel's few weight rows a program make the fused prologue a large share of its instructions)
     separate_prologue: bool = False
-    # int4 at one row of x, groups of 32 or more: `_gemv_int4_row_kernel` (each thread holds its 16-byte K slices of
-    # all block_n weight rows and the matching activations; block_k >= 1,024 * num_warps keeps x in the weights'
-    # layout) instead of `_gemv_int4_kernel`; ignored at more rows
-    row_kernel: bool = False
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -941,41 +750,36 @@ def gemv_config(
 
 
 # Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweep, keyed (N, K, prologue, rows of x
-# padded to a power of two): Llama-3-8B's shapes, H100, 2026-11-24; the sweep prints this literal. The one-row
-# entries of that sweep were `_gemv_int4_kernel`'s (19-37% of copy bandwidth); one row now takes the row kernel's
-# rule of thumb below until its own sweep has run (bench_quant.py keeps the old entries as its baseline).
+# padded to a power of two): Llama-3-8B's shapes, H100, 2026-11-24; the sweep prints this literal.
 TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
+    (4096, 14336, PROLOGUE_SILU_MUL, 1): GemvConfig(block_k=2048, num_stages=1, separate_prologue=True),
+    (28672, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_k=1024, separate_prologue=True),
+    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_k=2048),
+    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_k=2048, num_warps=8, separate_prologue=True),
     (6144, 4096, PROLOGUE_RMSNORM, 8): GemvConfig(num_stages=1),
 }
 
 
 def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
-    """The tuned config of this shape (groups of 128), else the int4 kernels' rules of thumb.
+    """The tuned config of this shape (groups of 128), else the int4 kernel's rule of thumb.
 
-    One row, groups of 32 or more: the row kernel (`_gemv_int4_row_kernel`), 8 weight rows a program, a K tile
-    of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K): each thread then holds one
-    16-byte run of each of the 8 rows (8 loads in flight, 168 registers, no shared memory in the K loop on
-    sm_90 by scripts/gemv_resources.py). SiLU/GeLU-mul runs as its own kernel (fused, its exp and reciprocal
-    would add ~2 instructions a weight to the ~4.1 of the plain loop); RMSNorm stays fused (~0.8 more).
-
-    Otherwise `_gemv_int4_kernel`. At one row (groups of 16 or 8): the same K tile, where the [periods, words]
-    slice of x gives each thread 4 consecutive features, so its layout is the weight tile's and no layout
-    conversion goes through shared memory (8 weight rows a program take 168 registers and 4 take 80); 8 rows
-    where a prologue is fused, 4 without. Several rows: 8 weight rows, 4 warps, the widest K tile that does not
-    spill."""
+    At one row: a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K).
+    Compiled for sm_90 (scripts/gemv_resources.py) that is the shape where the [periods, words] slice of x
+    gives each thread 4 consecutive features, so its layout is the weight tile's (4 consecutive words a
+    thread, 16-byte loads) and no layout conversion goes through shared memory: 8 weight rows a program take
+    168 registers and 4 take 80, against 255 and spills for the 8 x 4,096 tiles with the wrong ratio this rule
+    chose before. 8 rows where a prologue is fused (it is computed once a program, so more rows share it), 4
+    without. Several rows: 8 weight rows, 4 warps, the widest K tile that does not spill."""
     block_m = triton.next_power_of_2(num_rows)
     tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
     if tuned is not None:
         return tuned
     period = int4_period(group_size)
     if block_m == 1:
+        block_n = 4 if prologue == PROLOGUE_NONE else 8
         for width in (4096, 2048, 1024):
             if width % period == 0 and k % width == 0:
-                config = GemvConfig(block_n=8, block_k=width, num_warps=width // 1024, num_stages=1)
-                if period >= 32:
-                    gated = prologue in (PROLOGUE_SILU_MUL, PROLOGUE_GELU_TANH_MUL)
-                    return dataclasses.replace(config, row_kernel=True, separate_prologue=gated)
-                return config if prologue != PROLOGUE_NONE else dataclasses.replace(config, block_n=4)
+                return GemvConfig(block_n=block_n, block_k=width, num_warps=width // 1024, num_stages=1)
     config = GemvConfig(block_n=8, block_k=period, num_warps=4, num_stages=1)
     for width in (2048, 1024, 512, 256, 128):
         if width % period == 0 and k % width == 0 and int4_register_estimate(config, num_rows, width) <= 160:
@@ -984,16 +788,13 @@ def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: in
 
 
 def int4_register_estimate(config: GemvConfig, num_rows: int, block_k: int | None = None) -> int:
-    """Registers a thread of the int4 kernels takes, estimated from sm_90 compiles (scripts/gemv_resources.py).
-    Row kernel (2026-11-27), r 16-byte runs a thread: ~11 a run (4 words, their 4 products) plus ~80 (4 rows:
-    96, 8: 168, 16: 255 without spilling; its limit is 256, not ~200 as below). `_gemv_int4_kernel` (2026-11-24), w words of the
-    weight tile a thread: at one row with 1,024 features a warp (x's layout is the tile's) ~5 a word (16 words:
-    80, 32: 168). Otherwise ~4 a word for the tile and its products, plus ~4 a row of x for the accumulator, plus
-    ~30 (16 words at one row: 128; 32: 255 and spilled; 4 words at 8 rows: 168-177). Above ~200 the kernel spills."""
+    """Registers a thread of the int4 kernel takes, estimated from sm_90 compiles (scripts/gemv_resources.py,
+    2026-11-24) for w words of the weight tile a thread holds. At one row with 1,024 features a warp (x's
+    layout is the tile's) ~5 a word (16 words: 80, 32: 168). Otherwise ~4 a word for the tile and its
+    products, plus ~4 a row of x for the accumulator, plus ~30 (16 words at one row: 128; 32: 255 and
+    spilled; 4 words at 8 rows: 168-177). Above ~200 the kernel spills."""
     block_k = block_k or config.block_k
     words = config.block_n * block_k // 8 // (32 * config.num_warps)
-    if config.row_kernel and num_rows == 1:
-        return 11 * max(config.block_n, words // 4) + 80
     if num_rows == 1 and block_k == 1024 * config.num_warps:
         return 5 * words + 8
     return words * (4 * triton.next_power_of_2(num_rows) + 4) + 30
@@ -1171,7 +972,7 @@ def _launch_int4(
     if split_k > 1:
         partial = torch.empty(programs * split_k * block_m * (config.block_n + 1), dtype=torch.float32, device=x.device)
         counters = split_k_counters(x.device, programs)
-    args = (
+    _gemv_int4_kernel[(programs, split_k)](
         *common,
         weight.data,
         weight.scale,
@@ -1188,13 +989,13 @@ def _launch_int4(
         weight.scale.stride(0),
         out.stride(0),
         eps,
-    )
-    constants = dict(
+        0x3F800000,
         PROLOGUE=prologue,
         HAS_RESIDUAL=has_residual,
         HAS_BIAS=bias is not None,
         GROUP_SIZE=group_size,
         PERIOD=period,
+        BLOCK_M=block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=block_k,
         SPLIT_K=split_k,
@@ -1204,15 +1005,6 @@ def _launch_int4(
         num_stages=config.num_stages,
         **launch_options(pdl),
     )
-    if uses_row_kernel(config, m, group_size):
-        _gemv_int4_row_kernel[(programs, split_k)](*args, INT4_MAGIC_128, **constants)
-    else:
-        _gemv_int4_kernel[(programs, split_k)](*args, 0x3F800000, BLOCK_M=block_m, **constants)
-
-
-def uses_row_kernel(config: GemvConfig, num_rows: int, group_size: int) -> bool:
-    """Whether the int4 GEMV runs `_gemv_int4_row_kernel` (one row, a period of whole 16-byte runs)."""
-    return config.row_kernel and num_rows == 1 and int4_period(group_size) >= 32
 
 
 def int4_launch_tiles(k: int, group_size: int, config: GemvConfig) -> tuple[int, int]:

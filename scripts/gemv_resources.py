@@ -1,22 +1,18 @@
 """Registers, spills and load widths of the few-row GEMV for sm_90, compiled on a machine with no GPU.
 
-    python scripts/gemv_resources.py [--format int4|fp8] N,K,PROLOGUE,ROWS[,block_n,block_k,warps,stages,split_k,row_kernel] ...
+    python scripts/gemv_resources.py [--format int4|fp8] N,K,PROLOGUE,ROWS[,block_n,block_k,warps,stages,split_k] ...
 
 PROLOGUE: 0 plain, 1 RMSNorm + residual, 2 SiLU-mul. Without the config fields the default config runs
-(kernels.gemv.gemv_config); row_kernel 1 selects the int4 row kernel (GemvConfig.row_kernel). A config that runs
-its prologue as a kernel of its own is compiled without it (the GEMV's own resources). Triton's NVIDIA backend
-builds the launch down to a cubin through scripts/check_kernels_compile.py's compile-only driver; cuobjdump
-(shipped with Triton) reads its resource usage and its SASS: the K loop's instructions (the body of the last
-backward branch) per weight a thread reads in it, and its shared-memory traffic and barriers (layout
-conversions). This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding
-32 words spilled, and the tile shapes where x's layout is the weight tile's need no shared-memory conversion.
+(kernels.gemv.gemv_config). Triton's NVIDIA backend builds the launch down to a cubin through
+scripts/check_kernels_compile.py's compile-only driver; cuobjdump (shipped with Triton) reads its resource
+usage. This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding 32
+words spilled, and the tile shapes where x's layout is the weight tile's need no shared-memory conversion.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import os
 import re
 import subprocess
@@ -46,13 +42,8 @@ def main() -> None:
         n, k, prologue, rows, *fields = (int(v) for v in spec.split(","))
         config = None
         if fields:
-            block_n, block_k, warps, stages, *more = fields
-            config = gemv.GemvConfig(block_n, block_k, warps, stages, split_k=more[0] if more else 1,
-                                     row_kernel=bool(more[1]) if len(more) > 1 else False)  # fmt: skip
-        if args.format == "int4":
-            config = config or gemv.int4_config(k, rows, 128, n, prologue)
-            if config.separate_prologue:
-                prologue, config = 0, dataclasses.replace(config, separate_prologue=False)
+            block_n, block_k, warps, stages, *split = fields
+            config = gemv.GemvConfig(block_n, block_k, warps, stages, split_k=split[0] if split else 1)
         x = torch.randn(rows, 2 * k if prologue == 2 else k, dtype=torch.bfloat16)
         kwargs: dict = {"silu_mul": True} if prologue == 2 else {}
         if prologue == 1:
@@ -62,8 +53,7 @@ def main() -> None:
         if args.format == "int4":
             groups = torch.ones(n, k // 128, dtype=torch.bfloat16)
             weight = gemv.QuantizedWeight(torch.zeros(n, k // 8, dtype=torch.int32), groups, groups.clone(), 128)
-            row_kernel = config is not None and gemv.uses_row_kernel(config, rows, 128)
-            kernel_fn = gemv._gemv_int4_row_kernel if row_kernel else gemv._gemv_int4_kernel
+            kernel_fn = gemv._gemv_int4_kernel
         else:
             weight = gemv.QuantizedWeight(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(n))
             kernel_fn = gemv._gemv_kernel
@@ -77,35 +67,12 @@ def main() -> None:
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(kernel.asm["cubin"])
         usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
-        sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True).stdout
         os.unlink(f.name)
         found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
         ptx = kernel.asm["ptx"]
         loads = collections.Counter(m.group(0) for m in re.finditer(r"ld\.global[.\w]*", ptx))
         print(f"{spec}: registers {found.group(1)}, stack {found.group(2)} B, shared {found.group(3)} B; "
               f"bar.sync {ptx.count('bar.sync')}, st.shared {len(re.findall(r'st[.]shared', ptx))}; {dict(loads)}")  # fmt: skip
-        ops = k_loop_ops(sass)
-        if ops and args.format == "int4":
-            config = config or gemv.int4_config(k, rows, 128, n, prologue)
-            block_k, _ = gemv.int4_launch_tiles(k, 128, config)
-            weights = config.block_n * block_k // (32 * config.num_warps)  # a thread's weights in one K tile
-            total = sum(ops.values())
-            print(f"  K loop: {total} instructions, {total / weights:.2f} a weight ({weights} a thread a tile), "
-                  f"{8 * total / weights:.1f} a word; shared memory / barriers {sum(ops[o] for o in ('STS', 'LDS', 'LDSM'))}"
-                  f" / {ops['BAR']}; {dict(ops.most_common(8))}")  # fmt: skip
-
-
-def k_loop_ops(sass: str) -> collections.Counter:
-    """Opcode counts (without modifiers) of the instructions from the last backward branch's target to it: the
-    kernel's main K loop (the first K tile is peeled before it)."""
-    lines = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in
-             re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)[^\n]*", sass)]  # fmt: skip
-    branches = [(addr, int(t, 16)) for addr, _, op in lines if op == "BRA"
-                for t in re.findall(rf"/\*{addr:04x}\*/[^\n]*BRA 0x([0-9a-f]+)", sass) if int(t, 16) < addr]  # fmt: skip
-    if not branches:
-        return collections.Counter()
-    end, start = branches[-1]
-    return collections.Counter(op.split(".")[0] for addr, _, op in lines if start <= addr <= end)
 
 
 if __name__ == "__main__":

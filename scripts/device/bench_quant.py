@@ -3,28 +3,18 @@ built on the device:
 
     PYTHONPATH=$PWD python3 scripts/device/bench_quant.py [--json $OUT/bench_quant.json] [--no-sweep]
         [--int4-budget-s 150] [--time-limit-s 540] [--multi-rows] [--parts kernels,steps,attention,kv]
-        [--int4-rows 1,8,2,4] [--schemes bf16,fp8,eetq,w4a16_int4] [--batches 1,8,64]
         [--fp8-tuned $OUT/fp8_gemm_tuned.json]   (bench_fp8_gemm.py's best FP8 GEMM configs for the steps)
-
-The int4 GEMV at one row against its previous kernel, and the batch-1 step with each (< 5 min on an H100):
-
-    PYTHONPATH=$PWD python3 scripts/device/bench_quant.py --parts int4,steps --int4-rows 1 --int4-budget-s 90 \
-        --schemes bf16,w4a16_int4 --batches 1 --json $OUT/bench_quant.json
 
 1. each weight format's few-row GEMV (kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
    Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
    fuses into that projection; FP8's small config sweep;
    with --multi-rows 2-8 rows; the path each replaces (cuBLAS, per-token FP8 + _scaled_mm, dequant_matmul);
    GPU correctness (bf16 activations, 1 and 8 rows, FP8 subnormal weights, int4 split-K over 200 launches);
-2. the int4 GEMV's sweep (also the part `int4` alone): coordinate descent over block_n, block_k, num_warps,
-   num_stages, prefetch, split_k, separate_prologue and row_kernel per shape at 1, 2, 4 and 8 rows
-   (--int4-rows), seeded at one row with the previous kernel's tuned configs (OLD_TUNED_INT4, the baseline:
-   `_gemv_int4_kernel`) and the row kernel's (`_gemv_int4_row_kernel`, GemvConfig.row_kernel); GB/s and % of
-   copy bandwidth per config, the previous kernel's best against the default and the best, TUNED_INT4's
-   literal; the best FP8 and int4 configs are then installed for the decode steps;
-3. decode step time (CUDA graphs, context 512) at batch 1, 8 and 64 (--batches) for bf16, --quantize fp8, eetq
-   (W8A16) and w4a16_int4 (W4A16) (--schemes), the same model and call; ratios to bf16. w4a16_int4 runs twice:
-   with OLD_TUNED_INT4 (the previous int4 kernel at one row, "w4a16_int4_old") and with the current configs;
+2. the int4 GEMV's sweep: coordinate descent over block_n, block_k, num_warps, num_stages, prefetch,
+   split_k and separate_prologue per shape at 1, 2, 4 and 8 rows (GB/s per config, the default against the
+   best, TUNED_INT4's literal); the best FP8 and int4 configs are then installed for the decode steps;
+3. decode step time (CUDA graphs, context 512) at batch 1, 8 and 64 for bf16, --quantize fp8, eetq (W8A16)
+   and w4a16_int4 (W4A16), the same model and call; ratios to bf16;
 4. FP8 KV: decode attention at 32k context, bf16 vs FP8 KV, with the model backend's split count and
    key block, and the best of a small sweep of each;
 5. FP8 KV: KV slots from the same free memory vs bf16 KV.
@@ -81,7 +71,7 @@ CONTEXT, STEPS, BATCHES = 512, 64, [1, 8, 64]
 SCHEMES = [None, "fp8", "eetq", "w4a16_int4"]
 
 
-def decode_steps(hf_config: dict, state_dict: dict, quantize: str | None, label: str | None = None) -> dict:
+def decode_steps(hf_config: dict, state_dict: dict, quantize: str | None) -> dict:
     max_len = CONTEXT + STEPS + 8
     cfg = RunnerConfig(device="cuda", dtype="bfloat16", attention_backend="triton", num_kv_slots=65 * max_len + 1,
                        max_rows=65, max_seq_len=max_len, show_progress=False, cuda_graph_batch_sizes=[],
@@ -94,8 +84,8 @@ def decode_steps(hf_config: dict, state_dict: dict, quantize: str | None, label:
     for batch in BATCHES:
         ms = time_decode(graphs.replay, batch, max_len, hf_config["vocab_size"], STEPS)
         out[f"b{batch}_ms"], out[f"b{batch}_tok_s"] = ms, batch * 1e3 / ms
-    times = ", ".join(f"batch {b} {out[f'b{b}_ms']:.3f} ms/step ({out[f'b{b}_tok_s']:.0f} tok/s)" for b in BATCHES)
-    log(f"{label or quantize or 'bf16':>14}: weights {out['weight_gb']:.1f} GB, {times}")
+    log(f"{quantize or 'bf16':>10}: weights {out['weight_gb']:.1f} GB, batch 1 {out['b1_ms']:.3f} ms/step, "
+        f"batch 8 {out['b8_ms']:.3f} ms/step, batch 64 {out['b64_tok_s']:.0f} tok/s")  # fmt: skip
     del graphs, runner
     gc.collect()
     torch.cuda.empty_cache()
@@ -185,14 +175,6 @@ SWEEP_ROW_SCALED = [
     (16, 2048, 8, 1),
     (16, 1024, 4, 1, False, 1, True),
 ]  # the last: separate_prologue
-# The previous int4 kernel's (`_gemv_int4_kernel`) best one-row configs from this sweep (H100, 2026-11-24: 19-37% of
-# copy bandwidth), the baseline of the row kernel: seeds of the one-row sweep and the "w4a16_int4_old" step.
-OLD_TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
-    (4096, 14336, PROLOGUE_SILU_MUL, 1): GemvConfig(block_k=2048, num_stages=1, separate_prologue=True),
-    (28672, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_k=1024, separate_prologue=True),
-    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_k=2048),
-    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_k=2048, num_warps=8, separate_prologue=True),
-}
 # The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (kernels.gemv.int4_config): one axis
 # at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping configs that
 # would spill on sm_90 (kernels.gemv.int4_register_estimate), within a time budget (compiles dominate).
@@ -204,21 +186,13 @@ INT4_AXES = {
     "num_stages": (1, 3),
     "prefetch": (False, True),
     "separate_prologue": (False, True),
-    "row_kernel": (False, True),
 }
-INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologue")  # at 2-8 rows (no row kernel)
+INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologue")  # at 2-8 rows
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
 # features a warp, where x's layout is the weight tile's (see kernels.gemv.int4_config), which one axis at a time
 # cannot reach from another such point; split-K keeps that ratio per split.
 INT4_SEEDS = [(4, 4096, 4, 1), (8, 4096, 4, 1), (2, 4096, 4, 1), (8, 2048, 2, 1), (4, 2048, 2, 1), (8, 1024, 1, 1),
               (8, 2048, 2, 2), (4, 1024, 1, 2), (8, 2048, 4, 1)]  # fmt: skip
-# The row kernel's: 1,024 features a warp (x in the weights' layout; see kernels.gemv.int4_config) at 4, 8 and 16
-# weight rows, split-K 2, and the prefetch of the next K tile where a program walks several.
-INT4_ROW_SEEDS = [GemvConfig(block_n, block_k, num_warps, 1, prefetch, split_k, row_kernel=True)
-                  for block_n, block_k, num_warps, prefetch, split_k in
-                  [(8, 4096, 4, False, 1), (4, 4096, 4, False, 1), (16, 4096, 4, False, 1), (8, 2048, 2, False, 1),
-                   (4, 2048, 2, False, 1), (16, 2048, 2, False, 1), (8, 1024, 1, True, 1), (8, 2048, 2, False, 2),
-                   (8, 2048, 2, True, 1), (4, 1024, 1, True, 2)]]  # fmt: skip
 INT4_ROWS = [1, 2, 4, 8]
 MULTI_ROWS = [2, 4, 8]
 
@@ -306,13 +280,10 @@ def config_literal(config: GemvConfig) -> str:
     return f"GemvConfig({', '.join(fields)})"
 
 
-def int4_sweep(bandwidth: float, budget_s: float, row_counts: list[int]) -> dict:
+def int4_sweep(bandwidth: float, budget_s: float) -> dict:
     """The int4 GEMV by coordinate descent (INT4_AXES) from its rule-of-thumb config, per Llama-3-8B projection
     and row count, within `budget_s` seconds: one round at one row, then at 8, 2 and 4 rows, then a second round
-    at one row (the rounds of `row_counts` only). Each round first times every shape's default config (at one row
-    also OLD_TUNED_INT4's, then the seeds: INT4_ROW_SEEDS, INT4_SEEDS), so that a short budget still covers
-    each shape. Prints GB/s per config, the previous kernel against the default and the best, and the
-    TUNED_INT4 literal."""
+    at one row. Prints GB/s per config, the default against the best, and the TUNED_INT4 literal."""
     report: dict = {"timings": [], "cases": [], "tuned": {}}
     cases = {shape: GemvCase(k) for shape, (_, k, _) in SHAPES.items()}
     weights = {}
@@ -323,55 +294,36 @@ def int4_sweep(bandwidth: float, budget_s: float, row_counts: list[int]) -> dict
     timed: dict[tuple[int, str], dict[GemvConfig, float]] = {}  # (rows, shape) -> config -> us
     deadline = time.monotonic() + budget_s
 
-    def measure(rows: int, shape: str, config: GemvConfig) -> GemvConfig:
-        """Times `config` as the launch runs it (tiles fitted to K) unless seen, spilling or out of budget; returns
-        that config."""
+    def measure(rows: int, shape: str, config: GemvConfig) -> None:
         n, k, prologue = SHAPES[shape]
         block_k, split_k = int4_launch_tiles(k, GROUP, config)
         separate = config.separate_prologue and prologue != PROLOGUE_NONE
-        config = dataclasses.replace(config, block_k=block_k, split_k=split_k, separate_prologue=separate,
-                                     row_kernel=config.row_kernel and rows == 1)  # fmt: skip
+        config = dataclasses.replace(config, block_k=block_k, split_k=split_k, separate_prologue=separate)
         seen = timed.setdefault((rows, shape), {})
-        limit = 256 if config.row_kernel else 200  # registers before spilling (kernels.gemv.int4_register_estimate)
-        if config in seen or int4_register_estimate(config, rows) > limit or time.monotonic() > deadline:
-            return config
+        if config in seen or int4_register_estimate(config, rows) > 200 or time.monotonic() > deadline:
+            return
         case, moved = cases[shape], weight_bytes(weights[shape][0])
         try:
-            if rows == 1:  # the GPU's answer against the reference (a wrong kernel is off by ~1; the separate
-                # prologue's two roundings of the normed x alone reach ~1e-2 of the RMS of a few rows)
-                w0 = weights[shape][0]
-                err = rel_err(case.run(w0, prologue, 1, config), case.ref(w0, prologue, 1))
-                if err > 5e-2:
-                    raise AssertionError(f"rel err {err:.2e}")
             t_us = graph_us([lambda w=w: case.run(w, prologue, rows, config) for w in weights[shape]])
-        except Exception as exc:  # a config Triton cannot build (registers, shared memory), or a wrong answer
-            log(f"    int4 {shape} {rows} row(s) {config_literal(config)} failed: {type(exc).__name__} {exc}"[:300])
+        except Exception as exc:  # a config Triton cannot build (registers, shared memory)
+            log(f"    int4 {shape} {rows} row(s) {config_literal(config)} failed: {type(exc).__name__}")
             t_us = float("inf")
         seen[config] = t_us
         gbs = moved / (t_us * 1e-6) / 1e9
         report["timings"].append(dict(shape=shape, rows=rows, config=dataclasses.asdict(config), us=t_us, gb_s=gbs,
                                       pct_bw=100 * gbs * 1e9 / bandwidth))  # fmt: skip
-        log(f"    int4 {shape:8s} {rows} row(s) {config_literal(config):90s} {t_us:8.1f} us {gbs:6.0f} GB/s "
-            f"{100 * gbs * 1e9 / bandwidth:4.0f}%")  # fmt: skip
-        return config
+        log(f"    int4 {shape:8s} {rows} row(s) {config_literal(config):72s} {t_us:8.1f} us {gbs:6.0f} GB/s")
 
     defaults: dict[tuple[int, str], GemvConfig] = {}
-    olds: dict[str, GemvConfig] = {}
-    schedule = [(1, INT4_AXES), (8, INT4_ROW_AXES), (2, INT4_ROW_AXES), (4, INT4_ROW_AXES), (1, INT4_AXES)]
-    for round_, (rows, axes) in enumerate(schedule):
-        if rows not in row_counts:
-            continue
+    for rows, axes in ((1, INT4_AXES), (8, INT4_ROW_AXES), (2, INT4_ROW_AXES), (4, INT4_ROW_AXES), (1, INT4_AXES)):
         for shape, (n, k, prologue) in SHAPES.items():
             if (rows, shape) not in defaults:
-                defaults[(rows, shape)] = measure(rows, shape, int4_config(k, rows, GROUP, n, prologue))
-                if rows == 1:
-                    olds[shape] = measure(rows, shape, OLD_TUNED_INT4[(n, k, prologue, 1)])
-        seeds = INT4_ROW_SEEDS + [GemvConfig(*c[:3], num_stages=1, split_k=c[3]) for c in INT4_SEEDS]
-        for shape, (_, k, _) in SHAPES.items() if rows == 1 and round_ == 0 else ():
-            for seed in seeds:
-                if k % (seed.block_k * seed.split_k) == 0:
-                    measure(rows, shape, seed)
-        for shape in SHAPES:
+                defaults[(rows, shape)] = int4_config(k, rows, GROUP, n, prologue)
+                measure(rows, shape, defaults[(rows, shape)])
+                for block_n, block_k, num_warps, split_k in INT4_SEEDS if rows == 1 else []:
+                    seed = GemvConfig(block_n, block_k, num_warps, num_stages=1, split_k=split_k)
+                    if k % (block_k * split_k) == 0:
+                        measure(rows, shape, seed)
             seen = timed.get((rows, shape))
             if not seen:
                 continue  # out of budget
@@ -384,19 +336,15 @@ def int4_sweep(bandwidth: float, budget_s: float, row_counts: list[int]) -> dict
             continue
         n, k, prologue = SHAPES[shape]
         moved = weight_bytes(weights[shape][0])
-        default, best = defaults[(rows, shape)], min(seen, key=seen.get)
-        named = {"default": default, "best": best} | ({"old": olds[shape]} if rows == 1 else {})
-        named = {name: config for name, config in named.items() if config in seen}
-        us = {name: seen[config] for name, config in named.items()}
-        pct = {name: 100 * moved / (t * 1e-6) / bandwidth for name, t in us.items()}
-        case_row = dict(shape=shape, n=n, k=k, rows=rows, configs_timed=len(seen))
-        for name, config in named.items():
-            case_row |= {name: dataclasses.asdict(config), f"{name}_us": us[name], f"{name}_pct_bw": pct[name],
-                         f"{name}_gb_s": moved / (us[name] * 1e-6) / 1e9}  # fmt: skip
-        report["cases"].append(case_row)
+        default, best = min(seen, key=lambda c: c != defaults[(rows, shape)]), min(seen, key=seen.get)
+        pct = {c: 100 * moved / (seen[c] * 1e-6) / bandwidth for c in (default, best)}
+        report["cases"].append(dict(shape=shape, n=n, k=k, rows=rows, configs_timed=len(seen),
+                                    default=dataclasses.asdict(default), default_us=seen[default],
+                                    default_pct_bw=pct[default], best=dataclasses.asdict(best), best_us=seen[best],
+                                    best_pct_bw=pct[best]))  # fmt: skip
         report["tuned"][(n, k, prologue, triton.next_power_of_2(rows))] = best
-        log(f"int4 {shape:8s} {rows} row(s): " + ", ".join(f"{name} {us[name]:7.1f} us ({pct[name]:3.0f}% of copy BW)"
-            for name in named) + f"; best of {len(seen):2d}: {config_literal(best)}")  # fmt: skip
+        log(f"int4 {shape:8s} {rows} row(s): default {seen[default]:7.1f} us ({pct[default]:3.0f}% of copy BW), "
+            f"best of {len(seen):2d} {seen[best]:7.1f} us ({pct[best]:3.0f}%) {config_literal(best)}")  # fmt: skip
     log(f"int4 sweep: {len(report['timings'])} configs in {budget_s - max(0.0, deadline - time.monotonic()):.0f} s")
     log("TUNED_INT4 = {  # kernels/gemv.py")
     for (n, k, prologue, block_m), config in report["tuned"].items():
@@ -535,20 +483,15 @@ def summarize(report: dict) -> dict:
     for scheme, row in steps.items():
         if base is None:
             break
-        batches = [b for b in BATCHES if f"b{b}_ms" in row and f"b{b}_ms" in base]
-        ratios = {f"b{b}": row[f"b{b}_ms"] / base[f"b{b}_ms"] for b in batches}  # time per step, x bf16
-        ratios |= {f"b{b}_tok_s": row[f"b{b}_tok_s"] / base[f"b{b}_tok_s"] for b in batches if b > 8}
-        out[f"steps {scheme}"] = dict(b1_ms=row.get("b1_ms"), **ratios)
-        text = ", ".join(f"b{b} {row[f'b{b}_ms']:.3f} ms ({ratios[f'b{b}']:.2f}x bf16 time)" for b in batches)
-        text += "".join(f", {b} rows {ratios[f'b{b}_tok_s']:.2f}x bf16 tok/s" for b in batches if b > 8)
-        log(f"SUMMARY steps {scheme:14s} {text}  {' '.join(targets.get(scheme, ()))}")
+        ratios = dict(b1=row["b1_ms"] / base["b1_ms"], b8=row["b8_ms"] / base["b8_ms"],
+                      b64_tok_s=row["b64_tok_s"] / base["b64_tok_s"])  # fmt: skip
+        out[f"steps {scheme}"] = dict(b1_ms=row["b1_ms"], **ratios)
+        log(f"SUMMARY steps {scheme:10s} b1 {row['b1_ms']:.3f} ms ({ratios['b1']:.2f}x bf16), b8 {ratios['b8']:.2f}x, "
+            f"64 rows {ratios['b64_tok_s']:.2f}x bf16 tok/s  {' '.join(targets.get(scheme, ()))}")  # fmt: skip
     for case in report.get("int4_sweep", {}).get("cases", []):
         key = f"int4 gemv {case['shape']} {case['rows']} row(s)"
-        named = [name for name in ("old", "default", "best") if f"{name}_us" in case]
-        out[key] = {f"{name}_{field}": case[f"{name}_{field}"] for name in named for field in ("us", "gb_s", "pct_bw")}
-        out[key]["best"] = case["best"]
-        log(f"SUMMARY {key:28s} " + ", ".join(f"{name} {case[f'{name}_us']:6.1f} us {case[f'{name}_gb_s']:5.0f} GB/s "
-            f"{case[f'{name}_pct_bw']:3.0f}%" for name in named) + " of copy BW")  # fmt: skip
+        out[key] = dict(default_pct_bw=case["default_pct_bw"], best_pct_bw=case["best_pct_bw"], best=case["best"])
+        log(f"SUMMARY {key:32s} default {case['default_pct_bw']:3.0f}% of copy BW, best {case['best_pct_bw']:3.0f}%")
     checks = report.get("kernels", {}).get("checks", [])
     failed = [c for c in checks if not c["ok"]]
     out["gpu_checks_failed"] = len(failed)
@@ -591,11 +534,7 @@ def main() -> None:
     parser.add_argument("--int4-budget-s", type=float, default=150.0, help="time for the int4 GEMV sweep")
     parser.add_argument("--time-limit-s", type=float, default=540.0, help="skip the attention / kv parts past it")
     parser.add_argument("--multi-rows", action="store_true", help="time the FP8/int8/int4 GEMVs at 2, 4, 8 rows too")
-    parser.add_argument("--parts", default="kernels,steps,attention,kv",
-                        help="comma-separated subset to run (int4: the int4 sweep without the kernels part)")  # fmt: skip
-    parser.add_argument("--int4-rows", default="1,8,2,4", help="rows of x the int4 sweep runs")
-    parser.add_argument("--schemes", default="bf16,fp8,eetq,w4a16_int4", help="decode steps' schemes")
-    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="decode steps' batch sizes")
+    parser.add_argument("--parts", default="kernels,steps,attention,kv", help="comma-separated subset to run")
     parser.add_argument("--fp8-tuned", help="bench_fp8_gemm.py's --tuned-out file, installed before the steps")
     args = parser.parse_args()
     if args.fp8_tuned:
@@ -603,7 +542,6 @@ def main() -> None:
 
         install_fp8_gemm_tuned(args.fp8_tuned)
     parts = set(args.parts.split(","))
-    BATCHES[:] = [int(b) for b in args.batches.split(",")]
     torch.manual_seed(0)
     started = time.monotonic()
     bandwidth = copy_bandwidth()
@@ -618,27 +556,22 @@ def main() -> None:
     if "kernels" in parts:
         report["kernels"] = gemv_kernels(bandwidth, sweep=not args.no_sweep, multi_rows=args.multi_rows)
         save("kernels")
-    if ("kernels" in parts and not args.no_sweep) or "int4" in parts:
-        row_counts = [int(r) for r in args.int4_rows.split(",")]
-        report["int4_sweep"] = int4_sweep(bandwidth, args.int4_budget_s, row_counts)
-        save("int4 sweep")
-    install_tuned(report)
+        if not args.no_sweep:
+            report["int4_sweep"] = int4_sweep(bandwidth, args.int4_budget_s)
+            save("int4 sweep")
+        install_tuned(report)
     if parts & {"steps", "kv"}:
         model, hf_config = hf_model(LLAMA3_8B, torch.bfloat16)
         state_dict = {name: t for name, t in model.state_dict().items()}
     if "steps" in parts:
         report["steps"] = {}
-        for name in args.schemes.split(","):
-            scheme = None if name == "bf16" else name
-            if scheme == "w4a16_int4":  # the previous int4 kernel at one row first, then the current configs
-                current = dict(gemv_module.TUNED_INT4)
-                gemv_module.TUNED_INT4.update(OLD_TUNED_INT4)
-                report["steps"]["w4a16_int4_old"] = decode_steps(hf_config, state_dict, scheme, "w4a16_int4_old")
-                gemv_module.TUNED_INT4.clear()
-                gemv_module.TUNED_INT4.update(current)
-                save("steps w4a16_int4_old")
-            report["steps"][name] = decode_steps(hf_config, state_dict, scheme)
-            save(f"steps {name}")
+        for scheme in SCHEMES:
+            report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme)
+            save(f"steps {scheme or 'bf16'}")
+        base = report["steps"]["bf16"]
+        for scheme, row in report["steps"].items():
+            log(f"{scheme:>10}: batch 1 {row['b1_ms'] / base['b1_ms']:.2f}x bf16 time, batch 8 "
+                f"{row['b8_ms'] / base['b8_ms']:.2f}x, batch 64 {row['b64_tok_s'] / base['b64_tok_s']:.2f}x bf16 throughput")  # fmt: skip
         report["summary"] = summarize(report)  # printed now too, in case the parts below run out of time
 
     def time_left_for(part: str, seconds: float) -> bool:  # the last parts are skipped rather than cut

@@ -3,8 +3,6 @@ dequantized weight): plain weights at one row, FP8 / int8 / int4 weights at one 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -222,69 +220,3 @@ def test_separate_prologue_runs_the_elementwise_kernel_first(fmt: str, prologue:
     torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
     if summed is not None:
         torch.testing.assert_close(summed, ref_summed, rtol=0, atol=0)
-
-
-# --- the int4 row kernel (one row of x) ----------------------------------------------------------------
-
-
-def _row_config(**fields) -> GemvConfig:
-    return GemvConfig(**{"block_n": 8, "block_k": 128, "num_warps": 1, "row_kernel": True, **fields})
-
-
-@pytest.mark.parametrize("group", [32, 64, 128, 256])
-def test_int4_row_kernel_dequantizes_every_nibble_exactly(group: int):
-    """One-hot rows of x read single columns of the weight: in fp32 the row kernel's magic floats (128 + q and
-    2048 + q, the zero point and scale applied once a run) must give (q - z) * s bit for bit, for features held
-    in each of a word's eight nibbles, in each period and group."""
-    k, n = 512, 13  # 13: a ragged last block of rows
-    gen = torch.Generator().manual_seed(group)
-    weight = _quantized("int4", n, k, gen, torch.float32, group)
-    columns = weight.dequantize()
-    period = int4_period(group)
-    for feature in [p + i * (period // 8) + j for p in (0, k - period) for i in range(8) for j in (0, period // 8 - 1)]:
-        x = torch.zeros(1, k)
-        x[0, feature] = 1.0
-        out = gemv(x, weight, config=_row_config(block_k=max(128, period)))
-        assert torch.equal(out[0], columns[:, feature]), feature
-
-
-@pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul", "gelu_tanh_mul"])
-@pytest.mark.parametrize(
-    "fields", [{}, {"prefetch": True, "block_n": 4}, {"split_k": 2}, {"block_k": 256, "num_warps": 2}]
-)
-def test_int4_row_kernel_matches_the_reference(prologue: str, fields: dict):
-    """Both K loops (with and without the next tile's prefetch), split-K, two warps, every fused prologue, bias,
-    ragged rows, in fp32; `_gemv_int4_kernel` on the same inputs agrees with it as closely (the two order their
-    sums differently)."""
-    k, n, group = 512, 21, 64
-    gen = torch.Generator().manual_seed(len(prologue) + len(fields))
-    weight = _quantized("int4", n, k, gen, torch.float32, group)
-    x = torch.randn(1, k if prologue in ("none", "rmsnorm") else 2 * k, generator=gen)
-    bias = torch.randn(n, generator=gen)
-    kwargs: dict = {"silu_mul": True, "gelu_tanh": True} if prologue == "gelu_tanh_mul" else {}
-    if prologue == "silu_mul":
-        kwargs = {"silu_mul": True}
-    summed = None
-    if prologue == "rmsnorm":
-        norm_weight = 1 + 0.1 * torch.randn(k, generator=gen)
-        kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=torch.randn(1, k, generator=gen))
-        summed = torch.full((1, k), float("nan"))
-    config = _row_config(**fields)
-    out = gemv(x, weight, bias, residual_out=summed, config=config, **kwargs)
-    ref, ref_summed = gemv_ref(x, weight, bias, **kwargs)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    if summed is not None:
-        torch.testing.assert_close(summed, ref_summed, rtol=0, atol=0)
-    tile_config = dataclasses.replace(config, row_kernel=False)
-    tiles = gemv(x, weight, bias, residual_out=None if summed is None else summed.clone(), config=tile_config, **kwargs)
-    torch.testing.assert_close(out, tiles, rtol=1e-5, atol=1e-5)
-
-
-def test_int4_row_kernel_is_chosen_at_one_row_only():
-    from kernels.gemv import int4_config, uses_row_kernel
-
-    config = int4_config(4096, 1, 128)
-    assert config.row_kernel and uses_row_kernel(config, 1, 128)
-    assert not uses_row_kernel(config, 2, 128)  # several rows: the tile kernel
-    assert not uses_row_kernel(config, 1, 16)  # periods of 16 features: less than a 16-byte run a period
-    assert not int4_config(4096, 1, 16).row_kernel

@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python3 scripts/device/bench_fp8_gemm.py [--json $OUT/bench_fp8_gemm.json]
         [--tuned-out $OUT/fp8_gemm_tuned.json]
 
-Llama-3-8B's four projections (q|k|v 6144x4096, o 4096x4096, gate|up 28672x4096, down 4096x14336) at 16, 32, 64 and
-128 rows of FP8 activations: `_scaled_mm` as modeling/layers/quantization/fp8.py calls it (row-wise scales, fast
+Llama-3-8B's four projections (q|k|v 6144x4096, o 4096x4096, gate|up 28672x4096, down 4096x14336) at 16, 32 and 64
+rows of FP8 activations: `_scaled_mm` as modeling/layers/quantization/fp8.py calls it (row-wise scales, fast
 accumulation), kernels.fp8_gemm at its default config and at every config of a small sweep. Each config's output is
 checked against the float32 reference first (relative error < 1e-2); a miss is reported and not timed. Times are
 do_bench medians of CUDA-graph replays; GB/s counts weight + activation + output bytes, as % of the measured copy
@@ -34,14 +34,16 @@ from kernels.quant_activation import quant_per_token
 from modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-ROWS = (16, 32, 64, 128)
-SWEEP = list(itertools.product((32, 64, 128), (128, 256), (3, 4)))  # block_n, block_k, num_stages
+ROWS = (16, 32, 64)  # kernels.fp8_gemm.MAX_ROWS and below
+# (block_n, block_k, num_stages, split_k): the first sweep's winners were BLOCK_K 256 at 4 stages, and 128 at 3
+# for gate|up; split-K for the narrow-N projections (o, down), whose N / BLOCK_N programs leave SMs idle.
+SWEEP = [(bn, bk, st, sk) for bn in (32, 64, 128) for bk, st in ((128, 3), (256, 4)) for sk in (1, 2, 4)]
 
 
 def sweep(num_rows: int) -> list[Fp8GemmConfig]:
-    """One row tile up to 64 rows (two at 128): every config reads the weight once per row tile."""
+    """One row tile per config (BLOCK_M = the row bucket, at most 64): each reads the weight once."""
     block_m = min(row_bucket(num_rows), 64)
-    return [Fp8GemmConfig(block_m, block_n, block_k, 4, stages) for block_n, block_k, stages in SWEEP]
+    return [Fp8GemmConfig(block_m, bn, bk, 4, st, sk) for bn, bk, st, sk in SWEEP]
 
 
 def install_tuned(path: str) -> None:

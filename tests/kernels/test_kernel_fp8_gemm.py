@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
+from kernels.gemv import split_k_counters
 from kernels.quant_activation import quant_per_token_ref
 from modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
@@ -39,6 +40,24 @@ def test_fp8_gemm_every_config_of_the_sweep_agrees():
         Fp8GemmConfig(64, 32, 128, 4, 3),
         Fp8GemmConfig(64, 128, 256, 4, 4),
         Fp8GemmConfig(32, 64, 64, 4, 2),
+        Fp8GemmConfig(32, 32, 64, 4, 3, split_k=4),  # four programs share each tile's K walk
+        Fp8GemmConfig(64, 64, 128, 4, 4, split_k=2),
     ):
         out = fp8_gemm(x_q, x_scale, weight, weight_scale, config=config)
         torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_fp8_gemm_split_k_is_deterministic_and_leaves_its_counters_at_zero():
+    """The last program of a tile adds the partials in split order and resets the tile's counter, so launch
+    after launch gives the same bits (and the next kernel on the shared counters starts from zero)."""
+    gen = torch.Generator().manual_seed(2)
+    x_q, x_scale = quant_per_token_ref(torch.randn(21, 512, generator=gen), torch.float8_e4m3fn)
+    weight, weight_scale = quantize_weight_per_channel(torch.randn(80, 512, generator=gen))
+    bias = torch.randn(80, generator=gen).to(torch.bfloat16)
+    config = Fp8GemmConfig(32, 32, 64, 4, 3, split_k=4)
+    first = fp8_gemm(x_q, x_scale, weight, weight_scale, bias, config=config)
+    for _ in range(3):
+        assert torch.equal(fp8_gemm(x_q, x_scale, weight, weight_scale, bias, config=config), first)
+    assert not split_k_counters(x_q.device, 3).any()
+    ref = fp8_gemm_ref(x_q, x_scale, weight, weight_scale, bias)
+    torch.testing.assert_close(first.float(), ref.float(), rtol=1e-2, atol=1e-2)

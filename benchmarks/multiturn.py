@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from benchmarks.backends import RequestSpec, make_session, send_request
 from benchmarks.cli_common import add_endpoint_args, backend_options, fetch_info
 from benchmarks.metrics import RequestRecord, summarize
@@ -175,19 +177,16 @@ def scrape_durations(base_url: str) -> dict[str, tuple[float, float]] | None:
     """(sum, count) of each SERVER_DURATIONS histogram, summed over label sets; None without /metrics."""
     try:
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/metrics", timeout=10) as response:
-            text = response.read().decode()
-    except (OSError, ValueError):
+            families = list(text_string_to_metric_families(response.read().decode()))
+    except (OSError, ValueError):  # no /metrics, or not Prometheus text (another server)
         return None
+    names = {metric: name for name, metric in SERVER_DURATIONS.items()}
     totals: dict[str, tuple[float, float]] = {}
-    for name, metric in SERVER_DURATIONS.items():
-        total = count = 0.0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            series = key.split("{")[0]
-            if series == f"{metric}_sum":
-                total += float(value.split()[0])
-            elif series == f"{metric}_count":
-                count += float(value.split()[0])
+    for family in families:
+        if (name := names.get(family.name)) is None:
+            continue
+        total = sum(sample.value for sample in family.samples if sample.name == f"{family.name}_sum")
+        count = sum(sample.value for sample in family.samples if sample.name == f"{family.name}_count")
         if count:
             totals[name] = (total, count)
     return totals or None

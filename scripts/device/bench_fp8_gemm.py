@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_gpu import copy_bandwidth, graph_ms, log
+from tune_gemv import rel_err
 
 import kernels.fp8_gemm as fp8_gemm_module
 from kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_config, fp8_gemm_ref, row_bucket
@@ -54,12 +55,6 @@ def install_tuned(path: str) -> None:
         bucket, n, k = (int(v) for v in key.split(","))
         fp8_gemm_module.TUNED[(bucket, n, k)] = Fp8GemmConfig(*config)
     log(f"installed {len(tuned)} tuned FP8 GEMM configs from {path}")
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    if out.isnan().any():
-        return float("inf")
-    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
 def main() -> None:

@@ -113,7 +113,7 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
     parts = ("fill", "copy", "apply", "confine")
     extra = ("copy_host", "apply_host", "confine_host", "copy_device", "apply_device", "confine_device")
     engine: dict[str, list[float]] = {key: [] for key in (*parts, *extra)}
-    engine |= {"forward": [], "step": []}
+    engine |= {"forward": [], "step": [], "busy_launch_host": []}
 
     def engine_path() -> None:
         sync()
@@ -146,12 +146,14 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
                 marks[i].record()
 
         mark(0)  # queued behind the forward: the differences are the parts' device times, no launch gaps
+        t_launch = time.perf_counter()
         mask = backend.upload(host)
         mark(1)
         mask.apply(scores)
         mark(2)
         mask.confine(scores)
         mark(3)
+        engine["busy_launch_host"].append(1e3 * (time.perf_counter() - t_launch))
         sync()
         t6 = time.perf_counter()
         timings = dict(fill=t2 - t1, copy=t3 - t2, apply=t4 - t3, confine=t5 - t4, forward=t1 - t0, step=t6 - t5)
@@ -219,6 +221,9 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         # the host's share of a part (its call returning), and on a GPU its device time (CUDA events)
         **{f"{key}_ms": median(engine[key]) if engine[key] else None for key in extra},
         mask_ms_per_step=mask_ms,
+        # the host's time for copy + apply + confine (with the event records) while the GPU runs a forward, as
+        # in the engine; against copy_host + apply_host + confine_host, each timed right after a sync
+        busy_launch_host_ms=median(engine["busy_launch_host"]),
         kernels_match_reference=kernels_match,
         mask_us_per_token=1e3 * mask_ms / rows,
         mask_target_met=mask_ms <= MASK_TARGET_MS,
@@ -294,22 +299,26 @@ async def throughput(model_dir: str, rows: int, new_tokens: int, reps: int) -> l
     client = await ZmqEngineClient.start(EngineConfig(model_id=model_dir))
     rng, ids, results = random.Random(0), iter(range(10**9)), []
 
-    async def one(prompt: list[int], grammar: GrammarSpec | None, max_new: int) -> int:
+    async def one(
+        prompt: list[int], grammar: GrammarSpec | None, max_new: int, start: float
+    ) -> tuple[int, list[float]]:
+        """The request's tokens, and the times (s from the load's start) its token batches arrived."""
         request = GenerateRequest(f"g{next(ids)}", prompt, max_new_tokens=max_new, ignore_eos=True, grammar=grammar)
-        tokens = 0
+        tokens, arrivals = 0, []
         async for batch in client.generate_batches(request):
             tokens += sum(len(e.token_ids) for e in batch)
+            arrivals.append(time.perf_counter() - start)
             if batch[-1].error:
                 raise RuntimeError(batch[-1].error)
-        return tokens
+        return tokens, arrivals
 
-    async def load(constrained: bool, max_new: int) -> tuple[int, float]:
+    async def load(constrained: bool, max_new: int) -> tuple[int, float, dict]:
         # fresh random prompts each load: no prefix-cache hit favours the second load of a pair
         top = min(100_000, client.info.vocab_size)
         prompts = [[rng.randrange(1000, top) for _ in range(PROMPT_LEN)] for _ in range(rows)]
         start = time.perf_counter()
-        counts = await asyncio.gather(*(one(p, SPEC if constrained else None, max_new) for p in prompts))
-        return sum(counts), time.perf_counter() - start
+        done = await asyncio.gather(*(one(p, SPEC if constrained else None, max_new, start) for p in prompts))
+        return sum(n for n, _ in done), time.perf_counter() - start, _arrival_stats([a for _, a in done])
 
     try:
         for constrained in (False, True):  # warm-up: the grammar compiled and cached, every batch shape seen
@@ -317,9 +326,9 @@ async def throughput(model_dir: str, rows: int, new_tokens: int, reps: int) -> l
         for rep in range(reps):
             plain_tok_s = 0.0
             for constrained in (False, True):
-                tokens, seconds = await load(constrained, new_tokens)
+                tokens, seconds, arrivals = await load(constrained, new_tokens)
                 result = dict(stage="throughput", rep=rep, constrained=constrained, rows=rows, tokens=tokens)
-                result |= dict(seconds=seconds, tok_s=tokens / seconds)
+                result |= dict(seconds=seconds, tok_s=tokens / seconds, **arrivals)
                 if constrained:
                     result["ratio"] = result["tok_s"] / plain_tok_s
                 else:
@@ -347,6 +356,24 @@ async def throughput(model_dir: str, rows: int, new_tokens: int, reps: int) -> l
     return [*results, summary]
 
 
+def _arrival_stats(arrivals: list[list[float]]) -> dict:
+    """Where a load's time went, from each request's token-batch arrival times: a late start (first token),
+    stalls (the longest gaps between a request's batches) or every step slower (the median gap)."""
+    firsts = [a[0] for a in arrivals if a]
+    gaps = sorted(later - earlier for a in arrivals for earlier, later in zip(a, a[1:]))
+    if not gaps:
+        return {}
+    return dict(
+        first_token_s_median=statistics.median(firsts),
+        first_token_s_max=max(firsts),
+        last_token_s=max(a[-1] for a in arrivals if a),
+        gap_ms_median=1e3 * statistics.median(gaps),
+        gap_ms_p99=1e3 * gaps[int(0.99 * (len(gaps) - 1))],
+        gap_ms_max=1e3 * gaps[-1],
+        gaps_over_50ms=sum(g > 0.05 for g in gaps),
+    )
+
+
 def _print_table(mask: dict) -> None:
     """The mask's parts at `rows` rows, for a reader of the log (the JSON above has every figure)."""
     print(f"\nmask cost per step at {mask['rows']} rows ({mask['device']}), medians in ms:")
@@ -354,6 +381,7 @@ def _print_table(mask: dict) -> None:
         shares = [f"{kind} {mask[key]:.3f}" for kind in ("host", "device") if mask.get(key := f"{part}_{kind}_ms")]
         print(f"  {part:<12} {mask[f'{part}_ms']:7.3f}" + (f"   ({', '.join(shares)})" if shares else ""))
     print(f"  {'total':<12} {mask['mask_ms_per_step']:7.3f}   target <= {MASK_TARGET_MS}")
+    print(f"  copy + apply + confine host time while the GPU is busy: {mask['busy_launch_host_ms']:.3f}")
     print(f"  apply + confine match the torch reference: {mask['kernels_match_reference']}")
     idle = "  ".join(f"{t}: {ms:.3f}" for t, ms in mask["fill_after_idle_ms"].items())
     print(f"  fill after idle by threads: {idle}   (the engine fills on {mask['engine_fill_threads']})")

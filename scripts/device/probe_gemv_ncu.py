@@ -1,0 +1,51 @@
+"""One few-row GEMV per weight format, launched a few times, for Nsight Compute to read (not CI):
+
+    ncu --clock-control none -k regex:gemv --launch-skip 3 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        python3 scripts/device/probe_gemv_ncu.py --formats int4,bf16 --shape gate_up
+
+Each format runs kernels.gemv at its default config (the one the model runs), on a Llama-3-8B projection shape,
+with the same random weights bench_quant.py makes. Without ncu it prints each launch's time (CUDA events), so a
+run under ncu can be told apart from one without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench_quant import make_weight
+
+from kernels.gemv import PROLOGUE_NONE, gemv, gemv_config_for
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--formats", default="int4,bf16")
+    parser.add_argument("--shape", choices=SHAPES, default="gate_up")
+    parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--launches", type=int, default=6)
+    args = parser.parse_args()
+    n, k = SHAPES[args.shape]
+    for fmt in args.formats.split(","):
+        weight = make_weight(fmt, n, k)
+        x = torch.randn(args.rows, k, device="cuda", dtype=torch.bfloat16)
+        config = gemv_config_for(x, weight, PROLOGUE_NONE)
+        for _ in range(args.launches):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            gemv(x, weight, config=config)
+            end.record()
+            torch.cuda.synchronize()
+            print(f"{fmt} {args.shape} {args.rows} row(s) {config}: {1e3 * start.elapsed_time(end):.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -201,7 +201,17 @@ def _merge_splits(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
 
 
-@triton.jit
+# A step's split count (and so the partial LSEs' strides) follows its batch size, and in an eager mixed
+# step its metadata tensors are views at any offset: specialised on them (== 1, divisible by 16, 16-byte
+# aligned), the kernel compiled again mid-serving whenever a new combination came (~1 s on an H200,
+# every running request stalled). They are loop bounds, scalar offsets and scalar loads: nothing to gain.
+_RUNTIME_SPLIT_ARGS = ["num_splits", "stride_lb", "stride_lh"]
+
+
+@triton.jit(
+    do_not_specialize=_RUNTIME_SPLIT_ARGS,
+    do_not_specialize_on_alignment=[*_RUNTIME_SPLIT_ARGS, "req_rows_ptr", "kv_lens_ptr", "slots_ptr"],
+)
 def _decode_stage1_kernel(
     q_ptr,  # [B, H, D] (unrotated when ROTARY)
     k_cache_ptr,  # [S, KVH, D]
@@ -403,7 +413,7 @@ def _decode_stage1_kernel(
             tl.extra.cuda.gdc_launch_dependents()
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME_SPLIT_ARGS, do_not_specialize_on_alignment=_RUNTIME_SPLIT_ARGS)
 def _decode_stage2_kernel(
     mid_out_ptr,  # [B, H, num_splits, D] fp32
     mid_lse_ptr,  # [B, H, num_splits] fp32

@@ -14,10 +14,11 @@ $OUT/grammar_bench.json; the last line says whether each target is met.
    - the fill sweep: threads x rows (THREAD_COUNTS x ROW_COUNTS), xgrammar's batched fill on the host;
      `fill_ms[rows][threads]` medians, and `fastest_threads` per row count, from which
      router.grammar.SINGLE_THREAD_FILL_ROWS is set (`single_thread_fastest_up_to_rows`);
-   - the engine's own path at `--rows`, each part timed to a device sync: GrammarBackend.fill (on
+   - the engine's own path at `--rows`, each part timed to a device sync: GrammarBackend.mask (the fill, on
      router.grammar.fill_threads(rows) threads, right after the host waited ~8 ms on a stand-in forward, as
-     in the engine), .upload (the one host-to-device copy, `copy_mb`), GrammarMask.apply (after the penalties) and GrammarMask.confine (after the
-     warpers); `mask_ms_per_step` = the sum of their four medians. Target at 64 rows: <= 1 ms. `*_host_ms`:
+     in the engine), GrammarMask.apply (after the penalties; it reads the `mask_mb` of pinned host memory in
+     place) and GrammarMask.confine (after the warpers); `mask_ms_per_step` = the sum of their three
+     medians. Target at 64 rows: <= 1 ms. `*_host_ms`:
      the host's share of a part (its call returning, before the sync); `*_device_ms` on a GPU: its device
      time (CUDA events around it, queued behind a forward, in the exposed-cost pass below).
    - fill_after_idle_ms: the fill of `--rows` rows on each thread count right after a stand-in forward's sync,
@@ -110,8 +111,8 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
 
     fill_ms: dict[tuple[int, int], list[float]] = {(n, t): [] for n in row_counts for t in THREAD_COUNTS}
     idle_fill_ms: dict[int, list[float]] = {t: [] for t in THREAD_COUNTS}
-    parts = ("fill", "copy", "apply", "confine")
-    extra = ("copy_host", "apply_host", "confine_host", "copy_device", "apply_device", "confine_device")
+    parts = ("fill", "apply", "confine")
+    extra = ("apply_host", "confine_host", "apply_device", "confine_device")
     engine: dict[str, list[float]] = {key: [] for key in (*parts, *extra)}
     engine |= {"forward": [], "step": [], "busy_launch_host": []}
 
@@ -122,24 +123,20 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         scores = logits.clone()
         sync()
         t1 = time.perf_counter()  # the host was idle for the forward, as it is in the engine before a fill
-        host = backend.fill(requests)
+        mask = backend.mask(requests)
         t2 = time.perf_counter()
-        mask = backend.upload(host)
+        mask.apply(scores)
         t2_host = time.perf_counter()
         sync()
         t3 = time.perf_counter()
-        mask.apply(scores)
+        mask.confine(scores)
         t3_host = time.perf_counter()
         sync()
         t4 = time.perf_counter()
-        mask.confine(scores)
-        t4_host = time.perf_counter()
-        sync()
-        t5 = time.perf_counter()
         forward()  # the engine's order: forward queued, then the host fills while the GPU runs it
         scores = logits.clone()
-        host = backend.fill(requests)
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if on_gpu else []
+        mask = backend.mask(requests)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if on_gpu else []
 
         def mark(i: int) -> None:
             if marks:
@@ -147,20 +144,18 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
 
         mark(0)  # queued behind the forward: the differences are the parts' device times, no launch gaps
         t_launch = time.perf_counter()
-        mask = backend.upload(host)
-        mark(1)
         mask.apply(scores)
-        mark(2)
+        mark(1)
         mask.confine(scores)
-        mark(3)
+        mark(2)
         engine["busy_launch_host"].append(1e3 * (time.perf_counter() - t_launch))
         sync()
-        t6 = time.perf_counter()
-        timings = dict(fill=t2 - t1, copy=t3 - t2, apply=t4 - t3, confine=t5 - t4, forward=t1 - t0, step=t6 - t5)
-        timings |= dict(copy_host=t2_host - t2, apply_host=t3_host - t3, confine_host=t4_host - t4)
+        t5 = time.perf_counter()
+        timings = dict(fill=t2 - t1, apply=t3 - t2, confine=t4 - t3, forward=t1 - t0, step=t5 - t4)
+        timings |= dict(apply_host=t2_host - t2, confine_host=t3_host - t3)
         for key, value in timings.items():
             engine[key].append(1e3 * value)
-        for i, key in enumerate(("copy_device", "apply_device", "confine_device") if marks else ()):
+        for i, key in enumerate(("apply_device", "confine_device") if marks else ()):
             engine[key].append(marks[i].elapsed_time(marks[i + 1]))  # in ms
 
     def fill_after_idle(threads: int) -> None:
@@ -213,16 +208,14 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         engine_fill_threads=fill_threads(rows),
         engine_fill_ms=part_ms["fill"],
         engine_fill_ms_mean=statistics.mean(engine["fill"]),  # bimodal: a few grammar states are expensive
-        copy_ms=part_ms["copy"],
-        copy_mb=4 * rows * ((vocab + 31) // 32) / 1e6,  # one step's host-to-device copy (int32 words)
-        fill_and_copy_ms=part_ms["fill"] + part_ms["copy"],  # GrammarBackend.mask, as measured before the split
+        mask_mb=4 * rows * ((vocab + 31) // 32) / 1e6,  # the bitmask words apply reads from the host
         apply_ms=part_ms["apply"],
         confine_ms=part_ms["confine"],
         # the host's share of a part (its call returning), and on a GPU its device time (CUDA events)
         **{f"{key}_ms": median(engine[key]) if engine[key] else None for key in extra},
         mask_ms_per_step=mask_ms,
-        # the host's time for copy + apply + confine (with the event records) while the GPU runs a forward, as
-        # in the engine; against copy_host + apply_host + confine_host, each timed right after a sync
+        # the host's time for apply + confine (with the event records) while the GPU runs a forward, as in
+        # the engine; against apply_host + confine_host, each timed right after a sync
         busy_launch_host_ms=median(engine["busy_launch_host"]),
         kernels_match_reference=kernels_match,
         mask_us_per_token=1e3 * mask_ms / rows,
@@ -252,10 +245,9 @@ def _kernels_match_reference(backend, requests: list, logits, row_type) -> bool:
     scores[0, ::5], scores[1, 7], scores[2] = float("nan"), float("inf"), float("-inf")
     matches = []
     for batch in (requests, [row_type(None) if i % 3 == 0 else r for i, r in enumerate(requests)]):
-        host = backend.fill(batch)
-        expected = grammar_apply_ref(scores.to("cpu", copy=True), host.bitmask, host.row_index)
-        expected = grammar_confine_ref(expected, host.bitmask, host.row_index)
-        mask = backend.upload(host)
+        mask = backend.mask(batch)
+        expected = grammar_apply_ref(scores.to("cpu", copy=True), mask.bitmask, mask.row_index)
+        expected = grammar_confine_ref(expected, mask.bitmask, mask.row_index)
         got = mask.confine(mask.apply(scores.clone())).cpu()
         matches.append(
             torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.nan_to_num(), expected.nan_to_num())
@@ -328,6 +320,7 @@ async def throughput(model_dir: str, rows: int, new_tokens: int, reps: int) -> l
             for constrained in (False, True):
                 tokens, seconds, arrivals = await load(constrained, new_tokens)
                 result = dict(stage="throughput", rep=rep, constrained=constrained, rows=rows, tokens=tokens)
+                result["ended_at"] = time.time()  # wall clock: lines the engine logged meanwhile can be placed
                 result |= dict(seconds=seconds, tok_s=tokens / seconds, **arrivals)
                 if constrained:
                     result["ratio"] = result["tok_s"] / plain_tok_s
@@ -377,11 +370,11 @@ def _arrival_stats(arrivals: list[list[float]]) -> dict:
 def _print_table(mask: dict) -> None:
     """The mask's parts at `rows` rows, for a reader of the log (the JSON above has every figure)."""
     print(f"\nmask cost per step at {mask['rows']} rows ({mask['device']}), medians in ms:")
-    for part in ("engine_fill", "copy", "apply", "confine"):
+    for part in ("engine_fill", "apply", "confine"):
         shares = [f"{kind} {mask[key]:.3f}" for kind in ("host", "device") if mask.get(key := f"{part}_{kind}_ms")]
         print(f"  {part:<12} {mask[f'{part}_ms']:7.3f}" + (f"   ({', '.join(shares)})" if shares else ""))
     print(f"  {'total':<12} {mask['mask_ms_per_step']:7.3f}   target <= {MASK_TARGET_MS}")
-    print(f"  copy + apply + confine host time while the GPU is busy: {mask['busy_launch_host_ms']:.3f}")
+    print(f"  apply + confine host time while the GPU is busy: {mask['busy_launch_host_ms']:.3f}")
     print(f"  apply + confine match the torch reference: {mask['kernels_match_reference']}")
     idle = "  ".join(f"{t}: {ms:.3f}" for t, ms in mask["fill_after_idle_ms"].items())
     print(f"  fill after idle by threads: {idle}   (the engine fills on {mask['engine_fill_threads']})")

@@ -259,6 +259,46 @@ def test_prefill_attention() -> None:
             check(f"prefill {heads}/{kv_heads}x{head_dim} {dtype}", rel_err(out, ref), tolerance(dtype))
 
 
+def test_attention_compiles_once_across_split_counts_and_metadata_offsets() -> None:
+    """What varies from step to step (the split count, the partial LSEs' strides, metadata views at any offset)
+    is not a specialisation key: after the first launch of each kernel variant, new values compile nothing
+    (a compile mid-serving stalls every request ~1 s). Split counts 9-16 share stage 2's SPLITS_PAD."""
+    from triton import knobs
+
+    compiled: list[str] = []
+
+    def count(*args, **kwargs) -> bool:
+        compiled.append(kwargs["fn"].name)
+        return False
+
+    heads, kv_heads, head_dim, dtype = 32, 8, 128, torch.bfloat16
+    kv_lens = [1, 4097, 37, 1500, 64, 3000, 2, 777, 5]
+    k_cache, v_cache, r2t, rows = paged_cache(kv_lens, kv_heads, head_dim, dtype)
+    meta = torch.tensor([0, *kv_lens, *kv_lens], device=DEV)  # one step buffer, read as views at any offset
+    scale = head_dim**-0.5
+    previous, knobs.runtime.jit_post_compile_hook = knobs.runtime.jit_post_compile_hook, count
+    try:
+        for step, (batch, splits) in enumerate([(8, 9), (9, 13), (7, 16), (8, 11), (9, 16)]):
+            offset = step % 2  # int64 views: 16-byte aligned or not
+            kv = meta[1 + offset : 1 + offset + batch]
+            q = torch.randn(batch, heads, head_dim, device=DEV, dtype=dtype)
+            out = decode_attention(q, k_cache, v_cache, r2t, rows[:batch], kv, scale, splits)
+            ref = decode_attention_ref(q, k_cache, v_cache, r2t, rows[:batch], kv, scale)
+            check(f"decode batch {batch} splits {splits} offset {offset}", rel_err(out, ref), tolerance(dtype))
+            q_lens = meta.new_tensor([3, 1, 20][: 2 + offset])
+            n = len(q_lens)
+            prefill_meta = torch.cat([meta.new_zeros(offset), q_lens.cumsum(0) - q_lens, q_lens, q_lens + 10])
+            starts, lens, kv_after = (prefill_meta[offset + i * n : offset + (i + 1) * n] for i in range(3))
+            q = torch.randn(int(q_lens.sum()), heads, head_dim, device=DEV, dtype=dtype)
+            args = (q, k_cache, v_cache, r2t, rows[:n], starts, lens, kv_after)
+            out = prefill_attention(*args, max_q_len=int(q_lens.max()), scale=scale)
+            check(f"prefill offset {offset}", rel_err(out, prefill_attention_ref(*args, scale=scale)), tolerance(dtype))
+    finally:
+        knobs.runtime.jit_post_compile_hook = previous
+    for name in ("_decode_stage1_kernel", "_decode_stage2_kernel", "_prefill_kernel"):
+        check(f"{name}: compiles", compiled.count(name), 2, "count")  # at most one (none if compiled before)
+
+
 def test_elementwise() -> None:
     dtype = torch.bfloat16
     tokens = 1000
@@ -507,6 +547,33 @@ def explain_mismatch(model, prompts, ours, theirs, runner, max_len) -> None:
             f"transformers top-2 margin {float(top2[0] - top2[1]):.2e}; logits rel err "
             f"{rel_err(our_logits[0][0], hf_logits):.2e}",
             flush=True,
+        )
+
+
+def test_grammar_mask_read_from_pinned_host_memory() -> None:
+    """GrammarMask keeps a GPU step's bitmask in pinned host memory and its kernels read it there (no copy):
+    apply + confine on the device give the torch reference's scores, with and without a row index."""
+    from kernels.grammar_apply import grammar_apply_ref
+    from kernels.grammar_confine import grammar_confine_ref
+    from router.grammar import GrammarMask
+
+    vocab, num_words = 128256, 4008
+    scores = torch.randn(64, vocab, device=DEV)
+    scores[0, ::5], scores[1, 7], scores[2] = float("nan"), float("inf"), float("-inf")
+    for row_index in (None, torch.arange(1, 64, 3, dtype=torch.int32)):
+        rows = 64 if row_index is None else row_index.numel()
+        bitmask = torch.randint(-(2**31), 2**31, (rows, num_words), dtype=torch.int32)
+        pinned_index = None if row_index is None else row_index.pin_memory()
+        mask = GrammarMask(bitmask.pin_memory(), pinned_index, device_readable=True)
+        got = mask.confine(mask.apply(scores.clone()))
+        assert not mask.bitmask.is_cuda  # read in place, not copied
+        expected = grammar_apply_ref(scores.cpu(), bitmask, row_index)
+        expected = grammar_confine_ref(expected, bitmask, row_index)
+        same = torch.equal(got.cpu().isnan(), expected.isnan()) and torch.equal(
+            got.cpu().nan_to_num(), expected.nan_to_num()
+        )
+        check(
+            f"grammar mask from pinned memory, row index {row_index is not None}", 0.0 if same else 1.0, 0.5, "differs"
         )
 
 

@@ -158,12 +158,12 @@ class Scheduler:
         running = self.running
         if not running or self.pool.num_free_slots < len(running):
             return False
-        num_at_cap = 0
+        decoding = []
         for request in running:
             if request.num_computed_tokens == 0 or request.num_new_tokens != 1:
                 return False
-            num_at_cap += _at_length_cap(request)
-        decoding = running if not num_at_cap else [r for r in running if not _at_length_cap(r)]
+            if not _at_length_cap(request):
+                decoding.append(request)
         if not decoding:
             return False  # nothing decodes: the general loop admits the waiting requests at once
         slots = self.pool.allocate(len(decoding))

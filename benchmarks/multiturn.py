@@ -23,7 +23,8 @@ Any TGI-style streaming endpoint works (``--backend tgi``: our server, TGI, Ligh
 ``--backend openai``. Reports TTFT p50/p99 and throughput (benchmarks.metrics conventions) for all
 requests and, for multiturn, for the follow-up turns alone (the ones a prefix cache serves). Where the
 server has TGI's ``/metrics``, the mean of its validation, queue and time-to-first-token durations over
-the run (what part of the client's TTFT is tokenizing, waiting for the engine, or outside the server).
+the run (what part of the client's TTFT is tokenizing, waiting for the engine, or outside the server),
+and the share of prompt tokens its prefix cache served.
 """
 
 from __future__ import annotations
@@ -171,35 +172,49 @@ SERVER_DURATIONS = {
     "queue": "tgi_request_queue_duration",
     "ttft": "vllm:time_to_first_token_seconds",
 }
+# vLLM's prefix-cache counters: prompt tokens looked up, and found
+PREFIX_CACHE_COUNTERS = {"prefix_queries": "vllm:prefix_cache_queries", "prefix_hits": "vllm:prefix_cache_hits"}
 
 
-def scrape_durations(base_url: str) -> dict[str, tuple[float, float]] | None:
-    """(sum, count) of each SERVER_DURATIONS histogram, summed over label sets; None without /metrics."""
+def scrape_server(base_url: str) -> dict[str, float] | None:
+    """Each SERVER_DURATIONS histogram's sum and count (`<name>_sum`, `<name>_count`) and each
+    PREFIX_CACHE_COUNTERS total, summed over label sets; None without /metrics."""
     try:
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/metrics", timeout=10) as response:
             families = list(text_string_to_metric_families(response.read().decode()))
     except (OSError, ValueError):  # no /metrics, or not Prometheus text (another server)
         return None
-    names = {metric: name for name, metric in SERVER_DURATIONS.items()}
-    totals: dict[str, tuple[float, float]] = {}
+    wanted = {
+        f"{metric}_{part}": f"{name}_{part}" for name, metric in SERVER_DURATIONS.items() for part in ("sum", "count")
+    }
+    wanted |= {f"{metric}_total": name for name, metric in PREFIX_CACHE_COUNTERS.items()}
+    totals: dict[str, float] = {}
     for family in families:
-        if (name := names.get(family.name)) is None:
-            continue
-        total = sum(sample.value for sample in family.samples if sample.name == f"{family.name}_sum")
-        count = sum(sample.value for sample in family.samples if sample.name == f"{family.name}_count")
-        if count:
-            totals[name] = (total, count)
+        for sample in family.samples:
+            if (key := wanted.get(sample.name)) is not None:
+                totals[key] = totals.get(key, 0.0) + sample.value
     return totals or None
 
 
 def server_breakdown(before: dict | None, after: dict | None) -> dict[str, float]:
     """Mean ms of each server duration over the requests between two scrapes."""
     out = {}
-    for name, (total, count) in (after or {}).items():
-        total_before, count_before = (before or {}).get(name, (0.0, 0.0))
-        if count > count_before:
-            out[f"{name}_mean_ms"] = 1000 * (total - total_before) / (count - count_before)
+    for name in SERVER_DURATIONS:
+        count = _delta(before, after, f"{name}_count")
+        if count > 0:
+            out[f"{name}_mean_ms"] = 1000 * _delta(before, after, f"{name}_sum") / count
     return out
+
+
+def prefix_hit_share(before: dict | None, after: dict | None) -> float | None:
+    """Share of the prompt tokens between two scrapes that the prefix cache served. In the chat row a
+    turn's answer is cached only as far as its text re-tokenizes to the ids it was generated as."""
+    queries = _delta(before, after, "prefix_queries")
+    return _delta(before, after, "prefix_hits") / queries if queries > 0 else None
+
+
+def _delta(before: dict | None, after: dict | None, key: str) -> float:
+    return (after or {}).get(key, 0.0) - (before or {}).get(key, 0.0)
 
 
 def headline(label: str, result: dict) -> str:
@@ -214,6 +229,8 @@ def headline(label: str, result: dict) -> str:
         line += f" | follow-up TTFT p50 {follow['median_ms']:.1f} ms p99 {follow['p99_ms']:.1f} ms"
     if server := result.get("server_mean_ms"):
         line += " | server means: " + ", ".join(f"{k.removesuffix('_mean_ms')} {v:.1f} ms" for k, v in server.items())
+    if (share := result.get("server_prefix_hit_share")) is not None:
+        line += f" | prefix cache served {100 * share:.1f}% of prompt tokens"
     return line
 
 
@@ -266,11 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     warm = [Turn(RequestSpec("Hello, who are you?", 6, 4), "")]  # compilation and lazy allocation, sharing nothing
     asyncio.run(replay([warm], args.backend, opts, 1))
     own = OwnAnswers(tokenizer, args.max_context) if args.workload == "multiturn" and args.history == "model" else None
-    before = scrape_durations(opts.base_url)
+    before = scrape_server(opts.base_url)
     records, duration = asyncio.run(replay(workload, args.backend, opts, args.concurrency, own))
     result = report(records, duration)
-    if server := server_breakdown(before, scrape_durations(opts.base_url)):
+    after = scrape_server(opts.base_url)
+    if server := server_breakdown(before, after):
         result["server_mean_ms"] = server
+    if (share := prefix_hit_share(before, after)) is not None:
+        result["server_prefix_hit_share"] = share
     label = args.label or f"{args.workload} @ {args.concurrency}"
     config = {
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(),

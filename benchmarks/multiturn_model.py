@@ -44,8 +44,13 @@ class Engine:
     client_ms: float = 30.0
 
 
-def turn_costs(tokenizer, conversations, own_history: bool) -> list[list[TurnCost]]:
-    """Per conversation, per turn: prompt, uncached and output tokens as the replay sends them."""
+def turn_costs(
+    tokenizer, conversations, own_history: bool, answer_ids_cached: int | None = None
+) -> list[list[TurnCost]]:
+    """Per conversation, per turn: prompt, uncached and output tokens as the replay sends them.
+    `answer_ids_cached`: of an own answer, the leading tokens whose text re-tokenizes to the ids it
+    was generated as (the cache serves those only; None: all). A random-weight Llama-3's answers do
+    for ~24 of 128 tokens (uniform random ids through the Llama-3 tokenizer: mean 24, median 18)."""
     out = []
     for conversation in conversations:
         turns: list[TurnCost] = []
@@ -55,8 +60,9 @@ def turn_costs(tokenizer, conversations, own_history: bool) -> list[list[TurnCos
                 continue
             question = len(tokenizer(turn.question, add_special_tokens=False).input_ids) + 2  # + "\n\n"
             previous = turns[-1]
-            if own_history:  # history = the previous prompt and its (capped) answer: all cached
-                prompt, new = previous.prompt + previous.output + question, question
+            if own_history:  # history = the previous prompt and its (capped) answer, cached as far as it round-trips
+                uncached = 0 if answer_ids_cached is None else max(0, previous.output - answer_ids_cached)
+                prompt, new = previous.prompt + previous.output + question, question + uncached
             else:  # the reference answer was never generated: it is new too
                 prompt = turn.request.prompt_len
                 new = prompt - previous.prompt
@@ -150,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history", choices=("model", "reference"), default="model")
     parser.add_argument("--hold-steps", type=int, nargs="+", default=[0, 8])
     parser.add_argument("--eager-ms", type=float, default=Engine.eager_ms)
+    parser.add_argument(
+        "--answer-ids-cached", type=int, default=None, help="of an own answer, tokens that re-tokenize (default all)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     tokenizer = load_tokenizer(args.tokenizer)
     workload = multiturn_workload(
         tokenizer, args.num_conversations, args.max_context, args.max_output_len, args.seed, args.min_turns
     )
-    conversations = turn_costs(tokenizer, workload, args.history == "model")
+    conversations = turn_costs(tokenizer, workload, args.history == "model", args.answer_ids_cached)
     turns = [t for c in conversations for t in c]
     print(
         f"{len(conversations)} conversations, {len(turns)} turns: mean prompt {sum(t.prompt for t in turns) / len(turns):.0f}"

@@ -168,19 +168,13 @@ class ModelRunner:
             self.step_profiler.before_step()
         if self.step_sender is not None:
             self.step_sender.send(batch)
-        if batch.cached_prefix_slots is not None:
-            rows, positions, slots = batch.cached_prefix_slots
-            self.req_to_token[rows, positions] = slots.to(torch.int32)
+        write_cached_prefixes(self.req_to_token, batch)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
             return self.cuda_graphs.replay(batch)
         return self._forward_eager(batch)
 
     def _forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
-        if batch.mode == ForwardMode.DECODE:
-            token_rows = batch.req_rows
-        else:
-            token_rows = torch.repeat_interleave(batch.req_rows, batch.q_lens, output_size=batch.num_tokens)
-        self.req_to_token[token_rows, batch.positions] = batch.out_slots.to(torch.int32)
+        write_new_slots(self.req_to_token, batch)
         self.backend.init_forward_metadata(batch, self.req_to_token)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_caches, self.backend)
         return self.model.compute_logits(hidden[batch.logits_indices])
@@ -268,6 +262,22 @@ class ModelRunner:
             )
             for _ in range(c.num_layers)
         ]
+
+
+def write_cached_prefixes(req_to_token: torch.Tensor, batch: ForwardBatch) -> None:
+    """The step's prefix-cache hits into their rows (their K/V is cached: no forward writes them)."""
+    if batch.cached_prefix_slots is not None:
+        rows, positions, slots = batch.cached_prefix_slots
+        req_to_token[rows, positions] = slots.to(torch.int32)
+
+
+def write_new_slots(req_to_token: torch.Tensor, batch: ForwardBatch) -> None:
+    """The slot of every token the step computes into its request's row."""
+    if batch.mode == ForwardMode.DECODE:
+        token_rows = batch.req_rows
+    else:
+        token_rows = torch.repeat_interleave(batch.req_rows, batch.q_lens, output_size=batch.num_tokens)
+    req_to_token[token_rows, batch.positions] = batch.out_slots.to(torch.int32)
 
 
 def _default_device() -> str:

@@ -106,7 +106,7 @@ class KVSlotPool:
         num_locked = 0 if prefix is None else prefix.num_tokens
         if len(tokens) < num_locked:
             raise ValueError(f"{len(tokens)} tokens to cache, fewer than the {num_locked} locked")
-        num_present, _ = self._cache.insert(tokens, slots[: len(tokens)])
+        num_present, _ = self._cache.insert(tokens, slots[: len(tokens)], prefix)
         self._free_slots += slots[num_locked:num_present]  # duplicates of what someone else cached
         self._free_slots += slots[len(tokens) :]  # K/V never written by a completed step
         self.release_cached_prefix(prefix)
@@ -119,10 +119,10 @@ class KVSlotPool:
         slots for those tokens while the request's row still points at its own."""
         num_locked = 0 if prefix is None else prefix.num_tokens
         cache = self._cache
-        if len(tokens) <= num_locked or cache.matched_length(tokens) != num_locked:
+        if len(tokens) <= num_locked or cache.extends_past(prefix, tokens[num_locked]):
             return prefix
         shared = slots[: len(tokens)]
-        _, node = cache.insert(tokens, shared)
+        _, node = cache.insert(tokens, shared, prefix)
         cache.lock(node)
         self.release_cached_prefix(prefix)
         return PrefixMatch(shared, node)

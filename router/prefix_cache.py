@@ -89,15 +89,26 @@ class PrefixCache:
             node = child
         return matched
 
+    def extends_past(self, prefix: PrefixMatch | None, token: int) -> bool:
+        """True when some cached sequence goes on from `prefix` (None: the empty prefix) with `token`."""
+        return token in (self.root if prefix is None else prefix.node).children
+
     # ---- insert -------------------------------------------------------------------------
-    def insert(self, tokens: list[int], slots: list[int]) -> tuple[int, _Node]:
+    def insert(self, tokens: list[int], slots: list[int], after: PrefixMatch | None = None) -> tuple[int, _Node]:
         """Cache `tokens` with their `slots`. Returns how many leading tokens were cached already
         (the caller's slots for those are duplicates that the tree did not take: the caller frees
-        whichever of them it owns; the tree takes the rest) and the node that ends at `tokens`."""
+        whichever of them it owns; the tree takes the rest) and the node that ends at `tokens`.
+
+        `after`: a locked match of the leading tokens (a request's own prefix; a locked node is
+        never evicted or cut, and a split leaves it ending where it did). The walk starts at its
+        node, so a chat turn's insert costs its new tokens, not its whole history again."""
         if len(tokens) != len(slots):
             raise ValueError(f"{len(tokens)} tokens but {len(slots)} slots")
         now = next(self._clock)
         node, matched = self.root, 0
+        if after is not None:
+            node, matched = after.node, after.num_tokens
+            self._touch(node, now)  # the path above it, as a walk from the root would
         while matched < len(tokens) and (child := node.children.get(tokens[matched])) is not None:
             common = _common_length(child.tokens, tokens, matched)
             if common < len(child.tokens):
@@ -111,6 +122,11 @@ class PrefixCache:
             self.num_cached_tokens += len(leaf.tokens)
             return matched, leaf
         return matched, node
+
+    def _touch(self, node: _Node, now: int) -> None:
+        while node is not self.root:
+            node.last_access = now
+            node = node.parent_node
 
     # ---- locks --------------------------------------------------------------------------
     def lock(self, node: _Node) -> None:

@@ -149,17 +149,27 @@ class Scheduler:
         Takes all the slots at once, in the order one-by-one allocation would hand them out, and
         schedules every running request; False (nothing done) when some request is not a plain
         decode or the pool is too tight, which the general loop handles (chunks, preemption).
+
+        A request whose pending token is its last by length (overlap scheduling) is left out, as the
+        general loop leaves it: update() finishes it. The step stays a decode step, so admission keeps
+        its hold; otherwise every answer that ends at max_new_tokens let the waiting requests in at
+        once (a chat replay at 128 conversations: half the steps prefilled, eager on a GPU).
         """
         running = self.running
         if not running or self.pool.num_free_slots < len(running):
             return False
+        decoding = []
         for request in running:
-            if request.num_computed_tokens == 0 or request.num_new_tokens != 1 or _at_length_cap(request):
+            if request.num_computed_tokens == 0 or request.num_new_tokens != 1:
                 return False
-        slots = self.pool.allocate(len(running))
+            if not _at_length_cap(request):
+                decoding.append(request)
+        if not decoding:
+            return False  # nothing decodes: the general loop admits the waiting requests at once
+        slots = self.pool.allocate(len(decoding))
         assert slots is not None  # checked above: the pool has a free slot for each
         chunk = self._chunk
-        plan.chunks = [chunk(request, 1, [slot]) for request, slot in zip(running, reversed(slots))]
+        plan.chunks = [chunk(request, 1, [slot]) for request, slot in zip(decoding, reversed(slots))]
         return True
 
     def _schedule_running(self, request: Request, budget: int, plan: StepPlan) -> ScheduledChunk | None:

@@ -48,8 +48,10 @@ def _length_error(request: GenerateRequest, info: EngineInfo) -> str | None:
         return "`max_new_tokens` must be strictly positive"
     if num_prompt == 0:
         return "`inputs` cannot be empty"
-    if bad := [t for t in request.prompt_ids if not 0 <= t < info.vocab_size]:
-        return f"token id {bad[0]} is outside the vocabulary (size {info.vocab_size})"
+    ids = request.prompt_ids
+    if min(ids) < 0 or max(ids) >= info.vocab_size:  # two C passes: a chat turn's prompt is its whole history
+        bad = next(t for t in ids if not 0 <= t < info.vocab_size)
+        return f"token id {bad} is outside the vocabulary (size {info.vocab_size})"
     if num_prompt + request.max_new_tokens > info.max_total_tokens:
         return (
             f"`inputs` tokens + `max_new_tokens` must be <= {info.max_total_tokens}. "

@@ -58,8 +58,12 @@ def test_the_servers_ttft_breakdown_covers_the_run(server_url, tmp_path):
     args = ["--base-url", server_url, "--workload", "shared-prefix", "--num-prompts", "4", "--system-len", "64"]
     args += ["--question-len", "8", "--output-len", "2", "--concurrency", "2", "--out-dir", str(tmp_path)]
     assert multiturn.main(args) == 0
-    server = json.loads((tmp_path / "result.json").read_text())["server_mean_ms"]
+    result = json.loads((tmp_path / "result.json").read_text())
+    server = result["server_mean_ms"]
     assert set(server) == {"validation_mean_ms", "queue_mean_ms", "ttft_mean_ms"}
     assert 0 <= server["validation_mean_ms"] <= server["ttft_mean_ms"]
     assert 0 < server["queue_mean_ms"] <= server["ttft_mean_ms"]
     assert multiturn.server_breakdown(None, None) == {}
+    # 4 prompts of one 64-token system prompt, 2 at a time: the later ones find it cached
+    assert 0.2 < result["server_prefix_hit_share"] < 1
+    assert multiturn.prefix_hit_share(None, None) is None

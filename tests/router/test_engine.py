@@ -139,7 +139,8 @@ def test_abort_frees_the_slots_at_the_next_step():
         (dict(sampling=SamplingParams(top_p=0.0)), "`top_p` must be > 0.0 and < 1.0"),
         (dict(sampling=SamplingParams(frequency_penalty=3.0)), "`frequency_penalty` must be >= -2.0 and <= 2.0"),
         (dict(max_new_tokens=5000), "`inputs` tokens + `max_new_tokens` must be <="),
-        (dict(prompt_ids=[10**6]), "outside the vocabulary"),
+        (dict(prompt_ids=[5, 10**6, 7]), "token id 1000000 is outside the vocabulary"),
+        (dict(prompt_ids=[5, -1]), "token id -1 is outside the vocabulary"),
     ],
 )
 def test_invalid_requests_are_rejected_before_admission(request_kwargs, message):

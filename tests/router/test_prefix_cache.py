@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -202,3 +202,37 @@ def test_insert_reports_the_tokens_already_cached():
     assert num_present == 2 and node.slots == [10, 11] and len(node.children) == 2
     assert cache.match([1, 2, 4, 5, 6]).slots == [10, 11, 32, 33]
     assert cache.num_cached_tokens == 5
+
+
+def _shape(node) -> tuple:
+    """A node's subtree as plain values: edges, slots, locks and LRU clocks."""
+    children = tuple(_shape(node.children[k]) for k in sorted(node.children))
+    return (tuple(node.tokens), tuple(node.slots), node.lock_ref, node.last_access, children)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cached=st.lists(tokens_strategy, max_size=6),
+    query=tokens_strategy,
+    tail=st.lists(st.integers(0, 2), max_size=6),
+)
+def test_insert_after_a_locked_match_equals_an_insert_from_the_root(cached, query, tail):
+    """A request's insert that starts at its locked prefix's node leaves the same tree (edges, slots,
+    locks, LRU clocks) and returns the same as one that walks its whole history from the root;
+    extends_past says what a matched_length past the prefix would."""
+    outcomes = []
+    for walk_from_prefix in (False, True):
+        cache = PrefixCache()
+        for i, tokens in enumerate(cached):
+            cache.insert(tokens, [100 * i + j for j in range(len(tokens))])
+        match = cache.match(query)
+        cache.lock(match.node)
+        for token in range(3):  # (share_running's O(1) check for a cached tail)
+            longer = cache.matched_length(query[: match.num_tokens] + [token]) > match.num_tokens
+            assert cache.extends_past(match, token) == longer
+        tokens = query[: match.num_tokens] + tail
+        num_present, node = cache.insert(
+            tokens, match.slots + [900 + j for j in range(len(tail))], match if walk_from_prefix else None
+        )
+        outcomes.append((num_present, node.slots, _shape(cache.root)))
+    assert outcomes[0] == outcomes[1]

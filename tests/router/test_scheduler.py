@@ -158,6 +158,33 @@ def test_failed_request_is_finished_alone():
     run_to_completion(scheduler)
 
 
+def test_a_request_ending_in_flight_keeps_the_hold_on_late_requests():
+    """Overlap scheduling: a request whose pending token is its last by length is left out of the
+    next decode step, which stays a decode step, so a late arrival is still held for 3 decode steps
+    (it used to join at once, at step 2, where r0 reaches its cap)."""
+    base = make_scheduler()
+    limits = SchedulerLimits(base.limits.max_batch_prefill_tokens, base.limits.admission, 3, 0.3)
+    scheduler = Scheduler(KVSlotPool(1000, 16), limits, frozenset({EOS}))
+    for i in range(7):
+        scheduler.add(make_request(f"r{i}", max_new=2 if i == 0 else 20))
+    previous = scheduler.schedule()
+    scheduler.tokens_in_flight(previous, list(range(7)))
+    scheduler.add(make_request("late", max_new=4))
+    admitted_at = []
+    for step in range(1, 5):  # schedule N, update N-1, N's tokens in flight (router/engine.py's order)
+        plan = scheduler.schedule()
+        if any(c.request.request_id == "late" and c.start == 0 for c in plan.chunks):
+            admitted_at.append(step)
+        if step > 1:  # r0's pending token is its last from step 2 on
+            assert "r0" not in {c.request.request_id for c in plan.chunks}
+        scheduler.update(previous, result_for(previous))
+        scheduler.tokens_in_flight(plan, [i for i, c in enumerate(plan.chunks) if c.is_sampled])
+        previous = plan
+    assert admitted_at == [3]
+    scheduler.update(previous, result_for(previous))
+    run_to_completion(scheduler)
+
+
 def test_max_waiting_tokens_holds_a_few_late_requests_back_for_that_many_decode_steps():
     """TGI's batching: 1 waiting request beside 7 decoding (fewer than floor(0.3 x 7) = 2) waits 3
     decode steps, then joins; 2 waiting beside 8 (floor(2.4) = 2) join at once."""

@@ -7,7 +7,6 @@ so "connection refused" means "not ready yet" and the first accepted request is 
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib.util
 import logging
 import os
@@ -18,6 +17,7 @@ import uvicorn
 
 from modeling.registry import UnsupportedArchitectureError, describe_modeling_path
 from router.client_api import EngineClient, EngineDeadError
+from router.engine_process import freeze_startup_heap
 from tgi_compat.cli.config import ServerConfig, ServingLimits
 from tgi_compat.observability.metrics_listener import start_prometheus_listener
 from tgi_compat.observability.tracing import RequestTracer
@@ -166,14 +166,6 @@ async def run_server(config: ServerConfig) -> int:
             state.tracer.shutdown()
     engine_died = watcher is not None and watcher.done() and not watcher.cancelled() and watcher.exception() is not None
     return 1 if engine_died or fatal or not server.started else 0
-
-
-def freeze_startup_heap() -> None:
-    """Move everything start-up allocated (transformers, torch, the tokenizer: ~400k objects) out of
-    the collector's reach. Streaming allocates fast, so full collections come often, and each
-    one walked that whole heap (~0.1-0.2 s) for garbage that never appears there."""
-    gc.collect()
-    gc.freeze()
 
 
 def _http_protocol_name() -> str:

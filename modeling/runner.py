@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from modeling.attention import create_backend
+from modeling.attention.base import AttentionParams
 from modeling.config import ModelConfig
 from modeling.cuda_graphs import maybe_capture_decode_graphs
 from modeling.forward_batch import ForwardBatch, ForwardMode
@@ -134,6 +135,8 @@ class ModelRunner:
             device=self.device,
             dtype=self.dtype,
         )
+        if self.device.type == "cuda":
+            self.backend.compile_kernels(self.kv_caches[0], self.req_to_token, self._attention_params())
         self.cuda_graphs = maybe_capture_decode_graphs(
             self._forward_eager,
             self.backend,
@@ -215,6 +218,16 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return model.eval()
+
+    def _attention_params(self) -> list[AttentionParams]:
+        """The distinct per-layer attention switches of the native model (kernel variants follow them)."""
+        from modeling.models.decoder import Attention  # imports the kernels: see _build_model
+
+        distinct: list[AttentionParams] = []
+        for module in self.model.modules():
+            if isinstance(module, Attention) and module.params not in distinct:
+                distinct.append(module.params)
+        return distinct
 
     def _kv_bytes_per_token(self) -> int:
         c = self.model_config

@@ -36,6 +36,17 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
         """Once per step, before the first layer: build whatever index tensors the kernels need."""
 
+    def compile_kernels(
+        self,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        req_to_token: torch.Tensor,
+        layer_params: list[AttentionParams],
+    ) -> None:
+        """At start-up: compile the kernel variants the steps may select that the CUDA-graph capture and
+        the server's warm-up requests do not reach (a JIT compile met mid-serving stalls every request).
+        Nothing to do for backends without JIT kernels."""
+        return None
+
     @abstractmethod
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """Write the new tokens' k/v into their slots (batch.out_slots)."""

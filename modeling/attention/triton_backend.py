@@ -90,6 +90,37 @@ class TritonAttentionBackend(AttentionBackend):
         self.merged_split_batches = MERGED_SPLIT_BATCHES
         self.fused_rotary_batches = FUSED_ROTARY_BATCHES
 
+    def compile_kernels(
+        self,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        req_to_token: torch.Tensor,
+        layer_params: list[AttentionParams],
+    ) -> None:
+        """Flash-decoding at every batch size, as a MIXED step's decode rows run it (no fused rotary).
+        The batch size picks the kernel's variant (one split or several, merged or not, the key block,
+        PDL at batch 1); the graph capture compiles only the fused-rotary ones, and the warm-up's mixed
+        steps carry a few rows, so a mixed step of 17+ decode rows compiled its variant mid-serving
+        (0.6-1.6 s each on an H200). Each size reads one key of row 0 and writes only scratch."""
+        k_cache, v_cache = kv_cache
+        rows = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
+        kv_lens = torch.ones(self.max_rows, dtype=torch.int64, device=self.device)
+        for batch in range(1, self.max_rows + 1):
+            self.metadata = TritonAttentionMetadata(
+                is_decode=True,
+                req_to_token=req_to_token,
+                req_rows=rows[:batch],
+                q_start=rows[:batch],
+                q_lens=kv_lens[:batch],
+                kv_lens=kv_lens[:batch],
+                out_slots=rows[:0],
+                max_q_len=1,
+                num_splits=self._num_splits(batch),
+                block_n=choose_block_n(batch, self.num_kv_heads, self.num_sms),
+            )
+            q = torch.zeros(batch, self.num_heads, self.head_dim, dtype=self.dtype, device=self.device)
+            for params in layer_params:
+                self._decode(q, k_cache, v_cache, params)
+
     def _num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
 

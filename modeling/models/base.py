@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from modeling.attention.base import AttentionBackend
 from modeling.config import ModelConfig
@@ -40,3 +41,5 @@ class CausalLM(Protocol):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None: ...
 
     def eval(self) -> CausalLM: ...
+
+    def modules(self) -> Iterator[nn.Module]: ...

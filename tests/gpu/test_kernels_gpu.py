@@ -24,6 +24,7 @@ from common import build_runner, capture_graphs, greedy_generate, hf_model
 
 from kernels.decode_attention import (
     NewTokenKV,
+    choose_block_n,
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
@@ -297,6 +298,43 @@ def test_attention_compiles_once_across_split_counts_and_metadata_offsets() -> N
         knobs.runtime.jit_post_compile_hook = previous
     for name in ("_decode_stage1_kernel", "_decode_stage2_kernel", "_prefill_kernel"):
         check(f"{name}: compiles", compiled.count(name), 2, "count")  # at most one (none if compiled before)
+
+
+def test_backend_compiles_every_mixed_step_decode_variant_at_start() -> None:
+    """After TritonAttentionBackend.compile_kernels, a MIXED step's decode rows compile nothing at any batch size."""
+    from triton import knobs
+
+    from modeling.attention.base import AttentionParams
+    from modeling.attention.triton_backend import TritonAttentionBackend, TritonAttentionMetadata
+
+    heads, kv_heads, head_dim, max_rows, dtype = 32, 8, 128, 80, torch.bfloat16
+    backend = TritonAttentionBackend(heads, kv_heads, head_dim, max_rows, 64, torch.device(DEV), dtype)
+    kv_cache = (torch.randn(4096, kv_heads, head_dim, device=DEV, dtype=dtype),) * 2
+    req_to_token = torch.randint(0, 4096, (max_rows + 1, 64), device=DEV, dtype=torch.int32)
+    params = [AttentionParams(head_dim**-0.5), AttentionParams(head_dim**-0.5, sliding_window=16)]
+    backend.compile_kernels(kv_cache, req_to_token, params)
+    compiled: list[str] = []
+
+    def count(*args, **kwargs) -> bool:
+        compiled.append(kwargs["fn"].name)
+        return False
+
+    previous, knobs.runtime.jit_post_compile_hook = knobs.runtime.jit_post_compile_hook, count
+    try:
+        for batch in (1, 3, 16, 17, 33, 47, 80):
+            kv_lens = torch.randint(1, 65, (batch,), device=DEV)
+            rows = torch.randperm(max_rows, device=DEV)[:batch]
+            backend.metadata = TritonAttentionMetadata(
+                True, req_to_token, rows, rows, kv_lens, kv_lens, rows[:0], 1, backend._num_splits(batch),
+                choose_block_n(batch, kv_heads, backend.num_sms),
+            )  # fmt: skip
+            q = torch.randn(batch, heads, head_dim, device=DEV, dtype=dtype)
+            out = backend.forward(q, *kv_cache, params[0])
+            ref = decode_attention_ref(q, *kv_cache, req_to_token, rows, kv_lens, head_dim**-0.5)
+            check(f"backend decode at batch {batch}", rel_err(out, ref), tolerance(dtype))
+    finally:
+        knobs.runtime.jit_post_compile_hook = previous
+    check("compiles after compile_kernels", len(compiled), 1, "count")
 
 
 def test_elementwise() -> None:

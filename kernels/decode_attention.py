@@ -202,15 +202,16 @@ def _merge_splits(
 
 
 # A step's split count (and so the partial LSEs' strides) follows its batch size, and in an eager mixed
-# step its metadata tensors are views at any offset: specialised on them (== 1, divisible by 16, 16-byte
-# aligned), the kernel compiled again mid-serving whenever a new combination came (~1 s on an H200,
-# every running request stalled). They are loop bounds, scalar offsets and scalar loads: nothing to gain.
+# step its metadata tensors are views at any offset (the ticket counter is kv_lens when unused):
+# specialised on them (== 1, divisible by 16, 16-byte aligned), the kernel compiled again mid-serving
+# whenever a new combination came (~1 s on an H200, every running request stalled). They are loop
+# bounds, scalar offsets and scalar loads: nothing to gain.
 _RUNTIME_SPLIT_ARGS = ["num_splits", "stride_lb", "stride_lh"]
 
 
 @triton.jit(
     do_not_specialize=_RUNTIME_SPLIT_ARGS,
-    do_not_specialize_on_alignment=[*_RUNTIME_SPLIT_ARGS, "req_rows_ptr", "kv_lens_ptr", "slots_ptr"],
+    do_not_specialize_on_alignment=[*_RUNTIME_SPLIT_ARGS, "req_rows_ptr", "kv_lens_ptr", "counter_ptr", "slots_ptr"],
 )
 def _decode_stage1_kernel(
     q_ptr,  # [B, H, D] (unrotated when ROTARY)

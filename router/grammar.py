@@ -58,7 +58,10 @@ COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the 
 # SINGLE_THREAD_FILL_ROWS rows, and larger batches up to 4 of the cores this process may run on (counted
 # from its affinity: xgrammar's "auto" reads the host's CPU count, and a container may see a fraction of it).
 # scripts/device/bench_grammar.py sweeps threads x rows and prints the crossover to set this from.
-SINGLE_THREAD_FILL_ROWS = 32  # H100 host, 2026-11-24: 1 thread fastest at 16-32 rows, 4 threads at 64-256
+# At 64 rows the hosts disagreed (H100 host, 2026-11-24: 4 threads ahead in one sweep), and the engine's
+# own path on an H200 host (2026-11-27, interleaved runs) filled 64 rows in 0.59 / 0.53 ms on one thread
+# against 0.61 / 0.62 ms on four, and the whole mask cost 0.96 / 0.86 against 0.99 / 1.04 ms.
+SINGLE_THREAD_FILL_ROWS = 64
 MAX_FILL_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) // 2))  # 8 threads lost to 4 at every size
 IDLE_WAIT_S = 0.005  # how long an otherwise idle engine sleeps on pending compiles per turn
 _CPP_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[12:00:00] /project/cpp/x.cc:83: " prefix

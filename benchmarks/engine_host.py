@@ -159,24 +159,25 @@ def sampling_params(index: int, mix: str) -> SamplingParams:
     return params
 
 
-def build_engine(rows: int, prompt_len: int, new_tokens: int, vocab: int, prefix_caching: bool = True) -> EngineCore:
-    num_kv_slots = rows * (prompt_len * 2 + new_tokens) + 1024
-    runner = InstantRunner(vocab, rows, num_kv_slots)
+def instant_engine(runner: InstantRunner, vocab: int, max_positions: int, eos: int, **config) -> EngineCore:
+    """An EngineCore around a model that costs nothing; `config`: EngineConfig's fields besides model_id."""
     model_config = SimpleNamespace(
         architecture="InstantForBenchmarks",
         multimodal_architecture=None,
         vocab_size=vocab,
-        max_position_embeddings=8192,
-        eos_token_ids=[2],
+        max_position_embeddings=max_positions,
+        eos_token_ids=[eos],
     )
-    config = EngineConfig(
-        model_id="instant",
-        device="cpu",
-        max_running_requests=rows,
-        max_batch_prefill_tokens=16384,
+    return EngineCore(EngineConfig(model_id="instant", **config), runner, model_config)
+
+
+def build_engine(rows: int, prompt_len: int, new_tokens: int, vocab: int, prefix_caching: bool = True) -> EngineCore:
+    num_kv_slots = rows * (prompt_len * 2 + new_tokens) + 1024
+    runner = InstantRunner(vocab, rows, num_kv_slots)
+    return instant_engine(
+        runner, vocab, 8192, 2, device="cpu", max_running_requests=rows, max_batch_prefill_tokens=16384,
         prefix_caching=prefix_caching,
-    )
-    return EngineCore(config, runner, model_config)
+    )  # fmt: skip
 
 
 def run(

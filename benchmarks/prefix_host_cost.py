@@ -32,16 +32,14 @@ import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
 import router.batch as batch_module
 import router.scheduler as scheduler_module
-from benchmarks.engine_host import InstantRunner, PhaseClock
+from benchmarks.engine_host import InstantRunner, PhaseClock, instant_engine
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.runner import write_cached_prefixes, write_new_slots
-from router.config import EngineConfig
 from router.engine import EngineCore
 from router.executor import LaunchedStep
 from router.request import GenerateRequest
@@ -174,21 +172,10 @@ class ChatReplay:
 def build_engine(args: argparse.Namespace, prefix_caching: bool) -> EngineCore:
     max_seq_len = args.first_len[1] + args.turns_per_conversation * (args.answer_len[1] + args.new_len[1])
     runner = RowWritingRunner(args.vocab, args.max_running, args.kv_slots, max_seq_len, torch.device(args.device))
-    model_config = SimpleNamespace(
-        architecture="InstantForBenchmarks",
-        multimodal_architecture=None,
-        vocab_size=args.vocab,
-        max_position_embeddings=max_seq_len,
-        eos_token_ids=[EOS],
-    )
-    config = EngineConfig(
-        model_id="instant",
-        device=args.device,
-        max_running_requests=args.max_running,
-        prefix_caching=prefix_caching,
-        overlap_scheduling=not args.no_overlap,
-    )
-    return EngineCore(config, runner, model_config)
+    return instant_engine(
+        runner, args.vocab, max_seq_len, EOS, device=args.device, max_running_requests=args.max_running,
+        prefix_caching=prefix_caching, overlap_scheduling=not args.no_overlap,
+    )  # fmt: skip
 
 
 def instrument(engine: EngineCore, clock: PhaseClock) -> None:

@@ -53,11 +53,13 @@ run_client() {  # name, benchmarks.multiturn arguments...
   fi
 }
 
-run_plain() {  # name, streams: PLAIN_REPEATS runs of distinct random prompts (seed = run number)
+run_plain() {  # name, streams: PLAIN_REPEATS runs of distinct random prompts
+  # The seed differs for every (streams, run): a workload's first prompts are those of any shorter workload
+  # of the same seed, which would turn the cache-on runs into partial hits.
   local name=$1 streams=$2 run
   for run in $(seq "$PLAIN_REPEATS"); do
     if timeout "$STAGE_TIMEOUT" $PY -m benchmarks.serve --base-url "$BASE_URL" --dataset fixed --input-len 256 \
-        --output-len 256 --num-prompts $((streams * 4)) --request-rate inf --max-concurrency "$streams" --seed "$run" \
+        --output-len 256 --num-prompts $((streams * 4)) --request-rate inf --max-concurrency "$streams" --seed "$((streams * 100 + run))" \
         --tokenizer "$MODEL_DIR" --out-dir "$OUT/$name-$run" --no-progress > "$OUT/$name-$run.log" 2>&1; then
       grep -m1 -- "^--- " "$OUT/$name-$run.log" | sed "s/^--- /$name-$run /" | tee -a "$OUT/summary.txt"
     else

@@ -4,9 +4,9 @@
 
 PROLOGUE: 0 plain, 1 RMSNorm + residual, 2 SiLU-mul. Without the config fields the default config runs
 (kernels.gemv.gemv_config). --rows-per-program R compiles the int4 row-walking kernel (kernels/gemv_int4_rows.py;
-block_k and warps unused: its K slice is K / split_k, a warp per 1,024 features). Triton's NVIDIA backend builds the launch down to a cubin through
-scripts/check_kernels_compile.py's compile-only driver; cuobjdump (shipped with Triton) reads its resource
-usage. This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding 32
+block_k and warps unused: its K slice is K / split_k, a warp per 1,024 features). Triton's NVIDIA backend builds
+the launch down to a cubin through scripts/check_kernels_compile.py's compile-only driver; cuobjdump (shipped
+with Triton) reads its resource usage. This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding 32
 words spilled, and the tile shapes where x's layout is the weight tile's need no shared-memory conversion.
 """
 

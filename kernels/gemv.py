@@ -42,6 +42,8 @@ K over several programs per column (`GemvConfig.split_k`: more programs where N 
 the SMs; the last program of a column adds the partials, in split order, and resets its counter). Its
 few weight rows a program make the fused prologue a large share of its instructions, so a config may run
 the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format).
+At one row a config may instead select kernels/gemv_int4_rows.py (`GemvConfig.rows_per_program`): each
+program loads its K slice of x once into registers and walks many weight rows.
 
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,
@@ -698,6 +700,9 @@ class GemvConfig:
     # the GEMV without one: one more launch, but each activation computed once instead of once a program (the
     # int4 kernel's few weight rows a program make the fused prologue a large share of its instructions)
     separate_prologue: bool = False
+    # int4 at one row: 0 runs the tile kernel; else kernels.gemv_int4_rows's kernel, each program walking this many
+    # output rows (block_n a step) with its K slice of x loaded once into registers
+    rows_per_program: int = 0
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -966,6 +971,11 @@ def _launch_int4(
     assert weight.zero is not None and weight.zero.stride() == weight.scale.stride() and k % group_size == 0
     assert _is_power_of_2(group_size) and weight.data.stride(1) == 1, group_size
     config = config or int4_config(k, m, group_size, n, prologue)
+    if config.rows_per_program:
+        from kernels.gemv_int4_rows import launch_int4_rows  # (it imports this module's helpers)
+
+        launch_int4_rows(common, weight, bias, out, eps, prologue, has_residual, config, pdl)
+        return
     block_k, split_k = int4_launch_tiles(k, group_size, config)
     block_m, programs = triton.next_power_of_2(m), triton.cdiv(n, config.block_n)
     partial = counters = x  # unused at split_k 1

@@ -3,9 +3,10 @@
     python scripts/gemv_resources.py [--format int4|fp8] N,K,PROLOGUE,ROWS[,block_n,block_k,warps,stages,split_k] ...
 
 PROLOGUE: 0 plain, 1 RMSNorm + residual, 2 SiLU-mul. Without the config fields the default config runs
-(kernels.gemv.gemv_config). Triton's NVIDIA backend builds the launch down to a cubin through
-scripts/check_kernels_compile.py's compile-only driver; cuobjdump (shipped with Triton) reads its resource
-usage. This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding 32
+(kernels.gemv.gemv_config). --rows-per-program R compiles the int4 row-walking kernel (kernels/gemv_int4_rows.py;
+block_k and warps unused: its K slice is K / split_k, a warp per 1,024 features). Triton's NVIDIA backend builds
+the launch down to a cubin through scripts/check_kernels_compile.py's compile-only driver; cuobjdump (shipped
+with Triton) reads its resource usage. This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding 32
 words spilled, and the tile shapes where x's layout is the weight tile's need no shared-memory conversion.
 """
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(REPO))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--format", choices=("int4", "fp8"), default="int4")
+    parser.add_argument("--rows-per-program", type=int, default=0, help="int4: kernels.gemv_int4_rows's kernel")
     parser.add_argument("cases", nargs="+")
     args = parser.parse_args()
     from check_kernels_compile import PLUGIN  # the compile-only driver
@@ -35,7 +37,7 @@ def main() -> None:
     import torch
     import triton
 
-    from kernels import gemv
+    from kernels import gemv, gemv_int4_rows
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     for spec in args.cases:
@@ -43,7 +45,8 @@ def main() -> None:
         config = None
         if fields:
             block_n, block_k, warps, stages, *split = fields
-            config = gemv.GemvConfig(block_n, block_k, warps, stages, split_k=split[0] if split else 1)
+            config = gemv.GemvConfig(block_n, block_k, warps, stages, split_k=split[0] if split else 1,
+                                     rows_per_program=args.rows_per_program)  # fmt: skip
         x = torch.randn(rows, 2 * k if prologue == 2 else k, dtype=torch.bfloat16)
         kwargs: dict = {"silu_mul": True} if prologue == 2 else {}
         if prologue == 1:
@@ -53,7 +56,7 @@ def main() -> None:
         if args.format == "int4":
             groups = torch.ones(n, k // 128, dtype=torch.bfloat16)
             weight = gemv.QuantizedWeight(torch.zeros(n, k // 8, dtype=torch.int32), groups, groups.clone(), 128)
-            kernel_fn = gemv._gemv_int4_kernel
+            kernel_fn = gemv_int4_rows._gemv_int4_rows_kernel if args.rows_per_program else gemv._gemv_int4_kernel
         else:
             weight = gemv.QuantizedWeight(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(n))
             kernel_fn = gemv._gemv_kernel

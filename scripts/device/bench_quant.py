@@ -17,7 +17,9 @@ built on the device:
    and w4a16_int4 (W4A16), the same model and call; ratios to bf16;
 4. FP8 KV: decode attention at 32k context, bf16 vs FP8 KV, with the model backend's split count and
    key block, and the best of a small sweep of each;
-5. FP8 KV: KV slots from the same free memory vs bf16 KV.
+5. FP8 KV: KV slots from the same free memory vs bf16 KV;
+6. (--parts int4_rows, alone ~2 min) the int4 row-walking GEMV (kernels/gemv_int4_rows.py) at one row against the
+   default int4 config, per Llama-3-8B projection with its prologue: us, % of copy bandwidth, GPU relative error.
 The JSON is rewritten after each part; parts 4 and 5 are skipped when --time-limit-s would be passed.
 """
 
@@ -186,6 +188,7 @@ INT4_AXES = {
     "num_stages": (1, 3),
     "prefetch": (False, True),
     "separate_prologue": (False, True),
+    "rows_per_program": (0, 16, 32, 64),  # one row only: the row-walking kernel (kernels/gemv_int4_rows.py)
 }
 INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologue")  # at 2-8 rows
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
@@ -299,8 +302,12 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
         block_k, split_k = int4_launch_tiles(k, GROUP, config)
         separate = config.separate_prologue and prologue != PROLOGUE_NONE
         config = dataclasses.replace(config, block_k=block_k, split_k=split_k, separate_prologue=separate)
+        if config.rows_per_program:  # that kernel has no K tile, warps or stages to set: one key per config it runs
+            default = GemvConfig()
+            config = dataclasses.replace(config, block_k=default.block_k, num_warps=default.num_warps, num_stages=1)
         seen = timed.setdefault((rows, shape), {})
-        if config in seen or int4_register_estimate(config, rows) > 200 or time.monotonic() > deadline:
+        spills = not config.rows_per_program and int4_register_estimate(config, rows) > 200
+        if config in seen or spills or time.monotonic() > deadline:
             return
         case, moved = cases[shape], weight_bytes(weights[shape][0])
         try:
@@ -351,6 +358,48 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
         log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}, {block_m}): {config_literal(config)},")
     log("}")
     return report
+
+
+# The row-walking kernel's configs timed against the default (block_n, rows_per_program, split_k, prefetch,
+# separate_prologue): 4 rows a step (80 registers on sm_90) or 8 (96), 16-64 rows a program, K split where
+# N / rows leaves SMs idle (q|k|v, o and down: 4,096-6,144 rows). At K 4,096 four splits make one-warp programs,
+# whose sums need no cross-warp reduction (sm_90: 1 barrier a row group instead of 4).
+INT4_ROWS_CONFIGS = [(4, 32, 1, False, False), (4, 32, 1, True, False), (4, 64, 1, True, False), (8, 32, 1, True, False),
+                     (4, 16, 2, True, False), (4, 32, 2, True, False), (4, 32, 4, True, False), (4, 64, 4, True, False),
+                     (8, 32, 4, True, False), (4, 32, 1, True, True)]  # fmt: skip
+
+
+def int4_rows(bandwidth: float) -> list[dict]:
+    """The int4 row-walking GEMV (kernels/gemv_int4_rows.py) against the default int4 config at one row, per
+    Llama-3-8B projection with the prologue the model fuses: us, % of copy bandwidth, relative error to the
+    dequantized reference on the GPU."""
+    out = []
+    for shape, (n, k, prologue) in SHAPES.items():
+        case = GemvCase(k)
+        w0 = make_weight("int4", n, k)
+        weights = [w0] + [make_weight("int4", n, k) for _ in range(max(1, -(-200_000_000 // weight_bytes(w0))) - 1)]
+        ref = case.ref(w0, prologue, 1)
+        default = int4_config(k, 1, GROUP, n, prologue)
+        configs = [default] + [GemvConfig(block_n=b, num_stages=1, split_k=s, prefetch=p, separate_prologue=sep,
+                                          rows_per_program=r) for b, r, s, p, sep in INT4_ROWS_CONFIGS]  # fmt: skip
+        base_us = None
+        for config in configs:
+            try:
+                err = rel_err(case.run(w0, prologue, 1, config), ref)
+                t_us = graph_us([lambda w=w: case.run(w, prologue, 1, config) for w in weights])
+            except Exception as exc:  # a config Triton cannot build (registers, shared memory)
+                log(f"int4 rows {shape:8s} {config_literal(config)} failed: {type(exc).__name__}: {exc}")
+                continue
+            base_us = base_us or t_us
+            pct = 100 * weight_bytes(w0) / (t_us * 1e-6) / bandwidth
+            out.append(dict(shape=shape, config=dataclasses.asdict(config), us=t_us, pct_bw=pct, rel_err=err,
+                            default=config == default))  # fmt: skip
+            log(f"int4 rows {shape:8s} {'default ' if config == default else ''}{config_literal(config):90s} "
+                f"{t_us:7.1f} us {pct:3.0f}% of copy BW {base_us / t_us:5.2f}x default, rel err {err:.1e}"
+                f"{'' if err <= 1e-2 else ' FAIL'}")  # fmt: skip
+        del weights
+        torch.cuda.empty_cache()
+    return out
 
 
 def bench_format(
@@ -560,6 +609,9 @@ def main() -> None:
             report["int4_sweep"] = int4_sweep(bandwidth, args.int4_budget_s)
             save("int4 sweep")
         install_tuned(report)
+    if "int4_rows" in parts:
+        report["int4_rows"] = int4_rows(bandwidth)
+        save("int4 rows")
     if parts & {"steps", "kv"}:
         model, hf_config = hf_model(LLAMA3_8B, torch.bfloat16)
         state_dict = {name: t for name, t in model.state_dict().items()}

@@ -462,7 +462,8 @@ def test_quantized_gemv() -> None:
 
 def test_int4_gemv_split_k() -> None:
     """int4 split-K on real concurrent programs: the same bits on every launch (partials added in split order),
-    the reference's values, the counters left at zero, in a CUDA graph replayed as well as eagerly."""
+    the reference's values, the counters left at zero, in a CUDA graph replayed as well as eagerly; the tile kernel
+    at 1 and 8 rows and the row-walking one (kernels/gemv_int4_rows.py) at one row."""
     from kernels.gemv import GemvConfig
 
     n, k, dtype = 1536, 4096, torch.bfloat16
@@ -473,13 +474,17 @@ def test_int4_gemv_split_k() -> None:
         128,
     )
     norm_weight = 1 + 0.1 * torch.randn(k, device=DEV, dtype=dtype)
-    for split_k, rows in itertools.product((2, 4), (1, 8)):
-        config = GemvConfig(block_n=4, block_k=1024, num_warps=1, num_stages=1, split_k=split_k)
+    cases = [(GemvConfig(block_n=4, block_k=1024, num_warps=1, num_stages=1, split_k=split_k), rows)
+             for split_k, rows in itertools.product((2, 4), (1, 8))]  # fmt: skip
+    cases += [(GemvConfig(block_n=4, split_k=split_k, prefetch=True, rows_per_program=32), 1) for split_k in (2, 4)]
+    for config, rows in cases:
+        walking = f" rows_per_program={config.rows_per_program}" if config.rows_per_program else ""
+        label = f"split_k={config.split_k}{walking}"
         x, res = torch.randn(rows, k, device=DEV, dtype=dtype), torch.randn(rows, k, device=DEV, dtype=dtype)
         summed = torch.empty_like(res)
         first = gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)
         ref = gemv_ref(x, w, norm_weight=norm_weight, eps=1e-5, residual=res)[0]
-        check(f"gemv int4 split_k={split_k}, {rows} rows", rel_err(first, ref), 1e-2)
+        check(f"gemv int4 {label}, {rows} rows", rel_err(first, ref), 1e-2)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             replayed = gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)
@@ -489,8 +494,8 @@ def test_int4_gemv_split_k() -> None:
             differ += not torch.equal(replayed, first)
             differ += not torch.equal(gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res,
                                            residual_out=summed, config=config), first)  # fmt: skip
-        check(f"gemv int4 split_k={split_k}, {rows} rows: 200 launches differing from the first", differ, 0.5)
-        check(f"gemv int4 split_k={split_k} counters not zero", int(split_k_counters(x.device, 1).any()), 0.5)
+        check(f"gemv int4 {label}, {rows} rows: 200 launches differing from the first", differ, 0.5)
+        check(f"gemv int4 {label} counters not zero", int(split_k_counters(x.device, 1).any()), 0.5)
 
 
 def test_quantized_gemms_above_the_gemv_rows() -> None:

@@ -754,13 +754,21 @@ def gemv_config(
     return fit_rows(config, num_rows)
 
 
-# Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweep, keyed (N, K, prologue, rows of x
-# padded to a power of two): Llama-3-8B's shapes, H100, 2026-11-24; the sweep prints this literal.
+# Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweeps, keyed (N, K, prologue, rows of x
+# padded to a power of two): Llama-3-8B's shapes. The one-row entries walk rows (kernels/gemv_int4_rows.py,
+# `--parts int4_rows`, H200, 2026-11-27: 1.08-1.50x the tile kernel's tuned configs); the 8-row entry is the
+# tile kernel's (`--parts int4`, H100, 2026-11-24). The sweeps print these literals.
 TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
-    (4096, 14336, PROLOGUE_SILU_MUL, 1): GemvConfig(block_k=2048, num_stages=1, separate_prologue=True),
-    (28672, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_k=1024, separate_prologue=True),
-    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_k=2048),
-    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_k=2048, num_warps=8, separate_prologue=True),
+    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(
+        block_n=4, num_stages=1, prefetch=True, split_k=4, rows_per_program=32
+    ),
+    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_n=4, num_stages=1, prefetch=True, split_k=2, rows_per_program=16),
+    (28672, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(
+        block_n=4, num_stages=1, prefetch=True, split_k=4, rows_per_program=64
+    ),
+    (4096, 14336, PROLOGUE_SILU_MUL, 1): GemvConfig(
+        block_n=4, num_stages=1, prefetch=True, split_k=4, rows_per_program=64
+    ),
     (6144, 4096, PROLOGUE_RMSNORM, 8): GemvConfig(num_stages=1),
 }
 

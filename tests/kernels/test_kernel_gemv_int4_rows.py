@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels.dequant_matmul import int4_period, pack_int4
-from kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref, int4_config, split_k_counters
+from kernels.gemv import TUNED_INT4, GemvConfig, QuantizedWeight, gemv, gemv_ref, int4_config, split_k_counters
 
 
 def _weight(n: int, k: int, group: int, gen: torch.Generator) -> QuantizedWeight:
@@ -70,8 +70,13 @@ def test_int4_rows_split_k_is_deterministic(prologue: str):
     assert not split_k_counters(first.device, 3).any()
 
 
-def test_int4_rows_kernel_is_not_the_default():
-    """Unmeasured on a GPU: the model's configs keep the tile kernel (rows_per_program 0) at every Llama shape."""
-    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
-        for prologue in range(3):
-            assert int4_config(k, 1, 128, n, prologue).rows_per_program == 0
+def test_int4_rows_kernel_only_where_measured():
+    """The row-walking kernel runs where a GPU sweep chose it (Llama-3-8B's four one-row projections, TUNED_INT4);
+    every other shape, and several rows, keep the tile kernel."""
+    measured = {(n, k, prologue) for (n, k, prologue, rows), config in TUNED_INT4.items() if config.rows_per_program}
+    assert {(n, k) for n, k, _ in measured} == {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)}
+    for n, k, prologue in measured:
+        assert int4_config(k, 1, 128, n, prologue).rows_per_program > 0
+        assert int4_config(k, 8, 128, n, prologue).rows_per_program == 0
+        assert int4_config(k, 1, 64, n, prologue).rows_per_program == 0  # tuned for groups of 128 only
+    assert int4_config(2048, 1, 128, 2048, 0).rows_per_program == 0

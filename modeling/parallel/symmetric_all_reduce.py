@@ -2,9 +2,15 @@
 
 A decode step of a sharded Llama makes two all-reduces per layer of a few rows each: at batch 1 the
 whole step is ~64 sums of 8 KiB, where NCCL's per-call latency, not bandwidth, is the cost. Here every
-rank copies its partial sum into a buffer that all ranks have mapped (PyTorch's symmetric memory,
-NVLink peer access), and one kernel per rank reads every peer's copy and adds them: one launch and
-one barrier instead of NCCL's protocol. Large sums (prefill) stay on NCCL, which is faster there.
+rank's partial sum goes into a buffer that all ranks have mapped (PyTorch's symmetric memory, NVLink
+peer access), and one kernel per rank reads every peer's copy and adds them. Large sums (prefill) stay on
+NCCL, which is faster there. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
+
+    triton  kernels/one_shot_all_reduce.py: one cross-GPU handshake a sum (the copies alternate between two
+            halves of the buffer), the copy into the buffer inside the kernel
+    torch   torch.ops.symm_mem.one_shot_all_reduce_copy_out: a handshake before reading the peers' copies
+            and one after
+    0       neither: NCCL for every sum
 
 Only the peer-to-peer operations are used, never NVLink multicast (`multimem_*`). The kernels are
 recorded into CUDA graphs like any other; every rank replays the same ones in the same order.
@@ -18,42 +24,64 @@ import os
 import torch
 import torch.distributed as dist
 
+from kernels.one_shot_all_reduce import MAX_PROGRAMS, one_shot_all_reduce_
+
 logger = logging.getLogger(__name__)
 
 # One-shot reads every peer's whole buffer: fastest for small sums, NCCL wins past ~1 MiB.
 DEFAULT_MAX_BYTES = 1 << 20
-DISABLE_ENV = "TGI_SYMMETRIC_ALL_REDUCE"  # "0" turns it off (NCCL for every sum)
-
+KERNEL_ENV = "TGI_SYMMETRIC_ALL_REDUCE"
+KERNELS = ("triton", "torch")
+DEFAULT_KERNEL = "triton"
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class SymmetricAllReduce:
-    """Made once per process, by every rank at the same moment (the buffer's rendezvous is collective)."""
+    """Made once per process, by every rank at the same moment (the buffers' rendezvous is collective)."""
 
-    def __init__(self, device: torch.device, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, device: torch.device, kernel: str = DEFAULT_KERNEL, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
+        assert kernel in KERNELS, kernel
+        self.kernel = kernel
         self.group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
         self.max_bytes = max_bytes
-        self.buffer = symm_mem.empty(max_bytes, dtype=torch.uint8, device=device)  # viewed as each sum's dtype
-        symm_mem.rendezvous(self.buffer, self.group_name)
+        self.rank = dist.get_rank()
+        # two halves (the triton kernel alternates between them), viewed as each sum's dtype
+        self.buffer = symm_mem.empty(2 * max_bytes, dtype=torch.uint8, device=device)
+        buffer_handle = symm_mem.rendezvous(self.buffer, self.group_name)
+        self.buffer_ptrs = torch.tensor(buffer_handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self.flags = symm_mem.empty(2 * MAX_PROGRAMS * dist.get_world_size(), dtype=torch.int32, device=device)
+        self.flags.zero_()
+        flag_handle = symm_mem.rendezvous(self.flags, self.group_name)
+        self.flag_ptrs = torch.tensor(flag_handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self.sums_made = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=device)
+        torch.cuda.synchronize(device)
+        dist.barrier()  # every rank's flags are zero before any rank signals
 
     def fits(self, x: torch.Tensor) -> bool:
         return x.dtype in _DTYPES and x.numel() * x.element_size() <= self.max_bytes and x.is_contiguous()
 
     def all_reduce_(self, x: torch.Tensor) -> None:
-        staged = self.buffer.view(x.dtype)[: x.numel()]
-        staged.copy_(x.view(-1))
-        torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, x.view(-1))
+        flat = x.view(-1)
+        if self.kernel == "triton":
+            capacity = self.max_bytes // x.element_size()
+            one_shot_all_reduce_(flat, self.buffer_ptrs, self.flag_ptrs, self.sums_made, capacity, self.rank)
+        else:  # the kernel copies each thread's elements into the buffer before it reads them back: in place is safe
+            staged = self.buffer.view(x.dtype)[: x.numel()]
+            torch.ops.symm_mem.one_shot_all_reduce_copy_out(staged, flat, "sum", self.group_name, flat)
 
 
 def make_symmetric_all_reduce(device: torch.device) -> SymmetricAllReduce | None:
     """The fast path when this host allows it (CUDA, peer access, not turned off), else None: NCCL."""
-    if device.type != "cuda" or os.environ.get(DISABLE_ENV, "1") == "0":
+    kernel = os.environ.get(KERNEL_ENV, DEFAULT_KERNEL)
+    if device.type != "cuda" or kernel == "0":
         return None
+    if kernel not in KERNELS:
+        kernel = DEFAULT_KERNEL  # "1", as this variable was before it named a kernel
     try:
-        return SymmetricAllReduce(device)
+        return SymmetricAllReduce(device, kernel)
     except Exception as exc:  # no peer access, no symmetric-memory backend: NCCL serves every sum
         logger.warning("symmetric-memory all-reduce unavailable (%s); using NCCL for every all-reduce", exc)
         return None

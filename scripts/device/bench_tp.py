@@ -3,7 +3,8 @@
     python scripts/device/bench_tp.py            # 2 or 4 GPUs; writes $OUT/bench_tp.json after each part
 
 1. Random Llama-3-8B: batch-1 time per output token and 64-stream output throughput at --num-shard 1
-   and 2 (targets: TPOT(2) <= 0.62 x TPOT(1), throughput(2) >= 1.6 x throughput(1)).
+   and 2 (targets: TPOT(2) <= 0.62 x TPOT(1), throughput(2) >= 1.6 x throughput(1)); the two-GPU run once
+   per all-reduce kernel in `--all-reduce` (default: the server's).
 2. Random Llama-3-70B-shaped model (80 layers) at --num-shard 4 when there are 4 GPUs, else at 2 when
    two GPUs have room for its ~141 GB (H200s): batch-1 time per token against its memory roofline
    (weight + KV bytes one rank reads per token / measured copy bandwidth; target >= 80%).
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 from benchmarks.random_model import PRESETS
+from modeling.parallel.symmetric_all_reduce import DEFAULT_KERNEL, KERNEL_ENV
 from router.client import ZmqEngineClient
 from router.config import EngineConfig
 from router.request import GenerateRequest
@@ -162,19 +164,25 @@ async def run_streams(client: ZmqEngineClient, count: int, new_tokens: int) -> l
     return await asyncio.gather(*(one(i) for i in range(count)))
 
 
-def bench_8b(folder: Path, bandwidth: float) -> dict:
+def bench_8b(folder: Path, bandwidth: float, all_reduce_kernels: list[str]) -> dict:
+    """One GPU, then two GPUs with each all-reduce kernel (TGI_SYMMETRIC_ALL_REDUCE) in turn."""
     one = asyncio.run(measure(folder, 1, [1, STREAMS]))
-    two = asyncio.run(measure(folder, 2, [1, STREAMS]))
-    return {
+    report = {
         "one_gpu": one,
-        "two_gpus": two,
-        "tpot_ratio": two["b1_tpot_ms"] / one["b1_tpot_ms"],  # target <= 0.62
-        "throughput_ratio": two[f"b{STREAMS}_output_tok_s"] / one[f"b{STREAMS}_output_tok_s"],  # target >= 1.6
         "roofline_b1_ms": {
             n: 1e3 * bytes_per_token_per_rank(PRESETS["llama3-8b"], n, PROMPT_LEN + NEW_TOKENS) / bandwidth
             for n in (1, 2)
         },
     }
+    for kernel in all_reduce_kernels:
+        os.environ[KERNEL_ENV] = kernel  # the engine's processes inherit it
+        two = asyncio.run(measure(folder, 2, [1, STREAMS]))
+        report[f"two_gpus_{kernel}"] = {
+            **two,
+            "tpot_ratio": two["b1_tpot_ms"] / one["b1_tpot_ms"],  # target <= 0.62
+            "throughput_ratio": two[f"b{STREAMS}_output_tok_s"] / one[f"b{STREAMS}_output_tok_s"],  # target >= 1.6
+        }
+    return report
 
 
 def bench_70b(folder: Path, config: dict, num_shard: int, bandwidth: float) -> dict:
@@ -189,6 +197,12 @@ def main() -> None:
     parser.add_argument("--skip-8b", action="store_true", help="only the 70B-shaped model")
     parser.add_argument("--skip-70b", action="store_true", help="only the 8B at 1 and 2 GPUs")
     parser.add_argument("--layers-70b", type=int, default=80, help="fewer layers to save time; the roofline follows")
+    parser.add_argument(
+        "--all-reduce",
+        nargs="+",
+        default=[DEFAULT_KERNEL],
+        help="the 8B's two-GPU run once per symmetric all-reduce kernel (triton, torch; 0 = NCCL)",
+    )
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_tp.json"))
     args = parser.parse_args()
     started = time.perf_counter()
@@ -208,7 +222,7 @@ def main() -> None:
     llama8b = args.work_dir / "llama3-8b-dummy"
     write_config_folder(llama8b, PRESETS["llama3-8b"])
     if not args.skip_8b:
-        report["llama3_8b"] = bench_8b(llama8b, bandwidth)
+        report["llama3_8b"] = bench_8b(llama8b, bandwidth, args.all_reduce)
         log(json.dumps(report["llama3_8b"], indent=1))
         save("Llama-3-8B")
     if not args.skip_70b:

@@ -1,10 +1,12 @@
-"""The symmetric-memory all-reduce against NCCL on a multi-GPU host: same sums, and time per call.
+"""The symmetric-memory all-reduce kernels against NCCL on a multi-GPU host: same sums, and time per call.
 
     python scripts/device/check_symmetric_all_reduce.py     # 2 GPUs; writes $OUT/symmetric_all_reduce.json
 
 For each size (bf16 elements of one decode step's hidden states), every rank sums a rank-dependent
-tensor both ways and the results must agree exactly; then 64 all-reduces (one batch-1 decode step of
-Llama-3-8B at --num-shard 2) are captured in a CUDA graph each way and replayed to time them.
+tensor with NCCL and with each kernel of modeling.parallel.symmetric_all_reduce (triton, torch), and the
+results must agree exactly; then 64 all-reduces (one batch-1 decode step of Llama-3-8B at --num-shard 2)
+are captured in a CUDA graph each way and replayed to time them. A stress part then makes 300 sums of
+random sizes back to back with each kernel, eagerly and replayed from a CUDA graph, each against NCCL.
 """
 
 from __future__ import annotations
@@ -54,31 +56,62 @@ def graph_time_us(fn, x: torch.Tensor) -> float:
     return 1e3 * start.elapsed_time(end) / reps / CALLS_PER_GRAPH
 
 
+def stress_mismatches(kernel, device: torch.device, rank: int, count: int = 300) -> list[int]:
+    """Sums of random sizes (the same on every rank) back to back, eagerly and from one CUDA graph, each
+    against NCCL's: how many differ, eager and graph."""
+    import torch.distributed as dist
+
+    sizes = torch.randint(1, kernel.max_bytes // 2, (count,), generator=torch.Generator().manual_seed(0)).tolist()
+    generator = torch.Generator(device).manual_seed(100 + rank)
+    inputs = [torch.randn(n, device=device, generator=generator).bfloat16() for n in sizes]
+    expected = [x.clone() for x in inputs]
+    for x in expected:
+        dist.all_reduce(x)
+    eager = [x.clone() for x in inputs]
+    for x in eager:
+        kernel.all_reduce_(x)
+    graphed = [x.clone() for x in inputs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in graphed:
+            kernel.all_reduce_(x)
+    for x, source in zip(graphed, inputs):
+        x.copy_(source)
+    graph.replay()
+    torch.cuda.synchronize()
+    return [sum(not torch.equal(a, b) for a, b in zip(results, expected)) for results in (eager, graphed)]
+
+
 def worker(rank: int, size: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from modeling.parallel import init_tensor_parallel
+    from modeling.parallel.symmetric_all_reduce import KERNELS, SymmetricAllReduce
 
     tp = init_tensor_parallel(rank, size, "127.0.0.1", port, torch.device("cuda", rank))
     assert tp.symmetric is not None, "symmetric-memory all-reduce did not start"
-    rows = []
+    kernels = {name: SymmetricAllReduce(tp.device, name) for name in KERNELS}
+    rows: list[dict] = []
     for numel in SIZES:
         base = torch.randn(numel, device=tp.device, generator=torch.Generator(tp.device).manual_seed(rank))
         x = base.bfloat16()
-        by_nccl, by_symm = x.clone(), x.clone()
+        by_nccl = x.clone()
         dist.all_reduce(by_nccl)
-        fits = tp.symmetric.fits(by_symm)
-        tp.all_reduce(by_symm)
-        torch.cuda.synchronize()
-        max_diff = (by_nccl.float() - by_symm.float()).abs().max().item()
-        nccl_us = graph_time_us(dist.all_reduce, x.clone())
-        symm_us = graph_time_us(tp.symmetric.all_reduce_, x.clone()) if fits else float("nan")
-        rows.append({"bytes": numel * 2, "symmetric_used": fits, "max_abs_diff": max_diff,
-                     "nccl_us": nccl_us, "symmetric_us": symm_us})  # fmt: skip
+        row = {"bytes": numel * 2, "nccl_us": graph_time_us(dist.all_reduce, x.clone())}
+        for name, kernel in kernels.items():
+            by_kernel = x.clone()
+            assert kernel.fits(by_kernel)
+            kernel.all_reduce_(by_kernel)
+            torch.cuda.synchronize()
+            row[f"{name}_max_abs_diff"] = (by_nccl.float() - by_kernel.float()).abs().max().item()
+            row[f"{name}_us"] = graph_time_us(kernel.all_reduce_, x.clone())
+        rows.append(row)
+    stress = {name: stress_mismatches(kernel, tp.device, rank) for name, kernel in kernels.items()}
     if rank == 0:
-        Path(out).write_text(json.dumps(rows, indent=1))
+        Path(out).write_text(json.dumps({"sizes": rows, "stress_mismatches": stress}, indent=1))
         for row in rows:
             print(row, flush=True)
+        print("stress (sums unequal to NCCL's, eager / graph):", stress, flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

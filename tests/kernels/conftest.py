@@ -30,6 +30,7 @@ KERNEL_MODULES = [
     "kernels.grammar_apply",
     "kernels.grammar_confine",
     "kernels.fp8_gemm",
+    "kernels.one_shot_all_reduce",
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "modeling.attention.triton_backend",
     "modeling.layers.triton_ops",

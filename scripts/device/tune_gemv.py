@@ -2,7 +2,8 @@
 
     python3 scripts/device/tune_gemv.py [--quick]     (repo root on the device; writes $OUT/gemv.json)
 
-For every projection of Llama-3-8B, Qwen2-7B and Gemma-2-9B at one row, bf16:
+For every projection of Llama-3-8B, Qwen2-7B and Gemma-2-9B at one row, bf16 (or, with --shapes tp, of one
+rank's shard of Llama-3-8B at --num-shard 2 and of Llama-3-70B at 4):
   1. kernels.gemv against gemv_ref on fresh random data (plain, RMSNorm+residual, SiLU-mul, Gemma's
      norm-add-norm prologues);
   2. cuBLAS (F.linear) time and the best kernels.gemv config, as % of the copy bandwidth;
@@ -44,6 +45,17 @@ SHAPES = {  # name: (N, K, the prologue the model fuses into this projection)
     "gemma2-9b qkv": (8192, 3584, "norm_add_norm"),
     "gemma2-9b o": (3584, 4096, "plain"),
     "gemma2-9b gate_up": (28672, 3584, "norm_add_norm"),
+    # one rank's shards under tensor parallelism (--shapes tp: these alone)
+    "llama3-8b/tp2 qkv": (3072, 4096, "rmsnorm"),
+    "llama3-8b/tp2 o": (4096, 2048, "plain"),
+    "llama3-8b/tp2 gate_up": (14336, 4096, "rmsnorm"),
+    "llama3-8b/tp2 down": (4096, 7168, "silu_mul"),
+    "llama3-8b/tp2 lm_head": (64128, 4096, "plain"),
+    "llama3-70b/tp4 qkv": (2560, 8192, "rmsnorm"),
+    "llama3-70b/tp4 o": (8192, 2048, "plain"),
+    "llama3-70b/tp4 gate_up": (14336, 8192, "rmsnorm"),
+    "llama3-70b/tp4 down": (8192, 7168, "silu_mul"),
+    "llama3-70b/tp4 lm_head": (32064, 8192, "plain"),
 }
 
 
@@ -209,7 +221,9 @@ def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConf
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a smaller config grid")
-    parser.add_argument("--shapes", default="", help="comma-separated subset of shape names")
+    parser.add_argument(
+        "--shapes", default="", help="comma-separated subset of shape names; 'tp': the tensor-parallel shards'"
+    )
     args = parser.parse_args()
     log(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
     result = dict(device=torch.cuda.get_device_name(), correctness=check_correctness())
@@ -217,7 +231,9 @@ def main() -> None:
     result["copy_gb_s"] = bandwidth / 1e9
     log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     configs = sweep(args.quick)
-    wanted = [s for s in args.shapes.split(",") if s] or list(SHAPES)
+    wanted = [s for s in args.shapes.split(",") if s] or [name for name in SHAPES if "/tp" not in name]
+    if wanted == ["tp"]:
+        wanted = [name for name in SHAPES if "/tp" in name]
     result["shapes"] = [bench_shape(name, *SHAPES[name], configs, bandwidth) for name in wanted]
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "gemv.json"), "w") as f:

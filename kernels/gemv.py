@@ -717,6 +717,18 @@ TUNED: dict[tuple[int, int, int], GemvConfig | None] = {
     (3584, 3584, PROLOGUE_NONE): GemvConfig(4, 128, 8, 2),
     (37888, 3584, PROLOGUE_RMSNORM): GemvConfig(8, 512, 4, 4),
     (3584, 18944, PROLOGUE_SILU_MUL): None,
+    # one rank's shard at --num-shard 2 (Llama-3-8B) and 4 (Llama-3-70B): `tune_gemv.py --quick --shapes tp`, 2x H200,
+    # 2026-11-27 (q|k|v 10.0 / 19.5 us, o 5.7 / 10.3, gate|up 32.2 / 57.8, down 17.4 / 31.6, LM head 120.0 / 119.4)
+    (3072, 4096, PROLOGUE_RMSNORM): GemvConfig(4, 512, 8, 3),
+    (4096, 2048, PROLOGUE_NONE): GemvConfig(4, 512, 4, 1),
+    (14336, 4096, PROLOGUE_RMSNORM): GemvConfig(4, 512, 4, 3),
+    (4096, 7168, PROLOGUE_SILU_MUL): GemvConfig(4, 512, 4, 3),
+    (64128, 4096, PROLOGUE_NONE): GemvConfig(16, 256, 4, 3),
+    (2560, 8192, PROLOGUE_RMSNORM): GemvConfig(4, 512, 8, 3),
+    (8192, 2048, PROLOGUE_NONE): GemvConfig(4, 256, 4, 3),
+    (14336, 8192, PROLOGUE_RMSNORM): GemvConfig(4, 512, 4, 3),
+    (8192, 7168, PROLOGUE_SILU_MUL): GemvConfig(8, 256, 4, 1),
+    (32064, 8192, PROLOGUE_NONE): GemvConfig(16, 256, 4, 1),
 }
 
 # Best 1-byte (FP8 / int8) configs at one row from scripts/device/bench_quant.py's sweep (key: N, K, prologue):
@@ -746,6 +758,11 @@ def gemv_config(
         return TUNED[(n, k, prologue)]
     if weight_format == WEIGHT_ROW_SCALED and num_rows == 1 and (n, k, prologue) in TUNED_ROW_SCALED:
         return TUNED_ROW_SCALED[(n, k, prologue)]
+    return rule_of_thumb_config(k, prologue, weight_format, num_rows)
+
+
+def rule_of_thumb_config(k: int, prologue: int, weight_format: int = WEIGHT_DENSE, num_rows: int = 1) -> GemvConfig:
+    """A shape's config where no sweep has chosen one (dense and 1-byte weights)."""
     block_k = next((b for b in (1024, 512, 256, 128) if k % b == 0), 512)
     block_n = 8 if prologue in (PROLOGUE_RMSNORM, PROLOGUE_NORM_ADD_NORM) else 4
     if weight_format != WEIGHT_DENSE:

@@ -24,8 +24,6 @@ import os
 import torch
 import torch.distributed as dist
 
-from kernels.one_shot_all_reduce import MAX_PROGRAMS, one_shot_all_reduce_
-
 logger = logging.getLogger(__name__)
 
 # One-shot reads every peer's whole buffer: fastest for small sums, NCCL wins past ~1 MiB.
@@ -43,7 +41,12 @@ class SymmetricAllReduce:
     def __init__(self, device: torch.device, kernel: str = DEFAULT_KERNEL, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
+        # imported here, on CUDA only: importing Triton kernels from modeling/ at import time would decorate
+        # them before the CPU tests turn Triton's interpreter on
+        from kernels.one_shot_all_reduce import MAX_PROGRAMS, one_shot_all_reduce_
+
         assert kernel in KERNELS, kernel
+        self._one_shot_all_reduce_ = one_shot_all_reduce_
         self.kernel = kernel
         self.group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
         self.max_bytes = max_bytes
@@ -67,7 +70,7 @@ class SymmetricAllReduce:
         flat = x.view(-1)
         if self.kernel == "triton":
             capacity = self.max_bytes // x.element_size()
-            one_shot_all_reduce_(flat, self.buffer_ptrs, self.flag_ptrs, self.sums_made, capacity, self.rank)
+            self._one_shot_all_reduce_(flat, self.buffer_ptrs, self.flag_ptrs, self.sums_made, capacity, self.rank)
         else:  # the kernel copies each thread's elements into the buffer before it reads them back: in place is safe
             staged = self.buffer.view(x.dtype)[: x.numel()]
             torch.ops.symm_mem.one_shot_all_reduce_copy_out(staged, flat, "sum", self.group_name, flat)

@@ -26,7 +26,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from kernels.gemv import GemvConfig, gemv, gemv_ref
+from kernels.gemv import (
+    PROLOGUE_NONE,
+    PROLOGUE_NORM_ADD_NORM,
+    PROLOGUE_RMSNORM,
+    PROLOGUE_SILU_MUL,
+    TUNED,
+    GemvConfig,
+    gemv,
+    gemv_ref,
+    rule_of_thumb_config,
+)
 from kernels.rmsnorm import norm_add_rmsnorm, rmsnorm
 from kernels.silu_mul import silu_mul
 
@@ -195,6 +205,17 @@ def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConf
             log(f"  {cfg} failed: {type(exc).__name__}")
     timed.sort(key=lambda t: t[0])
     best_us, best = timed[0]
+    # what the model runs today: the TUNED entry (if any) and the rule of thumb it replaces
+    code = {"rmsnorm": PROLOGUE_RMSNORM, "norm_add_norm": PROLOGUE_NORM_ADD_NORM, "silu_mul": PROLOGUE_SILU_MUL}
+    chosen = {
+        "tuned": TUNED.get((n, k, code.get(prologue, PROLOGUE_NONE))),
+        "rule": rule_of_thumb_config(k, code.get(prologue, PROLOGUE_NONE)),
+    }
+    current = {
+        label: graph_us([lambda w=w, cfg=cfg: fused(w, cfg) for w in weights])
+        for label, cfg in chosen.items()
+        if cfg is not None
+    }
     row = dict(
         shape=name,
         n=n,
@@ -206,10 +227,12 @@ def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConf
         fused_us=best_us,
         best=best.__dict__,
         top5=[dict(us=u, **c.__dict__) for u, c in timed[:5]],
+        current_us=current,
     )
     log(
         f"{name:18s} {prologue:8s} floor {floor_us:6.1f} us | cuBLAS {cublas:6.1f} | unfused {baseline:6.1f} | "
-        f"fused {best_us:6.1f} ({100 * floor_us / best_us:5.1f}% of copy BW) {best}"
+        f"fused {best_us:6.1f} ({100 * floor_us / best_us:5.1f}% of copy BW) {best}; "
+        + ", ".join(f"{label} {us:.1f}" for label, us in current.items())
     )
     for us, cfg in timed[1:5]:
         log(f"    {us:6.1f} {cfg}")

@@ -717,18 +717,6 @@ TUNED: dict[tuple[int, int, int], GemvConfig | None] = {
     (3584, 3584, PROLOGUE_NONE): GemvConfig(4, 128, 8, 2),
     (37888, 3584, PROLOGUE_RMSNORM): GemvConfig(8, 512, 4, 4),
     (3584, 18944, PROLOGUE_SILU_MUL): None,
-    # one rank's shard at --num-shard 2 (Llama-3-8B) and 4 (Llama-3-70B): `tune_gemv.py --quick --shapes tp`, 2x H200,
-    # 2026-11-27 (q|k|v 10.0 / 19.5 us, o 5.7 / 10.3, gate|up 32.2 / 57.8, down 17.4 / 31.6, LM head 120.0 / 119.4)
-    (3072, 4096, PROLOGUE_RMSNORM): GemvConfig(4, 512, 8, 3),
-    (4096, 2048, PROLOGUE_NONE): GemvConfig(4, 512, 4, 1),
-    (14336, 4096, PROLOGUE_RMSNORM): GemvConfig(4, 512, 4, 3),
-    (4096, 7168, PROLOGUE_SILU_MUL): GemvConfig(4, 512, 4, 3),
-    (64128, 4096, PROLOGUE_NONE): GemvConfig(16, 256, 4, 3),
-    (2560, 8192, PROLOGUE_RMSNORM): GemvConfig(4, 512, 8, 3),
-    (8192, 2048, PROLOGUE_NONE): GemvConfig(4, 256, 4, 3),
-    (14336, 8192, PROLOGUE_RMSNORM): GemvConfig(4, 512, 4, 3),
-    (8192, 7168, PROLOGUE_SILU_MUL): GemvConfig(8, 256, 4, 1),
-    (32064, 8192, PROLOGUE_NONE): GemvConfig(16, 256, 4, 1),
 }
 
 # Best 1-byte (FP8 / int8) configs at one row from scripts/device/bench_quant.py's sweep (key: N, K, prologue):

@@ -584,6 +584,7 @@ def main() -> None:
     parser.add_argument("--time-limit-s", type=float, default=540.0, help="skip the attention / kv parts past it")
     parser.add_argument("--multi-rows", action="store_true", help="time the FP8/int8/int4 GEMVs at 2, 4, 8 rows too")
     parser.add_argument("--parts", default="kernels,steps,attention,kv", help="comma-separated subset to run")
+    parser.add_argument("--schemes", default="bf16,fp8,eetq,w4a16_int4", help="the decode steps' schemes (bf16 always)")
     parser.add_argument("--fp8-tuned", help="bench_fp8_gemm.py's --tuned-out file, installed before the steps")
     args = parser.parse_args()
     if args.fp8_tuned:
@@ -618,7 +619,8 @@ def main() -> None:
     if "steps" in parts:
         report["steps"] = {}
         for scheme in SCHEMES:
-            report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme)
+            if scheme is None or scheme in args.schemes.split(","):  # bf16 always: the ratios' base
+                report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme)
             save(f"steps {scheme or 'bf16'}")
         base = report["steps"]["bf16"]
         for scheme, row in report["steps"].items():

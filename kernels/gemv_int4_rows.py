@@ -1,5 +1,6 @@
 """The one-row int4 GEMV that walks many output rows a program with the activations held in registers
-(`GemvConfig.rows_per_program`; kernels.gemv's tile kernel stays the default until a GPU run shows this faster).
+(`GemvConfig.rows_per_program`: kernels.gemv.TUNED_INT4 selects it where an H200 sweep found it faster, Llama-3-8B's
+four one-row projections).
 
 Nsight Compute showed the tile kernel (`_gemv_int4_kernel`, 4 weight rows a program) bound by L1/shared memory,
 not DRAM: every program re-read (and re-laid out) the whole 8 KB activation vector for 8 KB of packed weights.

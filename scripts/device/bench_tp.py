@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 from benchmarks.random_model import PRESETS
-from modeling.parallel.symmetric_all_reduce import DEFAULT_KERNEL, KERNEL_ENV
+from modeling.parallel.symmetric_all_reduce import KERNEL_ENV
 from router.client import ZmqEngineClient
 from router.config import EngineConfig
 from router.request import GenerateRequest
@@ -200,8 +200,8 @@ def main() -> None:
     parser.add_argument(
         "--all-reduce",
         nargs="+",
-        default=[DEFAULT_KERNEL],
-        help="the 8B's two-GPU run once per symmetric all-reduce kernel (triton, torch; 0 = NCCL)",
+        default=["1"],
+        help="the 8B's two-GPU run once per symmetric all-reduce kernel (triton, torch; 0 = NCCL; 1 = the default)",
     )
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_tp.json"))
     args = parser.parse_args()

@@ -991,10 +991,7 @@ def _launch_int4(
         return
     block_k, split_k = int4_launch_tiles(k, group_size, config)
     block_m, programs = triton.next_power_of_2(m), triton.cdiv(n, config.block_n)
-    partial = counters = x  # unused at split_k 1
-    if split_k > 1:
-        partial = torch.empty(programs * split_k * block_m * (config.block_n + 1), dtype=torch.float32, device=x.device)
-        counters = split_k_counters(x.device, programs)
+    partial, counters = split_k_scratch(x, programs, split_k, block_m * (config.block_n + 1))
     _gemv_int4_kernel[(programs, split_k)](
         *common,
         weight.data,
@@ -1045,6 +1042,16 @@ def int4_launch_tiles(k: int, group_size: int, config: GemvConfig) -> tuple[int,
 
 _MAX_SPLIT_K_COLUMNS = 1 << 17
 _split_k_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def split_k_scratch(
+    x: torch.Tensor, programs: int, split_k: int, floats_a_program: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split-K launch's fp32 partial sums and its column counters (x stands in for both at split_k 1)."""
+    if split_k == 1:
+        return x, x
+    partial = torch.empty(programs * split_k * floats_a_program, dtype=torch.float32, device=x.device)
+    return partial, split_k_counters(x.device, programs)
 
 
 def split_k_counters(device: torch.device, columns: int) -> torch.Tensor:

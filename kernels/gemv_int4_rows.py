@@ -33,7 +33,7 @@ from kernels.gemv import (
     _store_residual_sum,
     _word_offset,
     int4_launch_tiles,
-    split_k_counters,
+    split_k_scratch,
 )
 from kernels.pdl import launch_options
 from kernels.silu_mul import gated_activation
@@ -221,10 +221,7 @@ def launch_int4_rows(
     periods = k // split_k // period
     block_p = triton.next_power_of_2(periods)
     programs = triton.cdiv(n, rows)
-    partial = counters = x  # unused at split_k 1
-    if split_k > 1:
-        partial = torch.empty(programs * split_k * (rows + 1), dtype=torch.float32, device=x.device)
-        counters = split_k_counters(x.device, programs)
+    partial, counters = split_k_scratch(x, programs, split_k, rows + 1)
     _gemv_int4_rows_kernel[(programs, split_k)](
         *common,
         weight.data,

@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
+from bench_gpu import copy_bandwidth
 
 from benchmarks.random_model import PRESETS
 from modeling.parallel.symmetric_all_reduce import KERNEL_ENV
@@ -55,23 +56,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 2 GiB device-to-device copy on GPU 0 (read + write), the roofline's bandwidth."""
-    src = torch.empty(2**30, dtype=torch.bfloat16, device="cuda:0")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    start, reps = time.perf_counter(), 20
-    for _ in range(reps):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    seconds = (time.perf_counter() - start) / reps
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * 2**31 / seconds
 
 
 def write_config_folder(out_dir: Path, config: dict, tokenizer_from: Path | None = None) -> None:
@@ -211,7 +195,8 @@ def main() -> None:
         parser.error(f"tensor parallelism needs 2 or more GPUs, this host has {num_gpus}")
     log(f"{num_gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     report: dict = {"gpus": num_gpus, "device": torch.cuda.get_device_name(0)}
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth()  # on GPU 0
+    torch.cuda.empty_cache()  # its buffers would hold GPU 0 memory that rank 0's KV pool needs
     report["copy_bandwidth_gb_s"] = bandwidth / 1e9
 
     def save(part: str) -> None:  # after each part: a run cut short still leaves what it measured

@@ -26,6 +26,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+from bench_gpu import (
+    copy_bandwidth,
+)  # eager, as in the other scripts: a copy captured in a graph read 2,709 GB/s on an H200
+
 from kernels.gemv import (
     PROLOGUE_NONE,
     PROLOGUE_NORM_ADD_NORM,
@@ -101,13 +105,6 @@ def graph_us(calls: list, reps: int = 20) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / reps / len(calls)
-
-
-def copy_bandwidth() -> float:
-    a = torch.empty(1 << 28, dtype=torch.float32, device=DEV)
-    b = torch.empty_like(a)
-    us = graph_us([lambda: b.copy_(a)], reps=10)
-    return 2 * a.numel() * a.element_size() / (us * 1e-6)
 
 
 def weight_copies(n: int, k: int) -> list[torch.Tensor]:

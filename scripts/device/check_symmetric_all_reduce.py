@@ -1,11 +1,12 @@
 """The symmetric-memory all-reduce kernels against NCCL on a multi-GPU host: same sums, and time per call.
 
-    python scripts/device/check_symmetric_all_reduce.py     # 2 GPUs; writes $OUT/symmetric_all_reduce.json
+    python scripts/device/check_symmetric_all_reduce.py     # every GPU; writes $OUT/symmetric_all_reduce.json
 
 For each size (bf16 elements of one decode step's hidden states), every rank sums a rank-dependent
 tensor with NCCL and with each kernel of modeling.parallel.symmetric_all_reduce (triton, torch), and the
 results must agree exactly; then 64 all-reduces (one batch-1 decode step of Llama-3-8B at --num-shard 2)
-are captured in a CUDA graph each way and replayed to time them. A stress part then makes 300 sums of
+are captured in a CUDA graph each way and replayed to time them. At more than 2 ranks NCCL may add in another
+order than the kernels (rank order, in fp32), so there a difference of one bf16 unit need not be an error. A stress part then makes 300 sums of
 random sizes back to back with each kernel, eagerly and replayed from a CUDA graph, each against NCCL.
 """
 
@@ -125,8 +126,8 @@ def worker(rank: int, size: int, port: int, out: str) -> None:
 
 
 def main() -> None:
-    size = min(2, torch.cuda.device_count())
-    assert size == 2, "needs 2 GPUs"
+    size = torch.cuda.device_count()  # every GPU a rank
+    assert size >= 2, "needs 2 or more GPUs"
     out = os.path.join(os.environ.get("OUT", "."), "symmetric_all_reduce.json")
     mp.spawn(worker, args=(size, free_port(), out), nprocs=size)
 

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+SUMS_MODULUS_MASK = (1 << 30) - 1  # each program's sum counter wraps to 0 after 2^30 - 1
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 256  # 1 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
 
@@ -39,10 +40,13 @@ def _one_shot_all_reduce_kernel(
     WORLD: tl.constexpr,
     MAX_PROGRAMS: tl.constexpr,
     BLOCK: tl.constexpr,
+    SUMS_MODULUS_MASK: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    epoch = tl.load(sums_made_ptr + pid) + 1
-    half = epoch % 2
+    # counted modulo 2^30 (an even modulus keeps the halves alternating): an int32 that ran on would turn
+    # negative after ~37 hours of 2-rank decoding, and a negative half would address memory before the buffer
+    epoch = (tl.load(sums_made_ptr + pid) + 1) & SUMS_MODULUS_MASK
+    half = epoch & 1
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask)
@@ -87,8 +91,9 @@ def one_shot_all_reduce_(
     assert x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), numel
     world = buffer_ptrs.numel()
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, x, numel, buffer_ptrs, flag_ptrs, sums_made, capacity, rank, world, MAX_PROGRAMS, BLOCK, num_warps=4
-    )
+        x, x, numel, buffer_ptrs, flag_ptrs, sums_made, capacity, rank, world, MAX_PROGRAMS, BLOCK, SUMS_MODULUS_MASK,
+        num_warps=4,
+    )  # fmt: skip
     return x
 
 

@@ -26,9 +26,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from bench_gpu import (
-    copy_bandwidth,
-)  # eager, as in the other scripts: a copy captured in a graph read 2,709 GB/s on an H200
+# eager, as in the other scripts: a copy captured in a graph read 2,709 GB/s on an H200
+from bench_gpu import copy_bandwidth
 
 from kernels.gemv import (
     PROLOGUE_NONE,
@@ -70,6 +69,14 @@ SHAPES = {  # name: (N, K, the prologue the model fuses into this projection)
     "llama3-70b/tp4 gate_up": (14336, 8192, "rmsnorm"),
     "llama3-70b/tp4 down": (8192, 7168, "silu_mul"),
     "llama3-70b/tp4 lm_head": (32064, 8192, "plain"),
+}
+
+
+PROLOGUE_CODES = {
+    "plain": PROLOGUE_NONE,
+    "rmsnorm": PROLOGUE_RMSNORM,
+    "norm_add_norm": PROLOGUE_NORM_ADD_NORM,
+    "silu_mul": PROLOGUE_SILU_MUL,
 }
 
 
@@ -204,11 +211,8 @@ def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConf
     timed.sort(key=lambda t: t[0])
     best_us, best = timed[0]
     # what the model runs today: the TUNED entry (if any) and the rule of thumb it replaces
-    code = {"rmsnorm": PROLOGUE_RMSNORM, "norm_add_norm": PROLOGUE_NORM_ADD_NORM, "silu_mul": PROLOGUE_SILU_MUL}
-    chosen = {
-        "tuned": TUNED.get((n, k, code.get(prologue, PROLOGUE_NONE))),
-        "rule": rule_of_thumb_config(k, code.get(prologue, PROLOGUE_NONE)),
-    }
+    code = PROLOGUE_CODES[prologue]
+    chosen = {"tuned": TUNED.get((n, k, code)), "rule": rule_of_thumb_config(k, code)}
     current = {
         label: graph_us([lambda w=w, cfg=cfg: fused(w, cfg) for w in weights])
         for label, cfg in chosen.items()

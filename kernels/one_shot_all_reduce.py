@@ -38,6 +38,7 @@ def _one_shot_all_reduce_kernel(
     capacity,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WORLD_POW2: tl.constexpr,
     MAX_PROGRAMS: tl.constexpr,
     BLOCK: tl.constexpr,
     SUMS_MODULUS_MASK: tl.constexpr,
@@ -55,13 +56,17 @@ def _one_shot_all_reduce_kernel(
     tl.store(mine + half * capacity + offs, x, mask=mask)
     tl.debug_barrier()  # the whole program's slice is written before the release below publishes it
     flag_row = (half * MAX_PROGRAMS + pid) * WORLD
-    for peer in tl.static_range(WORLD):
-        peer_flags = tl.load(flag_ptrs + peer).to(tl.pointer_type(tl.int32))
-        tl.atomic_xchg(peer_flags + flag_row + RANK, epoch, sem="release", scope="sys")
+    # every peer signalled, and waited for, by its own lane: the cross-GPU round trips overlap
+    peers = tl.arange(0, WORLD_POW2)
+    live = peers < WORLD
+    peer_flags = tl.load(flag_ptrs + peers, mask=live, other=0).to(tl.pointer_type(tl.int32))
+    epochs = tl.full([WORLD_POW2], 0, tl.int32) + epoch
+    tl.atomic_xchg(peer_flags + flag_row + RANK, epochs, mask=live, sem="release", scope="sys")
     my_flags = tl.load(flag_ptrs + RANK).to(tl.pointer_type(tl.int32))
-    for peer in tl.static_range(WORLD):
-        while tl.atomic_add(my_flags + flag_row + peer, 0, sem="acquire", scope="sys") != epoch:
-            pass
+    arrived = tl.sum((~live).to(tl.int32))
+    while arrived < WORLD_POW2:
+        seen = tl.atomic_add(my_flags + flag_row + peers, 0 * epochs, mask=live, sem="acquire", scope="sys")
+        arrived = tl.sum(((seen == epoch) | ~live).to(tl.int32))
     tl.debug_barrier()  # every thread reads the peers' slices after the acquire
     total = tl.zeros([BLOCK], dtype=tl.float32)
     for peer in tl.static_range(WORLD):
@@ -91,8 +96,8 @@ def one_shot_all_reduce_(
     assert x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), numel
     world = buffer_ptrs.numel()
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, x, numel, buffer_ptrs, flag_ptrs, sums_made, capacity, rank, world, MAX_PROGRAMS, BLOCK, SUMS_MODULUS_MASK,
-        num_warps=4,
+        x, x, numel, buffer_ptrs, flag_ptrs, sums_made, capacity, rank, world, triton.next_power_of_2(world),
+        MAX_PROGRAMS, BLOCK, SUMS_MODULUS_MASK, num_warps=4,
     )  # fmt: skip
     return x
 

@@ -635,8 +635,8 @@ def _reduce_split_k(
     Each program stores its partials in its own slot of the workspace, then counts itself in on its column's
     counter; the one that counts SPLIT_K adds every slot in split order (deterministic) and resets the counter
     to zero for the next launch. The barriers order the CTA's stores before the release of its count (and the
-    acquire before the reads); the reads bypass L1, which is not coherent between SMs."""
-    offs_s = tl.arange(0, SPLIT_K)
+    acquire before the reads); the reads bypass L1, which is not coherent between SMs. Any number of splits (one
+    load a split), so K can be split where a power of two would pad (down's 112 periods over 7)."""
     offs_c = tl.arange(0, BLOCK_N)
     row_stride: tl.constexpr = BLOCK_N + 1  # the row's BLOCK_N sums, then its sum of squares
     slot = partial_ptr + (pid_n * SPLIT_K + tl.program_id(1)) * (BLOCK_M * row_stride)
@@ -647,10 +647,13 @@ def _reduce_split_k(
     last = count == SPLIT_K - 1
     if last:
         tl.debug_barrier()
-        column = partial_ptr + pid_n * SPLIT_K * (BLOCK_M * row_stride) + offs_s[:, None] * (BLOCK_M * row_stride)
-        rows_at = column + offs_m[None, :] * row_stride  # [SPLIT_K, BLOCK_M]
-        y = tl.sum(tl.load(rows_at[:, :, None] + offs_c[None, None, :], cache_modifier=".cg"), 0)
-        sq = tl.sum(tl.load(rows_at + BLOCK_N, cache_modifier=".cg"), 0)
+        column = partial_ptr + pid_n * SPLIT_K * (BLOCK_M * row_stride)
+        y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for split in tl.static_range(SPLIT_K):  # in split order: the same bits on every launch
+            rows_at = column + split * (BLOCK_M * row_stride) + offs_m * row_stride  # [BLOCK_M]
+            y += tl.load(rows_at[:, None] + offs_c[None, :], cache_modifier=".cg")
+            sq += tl.load(rows_at + BLOCK_N, cache_modifier=".cg")
         tl.atomic_xchg(counter_ptr + pid_n, 0)
     return y, sq, last
 

@@ -363,10 +363,12 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
 # The row-walking kernel's configs timed against the default (block_n, rows_per_program, split_k, prefetch,
 # separate_prologue): 4 rows a step (80 registers on sm_90) or 8 (96), 16-64 rows a program, K split where
 # N / rows leaves SMs idle (q|k|v, o and down: 4,096-6,144 rows). At K 4,096 four splits make one-warp programs,
-# whose sums need no cross-warp reduction (sm_90: 1 barrier a row group instead of 4).
+# whose sums need no cross-warp reduction (sm_90: 1 barrier a row group instead of 4). Seven splits give down's 112
+# periods 16 each, unpadded (at K 4,096 they fall back to no split).
 INT4_ROWS_CONFIGS = [(4, 32, 1, False, False), (4, 32, 1, True, False), (4, 64, 1, True, False), (8, 32, 1, True, False),
                      (4, 16, 2, True, False), (4, 32, 2, True, False), (4, 32, 4, True, False), (4, 64, 4, True, False),
-                     (8, 32, 4, True, False), (4, 32, 1, True, True)]  # fmt: skip
+                     (8, 32, 4, True, False), (4, 32, 1, True, True),
+                     (4, 32, 7, True, False), (4, 64, 7, True, False)]  # fmt: skip
 
 
 def int4_rows(bandwidth: float) -> list[dict]:

@@ -45,6 +45,8 @@ CASES = [
     (21, 768, 128, GemvConfig(block_n=4, rows_per_program=8, split_k=2)),
     # 4 splits, one program along N covering all the rows
     (30, 1024, 64, GemvConfig(block_n=4, rows_per_program=32, prefetch=True, split_k=4)),
+    # 7 splits of 2 periods: a split count that is no power of two (down's 112 periods over 7: 16 each, unpadded)
+    (24, 1792, 128, GemvConfig(block_n=4, rows_per_program=8, prefetch=True, split_k=7)),
 ]
 
 

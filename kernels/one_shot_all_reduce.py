@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options, use_pdl
+
 SUMS_MODULUS_MASK = (1 << 30) - 1  # each program's sum counter wraps to 0 after 2^30 - 1
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 256  # 1 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
@@ -42,8 +44,14 @@ def _one_shot_all_reduce_kernel(
     MAX_PROGRAMS: tl.constexpr,
     BLOCK: tl.constexpr,
     SUMS_MODULUS_MASK: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     pid = tl.program_id(0)
+    if USE_PDL:
+        # x is the previous kernel's output. The next kernel may launch at once: it streams its first weights
+        # while this one waits for the peers, and it reads nothing of this one's before its own gdc_wait()
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # counted modulo 2^30 (an even modulus keeps the halves alternating): an int32 that ran on would turn
     # negative after ~37 hours of 2-rank decoding, and a negative half would address memory before the buffer
     epoch = (tl.load(sums_made_ptr + pid) + 1) & SUMS_MODULUS_MASK
@@ -95,9 +103,10 @@ def one_shot_all_reduce_(
     numel = x.numel()
     assert x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), numel
     world = buffer_ptrs.numel()
+    pdl = use_pdl(x)
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
         x, x, numel, buffer_ptrs, flag_ptrs, sums_made, capacity, rank, world, triton.next_power_of_2(world),
-        MAX_PROGRAMS, BLOCK, SUMS_MODULUS_MASK, num_warps=4,
+        MAX_PROGRAMS, BLOCK, SUMS_MODULUS_MASK, pdl, num_warps=4, **launch_options(pdl),
     )  # fmt: skip
     return x
 

@@ -4,7 +4,7 @@
 
 1. Random Llama-3-8B: batch-1 time per output token and 64-stream output throughput at --num-shard 1
    and 2 (targets: TPOT(2) <= 0.62 x TPOT(1), throughput(2) >= 1.6 x throughput(1)); the two-GPU run once
-   per all-reduce kernel in `--all-reduce` (default: the server's).
+   per all-reduce kernel in `--all-reduce` (default: the server's), as is the 70B-shaped run.
 2. Random Llama-3-70B-shaped model (80 layers) at --num-shard 4 when there are 4 GPUs, else at 2 when
    two GPUs have room for its ~141 GB (H200s): batch-1 time per token against its memory roofline
    (weight + KV bytes one rank reads per token / measured copy bandwidth; target >= 80%).
@@ -105,8 +105,8 @@ def bytes_per_token_per_rank(config: dict, num_shard: int, context: int) -> floa
 
 
 async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
-    if profile_root := os.environ.get("TGI_PROFILE_ROOT"):  # modeling.step_profiler, one folder per shard count
-        os.environ["TGI_PROFILE_DIR"] = os.path.join(profile_root, f"tp{num_shard}")
+    if profile_root := os.environ.get("TGI_PROFILE_ROOT"):  # modeling.step_profiler, one folder per shard count and kernel
+        os.environ["TGI_PROFILE_DIR"] = os.path.join(profile_root, f"tp{num_shard}-{os.environ.get(KERNEL_ENV, '1')}")
     config = EngineConfig(model_id=str(model_dir), num_shard=num_shard, master_port=free_port(), max_total_tokens=4096)
     config.load_format = "dummy"  # config.json + tokenizer only: each rank makes its shard of random weights
     config.max_running_requests = max(streams)  # CUDA graphs are captured up to this batch size only
@@ -169,10 +169,15 @@ def bench_8b(folder: Path, bandwidth: float, all_reduce_kernels: list[str]) -> d
     return report
 
 
-def bench_70b(folder: Path, config: dict, num_shard: int, bandwidth: float) -> dict:
-    result = asyncio.run(measure(folder, num_shard, [1]))
+def bench_70b(folder: Path, config: dict, num_shard: int, bandwidth: float, all_reduce_kernels: list[str]) -> dict:
+    """Batch 1 at num_shard GPUs once per all-reduce kernel, against the memory roofline."""
     roofline_ms = 1e3 * bytes_per_token_per_rank(config, num_shard, PROMPT_LEN + NEW_TOKENS) / bandwidth
-    return {**result, "roofline_b1_ms": roofline_ms, "pct_of_roofline": roofline_ms / result["b1_tpot_ms"]}
+    report: dict = {"roofline_b1_ms": roofline_ms}
+    for kernel in all_reduce_kernels:
+        os.environ[KERNEL_ENV] = kernel
+        result = asyncio.run(measure(folder, num_shard, [1]))
+        report[kernel] = {**result, "pct_of_roofline": roofline_ms / result["b1_tpot_ms"]}
+    return report
 
 
 def main() -> None:
@@ -185,7 +190,7 @@ def main() -> None:
         "--all-reduce",
         nargs="+",
         default=["1"],
-        help="the 8B's two-GPU run once per symmetric all-reduce kernel (triton, torch; 0 = NCCL; 1 = the default)",
+        help="the sharded runs once per symmetric all-reduce kernel (triton, torch; 0 = NCCL; 1 = the default)",
     )
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_tp.json"))
     args = parser.parse_args()
@@ -219,7 +224,7 @@ def main() -> None:
             llama70b = args.work_dir / f"llama3-70b-{args.layers_70b}l-dummy"
             write_config_folder(llama70b, config, tokenizer_from=llama8b)
             log(f"70B-shaped ({args.layers_70b} layers, {weight_bytes(config) / 1e9:.0f} GB) at {num_shard} shards")
-            report["llama3_70b"] = bench_70b(llama70b, config, num_shard, bandwidth)
+            report["llama3_70b"] = bench_70b(llama70b, config, num_shard, bandwidth, args.all_reduce)
             log(json.dumps(report["llama3_70b"], indent=1))
     save("all")
 

@@ -43,4 +43,3 @@ def prefetch_rows_to_l2(w_ptr, rows, stride_wn, K, LINES: tl.constexpr):
         tl.inline_asm_elementwise(
             "prefetch.global.L2 [$1];\n\tmov.b32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
         )
-

@@ -105,8 +105,10 @@ def bytes_per_token_per_rank(config: dict, num_shard: int, context: int) -> floa
 
 
 async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
-    if profile_root := os.environ.get("TGI_PROFILE_ROOT"):  # modeling.step_profiler, one folder per shard count and kernel
-        os.environ["TGI_PROFILE_DIR"] = os.path.join(profile_root, f"tp{num_shard}-{os.environ.get(KERNEL_ENV, '1')}")
+    # modeling.step_profiler: a folder per shard count and all-reduce kernel
+    if profile_root := os.environ.get("TGI_PROFILE_ROOT"):
+        run_name = f"tp{num_shard}-{os.environ.get(KERNEL_ENV, '1')}"
+        os.environ["TGI_PROFILE_DIR"] = os.path.join(profile_root, run_name)
     config = EngineConfig(model_id=str(model_dir), num_shard=num_shard, master_port=free_port(), max_total_tokens=4096)
     config.load_format = "dummy"  # config.json + tokenizer only: each rank makes its shard of random weights
     config.max_running_requests = max(streams)  # CUDA graphs are captured up to this batch size only

@@ -67,7 +67,6 @@ import triton.language as tl
 from kernels import rmsnorm as rmsnorm_module
 from kernels import silu_mul as silu_mul_module
 from kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
-from kernels.l2_prefetch import lines_per_step, prefetch_rows_to_l2, prefetching_programs
 from kernels.pdl import launch_options, use_pdl
 from kernels.silu_mul import gated_activation
 
@@ -322,9 +321,6 @@ def _gemv_kernel(
     PREFETCH: tl.constexpr,  # load the next weight tile before this one's arithmetic
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
     X_BLOCK: tl.constexpr,  # NORM_ADD_NORM: features of x a step of its 1/rms pass reads
-    L2_PREFETCH: tl.constexpr,  # under PDL: programs below l2_programs pull their rows into L2 before the wait
-    L2_LINES: tl.constexpr,
-    l2_programs,
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -338,9 +334,6 @@ def _gemv_kernel(
     # The first weight tile is read before waiting on the previous kernel: no kernel writes
     # weights, so under programmatic dependent launch this read overlaps that kernel's tail.
     w = _weight_tile(w_ptr, rows, stride_wn, offs_c, K, EVEN_K)
-    if L2_PREFETCH:  # the rest of the rows too, into L2, while the previous kernel (kernels/l2_prefetch.py) runs
-        if pid < l2_programs:
-            prefetch_rows_to_l2(w_ptr, rows, stride_wn, K, L2_LINES)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the activations below are the previous kernel's output
     x_inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -937,7 +930,6 @@ def gemv(
     assert data.stride(1) == 1
     weight_format = WEIGHT_DENSE if scale is None else WEIGHT_ROW_SCALED
     config = config or gemv_config(n, k, prologue, weight_format, m) or GemvConfig()
-    l2_programs = prefetching_programs(k * data.element_size(), config.block_n) if pdl else 0
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         *common,
         x_norm_weight if x_norm_weight is not None else dummy,
@@ -965,9 +957,6 @@ def gemv(
         PREFETCH=config.prefetch,
         USE_PDL=pdl,
         X_BLOCK=_x_block(k, m) if prologue == PROLOGUE_NORM_ADD_NORM else 16,
-        L2_PREFETCH=l2_programs > 0,
-        L2_LINES=lines_per_step(config.block_n, config.num_warps),
-        l2_programs=l2_programs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),

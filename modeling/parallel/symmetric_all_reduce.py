@@ -7,15 +7,14 @@ peer access), and one kernel per rank reads every peer's copy and adds them. Lar
 NCCL, which is faster there. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
 
     triton  kernels/one_shot_all_reduce.py: one cross-GPU handshake a sum (the copies alternate between two
-            halves of the buffer), the copy into the buffer inside the kernel; the default at 2 ranks
+            halves of the buffer), the copy into the buffer inside the kernel; the default
     torch   torch.ops.symm_mem.one_shot_all_reduce_copy_out: a handshake before reading the peers' copies
-            and one after; the default at more ranks
+            and one after
     0       neither: NCCL for every sum
 
-Measured on H200s (BENCHMARKS.md, 2026-11-27 night): at 2 ranks the triton kernel takes 5.8 us for 8 KiB against
-torch's 6.5 (NCCL 21.2), and Llama-3-8B's batch-1 step 2.88 against 2.94 ms; at 4 ranks Llama-3-70B's step took
-11.52 ms with it against 11.04 with torch's, whose kernel signals its peers from parallel threads where this
-one signals them one after another.
+Measured on H200s (BENCHMARKS.md): at 2 ranks the triton kernel takes 5.8 us for 8 KiB against torch's 6.5
+(NCCL 21.2), and Llama-3-8B's batch-1 step 2.88 against 2.94 ms; at 4 ranks, since it signals every peer from
+its own lane, 6.2 us against 7.4 (NCCL 23.7), and Llama-3-70B's step 10.84 against 11.04 ms.
 
 Only the peer-to-peer operations are used, never NVLink multicast (`multimem_*`). The kernels are
 recorded into CUDA graphs like any other; every rank replays the same ones in the same order.
@@ -38,7 +37,8 @@ KERNELS = ("triton", "torch")
 
 
 def default_kernel(world_size: int) -> str:
-    return "triton" if world_size == 2 else "torch"
+    """The measured best at 2 and 4 ranks (the only counts measured)."""
+    return "triton"
 
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)

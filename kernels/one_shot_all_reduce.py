@@ -1,19 +1,21 @@
-"""One-shot all-reduce over peer GPU memory with a single cross-GPU handshake per sum.
+"""One-shot all-reduce over peer GPU memory in one one-way trip: each rank pushes its values into its peers'
+buffers, and the values themselves say they have arrived.
 
-A decode step at --num-shard N makes two small sums a layer (8 KiB per row of Llama hidden state), so their
-latency, not bandwidth, is the cost. torch's `one_shot_all_reduce` handshakes with every peer twice per sum:
-once before reading the peers' copies (they are written) and once after (they may be overwritten). Here the
-second handshake is not needed, because the copies alternate between two halves of the buffer:
+A decode step at --num-shard N makes two small sums a layer (8-16 KiB per row of Llama hidden state), so their
+latency, not bandwidth, is the cost. torch's `one_shot_all_reduce` handshakes with every peer twice a sum and
+then reads the peers' copies across NVLink (a round trip). Here nothing crosses NVLink but the data, once:
 
-    program b of sum e (e counts program b's sums on this rank; every rank makes the same sums in the same
-    order, so e agrees across ranks) writes its slice of x into half e % 2 of this rank's buffer, then sets
-    flag [e % 2, b, this rank] on every rank to e (release), then waits until flag [e % 2, b, p] on this rank
-    is e for every rank p (acquire), then adds the ranks' slices in rank order.
+    every buffer element holds SENTINEL (the bits of -0.0) unless a sum is in flight. Program b of a sum on rank r
+    stores its slice of x (any -0.0 sent as +0.0) into slot r of half h of every peer's buffer, then reads slot p
+    of half h of its own buffer for each peer p, reloading until no element is SENTINEL, adds the ranks' slices
+    in rank order and puts SENTINEL back in what it read.
 
-Half e % 2 is next written by sum e + 2, which program b starts only after every rank's program b signalled
-sum e + 1, i.e. after it finished reading sum e. The flags of the two halves are apart, so a fast rank's
-signal for e + 1 never overwrites the one for e before it is seen. The sum is fp32 in rank order on every
-rank, so every rank holds the same bits. No NVLink multicast, only peer loads, stores and atomics.
+h alternates between sums of program b (`halves`, one int32 a program, the same sequence on every rank, since
+every rank makes the same sums in the same order). A peer writes half h again two sums of program b later,
+which it can reach only after it has this rank's values of the sum between, sent after this rank restored the
+sentinels. No flags, no fences, no second handshake (the idea of TensorRT-LLM's "Lamport" all-reduce).
+The sum is fp32 in rank order on every rank, so every rank holds the same bits. 16-bit dtypes only: SENTINEL is
+a 16-bit pattern. No NVLink multicast: only peer stores and local loads.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import triton.language as tl
 
 from kernels.pdl import launch_options, use_pdl
 
-SUMS_MODULUS_MASK = (1 << 30) - 1  # each program's sum counter wraps to 0 after 2^30 - 1
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 256  # 1 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
+SENTINEL = -32768  # int16 0x8000: -0.0 in bf16 and fp16, never sent
+DTYPES = (torch.bfloat16, torch.float16)
 
 
 @triton.jit(do_not_specialize=["numel", "capacity"])  # one compiled kernel for every size
@@ -34,16 +37,13 @@ def _one_shot_all_reduce_kernel(
     x_ptr,
     out_ptr,
     numel,
-    buffer_ptrs,  # int64 [WORLD]: each rank's buffer, two halves of `capacity` elements of x's dtype
-    flag_ptrs,  # int64 [WORLD]: each rank's flags, int32 [2, MAX_PROGRAMS, WORLD]
-    sums_made_ptr,  # int32 [MAX_PROGRAMS] on this rank: sums each program has made
+    buffer_ptrs,  # int64 [WORLD]: each rank's buffer, int16 [2, WORLD, capacity], SENTINEL between sums
+    halves_ptr,  # int32 [MAX_PROGRAMS] on this rank: the half each program used last
     capacity,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
-    WORLD_POW2: tl.constexpr,
-    MAX_PROGRAMS: tl.constexpr,
     BLOCK: tl.constexpr,
-    SUMS_MODULUS_MASK: tl.constexpr,
+    SENTINEL: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     pid = tl.program_id(0)
@@ -52,61 +52,48 @@ def _one_shot_all_reduce_kernel(
         # while this one waits for the peers, and it reads nothing of this one's before its own gdc_wait()
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    # counted modulo 2^30 (an even modulus keeps the halves alternating): an int32 that ran on would turn
-    # negative after ~37 hours of 2-rank decoding, and a negative half would address memory before the buffer
-    epoch = (tl.load(sums_made_ptr + pid) + 1) & SUMS_MODULUS_MASK
-    half = epoch & 1
+    half = tl.load(halves_ptr + pid) ^ 1
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    x = tl.load(x_ptr + offs, mask=mask)
+    bits = tl.load(x_ptr + offs, mask=mask).to(tl.int16, bitcast=True)
+    bits = tl.where(bits == SENTINEL, 0, bits)  # -0.0 goes as +0.0: the sum is the same
+    my_slot = (half * WORLD + RANK) * capacity + offs
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            theirs = tl.load(buffer_ptrs + peer).to(tl.pointer_type(tl.int16))
+            tl.store(theirs + my_slot, bits, mask=mask)
     dtype = x_ptr.dtype.element_ty
-    mine = tl.load(buffer_ptrs + RANK).to(tl.pointer_type(dtype))
-    tl.store(mine + half * capacity + offs, x, mask=mask)
-    tl.debug_barrier()  # the whole program's slice is written before the release below publishes it
-    flag_row = (half * MAX_PROGRAMS + pid) * WORLD
-    # every peer signalled, and waited for, by its own lane: the cross-GPU round trips overlap
-    peers = tl.arange(0, WORLD_POW2)
-    live = peers < WORLD
-    peer_flags = tl.load(flag_ptrs + peers, mask=live, other=0).to(tl.pointer_type(tl.int32))
-    epochs = tl.full([WORLD_POW2], 0, tl.int32) + epoch
-    tl.atomic_xchg(peer_flags + flag_row + RANK, epochs, mask=live, sem="release", scope="sys")
-    my_flags = tl.load(flag_ptrs + RANK).to(tl.pointer_type(tl.int32))
-    arrived = tl.sum((~live).to(tl.int32))
-    while arrived < WORLD_POW2:
-        seen = tl.atomic_add(my_flags + flag_row + peers, 0 * epochs, mask=live, sem="acquire", scope="sys")
-        arrived = tl.sum(((seen == epoch) | ~live).to(tl.int32))
-    tl.debug_barrier()  # every thread reads the peers' slices after the acquire
+    mine = tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16))
     total = tl.zeros([BLOCK], dtype=tl.float32)
     for peer in tl.static_range(WORLD):
         if peer == RANK:
-            total += x.to(tl.float32)
+            total += bits.to(dtype, bitcast=True).to(tl.float32)
         else:
-            theirs = tl.load(buffer_ptrs + peer).to(tl.pointer_type(dtype))
-            total += tl.load(theirs + half * capacity + offs, mask=mask, cache_modifier=".cv").to(tl.float32)
+            slot = mine + (half * WORLD + peer) * capacity + offs
+            seen = tl.load(slot, mask=mask, other=0, volatile=True)
+            while tl.max(((seen == SENTINEL) & mask).to(tl.int32), 0) > 0:
+                seen = tl.load(slot, mask=mask, other=0, volatile=True)
+            total += seen.to(dtype, bitcast=True).to(tl.float32)
+            tl.store(slot, tl.full([BLOCK], SENTINEL, tl.int16), mask=mask)
     tl.store(out_ptr + offs, total.to(dtype), mask=mask)
-    tl.store(sums_made_ptr + pid, epoch)
+    tl.store(halves_ptr + pid, half)
 
 
 def one_shot_all_reduce_(
-    x: torch.Tensor,
-    buffer_ptrs: torch.Tensor,
-    flag_ptrs: torch.Tensor,
-    sums_made: torch.Tensor,
-    capacity: int,
-    rank: int,
+    x: torch.Tensor, buffer_ptrs: torch.Tensor, halves: torch.Tensor, capacity: int, rank: int
 ) -> torch.Tensor:
-    """x (contiguous, at most MAX_PROGRAMS * BLOCK and `capacity` elements) summed over the ranks, in place.
+    """x (contiguous bf16/fp16, at most MAX_PROGRAMS * BLOCK and `capacity` elements) summed over the ranks, in
+    place.
 
-    buffer_ptrs / flag_ptrs: int64 device addresses of every rank's buffer and (zeroed) flags, as symmetric
-    memory maps them; sums_made: this rank's zeroed int32 [MAX_PROGRAMS]. Every rank calls it with the same
-    numel in the same order."""
+    buffer_ptrs: int64 device addresses of every rank's buffer (int16 [2, ranks, capacity], filled with SENTINEL
+    before the first sum), as symmetric memory maps them; halves: this rank's zeroed int32 [MAX_PROGRAMS]. Every
+    rank calls it with the same numel in the same order."""
     numel = x.numel()
-    assert x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), numel
-    world = buffer_ptrs.numel()
+    assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
     pdl = use_pdl(x)
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, x, numel, buffer_ptrs, flag_ptrs, sums_made, capacity, rank, world, triton.next_power_of_2(world),
-        MAX_PROGRAMS, BLOCK, SUMS_MODULUS_MASK, pdl, num_warps=4, **launch_options(pdl),
+        x, x, numel, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(), BLOCK, SENTINEL, pdl,
+        num_warps=4, **launch_options(pdl),
     )  # fmt: skip
     return x
 

@@ -3,13 +3,13 @@
 A decode step of a sharded Llama makes two all-reduces per layer of a few rows each: at batch 1 the
 whole step is ~64 sums of 8 KiB, where NCCL's per-call latency, not bandwidth, is the cost. Here every
 rank's partial sum goes into a buffer that all ranks have mapped (PyTorch's symmetric memory, NVLink
-peer access), and one kernel per rank reads every peer's copy and adds them. Large sums (prefill) stay on
-NCCL, which is faster there. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
+peer access), and one kernel per rank adds every rank's copy. Large sums (prefill) stay on NCCL, which is
+faster there. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
 
-    triton  kernels/one_shot_all_reduce.py: one cross-GPU handshake a sum (the copies alternate between two
-            halves of the buffer), the copy into the buffer inside the kernel; the default
+    triton  kernels/one_shot_all_reduce.py: each rank stores its values into its peers' buffers, whose
+            elements say themselves that they have arrived: one one-way trip a sum; bf16/fp16; the default
     torch   torch.ops.symm_mem.one_shot_all_reduce_copy_out: a handshake before reading the peers' copies
-            and one after
+            across NVLink and one after; fp32 too
     0       neither: NCCL for every sum
 
 Measured on H200s (BENCHMARKS.md): at 2 ranks the triton kernel takes 5.8 us for 8 KiB against torch's 6.5
@@ -41,9 +41,6 @@ def default_kernel(world_size: int) -> str:
     return "triton"
 
 
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
 class SymmetricAllReduce:
     """Made once per process, by every rank at the same moment (the buffers' rendezvous is collective)."""
 
@@ -52,34 +49,33 @@ class SymmetricAllReduce:
 
         # imported here, on CUDA only: importing Triton kernels from modeling/ at import time would decorate
         # them before the CPU tests turn Triton's interpreter on
-        from kernels.one_shot_all_reduce import MAX_PROGRAMS, one_shot_all_reduce_
+        from kernels.one_shot_all_reduce import DTYPES, MAX_PROGRAMS, SENTINEL, one_shot_all_reduce_
 
         assert kernel in KERNELS, kernel
         self._one_shot_all_reduce_ = one_shot_all_reduce_
         self.kernel = kernel
+        self.dtypes = DTYPES if kernel == "triton" else (*DTYPES, torch.float32)
         self.group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
         self.max_bytes = max_bytes
         self.rank = dist.get_rank()
-        # two halves (the triton kernel alternates between them), viewed as each sum's dtype
-        self.buffer = symm_mem.empty(2 * max_bytes, dtype=torch.uint8, device=device)
+        world_size = dist.get_world_size()
+        # the triton kernel's [2 halves, ranks, max_bytes] (torch's stages in the front), SENTINEL between sums
+        self.buffer = symm_mem.empty(2 * world_size * max_bytes, dtype=torch.uint8, device=device)
+        self.buffer.view(torch.int16).fill_(SENTINEL)
         buffer_handle = symm_mem.rendezvous(self.buffer, self.group_name)
         self.buffer_ptrs = torch.tensor(buffer_handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.flags = symm_mem.empty(2 * MAX_PROGRAMS * dist.get_world_size(), dtype=torch.int32, device=device)
-        self.flags.zero_()
-        flag_handle = symm_mem.rendezvous(self.flags, self.group_name)
-        self.flag_ptrs = torch.tensor(flag_handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.sums_made = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=device)
+        self.halves = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=device)
         torch.cuda.synchronize(device)
-        dist.barrier()  # every rank's flags are zero before any rank signals
+        dist.barrier()  # every rank's buffer holds SENTINEL before any rank sends
 
     def fits(self, x: torch.Tensor) -> bool:
-        return x.dtype in _DTYPES and x.numel() * x.element_size() <= self.max_bytes and x.is_contiguous()
+        return x.dtype in self.dtypes and x.numel() * x.element_size() <= self.max_bytes and x.is_contiguous()
 
     def all_reduce_(self, x: torch.Tensor) -> None:
         flat = x.view(-1)
         if self.kernel == "triton":
             capacity = self.max_bytes // x.element_size()
-            self._one_shot_all_reduce_(flat, self.buffer_ptrs, self.flag_ptrs, self.sums_made, capacity, self.rank)
+            self._one_shot_all_reduce_(flat, self.buffer_ptrs, self.halves, capacity, self.rank)
         else:  # the kernel copies each thread's elements into the buffer before it reads them back: in place is safe
             staged = self.buffer.view(x.dtype)[: x.numel()]
             torch.ops.symm_mem.one_shot_all_reduce_copy_out(staged, flat, "sum", self.group_name, flat)

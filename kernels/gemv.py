@@ -696,8 +696,8 @@ class GemvConfig:
     # issue the next weight tile's loads before this tile's arithmetic (registers: 2 tiles; _gemv_kernel and
     # _gemv_int4_kernel)
     prefetch: bool = False
-    # int4: programs sharing each column's K walk (a power of two dividing K / block_k); the last to finish adds
-    # the partial sums. More programs in flight where N / block_n is small against the SMs.
+    # int4: programs sharing each column's K walk (any count; halved while it does not divide K into whole
+    # periods); the last to finish adds the partial sums. More programs in flight where N / block_n is small against the SMs.
     split_k: int = 1
     # run the prologue (RMSNorm, SiLU/GeLU-mul) as its own kernel (kernels/rmsnorm.py, kernels/silu_mul.py) and
     # the GEMV without one: one more launch, but each activation computed once instead of once a program (the
@@ -764,8 +764,9 @@ def rule_of_thumb_config(k: int, prologue: int, weight_format: int = WEIGHT_DENS
 
 # Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweeps, keyed (N, K, prologue, rows of x
 # padded to a power of two): Llama-3-8B's shapes. The one-row entries walk rows (kernels/gemv_int4_rows.py,
-# `--parts int4_rows`, H200, 2026-11-27: 1.08-1.50x the tile kernel's tuned configs); the 8-row entry is the
-# tile kernel's (`--parts int4`, H100, 2026-11-24). The sweeps print these literals.
+# `--parts int4_rows`, H200, 2026-11-27: 1.08-1.50x the tile kernel's tuned configs; down split 7 ways, 16 periods a
+# split, 1.15x its 4-way split at 22:54 UTC); the 8-row entry is the tile kernel's (`--parts int4`, H100,
+# 2026-11-24). The sweeps print these literals.
 TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
     (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(
         block_n=4, num_stages=1, prefetch=True, split_k=4, rows_per_program=32
@@ -775,7 +776,7 @@ TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
         block_n=4, num_stages=1, prefetch=True, split_k=4, rows_per_program=64
     ),
     (4096, 14336, PROLOGUE_SILU_MUL, 1): GemvConfig(
-        block_n=4, num_stages=1, prefetch=True, split_k=4, rows_per_program=64
+        block_n=4, num_stages=1, prefetch=True, split_k=7, rows_per_program=64
     ),
     (6144, 4096, PROLOGUE_RMSNORM, 8): GemvConfig(num_stages=1),
 }

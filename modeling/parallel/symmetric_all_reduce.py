@@ -12,9 +12,9 @@ faster there. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
             across NVLink and one after; fp32 too
     0       neither: NCCL for every sum
 
-Measured on H200s (BENCHMARKS.md): at 2 ranks the triton kernel takes 5.8 us for 8 KiB against torch's 6.5
-(NCCL 21.2), and Llama-3-8B's batch-1 step 2.88 against 2.94 ms; at 4 ranks, since it signals every peer from
-its own lane, 6.2 us against 7.4 (NCCL 23.7), and Llama-3-70B's step 10.84 against 11.04 ms.
+Measured on H200s (BENCHMARKS.md, 2026-11-27): at 4 ranks the triton kernel takes 4.8 us for 8 KiB against
+torch's 7.2 (NCCL 21.9); Llama-3-70B's batch-1 step at 4 shards 10.55 ms, against 10.78 with the kernel's
+earlier flag-and-read form and 11.04 with torch's; Llama-3-8B's at 2 shards 2.67 against 2.74 ms.
 
 Only the peer-to-peer operations are used, never NVLink multicast (`multimem_*`). The kernels are
 recorded into CUDA graphs like any other; every rank replays the same ones in the same order.

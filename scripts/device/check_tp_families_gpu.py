@@ -79,11 +79,14 @@ def rank_main(rank: int, port: int, folders: list[str], results_path: str, dtype
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
-    dtype = parser.parse_args().dtype
+    parser.add_argument("--families", nargs="+", choices=sorted(TINY_FAMILIES), default=sorted(TINY_FAMILIES))
+    args = parser.parse_args()
+    dtype = args.dtype
     assert torch.cuda.device_count() >= 2, "needs 2 GPUs"
     work = tempfile.mkdtemp(prefix="tp-families-")
     folders = {}
-    for family, (config_cls, overrides) in TINY_FAMILIES.items():
+    for family in args.families:
+        config_cls, overrides = TINY_FAMILIES[family]
         folders[family] = f"{work}/{family}"
         head_dim = {"head_dim": 32} if "head_dim" in overrides else {}  # the CPU cases' 16 is below Triton's minimum
         tiny_hf_model(config_cls, **{**SIZES, **overrides, **head_dim}).save_pretrained(folders[family])

@@ -697,7 +697,8 @@ class GemvConfig:
     # _gemv_int4_kernel)
     prefetch: bool = False
     # int4: programs sharing each column's K walk (any count; halved while it does not divide K into whole
-    # periods); the last to finish adds the partial sums. More programs in flight where N / block_n is small against the SMs.
+    # periods); the last to finish adds the partial sums. More programs in flight where N / block_n is small
+    # against the SMs.
     split_k: int = 1
     # run the prologue (RMSNorm, SiLU/GeLU-mul) as its own kernel (kernels/rmsnorm.py, kernels/silu_mul.py) and
     # the GEMV without one: one more launch, but each activation computed once instead of once a program (the

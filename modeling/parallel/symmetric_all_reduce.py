@@ -36,10 +36,7 @@ KERNEL_ENV = "TGI_SYMMETRIC_ALL_REDUCE"
 KERNELS = ("triton", "torch")
 
 
-def default_kernel(world_size: int) -> str:
-    """The measured best at 2 and 4 ranks (the only counts measured)."""
-    return "triton"
-
+DEFAULT_KERNEL = "triton"  # the faster at 2 and at 4 ranks, the counts measured
 
 class SymmetricAllReduce:
     """Made once per process, by every rank at the same moment (the buffers' rendezvous is collective)."""
@@ -86,8 +83,8 @@ def make_symmetric_all_reduce(device: torch.device) -> SymmetricAllReduce | None
     kernel = os.environ.get(KERNEL_ENV, "1")
     if device.type != "cuda" or kernel == "0":
         return None
-    if kernel not in KERNELS:  # "1" or unset: the measured best for this many ranks
-        kernel = default_kernel(dist.get_world_size())
+    if kernel not in KERNELS:  # "1" or unset
+        kernel = DEFAULT_KERNEL
     try:
         return SymmetricAllReduce(device, kernel)
     except Exception as exc:  # no peer access, no symmetric-memory backend: NCCL serves every sum

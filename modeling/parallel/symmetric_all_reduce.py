@@ -38,6 +38,7 @@ KERNELS = ("triton", "torch")
 
 DEFAULT_KERNEL = "triton"  # the faster at 2 and at 4 ranks, the counts measured
 
+
 class SymmetricAllReduce:
     """Made once per process, by every rank at the same moment (the buffers' rendezvous is collective)."""
 

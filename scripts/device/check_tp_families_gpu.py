@@ -16,6 +16,8 @@ import argparse
 import socket
 import sys
 import tempfile
+import time
+from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -58,21 +60,31 @@ def run_steps(model: ModelRunner) -> list[torch.Tensor]:
     return outputs
 
 
-def rank_main(rank: int, port: int, folders: list[str], results_path: str, dtype: str) -> None:
+def rank_main(rank: int, port: int, folders: dict[str, str], dtype: str, started: float) -> None:
+    """Each family at 2 ranks; rank 0 checks it against the one-GPU reference saved beside its checkpoint and
+    prints the verdict at once (a run cut short still tells what it checked)."""
     tp = init_tensor_parallel(rank, 2, "127.0.0.1", port, torch.device("cuda", rank))
-    results = {}
-    for folder in folders:
+    for family, folder in folders.items():
         model = runner(folder, tp, f"cuda:{rank}", dtype)
         broadcast = StepBroadcast(tp)
         if rank == 0:
             model.step_sender = broadcast
-            results[folder] = run_steps(model)
+            sharded = run_steps(model)
             broadcast.send_stop()
+            reference = torch.load(f"{folder}/reference.pt")
+            errors = [max_rel_error(ours.float(), ref.float()) for ours, ref in zip(sharded, reference, strict=True)]
+            ok = max(errors) <= TOLERANCE[dtype]
+            Path(folder, "verdict").write_text("ok" if ok else "MISS")
+            print(
+                f"{family:14s} {dtype} TP=2 vs TP=1: max rel error {max(errors):.2e} over {len(errors)} steps "
+                f"{'ok' if ok else 'MISS'} ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
         else:
             model.follow_rank_zero(broadcast)
         torch.cuda.synchronize()
-    if rank == 0:
-        torch.save(results, results_path)
+        del model
+        torch.cuda.empty_cache()
     destroy_tensor_parallel(tp)
 
 
@@ -83,30 +95,25 @@ def main() -> int:
     args = parser.parse_args()
     dtype = args.dtype
     assert torch.cuda.device_count() >= 2, "needs 2 GPUs"
+    started = time.perf_counter()
     work = tempfile.mkdtemp(prefix="tp-families-")
     folders = {}
-    for family in args.families:
+    for family in args.families:  # the one-GPU references first, each saved beside its checkpoint
         config_cls, overrides = TINY_FAMILIES[family]
-        folders[family] = f"{work}/{family}"
+        folders[family] = folder = f"{work}/{family}"
         head_dim = {"head_dim": 32} if "head_dim" in overrides else {}  # the CPU cases' 16 is below Triton's minimum
-        tiny_hf_model(config_cls, **{**SIZES, **overrides, **head_dim}).save_pretrained(folders[family])
+        tiny_hf_model(config_cls, **{**SIZES, **overrides, **head_dim}).save_pretrained(folder)
+        model = runner(folder, NO_TP, "cuda:0", dtype)
+        torch.save(run_steps(model), f"{folder}/reference.pt")
+        del model
+        torch.cuda.empty_cache()
+        print(f"{family:14s} {dtype} one GPU done ({time.perf_counter() - started:.0f} s)", flush=True)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.start_processes(
-        rank_main, args=(port, list(folders.values()), f"{work}/tp2.pt", dtype), nprocs=2, start_method="spawn"
-    )
-    sharded = torch.load(f"{work}/tp2.pt")
-    failed = False
-    for family, folder in folders.items():
-        reference = run_steps(runner(folder, NO_TP, "cuda:0", dtype))
-        errors = [max_rel_error(ours, ref) for ours, ref in zip(sharded[folder], reference, strict=True)]
-        ok = max(errors) <= TOLERANCE[dtype]
-        failed |= not ok
-        print(
-            f"{family:14s} {dtype} TP=2 vs TP=1: max rel error {max(errors):.2e} over {len(errors)} steps {'ok' if ok else 'MISS'}"
-        )
-    return 1 if failed else 0
+    mp.start_processes(rank_main, args=(port, folders, dtype, started), nprocs=2, start_method="spawn")
+    verdicts = [Path(folder, "verdict") for folder in folders.values()]  # none: rank 0 stopped before it
+    return 0 if all(v.exists() and v.read_text() == "ok" for v in verdicts) else 1
 
 
 if __name__ == "__main__":

@@ -32,7 +32,10 @@ SENTINEL = -32768  # int16 0x8000: -0.0 in bf16 and fp16, never sent
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-@triton.jit(do_not_specialize=["numel", "capacity"])  # one compiled kernel for every size
+# Specialized on the count (its divisibility by 16 makes the masks vectorizable) and told that the buffers are
+# 16-byte aligned (their int64 addresses carry no alignment): otherwise every access compiles to two-byte ones,
+# 16 stores a thread a peer across NVLink (tests/kernels/test_kernel_one_shot_all_reduce_compiled.py).
+@triton.jit
 def _one_shot_all_reduce_kernel(
     x_ptr,
     out_ptr,
@@ -60,10 +63,10 @@ def _one_shot_all_reduce_kernel(
     my_slot = (half * WORLD + RANK) * capacity + offs
     for peer in tl.static_range(WORLD):
         if peer != RANK:
-            theirs = tl.load(buffer_ptrs + peer).to(tl.pointer_type(tl.int16))
+            theirs = tl.multiple_of(tl.load(buffer_ptrs + peer).to(tl.pointer_type(tl.int16)), 16)
             tl.store(theirs + my_slot, bits, mask=mask)
     dtype = x_ptr.dtype.element_ty
-    mine = tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16))
+    mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
     total = tl.zeros([BLOCK], dtype=tl.float32)
     for peer in tl.static_range(WORLD):
         if peer == RANK:

@@ -1,0 +1,49 @@
+"""The one-shot all-reduce moves 16-byte vectors once compiled for the GPU.
+
+Its peers' buffers come in as int64 addresses, so the compiler knows nothing of their alignment, and an
+unspecialized element count leaves the masks' divisibility unknown: compiled that way, every thread sent its 16
+elements to each peer as 16 two-byte stores (each warp instruction touching 32 sectors across NVLink) and polled
+them with 16 two-byte loads. The interpreter cannot show this, so here the kernel is compiled for sm_90 without a
+GPU (scripts/check_kernels_compile.py's compile-only driver, in a process of its own: this one runs the
+interpreter), and the loads of x, the stores to the peers and the polls of its own buffer must be 16-byte wide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = r"""
+import json, re, torch
+from check_kernels_compile import compiled_ptx, install_compile_only_driver
+install_compile_only_driver()
+from kernels import one_shot_all_reduce as ar
+found = {}
+for world in (2, 4):
+    for dtype in (torch.bfloat16, torch.float16):
+        x, halves = torch.zeros(8 * 4096, dtype=dtype), torch.zeros(ar.MAX_PROGRAMS, dtype=torch.int32)
+        buffer_ptrs = torch.zeros(world, dtype=torch.int64)
+        ptx = compiled_ptx(ar._one_shot_all_reduce_kernel,
+                           lambda: ar.one_shot_all_reduce_(x, buffer_ptrs, halves, 1 << 19, 0))
+        ops = re.findall(r"\b(ld|st)(\.volatile)?\.global(\.\w+)*?\.(v4\.b32|b16|b32|b64|u16)\b", ptx)
+        found[f"{world} {dtype}"] = sorted({f"{op}{vol}.{width}" for op, vol, _, width in ops})
+print(json.dumps(found))
+"""
+
+
+def test_all_reduce_compiles_to_16_byte_loads_and_stores():
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'scripts'}"
+    result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert len(found) == 4, found
+    for widths in found.values():
+        # x, the peers' stores, the polls and the sentinels put back: v4.b32; the scalars: the program's half
+        # (b32) and the buffer addresses (b64). No two-byte access anywhere.
+        assert {"ld.v4.b32", "st.v4.b32", "ld.volatile.v4.b32"} <= set(widths), widths
+        assert not any(w.endswith(("b16", "u16")) for w in widths), widths

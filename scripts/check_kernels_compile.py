@@ -60,6 +60,21 @@ def compiled_ptx(kernel_fn, launch) -> str:
     return "\n".join(k.asm["ptx"] for cache in kernel_fn.device_caches.values() for k in cache[0].values())
 
 
+def run_probe(source: str) -> object:
+    """Runs `source` (Python that installs the compile-only driver, compiles, and prints JSON on its last line) in
+    a process of its own, without Triton's interpreter (which a test process may have turned on), and returns
+    that JSON. Raises if the process fails."""
+    import json
+    import os
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'scripts'}"
+    result = subprocess.run([sys.executable, "-c", source], cwd=REPO, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def main() -> int:
     import tempfile
 

@@ -9,13 +9,8 @@ driver, in a process of its own: this one runs the interpreter) and their PTX mu
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from scripts.check_kernels_compile import run_probe
 
-REPO = Path(__file__).resolve().parents[2]
 PROBE = r"""
 import json, re, torch
 from check_kernels_compile import compiled_ptx, install_compile_only_driver
@@ -40,10 +35,7 @@ print(json.dumps(found))
 
 
 def test_sandwich_norm_kernels_compile_without_half_precision_fmas():
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'scripts'}"
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.splitlines()[-1])
+    found = run_probe(PROBE)
+    assert isinstance(found, dict)
     assert len(found) == 4 and all(kernel["ptx_chars"] > 0 for kernel in found.values()), found
     assert {name: kernel["half_fmas"] for name, kernel in found.items()} == dict.fromkeys(found, 0)

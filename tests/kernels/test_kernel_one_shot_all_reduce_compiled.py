@@ -10,13 +10,8 @@ interpreter), and the loads of x, the stores to the peers and the polls of its o
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from scripts.check_kernels_compile import run_probe
 
-REPO = Path(__file__).resolve().parents[2]
 PROBE = r"""
 import json, re, torch
 from check_kernels_compile import compiled_ptx, install_compile_only_driver
@@ -36,11 +31,8 @@ print(json.dumps(found))
 
 
 def test_all_reduce_compiles_to_16_byte_loads_and_stores():
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'scripts'}"
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.splitlines()[-1])
+    found = run_probe(PROBE)
+    assert isinstance(found, dict)
     assert len(found) == 4, found
     for widths in found.values():
         # x, the peers' stores, the polls and the sentinels put back: v4.b32; the scalars: the program's half

@@ -67,6 +67,8 @@ import triton.language as tl
 from kernels import rmsnorm as rmsnorm_module
 from kernels import silu_mul as silu_mul_module
 from kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
+from kernels.one_shot_all_reduce import BLOCK as ALL_REDUCE_BLOCK
+from kernels.one_shot_all_reduce import SENTINEL, PushTarget, send_to_peers
 from kernels.pdl import launch_options, use_pdl
 from kernels.silu_mul import gated_activation
 
@@ -287,7 +289,9 @@ def _store_output(
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    stored = y.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, stored, mask=mask_m[:, None] & mask_n[None, :])
+    return stored
 
 
 @triton.jit
@@ -321,6 +325,14 @@ def _gemv_kernel(
     PREFETCH: tl.constexpr,  # load the next weight tile before this one's arithmetic
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
     X_BLOCK: tl.constexpr,  # NORM_ADD_NORM: features of x a step of its 1/rms pass reads
+    push_buffer_ptrs,  # PUSH: kernels.one_shot_all_reduce.PushTarget's buffers and halves (else any tensor)
+    push_halves_ptr,
+    push_capacity,
+    PUSH: tl.constexpr,  # send the output to the other ranks' all-reduce buffers as it is stored
+    PUSH_RANK: tl.constexpr,
+    PUSH_WORLD: tl.constexpr,
+    PUSH_BLOCK: tl.constexpr,  # the all-reduce's elements a program
+    SENTINEL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -379,10 +391,15 @@ def _gemv_kernel(
         y = tl.sum(acc, 1)[None, :]
     else:
         y = tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
-    _store_output(
+    stored = _store_output(
         y, tl.sum(sum_sq, 1), scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, mask_m, K, stride_sn,
         stride_om, eps, PROLOGUE, ROW_SCALED, HAS_BIAS,
     )  # fmt: skip
+    if PUSH:  # out is [M, N] contiguous: element (m, n) is the all-reduce's m * N + n
+        flat = offs_m[:, None] * N + offs_n[None, :]
+        mask = mask_m[:, None] & mask_n[None, :]
+        half = tl.load(push_halves_ptr + flat // PUSH_BLOCK, mask=mask, other=0) ^ 1  # as its program will use
+        send_to_peers(stored, flat, mask, push_buffer_ptrs, half, push_capacity, PUSH_RANK, PUSH_WORLD, SENTINEL)
 
 
 # --- int4 ----------------------------------------------------------------------------------------------
@@ -878,8 +895,10 @@ def gemv(
     silu_mul: bool = False,
     gelu_tanh: bool = False,  # with silu_mul: the gate's activation is tanh-approximated GELU (GeGLU)
     config: GemvConfig | None = None,
+    push: PushTarget | None = None,  # send the output to the other ranks as it is stored (not int4)
 ) -> torch.Tensor:
-    """Returns [M, N] in x's dtype."""
+    """Returns [M, N] in x's dtype. With `push`, the caller finishes the sum over the ranks with
+    kernels.one_shot_all_reduce.one_shot_all_reduce_(out, ..., sent=True)."""
     n, k = weight.shape
     m = x.shape[0]
     assert x.stride(-1) == 1 and x.shape[1] == (2 * k if silu_mul else k), (tuple(x.shape), (n, k))
@@ -908,7 +927,7 @@ def gemv(
         else:
             assert norm_weight is not None
             x = rmsnorm_module.rmsnorm(x, norm_weight, eps, residual=residual, residual_out=residual_out)
-        return gemv(x, weight, bias, config=dataclasses.replace(config, separate_prologue=False))
+        return gemv(x, weight, bias, config=dataclasses.replace(config, separate_prologue=False), push=push)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
@@ -922,6 +941,7 @@ def gemv(
     )
     if not isinstance(weight, torch.Tensor) and weight.format == WEIGHT_INT4:
         assert prologue != PROLOGUE_NORM_ADD_NORM, "the int4 kernel has no NORM_ADD_NORM prologue"
+        assert push is None, "the int4 kernels do not push"
         _launch_int4(common, weight, bias, out, eps, prologue, residual is not None, config, pdl)
         return out
     if isinstance(weight, torch.Tensor):
@@ -959,6 +979,14 @@ def gemv(
         PREFETCH=config.prefetch,
         USE_PDL=pdl,
         X_BLOCK=_x_block(k, m) if prologue == PROLOGUE_NORM_ADD_NORM else 16,
+        push_buffer_ptrs=push.buffer_ptrs if push is not None else dummy,
+        push_halves_ptr=push.halves if push is not None else dummy,
+        push_capacity=push.capacity if push is not None else 0,
+        PUSH=push is not None,
+        PUSH_RANK=push.rank if push is not None else 0,
+        PUSH_WORLD=push.world if push is not None else 1,
+        PUSH_BLOCK=ALL_REDUCE_BLOCK,
+        SENTINEL=SENTINEL,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),

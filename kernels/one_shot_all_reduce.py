@@ -16,9 +16,15 @@ which it can reach only after it has this rank's values of the sum between, sent
 sentinels. No flags, no fences, no second handshake (the idea of TensorRT-LLM's "Lamport" all-reduce).
 The sum is fp32 in rank order on every rank, so every rank holds the same bits. 16-bit dtypes only: SENTINEL is
 a 16-bit pattern. No NVLink multicast: only peer stores and local loads.
+
+The kernel that computes a rank's part may send it itself (`send_to_peers`, kernels.gemv's `push`): each of its
+programs sends its outputs as it stores them, and the all-reduce then only gathers (`sent=True`). The sends of all
+but the last programs overlap the computation, and the all-reduce's load of x and its sends leave the critical path.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -30,6 +36,35 @@ BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 256  # 1 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
 SENTINEL = -32768  # int16 0x8000: -0.0 in bf16 and fp16, never sent
 DTYPES = (torch.bfloat16, torch.float16)
+
+
+class PushTarget(NamedTuple):
+    """This rank's all-reduce buffers, for a kernel that sends its output to the peers itself (kernels.gemv's
+    `push`): the all-reduce then runs with `sent=True` and only gathers."""
+
+    buffer_ptrs: torch.Tensor  # int64 [world]
+    halves: torch.Tensor  # int32 [MAX_PROGRAMS]
+    capacity: int
+    rank: int
+
+    @property
+    def world(self) -> int:
+        return self.buffer_ptrs.numel()
+
+
+@triton.jit
+def send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.constexpr, WORLD: tl.constexpr,
+                  SENTINEL: tl.constexpr):  # fmt: skip
+    """`values` (16-bit floats at `flat` offsets of the sum) into slot RANK of half `half` (a scalar, or one per
+    value) of every peer's buffer, any -0.0 as +0.0. Returns the bits sent."""
+    bits = values.to(tl.int16, bitcast=True)
+    bits = tl.where(bits == SENTINEL, 0, bits)  # -0.0 goes as +0.0: the sum is the same
+    slot = (half * WORLD + RANK) * capacity + flat
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            theirs = tl.multiple_of(tl.load(buffer_ptrs + peer).to(tl.pointer_type(tl.int16)), 16)
+            tl.store(theirs + slot, bits, mask=mask)
+    return bits
 
 
 # Specialized on the count (its divisibility by 16 makes the masks vectorizable) and told that the buffers are
@@ -47,6 +82,7 @@ def _one_shot_all_reduce_kernel(
     WORLD: tl.constexpr,
     BLOCK: tl.constexpr,
     SENTINEL: tl.constexpr,
+    SENT: tl.constexpr,  # the kernel that wrote x sent it to the peers already (`send_to_peers`)
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     pid = tl.program_id(0)
@@ -58,13 +94,12 @@ def _one_shot_all_reduce_kernel(
     half = tl.load(halves_ptr + pid) ^ 1
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    bits = tl.load(x_ptr + offs, mask=mask).to(tl.int16, bitcast=True)
-    bits = tl.where(bits == SENTINEL, 0, bits)  # -0.0 goes as +0.0: the sum is the same
-    my_slot = (half * WORLD + RANK) * capacity + offs
-    for peer in tl.static_range(WORLD):
-        if peer != RANK:
-            theirs = tl.multiple_of(tl.load(buffer_ptrs + peer).to(tl.pointer_type(tl.int16)), 16)
-            tl.store(theirs + my_slot, bits, mask=mask)
+    x = tl.load(x_ptr + offs, mask=mask)
+    if SENT:
+        bits = x.to(tl.int16, bitcast=True)
+        bits = tl.where(bits == SENTINEL, 0, bits)  # what was sent
+    else:
+        bits = send_to_peers(x, offs, mask, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
     dtype = x_ptr.dtype.element_ty
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
     total = tl.zeros([BLOCK], dtype=tl.float32)
@@ -83,10 +118,10 @@ def _one_shot_all_reduce_kernel(
 
 
 def one_shot_all_reduce_(
-    x: torch.Tensor, buffer_ptrs: torch.Tensor, halves: torch.Tensor, capacity: int, rank: int
+    x: torch.Tensor, buffer_ptrs: torch.Tensor, halves: torch.Tensor, capacity: int, rank: int, sent: bool = False
 ) -> torch.Tensor:
     """x (contiguous bf16/fp16, at most MAX_PROGRAMS * BLOCK and `capacity` elements) summed over the ranks, in
-    place.
+    place. sent: x was written by a kernel that sent it to the peers (`send_to_peers`, with the same buffers).
 
     buffer_ptrs: int64 device addresses of every rank's buffer (int16 [2, ranks, capacity], filled with SENTINEL
     before the first sum), as symmetric memory maps them; halves: this rank's zeroed int32 [MAX_PROGRAMS]. Every
@@ -95,7 +130,7 @@ def one_shot_all_reduce_(
     assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
     pdl = use_pdl(x)
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, x, numel, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(), BLOCK, SENTINEL, pdl,
+        x, x, numel, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(), BLOCK, SENTINEL, sent, pdl,
         num_warps=4, **launch_options(pdl),
     )  # fmt: skip
     return x

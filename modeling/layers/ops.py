@@ -10,10 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from modeling.parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +46,11 @@ class LayerOps:
     norm_add_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [T, 2 * I], proj: Linear) -> proj(silu(x[:, :I]) * x[:, I:])
     silu_mul_linear: Callable[..., torch.Tensor]
+    # A row-parallel projection and the sum over the ranks after it, as one op so that a backend can send each
+    # rank's part from the projection's own kernel: (x, proj: Linear, tp: TensorParallel) -> tp.all_reduce(proj(x))
+    linear_all_reduce: Callable[..., torch.Tensor]
+    # The same after SiLU-and-mul: (x [T, 2 * I], proj, tp) -> tp.all_reduce(silu_mul_linear(x, proj))
+    silu_mul_linear_all_reduce: Callable[..., torch.Tensor]
 
 
 def torch_rms_norm(
@@ -104,6 +113,14 @@ def unfused_silu_mul_linear(x: torch.Tensor, proj: nn.Module, silu_and_mul=torch
     return proj(silu_and_mul(x))
 
 
+def unfused_linear_all_reduce(x: torch.Tensor, proj: nn.Module, tp: TensorParallel) -> torch.Tensor:
+    return tp.all_reduce(proj(x))
+
+
+def unfused_silu_mul_linear_all_reduce(x: torch.Tensor, proj: nn.Module, tp: TensorParallel) -> torch.Tensor:
+    return tp.all_reduce(unfused_silu_mul_linear(x, proj))
+
+
 TORCH_OPS = LayerOps(
     name="torch",
     rms_norm=torch_rms_norm,
@@ -113,6 +130,8 @@ TORCH_OPS = LayerOps(
     rms_norm_linear=unfused_rms_norm_linear,
     norm_add_norm_linear=unfused_norm_add_norm_linear,
     silu_mul_linear=unfused_silu_mul_linear,
+    linear_all_reduce=unfused_linear_all_reduce,
+    silu_mul_linear_all_reduce=unfused_silu_mul_linear_all_reduce,
 )
 
 

@@ -12,6 +12,7 @@ import torch
 
 from kernels.gemv import (
     PROLOGUE_GELU_TANH_MUL,
+    PROLOGUE_NONE,
     PROLOGUE_NORM_ADD_NORM,
     PROLOGUE_RMSNORM,
     PROLOGUE_SILU_MUL,
@@ -27,6 +28,7 @@ from modeling.layers.ops import LayerOps, unfused_rms_norm_linear, unfused_silu_
 
 if TYPE_CHECKING:
     from modeling.layers.norm import RMSNorm
+    from modeling.parallel import TensorParallel
 
 
 def triton_rms_norm(
@@ -136,6 +138,31 @@ def triton_gelu_tanh_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     return gemv(x, weight, proj.bias, silu_mul=True, gelu_tanh=True, config=config)
 
 
+def _pushed_gemv_all_reduce(x: torch.Tensor, proj: Linear, tp: TensorParallel, prologue: int) -> torch.Tensor | None:
+    """A plain weight's GEMV that sends its rows of the sum to the other ranks as it stores them
+    (kernels.one_shot_all_reduce), then the all-reduce that only gathers; None where the GEMV or the
+    push does not apply (the caller runs the projection, then `tp.all_reduce`)."""
+    weight = proj.gemv_weight
+    if not isinstance(weight, torch.Tensor):  # quantized methods pick their own kernels at few rows
+        return None
+    config = gemv_config_for(x, weight, prologue)
+    push = tp.push_target(x.shape[0] * weight.shape[0], x.dtype) if config is not None else None
+    if push is None:
+        return None
+    out = gemv(x, weight, proj.bias, silu_mul=prologue == PROLOGUE_SILU_MUL, config=config, push=push)
+    return tp.finish_pushed_all_reduce(out)
+
+
+def triton_linear_all_reduce(x: torch.Tensor, proj: Linear, tp: TensorParallel) -> torch.Tensor:
+    out = _pushed_gemv_all_reduce(x, proj, tp, PROLOGUE_NONE)
+    return out if out is not None else tp.all_reduce(proj(x))
+
+
+def triton_silu_mul_linear_all_reduce(x: torch.Tensor, proj: Linear, tp: TensorParallel) -> torch.Tensor:
+    out = _pushed_gemv_all_reduce(x, proj, tp, PROLOGUE_SILU_MUL)
+    return out if out is not None else tp.all_reduce(triton_silu_mul_linear(x, proj))
+
+
 TRITON_OPS = LayerOps(
     name="triton",
     rms_norm=triton_rms_norm,
@@ -145,4 +172,6 @@ TRITON_OPS = LayerOps(
     rms_norm_linear=triton_rms_norm_linear,
     norm_add_norm_linear=triton_norm_add_norm_linear,
     silu_mul_linear=triton_silu_mul_linear,
+    linear_all_reduce=triton_linear_all_reduce,
+    silu_mul_linear_all_reduce=triton_silu_mul_linear_all_reduce,
 )

@@ -99,7 +99,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             qk = self.ops.qk_norm(qk, self.num_heads, self.q_norm, self.k_norm)
         out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.params)  # [T, H, D]
-        return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim)))
+        return self.ops.linear_all_reduce(out.reshape(num_tokens, self.num_heads * self.head_dim), self.o_proj, self.tp)
 
 
 class DecoderLayer(nn.Module):

@@ -53,5 +53,6 @@ class LlamaMLP(nn.Module):
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
         gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj)  # [T, 2 * I]
-        # the all-reduce sits here, not in down_proj: the fused GEMV op reads down_proj's weight directly
-        return self.tp.all_reduce(self.ops.silu_mul_linear(gate_up, self.down_proj)), residual
+        # the all-reduce sits here, not in down_proj: the fused GEMV op reads down_proj's weight directly (and may
+        # send its rows of the sum to the other ranks itself)
+        return self.ops.silu_mul_linear_all_reduce(gate_up, self.down_proj, self.tp), residual

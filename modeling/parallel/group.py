@@ -12,11 +12,15 @@ from __future__ import annotations
 import datetime
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from modeling.parallel.symmetric_all_reduce import SymmetricAllReduce, make_symmetric_all_reduce
+
+if TYPE_CHECKING:
+    from kernels.one_shot_all_reduce import PushTarget
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +47,19 @@ class TensorParallel:
                 self.symmetric.all_reduce_(x)
             else:
                 dist.all_reduce(x)
+        return x
+
+    def push_target(self, numel: int, dtype: torch.dtype) -> PushTarget | None:
+        """Where a row-parallel projection's kernel may send its partial sum (`numel` elements) to the other
+        ranks itself, then `finish_pushed_all_reduce`; None: the projection is followed by `all_reduce`."""
+        if self.size == 1 or self.symmetric is None:
+            return None
+        return self.symmetric.push_target(numel, dtype)
+
+    def finish_pushed_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """`all_reduce` of x, whose kernel sent it to the other ranks (`push_target`)."""
+        assert self.symmetric is not None
+        self.symmetric.finish_pushed_(x)
         return x
 
     def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor:

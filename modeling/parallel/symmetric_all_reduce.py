@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from kernels.one_shot_all_reduce import PushTarget
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class SymmetricAllReduce:
 
         # imported here, on CUDA only: importing Triton kernels from modeling/ at import time would decorate
         # them before the CPU tests turn Triton's interpreter on
-        from kernels.one_shot_all_reduce import DTYPES, MAX_PROGRAMS, SENTINEL, one_shot_all_reduce_
+        from kernels.one_shot_all_reduce import DTYPES, MAX_PROGRAMS, SENTINEL, PushTarget, one_shot_all_reduce_
 
         assert kernel in KERNELS, kernel
         self._one_shot_all_reduce_ = one_shot_all_reduce_
@@ -63,11 +67,25 @@ class SymmetricAllReduce:
         buffer_handle = symm_mem.rendezvous(self.buffer, self.group_name)
         self.buffer_ptrs = torch.tensor(buffer_handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.halves = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=device)
+        self._push_target = PushTarget(self.buffer_ptrs, self.halves, max_bytes // 2, self.rank)
         torch.cuda.synchronize(device)
         dist.barrier()  # every rank's buffer holds SENTINEL before any rank sends
 
     def fits(self, x: torch.Tensor) -> bool:
         return x.dtype in self.dtypes and x.numel() * x.element_size() <= self.max_bytes and x.is_contiguous()
+
+    def push_target(self, numel: int, dtype: torch.dtype) -> PushTarget | None:
+        """Where the kernel that computes this rank's part of a sum of `numel` elements may send it to the peers
+        itself (then `finish_pushed_`); None: the sum takes `all_reduce_`."""
+        if self.kernel != "triton" or dtype not in self.dtypes or numel * 2 > self.max_bytes:
+            return None
+        return self._push_target
+
+    def finish_pushed_(self, x: torch.Tensor) -> None:
+        """The sum over the ranks of x, whose kernel sent it to the peers (`push_target`), in place."""
+        self._one_shot_all_reduce_(
+            x.view(-1), self.buffer_ptrs, self.halves, self._push_target.capacity, self.rank, True
+        )
 
     def all_reduce_(self, x: torch.Tensor) -> None:
         flat = x.view(-1)

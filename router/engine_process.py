@@ -15,6 +15,7 @@ import zmq
 from router.client_api import RequestRejectedError
 from router.config import EngineConfig
 from router.engine import EngineCore
+from router.process_exit import exit_process
 from router.rank_heartbeat import RankHeartbeats
 from router.wire import (
     AbortRequest,
@@ -67,6 +68,7 @@ def run_engine_process(
         outbox.close(linger=1000)
         inbox.close(linger=0)
         context.term()
+    exit_process(0)  # a clean stop; an exception above leaves through the interpreter with its traceback
 
 
 def freeze_startup_heap() -> None:

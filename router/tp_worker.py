@@ -17,6 +17,7 @@ import threading
 import time
 
 from router.config import EngineConfig
+from router.process_exit import exit_process
 from router.rank_heartbeat import RankHeartbeats
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int, heartbeats: 
     runner = load_runner(config, rank)
     runner.follow_rank_zero(StepBroadcast(runner.tp, on_step=heartbeats.step_counter(rank)))
     destroy_tensor_parallel(runner.tp)
+    exit_process(0)
 
 
 def _name_process(name: str) -> None:

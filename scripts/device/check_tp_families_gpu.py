@@ -27,6 +27,7 @@ from modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
 from modeling.parallel.group import destroy_tensor_parallel
 from modeling.parallel.step_broadcast import StepBroadcast
 from modeling.runner import ModelRunner, RunnerConfig
+from router.process_exit import exit_process
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
 from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, TINY_FAMILIES, _steps
 
@@ -34,15 +35,19 @@ from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, TINY_FAMIL
 TOLERANCE = {"float32": 2e-3, "bfloat16": 5e-2}
 SIZES = {**SHARDED_SIZES, "hidden_size": 192, "intermediate_size": 320}  # head_dim 32 where derived
 NUM_DECODE_STEPS = 6  # batch-2 decode steps after the test's three: replayed from CUDA graphs
+NUM_ONE_ROW_STEPS = 3  # then row 0 alone: the one-row GEMVs, which push o's and down's sums to the peers
 
 
 def steps() -> list[dict]:
-    """The CPU test's prefill, decode and mixed steps, then decode steps of rows 0 and 2."""
+    """The CPU test's prefill, decode and mixed steps, then decode steps of rows 0 and 2, then of row 0."""
     out = _steps()
     for i in range(NUM_DECODE_STEPS):
         slots = [18 + 2 * i, 19 + 2 * i]
         out.append(dict(input_ids=[20 + i, 40 + i], req_rows=[0, 2], q_lens=[1, 1], kv_lens=[10 + i, 4 + i],
                         out_slots=slots, logits_indices=[0, 1]))  # fmt: skip
+    for i in range(NUM_ONE_ROW_STEPS):
+        out.append(dict(input_ids=[60 + i], req_rows=[0], q_lens=[1], kv_lens=[10 + NUM_DECODE_STEPS + i],
+                        out_slots=[18 + 2 * NUM_DECODE_STEPS + i], logits_indices=[0]))  # fmt: skip
     return out
 
 
@@ -86,6 +91,7 @@ def rank_main(rank: int, port: int, folders: dict[str, str], dtype: str, started
         del model
         torch.cuda.empty_cache()
     destroy_tensor_parallel(tp)
+    exit_process(0)
 
 
 def main() -> int:

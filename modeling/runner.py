@@ -27,7 +27,6 @@ from modeling.layers.quantization import build_with
 from modeling.layers.quantization.select import resolve_quantization
 from modeling.models.base import CausalLM
 from modeling.parallel import NO_TP, TensorParallel, shard_heads
-from modeling.parallel.group import destroy_tensor_parallel
 from modeling.parallel.step_broadcast import StepBroadcast
 from modeling.registry import NATIVE, modeling_path, resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
@@ -188,11 +187,11 @@ class ModelRunner:
             self.forward(batch)
 
     def close(self) -> None:
-        """Rank 0: release the other ranks from follow_rank_zero, then leave the group."""
+        """Rank 0: release the other ranks from follow_rank_zero. The group is left by exiting the process
+        (router.process_exit): NCCL's `destroy_process_group` could block there for good."""
         if self.step_sender is not None:
             self.step_sender.send_stop()
             self.step_sender = None
-        destroy_tensor_parallel(self.tp)
 
     def _build_model(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> CausalLM:
         # imported here, like the model class: importing Triton kernels at module import would fix

@@ -9,11 +9,12 @@ from typing import NoReturn
 
 
 def exit_process(code: int = 0) -> NoReturn:
-    """Exit now, without the interpreter's teardown. A process that held NCCL communicators spent ~13 s in
-    that teardown after `destroy_process_group` had returned (2x H200, torch 2.11, BENCHMARKS.md): longer
-    than the client waits for a requested exit, so every sharded shutdown ended with the ranks killed.
-    Nothing is left to release by then (the group is destroyed, the sockets closed; the driver frees the
-    GPU memory with the process), so only the log and stdio buffers need flushing."""
+    """Exit now, without `destroy_process_group` or the interpreter's teardown. On GPUs NCCL's shutdown of
+    the group could block: in check_tp_families_gpu both ranks were still inside `destroy_process_group` 10 s
+    after their last step (2x H200, torch 2.11, a faulthandler dump), and sharded servers' stops ran into the
+    client's wait and ended with their ranks killed. Nothing is left to release by then (the work is done,
+    the sockets closed, and the driver frees the GPU memory and the communicators with the process), so
+    only the log and stdio buffers need flushing."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

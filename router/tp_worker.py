@@ -29,15 +29,13 @@ def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int, heartbeats: 
     heartbeats.start_beating(rank)
     _exit_with_parent(parent_pid)
     _name_process(f"tp-rank-{rank}")  # what ps/top show (and how tests find a rank)
-    from modeling.parallel.group import destroy_tensor_parallel
     from modeling.parallel.step_broadcast import StepBroadcast
     from router.model_loading import load_runner
 
     logger.info("tensor-parallel rank %d: pid %d", rank, os.getpid())
     runner = load_runner(config, rank)
     runner.follow_rank_zero(StepBroadcast(runner.tp, on_step=heartbeats.step_counter(rank)))
-    destroy_tensor_parallel(runner.tp)
-    exit_process(0)
+    exit_process(0)  # leaves the group too (no destroy_process_group: see exit_process)
 
 
 def _name_process(name: str) -> None:

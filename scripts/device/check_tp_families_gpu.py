@@ -24,7 +24,6 @@ import torch.multiprocessing as mp
 
 from modeling.forward_batch import build_forward_batch
 from modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
-from modeling.parallel.group import destroy_tensor_parallel
 from modeling.parallel.step_broadcast import StepBroadcast
 from modeling.runner import ModelRunner, RunnerConfig
 from router.process_exit import exit_process
@@ -90,8 +89,7 @@ def rank_main(rank: int, port: int, folders: dict[str, str], dtype: str, started
         torch.cuda.synchronize()
         del model
         torch.cuda.empty_cache()
-    destroy_tensor_parallel(tp)
-    exit_process(0)
+    exit_process(0)  # not destroy_process_group, which blocked both ranks here once they had run two families
 
 
 def main() -> int:

@@ -12,9 +12,8 @@ partial sums in split order (deterministic) and resets the tile's counter, in th
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import functools
+from typing import NamedTuple
 
 import torch
 import triton

@@ -12,11 +12,13 @@ partial sums in split order (deterministic) and resets the tile's counter, in th
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.gemv import split_k_counters
 
@@ -28,6 +30,9 @@ class Fp8GemmConfig(NamedTuple):
     num_warps: int
     num_stages: int
     split_k: int = 1
+    # read the tiles through tensor-memory-accelerator descriptors (Hopper; block_k <= 256) instead of pointer
+    # loads: the copies run asynchronously to the threads, so a program can keep more stages in flight
+    tma: bool = False
 
 
 # Most rows this kernel takes: at 128 rows `_scaled_mm` wins on the widest projection (BENCHMARKS.md).
@@ -48,6 +53,17 @@ TUNED: dict[tuple[int, int, int], Fp8GemmConfig] = {
     (32, 28672, 4096): Fp8GemmConfig(32, 128, 128, 4, 3, 1),
     (64, 28672, 4096): Fp8GemmConfig(64, 64, 128, 4, 3, 1),
 }
+
+
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    """Hopper and newer; Triton's interpreter (CPU tensors) runs descriptors too."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _tma_compatible(t: torch.Tensor) -> bool:
+    """A TMA descriptor needs 16-byte aligned rows (1-byte elements: K a multiple of 16) and base."""
+    return t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0
 
 
 def row_bucket(num_rows: int) -> int:
@@ -93,12 +109,15 @@ def _fp8_gemm_kernel(
     stride_xm,
     stride_wn,
     stride_om,
+    x_desc,  # TMA: x_q's and w's descriptors, blocks [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K] (else unused)
+    w_desc,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,  # K is a multiple of SPLIT_K * BLOCK_K (always so when SPLIT_K > 1)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -112,7 +131,10 @@ def _fp8_gemm_kernel(
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(k_begin, k_begin + k // SPLIT_K, BLOCK_K):
-        if EVEN_K:
+        if TMA:  # out-of-bounds rows and columns of the box read as zeros
+            x = x_desc.load([pid_m * BLOCK_M, start])
+            w = w_desc.load([pid_n * BLOCK_N, start])
+        elif EVEN_K:
             x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
             w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
         else:
@@ -163,6 +185,11 @@ def fp8_gemm(
         return out
     cfg = config or fp8_gemm_config(num_rows, n, k)
     split_k = cfg.split_k if k % (cfg.split_k * cfg.block_k) == 0 else 1
+    x_desc, w_desc = x_q, weight  # unused without TMA
+    if cfg.tma and _has_tma(x_q.device) and _tma_compatible(x_q) and _tma_compatible(weight):
+        assert cfg.block_k <= 256, "a TMA box is at most 256 elements a side"
+        x_desc = TensorDescriptor.from_tensor(x_q, [cfg.block_m, cfg.block_k])
+        w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(num_rows, cfg.block_m), split_k)
     partial = counters = out  # unused at split_k 1
     if split_k > 1:
@@ -171,9 +198,10 @@ def fp8_gemm(
         counters = split_k_counters(x_q.device, tiles)
     _fp8_gemm_kernel[grid](
         x_q, weight, out, x_scale.reshape(-1), weight_scale.reshape(-1), weight_scale if bias is None else bias,
-        partial, counters, num_rows, n, k, x_q.stride(0), weight.stride(0), out.stride(0),
+        partial, counters, num_rows, n, k, x_q.stride(0), weight.stride(0), out.stride(0), x_desc, w_desc,
         HAS_BIAS=bias is not None, EVEN_K=k % (split_k * cfg.block_k) == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k,
+        TMA=isinstance(x_desc, TensorDescriptor),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

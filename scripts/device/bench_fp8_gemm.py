@@ -46,11 +46,18 @@ SWEEP_64_ROWS = [(32, 256, 8, 4, 1), (64, 256, 8, 4, 1), (64, 256, 8, 3, 2), (32
                  (16, 256, 4, 4, 1), (16, 256, 4, 5, 1), (32, 256, 4, 5, 1)]  # fmt: skip
 
 
+# Tiles through TMA descriptors (kernels.fp8_gemm `tma`): the copies need no threads, so deeper pipelines fit
+SWEEP_TMA = [(32, 256, 4, 4, 1), (64, 256, 4, 4, 1), (32, 256, 4, 6, 1), (64, 256, 8, 5, 1), (32, 128, 4, 8, 1),
+             (64, 128, 4, 6, 2), (128, 256, 8, 3, 2), (64, 256, 4, 4, 4)]  # fmt: skip
+
+
 def sweep(num_rows: int) -> list[Fp8GemmConfig]:
     """One row tile per config (BLOCK_M = the row bucket, at most 64): each reads the weight once."""
     block_m = min(row_bucket(num_rows), 64)
     grid = SWEEP + (SWEEP_64_ROWS if block_m == 64 else [])
-    return [Fp8GemmConfig(block_m, bn, bk, warps, st, sk) for bn, bk, warps, st, sk in grid]
+    pointer_loads = [Fp8GemmConfig(block_m, bn, bk, warps, st, sk) for bn, bk, warps, st, sk in grid]
+    tma = [Fp8GemmConfig(block_m, bn, bk, warps, st, sk, tma=True) for bn, bk, warps, st, sk in SWEEP_TMA]
+    return pointer_loads + tma
 
 
 def install_tuned(path: str) -> None:

@@ -42,9 +42,26 @@ def test_fp8_gemm_every_config_of_the_sweep_agrees():
         Fp8GemmConfig(32, 64, 64, 4, 2),
         Fp8GemmConfig(32, 32, 64, 4, 3, split_k=4),  # four programs share each tile's K walk
         Fp8GemmConfig(64, 64, 128, 4, 4, split_k=2),
+        Fp8GemmConfig(64, 32, 128, 4, 3, tma=True),  # tiles through TMA descriptors
+        Fp8GemmConfig(64, 64, 64, 4, 4, split_k=2, tma=True),
     ):
         out = fp8_gemm(x_q, x_scale, weight, weight_scale, config=config)
         torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_fp8_gemm_tma_reads_ragged_tiles_as_zeros(split_k: int):
+    """Through descriptors no load is masked: the rows past M, the columns past N and (without a split) the K
+    past the last whole tile come in as zeros from the descriptor's bounds."""
+    gen = torch.Generator().manual_seed(3)
+    k = 208 if split_k == 1 else 256  # 208: 16-byte rows, not a multiple of the 64-wide K tile
+    x_q, x_scale = quant_per_token_ref(torch.randn(37, k, generator=gen) * 4, torch.float8_e4m3fn)
+    weight, weight_scale = quantize_weight_per_channel(torch.randn(48, k, generator=gen) / 16)
+    bias = torch.randn(48, generator=gen).to(torch.bfloat16)
+    config = Fp8GemmConfig(64, 32, 64, 4, 3, split_k=split_k, tma=True)
+    out = fp8_gemm(x_q, x_scale, weight, weight_scale, bias, config=config)
+    ref = fp8_gemm_ref(x_q, x_scale, weight, weight_scale, bias)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
 
 
 def test_fp8_gemm_split_k_is_deterministic_and_leaves_its_counters_at_zero():

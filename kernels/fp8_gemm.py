@@ -42,15 +42,15 @@ MAX_ROWS = 64
 TUNED: dict[tuple[int, int, int], Fp8GemmConfig] = {
     (16, 4096, 4096): Fp8GemmConfig(16, 32, 256, 4, 4, 1),
     (32, 4096, 4096): Fp8GemmConfig(32, 64, 256, 4, 4, 2),
-    (64, 4096, 4096): Fp8GemmConfig(64, 32, 256, 4, 4, 1),
-    (16, 4096, 14336): Fp8GemmConfig(16, 32, 256, 4, 4, 2),
-    (32, 4096, 14336): Fp8GemmConfig(32, 32, 256, 4, 4, 2),
-    (64, 4096, 14336): Fp8GemmConfig(64, 32, 256, 4, 4, 1),
+    (64, 4096, 4096): Fp8GemmConfig(64, 32, 256, 4, 6, 1, tma=True),
+    (16, 4096, 14336): Fp8GemmConfig(16, 64, 256, 4, 4, 4, tma=True),
+    (32, 4096, 14336): Fp8GemmConfig(32, 64, 256, 4, 4, 4, tma=True),
+    (64, 4096, 14336): Fp8GemmConfig(64, 32, 256, 4, 6, 1, tma=True),
     (16, 6144, 4096): Fp8GemmConfig(16, 32, 256, 4, 4, 1),
-    (32, 6144, 4096): Fp8GemmConfig(32, 64, 256, 4, 4, 1),
-    (64, 6144, 4096): Fp8GemmConfig(64, 64, 256, 4, 4, 1),
+    (32, 6144, 4096): Fp8GemmConfig(32, 64, 256, 4, 4, 1, tma=True),
+    (64, 6144, 4096): Fp8GemmConfig(64, 64, 256, 8, 5, 1, tma=True),
     (16, 28672, 4096): Fp8GemmConfig(16, 32, 128, 4, 3, 1),
-    (32, 28672, 4096): Fp8GemmConfig(32, 128, 128, 4, 3, 1),
+    (32, 28672, 4096): Fp8GemmConfig(32, 32, 128, 4, 3, 1),
     (64, 28672, 4096): Fp8GemmConfig(64, 64, 128, 4, 3, 1),
 }
 

@@ -12,9 +12,10 @@ faster there. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
             across NVLink and one after; fp32 too
     0       neither: NCCL for every sum
 
-Measured on H200s (BENCHMARKS.md, 2026-11-27): at 4 ranks the triton kernel takes 4.8 us for 8 KiB against
-torch's 7.2 (NCCL 21.9); Llama-3-70B's batch-1 step at 4 shards 10.55 ms, against 10.78 with the kernel's
-earlier flag-and-read form and 11.04 with torch's; Llama-3-8B's at 2 shards 2.67 against 2.74 ms.
+Measured (BENCHMARKS.md): at 4 ranks (H200s, 2026-11-27) the triton kernel takes 4.8 us for 8 KiB against
+torch's 7.2 (NCCL 21.9); in 16-byte accesses at 2 ranks (H100s, 2026-11-28) 2.1 us (torch 9.1, NCCL 14.0).
+With the GEMVs pushing their sums, Llama-3-8B's batch-1 step at 2 shards is 0.586x of one H100's (0.622x on
+H200s) and Llama-3-70B's at 4 H100 shards 85% of its memory roofline.
 
 Only the peer-to-peer operations are used, never NVLink multicast (`multimem_*`). The kernels are
 recorded into CUDA graphs like any other; every rank replays the same ones in the same order.

@@ -3,7 +3,7 @@ exactly as the session's one-rank server (greedy text of 20 prompts sent concurr
 stop sequences, seeded sampling), and a killed rank makes the server unhealthy and exit non-zero,
 leaving no process behind. A tiny Qwen2-MoE (experts split across the ranks) served by 2 ranks
 picks transformers' greedy ids, and a hung (SIGSTOPped) rank makes the server unhealthy within
-seconds and exit non-zero. (3 ranks and every family are proven equal at the logits level in
+seconds and exit non-zero. A stopped (SIGTERM) sharded server exits 0 with every rank leaving on its own. (3 ranks and every family are proven equal at the logits level in
 tests/modeling.)"""
 
 from __future__ import annotations
@@ -188,3 +188,20 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return False
+
+
+def test_a_stopped_sharded_server_exits_with_every_rank_on_its_own(tmp_path):
+    """SIGTERM (docker stop): rank 0 releases the other ranks, every engine process leaves within the client's
+    wait, none is killed, and the launcher exits 0 with no process left behind."""
+    model_folder = tmp_path / "qwen2-moe"
+    tiny_checkpoint("qwen2-moe", str(model_folder))
+    command = [*_launcher_command(_free_port()), "--model-id", str(model_folder), "--num-shard", "2"]
+    with launched(command + ["--master-port", str(_free_port())], {**os.environ}, "launcher-tp2-stop-") as server:
+        processes = _engine_processes(server)
+        assert len(processes) == 2
+        server.process.terminate()
+        exit_code = server.process.wait(timeout=60)
+    log = server.log_tail(10**6)
+    assert exit_code == 0, log
+    assert "did not exit within" not in log and "killing" not in log, log
+    assert [pid for pid in processes if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)] == []

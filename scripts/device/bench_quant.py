@@ -20,6 +20,9 @@ built on the device:
 5. FP8 KV: KV slots from the same free memory vs bf16 KV;
 6. (--parts int4_rows, alone ~2 min) the int4 row-walking GEMV (kernels/gemv_int4_rows.py) at one row against the
    default int4 config, per Llama-3-8B projection with its prologue: us, % of copy bandwidth, GPU relative error.
+7. (--parts gemlite) GemLite's int4 GEMV (`pip install gemlite`, the Triton library SGLang and TorchAO use for
+   4-bit weights; carry its wheel in .whl) against ours at one row on the same weights: us, % of copy bandwidth,
+   relative error. Decides whether W4A16's one-row GEMVs (24-38% of copy bandwidth) should come from GemLite.
 The JSON is rewritten after each part; parts 4 and 5 are skipped when --time-limit-s would be passed.
 """
 
@@ -404,6 +407,51 @@ def int4_rows(bandwidth: float) -> list[dict]:
     return out
 
 
+def gemlite_rows(bandwidth: float) -> list[dict]:
+    """Per Llama-3-8B projection, one row: our int4 GEMV (bare, as GemLite has no fused prologue, and with the model's
+    prologue) and GemLite's (its own choice of kernel at one row, autotuned on first call) on the same int4 weights,
+    group 128, (q - z) s. Each timed over enough weight copies (> 4x L2) that every call reads HBM."""
+    import gemlite
+    from gemlite import DType, GemLiteLinear
+
+    log(f"gemlite {getattr(gemlite, '__version__', '?')}")
+    out = []
+    for shape, (n, k, prologue) in SHAPES.items():
+        case = GemvCase(k)
+        copies = max(1, -(-200_000_000 // (n * k // 2)))
+        ours, theirs = [], []
+        for _ in range(copies):
+            q = torch.randint(0, 16, (n, k), device=DEVICE)
+            scale = torch.rand(n, k // GROUP, device=DEVICE, dtype=torch.bfloat16) / 100
+            zero = torch.randint(0, 16, scale.shape, device=DEVICE).to(torch.bfloat16)
+            ours.append(QuantizedWeight(pack_int4(q, GROUP), scale, zero, GROUP))
+            layer = GemLiteLinear(4, group_size=GROUP, in_features=k, out_features=n, input_dtype=DType.BF16,
+                                  output_dtype=DType.BF16)  # fmt: skip
+            layer.pack(q.to(torch.uint8), scale, zero, None)
+            theirs.append(layer)
+        x = case.x[:1, :k]
+        ref = case.ref(ours[0], PROLOGUE_NONE, 1)
+        theirs[0](x)  # autotunes this shape once, outside the graph
+        torch.cuda.synchronize()
+        runs = {
+            "ours bare": (case.run(ours[0], PROLOGUE_NONE, 1), [lambda w=w: case.run(w, PROLOGUE_NONE, 1) for w in ours]),
+            "ours, model's prologue": (None, [lambda w=w: case.run(w, prologue, 1) for w in ours]),
+            "gemlite": (theirs[0](x), [lambda layer=layer: layer(x) for layer in theirs]),
+        }  # fmt: skip
+        row: dict = {"shape": shape, "bytes": weight_bytes(ours[0])}
+        for name, (result, calls) in runs.items():
+            t_us = graph_us(calls)
+            row[name] = dict(us=t_us, pct_bw=100 * row["bytes"] / (t_us * 1e-6) / bandwidth,
+                             rel_err=None if result is None else rel_err(result, ref))  # fmt: skip
+        out.append(row)
+        log(f"gemlite {shape:8s} " + ", ".join(
+            f"{name} {r['us']:.1f} us ({r['pct_bw']:.0f}%" + ("" if r["rel_err"] is None else f", err {r['rel_err']:.1e}")
+            + ")" for name, r in row.items() if isinstance(r, dict)))  # fmt: skip
+        del ours, theirs
+        torch.cuda.empty_cache()
+    return out
+
+
 def bench_format(
     report: dict,
     case: GemvCase,
@@ -615,6 +663,9 @@ def main() -> None:
     if "int4_rows" in parts:
         report["int4_rows"] = int4_rows(bandwidth)
         save("int4 rows")
+    if "gemlite" in parts:
+        report["gemlite"] = gemlite_rows(bandwidth)
+        save("gemlite")
     if parts & {"steps", "kv"}:
         model, hf_config = hf_model(LLAMA3_8B, torch.bfloat16)
         state_dict = {name: t for name, t in model.state_dict().items()}

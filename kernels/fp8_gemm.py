@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.gemv import split_k_counters
+from kernels.gemv import split_k_scratch
 
 
 class Fp8GemmConfig(NamedTuple):
@@ -191,11 +191,7 @@ def fp8_gemm(
         x_desc = TensorDescriptor.from_tensor(x_q, [cfg.block_m, cfg.block_k])
         w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(num_rows, cfg.block_m), split_k)
-    partial = counters = out  # unused at split_k 1
-    if split_k > 1:
-        tiles = grid[0] * grid[1]
-        partial = torch.empty(tiles * split_k * cfg.block_m * cfg.block_n, dtype=torch.float32, device=x_q.device)
-        counters = split_k_counters(x_q.device, tiles)
+    partial, counters = split_k_scratch(out, grid[0] * grid[1], split_k, cfg.block_m * cfg.block_n)
     _fp8_gemm_kernel[grid](
         x_q, weight, out, x_scale.reshape(-1), weight_scale.reshape(-1), weight_scale if bias is None else bias,
         partial, counters, num_rows, n, k, x_q.stride(0), weight.stride(0), out.stride(0), x_desc, w_desc,

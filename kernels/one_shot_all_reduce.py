@@ -53,12 +53,18 @@ class PushTarget(NamedTuple):
 
 
 @triton.jit
+def _bits_to_send(values, SENTINEL: tl.constexpr):
+    """16-bit floats as the int16 bits that travel: -0.0 (SENTINEL's bits) as +0.0, the sum is the same."""
+    bits = values.to(tl.int16, bitcast=True)
+    return tl.where(bits == SENTINEL, 0, bits)
+
+
+@triton.jit
 def send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.constexpr, WORLD: tl.constexpr,
                   SENTINEL: tl.constexpr):  # fmt: skip
     """`values` (16-bit floats at `flat` offsets of the sum) into slot RANK of half `half` (a scalar, or one per
     value) of every peer's buffer, any -0.0 as +0.0. Returns the bits sent."""
-    bits = values.to(tl.int16, bitcast=True)
-    bits = tl.where(bits == SENTINEL, 0, bits)  # -0.0 goes as +0.0: the sum is the same
+    bits = _bits_to_send(values, SENTINEL)
     slot = (half * WORLD + RANK) * capacity + flat
     for peer in tl.static_range(WORLD):
         if peer != RANK:
@@ -96,8 +102,7 @@ def _one_shot_all_reduce_kernel(
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask)
     if SENT:
-        bits = x.to(tl.int16, bitcast=True)
-        bits = tl.where(bits == SENTINEL, 0, bits)  # what was sent
+        bits = _bits_to_send(x, SENTINEL)  # what the kernel that wrote x sent
     else:
         bits = send_to_peers(x, offs, mask, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
     dtype = x_ptr.dtype.element_ty

@@ -39,8 +39,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BYTES = 1 << 20
 KERNEL_ENV = "TGI_SYMMETRIC_ALL_REDUCE"
 KERNELS = ("triton", "torch")
-
-
 DEFAULT_KERNEL = "triton"  # the faster at 2 and at 4 ranks, the counts measured
 
 

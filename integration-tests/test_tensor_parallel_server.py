@@ -53,10 +53,14 @@ SAMPLED = [
 ]
 
 
+def _two_rank_command(*args: str) -> list[str]:
+    """The launcher on a free port with `args`, at --num-shard 2 with a free rendezvous port."""
+    return [*_launcher_command(_free_port()), *args, "--num-shard", "2", "--master-port", str(_free_port())]
+
+
 @pytest.fixture(scope="module")
 def sharded_server():
-    command = _launcher_command(_free_port()) + ["--num-shard", "2", "--master-port", str(_free_port())]
-    with launched(command, {**os.environ}, "launcher-tp2-") as handle:
+    with launched(_two_rank_command(), {**os.environ}, "launcher-tp2-") as handle:
         yield handle
 
 
@@ -126,8 +130,7 @@ def sharded_moe(tmp_path_factory):
     """(server, transformers model, tokenizer): a tiny random Qwen2-MoE served by 2 ranks."""
     folder = tmp_path_factory.mktemp("qwen2-moe")
     model, tokenizer = tiny_checkpoint("qwen2-moe", str(folder))
-    command = [*_launcher_command(_free_port()), "--model-id", str(folder), "--num-shard", "2"]
-    with launched(command + ["--master-port", str(_free_port())], {**os.environ}, "launcher-moe-tp2-") as handle:
+    with launched(_two_rank_command("--model-id", str(folder)), {**os.environ}, "launcher-moe-tp2-") as handle:
         yield handle, model, tokenizer
 
 
@@ -195,8 +198,8 @@ def test_a_stopped_sharded_server_exits_with_every_rank_on_its_own(tmp_path):
     wait, none is killed, and the launcher exits 0 with no process left behind."""
     model_folder = tmp_path / "qwen2-moe"
     tiny_checkpoint("qwen2-moe", str(model_folder))
-    command = [*_launcher_command(_free_port()), "--model-id", str(model_folder), "--num-shard", "2"]
-    with launched(command + ["--master-port", str(_free_port())], {**os.environ}, "launcher-tp2-stop-") as server:
+    command = _two_rank_command("--model-id", str(model_folder))
+    with launched(command, {**os.environ}, "launcher-tp2-stop-") as server:
         processes = _engine_processes(server)
         assert len(processes) == 2
         server.process.terminate()

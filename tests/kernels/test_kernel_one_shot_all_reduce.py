@@ -20,6 +20,17 @@ SIZES = (1000, 2 * BLOCK + 1, 300, BLOCK, 7, 2 * BLOCK + 1, 1000)
 CAPACITY = 3 * BLOCK
 
 
+def _run_ranks(target, world: int, *args) -> None:
+    """target(rank, *args) in a spawned process per rank, all at once; each must exit 0."""
+    context = mp.get_context("spawn")
+    ranks = [context.Process(target=target, args=(r, *args)) for r in range(world)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=120)
+    assert [p.exitcode for p in ranks] == [0] * world
+
+
 def _rank(rank: int, buffers, inputs, results) -> None:
     from kernels.one_shot_all_reduce import one_shot_all_reduce_
 
@@ -45,13 +56,7 @@ def test_ranks_agree_with_reference(world: int, dtype: torch.dtype, monkeypatch:
     # float64: holds the sums and the programs' halves exactly
     results = [torch.full((sum(SIZES) + 4,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
 
-    context = mp.get_context("spawn")
-    ranks = [context.Process(target=_rank, args=(r, buffers, inputs, results)) for r in range(world)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=120)
-    assert [p.exitcode for p in ranks] == [0] * world
+    _run_ranks(_rank, world, buffers, inputs, results)
 
     expected = torch.cat([all_reduce_ref([inputs[r][i] for r in range(world)]).double() for i in range(len(SIZES))])
     for r in range(world):
@@ -97,13 +102,7 @@ def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: py
     total = sum(rows * cols * world for rows, cols in GATHER_SHAPES)
     results = [torch.full((total,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
 
-    context = mp.get_context("spawn")
-    ranks = [context.Process(target=_gathering_rank, args=(r, buffers, inputs, results)) for r in range(world)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=120)
-    assert [p.exitcode for p in ranks] == [0] * world
+    _run_ranks(_gathering_rank, world, buffers, inputs, results)
 
     expected = torch.cat([torch.cat([inputs[r][i] for r in range(world)], dim=1).view(-1).double()
                           for i in range(len(GATHER_SHAPES))])  # fmt: skip

@@ -17,6 +17,9 @@ sentinels. No flags, no fences, no second handshake (the idea of TensorRT-LLM's 
 The sum is fp32 in rank order on every rank, so every rank holds the same bits. 16-bit dtypes only: SENTINEL is
 a 16-bit pattern. No NVLink multicast: only peer stores and local loads.
 
+The same trip gathers (`one_shot_all_gather`, the vocab-parallel logits): each rank's values are put side by side
+instead of added.
+
 The kernel that computes a rank's part may send it itself (`send_to_peers`, kernels.gemv's `push`): each of its
 programs sends its outputs as it stores them, and the all-reduce then only gathers (`sent=True`). The sends of all
 but the last programs overlap the computation, and the all-reduce's load of x and its sends leave the critical path.
@@ -84,11 +87,13 @@ def _one_shot_all_reduce_kernel(
     buffer_ptrs,  # int64 [WORLD]: each rank's buffer, int16 [2, WORLD, capacity], SENTINEL between sums
     halves_ptr,  # int32 [MAX_PROGRAMS] on this rank: the half each program used last
     capacity,
+    cols,  # GATHER: x is [numel / cols, cols], out [numel / cols, WORLD * cols]
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     BLOCK: tl.constexpr,
     SENTINEL: tl.constexpr,
     SENT: tl.constexpr,  # the kernel that wrote x sent it to the peers already (`send_to_peers`)
+    GATHER: tl.constexpr,  # put each rank's x beside the others' (rank r's columns at r * cols) instead of adding
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     pid = tl.program_id(0)
@@ -108,17 +113,22 @@ def _one_shot_all_reduce_kernel(
     dtype = x_ptr.dtype.element_ty
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
     total = tl.zeros([BLOCK], dtype=tl.float32)
+    out_offs = (offs // cols) * (WORLD * cols) + offs % cols  # GATHER: rank 0's columns of each row
     for peer in tl.static_range(WORLD):
         if peer == RANK:
-            total += bits.to(dtype, bitcast=True).to(tl.float32)
+            seen = bits
         else:
             slot = mine + (half * WORLD + peer) * capacity + offs
             seen = tl.load(slot, mask=mask, other=0, volatile=True)
             while tl.max(((seen == SENTINEL) & mask).to(tl.int32), 0) > 0:
                 seen = tl.load(slot, mask=mask, other=0, volatile=True)
-            total += seen.to(dtype, bitcast=True).to(tl.float32)
             tl.store(slot, tl.full([BLOCK], SENTINEL, tl.int16), mask=mask)
-    tl.store(out_ptr + offs, total.to(dtype), mask=mask)
+        if GATHER:
+            tl.store(out_ptr + out_offs + peer * cols, seen.to(dtype, bitcast=True), mask=mask)
+        else:
+            total += seen.to(dtype, bitcast=True).to(tl.float32)
+    if not GATHER:
+        tl.store(out_ptr + offs, total.to(dtype), mask=mask)
     tl.store(halves_ptr + pid, half)
 
 
@@ -135,10 +145,29 @@ def one_shot_all_reduce_(
     assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
     pdl = use_pdl(x)
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, x, numel, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(), BLOCK, SENTINEL, sent, pdl,
+        x, x, numel, buffer_ptrs, halves, capacity, 1, rank, buffer_ptrs.numel(), BLOCK, SENTINEL, sent, False, pdl,
         num_warps=4, **launch_options(pdl),
     )  # fmt: skip
     return x
+
+
+def one_shot_all_gather(
+    x: torch.Tensor, buffer_ptrs: torch.Tensor, halves: torch.Tensor, capacity: int, rank: int
+) -> torch.Tensor:
+    """x [rows, cols] (contiguous bf16/fp16) of every rank side by side: [rows, ranks * cols], rank r's columns at
+    r * cols. The same trip and the same buffers as `one_shot_all_reduce_` (every rank calls the two kinds in
+    the same order); a -0.0 arrives as +0.0."""
+    rows, cols = x.shape
+    numel = x.numel()
+    assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
+    world = buffer_ptrs.numel()
+    out = torch.empty(rows, world * cols, dtype=x.dtype, device=x.device)
+    pdl = use_pdl(x)
+    _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
+        x, out, numel, buffer_ptrs, halves, capacity, cols, rank, world, BLOCK, SENTINEL, False, True, pdl,
+        num_warps=4, **launch_options(pdl),
+    )  # fmt: skip
+    return out
 
 
 def all_reduce_ref(inputs: list[torch.Tensor]) -> torch.Tensor:

@@ -66,6 +66,8 @@ class TensorParallel:
         """[R, n] on every rank -> [R, size * n]: rank r's columns at r * n (vocab-parallel logits)."""
         if self.size == 1:
             return x
+        if self.symmetric is not None and (gathered := self.symmetric.all_gather_columns(x)) is not None:
+            return gathered
         rows, cols = x.shape
         stacked = torch.empty(self.size * rows, cols, dtype=x.dtype, device=x.device)
         _all_gather_single(stacked, x.contiguous())

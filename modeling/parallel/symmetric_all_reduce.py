@@ -50,10 +50,18 @@ class SymmetricAllReduce:
 
         # imported here, on CUDA only: importing Triton kernels from modeling/ at import time would decorate
         # them before the CPU tests turn Triton's interpreter on
-        from kernels.one_shot_all_reduce import DTYPES, MAX_PROGRAMS, SENTINEL, PushTarget, one_shot_all_reduce_
+        from kernels.one_shot_all_reduce import (
+            DTYPES,
+            MAX_PROGRAMS,
+            SENTINEL,
+            PushTarget,
+            one_shot_all_gather,
+            one_shot_all_reduce_,
+        )
 
         assert kernel in KERNELS, kernel
         self._one_shot_all_reduce_ = one_shot_all_reduce_
+        self._one_shot_all_gather = one_shot_all_gather
         self.kernel = kernel
         self.dtypes = DTYPES if kernel == "triton" else (*DTYPES, torch.float32)
         self.group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
@@ -85,6 +93,14 @@ class SymmetricAllReduce:
         self._one_shot_all_reduce_(
             x.view(-1), self.buffer_ptrs, self.halves, self._push_target.capacity, self.rank, True
         )
+
+    def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor | None:
+        """[R, n] of every rank -> [R, ranks * n] (rank r's columns at r * n) in the all-reduce's one trip; None
+        where it does not apply (the caller gathers through NCCL)."""
+        if self.kernel != "triton" or not self.fits(x):  # (the triton kernel's dtypes are 16-bit only)
+            return None
+        capacity = self.max_bytes // x.element_size()
+        return self._one_shot_all_gather(x, self.buffer_ptrs, self.halves, capacity, self.rank)
 
     def all_reduce_(self, x: torch.Tensor) -> None:
         flat = x.view(-1)

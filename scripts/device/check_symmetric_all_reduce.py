@@ -9,10 +9,13 @@ are captured in a CUDA graph each way and replayed to time them. At more than 2 
 order than the kernels, so there a difference of one bf16 unit need not be an error. A stress part then makes
 300 sums of random sizes back to back with each kernel, eagerly and replayed from a CUDA graph, each against the
 Triton kernel's own definition (fp32, in rank order, from the gathered inputs), which must hold bit for bit.
+Last, the vocab-parallel logits' gather (`TensorParallel.all_gather_columns`, Llama-3's vocabulary over the
+ranks): the Triton kernel's against NCCL's, equal and timed the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -26,6 +29,8 @@ import torch.multiprocessing as mp
 
 SIZES = [4096, 8 * 4096, 64 * 4096, 128 * 4096]  # 8 KiB .. 1 MiB of bf16
 CALLS_PER_GRAPH = 64
+VOCAB = 128_256  # Llama-3's: the logits each rank gathers are [rows, VOCAB / ranks]
+GATHER_ROWS = [1, 4]
 
 
 def free_port() -> int:
@@ -89,6 +94,24 @@ def stress_mismatches(kernel, device: torch.device, rank: int, count: int = 300)
     return [sum(not torch.equal(a, b) for a, b in zip(results, expected)) for results in (eager, graphed)]
 
 
+def gather_rows(tp, triton_kernel, size: int) -> list[dict]:
+    """The logits' gather through NCCL and through the Triton kernel: equal, and us a call."""
+    by_nccl, by_triton = dataclasses.replace(tp, symmetric=None), dataclasses.replace(tp, symmetric=triton_kernel)
+    rows = []
+    for num_rows in GATHER_ROWS:
+        generator = torch.Generator(tp.device).manual_seed(tp.rank)
+        x = torch.randn(num_rows, VOCAB // size, device=tp.device, generator=generator).bfloat16()
+        expected, got = by_nccl.all_gather_columns(x), by_triton.all_gather_columns(x)
+        rows.append({
+            "gather_rows": num_rows,
+            "bytes_per_rank": x.numel() * 2,
+            "equal": torch.equal(expected, got),
+            "nccl_us": graph_time_us(by_nccl.all_gather_columns, x),
+            "triton_us": graph_time_us(by_triton.all_gather_columns, x),
+        })  # fmt: skip
+    return rows
+
+
 def worker(rank: int, size: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -121,9 +144,10 @@ def worker(rank: int, size: int, port: int, out: str) -> None:
     stress = {
         name: stress_mismatches(kernel, tp.device, rank) for name, kernel in kernels.items() if name not in failed
     }
+    gathers = gather_rows(tp, kernels["triton"], size)
     if rank == 0:
-        Path(out).write_text(json.dumps({"sizes": rows, "stress_mismatches": stress}, indent=1))
-        for row in rows:
+        Path(out).write_text(json.dumps({"sizes": rows, "stress_mismatches": stress, "gathers": gathers}, indent=1))
+        for row in rows + gathers:
             print(row, flush=True)
         print("stress (sums unequal to the fp32 rank-order sum, eager / graph):", stress, flush=True)
     dist.barrier()

@@ -20,6 +20,17 @@ SIZES = (1000, 2 * BLOCK + 1, 300, BLOCK, 7, 2 * BLOCK + 1, 1000)
 CAPACITY = 3 * BLOCK
 
 
+def _run_ranks(target, world: int, *args) -> None:
+    """target(rank, *args) in a spawned process per rank, all at once; each must exit 0."""
+    context = mp.get_context("spawn")
+    ranks = [context.Process(target=target, args=(r, *args)) for r in range(world)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=120)
+    assert [p.exitcode for p in ranks] == [0] * world
+
+
 def _rank(rank: int, buffers, inputs, results) -> None:
     from kernels.one_shot_all_reduce import one_shot_all_reduce_
 
@@ -45,13 +56,7 @@ def test_ranks_agree_with_reference(world: int, dtype: torch.dtype, monkeypatch:
     # float64: holds the sums and the programs' halves exactly
     results = [torch.full((sum(SIZES) + 4,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
 
-    context = mp.get_context("spawn")
-    ranks = [context.Process(target=_rank, args=(r, buffers, inputs, results)) for r in range(world)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=120)
-    assert [p.exitcode for p in ranks] == [0] * world
+    _run_ranks(_rank, world, buffers, inputs, results)
 
     expected = torch.cat([all_reduce_ref([inputs[r][i] for r in range(world)]).double() for i in range(len(SIZES))])
     for r in range(world):
@@ -64,3 +69,45 @@ def test_ranks_agree_with_reference(world: int, dtype: torch.dtype, monkeypatch:
     assert results[0][-4:].tolist() == [1.0, 0.0, 0.0, 0.0]
     for buffer in buffers:
         assert (buffer == SENTINEL).all()  # every sum put back the sentinel in what it read
+
+
+GATHER_SHAPES = ((1, 3000), (3, 700), (2, BLOCK + 5))  # (rows, each rank's columns)
+
+
+def _gathering_rank(rank: int, buffers, inputs, results) -> None:
+    from kernels.one_shot_all_reduce import one_shot_all_gather, one_shot_all_reduce_
+
+    buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    halves = torch.zeros(MAX_PROGRAMS, dtype=torch.int32)
+    offset = 0
+    for i, x in enumerate(inputs[rank]):
+        if i == 1:  # a sum between the gathers: the two kinds share the buffers and the halves
+            one_shot_all_reduce_(x.view(-1).clone(), buffer_ptrs, halves, CAPACITY, rank)
+        gathered = one_shot_all_gather(x, buffer_ptrs, halves, CAPACITY, rank)
+        results[rank][offset : offset + gathered.numel()] = gathered.view(-1).double()
+        offset += gathered.numel()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank ends with [rows, world * cols] holding rank r's x at columns r * cols (vocab-parallel logits),
+    bit for bit but -0.0, which arrives as +0.0; the buffers hold only the sentinel afterwards."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    buffers = [torch.full((2 * world * CAPACITY,), SENTINEL, dtype=torch.int16).share_memory_() for _ in range(world)]
+    generator = torch.Generator().manual_seed(10 + world)
+    inputs = [[torch.randn(shape, generator=generator).to(torch.bfloat16) for shape in GATHER_SHAPES]
+              for _ in range(world)]  # fmt: skip
+    for rank_inputs in inputs:
+        rank_inputs[0][0, :3] = -0.0
+    total = sum(rows * cols * world for rows, cols in GATHER_SHAPES)
+    results = [torch.full((total,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
+
+    _run_ranks(_gathering_rank, world, buffers, inputs, results)
+
+    expected = torch.cat([torch.cat([inputs[r][i] for r in range(world)], dim=1).view(-1).double()
+                          for i in range(len(GATHER_SHAPES))])  # fmt: skip
+    for r in range(world):
+        assert torch.equal(results[r], expected)
+    assert not torch.signbit(results[0][:3]).any()  # -0.0 came as +0.0
+    for buffer in buffers:
+        assert (buffer == SENTINEL).all()

@@ -170,15 +170,21 @@ PROLOGUE_CONSTANTS = {PROLOGUE_NONE: "PROLOGUE_NONE", PROLOGUE_RMSNORM: "PROLOGU
 # FP8 / int8 GEMV configs swept at one row (GemvConfig's fields in order: block_n, block_k, num_warps, num_stages,
 # prefetch, split_k, separate_prologue), with the prologue the model fuses into each projection; bf16 runs its
 # tuned configs (scripts/device/tune_gemv.py sweeps those).
-SWEEP_ROW_SCALED = [
+SWEEP_ROW_SCALED = [  # at most 64 fp32 accumulators a thread (block_n x block_k / threads), with and without prefetch
     (8, 1024, 4, 1),
     (16, 512, 4, 1),
     (8, 2048, 8, 1),
-    (8, 1024, 4, 1, True),
-    (16, 1024, 4, 1),
+    (16, 1024, 8, 1),
     (32, 512, 8, 1),
-    (16, 2048, 8, 1),
-    (16, 1024, 4, 1, False, 1, True),
+    (4, 2048, 4, 1),
+    (4, 4096, 8, 1),
+    (8, 1024, 4, 1, True),
+    (16, 512, 4, 1, True),
+    (8, 2048, 8, 1, True),
+    (16, 1024, 8, 1, True),
+    (32, 512, 8, 1, True),
+    (4, 2048, 4, 1, True),
+    (16, 512, 4, 1, False, 1, True),
 ]  # the last: separate_prologue
 # The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (kernels.gemv.int4_config): one axis
 # at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping configs that

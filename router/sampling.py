@@ -3,7 +3,7 @@
 Order on each logits row (docs/contract.md §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
 [grammar mask] -> temperature -> top-k -> top-p -> typical-p -> [grammar confinement] -> choose. Reported logprobs
 are log_softmax of the final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
-row of the batch needs it, so an all-greedy batch costs one log_softmax and one argmax.
+row of the batch needs it, so an all-greedy batch costs one pass over its scores (kernels/greedy_pick.py on a GPU).
 
 Sampling is the exponential race argmax(p / E), E ~ Exp(1), written as argmax(logp + Gumbel).
 The noise comes from a counter-based hash of (seed, generation step, token id) computed for the
@@ -139,6 +139,7 @@ class SamplerOutput:
     logprobs: torch.Tensor  # [B] float32
     top: TopAlternatives | None  # only when some row asked for top-n tokens
     all_logprobs: torch.Tensor  # [B, V], read again only when ties overflow the top_ids columns (with top-n)
+    packed: torch.Tensor | None = None  # [2, B] float64 ids and logprobs, where the choice wrote them so
 
     def to_host(self) -> list[SampledToken]:
         return self.start_copy().rows()
@@ -146,7 +147,9 @@ class SamplerOutput:
     def start_copy(self) -> SampledRows:
         """Start the step's one device-to-host copy; SampledRows.rows() waits for it."""
         if self.top is None:  # the usual step: ids and logprobs only
-            packed = torch.stack([self.token_ids.to(torch.float64), self.logprobs.to(torch.float64)])  # [2, B]
+            packed = self.packed
+            if packed is None:
+                packed = torch.stack([self.token_ids.to(torch.float64), self.logprobs.to(torch.float64)])  # [2, B]
         else:
             parts = [self.token_ids, self.logprobs, self.top.counts, self.top.ids, self.top.logprobs]
             num_rows = self.token_ids.shape[0]
@@ -212,10 +215,10 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """logits [B, V] float32 (modified in place) -> chosen ids, their logprobs, top-n."""
         scores = self.process(logits, batch)
-        token_ids = scores.argmax(dim=-1)
         if not batch.any_sampling and batch.top_n is None:  # all greedy: no [B, V] logprobs needed
-            chosen = scores.gather(1, token_ids[:, None]).squeeze(1) - torch.logsumexp(scores, dim=-1)
-            return SamplerOutput(token_ids, chosen, None, all_logprobs=scores)
+            token_ids, packed = greedy_choice(scores)
+            return SamplerOutput(token_ids, packed[1], None, all_logprobs=scores, packed=packed)
+        token_ids = scores.argmax(dim=-1)
         logprobs = torch.log_softmax(scores, dim=-1)  # [B, V]
         if batch.any_sampling:
             raced = (logprobs + gumbel_noise(batch.seeds, batch.steps, logprobs.shape[-1])).argmax(dim=-1)
@@ -266,6 +269,18 @@ def watermark_green_list(prev_token: int, vocab_size: int) -> torch.Tensor:
     generator = torch.Generator(device="cpu").manual_seed(WATERMARK_HASH_KEY * prev_token)
     permutation = torch.randperm(vocab_size, generator=generator)
     return permutation[: int(vocab_size * WATERMARK_GAMMA)]
+
+
+def greedy_choice(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax and its logprob: (ids [B] int64, [2, B] float64 of ids and logprobs). One read of the
+    scores on a GPU (kernels/greedy_pick.py) instead of torch's five."""
+    if scores.is_cuda:
+        from kernels.greedy_pick import greedy_pick  # imported on first use, like the grammar kernels
+
+        return greedy_pick(scores)
+    from kernels.greedy_pick import greedy_pick_ref
+
+    return greedy_pick_ref(scores)
 
 
 def apply_penalties(scores: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

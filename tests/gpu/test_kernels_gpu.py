@@ -620,6 +620,25 @@ def test_grammar_mask_read_from_pinned_host_memory() -> None:
         )
 
 
+def test_greedy_pick() -> None:
+    """The all-greedy choice at Llama-3's vocabulary: the torch computation's ids, its logprobs within 2e-5."""
+    from kernels.greedy_pick import greedy_pick, greedy_pick_ref
+
+    for rows, dtype in [(1, torch.float32), (64, torch.float32), (256, torch.float32), (8, torch.bfloat16)]:
+        logits = (torch.randn(rows, 128256, device=DEV) * 4).to(dtype)
+        logits[0, [9, 70000]] = 50.0  # a tie in two chunks: the first wins
+        ids, packed = greedy_pick(logits)
+        ref_ids, ref_packed = greedy_pick_ref(logits)
+        check(f"greedy pick {rows} rows {dtype}: ids", float((ids != ref_ids).sum()), 0.5, "differ")
+        check(f"greedy pick {rows} rows {dtype}: packed ids", float((packed[0] != ref_packed[0]).sum()), 0.5, "differ")
+        check(
+            f"greedy pick {rows} rows {dtype}: logprobs",
+            (packed[1] - ref_packed[1]).abs().max().item(),
+            2e-5,
+            "max abs",
+        )
+
+
 def test_end_to_end() -> None:
     max_len, num_new = 256, 24
     gen = torch.Generator().manual_seed(0)

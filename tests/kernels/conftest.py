@@ -29,6 +29,7 @@ KERNEL_MODULES = [
     "kernels.quant_activation",
     "kernels.grammar_apply",
     "kernels.grammar_confine",
+    "kernels.greedy_pick",
     "kernels.fp8_gemm",
     "kernels.one_shot_all_reduce",
     # importers of the kernels, reloaded after them so they bind the interpreted versions

@@ -1,0 +1,60 @@
+"""kernels/greedy_pick.py against the torch computation it replaces (argmax, gather, logsumexp), under the
+interpreter: the first maximum wins ties across chunks, masked tails, bf16 logits, padded row strides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.greedy_pick import CHUNK, greedy_pick, greedy_pick_ref
+
+
+def _check(logits: torch.Tensor) -> None:
+    ids, packed = greedy_pick(logits)
+    ref_ids, ref_packed = greedy_pick_ref(logits)
+    assert ids.dtype == torch.int64 and packed.dtype == torch.float64
+    assert ids.tolist() == ref_ids.tolist()
+    assert packed[0].tolist() == ref_ids.double().tolist()
+    torch.testing.assert_close(packed[1], ref_packed[1], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("vocab", [70, CHUNK, CHUNK + 1, 3 * CHUNK + 17], ids=["tiny", "one-chunk", "ragged", "four"])
+def test_matches_torch(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    _check(torch.randn(5, vocab, generator=g) * 4)
+
+
+def test_ties_take_the_first_maximum_across_and_within_chunks():
+    logits = torch.zeros(4, 3 * CHUNK)
+    logits[0, [CHUNK + 5, 5, 2 * CHUNK]] = 7.0  # in three chunks: the first chunk's wins
+    logits[1, [2 * CHUNK + 1, 2 * CHUNK + 3]] = 3.0  # within one chunk
+    logits[2, -1] = 1.0  # the last id
+    logits[3] = 2.5  # every id ties: id 0
+    ids, packed = greedy_pick(logits)
+    assert ids.tolist() == [5, 2 * CHUNK + 1, 3 * CHUNK - 1, 0]
+    torch.testing.assert_close(packed[1], greedy_pick_ref(logits)[1][1], rtol=0, atol=2e-5)
+
+
+def test_masked_scores_and_a_row_that_is_nearly_all_masked():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 2 * CHUNK + 9, generator=g)
+    logits[:, ::3] = float("-inf")  # a grammar or top-k left these out
+    logits[2, :] = float("-inf")
+    logits[2, CHUNK + 4] = -3.0  # one allowed id, in a chunk after one that is all -inf
+    _check(logits)
+    assert greedy_pick(logits)[1][1, 2].item() == 0.0  # log(1): it is certain
+
+
+def test_bfloat16_logits_and_a_padded_row_stride():
+    g = torch.Generator().manual_seed(2)
+    wide = (torch.randn(3, CHUNK + 300, generator=g) * 3).to(torch.bfloat16)
+    logits = wide[:, : CHUNK + 100]  # rows CHUNK + 300 apart
+    ids, packed = greedy_pick(logits)
+    ref_ids, ref_packed = greedy_pick_ref(logits)
+    assert ids.tolist() == ref_ids.tolist()
+    torch.testing.assert_close(packed[1], ref_packed[1], rtol=0, atol=2e-5)
+
+
+def test_no_rows():
+    ids, packed = greedy_pick(torch.zeros(0, 100))
+    assert ids.shape == (0,) and packed.shape == (2, 0)

@@ -36,7 +36,7 @@ import triton.language as tl
 from kernels.pdl import launch_options, use_pdl
 
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
-MAX_PROGRAMS = 256  # 1 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
+MAX_PROGRAMS = 2048  # 8 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
 SENTINEL = -32768  # int16 0x8000: -0.0 in bf16 and fp16, never sent
 DTYPES = (torch.bfloat16, torch.float16)
 

@@ -35,8 +35,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# One-shot reads every peer's whole buffer: fastest for small sums, NCCL wins past ~1 MiB.
-DEFAULT_MAX_BYTES = 1 << 20
+
+def default_max_bytes(world_size: int) -> int:
+    """The largest sum (and gather) the one-trip kernel takes; larger ones go to NCCL.
+
+    Each rank sends its whole part to every peer: at 2 ranks that is the data once, and the kernel beat NCCL at
+    every size measured up to 8 MiB (the 64-row logits gather, 256-row sums, prefill chunks of 1,024 tokens). With
+    more ranks each byte crosses NVLink once a peer, so NCCL's ring catches up sooner: 1 MiB, as measured at 4."""
+    return 8 << 20 if world_size == 2 else 1 << 20
+
+
 KERNEL_ENV = "TGI_SYMMETRIC_ALL_REDUCE"
 KERNELS = ("triton", "torch")
 DEFAULT_KERNEL = "triton"  # the faster at 2 and at 4 ranks, the counts measured
@@ -45,7 +53,7 @@ DEFAULT_KERNEL = "triton"  # the faster at 2 and at 4 ranks, the counts measured
 class SymmetricAllReduce:
     """Made once per process, by every rank at the same moment (the buffers' rendezvous is collective)."""
 
-    def __init__(self, device: torch.device, kernel: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, device: torch.device, kernel: str, max_bytes: int | None = None) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
         # imported here, on CUDA only: importing Triton kernels from modeling/ at import time would decorate
@@ -65,16 +73,16 @@ class SymmetricAllReduce:
         self.kernel = kernel
         self.dtypes = DTYPES if kernel == "triton" else (*DTYPES, torch.float32)
         self.group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
-        self.max_bytes = max_bytes
         self.rank = dist.get_rank()
         world_size = dist.get_world_size()
+        self.max_bytes = max_bytes or default_max_bytes(world_size)
         # the triton kernel's [2 halves, ranks, max_bytes] (torch's stages in the front), SENTINEL between sums
-        self.buffer = symm_mem.empty(2 * world_size * max_bytes, dtype=torch.uint8, device=device)
+        self.buffer = symm_mem.empty(2 * world_size * self.max_bytes, dtype=torch.uint8, device=device)
         self.buffer.view(torch.int16).fill_(SENTINEL)
         buffer_handle = symm_mem.rendezvous(self.buffer, self.group_name)
         self.buffer_ptrs = torch.tensor(buffer_handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.halves = torch.zeros(MAX_PROGRAMS, dtype=torch.int32, device=device)
-        self._push_target = PushTarget(self.buffer_ptrs, self.halves, max_bytes // 2, self.rank)
+        self._push_target = PushTarget(self.buffer_ptrs, self.halves, self.max_bytes // 2, self.rank)
         torch.cuda.synchronize(device)
         dist.barrier()  # every rank's buffer holds SENTINEL before any rank sends
 

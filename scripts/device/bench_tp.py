@@ -4,7 +4,8 @@
 
 1. Random Llama-3-8B: batch-1 time per output token and 64-stream output throughput at --num-shard 1
    and 2 (targets: TPOT(2) <= 0.62 x TPOT(1), throughput(2) >= 1.6 x throughput(1)); the two-GPU run once
-   per all-reduce kernel in `--all-reduce` (default: the server's), as is the 70B-shaped run.
+   per all-reduce kernel in `--all-reduce` (default: the server's), as is the 70B-shaped run; `--wider 256` adds
+   more stream counts (and their throughput ratios).
 2. Random Llama-3-70B-shaped model (80 layers) at --num-shard 4 when there are 4 GPUs, else at 2 when
    two GPUs have room for its ~141 GB (H200s): batch-1 time per token against its memory roofline
    (weight + KV bytes one rank reads per token / measured copy bandwidth; target >= 80%).
@@ -150,9 +151,11 @@ async def run_streams(client: ZmqEngineClient, count: int, new_tokens: int) -> l
     return await asyncio.gather(*(one(i) for i in range(count)))
 
 
-def bench_8b(folder: Path, bandwidth: float, all_reduce_kernels: list[str]) -> dict:
-    """One GPU, then two GPUs with each all-reduce kernel (TGI_SYMMETRIC_ALL_REDUCE) in turn."""
-    one = asyncio.run(measure(folder, 1, [1, STREAMS]))
+def bench_8b(folder: Path, bandwidth: float, all_reduce_kernels: list[str], wider: list[int]) -> dict:
+    """One GPU, then two GPUs with each all-reduce kernel (TGI_SYMMETRIC_ALL_REDUCE) in turn; `wider`: stream
+    counts measured beside 1 and STREAMS."""
+    widths = [1, STREAMS, *wider]
+    one = asyncio.run(measure(folder, 1, widths))
     report = {
         "one_gpu": one,
         "roofline_b1_ms": {
@@ -162,11 +165,12 @@ def bench_8b(folder: Path, bandwidth: float, all_reduce_kernels: list[str]) -> d
     }
     for kernel in all_reduce_kernels:
         os.environ[KERNEL_ENV] = kernel  # the engine's processes inherit it
-        two = asyncio.run(measure(folder, 2, [1, STREAMS]))
+        two = asyncio.run(measure(folder, 2, widths))
         report[f"two_gpus_{kernel}"] = {
             **two,
             "tpot_ratio": two["b1_tpot_ms"] / one["b1_tpot_ms"],  # target <= 0.62
             "throughput_ratio": two[f"b{STREAMS}_output_tok_s"] / one[f"b{STREAMS}_output_tok_s"],  # target >= 1.6
+            **{f"throughput_ratio_b{n}": two[f"b{n}_output_tok_s"] / one[f"b{n}_output_tok_s"] for n in wider},
         }
     return report
 
@@ -194,6 +198,9 @@ def main() -> None:
         default=["1"],
         help="the sharded runs once per symmetric all-reduce kernel (triton, torch; 0 = NCCL; 1 = the default)",
     )
+    parser.add_argument(
+        "--wider", type=int, nargs="*", default=[], help="more stream counts for the 8B at 1 and 2 GPUs, e.g. 256"
+    )
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_tp.json"))
     args = parser.parse_args()
     started = time.perf_counter()
@@ -214,7 +221,7 @@ def main() -> None:
     llama8b = args.work_dir / "llama3-8b-dummy"
     write_config_folder(llama8b, PRESETS["llama3-8b"])
     if not args.skip_8b:
-        report["llama3_8b"] = bench_8b(llama8b, bandwidth, args.all_reduce)
+        report["llama3_8b"] = bench_8b(llama8b, bandwidth, args.all_reduce, args.wider)
         log(json.dumps(report["llama3_8b"], indent=1))
         save("Llama-3-8B")
     if not args.skip_70b:

@@ -3,8 +3,8 @@
 A decode step of a sharded Llama makes two all-reduces per layer of a few rows each: at batch 1 the
 whole step is ~64 sums of 8 KiB, where NCCL's per-call latency, not bandwidth, is the cost. Here every
 rank's partial sum goes into a buffer that all ranks have mapped (PyTorch's symmetric memory, NVLink
-peer access), and one kernel per rank adds every rank's copy. Large sums (prefill) stay on NCCL, which is
-faster there. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
+peer access), and one kernel per rank adds every rank's copy. Sums past `default_max_bytes` (long prefill
+chunks) stay on NCCL. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
 
     triton  kernels/one_shot_all_reduce.py: each rank stores its values into its peers' buffers, whose
             elements say themselves that they have arrived: one one-way trip a sum; bf16/fp16; the default
@@ -14,8 +14,9 @@ faster there. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
 
 Measured (BENCHMARKS.md): at 4 ranks (H200s, 2026-11-27) the triton kernel takes 4.8 us for 8 KiB against
 torch's 7.2 (NCCL 21.9); in 16-byte accesses at 2 ranks (H100s, 2026-11-28) 2.1 us (torch 9.1, NCCL 14.0).
-With the GEMVs pushing their sums, Llama-3-8B's batch-1 step at 2 shards is 0.586x of one H100's (0.622x on
-H200s) and Llama-3-70B's at 4 H100 shards 85% of its memory roofline.
+With the GEMVs pushing their sums, Llama-3-8B's batch-1 step at 2 shards is 0.578x of one H100's (0.605x on
+H200s) and Llama-3-70B's at 4 H100 shards 85% of its memory roofline; up to 8 MiB at 2 ranks, 256 streams at
+2 H200s give 1.60x one GPU's throughput (1.34x with NCCL for their 2 MiB sums).
 
 Only the peer-to-peer operations are used, never NVLink multicast (`multimem_*`). The kernels are
 recorded into CUDA graphs like any other; every rank replays the same ones in the same order.

@@ -49,7 +49,7 @@ class _PromptRows:
 class _DeferredSampling:
     """A launched step's logits rows to sample, and the requests they belong to."""
 
-    logits: torch.Tensor  # [R, vocab] float32, on the device
+    logits: torch.Tensor  # [R, vocab] in the model's dtype, on the device
     requests: list[Request]
 
 
@@ -175,15 +175,15 @@ class StepExecutor:
         return batch
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """logits[rows] as float32; no copy in the usual all-decode step, where rows are all of them."""
+        """logits[rows]; no copy in the usual all-decode step, where rows are all of them."""
         if len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1:  # rows ascend, so this is 0..R-1
-            return logits.float()
-        return logits[torch.tensor(rows, dtype=torch.int64, device=self.device)].float()
+            return logits
+        return logits[torch.tensor(rows, dtype=torch.int64, device=self.device)]
 
     def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor) -> SampledRows:
         top_n = [plan.chunks[i].request.params.prompt_top_n for i, n in layout.prompt_chunks for _ in range(n)]
         return score_prompt(
-            self._rows(logits, layout.prompt_rows),
+            self._rows(logits, layout.prompt_rows).float(),
             torch.tensor(layout.prompt_next_ids, dtype=torch.int64, device=self.device),
             torch.tensor(top_n, dtype=torch.int64, device=self.device),
             max(top_n, default=0),

@@ -16,7 +16,7 @@ class Runner(Protocol):
     device: torch.device
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [R, vocab] float32 for the rows batch.logits_indices."""
+        """Logits [R, vocab] for the rows batch.logits_indices, in the model's dtype."""
         ...
 
     def close(self) -> None:

@@ -61,6 +61,21 @@ class SamplingBatch:
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     grammar: GrammarMask | None = None  # allowed tokens of the grammar-constrained rows (set per step)
 
+    @property
+    def changes_scores(self) -> bool:
+        """Some processor of Sampler.process runs on the scores (the same conditions, in its order)."""
+        return (
+            self.blocked is not None
+            or self.bias is not None
+            or bool(self.watermark_prev_ids)
+            or self.context_ids is not None
+            or self.grammar is not None
+            or self.temperature is not None
+            or self.top_k is not None
+            or self.top_p is not None
+            or self.typical_p is not None
+        )
+
     @classmethod
     def build(
         cls, requests: Sequence[Request], vocab_size: int, device: torch.device, healer=None, context_headroom: int = 0
@@ -213,9 +228,13 @@ class Sampler:
         self._green_lists: OrderedDict[int, torch.Tensor] = OrderedDict()  # prev token -> green ids
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        """logits [B, V] float32 (modified in place) -> chosen ids, their logprobs, top-n."""
-        scores = self.process(logits, batch)
-        if not batch.any_sampling and batch.top_n is None:  # all greedy: no [B, V] logprobs needed
+        """logits [B, V] (float32 logits may be modified in place) -> chosen ids, their logprobs, top-n."""
+        all_greedy = not batch.any_sampling and batch.top_n is None
+        if all_greedy and not batch.changes_scores:  # the model's logits as they are, in their dtype
+            token_ids, packed = greedy_choice(logits)
+            return SamplerOutput(token_ids, packed[1], None, all_logprobs=logits, packed=packed)
+        scores = self.process(logits.float(), batch)
+        if all_greedy:  # no [B, V] logprobs needed
             token_ids, packed = greedy_choice(scores)
             return SamplerOutput(token_ids, packed[1], None, all_logprobs=scores, packed=packed)
         token_ids = scores.argmax(dim=-1)

@@ -45,7 +45,8 @@ class VocabEmbedding(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Projects the R rows whose logits are wanted (not all T tokens) to float32 logits."""
+    """Projects the R rows whose logits are wanted (not all T tokens) to logits in the weights' dtype: the
+    greedy choice reads them as they are, and the sampler widens them to float32 where it processes them."""
 
     def __init__(
         self, vocab_size: int, hidden_size: int, tied_to: VocabEmbedding | None = None, tp: TensorParallel = NO_TP
@@ -62,4 +63,4 @@ class LMHead(nn.Module):
         logits = dense(hidden, self.weight)
         if self.tp.is_sharded:  # [R, padded vocab / N] per rank -> [R, vocab] on every rank
             logits = self.tp.all_gather_columns(logits)[:, : self.vocab_size]
-        return logits.float()
+        return logits

@@ -236,7 +236,7 @@ class DecoderForCausalLM(nn.Module):
         return self.model.rotary_emb.cos_half.shape[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # [R, hidden] -> [R, vocab] float32
+        # [R, hidden] -> [R, vocab] in the weights' dtype
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:

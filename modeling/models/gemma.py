@@ -107,7 +107,7 @@ class GemmaForCausalLM(DecoderForCausalLM):
                 module.weight.weight_loader = load_gemma_norm
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)  # [R, vocab] float32
+        logits = self.lm_head(hidden).float()  # [R, vocab]: the cap's tanh in float32
         cap = self.knobs.final_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 

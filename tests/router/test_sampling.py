@@ -45,6 +45,23 @@ def test_greedy_is_argmax_with_the_logprob_of_the_chosen_token():
     assert out[0].logprob == pytest.approx(float(torch.log_softmax(logits[0], -1)[1]))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"repetition_penalty": 1.3}, {"do_sample": True, "seed": 5}, {"top_n_tokens": 2}],
+    ids=["greedy", "greedy-with-penalty", "sampled", "top-n"],
+)
+def test_bfloat16_logits_give_the_choices_of_their_float32_values(params):
+    """The model hands over logits in its dtype; every path reads them as their exact float32 values."""
+    torch.manual_seed(1)
+    logits = (torch.randn(3, 300) * 3).to(torch.bfloat16)
+    seed = params.pop("seed", None)
+    requests = [request(output=[4, 9], seed=seed, **params) for _ in range(3)]
+    wide, narrow = sample(logits.float(), requests, 300), sample(logits, requests, 300)
+    assert [(t.token_id, t.logprob, t.top_tokens) for t in narrow] == [
+        (t.token_id, t.logprob, t.top_tokens) for t in wide
+    ]
+
+
 def test_top_k_keeps_ties_and_leaves_disabled_rows_alone():
     scores = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0], [1.0, 3.0, 2.0, 2.0, 0.0]])
     out = apply_top_k(scores, torch.tensor([2, 0]))

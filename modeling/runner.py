@@ -162,8 +162,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [R, vocab] for the rows batch.logits_indices of the flat batch, in the model's dtype (the
-        sampler widens them to float32 where it needs to).
+        """Logits [R, vocab] for the rows batch.logits_indices of the flat batch, in the weights' dtype (float32
+        where a family soft-caps them); the sampler widens them to float32 where it needs to.
 
         Read (sample from) them before the next forward: a CUDA-graph replay reuses their memory.
         """

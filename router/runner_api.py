@@ -16,7 +16,7 @@ class Runner(Protocol):
     device: torch.device
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [R, vocab] for the rows batch.logits_indices, in the model's dtype."""
+        """Logits [R, vocab] for the rows batch.logits_indices, in the weights' dtype or float32."""
         ...
 
     def close(self) -> None:

@@ -230,10 +230,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """logits [B, V] (float32 logits may be modified in place) -> chosen ids, their logprobs, top-n."""
         all_greedy = not batch.any_sampling and batch.top_n is None
-        if all_greedy and not batch.changes_scores:  # the model's logits as they are, in their dtype
-            token_ids, packed = greedy_choice(logits)
-            return SamplerOutput(token_ids, packed[1], None, all_logprobs=logits, packed=packed)
-        scores = self.process(logits.float(), batch)
+        # an all-greedy batch that no processor changes reads the model's logits as they are, in their dtype
+        scores = logits if all_greedy and not batch.changes_scores else self.process(logits.float(), batch)
         if all_greedy:  # no [B, V] logprobs needed
             token_ids, packed = greedy_choice(scores)
             return SamplerOutput(token_ids, packed[1], None, all_logprobs=scores, packed=packed)

@@ -174,11 +174,14 @@ SERVER_DURATIONS = {
 }
 # vLLM's prefix-cache counters: prompt tokens looked up, and found
 PREFIX_CACHE_COUNTERS = {"prefix_queries": "vllm:prefix_cache_queries", "prefix_hits": "vllm:prefix_cache_hits"}
+# vLLM's prompt-token counter, which the API counts as each request ends
+PROMPT_TOKENS = "vllm:prompt_tokens"
 
 
 def scrape_server(base_url: str) -> dict[str, float] | None:
-    """Each SERVER_DURATIONS histogram's sum and count (`<name>_sum`, `<name>_count`) and each
-    PREFIX_CACHE_COUNTERS total, summed over label sets; None without /metrics."""
+    """Each SERVER_DURATIONS histogram's sum and count (`<name>_sum`, `<name>_count`), each
+    PREFIX_CACHE_COUNTERS total and PROMPT_TOKENS' ("prompt_tokens"), summed over label sets; None without
+    /metrics."""
     try:
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/metrics", timeout=10) as response:
             families = list(text_string_to_metric_families(response.read().decode()))
@@ -188,12 +191,30 @@ def scrape_server(base_url: str) -> dict[str, float] | None:
         f"{metric}_{part}": f"{name}_{part}" for name, metric in SERVER_DURATIONS.items() for part in ("sum", "count")
     }
     wanted |= {f"{metric}_total": name for name, metric in PREFIX_CACHE_COUNTERS.items()}
+    wanted[f"{PROMPT_TOKENS}_total"] = "prompt_tokens"
     totals: dict[str, float] = {}
     for family in families:
         for sample in family.samples:
             if (key := wanted.get(sample.name)) is not None:
                 totals[key] = totals.get(key, 0.0) + sample.value
     return totals or None
+
+
+def scrape_server_after(base_url: str, before: dict | None, timeout_s: float = 2.0) -> dict[str, float] | None:
+    """The scrape that closes a run, once the prefix-cache counters have caught up with it. The engine sends its
+    counts every 0.5 s and when it goes idle, so the last of them may reach /metrics a moment after the last
+    response, while the API counts each request's prompt tokens as it ends. A new request looks up all its
+    prompt tokens but the last, so the run is covered once queries >= prompt tokens - requests (polled every
+    0.1 s, up to timeout_s: a request that scores its prompt looks up nothing)."""
+    deadline = time.monotonic() + timeout_s
+    after = scrape_server(base_url)
+    while after is not None and "prefix_queries" in after and time.monotonic() < deadline:
+        requests = _delta(before, after, "queue_count")
+        if _delta(before, after, "prefix_queries") >= _delta(before, after, "prompt_tokens") - requests:
+            break
+        time.sleep(0.1)
+        after = scrape_server(base_url)
+    return after
 
 
 def server_breakdown(before: dict | None, after: dict | None) -> dict[str, float]:
@@ -286,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     before = scrape_server(opts.base_url)
     records, duration = asyncio.run(replay(workload, args.backend, opts, args.concurrency, own))
     result = report(records, duration)
-    after = scrape_server(opts.base_url)
+    after = scrape_server_after(opts.base_url, before)
     if server := server_breakdown(before, after):
         result["server_mean_ms"] = server
     if (share := prefix_hit_share(before, after)) is not None:

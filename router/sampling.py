@@ -151,7 +151,7 @@ class SamplerOutput:
     """Device tensors of one step, packed for a single device-to-host copy."""
 
     token_ids: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor  # [B] float32
+    logprobs: torch.Tensor  # [B] float32, or float64 where the choice packed them (a view of `packed`)
     top: TopAlternatives | None  # only when some row asked for top-n tokens
     all_logprobs: torch.Tensor  # [B, V], read again only when ties overflow the top_ids columns (with top-n)
     packed: torch.Tensor | None = None  # [2, B] float64 ids and logprobs, where the choice wrote them so

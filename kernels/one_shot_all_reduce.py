@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, use_pdl
+from kernels.rmsnorm import add_residual, load_weight, rms_normalize
 
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 2048  # 8 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
@@ -130,6 +131,88 @@ def _one_shot_all_reduce_kernel(
     if not GATHER:
         tl.store(out_ptr + offs, total.to(dtype), mask=mask)
     tl.store(halves_ptr + pid, half)
+
+
+@triton.jit
+def _one_shot_all_reduce_rmsnorm_kernel(
+    x_ptr,  # [R, H]: this rank's part of the sum
+    residual_ptr,  # [R, H]
+    weight_ptr,  # [H]: the norm's
+    normed_ptr,  # [R, H] out: rmsnorm(sum + residual) * weight
+    residual_out_ptr,  # [R, H] out: sum + residual
+    eps,
+    buffer_ptrs,
+    halves_ptr,
+    capacity,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    PIECES: tl.constexpr,  # the hidden size in BLOCKs: a power of two
+    BLOCK: tl.constexpr,
+    SENTINEL: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """The sum over the ranks, the residual add and RMSNorm of one row a program. Each BLOCK-element piece of the
+    row keeps the half of `_one_shot_all_reduce_kernel`'s program of the same elements, so that both kernels may
+    make the sums of one buffer in any order; the row is a [PIECES, BLOCK] tile, so that every access stays
+    contiguous along BLOCK (16-byte vectors), and is normed as one [H] vector."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    H: tl.constexpr = PIECES * BLOCK
+    pieces = tl.program_id(0) * PIECES + tl.arange(0, PIECES)
+    offs = pieces.to(tl.int64)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [PIECES, BLOCK]
+    half = (tl.load(halves_ptr + pieces) ^ 1)[:, None]
+    everything = offs >= 0  # an all-true mask: rows are whole
+    x = tl.load(x_ptr + offs)
+    bits = send_to_peers(x, offs, everything, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
+    mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
+    total = tl.zeros([PIECES, BLOCK], dtype=tl.float32)
+    for peer in tl.static_range(WORLD):
+        if peer == RANK:
+            seen = bits
+        else:
+            slot = mine + (half * WORLD + peer) * capacity + offs
+            seen = tl.load(slot, volatile=True)
+            while tl.max(tl.max((seen == SENTINEL).to(tl.int32), 1), 0) > 0:
+                seen = tl.load(slot, volatile=True)
+            tl.store(slot, tl.full([PIECES, BLOCK], SENTINEL, tl.int16))
+        total += seen.to(x.dtype, bitcast=True).to(tl.float32)
+    summed = add_residual(total.to(x.dtype), residual_ptr, residual_out_ptr, offs, everything)
+    row = tl.arange(0, H)
+    y = rms_normalize(tl.reshape(summed, [H]), load_weight(weight_ptr, row, row < H), eps, H)
+    tl.store(normed_ptr + tl.program_id(0).to(tl.int64) * H + row, y.to(normed_ptr.dtype.element_ty))
+    tl.store(halves_ptr + pieces, tl.reshape(half, [PIECES]))
+
+
+def fuses_rmsnorm(hidden_size: int) -> bool:
+    """Whether `one_shot_all_reduce_rmsnorm` takes rows of this width (one program a row, whole BLOCK pieces)."""
+    return hidden_size % BLOCK == 0 and hidden_size & (hidden_size - 1) == 0
+
+
+def one_shot_all_reduce_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    buffer_ptrs: torch.Tensor,
+    halves: torch.Tensor,
+    capacity: int,
+    rank: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, H] (this rank's part) summed over the ranks, plus residual, RMS-normed and scaled by weight:
+    (normed, sum + residual), each rounded as all-reduce, add and `kernels.rmsnorm.rmsnorm` round them one after
+    another. The same trip, buffers and halves as `one_shot_all_reduce_`; H must pass `fuses_rmsnorm`."""
+    rows, hidden = x.shape
+    assert fuses_rmsnorm(hidden) and x.is_contiguous() and residual.is_contiguous(), (x.shape, residual.shape)
+    assert x.dtype in DTYPES and x.numel() <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, x.numel())
+    normed = torch.empty_like(x)
+    summed = torch.empty_like(residual)  # a fresh tensor: the caller's residual may still be referenced
+    pdl = use_pdl(x)
+    _one_shot_all_reduce_rmsnorm_kernel[(rows,)](
+        x, residual, weight, normed, summed, eps, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(),
+        hidden // BLOCK, BLOCK, SENTINEL, pdl, num_warps=8 if hidden > 4096 else 4, **launch_options(pdl),
+    )  # fmt: skip
+    return normed, summed
 
 
 def one_shot_all_reduce_(

@@ -64,13 +64,17 @@ class SymmetricAllReduce:
             MAX_PROGRAMS,
             SENTINEL,
             PushTarget,
+            fuses_rmsnorm,
             one_shot_all_gather,
             one_shot_all_reduce_,
+            one_shot_all_reduce_rmsnorm,
         )
 
         assert kernel in KERNELS, kernel
         self._one_shot_all_reduce_ = one_shot_all_reduce_
         self._one_shot_all_gather = one_shot_all_gather
+        self._fuses_rmsnorm = fuses_rmsnorm
+        self._one_shot_all_reduce_rmsnorm = one_shot_all_reduce_rmsnorm
         self.kernel = kernel
         self.dtypes = DTYPES if kernel == "triton" else (*DTYPES, torch.float32)
         self.group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
@@ -110,6 +114,18 @@ class SymmetricAllReduce:
             return None
         capacity = self.max_bytes // x.element_size()
         return self._one_shot_all_gather(x, self.buffer_ptrs, self.halves, capacity, self.rank)
+
+    def all_reduce_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rmsnorm(sum of x over the ranks + residual) * weight, that sum + residual) in the all-reduce's one
+        trip; None where it does not apply (the caller all-reduces, then norms)."""
+        if self.kernel != "triton" or not self.fits(x) or x.dim() != 2 or not self._fuses_rmsnorm(x.shape[1]):
+            return None
+        capacity = self.max_bytes // x.element_size()
+        return self._one_shot_all_reduce_rmsnorm(
+            x, residual.contiguous(), weight, eps, self.buffer_ptrs, self.halves, capacity, self.rank
+        )
 
     def all_reduce_(self, x: torch.Tensor) -> None:
         flat = x.view(-1)

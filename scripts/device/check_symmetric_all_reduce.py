@@ -10,7 +10,8 @@ order than the kernels, so there a difference of one bf16 unit need not be an er
 300 sums of random sizes back to back with each kernel, eagerly and replayed from a CUDA graph, each against the
 Triton kernel's own definition (fp32, in rank order, from the gathered inputs), which must hold bit for bit.
 Last, the vocab-parallel logits' gather (`TensorParallel.all_gather_columns`, Llama-3's vocabulary over the
-ranks): the Triton kernel's against NCCL's, equal and timed the same way.
+ranks): the Triton kernel's against NCCL's, equal and timed the same way; and the sum fused with the residual
+add and RMSNorm (`SymmetricAllReduce.all_reduce_rms_norm`) against the sum then `kernels.rmsnorm.rmsnorm`.
 """
 
 from __future__ import annotations
@@ -115,6 +116,45 @@ def gather_rows(tp, triton_kernel, size: int) -> list[dict]:
     return rows
 
 
+NORM_ROWS = [1, 64, 256]  # rows of Llama-3-8B's hidden state
+
+
+def norm_rows(triton_kernel, device: torch.device, rank: int) -> list[dict]:
+    """The sum fused with the residual add and RMSNorm against the sum then `kernels.rmsnorm.rmsnorm` (what a
+    layer runs unfused): bit-equal outputs, and us a call of each."""
+    from kernels.rmsnorm import rmsnorm
+
+    rows = []
+    for num_rows in NORM_ROWS:
+        generator = torch.Generator(device).manual_seed(rank)
+        x = torch.randn(num_rows, 4096, device=device, generator=generator).bfloat16()
+        residual = torch.randn(num_rows, 4096, device=device, generator=torch.Generator(device).manual_seed(99))
+        residual = residual.bfloat16()
+        weight = (
+            1 + torch.randn(4096, device=device, generator=torch.Generator(device).manual_seed(98)) / 4
+        ).bfloat16()
+        if 2 * x.numel() > triton_kernel.max_bytes:
+            continue
+
+        def unfused(x: torch.Tensor, residual=residual, weight=weight) -> tuple[torch.Tensor, torch.Tensor]:
+            total = x.clone()
+            triton_kernel.all_reduce_(total)
+            summed = torch.empty_like(residual)
+            return rmsnorm(total, weight, 1e-5, residual=residual, residual_out=summed), summed
+
+        def fused(x: torch.Tensor, residual=residual, weight=weight) -> tuple[torch.Tensor, torch.Tensor]:
+            return triton_kernel.all_reduce_rms_norm(x, residual, weight, 1e-5)
+
+        (normed, summed), (normed_f, summed_f) = unfused(x), fused(x)
+        rows.append({
+            "norm_rows": num_rows,
+            "equal": torch.equal(normed, normed_f) and torch.equal(summed, summed_f),
+            "unfused_us": graph_time_us(unfused, x),
+            "fused_us": graph_time_us(fused, x),
+        })  # fmt: skip
+    return rows
+
+
 def worker(rank: int, size: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -148,9 +188,11 @@ def worker(rank: int, size: int, port: int, out: str) -> None:
         name: stress_mismatches(kernel, tp.device, rank) for name, kernel in kernels.items() if name not in failed
     }
     gathers = gather_rows(tp, kernels["triton"], size)
+    norms = norm_rows(kernels["triton"], tp.device, rank)
     if rank == 0:
-        Path(out).write_text(json.dumps({"sizes": rows, "stress_mismatches": stress, "gathers": gathers}, indent=1))
-        for row in rows + gathers:
+        report = {"sizes": rows, "stress_mismatches": stress, "gathers": gathers, "norms": norms}
+        Path(out).write_text(json.dumps(report, indent=1))
+        for row in rows + gathers + norms:
             print(row, flush=True)
         print("stress (sums unequal to the fp32 rank-order sum, eager / graph):", stress, flush=True)
     dist.barrier()

@@ -111,3 +111,66 @@ def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: py
     assert not torch.signbit(results[0][:3]).any()  # -0.0 came as +0.0
     for buffer in buffers:
         assert (buffer == SENTINEL).all()
+
+
+NORM_SHAPES = ((1, 2 * BLOCK), (2, 2 * BLOCK), (3, BLOCK))  # (rows, hidden): rows of two pieces, rows of one
+NORM_CAPACITY = 4 * BLOCK
+EPS = 1e-5
+
+
+def _norming_rank(rank: int, buffers, inputs, residuals, weights, results) -> None:
+    from kernels.one_shot_all_reduce import one_shot_all_reduce_, one_shot_all_reduce_rmsnorm
+
+    buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+    halves = torch.zeros(MAX_PROGRAMS, dtype=torch.int32)
+    offset = 0
+    for i, x in enumerate(inputs[rank]):
+        if i == 1:  # a plain sum between: the two kernels share the buffers and the pieces' halves
+            one_shot_all_reduce_(x.view(-1)[:1000].clone(), buffer_ptrs, halves, NORM_CAPACITY, rank)
+        residual = residuals[i].clone()
+        normed, summed = one_shot_all_reduce_rmsnorm(
+            x, residual, weights[i], EPS, buffer_ptrs, halves, NORM_CAPACITY, rank
+        )
+        assert torch.equal(residual, residuals[i])  # the caller's residual is left as it was
+        for out in (normed, summed):
+            results[rank][offset : offset + out.numel()] = out.view(-1).double()
+            offset += out.numel()
+    results[rank][-4:] = halves[:4].double()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_reduce_with_residual_and_rmsnorm(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank ends with the unfused ops' (rmsnorm(sum + residual) * w, sum + residual), the same bits on every
+    rank (within the interpreter's rounding towards zero of the reference), the pieces' halves as the plain kernel
+    would leave them, and only the sentinel in the buffers."""
+    from kernels.rmsnorm import rmsnorm_ref
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    buffers = [torch.full((2 * world * NORM_CAPACITY,), SENTINEL, dtype=torch.int16).share_memory_()
+               for _ in range(world)]  # fmt: skip
+    generator = torch.Generator().manual_seed(20 + world)
+    inputs = [[torch.randn(shape, generator=generator).bfloat16() for shape in NORM_SHAPES] for _ in range(world)]
+    residuals = [torch.randn(shape, generator=generator).bfloat16() for shape in NORM_SHAPES]
+    weights = [(1 + torch.randn(hidden, generator=generator) / 4).bfloat16() for _, hidden in NORM_SHAPES]
+    total = sum(2 * rows * hidden for rows, hidden in NORM_SHAPES)
+    results = [torch.full((total + 4,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
+
+    _run_ranks(_norming_rank, world, buffers, inputs, residuals, weights, results)
+
+    for r in range(world):
+        assert torch.equal(results[r], results[0])
+    offset = 0
+    for i, (rows, hidden) in enumerate(NORM_SHAPES):
+        summed = residuals[i].clone()
+        normed = rmsnorm_ref(all_reduce_ref([inputs[r][i] for r in range(world)]), weights[i], EPS, residual=summed)
+        got_normed = results[0][offset : offset + rows * hidden].view(rows, hidden)
+        got_summed = results[0][offset + rows * hidden : offset + 2 * rows * hidden].view(rows, hidden)
+        offset += 2 * rows * hidden
+        # the interpreter rounds towards zero where the GPU rounds to nearest: a unit in the last place of each
+        # rounding (the sum, the add, the norm, the scale)
+        torch.testing.assert_close(got_summed, summed.double(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got_normed, normed.double(), rtol=4e-2, atol=4e-2)
+    # piece 0 made all four operations (ends on half 0), piece 1 three, pieces 2 and 3 two and one
+    assert results[0][-4:].tolist() == [0.0, 1.0, 0.0, 1.0]
+    for buffer in buffers:
+        assert (buffer == SENTINEL).all()

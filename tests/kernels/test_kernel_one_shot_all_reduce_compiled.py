@@ -6,7 +6,7 @@ elements to each peer as 16 two-byte stores (each warp instruction touching 32 s
 them with 16 two-byte loads. The interpreter cannot show this, so here the kernel is compiled for sm_90 without a
 GPU (scripts/check_kernels_compile.py's compile-only driver, in a process of its own: this one runs the
 interpreter), and the loads of x, the stores to the peers and the polls of its own buffer must be 16-byte wide,
-in the sums and in the gather of vocab-parallel logits.
+in the sums, in the gather of vocab-parallel logits and in the sum fused with the residual add and RMSNorm.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ for world in (2, 4):
                        lambda: ar.one_shot_all_gather(logits, buffer_ptrs, halves, 1 << 19, 0))
     ops = re.findall(r"\b(ld|st)(\.volatile)?\.global(\.\w+)*?\.(v4\.b32|b16|b32|b64|u16)\b", ptx)
     found[f"gather {world}"] = sorted({f"{op}{vol}.{width}" for op, vol, _, width in ops})
+    rows, weight = torch.zeros(4, 4096, dtype=torch.bfloat16), torch.zeros(4096, dtype=torch.bfloat16)
+    ptx = compiled_ptx(ar._one_shot_all_reduce_rmsnorm_kernel,
+                       lambda: ar.one_shot_all_reduce_rmsnorm(rows, rows, weight, 1e-5, buffer_ptrs, halves, 1 << 19, 0))
+    ops = re.findall(r"\b(ld|st)(\.volatile)?\.global(\.\w+)*?\.(v4\.b32|b16|b32|b64|u16)\b", ptx)
+    found[f"rmsnorm {world}"] = sorted({f"{op}{vol}.{width}" for op, vol, _, width in ops})
 print(json.dumps(found))
 """
 
@@ -39,8 +44,8 @@ print(json.dumps(found))
 def test_all_reduce_compiles_to_16_byte_loads_and_stores():
     found = run_probe(PROBE)
     assert isinstance(found, dict)
-    assert len(found) == 6, found
-    for name, widths in found.items():  # the sums at 2 and 4 ranks, and the gather
+    assert len(found) == 8, found
+    for name, widths in found.items():  # the sums at 2 and 4 ranks, the gather, the sum with residual and RMSNorm
         # x, the peers' stores, the polls and the sentinels put back: v4.b32; the scalars: the program's half
         # (b32) and the buffer addresses (b64). No two-byte access anywhere.
         assert {"ld.v4.b32", "st.v4.b32", "ld.volatile.v4.b32"} <= set(widths), widths

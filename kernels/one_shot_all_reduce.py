@@ -207,6 +207,8 @@ def one_shot_all_reduce_rmsnorm(
     assert x.dtype in DTYPES and x.numel() <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, x.numel())
     normed = torch.empty_like(x)
     summed = torch.empty_like(residual)  # a fresh tensor: the caller's residual may still be referenced
+    if rows == 0:
+        return normed, summed
     pdl = use_pdl(x)
     _one_shot_all_reduce_rmsnorm_kernel[(rows,)](
         x, residual, weight, normed, summed, eps, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(),

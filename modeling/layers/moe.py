@@ -122,10 +122,11 @@ class SparseMoeBlock(nn.Module):
         return self.tp.all_reduce(out)  # the ranks' partial sums: one all-reduce for the whole block
 
     def norm_and_forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, sum_over: TensorParallel | None
+    ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
         """A decoder layer's feed-forward (models/decoder.py): the router reads the normed stream, so
-        the norm runs on its own."""
+        the norm runs on its own (after the attention output's sum, where it is pending)."""
+        hidden = sum_over.all_reduce(hidden) if sum_over is not None else hidden
         normed, summed = norm(hidden, residual)
         assert summed is not None  # a residual in gives the sum out
-        return self(normed), summed
+        return self(normed), summed, None

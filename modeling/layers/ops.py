@@ -37,8 +37,10 @@ class LayerOps:
     # the q heads normed by q_norm and the k heads by k_norm (a new tensor, or qk normed in place)
     qk_norm: Callable[..., torch.Tensor]
     # A norm and the projection after it, as one op so that a backend can fuse them:
-    # (x, residual | None, norm: RMSNorm, proj: Linear) -> (proj(norm(x + residual)), x + residual),
-    # with no residual (proj(norm(x)), x): the second output is the next residual either way.
+    # (x, residual | None, norm: RMSNorm, proj: Linear, sum_over: TensorParallel | None = None) ->
+    # (proj(norm(x + residual)), x + residual), with no residual (proj(norm(x)), x): the second output is the next
+    # residual either way. With `sum_over`, x is this rank's part of a row-parallel projection's output, summed over
+    # those ranks first (a backend may sum, add and norm in one kernel).
     rms_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # Gemma 2/3's sandwich norms: the sublayer output's own norm, the residual add, the next norm and its
     # projection: (x, x_norm: RMSNorm, residual, norm: RMSNorm, proj: Linear) ->
@@ -46,11 +48,12 @@ class LayerOps:
     norm_add_norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [T, 2 * I], proj: Linear) -> proj(silu(x[:, :I]) * x[:, I:])
     silu_mul_linear: Callable[..., torch.Tensor]
-    # A row-parallel projection and the sum over the ranks after it, as one op so that a backend can send each
-    # rank's part from the projection's own kernel: (x, proj: Linear, tp: TensorParallel) -> tp.all_reduce(proj(x))
-    linear_all_reduce: Callable[..., torch.Tensor]
-    # The same after SiLU-and-mul: (x [T, 2 * I], proj, tp) -> tp.all_reduce(silu_mul_linear(x, proj))
-    silu_mul_linear_all_reduce: Callable[..., torch.Tensor]
+    # A row-parallel projection, whose output the ranks sum: (x, proj: Linear, tp: TensorParallel) -> (the sum,
+    # None), or (this rank's part, tp) where the norm after it takes the sum (`rms_norm_linear`'s sum_over). One op,
+    # so that a backend can send each rank's part from the projection's own kernel, or leave the sum to the norm's.
+    row_parallel_linear: Callable[..., tuple[torch.Tensor, TensorParallel | None]]
+    # The same after SiLU-and-mul: (x [T, 2 * I], proj, tp) -> silu_mul_linear(x, proj) summed, or this rank's part
+    silu_mul_row_parallel_linear: Callable[..., tuple[torch.Tensor, TensorParallel | None]]
 
 
 def torch_rms_norm(
@@ -96,8 +99,14 @@ def torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def unfused_rms_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module, proj: nn.Module
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm: nn.Module,
+    proj: nn.Module,
+    sum_over: TensorParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if sum_over is not None:
+        x = sum_over.all_reduce(x)
     normed, summed = norm(x, residual)  # the norm module calls its own ops' rms_norm
     return proj(normed), (x if residual is None else summed)
 
@@ -113,12 +122,21 @@ def unfused_silu_mul_linear(x: torch.Tensor, proj: nn.Module, silu_and_mul=torch
     return proj(silu_and_mul(x))
 
 
-def unfused_linear_all_reduce(x: torch.Tensor, proj: nn.Module, tp: TensorParallel) -> torch.Tensor:
-    return tp.all_reduce(proj(x))
+def sum_later(part: torch.Tensor, tp: TensorParallel) -> tuple[torch.Tensor, TensorParallel | None]:
+    """A row-parallel output left for the norm after it to sum (nothing to sum on one rank)."""
+    return part, (tp if tp.is_sharded else None)
 
 
-def unfused_silu_mul_linear_all_reduce(x: torch.Tensor, proj: nn.Module, tp: TensorParallel) -> torch.Tensor:
-    return tp.all_reduce(unfused_silu_mul_linear(x, proj))
+def unfused_row_parallel_linear(
+    x: torch.Tensor, proj: nn.Module, tp: TensorParallel
+) -> tuple[torch.Tensor, TensorParallel | None]:
+    return sum_later(proj(x), tp)
+
+
+def unfused_silu_mul_row_parallel_linear(
+    x: torch.Tensor, proj: nn.Module, tp: TensorParallel
+) -> tuple[torch.Tensor, TensorParallel | None]:
+    return sum_later(unfused_silu_mul_linear(x, proj), tp)
 
 
 TORCH_OPS = LayerOps(
@@ -130,8 +148,8 @@ TORCH_OPS = LayerOps(
     rms_norm_linear=unfused_rms_norm_linear,
     norm_add_norm_linear=unfused_norm_add_norm_linear,
     silu_mul_linear=unfused_silu_mul_linear,
-    linear_all_reduce=unfused_linear_all_reduce,
-    silu_mul_linear_all_reduce=unfused_silu_mul_linear_all_reduce,
+    row_parallel_linear=unfused_row_parallel_linear,
+    silu_mul_row_parallel_linear=unfused_silu_mul_row_parallel_linear,
 )
 
 

@@ -24,7 +24,7 @@ from kernels.rmsnorm import norm_add_rmsnorm, qk_rmsnorm, rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
 from modeling.layers.linear import Linear
-from modeling.layers.ops import LayerOps, unfused_rms_norm_linear, unfused_silu_mul_linear
+from modeling.layers.ops import LayerOps, sum_later, unfused_rms_norm_linear, unfused_silu_mul_linear
 
 if TYPE_CHECKING:
     from modeling.layers.norm import RMSNorm
@@ -60,11 +60,22 @@ def triton_qk_norm(qk: torch.Tensor, num_q_heads: int, q_norm: RMSNorm, k_norm: 
 
 
 def triton_rms_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, proj: Linear
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm: RMSNorm,
+    proj: Linear,
+    sum_over: TensorParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Few decode rows (one for a plain weight, up to 8 for a quantized one): the norm runs inside the
     GEMV's prologue; an FP8 GEMM gets its per-token FP8 input from the norm kernel; else rmsnorm kernel +
-    matmul."""
+    matmul. With `sum_over`, the sum over the ranks, the residual add and the norm are one kernel where the
+    one-trip all-reduce takes them (kernels.one_shot_all_reduce), else the sum comes first."""
+    if sum_over is not None:
+        fused = sum_over.all_reduce_rms_norm(x, residual, norm) if residual is not None else None
+        if fused is not None:
+            normed, stream = fused
+            return proj(normed), stream
+        x = sum_over.all_reduce(x)
     weight = proj.gemv_weight  # None: the projection's method has no GEMV, it runs the matmul itself
     config = gemv_config_for(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
     if config is None:
@@ -153,14 +164,19 @@ def _pushed_gemv_all_reduce(x: torch.Tensor, proj: Linear, tp: TensorParallel, p
     return tp.finish_pushed_all_reduce(out)
 
 
-def triton_linear_all_reduce(x: torch.Tensor, proj: Linear, tp: TensorParallel) -> torch.Tensor:
+def triton_row_parallel_linear(
+    x: torch.Tensor, proj: Linear, tp: TensorParallel
+) -> tuple[torch.Tensor, TensorParallel | None]:
+    """At a decode row the GEMV sends its sum and it is taken here; else the norm after it takes it."""
     out = _pushed_gemv_all_reduce(x, proj, tp, PROLOGUE_NONE)
-    return out if out is not None else tp.all_reduce(proj(x))
+    return (out, None) if out is not None else sum_later(proj(x), tp)
 
 
-def triton_silu_mul_linear_all_reduce(x: torch.Tensor, proj: Linear, tp: TensorParallel) -> torch.Tensor:
+def triton_silu_mul_row_parallel_linear(
+    x: torch.Tensor, proj: Linear, tp: TensorParallel
+) -> tuple[torch.Tensor, TensorParallel | None]:
     out = _pushed_gemv_all_reduce(x, proj, tp, PROLOGUE_SILU_MUL)
-    return out if out is not None else tp.all_reduce(triton_silu_mul_linear(x, proj))
+    return (out, None) if out is not None else sum_later(triton_silu_mul_linear(x, proj), tp)
 
 
 TRITON_OPS = LayerOps(
@@ -172,6 +188,6 @@ TRITON_OPS = LayerOps(
     rms_norm_linear=triton_rms_norm_linear,
     norm_add_norm_linear=triton_norm_add_norm_linear,
     silu_mul_linear=triton_silu_mul_linear,
-    linear_all_reduce=triton_linear_all_reduce,
-    silu_mul_linear_all_reduce=triton_silu_mul_linear_all_reduce,
+    row_parallel_linear=triton_row_parallel_linear,
+    silu_mul_row_parallel_linear=triton_silu_mul_row_parallel_linear,
 )

@@ -36,10 +36,11 @@ class FeedForward(Protocol):
     """What a decoder layer needs of its MLP (dense, GeGLU or mixture of experts)."""
 
     def norm_and_forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mlp(norm(hidden + residual)), hidden + residual): the MLP takes the norm in, so that it can
-        run it with its first projection as one op."""
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, sum_over: TensorParallel | None
+    ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
+        """(mlp(norm(hidden + residual)), hidden + residual, sum_over): the MLP takes the norm in, so that it can
+        run it with its first projection as one op. `sum_over` (in and out): the ranks over which the hidden
+        state is still to be summed (LayerOps.row_parallel_linear), None where it is whole."""
         ...
 
 
@@ -92,14 +93,15 @@ class Attention(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         backend: AttentionBackend,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, TensorParallel | None]:
         num_tokens = qkv.shape[0]
         qk = qkv[:, : self.qk_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = self.ops.qk_norm(qk, self.num_heads, self.q_norm, self.k_norm)
         out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.params)  # [T, H, D]
-        return self.ops.linear_all_reduce(out.reshape(num_tokens, self.num_heads * self.head_dim), self.o_proj, self.tp)
+        flat = out.reshape(num_tokens, self.num_heads * self.head_dim)
+        return self.ops.row_parallel_linear(flat, self.o_proj, self.tp)  # (output, ranks still to sum it over)
 
 
 class DecoderLayer(nn.Module):
@@ -123,25 +125,30 @@ class DecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         backend: AttentionBackend,
         owed_norm: RMSNorm | None = None,  # the previous layer's output_norm, still to apply to hidden
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        sum_over: TensorParallel | None = None,  # the ranks hidden is still to be summed over (None: it is whole)
+    ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
         # Each norm travels with the projection after it (and the residual add of the previous
-        # sub-block with the norm): one op each, which the Triton ops fuse into one kernel at batch 1.
+        # sub-block, and under tensor parallelism the sum over the ranks, with the norm): one op each, which
+        # the Triton ops fuse into one kernel where they can.
         qkv_proj = self.self_attn.qkv_proj
         if owed_norm is None:
-            qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, qkv_proj)
+            qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, qkv_proj, sum_over)
         else:
             assert residual is not None  # a layer before this one owes the norm
+            hidden = sum_over.all_reduce(hidden) if sum_over is not None else hidden
             qkv, residual = self.ops.norm_add_norm_linear(hidden, owed_norm, residual, self.input_layernorm, qkv_proj)
-        hidden = self.self_attn(qkv, rope, k_cache, v_cache, backend)
-        return self.feed_forward(hidden, residual)
+        hidden, sum_over = self.self_attn(qkv, rope, k_cache, v_cache, backend)
+        return self.feed_forward(hidden, residual, sum_over)
 
     def output_norm(self) -> RMSNorm | None:
         """The norm this layer's output hidden still needs before it joins the stream; None: it needs none."""
         return None
 
-    def feed_forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The attention output and the stream so far -> the layer's (hidden, residual)."""
-        return self.mlp.norm_and_forward(hidden, residual, self.post_attention_layernorm)
+    def feed_forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor, sum_over: TensorParallel | None
+    ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
+        """The attention output and the stream so far -> the layer's (hidden, residual, sum_over)."""
+        return self.mlp.norm_and_forward(hidden, residual, self.post_attention_layernorm, sum_over)
 
 
 class DecoderModel(nn.Module):
@@ -192,12 +199,14 @@ class DecoderModel(nn.Module):
             hidden = hidden * self.embed_scale
         rope = self.rotary_emb.step_tables(positions)  # gathered once, shared by every layer
         local_rope = rope if self.local_rotary_emb is None else self.local_rotary_emb.step_tables(positions)
-        residual = None
+        residual, sum_over = None, None
         layers = zip(self.layers, self.uses_local_rope, self.owed_norms, kv_caches)
         for layer, is_local, owed, (k_cache, v_cache) in layers:
-            hidden, residual = layer(
-                hidden, residual, local_rope if is_local else rope, k_cache, v_cache, backend, owed
+            hidden, residual, sum_over = layer(
+                hidden, residual, local_rope if is_local else rope, k_cache, v_cache, backend, owed, sum_over
             )
+        if sum_over is not None:  # once a step: the last layer's sum on its own
+            hidden = sum_over.all_reduce(hidden)
         final_owed = self.owed_norms[-1]
         if final_owed is not None:  # once a step: the last layer's post-feedforward norm on its own
             hidden, _ = final_owed(hidden)

@@ -146,10 +146,12 @@ class SandwichNormDecoderLayer(DecoderLayer):
     def output_norm(self) -> RMSNorm:
         return self.post_feedforward_layernorm
 
-    def feed_forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the MLP output, not yet post-feedforward-normed; the stream up to it)."""
+    def feed_forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor, sum_over: TensorParallel | None
+    ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
+        """(the MLP output, not yet post-feedforward-normed; the stream up to it; None: the output is summed)."""
         return self.mlp.norm_and_forward(
-            hidden, residual, self.pre_feedforward_layernorm, hidden_norm=self.post_attention_layernorm
+            hidden, residual, self.pre_feedforward_layernorm, sum_over, hidden_norm=self.post_attention_layernorm
         )
 
 
@@ -169,17 +171,23 @@ class GemmaMLP(nn.Module):
         self.tp = tp
 
     def norm_and_forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, hidden_norm: RMSNorm | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor,
+        norm: RMSNorm,
+        sum_over: TensorParallel | None,
+        hidden_norm: RMSNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
         """FeedForward's, and with `hidden_norm` (the sandwich layers' post-attention norm) the stream is
-        residual + hidden_norm(hidden) instead."""
+        residual + hidden_norm(hidden) instead. The output is summed over the ranks here."""
         if hidden_norm is None:
-            gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj)  # [T, 2 * I]
+            gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj, sum_over)
         else:
+            hidden = sum_over.all_reduce(hidden) if sum_over is not None else hidden
             gate_up, residual = self.ops.norm_add_norm_linear(hidden, hidden_norm, residual, norm, self.gate_up_proj)
         if gate_up.is_cuda and self.gelu_approximate == "tanh":  # at a decode row, one GEMV for all of it
             out = triton_gelu_tanh_mul_linear(gate_up, self.down_proj)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             out = self.down_proj(F.gelu(gate, approximate=self.gelu_approximate) * up)
-        return self.tp.all_reduce(out), residual
+        return self.tp.all_reduce(out), residual, None

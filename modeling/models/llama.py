@@ -50,9 +50,10 @@ class LlamaMLP(nn.Module):
         self.tp = tp
 
     def norm_and_forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj)  # [T, 2 * I]
-        # the all-reduce sits here, not in down_proj: the fused GEMV op reads down_proj's weight directly (and may
-        # send its rows of the sum to the other ranks itself)
-        return self.ops.silu_mul_linear_all_reduce(gate_up, self.down_proj, self.tp), residual
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, sum_over: TensorParallel | None
+    ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
+        gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj, sum_over)  # [T, 2I]
+        # the sum sits here, not in down_proj: the fused GEMV op reads down_proj's weight directly (and may send
+        # its rows of the sum to the other ranks itself), or the next norm takes it
+        out, sum_over = self.ops.silu_mul_row_parallel_linear(gate_up, self.down_proj, self.tp)
+        return out, residual, sum_over

@@ -21,6 +21,7 @@ from modeling.parallel.symmetric_all_reduce import SymmetricAllReduce, make_symm
 
 if TYPE_CHECKING:
     from kernels.one_shot_all_reduce import PushTarget
+    from modeling.layers.norm import RMSNorm
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,15 @@ class TensorParallel:
             else:
                 dist.all_reduce(x)
         return x
+
+    def all_reduce_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(norm(sum of x over the ranks + residual), that sum + residual) in one kernel; None where the one-trip
+        all-reduce does not take it (the caller sums, then norms)."""
+        if self.size == 1 or self.symmetric is None:
+            return None
+        return self.symmetric.all_reduce_rms_norm(x, residual, norm.weight, norm.eps)
 
     def push_target(self, numel: int, dtype: torch.dtype) -> PushTarget | None:
         """Where a row-parallel projection's kernel may send its partial sum (`numel` elements) to the other

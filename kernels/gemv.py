@@ -42,8 +42,8 @@ K over several programs per column (`GemvConfig.split_k`: more programs where N 
 the SMs; the last program of a column adds the partials, in split order, and resets its counter). Its
 few weight rows a program make the fused prologue a large share of its instructions, so a config may run
 the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format).
-At one row a config may instead select kernels/gemv_int4_rows.py (`GemvConfig.rows_per_program`): each
-program loads its K slice of x once into registers and walks many weight rows.
+At one row a config may instead select kernels/gemv_int4_one_row.py (`GemvConfig.one_row`): 2-D weight loads
+(the layout Triton 3.6 gives a 3-D one spills), the nibbles unpacked two a shift.
 
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,
@@ -721,9 +721,9 @@ class GemvConfig:
     # the GEMV without one: one more launch, but each activation computed once instead of once a program (the
     # int4 kernel's few weight rows a program make the fused prologue a large share of its instructions)
     separate_prologue: bool = False
-    # int4 at one row: 0 runs the tile kernel; else kernels.gemv_int4_rows's kernel, each program walking this many
-    # output rows (block_n a step) with its K slice of x loaded once into registers
-    rows_per_program: int = 0
+    # int4 at one row: kernels.gemv_int4_one_row's kernel (block_n rows a program, K tiles of block_k features)
+    # instead of the tile kernel
+    one_row: bool = False
 
 
 # Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
@@ -781,20 +781,17 @@ def rule_of_thumb_config(k: int, prologue: int, weight_format: int = WEIGHT_DENS
 
 
 # Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweeps, keyed (N, K, prologue, rows of x
-# padded to a power of two): Llama-3-8B's shapes. The one-row entries walk rows (kernels/gemv_int4_rows.py,
-# `--parts int4_rows`, H200, 2026-11-27: 1.08-1.50x the tile kernel's tuned configs; down split 7 ways, 16 periods a
-# split, 1.15x its 4-way split at 22:54 UTC); the 8-row entry is the tile kernel's (`--parts int4`, H100,
-# 2026-11-24). The sweeps print these literals.
+# padded to a power of two): Llama-3-8B's shapes. The one-row entries run kernels/gemv_int4_one_row.py (`--parts
+# int4_one_row`, H100, 2026-11-28: q|k|v 9.2 us, o 6.3, gate|up 29.6 with its RMSNorm as its own kernel, down 19.7
+# split 7 ways); the 8-row entry is the tile kernel's (`--parts int4`, H100, 2026-11-24). The sweeps print these.
 TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
-    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(
-        block_n=4, num_stages=1, prefetch=True, split_k=4, rows_per_program=32
-    ),
-    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_n=4, num_stages=1, prefetch=True, split_k=2, rows_per_program=16),
+    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_n=16, block_k=4096, num_stages=1, one_row=True),
+    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_n=16, block_k=4096, num_stages=1, one_row=True),
     (28672, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(
-        block_n=4, num_stages=1, prefetch=True, split_k=4, rows_per_program=64
+        block_n=16, block_k=4096, num_stages=1, separate_prologue=True, one_row=True
     ),
     (4096, 14336, PROLOGUE_SILU_MUL, 1): GemvConfig(
-        block_n=4, num_stages=1, prefetch=True, split_k=7, rows_per_program=64
+        block_n=16, block_k=2048, num_warps=2, num_stages=1, split_k=7, one_row=True
     ),
     (6144, 4096, PROLOGUE_RMSNORM, 8): GemvConfig(num_stages=1),
 }
@@ -1017,10 +1014,10 @@ def _launch_int4(
     assert weight.zero is not None and weight.zero.stride() == weight.scale.stride() and k % group_size == 0
     assert _is_power_of_2(group_size) and weight.data.stride(1) == 1, group_size
     config = config or int4_config(k, m, group_size, n, prologue)
-    if config.rows_per_program:
-        from kernels.gemv_int4_rows import launch_int4_rows  # (it imports this module's helpers)
+    if config.one_row and m == 1:
+        from kernels.gemv_int4_one_row import launch_int4_one_row  # (it imports this module's helpers)
 
-        launch_int4_rows(common, weight, bias, out, eps, prologue, has_residual, config, pdl)
+        launch_int4_one_row(common, weight, bias, out, eps, prologue, has_residual, config, pdl)
         return
     block_k, split_k = int4_launch_tiles(k, group_size, config)
     block_m, programs = triton.next_power_of_2(m), triton.cdiv(n, config.block_n)

@@ -3,8 +3,10 @@
     python scripts/gemv_resources.py [--format int4|fp8] N,K,PROLOGUE,ROWS[,block_n,block_k,warps,stages,split_k] ...
 
 PROLOGUE: 0 plain, 1 RMSNorm + residual, 2 SiLU-mul. Without the config fields the default config runs
-(kernels.gemv.gemv_config). --rows-per-program R compiles the int4 row-walking kernel (kernels/gemv_int4_rows.py;
-block_k and warps unused: its K slice is K / split_k, a warp per 1,024 features). Triton's NVIDIA backend builds
+(kernels.gemv.gemv_config). --one-row compiles the one-row int4 kernel (kernels/gemv_int4_one_row.py) instead of
+the tile kernel; --sass counts the kernel's SASS opcodes (GEMV_SASS_OUT=FILE also writes the SASS and TTGIR).
+The compiler is the installed Triton's: the device runs Triton 3.6 (torch 2.11), whose layouts can differ from a
+newer one's, so compile with it (`pip install --target DIR triton==3.6.0`, then PYTHONPATH=DIR). Triton's NVIDIA backend builds
 the launch down to a cubin through scripts/check_kernels_compile.py's compile-only driver; cuobjdump (shipped
 with Triton) reads its resource usage. This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding 32
 words spilled, and the tile shapes where x's layout is the weight tile's need no shared-memory conversion.
@@ -28,7 +30,8 @@ sys.path.insert(0, str(REPO))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--format", choices=("int4", "fp8"), default="int4")
-    parser.add_argument("--rows-per-program", type=int, default=0, help="int4: kernels.gemv_int4_rows's kernel")
+    parser.add_argument("--one-row", action="store_true", help="int4: kernels.gemv_int4_one_row's kernel")
+    parser.add_argument("--sass", action="store_true", help="also count the SASS opcodes of the kernel")
     parser.add_argument("cases", nargs="+")
     args = parser.parse_args()
     from check_kernels_compile import PLUGIN  # the compile-only driver
@@ -37,7 +40,7 @@ def main() -> None:
     import torch
     import triton
 
-    from kernels import gemv, gemv_int4_rows
+    from kernels import gemv, gemv_int4_one_row
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     for spec in args.cases:
@@ -46,7 +49,7 @@ def main() -> None:
         if fields:
             block_n, block_k, warps, stages, *split = fields
             config = gemv.GemvConfig(block_n, block_k, warps, stages, split_k=split[0] if split else 1,
-                                     rows_per_program=args.rows_per_program)  # fmt: skip
+                                     one_row=args.one_row)  # fmt: skip
         x = torch.randn(rows, 2 * k if prologue == 2 else k, dtype=torch.bfloat16)
         kwargs: dict = {"silu_mul": True} if prologue == 2 else {}
         if prologue == 1:
@@ -56,7 +59,7 @@ def main() -> None:
         if args.format == "int4":
             groups = torch.ones(n, k // 128, dtype=torch.bfloat16)
             weight = gemv.QuantizedWeight(torch.zeros(n, k // 8, dtype=torch.int32), groups, groups.clone(), 128)
-            kernel_fn = gemv_int4_rows._gemv_int4_rows_kernel if args.rows_per_program else gemv._gemv_int4_kernel
+            kernel_fn = gemv_int4_one_row._gemv_int4_one_row_kernel if args.one_row else gemv._gemv_int4_kernel
         else:
             weight = gemv.QuantizedWeight(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(n))
             kernel_fn = gemv._gemv_kernel
@@ -70,11 +73,20 @@ def main() -> None:
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(kernel.asm["cubin"])
         usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
+        if args.sass:
+            sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True).stdout
+            ops = collections.Counter(
+                m.group(1) for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", sass, re.M)
+            )
+            print(f"{spec}: {sum(ops.values())} SASS instructions; {dict(ops.most_common(16))}")
+            if os.environ.get("GEMV_SASS_OUT"):
+                Path(os.environ["GEMV_SASS_OUT"]).write_text(sass)
+                Path(os.environ["GEMV_SASS_OUT"] + ".ttgir").write_text(kernel.asm["ttgir"])
         os.unlink(f.name)
         found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
         ptx = kernel.asm["ptx"]
         loads = collections.Counter(m.group(0) for m in re.finditer(r"ld\.global[.\w]*", ptx))
-        print(f"{spec}: registers {found.group(1)}, stack {found.group(2)} B, shared {found.group(3)} B; "
+        print(f"{spec}: registers {found.group(1)}, stack {found.group(2)} B, shared {kernel.metadata.shared} B; "
               f"bar.sync {ptx.count('bar.sync')}, st.shared {len(re.findall(r'st[.]shared', ptx))}; {dict(loads)}")  # fmt: skip
 
 

@@ -18,8 +18,9 @@ built on the device:
 4. FP8 KV: decode attention at 32k context, bf16 vs FP8 KV, with the model backend's split count and
    key block, and the best of a small sweep of each;
 5. FP8 KV: KV slots from the same free memory vs bf16 KV;
-6. (--parts int4_rows, alone ~2 min) the int4 row-walking GEMV (kernels/gemv_int4_rows.py) at one row against the
-   default int4 config, per Llama-3-8B projection with its prologue: us, % of copy bandwidth, GPU relative error.
+6. (--parts int4_one_row, ~1 min with --int4-budget-s 35) the one-row int4 GEMV (kernels/gemv_int4_one_row.py)'s
+   configs against the default int4 config, per Llama-3-8B projection with its prologue: us, % of copy bandwidth,
+   GPU relative error; the steps then run each shape's fastest.
 7. (--parts gemlite) GemLite's int4 GEMV (`pip install gemlite`, the Triton library SGLang and TorchAO use for
    4-bit weights; carry its wheel in .whl) against ours at one row on the same weights: us, % of copy bandwidth,
    relative error. Decides whether W4A16's one-row GEMVs (24-38% of copy bandwidth) should come from GemLite.
@@ -66,6 +67,7 @@ from kernels.gemv import (
     int4_register_estimate,
     split_k_counters,
 )
+from kernels.gemv_int4_one_row import one_row_tiles
 from kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
 from kernels.rmsnorm import rmsnorm
 from modeling.attention.triton_backend import MAX_DECODE_SPLITS
@@ -197,9 +199,10 @@ INT4_AXES = {
     "num_stages": (1, 3),
     "prefetch": (False, True),
     "separate_prologue": (False, True),
-    "rows_per_program": (0, 16, 32, 64),  # one row only: the row-walking kernel (kernels/gemv_int4_rows.py)
+    "one_row": (False, True),  # one row only: kernels/gemv_int4_one_row.py instead of the tile kernel
 }
 INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologue")  # at 2-8 rows
+INT4_ONE_ROW_SEEDS = [(16, 4096, 1), (16, 2048, 7), (8, 4096, 1)]  # (block_n, block_k, split_k): the H100 sweep's best
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
 # features a warp, where x's layout is the weight tile's (see kernels.gemv.int4_config), which one axis at a time
 # cannot reach from another such point; split-K keeps that ratio per split.
@@ -308,14 +311,16 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
 
     def measure(rows: int, shape: str, config: GemvConfig) -> None:
         n, k, prologue = SHAPES[shape]
-        block_k, split_k = int4_launch_tiles(k, GROUP, config)
         separate = config.separate_prologue and prologue != PROLOGUE_NONE
-        config = dataclasses.replace(config, block_k=block_k, split_k=split_k, separate_prologue=separate)
-        if config.rows_per_program:  # that kernel has no K tile, warps or stages to set: one key per config it runs
-            default = GemvConfig()
-            config = dataclasses.replace(config, block_k=default.block_k, num_warps=default.num_warps, num_stages=1)
+        if config.one_row and rows == 1:  # one key per config it runs: its own tile and split rules
+            periods, _, split_k = one_row_tiles(k, GROUP, config)
+            config = dataclasses.replace(config, block_k=periods * GROUP, split_k=split_k, separate_prologue=separate)
+        else:
+            block_k, split_k = int4_launch_tiles(k, GROUP, config)
+            config = dataclasses.replace(config, block_k=block_k, split_k=split_k, separate_prologue=separate,
+                                         one_row=False)  # fmt: skip
         seen = timed.setdefault((rows, shape), {})
-        spills = not config.rows_per_program and int4_register_estimate(config, rows) > 200
+        spills = not config.one_row and int4_register_estimate(config, rows) > 200
         if config in seen or spills or time.monotonic() > deadline:
             return
         case, moved = cases[shape], weight_bytes(weights[shape][0])
@@ -340,6 +345,10 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
                     seed = GemvConfig(block_n, block_k, num_warps, num_stages=1, split_k=split_k)
                     if k % (block_k * split_k) == 0:
                         measure(rows, shape, seed)
+                for block_n, block_k, split_k in INT4_ONE_ROW_SEEDS if rows == 1 else []:
+                    if k % (block_k * split_k) == 0:
+                        measure(rows, shape, GemvConfig(block_n, block_k, block_k // 1024, num_stages=1,
+                                                        split_k=split_k, one_row=True))  # fmt: skip
             seen = timed.get((rows, shape))
             if not seen:
                 continue  # out of budget
@@ -369,47 +378,82 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
     return report
 
 
-# The row-walking kernel's configs timed against the default (block_n, rows_per_program, split_k, prefetch,
-# separate_prologue): 4 rows a step (80 registers on sm_90) or 8 (96), 16-64 rows a program, K split where
-# N / rows leaves SMs idle (q|k|v, o and down: 4,096-6,144 rows). At K 4,096 four splits make one-warp programs,
-# whose sums need no cross-warp reduction (sm_90: 1 barrier a row group instead of 4). Seven splits give down's 112
-# periods 16 each, unpadded (at K 4,096 they fall back to no split).
-INT4_ROWS_CONFIGS = [(4, 32, 1, False, False), (4, 32, 1, True, False), (4, 64, 1, True, False), (8, 32, 1, True, False),
-                     (4, 16, 2, True, False), (4, 32, 2, True, False), (4, 32, 4, True, False), (4, 64, 4, True, False),
-                     (8, 32, 4, True, False), (4, 32, 1, True, True),
-                     (4, 32, 7, True, False), (4, 64, 7, True, False)]  # fmt: skip
+def one_row_candidates(n: int, k: int) -> list[GemvConfig]:
+    """kernels/gemv_int4_one_row.py's configs to time on one shape: K tiles of 1,024 features a warp (x's layout is
+    then the words'), 16 or 8 rows a program, splits that give the SMs enough programs; each with its prologue
+    fused and as its own kernel."""
+    configs = []
+    for block_k, block_n, split in ((4096, 16, 1), (4096, 8, 1), (2048, 16, 7), (1024, 16, 14), (1024, 8, 14)):
+        if split == 1 or k % split == 0 and k // split >= block_k:
+            for separate in (False, True):
+                configs.append(GemvConfig(block_n=block_n, block_k=block_k, num_warps=block_k // 1024, num_stages=1,
+                                          split_k=split, one_row=True, separate_prologue=separate))  # fmt: skip
+    return configs
 
 
-def int4_rows(bandwidth: float) -> list[dict]:
-    """The int4 row-walking GEMV (kernels/gemv_int4_rows.py) against the default int4 config at one row, per
-    Llama-3-8B projection with the prologue the model fuses: us, % of copy bandwidth, relative error to the
-    dequantized reference on the GPU."""
-    out = []
+def int4_one_row(bandwidth: float, budget_s: float) -> dict:
+    """kernels/gemv_int4_one_row.py's configs against the default int4 config (TUNED_INT4's) at one row, per
+    Llama-3-8B projection, `budget_s` seconds a shape; the fastest config of each shape goes into `tuned`."""
+    report: dict = {"rows": [], "tuned": {}}
     for shape, (n, k, prologue) in SHAPES.items():
-        case = GemvCase(k)
-        w0 = make_weight("int4", n, k)
-        weights = [w0] + [make_weight("int4", n, k) for _ in range(max(1, -(-200_000_000 // weight_bytes(w0))) - 1)]
-        ref = case.ref(w0, prologue, 1)
-        default = int4_config(k, 1, GROUP, n, prologue)
-        configs = [default] + [GemvConfig(block_n=b, num_stages=1, split_k=s, prefetch=p, separate_prologue=sep,
-                                          rows_per_program=r) for b, r, s, p, sep in INT4_ROWS_CONFIGS]  # fmt: skip
-        base_us = None
-        for config in configs:
-            try:
-                err = rel_err(case.run(w0, prologue, 1, config), ref)
-                t_us = graph_us([lambda w=w: case.run(w, prologue, 1, config) for w in weights])
-            except Exception as exc:  # a config Triton cannot build (registers, shared memory)
-                log(f"int4 rows {shape:8s} {config_literal(config)} failed: {type(exc).__name__}: {exc}")
-                continue
-            base_us = base_us or t_us
-            pct = 100 * weight_bytes(w0) / (t_us * 1e-6) / bandwidth
-            out.append(dict(shape=shape, config=dataclasses.asdict(config), us=t_us, pct_bw=pct, rel_err=err,
-                            default=config == default))  # fmt: skip
-            log(f"int4 rows {shape:8s} {'default ' if config == default else ''}{config_literal(config):90s} "
-                f"{t_us:7.1f} us {pct:3.0f}% of copy BW {base_us / t_us:5.2f}x default, rel err {err:.1e}"
-                f"{'' if err <= 1e-2 else ' FAIL'}")  # fmt: skip
-        del weights
-        torch.cuda.empty_cache()
+        configs = [c for c in one_row_candidates(n, k) if not c.separate_prologue or prologue != PROLOGUE_NONE]
+        rows = time_int4_configs(bandwidth, "int4 one-row", shape, configs, budget_s)
+        report["rows"] += rows
+        best = min((r for r in rows if r["rel_err"] <= 1e-2), key=lambda r: r["us"])
+        report["tuned"][(n, k, prologue, 1)] = GemvConfig(**best["config"])
+        log(f"int4 one-row {shape:8s} best {config_literal(GemvConfig(**best['config']))}: {best['us']:.1f} us "
+            f"({best['pct_bw']:.0f}%)")  # fmt: skip
+    log("TUNED_INT4 one-row entries = {  # kernels/gemv.py")
+    for (n, k, prologue, rows), config in report["tuned"].items():
+        log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}, {rows}): {config_literal(config)},")
+    log("}")
+    return report
+
+
+def fastest_int4_configs(rows: list[dict]) -> dict:
+    """TUNED_INT4's one-row entries from timed configs (int4_one_row's rows): the fastest correct one a shape."""
+    best: dict = {}
+    for row in rows:
+        n, k, prologue = SHAPES[row["shape"]]
+        if row["rel_err"] <= 1e-2 and ((n, k, prologue, 1) not in best or row["us"] < best[(n, k, prologue, 1)][0]):
+            best[(n, k, prologue, 1)] = (row["us"], GemvConfig(**row["config"]))
+    for key, (t_us, config) in best.items():
+        log(f"steps run {key}: {config_literal(config)} ({t_us:.1f} us)")
+    return {key: config for key, (_, config) in best.items()}
+
+
+def time_int4_configs(
+    bandwidth: float, label: str, shape: str, configs: list[GemvConfig], budget_s: float = float("inf")
+) -> list[dict]:
+    """The default int4 config at one row, then `configs` (until `budget_s` has passed), on one projection with
+    the prologue the model fuses: us, % of copy bandwidth, relative error to the dequantized reference."""
+    n, k, prologue = SHAPES[shape]
+    started = time.monotonic()
+    case = GemvCase(k)
+    w0 = make_weight("int4", n, k)
+    weights = [w0] + [make_weight("int4", n, k) for _ in range(max(1, -(-200_000_000 // weight_bytes(w0))) - 1)]
+    ref = case.ref(w0, prologue, 1)
+    default = int4_config(k, 1, GROUP, n, prologue)
+    out, base_us = [], None
+    for config in [default] + configs:
+        if time.monotonic() - started > budget_s:
+            log(f"{label} {shape:8s}: budget of {budget_s:.0f} s spent, {len(configs) + 1 - len(out)} configs left")
+            break
+        try:
+            err = rel_err(case.run(w0, prologue, 1, config), ref)
+            t_us = graph_us([lambda w=w: case.run(w, prologue, 1, config) for w in weights])
+        except Exception as exc:  # a config Triton cannot build (registers, shared memory)
+            log(f"{label} {shape:8s} {config_literal(config)} failed: {type(exc).__name__}: {exc}")
+            continue
+        base_us = base_us or t_us
+        pct = 100 * weight_bytes(w0) / (t_us * 1e-6) / bandwidth
+        out.append(dict(shape=shape, config=dataclasses.asdict(config), us=t_us, pct_bw=pct, rel_err=err,
+                        default=config == default))  # fmt: skip
+        log(f"{label} {shape:8s} {'default ' if config == default else ''}{config_literal(config):90s} "
+            f"{t_us:7.1f} us {pct:3.0f}% of copy BW {base_us / t_us:5.2f}x default, rel err {err:.1e}"
+            f"{'' if err <= 1e-2 else ' FAIL'}")  # fmt: skip
+    del weights
+    torch.cuda.empty_cache()
     return out
 
 
@@ -666,9 +710,9 @@ def main() -> None:
             report["int4_sweep"] = int4_sweep(bandwidth, args.int4_budget_s)
             save("int4 sweep")
         install_tuned(report)
-    if "int4_rows" in parts:
-        report["int4_rows"] = int4_rows(bandwidth)
-        save("int4 rows")
+    if "int4_one_row" in parts:
+        report["int4_one_row"] = int4_one_row(bandwidth, args.int4_budget_s)
+        save("int4 one-row")
     if "gemlite" in parts:
         report["gemlite"] = gemlite_rows(bandwidth)
         save("gemlite")
@@ -678,6 +722,8 @@ def main() -> None:
     if "steps" in parts:
         report["steps"] = {}
         for scheme in SCHEMES:
+            if scheme == "w4a16_int4" and "int4_one_row" in report:  # the fastest one-row config of each shape
+                gemv_module.TUNED_INT4.update(fastest_int4_configs(report["int4_one_row"]["rows"]))
             if scheme is None or scheme in args.schemes.split(","):  # bf16 always: the ratios' base
                 report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme)
             save(f"steps {scheme or 'bf16'}")

@@ -5,8 +5,9 @@
         python3 scripts/device/probe_gemv_ncu.py --formats int4,bf16 --shape gate_up
 
 Each format runs kernels.gemv at its default config (the one the model runs), on a Llama-3-8B projection shape,
-with the same random weights bench_quant.py makes; --rows-per-program R (int4 only) runs the row-walking kernel
-(kernels/gemv_int4_rows.py) instead, with --block-n rows a step, --split-k and --prefetch. Without ncu it prints each launch's time (CUDA events), so a
+with the same random weights bench_quant.py makes; --one-row (int4 only) runs the one-row kernel
+(kernels/gemv_int4_one_row.py) instead, with --block-n rows a program, --block-k features a tile (a warp per 1,024)
+and --split-k. Without ncu it prints each launch's time (CUDA events), so a
 run under ncu can be told apart from one without.
 """
 
@@ -33,19 +34,19 @@ def main() -> None:
     parser.add_argument("--shape", choices=SHAPES, default="gate_up")
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--launches", type=int, default=6)
-    parser.add_argument("--rows-per-program", type=int, default=0)
-    parser.add_argument("--block-n", type=int, default=4)
+    parser.add_argument("--one-row", action="store_true")
+    parser.add_argument("--block-n", type=int, default=16)
+    parser.add_argument("--block-k", type=int, default=4096)
     parser.add_argument("--split-k", type=int, default=1)
-    parser.add_argument("--prefetch", action="store_true")
     args = parser.parse_args()
     n, k = SHAPES[args.shape]
     for fmt in args.formats.split(","):
         weight = make_weight(fmt, n, k)
         x = torch.randn(args.rows, k, device="cuda", dtype=torch.bfloat16)
         config = gemv_config_for(x, weight, PROLOGUE_NONE)
-        if args.rows_per_program and fmt == "int4":
-            config = GemvConfig(block_n=args.block_n, split_k=args.split_k, prefetch=args.prefetch,
-                                rows_per_program=args.rows_per_program)  # fmt: skip
+        if args.one_row and fmt == "int4":
+            config = GemvConfig(block_n=args.block_n, block_k=args.block_k, num_warps=max(1, args.block_k // 1024),
+                                num_stages=1, split_k=args.split_k, one_row=True)  # fmt: skip
         for _ in range(args.launches):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

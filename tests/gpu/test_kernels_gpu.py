@@ -463,7 +463,7 @@ def test_quantized_gemv() -> None:
 def test_int4_gemv_split_k() -> None:
     """int4 split-K on real concurrent programs: the same bits on every launch (partials added in split order),
     the reference's values, the counters left at zero, in a CUDA graph replayed as well as eagerly; the tile kernel
-    at 1 and 8 rows and the row-walking one (kernels/gemv_int4_rows.py) at one row."""
+    at 1 and 8 rows and the one-row kernel (kernels/gemv_int4_one_row.py)."""
     from kernels.gemv import GemvConfig
 
     n, k, dtype = 1536, 4096, torch.bfloat16
@@ -476,10 +476,11 @@ def test_int4_gemv_split_k() -> None:
     norm_weight = 1 + 0.1 * torch.randn(k, device=DEV, dtype=dtype)
     cases = [(GemvConfig(block_n=4, block_k=1024, num_warps=1, num_stages=1, split_k=split_k), rows)
              for split_k, rows in itertools.product((2, 4), (1, 8))]  # fmt: skip
-    cases += [(GemvConfig(block_n=4, split_k=split_k, prefetch=True, rows_per_program=32), 1) for split_k in (2, 4)]
+    cases += [
+        (GemvConfig(block_n=16, block_k=2048, num_warps=2, split_k=split_k, one_row=True), 1) for split_k in (2, 4)
+    ]
     for config, rows in cases:
-        walking = f" rows_per_program={config.rows_per_program}" if config.rows_per_program else ""
-        label = f"split_k={config.split_k}{walking}"
+        label = f"split_k={config.split_k}{' one-row kernel' if config.one_row else ''}"
         x, res = torch.randn(rows, k, device=DEV, dtype=dtype), torch.randn(rows, k, device=DEV, dtype=dtype)
         summed = torch.empty_like(res)
         first = gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)

@@ -21,7 +21,7 @@ KERNEL_MODULES = [
     "kernels.rmsnorm",  # before kernels.quant_activation, which calls its row helper
     "kernels.silu_mul",  # before kernels.gemv and kernels.quant_activation, which call its activation
     "kernels.gemv",
-    "kernels.gemv_int4_rows",  # after kernels.gemv, whose helpers it binds
+    "kernels.gemv_int4_one_row",  # after kernels.gemv, whose helpers it binds
     "kernels.prefill_attention",
     "kernels.kv_store",
     "kernels.rotary",

@@ -1,6 +1,7 @@
-"""The int4 row-walking GEMV (kernels.gemv_int4_rows, `GemvConfig.rows_per_program`) against the reference with
-the dequantized weight: N not a multiple of a program's rows, groups of 128 and 64, K slices of a power of two
-of periods and padded ones, with and without split-K and prefetch, every prologue it takes."""
+"""The one-row int4 GEMV (kernels.gemv_int4_one_row, `GemvConfig.one_row`) against the reference with the
+dequantized weight: N not a multiple of a program's rows, groups of 256, 128 and 64 (a group over two tiles, a
+tile over two groups), several tiles a split (the software-pipelined loop), split-K by counts that are and are
+not powers of two, every prologue it takes; split-K's determinism and where the tuned table selects it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from kernels.dequant_matmul import int4_period, pack_int4
 from kernels.gemv import TUNED_INT4, GemvConfig, QuantizedWeight, gemv, gemv_ref, int4_config, split_k_counters
+from kernels.gemv_int4_one_row import one_row_tiles
 
 
 def _weight(n: int, k: int, group: int, gen: torch.Generator) -> QuantizedWeight:
@@ -37,22 +39,22 @@ def _run(n: int, k: int, group: int, prologue: str, config: GemvConfig, seed: in
 
 
 CASES = [
-    # (N, K, group, config): 37 rows over programs of 16 (a ragged last program, row groups of 4)
-    (37, 256, 128, GemvConfig(block_n=4, rows_per_program=16)),
-    # groups of 64 (periods of 64 features, 8 words), prefetching the next row group, 2 splits of 4 periods
-    (40, 512, 64, GemvConfig(block_n=8, rows_per_program=16, prefetch=True, split_k=2)),
-    # 2 splits of 3 periods each, padded to 4 and masked (as down's 14,336 over 4 splits: 28 periods)
-    (21, 768, 128, GemvConfig(block_n=4, rows_per_program=8, split_k=2)),
-    # 4 splits, one program along N covering all the rows
-    (30, 1024, 64, GemvConfig(block_n=4, rows_per_program=32, prefetch=True, split_k=4)),
-    # 7 splits of 2 periods: a split count that is no power of two (down's 112 periods over 7: 16 each, unpadded)
-    (24, 1792, 128, GemvConfig(block_n=4, rows_per_program=8, prefetch=True, split_k=7)),
+    # 37 rows over programs of 16 (a ragged last program); 2 tiles of one period, pipelined 2 deep
+    (37, 256, 128, GemvConfig(block_n=16, block_k=128, num_warps=4, num_stages=2, one_row=True)),
+    # groups of 64 (periods of 64 features, 8 words), tiles of 2 periods, 2 splits of 2 tiles
+    (40, 512, 64, GemvConfig(block_n=8, block_k=128, num_warps=2, num_stages=3, split_k=2, one_row=True)),
+    # groups of 256 over tiles of one period: each group's scale read by two tiles
+    (24, 1024, 256, GemvConfig(block_n=8, block_k=128, num_warps=2, num_stages=3, one_row=True)),
+    # 7 splits of 2 periods, each one tile (down's 112 periods over 7)
+    (24, 1792, 128, GemvConfig(block_n=8, block_k=256, num_warps=2, num_stages=1, split_k=7, one_row=True)),
+    # one tile over the whole K, as the tuned configs run it
+    (21, 512, 128, GemvConfig(block_n=16, block_k=512, num_stages=1, one_row=True)),
 ]
 
 
 @pytest.mark.parametrize("n, k, group, config", CASES)
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul", "gelu_tanh_mul"])
-def test_int4_rows_gemv_matches_dequantized_reference(n: int, k: int, group: int, config: GemvConfig, prologue):
+def test_int4_one_row_gemv_matches_dequantized_reference(n: int, k: int, group: int, config: GemvConfig, prologue):
     out, ref, summed, ref_summed = _run(n, k, group, prologue, config)
     assert out.shape == (1, n)
     torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
@@ -62,23 +64,30 @@ def test_int4_rows_gemv_matches_dequantized_reference(n: int, k: int, group: int
 
 
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm"])
-def test_int4_rows_split_k_is_deterministic(prologue: str):
+def test_int4_one_row_split_k_is_deterministic(prologue: str):
     """Two launches on the same inputs give the same bits (the partials are added in split order), and the
     second one finds the counters the first one reset."""
-    config = GemvConfig(block_n=4, rows_per_program=8, split_k=4)
+    config = GemvConfig(block_n=8, block_k=128, num_warps=1, num_stages=1, split_k=4, one_row=True)
     first = _run(21, 512, 128, prologue, config)[0]
     second = _run(21, 512, 128, prologue, config)[0]
     assert torch.equal(first, second)
     assert not split_k_counters(first.device, 3).any()
 
 
-def test_int4_rows_kernel_only_where_measured():
-    """The row-walking kernel runs where a GPU sweep chose it (Llama-3-8B's four one-row projections, TUNED_INT4);
+def test_int4_one_row_tiles():
+    """Splits drop until each is whole periods, tiles halve until they divide a split."""
+    assert one_row_tiles(14336, 128, GemvConfig(block_k=1024, split_k=7)) == (8, 2, 7)  # down: 16 periods a split
+    assert one_row_tiles(4096, 128, GemvConfig(block_k=1024, split_k=3)) == (8, 2, 2)  # 3 splits: not whole periods
+    assert one_row_tiles(512, 64, GemvConfig(block_k=4096)) == (8, 1, 1)  # the tile shrinks to K
+
+
+def test_int4_one_row_kernel_only_where_measured():
+    """The one-row kernel runs where a GPU sweep chose it (Llama-3-8B's four one-row projections, TUNED_INT4);
     every other shape, and several rows, keep the tile kernel."""
-    measured = {(n, k, prologue) for (n, k, prologue, rows), config in TUNED_INT4.items() if config.rows_per_program}
+    measured = {(n, k, prologue) for (n, k, prologue, rows), config in TUNED_INT4.items() if config.one_row}
     assert {(n, k) for n, k, _ in measured} == {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)}
     for n, k, prologue in measured:
-        assert int4_config(k, 1, 128, n, prologue).rows_per_program > 0
-        assert int4_config(k, 8, 128, n, prologue).rows_per_program == 0
-        assert int4_config(k, 1, 64, n, prologue).rows_per_program == 0  # tuned for groups of 128 only
-    assert int4_config(2048, 1, 128, 2048, 0).rows_per_program == 0
+        assert int4_config(k, 1, 128, n, prologue).one_row
+        assert not int4_config(k, 8, 128, n, prologue).one_row
+        assert not int4_config(k, 1, 64, n, prologue).one_row  # tuned for groups of 128 only
+    assert not int4_config(2048, 1, 128, 2048, 0).one_row

@@ -1024,13 +1024,7 @@ def _launch_int4(
     partial, counters = split_k_scratch(x, programs, split_k, block_m * (config.block_n + 1))
     _gemv_int4_kernel[(programs, split_k)](
         *common,
-        weight.data,
-        weight.scale,
-        weight.zero,
-        bias if bias is not None else x,
-        out,
-        partial,
-        counters,
+        *int4_operands(weight, bias, out, partial, counters),
         m,
         n,
         k,
@@ -1055,6 +1049,14 @@ def _launch_int4(
         num_stages=config.num_stages,
         **launch_options(pdl),
     )
+
+
+def int4_operands(
+    weight: QuantizedWeight, bias: torch.Tensor | None, out: torch.Tensor, partial: torch.Tensor, counters: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
+    """The int4 kernels' tensors after x's four: words, scales, zeros, bias (out stands in when there is none), out,
+    the split-K partials and counters."""
+    return weight.data, weight.scale, weight.zero, bias if bias is not None else out, out, partial, counters
 
 
 def int4_launch_tiles(k: int, group_size: int, config: GemvConfig) -> tuple[int, int]:

@@ -36,6 +36,7 @@ from kernels.gemv import (
     _store_output,
     _store_residual_sum,
     _word_offset,
+    int4_operands,
     split_k_scratch,
 )
 from kernels.pdl import launch_options
@@ -208,13 +209,7 @@ def launch_int4_one_row(
     partial, counters = split_k_scratch(x, programs, split_k, config.block_n + 1)
     _gemv_int4_one_row_kernel[(programs, split_k)](
         *common,
-        weight.data,
-        weight.scale,
-        weight.zero,
-        bias if bias is not None else x,
-        out,
-        partial,
-        counters,
+        *int4_operands(weight, bias, out, partial, counters),
         n,
         k,
         weight.data.stride(0),

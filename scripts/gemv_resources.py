@@ -3,13 +3,16 @@
     python scripts/gemv_resources.py [--format int4|fp8] N,K,PROLOGUE,ROWS[,block_n,block_k,warps,stages,split_k] ...
 
 PROLOGUE: 0 plain, 1 RMSNorm + residual, 2 SiLU-mul. Without the config fields the default config runs
-(kernels.gemv.gemv_config). --one-row compiles the one-row int4 kernel (kernels/gemv_int4_one_row.py) instead of
-the tile kernel; --sass counts the kernel's SASS opcodes (GEMV_SASS_OUT=FILE also writes the SASS and TTGIR).
-The compiler is the installed Triton's: the device runs Triton 3.6 (torch 2.11), whose layouts can differ from a
-newer one's, so compile with it (`pip install --target DIR triton==3.6.0`, then PYTHONPATH=DIR). Triton's NVIDIA backend builds
-the launch down to a cubin through scripts/check_kernels_compile.py's compile-only driver; cuobjdump (shipped
-with Triton) reads its resource usage. This is how the int4 defaults in kernels/gemv.py were chosen: a thread of the int4 kernel holding 32
-words spilled, and the tile shapes where x's layout is the weight tile's need no shared-memory conversion.
+(kernels.gemv.gemv_config). --one-row makes a given config run the one-row int4 kernel (kernels/gemv_int4_one_row.py)
+instead of the tile kernel; --sass counts the kernel's SASS opcodes (GEMV_SASS_OUT=FILE also writes its SASS and
+TTGIR). Triton's NVIDIA backend builds the launch down to a cubin through scripts/check_kernels_compile.py's
+compile-only driver; cuobjdump (shipped with Triton) reads its resource usage.
+
+The compiler is the installed Triton's, and the device runs Triton 3.6 (torch 2.11), whose layouts can differ from
+a newer one's: compile with it (`pip install --target DIR triton==3.6.0`, then PYTHONPATH=DIR). That is how the
+one-row int4 kernel's 2-D weight loads were found (a 3-D load spilled under 3.6 and not under 3.9), and how the
+tile kernel's defaults were chosen (a thread holding 32 words spilled; x needs no shared-memory conversion where
+its layout is the weight tile's).
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def main() -> None:
         if args.format == "int4":
             groups = torch.ones(n, k // 128, dtype=torch.bfloat16)
             weight = gemv.QuantizedWeight(torch.zeros(n, k // 8, dtype=torch.int32), groups, groups.clone(), 128)
-            kernel_fn = gemv_int4_one_row._gemv_int4_one_row_kernel if args.one_row else gemv._gemv_int4_kernel
+            one_row = config.one_row if config else gemv.int4_config(k, rows, 128, n, prologue).one_row
+            kernel_fn = gemv_int4_one_row._gemv_int4_one_row_kernel if one_row else gemv._gemv_int4_kernel
         else:
             weight = gemv.QuantizedWeight(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(n))
             kernel_fn = gemv._gemv_kernel

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import subprocess
@@ -53,6 +54,11 @@ def main() -> None:
             block_n, block_k, warps, stages, *split = fields
             config = gemv.GemvConfig(block_n, block_k, warps, stages, split_k=split[0] if split else 1,
                                      one_row=args.one_row)  # fmt: skip
+        if args.format == "int4" and config is None:
+            config = gemv.int4_config(k, rows, 128, n, prologue)
+            if config.separate_prologue and prologue:  # its first launch would be the norm's
+                print(f"{spec}: the default config runs its prologue as its own kernel; the GEMV compiled without it")
+                config, prologue = dataclasses.replace(config, separate_prologue=False), 0
         x = torch.randn(rows, 2 * k if prologue == 2 else k, dtype=torch.bfloat16)
         kwargs: dict = {"silu_mul": True} if prologue == 2 else {}
         if prologue == 1:
@@ -62,7 +68,7 @@ def main() -> None:
         if args.format == "int4":
             groups = torch.ones(n, k // 128, dtype=torch.bfloat16)
             weight = gemv.QuantizedWeight(torch.zeros(n, k // 8, dtype=torch.int32), groups, groups.clone(), 128)
-            one_row = config.one_row if config else gemv.int4_config(k, rows, 128, n, prologue).one_row
+            one_row = config is not None and config.one_row
             kernel_fn = gemv_int4_one_row._gemv_int4_one_row_kernel if one_row else gemv._gemv_int4_kernel
         else:
             weight = gemv.QuantizedWeight(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(n))

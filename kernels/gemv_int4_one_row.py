@@ -1,7 +1,7 @@
 """The one-row int4 GEMV (decode at batch 1): `GemvConfig.one_row` selects it, kernels.gemv.TUNED_INT4 for
-Llama-3-8B's four projections (the H100 sweep of BENCHMARKS.md, twelfth session, found it faster than the
-tile and row-walking kernels on every one: q|k|v 9.2 against 14.3 us, o 6.3 against 9.8, gate|up 29.6 against
-30.2, down 19.7 against 20.8).
+Llama-3-8B's four projections. An H100 sweep (BENCHMARKS.md, twelfth session) found it faster than the
+row-walking kernel it replaced on every one: q|k|v 9.2 against 14.3 us, o 6.3 against 9.8, gate|up 29.6 against
+30.2, down 19.7 against 20.8.
 
 Each program owns `block_n` output rows and a K slice of `block_k * tiles` features:
 

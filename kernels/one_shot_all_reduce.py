@@ -77,6 +77,17 @@ def send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.cons
     return bits
 
 
+@triton.jit
+def _receive(slot, mask, SENTINEL: tl.constexpr):
+    """A peer's bits at `slot` (int16 pointers, any shape) where `mask`, reloaded until none is SENTINEL any more
+    (all have arrived); the slot is then set back to SENTINEL for the sum after next."""
+    seen = tl.load(slot, mask=mask, other=0, volatile=True)
+    while tl.max(((seen == SENTINEL) & mask).to(tl.int32)) > 0:
+        seen = tl.load(slot, mask=mask, other=0, volatile=True)
+    tl.store(slot, tl.full(seen.shape, SENTINEL, tl.int16), mask=mask)
+    return seen
+
+
 # Specialized on the count (its divisibility by 16 makes the masks vectorizable) and told that the buffers are
 # 16-byte aligned (their int64 addresses carry no alignment): otherwise every access compiles to two-byte ones,
 # 16 stores a thread a peer across NVLink (tests/kernels/test_kernel_one_shot_all_reduce_compiled.py).
@@ -119,11 +130,7 @@ def _one_shot_all_reduce_kernel(
         if peer == RANK:
             seen = bits
         else:
-            slot = mine + (half * WORLD + peer) * capacity + offs
-            seen = tl.load(slot, mask=mask, other=0, volatile=True)
-            while tl.max(((seen == SENTINEL) & mask).to(tl.int32), 0) > 0:
-                seen = tl.load(slot, mask=mask, other=0, volatile=True)
-            tl.store(slot, tl.full([BLOCK], SENTINEL, tl.int16), mask=mask)
+            seen = _receive(mine + (half * WORLD + peer) * capacity + offs, mask, SENTINEL)
         if GATHER:
             tl.store(out_ptr + out_offs + peer * cols, seen.to(dtype, bitcast=True), mask=mask)
         else:
@@ -171,11 +178,7 @@ def _one_shot_all_reduce_rmsnorm_kernel(
         if peer == RANK:
             seen = bits
         else:
-            slot = mine + (half * WORLD + peer) * capacity + offs
-            seen = tl.load(slot, volatile=True)
-            while tl.max(tl.max((seen == SENTINEL).to(tl.int32), 1), 0) > 0:
-                seen = tl.load(slot, volatile=True)
-            tl.store(slot, tl.full([PIECES, BLOCK], SENTINEL, tl.int16))
+            seen = _receive(mine + (half * WORLD + peer) * capacity + offs, everything, SENTINEL)
         total += seen.to(x.dtype, bitcast=True).to(tl.float32)
     summed = add_residual(total.to(x.dtype), residual_ptr, residual_out_ptr, offs, everything)
     row = tl.arange(0, H)

@@ -291,13 +291,9 @@ def watermark_green_list(prev_token: int, vocab_size: int) -> torch.Tensor:
 def greedy_choice(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's argmax and its logprob: (ids [B] int64, [2, B] float64 of ids and logprobs). One read of the
     scores on a GPU (kernels/greedy_pick.py) instead of torch's five."""
-    if scores.is_cuda:
-        from kernels.greedy_pick import greedy_pick  # imported on first use, like the grammar kernels
+    from kernels.greedy_pick import greedy_pick, greedy_pick_ref  # imported on first use, like the grammar kernels
 
-        return greedy_pick(scores)
-    from kernels.greedy_pick import greedy_pick_ref
-
-    return greedy_pick_ref(scores)
+    return greedy_pick(scores) if scores.is_cuda else greedy_pick_ref(scores)
 
 
 def apply_penalties(scores: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

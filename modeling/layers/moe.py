@@ -19,7 +19,7 @@ import torch.nn as nn
 from kernels.fused_moe import fused_moe, fused_moe_ref, fused_route, route_ref
 from modeling.layers.linear import Linear, LoadableParameter, MergedLinear, default_weight_loader
 from modeling.layers.norm import RMSNorm
-from modeling.layers.ops import LayerOps
+from modeling.layers.ops import LayerOps, sum_now
 from modeling.parallel import NO_TP, TensorParallel, split_evenly
 from modeling.weights.lazy import LazyTensor, take
 
@@ -126,7 +126,7 @@ class SparseMoeBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
         """A decoder layer's feed-forward (models/decoder.py): the router reads the normed stream, so
         the norm runs on its own (after the attention output's sum, where it is pending)."""
-        hidden = sum_over.all_reduce(hidden) if sum_over is not None else hidden
+        hidden = sum_now(hidden, sum_over)
         normed, summed = norm(hidden, residual)
         assert summed is not None  # a residual in gives the sum out
         return self(normed), summed, None

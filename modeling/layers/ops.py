@@ -105,8 +105,7 @@ def unfused_rms_norm_linear(
     proj: nn.Module,
     sum_over: TensorParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if sum_over is not None:
-        x = sum_over.all_reduce(x)
+    x = sum_now(x, sum_over)
     normed, summed = norm(x, residual)  # the norm module calls its own ops' rms_norm
     return proj(normed), (x if residual is None else summed)
 
@@ -120,6 +119,11 @@ def unfused_norm_add_norm_linear(
 
 def unfused_silu_mul_linear(x: torch.Tensor, proj: nn.Module, silu_and_mul=torch_silu_and_mul) -> torch.Tensor:
     return proj(silu_and_mul(x))
+
+
+def sum_now(x: torch.Tensor, sum_over: TensorParallel | None) -> torch.Tensor:
+    """x summed over the ranks it is still owed to (`sum_over`), or x as it is where it is whole."""
+    return x if sum_over is None else sum_over.all_reduce(x)
 
 
 def sum_later(part: torch.Tensor, tp: TensorParallel) -> tuple[torch.Tensor, TensorParallel | None]:

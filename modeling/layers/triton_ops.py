@@ -24,7 +24,7 @@ from kernels.rmsnorm import norm_add_rmsnorm, qk_rmsnorm, rmsnorm
 from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
 from modeling.layers.linear import Linear
-from modeling.layers.ops import LayerOps, sum_later, unfused_rms_norm_linear, unfused_silu_mul_linear
+from modeling.layers.ops import LayerOps, sum_later, sum_now, unfused_rms_norm_linear, unfused_silu_mul_linear
 
 if TYPE_CHECKING:
     from modeling.layers.norm import RMSNorm
@@ -75,7 +75,7 @@ def triton_rms_norm_linear(
         if fused is not None:
             normed, stream = fused
             return proj(normed), stream
-        x = sum_over.all_reduce(x)
+        x = sum_now(x, sum_over)
     weight = proj.gemv_weight  # None: the projection's method has no GEMV, it runs the matmul itself
     config = gemv_config_for(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
     if config is None:

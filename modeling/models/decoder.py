@@ -23,7 +23,7 @@ from modeling.forward_batch import ForwardBatch
 from modeling.layers.embedding import LMHead, VocabEmbedding
 from modeling.layers.linear import Linear, QKVLinear
 from modeling.layers.norm import RMSNorm
-from modeling.layers.ops import LayerOps, RopeTables
+from modeling.layers.ops import LayerOps, RopeTables, sum_now
 from modeling.layers.rotary import RotaryEmbedding
 from modeling.models.weight_names import load_packed_weights
 from modeling.parallel import NO_TP, TensorParallel, shard_heads
@@ -135,7 +135,7 @@ class DecoderLayer(nn.Module):
             qkv, residual = self.ops.rms_norm_linear(hidden, residual, self.input_layernorm, qkv_proj, sum_over)
         else:
             assert residual is not None  # a layer before this one owes the norm
-            hidden = sum_over.all_reduce(hidden) if sum_over is not None else hidden
+            hidden = sum_now(hidden, sum_over)
             qkv, residual = self.ops.norm_add_norm_linear(hidden, owed_norm, residual, self.input_layernorm, qkv_proj)
         hidden, sum_over = self.self_attn(qkv, rope, k_cache, v_cache, backend)
         return self.feed_forward(hidden, residual, sum_over)
@@ -205,8 +205,7 @@ class DecoderModel(nn.Module):
             hidden, residual, sum_over = layer(
                 hidden, residual, local_rope if is_local else rope, k_cache, v_cache, backend, owed, sum_over
             )
-        if sum_over is not None:  # once a step: the last layer's sum on its own
-            hidden = sum_over.all_reduce(hidden)
+        hidden = sum_now(hidden, sum_over)  # once a step: the last layer's sum on its own
         final_owed = self.owed_norms[-1]
         if final_owed is not None:  # once a step: the last layer's post-feedforward norm on its own
             hidden, _ = final_owed(hidden)

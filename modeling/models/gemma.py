@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from modeling.config import ModelConfig, RopeScaling
 from modeling.layers.linear import Linear, MergedLinear, default_weight_loader
 from modeling.layers.norm import RMSNorm
-from modeling.layers.ops import TORCH_OPS, LayerOps
+from modeling.layers.ops import TORCH_OPS, LayerOps, sum_now
 from modeling.layers.rotary import RotaryEmbedding
 from modeling.layers.triton_ops import triton_gelu_tanh_mul_linear
 from modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer, DecoderModel
@@ -183,7 +183,7 @@ class GemmaMLP(nn.Module):
         if hidden_norm is None:
             gate_up, residual = self.ops.rms_norm_linear(hidden, residual, norm, self.gate_up_proj, sum_over)
         else:
-            hidden = sum_over.all_reduce(hidden) if sum_over is not None else hidden
+            hidden = sum_now(hidden, sum_over)
             gate_up, residual = self.ops.norm_add_norm_linear(hidden, hidden_norm, residual, norm, self.gate_up_proj)
         if gate_up.is_cuda and self.gelu_approximate == "tanh":  # at a decode row, one GEMV for all of it
             out = triton_gelu_tanh_mul_linear(gate_up, self.down_proj)

@@ -394,15 +394,11 @@ def one_row_candidates(n: int, k: int) -> list[GemvConfig]:
 def int4_one_row(bandwidth: float, budget_s: float) -> dict:
     """kernels/gemv_int4_one_row.py's configs against the default int4 config (TUNED_INT4's) at one row, per
     Llama-3-8B projection, `budget_s` seconds a shape; the fastest config of each shape goes into `tuned`."""
-    report: dict = {"rows": [], "tuned": {}}
+    report: dict = {"rows": []}
     for shape, (n, k, prologue) in SHAPES.items():
         configs = [c for c in one_row_candidates(n, k) if not c.separate_prologue or prologue != PROLOGUE_NONE]
-        rows = time_int4_configs(bandwidth, "int4 one-row", shape, configs, budget_s)
-        report["rows"] += rows
-        best = min((r for r in rows if r["rel_err"] <= 1e-2), key=lambda r: r["us"])
-        report["tuned"][(n, k, prologue, 1)] = GemvConfig(**best["config"])
-        log(f"int4 one-row {shape:8s} best {config_literal(GemvConfig(**best['config']))}: {best['us']:.1f} us "
-            f"({best['pct_bw']:.0f}%)")  # fmt: skip
+        report["rows"] += time_int4_configs(bandwidth, "int4 one-row", shape, configs, budget_s)
+    report["tuned"] = fastest_int4_configs(report["rows"])
     log("TUNED_INT4 one-row entries = {  # kernels/gemv.py")
     for (n, k, prologue, rows), config in report["tuned"].items():
         log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}, {rows}): {config_literal(config)},")
@@ -411,14 +407,15 @@ def int4_one_row(bandwidth: float, budget_s: float) -> dict:
 
 
 def fastest_int4_configs(rows: list[dict]) -> dict:
-    """TUNED_INT4's one-row entries from timed configs (int4_one_row's rows): the fastest correct one a shape."""
+    """TUNED_INT4's one-row entries from timed configs (int4_one_row's rows): the fastest correct one a shape
+    (the relative error to the dequantized reference within 1e-2)."""
     best: dict = {}
     for row in rows:
         n, k, prologue = SHAPES[row["shape"]]
         if row["rel_err"] <= 1e-2 and ((n, k, prologue, 1) not in best or row["us"] < best[(n, k, prologue, 1)][0]):
             best[(n, k, prologue, 1)] = (row["us"], GemvConfig(**row["config"]))
     for key, (t_us, config) in best.items():
-        log(f"steps run {key}: {config_literal(config)} ({t_us:.1f} us)")
+        log(f"int4 one-row fastest {key}: {config_literal(config)} ({t_us:.1f} us)")
     return {key: config for key, (_, config) in best.items()}
 
 
@@ -723,7 +720,7 @@ def main() -> None:
         report["steps"] = {}
         for scheme in SCHEMES:
             if scheme == "w4a16_int4" and "int4_one_row" in report:  # the fastest one-row config of each shape
-                gemv_module.TUNED_INT4.update(fastest_int4_configs(report["int4_one_row"]["rows"]))
+                gemv_module.TUNED_INT4.update(report["int4_one_row"]["tuned"])
             if scheme is None or scheme in args.schemes.split(","):  # bf16 always: the ratios' base
                 report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme)
             save(f"steps {scheme or 'bf16'}")

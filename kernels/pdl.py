@@ -25,9 +25,11 @@ def use_pdl(tensor: torch.Tensor) -> bool:
 
 
 def use_pdl_for_one_request(tensor: torch.Tensor, num_requests: int) -> bool:
-    """PDL for the attention-side kernels only at batch 1. H200, Llama-3-8B decode steps (BENCHMARKS.md
-    run I): batch 1 4.25 -> 4.10 ms with every decode kernel dependent-launched, but batch 8 4.91 ->
-    5.04 ms (its flash-decoding grid is two waves: early-launched stage-2 programs take SM slots)."""
+    """PDL for the attention-side kernels and the RMSNorm only at batch 1. H200, Llama-3-8B decode steps
+    (BENCHMARKS.md run I): batch 1 4.25 -> 4.10 ms with every decode kernel dependent-launched, but batch 8
+    4.91 -> 5.04 ms (its flash-decoding grid is two waves: early-launched stage-2 programs take SM slots).
+    The RMSNorm: W4A16's one-row GEMVs run their norms as their own kernels (2.570 -> 2.486 ms a step on an
+    H100, thirteenth session)."""
     return num_requests == 1 and use_pdl(tensor)
 
 

@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from kernels.pdl import launch_options, use_pdl_for_one_request
+
 # Triton's interpreter has no libdevice; it fuses nothing either, so a plain product rounds the same there.
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
@@ -80,14 +82,19 @@ def _rmsnorm_kernel(
     NUM_COLS: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < NUM_COLS
+    w = load_weight(weight_ptr, offs, mask)  # before the wait: no kernel writes it
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # one program: the next kernel may launch while it runs
+        tl.extra.cuda.gdc_wait()  # x and the residual are the previous kernels' output
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         x = add_residual(x, residual_ptr + row * stride_r, residual_out_ptr + row * stride_ro, offs, mask)
-    y = rms_normalize(x, load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
+    y = rms_normalize(x, w, eps, NUM_COLS)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -175,6 +182,7 @@ def rmsnorm(
     res_out2 = _rows(residual_out) if residual_out is not None else res2
     if x2.shape[0] == 0:
         return out
+    pdl = use_pdl_for_one_request(x2, x2.shape[0])
     _rmsnorm_kernel[(x2.shape[0],)](
         x2,
         res2,
@@ -187,7 +195,9 @@ def rmsnorm(
         out2.stride(0),
         eps,
         HAS_RESIDUAL=residual is not None,
+        USE_PDL=pdl,
         **_row_launch(num_cols),
+        **launch_options(pdl),
     )
     return out
 

@@ -781,17 +781,20 @@ def rule_of_thumb_config(k: int, prologue: int, weight_format: int = WEIGHT_DENS
 
 
 # Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweeps, keyed (N, K, prologue, rows of x
-# padded to a power of two): Llama-3-8B's shapes. The one-row entries run kernels/gemv_int4_one_row.py (`--parts
-# int4_one_row`, H100, 2026-11-28: q|k|v 9.2 us, o 6.3, gate|up 29.6 with its RMSNorm as its own kernel, down 19.7
-# split 7 ways); the 8-row entry is the tile kernel's (`--parts int4`, H100, 2026-11-24). The sweeps print these.
+# padded to a power of two): Llama-3-8B's shapes. The one-row entries run kernels/gemv_int4_one_row.py's dp4a kernel
+# (`--parts int4_one_row`, H100, 2026-11-28, thirteenth session: q|k|v 8.7 us and gate|up 26.0 with their RMSNorms
+# as their own kernels, o 5.8, down 16.7 split 14 ways; the fastest in the decode step too, against 8 other mixes);
+# the 8-row entry is the tile kernel's (`--parts int4`, H100, 2026-11-24). The sweeps print these.
 TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
-    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(block_n=16, block_k=4096, num_stages=1, one_row=True),
-    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_n=16, block_k=4096, num_stages=1, one_row=True),
+    (6144, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(
+        block_n=32, block_k=4096, num_stages=1, separate_prologue=True, one_row=True
+    ),
+    (4096, 4096, PROLOGUE_NONE, 1): GemvConfig(block_n=8, block_k=4096, num_stages=1, one_row=True),
     (28672, 4096, PROLOGUE_RMSNORM, 1): GemvConfig(
-        block_n=16, block_k=4096, num_stages=1, separate_prologue=True, one_row=True
+        block_n=8, block_k=4096, num_stages=1, separate_prologue=True, one_row=True
     ),
     (4096, 14336, PROLOGUE_SILU_MUL, 1): GemvConfig(
-        block_n=16, block_k=2048, num_warps=2, num_stages=1, split_k=7, one_row=True
+        block_n=32, block_k=1024, num_warps=1, num_stages=1, split_k=14, one_row=True
     ),
     (6144, 4096, PROLOGUE_RMSNORM, 8): GemvConfig(num_stages=1),
 }

@@ -1,27 +1,35 @@
 """The one-row int4 GEMV (decode at batch 1): `GemvConfig.one_row` selects it, kernels.gemv.TUNED_INT4 for
-Llama-3-8B's four projections. An H100 sweep (BENCHMARKS.md, twelfth session) found it faster than the
-row-walking kernel it replaced on every one: q|k|v 9.2 against 14.3 us, o 6.3 against 9.8, gate|up 29.6 against
-30.2, down 19.7 against 20.8.
+Llama-3-8B's four projections.
 
 Each program owns `block_n` output rows and a K slice of `block_k * tiles` features:
 
 - the weight tile is loaded as 2-D [block_n, words] int32 and reshaped to [block_n, periods, words]. From a 3-D
   load Triton 3.6 (the one torch 2.11 ships) spread the threads over the rows, so that every thread held 4
   periods of x: 255 registers and spills on sm_90, 32% of DRAM bandwidth (Nsight Compute). The 2-D load
-  spreads the threads along the words, 4 (one 16-byte load) a thread: 1,024 features a warp, all block_n rows in
-  each thread's registers, 96-168 registers;
+  spreads the threads along the words, 4 (one 16-byte load) a thread: 1,024 features a warp;
 - x's nibble slices are read with a contiguity of 4 (`_four_runs`) so that their layout is the words' own and
   no conversion goes through shared memory; f(x) (RMSNorm with the residual sum, SiLU/GeLU-mul) is computed
   once for the program's block_n rows;
-- the nibbles are unpacked two a shift: nibbles 2j and 2j+1 go to bits 12..15 and 16..19 of one word, under the
-  exponents of 1 and 1/16 (one three-input logic instruction each), and meet x in one FMA a weight; the per-period
-  sums give sum(q x), the scale and the zero point are applied once a period.
+- the products are integer byte dot products (PTX dp4a, four multiply-adds an instruction). A period's f(x) is
+  put in 16-bit fixed point under one power of two (2^14 <= its largest |f(x)| times it < 2^15) and split into a
+  signed high and an unsigned low byte; a word's even and odd nibbles, masked into bytes, meet the bytes of
+  their features in four dp4a. sum((q - z) fixed(f(x))) is exact in int32; the scale, the zero point and the
+  power of two are applied once a period in fp32. Rounding f(x) to 16 bits under its period's largest value
+  errs by at most 2^-15 of that value an element, far below the bf16 output's rounding (2^-9).
+
+  Why integers: an fp32 product a weight needs its nibble in its own register (a LOP3 a weight, and a shift
+  for two), and the integer pipe that runs those issues at half the FMA rate. Compiled for sm_90 (Triton 3.6),
+  gate|up's 16 x 4,096 tile took 1,800 instructions a thread, 830 of them on that pipe; with dp4a 1,160 and
+  about 470 (scripts/gemv_resources.py). On an H100 (BENCHMARKS.md, thirteenth session) that, with the row blocks
+  (8 to 32 rows a program) it makes the fastest, took the four Llama-3-8B GEMVs from 64.8 to 57.2 us a layer.
 
 K is split over `split_k` programs where N / block_n leaves SMs idle (kernels.gemv._reduce_split_k adds them).
 A split of several tiles walks them in a software-pipelined loop (`num_stages`); the tuned configs use one tile.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -69,6 +77,93 @@ def _activation(x_ptr, residual_ptr, norm_weight_ptr, offs_k, K, PROLOGUE: tl.co
     return xk, xk
 
 
+# Triton's interpreter runs no inline PTX: there the byte dot products are spelled out (same integers).
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _dp4a(a, b, acc, B_SIGNED: tl.constexpr):
+    """acc + the dot product of a's four bytes (unsigned) with b's (signed where B_SIGNED): PTX dp4a."""
+    if _INTERPRETED:
+        out = acc
+        for i in tl.static_range(4):
+            if B_SIGNED:
+                b_i = (b << (24 - 8 * i)) >> 24
+            else:
+                b_i = (b >> (8 * i)) & 0xFF
+            out += ((a >> (8 * i)) & 0xFF) * b_i
+    else:
+        out = tl.inline_asm_elementwise(
+            "dp4a.u32.s32 $0, $1, $2, $3;" if B_SIGNED else "dp4a.u32.u32 $0, $1, $2, $3;",
+            "=r,r,r,r", [a, b, acc], dtype=tl.int32, is_pure=True, pack=1,
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _pack_bytes(b0, b1, b2, b3):
+    """The low bytes of four int32 tensors as the bytes of one."""
+    return (b0 & 0xFF) | ((b1 & 0xFF) << 8) | ((b2 & 0xFF) << 16) | (b3 << 24)
+
+
+@triton.jit
+def _fixed_point(x, scale):
+    """round(x * scale) as int32 (|x * scale| < 2^22): the sum's low bits hold it under an exponent of 2^23."""
+    return (x * scale + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
+
+
+@triton.jit
+def _accumulate_tile(
+    acc, squares, words, scale, zero, k0, x_ptr, residual_ptr, norm_weight_ptr, x_offs, K,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, W: tl.constexpr,
+):  # fmt: skip
+    """acc [BLOCK_N, PERIODS] += the tile's sum((q - z) s f(x)) a period; squares += f(x)'s squares (RMSNORM).
+    In integers (see the module's docstring): f(x) in 16-bit fixed point a period, its high and low bytes against
+    each word's even and odd nibbles in four dp4a."""
+    x0, sq0 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs, K, PROLOGUE, HAS_RESIDUAL)
+    x1, sq1 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + W, K, PROLOGUE, HAS_RESIDUAL)
+    x2, sq2 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 2 * W, K, PROLOGUE, HAS_RESIDUAL)
+    x3, sq3 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 3 * W, K, PROLOGUE, HAS_RESIDUAL)
+    x4, sq4 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 4 * W, K, PROLOGUE, HAS_RESIDUAL)
+    x5, sq5 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 5 * W, K, PROLOGUE, HAS_RESIDUAL)
+    x6, sq6 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 6 * W, K, PROLOGUE, HAS_RESIDUAL)
+    x7, sq7 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 7 * W, K, PROLOGUE, HAS_RESIDUAL)
+    if PROLOGUE == 1:
+        squares += ((sq0 + sq1) + (sq2 + sq3)) + ((sq4 + sq5) + (sq6 + sq7))
+    top = _max_nan(_max_nan(_max_nan(tl.abs(x0), tl.abs(x1)), _max_nan(tl.abs(x2), tl.abs(x3))),
+                   _max_nan(_max_nan(tl.abs(x4), tl.abs(x5)), _max_nan(tl.abs(x6), tl.abs(x7))))  # fmt: skip
+    # the exponent of the period's largest |f(x)|, + 127 (255: an inf or a NaN)
+    biased = (tl.reduce(top, 1, _max_nan).to(tl.int32, bitcast=True) >> 23) & 0xFF
+    to_fixed_p = (tl.minimum(268 - biased, 254) << 23).to(tl.float32, bitcast=True)  # [P]: 2^(14 - exponent)
+    to_fixed = to_fixed_p[:, None]
+    i0 = _fixed_point(x0, to_fixed)
+    i1 = _fixed_point(x1, to_fixed)
+    i2 = _fixed_point(x2, to_fixed)
+    i3 = _fixed_point(x3, to_fixed)
+    i4 = _fixed_point(x4, to_fixed)
+    i5 = _fixed_point(x5, to_fixed)
+    i6 = _fixed_point(x6, to_fixed)
+    i7 = _fixed_point(x7, to_fixed)
+    high_even = _pack_bytes(i0 >> 8, i2 >> 8, i4 >> 8, i6 >> 8)[None, :, :]
+    high_odd = _pack_bytes(i1 >> 8, i3 >> 8, i5 >> 8, i7 >> 8)[None, :, :]
+    low_even = _pack_bytes(i0, i2, i4, i6)[None, :, :]
+    low_odd = _pack_bytes(i1, i3, i5, i7)[None, :, :]
+    x_sum = tl.sum(((i0 + i1) + (i2 + i3)) + ((i4 + i5) + (i6 + i7)), 1)  # [P]: sum(fixed f(x)) a period
+    even = words & 0x0F0F0F0F  # nibbles 0, 2, 4, 6 as bytes
+    odd = (words >> 4) & 0x0F0F0F0F  # 1, 3, 5, 7 (the mask drops an arithmetic shift's sign bits)
+    dot = _dp4a(odd, high_odd, _dp4a(even, high_even, tl.zeros(words.shape, tl.int32), True), True) << 8
+    dot = _dp4a(odd, low_odd, _dp4a(even, low_even, dot, False), False)
+    q_dot = tl.sum(dot, 2)  # [BLOCK_N, P]: sum(q fixed(x)) a period, |.| < 2^26
+    from_fixed = tl.where(biased == 255, float("nan"), 1.0 / to_fixed_p)[None, :]  # an inf or NaN in f(x): NaN
+    exact = q_dot.to(tl.float32) - zero.to(tl.float32) * x_sum.to(tl.float32)[None, :]  # sum((q - z) fixed(x))
+    return acc + scale.to(tl.float32) * from_fixed * exact, squares
+
+
 @triton.jit
 def _gemv_int4_one_row_kernel(
     x_ptr,  # [1, K], or [1, 2K] for SILU_MUL
@@ -87,8 +182,6 @@ def _gemv_int4_one_row_kernel(
     stride_wn,
     stride_sn,
     eps,
-    one_bits,  # 0x3F800000 (1.0), an argument so that mask and OR are one LOP3 (kernels.dequant_matmul.int4_as_float)
-    sixteenth_bits,  # 0x3D800000 (1/16), likewise
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -126,35 +219,12 @@ def _gemv_int4_one_row_kernel(
     for t in tl.range(0, TILES, num_stages=NUM_STAGES):
         k0 = k_begin + t * TILE_K
         words = tl.reshape(tl.load(word_ptrs + _word_offset(k0, PERIOD)), (BLOCK_N, PERIODS, W))
-        dot = tl.zeros([BLOCK_N, PERIODS, W], dtype=tl.float32)
-        # nibbles 2j and 2j+1 shifted together to bits 12..15 and 16..19, under the exponents of 1 and 1/16:
-        # f = 1 + q / 2^11 (even) and 1/16 + q / 2^11 (odd), so sum(f x) = x_even + x_odd / 16 + sum(q x) / 2^11
-        x_even = tl.zeros([PERIODS, W], dtype=tl.float32)
-        x_odd = tl.zeros([PERIODS, W], dtype=tl.float32)
-        for j in tl.static_range(4):
-            if j < 2:
-                bits = words << (12 - 8 * j)
-            else:
-                bits = words >> (8 * j - 12)  # arithmetic on a negative word: the masks drop the sign bits
-            for odd in tl.static_range(2):
-                xi, sq = _activation(
-                    x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + (2 * j + odd) * W, K, PROLOGUE,
-                    HAS_RESIDUAL,
-                )  # fmt: skip
-                if odd:
-                    dot += ((bits & 0xF0000) | sixteenth_bits).to(tl.float32, bitcast=True) * xi[None, :, :]
-                    x_odd += xi
-                else:
-                    dot += ((bits & 0xF000) | one_bits).to(tl.float32, bitcast=True) * xi[None, :, :]
-                    x_even += xi
-                if PROLOGUE == 1:
-                    squares += sq
-        x_sum = tl.sum(x_even + x_odd, 1)[None, :]
-        q_dot = 2048.0 * (tl.sum(dot, 2) - tl.sum(x_even + 0.0625 * x_odd, 1)[None, :])  # sum(q x) a period
-        # sum (q - z) s x = s sum(q x) - z s sum(x) a period
-        scale = tl.load(scale_ptr + group_offs + k0 // GROUP_SIZE).to(tl.float32)
-        zero = tl.load(zero_ptr + group_offs + k0 // GROUP_SIZE).to(tl.float32)
-        acc += scale * (q_dot - zero * x_sum)
+        scale = tl.load(scale_ptr + group_offs + k0 // GROUP_SIZE)
+        zero = tl.load(zero_ptr + group_offs + k0 // GROUP_SIZE)
+        acc, squares = _accumulate_tile(
+            acc, squares, words, scale, zero, k0, x_ptr, residual_ptr, norm_weight_ptr, x_offs, K, PROLOGUE,
+            HAS_RESIDUAL, W,
+        )  # fmt: skip
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
@@ -215,8 +285,6 @@ def launch_int4_one_row(
         weight.data.stride(0),
         weight.scale.stride(0),
         eps,
-        0x3F800000,
-        0x3D800000,
         PROLOGUE=prologue,
         HAS_RESIDUAL=has_residual,
         HAS_BIAS=bias is not None,

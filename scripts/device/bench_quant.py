@@ -4,6 +4,7 @@ built on the device:
     PYTHONPATH=$PWD python3 scripts/device/bench_quant.py [--json $OUT/bench_quant.json] [--no-sweep]
         [--int4-budget-s 150] [--time-limit-s 540] [--multi-rows] [--parts kernels,steps,attention,kv]
         [--fp8-tuned $OUT/fp8_gemm_tuned.json]   (bench_fp8_gemm.py's best FP8 GEMM configs for the steps)
+        [--profile-b1]   (the decode steps' GPU time per kernel at batch 1)
 
 1. each weight format's few-row GEMV (kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
    Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
@@ -44,7 +45,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_gpu import copy_bandwidth, fill_context, graph_ms, log, time_decode
+from bench_gpu import copy_bandwidth, fill_context, graph_ms, log, profile_step, time_decode
 from common import LLAMA3_8B, capture_graphs, hf_model
 from tune_gemv import graph_us
 
@@ -78,7 +79,7 @@ CONTEXT, STEPS, BATCHES = 512, 64, [1, 8, 64]
 SCHEMES = [None, "fp8", "eetq", "w4a16_int4"]
 
 
-def decode_steps(hf_config: dict, state_dict: dict, quantize: str | None) -> dict:
+def decode_steps(hf_config: dict, state_dict: dict, quantize: str | None, profile_b1: bool = False) -> dict:
     max_len = CONTEXT + STEPS + 8
     cfg = RunnerConfig(device="cuda", dtype="bfloat16", attention_backend="triton", num_kv_slots=65 * max_len + 1,
                        max_rows=65, max_seq_len=max_len, show_progress=False, cuda_graph_batch_sizes=[],
@@ -91,6 +92,8 @@ def decode_steps(hf_config: dict, state_dict: dict, quantize: str | None) -> dic
     for batch in BATCHES:
         ms = time_decode(graphs.replay, batch, max_len, hf_config["vocab_size"], STEPS)
         out[f"b{batch}_ms"], out[f"b{batch}_tok_s"] = ms, batch * 1e3 / ms
+    if profile_b1:  # GPU time per kernel in a batch-1 graph replay (under PDL a kernel's time includes its wait)
+        out["profile_b1"] = profile_step(graphs.replay, 1, max_len, hf_config["vocab_size"])
     log(f"{quantize or 'bf16':>10}: weights {out['weight_gb']:.1f} GB, batch 1 {out['b1_ms']:.3f} ms/step, "
         f"batch 8 {out['b8_ms']:.3f} ms/step, batch 64 {out['b64_tok_s']:.0f} tok/s")  # fmt: skip
     del graphs, runner
@@ -383,7 +386,8 @@ def one_row_candidates(n: int, k: int) -> list[GemvConfig]:
     then the words'), 16 or 8 rows a program, splits that give the SMs enough programs; each with its prologue
     fused and as its own kernel."""
     configs = []
-    for block_k, block_n, split in ((4096, 16, 1), (4096, 8, 1), (2048, 16, 7), (1024, 16, 14), (1024, 8, 14)):
+    for block_k, block_n, split in ((4096, 16, 1), (4096, 8, 1), (4096, 32, 1), (2048, 16, 2), (2048, 32, 2),
+                                    (2048, 16, 7), (2048, 32, 7), (1024, 16, 14), (1024, 32, 14)):  # fmt: skip
         if split == 1 or k % split == 0 and k // split >= block_k:
             for separate in (False, True):
                 configs.append(GemvConfig(block_n=block_n, block_k=block_k, num_warps=block_k // 1024, num_stages=1,
@@ -682,6 +686,7 @@ def main() -> None:
     parser.add_argument("--multi-rows", action="store_true", help="time the FP8/int8/int4 GEMVs at 2, 4, 8 rows too")
     parser.add_argument("--parts", default="kernels,steps,attention,kv", help="comma-separated subset to run")
     parser.add_argument("--schemes", default="bf16,fp8,eetq,w4a16_int4", help="the decode steps' schemes (bf16 always)")
+    parser.add_argument("--profile-b1", action="store_true", help="the steps' batch-1 GPU time per kernel")
     parser.add_argument("--fp8-tuned", help="bench_fp8_gemm.py's --tuned-out file, installed before the steps")
     args = parser.parse_args()
     if args.fp8_tuned:
@@ -722,7 +727,7 @@ def main() -> None:
             if scheme == "w4a16_int4" and "int4_one_row" in report:  # the fastest one-row config of each shape
                 gemv_module.TUNED_INT4.update(report["int4_one_row"]["tuned"])
             if scheme is None or scheme in args.schemes.split(","):  # bf16 always: the ratios' base
-                report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme)
+                report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme, args.profile_b1)
             save(f"steps {scheme or 'bf16'}")
         base = report["steps"]["bf16"]
         for scheme, row in report["steps"].items():

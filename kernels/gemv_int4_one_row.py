@@ -160,8 +160,8 @@ def _accumulate_tile(
     dot = _dp4a(odd, low_odd, _dp4a(even, low_even, dot, False), False)
     q_dot = tl.sum(dot, 2)  # [BLOCK_N, P]: sum(q fixed(x)) a period, |.| < 2^26
     from_fixed = tl.where(biased == 255, float("nan"), 1.0 / to_fixed_p)[None, :]  # an inf or NaN in f(x): NaN
-    exact = q_dot.to(tl.float32) - zero.to(tl.float32) * x_sum.to(tl.float32)[None, :]  # sum((q - z) fixed(x))
-    return acc + scale.to(tl.float32) * from_fixed * exact, squares
+    q_z_dot = q_dot.to(tl.float32) - zero.to(tl.float32) * x_sum.to(tl.float32)[None, :]  # sum((q - z) fixed(x))
+    return acc + scale.to(tl.float32) * from_fixed * q_z_dot, squares
 
 
 @triton.jit

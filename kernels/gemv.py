@@ -801,25 +801,22 @@ TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
 
 
 def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
-    """The tuned config of this shape (groups of 128), else the int4 kernel's rule of thumb.
+    """The tuned config of this shape (groups of 128), else the int4 kernels' rule of thumb.
 
-    At one row: a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K).
-    Compiled for sm_90 (scripts/gemv_resources.py) that is the shape where the [periods, words] slice of x
-    gives each thread 4 consecutive features, so its layout is the weight tile's (4 consecutive words a
-    thread, 16-byte loads) and no layout conversion goes through shared memory: 8 weight rows a program take
-    168 registers and 4 take 80, against 255 and spills for the 8 x 4,096 tiles with the wrong ratio this rule
-    chose before. 8 rows where a prologue is fused (it is computed once a program, so more rows share it), 4
-    without. Several rows: 8 weight rows, 4 warps, the widest K tile that does not spill."""
+    At one row: the one-row kernel (kernels/gemv_int4_one_row.py) as TUNED_INT4 runs it on Llama-3-8B, 16 rows a
+    program over a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K), K
+    split into such tiles past 4,096 (down's 14,336: 7 tiles of 2,048); the tile kernel where no such tile
+    divides K. Several rows: the tile kernel, 8 weight rows, 4 warps, the widest K tile that does not spill."""
     block_m = triton.next_power_of_2(num_rows)
     tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
     if tuned is not None:
         return tuned
     period = int4_period(group_size)
-    if block_m == 1:
-        block_n = 4 if prologue == PROLOGUE_NONE else 8
+    if block_m == 1:  # the one-row kernel as tuned for Llama-3-8B: 16 rows a program, one K tile a program
         for width in (4096, 2048, 1024):
             if width % period == 0 and k % width == 0:
-                return GemvConfig(block_n=block_n, block_k=width, num_warps=width // 1024, num_stages=1)
+                return GemvConfig(block_n=16, block_k=width, num_warps=width // 1024, num_stages=1,
+                                  split_k=k // width if k > 4096 else 1, one_row=True)  # fmt: skip
     config = GemvConfig(block_n=8, block_k=period, num_warps=4, num_stages=1)
     for width in (2048, 1024, 512, 256, 128):
         if width % period == 0 and k % width == 0 and int4_register_estimate(config, num_rows, width) <= 160:

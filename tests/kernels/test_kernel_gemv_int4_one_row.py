@@ -84,16 +84,21 @@ def test_int4_one_row_tiles():
     assert one_row_tiles(512, 64, GemvConfig(block_k=4096)) == (8, 1, 1)  # the tile shrinks to K
 
 
-def test_int4_one_row_kernel_only_where_measured():
-    """The one-row kernel runs where a GPU sweep chose it (Llama-3-8B's four one-row projections, TUNED_INT4);
-    every other shape, and several rows, keep the tile kernel."""
-    measured = {(n, k, prologue) for (n, k, prologue, rows), config in TUNED_INT4.items() if config.one_row}
-    assert {(n, k) for n, k, _ in measured} == {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)}
-    for n, k, prologue in measured:
-        assert int4_config(k, 1, 128, n, prologue).one_row
+def test_int4_one_row_kernel_at_one_row():
+    """One row runs the one-row kernel: TUNED_INT4's configs on Llama-3-8B's four projections (groups of 128), the
+    rule of thumb's elsewhere (one K tile a program, split past 4,096); several rows, and a K that no tile of
+    1,024-4,096 divides, keep the tile kernel."""
+    tuned = {(n, k, prologue) for (n, k, prologue, rows), config in TUNED_INT4.items() if rows == 1}
+    assert {(n, k) for n, k, _ in tuned} == {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)}
+    for n, k, prologue in tuned:
+        assert int4_config(k, 1, 128, n, prologue) is TUNED_INT4[(n, k, prologue, 1)]
         assert not int4_config(k, 8, 128, n, prologue).one_row
-        assert not int4_config(k, 1, 64, n, prologue).one_row  # tuned for groups of 128 only
-    assert not int4_config(2048, 1, 128, 2048, 0).one_row
+    rule = int4_config(14336, 1, 64, 4096, 0)  # groups of 64: not tuned
+    assert rule.one_row and (rule.block_k, rule.num_warps, rule.split_k) == (2048, 2, 7)
+    assert int4_config(3584, 1, 128, 4608, 1).one_row is False  # 3,584: no tile of 1,024-4,096 divides it
+    assert int4_config(2048, 1, 128, 2048, 0) == GemvConfig(
+        block_n=16, block_k=2048, num_warps=2, num_stages=1, one_row=True
+    )
 
 
 def test_int4_one_row_fixed_point_keeps_a_wide_range_of_activations():

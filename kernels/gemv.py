@@ -806,7 +806,9 @@ def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: in
     At one row: the one-row kernel (kernels/gemv_int4_one_row.py) as TUNED_INT4 runs it on Llama-3-8B, 16 rows a
     program over a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K), K
     split into such tiles past 4,096 (down's 14,336: 7 tiles of 2,048); the tile kernel where no such tile
-    divides K. Several rows: the tile kernel, 8 weight rows, 4 warps, the widest K tile that does not spill."""
+    divides K. On an H100 (BENCHMARKS.md, thirteenth session) the rule read 1.5-3.6x faster than the tile kernel
+    on seven untuned shapes (Llama-3-8B's in groups of 64, Llama-2-13B's q|k|v, o and gate|up), at 44-63% of
+    the copy bandwidth against 17-31%. Several rows: the tile kernel, 8 weight rows, 4 warps, the widest K tile that does not spill."""
     block_m = triton.next_power_of_2(num_rows)
     tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
     if tuned is not None:

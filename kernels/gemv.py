@@ -43,7 +43,7 @@ the SMs; the last program of a column adds the partials, in split order, and res
 few weight rows a program make the fused prologue a large share of its instructions, so a config may run
 the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format).
 At one row a config may instead select kernels/gemv_int4_one_row.py (`GemvConfig.one_row`): 2-D weight loads
-(the layout Triton 3.6 gives a 3-D one spills), the nibbles unpacked two a shift.
+(the layout Triton 3.6 gives a 3-D one spills), integer products (dp4a against x in 16-bit fixed point).
 
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
 int8/int4 kernels): OR-ing a value 0 <= v < 2^23 into the mantissa of 2^23 gives the float 2^23 + v,
@@ -803,18 +803,19 @@ TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
 def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
     """The tuned config of this shape (groups of 128), else the int4 kernels' rule of thumb.
 
-    At one row: the one-row kernel (kernels/gemv_int4_one_row.py) as TUNED_INT4 runs it on Llama-3-8B, 16 rows a
-    program over a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K), K
-    split into such tiles past 4,096 (down's 14,336: 7 tiles of 2,048); the tile kernel where no such tile
-    divides K. On an H100 (BENCHMARKS.md, thirteenth session) the rule read 1.5-3.6x faster than the tile kernel
-    on seven untuned shapes (Llama-3-8B's in groups of 64, Llama-2-13B's q|k|v, o and gate|up), at 44-63% of
-    the copy bandwidth against 17-31%. Several rows: the tile kernel, 8 weight rows, 4 warps, the widest K tile that does not spill."""
+    At one row: the one-row kernel (kernels/gemv_int4_one_row.py), 16 rows a program (TUNED_INT4's run 8 to 32)
+    over a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K), K split into
+    such tiles past 4,096 (down's 14,336: 7 tiles of 2,048); the tile kernel where no such tile divides K. On an
+    H100 (BENCHMARKS.md, thirteenth session) the rule read 1.5-3.6x faster than the tile kernel on seven untuned
+    shapes (Llama-3-8B's in groups of 64, Llama-2-13B's q|k|v, o and gate|up), at 44-63% of the copy bandwidth
+    against 17-31%. Several rows: the tile kernel, 8 weight rows, 4 warps, the widest K tile that does not
+    spill."""
     block_m = triton.next_power_of_2(num_rows)
     tuned = TUNED_INT4.get((n, k, prologue, block_m)) if group_size == 128 else None
     if tuned is not None:
         return tuned
     period = int4_period(group_size)
-    if block_m == 1:  # the one-row kernel as tuned for Llama-3-8B: 16 rows a program, one K tile a program
+    if block_m == 1:  # the one-row kernel: one K tile a program
         for width in (4096, 2048, 1024):
             if width % period == 0 and k % width == 0:
                 return GemvConfig(block_n=16, block_k=width, num_warps=width // 1024, num_stages=1,

@@ -205,7 +205,8 @@ INT4_AXES = {
     "one_row": (False, True),  # one row only: kernels/gemv_int4_one_row.py instead of the tile kernel
 }
 INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologue")  # at 2-8 rows
-INT4_ONE_ROW_SEEDS = [(16, 4096, 1), (16, 2048, 7), (8, 4096, 1)]  # (block_n, block_k, split_k): the H100 sweep's best
+# (block_n, block_k, split_k): the twelfth session's H100 sweep's best (the fp32 kernel's)
+INT4_ONE_ROW_SEEDS = [(16, 4096, 1), (16, 2048, 7), (8, 4096, 1)]
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
 # features a warp, where x's layout is the weight tile's (see kernels.gemv.int4_config), which one axis at a time
 # cannot reach from another such point; split-K keeps that ratio per split.
@@ -383,8 +384,8 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
 
 def one_row_candidates(n: int, k: int) -> list[GemvConfig]:
     """kernels/gemv_int4_one_row.py's configs to time on one shape: K tiles of 1,024 features a warp (x's layout is
-    then the words'), 16 or 8 rows a program, splits that give the SMs enough programs; each with its prologue
-    fused and as its own kernel."""
+    then the words'), 8, 16 or 32 rows a program, splits that give the SMs enough programs; each with its
+    prologue fused and as its own kernel."""
     configs = []
     for block_k, block_n, split in ((4096, 16, 1), (4096, 8, 1), (4096, 32, 1), (2048, 16, 2), (2048, 32, 2),
                                     (2048, 16, 7), (2048, 32, 7), (1024, 16, 14), (1024, 32, 14)):  # fmt: skip

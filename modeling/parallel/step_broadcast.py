@@ -7,7 +7,8 @@ rank receives it while its GPU still runs the previous step and queues the next 
 as rank 0 does with overlap scheduling. The batch's index tensors follow in one device broadcast
 (packed into one int64 buffer on the device, so the tokens sampled on the GPU by the previous step
 travel without a host sync), ordered on the stream after the previous forward; the others unpack
-views of it. Only the elements the step uses travel (a 64-row decode: 4 KB of the buffer's 128 KB). Its capacity travels in the header: a step that needs more grows it on both sides.
+views of it. Only the elements the step uses travel (a 64-row decode: 4 KB of the buffer's 128 KB). Its
+capacity travels in the header: a step that needs more grows it on both sides.
 
     header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity]
              (then, for prefill steps that carry them, the host q_lens[B] and kv_lens[B])
@@ -71,7 +72,7 @@ class StepBroadcast:
         if cached is not None:
             fields.append(cached.reshape(-1))
         torch.cat([field.to(torch.int64) for field in fields], out=self.buffer[:needed])
-        self.tp.broadcast(self.buffer[:needed])  # the receivers size it from the header alike
+        self.tp.broadcast(self.buffer[:needed])  # the receivers size theirs from the header
 
     @torch.inference_mode()
     def send_stop(self) -> None:
@@ -99,8 +100,9 @@ class StepBroadcast:
         if capacity != self.capacity:
             self._allocate(capacity)
         sizes = [num_tokens] * 3 + [batch_size] * 4 + [num_logits, 3 * num_cached]
-        self.tp.broadcast(self.buffer[: sum(sizes)])
-        fields = torch.split(self.buffer[: sum(sizes)], sizes)
+        used = self.buffer[: sum(sizes)]  # as many elements as rank 0 sent
+        self.tp.broadcast(used)
+        fields = torch.split(used, sizes)
         return ForwardBatch(
             mode=_MODES[mode],
             input_ids=fields[0],

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, use_pdl
-from kernels.rmsnorm import add_residual, load_weight, rms_normalize
+from kernels.rmsnorm import load_weight, rms_normalize
 
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 2048  # 8 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
@@ -161,16 +161,22 @@ def _one_shot_all_reduce_rmsnorm_kernel(
     """The sum over the ranks, the residual add and RMSNorm of one row a program. Each BLOCK-element piece of the
     row keeps the half of `_one_shot_all_reduce_kernel`'s program of the same elements, so that both kernels may
     make the sums of one buffer in any order; the row is a [PIECES, BLOCK] tile, so that every access stays
-    contiguous along BLOCK (16-byte vectors), and is normed as one [H] vector."""
+    contiguous along BLOCK (16-byte vectors), and is normed as one [H] vector. The norm's weight is read before
+    the PDL wait (no kernel writes it) and the residual before the trip to the peers, so that neither read's
+    latency adds to the trip's."""
+    H: tl.constexpr = PIECES * BLOCK
+    row = tl.arange(0, H)
+    weight = load_weight(weight_ptr, row, row < H)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    H: tl.constexpr = PIECES * BLOCK
     pieces = tl.program_id(0) * PIECES + tl.arange(0, PIECES)
     offs = pieces.to(tl.int64)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [PIECES, BLOCK]
     half = (tl.load(halves_ptr + pieces) ^ 1)[:, None]
     everything = offs >= 0  # an all-true mask: rows are whole
     x = tl.load(x_ptr + offs)
+    # after the wait: the kernels between the one that wrote it and this one may have triggered early (PDL)
+    residual = tl.load(residual_ptr + offs)
     bits = send_to_peers(x, offs, everything, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
     total = tl.zeros([PIECES, BLOCK], dtype=tl.float32)
@@ -180,9 +186,9 @@ def _one_shot_all_reduce_rmsnorm_kernel(
         else:
             seen = _receive(mine + (half * WORLD + peer) * capacity + offs, everything, SENTINEL)
         total += seen.to(x.dtype, bitcast=True).to(tl.float32)
-    summed = add_residual(total.to(x.dtype), residual_ptr, residual_out_ptr, offs, everything)
-    row = tl.arange(0, H)
-    y = rms_normalize(tl.reshape(summed, [H]), load_weight(weight_ptr, row, row < H), eps, H)
+    summed = (total.to(x.dtype).to(tl.float32) + residual.to(tl.float32)).to(x.dtype)  # as add_residual rounds
+    tl.store(residual_out_ptr + offs, summed)
+    y = rms_normalize(tl.reshape(summed, [H]), weight, eps, H)
     tl.store(normed_ptr + tl.program_id(0).to(tl.int64) * H + row, y.to(normed_ptr.dtype.element_ty))
     tl.store(halves_ptr + pieces, tl.reshape(half, [PIECES]))
 

@@ -147,13 +147,20 @@ class DecodeCudaGraphs:
         size = batch.batch_size
         bucket = next(b for b in self.batch_sizes if b >= size)
         inputs = self.inputs
-        inputs.input_ids[:size].copy_(batch.input_ids, non_blocking=True)
-        inputs.positions[:size].copy_(batch.positions, non_blocking=True)
-        inputs.out_slots[:size].copy_(batch.out_slots, non_blocking=True)
-        inputs.req_rows[:size].copy_(batch.req_rows, non_blocking=True)
-        inputs.kv_lens[:size].copy_(batch.kv_lens, non_blocking=True)
         num_logits = batch.logits_indices.shape[0]
-        inputs.logits_indices[:num_logits].copy_(batch.logits_indices, non_blocking=True)
+        # one multi-tensor copy kernel, not six copy-engine transfers (each a hand-over on the step's critical path)
+        torch._foreach_copy_(
+            [
+                inputs.input_ids[:size],
+                inputs.positions[:size],
+                inputs.out_slots[:size],
+                inputs.req_rows[:size],
+                inputs.kv_lens[:size],
+                inputs.logits_indices[:num_logits],
+            ],
+            [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.kv_lens, batch.logits_indices],
+            non_blocking=True,
+        )
         if num_logits < bucket:  # stale indices of an earlier, larger batch could point past this bucket
             inputs.logits_indices[num_logits:bucket] = 0
         if size < bucket:

@@ -23,6 +23,7 @@ from typing import cast
 import torch
 
 from modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
+from router import copy_streams
 from router.step import StepPlan
 
 # Per chunk of a plan: the row of the in-flight step's sampled ids holding its input, or None.
@@ -41,11 +42,11 @@ class LogitsLayout:
 def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
     """Host int lists of one length -> [len(rows), n] int64 on `device`, in one copy.
 
-    Pinned on a GPU so that the copy is asynchronous; the caching host allocator keeps the
-    pinned block alive until the copy has run.
+    Pinned on a GPU so that the copy is asynchronous (on a side stream: router.copy_streams); the
+    caching host allocator keeps the pinned block alive until the copy has run.
     """
     host = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
+    return copy_streams.upload(host, device)
 
 
 class StepBatchBuilder:
@@ -211,7 +212,7 @@ def _cached_prefix_slots(prefixes: list[tuple[int, list[int]]], device: torch.de
     host = torch.frombuffer(slots, dtype=torch.int64) if num_buffered else torch.empty(0, dtype=torch.int64)
     if device.type == "cuda":
         host = host.pin_memory()
-    distinct = host.to(device, non_blocking=True)
+    distinct = copy_streams.upload(host, device)
     out = torch.empty(3, total, dtype=torch.int64, device=device)
     out[0] = rows.repeat_interleave(counts, output_size=total)
     out[1] = torch.arange(total, device=device) - offsets.repeat_interleave(counts, output_size=total)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from router import copy_streams
 from router.outputs import TopToken
 from router.request import Request, SamplingParams
 from router.step import SampledToken
@@ -187,7 +188,7 @@ class SamplerOutput:
 
 class DeviceToHost:
     """A device tensor's copy to the host, started at once and read later: into pinned memory on a
-    GPU, so that neither the copy nor the host waits for work queued after it."""
+    GPU, on a side stream, so that neither the host nor the work queued after it waits for the copy."""
 
     def __init__(self, values: torch.Tensor) -> None:
         self._ready: torch.cuda.Event | None = None
@@ -195,9 +196,7 @@ class DeviceToHost:
             self._host = values
             return
         self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        self._host.copy_(values, non_blocking=True)
-        self._ready = torch.cuda.Event()
-        self._ready.record()
+        self._ready = copy_streams.download(values, self._host)
 
     def tolist(self) -> list:
         if self._ready is not None:

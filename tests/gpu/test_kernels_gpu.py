@@ -640,6 +640,23 @@ def test_greedy_pick() -> None:
         )
 
 
+def test_side_stream_copies() -> None:
+    """router.copy_streams: an upload is ready for the next kernel of the compute stream, a download holds what
+    the compute stream's kernels queued before it wrote, though both copies run on side streams (a long kernel
+    queued first makes any missing wait visible)."""
+    from router.copy_streams import download, upload
+
+    busy = torch.randn(4096, 4096, device=DEV)
+    for _ in range(3):
+        _ = busy @ busy  # the compute stream is busy well past the copies' issue
+        host = torch.arange(1 << 16, dtype=torch.int64).pin_memory()
+        uploaded = upload(host, torch.device(DEV))
+        doubled = uploaded * 2  # queued on the compute stream right after the upload
+        pinned = torch.empty_like(host).pin_memory()
+        download(doubled, pinned).synchronize()
+        check("side-stream upload + download", float((pinned != host * 2).sum()), 0.5, "differ")
+
+
 def test_end_to_end() -> None:
     max_len, num_new = 256, 24
     gen = torch.Generator().manual_seed(0)

@@ -2,10 +2,11 @@
 
 On the compute stream a copy starts only once the kernels queued before it are done, and the kernels queued
 after it start only once it is done: each hand-over between the SMs and a copy engine costs several
-microseconds, on the critical path between two forwards (H200 profile of a 64-row decode: ~20 us a step,
-BENCHMARKS.md). On side streams the next batch's indices, uploaded while the GPU still runs the step before,
-are on the device long before the compute stream reaches them, and the compute stream goes on to the next
-forward while the sampled ids travel to the host.
+microseconds, on the critical path between two forwards. On side streams the next batch's indices, uploaded
+while the GPU still runs the step before, are on the device long before the compute stream reaches them, and
+the compute stream goes on to the next forward while the sampled ids travel to the host (H200 profiles of
+64-row decoding: 56 -> ~20 us between two forwards on one GPU, 64 -> 31 us on two; BENCHMARKS.md, fourteenth
+session).
 """
 
 from __future__ import annotations

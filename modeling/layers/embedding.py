@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
 from modeling.layers.linear import LoadableParameter, default_weight_loader, dense, new_param
 from modeling.parallel import NO_TP, TensorParallel, vocab_shard
 from modeling.weights.lazy import LazyTensor, take
@@ -38,10 +39,17 @@ class VocabEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.tp.is_sharded:
             return F.embedding(input_ids, self.weight)
-        local_ids = input_ids - self.rows.start
-        is_mine = (local_ids >= 0) & (local_ids < self.rows.size)
-        hidden = F.embedding(local_ids.masked_fill(~is_mine, 0), self.weight) * is_mine.unsqueeze(1)
-        return self.tp.all_reduce(hidden)
+        if not input_ids.is_cuda:
+            return self.tp.all_reduce(
+                vocab_shard_embedding_ref(input_ids, self.weight, self.rows.start, self.rows.size)
+            )
+        # one lookup kernel, whose rows go to the other ranks as it stores them where the one-trip all-reduce takes
+        # the sum (then the sum only gathers)
+        push = self.tp.push_target(input_ids.numel() * self.weight.shape[1], self.weight.dtype)
+        hidden = vocab_shard_embedding(input_ids.view(-1), self.weight, self.rows.start, self.rows.size, push)
+        if push is None:
+            return self.tp.all_reduce(hidden)
+        return self.tp.finish_pushed_all_reduce(hidden)
 
 
 class LMHead(nn.Module):

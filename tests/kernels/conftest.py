@@ -32,6 +32,7 @@ KERNEL_MODULES = [
     "kernels.greedy_pick",
     "kernels.fp8_gemm",
     "kernels.one_shot_all_reduce",
+    "kernels.vocab_embedding",  # after kernels.one_shot_all_reduce, whose send it binds
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "modeling.attention.triton_backend",
     "modeling.layers.triton_ops",

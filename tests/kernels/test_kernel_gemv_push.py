@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from kernels.gemv import QuantizedWeight, gemv
 from kernels.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, PushTarget, all_reduce_ref
+from tests.kernels.test_kernel_one_shot_all_reduce import run_ranks
 
 CAPACITY = 3 * BLOCK
 K = 32
@@ -66,16 +66,7 @@ def test_pushed_gemv_sums_equal_the_unfused_pair(world: int, dtype: torch.dtype,
     total = sum(rows * n for rows, n, _ in STEPS)
     results = [torch.full((total,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
 
-    context = mp.get_context("spawn")
-    ranks = [context.Process(target=_rank, args=(r, world, buffers, results, dtype)) for r in range(world)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=120)
-    for process in ranks:  # a rank that waits for a sum that never comes must not outlive the test
-        if process.is_alive():
-            process.kill()
-    assert [p.exitcode for p in ranks] == [0] * world
+    run_ranks(_rank, world, world, buffers, results, dtype)
 
     # the unfused pair's sum: each rank's GEMV output (rounded to dtype), added in fp32 in rank order
     weights = [_weights(r, dtype) for r in range(world)]

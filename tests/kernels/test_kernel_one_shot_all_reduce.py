@@ -20,7 +20,7 @@ SIZES = (1000, 2 * BLOCK + 1, 300, BLOCK, 7, 2 * BLOCK + 1, 1000)
 CAPACITY = 3 * BLOCK
 
 
-def _run_ranks(target, world: int, *args) -> None:
+def run_ranks(target, world: int, *args) -> None:
     """target(rank, *args) in a spawned process per rank, all at once; each must exit 0."""
     context = mp.get_context("spawn")
     ranks = [context.Process(target=target, args=(r, *args)) for r in range(world)]
@@ -28,6 +28,9 @@ def _run_ranks(target, world: int, *args) -> None:
         process.start()
     for process in ranks:
         process.join(timeout=120)
+    for process in ranks:  # a rank that waits for a sum that never comes must not outlive the test
+        if process.is_alive():
+            process.kill()
     assert [p.exitcode for p in ranks] == [0] * world
 
 
@@ -56,7 +59,7 @@ def test_ranks_agree_with_reference(world: int, dtype: torch.dtype, monkeypatch:
     # float64: holds the sums and the programs' halves exactly
     results = [torch.full((sum(SIZES) + 4,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
 
-    _run_ranks(_rank, world, buffers, inputs, results)
+    run_ranks(_rank, world, buffers, inputs, results)
 
     expected = torch.cat([all_reduce_ref([inputs[r][i] for r in range(world)]).double() for i in range(len(SIZES))])
     for r in range(world):
@@ -102,7 +105,7 @@ def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: py
     total = sum(rows * cols * world for rows, cols in GATHER_SHAPES)
     results = [torch.full((total,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
 
-    _run_ranks(_gathering_rank, world, buffers, inputs, results)
+    run_ranks(_gathering_rank, world, buffers, inputs, results)
 
     expected = torch.cat([torch.cat([inputs[r][i] for r in range(world)], dim=1).view(-1).double()
                           for i in range(len(GATHER_SHAPES))])  # fmt: skip
@@ -155,7 +158,7 @@ def test_all_reduce_with_residual_and_rmsnorm(world: int, monkeypatch: pytest.Mo
     total = sum(2 * rows * hidden for rows, hidden in NORM_SHAPES)
     results = [torch.full((total + 4,), float("nan"), dtype=torch.float64).share_memory_() for _ in range(world)]
 
-    _run_ranks(_norming_rank, world, buffers, inputs, residuals, weights, results)
+    run_ranks(_norming_rank, world, buffers, inputs, residuals, weights, results)
 
     for r in range(world):
         assert torch.equal(results[r], results[0])

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from kernels.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, PushTarget
 from kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
+from tests.kernels.test_kernel_one_shot_all_reduce import run_ranks
 
 VOCAB = 50
 HIDDENS = (3000, 2048)  # three lookup programs a row, the last partly masked; two whole ones (one half a program)
@@ -79,16 +79,7 @@ def test_pushed_lookups_sum_to_the_tables_rows(world: int, dtype: torch.dtype, h
     buffers = [torch.full((2 * world * CAPACITY,), SENTINEL, dtype=torch.int16).share_memory_() for _ in range(world)]
     results = [torch.full((len(STEPS), max(STEPS), hidden), float("nan")).share_memory_() for _ in range(world)]
 
-    context = mp.get_context("spawn")
-    ranks = [context.Process(target=_rank, args=(r, world, buffers, results, dtype, hidden)) for r in range(world)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=120)
-    for process in ranks:  # a rank that waits for a sum that never comes must not outlive the test
-        if process.is_alive():
-            process.kill()
-    assert [p.exitcode for p in ranks] == [0] * world
+    run_ranks(_rank, world, world, buffers, results, dtype, hidden)
 
     table = _table(dtype, hidden)
     for rank in range(world):

@@ -640,6 +640,19 @@ def test_greedy_pick() -> None:
         )
 
 
+def test_vocab_shard_embedding() -> None:
+    """The vocab-parallel lookup of one rank's block (kernels.vocab_embedding): torch's rows and zeros, bit for
+    bit, for ids in and out of the block (Llama-3's vocabulary over 2 ranks, the last block padded)."""
+    from kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
+
+    block = torch.randn(64128, 4096, device=DEV).to(torch.bfloat16)
+    ids = torch.randint(0, 128256, (300,), device=DEV)
+    for start, size in [(0, 64128), (64128, 64128), (64128, 60000)]:
+        got = vocab_shard_embedding(ids, block, start, size)
+        same = torch.equal(got, vocab_shard_embedding_ref(ids, block, start, size))
+        check(f"vocab shard embedding, block at {start} of {size} rows", 0.0 if same else 1.0, 0.5, "differs")
+
+
 def test_side_stream_copies() -> None:
     """router.copy_streams: an upload is ready for the next kernel of the compute stream, a download holds what
     the compute stream's kernels queued before it wrote, though both copies run on side streams (a long kernel

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, use_pdl
-from kernels.rmsnorm import load_weight, rms_normalize
+from kernels.rmsnorm import load_weight, rms_normalize, rounded_sum
 
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 2048  # 8 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
@@ -186,7 +186,7 @@ def _one_shot_all_reduce_rmsnorm_kernel(
         else:
             seen = _receive(mine + (half * WORLD + peer) * capacity + offs, everything, SENTINEL)
         total += seen.to(x.dtype, bitcast=True).to(tl.float32)
-    summed = (total.to(x.dtype).to(tl.float32) + residual.to(tl.float32)).to(x.dtype)  # as add_residual rounds
+    summed = rounded_sum(total.to(x.dtype), residual)
     tl.store(residual_out_ptr + offs, summed)
     y = rms_normalize(tl.reshape(summed, [H]), weight, eps, H)
     tl.store(normed_ptr + tl.program_id(0).to(tl.int64) * H + row, y.to(normed_ptr.dtype.element_ty))

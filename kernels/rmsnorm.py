@@ -9,7 +9,7 @@ normalizes s. That is the decoder-layer pattern: one read of x and residual, one
 every intermediate rounded as the three unfused ops round it. `qk_rmsnorm` norms the q and k heads of a
 fused qkv output in place, each group by its own weight (Qwen3 / Gemma 3). These kernels, and
 kernels/quant_activation.py's norm + quantize, share the jit helpers below (`add_residual`,
-`rms_normalize`), so they cannot drift apart in their roundings.
+`rounded_sum`, `rms_normalize`), so they cannot drift apart in their roundings.
 
 Those roundings hold on the GPU only if the compiler keeps them: the NVPTX backend shrinks a rounded product
 of two half-precision values and the add after it into one half-precision FMA, which rounds once where the
@@ -43,10 +43,15 @@ def mul_uncontracted(a, b):
 
 
 @triton.jit
+def rounded_sum(x, residual):
+    """x + residual rounded to x's dtype, as an unfused add stores it."""
+    return (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
 def add_residual(x, residual_ptr, residual_out_ptr, offs, mask):
-    """x + residual rounded to x's dtype (as an unfused add stores it), also written to residual_out."""
-    res = tl.load(residual_ptr + offs, mask=mask, other=0.0)
-    s = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+    """x + residual (`rounded_sum`), also written to residual_out."""
+    s = rounded_sum(x, tl.load(residual_ptr + offs, mask=mask, other=0.0))
     tl.store(residual_out_ptr + offs, s, mask=mask)
     return s
 

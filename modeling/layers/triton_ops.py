@@ -25,6 +25,7 @@ from kernels.rotary import rotary_embedding
 from kernels.silu_mul import silu_mul
 from modeling.layers.linear import Linear
 from modeling.layers.ops import LayerOps, sum_later, sum_now, unfused_rms_norm_linear, unfused_silu_mul_linear
+from modeling.layers.weight_prefetch import weight_prefetched_beside
 
 if TYPE_CHECKING:
     from modeling.layers.norm import RMSNorm
@@ -69,13 +70,17 @@ def triton_rms_norm_linear(
     """Few decode rows (one for a plain weight, up to 8 for a quantized one): the norm runs inside the
     GEMV's prologue; an FP8 GEMM gets its per-token FP8 input from the norm kernel; else rmsnorm kernel +
     matmul. With `sum_over`, the sum over the ranks, the residual add and the norm are one kernel where the
-    one-trip all-reduce takes them (kernels.one_shot_all_reduce), else the sum comes first."""
+    one-trip all-reduce takes them (kernels.one_shot_all_reduce), else the sum comes first; the projection's weight
+    travels to L2 meanwhile (weight_prefetch)."""
     if sum_over is not None:
-        fused = sum_over.all_reduce_rms_norm(x, residual, norm) if residual is not None else None
+        weight = proj.gemv_weight
+        with weight_prefetched_beside(weight if isinstance(weight, torch.Tensor) else None, x.shape[0]):
+            fused = sum_over.all_reduce_rms_norm(x, residual, norm) if residual is not None else None
+            if fused is None:
+                x = sum_now(x, sum_over)
         if fused is not None:
             normed, stream = fused
             return proj(normed), stream
-        x = sum_now(x, sum_over)
     weight = proj.gemv_weight  # None: the projection's method has no GEMV, it runs the matmul itself
     config = gemv_config_for(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
     if config is None:

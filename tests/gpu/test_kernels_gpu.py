@@ -670,6 +670,37 @@ def test_side_stream_copies() -> None:
         check("side-stream upload + download", float((pinned != host * 2).sum()), 0.5, "differ")
 
 
+def test_weight_prefetch_beside() -> None:
+    """kernels.l2_prefetch at sizes that end mid-chunk and past the tensor leaves the tensor as it was, and
+    modeling.layers.weight_prefetch's fork and join record into a CUDA graph whose replays compute what eager does."""
+    from kernels.l2_prefetch import l2_prefetch
+    from modeling.layers.weight_prefetch import weight_prefetched_beside
+
+    weight = torch.randn(4099, 1027, device=DEV, dtype=torch.bfloat16)  # 8,419,346 bytes: no whole chunk at the end
+    before = weight.clone()
+    for num_bytes in (16, 100, 16384 + 48, 3 << 20, 8 << 20, 1 << 30):
+        l2_prefetch(weight, num_bytes)
+    torch.cuda.synchronize()
+    check("l2 prefetch leaves its tensor", 0.0 if torch.equal(weight, before) else 1.0, 0.5, "changed")
+    x = torch.randn(64, 1027, device=DEV, dtype=torch.bfloat16)
+    out = torch.empty(64, 4099, device=DEV, dtype=torch.bfloat16)
+
+    def step() -> None:
+        with weight_prefetched_beside(weight, x.shape[0]):
+            y = x * 2  # the latency-bound work the prefetch runs beside
+        out.copy_(y @ weight.T)
+
+    step()
+    expected = out.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    check("weight prefetch in a CUDA graph", 0.0 if torch.equal(out, expected) else 1.0, 0.5, "differs")
+
+
 def test_end_to_end() -> None:
     max_len, num_new = 256, 24
     gen = torch.Generator().manual_seed(0)

@@ -2,9 +2,11 @@
 
 A sharded decode step's fused all-reduce + RMSNorm takes ~4.5 us at 64 rows and leaves HBM idle; the GEMM after
 it reads a weight from HBM. Prefetching the weight's first 8 MiB on a side stream meanwhile (kernels.l2_prefetch)
-took 2% off a two-shard Llama-3-8B step of 64 rows on an H200 (scripts/device/probe_l2_prefetch.py, BENCHMARKS.md,
-fifteenth session). It is not done beside one GPU's norms (2 us: no idle window; it cost 1% there), nor beside
-attention, whose KV reads it slows more than the o projection gains. The fork and join are graph-capture safe.
+shortens a two-shard Llama-3-8B decode step on H200s by 1.3-3.0% at 8-96 rows (64 rows: 3.454 -> 3.361 ms; bench_tp,
+BENCHMARKS.md, fifteenth session). At 128 rows it cost 2.8% and at 256 rows 31%, for reasons not found: hence
+PREFETCH_MAX_ROWS. It is not done beside one GPU's norms (2 us: no idle window; it cost 1% there), nor beside
+attention, whose KV reads it slows more than the o projection gains (scripts/device/probe_l2_prefetch.py on the
+branch l2-prefetch-probe). The fork and join are graph-capture safe.
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ import torch
 from kernels.l2_prefetch import l2_prefetch, supports_l2_prefetch
 
 PREFETCH_BYTES = 8 << 20  # 8 and 16 MiB measured the same: about what the all-reduce's window lets arrive
-# Past ~200 rows a bf16 GEMM on an H100/H200 is compute-bound (its FLOPs per weight byte pass the ridge): a warm
-# weight no longer shortens it.
-PREFETCH_MAX_ROWS = 256
+PREFETCH_MAX_ROWS = 96  # the widest measured gain (128 and 256 rows lost)
 
 
 @functools.cache

@@ -72,8 +72,8 @@ def triton_rms_norm_linear(
     matmul. With `sum_over`, the sum over the ranks, the residual add and the norm are one kernel where the
     one-trip all-reduce takes them (kernels.one_shot_all_reduce), else the sum comes first; the projection's weight
     travels to L2 meanwhile (weight_prefetch)."""
+    weight = proj.gemv_weight  # None: the projection's method has no GEMV, it runs the matmul itself
     if sum_over is not None:
-        weight = proj.gemv_weight
         with weight_prefetched_beside(weight if isinstance(weight, torch.Tensor) else None, x.shape[0]):
             fused = sum_over.all_reduce_rms_norm(x, residual, norm) if residual is not None else None
             if fused is None:
@@ -81,7 +81,6 @@ def triton_rms_norm_linear(
         if fused is not None:
             normed, stream = fused
             return proj(normed), stream
-    weight = proj.gemv_weight  # None: the projection's method has no GEMV, it runs the matmul itself
     config = gemv_config_for(x, weight, PROLOGUE_RMSNORM) if weight is not None else None
     if config is None:
         if not proj.takes_fp8_activations:

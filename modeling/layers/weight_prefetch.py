@@ -2,7 +2,7 @@
 
 A sharded decode step's fused all-reduce + RMSNorm takes ~4.5 us at 64 rows and leaves HBM idle; the GEMM after
 it reads a weight from HBM. Prefetching the weight's first 8 MiB on a side stream meanwhile (kernels.l2_prefetch)
-shortens a two-shard Llama-3-8B decode step on H200s by 1.3-3.0% at 8-96 rows (64 rows: 3.454 -> 3.361 ms; bench_tp,
+shortens a two-shard Llama-3-8B decode step on H200s by 0.4-3.1% at 8-96 rows (64 rows: 3.454 -> 3.361 ms; bench_tp,
 BENCHMARKS.md, fifteenth session). At 128 rows it cost 2.8% and at 256 rows 31%, for reasons not found: hence
 PREFETCH_MAX_ROWS. It is not done beside one GPU's norms (2 us: no idle window; it cost 1% there), nor beside
 attention, whose KV reads it slows more than the o projection gains (scripts/device/probe_l2_prefetch.py on the

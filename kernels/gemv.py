@@ -67,8 +67,7 @@ import triton.language as tl
 from kernels import rmsnorm as rmsnorm_module
 from kernels import silu_mul as silu_mul_module
 from kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
-from kernels.one_shot_all_reduce import BLOCK as ALL_REDUCE_BLOCK
-from kernels.one_shot_all_reduce import SENTINEL, PushTarget, send_to_peers
+from kernels.one_shot_all_reduce import PushTarget, push_kernel_args, push_to_peers
 from kernels.pdl import launch_options, use_pdl
 from kernels.silu_mul import gated_activation
 
@@ -398,8 +397,10 @@ def _gemv_kernel(
     if PUSH:  # out is [M, N] contiguous: element (m, n) is the all-reduce's m * N + n
         flat = offs_m[:, None] * N + offs_n[None, :]
         mask = mask_m[:, None] & mask_n[None, :]
-        half = tl.load(push_halves_ptr + flat // PUSH_BLOCK, mask=mask, other=0) ^ 1  # as its program will use
-        send_to_peers(stored, flat, mask, push_buffer_ptrs, half, push_capacity, PUSH_RANK, PUSH_WORLD, SENTINEL)
+        push_to_peers(
+            stored, flat, mask, push_buffer_ptrs, push_halves_ptr, push_capacity, PUSH_RANK, PUSH_WORLD, PUSH_BLOCK,
+            SENTINEL,
+        )  # fmt: skip
 
 
 # --- int4 ----------------------------------------------------------------------------------------------
@@ -979,14 +980,7 @@ def gemv(
         PREFETCH=config.prefetch,
         USE_PDL=pdl,
         X_BLOCK=_x_block(k, m) if prologue == PROLOGUE_NORM_ADD_NORM else 16,
-        push_buffer_ptrs=push.buffer_ptrs if push is not None else dummy,
-        push_halves_ptr=push.halves if push is not None else dummy,
-        push_capacity=push.capacity if push is not None else 0,
-        PUSH=push is not None,
-        PUSH_RANK=push.rank if push is not None else 0,
-        PUSH_WORLD=push.world if push is not None else 1,
-        PUSH_BLOCK=ALL_REDUCE_BLOCK,
-        SENTINEL=SENTINEL,
+        **push_kernel_args(push, dummy),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **launch_options(pdl),

@@ -78,6 +78,30 @@ def send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.cons
 
 
 @triton.jit
+def push_to_peers(values, flat, mask, buffer_ptrs, halves_ptr, capacity, RANK: tl.constexpr, WORLD: tl.constexpr,
+                  PUSH_BLOCK: tl.constexpr, SENTINEL: tl.constexpr):  # fmt: skip
+    """`send_to_peers` from the kernel that computes this rank's part of a sum (a `PushTarget`'s): each value goes
+    in the half that the all-reduce's program of its elements (PUSH_BLOCK of them) will read next."""
+    half = tl.load(halves_ptr + flat // PUSH_BLOCK, mask=mask, other=0) ^ 1
+    send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
+
+
+def push_kernel_args(push: PushTarget | None, dummy: torch.Tensor) -> dict:
+    """The keyword arguments of a kernel that may `push_to_peers` (push_buffer_ptrs, push_halves_ptr, push_capacity,
+    PUSH, PUSH_RANK, PUSH_WORLD, PUSH_BLOCK, SENTINEL); `dummy`: any tensor, never read without a push."""
+    return dict(
+        push_buffer_ptrs=dummy if push is None else push.buffer_ptrs,
+        push_halves_ptr=dummy if push is None else push.halves,
+        push_capacity=0 if push is None else push.capacity,
+        PUSH=push is not None,
+        PUSH_RANK=0 if push is None else push.rank,
+        PUSH_WORLD=1 if push is None else push.world,
+        PUSH_BLOCK=BLOCK,
+        SENTINEL=SENTINEL,
+    )
+
+
+@triton.jit
 def _receive(slot, mask, SENTINEL: tl.constexpr):
     """A peer's bits at `slot` (int16 pointers, any shape) where `mask`, reloaded until none is SENTINEL any more
     (all have arrived); the slot is then set back to SENTINEL for the sum after next."""

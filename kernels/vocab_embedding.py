@@ -4,7 +4,7 @@ Each rank holds a block of the vocabulary's rows; a token's row comes from the r
 every other rank contributes zeros, so that the sum over the ranks that follows has each row once. torch spells
 the lookup as eight kernels (shift, two compares, and, not, masked fill, gather, multiply: ~13 us of a 64-row
 decode step on an H200). With a PushTarget each program also sends its values to the other ranks' all-reduce
-buffers as it stores them (kernels.one_shot_all_reduce.send_to_peers, as kernels.gemv's `push`), and the sum
+buffers as it stores them (kernels.one_shot_all_reduce.push_to_peers, as kernels.gemv's `push`), and the sum
 then only gathers (`finish_pushed_all_reduce`).
 """
 
@@ -14,8 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.one_shot_all_reduce import BLOCK as ALL_REDUCE_BLOCK
-from kernels.one_shot_all_reduce import SENTINEL, PushTarget, send_to_peers
+from kernels.one_shot_all_reduce import PushTarget, push_kernel_args, push_to_peers
 
 BLOCK = 1024  # hidden features a program: 8 a thread at 4 warps (16-byte vectors of bf16)
 
@@ -49,8 +48,10 @@ def _vocab_shard_embedding_kernel(
     flat = token * hidden + cols  # out is [T, hidden] contiguous: element (t, c) is the all-reduce's t * hidden + c
     tl.store(out_ptr + flat, values, mask=in_row)
     if PUSH:
-        half = tl.load(push_halves_ptr + flat // PUSH_BLOCK, mask=in_row, other=0) ^ 1  # as its program will use
-        send_to_peers(values, flat, in_row, push_buffer_ptrs, half, push_capacity, PUSH_RANK, PUSH_WORLD, SENTINEL)
+        push_to_peers(
+            values, flat, in_row, push_buffer_ptrs, push_halves_ptr, push_capacity, PUSH_RANK, PUSH_WORLD, PUSH_BLOCK,
+            SENTINEL,
+        )  # fmt: skip
 
 
 def vocab_shard_embedding(
@@ -63,13 +64,8 @@ def vocab_shard_embedding(
     out = torch.empty(num_tokens, hidden, dtype=weight.dtype, device=weight.device)
     if num_tokens == 0:
         return out
-    dummy = ids  # never read without PUSH
     _vocab_shard_embedding_kernel[(num_tokens, triton.cdiv(hidden, BLOCK))](
-        ids, weight, out, start, size, hidden, weight.stride(0),
-        push.buffer_ptrs if push is not None else dummy, push.halves if push is not None else dummy,
-        push.capacity if push is not None else 0,
-        BLOCK=BLOCK, PUSH=push is not None, PUSH_RANK=push.rank if push is not None else 0,
-        PUSH_WORLD=push.world if push is not None else 1, PUSH_BLOCK=ALL_REDUCE_BLOCK, SENTINEL=SENTINEL,
+        ids, weight, out, start, size, hidden, weight.stride(0), BLOCK=BLOCK, **push_kernel_args(push, ids),
         num_warps=4,
     )  # fmt: skip
     return out

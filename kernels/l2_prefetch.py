@@ -12,6 +12,8 @@ its instructions, the GPU tests run it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,7 @@ CHUNK_BYTES = 16384  # one request; the instruction wants a multiple of 16
 CHUNKS_PER_PROGRAM = 32  # one warp a program, one chunk a thread
 
 
+@functools.cache  # asked at every sharded all-reduce of an eager step
 def supports_l2_prefetch(device: torch.device) -> bool:
     """The bulk prefetch is sm_90's (TMA); on other devices `l2_prefetch` must not be called."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9

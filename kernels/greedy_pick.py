@@ -42,16 +42,8 @@ def _chunk_kernel(
 
 
 @triton.jit
-def _merge_kernel(
-    partial_ptr,
-    ids_ptr,  # [B] int64
-    packed_ptr,  # [2, B] float64: ids, then logprobs
-    vocab,
-    num_rows,
-    num_chunks,
-    CHUNKS: tl.constexpr,  # num_chunks padded to a power of two
-):
-    row = tl.program_id(0)
+def _merge_chunks(partial_ptr, row, vocab, num_rows, num_chunks, CHUNKS: tl.constexpr):
+    """A row's chunks merged: (max, first index of the max or `vocab` where none compares, sum of exp(x - max))."""
     offs = tl.arange(0, CHUNKS)
     mask = offs < num_chunks
     at = row * num_chunks + offs
@@ -62,12 +54,46 @@ def _merge_kernel(
     top = tl.max(tops, 0)
     # chunks ascend, so the smallest index among the chunks holding the max is the row's first maximum
     chosen = tl.min(tl.where(tops == top, firsts, vocab), 0).to(tl.int64)
-    chosen = tl.minimum(chosen, vocab - 1)  # a row with no comparable maximum (NaN) still names a real id
     total = tl.sum(totals * tl.exp(tops - tl.where(top == float("-inf"), 0.0, top)), 0)
+    return top, chosen, total
+
+
+@triton.jit
+def _merge_kernel(
+    partial_ptr,
+    ids_ptr,  # [B] int64
+    packed_ptr,  # [2, B] float64: ids, then logprobs
+    vocab,
+    num_rows,
+    num_chunks,
+    CHUNKS: tl.constexpr,  # num_chunks padded to a power of two
+):
+    row = tl.program_id(0)
+    top, chosen, total = _merge_chunks(partial_ptr, row, vocab, num_rows, num_chunks, CHUNKS)
+    chosen = tl.minimum(chosen, vocab - 1)  # a row with no comparable maximum (NaN) still names a real id
     logprob = -tl.log(total)
     tl.store(ids_ptr + row, chosen)
     tl.store(packed_ptr + row, chosen.to(tl.float64))
     tl.store(packed_ptr + num_rows + row, logprob.to(tl.float64))
+
+
+@triton.jit
+def _block_merge_kernel(
+    partial_ptr,
+    block_ptr,  # [3, B] float32 out: max, first id of the max (whole-vocabulary id), sum of exp(x - max)
+    block_vocab,  # ids in this block
+    id_offset,  # the whole vocabulary's id of the block's first
+    vocab,  # the whole vocabulary's size: the first id where none compares
+    num_rows,
+    num_chunks,
+    CHUNKS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    top, chosen, total = _merge_chunks(partial_ptr, row, block_vocab, num_rows, num_chunks, CHUNKS)
+    first = tl.where(chosen < block_vocab, chosen + id_offset, vocab)
+    tl.store(block_ptr + row, top)
+    tl.store(block_ptr + num_rows + row, first.to(tl.float32))  # exact: ids < 2^24
+    tl.store(block_ptr + 2 * num_rows + row, total)
 
 
 def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,4 +121,64 @@ def greedy_pick_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scores = logits.float()
     ids = scores.argmax(dim=-1)
     logprobs = scores.gather(1, ids[:, None]).squeeze(1) - torch.logsumexp(scores, dim=-1)
+    return ids, torch.stack([ids.to(torch.float64), logprobs.to(torch.float64)])
+
+
+def greedy_block_partials(logits: torch.Tensor, id_offset: int, vocab: int) -> torch.Tensor:
+    """A vocabulary block's part of the greedy choice (vocab-parallel logits): logits [B, V_block] of the ids
+    id_offset ... id_offset + V_block - 1 -> [3, B] float32 (max, first id of the max, sum of exp(x - max)). The
+    blocks' partials side by side in id order, [3, B, blocks], are what `greedy_merge_blocks` takes."""
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    num_rows, block_vocab = logits.shape
+    num_chunks = max(1, triton.cdiv(block_vocab, CHUNK))
+    partial = torch.empty(3, num_rows, num_chunks, dtype=torch.float32, device=logits.device)
+    block = torch.empty(3, num_rows, dtype=torch.float32, device=logits.device)
+    if num_rows == 0:
+        return block
+    _chunk_kernel[(num_rows, num_chunks)](
+        logits, partial, logits.stride(0), block_vocab, num_rows, num_chunks, CHUNK=CHUNK, num_warps=4
+    )
+    _block_merge_kernel[(num_rows,)](
+        partial, block, block_vocab, id_offset, vocab, num_rows, num_chunks,
+        CHUNKS=triton.next_power_of_2(num_chunks), num_warps=1,
+    )  # fmt: skip
+    return block
+
+
+def greedy_merge_blocks(partials: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[3, B, blocks] float32 partials of the vocabulary's blocks in id order -> what `greedy_pick` returns for the
+    whole logits."""
+    partials = partials.contiguous()
+    _, num_rows, num_blocks = partials.shape
+    ids = torch.empty(num_rows, dtype=torch.int64, device=partials.device)
+    packed = torch.empty(2, num_rows, dtype=torch.float64, device=partials.device)
+    if num_rows == 0:
+        return ids, packed
+    _merge_kernel[(num_rows,)](
+        partials, ids, packed, vocab, num_rows, num_blocks, CHUNKS=triton.next_power_of_2(num_blocks), num_warps=1
+    )
+    return ids, packed
+
+
+def greedy_block_partials_ref(logits: torch.Tensor, id_offset: int, vocab: int) -> torch.Tensor:
+    scores = logits.float()
+    if scores.shape[1] == 0:  # a block past the vocabulary's end: nothing to choose
+        none = torch.full((scores.shape[0],), float("-inf"), device=scores.device)
+        return torch.stack([none, torch.full_like(none, vocab), torch.zeros_like(none)])
+    top = scores.max(dim=-1).values
+    ids = torch.arange(scores.shape[1], device=scores.device) + id_offset
+    at_top = scores == top[:, None]
+    first = torch.where(at_top, ids, vocab).min(dim=-1).values
+    shift = torch.where(top == float("-inf"), 0.0, top)
+    total = torch.exp(scores - shift[:, None]).sum(dim=-1)
+    return torch.stack([top, first.float(), total])
+
+
+def greedy_merge_blocks_ref(partials: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tops, firsts, totals = partials.float()
+    top = tops.max(dim=-1).values
+    ids = torch.where(tops == top[:, None], firsts, float(vocab)).min(dim=-1).values.long().clamp(max=vocab - 1)
+    shift = torch.where(top == float("-inf"), 0.0, top)
+    logprobs = -torch.log((totals * torch.exp(tops - shift[:, None])).sum(dim=-1))
     return ids, torch.stack([ids.to(torch.float64), logprobs.to(torch.float64)])

@@ -43,6 +43,9 @@ class ForwardBatch:
     # [3, H] int64 rows (req row, position, slot): prefix-cache hits of requests new to their row,
     # whose K/V is already in the cache; the runner writes them into req_to_token before the step.
     cached_prefix_slots: torch.Tensor | None = None
+    # the caller takes only each logits row's greedy choice (no sampling, processors, top-n or prompt scores): a
+    # vocab-parallel runner may then answer with the choice (GreedyChoice) and never gather the logits
+    greedy_only: bool = False
 
     @property
     def num_tokens(self) -> int:

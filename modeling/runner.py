@@ -28,6 +28,7 @@ from modeling.layers.quantization.select import resolve_quantization
 from modeling.models.base import CausalLM
 from modeling.parallel import NO_TP, TensorParallel, shard_heads
 from modeling.parallel.step_broadcast import StepBroadcast
+from modeling.parallel.vocab_logits import GreedyChoice, VocabParallelLogits
 from modeling.registry import NATIVE, modeling_path, resolve_model_class
 from modeling.source import ModelSource, resolve_model_source
 from modeling.step_profiler import StepProfiler
@@ -112,6 +113,7 @@ class ModelRunner:
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
         self.step_sender: StepBroadcast | None = None
+        self.vocab_logits = VocabParallelLogits(tp, model_config.vocab_size) if tp.is_sharded else None
         self.step_profiler = StepProfiler.from_env(tp.rank)
         self.max_rows = cfg.max_rows
         self.max_seq_len = cfg.max_seq_len or min(self.model.max_positions, self.num_kv_slots)
@@ -161,9 +163,10 @@ class ModelRunner:
         return self.model_config.vocab_size
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | GreedyChoice:
         """Logits [R, vocab] for the rows batch.logits_indices of the flat batch, in the weights' dtype (float32
-        where a family soft-caps them); the sampler widens them to float32 where it needs to.
+        where a family soft-caps them); the sampler widens them to float32 where it needs to. A sharded model
+        answers a `greedy_only` batch with each row's greedy choice instead (its logits are never gathered).
 
         Read (sample from) them before the next forward: a CUDA-graph replay reuses their memory.
         """
@@ -173,8 +176,14 @@ class ModelRunner:
             self.step_sender.send(batch)
         write_cached_prefixes(self.req_to_token, batch)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
-            return self.cuda_graphs.replay(batch)
-        return self._forward_eager(batch)
+            logits = self.cuda_graphs.replay(batch)
+        else:
+            logits = self._forward_eager(batch)
+        if self.vocab_logits is None:
+            return logits
+        # this rank's vocabulary block: its gather (or the greedy choice's) runs here, outside the CUDA graphs,
+        # which can then serve both kinds of step
+        return self.vocab_logits.greedy(logits) if batch.greedy_only else self.vocab_logits.gather(logits)
 
     def _forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         write_new_slots(self.req_to_token, batch)

@@ -27,10 +27,11 @@ from typing import cast
 
 import torch
 
+from modeling.parallel.vocab_logits import GreedyChoice
 from router.batch import LogitsLayout, StepBatchBuilder
 from router.request import Request
 from router.runner_api import Runner
-from router.sampling import SampledRows, Sampler, SamplingBatch, score_prompt
+from router.sampling import SampledRows, Sampler, SamplerOutput, SamplingBatch, is_plain_greedy, score_prompt
 from router.sampling_cache import SamplingBatchCache
 from router.step import PromptScores, SampledToken, StepPlan, StepResult
 
@@ -105,6 +106,8 @@ class StepExecutor:
         self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
         self.healer = None  # router.token_healing.TokenHealer, set on the first healing request
         self.grammar = None  # router.grammar.GrammarBackend, set on the first grammar request
+        self._plain_greedy_of: list[Request] = []  # the requests of the last _greedy_only verdict
+        self._plain_greedy = False
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step to its result, failures contained."""
@@ -142,17 +145,21 @@ class StepExecutor:
         previous_ids = previous.sampled_ids if previous is not None else None
         input_rows = _input_rows(plan, previous) if previous is not None and previous_ids is not None else None
         batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
+        requests = [plan.chunks[i].request for i in layout.sampled_chunks]
+        batch.greedy_only = self._greedy_only(layout, requests, batch.logits_indices.shape[0])
         logits = self.runner.forward(batch)  # [R, vocab]
         forward_s = time.perf_counter() - started
         sampled = prompt = deferred = None
-        if layout.sample_rows:
-            requests = [plan.chunks[i].request for i in layout.sampled_chunks]
-            if defer_sampling:
-                deferred = _DeferredSampling(self._rows(logits, layout.sample_rows), requests)
-            else:
-                sampled = self._sample(self._rows(logits, layout.sample_rows), requests)
-        if layout.prompt_chunks:
-            prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
+        if isinstance(logits, GreedyChoice):  # a sharded model's choice: its logits were never gathered
+            sampled = self._greedy_sampled(logits)
+        else:
+            if layout.sample_rows:
+                if defer_sampling:
+                    deferred = _DeferredSampling(self._rows(logits, layout.sample_rows), requests)
+                else:
+                    sampled = self._sample(self._rows(logits, layout.sample_rows), requests)
+            if layout.prompt_chunks:
+                prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
         return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt, deferred)
 
     @torch.inference_mode()
@@ -162,6 +169,24 @@ class StepExecutor:
         deferred, launched.deferred = launched.deferred, None
         if deferred is not None:
             launched.sampled = self._sample(deferred.logits, deferred.requests)
+
+    def _greedy_only(self, layout: LogitsLayout, requests: list[Request], num_rows: int) -> bool:
+        """Whether the step takes only each logits row's greedy choice (every row sampled, no prompt scored, every
+        request plain greedy): a sharded runner then gathers no logits. The requests' verdict is kept while the
+        running set stays the same (their parameters and grammars are fixed from admission)."""
+        if not requests or len(requests) != num_rows or layout.prompt_chunks:
+            return False
+        if requests != self._plain_greedy_of:  # identity per element (Request compares by identity)
+            self._plain_greedy_of, self._plain_greedy = requests, all(map(is_plain_greedy, requests))
+        return self._plain_greedy
+
+    @staticmethod
+    def _greedy_sampled(choice: GreedyChoice) -> SampledRows:
+        """What `_sample` returns for a plain-greedy step, from the choice the runner made. The sampling batch cache
+        is left alone: it advances only over steps the sampler runs (a later one rebuilds it once)."""
+        packed = choice.packed
+        # no top-n: nothing reads all_logprobs
+        return SamplerOutput(choice.token_ids, packed[1], None, all_logprobs=packed, packed=packed).start_copy()
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> SampledRows:
         output = self.sampler(logits, self._sampling_batch(requests))

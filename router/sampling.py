@@ -126,6 +126,26 @@ class SamplingBatch:
         )
 
 
+def is_plain_greedy(request: Request) -> bool:
+    """The request's next token is the raw logits' argmax, its logprob theirs: no sampling, top-n, processor
+    (the conditions of SamplingBatch.build and changes_scores), grammar or token healing."""
+    p = request.params.sampling
+    return not (
+        p.is_sampling
+        or p.top_n_tokens
+        or p.temperature != 1.0
+        or p.top_k > 0
+        or p.top_p < 1.0
+        or p.typical_p < 1.0
+        or p.repetition_penalty != 1.0
+        or p.frequency_penalty != 0.0
+        or p.watermark
+        or p.logit_bias
+        or request.params.healing_prefix
+        or request.params.grammar is not None
+    )
+
+
 def _logit_bias(params: Sequence[SamplingParams], device: torch.device):
     triples = [(row, token, bias) for row, p in enumerate(params) for token, bias in p.logit_bias]
     if not triples:

@@ -2,7 +2,8 @@
 
 Vocab-parallel under tensor parallelism: each rank holds an equal, zero-padded block of vocabulary
 rows. The embedding looks up the ids in its block and all-reduces (exactly one rank contributes
-each row); the LM head computes its block of logits and all-gathers them for sampling.
+each row); the LM head computes its block of logits, which the runner gathers for sampling after the forward
+(outside its CUDA graphs) or reduces to the greedy choice (modeling.parallel.vocab_logits).
 """
 
 from __future__ import annotations
@@ -67,8 +68,6 @@ class LMHead(nn.Module):
             self.weight = _vocab_parallel_weight(vocab_size, hidden_size, tp)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # [R, hidden] -> [R, vocab]
-        logits = dense(hidden, self.weight)
-        if self.tp.is_sharded:  # [R, padded vocab / N] per rank -> [R, vocab] on every rank
-            logits = self.tp.all_gather_columns(logits)[:, : self.vocab_size]
-        return logits
+        # [R, hidden] -> [R, vocab]; under tensor parallelism this rank's block, [R, padded vocab / N], which the
+        # runner gathers, or reduces to the greedy choice (modeling.parallel.vocab_logits)
+        return dense(hidden, self.weight)

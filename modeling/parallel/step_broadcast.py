@@ -10,7 +10,7 @@ travel without a host sync), ordered on the stream after the previous forward; t
 views of it. Only the elements the step uses travel (a 64-row decode: 4 KB of the buffer's 128 KB). Its
 capacity travels in the header: a step that needs more grows it on both sides.
 
-    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity]
+    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only]
              (then, for prefill steps that carry them, the host q_lens[B] and kv_lens[B])
     device = input_ids[T] positions[T] out_slots[T] req_rows[B] q_start[B] q_lens[B] kv_lens[B]
              logits_indices[R] cached_prefix_slots[3 * C] (rows, positions, slots of prefix-cache hits)
@@ -26,7 +26,7 @@ import torch
 from modeling.forward_batch import ForwardBatch, ForwardMode
 from modeling.parallel.group import TensorParallel
 
-_HEADER = 10
+_HEADER = 11
 _INITIAL_CAPACITY = 1 << 14
 _MODES = list(ForwardMode)
 
@@ -61,6 +61,7 @@ class StepBroadcast:
         has_host_lens = batch.q_lens_cpu is not None and batch.kv_lens_cpu is not None
         header = [_Op.STEP, _MODES.index(batch.mode), num_tokens, batch_size, num_logits]
         header += [batch.max_q_len, batch.max_kv_len, int(has_host_lens), num_cached, self.capacity]
+        header += [int(batch.greedy_only)]  # which collective ends the step: the logits' gather or the greedy choice
         self.header.copy_(torch.tensor(header, dtype=torch.int64))
         if self.on_step is not None:
             self.on_step()
@@ -86,9 +87,9 @@ class StepBroadcast:
         """The next batch rank 0 sent, or None when it sent stop. Views of the buffer: valid until
         the next receive (which, on a GPU, the stream orders after this step's forward)."""
         self.tp.broadcast_host(self.header)
-        op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached, capacity = (
-            self.header.tolist()
-        )
+        header = self.header.tolist()
+        op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached = header[:9]
+        capacity, greedy_only = header[9:]
         if op == _Op.STOP:
             return None
         if self.on_step is not None:
@@ -118,4 +119,5 @@ class StepBroadcast:
             q_lens_cpu=host_lens[:batch_size].tolist() if host_lens is not None else None,
             kv_lens_cpu=host_lens[batch_size:].tolist() if host_lens is not None else None,
             cached_prefix_slots=fields[8].view(3, num_cached) if num_cached else None,
+            greedy_only=bool(greedy_only),
         )

@@ -58,3 +58,42 @@ def test_bfloat16_logits_and_a_padded_row_stride():
 def test_no_rows():
     ids, packed = greedy_pick(torch.zeros(0, 100))
     assert ids.shape == (0,) and packed.shape == (2, 0)
+
+
+def _vocab_blocks(logits: torch.Tensor, ranks: int) -> list[tuple[torch.Tensor, int]]:
+    """The logits as vocab-parallel ranks hold them: equal blocks padded with zero-weight ids (logit 0) past the
+    vocabulary, of which only the real ids count (modeling.parallel.vocab_shard)."""
+    vocab = logits.shape[1]
+    padded = -(-vocab // ranks)
+    blocks = []
+    for rank in range(ranks):
+        start = min(rank * padded, vocab)
+        size = min(padded, vocab - start)
+        block = torch.zeros(logits.shape[0], padded, dtype=logits.dtype)
+        block[:, :size] = logits[:, start : start + size]
+        blocks.append((block[:, :size], start))
+    return blocks
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("vocab", [5, 70, 2 * CHUNK + 9], ids=["fewer-ids-than-blocks-x2", "tiny", "ragged"])
+def test_vocab_blocks_merge_to_the_whole_choice(ranks, vocab):
+    from kernels.greedy_pick import (
+        greedy_block_partials,
+        greedy_block_partials_ref,
+        greedy_merge_blocks,
+        greedy_merge_blocks_ref,
+    )
+
+    g = torch.Generator().manual_seed(vocab + ranks)
+    logits = (torch.randn(4, vocab, generator=g) * 4).bfloat16()
+    logits[1, [0, vocab - 1]] = 30.0  # a tie across the first and the last block: the first id wins
+    blocks = _vocab_blocks(logits, ranks)
+    by_kernel = torch.stack([greedy_block_partials(b, start, vocab) for b, start in blocks], dim=-1)
+    by_torch = torch.stack([greedy_block_partials_ref(b, start, vocab) for b, start in blocks], dim=-1)
+    torch.testing.assert_close(by_kernel, by_torch, rtol=1e-6, atol=1e-6)
+    ref_ids, ref_packed = greedy_pick_ref(logits)
+    for ids, packed in (greedy_merge_blocks(by_kernel, vocab), greedy_merge_blocks_ref(by_torch, vocab)):
+        assert ids.tolist() == ref_ids.tolist() and ids[1] == 0
+        assert packed[0].tolist() == ref_ids.double().tolist()
+        torch.testing.assert_close(packed[1], ref_packed[1], rtol=0, atol=2e-5)

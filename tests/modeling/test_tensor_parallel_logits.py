@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, Phi3Config
 
+from kernels.greedy_pick import greedy_pick_ref
 from modeling.forward_batch import build_forward_batch
 from modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
 from modeling.parallel.group import destroy_tensor_parallel
@@ -60,10 +61,19 @@ def _steps() -> list[dict]:
 
 
 def _run_steps(runner: ModelRunner) -> list[torch.Tensor]:
+    """The logits of every step, then the decode step again as a greedy-only step: what the runner answers (one rank:
+    its logits; sharded: the greedy choice, ids then logprobs, [2, R])."""
     outputs = []
     for step in _steps():
         step = dict(step, input_ids=[i % runner.vocab_size for i in step["input_ids"]])
         outputs.append(runner.forward(build_forward_batch(device="cpu", **step)).clone())
+    decode = _steps()[1]  # writes the same K/V to the same slots again: its logits do not change
+    batch = build_forward_batch(
+        device="cpu", **dict(decode, input_ids=[i % runner.vocab_size for i in decode["input_ids"]])
+    )
+    batch.greedy_only = True
+    answer = runner.forward(batch)
+    outputs.append(answer.clone() if isinstance(answer, torch.Tensor) else answer.packed.clone())
     return outputs
 
 
@@ -127,9 +137,17 @@ def _one_rank_logits(folder: str) -> list[torch.Tensor]:
 @pytest.mark.parametrize(("model", "size"), CASES)
 def test_sharded_logits_equal_one_rank(model, size, checkpoints, sharded_logits):
     folder = checkpoints[model]
-    for ours, ref in zip(sharded_logits(size)[folder], _one_rank_logits(folder), strict=True):
+    *ours_steps, ours_greedy = sharded_logits(size)[folder]
+    *ref_steps, ref_greedy_logits = _one_rank_logits(folder)
+    for ours, ref in zip(ours_steps, ref_steps, strict=True):
         assert ours.shape == ref.shape
         assert max_rel_error(ours, ref) <= TOLERANCE
+    # a greedy-only step: the sharded runner answers with the choice, from its ranks' vocabulary blocks (never
+    # gathered), equal to the choice from one rank's whole logits
+    ref_ids, ref_packed = greedy_pick_ref(ref_greedy_logits)
+    assert ours_greedy.shape == (2, ref_ids.shape[0])
+    assert ours_greedy[0].long().tolist() == ref_ids.tolist()
+    torch.testing.assert_close(ours_greedy[1], ref_packed[1], rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize(

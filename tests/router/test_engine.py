@@ -164,3 +164,52 @@ def test_stats_count_steps_tokens_and_occupancy():
     final = engine.stats.report()
     assert final.generated_tokens == 15 and final.prompt_tokens == sum(len(p) for p in prompts(3))
     assert final.running == 0 and final.kv_used == 0 and final.steps[-1].method == "decode"
+
+
+class GreedyChoosingRunner(HashRunner):
+    """Answers a greedy-only step with the choice, as a vocab-parallel ModelRunner does (its logits never
+    gathered), and records which steps were greedy-only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.greedy_only_steps: list[bool] = []
+
+    def forward(self, batch):
+        from kernels.greedy_pick import greedy_pick_ref
+        from modeling.parallel.vocab_logits import GreedyChoice
+
+        logits = super().forward(batch)
+        self.greedy_only_steps.append(batch.greedy_only)
+        return GreedyChoice(*greedy_pick_ref(logits)) if batch.greedy_only else logits
+
+
+def test_greedy_only_steps_answered_with_the_choice_give_the_sampler_s_tokens_and_logprobs():
+    """Steps whose every request is plain greedy are flagged greedy_only; a runner that then answers with the
+    greedy choice yields the tokens and logprobs the sampler yields from the logits. A sampling request, top-n
+    tokens or prompt logprobs in a step keep it on the logits."""
+
+    def run(runner, with_others: bool) -> dict[str, list]:
+        engine = hash_engine(runner=runner)
+        for i, prompt in enumerate(prompts(4)):
+            engine.add_request(GenerateRequest(f"g{i}", prompt, max_new_tokens=6))
+        if with_others:
+            engine.add_request(
+                GenerateRequest("s", prompts(1)[0], max_new_tokens=3, sampling=SamplingParams(do_sample=True, seed=3))
+            )
+            engine.add_request(
+                GenerateRequest("t", prompts(2)[1], max_new_tokens=3, sampling=SamplingParams(top_n_tokens=2))
+            )
+            engine.add_request(GenerateRequest("p", prompts(3)[2], max_new_tokens=3, prompt_logprobs=True))
+        return drain(engine)
+
+    for with_others in (False, True):
+        choosing = GreedyChoosingRunner()
+        ours, reference = run(choosing, with_others), run(HashRunner(), with_others)
+        for request_id, events in reference.items():
+            assert tokens_of(ours[request_id]) == tokens_of(events), request_id
+            assert [p for e in ours[request_id] for p in e.logprobs] == pytest.approx(
+                [p for e in events for p in e.logprobs], abs=1e-6
+            )
+        flagged = sum(choosing.greedy_only_steps)
+        assert flagged > 0  # the plain-greedy steps (all of them without the others; the last ones with them)
+        assert (flagged == len(choosing.greedy_only_steps)) == (not with_others)

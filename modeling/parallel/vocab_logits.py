@@ -9,7 +9,8 @@ vocabulary over 2 ranks, ~27 us on H200s). kernels.greedy_pick merges them into 
 returns: the same id, the same logprob.
 
 The partials travel through the 16-bit gather as their bytes, one bf16 integer (0..255, exact) each, which never
-takes the gather's -0.0 sentinel; float32 partials would need NCCL (~20 us a call).
+takes the gather's -0.0 sentinel (float32 partials would need NCCL, ~20 us a call): four kernels a step, the
+block's reduction in two, the gather, the merge.
 """
 
 from __future__ import annotations
@@ -45,18 +46,9 @@ class VocabParallelLogits:
         from kernels import greedy_pick  # imported on first use: see modeling.runner._build_model
 
         real = block[:, : self.block_size]  # columns past the vocabulary are padding (zero weights)
-        if block.is_cuda:
-            mine = greedy_pick.greedy_block_partials(real, self.block_start, self.vocab_size)
-        else:
-            mine = greedy_pick.greedy_block_partials_ref(real, self.block_start, self.vocab_size)
-        partials = self._gather_partials(mine)  # [3, R, ranks]
-        merge = greedy_pick.greedy_merge_blocks if block.is_cuda else greedy_pick.greedy_merge_blocks_ref
-        return GreedyChoice(*merge(partials, self.vocab_size))
-
-    def _gather_partials(self, mine: torch.Tensor) -> torch.Tensor:
-        """[3, R] float32 of this rank -> [3, R, ranks] of all, through the 16-bit gather as bytes."""
-        num_rows = mine.shape[1]
-        as_bytes = mine.t().contiguous().view(torch.uint8).to(torch.bfloat16)  # [R, 12], each 0..255
-        gathered = self.tp.all_gather_columns(as_bytes)  # [R, 12 * ranks]
-        values = gathered.to(torch.uint8).view(torch.float32)  # [R, 3 * ranks]
-        return values.view(num_rows, self.tp.size, 3).permute(2, 0, 1)
+        on_gpu = block.is_cuda
+        partial = greedy_pick.greedy_block_partials if on_gpu else greedy_pick.greedy_block_partials_ref
+        mine = partial(real, self.block_start, self.vocab_size)  # [R, 12] bf16: the bytes of 3 float32 values
+        everyone = self.tp.all_gather_columns(mine)  # [R, 12 * ranks], rank order = id order
+        merge = greedy_pick.greedy_merge_blocks if on_gpu else greedy_pick.greedy_merge_blocks_ref
+        return GreedyChoice(*merge(everyone, self.vocab_size))

@@ -89,9 +89,12 @@ def test_vocab_blocks_merge_to_the_whole_choice(ranks, vocab):
     logits = (torch.randn(4, vocab, generator=g) * 4).bfloat16()
     logits[1, [0, vocab - 1]] = 30.0  # a tie across the first and the last block: the first id wins
     blocks = _vocab_blocks(logits, ranks)
-    by_kernel = torch.stack([greedy_block_partials(b, start, vocab) for b, start in blocks], dim=-1)
-    by_torch = torch.stack([greedy_block_partials_ref(b, start, vocab) for b, start in blocks], dim=-1)
-    torch.testing.assert_close(by_kernel, by_torch, rtol=1e-6, atol=1e-6)
+    by_kernel = torch.cat([greedy_block_partials(b, start, vocab) for b, start in blocks], dim=1)
+    by_torch = torch.cat([greedy_block_partials_ref(b, start, vocab) for b, start in blocks], dim=1)
+    assert by_kernel.dtype == torch.bfloat16 and by_kernel.shape == (4, 12 * ranks)
+    assert bool((by_kernel == by_kernel.round()).all() and (by_kernel >= 0).all() and (by_kernel <= 255).all())
+    decoded = [parts.to(torch.uint8).view(torch.float32) for parts in (by_kernel, by_torch)]  # [4, 3 * ranks]
+    torch.testing.assert_close(decoded[0], decoded[1], rtol=1e-6, atol=0)
     ref_ids, ref_packed = greedy_pick_ref(logits)
     for ids, packed in (greedy_merge_blocks(by_kernel, vocab), greedy_merge_blocks_ref(by_torch, vocab)):
         assert ids.tolist() == ref_ids.tolist() and ids[1] == 0

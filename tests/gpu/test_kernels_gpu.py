@@ -621,6 +621,35 @@ def test_grammar_mask_read_from_pinned_host_memory() -> None:
         )
 
 
+def test_greedy_from_vocab_blocks() -> None:
+    """The greedy choice from Llama-3's vocabulary in 2 and 4 padded blocks (as vocab-parallel ranks hold it), their
+    partials side by side as the gather leaves them: greedy_pick's ids, its logprobs within 2e-5."""
+    from kernels.greedy_pick import greedy_block_partials, greedy_merge_blocks, greedy_pick_ref
+
+    vocab = 128256
+    for rows, ranks, dtype in [
+        (1, 2, torch.bfloat16),
+        (64, 2, torch.bfloat16),
+        (256, 4, torch.bfloat16),
+        (8, 2, torch.float32),
+    ]:
+        logits = (torch.randn(rows, vocab, device=DEV) * 4).to(dtype)
+        logits[0, [9, vocab - 1]] = 50.0  # a tie in the first and the last block: the first wins
+        padded = -(-vocab // ranks)
+        parts = []
+        for rank in range(ranks):
+            start = min(rank * padded, vocab)
+            size = min(padded, vocab - start)
+            block = torch.zeros(rows, padded, device=DEV, dtype=dtype)  # the LM head's block, padding columns zero
+            block[:, :size] = logits[:, start : start + size]
+            parts.append(greedy_block_partials(block[:, :size], start, vocab))
+        ids, packed = greedy_merge_blocks(torch.cat(parts, dim=1), vocab)
+        ref_ids, ref_packed = greedy_pick_ref(logits)
+        name = f"greedy from {ranks} vocab blocks, {rows} rows {dtype}"
+        check(f"{name}: ids", float((ids != ref_ids).sum()), 0.5, "differ")
+        check(f"{name}: logprobs", (packed[1] - ref_packed[1]).abs().max().item(), 2e-5, "max abs")
+
+
 def test_greedy_pick() -> None:
     """The all-greedy choice at Llama-3's vocabulary: the torch computation's ids, its logprobs within 2e-5."""
     from kernels.greedy_pick import greedy_pick, greedy_pick_ref

@@ -112,6 +112,35 @@ def _receive(slot, mask, SENTINEL: tl.constexpr):
     return seen
 
 
+@triton.jit
+def _receive_all(mine, half, capacity, offs, mask, bits, RANK: tl.constexpr, WORLD: tl.constexpr,
+                 WORLD_P2: tl.constexpr, SENTINEL: tl.constexpr):  # fmt: skip
+    """Every rank's bits of the sum's elements `offs` as the rows of a [WORLD_P2, BLOCK] tile: row RANK is `bits`
+    (this rank's own), row p < WORLD peer p's from slot p of half `half` of this rank's buffer (`mine`), rows past
+    WORLD 0. The peers' rows are loaded together and reloaded together until none is SENTINEL: one round trip to
+    memory per look, however many peers (a `_receive` per peer waits for each in turn); then set back to SENTINEL."""
+    ranks = tl.arange(0, WORLD_P2)[:, None]
+    theirs = (ranks != RANK) & (ranks < WORLD) & mask[None, :]
+    slot = mine + (half * WORLD + ranks) * capacity + offs[None, :]
+    seen = tl.load(slot, mask=theirs, other=0, volatile=True)
+    while tl.max(((seen == SENTINEL) & theirs).to(tl.int32)) > 0:
+        seen = tl.load(slot, mask=theirs, other=0, volatile=True)
+    tl.store(slot, tl.full(seen.shape, SENTINEL, tl.int16), mask=theirs)
+    return tl.where(ranks == RANK, bits[None, :], seen)
+
+
+@triton.jit
+def _sum_in_rank_order(values, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
+    """[WORLD_P2, BLOCK] fp32 (one rank a row) -> [BLOCK]: rank 0 + rank 1 + ... in that order, the order of
+    `all_reduce_ref`, so that every rank rounds the same way whatever the reduction tree (each row is picked out
+    by a sum with zeros, which is exact: -0.0 never travels)."""
+    ranks = tl.arange(0, WORLD_P2)[:, None]
+    total = tl.sum(tl.where(ranks == 0, values, 0.0), axis=0)
+    for rank in tl.static_range(1, WORLD):
+        total += tl.sum(tl.where(ranks == rank, values, 0.0), axis=0)
+    return total
+
+
 # Specialized on the count (its divisibility by 16 makes the masks vectorizable) and told that the buffers are
 # 16-byte aligned (their int64 addresses carry no alignment): otherwise every access compiles to two-byte ones,
 # 16 stores a thread a peer across NVLink (tests/kernels/test_kernel_one_shot_all_reduce_compiled.py).
@@ -126,6 +155,7 @@ def _one_shot_all_reduce_kernel(
     cols,  # GATHER: x is [numel / cols, cols], out [numel / cols, WORLD * cols]
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WORLD_P2: tl.constexpr,  # WORLD rounded up to a power of two (a tile's dimension)
     BLOCK: tl.constexpr,
     SENTINEL: tl.constexpr,
     SENT: tl.constexpr,  # the kernel that wrote x sent it to the peers already (`send_to_peers`)
@@ -148,19 +178,15 @@ def _one_shot_all_reduce_kernel(
         bits = send_to_peers(x, offs, mask, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
     dtype = x_ptr.dtype.element_ty
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
-    total = tl.zeros([BLOCK], dtype=tl.float32)
-    out_offs = (offs // cols) * (WORLD * cols) + offs % cols  # GATHER: rank 0's columns of each row
-    for peer in tl.static_range(WORLD):
-        if peer == RANK:
-            seen = bits
-        else:
-            seen = _receive(mine + (half * WORLD + peer) * capacity + offs, mask, SENTINEL)
-        if GATHER:
-            tl.store(out_ptr + out_offs + peer * cols, seen.to(dtype, bitcast=True), mask=mask)
-        else:
-            total += seen.to(dtype, bitcast=True).to(tl.float32)
-    if not GATHER:
-        tl.store(out_ptr + offs, total.to(dtype), mask=mask)
+    every = _receive_all(mine, half, capacity, offs, mask, bits, RANK, WORLD, WORLD_P2, SENTINEL).to(
+        dtype, bitcast=True
+    )
+    if GATHER:
+        ranks = tl.arange(0, WORLD_P2)[:, None]
+        out_offs = (offs // cols) * (WORLD * cols) + offs % cols  # rank 0's columns of each row
+        tl.store(out_ptr + out_offs[None, :] + ranks * cols, every, mask=(ranks < WORLD) & mask[None, :])
+    else:
+        tl.store(out_ptr + offs, _sum_in_rank_order(every.to(tl.float32), WORLD, WORLD_P2).to(dtype), mask=mask)
     tl.store(halves_ptr + pid, half)
 
 
@@ -263,8 +289,9 @@ def one_shot_all_reduce_(
     assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
     pdl = use_pdl(x)
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, x, numel, buffer_ptrs, halves, capacity, 1, rank, buffer_ptrs.numel(), BLOCK, SENTINEL, sent, False, pdl,
-        num_warps=4, **launch_options(pdl),
+        x, x, numel, buffer_ptrs, halves, capacity, 1, rank, buffer_ptrs.numel(),
+        triton.next_power_of_2(buffer_ptrs.numel()), BLOCK, SENTINEL, sent, False, pdl, num_warps=4,
+        **launch_options(pdl),
     )  # fmt: skip
     return x
 
@@ -282,8 +309,8 @@ def one_shot_all_gather(
     out = torch.empty(rows, world * cols, dtype=x.dtype, device=x.device)
     pdl = use_pdl(x)
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, out, numel, buffer_ptrs, halves, capacity, cols, rank, world, BLOCK, SENTINEL, False, True, pdl,
-        num_warps=4, **launch_options(pdl),
+        x, out, numel, buffer_ptrs, halves, capacity, cols, rank, world, triton.next_power_of_2(world), BLOCK,
+        SENTINEL, False, True, pdl, num_warps=4, **launch_options(pdl),
     )  # fmt: skip
     return out
 

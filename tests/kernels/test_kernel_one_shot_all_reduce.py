@@ -48,7 +48,9 @@ def _rank(rank: int, buffers, inputs, results) -> None:
     results[rank][-4:] = halves[:4].double()
 
 
-@pytest.mark.parametrize(("world", "dtype"), [(2, torch.bfloat16), (2, torch.float16), (3, torch.bfloat16)])
+@pytest.mark.parametrize(
+    ("world", "dtype"), [(2, torch.bfloat16), (2, torch.float16), (3, torch.bfloat16), (4, torch.bfloat16)]
+)
 def test_ranks_agree_with_reference(world: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned ranks import the kernel interpreted
     buffers = [torch.full((2 * world * CAPACITY,), SENTINEL, dtype=torch.int16).share_memory_() for _ in range(world)]
@@ -91,7 +93,7 @@ def _gathering_rank(rank: int, buffers, inputs, results) -> None:
         offset += gathered.numel()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every rank ends with [rows, world * cols] holding rank r's x at columns r * cols (vocab-parallel logits),
     bit for bit but -0.0, which arrives as +0.0; the buffers hold only the sentinel afterwards."""

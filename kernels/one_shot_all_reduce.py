@@ -7,8 +7,8 @@ then reads the peers' copies across NVLink (a round trip). Here nothing crosses 
 
     every buffer element holds SENTINEL (the bits of -0.0) unless a sum is in flight. Program b of a sum on rank r
     stores its slice of x (any -0.0 sent as +0.0) into slot r of half h of every peer's buffer, then reads slot p
-    of half h of its own buffer for each peer p, reloading until no element is SENTINEL, adds the ranks' slices
-    in rank order and puts SENTINEL back in what it read.
+    of half h of its own buffer for every peer p at once, reloading until no element is SENTINEL, adds the ranks'
+    slices in rank order and puts SENTINEL back in what it read.
 
 h alternates between sums of program b (`halves`, one int32 a program, the same sequence on every rank, since
 every rank makes the same sums in the same order). A peer writes half h again two sums of program b later,
@@ -102,39 +102,28 @@ def push_kernel_args(push: PushTarget | None, dummy: torch.Tensor) -> dict:
 
 
 @triton.jit
-def _receive(slot, mask, SENTINEL: tl.constexpr):
-    """A peer's bits at `slot` (int16 pointers, any shape) where `mask`, reloaded until none is SENTINEL any more
-    (all have arrived); the slot is then set back to SENTINEL for the sum after next."""
-    seen = tl.load(slot, mask=mask, other=0, volatile=True)
-    while tl.max(((seen == SENTINEL) & mask).to(tl.int32)) > 0:
-        seen = tl.load(slot, mask=mask, other=0, volatile=True)
-    tl.store(slot, tl.full(seen.shape, SENTINEL, tl.int16), mask=mask)
-    return seen
-
-
-@triton.jit
-def _receive_all(mine, half, capacity, offs, mask, bits, RANK: tl.constexpr, WORLD: tl.constexpr,
-                 WORLD_P2: tl.constexpr, SENTINEL: tl.constexpr):  # fmt: skip
-    """Every rank's bits of the sum's elements `offs` as the rows of a [WORLD_P2, BLOCK] tile: row RANK is `bits`
-    (this rank's own), row p < WORLD peer p's from slot p of half `half` of this rank's buffer (`mine`), rows past
-    WORLD 0. The peers' rows are loaded together and reloaded together until none is SENTINEL: one round trip to
-    memory per look, however many peers (a `_receive` per peer waits for each in turn); then set back to SENTINEL."""
-    ranks = tl.arange(0, WORLD_P2)[:, None]
-    theirs = (ranks != RANK) & (ranks < WORLD) & mask[None, :]
-    slot = mine + (half * WORLD + ranks) * capacity + offs[None, :]
+def _receive_all(mine, half, ranks, capacity, offs, mask, bits, RANK: tl.constexpr, WORLD: tl.constexpr,
+                 SENTINEL: tl.constexpr):  # fmt: skip
+    """Every rank's bits of the sum's elements as a tile with one rank a row along dimension 0 (`ranks`: 0 ..
+    WORLD_P2 - 1 along it; `offs`, `mask`, `bits` and a non-scalar `half`: the elements' tiles with a leading
+    dimension of 1): row RANK is `bits` (this rank's own), row p < WORLD peer p's from slot p of half `half` of this
+    rank's buffer (`mine`), rows past WORLD 0. The peers' rows are loaded together and reloaded together until none
+    is SENTINEL, so that each look is one round trip to memory however many peers there are (waiting for each peer
+    in turn took one more a peer); they are then set back to SENTINEL."""
+    theirs = (ranks != RANK) & (ranks < WORLD) & mask
+    slot = mine + (half * WORLD + ranks) * capacity + offs
     seen = tl.load(slot, mask=theirs, other=0, volatile=True)
     while tl.max(((seen == SENTINEL) & theirs).to(tl.int32)) > 0:
         seen = tl.load(slot, mask=theirs, other=0, volatile=True)
     tl.store(slot, tl.full(seen.shape, SENTINEL, tl.int16), mask=theirs)
-    return tl.where(ranks == RANK, bits[None, :], seen)
+    return tl.where(ranks == RANK, bits, seen)
 
 
 @triton.jit
-def _sum_in_rank_order(values, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    """[WORLD_P2, BLOCK] fp32 (one rank a row) -> [BLOCK]: rank 0 + rank 1 + ... in that order, the order of
-    `all_reduce_ref`, so that every rank rounds the same way whatever the reduction tree (each row is picked out
+def _sum_in_rank_order(values, ranks, WORLD: tl.constexpr):
+    """`_receive_all`'s tile as fp32 -> the sum over dimension 0: rank 0 + rank 1 + ... in that order, the order
+    of `all_reduce_ref`, so that every rank rounds the same way whatever the reduction tree (each row is picked out
     by a sum with zeros, which is exact: -0.0 never travels)."""
-    ranks = tl.arange(0, WORLD_P2)[:, None]
     total = tl.sum(tl.where(ranks == 0, values, 0.0), axis=0)
     for rank in tl.static_range(1, WORLD):
         total += tl.sum(tl.where(ranks == rank, values, 0.0), axis=0)
@@ -178,15 +167,14 @@ def _one_shot_all_reduce_kernel(
         bits = send_to_peers(x, offs, mask, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
     dtype = x_ptr.dtype.element_ty
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
-    every = _receive_all(mine, half, capacity, offs, mask, bits, RANK, WORLD, WORLD_P2, SENTINEL).to(
-        dtype, bitcast=True
-    )
+    ranks = tl.arange(0, WORLD_P2)[:, None]
+    every = _receive_all(mine, half, ranks, capacity, offs[None, :], mask[None, :], bits[None, :], RANK, WORLD,
+                         SENTINEL).to(dtype, bitcast=True)  # fmt: skip
     if GATHER:
-        ranks = tl.arange(0, WORLD_P2)[:, None]
         out_offs = (offs // cols) * (WORLD * cols) + offs % cols  # rank 0's columns of each row
         tl.store(out_ptr + out_offs[None, :] + ranks * cols, every, mask=(ranks < WORLD) & mask[None, :])
     else:
-        tl.store(out_ptr + offs, _sum_in_rank_order(every.to(tl.float32), WORLD, WORLD_P2).to(dtype), mask=mask)
+        tl.store(out_ptr + offs, _sum_in_rank_order(every.to(tl.float32), ranks, WORLD).to(dtype), mask=mask)
     tl.store(halves_ptr + pid, half)
 
 
@@ -203,6 +191,7 @@ def _one_shot_all_reduce_rmsnorm_kernel(
     capacity,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WORLD_P2: tl.constexpr,
     PIECES: tl.constexpr,  # the hidden size in BLOCKs: a power of two
     BLOCK: tl.constexpr,
     SENTINEL: tl.constexpr,
@@ -229,13 +218,10 @@ def _one_shot_all_reduce_rmsnorm_kernel(
     residual = tl.load(residual_ptr + offs)
     bits = send_to_peers(x, offs, everything, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
-    total = tl.zeros([PIECES, BLOCK], dtype=tl.float32)
-    for peer in tl.static_range(WORLD):
-        if peer == RANK:
-            seen = bits
-        else:
-            seen = _receive(mine + (half * WORLD + peer) * capacity + offs, everything, SENTINEL)
-        total += seen.to(x.dtype, bitcast=True).to(tl.float32)
+    ranks = tl.arange(0, WORLD_P2)[:, None, None]
+    every = _receive_all(mine, half[None, :, :], ranks, capacity, offs[None, :, :], everything[None, :, :],
+                         bits[None, :, :], RANK, WORLD, SENTINEL)  # fmt: skip
+    total = _sum_in_rank_order(every.to(x.dtype, bitcast=True).to(tl.float32), ranks, WORLD)
     summed = rounded_sum(total.to(x.dtype), residual)
     tl.store(residual_out_ptr + offs, summed)
     y = rms_normalize(tl.reshape(summed, [H]), weight, eps, H)
@@ -271,7 +257,7 @@ def one_shot_all_reduce_rmsnorm(
     pdl = use_pdl(x)
     _one_shot_all_reduce_rmsnorm_kernel[(rows,)](
         x, residual, weight, normed, summed, eps, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(),
-        hidden // BLOCK, BLOCK, SENTINEL, pdl, num_warps=8 if hidden > 4096 else 4, **launch_options(pdl),
+        triton.next_power_of_2(buffer_ptrs.numel()), hidden // BLOCK, BLOCK, SENTINEL, pdl, num_warps=8 if hidden > 4096 else 4, **launch_options(pdl),
     )  # fmt: skip
     return normed, summed
 

@@ -143,7 +143,7 @@ def _norming_rank(rank: int, buffers, inputs, residuals, weights, results) -> No
     results[rank][-4:] = halves[:4].double()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_all_reduce_with_residual_and_rmsnorm(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every rank ends with the unfused ops' (rmsnorm(sum + residual) * w, sum + residual), the same bits on every
     rank (within the interpreter's rounding towards zero of the reference), the pieces' halves as the plain kernel

@@ -12,11 +12,11 @@ chunks) stay on NCCL. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
             across NVLink and one after; fp32 too
     0       neither: NCCL for every sum
 
-Measured (BENCHMARKS.md): at 4 ranks (H200s, 2026-11-27) the triton kernel takes 4.8 us for 8 KiB against
-torch's 7.2 (NCCL 21.9); in 16-byte accesses at 2 ranks (H100s, 2026-11-28) 2.1 us (torch 9.1, NCCL 14.0).
-With the GEMVs pushing their sums, Llama-3-8B's batch-1 step at 2 shards is 0.578x of one H100's (0.605x on
-H200s) and Llama-3-70B's at 4 H100 shards 85% of its memory roofline; up to 8 MiB at 2 ranks, 256 streams at
-2 H200s give 1.60x one GPU's throughput (1.34x with NCCL for their 2 MiB sums).
+Measured (BENCHMARKS.md): at 4 ranks (H200s, 2026-11-28, every peer's slots received at once) the triton kernel
+takes 2.6 us for 8 KiB against torch's 7.3 (NCCL 21.5); at 2 ranks (H100s, 2026-11-28) 2.1 us (torch 9.1, NCCL
+14.0). With the GEMVs pushing their sums, Llama-3-8B's batch-1 step at 2 shards is 0.578x of one H100's (0.60x on
+H200s) and Llama-3-70B's at 4 shards 85% of its memory roofline on H100s, 80.3% on H200s; up to 8 MiB at 2 ranks,
+256 streams at 2 H200s give 1.60x one GPU's throughput (1.34x with NCCL for their 2 MiB sums).
 
 Only the peer-to-peer operations are used, never NVLink multicast (`multimem_*`). The kernels are
 recorded into CUDA graphs like any other; every rank replays the same ones in the same order.

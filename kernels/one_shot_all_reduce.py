@@ -257,7 +257,8 @@ def one_shot_all_reduce_rmsnorm(
     pdl = use_pdl(x)
     _one_shot_all_reduce_rmsnorm_kernel[(rows,)](
         x, residual, weight, normed, summed, eps, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(),
-        triton.next_power_of_2(buffer_ptrs.numel()), hidden // BLOCK, BLOCK, SENTINEL, pdl, num_warps=8 if hidden > 4096 else 4, **launch_options(pdl),
+        triton.next_power_of_2(buffer_ptrs.numel()), hidden // BLOCK, BLOCK, SENTINEL, pdl,
+        num_warps=8 if hidden > 4096 else 4, **launch_options(pdl),
     )  # fmt: skip
     return normed, summed
 

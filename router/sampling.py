@@ -127,16 +127,13 @@ class SamplingBatch:
 
 
 def is_plain_greedy(request: Request) -> bool:
-    """The request's next token is the raw logits' argmax, its logprob theirs: no sampling, top-n, processor
-    (the conditions of SamplingBatch.build and changes_scores), grammar or token healing."""
+    """The request's next token is the raw logits' argmax, its logprob theirs: no sampling (which any warper
+    turns on: temperature, top-k, top-p, typical-p), top-n, processor (the conditions of SamplingBatch.build and
+    changes_scores), grammar or token healing."""
     p = request.params.sampling
     return not (
         p.is_sampling
         or p.top_n_tokens
-        or p.temperature != 1.0
-        or p.top_k > 0
-        or p.top_p < 1.0
-        or p.typical_p < 1.0
         or p.repetition_penalty != 1.0
         or p.frequency_penalty != 0.0
         or p.watermark

@@ -147,7 +147,7 @@ class StepExecutor:
         batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
         requests = [plan.chunks[i].request for i in layout.sampled_chunks]
         batch.greedy_only = self._greedy_only(layout, requests, batch.logits_indices.shape[0])
-        logits = self.runner.forward(batch)  # [R, vocab]
+        logits = self.runner.forward(batch)  # [R, vocab], or a greedy_only batch's GreedyChoice
         forward_s = time.perf_counter() - started
         sampled = prompt = deferred = None
         if isinstance(logits, GreedyChoice):  # a sharded model's choice: its logits were never gathered

@@ -7,6 +7,7 @@ from typing import Protocol
 import torch
 
 from modeling.forward_batch import ForwardBatch
+from modeling.parallel.vocab_logits import GreedyChoice
 
 
 class Runner(Protocol):
@@ -15,8 +16,9 @@ class Runner(Protocol):
     dtype: torch.dtype
     device: torch.device
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [R, vocab] for the rows batch.logits_indices, in the weights' dtype or float32."""
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | GreedyChoice:
+        """Logits [R, vocab] for the rows batch.logits_indices, in the weights' dtype or float32; or, for a
+        `greedy_only` batch, each row's greedy choice (a vocab-parallel runner, which never gathers its logits)."""
         ...
 
     def close(self) -> None:

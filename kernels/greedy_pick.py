@@ -104,6 +104,7 @@ def _block_merge_kernel(
     num_rows,
     num_chunks,
     CHUNKS: tl.constexpr,
+    PARTIAL: tl.constexpr,  # PARTIAL_BYTES
 ):
     row = tl.program_id(0)
     tops, firsts, totals = _load_chunks(partial_ptr, row, block_vocab, num_rows, num_chunks, CHUNKS)
@@ -117,15 +118,15 @@ def _block_merge_kernel(
         tl.where(field == 1, first.to(tl.int32, bitcast=True), total.to(tl.int32, bitcast=True)),
     )
     value = (bits >> (8 * byte)) & 255
-    tl.store(out_ptr + row * 12 + offs, value.to(tl.float32).to(out_ptr.dtype.element_ty), mask=offs < 12)
+    tl.store(out_ptr + row * PARTIAL + offs, value.to(tl.float32).to(out_ptr.dtype.element_ty), mask=offs < PARTIAL)
 
 
 @triton.jit
-def _load_field(parts_ptr, row_start, blocks, mask, field: tl.constexpr):
+def _load_field(parts_ptr, row_start, blocks, mask, field: tl.constexpr, PARTIAL: tl.constexpr):
     """Field `field` of every block's partial: its 4 bytes (bf16 integers) back into float32 [BLOCKS]."""
     byte = tl.arange(0, 4)
     raw = tl.load(
-        parts_ptr + row_start + blocks[:, None] * 12 + field * 4 + byte[None, :], mask=mask[:, None], other=0.0
+        parts_ptr + row_start + blocks[:, None] * PARTIAL + field * 4 + byte[None, :], mask=mask[:, None], other=0.0
     )
     bits = tl.sum(raw.to(tl.float32).to(tl.int32) << (8 * byte[None, :]), 1)  # disjoint bytes: the sum is the OR
     return bits.to(tl.float32, bitcast=True)
@@ -140,14 +141,15 @@ def _blocks_merge_kernel(
     num_rows,
     num_blocks,
     BLOCKS: tl.constexpr,  # num_blocks padded to a power of two
+    PARTIAL: tl.constexpr,  # PARTIAL_BYTES
 ):
     row = tl.program_id(0)
     blocks = tl.arange(0, BLOCKS)
     mask = blocks < num_blocks
-    row_start = row.to(tl.int64) * num_blocks * 12
-    tops = tl.where(mask, _load_field(parts_ptr, row_start, blocks, mask, 0), float("-inf"))
-    firsts = tl.where(mask, _load_field(parts_ptr, row_start, blocks, mask, 1), vocab)
-    totals = tl.where(mask, _load_field(parts_ptr, row_start, blocks, mask, 2), 0.0)
+    row_start = row.to(tl.int64) * num_blocks * PARTIAL
+    tops = tl.where(mask, _load_field(parts_ptr, row_start, blocks, mask, 0, PARTIAL), float("-inf"))
+    firsts = tl.where(mask, _load_field(parts_ptr, row_start, blocks, mask, 1, PARTIAL), vocab)
+    totals = tl.where(mask, _load_field(parts_ptr, row_start, blocks, mask, 2, PARTIAL), 0.0)
     _, chosen, total = _merge_parts(tops, firsts, totals, vocab)
     _store_choice(ids_ptr, packed_ptr, row, num_rows, chosen, total, vocab)
 
@@ -197,7 +199,7 @@ def greedy_block_partials(logits: torch.Tensor, id_offset: int, vocab: int) -> t
     )
     _block_merge_kernel[(num_rows,)](
         partial, out, block_vocab, id_offset, vocab, num_rows, num_chunks,
-        CHUNKS=triton.next_power_of_2(num_chunks), num_warps=1,
+        CHUNKS=triton.next_power_of_2(num_chunks), PARTIAL=PARTIAL_BYTES, num_warps=1,
     )  # fmt: skip
     return out
 
@@ -213,7 +215,7 @@ def greedy_merge_blocks(parts: torch.Tensor, vocab: int) -> tuple[torch.Tensor, 
         return ids, packed
     _blocks_merge_kernel[(num_rows,)](
         parts.contiguous(), ids, packed, vocab, num_rows, num_blocks, BLOCKS=triton.next_power_of_2(num_blocks),
-        num_warps=1,
+        PARTIAL=PARTIAL_BYTES, num_warps=1,
     )  # fmt: skip
     return ids, packed
 

@@ -61,7 +61,6 @@ class LMHead(nn.Module):
         self, vocab_size: int, hidden_size: int, tied_to: VocabEmbedding | None = None, tp: TensorParallel = NO_TP
     ):
         super().__init__()
-        self.vocab_size, self.tp = vocab_size, tp
         if tied_to is not None:
             self.weight = tied_to.weight  # same Parameter: loaded once, stored once
         else:

@@ -15,11 +15,9 @@ RUN apt-get update \
 
 WORKDIR /usr/src/tgi-compat
 COPY docker/install.sh docker/install.sh
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
+COPY requirements requirements
 COPY tgi_compat tgi_compat
-COPY router router
-COPY modeling modeling
-COPY kernels kernels
 COPY benchmarks benchmarks
 
 # Same steps as `make install` (docker/install.sh); torch==2.13.0 from PyPI is the CUDA build.

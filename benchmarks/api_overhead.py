@@ -2,7 +2,7 @@
 
     python -m benchmarks.api_overhead [--runs 3] [--num-prompts 128] [--concurrency 64]
 
-What it launches: ``python -m tgi_compat.cli.launcher`` (the API process; the engine is its spawned
+What it launches: ``python -m tgi_compat.api.cli.launcher`` (the API process; the engine is its spawned
 child) on a tiny random-weight Llama (1 layer, hidden 64) with SmolLM2's tokenizer, so the engine
 step is cheap and the per-token work of the API process (ZeroMQ receive, dispatch, detokenize,
 JSON, SSE, HTTP writes) is what the run exercises. The model folder is built once under
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     command = [
         sys.executable,
         "-m",
-        "tgi_compat.cli.launcher",
+        "tgi_compat.api.cli.launcher",
         "--model-id",
         str(model_dir),
         "--hostname",

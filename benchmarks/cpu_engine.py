@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from router.config import EngineConfig
-from router.engine import EngineCore
-from router.request import GenerateRequest
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.request import GenerateRequest
 
 PROMPT = [504, 1450, 970, 288, 835, 6256, 314]  # "The best way to learn programming is"
 
@@ -120,7 +120,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
 
     config = EngineConfig(model_id=model_path(), max_batch_total_tokens=8192, max_running_requests=max(32, args.batch))
-    from router.model_loading import load_runner
+    from tgi_compat.router.model_loading import load_runner
 
     runner = TimedRunner(load_runner(config))
     engine = EngineCore(config, runner, runner.runner.model_config)

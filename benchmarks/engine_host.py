@@ -4,10 +4,10 @@
                                                [--vocab 128256] [--mixes greedy sampling]
                                                [--prefix-caching on off]
 
-An EngineCore (router/engine.py) is built around a runner whose forward hands back preallocated
+An EngineCore (tgi_compat/router/engine.py) is built around a runner whose forward hands back preallocated
 logits [R, vocab] at once, so everything timed is router work: scheduling, batch building,
 sampling setup, the sampler, the device-to-host copy, the update, stats, and the engine process's
-msgspec encode of each step's StepOutputs (router/engine_process.py does that every step).
+msgspec encode of each step's StepOutputs (tgi_compat/router/engine_process.py does that every step).
 Requests have `--prompt-len` (+-10%) prompt tokens, `--new-tokens` new tokens and ignore EOS, so
 every request runs to the same length.
 
@@ -40,12 +40,12 @@ from types import SimpleNamespace
 
 import torch
 
-import router.executor as executor_module
-from router.config import EngineConfig
-from router.engine import EngineCore
-from router.request import GenerateRequest, SamplingParams
-from router.sampling import SampledRows, SamplerOutput
-from router.wire import StepOutputs, encoder
+import tgi_compat.router.executor as executor_module
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.request import GenerateRequest, SamplingParams
+from tgi_compat.router.sampling import SampledRows, SamplerOutput
+from tgi_compat.router.wire import StepOutputs, encoder
 
 BOOKKEEPING_PHASES = (
     "schedule",
@@ -126,7 +126,7 @@ def count_tensor_builds(clock: PhaseClock):
 
 
 def instrument(engine: EngineCore, clock: PhaseClock) -> None:
-    """Wrap each phase of EngineCore.step (see router/engine.py and router/executor.py)."""
+    """Wrap each phase of EngineCore.step (see tgi_compat/router/engine.py and tgi_compat/router/executor.py)."""
     executor = engine.executor
     clock.wrap(engine.scheduler, "schedule", "schedule")
     clock.wrap(engine.scheduler, "update", "update")

@@ -9,7 +9,7 @@ budget; a decode-only step costs `decode_base_ms + decode_row_us` per row (a CUD
 any prefill adds `eager_ms` (it runs eager) and `prefill_us_per_token` per token (Llama-3-8B: 2 x 8e9
 FLOP a token at ~600 TFLOP/s = 27 us). Waiting turns join as TGI's batching admits them
 (waiting_served_ratio 0.3, max_waiting_tokens 20 steps); with the cache, a turn whose prefill after
-its cached prefix is <= 512 tokens joins after `hold` decode steps (router/scheduler.py). With the
+its cached prefix is <= 512 tokens joins after `hold` decode steps (tgi_compat/router/scheduler.py). With the
 cache a follow-up turn prefills only its new tokens (own history: the user turn; reference history:
 the previous reference answer too). Each conversation sends its next turn `client_ms` after its answer.
 Prints output tok/s and TTFT p50 with the cache off and on, and their ratio.
@@ -134,7 +134,7 @@ def simulate(
 def _admits(
     first: _Client, num_waiting: int, num_decoding: int, since_admission: int, cache: bool, hold: int, engine: Engine
 ) -> bool:
-    """TGI's batching (router/scheduler.py's _admission_is_due), with the cache's shorter hold."""
+    """TGI's batching (tgi_compat/router/scheduler.py's _admission_is_due), with the cache's shorter hold."""
     assert first.waiting is not None
     short = cache and first.waiting.new <= engine.short_prefill_tokens
     return (

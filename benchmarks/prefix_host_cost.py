@@ -35,15 +35,15 @@ from dataclasses import dataclass
 
 import torch
 
-import router.batch as batch_module
-import router.scheduler as scheduler_module
+import tgi_compat.router.batch as batch_module
+import tgi_compat.router.scheduler as scheduler_module
 from benchmarks.engine_host import InstantRunner, PhaseClock, instant_engine
-from modeling.forward_batch import ForwardBatch, ForwardMode
-from modeling.runner import write_cached_prefixes, write_new_slots
-from router.engine import EngineCore
-from router.executor import LaunchedStep
-from router.request import GenerateRequest
-from router.wire import StepOutputs, encoder
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.runner import write_cached_prefixes, write_new_slots
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.executor import LaunchedStep
+from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.wire import StepOutputs, encoder
 
 EOS = 2
 # (phase, depth): printed in this order, a deeper phase inside the shallower one above it

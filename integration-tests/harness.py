@@ -44,8 +44,8 @@ def _free_port() -> int:
 
 
 def _launcher_command(port: int) -> list[str]:
-    script = REPO_ROOT / ".venv" / "bin" / "text-generation-launcher"
-    program = [str(script)] if script.exists() else [sys.executable, "-m", "tgi_compat.cli.launcher"]
+    script = Path(sys.executable).parent / "text-generation-launcher"  # this venv's, not always .venv's
+    program = [str(script)] if script.exists() else [sys.executable, "-m", "tgi_compat.api.cli.launcher"]
     return [
         *program,
         "--hostname", "127.0.0.1",

@@ -1,4 +1,4 @@
-"""`python -m tgi_compat.cli.api_server`: a real start with LightLLM flags (their server defaults
+"""`python -m tgi_compat.api.cli.api_server`: a real start with LightLLM flags (their server defaults
 reach requests, requests can override them), refused conflicts, and --help."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ THE_ID = 504  # SmolLM2's "The": the chat prompt's answer ("The capital of Franc
 
 
 def api_server_command(*flags: str) -> list[str]:
-    return [sys.executable, "-m", "tgi_compat.cli.api_server", *flags]
+    return [sys.executable, "-m", "tgi_compat.api.cli.api_server", *flags]
 
 
 def _clean_env() -> dict[str, str]:
     # No TGI variable may leak in from the caller: it would conflict with (or replace) a LightLLM flag.
-    from tgi_compat.cli.launcher import FLAGS
+    from tgi_compat.api.cli.launcher import FLAGS
 
     return {k: v for k, v in os.environ.items() if k not in {flag.env for flag in FLAGS}} | {"LOG_LEVEL": "info"}
 

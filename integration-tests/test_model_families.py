@@ -120,7 +120,11 @@ async def served_greedy(client: httpx.AsyncClient, prompt: str, stream: bool) ->
     return ids
 
 
-@pytest.mark.parametrize("family", sorted(_families()))
+@pytest.mark.parametrize(
+    "family",
+    # OLMo-2 on the transformers fallback is in the smoke set of `make test-latest`
+    [pytest.param(f, marks=pytest.mark.latest_deps) if f == "olmo2" else f for f in sorted(_families())],
+)
 def test_family_serves_transformers_greedy_ids(family, tmp_path):
     model, tokenizer = tiny_checkpoint(family, str(tmp_path))
     expected = [transformers_greedy(model, tokenizer(p).input_ids, tokenizer.eos_token_id) for p in PROMPTS]

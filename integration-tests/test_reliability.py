@@ -33,7 +33,7 @@ def _command(port: int) -> list[str]:
     import sys
 
     return [
-        sys.executable, "-m", "tgi_compat.cli.launcher",
+        sys.executable, "-m", "tgi_compat.api.cli.launcher",
         "--hostname", "127.0.0.1",
         "--port", str(port),
         "--max-concurrent-requests", "256",

@@ -262,7 +262,16 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def launched(flags: list[str], log_path: str) -> Iterator[tuple[str, subprocess.Popen]]:
     port = _free_port()
-    command = [sys.executable, "-m", "tgi_compat.cli.launcher", "--hostname", "127.0.0.1", "--port", str(port), *flags]
+    command = [
+        sys.executable,
+        "-m",
+        "tgi_compat.api.cli.launcher",
+        "--hostname",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *flags,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)

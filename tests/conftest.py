@@ -2,7 +2,7 @@
 
 transformers' reference model of the embedded SmolLM2 loads once per session for all of them: its
 GGUF conversion is slow (~30-70 s on 2 cores), so the converted model is saved once under the
-tgi_compat cache folder (modeling.tokenizer.cache_root) and later sessions load that snapshot of
+tgi_compat cache folder (tgi_compat.modeling.tokenizer.cache_root) and later sessions load that snapshot of
 transformers' own output.
 """
 
@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from modeling.tokenizer import cache_root
 from tests.modeling.helpers import smollm2_gguf_path
+from tgi_compat.modeling.tokenizer import cache_root
 
 
 def _import_triton_interpreted() -> None:
     """Without a GPU, Triton's own @jit helpers (tl.cdiv, the reductions, gluon's copies) must be
     the interpreter's: Triton decorates them once, when it is first imported, so that import happens
     here, before any test module pulls in a kernel. The variable is restored at once so that server
-    subprocesses started by tests do not inherit it (tests/kernels/conftest.py re-imports kernels/)."""
+    subprocesses started by tests do not inherit it (tests/kernels/conftest.py re-imports tgi_compat/kernels/)."""
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
@@ -77,6 +77,6 @@ def _save_reference(model, folder: Path) -> None:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The embedded model's tokenizer (converted from the GGUF once, then cached)."""
-    from modeling.tokenizer import load_tokenizer
+    from tgi_compat.modeling.tokenizer import load_tokenizer
 
     return load_tokenizer()

@@ -1,4 +1,4 @@
-"""`python -m tgi_compat.quantize`: AIAK's quantization tool command line (the work is modeling.quantize.tool).
+"""`python -m tgi_compat.quantize`: AIAK's quantization tool command line (the work is tgi_compat.modeling.quantize.tool).
 
     python -m tgi_compat.quantize -i IN -o OUT -quant_type weight_only_int8|smooth_quant|awq|gptq
         -t bf16|fp16 [-sq 0.8] [-token TOKEN_IDS_FILE] [-tp N] [--multi-query-mode]
@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from modeling.quantize.tool import QuantizeError, QuantizeJob, run
-    from modeling.weights.hub import ModelNotFoundError
+    from tgi_compat.modeling.quantize.tool import QuantizeError, QuantizeJob, run
+    from tgi_compat.modeling.weights.hub import ModelNotFoundError
 
     try:
         run(QuantizeJob(**vars(args)))

@@ -13,9 +13,9 @@ $OUT/grammar_bench.json; the last line says whether each target is met.
    same matcher states, in a shuffled order:
    - the fill sweep: threads x rows (THREAD_COUNTS x ROW_COUNTS), xgrammar's batched fill on the host;
      `fill_ms[rows][threads]` medians, and `fastest_threads` per row count, from which
-     router.grammar.SINGLE_THREAD_FILL_ROWS is set (`single_thread_fastest_up_to_rows`);
+     tgi_compat.router.grammar.SINGLE_THREAD_FILL_ROWS is set (`single_thread_fastest_up_to_rows`);
    - the engine's own path at `--rows`, each part timed to a device sync: GrammarBackend.mask (the fill, on
-     router.grammar.fill_threads(rows) threads, right after the host waited ~8 ms on a stand-in forward, as
+     tgi_compat.router.grammar.fill_threads(rows) threads, right after the host waited ~8 ms on a stand-in forward, as
      in the engine), GrammarMask.apply (after the penalties; it reads the `mask_mb` of pinned host memory in
      place) and GrammarMask.confine (after the warpers); `mask_ms_per_step` = the sum of their three
      medians. Target at 64 rows: <= 1 ms. `*_host_ms`:
@@ -23,11 +23,11 @@ $OUT/grammar_bench.json; the last line says whether each target is met.
      time (CUDA events around it, queued behind a forward, in the exposed-cost pass below).
    - fill_after_idle_ms: the fill of `--rows` rows on each thread count right after a stand-in forward's sync,
      i.e. with the host idle for ~8 ms as in the engine (the sweep's fills run back to back); its fastest
-     thread count is the one router.grammar.fill_threads should pick at that size.
+     thread count is the one tgi_compat.router.grammar.fill_threads should pick at that size.
    - kernels_match_reference: apply + confine on the device equal the torch reference (CPU) on these masks.
    On a GPU also the exposed cost: what the mask adds to a step whose stand-in forward (~8 ms of matmuls,
    about a 64-row Llama-3-8B decode step) is queued first, as the executor queues it before it fills.
-2. Throughput. An engine process behind router.client.ZmqEngineClient (the server's own client); `rows`
+2. Throughput. An engine process behind tgi_compat.router.client.ZmqEngineClient (the server's own client); `rows`
    requests of PROMPT_LEN random ids x `new_tokens` at once, unconstrained vs constrained by SCHEMA, whose
    array of people is long enough that no answer completes first (both loads generate every token). A
    warm-up of both loads, then `reps` pairs (plain, constrained) interleaved; output tok/s counts the tokens
@@ -50,7 +50,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from router.request import GenerateRequest, GrammarKind, GrammarSpec
+from tgi_compat.router.request import GenerateRequest, GrammarKind, GrammarSpec
 
 PROMPT_LEN = 128
 THREAD_COUNTS = (1, 2, 4, 8)
@@ -79,10 +79,10 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
     import torch
     import xgrammar
 
-    from modeling.source import resolve_model_source
-    from modeling.tokenizer import load_tokenizer
-    from modeling.weights.loader import load_model_config
-    from router.grammar import GrammarBackend, GrammarCompiler, fill_threads
+    from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.tokenizer import load_tokenizer
+    from tgi_compat.modeling.weights.loader import load_model_config
+    from tgi_compat.router.grammar import GrammarBackend, GrammarCompiler, fill_threads
 
     vocab = load_model_config(resolve_model_source(model_dir)).vocab_size
     tokenizer = load_tokenizer(model_dir)
@@ -227,7 +227,7 @@ def mask_cost(model_dir: str, rows: int, device: str, steps: int, warmup: int = 
         fill_ms=fill,  # median per step, by rows then threads
         fill_ms_mean={n: {t: statistics.mean(fill_ms[n, t]) for t in THREAD_COUNTS} for n in row_counts},
         fastest_threads=fastest,
-        single_thread_fastest_up_to_rows=single_up_to,  # -> router.grammar.SINGLE_THREAD_FILL_ROWS
+        single_thread_fastest_up_to_rows=single_up_to,  # -> tgi_compat.router.grammar.SINGLE_THREAD_FILL_ROWS
     )
     print(json.dumps(result), flush=True)
     return result
@@ -238,8 +238,8 @@ def _kernels_match_reference(backend, requests: list, logits, row_type) -> bool:
     scores, every row constrained and every third one not (a row index), with NaN and +inf among the scores."""
     import torch
 
-    from kernels.grammar_apply import grammar_apply_ref
-    from kernels.grammar_confine import grammar_confine_ref
+    from tgi_compat.kernels.grammar_apply import grammar_apply_ref
+    from tgi_compat.kernels.grammar_confine import grammar_confine_ref
 
     scores = logits.clone()
     scores[0, ::5], scores[1, 7], scores[2] = float("nan"), float("inf"), float("-inf")
@@ -285,8 +285,8 @@ def _stand_in_forward(device: str, target_ms: float = 8.0):
 
 
 async def throughput(model_dir: str, rows: int, new_tokens: int, reps: int) -> list[dict]:
-    from router.client import ZmqEngineClient
-    from router.config import EngineConfig
+    from tgi_compat.router.client import ZmqEngineClient
+    from tgi_compat.router.config import EngineConfig
 
     client = await ZmqEngineClient.start(EngineConfig(model_id=model_dir))
     rng, ids, results = random.Random(0), iter(range(10**9)), []

@@ -3,11 +3,11 @@
     python3 scripts/device/bench_overlap.py [MODEL_DIR] [--rows 1,64,256] [--repeats 2]
 
 The model folder is serve_bench.sh's random Llama-3-8B (`STAGES=model bash scripts/device/serve_bench.sh`).
-For each setting an engine process is started behind router.client.ZmqEngineClient (the server's own
+For each setting an engine process is started behind tgi_compat.router.client.ZmqEngineClient (the server's own
 client) and `rows` requests of 128 random prompt ids x 256 new tokens (ignore_eos) run at once; output
 tok/s counts every token that reached the client, and the time per output token of a request is
 (last token's arrival - first token's) / (tokens - 1), as a client sees it. With the overlap on, step
-N+1 is scheduled and launched before step N's tokens are read back (router/engine.py).
+N+1 is scheduled and launched before step N's tokens are read back (tgi_compat/router/engine.py).
 
 First (`--check`, on by default) a correctness check of the GPU path of overlap scheduling: a small
 random Llama in float32 with CUDA graphs, in-process EngineCore, the same requests (greedy, seeded
@@ -29,9 +29,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from router.client import ZmqEngineClient
-from router.config import EngineConfig
-from router.request import GenerateRequest
+from tgi_compat.router.client import ZmqEngineClient
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.request import GenerateRequest
 
 PROMPT_LEN, NEW_TOKENS = 128, 256
 TINY_LLAMA = dict(
@@ -55,8 +55,8 @@ def check_same_tokens(device: str = "cuda") -> dict:
     import torch
     from common import build_runner, hf_model
 
-    from router.engine import EngineCore
-    from router.request import SamplingParams
+    from tgi_compat.router.engine import EngineCore
+    from tgi_compat.router.request import SamplingParams
 
     torch.manual_seed(0)
     model, hf_config = hf_model(TINY_LLAMA, torch.float32, device)

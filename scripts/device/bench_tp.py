@@ -12,7 +12,7 @@
 
 No checkpoint is written: each model folder holds config.json and the Llama-3 tokenizer, and the
 engine loads it with --load-format dummy (each rank makes its own shard of random weights on its GPU).
-The engine runs as the server runs it (router.client.ZmqEngineClient: rank 0 in the engine process,
+The engine runs as the server runs it (tgi_compat.router.client.ZmqEngineClient: rank 0 in the engine process,
 ranks 1..N-1 beside it, NCCL, CUDA graphs), driven without HTTP so the numbers are the engine's.
 """
 
@@ -35,17 +35,17 @@ import torch
 from bench_gpu import copy_bandwidth
 
 from benchmarks.random_model import PRESETS
-from modeling.parallel.symmetric_all_reduce import KERNEL_ENV
-from router.client import ZmqEngineClient
-from router.config import EngineConfig
-from router.request import GenerateRequest
+from tgi_compat.modeling.parallel.symmetric_all_reduce import KERNEL_ENV
+from tgi_compat.router.client import ZmqEngineClient
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.request import GenerateRequest
 
 PROMPT_LEN, NEW_TOKENS, STREAMS = 128, 256, 64
 WARMUP_TOKENS = 8  # enough to compile and autotune every step shape the measured run meets
 LLAMA3_70B = dict(hidden_size=8192, intermediate_size=28_672, num_hidden_layers=80, num_attention_heads=64,
                   num_key_value_heads=8)  # fmt: skip
 # Besides its weight shard a rank needs its CUDA context, NCCL buffers, the activation and sampling
-# reserve (modeling.runner: ~8 GiB at 4096 prefill tokens and Llama-3's vocabulary) and some KV cache.
+# reserve (tgi_compat.modeling.runner: ~8 GiB at 4096 prefill tokens and Llama-3's vocabulary) and some KV cache.
 RANK_HEADROOM_BYTES = 16 * 2**30
 
 
@@ -106,7 +106,7 @@ def bytes_per_token_per_rank(config: dict, num_shard: int, context: int) -> floa
 
 
 async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
-    # modeling.step_profiler: a folder per shard count and all-reduce kernel
+    # tgi_compat.modeling.step_profiler: a folder per shard count and all-reduce kernel
     if profile_root := os.environ.get("TGI_PROFILE_ROOT"):
         run_name = f"tp{num_shard}-{os.environ.get(KERNEL_ENV, '1')}"
         os.environ["TGI_PROFILE_DIR"] = os.path.join(profile_root, run_name)

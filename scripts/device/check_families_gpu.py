@@ -22,12 +22,12 @@ import torch
 import transformers
 import triton
 
-import modeling.models.gemma
-import modeling.runner
-from kernels.silu_mul import gelu_tanh_mul_ref
-from modeling.layers.ops import TORCH_OPS, LayerOps, select_ops
-from modeling.runner import ModelRunner, RunnerConfig
+import tgi_compat.modeling.models.gemma
+import tgi_compat.modeling.runner
 from tests.modeling.helpers import max_rel_error, run_step, tiny_hf_model
+from tgi_compat.kernels.silu_mul import gelu_tanh_mul_ref
+from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps, select_ops
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 SIZES = dict(
     vocab_size=512,
@@ -104,20 +104,23 @@ def run_family(config_name: str, overrides: dict, dtype: str, device: str, varia
         max_seq_len=512,
         cuda_graph_batch_sizes=[1, 2, 4] if variant.graphs else [],
     )
-    chosen_ops, triton_geglu = modeling.runner.select_ops, modeling.models.gemma.triton_gelu_tanh_mul_linear
+    chosen_ops, triton_geglu = (
+        tgi_compat.modeling.runner.select_ops,
+        tgi_compat.modeling.models.gemma.triton_gelu_tanh_mul_linear,
+    )
     if variant.torch_ops:
         ops = select_ops(torch.device(device))
         unfused = [f.name for f in fields(LayerOps)] if variant.torch_ops == ("all",) else variant.torch_ops
         ops = replace(ops, **{name: getattr(TORCH_OPS, name) for name in unfused})
-        modeling.runner.select_ops = lambda _device: ops
+        tgi_compat.modeling.runner.select_ops = lambda _device: ops
     if variant.torch_geglu:
-        modeling.models.gemma.triton_gelu_tanh_mul_linear = lambda x, proj: proj(gelu_tanh_mul_ref(x))
+        tgi_compat.modeling.models.gemma.triton_gelu_tanh_mul_linear = lambda x, proj: proj(gelu_tanh_mul_ref(x))
     try:
         runner = ModelRunner.from_hf_state_dict(hf_config, model.state_dict(), cfg)
         results, graphs = _run_requests(runner, model, dtype, device, variant.reference_on_cpu)
     finally:
-        modeling.runner.select_ops = chosen_ops
-        modeling.models.gemma.triton_gelu_tanh_mul_linear = triton_geglu
+        tgi_compat.modeling.runner.select_ops = chosen_ops
+        tgi_compat.modeling.models.gemma.triton_gelu_tanh_mul_linear = triton_geglu
     return results, graphs, model.config._attn_implementation
 
 

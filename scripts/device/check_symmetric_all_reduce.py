@@ -3,7 +3,7 @@
     python scripts/device/check_symmetric_all_reduce.py     # every GPU; writes $OUT/symmetric_all_reduce.json
 
 For each size (bf16 elements of one decode step's hidden states), every rank sums a rank-dependent
-tensor with NCCL and with each kernel of modeling.parallel.symmetric_all_reduce (triton, torch), and the
+tensor with NCCL and with each kernel of tgi_compat.modeling.parallel.symmetric_all_reduce (triton, torch), and the
 results must agree exactly; then 64 all-reduces (one batch-1 decode step of Llama-3-8B at --num-shard 2)
 are captured in a CUDA graph each way and replayed to time them. At more than 2 ranks NCCL may add in another
 order than the kernels, so there a difference of one bf16 unit need not be an error. A stress part then makes
@@ -11,7 +11,7 @@ order than the kernels, so there a difference of one bf16 unit need not be an er
 Triton kernel's own definition (fp32, in rank order, from the gathered inputs), which must hold bit for bit.
 Last, the vocab-parallel logits' gather (`TensorParallel.all_gather_columns`, Llama-3's vocabulary over the
 ranks): the Triton kernel's against NCCL's, equal and timed the same way; and the sum fused with the residual
-add and RMSNorm (`SymmetricAllReduce.all_reduce_rms_norm`) against the sum then `kernels.rmsnorm.rmsnorm`.
+add and RMSNorm (`SymmetricAllReduce.all_reduce_rms_norm`) against the sum then `tgi_compat.kernels.rmsnorm.rmsnorm`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def stress_mismatches(kernel, device: torch.device, rank: int, count: int = 300)
     against the fp32 rank-order sum of the gathered inputs: how many differ, eager and graph."""
     import torch.distributed as dist
 
-    from kernels.one_shot_all_reduce import all_reduce_ref
+    from tgi_compat.kernels.one_shot_all_reduce import all_reduce_ref
 
     # even sizes: torch's kernel takes whole 4-byte words (a model's sums are rows of the hidden size)
     sizes = (2 * torch.randint(1, kernel.max_bytes // 4, (count,), generator=torch.Generator().manual_seed(0))).tolist()
@@ -120,9 +120,9 @@ NORM_ROWS = [1, 64, 256]  # rows of Llama-3-8B's hidden state
 
 
 def norm_rows(triton_kernel, device: torch.device, rank: int) -> list[dict]:
-    """The sum fused with the residual add and RMSNorm against the sum then `kernels.rmsnorm.rmsnorm` (what a
+    """The sum fused with the residual add and RMSNorm against the sum then `tgi_compat.kernels.rmsnorm.rmsnorm` (what a
     layer runs unfused): bit-equal outputs, and us a call of each."""
-    from kernels.rmsnorm import rmsnorm
+    from tgi_compat.kernels.rmsnorm import rmsnorm
 
     rows = []
     for num_rows in NORM_ROWS:
@@ -158,8 +158,8 @@ def norm_rows(triton_kernel, device: torch.device, rank: int) -> list[dict]:
 def worker(rank: int, size: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from modeling.parallel import init_tensor_parallel
-    from modeling.parallel.symmetric_all_reduce import KERNELS, SymmetricAllReduce
+    from tgi_compat.modeling.parallel import init_tensor_parallel
+    from tgi_compat.modeling.parallel.symmetric_all_reduce import KERNELS, SymmetricAllReduce
 
     tp = init_tensor_parallel(rank, size, "127.0.0.1", port, torch.device("cuda", rank))
     assert tp.symmetric is not None, "symmetric-memory all-reduce did not start"

@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from modeling.forward_batch import build_forward_batch
-from modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
-from modeling.parallel.step_broadcast import StepBroadcast
-from modeling.runner import ModelRunner, RunnerConfig
-from router.process_exit import exit_process
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
 from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, TINY_FAMILIES, _steps
+from tgi_compat.modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
+from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.router.process_exit import exit_process
 
 # the kernels' reduction order differs between 1 and 2 ranks; bf16 rounds each layer's output besides
 TOLERANCE = {"float32": 2e-3, "bfloat16": 5e-2}

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from modeling.cuda_graphs import DecodeCudaGraphs
-from modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
-from modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 LLAMA3_8B = dict(
     architectures=["LlamaForCausalLM"],

@@ -70,7 +70,7 @@ run_plain() {  # name, streams: PLAIN_REPEATS runs of distinct random prompts
 
 for cache in $CACHES; do
   flag=$([[ $cache == on ]] && echo 1 || echo 0)
-  start_server "$cache" env PREFIX_CACHING=$flag $PY -m tgi_compat.cli.launcher --model-id "$MODEL_DIR" \
+  start_server "$cache" env PREFIX_CACHING=$flag $PY -m tgi_compat.api.cli.launcher --model-id "$MODEL_DIR" \
     --port "$PORT" --hostname 127.0.0.1 --max-concurrent-requests 2048 $SERVER_ARGS
   for workload in $WORKLOADS; do
     case $workload in

@@ -78,7 +78,7 @@ stop() { kill -TERM -- "-$1" 2> /dev/null; for _ in $(seq 20); do kill -0 "$1" 2
 
 # ours first: a run cut by DEADLINE then costs a LightLLM row, not one of the two targets
 for cache in 1 0; do
-  setsid env PREFIX_CACHING=$cache python3 -m tgi_compat.cli.launcher --model-id /tmp/model --hostname 127.0.0.1 \
+  setsid env PREFIX_CACHING=$cache python3 -m tgi_compat.api.cli.launcher --model-id /tmp/model --hostname 127.0.0.1 \
     --port 8001 --max-concurrent-requests 2048 > "$OUT/ours-cache$cache.log" 2>&1 &
   pid=$!
   wait_up $pid http://127.0.0.1:8001 "$OUT/ours-cache$cache.log" && WORKLOADS=$([ "$cache" = 1 ] && echo "$WORKLOADS" || echo "$CACHE_OFF_WORKLOADS") \

@@ -1,5 +1,5 @@
 """Engine-only throughput and a cProfile of its host work (no HTTP): 64 requests of 256 in / 256 out
-through router.offline.LLM on a model folder (default: the random Llama-3-8B of serve_bench.sh)."""
+through tgi_compat.router.offline.LLM on a model folder (default: the random Llama-3-8B of serve_bench.sh)."""
 
 import cProfile
 import pstats
@@ -7,9 +7,9 @@ import random
 import sys
 import time
 
-from router.config import EngineConfig
-from router.offline import LLM
-from router.request import SamplingParams
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.offline import LLM
+from tgi_compat.router.request import SamplingParams
 
 model_dir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/llama3-8b-random"
 batch, prompt_len, new_tokens = 64, 256, 256

@@ -4,7 +4,7 @@
 
 The 1,000-prompt ShareGPT length list of benchmarks.offline (same seed), random token ids of those
 lengths, each request's own output length with ignore_eos, all submitted at once to an in-process
-EngineCore (router.offline's engine, no HTTP). For each max_running_requests:max_batch_prefill_tokens
+EngineCore (tgi_compat.router.offline's engine, no HTTP). For each max_running_requests:max_batch_prefill_tokens
 pair it prints output tok/s and a step breakdown: pure-decode steps (CUDA graphs up to 256 rows) vs
 steps that carry prompt tokens, their count, wall time and mean rows, so the engine's ceiling can be
 told apart from the HTTP path's cost (compare with benchmarks.offline against the server).
@@ -24,10 +24,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from benchmarks.workload import read_length_list
-from router.config import EngineConfig
-from router.engine import EngineCore
-from router.model_loading import load_runner
-from router.request import GenerateRequest
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.model_loading import load_runner
+from tgi_compat.router.request import GenerateRequest
 
 
 def sharegpt_lengths(num: int, seed: int = 0) -> list[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """Where a prefix-cache hit's prefill step spends its time (GPU, not CI): a 4,000-token system prompt
 cached, then N requests of it + a distinct 64-token question, one new token each, through
-router.offline.LLM; per-step wall times, then a torch profile of one such batch (top kernels).
+tgi_compat.router.offline.LLM; per-step wall times, then a torch profile of one such batch (top kernels).
 
     python3 scripts/device/profile_prefix_step.py /tmp/model [--requests 16] [--system-len 4000]
 """
@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from router.config import EngineConfig
-from router.offline import LLM
-from router.request import SamplingParams
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.offline import LLM
+from tgi_compat.router.request import SamplingParams
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model_dir")

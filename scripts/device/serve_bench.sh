@@ -35,7 +35,7 @@ read -r -a DATASET <<< "--dataset sharegpt-lengths --seed 0 ${EXTRA_ARGS:-}"
 
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/bench_server.sh"
-SERVER_CMD="$PY -m tgi_compat.cli.launcher --model-id $MODEL_DIR --port $PORT --hostname 127.0.0.1 $SERVER_ARGS"
+SERVER_CMD="$PY -m tgi_compat.api.cli.launcher --model-id $MODEL_DIR --port $PORT --hostname 127.0.0.1 $SERVER_ARGS"
 has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } > "$OUT/device.txt"

@@ -49,7 +49,7 @@ def build_model() -> None:
 
 def start_server(log_path: Path) -> subprocess.Popen:
     command = [
-        sys.executable, "-m", "tgi_compat.cli.launcher", "--model-id", str(MODEL),
+        sys.executable, "-m", "tgi_compat.api.cli.launcher", "--model-id", str(MODEL),
         "--hostname", "127.0.0.1", "--port", str(PORT), "--max-concurrent-requests", "512",
     ]  # fmt: skip
     process = subprocess.Popen(command, cwd=REPO, stdout=log_path.open("w"), stderr=subprocess.STDOUT)

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from scripted_engine import ScriptedEngine, make_state
 
-from tgi_compat.server.app import create_app
-from tgi_compat.serving.tokenization import TokenizerService
+from tgi_compat.api.server.app import create_app
+from tgi_compat.api.serving.tokenization import TokenizerService
 
 
 @pytest.fixture(scope="session")

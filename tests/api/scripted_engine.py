@@ -7,14 +7,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from router.client_api import EngineClient, EngineInfo
-from router.outputs import TokenEvent, TopToken
-from router.request import GenerateRequest
-from tgi_compat.cli.config import ServerConfig, ServingLimits
-from tgi_compat.observability.metrics import ServerMetrics
-from tgi_compat.server.permits import PermitPool
-from tgi_compat.server.state import AppState, ModelInfo
-from tgi_compat.serving.tokenization import TokenizerService
+from tgi_compat.api.cli.config import ServerConfig, ServingLimits
+from tgi_compat.api.observability.metrics import ServerMetrics
+from tgi_compat.api.server.permits import PermitPool
+from tgi_compat.api.server.state import AppState, ModelInfo
+from tgi_compat.api.serving.tokenization import TokenizerService
+from tgi_compat.router.client_api import EngineClient, EngineInfo
+from tgi_compat.router.outputs import TokenEvent, TopToken
+from tgi_compat.router.request import GenerateRequest
 
 EOS_ID = 2
 

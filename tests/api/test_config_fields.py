@@ -6,8 +6,8 @@ import glob
 import os
 import re
 
-from tgi_compat.cli import launcher
-from tgi_compat.cli.config import ServerConfig
+from tgi_compat.api.cli import launcher
+from tgi_compat.api.cli.config import ServerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

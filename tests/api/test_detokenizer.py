@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tgi_compat.serving.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from tgi_compat.api.serving.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 
 def _stream(tokenizer, prompt: str, continuation: str) -> tuple[list[str], str]:

@@ -6,7 +6,7 @@ import asyncio
 
 from starlette.requests import ClientDisconnect
 
-from tgi_compat.serving.disconnect import AbortOnDisconnect
+from tgi_compat.api.serving.disconnect import AbortOnDisconnect
 
 SCOPE = {"type": "http", "method": "POST", "path": "/generate"}
 BODY = {"type": "http.request", "body": b"{}", "more_body": False}

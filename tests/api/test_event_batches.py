@@ -1,7 +1,7 @@
 """Tokens that reach the API together (a stream that fell behind) go out together, same bytes.
 
 `_BatchingEngine` hands every event of a request over at once through `generate_batches`, the
-way router.client does when several steps arrived before the stream task ran; the SSE body must
+way tgi_compat.router.client does when several steps arrived before the stream task ran; the SSE body must
 be byte for byte what one-event-at-a-time delivery gives.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 import pytest
 from scripted_engine import ScriptedEngine
 
-from router.client import _RequestEvents
-from router.client_api import EngineDeadError
-from router.outputs import TokenEvent
-from router.request import GenerateRequest
+from tgi_compat.router.client import _RequestEvents
+from tgi_compat.router.client_api import EngineDeadError
+from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.request import GenerateRequest
 
 PROMPT = "What is the capital of France?"
 

@@ -2,8 +2,8 @@
 
 from typing import get_args
 
-from router.request import COMPLETED_FINISH_REASONS, FinishReason
-from tgi_compat.protocol import tgi as schemas
+from tgi_compat.api.protocol import tgi as schemas
+from tgi_compat.router.request import COMPLETED_FINISH_REASONS, FinishReason
 
 
 def test_the_wire_finish_reasons_are_the_engines_completed_ones():

@@ -195,9 +195,9 @@ async def test_leaving_a_stream_early_releases_the_engine_request(engine, tokeni
 
     from scripted_engine import make_state
 
-    from tgi_compat.protocol.tgi import GenerateParameters
-    from tgi_compat.serving.frame import validate_request
-    from tgi_compat.serving.generation import Timings, stream_sequence
+    from tgi_compat.api.protocol.tgi import GenerateParameters
+    from tgi_compat.api.serving.frame import validate_request
+    from tgi_compat.api.serving.generation import Timings, stream_sequence
 
     state = make_state(engine, tokenizer)
     request = await validate_request(state, PROMPT, GenerateParameters(max_new_tokens=20))

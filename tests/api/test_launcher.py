@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from tgi_compat.cli.config import ServerConfig
-from tgi_compat.cli.launcher import (
+from tgi_compat.api.cli.config import ServerConfig
+from tgi_compat.api.cli.launcher import (
     FLAGS,
     LauncherError,
     build_parser,
@@ -125,7 +125,7 @@ def test_legacy_max_input_length_is_an_alias():
 
 def test_bad_values_exit_with_usage_error():
     result = subprocess.run(
-        [sys.executable, "-m", "tgi_compat.cli.launcher", "--quantize", "nope"], capture_output=True, text=True
+        [sys.executable, "-m", "tgi_compat.api.cli.launcher", "--quantize", "nope"], capture_output=True, text=True
     )
     assert result.returncode == 2 and "possible values" in result.stderr
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUTES = ROOT / "tgi_compat" / "routes"
-PROJECT_PACKAGES = ("tgi_compat", "router", "modeling", "kernels")
+ROUTES = ROOT / "tgi_compat" / "api" / "routes"
+PROJECT_PACKAGES = ("tgi_compat",)
 MAX_PROJECT_MODULES = 6
 
 
@@ -50,8 +50,8 @@ ROUTE_MODULES = sorted(p for p in ROUTES.glob("*.py") if p.name != "__init__.py"
 
 def test_the_counter_sees_imports() -> None:
     """The counter itself: a serving module known to import several project modules."""
-    imports = project_imports(ROOT / "tgi_compat" / "serving" / "frame.py")
-    assert {"tgi_compat.server.state", "tgi_compat.serving.accounting"} <= imports
+    imports = project_imports(ROOT / "tgi_compat" / "api" / "serving" / "frame.py")
+    assert {"tgi_compat.api.server.state", "tgi_compat.api.serving.accounting"} <= imports
 
 
 @pytest.mark.parametrize("path", ROUTE_MODULES, ids=lambda p: p.stem)
@@ -62,5 +62,5 @@ def test_route_imports_few_project_modules(path: Path) -> None:
 
 @pytest.mark.parametrize("path", ROUTE_MODULES, ids=lambda p: p.stem)
 def test_route_imports_no_other_route(path: Path) -> None:
-    routes = {name for name in project_imports(path) if name.startswith("tgi_compat.routes")}
+    routes = {name for name in project_imports(path) if name.startswith("tgi_compat.api.routes")}
     assert not routes, f"{path.name} imports route modules {sorted(routes)}"

@@ -7,7 +7,7 @@ import sys
 
 import uvicorn
 
-from tgi_compat.server.process import event_loop_factory
+from tgi_compat.api.server.process import event_loop_factory
 
 
 def test_uvloop_is_the_event_loop_when_installed():

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from tgi_compat.protocol.tgi import Token
-from tgi_compat.serving.generation import TokenStep
-from tgi_compat.serving.responses import stream_event_json, stream_response
+from tgi_compat.api.protocol.tgi import Token
+from tgi_compat.api.serving.generation import TokenStep
+from tgi_compat.api.serving.responses import stream_event_json, stream_response
 
 TEXTS = ["", "a", " hello", '"quoted" \\ slash', "é漢\n\t\x00\u2028", "😀", "\ufffd"]
 LOGPROBS = [None, 0.0, -0.0, -1e-05, -1e-07, -123.456, -3.4028234663852886e38]

@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from benchmarks.llama3_tokenizer import write_llama3_tokenizer
-from tgi_compat.serving import tokenization
-from tgi_compat.serving.tokenization import TokenizerService
+from tgi_compat.api.serving import tokenization
+from tgi_compat.api.serving.tokenization import TokenizerService
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

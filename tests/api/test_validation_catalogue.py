@@ -91,7 +91,7 @@ async def test_disabled_grammar_support_refuses_every_grammar(make_client, engin
 
 
 async def test_a_valid_grammar_reaches_the_engine_as_a_spec(client, engine):
-    from router.request import GrammarKind, GrammarSpec
+    from tgi_compat.router.request import GrammarKind, GrammarSpec
 
     schema = {"properties": {"a": {"type": "integer"}}}
     for grammar, spec in [

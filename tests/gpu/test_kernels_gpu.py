@@ -22,20 +22,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 
 from common import build_runner, capture_graphs, greedy_generate, hf_model
 
-from kernels.decode_attention import (
+from tgi_compat.kernels.decode_attention import (
     NewTokenKV,
     choose_block_n,
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
 )
-from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
-from kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
-from kernels.gemv import QuantizedWeight, gemv, gemv_ref, split_k_counters
-from kernels.kv_store import kv_store, kv_store_ref
-from kernels.prefill_attention import prefill_attention, prefill_attention_ref
-from kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
-from kernels.rmsnorm import (
+from tgi_compat.kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
+from tgi_compat.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
+from tgi_compat.kernels.gemv import QuantizedWeight, gemv, gemv_ref, split_k_counters
+from tgi_compat.kernels.kv_store import kv_store, kv_store_ref
+from tgi_compat.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
+from tgi_compat.kernels.rmsnorm import (
     norm_add_rmsnorm,
     norm_add_rmsnorm_ref,
     qk_rmsnorm,
@@ -43,9 +43,9 @@ from kernels.rmsnorm import (
     rmsnorm,
     rmsnorm_ref,
 )
-from kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
-from kernels.silu_mul import silu_mul, silu_mul_ref
-from modeling.layers.quantization.fp8 import quantize_weight_per_channel
+from tgi_compat.kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
+from tgi_compat.kernels.silu_mul import silu_mul, silu_mul_ref
+from tgi_compat.modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 DEV = "cuda"
 RESULTS: list[tuple[str, float, float]] = []  # (check, error, threshold)
@@ -197,8 +197,8 @@ def test_decode_attention_merged_graph_replays() -> None:
 
 def test_decode_attention_fused_rotary() -> None:
     """Rotary + KV store inside flash-decoding vs the separate rotary_and_kv_store kernel + the reference."""
-    from modeling.config import RopeScaling
-    from modeling.layers.rotary import build_cos_sin
+    from tgi_compat.modeling.config import RopeScaling
+    from tgi_compat.modeling.layers.rotary import build_cos_sin
 
     cos_table, sin_table = build_cos_sin(128, 500000.0, RopeScaling("llama3", 8.0, 1.0, 4.0, 8192), 8192)
     for heads, kv_heads in [(32, 8), (28, 4)]:
@@ -304,8 +304,8 @@ def test_backend_compiles_every_mixed_step_decode_variant_at_start() -> None:
     """After TritonAttentionBackend.compile_kernels, a MIXED step's decode rows compile nothing at any batch size."""
     from triton import knobs
 
-    from modeling.attention.base import AttentionParams
-    from modeling.attention.triton_backend import TritonAttentionBackend, TritonAttentionMetadata
+    from tgi_compat.modeling.attention.base import AttentionParams
+    from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend, TritonAttentionMetadata
 
     heads, kv_heads, head_dim, max_rows, dtype = 32, 8, 128, 80, torch.bfloat16
     backend = TritonAttentionBackend(heads, kv_heads, head_dim, max_rows, 64, torch.device(DEV), dtype)
@@ -361,8 +361,8 @@ def test_elementwise() -> None:
     check("rmsnorm+residual bf16", rel_err(out, rmsnorm_ref(x, w, 1e-5, residual=res_ref)), 1e-2)
     check("rmsnorm residual sum bf16", rel_err(res, res_ref), 1e-12)
     # rotary on the q|k view of a fused qkv output, llama3-scaled tables, random positions
-    from modeling.config import RopeScaling
-    from modeling.layers.rotary import build_cos_sin
+    from tgi_compat.modeling.config import RopeScaling
+    from tgi_compat.modeling.layers.rotary import build_cos_sin
 
     cos, sin = build_cos_sin(128, 500000.0, RopeScaling("llama3", 8.0, 1.0, 4.0, 8192), 8192)
     cos, sin = cos.to(DEV, dtype), sin.to(DEV, dtype)
@@ -463,8 +463,8 @@ def test_quantized_gemv() -> None:
 def test_int4_gemv_split_k() -> None:
     """int4 split-K on real concurrent programs: the same bits on every launch (partials added in split order),
     the reference's values, the counters left at zero, in a CUDA graph replayed as well as eagerly; the tile kernel
-    at 1 and 8 rows and the one-row kernel (kernels/gemv_int4_one_row.py)."""
-    from kernels.gemv import GemvConfig
+    at 1 and 8 rows and the one-row kernel (tgi_compat/kernels/gemv_int4_one_row.py)."""
+    from tgi_compat.kernels.gemv import GemvConfig
 
     n, k, dtype = 1536, 4096, torch.bfloat16
     w = QuantizedWeight(
@@ -597,9 +597,9 @@ def explain_mismatch(model, prompts, ours, theirs, runner, max_len) -> None:
 def test_grammar_mask_read_from_pinned_host_memory() -> None:
     """GrammarMask keeps a GPU step's bitmask in pinned host memory and its kernels read it there (no copy):
     apply + confine on the device give the torch reference's scores, with and without a row index."""
-    from kernels.grammar_apply import grammar_apply_ref
-    from kernels.grammar_confine import grammar_confine_ref
-    from router.grammar import GrammarMask
+    from tgi_compat.kernels.grammar_apply import grammar_apply_ref
+    from tgi_compat.kernels.grammar_confine import grammar_confine_ref
+    from tgi_compat.router.grammar import GrammarMask
 
     vocab, num_words = 128256, 4008
     scores = torch.randn(64, vocab, device=DEV)
@@ -624,7 +624,7 @@ def test_grammar_mask_read_from_pinned_host_memory() -> None:
 def test_greedy_from_vocab_blocks() -> None:
     """The greedy choice from Llama-3's vocabulary in 2 and 4 padded blocks (as vocab-parallel ranks hold it), their
     partials side by side as the gather leaves them: greedy_pick's ids, its logprobs within 2e-5."""
-    from kernels.greedy_pick import greedy_block_partials, greedy_merge_blocks, greedy_pick_ref
+    from tgi_compat.kernels.greedy_pick import greedy_block_partials, greedy_merge_blocks, greedy_pick_ref
 
     vocab = 128256
     for rows, ranks, dtype in [
@@ -652,7 +652,7 @@ def test_greedy_from_vocab_blocks() -> None:
 
 def test_greedy_pick() -> None:
     """The all-greedy choice at Llama-3's vocabulary: the torch computation's ids, its logprobs within 2e-5."""
-    from kernels.greedy_pick import greedy_pick, greedy_pick_ref
+    from tgi_compat.kernels.greedy_pick import greedy_pick, greedy_pick_ref
 
     for rows, dtype in [(1, torch.float32), (64, torch.float32), (256, torch.float32), (8, torch.bfloat16)]:
         logits = (torch.randn(rows, 128256, device=DEV) * 4).to(dtype)
@@ -670,9 +670,9 @@ def test_greedy_pick() -> None:
 
 
 def test_vocab_shard_embedding() -> None:
-    """The vocab-parallel lookup of one rank's block (kernels.vocab_embedding): torch's rows and zeros, bit for
+    """The vocab-parallel lookup of one rank's block (tgi_compat.kernels.vocab_embedding): torch's rows and zeros, bit for
     bit, for ids in and out of the block (Llama-3's vocabulary over 2 ranks, the last block padded)."""
-    from kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
+    from tgi_compat.kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
 
     block = torch.randn(64128, 4096, device=DEV).to(torch.bfloat16)
     ids = torch.randint(0, 128256, (300,), device=DEV)
@@ -683,10 +683,10 @@ def test_vocab_shard_embedding() -> None:
 
 
 def test_side_stream_copies() -> None:
-    """router.copy_streams: an upload is ready for the next kernel of the compute stream, a download holds what
+    """tgi_compat.router.copy_streams: an upload is ready for the next kernel of the compute stream, a download holds what
     the compute stream's kernels queued before it wrote, though both copies run on side streams (a long kernel
     queued first makes any missing wait visible)."""
-    from router.copy_streams import download, upload
+    from tgi_compat.router.copy_streams import download, upload
 
     busy = torch.randn(4096, 4096, device=DEV)
     for _ in range(3):
@@ -700,10 +700,10 @@ def test_side_stream_copies() -> None:
 
 
 def test_weight_prefetch_beside() -> None:
-    """kernels.l2_prefetch at sizes that end mid-chunk and past the tensor leaves the tensor as it was, and
-    modeling.layers.weight_prefetch's fork and join record into a CUDA graph whose replays compute what eager does."""
-    from kernels.l2_prefetch import l2_prefetch
-    from modeling.layers.weight_prefetch import weight_prefetched_beside
+    """tgi_compat.kernels.l2_prefetch at sizes that end mid-chunk and past the tensor leaves the tensor as it was, and
+    tgi_compat.modeling.layers.weight_prefetch's fork and join record into a CUDA graph whose replays compute what eager does."""
+    from tgi_compat.kernels.l2_prefetch import l2_prefetch
+    from tgi_compat.modeling.layers.weight_prefetch import weight_prefetched_beside
 
     weight = torch.randn(4099, 1027, device=DEV, dtype=torch.bfloat16)  # 8,419,346 bytes: no whole chunk at the end
     before = weight.clone()
@@ -772,7 +772,7 @@ def test_end_to_end() -> None:
         _, logits_triton = greedy_generate(bf16["triton"], prompts, num_new, max_len, graphs=graphs, forced=ids_torch)
         worst = max(rel_err(a, b) for a, b in zip(logits_triton, logits_torch))
         check(f"e2e {name} bf16 logits triton vs torch backend (worst step)", worst, 2e-2)
-        # Batch 1 takes the one-row path (kernels.gemv with the norm / silu_mul fused in, which skips
+        # Batch 1 takes the one-row path (tgi_compat.kernels.gemv with the norm / silu_mul fused in, which skips
         # two bf16 roundings): judged against fp32 truth, it must be no less exact than the torch
         # backend's bf16 (the direct triton-vs-torch bf16 error is printed beside it).
         graphs1 = capture_graphs(bf16["triton"], [1])

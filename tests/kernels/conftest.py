@@ -1,7 +1,7 @@
 """Kernel tests run on CPU through Triton's interpreter.
 
-Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when a kernels/ module is imported.
-So this file turns the interpreter on, (re)imports every kernels/ module under it, and restores the
+Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when a tgi_compat/kernels/ module is imported.
+So this file turns the interpreter on, (re)imports every tgi_compat/kernels/ module under it, and restores the
 variable at once: nothing else in a shared pytest process sees it, and a module that some other
 test package imported earlier (compiled mode) is replaced by its interpreted twin.
 """
@@ -15,27 +15,27 @@ import sys
 import torch
 
 KERNEL_MODULES = [
-    "kernels.pdl",
-    "kernels.decode_attention",
-    "kernels.dequant_matmul",  # before kernels.gemv, which calls its int4 helper
-    "kernels.rmsnorm",  # before kernels.quant_activation, which calls its row helper
-    "kernels.silu_mul",  # before kernels.gemv and kernels.quant_activation, which call its activation
-    "kernels.gemv",
-    "kernels.gemv_int4_one_row",  # after kernels.gemv, whose helpers it binds
-    "kernels.prefill_attention",
-    "kernels.kv_store",
-    "kernels.rotary",
-    "kernels.fused_moe",
-    "kernels.quant_activation",
-    "kernels.grammar_apply",
-    "kernels.grammar_confine",
-    "kernels.greedy_pick",
-    "kernels.fp8_gemm",
-    "kernels.one_shot_all_reduce",
-    "kernels.vocab_embedding",  # after kernels.one_shot_all_reduce, whose send it binds
+    "tgi_compat.kernels.pdl",
+    "tgi_compat.kernels.decode_attention",
+    "tgi_compat.kernels.dequant_matmul",  # before tgi_compat.kernels.gemv, which calls its int4 helper
+    "tgi_compat.kernels.rmsnorm",  # before tgi_compat.kernels.quant_activation, which calls its row helper
+    "tgi_compat.kernels.silu_mul",  # before tgi_compat.kernels.gemv and tgi_compat.kernels.quant_activation, which call its activation
+    "tgi_compat.kernels.gemv",
+    "tgi_compat.kernels.gemv_int4_one_row",  # after tgi_compat.kernels.gemv, whose helpers it binds
+    "tgi_compat.kernels.prefill_attention",
+    "tgi_compat.kernels.kv_store",
+    "tgi_compat.kernels.rotary",
+    "tgi_compat.kernels.fused_moe",
+    "tgi_compat.kernels.quant_activation",
+    "tgi_compat.kernels.grammar_apply",
+    "tgi_compat.kernels.grammar_confine",
+    "tgi_compat.kernels.greedy_pick",
+    "tgi_compat.kernels.fp8_gemm",
+    "tgi_compat.kernels.one_shot_all_reduce",
+    "tgi_compat.kernels.vocab_embedding",  # after tgi_compat.kernels.one_shot_all_reduce, whose send it binds
     # importers of the kernels, reloaded after them so they bind the interpreted versions
-    "modeling.attention.triton_backend",
-    "modeling.layers.triton_ops",
+    "tgi_compat.modeling.attention.triton_backend",
+    "tgi_compat.modeling.layers.triton_ops",
 ]
 
 

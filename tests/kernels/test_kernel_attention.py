@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.decode_attention import NewTokenKV, decode_attention, decode_attention_ref, merge_chunk
-from kernels.prefill_attention import prefill_attention, prefill_attention_ref
-from kernels.rotary import rotary_embedding_ref
+from tgi_compat.kernels.decode_attention import NewTokenKV, decode_attention, decode_attention_ref, merge_chunk
+from tgi_compat.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.rotary import rotary_embedding_ref
 
 HEAD_DIM = 16
 

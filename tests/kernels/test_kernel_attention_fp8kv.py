@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.decode_attention import decode_attention, decode_attention_ref
-from kernels.prefill_attention import prefill_attention, prefill_attention_ref
 from tests.kernels.test_kernel_attention import HEAD_DIM, make_cache, make_req_to_token, relative_error
+from tgi_compat.kernels.decode_attention import decode_attention, decode_attention_ref
+from tgi_compat.kernels.prefill_attention import prefill_attention, prefill_attention_ref
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fused_moe import (
+from tests.kernels.test_kernel_attention import relative_error
+from tgi_compat.kernels.fused_moe import (
     LaunchConfig,
     MoeConfig,
     align_by_expert,
@@ -20,7 +21,6 @@ from kernels.fused_moe import (
     route_ref,
     token_bucket,
 )
-from tests.kernels.test_kernel_attention import relative_error
 
 F32, F16 = torch.float32, torch.float16
 

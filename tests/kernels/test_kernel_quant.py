@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, int4_period, pack_int4, unpack_int4
-from kernels.quant_activation import (
+from tgi_compat.kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, int4_period, pack_int4, unpack_int4
+from tgi_compat.kernels.quant_activation import (
     quant_per_token,
     quant_per_token_ref,
     rmsnorm_quant_per_token,
     silu_mul_quant_per_token,
 )
-from kernels.rmsnorm import rmsnorm
-from kernels.silu_mul import silu_mul
+from tgi_compat.kernels.rmsnorm import rmsnorm
+from tgi_compat.kernels.silu_mul import silu_mul
 
 
 @pytest.mark.parametrize("qdtype", [torch.float8_e4m3fn, torch.int8])
@@ -123,11 +123,11 @@ def test_silu_mul_quant_gives_the_unfused_pairs_bits(qdtype: torch.dtype):
 def test_fp8_projections_take_their_activations_from_the_norm_and_silu_kernels():
     """Triton ops hand an FP8 projection the per-token FP8 output of the fused RMSNorm / SiLU-mul kernels (here
     the emulated FP8 of a CPU): the same product as the unfused torch path's norm, quantization and matmul."""
-    from modeling.layers.linear import Linear
-    from modeling.layers.norm import RMSNorm
-    from modeling.layers.ops import TORCH_OPS
-    from modeling.layers.quantization.fp8 import Fp8LinearMethod
-    from modeling.layers.triton_ops import triton_rms_norm_linear, triton_silu_mul_linear
+    from tgi_compat.modeling.layers.linear import Linear
+    from tgi_compat.modeling.layers.norm import RMSNorm
+    from tgi_compat.modeling.layers.ops import TORCH_OPS
+    from tgi_compat.modeling.layers.quantization.fp8 import Fp8LinearMethod
+    from tgi_compat.modeling.layers.triton_ops import triton_rms_norm_linear, triton_silu_mul_linear
 
     gen = torch.Generator().manual_seed(6)
     proj = Linear(64, 48, bias=True, method=Fp8LinearMethod(is_serialized=False))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling.cuda_graphs import DEFAULT_BATCH_SIZES, resolve_batch_sizes
-from modeling.forward_batch import build_forward_batch
-from modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.modeling.cuda_graphs import DEFAULT_BATCH_SIZES, resolve_batch_sizes
+from tgi_compat.modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 MAX_LEN = 48
 TINY_LLAMA = dict(
@@ -113,7 +113,7 @@ def test_negative_cuda_graph_batch_size_is_rejected():
 
 
 def test_graphs_stay_off_on_cpu_or_when_disabled():
-    from modeling.cuda_graphs import maybe_capture_decode_graphs
+    from tgi_compat.modeling.cuda_graphs import maybe_capture_decode_graphs
 
     class GraphSafeBackend:
         supports_cuda_graphs = True
@@ -135,9 +135,9 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
 def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_requests: int):
     """rotate_store_and_attend with the fused kernel (rotary + KV store + merged splits in one launch)
     gives the output and KV cache of the separate rotary + KV-store kernel and flash-decoding."""
-    from modeling.attention.base import AttentionParams
-    from modeling.attention.triton_backend import TritonAttentionBackend
-    from modeling.layers.triton_ops import TRITON_OPS, triton_rope_tables
+    from tgi_compat.modeling.attention.base import AttentionParams
+    from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
+    from tgi_compat.modeling.layers.triton_ops import TRITON_OPS, triton_rope_tables
 
     heads, kv_heads, head_dim, max_len = 8, 2, 16, 40
     gen = torch.Generator().manual_seed(num_requests)

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from kernels.gemv import PROLOGUE_NORM_ADD_NORM, GemvConfig
 from tests.kernels.test_triton_backend import make_runner, run_steps
+from tgi_compat.kernels.gemv import PROLOGUE_NORM_ADD_NORM, GemvConfig
 
 
 def test_triton_backend_windowed_soft_capped_model_matches_torch_backend():
@@ -44,11 +44,11 @@ def test_triton_layer_ops_fuse_the_sandwich_norms_and_keep_transformers_logits(c
     """Gemma 2/3 on the Triton layer ops (interpreted; Gemma 3's q/k norms in one kernel): the prompt's chunks
     through the norm-add-norm kernel, then one-row decode steps through the GEMVs' NORM_ADD_NORM prologue (the
     GEMV is allowed on CPU here), within 1e-4 of transformers in fp32, past the sliding window."""
-    import modeling.runner
+    import tgi_compat.modeling.runner
     from tests.modeling.helpers import hf_logits, max_rel_error, run_step, tiny_runner
     from tests.modeling.test_gemma_parity import CASES, prompt
 
-    triton_ops = sys.modules["modeling.layers.triton_ops"]  # the interpreted module tests/kernels loaded
+    triton_ops = sys.modules["tgi_compat.modeling.layers.triton_ops"]  # the interpreted module tests/kernels loaded
     fused_calls = []
 
     def gemv_on_cpu_too(x, weight, prologue):
@@ -65,7 +65,7 @@ def test_triton_layer_ops_fuse_the_sandwich_norms_and_keep_transformers_logits(c
         return rmsnorm(*args, **kwargs)
 
     rmsnorm = triton_ops.rmsnorm
-    monkeypatch.setattr(modeling.runner, "select_ops", lambda device: triton_ops.TRITON_OPS)
+    monkeypatch.setattr(tgi_compat.modeling.runner, "select_ops", lambda device: triton_ops.TRITON_OPS)
     monkeypatch.setattr(triton_ops, "gemv_config_for", gemv_on_cpu_too)
     monkeypatch.setattr(triton_ops, "rmsnorm", counted_rmsnorm)
     config_cls, overrides = CASES[case]

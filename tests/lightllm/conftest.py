@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2_vocabulary(smollm2_tokenizer):
-    from tgi_compat.lightllm.features import healing_table
+    from tgi_compat.api.lightllm.features import healing_table
 
     return healing_table(smollm2_tokenizer)
 
@@ -25,8 +25,8 @@ def smollm2_gguf() -> str:
 @pytest.fixture(scope="session")
 def smollm2_engine_llm(smollm2_gguf):
     """Our engine on SmolLM2 in fp32 on the CPU, driven offline; prompts are prefilled in chunks of 8."""
-    from router.config import EngineConfig
-    from router.offline import LLM
+    from tgi_compat.router.config import EngineConfig
+    from tgi_compat.router.offline import LLM
 
     return LLM(
         EngineConfig(

@@ -1,12 +1,12 @@
-"""`python -m tgi_compat.cli.api_server` flag parsing: LightLLM's names and seed-era defaults mapped
+"""`python -m tgi_compat.api.cli.api_server` flag parsing: LightLLM's names and seed-era defaults mapped
 onto the launcher's ServerConfig, LightLLM's own startup checks, and refused TGI conflicts."""
 
 from __future__ import annotations
 
 import pytest
 
-from tgi_compat.cli import launcher
-from tgi_compat.lightllm.args import FLAGS, LightLLMArgsError, build_parser, parse_config
+from tgi_compat.api.cli import launcher
+from tgi_compat.api.lightllm.args import FLAGS, LightLLMArgsError, build_parser, parse_config
 
 
 def config_of(*argv: str, **environ: str):
@@ -89,9 +89,9 @@ def test_unbuilt_flags_are_named_only_when_given():
     unbuilt = unbuilt_of("--beam_mode", "--tokenizer_mode", "slow", "--metric_gateway", "h:9091")
     assert any("--beam_mode" in u for u in unbuilt)
     assert any("--tokenizer_mode slow" in u for u in unbuilt)
-    assert not any("--metric_gateway" in u for u in unbuilt)  # built: tgi_compat.server.ops_services
+    assert not any("--metric_gateway" in u for u in unbuilt)  # built: tgi_compat.api.server.ops_services
     assert unbuilt_of("--tokenizer_mode", "fast", "--use_tgi_api", "--health_monitor", "--diverse_mode") == []
-    assert unbuilt_of("--use_dynamic_prompt_cache") == []  # built: router/prefix_cache.py
+    assert unbuilt_of("--use_dynamic_prompt_cache") == []  # built: tgi_compat/router/prefix_cache.py
 
 
 def test_dynamic_prompt_cache_flags_turn_prefix_caching_on_and_off():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from router.request import GenerateRequest, Request, SamplingParams
-from router.sampling import Sampler, SamplingBatch
-from router.token_healing import TokenHealer, remaining_prefix, split_prompt
+from tgi_compat.router.request import GenerateRequest, Request, SamplingParams
+from tgi_compat.router.sampling import Sampler, SamplingBatch
+from tgi_compat.router.token_healing import TokenHealer, remaining_prefix, split_prompt
 
 PROMPTS = ["The capital of Fra", "Visit https:", "The answer is (", "I like to eat apples and "]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.token_healing import remaining_prefix, split_prompt
-from tgi_compat.lightllm.features import HealingOutput
-from tgi_compat.serving.detokenizer import IncrementalDetokenizer
+from tgi_compat.api.lightllm.features import HealingOutput
+from tgi_compat.api.serving.detokenizer import IncrementalDetokenizer
+from tgi_compat.router.token_healing import remaining_prefix, split_prompt
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from router.request import GenerateRequest, Request
-from router.token_healing import (
+from tgi_compat.router.request import GenerateRequest, Request
+from tgi_compat.router.token_healing import (
     TokenHealer,
     VocabularyTable,
     byte_level_bytes,

@@ -33,7 +33,7 @@ def test_every_prompt_position_matches_transformers(smollm2_engine_llm, smollm2_
 def test_prompt_top_alternatives_match_transformers(smollm2_engine_llm, smollm2_hf_model, smollm2_tokenizer):
     ids = smollm2_tokenizer(PROMPT_TEXTS[0])["input_ids"]
     engine = smollm2_engine_llm.engine
-    from router.request import GenerateRequest
+    from tgi_compat.router.request import GenerateRequest
 
     engine.add_request(GenerateRequest("prompt-top", ids, max_new_tokens=1, prompt_logprobs=True, prompt_top_n=3))
     first = None

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from router.request import GenerateRequest as EngineRequest
-from tgi_compat.cli.config import ServerConfig, ServingLimits
-from tgi_compat.lightllm.features import prepare_features
-from tgi_compat.protocol.tgi import GenerateParameters
+from tgi_compat.api.cli.config import ServerConfig, ServingLimits
+from tgi_compat.api.lightllm.features import prepare_features
+from tgi_compat.api.protocol.tgi import GenerateParameters
+from tgi_compat.router.request import GenerateRequest as EngineRequest
 
 
 def make_state(tokenizer, **config_fields):
@@ -72,7 +72,7 @@ async def test_nothing_is_applied_by_default(smollm2_tokenizer):
 
 
 def test_the_extensions_are_in_the_openapi_document():
-    from tgi_compat.protocol.openapi import _component_schemas
+    from tgi_compat.api.protocol.openapi import _component_schemas
 
     schemas = _component_schemas()
     parameters = schemas["GenerateParameters"]["properties"]

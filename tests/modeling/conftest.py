@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ import warnings
 import torch
 
 sys.path.insert(0, ".")
-from modeling.forward_batch import build_forward_batch
-from modeling.runner import ModelRunner, RunnerConfig
-from modeling.tokenizer import cache_root
+from tgi_compat.modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.modeling.tokenizer import cache_root
 
 warnings.filterwarnings("ignore")
 

@@ -7,8 +7,8 @@ import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, ".")
-from modeling.runner import ModelRunner, RunnerConfig
 from tests.modeling.helpers import max_rel_error, run_step, tiny_hf_model
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 
 def check(config_cls, dtype, **overrides):

@@ -7,8 +7,8 @@ import os
 
 import torch
 
-from modeling.forward_batch import build_forward_batch
-from modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -13,17 +13,17 @@ import torch
 from safetensors import safe_open
 from transformers import LlamaConfig, Olmo2Config, Phi3Config
 
-from modeling.config import ModelConfig
-from modeling.layers.ops import TORCH_OPS
-from modeling.parallel import TensorParallel
-from modeling.registry import NATIVE, modeling_path, resolve_model_class
-from modeling.runner import ModelRunner, RunnerConfig
-from modeling.source import resolve_model_source
-from modeling.weights.dummy import INIT_STD, DummyTensor, checkpoint_shapes
-from modeling.weights.loader import iterate_weights
 from tests.modeling.helpers import full_logits, tiny_hf_model
 from tests.modeling.test_gemma_parity import CASES as GEMMA_CASES
 from tests.modeling.test_moe_parity import CASES as MOE_CASES
+from tgi_compat.modeling.config import ModelConfig
+from tgi_compat.modeling.layers.ops import TORCH_OPS
+from tgi_compat.modeling.parallel import TensorParallel
+from tgi_compat.modeling.registry import NATIVE, modeling_path, resolve_model_class
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.modeling.source import resolve_model_source
+from tgi_compat.modeling.weights.dummy import INIT_STD, DummyTensor, checkpoint_shapes
+from tgi_compat.modeling.weights.loader import iterate_weights
 
 FAMILIES = {
     "llama": (LlamaConfig, {}),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling.runner import ModelRunner, RunnerConfig
 from tests.modeling.helpers import full_logits, max_rel_error, run_step, tiny_hf_model
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 
 def _runner(kv_cache_dtype: str | None, dtype: str = "float32") -> ModelRunner:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
-from modeling.config import ModelConfig
-from modeling.registry import describe_modeling_path
 from tests.modeling.helpers import full_logits, max_rel_error, run_step, runner_for_folder
+from tgi_compat.modeling.config import ModelConfig
+from tgi_compat.modeling.registry import describe_modeling_path
 
 WINDOW = 8
 TEXT = dict(

@@ -3,9 +3,9 @@ transformers' own GGUF load; that file is too slow to load in CI)."""
 
 from __future__ import annotations
 
-from modeling.config import ModelConfig
-from modeling.models.gemma import GemmaKnobs
-from modeling.weights.gguf import hf_tensor_name
+from tgi_compat.modeling.config import ModelConfig
+from tgi_compat.modeling.models.gemma import GemmaKnobs
+from tgi_compat.modeling.weights.gguf import hf_tensor_name
 
 # gemma-3-270m's GGUF metadata (llama.cpp's converter)
 GEMMA3_270M_FIELDS = {

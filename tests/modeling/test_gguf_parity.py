@@ -7,6 +7,8 @@ import pytest
 
 from tests.modeling.helpers import full_logits, hf_logits, max_rel_error
 
+pytestmark = pytest.mark.latest_deps  # in the smoke set of `make test-latest`
+
 PROMPTS = [
     "The capital of France is",
     "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",

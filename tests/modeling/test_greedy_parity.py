@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.forward_batch import build_forward_batch
 
 MAX_NEW_TOKENS = 10
 EOS_TOKEN_ID = 2  # <|im_end|>

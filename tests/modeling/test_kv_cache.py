@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling.forward_batch import ForwardMode, build_forward_batch
 from tests.modeling.helpers import full_logits, max_rel_error, run_step, tiny_runner
+from tgi_compat.modeling.forward_batch import ForwardMode, build_forward_batch
 
 TOLERANCE = 1e-5
 

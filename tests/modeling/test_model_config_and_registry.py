@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from modeling.config import ModelConfig
-from modeling.registry import UnsupportedArchitectureError, resolve_model_class, supported_architectures
+from tgi_compat.modeling.config import ModelConfig
+from tgi_compat.modeling.registry import UnsupportedArchitectureError, resolve_model_class, supported_architectures
 
 BASE = {
     "vocab_size": 100,

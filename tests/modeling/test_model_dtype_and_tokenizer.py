@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig
 
-from modeling.runner import ModelRunner, RunnerConfig
-from modeling.tokenizer import gguf_tokenizer_cache_folder, load_tokenizer_info
 from tests.modeling.helpers import full_logits, hf_logits, smollm2_gguf_path, tiny_hf_model
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.modeling.tokenizer import gguf_tokenizer_cache_folder, load_tokenizer_info
 
 
 def test_bfloat16_runs_on_cpu_and_stays_close(tmp_path):

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from modeling.source import DEFAULT_MODEL_ID, resolve_model_source
-from modeling.weights.hub import ModelNotFoundError
 from tests.modeling.helpers import smollm2_gguf_path
+from tgi_compat.modeling.source import DEFAULT_MODEL_ID, resolve_model_source
+from tgi_compat.modeling.weights.hub import ModelNotFoundError
 
 
 def test_default_id_resolves_to_the_embedded_gguf(monkeypatch):

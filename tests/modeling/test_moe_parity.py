@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
-from modeling.runner import ModelRunner, RunnerConfig
 from tests.modeling.helpers import full_logits, hf_logits, max_rel_error, runner_for_folder, tiny_hf_model
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 EXPERTS = {"num_experts_per_tok": 2}
 CASES = {

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import Phi3Config
 
-from modeling.config import ModelConfig, RopeScaling
-from modeling.layers.rotary import build_cos_sin
 from tests.modeling.helpers import full_logits, hf_logits, max_rel_error, runner_for_folder, tiny_hf_model
+from tgi_compat.modeling.config import ModelConfig, RopeScaling
+from tgi_compat.modeling.layers.rotary import build_cos_sin
 
 HALF_DIM = 8  # head_dim 16
 LONGROPE = {

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modeling.layers.linear import Linear, QKVLinear
-from modeling.layers.quantization.fp8 import Fp8LinearMethod
-from modeling.layers.quantization.int4 import Int4LinearMethod
-from modeling.layers.quantization.int8 import Int8LinearMethod
-from modeling.layers.quantization.select import QuantizationError, resolve_quantization
+from tgi_compat.modeling.layers.linear import Linear, QKVLinear
+from tgi_compat.modeling.layers.quantization.fp8 import Fp8LinearMethod
+from tgi_compat.modeling.layers.quantization.int4 import Int4LinearMethod
+from tgi_compat.modeling.layers.quantization.int8 import Int8LinearMethod
+from tgi_compat.modeling.layers.quantization.select import QuantizationError, resolve_quantization
 
 FP8 = torch.float8_e4m3fn
 
@@ -128,7 +128,7 @@ def test_int4_checkpoint_formats_load_to_the_weights_they_pack(fmt: str):
     _loaded(layer, tensors)
     x = torch.randn(3, hidden, generator=gen)
     torch.testing.assert_close(layer(x), F.linear(x, torch.cat(dequantized)), rtol=1e-3, atol=1e-3)
-    # the decode GEMV's reading of the stored layout (kernels.gemv is tested against dequantize())
+    # the decode GEMV's reading of the stored layout (tgi_compat.kernels.gemv is tested against dequantize())
     torch.testing.assert_close(layer.gemv_weight.dequantize(), torch.cat(dequantized), rtol=1e-3, atol=1e-3)
 
 

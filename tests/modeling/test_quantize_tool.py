@@ -10,13 +10,13 @@ import os
 import pytest
 import torch
 
-from modeling.quantize.compressed_tensors_writer import (
+from tests.modeling.helpers import full_logits, runner_for_folder, smollm2_gguf_path
+from tgi_compat.modeling.quantize.compressed_tensors_writer import (
     LINEAR_WEIGHT,
     int4_tensors,
     quantization_config,
     write_checkpoint,
 )
-from tests.modeling.helpers import full_logits, runner_for_folder, smollm2_gguf_path
 from tgi_compat.quantize import main
 
 TEXT = (
@@ -45,7 +45,9 @@ def _quantized(tmp_path_factory, *argv: str):
 @pytest.mark.parametrize(
     "argv, scheme, ppl_bound, logit_bound",
     [
-        (["-quant_type", "weight_only_int8"], "int8", 1.02, 0.06),  # measured ppl -2.3%, logits 0.043
+        pytest.param(  # measured ppl -2.3%, logits 0.043; in the smoke set of `make test-latest`
+            ["-quant_type", "weight_only_int8"], "int8", 1.02, 0.06, marks=pytest.mark.latest_deps
+        ),
         (["-quant_type", "smooth_quant", "-sq", "0.8"], "int8", 1.02, 0.2),  # measured ppl +1.5%, logits 0.141
     ],
 )
@@ -75,9 +77,9 @@ def test_tool_checkpoint_serves_close_to_the_original(
 
 def test_int4_pack_quantized_checkpoint_loads_and_stays_close(tmp_path, reference, smollm2_runner):
     """The compressed-tensors int4 format (what llm-compressor's AWQ/GPTQ write) through the real loader."""
-    from modeling.quantize.tool import hf_config_dict
-    from modeling.source import resolve_model_source
-    from modeling.weights.loader import iterate_weights, load_model_config
+    from tgi_compat.modeling.quantize.tool import hf_config_dict
+    from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.weights.loader import iterate_weights, load_model_config
 
     source = resolve_model_source(smollm2_gguf_path())
     config = load_model_config(source)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from modeling.runner import ModelRunner, RunnerConfig
 from tests.modeling.helpers import full_logits
 from tests.modeling.test_greedy_parity import PROMPTS
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 MORE_PROMPTS = [
     "The largest planet in the solar system is Jupiter, a gas giant with",

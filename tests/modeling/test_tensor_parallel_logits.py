@@ -17,15 +17,15 @@ import torch
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, Phi3Config
 
-from kernels.greedy_pick import greedy_pick_ref
-from modeling.forward_batch import build_forward_batch
-from modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
-from modeling.parallel.group import destroy_tensor_parallel
-from modeling.parallel.step_broadcast import StepBroadcast
-from modeling.runner import ModelRunner, RunnerConfig
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
 from tests.modeling.test_gemma_parity import CASES as GEMMA_CASES
 from tests.modeling.test_moe_parity import CASES as MOE_CASES
+from tgi_compat.kernels.greedy_pick import greedy_pick_ref
+from tgi_compat.modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
+from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
+from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 PROMPTS = [[1, 17, 300, 4021, 9, 77, 15000], [2, 5000, 42, 31000, 8]]
 TOLERANCE = 1e-4  # fp32, relative to the largest logit: only the order of the sums differs
@@ -176,7 +176,7 @@ def test_vocab_shards_are_equal_and_cover_the_vocabulary():
 def test_expert_slices_of_the_ranks_tile_every_expert(stacked):
     """Each rank's gate, up and down slices, from per-expert checkpoint tensors or transformers 5's
     stacked ones, put back together are the experts (10 intermediate rows over 3 ranks: 3 + 3 + 4)."""
-    from modeling.layers.moe import FusedExperts
+    from tgi_compat.modeling.layers.moe import FusedExperts
 
     num_experts, hidden, inter = 3, 8, 10
     w13, w2 = torch.randn(num_experts, 2 * inter, hidden), torch.randn(num_experts, hidden, inter)
@@ -198,8 +198,8 @@ def test_expert_slices_of_the_ranks_tile_every_expert(stacked):
 
 
 def test_gguf_slices_read_only_their_part_and_equal_the_whole():
-    from modeling.weights.gguf import iterate_gguf, open_gguf
     from tests.modeling.helpers import smollm2_gguf_path
+    from tgi_compat.modeling.weights.gguf import iterate_gguf, open_gguf
 
     wanted = {"model.layers.0.self_attn.q_proj.weight": (0, 128, 192), "model.layers.0.self_attn.k_proj.weight": (0, 64, 64),
               "model.layers.0.self_attn.o_proj.weight": (1, 384, 192), "model.layers.0.mlp.down_proj.weight": (1, 512, 1024),

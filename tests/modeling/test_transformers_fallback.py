@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import GPTNeoXConfig, Olmo2Config
 
-from modeling.registry import NATIVE, TRANSFORMERS, UnsupportedArchitectureError, modeling_path
 from tests.modeling.helpers import full_logits, hf_logits, max_rel_error, run_step, runner_for_folder, tiny_hf_model
+from tgi_compat.modeling.registry import NATIVE, TRANSFORMERS, UnsupportedArchitectureError, modeling_path
 
 CASES = {
     "olmo2": (Olmo2Config, {}),

@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
 from scripted_engine import EOS_ID, ScriptedEngine, make_state
 
-from tgi_compat.server.app import create_app
-from tgi_compat.serving.tokenization import TokenizerService
+from tgi_compat.api.server.app import create_app
+from tgi_compat.api.serving.tokenization import TokenizerService
 
 __all__ = ["EOS_ID"]
 

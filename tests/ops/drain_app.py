@@ -11,7 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 from sse_starlette import EventSourceResponse
 
-from tgi_compat.server.graceful import GracefulShutdown
+from tgi_compat.api.server.graceful import GracefulShutdown
 
 port, grace, stream_seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 app = FastAPI()

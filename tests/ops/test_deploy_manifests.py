@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tgi_compat.cli.launcher import FLAGS
-from tgi_compat.observability.metrics import ServerMetrics
+from tgi_compat.api.cli.launcher import FLAGS
+from tgi_compat.api.observability.metrics import ServerMetrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.30.0"

@@ -6,16 +6,13 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODE_DIRS = [
     "tgi_compat",
-    "router",
-    "modeling",
-    "kernels",
     "tests",
     "integration-tests",
     "benchmarks",
     "scripts",
     "docker",
 ]
-CODE_FILES = ["Dockerfile", "Makefile", "setup.py", "pyproject.toml", "README.md", "BENCHMARKS.md"]
+CODE_FILES = ["Dockerfile", "Makefile", "pyproject.toml", "README.md", "BENCHMARKS.md"]
 CITATION = re.compile(r"(docs/[\w-]+\.md) §")
 SECTION = re.compile(r"§(\d+(?:\.\d+)*)(?:-§?(\d+(?:\.\d+)*))?")
 HEADING = re.compile(r"^#{2,4} (\d+(?:\.\d+)*)\.? ", re.MULTILINE)

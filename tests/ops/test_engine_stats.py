@@ -1,6 +1,6 @@
-"""router.stats: the engine-side accumulator and the wire encoding of its reports."""
+"""tgi_compat.router.stats: the engine-side accumulator and the wire encoding of its reports."""
 
-from router.stats import STATS_DECODER, STATS_ENCODER, StatsAccumulator, StepStats
+from tgi_compat.router.stats import STATS_DECODER, STATS_ENCODER, StatsAccumulator, StepStats
 
 OCCUPANCY = dict(queue_size=2, running=3, batch_max_tokens=300, kv_used=120, kv_total=1000, num_preemptions=1)
 

@@ -4,8 +4,8 @@ import json
 import os
 import re
 
-from router.stats import EngineStats, StepStats
-from tgi_compat.observability.metrics import ServerMetrics
+from tgi_compat.api.observability.metrics import ServerMetrics
+from tgi_compat.router.stats import EngineStats, StepStats
 
 DASHBOARD = os.path.join(os.path.dirname(__file__), "..", "..", "grafana", "tgi-compat-dashboard.json")
 

@@ -5,8 +5,8 @@
 
 import asyncio
 
-from router.client_api import EngineClient, EngineDeadError, EngineInfo
-from tgi_compat.server.health_monitor import EngineHealthMonitor, HealthMonitorConfig
+from tgi_compat.api.server.health_monitor import EngineHealthMonitor, HealthMonitorConfig
+from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo
 
 FAST = dict(check_interval_s=0.02, check_timeout_s=0.05, liveness_interval_s=0.01, failure_threshold=3)
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from tgi_compat.observability import logging_setup
-from tgi_compat.observability.logging_setup import (
+from tgi_compat.api.observability import logging_setup
+from tgi_compat.api.observability.logging_setup import (
     JsonFormatter,
     PlainFormatter,
     StatsLogger,
@@ -17,7 +17,7 @@ from tgi_compat.observability.logging_setup import (
     loggable_text,
     request_context,
 )
-from tgi_compat.observability.metrics import MetricsSnapshot, ServerMetrics
+from tgi_compat.api.observability.metrics import MetricsSnapshot, ServerMetrics
 
 
 @pytest.fixture(autouse=True)
@@ -32,14 +32,14 @@ def restore_root_logger():
 
 def test_json_lines_carry_request_id_and_extras(capsys):
     configure_logging(json_output=True, level="INFO")
-    log = logging.getLogger("tgi_compat.routes")
+    log = logging.getLogger("tgi_compat.api.routes")
     with request_context("req-123"):
         log.info("Success", extra={"total_time": "1.2s", "generated_tokens": 7})
     log.info("outside")
     lines = [json.loads(line) for line in capsys.readouterr().err.strip().splitlines()]
     assert lines[0]["message"] == "Success" and lines[0]["level"] == "INFO"
     assert lines[0]["request_id"] == "req-123"
-    assert lines[0]["target"] == "tgi_compat.routes"
+    assert lines[0]["target"] == "tgi_compat.api.routes"
     assert lines[0]["total_time"] == "1.2s" and lines[0]["generated_tokens"] == 7
     assert lines[0]["timestamp"].endswith("Z") and "line_number" in lines[0]
     assert "request_id" not in lines[1]

@@ -6,10 +6,10 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.stats import STATS_DECODER, STATS_ENCODER, EngineStats, StepStats
-from tgi_compat.observability.metrics import DURATION_BUCKETS, ServerMetrics
-from tgi_compat.observability.metrics_vllm import one_two_five_buckets
-from tgi_compat.observability.prometheus_text import format_value
+from tgi_compat.api.observability.metrics import DURATION_BUCKETS, ServerMetrics
+from tgi_compat.api.observability.metrics_vllm import one_two_five_buckets
+from tgi_compat.api.observability.prometheus_text import format_value
+from tgi_compat.router.stats import STATS_DECODER, STATS_ENCODER, EngineStats, StepStats
 
 MAX_INPUT, MAX_TOTAL = 1000, 2048
 

@@ -5,8 +5,8 @@ import socket
 
 import httpx
 
-from tgi_compat.observability.metrics import ServerMetrics
-from tgi_compat.observability.metrics_listener import start_prometheus_listener
+from tgi_compat.api.observability.metrics import ServerMetrics
+from tgi_compat.api.observability.metrics_listener import start_prometheus_listener
 
 
 def test_serves_the_exposition_on_any_path():

@@ -4,8 +4,8 @@ import base64
 
 import pytest
 
-from tgi_compat.observability.metrics import ServerMetrics
-from tgi_compat.observability.metrics_push import MetricsPusher, PushGatewayConfig
+from tgi_compat.api.observability.metrics import ServerMetrics
+from tgi_compat.api.observability.metrics_push import MetricsPusher, PushGatewayConfig
 
 
 def test_periodic_push_sends_our_exposition(collector):

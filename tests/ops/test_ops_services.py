@@ -3,9 +3,9 @@
 import logging
 import time
 
-from tgi_compat.cli.config import ServerConfig
-from tgi_compat.observability.metrics import ServerMetrics
-from tgi_compat.server.ops_services import start_ops_services
+from tgi_compat.api.cli.config import ServerConfig
+from tgi_compat.api.observability.metrics import ServerMetrics
+from tgi_compat.api.server.ops_services import start_ops_services
 
 
 def test_nothing_starts_for_a_plain_tgi_config():

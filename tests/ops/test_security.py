@@ -5,7 +5,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from tgi_compat.server.security import PAYLOAD_TOO_LARGE, install_security
+from tgi_compat.api.server.security import PAYLOAD_TOO_LARGE, install_security
 
 
 def make_app(**security) -> FastAPI:

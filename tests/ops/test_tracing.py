@@ -2,7 +2,7 @@
 
 import time
 
-from tgi_compat.observability.tracing import DEFAULT_SERVICE_NAME, RequestTracer, format_duration, otlp_traces_url
+from tgi_compat.api.observability.tracing import DEFAULT_SERVICE_NAME, RequestTracer, format_duration, otlp_traces_url
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
@@ -84,7 +84,7 @@ async def test_middleware_opens_route_spans_for_plain_and_streamed_responses(col
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, StreamingResponse
 
-    from tgi_compat.observability.tracing import current_span, install_tracing
+    from tgi_compat.api.observability.tracing import current_span, install_tracing
 
     tracer = RequestTracer(collector.address, service_name="mw")
     app = FastAPI()

@@ -8,7 +8,7 @@ from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_confi
 
 @pytest.fixture(scope="session")
 def smollm2_llm():
-    from router.offline import LLM
+    from tgi_compat.router.offline import LLM
 
     return LLM(smollm2_engine_config())
 

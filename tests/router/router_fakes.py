@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from modeling.forward_batch import ForwardBatch
-from router.admission import AdmissionLimits
-from router.kv_slots import KVSlotPool
-from router.request import GenerateRequest, Request, SamplingParams
-from router.scheduler import Scheduler, SchedulerLimits
-from router.step import PromptScores, SampledToken, StepPlan, StepResult
+from tgi_compat.modeling.forward_batch import ForwardBatch
+from tgi_compat.router.admission import AdmissionLimits
+from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.request import GenerateRequest, Request, SamplingParams
+from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
+from tgi_compat.router.step import PromptScores, SampledToken, StepPlan, StepResult
 
 EOS = 2
 
@@ -114,8 +114,8 @@ def hash_engine(num_kv_slots: int = 4096, max_running: int = 16, max_prefill: in
     """EngineCore over a HashRunner: the real scheduler, sampler and executor, a stand-in model."""
     from types import SimpleNamespace
 
-    from router.config import EngineConfig
-    from router.engine import EngineCore
+    from tgi_compat.router.config import EngineConfig
+    from tgi_compat.router.engine import EngineCore
 
     runner = runner or HashRunner(num_kv_slots=num_kv_slots, max_rows=max_running)
     model_config = SimpleNamespace(

@@ -33,7 +33,7 @@ def smollm2_path() -> str:
 
 
 def smollm2_engine_config(**overrides):
-    from router.config import EngineConfig
+    from tgi_compat.router.config import EngineConfig
 
     fields = dict(model_id=smollm2_path(), max_batch_total_tokens=4096, max_running_requests=32) | overrides
     return EngineConfig(**fields)

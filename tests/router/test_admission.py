@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.admission import AdmissionLimits, RequestTokens, can_admit
+from tgi_compat.router.admission import AdmissionLimits, RequestTokens, can_admit
 
 R = RequestTokens
 

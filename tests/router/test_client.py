@@ -8,9 +8,9 @@ import pytest
 from router_fakes import hash_engine
 from test_engine import expected_greedy, prompts
 
-from router.client import InProcessEngineClient
-from router.client_api import EngineDeadError, RequestRejectedError
-from router.request import GenerateRequest
+from tgi_compat.router.client import InProcessEngineClient
+from tgi_compat.router.client_api import EngineDeadError, RequestRejectedError
+from tgi_compat.router.request import GenerateRequest
 
 
 async def collect(client, request):

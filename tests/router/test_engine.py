@@ -8,8 +8,8 @@ import pytest
 import torch
 from router_fakes import HashRunner, drain, hash_engine
 
-from router.client_api import RequestRejectedError
-from router.request import GenerateRequest, SamplingParams
+from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.request import GenerateRequest, SamplingParams
 
 
 def prompts(n: int, length: int = 7) -> list[list[int]]:
@@ -175,8 +175,8 @@ class GreedyChoosingRunner(HashRunner):
         self.greedy_only_steps: list[bool] = []
 
     def forward(self, batch):
-        from kernels.greedy_pick import greedy_pick_ref
-        from modeling.parallel.vocab_logits import GreedyChoice
+        from tgi_compat.kernels.greedy_pick import greedy_pick_ref
+        from tgi_compat.modeling.parallel.vocab_logits import GreedyChoice
 
         logits = super().forward(batch)
         self.greedy_only_steps.append(batch.greedy_only)

@@ -22,13 +22,13 @@ from router_fakes import HashRunner, drain, hash_engine
 from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
 from test_engine import expected_greedy, prompts, tokens_of
 
-from router.client import ZmqEngineClient
-from router.config import EngineConfig
-from router.engine_process import run_engine_process
-from router.outputs import TokenEvent
-from router.request import GenerateRequest, SamplingParams
-from router.sampling import SampledRows
-from router.wire import (
+from tgi_compat.router.client import ZmqEngineClient
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.engine_process import run_engine_process
+from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.request import GenerateRequest, SamplingParams
+from tgi_compat.router.sampling import SampledRows
+from tgi_compat.router.wire import (
     AbortRequest,
     AddRequest,
     Ready,

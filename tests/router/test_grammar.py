@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 from smollm2_cases import smollm2_engine_config
 
-from router.engine import EngineCore
-from router.request import GenerateRequest, GrammarKind, GrammarSpec, SamplingParams
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.request import GenerateRequest, GrammarKind, GrammarSpec, SamplingParams
 
 PERSON = {
     "type": "object",
@@ -37,7 +37,7 @@ def plain_engine():
 
 @pytest.fixture(scope="module")
 def tokenizer(engine):
-    from modeling.tokenizer import load_tokenizer
+    from tgi_compat.modeling.tokenizer import load_tokenizer
 
     return load_tokenizer(engine.config.model_id)
 
@@ -148,7 +148,7 @@ def test_aborting_a_request_while_its_grammar_compiles(engine, tokenizer):
 def test_top_tokens_of_a_forced_step_leave_out_the_masked_ones():
     import torch
 
-    from router.sampling import top_n_with_ties
+    from tgi_compat.router.sampling import top_n_with_ties
 
     logprobs = torch.full((1, 50), float("-inf"))
     logprobs[0, 7] = 0.0  # the grammar allows one token only
@@ -287,9 +287,9 @@ def confined_sampling(logits, allowed: list[set[int] | None], seed: int = 0, **s
 
     import torch
 
-    from router.grammar import GrammarMask
-    from router.request import Request
-    from router.sampling import Sampler, SamplingBatch
+    from tgi_compat.router.grammar import GrammarMask
+    from tgi_compat.router.request import Request
+    from tgi_compat.router.sampling import Sampler, SamplingBatch
 
     num_rows, vocab = logits.shape
     requests = [

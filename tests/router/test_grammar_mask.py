@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from router.grammar import GrammarBackend
+from tgi_compat.router.grammar import GrammarBackend
 
 xgrammar = pytest.importorskip("xgrammar")
 

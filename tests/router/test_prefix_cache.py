@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from router.kv_slots import KVSlotPool
-from router.prefix_cache import PrefixCache, PrefixMatch
+from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.prefix_cache import PrefixCache, PrefixMatch
 
 NUM_SLOTS = 48
 tokens_strategy = st.lists(st.integers(0, 2), min_size=1, max_size=10)  # 3 ids: many shared prefixes

@@ -13,11 +13,11 @@ from router_fakes import EOS, hash_engine, make_request, result_for
 from test_engine import expected_greedy, tokens_of
 from test_engine_overlap import comparable, every_kind_of_request, run_engine
 
-from router.admission import AdmissionLimits
-from router.kv_slots import KVSlotPool
-from router.request import GenerateRequest
-from router.scheduler import SHORT_PREFILL_HOLD_STEPS, Scheduler, SchedulerLimits
-from router.step import SampledToken, StepResult
+from tgi_compat.router.admission import AdmissionLimits
+from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.scheduler import SHORT_PREFILL_HOLD_STEPS, Scheduler, SchedulerLimits
+from tgi_compat.router.step import SampledToken, StepResult
 
 
 def shared_prefix_prompts(n: int = 20) -> list[list[int]]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from smollm2_cases import SMOLLM2_PROMPTS, smollm2_engine_config
 
-from router.engine import EngineCore
-from router.request import GenerateRequest
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.request import GenerateRequest
 
 MAX_NEW = 3
 SYSTEM = SMOLLM2_PROMPTS[8] + SMOLLM2_PROMPTS[5]  # a shared "system prompt" of natural text

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.batch import _cached_prefix_slots
-from router.prefix_cache import common_prefix_length
+from tgi_compat.router.batch import _cached_prefix_slots
+from tgi_compat.router.prefix_cache import common_prefix_length
 
 
 def naive_common_length(a: list[int], b: list[int], start: int, limit: int | None) -> int:

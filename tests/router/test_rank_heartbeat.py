@@ -1,4 +1,4 @@
-"""The hang watch of tensor-parallel ranks (router.rank_heartbeat): which rank it names and when.
+"""The hang watch of tensor-parallel ranks (tgi_compat.router.rank_heartbeat): which rank it names and when.
 
 Times are given, not slept: the watch reads beats and step counts from the shared arrays and the
 `now` it is passed. (The end-to-end case, a SIGSTOPped rank of a real 2-rank server, is in
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from router.rank_heartbeat import HangWatch, RankHeartbeats
+from tgi_compat.router.rank_heartbeat import HangWatch, RankHeartbeats
 
 TIMEOUT_S = 10.0
 

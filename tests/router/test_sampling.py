@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from router.request import GenerateRequest, Request, SamplingParams
-from router.sampling import (
+from tgi_compat.router.request import GenerateRequest, Request, SamplingParams
+from tgi_compat.router.sampling import (
     WATERMARK_DELTA,
     Sampler,
     SamplingBatch,
@@ -218,8 +218,8 @@ def test_logit_bias_shifts_raw_scores_per_row_before_the_other_processors():
 
 
 def test_logit_bias_outside_the_vocabulary_is_rejected_before_admission():
-    from router.client_api import EngineInfo, RequestRejectedError
-    from router.validation import validate_request
+    from tgi_compat.router.client_api import EngineInfo, RequestRejectedError
+    from tgi_compat.router.validation import validate_request
 
     info = EngineInfo("m", "LlamaForCausalLM", "float32", "cpu", VOCAB, 64, 64, 64, (0,))
     params = GenerateRequest("r", [1, 2], SamplingParams(logit_bias=((VOCAB, 1.0),)), max_new_tokens=2)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from router_fakes import drain, hash_engine
 
-import router.sampling_cache as sampling_cache
-from router.request import GenerateRequest, Request, SamplingParams
-from router.sampling import Sampler, SamplingBatch
-from router.sampling_cache import SamplingBatchCache
+import tgi_compat.router.sampling_cache as sampling_cache
+from tgi_compat.router.request import GenerateRequest, Request, SamplingParams
+from tgi_compat.router.sampling import Sampler, SamplingBatch
+from tgi_compat.router.sampling_cache import SamplingBatchCache
 
 VOCAB = 50
 CPU = torch.device("cpu")

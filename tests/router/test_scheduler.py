@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from router_fakes import EOS, make_request, make_scheduler, result_for, run_to_completion
 
-from router.kv_slots import KVSlotPool
-from router.request import FinishReason, RequestStatus
-from router.scheduler import Scheduler, SchedulerLimits
+from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.request import FinishReason, RequestStatus
+from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
 
 
 def test_requests_finish_with_their_tokens_and_the_pool_is_full_again():
@@ -171,7 +171,7 @@ def test_a_request_ending_in_flight_keeps_the_hold_on_late_requests():
     scheduler.tokens_in_flight(previous, list(range(7)))
     scheduler.add(make_request("late", max_new=4))
     admitted_at = []
-    for step in range(1, 5):  # schedule N, update N-1, N's tokens in flight (router/engine.py's order)
+    for step in range(1, 5):  # schedule N, update N-1, N's tokens in flight (tgi_compat/router/engine.py's order)
         plan = scheduler.schedule()
         if any(c.request.request_id == "late" and c.start == 0 for c in plan.chunks):
             admitted_at.append(step)

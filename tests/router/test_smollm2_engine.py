@@ -11,10 +11,10 @@ import pytest
 import torch
 from smollm2_cases import SMOLLM2_MAX_NEW, SMOLLM2_PROMPTS, smollm2_engine_config
 
-from router.client import ZmqEngineClient
-from router.client_api import EngineDeadError
-from router.config import EngineConfig
-from router.request import GenerateRequest, SamplingParams
+from tgi_compat.router.client import ZmqEngineClient
+from tgi_compat.router.client_api import EngineDeadError
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.request import GenerateRequest, SamplingParams
 
 
 def test_greedy_ids_equal_transformers_generate(smollm2_greedy, smollm2_hf_model):

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from modeling.step_profiler import StepProfiler, parse_windows
-from router.config import EngineConfig
-from router.offline import LLM
+from tgi_compat.modeling.step_profiler import StepProfiler, parse_windows
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.offline import LLM
 
 
 def test_windows_parse_and_sort():

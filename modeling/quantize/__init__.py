@@ -1,2 +1,0 @@
-"""Offline quantization (`python -m tgi_compat.quantize`): read a checkpoint, quantize its Linear
-weights, write a compressed-tensors checkpoint that modeling.layers.quantization (and vLLM) loads."""

@@ -1,0 +1,53 @@
+"""AppState: what every route reaches through `request.app.state.tgi` (or `Depends(get_state)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from tgi_compat.api.cli.config import ServerConfig, ServingLimits
+from tgi_compat.api.observability.tracing import RequestTracer
+from tgi_compat.api.server.permits import PermitPool
+from tgi_compat.api.serving.tokenization import TokenizerService
+from tgi_compat.router.client_api import EngineClient
+
+_NO_TRACER = RequestTracer()
+
+ROUTER_NAME = "text-generation-router"
+TGI_VERSION = "3.3.6-dev0"  # what /info reports for TGI v3.3.7 (contract header)
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    model_id: str
+    sha: str | None = None
+    pipeline_tag: str | None = None  # None: unknown (local model), which TGI treats as text-generation
+
+
+@dataclass(slots=True)
+class AppState:
+    config: ServerConfig
+    limits: ServingLimits
+    engine: EngineClient
+    tokenizer: TokenizerService
+    permits: PermitPool
+    model: ModelInfo
+    metrics: Any | None = None  # tgi_compat.api.observability.metrics.ServerMetrics (OPS helper), when present
+    compute_type: str = "gpu+optimized"  # env COMPUTE_TYPE, x-compute-type header
+    tracer: RequestTracer | None = None  # OTLP spans (--otlp-endpoint); None: tracing off
+
+    def request_span(self, name: str, request: Request, **attributes: object):
+        """The route's root span (a no-op context without --otlp-endpoint)."""
+        tracer = self.tracer or _NO_TRACER
+        return tracer.request_span(name, request.headers, **attributes)
+
+    @property
+    def compat_return_full_text(self) -> bool:
+        """POST / default: true for text-generation models and when the tag is unknown."""
+        return self.model.pipeline_tag in (None, "text-generation")
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.tgi

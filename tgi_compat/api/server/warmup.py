@@ -1,0 +1,91 @@
+"""Start-up warm-up: every step shape the engine will meet runs once before the port opens.
+
+Triton compiles a kernel per specialisation (sizes equal to 1, divisible by 16, or neither), and
+the first mixed prefill+decode step, the first chunked prompt and the first batch past the largest
+CUDA graph each pay for compilation. The warm-up sends real requests through the real engine in
+waves that produce those steps: prompts of lengths around the specialisation boundaries, decodes
+joined by new prompts (mixed steps), every sampling processor with top-n logprobs, and on a GPU a
+full batch of long prompts (chunked prefill, the widest decode). On a CPU it stays to two short
+prompts per wave (nothing compiles there; they prove every path runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+
+from tgi_compat.router.client_api import EngineClient
+from tgi_compat.router.request import GenerateRequest, SamplingParams
+
+logger = logging.getLogger("tgi_compat.warmup")
+
+PROMPT_LENGTHS = (1, 7, 16, 17, 100, 256, 1000)
+CPU_PROMPT_LENGTHS = (1, 17)  # nothing compiles on a CPU: the paths only need to run once
+NEW_TOKENS = 4
+GPU_BATCH = 64  # the widest burst the GPU warm-up runs (capped by the engine's limits)
+GPU_PROMPT_LENGTH = 256
+SAMPLING = SamplingParams(
+    do_sample=True,
+    temperature=0.7,
+    top_k=10,
+    top_p=0.9,
+    typical_p=0.95,
+    repetition_penalty=1.1,
+    frequency_penalty=0.1,
+    seed=0,
+    top_n_tokens=2,
+)
+
+
+def _prompt(seed_ids: list[int], length: int) -> list[int]:
+    return list(itertools.islice(itertools.cycle(seed_ids or [0]), length))
+
+
+def _request(prompt_ids: list[int], sampling: SamplingParams | None = None) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=f"warmup-{uuid.uuid4().hex}",
+        prompt_ids=prompt_ids,
+        sampling=sampling or SamplingParams(),
+        max_new_tokens=NEW_TOKENS,
+        ignore_eos=True,
+    )
+
+
+async def _run(engine: EngineClient, request: GenerateRequest, first_token: asyncio.Event | None = None) -> None:
+    async for event in engine.generate(request):
+        if event.error is not None:
+            raise RuntimeError(f"warmup failed: {event.error}")
+        if first_token is not None:
+            first_token.set()
+        if event.finish_reason is not None:
+            return
+    raise RuntimeError("warmup failed: the engine stream ended without finishing")
+
+
+async def warm_up(
+    engine: EngineClient, seed_ids: list[int], max_input_tokens: int, max_total_tokens: int, max_batch_size: int
+) -> float:
+    """Run the warm-up waves; returns the seconds it took."""
+    started = time.perf_counter()
+    on_gpu = engine.info.device.startswith("cuda")
+    longest = max(1, min(max_input_tokens, max_total_tokens - NEW_TOKENS))
+    lengths = sorted({min(length, longest) for length in (PROMPT_LENGTHS if on_gpu else CPU_PROMPT_LENGTHS)})
+    num_requests = 2 * len(lengths)
+    # Wave 1: one multi-prompt prefill, then its decodes; halfway, wave 2 joins (mixed steps),
+    # with every sampling processor and top-n logprobs.
+    decoding = asyncio.Event()
+    first = [asyncio.create_task(_run(engine, _request(_prompt(seed_ids, n)), decoding)) for n in lengths]
+    await decoding.wait()
+    second = [_run(engine, _request(_prompt(seed_ids, n), SAMPLING)) for n in lengths]
+    await asyncio.gather(*first, *second)
+    if on_gpu:
+        batch = max(1, min(GPU_BATCH, max_batch_size))
+        prompt = _prompt(seed_ids, min(GPU_PROMPT_LENGTH, longest))
+        await asyncio.gather(*(_run(engine, _request(prompt)) for _ in range(batch)))
+        num_requests += batch
+    elapsed = time.perf_counter() - started
+    logger.info("Warm-up: %d requests of every step shape in %.1f s", num_requests, elapsed)
+    return elapsed

@@ -1,0 +1,147 @@
+"""The frame every generation service runs a request in: permit -> validate -> generate -> account.
+
+A service (generate_service.py, chat_service.py, ...) builds one `RequestFrame` per engine request
+(counted as received), enters `admit()` to hold its permits and validate the prompt (TGI's
+Validation::validate), generates inside that block, and reports the outcome with `succeeded()` or
+`failed()`. The services keep only their wire shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from tgi_compat.api.lightllm.features import prepare_features
+from tgi_compat.api.protocol.errors import TgiError, validation_error
+from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
+from tgi_compat.api.server.state import AppState
+from tgi_compat.api.serving import accounting
+from tgi_compat.api.serving.generation import (
+    GenerationResult,
+    Timings,
+    TokenStep,
+    generate_best_of,
+    generate_to_end,
+    stream_sequence,
+    stream_step_batches,
+)
+from tgi_compat.api.serving.grammar import ResponseFormat
+from tgi_compat.api.serving.validation import (
+    ValidatedRequest,
+    check_grammar,
+    check_lengths,
+    check_parameters,
+    truncate_prompt,
+)
+
+
+async def validate_request(
+    state: AppState,
+    inputs: str,
+    params: GenerateParameters,
+    *,
+    add_special_tokens: bool = True,
+    grammar: GrammarType | ResponseFormat | None = None,
+) -> ValidatedRequest:
+    """TGI's Validation::validate: parameters, tokenize, truncate, budget, grammar (in that order).
+    `grammar`: the chat `response_format`, in place of `params.grammar`."""
+    limits = state.limits
+    grammar = grammar or params.grammar
+    check_parameters(params, inputs, limits)
+    try:
+        prompt_ids = await state.tokenizer.encode(inputs, add_special_tokens)
+    except Exception as error:  # any tokenizer failure is the client's input
+        raise validation_error(f"tokenizer error {error}") from error
+    prompt_ids = truncate_prompt(prompt_ids, params.truncate)
+    prompt_ids, features = await prepare_features(state, params, prompt_ids, constrained=grammar is not None)
+    max_new_tokens = check_lengths(params, len(prompt_ids), limits)
+    grammar_spec = await check_grammar(grammar, not state.config.disable_grammar_support)
+    request = ValidatedRequest(
+        inputs=inputs,
+        prompt_ids=prompt_ids,
+        params=params,
+        max_new_tokens=max_new_tokens,
+        return_full_text=bool(params.return_full_text),
+        prompt_logprobs=(state.config.enable_prefill_logprobs and params.decoder_input_details)
+        or features.all_prompt_logprobs,
+        features=features,
+        grammar=grammar_spec,
+    )
+    accounting.validated(state, request)
+    return request
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A validated request holding its permits; generation runs through its methods."""
+
+    state: AppState
+    request: ValidatedRequest
+    timings: Timings
+    first_token: Callable[[], None] | None  # marks the request running in the in-flight gauges
+
+    async def revalidate(
+        self, inputs: str, params: GenerateParameters, *, add_special_tokens: bool = True
+    ) -> ValidatedRequest:
+        """Validate another prompt under the same permits (chat answers again in plain text after
+        the model chose `no_tool`); generation then runs that request."""
+        self.request = await validate_request(self.state, inputs, params, add_special_tokens=add_special_tokens)
+        return self.request
+
+    async def to_end(self) -> GenerationResult:
+        return await generate_to_end(self.state, self.request, self.timings, self.first_token)
+
+    async def best_of(self, n: int) -> list[GenerationResult]:
+        return await generate_best_of(self.state, self.request, self.timings, n)
+
+    def stream(self) -> AsyncGenerator[TokenStep, None]:
+        return stream_sequence(self.state, self.request, self.timings, streaming=True, on_first_token=self.first_token)
+
+    def stream_batches(self) -> AsyncGenerator[list[TokenStep], None]:
+        return stream_step_batches(
+            self.state, self.request, self.timings, streaming=True, on_first_token=self.first_token
+        )
+
+
+class RequestFrame:
+    """One engine request's permits, validation and metrics; `span` is the route's trace span, if any."""
+
+    def __init__(self, state: AppState, span: Any = None, *, count_received: bool = True) -> None:
+        """`count_received=False`: the route counted the HTTP request once for all its frames (/vertex)."""
+        self.state = state
+        self.span = span
+        self.timings = Timings(arrival=time.perf_counter())
+        if count_received:
+            accounting.received(state)
+
+    @asynccontextmanager
+    async def admit(
+        self,
+        inputs: str,
+        params: GenerateParameters,
+        *,
+        permits: int = 1,
+        add_special_tokens: bool = True,
+        grammar: GrammarType | ResponseFormat | None = None,
+    ) -> AsyncIterator[Admitted]:
+        """Hold `permits` (TGI's 429 when short), count the request in flight, validate it.
+        `grammar`: the chat `response_format` or tool grammar, in place of `params.grammar`."""
+        with self.state.permits.hold(permits), accounting.inflight(self.state) as inflight:
+            validating = self.span.child("validate") if self.span is not None else nullcontext()
+            with validating:
+                request = await validate_request(
+                    self.state, inputs, params, add_special_tokens=add_special_tokens, grammar=grammar
+                )
+            first_token = inflight.first_token if inflight is not None else None
+            yield Admitted(self.state, request, self.timings, first_token)
+
+    def succeeded(self, request: ValidatedRequest, result: GenerationResult, n: int = 1) -> None:
+        accounting.succeeded(self.state, request, result, self.timings, n)
+        if self.span is not None:
+            accounting.traced(self.span, result, self.timings)
+
+    def failed(self, error: TgiError) -> None:
+        accounting.failed(self.state, error, self.span)

@@ -1,0 +1,88 @@
+"""The attention seam: one object per model, chosen once at startup (torch or triton).
+
+Shapes: q [T, num_heads, head_dim]; k, v [T, num_kv_heads, head_dim] for the new tokens;
+kv buffers per layer [num_slots, num_kv_heads, head_dim]; req_to_token [max_rows, max_len] int32.
+
+Each call carries its layer's AttentionParams: the scale and the per-layer switches.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from tgi_compat.modeling.forward_batch import ForwardBatch
+from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionParams:
+    """One layer's attention switches, built once with the layer and passed on every call."""
+
+    scale: float
+    sliding_window: int | None = None  # a query at position p sees keys (p - sliding_window, p]
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap)
+
+
+class AttentionBackend(ABC):
+    # True when a decode step through this backend can be captured as a CUDA graph and replayed:
+    # no host syncs, no allocations, fixed-size index tensors per batch size.
+    supports_cuda_graphs: ClassVar[bool] = False
+
+    @abstractmethod
+    def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
+        """Once per step, before the first layer: build whatever index tensors the kernels need."""
+
+    def compile_kernels(
+        self,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        req_to_token: torch.Tensor,
+        layer_params: list[AttentionParams],
+    ) -> None:
+        """At start-up: compile the kernel variants the steps may select that the CUDA-graph capture and
+        the server's warm-up requests do not reach (a JIT compile met mid-serving stalls every request).
+        Nothing to do for backends without JIT kernels."""
+        return None
+
+    @abstractmethod
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Write the new tokens' k/v into their slots (batch.out_slots)."""
+
+    def rotate_and_store_kv(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ops: LayerOps,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """Rotary on qk [T, H + H_kv, D] (q heads, then k heads), then k and v into the KV cache; returns
+        the rotated qk. `ops` made `rope`. Backends may fuse the two."""
+        qk = ops.rotary(qk, rope)
+        self.store_kv(qk[:, qk.shape[1] - v.shape[1] :], v, k_cache, v_cache)
+        return qk
+
+    def rotate_store_and_attend(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ops: LayerOps,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        params: AttentionParams,
+    ) -> torch.Tensor:
+        """rotate_and_store_kv, then forward over the rotated q heads: [T, H, D]. Backends may fuse all
+        three (qk is then left unrotated: nothing reads it after this call)."""
+        qk = self.rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
+        return self.forward(qk[:, : qk.shape[1] - v.shape[1]], k_cache, v_cache, params)
+
+    @abstractmethod
+    def forward(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams
+    ) -> torch.Tensor:
+        """Causal attention of the new tokens over their request's KV; returns [T, num_heads, head_dim]."""

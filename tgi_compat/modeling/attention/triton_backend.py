@@ -1,0 +1,261 @@
+"""Attention on the GPU through the Triton kernels in tgi_compat/kernels/.
+
+DECODE steps run flash-decoding (tgi_compat.kernels.decode_attention); EXTEND steps run the variable-length
+extend kernel. A MIXED step (chunked prefill beside decodes) sends its leading run of one-token
+requests (the scheduler puts running decodes first) through flash-decoding and the rest through
+the extend kernel: the extend kernel would give every decode row a whole query tile, a grid sized by
+the longest chunk, and one K/V read per query head instead of per KV head. Both read K/V through
+req_to_token.
+
+Small DECODE batches (MERGED_SPLIT_BATCHES) merge the flash-decoding splits inside the split kernel
+(no stage-2 launch), and in FUSED_ROTARY_BATCHES the rotary + KV-store kernel is folded into it as well
+(`rotate_store_and_attend`): the attention side of a layer is then one launch instead of three.
+
+CUDA graphs: the decode path does no host work that depends on the step's contents. The number
+of KV splits depends only on the batch size, the split length is derived per request on the
+device, and the split scratch buffers and the merge's ticket counters are carved from buffers
+allocated here at startup (the counters are left at zero by every launch). So a decode step
+captured once per batch size replays correctly for any context lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tgi_compat.kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.kv_store import kv_store
+from tgi_compat.kernels.prefill_attention import prefill_attention
+from tgi_compat.kernels.rotary import rotary_and_kv_store
+from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
+
+MAX_DECODE_SPLITS = 64
+# Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
+# 512 (`bench_gpu.py --attn-variants`, BENCHMARKS.md). The fused rotary saves 45 us per step at batch 1
+# and 15-70 us at 2-64 but costs 24-130 us at 128-256 (every program rotates its queries). Merged
+# splits save 18-30 us at batch 2-16 (batch >= 32 has one split); at batch 1 (dependent-launched chain,
+# tgi_compat/kernels/pdl.py) they measured the same as the two kernels (4.052 vs 4.046 ms with the fused rotary).
+MERGED_SPLIT_BATCHES = range(2, 17)
+FUSED_ROTARY_BATCHES = range(1, 65)
+
+
+@dataclass
+class TritonAttentionMetadata:
+    is_decode: bool
+    req_to_token: torch.Tensor  # [R, L] int32
+    req_rows: torch.Tensor  # [B]
+    q_start: torch.Tensor  # [B]
+    q_lens: torch.Tensor  # [B]
+    kv_lens: torch.Tensor  # [B]
+    out_slots: torch.Tensor  # [T]
+    max_q_len: int
+    num_splits: int  # flash-decoding rows only
+    block_n: int  # flash-decoding rows only: keys per iteration
+    num_decode_prefix: int = 0  # MIXED: the first requests (one token each) that go to flash-decoding
+
+
+class TritonAttentionBackend(AttentionBackend):
+    supports_cuda_graphs = True
+    metadata: TritonAttentionMetadata  # this step's, set by init_forward_metadata
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_rows: int,
+        max_seq_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 4
+        )
+        # Split scratch for the largest decode batch a step may carry (one request per row).
+        self.max_rows = max_rows
+        capacity = max(b * self._num_splits(b) for b in range(1, max_rows + 1))
+        self._mid_out = torch.empty(capacity * num_heads * head_dim, dtype=torch.float32, device=self.device)
+        self._mid_lse = torch.empty(capacity * num_heads, dtype=torch.float32, device=self.device)
+        # Ticket counters of the merged path, one per (position in the batch, KV head): indexed by
+        # position, not request row, since CUDA-graph padding puts every padding entry on one spare row.
+        self._split_counter = torch.zeros(max_rows, num_kv_heads, dtype=torch.int32, device=self.device)
+        self.merged_split_batches = MERGED_SPLIT_BATCHES
+        self.fused_rotary_batches = FUSED_ROTARY_BATCHES
+
+    def compile_kernels(
+        self,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        req_to_token: torch.Tensor,
+        layer_params: list[AttentionParams],
+    ) -> None:
+        """Flash-decoding at every batch size, as a MIXED step's decode rows run it (no fused rotary).
+        The batch size picks the kernel's variant (one split or several, merged or not, the key block,
+        PDL at batch 1); the graph capture compiles only the fused-rotary ones, and the warm-up's mixed
+        steps carry a few rows, so a mixed step of 17+ decode rows compiled its variant mid-serving
+        (0.6-1.6 s each on an H200). Each size reads one key of row 0 and writes only scratch."""
+        k_cache, v_cache = kv_cache
+        rows = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
+        kv_lens = torch.ones(self.max_rows, dtype=torch.int64, device=self.device)
+        for batch in range(1, self.max_rows + 1):
+            self.metadata = TritonAttentionMetadata(
+                is_decode=True,
+                req_to_token=req_to_token,
+                req_rows=rows[:batch],
+                q_start=rows[:batch],
+                q_lens=kv_lens[:batch],
+                kv_lens=kv_lens[:batch],
+                out_slots=rows[:0],
+                max_q_len=1,
+                num_splits=self._num_splits(batch),
+                block_n=choose_block_n(batch, self.num_kv_heads, self.num_sms),
+            )
+            q = torch.zeros(batch, self.num_heads, self.head_dim, dtype=self.dtype, device=self.device)
+            for params in layer_params:
+                self._decode(q, k_cache, v_cache, params)
+
+    def _num_splits(self, batch_size: int) -> int:
+        return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
+
+    def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
+        is_decode = batch.mode == ForwardMode.DECODE
+        num_flash = batch.batch_size if is_decode else _num_decode_prefix(batch)
+        max_q_len = batch.max_q_len
+        if num_flash and not is_decode and batch.q_lens_cpu is not None:  # a decode prefix needs host lengths
+            max_q_len = max(batch.q_lens_cpu[num_flash:])
+        self.metadata = TritonAttentionMetadata(
+            is_decode=is_decode,
+            req_to_token=req_to_token,
+            req_rows=batch.req_rows,
+            q_start=batch.q_start,
+            q_lens=batch.q_lens,
+            kv_lens=batch.kv_lens,
+            out_slots=batch.out_slots,
+            max_q_len=max_q_len,
+            num_splits=self._num_splits(num_flash) if num_flash else 0,
+            block_n=choose_block_n(max(num_flash, 1), self.num_kv_heads, self.num_sms),
+            num_decode_prefix=0 if is_decode else num_flash,
+        )
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        kv_store(k, v, k_cache, v_cache, self.metadata.out_slots)
+
+    def rotate_and_store_kv(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ops: LayerOps,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        if ops.name != "triton":  # rope tables in another op set's layout
+            return super().rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
+        cos, sin = rope
+        rotary_and_kv_store(qk, v, cos, sin, k_cache, v_cache, self.metadata.out_slots, qk.shape[1] - v.shape[1])
+        return qk
+
+    def rotate_store_and_attend(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ops: LayerOps,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        params: AttentionParams,
+    ) -> torch.Tensor:
+        meta = self.metadata
+        if not (meta.is_decode and ops.name == "triton" and qk.shape[0] in self.fused_rotary_batches):
+            return super().rotate_store_and_attend(qk, v, rope, ops, k_cache, v_cache, params)
+        num_q_heads = qk.shape[1] - v.shape[1]
+        cos, sin = rope  # [B, D/2] each, this step's rows (triton_rope_tables)
+        new_token = NewTokenKV(k=qk[:, num_q_heads:], v=v, cos=cos, sin=sin, slots=meta.out_slots)
+        return self._decode(qk[:, :num_q_heads], k_cache, v_cache, params, new_token=new_token)
+
+    def forward(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams
+    ) -> torch.Tensor:
+        meta = self.metadata
+        if meta.is_decode:
+            return self._decode(q, k_cache, v_cache, params)
+        out = torch.empty_like(q)
+        first = meta.num_decode_prefix  # requests [0, first) own tokens [0, first), one each
+        if first:
+            self._decode(q[:first], k_cache, v_cache, params, out=out[:first])
+        prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.req_to_token,
+            meta.req_rows[first:],
+            meta.q_start[first:],
+            meta.q_lens[first:],
+            meta.kv_lens[first:],
+            meta.max_q_len,
+            params.scale,
+            out=out,
+            sliding_window=params.sliding_window,
+            softcap=params.softcap,
+        )
+        return out
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        params: AttentionParams,
+        out: torch.Tensor | None = None,
+        new_token: NewTokenKV | None = None,
+    ) -> torch.Tensor:
+        """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i); with
+        `new_token`, q is unrotated and the kernel does the rotary and the KV store too."""
+        meta = self.metadata
+        batch, splits = q.shape[0], meta.num_splits
+        if batch > self.max_rows:
+            raise ValueError(f"decode batch of {batch} requests exceeds the backend's max_rows={self.max_rows}")
+        mid_out = self._mid_out[: batch * self.num_heads * splits * self.head_dim].view(
+            batch, self.num_heads, splits, self.head_dim
+        )
+        mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
+        counter = self._split_counter if batch in self.merged_split_batches else None
+        return decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.req_to_token,
+            meta.req_rows,
+            meta.kv_lens,
+            params.scale,
+            splits,
+            out=out,
+            mid_out=mid_out,
+            mid_lse=mid_lse,
+            block_n=meta.block_n,
+            split_counter=counter,
+            new_token=new_token,
+            sliding_window=params.sliding_window,
+            softcap=params.softcap,
+        )
+
+
+def _num_decode_prefix(batch: ForwardBatch) -> int:
+    """How many leading requests bring one token each (0 without host lengths, or if all do: the
+    caller labelled such a step DECODE or EXTEND and it takes that path)."""
+    q_lens = batch.q_lens_cpu
+    if q_lens is None:
+        return 0
+    count = 0
+    for q_len in q_lens:
+        if q_len != 1:
+            return count
+        count += 1
+    return 0

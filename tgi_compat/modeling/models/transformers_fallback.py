@@ -1,0 +1,179 @@
+"""Any other decoder-only model, through transformers' own modeling on our KV cache.
+
+transformers computes the embeddings, norms, MLPs and rotary itself; only attention is ours: it is
+registered with transformers' AttentionInterface under ATTENTION_NAME and the model is built with
+that implementation (as TGI 3 and vLLM's TransformersForCausalLM do). Each attention call stores the
+new tokens' k/v into their token slots and attends through our backend (torch or Triton), so the
+model runs on the flat, unpadded token batch of the router's continuous batching like the native
+families. transformers then needs no cache of its own, and no mask: the backend knows each request's
+extent. A model qualifies when its attention goes through the interface (`_supports_attention_backend`).
+
+Loaded from a folder, transformers reads the checkpoint itself (`from_pretrained`), so its own key
+renames and tensor conversions apply; the runner's weight stream is then left unread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn as nn
+
+from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
+from tgi_compat.modeling.config import ModelConfig
+from tgi_compat.modeling.forward_batch import ForwardBatch
+from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps
+from tgi_compat.modeling.weights.lazy import LazyTensor, take
+
+ATTENTION_NAME = "tgi_compat_kv"
+
+
+@dataclass
+class KVCacheStep:
+    """What our attention function needs in one forward, passed down through transformers' kwargs."""
+
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    backend: AttentionBackend
+
+
+def kv_cache_attention(
+    module: nn.Module,
+    query: torch.Tensor,  # [1, H, T, D]
+    key: torch.Tensor,  # [1, H_kv, T, D]
+    value: torch.Tensor,  # [1, H_kv, T, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: returns ([1, T, H, D], no weights)."""
+    step: KVCacheStep = kwargs["kv_cache_step"]
+    k_cache, v_cache = step.kv_caches[cast(int, module.layer_idx)]  # transformers' attention modules number their layer
+    q = query[0].transpose(0, 1)  # [T, H, D]
+    step.backend.store_kv(key[0].transpose(0, 1), value[0].transpose(0, 1), k_cache, v_cache)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    params = AttentionParams(scale, kwargs.get("sliding_window"), kwargs.get("softcap"))
+    out = step.backend.forward(q, k_cache, v_cache, params)
+    return out.unsqueeze(0), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None  # the backend masks by each request's positions; transformers builds nothing
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION_NAME, kv_cache_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
+
+
+def transformers_config(d: dict[str, Any]):
+    from transformers import AutoConfig
+
+    d = dict(d)
+    return AutoConfig.for_model(d.pop("model_type"), **d)
+
+
+def fallback_model_config(d: dict[str, Any], folder: str | None = None) -> ModelConfig:
+    """ModelConfig from any config.json transformers can read (its attribute maps give the usual names);
+    `folder`, where the checkpoint lives, is kept as the config's `_name_or_path` (as transformers does)."""
+    if folder is not None:
+        d = {**d, "_name_or_path": folder}
+    c = transformers_config(d)
+    num_heads = c.num_attention_heads
+    eos = c.eos_token_id
+    return ModelConfig(
+        architecture=d["architectures"][0],
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=getattr(c, "intermediate_size", None) or 4 * c.hidden_size,
+        num_layers=c.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(c, "num_key_value_heads", None) or num_heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // num_heads,
+        max_position_embeddings=getattr(c, "max_position_embeddings", None) or 2048,
+        tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        bos_token_id=c.bos_token_id,
+        eos_token_ids=[] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [int(eos)],
+        hf_config=d,
+    )
+
+
+def check_supported(architecture: str) -> str | None:
+    """Why transformers' `architecture` cannot run on our KV cache, or None when it can."""
+    import transformers
+
+    model_cls = getattr(transformers, architecture, None)
+    if model_cls is None:
+        return f"transformers {transformers.__version__} has no model class {architecture!r}"
+    if not getattr(model_cls, "_supports_attention_backend", False):
+        return f"{architecture}'s attention does not go through transformers' AttentionInterface"
+    return None
+
+
+class TransformersForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        register_attention()
+        self.config = config
+        hf_config = transformers_config(config.hf_config)
+        folder: str = config.hf_config.get("_name_or_path") or ""
+        self.loaded_by_transformers = bool(folder) and os.path.isdir(folder)
+        options = dict(attn_implementation=ATTENTION_NAME, dtype=torch.get_default_dtype())
+        if self.loaded_by_transformers:
+            device_map = {"": torch.get_default_device()}
+            self.hf = AutoModelForCausalLM.from_pretrained(folder, config=hf_config, device_map=device_map, **options)
+        else:  # in-memory weights (tests): built here, filled by load_weights
+            self.hf = AutoModelForCausalLM.from_config(hf_config, **options)
+        self.logit_scale = getattr(hf_config, "logit_scale", None)  # Cohere-style scaled logits
+        self.final_softcap = getattr(hf_config, "final_logit_softcapping", None)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        batch: ForwardBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """The flat batch as one sequence of T tokens; returns the final hidden states [T, hidden]."""
+        out = self.hf.base_model(
+            input_ids=input_ids[None],
+            position_ids=positions[None],
+            use_cache=False,
+            kv_cache_step=KVCacheStep(kv_caches, backend),
+        )
+        return out.last_hidden_state[0]
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.hf.get_output_embeddings()(hidden).float()  # [R, vocab]
+        if self.logit_scale:
+            logits = logits * self.logit_scale
+        if self.final_softcap:
+            logits = self.final_softcap * torch.tanh(logits / self.final_softcap)
+        return logits
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:
+        """A state dict under transformers' own parameter names; nothing to do if it read the folder."""
+        if self.loaded_by_transformers:
+            return
+        state = {name: take(tensor) for name, tensor in weights}
+        missing, unexpected = self.hf.load_state_dict(state, strict=False)
+        self.hf.tie_weights()
+        tied = {"lm_head.weight", "embed_out.weight"} if self.config.tie_word_embeddings else set()
+        missing = [name for name in missing if name not in tied]
+        if unexpected:
+            raise KeyError(f"checkpoint tensors with no matching parameter: {sorted(unexpected)[:8]}")
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")

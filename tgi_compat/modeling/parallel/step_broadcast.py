@@ -1,0 +1,123 @@
+"""Rank 0 -> the other ranks: each step's ForwardBatch, in one host and one device broadcast.
+
+Rank 0 runs the scheduler; the other ranks only run the same forward over their shard of the
+weights. Per step, rank 0 sends a small header through host memory (gloo): the step's shapes, which
+the other ranks need on the host to pick a kernel or a CUDA graph. Because it never touches a GPU, a
+rank receives it while its GPU still runs the previous step and queues the next forward behind it,
+as rank 0 does with overlap scheduling. The batch's index tensors follow in one device broadcast
+(packed into one int64 buffer on the device, so the tokens sampled on the GPU by the previous step
+travel without a host sync), ordered on the stream after the previous forward; the others unpack
+views of it. Only the elements the step uses travel (a 64-row decode: 4 KB of the buffer's 128 KB). Its
+capacity travels in the header: a step that needs more grows it on both sides.
+
+    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only]
+             (then, for prefill steps that carry them, the host q_lens[B] and kv_lens[B])
+    device = input_ids[T] positions[T] out_slots[T] req_rows[B] q_start[B] q_lens[B] kv_lens[B]
+             logits_indices[R] cached_prefix_slots[3 * C] (rows, positions, slots of prefix-cache hits)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import torch
+
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.parallel.group import TensorParallel
+
+_HEADER = 11
+_INITIAL_CAPACITY = 1 << 14
+_MODES = list(ForwardMode)
+
+
+class _Op(enum.IntEnum):
+    STEP = 1
+    STOP = 2
+
+
+class StepBroadcast:
+    def __init__(
+        self, tp: TensorParallel, capacity: int = _INITIAL_CAPACITY, on_step: Callable[[], None] | None = None
+    ) -> None:
+        self.tp = tp
+        self.on_step = on_step  # called once per step sent or received (the hang watch counts them)
+        self.header = torch.zeros(_HEADER, dtype=torch.int64)
+        self._allocate(capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.buffer = torch.zeros(capacity, dtype=torch.int64, device=self.tp.device)
+
+    # ---- rank 0 -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def send(self, batch: ForwardBatch) -> None:
+        num_tokens, batch_size, num_logits = batch.num_tokens, batch.batch_size, batch.logits_indices.shape[0]
+        cached = batch.cached_prefix_slots
+        num_cached = 0 if cached is None else cached.shape[1]
+        needed = 3 * num_tokens + 4 * batch_size + num_logits + 3 * num_cached
+        if needed > self.capacity:
+            self._allocate(max(needed, 2 * self.capacity))
+        has_host_lens = batch.q_lens_cpu is not None and batch.kv_lens_cpu is not None
+        header = [_Op.STEP, _MODES.index(batch.mode), num_tokens, batch_size, num_logits]
+        header += [batch.max_q_len, batch.max_kv_len, int(has_host_lens), num_cached, self.capacity]
+        header += [int(batch.greedy_only)]  # which collective ends the step: the logits' gather or the greedy choice
+        self.header.copy_(torch.tensor(header, dtype=torch.int64))
+        if self.on_step is not None:
+            self.on_step()
+        self.tp.broadcast_host(self.header)
+        if has_host_lens:
+            self.tp.broadcast_host(torch.tensor([*batch.q_lens_cpu, *batch.kv_lens_cpu], dtype=torch.int64))  # type: ignore[misc]
+        fields = [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.q_start]
+        fields += [batch.q_lens, batch.kv_lens, batch.logits_indices]
+        if cached is not None:
+            fields.append(cached.reshape(-1))
+        torch.cat([field.to(torch.int64) for field in fields], out=self.buffer[:needed])
+        self.tp.broadcast(self.buffer[:needed])  # the receivers size theirs from the header
+
+    @torch.inference_mode()
+    def send_stop(self) -> None:
+        self.header.zero_()
+        self.header[0] = int(_Op.STOP)
+        self.tp.broadcast_host(self.header)
+
+    # ---- ranks > 0 --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def receive(self) -> ForwardBatch | None:
+        """The next batch rank 0 sent, or None when it sent stop. Views of the buffer: valid until
+        the next receive (which, on a GPU, the stream orders after this step's forward)."""
+        self.tp.broadcast_host(self.header)
+        header = self.header.tolist()
+        op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached = header[:9]
+        capacity, greedy_only = header[9:]
+        if op == _Op.STOP:
+            return None
+        if self.on_step is not None:
+            self.on_step()
+        host_lens = None
+        if has_host_lens:
+            host_lens = torch.empty(2 * batch_size, dtype=torch.int64)
+            self.tp.broadcast_host(host_lens)
+        if capacity != self.capacity:
+            self._allocate(capacity)
+        sizes = [num_tokens] * 3 + [batch_size] * 4 + [num_logits, 3 * num_cached]
+        used = self.buffer[: sum(sizes)]  # as many elements as rank 0 sent
+        self.tp.broadcast(used)
+        fields = torch.split(used, sizes)
+        return ForwardBatch(
+            mode=_MODES[mode],
+            input_ids=fields[0],
+            positions=fields[1],
+            out_slots=fields[2],
+            req_rows=fields[3],
+            q_start=fields[4],
+            q_lens=fields[5],
+            kv_lens=fields[6],
+            logits_indices=fields[7],
+            max_q_len=max_q_len,
+            max_kv_len=max_kv_len,
+            q_lens_cpu=host_lens[:batch_size].tolist() if host_lens is not None else None,
+            kv_lens_cpu=host_lens[batch_size:].tolist() if host_lens is not None else None,
+            cached_prefix_slots=fields[8].view(3, num_cached) if num_cached else None,
+            greedy_only=bool(greedy_only),
+        )

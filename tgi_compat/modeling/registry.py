@@ -1,0 +1,79 @@
+"""Architecture name (config.json `architectures[0]`) -> model class, imported only when chosen.
+
+Qwen2 and Qwen3 are the Llama family with config switches (`qkv_bias`, `qk_norm`, set in
+ModelConfig), so they share one module rather than copying it. Any other architecture that
+transformers implements on its AttentionInterface takes the transformers fallback
+(models/transformers_fallback.py): transformers' modeling on our attention and KV cache.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tgi_compat.modeling.models.base import CausalLM
+
+# architecture -> (module under tgi_compat.modeling.models, class name)
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("llama", "LlamaForCausalLM"),
+    "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM"),
+    # its text model (ModelConfig.text_model_of); the config then names Gemma3ForCausalLM
+    "Gemma3ForConditionalGeneration": ("gemma", "GemmaForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "MixtralForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
+    "Qwen2MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
+    "Qwen3MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
+}
+
+
+NATIVE = "native"
+TRANSFORMERS = "transformers"  # the fallback path
+
+
+class UnsupportedArchitectureError(ValueError):
+    pass
+
+
+def supported_architectures() -> list[str]:
+    """The architectures with a native model file (any other may take the transformers fallback)."""
+    return sorted(_MODELS)
+
+
+def modeling_path(architecture: str) -> str:
+    """NATIVE or TRANSFORMERS; raises UnsupportedArchitectureError when neither can serve it."""
+    if architecture in _MODELS:
+        return NATIVE
+    from tgi_compat.modeling.models.transformers_fallback import check_supported
+
+    reason = check_supported(architecture)
+    if reason is not None:
+        raise UnsupportedArchitectureError(
+            f"model architecture {architecture!r} is not supported ({reason}); "
+            f"native: {', '.join(supported_architectures())}"
+        )
+    return TRANSFORMERS
+
+
+def describe_modeling_path(architecture: str) -> str:
+    """What the start-up log says serves `architecture`: "native", "transformers", or for a multimodal
+    checkpoint the native path of its text model."""
+    from tgi_compat.modeling.config import MULTIMODAL_TEXT_MODELS
+
+    path = modeling_path(architecture)
+    if architecture in MULTIMODAL_TEXT_MODELS:
+        return f"{path} modeling of its text model {MULTIMODAL_TEXT_MODELS[architecture]} (text-only requests)"
+    return f"{path} modeling"
+
+
+def resolve_model_class(architecture: str) -> type[CausalLM]:
+    if modeling_path(architecture) == TRANSFORMERS:
+        from tgi_compat.modeling.models.transformers_fallback import TransformersForCausalLM
+
+        return TransformersForCausalLM
+    module_name, class_name = _MODELS[architecture]
+    module = importlib.import_module(f"tgi_compat.modeling.models.{module_name}")
+    return getattr(module, class_name)

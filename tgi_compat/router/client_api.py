@@ -1,0 +1,85 @@
+"""The engine's client interface, as the API layer sees it.
+
+    api process                          engine process (or a thread, for tests)
+    EngineClient.generate(req)  --ZMQ-->  EngineCore.step() loop  --ZMQ-->  TokenEvent stream
+
+`generate` yields TokenEvents until one carries a finish_reason. Closing the iterator early (the
+HTTP client went away) aborts the request; its KV slots are free after the next step.
+If the engine dies, every pending iterator raises EngineDeadError at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.stats import EngineStats
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class RequestRejectedError(ValueError):
+    """Raised by generate() before admission (bad sampling params, prompt too long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model_id: str
+    architecture: str
+    dtype: str
+    device: str
+    vocab_size: int
+    max_position_embeddings: int
+    num_kv_slots: int  # KV capacity in tokens
+    max_total_tokens: int  # per-request cap the engine enforces
+    eos_token_ids: tuple[int, ...]
+
+
+class EngineClient(ABC):
+    info: EngineInfo
+    # Called in the event loop with each periodic EngineStats (tgi_compat feeds its metrics).
+    stats_listener: Callable[[EngineStats], None] | None = None
+    latest_stats: EngineStats | None = None  # the last periodic report; None before the first
+    can_restart: ClassVar[bool] = False  # whether restart() can replace the engine
+
+    @property
+    def is_dead(self) -> bool:
+        """True once the engine is gone (its process exited): every pending request has failed."""
+        return False
+
+    @abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenEvent, None]:
+        """Closing it before the last event aborts the request."""
+
+    def generate_batches(self, request: GenerateRequest) -> AsyncGenerator[list[TokenEvent], None]:
+        """`generate`, each item holding every event that had arrived (clients that queue events
+        hand them over in one wake-up); by default one event per item."""
+        return _one_event_batches(self.generate(request))
+
+    async def restart(self) -> None:
+        """Kill the engine if it still runs, fail every pending request, start a fresh one
+        (only where can_restart)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart its engine")
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None: ...
+
+    @abstractmethod
+    async def check_health(self) -> bool:
+        """True when the engine is alive and making progress (never queued behind requests)."""
+
+    @abstractmethod
+    async def shutdown(self) -> None: ...
+
+
+async def _one_event_batches(events: AsyncGenerator[TokenEvent, None]) -> AsyncGenerator[list[TokenEvent], None]:
+    async with aclosing(events):
+        async for event in events:
+            yield [event]

@@ -1,0 +1,44 @@
+"""Engine configuration: filled by the TGI launcher or LightLLM's api_server, read by the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model_id: str  # local folder, .gguf file, or hub id
+    revision: str | None = None
+    dtype: str | None = None  # float32/float16/bfloat16; None: float32 on CPU, bfloat16 on GPU
+    device: str | None = None  # None: cuda if available else cpu
+    trust_remote_code: bool = False
+    attention_backend: str | None = None  # "torch" | "triton"; None: triton on GPU, torch on CPU
+    # Weight quantization scheme (tgi_compat.modeling.layers.quantization.select); a quantized checkpoint decides anyway
+    quantize: str | None = None
+    kv_cache_dtype: str | None = None  # None: the model's dtype; fp8_e4m3fn / fp8_e5m2 (and vLLM's spellings)
+    load_format: str = "auto"  # vLLM --load-format: "auto" (the checkpoint) or "dummy" (random weights)
+    # KV capacity in tokens (TGI --max-batch-total-tokens / LightLLM --max_total_token_num).
+    # None: from free device memory x cuda_memory_fraction on GPU, a fixed default on CPU.
+    max_batch_total_tokens: int | None = None
+    cuda_memory_fraction: float = 1.0
+    max_batch_prefill_tokens: int = 4096  # new prompt tokens per step (chunk size for long prompts)
+    max_running_requests: int = 256  # TGI --max-batch-size / LightLLM --running_max_req_size
+    max_total_tokens: int | None = None  # per-request prompt + generated cap; None: from the model
+    router_token_ratio: float = 0.0  # LightLLM: below this KV use, admit optimistically
+    router_max_new_token_len: int = 1024  # LightLLM: optimistic estimate of a request's output
+    max_waiting_tokens: int = 20  # TGI: decode steps a few waiting requests may be held back
+    waiting_served_ratio: float = 0.3  # TGI: waiting/running ratio that admits at once
+    cuda_graphs: list[int] | None = None  # decode batch sizes to capture; [] disables
+    eos_token_ids: list[int] = field(default_factory=list)  # extra EOS ids (LightLLM --eos_id)
+    seed: int = 0
+    # Schedule and launch step N+1 before waiting for step N (tgi_compat/router/engine.py), so that the host's
+    # work per step runs while the GPU computes. None: on for CUDA, off elsewhere (a CPU forward is
+    # synchronous, so there is nothing to hide the host work behind); tests force it on.
+    overlap_scheduling: bool | None = None
+    # Tensor parallelism (TGI --num-shard): one process per rank; rank 0 schedules, the others follow.
+    num_shard: int = 1
+    master_addr: str = "localhost"  # torch.distributed rendezvous of the ranks (TGI --master-addr/-port)
+    master_port: int = 29500
+    # Reuse the KV of cached prompt prefixes (tgi_compat/router/prefix_cache.py): TGI PREFIX_CACHING, vLLM
+    # --enable-prefix-caching, LightLLM --use_dynamic_prompt_cache.
+    prefix_caching: bool = True

@@ -1,0 +1,245 @@
+"""EngineCore: one step = schedule -> execute -> update.
+
+With overlap scheduling (on for CUDA) the host does not wait for a step before preparing the next:
+
+    step N:   schedule N -> launch N -> [wait for N-1 -> update N-1] -> return N-1's events
+                            GPU: ...N-1 | N .................. (N+1 is queued before N ends)
+
+Step N's plan counts the tokens of step N-1 as pending (Request.num_pending_tokens) and takes them
+as inputs on the device (the executor maps each to its output row of N-1); a request that finished at N-1 (EOS, a stop id) still runs in step N,
+whose token for it is dropped. Requests whose sampling reads their own tokens on the host
+(penalties, watermark, healing) turn it off while any is in the engine.
+
+Grammar-constrained requests keep it on, with the sampling of step N deferred past its forward:
+
+    step N:   schedule N -> launch forward N -> [wait for N-1 -> matchers accept N-1 -> update N-1]
+              -> fill N's masks (the host, while the GPU runs forward N) -> queue sampling N
+
+A request with a grammar waits outside the scheduler until its grammar is compiled (tgi_compat/router/grammar.py),
+so a slow compile holds up nobody else.
+
+Keep this file minimal. Scheduling lives in scheduler.py, batch building and failure isolation in
+executor.py, token selection in sampling.py, checks in validation.py; a feature that needs engine
+logic goes there, not here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+from tgi_compat.router.admission import AdmissionLimits
+from tgi_compat.router.client_api import EngineInfo
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.engine_stats import EngineStatsTracker
+from tgi_compat.router.executor import LaunchedStep, StepExecutor
+from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.request import GenerateRequest, Request
+from tgi_compat.router.runner_api import Runner
+from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
+from tgi_compat.router.stats import EngineStats
+from tgi_compat.router.step import StepPlan, StepResult
+from tgi_compat.router.validation import validate_request
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, runner: Runner, model_config) -> None:
+        self.config = config
+        self.info = engine_info(config, runner, model_config)
+        limits = SchedulerLimits(
+            max_batch_prefill_tokens=config.max_batch_prefill_tokens,
+            admission=AdmissionLimits(
+                num_kv_slots=runner.num_kv_slots,
+                max_running_requests=config.max_running_requests,
+                router_token_ratio=config.router_token_ratio,
+                router_max_new_token_len=config.router_max_new_token_len,
+            ),
+            max_waiting_tokens=config.max_waiting_tokens,
+            waiting_served_ratio=config.waiting_served_ratio,
+        )
+        self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests, config.prefix_caching)
+        self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids))
+        self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device)
+        self.stats = EngineStatsTracker(self.scheduler)
+        overlap = config.overlap_scheduling
+        self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
+        self._in_flight: LaunchedStep | None = None  # launched, not yet updated (overlap scheduling)
+        self.grammar = None  # tgi_compat.router.grammar.GrammarBackend, built on the first grammar request
+        self._pending_events: list[TokenEvent] = []  # final events of requests that never reached the scheduler
+        self._rng = random.Random(config.seed)
+        self._num_arrivals = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, count_step: Callable[[], None] | None = None) -> EngineCore:
+        """Load the model named by the config (tgi_compat.modeling.runner) and build the engine around it.
+        count_step: called per step sent to the other tensor-parallel ranks (tgi_compat.router.rank_heartbeat)."""
+        from tgi_compat.router.model_loading import load_runner
+
+        runner = load_runner(config, count_step=count_step)
+        return cls(config, runner, runner.model_config)
+
+    def close(self) -> None:
+        """Release what the runner holds beyond this process (the other tensor-parallel ranks)."""
+        self.executor.runner.close()
+
+    def add_request(self, params: GenerateRequest) -> None:
+        """Validate (RequestRejectedError) and queue; the request waits for admission."""
+        validate_request(params, self.info)
+        if params.healing_prefix and self.executor.healer is None:
+            self.executor.healer = _token_healer(self.config)
+        seed = None
+        if params.sampling.is_sampling:
+            seed = params.sampling.seed if params.sampling.seed is not None else self._rng.getrandbits(64)
+        request = Request(params, arrival=self._num_arrivals, seed=seed)
+        self._num_arrivals += 1
+        if params.grammar is not None:
+            self._grammar_backend().submit(request)  # joins the scheduler once compiled
+        else:
+            self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        if self.grammar is not None and (event := self.grammar.abort(request_id)) is not None:
+            self._pending_events.append(event)
+        else:
+            self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        compiling = self.grammar is not None and self.grammar.num_compiling > 0
+        return self.scheduler.has_unfinished() or self._in_flight is not None or compiling or bool(self._pending_events)
+
+    def step(self) -> list[TokenEvent]:
+        """Plain: schedule, execute and update one step, and return its events. With overlap
+        scheduling: schedule and launch a step, then complete the one in flight and return its events.
+
+        Ordering invariant (overlap): schedule(N) -> launch(N, previous=N-1) -> update(N-1) ->
+        tokens_in_flight(N). N is scheduled while N-1's tokens are pending and launched before
+        N-1 is updated, so its pending inputs are read from N-1's sampled ids on the device; N-1
+        is updated before N's tokens are counted, so a request has at most one pending token when
+        a step is scheduled, and it is always in the step just before.
+        """
+        events = self._take_compiled() if self.grammar is not None or self._pending_events else []
+        previous, self._in_flight = self._in_flight, None
+        overlap = self.overlap_scheduling and not self.scheduler.num_reading_own_tokens
+        if previous is not None and not overlap:  # the next plan needs every token on the host
+            events += self._complete(previous)
+            previous = None
+        plan = self.scheduler.schedule()
+        if overlap and not plan.is_empty:
+            constrained = self.grammar is not None and self.scheduler.num_constrained > 0
+            try:
+                launched = self.executor.launch(plan, previous, defer_sampling=constrained)
+            except Exception:  # run it again below, where failures are contained
+                logger.exception("launching a step of %d requests failed; running it synchronously", len(plan.chunks))
+            else:
+                if previous is not None:
+                    events += self._complete(previous)
+                if constrained and not self._sample_deferred(launched):
+                    return events + self._execute(plan)
+                self.scheduler.tokens_in_flight(plan, launched.sampled_chunks)
+                self._in_flight = launched
+                return events
+        if previous is not None:
+            events += self._complete(previous)
+        return events + self._execute(plan)
+
+    def _sample_deferred(self, launched: LaunchedStep) -> bool:
+        """Queue the sampling of a constrained step once the matchers have accepted the tokens of the
+        step before it; False when that fails (the step then runs again where failures are contained:
+        its forward rewrites the same slots)."""
+        try:
+            self.executor.sample(launched)
+        except Exception:
+            logger.exception(
+                "sampling a step of %d requests failed; running it synchronously", len(launched.plan.chunks)
+            )
+            return False
+        return True
+
+    def _take_compiled(self) -> list[TokenEvent]:
+        """Queue the requests whose grammar compiled; the final events of those refused or aborted."""
+        events, self._pending_events = self._pending_events, []
+        if self.grammar is None:
+            return events
+        if not self.scheduler.has_unfinished() and self._in_flight is None:
+            self.grammar.wait()  # nothing else to run: sleep on the compiles instead of spinning
+        ready, failed = self.grammar.take_compiled()
+        for request in ready:
+            self.scheduler.add(request)
+        return events + failed
+
+    def _grammar_backend(self):
+        """Built lazily: servers that never constrain never load xgrammar or scan the vocabulary."""
+        if self.grammar is None:
+            from tgi_compat.router.grammar import GrammarBackend, GrammarCompiler
+
+            config = self.config
+            compiler = GrammarCompiler(lambda: _load_tokenizer(config), self.info.vocab_size, self.info.eos_token_ids)
+            self.grammar = self.executor.grammar = GrammarBackend(compiler, self.executor.device)
+        return self.grammar
+
+    def _execute(self, plan: StepPlan) -> list[TokenEvent]:
+        started = time.perf_counter()
+        result = self.executor.execute(plan)
+        if self.grammar is not None:
+            self.grammar.advance(plan, result)
+        events = self.scheduler.update(plan, result)
+        self.stats.record(plan, result, events, time.perf_counter() - started)
+        return events
+
+    def _complete(self, launched: LaunchedStep) -> list[TokenEvent]:
+        try:
+            result = launched.result()
+        except Exception as exc:  # an asynchronous failure: its requests fail, the engine serves on
+            logger.exception("a step of %d requests failed", len(launched.plan.chunks))
+            result = StepResult.failed(launched.plan, f"{type(exc).__name__}: {exc}")
+        if self.grammar is not None:
+            self.grammar.advance(launched.plan, result)
+        events = self.scheduler.update(launched.plan, result)
+        self.stats.record(launched.plan, result, events, time.perf_counter() - launched.started)
+        return events
+
+    def run_once(self) -> tuple[list[TokenEvent], EngineStats | None]:
+        """One turn of a host loop (engine process or test thread): a step when there is work, then
+        the stats report that is due, sent at once when the engine just went idle so that the
+        queue/batch/KV gauges read zero without waiting for the next interval."""
+        events, went_idle = [], False
+        if self.has_unfinished():
+            events = self.step()
+            went_idle = not self.has_unfinished()
+        return events, self.stats.report(force=went_idle)
+
+
+def _token_healer(config: EngineConfig):
+    """Loads the vocabulary table lazily: servers that never heal never pay for it."""
+    from tgi_compat.router.token_healing import TokenHealer
+
+    return TokenHealer.for_model(config.model_id, config.revision)
+
+
+def _load_tokenizer(config: EngineConfig):
+    from tgi_compat.modeling.tokenizer import load_tokenizer
+
+    return load_tokenizer(config.model_id, config.revision)
+
+
+def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInfo:
+    max_positions = model_config.max_position_embeddings
+    # A request's positions must fit the runner's req_to_token rows and leave admission room.
+    max_total = min(config.max_total_tokens or max_positions, runner.max_seq_len, runner.num_kv_slots - 1)
+    eos = tuple(dict.fromkeys([*model_config.eos_token_ids, *config.eos_token_ids]))
+    return EngineInfo(
+        model_id=config.model_id,
+        architecture=model_config.multimodal_architecture or model_config.architecture,  # the checkpoint's
+        dtype=str(runner.dtype).removeprefix("torch."),
+        device=str(runner.device),
+        vocab_size=model_config.vocab_size,
+        max_position_embeddings=max_positions,
+        num_kv_slots=runner.num_kv_slots,
+        max_total_tokens=max_total,
+        eos_token_ids=eos,
+    )

@@ -1,0 +1,73 @@
+"""Per-step and occupancy numbers the engine reports for metrics (tgi_compat.router.stats is the boundary).
+
+EngineCore records one StepStats per step; the engine loop asks `report()` when a report is due.
+"""
+
+from __future__ import annotations
+
+from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.scheduler import Scheduler
+from tgi_compat.router.stats import EngineStats, StatsAccumulator, StepStats
+from tgi_compat.router.step import StepPlan, StepResult
+
+
+class EngineStatsTracker:
+    def __init__(self, scheduler: Scheduler, interval_s: float = 0.5) -> None:
+        self.scheduler = scheduler
+        self.accumulator = StatsAccumulator(interval_s)
+        self.num_preemptions = 0
+        self.num_prompt_tokens = 0
+        self.num_generated_tokens = 0
+
+    def record(self, plan: StepPlan, result: StepResult, events: list[TokenEvent], total_s: float) -> None:
+        """One applied step; `events` are what update() made of it (tokens of requests that ended
+        before it was applied, with overlap scheduling, are dropped there and not counted)."""
+        self.num_preemptions += len(plan.preempted)
+        if plan.is_empty:
+            return
+        prompt_tokens, new_batch_size = _prompt_tokens_and_new_requests(plan)
+        self.num_prompt_tokens += prompt_tokens
+        self.num_generated_tokens += sum(len(event.token_ids) for event in events)
+        self.accumulator.add_step(
+            StepStats(
+                method="prefill" if prompt_tokens else "decode",
+                batch_size=len(plan.chunks),
+                forward_s=result.forward_s,
+                decode_s=result.sample_s,
+                total_s=total_s,
+                ok=not result.errors,
+                new_batch_size=new_batch_size,
+            )
+        )
+
+    def report(self, force: bool = False) -> EngineStats | None:
+        """An EngineStats when one is due, else None. `force`: the engine just went idle, and the
+        gauges (queue, batch, KV in use) should read zero now rather than an interval later."""
+        if not (force or self.accumulator.due()):
+            return None
+        scheduler, pool = self.scheduler, self.scheduler.pool
+        return self.accumulator.flush(
+            queue_size=len(scheduler.waiting),
+            running=len(scheduler.running),
+            batch_max_tokens=sum(r.num_prompt_tokens + r.params.max_new_tokens for r in scheduler.running),
+            kv_used=pool.num_used_slots,
+            kv_total=pool.num_slots,
+            num_preemptions=self.num_preemptions,
+            prompt_tokens=self.num_prompt_tokens,
+            generated_tokens=self.num_generated_tokens,
+            prefix_cache_queries=pool.num_prefix_queried_tokens,
+            prefix_cache_hits=pool.num_prefix_hit_tokens,
+            kv_cached=0 if pool.prefix_cache is None else pool.prefix_cache.num_cached_tokens,
+        )
+
+
+def _prompt_tokens_and_new_requests(plan: StepPlan) -> tuple[int, int]:
+    """Prompt tokens run this step (every chunk but one-token continuations) and chunks starting at 0."""
+    prompt_tokens = new_requests = 0
+    for chunk in plan.chunks:
+        if chunk.start == 0:
+            new_requests += 1
+            prompt_tokens += chunk.num_tokens
+        elif chunk.num_tokens != 1:
+            prompt_tokens += chunk.num_tokens
+    return prompt_tokens, new_requests

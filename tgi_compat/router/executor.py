@@ -1,0 +1,223 @@
+"""Execute a StepPlan: build the flat batch, run the model, sample, copy the results to the host.
+
+A step is launched, then completed: `launch` queues the forward, the sampler and the one
+device-to-host copy (on a GPU all asynchronous, so the host is free meanwhile) and `result` waits
+for the copy and turns it into a StepResult. The engine's overlap scheduling schedules and launches
+step N+1 between the two calls of step N.
+
+A step with grammar-constrained rows is launched in two phases under overlap scheduling
+(`launch(..., defer_sampling=True)` queues the forward only; `sample` queues the rest): its masks
+depend on the tokens of the step before it, which the matchers accept only once that step's
+result is on the host, so the engine completes step N-1 and fills step N's masks while step N's
+forward runs on the device, then queues the sampling (vLLM v1's async scheduling with structured
+output works the same way).
+
+Failures are contained in `execute` (the plain, synchronous path): if a batch raises, its chunks
+are retried one by one so that only the request that really fails is failed, and the engine keeps
+serving the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+
+from tgi_compat.modeling.parallel.vocab_logits import GreedyChoice
+from tgi_compat.router.batch import LogitsLayout, StepBatchBuilder
+from tgi_compat.router.request import Request
+from tgi_compat.router.runner_api import Runner
+from tgi_compat.router.sampling import SampledRows, Sampler, SamplerOutput, SamplingBatch, is_plain_greedy, score_prompt
+from tgi_compat.router.sampling_cache import SamplingBatchCache
+from tgi_compat.router.step import PromptScores, SampledToken, StepPlan, StepResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _PromptRows:
+    """A step's prompt-logprob rows on their way to the host."""
+
+    rows: SampledRows
+    chunks: list[tuple[int, int]]  # (chunk index, number of rows), in row order
+
+
+@dataclass(slots=True)
+class _DeferredSampling:
+    """A launched step's logits rows to sample, and the requests they belong to."""
+
+    logits: torch.Tensor  # [R, vocab] in the model's dtype, on the device
+    requests: list[Request]
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose GPU work is queued; `result()` waits for it."""
+
+    plan: StepPlan
+    started: float  # perf_counter() when the launch began
+    forward_s: float  # host time to build the batch and queue the forward
+    sampled: SampledRows | None
+    sampled_chunks: list[int]  # index in plan.chunks of each sampled row
+    prompt: _PromptRows | None
+    deferred: _DeferredSampling | None = None  # sampling not queued yet (StepExecutor.sample)
+
+    @property
+    def sampled_ids(self) -> torch.Tensor | None:
+        """[R] on the device: the inputs of the next step's pending tokens."""
+        assert self.deferred is None, "a deferred step is sampled before the next one is launched"
+        return self.sampled.output.token_ids if self.sampled is not None else None
+
+    def result(self) -> StepResult:
+        assert self.deferred is None, "StepExecutor.sample() queues a deferred step's sampling first"
+        waited = time.perf_counter()
+        plan = self.plan
+        result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
+        if self.sampled is not None:
+            tokens = self.sampled.rows()
+            if len(tokens) == len(plan.chunks):  # every chunk sampled
+                result.tokens = cast(list[SampledToken | None], tokens)  # the same list; every row is a token
+            else:
+                for chunk_index, token in zip(self.sampled_chunks, tokens):
+                    result.tokens[chunk_index] = token
+        if self.prompt is not None:
+            scored, offset = self.prompt.rows.rows(), 0
+            for chunk_index, num_rows in self.prompt.chunks:
+                rows = scored[offset : offset + num_rows]
+                offset += num_rows
+                result.prompt_scores[chunk_index] = PromptScores(
+                    logprobs=[r.logprob for r in rows],
+                    top_tokens=[list(r.top_tokens) for r in rows],
+                )
+        result.forward_s, result.sample_s = self.forward_s, time.perf_counter() - waited
+        return result
+
+
+class StepExecutor:
+    def __init__(self, runner: Runner, vocab_size: int, device: torch.device | str) -> None:
+        self.runner = runner
+        self.device = torch.device(device)
+        self.sampler = Sampler(vocab_size, self.device)
+        self.batch_builder = StepBatchBuilder(self.device)
+        self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
+        self.healer = None  # tgi_compat.router.token_healing.TokenHealer, set on the first healing request
+        self.grammar = None  # tgi_compat.router.grammar.GrammarBackend, set on the first grammar request
+        self._plain_greedy_of: list[Request] = []  # the requests of the last _greedy_only verdict
+        self._plain_greedy = False
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step to its result, failures contained."""
+        if plan.is_empty:
+            return StepResult(tokens=[])
+        try:
+            return self.launch(plan).result()
+        except Exception as exc:  # noqa: BLE001 - any failure of a step must stay contained
+            if len(plan.chunks) == 1:
+                request_id = plan.chunks[0].request.request_id
+                logger.exception("step failed for request %s", request_id)
+                return StepResult.failed(plan, f"{type(exc).__name__}: {exc}")
+            logger.warning("batch of %d failed (%s); isolating the culprit", len(plan.chunks), exc)
+            return self._run_one_by_one(plan)
+
+    def _run_one_by_one(self, plan: StepPlan) -> StepResult:
+        merged = StepResult(tokens=[], prompt_scores=[])
+        for chunk in plan.chunks:  # (rewriting every hit's row each time is harmless: same slots)
+            single = self.execute(StepPlan(chunks=[chunk], cached_prefixes=plan.cached_prefixes))
+            merged.tokens += single.tokens
+            merged.prompt_scores += single.prompt_scores or [None]
+            merged.errors.update(single.errors)
+            merged.forward_s += single.forward_s
+            merged.sample_s += single.sample_s
+        return merged
+
+    @torch.inference_mode()
+    def launch(
+        self, plan: StepPlan, previous: LaunchedStep | None = None, *, defer_sampling: bool = False
+    ) -> LaunchedStep:
+        """Queue a non-empty step's work. `previous`: the step in flight whose sampled ids are the
+        inputs of this plan's pending tokens (overlap scheduling). `defer_sampling`: queue the
+        forward (and prompt scoring) only; `sample()` queues the sampling later."""
+        started = time.perf_counter()
+        previous_ids = previous.sampled_ids if previous is not None else None
+        input_rows = _input_rows(plan, previous) if previous is not None and previous_ids is not None else None
+        batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
+        requests = [plan.chunks[i].request for i in layout.sampled_chunks]
+        batch.greedy_only = self._greedy_only(layout, requests, batch.logits_indices.shape[0])
+        logits = self.runner.forward(batch)  # [R, vocab], or a greedy_only batch's GreedyChoice
+        forward_s = time.perf_counter() - started
+        sampled = prompt = deferred = None
+        if isinstance(logits, GreedyChoice):  # a sharded model's choice: its logits were never gathered
+            sampled = self._greedy_sampled(logits)
+        else:
+            if layout.sample_rows:
+                if defer_sampling:
+                    deferred = _DeferredSampling(self._rows(logits, layout.sample_rows), requests)
+                else:
+                    sampled = self._sample(self._rows(logits, layout.sample_rows), requests)
+            if layout.prompt_chunks:
+                prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
+        return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt, deferred)
+
+    @torch.inference_mode()
+    def sample(self, launched: LaunchedStep) -> None:
+        """Queue the sampling of a step launched with `defer_sampling`: its grammar masks are filled
+        now, from the tokens the matchers have accepted so far, while its forward runs."""
+        deferred, launched.deferred = launched.deferred, None
+        if deferred is not None:
+            launched.sampled = self._sample(deferred.logits, deferred.requests)
+
+    def _greedy_only(self, layout: LogitsLayout, requests: list[Request], num_rows: int) -> bool:
+        """Whether the step takes only each logits row's greedy choice (every row sampled, no prompt scored, every
+        request plain greedy): a sharded runner then gathers no logits. The requests' verdict is kept while the
+        running set stays the same (their parameters and grammars are fixed from admission)."""
+        if not requests or len(requests) != num_rows or layout.prompt_chunks:
+            return False
+        if requests != self._plain_greedy_of:  # identity per element (Request compares by identity)
+            self._plain_greedy_of, self._plain_greedy = requests, all(map(is_plain_greedy, requests))
+        return self._plain_greedy
+
+    @staticmethod
+    def _greedy_sampled(choice: GreedyChoice) -> SampledRows:
+        """What `_sample` returns for a plain-greedy step, from the choice the runner made. The sampling batch cache
+        is left alone: it advances only over steps the sampler runs (a later one rebuilds it once)."""
+        packed = choice.packed
+        # no top-n: nothing reads all_logprobs
+        return SamplerOutput(choice.token_ids, packed[1], None, all_logprobs=packed, packed=packed).start_copy()
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> SampledRows:
+        output = self.sampler(logits, self._sampling_batch(requests))
+        self.sampling_cache.sampled(output.token_ids)
+        return output.start_copy()
+
+    def _sampling_batch(self, requests: list[Request]) -> SamplingBatch:
+        batch = self.sampling_cache.get(requests, self.healer)
+        if self.grammar is not None and (mask := self.grammar.mask(requests)) is not None:
+            batch = dataclasses.replace(batch, grammar=mask)  # per step: the cached batch stays unmasked
+        return batch
+
+    def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """logits[rows]; no copy in the usual all-decode step, where rows are all of them."""
+        if len(rows) == logits.shape[0] and rows[-1] == len(rows) - 1:  # rows ascend, so this is 0..R-1
+            return logits
+        return logits[torch.tensor(rows, dtype=torch.int64, device=self.device)]
+
+    def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor) -> SampledRows:
+        top_n = [plan.chunks[i].request.params.prompt_top_n for i, n in layout.prompt_chunks for _ in range(n)]
+        return score_prompt(
+            self._rows(logits, layout.prompt_rows).float(),
+            torch.tensor(layout.prompt_next_ids, dtype=torch.int64, device=self.device),
+            torch.tensor(top_n, dtype=torch.int64, device=self.device),
+            max(top_n, default=0),
+        ).start_copy()
+
+
+def _input_rows(plan: StepPlan, previous: LaunchedStep) -> list[int | None]:
+    """Which row of `previous`'s sampled ids feeds each chunk of `plan`: a request with a pending
+    token decodes it next, and that token is the row its chunk of `previous` sampled."""
+    chunks = previous.plan.chunks
+    row_of = {id(chunks[chunk_index].request): row for row, chunk_index in enumerate(previous.sampled_chunks)}
+    return [row_of[id(c.request)] if c.request.num_pending_tokens else None for c in plan.chunks]

@@ -1,0 +1,49 @@
+"""EngineConfig -> modeling's ModelRunner (the only place the router names modeling's loader)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from tgi_compat.router.config import EngineConfig
+
+
+def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], None] | None = None):
+    """The runner of tensor-parallel rank `rank` (0, the scheduling rank, when not sharded). Under
+    --num-shard every rank calls this at once; they meet in torch.distributed's rendezvous.
+    count_step: rank 0 calls it for each step it sends (tgi_compat.router.rank_heartbeat)."""
+    import torch
+
+    from tgi_compat.modeling.parallel import init_tensor_parallel
+    from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
+    from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+
+    runner_config = RunnerConfig(
+        model_id=config.model_id,
+        revision=config.revision,
+        dtype=config.dtype,
+        device=config.device,
+        attention_backend=config.attention_backend,
+        quantize=config.quantize,
+        kv_cache_dtype=config.kv_cache_dtype,
+        load_format=config.load_format,
+        num_kv_slots=config.max_batch_total_tokens,
+        memory_fraction=config.cuda_memory_fraction,
+        max_rows=config.max_running_requests,
+        max_seq_len=config.max_total_tokens,
+        cuda_graph_batch_sizes=config.cuda_graphs,
+        max_prefill_tokens=config.max_batch_prefill_tokens,
+        show_progress=False,
+    )
+    if config.num_shard == 1:
+        return ModelRunner(runner_config)
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+    else:  # the ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.num_shard))
+    tp = init_tensor_parallel(rank, config.num_shard, config.master_addr, config.master_port, device)
+    runner = ModelRunner(runner_config, tp=tp)
+    if rank == 0:
+        runner.step_sender = StepBroadcast(tp, on_step=count_step)
+    return runner

@@ -1,0 +1,68 @@
+"""Messages between the API process and the engine process (msgspec msgpack over ZeroMQ).
+
+    client PUSH --(AddRequest | AbortRequest | HealthProbe | Shutdown)--> engine PULL
+    client PULL <--(Ready | StartupFailed | Rejected | StepOutputs | StatsReport | HealthReply)-- engine PUSH
+
+The client binds both ipc:// sockets in its own temporary directory and the engine connects, so
+no port is ever hard-coded and a dead engine leaves nothing behind but that directory.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from tgi_compat.router.client_api import EngineInfo
+from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.stats import EngineStats
+
+
+class AddRequest(msgspec.Struct, tag=True):
+    request: GenerateRequest
+
+
+class AbortRequest(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+class HealthProbe(msgspec.Struct, tag=True):
+    """Answered by the engine loop between two steps, never queued behind requests."""
+
+    probe_id: int
+
+
+class HealthReply(msgspec.Struct, tag=True):
+    probe_id: int
+
+
+class Ready(msgspec.Struct, tag=True):
+    info: EngineInfo
+
+
+class StartupFailed(msgspec.Struct, tag=True):
+    error: str
+
+
+class Rejected(msgspec.Struct, tag=True):
+    request_id: str
+    message: str
+
+
+class StepOutputs(msgspec.Struct, tag=True, gc=False):
+    events: list[TokenEvent]
+
+
+class StatsReport(msgspec.Struct, tag=True):
+    stats: EngineStats
+
+
+ClientMessage = AddRequest | AbortRequest | HealthProbe | Shutdown
+EngineMessage = Ready | StartupFailed | Rejected | StepOutputs | StatsReport | HealthReply
+
+encoder = msgspec.msgpack.Encoder()
+client_message_decoder = msgspec.msgpack.Decoder(ClientMessage)
+engine_message_decoder = msgspec.msgpack.Decoder(EngineMessage)

@@ -11,7 +11,6 @@ class EngineConfig:
     revision: str | None = None
     dtype: str | None = None  # float32/float16/bfloat16; None: float32 on CPU, bfloat16 on GPU
     device: str | None = None  # None: cuda if available else cpu
-    trust_remote_code: bool = False
     attention_backend: str | None = None  # "torch" | "triton"; None: triton on GPU, torch on CPU
     # Weight quantization scheme (tgi_compat.modeling.layers.quantization.select); a quantized checkpoint decides anyway
     quantize: str | None = None

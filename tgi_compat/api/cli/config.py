@@ -111,7 +111,6 @@ class ServerConfig:
             revision=self.revision,
             dtype=self.dtype,
             device=self.device,
-            trust_remote_code=self.trust_remote_code,
             attention_backend=self.attention_backend,
             quantize=self.quantize,
             kv_cache_dtype=self.kv_cache_dtype,

@@ -91,7 +91,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", _choice("float16", "bfloat16", "float32")),
     Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2 store K and V in one byte (twice the tokens; unit scale); vLLM's fp8, fp8_e4m3 and auto are accepted too.", _choice("fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3", "auto")),
     Flag("load-format", "vLLM's --load-format: auto reads the checkpoint; dummy serves random weights of the checkpoint's names and shapes, made on the GPU (the model folder needs only config.json and a tokenizer): for benchmarks.", _choice("auto", "dummy"), "auto"),
-    Flag("trust-remote-code", "Allow custom modeling code from the model repository."),
+    Flag("trust-remote-code", "Accepted as TGI takes it; no repository code runs: models and tokenizers load through transformers' own classes."),
     Flag("max-concurrent-requests", "Requests handled at once; more fail fast with 429 `Model is overloaded`.", int, 128),
     Flag("max-best-of", "Largest allowed `best_of`.", int, 2),
     Flag("max-stop-sequences", "Largest number of `stop` sequences per request.", int, 4),
@@ -283,7 +283,10 @@ _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
     "--shard-uds-path": lambda c: c.shard_uds_path != "/tmp/text-generation-server",
 }
 # Options accepted that have nothing to do here, whatever their value (no warning).
-_WITHOUT_EFFECT = {"usage_stats": "TGI's telemetry switch: this server never sends telemetry"}
+_WITHOUT_EFFECT = {
+    "usage_stats": "TGI's telemetry switch: this server never sends telemetry",
+    "trust_remote_code": "no repository code runs: models and tokenizers load through transformers' own classes",
+}
 
 
 def _one_of_num_shard(num_shard: int | None, tensor_parallel_size: int | None) -> int | None:

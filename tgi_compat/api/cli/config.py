@@ -101,6 +101,7 @@ class ServerConfig:
     # --- how the engine runs ---
     engine_in_process: bool = False  # ours: run the engine in the API process (tests, debugging)
     enforce_eager: bool = False  # ours (vLLM's name): no decode CUDA graphs, whatever --cuda-graphs says
+    overlap_scheduling: bool | None = None  # None: the engine's default (on for CUDA); AIAK --disable-async-output-proc
     chat_template: str | None = None  # ours: --chat-template FILE|STRING overrides the model's template
     served_model_name: str | None = None  # ours: the id /v1/models and OpenAI responses report
     health_monitor: bool = False  # LightLLM: restart a dead or hung engine instead of stopping the server
@@ -128,6 +129,7 @@ class ServerConfig:
             master_addr=self.master_addr,
             master_port=self.master_port,
             prefix_caching=self.prefix_caching,
+            overlap_scheduling=self.overlap_scheduling,
         )
         if self.max_batch_prefill_tokens is not None:
             engine.max_batch_prefill_tokens = self.max_batch_prefill_tokens

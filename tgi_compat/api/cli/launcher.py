@@ -176,6 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_named(name: str) -> Flag:
+    """The launcher's flag of that long name: other entry points parse the same option with its parser."""
+    return next(flag for flag in FLAGS if flag.name == name)
+
+
+def default_values() -> dict[str, Any]:
+    """Every launcher value at its TGI default, as `parse_args` fills it when nothing is given."""
+    return {flag.dest: False if flag.type is None else flag.default for flag in FLAGS}
+
+
 def _value_from_env(flag: Flag, parser: argparse.ArgumentParser) -> Any:
     raw = os.environ.get(flag.env)
     if raw is None:
@@ -194,14 +204,13 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Flags, then environment, then TGI defaults."""
     parser = build_parser()
     namespace = vars(parser.parse_args(argv))
-    values: dict[str, Any] = {}
+    values = default_values()
     for flag in FLAGS:
         value = namespace[flag.dest]
         if value is None:
             value = _value_from_env(flag, parser)
-        if value is None:
-            value = False if flag.type is None else flag.default
-        values[flag.dest] = value
+        if value is not None:
+            values[flag.dest] = value
     if values["hostname"] and not _is_ip(values["hostname"]):
         # Docker sets HOSTNAME to the container id; TGI warns and listens everywhere.
         logger.warning("Invalid hostname %r, defaulting to 0.0.0.0", values["hostname"])

@@ -266,7 +266,7 @@ def merge(parsed: ParsedArgs) -> dict[str, Any]:
         light["batch_max_tokens"] = default_batch_max_tokens(_with_tgi_values(light, given, tgi_given))
     _check_flag_values(_with_tgi_values(light, given, tgi_given), given, tgi_given)
     mapped = _mapped_values(light)
-    values = {flag.dest: (False if flag.type is None else flag.default) for flag in launcher.FLAGS}
+    values = launcher.default_values()
     values.update({dest: value for dest, value in mapped.items() if dest in values})
     for flag in FLAGS:
         if flag.tgi is None or flag.tgi not in tgi_given:

@@ -4,7 +4,7 @@ Qwen3-MoE), through the GPU paths CI's gloo test cannot reach: the Triton attent
 the fused-experts kernel on each rank's slice of the experts, the symmetric-memory all-reduce and
 decode steps replayed from CUDA graphs. float32 by default; exits non-zero on a miss.
 
-Run on a 2-GPU device:  PYTHONPATH=$PWD python3 scripts/device/check_tp_families_gpu.py [--dtype bfloat16]
+Run on a 2-GPU device:  PYTHONPATH=$PWD python3 -m tests.gpu.check_tp_families [--dtype bfloat16]
 
 The Triton all-reduce takes 16-bit sums only, so float32 sums go to NCCL; `--dtype bfloat16` runs the models the
 way they are served, through that kernel (`TGI_SYMMETRIC_ALL_REDUCE=0` beside it gives NCCL's error to compare).

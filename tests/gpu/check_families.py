@@ -9,7 +9,7 @@ reference computed on the CPU, each soft-cap off in both models. Each line gives
 prefill chunk, the extend step and the decode steps, so the variant that brings the family back within
 tolerance names the culprit. A JSON line ends the run.
 
-Run on the device:  PYTHONPATH=$PWD python3 scripts/device/check_families_gpu.py
+Run on the device:  PYTHONPATH=$PWD python3 -m tests.gpu.check_families
 """
 
 from __future__ import annotations

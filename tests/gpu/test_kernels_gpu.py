@@ -2,7 +2,6 @@
 skipped without CUDA, so CI collects and skips them).
 
 Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu
-(or scripts/device/test_kernels_gpu.py, which runs exactly that).
 Thresholds (METHOD.md): relative L2 error vs an fp32 reference; fp32 kernels < 1e-4 (ieee dots),
 bf16/fp16 < 1e-2; NaN never passes; outputs are poisoned with NaN before each run.
 End to end: random small Llama and Qwen2; fp32 greedy ids of the triton backend (with CUDA graphs)
@@ -12,16 +11,11 @@ equal the torch backend's and transformers'; bf16 logits (teacher-forced) within
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "device"))
-
-from common import build_runner, capture_graphs, greedy_generate, hf_model
-
+from benchmarks.device.steps import build_runner, capture_graphs, greedy_generate, hf_model
 from tgi_compat.kernels.decode_attention import (
     NewTokenKV,
     choose_block_n,

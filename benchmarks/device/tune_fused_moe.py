@@ -1,6 +1,6 @@
 """Tune the fused-experts kernels on the GPU (not CI): block sizes per token count, in a few minutes.
 
-    PYTHONPATH=$PWD python3 scripts/device/tune_fused_moe.py [--shape mixtral-8x7b] [--budget-s 200]
+    python3 -m benchmarks.device.tune_fused_moe [--shape mixtral-8x7b] [--budget-s 200]
 
 For each token count (1, 2, 4, ... 512; the decode sizes first) with realistic routing (top-k of a
 softmax over random logits): every candidate tiling of the up launch (gate|up + SiLU-mul) and of the
@@ -14,23 +14,14 @@ that file over tgi_compat/kernels/fused_moe_tuned.py to keep it.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import torch
-import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-
+from benchmarks.device.timing import graph_ms, log, out_path
+from benchmarks.shapes import EXPERTS
 from tgi_compat.kernels import fused_moe as fm
 
-DEV = "cuda"
-SHAPES = {  # name: (experts, intermediate, hidden, top_k)
-    "mixtral-8x7b": (8, 14336, 4096, 2),
-    "qwen3-30b-a3b": (128, 768, 2048, 8),
-    "qwen2-57b-a14b": (64, 2560, 3584, 8),
-}
 TOKEN_COUNTS = (1, 64, 16, 4, 2, 8, 32, 128, 256, 512)  # most important first: a budget cut drops the tail
 GROUPED = [  # (block_n, block_k, num_warps, num_stages, group_m)
     (32, 64, 4, 5, 1),
@@ -52,23 +43,9 @@ GEMV_DOWN = [(2, 1024, 4, 1), (4, 512, 4, 1), (4, 1024, 4, 1), (8, 256, 4, 2), (
 GEMV_MAX_PAIRS = 16
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def graph_us(fn, reps: int = 10) -> float:
-    """Microseconds per call: median over replays of a graph of `reps` calls."""
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(reps):
-            fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=5, rep=25, return_mode="median")
-    return ms * 1e3 / reps
+def graph_us(fn) -> float:
+    """Microseconds per call, from a graph of 10 calls: weights >> L2, so every replay reads them from HBM."""
+    return 1e3 * graph_ms(fn, calls=10, warmup=5, rep=25)
 
 
 class Problem:
@@ -78,14 +55,14 @@ class Problem:
         self.w13, self.w2 = weights
         experts, two_inter, hidden = self.w13.shape
         self.top_k, self.num_tokens, self.experts = top_k, num_tokens, experts
-        self.x = torch.randn(num_tokens, hidden, device=DEV, dtype=self.w13.dtype)
-        logits = torch.randn(num_tokens, experts, device=DEV)
+        self.x = torch.randn(num_tokens, hidden, device="cuda", dtype=self.w13.dtype)
+        logits = torch.randn(num_tokens, experts, device="cuda")
         self.topk_weights, self.topk_ids = logits.softmax(-1).topk(top_k, dim=-1)
         pairs = num_tokens * top_k
-        self.inter = torch.randn(pairs, two_inter // 2, device=DEV, dtype=self.w13.dtype)
+        self.inter = torch.randn(pairs, two_inter // 2, device="cuda", dtype=self.w13.dtype)
         self.pair_weights = self.topk_weights.flatten().contiguous()
-        self.up_out = torch.empty(pairs, two_inter // 2, device=DEV, dtype=self.w13.dtype)
-        self.down_out = torch.empty(pairs, hidden, device=DEV, dtype=self.w13.dtype)
+        self.up_out = torch.empty(pairs, two_inter // 2, device="cuda", dtype=self.w13.dtype)
+        self.down_out = torch.empty(pairs, hidden, device="cuda", dtype=self.w13.dtype)
 
     def time_grouped(self, block_m: int, up: bool, config: fm.LaunchConfig) -> float:
         alignment = fm.align_by_expert(self.topk_ids, self.experts, block_m)
@@ -150,7 +127,7 @@ def render_table(shape: tuple[int, int, int, int], tuned: dict[int, fm.MoeConfig
     table = {key: config for key, config in fm.TUNED.items() if key[:3] != (experts, inter, hidden)}
     table |= {(experts, inter, hidden, tokens): config for tokens, config in tuned.items()}
     lines = [
-        '"""Fused-MoE block sizes measured by scripts/device/tune_fused_moe.py; generated, do not edit by hand."""',
+        '"""Fused-MoE block sizes measured by benchmarks/device/tune_fused_moe.py; generated, do not edit by hand."""',
         "",
         "from tgi_compat.kernels.fused_moe_configs import LaunchConfig, MoeConfig",
         "",
@@ -171,9 +148,9 @@ def render_table(shape: tuple[int, int, int, int], tuned: dict[int, fm.MoeConfig
 
 def tune(shape_name: str, budget_s: float, token_counts=TOKEN_COUNTS) -> tuple[dict[int, fm.MoeConfig], dict]:
     """{token bucket: best config} for one shape, within about budget_s, and the measurements."""
-    experts, inter, hidden, top_k = SHAPES[shape_name]
-    w13 = torch.randn(experts, 2 * inter, hidden, device=DEV, dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(experts, hidden, inter, device=DEV, dtype=torch.bfloat16) * 0.02
+    experts, inter, hidden, top_k = EXPERTS[shape_name]
+    w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) * 0.02
     start = time.perf_counter()
     tuned, report = {}, {}
     for tokens in token_counts:
@@ -195,14 +172,14 @@ def tune(shape_name: str, budget_s: float, token_counts=TOKEN_COUNTS) -> tuple[d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="mixtral-8x7b", choices=list(SHAPES))
+    parser.add_argument("--shape", default="mixtral-8x7b", choices=list(EXPERTS))
     parser.add_argument("--budget-s", type=float, default=200.0, help="stop starting new token counts after this")
     parser.add_argument("--write", help="where to write the table module (default $OUT/fused_moe_tuned.py)")
     args = parser.parse_args()
     tuned, _ = tune(args.shape, args.budget_s)
-    text = render_table(SHAPES[args.shape], tuned, torch.cuda.get_device_name())
+    text = render_table(EXPERTS[args.shape], tuned, torch.cuda.get_device_name())
     print(text)
-    target = args.write or os.path.join(os.environ.get("OUT", "."), "fused_moe_tuned.py")
+    target = args.write or out_path("fused_moe_tuned.py")
     with open(target, "w") as f:
         f.write(text)
     log(f"wrote {target}: copy it over tgi_compat/kernels/fused_moe_tuned.py")

@@ -1,6 +1,6 @@
 """GPU benchmark of the newer model families (not CI), one call, random weights, < 8 min on one H100:
 
-0. Tunes the fused-experts kernels for the Mixtral-8x7B expert shapes (scripts/device/tune_fused_moe.py,
+0. Tunes the fused-experts kernels for the Mixtral-8x7B expert shapes (benchmarks.device.tune_fused_moe,
    --tune-budget-s; 0 skips it) and runs everything below with that table; the table is printed and
    written to $OUT/fused_moe_tuned.py (copy it over tgi_compat/kernels/fused_moe_tuned.py to keep it).
 1. A Mixtral-8x7B-shaped model (all shapes real, `--mixtral-layers` of its 32 layers so that it fits
@@ -16,113 +16,45 @@
    roofline goes. `--unfused-too` also times it with Gemma's sandwich norms unfused (a norm kernel after
    o_proj and after down_proj, as before the norm-add-norm fusion): the fusion's before/after in one call.
 
-Run on the device:  PYTHONPATH=$PWD python3 scripts/device/bench_families.py [--json FILE]
-Only the Gemma-2 part (~2-3 min on an H100):  ... bench_families.py --family gemma2 [--unfused-too] [--no-profile]
+    python3 -m benchmarks.device.families [--json FILE]
+    python3 -m benchmarks.device.families --family gemma2 [--unfused-too] [--no-profile]   # part 3, ~2-3 min
 
-Method as bench_gpu.py: decode steps start from CONTEXT tokens of random K/V written into the cache and
-are timed with CUDA events over STEPS steps; kernel times are medians of triton.testing.do_bench.
+Decode steps and kernel times as benchmarks.device.steps and benchmarks.device.timing take them.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from bench_gpu import copy_bandwidth, fill_context, graph_ms, log, median_ms, profile_step, time_decode
-from tune_fused_moe import SHAPES, render_table, tune
-
 import tgi_compat.kernels.fused_moe as fm
 import tgi_compat.modeling.layers.moe as moe_layer
+from benchmarks.device.steps import (
+    build_runner,
+    decode_weight_bytes,
+    fill_context,
+    profile_step,
+    random_weights,
+    time_decode,
+)
+from benchmarks.device.timing import copy_bandwidth, device_info, graph_ms, log, median_ms, out_path, pct_of, write_json
+from benchmarks.device.tune_fused_moe import render_table, tune
+from benchmarks.shapes import EXPERTS, GEMMA2_9B, MIXTRAL_8X7B
 from tgi_compat.kernels.fused_moe import fused_moe, fused_moe_ref
-from tgi_compat.modeling.config import ModelConfig
-from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.modeling.runner import ModelRunner
 
-DEV = "cuda"
 CONTEXT = 512
 STEPS = 32
 
-MIXTRAL_8X7B = dict(
-    architectures=["MixtralForCausalLM"],
-    model_type="mixtral",
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    num_local_experts=8,
-    num_experts_per_tok=2,
-    vocab_size=32000,
-    max_position_embeddings=32768,
-    rms_norm_eps=1e-5,
-    rope_theta=1e6,
-    sliding_window=None,
-    tie_word_embeddings=False,
-)
-GEMMA2_9B = dict(
-    architectures=["Gemma2ForCausalLM"],
-    model_type="gemma2",
-    hidden_size=3584,
-    intermediate_size=14336,
-    num_hidden_layers=42,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=256,
-    vocab_size=256000,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-6,
-    query_pre_attn_scalar=256,
-    sliding_window=4096,
-    attn_logit_softcapping=50.0,
-    final_logit_softcapping=30.0,
-    tie_word_embeddings=True,
-)
-
-
-def random_hf_weights(config: dict, dtype: torch.dtype):
-    """(name, random tensor on the GPU) for every tensor of the transformers model of `config`, one at a time."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = dict(config)
-    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(hf_config)
-    for name, tensor in meta.state_dict().items():
-        yield name, torch.empty(tensor.shape, dtype=dtype, device=DEV).normal_(0.0, 0.02)
-
 
 def build(config: dict, rows: int, max_len: int, graph_sizes: list[int]) -> ModelRunner:
-    cfg = RunnerConfig(
-        device=DEV,
-        dtype="bfloat16",
-        attention_backend="triton",
-        num_kv_slots=rows * max_len + 1,
-        max_rows=rows + 1,
-        max_seq_len=max_len,
-        show_progress=False,
-        cuda_graph_batch_sizes=graph_sizes,
+    return build_runner(
+        config, random_weights(config, torch.bfloat16), "bfloat16", "triton", rows, max_len, graph_sizes=graph_sizes
     )
-    hf_dict = {k: v for k, v in config.items()}
-    return ModelRunner(cfg, ModelConfig.from_hf_dict(hf_dict), random_hf_weights(config, torch.bfloat16))
-
-
-def weight_bytes(runner: ModelRunner) -> int:
-    """Bytes a batch-1 decode step reads: every parameter but the embedding table (gathered), with a
-    tied LM head counted once (it is the embedding)."""
-    model = runner.model
-    embed = model.model.embed_tokens.weight
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.lm_head.weight is not embed:
-        total -= embed.numel() * embed.element_size()
-    return total
 
 
 def bench_mixtral(layers: int, bandwidth: float) -> dict:
@@ -147,7 +79,7 @@ def bench_mixtral(layers: int, bandwidth: float) -> dict:
     result["speedup_eager"] = result["loop_eager_b64_ms"] / result["fused_eager_b64_ms"]
     result["speedup_graphs"] = result["loop_eager_b64_ms"] / result["graphs_b64_ms"]
     # at 64 rows every expert is chosen: a step reads all weights once, at best at copy bandwidth
-    moved = weight_bytes(runner) + batch * (CONTEXT + STEPS // 2) * runner._kv_bytes_per_token()
+    moved = decode_weight_bytes(runner) + batch * (CONTEXT + STEPS // 2) * runner._kv_bytes_per_token()
     result["floor_b64_ms"] = moved / bandwidth * 1e3
     result["pct_roofline_b64"] = 100 * result["floor_b64_ms"] / result["graphs_b64_ms"]
     result["speedup_ceiling"] = result["loop_eager_b64_ms"] / result["floor_b64_ms"]
@@ -162,28 +94,28 @@ def bench_mixtral(layers: int, bandwidth: float) -> dict:
 
 
 def bench_fused_moe_batch1(bandwidth: float) -> dict:
-    hidden, inter, experts = 4096, 14336, 8
-    w13 = torch.randn(experts, 2 * inter, hidden, device=DEV, dtype=torch.bfloat16) * 0.02
-    w2 = torch.randn(experts, hidden, inter, device=DEV, dtype=torch.bfloat16) * 0.02
-    x = torch.randn(1, hidden, device=DEV, dtype=torch.bfloat16)
-    topk_weights = torch.tensor([[0.6, 0.4]], device=DEV)
-    topk_ids = torch.tensor([[1, 5]], device=DEV)
+    experts, inter, hidden, top_k = EXPERTS["mixtral-8x7b"]
+    w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+    topk_weights = torch.tensor([[0.6, 0.4]], device="cuda")
+    topk_ids = torch.tensor([[1, 5]], device="cuda")
     ms = graph_ms(lambda: fused_moe(x, w13, w2, topk_weights, topk_ids))
     eager_ms = timed(fused_moe, x, w13, w2, topk_weights, topk_ids)
     ref_ms = timed(fused_moe_ref, x, w13, w2, topk_weights, topk_ids)
-    moved = 2 * 3 * hidden * inter * 2  # two experts' w1, w3, w2 in bf16
+    moved = top_k * 3 * hidden * inter * 2  # the chosen experts' w1, w3, w2 in bf16
     gbs = moved / (ms * 1e-3) / 1e9
-    config = fm.moe_config(1, experts, 2, inter, hidden)
-    result = dict(ms=ms, eager_ms=eager_ms, loop_ms=ref_ms, gb_s=gbs, pct_copy=100 * gbs * 1e9 / bandwidth)
+    config = fm.moe_config(1, experts, top_k, inter, hidden)
+    result = dict(ms=ms, eager_ms=eager_ms, loop_ms=ref_ms, gb_s=gbs, pct_copy=pct_of(bandwidth, moved, ms))
     result["config"] = repr(config)
     log(
         f"fused_moe batch 1 (graph): {ms * 1e3:.1f} us, {gbs:.0f} GB/s ({result['pct_copy']:.1f}% of copy);"
         f" eager {eager_ms * 1e3:.1f} us; loop {ref_ms * 1e3:.1f} us; {config}"
     )
     for tokens in (16, 64, 256):
-        xt = torch.randn(tokens, hidden, device=DEV, dtype=torch.bfloat16)
-        ids = torch.stack([torch.randperm(experts, device=DEV)[:2] for _ in range(tokens)])
-        weights = torch.full((tokens, 2), 0.5, device=DEV)
+        xt = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        ids = torch.stack([torch.randperm(experts, device="cuda")[:top_k] for _ in range(tokens)])
+        weights = torch.full((tokens, top_k), 1 / top_k, device="cuda")
         fused = graph_ms(lambda xt=xt, ids=ids, weights=weights: fused_moe(xt, w13, w2, weights, ids))
         fused_eager = timed(fused_moe, xt, w13, w2, weights, ids)
         loop = timed(fused_moe_ref, xt, w13, w2, weights, ids)
@@ -203,8 +135,8 @@ def bench_geglu_down(bandwidth: float) -> dict:
     from tgi_compat.kernels.silu_mul import silu_mul
 
     hidden, inter = GEMMA2_9B["hidden_size"], GEMMA2_9B["intermediate_size"]
-    weights = [torch.randn(hidden, inter, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(8)]
-    x = torch.randn(1, 2 * inter, device=DEV, dtype=torch.bfloat16)
+    weights = [torch.randn(hidden, inter, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(8)]
+    x = torch.randn(1, 2 * inter, device="cuda", dtype=torch.bfloat16)
     fused = graph_ms(lambda: [gemv(x, w, silu_mul=True, gelu_tanh=True) for w in weights]) / len(weights)
     unfused = graph_ms(lambda: [F.linear(silu_mul(x, gelu_tanh=True), w) for w in weights]) / len(weights)
     gb_s = hidden * inter * 2 / (fused * 1e-3) / 1e9
@@ -245,7 +177,7 @@ def bench_gemma2(bandwidth: float, profile: bool, unfused: bool = False) -> dict
     vocab = GEMMA2_9B["vocab_size"]
     ms = time_decode(runner.forward, 1, max_len, vocab, STEPS, CONTEXT)
     eager_ms = time_decode(runner._forward_eager, 1, max_len, vocab, STEPS, CONTEXT)
-    moved = weight_bytes(runner) + (CONTEXT + STEPS // 2) * runner._kv_bytes_per_token()
+    moved = decode_weight_bytes(runner) + (CONTEXT + STEPS // 2) * runner._kv_bytes_per_token()
     floor_ms = moved / bandwidth * 1e3
     result = dict(ms=ms, eager_ms=eager_ms, floor_ms=floor_ms, pct_roofline=100 * floor_ms / ms, gb=moved / 1e9)
     log(
@@ -253,9 +185,9 @@ def bench_gemma2(bandwidth: float, profile: bool, unfused: bool = False) -> dict
     )
     if profile:
         log(f"{label} profile, graph replay (kernels inside the graph):")
-        result["profile_graph"] = profile_step(runner.forward, 1, max_len, vocab)
+        result["profile_graph"] = profile_step(runner.forward, 1, max_len, vocab, CONTEXT)
         log(f"{label} profile, eager:")
-        result["profile_eager"] = profile_step(runner._forward_eager, 1, max_len, vocab)
+        result["profile_eager"] = profile_step(runner._forward_eager, 1, max_len, vocab, CONTEXT)
     del runner
     gc.collect()
     torch.cuda.empty_cache()
@@ -265,7 +197,7 @@ def bench_gemma2(bandwidth: float, profile: bool, unfused: bool = False) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mixtral-layers", type=int, default=16, help="of 32; 16 is ~47 GB of bf16 weights")
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--json", default=out_path("bench_families.json"))
     parser.add_argument("--tune-budget-s", type=float, default=120.0, help="fused-MoE tuning time; 0: the table as is")
     parser.add_argument("--no-profile", action="store_true", help="skip the Gemma-2 per-kernel profile")
     parser.add_argument(
@@ -279,8 +211,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
-    log(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    results = dict(device=torch.cuda.get_device_name(), copy_gb_s=bandwidth / 1e9)
+    results = device_info(bandwidth)
     if args.family in ("all", "gemma2"):
         results["gemma2_down"] = bench_geglu_down(bandwidth)
         results["gemma2_9b"] = bench_gemma2(bandwidth, not args.no_profile)
@@ -288,9 +219,7 @@ def main() -> None:
             results["gemma2_9b_unfused"] = bench_gemma2(bandwidth, not args.no_profile, unfused=True)
     if args.family in ("all", "moe"):
         results.update(bench_moe(args, bandwidth))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
 
 
 def bench_moe(args: argparse.Namespace, bandwidth: float) -> dict:
@@ -298,11 +227,11 @@ def bench_moe(args: argparse.Namespace, bandwidth: float) -> dict:
     results: dict = {}
     if args.tune_budget_s > 0:
         tuned, results["tune"] = tune("mixtral-8x7b", args.tune_budget_s)
-        text = render_table(SHAPES["mixtral-8x7b"], tuned, torch.cuda.get_device_name())
+        text = render_table(EXPERTS["mixtral-8x7b"], tuned, torch.cuda.get_device_name())
         log(text)
-        with open(os.path.join(os.environ.get("OUT", "."), "fused_moe_tuned.py"), "w") as f:
+        with open(out_path("fused_moe_tuned.py"), "w") as f:
             f.write(text)
-        experts, inter, hidden, _ = SHAPES["mixtral-8x7b"]
+        experts, inter, hidden, _ = EXPERTS["mixtral-8x7b"]
         fm.TUNED.update({(experts, inter, hidden, tokens): config for tokens, config in tuned.items()})
     results["fused_moe_batch1"] = bench_fused_moe_batch1(bandwidth)
     results["mixtral"] = bench_mixtral(args.mixtral_layers, bandwidth)

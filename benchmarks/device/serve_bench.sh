@@ -9,9 +9,9 @@
 #       pyparsing python-dateutil six packaging
 # Run (repo root on the device, carry [".whl"]):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-#     && export PYTHONPATH=$PWD:/tmp/site && bash scripts/device/serve_bench.sh
+#     && export PYTHONPATH=$PWD:/tmp/site && bash benchmarks/device/serve_bench.sh
 # Everything fits one 10-minute call only if the server is fast; split it with STAGES, e.g.
-#   STAGES=model,online,offline bash scripts/device/serve_bench.sh   then   STAGES=compare bash ...
+#   STAGES=model,online,offline bash benchmarks/device/serve_bench.sh   then   STAGES=compare bash ...
 # (the model folder in /tmp is reused while the machine stays warm, rebuilt otherwise: ~1-2 min).
 # Results: $OUT/{online,offline,compare}/{result.json,index.html,*.png}, $OUT/*.log, $OUT/summary.txt.
 set -euo pipefail
@@ -34,7 +34,7 @@ PY=${PYTHON:-python3}
 read -r -a DATASET <<< "--dataset sharegpt-lengths --seed 0 ${EXTRA_ARGS:-}"
 
 mkdir -p "$OUT"
-source "$(dirname "${BASH_SOURCE[0]}")/bench_server.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/server.sh"
 SERVER_CMD="$PY -m tgi_compat.api.cli.launcher --model-id $MODEL_DIR --port $PORT --hostname 127.0.0.1 $SERVER_ARGS"
 has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 

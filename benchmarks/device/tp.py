@@ -1,6 +1,6 @@
 """Tensor-parallel serving on a multi-GPU host (random weights, no network), in one command:
 
-    python scripts/device/bench_tp.py            # 2 or 4 GPUs; writes $OUT/bench_tp.json after each part
+    python3 -m benchmarks.device.tp            # 2 or 4 GPUs; writes $OUT/bench_tp.json after each part
 
 1. Random Llama-3-8B: batch-1 time per output token and 64-stream output throughput at --num-shard 1
    and 2 (targets: TPOT(2) <= 0.62 x TPOT(1), throughput(2) >= 1.6 x throughput(1)); the two-GPU run once
@@ -23,27 +23,22 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import torch
-from bench_gpu import copy_bandwidth
 
-from benchmarks.random_model import PRESETS
+from benchmarks.device.engine_load import request, stream
+from benchmarks.device.timing import copy_bandwidth, out_path
+from benchmarks.server_process import free_port
+from benchmarks.shapes import LLAMA3_8B, LLAMA3_70B, attention_heads, projections
 from tgi_compat.modeling.parallel.symmetric_all_reduce import KERNEL_ENV
 from tgi_compat.router.client import ZmqEngineClient
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.request import GenerateRequest
 
 PROMPT_LEN, NEW_TOKENS, STREAMS = 128, 256, 64
 WARMUP_TOKENS = 8  # enough to compile and autotune every step shape the measured run meets
-LLAMA3_70B = dict(hidden_size=8192, intermediate_size=28_672, num_hidden_layers=80, num_attention_heads=64,
-                  num_key_value_heads=8)  # fmt: skip
 # Besides its weight shard a rank needs its CUDA context, NCCL buffers, the activation and sampling
 # reserve (tgi_compat.modeling.runner: ~8 GiB at 4096 prefill tokens and Llama-3's vocabulary) and some KV cache.
 RANK_HEADROOM_BYTES = 16 * 2**30
@@ -51,12 +46,6 @@ RANK_HEADROOM_BYTES = 16 * 2**30
 
 def log(message: str) -> None:
     print(f"[bench_tp {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_config_folder(out_dir: Path, config: dict, tokenizer_from: Path | None = None) -> None:
@@ -70,16 +59,21 @@ def write_config_folder(out_dir: Path, config: dict, tokenizer_from: Path | None
         from benchmarks.llama3_tokenizer import write_llama3_tokenizer
 
         write_llama3_tokenizer(out_dir)
-    hf_config = {**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16"}
+    hf_config = {**config, "torch_dtype": "bfloat16"}
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=1))
 
 
+def matmul_bytes(config: dict, num_shard: int = 1) -> int:
+    """bf16 bytes of one rank's matmul weights: every layer's projections and the LM head."""
+    shapes = projections(config, num_shard)
+    per_layer = sum(n * k for name, (n, k) in shapes.items() if name != "lm_head")
+    return 2 * (config["num_hidden_layers"] * per_layer + shapes["lm_head"][0] * shapes["lm_head"][1])
+
+
 def weight_bytes(config: dict) -> int:
-    """bf16 bytes of the whole model: layers, embedding and LM head."""
-    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    kv = hidden // config["num_attention_heads"] * config["num_key_value_heads"]
-    per_layer = hidden * (2 * hidden + 2 * kv) + 3 * hidden * inter + 2 * hidden
-    return 2 * (layers * per_layer + 2 * config["vocab_size"] * hidden + hidden)
+    """bf16 bytes of the whole model: matmuls, the embedding and the norms."""
+    hidden = config["hidden_size"]
+    return matmul_bytes(config) + 2 * (config["vocab_size"] * hidden + (2 * config["num_hidden_layers"] + 1) * hidden)
 
 
 def shards_for_70b(config: dict, num_gpus: int) -> int | None:
@@ -96,13 +90,9 @@ def shards_for_70b(config: dict, num_gpus: int) -> int | None:
 
 
 def bytes_per_token_per_rank(config: dict, num_shard: int, context: int) -> float:
-    """What one rank reads from HBM per batch-1 decode step: its weight shard and its KV heads."""
-    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    kv = hidden // config["num_attention_heads"] * config["num_key_value_heads"]
-    per_layer = hidden * (2 * hidden + 2 * kv) + 3 * hidden * inter
-    weights = (layers * per_layer + config["vocab_size"] * hidden) * 2 / num_shard
-    kv_cache = 2 * layers * kv * context * 2 / num_shard
-    return weights + kv_cache
+    """What one rank reads from HBM per batch-1 decode step: its matmul weights and its KV heads."""
+    _, kv_heads, head_dim = attention_heads(config, num_shard)
+    return matmul_bytes(config, num_shard) + 2 * config["num_hidden_layers"] * kv_heads * head_dim * context * 2
 
 
 async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
@@ -138,17 +128,13 @@ async def measure(model_dir: Path, num_shard: int, streams: list[int]) -> dict:
 
 
 async def run_streams(client: ZmqEngineClient, count: int, new_tokens: int) -> list[list[float]]:
-    async def one(index: int) -> list[float]:
-        prompt = [(index * 7919 + i) % 100_000 + 1000 for i in range(PROMPT_LEN)]
-        request = GenerateRequest(
-            f"bench-{index}-{time.monotonic_ns()}", prompt, max_new_tokens=new_tokens, ignore_eos=True
-        )
-        stamps = [time.perf_counter()]
-        async for _ in client.generate(request):
-            stamps.append(time.perf_counter())
-        return stamps
+    """Each stream's send time, then the arrival of each of its tokens."""
 
-    return await asyncio.gather(*(one(i) for i in range(count)))
+    def prompt(index: int) -> list[int]:
+        return [(index * 7919 + i) % 100_000 + 1000 for i in range(PROMPT_LEN)]
+
+    streams = await asyncio.gather(*(stream(client, request(prompt(i), new_tokens)) for i in range(count)))
+    return [[s.sent, *s.event_times()] for s in streams]
 
 
 def bench_8b(folder: Path, bandwidth: float, all_reduce_kernels: list[str], wider: list[int]) -> dict:
@@ -159,8 +145,7 @@ def bench_8b(folder: Path, bandwidth: float, all_reduce_kernels: list[str], wide
     report = {
         "one_gpu": one,
         "roofline_b1_ms": {
-            n: 1e3 * bytes_per_token_per_rank(PRESETS["llama3-8b"], n, PROMPT_LEN + NEW_TOKENS) / bandwidth
-            for n in (1, 2)
+            n: 1e3 * bytes_per_token_per_rank(LLAMA3_8B, n, PROMPT_LEN + NEW_TOKENS) / bandwidth for n in (1, 2)
         },
     }
     for kernel in all_reduce_kernels:
@@ -201,7 +186,7 @@ def main() -> None:
     parser.add_argument(
         "--wider", type=int, nargs="*", default=[], help="more stream counts for the 8B at 1 and 2 GPUs, e.g. 256"
     )
-    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "bench_tp.json"))
+    parser.add_argument("--json", default=out_path("bench_tp.json"))
     args = parser.parse_args()
     started = time.perf_counter()
     num_gpus = torch.cuda.device_count()
@@ -219,13 +204,13 @@ def main() -> None:
         log(f"{part} done at {report['elapsed_s']:.0f} s; wrote {args.json}")
 
     llama8b = args.work_dir / "llama3-8b-dummy"
-    write_config_folder(llama8b, PRESETS["llama3-8b"])
+    write_config_folder(llama8b, LLAMA3_8B)
     if not args.skip_8b:
         report["llama3_8b"] = bench_8b(llama8b, bandwidth, args.all_reduce, args.wider)
         log(json.dumps(report["llama3_8b"], indent=1))
         save("Llama-3-8B")
     if not args.skip_70b:
-        config = {**PRESETS["llama3-8b"], **LLAMA3_70B, "num_hidden_layers": args.layers_70b}
+        config = {**LLAMA3_70B, "num_hidden_layers": args.layers_70b}
         num_shard = shards_for_70b(config, num_gpus)
         if num_shard is None:
             log(f"skipping the 70B-shaped model: {weight_bytes(config) / 1e9:.0f} GB fits neither 4 GPUs nor 2")

@@ -1,8 +1,8 @@
 """Engine-process throughput with EngineConfig.overlap_scheduling off vs on (not CI; no HTTP).
 
-    python3 scripts/device/bench_overlap.py [MODEL_DIR] [--rows 1,64,256] [--repeats 2]
+    python3 -m benchmarks.device.overlap [MODEL_DIR] [--rows 1,64,256] [--repeats 2]
 
-The model folder is serve_bench.sh's random Llama-3-8B (`STAGES=model bash scripts/device/serve_bench.sh`).
+The model folder is serve_bench.sh's random Llama-3-8B (`STAGES=model bash benchmarks/device/serve_bench.sh`).
 For each setting an engine process is started behind tgi_compat.router.client.ZmqEngineClient (the server's own
 client) and `rows` requests of 128 random prompt ids x 256 new tokens (ignore_eos) run at once; output
 tok/s counts every token that reached the client, and the time per output token of a request is
@@ -20,15 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.dirname(__file__))
-
+from benchmarks.device.engine_load import random_prompts, request, stream
+from benchmarks.device.timing import out_path, write_json
 from tgi_compat.router.client import ZmqEngineClient
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.request import GenerateRequest
@@ -53,8 +50,8 @@ TINY_LLAMA = dict(
 def check_same_tokens(device: str = "cuda") -> dict:
     """Overlap off vs on over one float32 runner (Triton backend, CUDA graphs); every token must match."""
     import torch
-    from common import build_runner, hf_model
 
+    from benchmarks.device.steps import build_runner, hf_model
     from tgi_compat.router.engine import EngineCore
     from tgi_compat.router.request import SamplingParams
 
@@ -95,42 +92,19 @@ def check_same_tokens(device: str = "cuda") -> dict:
 
 async def measure(model_dir: str, overlap: bool, rows_list: list[int], repeats: int) -> list[dict]:
     client = await ZmqEngineClient.start(EngineConfig(model_id=model_dir, overlap_scheduling=overlap))
-    rng, ids, results = random.Random(0), iter(range(10**9)), []
-
-    async def one(prompt: list[int], new_tokens: int) -> tuple[int, float]:
-        """(tokens received, ms per output token after the first)."""
-        request = GenerateRequest(f"q{next(ids)}", prompt, max_new_tokens=new_tokens, ignore_eos=True)
-        tokens, first, last = 0, None, None
-        async for batch in client.generate_batches(request):
-            last = time.perf_counter()
-            first = first or last
-            tokens += sum(len(e.token_ids) for e in batch)
-        return tokens, 1e3 * (last - first) / max(tokens - 1, 1)
-
-    def prompts(n: int) -> list[list[int]]:
-        return [[rng.randrange(1000, 100000) for _ in range(PROMPT_LEN)] for _ in range(n)]
-
+    rng, results = random.Random(0), []
     try:
-        await asyncio.gather(*(one(p, 16) for p in prompts(16)))  # warm-up
-        for rows in rows_list:
-            for rep in range(repeats):
-                batch = prompts(rows)
-                start = time.perf_counter()
-                outcomes = await asyncio.gather(*(one(p, NEW_TOKENS) for p in batch))
-                seconds = time.perf_counter() - start
-                tokens = sum(n for n, _ in outcomes)
-                tpot = statistics.median(ms for _, ms in outcomes)
-                result = dict(
-                    overlap=overlap,
-                    rows=rows,
-                    rep=rep,
-                    tokens=tokens,
-                    seconds=seconds,
-                    tok_s=tokens / seconds,
-                    median_tpot_ms=tpot,
-                )
-                print(json.dumps(result), flush=True)
-                results.append(result)
+        await asyncio.gather(*(stream(client, request(p, 16)) for p in random_prompts(rng, 16, PROMPT_LEN)))  # warm-up
+        for rows, rep in ((rows, rep) for rows in rows_list for rep in range(repeats)):
+            batch = random_prompts(rng, rows, PROMPT_LEN)
+            start = time.perf_counter()
+            streams = await asyncio.gather(*(stream(client, request(p, NEW_TOKENS)) for p in batch))
+            seconds = time.perf_counter() - start
+            tokens = sum(s.tokens for s in streams)
+            result = dict(overlap=overlap, rows=rows, rep=rep, tokens=tokens, seconds=seconds, tok_s=tokens / seconds)
+            result["median_tpot_ms"] = statistics.median(s.ms_per_token() for s in streams)
+            print(json.dumps(result), flush=True)
+            results.append(result)
     finally:
         await client.shutdown()
     return results
@@ -147,8 +121,7 @@ async def main() -> None:
     results = [] if args.no_check else [dict(check=check_same_tokens())]
     for overlap in (False, True, False, True):  # interleaved, so drift shows up as spread
         results += await measure(args.model_dir, overlap, rows, args.repeats)
-    with open(os.path.join(os.environ.get("OUT", "."), "overlap.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(out_path("overlap.json"), results)
 
 
 if __name__ == "__main__":

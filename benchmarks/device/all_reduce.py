@@ -1,6 +1,6 @@
 """The symmetric-memory all-reduce kernels against NCCL on a multi-GPU host: same sums, and time per call.
 
-    python scripts/device/check_symmetric_all_reduce.py     # every GPU; writes $OUT/symmetric_all_reduce.json
+    python3 -m benchmarks.device.all_reduce     # every GPU; writes $OUT/symmetric_all_reduce.json
 
 For each size (bf16 elements of one decode step's hidden states), every rank sums a rank-dependent
 tensor with NCCL and with each kernel of tgi_compat.modeling.parallel.symmetric_all_reduce (triton, torch), and the
@@ -18,51 +18,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 import torch.multiprocessing as mp
 
+from benchmarks.device.timing import out_path, replay_us
+from benchmarks.server_process import free_port
+from benchmarks.shapes import LLAMA3_8B
+
+HIDDEN, VOCAB = LLAMA3_8B["hidden_size"], LLAMA3_8B["vocab_size"]  # the logits each rank gathers: [rows, VOCAB / ranks]
 # rows of Llama-3-8B's hidden state: 8 KiB .. 8 MiB of bf16 (the sizes past the kernel's max_bytes are skipped)
-SIZES = [4096, 8 * 4096, 64 * 4096, 128 * 4096, 256 * 4096, 512 * 4096, 1024 * 4096]
-CALLS_PER_GRAPH = 64
-VOCAB = 128_256  # Llama-3's: the logits each rank gathers are [rows, VOCAB / ranks]
+SIZES = [rows * HIDDEN for rows in (1, 8, 64, 128, 256, 512, 1024)]
+CALLS_PER_GRAPH = 64  # one batch-1 decode step of Llama-3-8B at --num-shard 2
 GATHER_ROWS = [1, 4, 64]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+NORM_ROWS = [1, 64, 256]
 
 
 def graph_time_us(fn, x: torch.Tensor) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            fn(x)
-    for _ in range(5):
-        graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    reps = 50
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / reps / CALLS_PER_GRAPH
+    return replay_us([lambda: fn(x)] * CALLS_PER_GRAPH, reps=50, warm_replays=5)
 
 
 def stress_mismatches(kernel, device: torch.device, rank: int, count: int = 300) -> list[int]:
@@ -106,17 +80,16 @@ def gather_rows(tp, triton_kernel, size: int) -> list[dict]:
         if not triton_kernel.fits(x):
             continue
         expected, got = by_nccl.all_gather_columns(x), by_triton.all_gather_columns(x)
-        rows.append({
-            "gather_rows": num_rows,
-            "bytes_per_rank": x.numel() * 2,
-            "equal": torch.equal(expected, got),
-            "nccl_us": graph_time_us(by_nccl.all_gather_columns, x),
-            "triton_us": graph_time_us(by_triton.all_gather_columns, x),
-        })  # fmt: skip
+        rows.append(
+            {
+                "gather_rows": num_rows,
+                "bytes_per_rank": x.numel() * 2,
+                "equal": torch.equal(expected, got),
+                "nccl_us": graph_time_us(by_nccl.all_gather_columns, x),
+                "triton_us": graph_time_us(by_triton.all_gather_columns, x),
+            }
+        )
     return rows
-
-
-NORM_ROWS = [1, 64, 256]  # rows of Llama-3-8B's hidden state
 
 
 def norm_rows(triton_kernel, device: torch.device, rank: int) -> list[dict]:
@@ -127,11 +100,11 @@ def norm_rows(triton_kernel, device: torch.device, rank: int) -> list[dict]:
     rows = []
     for num_rows in NORM_ROWS:
         generator = torch.Generator(device).manual_seed(rank)
-        x = torch.randn(num_rows, 4096, device=device, generator=generator).bfloat16()
-        residual = torch.randn(num_rows, 4096, device=device, generator=torch.Generator(device).manual_seed(99))
+        x = torch.randn(num_rows, HIDDEN, device=device, generator=generator).bfloat16()
+        residual = torch.randn(num_rows, HIDDEN, device=device, generator=torch.Generator(device).manual_seed(99))
         residual = residual.bfloat16()
         weight = (
-            1 + torch.randn(4096, device=device, generator=torch.Generator(device).manual_seed(98)) / 4
+            1 + torch.randn(HIDDEN, device=device, generator=torch.Generator(device).manual_seed(98)) / 4
         ).bfloat16()
         if 2 * x.numel() > triton_kernel.max_bytes:
             continue
@@ -146,12 +119,14 @@ def norm_rows(triton_kernel, device: torch.device, rank: int) -> list[dict]:
             return triton_kernel.all_reduce_rms_norm(x, residual, weight, 1e-5)
 
         (normed, summed), (normed_f, summed_f) = unfused(x), fused(x)
-        rows.append({
-            "norm_rows": num_rows,
-            "equal": torch.equal(normed, normed_f) and torch.equal(summed, summed_f),
-            "unfused_us": graph_time_us(unfused, x),
-            "fused_us": graph_time_us(fused, x),
-        })  # fmt: skip
+        rows.append(
+            {
+                "norm_rows": num_rows,
+                "equal": torch.equal(normed, normed_f) and torch.equal(summed, summed_f),
+                "unfused_us": graph_time_us(unfused, x),
+                "fused_us": graph_time_us(fused, x),
+            }
+        )
     return rows
 
 
@@ -202,7 +177,7 @@ def worker(rank: int, size: int, port: int, out: str) -> None:
 def main() -> None:
     size = torch.cuda.device_count()  # every GPU a rank
     assert size >= 2, "needs 2 or more GPUs"
-    out = os.path.join(os.environ.get("OUT", "."), "symmetric_all_reduce.json")
+    out = out_path("symmetric_all_reduce.json")
     mp.spawn(worker, args=(size, free_port(), out), nprocs=size)
 
 

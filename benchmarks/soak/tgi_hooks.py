@@ -1,4 +1,4 @@
-"""Schemathesis hooks for the soak (loaded through SCHEMATHESIS_HOOKS=tgi_hooks by scripts/soak.py):
+"""Schemathesis hooks for the soak (loaded through SCHEMATHESIS_HOOKS=benchmarks.soak.tgi_hooks by the soak):
 TGI's behaviour that an OpenAPI document cannot state.
 
 `negative_data_rejection_tgi` replaces the built-in `negative_data_rejection` (switched off in the

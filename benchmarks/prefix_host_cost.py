@@ -173,9 +173,15 @@ def build_engine(args: argparse.Namespace, prefix_caching: bool) -> EngineCore:
     max_seq_len = args.first_len[1] + args.turns_per_conversation * (args.answer_len[1] + args.new_len[1])
     runner = RowWritingRunner(args.vocab, args.max_running, args.kv_slots, max_seq_len, torch.device(args.device))
     return instant_engine(
-        runner, args.vocab, max_seq_len, EOS, device=args.device, max_running_requests=args.max_running,
-        prefix_caching=prefix_caching, overlap_scheduling=not args.no_overlap,
-    )  # fmt: skip
+        runner,
+        args.vocab,
+        max_seq_len,
+        EOS,
+        device=args.device,
+        max_running_requests=args.max_running,
+        prefix_caching=prefix_caching,
+        overlap_scheduling=not args.no_overlap,
+    )
 
 
 def instrument(engine: EngineCore, clock: PhaseClock) -> None:

@@ -6,89 +6,29 @@ The matmul and attention shapes a decode step runs are derived from them, per te
 
 from __future__ import annotations
 
-# Meta-Llama-3-8B's config.json
-LLAMA3_8B = dict(
-    architectures=["LlamaForCausalLM"],
-    model_type="llama",
-    vocab_size=128_256,
-    hidden_size=4096,
-    intermediate_size=14_336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=8192,
-    rope_theta=500_000.0,
-    rms_norm_eps=1e-5,
-    bos_token_id=128_000,
-    eos_token_id=128_001,
-    tie_word_embeddings=False,
-)
-LLAMA3_70B = {
-    **LLAMA3_8B,
-    "hidden_size": 8192,
-    "intermediate_size": 28_672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-}
+
+def decoder(architecture: str, hidden: int, inter: int, layers: int, heads: int, kv_heads: int, vocab: int, **more):
+    """A decoder's transformers config fields: its shape, then the family's own fields."""
+    model_type = {"Llama": "llama", "Qwen2": "qwen2", "Mixtral": "mixtral", "Gemma2": "gemma2"}
+    config = dict(architectures=[architecture], model_type=model_type[architecture.removesuffix("ForCausalLM")])
+    config |= dict(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, vocab_size=vocab)
+    return config | dict(num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=False) | more
+
+
+# Meta-Llama-3-8B's config.json; 70B is its wider, deeper sibling with the same vocabulary and KV heads
+LLAMA3 = dict(rope_theta=500_000.0, rms_norm_eps=1e-5, bos_token_id=128_000, eos_token_id=128_001)
+LLAMA3_8B = decoder("LlamaForCausalLM", 4096, 14_336, 32, 32, 8, 128_256, max_position_embeddings=8192, **LLAMA3)
+LLAMA3_70B = decoder("LlamaForCausalLM", 8192, 28_672, 80, 64, 8, 128_256, max_position_embeddings=8192, **LLAMA3)
 # Llama-3's vocabulary on a tiny body: CPU runs of the benchmarks' model paths
-LLAMA3_TINY = {
-    **LLAMA3_8B,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-}
-QWEN2_7B = dict(
-    architectures=["Qwen2ForCausalLM"],
-    model_type="qwen2",
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_hidden_layers=28,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-    vocab_size=152064,
-    max_position_embeddings=32768,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    tie_word_embeddings=False,
-)
-MIXTRAL_8X7B = dict(
-    architectures=["MixtralForCausalLM"],
-    model_type="mixtral",
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    num_local_experts=8,
-    num_experts_per_tok=2,
-    vocab_size=32000,
-    max_position_embeddings=32768,
-    rms_norm_eps=1e-5,
-    rope_theta=1e6,
-    sliding_window=None,
-    tie_word_embeddings=False,
-)
-GEMMA2_9B = dict(
-    architectures=["Gemma2ForCausalLM"],
-    model_type="gemma2",
-    hidden_size=3584,
-    intermediate_size=14336,
-    num_hidden_layers=42,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=256,
-    vocab_size=256000,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-6,
-    query_pre_attn_scalar=256,
-    sliding_window=4096,
-    attn_logit_softcapping=50.0,
-    final_logit_softcapping=30.0,
-    tie_word_embeddings=True,
-)
+LLAMA3_TINY = decoder("LlamaForCausalLM", 64, 128, 2, 4, 2, 128_256, max_position_embeddings=4096, **LLAMA3)
+QWEN2 = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+QWEN2_7B = decoder("Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 152064, **QWEN2)
+MIXTRAL = dict(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-5, sliding_window=None)
+MIXTRAL_8X7B = decoder("MixtralForCausalLM", 4096, 14336, 32, 32, 8, 32000, **MIXTRAL)
+MIXTRAL_8X7B |= dict(num_local_experts=8, num_experts_per_tok=2)
+GEMMA2 = dict(max_position_embeddings=8192, rms_norm_eps=1e-6, sliding_window=4096, tie_word_embeddings=True)
+GEMMA2_SOFTCAPS = dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256)
+GEMMA2_9B = decoder("Gemma2ForCausalLM", 3584, 14336, 42, 16, 8, 256000, head_dim=256, **GEMMA2, **GEMMA2_SOFTCAPS)
 MODELS = {
     "llama3-8b": LLAMA3_8B,
     "llama3-70b": LLAMA3_70B,

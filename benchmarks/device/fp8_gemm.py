@@ -35,36 +35,16 @@ ROWS = (16, 32, 64)  # tgi_compat.kernels.fp8_gemm.MAX_ROWS and below
 SWEEP = [(bn, bk, 4, st, sk) for bn in (32, 64, 128) for bk, st in ((128, 3), (256, 4)) for sk in (1, 2, 4)]
 # At 64 rows (the throughput target's width) the narrow projections read at 31-43% of copy bandwidth with the grid
 # above: more bytes in flight a program (8 warps, 512-wide K tiles, a fifth stage) or more programs (16 rows).
-SWEEP_64_ROWS = [
-    (32, 256, 8, 4, 1),
-    (64, 256, 8, 4, 1),
-    (64, 256, 8, 3, 2),
-    (32, 512, 4, 3, 1),
-    (64, 512, 8, 3, 1),
-    (16, 256, 4, 4, 1),
-    (16, 256, 4, 5, 1),
-    (32, 256, 4, 5, 1),
-]
+SWEEP_64_ROWS = [(32, 256, 8, 4, 1), (64, 256, 8, 4, 1), (64, 256, 8, 3, 2), (32, 512, 4, 3, 1), (64, 512, 8, 3, 1)]
+SWEEP_64_ROWS += [(16, 256, 4, 4, 1), (16, 256, 4, 5, 1), (32, 256, 4, 5, 1)]
 
 
 # Tiles through TMA descriptors (tgi_compat.kernels.fp8_gemm `tma`): the copies need no threads, so deeper pipelines fit.
-# The second line is for gate|up (67% of copy bandwidth at 64 rows with pointer loads; no TMA config of the first
+# The last line is for gate|up (67% of copy bandwidth at 64 rows with pointer loads; no TMA config of the first
 # line beat them there): 128-wide K tiles, which it preferred, at every N width and 4-6 stages.
-SWEEP_TMA = [
-    (32, 256, 4, 4, 1),
-    (64, 256, 4, 4, 1),
-    (32, 256, 4, 6, 1),
-    (64, 256, 8, 5, 1),
-    (32, 128, 4, 8, 1),
-    (64, 128, 4, 6, 2),
-    (128, 256, 8, 3, 2),
-    (64, 256, 4, 4, 4),
-    (32, 128, 4, 6, 1),
-    (64, 128, 4, 4, 1),
-    (64, 128, 4, 5, 1),
-    (64, 128, 8, 6, 1),
-    (128, 128, 8, 4, 1),
-]
+SWEEP_TMA = [(32, 256, 4, 4, 1), (64, 256, 4, 4, 1), (32, 256, 4, 6, 1), (64, 256, 8, 5, 1), (32, 128, 4, 8, 1)]
+SWEEP_TMA += [(64, 128, 4, 6, 2), (128, 256, 8, 3, 2), (64, 256, 4, 4, 4)]
+SWEEP_TMA += [(32, 128, 4, 6, 1), (64, 128, 4, 4, 1), (64, 128, 4, 5, 1), (64, 128, 8, 6, 1), (128, 128, 8, 4, 1)]
 
 
 def sweep(num_rows: int) -> list[Fp8GemmConfig]:

@@ -51,16 +51,10 @@ from tgi_compat.router.request import GrammarKind, GrammarSpec
 
 PROMPT_LEN = 128
 RATIO_TARGET = 0.85
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 16},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "role": {"enum": ["admin", "user", "guest"]},
-        "email": {"type": "string", "pattern": "[a-z]{1,8}@[a-z]{1,8}\\.com"},
-    },
-    "required": ["name", "age", "role", "email"],
-}
+PERSON_FIELDS = {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}
+PERSON_FIELDS |= {"role": {"enum": ["admin", "user", "guest"]}}
+PERSON_FIELDS["email"] = {"type": "string", "pattern": "[a-z]{1,8}@[a-z]{1,8}\\.com"}
+PERSON = {"type": "object", "properties": PERSON_FIELDS, "required": list(PERSON_FIELDS)}
 SCHEMA = {
     "type": "object",
     "properties": {"people": {"type": "array", "items": PERSON, "minItems": 1000}},

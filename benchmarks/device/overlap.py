@@ -26,25 +26,14 @@ import time
 
 from benchmarks.device.engine_load import random_prompts, request, stream
 from benchmarks.device.timing import out_path, write_json
+from benchmarks.shapes import decoder
 from tgi_compat.router.client import ZmqEngineClient
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.request import GenerateRequest
 
 PROMPT_LEN, NEW_TOKENS = 128, 256
-TINY_LLAMA = dict(
-    architectures=["LlamaForCausalLM"],
-    model_type="llama",
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=2000,
-    max_position_embeddings=1024,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    tie_word_embeddings=False,
-)
+TINY_LLAMA = decoder("LlamaForCausalLM", 256, 512, 2, 4, 2, 2000, max_position_embeddings=1024, rope_theta=10000.0)
+TINY_LLAMA["rms_norm_eps"] = 1e-5
 
 
 def check_same_tokens(device: str = "cuda") -> dict:

@@ -50,22 +50,10 @@ PROLOGUE_CONSTANTS = {0: "PROLOGUE_NONE", 1: "PROLOGUE_RMSNORM", 2: "PROLOGUE_SI
 # FP8 / int8 GEMV configs swept at one row (GemvConfig's fields in order: block_n, block_k, num_warps, num_stages,
 # prefetch, split_k, separate_prologue); bf16 runs its tuned configs (benchmarks.device.tune_gemv sweeps those).
 # At most 64 fp32 accumulators a thread (block_n x block_k / threads), with and without prefetch.
-SWEEP_ROW_SCALED = [
-    (8, 1024, 4, 1),
-    (16, 512, 4, 1),
-    (8, 2048, 8, 1),
-    (16, 1024, 8, 1),
-    (32, 512, 8, 1),
-    (4, 2048, 4, 1),
-    (4, 4096, 8, 1),
-    (8, 1024, 4, 1, True),
-    (16, 512, 4, 1, True),
-    (8, 2048, 8, 1, True),
-    (16, 1024, 8, 1, True),
-    (32, 512, 8, 1, True),
-    (4, 2048, 4, 1, True),
-    (16, 512, 4, 1, False, 1, True),  # separate_prologue
-]
+ROW_SCALED_TILES = [(8, 1024, 4, 1), (16, 512, 4, 1), (8, 2048, 8, 1), (16, 1024, 8, 1)]
+ROW_SCALED_TILES += [(32, 512, 8, 1), (4, 2048, 4, 1)]
+SWEEP_ROW_SCALED = ROW_SCALED_TILES + [(4, 4096, 8, 1)] + [(*tile, True) for tile in ROW_SCALED_TILES]
+SWEEP_ROW_SCALED.append((16, 512, 4, 1, False, 1, True))  # separate_prologue
 # The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (tgi_compat.kernels.gemv.int4_config):
 # one axis at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping
 # configs that would spill on sm_90 (int4_register_estimate), within a time budget (compiles dominate).
@@ -83,17 +71,8 @@ INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologu
 # Starting points measured beside the default at one row: (block_n, block_k, num_warps, split_k) of the tile
 # kernel, K tiles of 1,024 features a warp (x's layout is then the weight tile's; one axis at a time cannot reach
 # one such point from another); (block_n, block_k, split_k) of the one-row kernel.
-INT4_SEEDS = [
-    (4, 4096, 4, 1),
-    (8, 4096, 4, 1),
-    (2, 4096, 4, 1),
-    (8, 2048, 2, 1),
-    (4, 2048, 2, 1),
-    (8, 1024, 1, 1),
-    (8, 2048, 2, 2),
-    (4, 1024, 1, 2),
-    (8, 2048, 4, 1),
-]
+INT4_SEEDS = [(n, 4096, 4, 1) for n in (4, 8, 2)] + [(8, 2048, 2, 1), (4, 2048, 2, 1), (8, 1024, 1, 1)]
+INT4_SEEDS += [(8, 2048, 2, 2), (4, 1024, 1, 2), (8, 2048, 4, 1)]
 INT4_ONE_ROW_SEEDS = [(16, 4096, 1), (16, 2048, 7), (8, 4096, 1)]
 
 

@@ -23,20 +23,10 @@ from benchmarks.shapes import EXPERTS
 from tgi_compat.kernels import fused_moe as fm
 
 TOKEN_COUNTS = (1, 64, 16, 4, 2, 8, 32, 128, 256, 512)  # most important first: a budget cut drops the tail
-GROUPED = [  # (block_n, block_k, num_warps, num_stages, group_m)
-    (32, 64, 4, 5, 1),
-    (32, 128, 4, 4, 1),
-    (32, 256, 4, 3, 1),
-    (64, 64, 4, 4, 1),
-    (64, 128, 4, 4, 1),
-    (64, 128, 4, 3, 8),
-    (64, 256, 4, 3, 1),
-    (64, 128, 8, 4, 1),
-    (128, 64, 4, 4, 1),
-    (128, 128, 4, 3, 1),
-    (128, 128, 8, 3, 8),
-    (128, 64, 8, 4, 16),
-]
+# (block_n, block_k, num_warps, num_stages, group_m)
+GROUPED = [(32, 64, 4, 5, 1), (32, 128, 4, 4, 1), (32, 256, 4, 3, 1), (64, 64, 4, 4, 1), (64, 128, 4, 4, 1)]
+GROUPED += [(64, 128, 4, 3, 8), (64, 256, 4, 3, 1), (64, 128, 8, 4, 1), (128, 64, 4, 4, 1), (128, 128, 4, 3, 1)]
+GROUPED += [(128, 128, 8, 3, 8), (128, 64, 8, 4, 16)]
 # GEMV: a [BLOCK_N, BLOCK_K] fp32 accumulator per launch (two in the up kernel) held in registers
 GEMV_UP = [(2, 512, 4, 2), (4, 256, 4, 3), (4, 512, 4, 1), (4, 512, 8, 2), (8, 256, 4, 2), (8, 512, 8, 1)]
 GEMV_DOWN = [(2, 1024, 4, 1), (4, 512, 4, 1), (4, 1024, 4, 1), (8, 256, 4, 2), (8, 512, 4, 1), (16, 256, 8, 2)]

@@ -81,18 +81,16 @@ def idle_and_serving(url: str) -> dict:
 
 
 async def stream_burst(url: str, count: int, max_new_tokens: int = 32) -> list[int]:
+    """`count` concurrent /generate_stream calls; the token events each received."""
     body = {"inputs": "Once upon a time", "parameters": {"max_new_tokens": max_new_tokens}}
     limits = httpx.Limits(max_connections=count + 8, max_keepalive_connections=count + 8)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
+        return await asyncio.gather(*(_stream_tokens(client, body) for _ in range(count)))
 
-        async def one() -> int:
-            tokens = 0
-            async with client.stream("POST", "/generate_stream", json=body) as response:
-                async for line in response.aiter_lines():
-                    tokens += line.startswith("data:") and '"error"' not in line
-            return tokens
 
-        return await asyncio.gather(*(one() for _ in range(count)))
+async def _stream_tokens(client: httpx.AsyncClient, body: dict) -> int:
+    async with client.stream("POST", "/generate_stream", json=body) as response:
+        return sum([line.startswith("data:") and '"error"' not in line async for line in response.aiter_lines()])
 
 
 def rss_mib(pid: int) -> float:

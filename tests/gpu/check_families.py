@@ -29,15 +29,8 @@ from tgi_compat.kernels.silu_mul import gelu_tanh_mul_ref
 from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps, select_ops
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
-SIZES = dict(
-    vocab_size=512,
-    hidden_size=256,
-    intermediate_size=512,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    num_hidden_layers=3,
-)
+SIZES = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3)
+SIZES |= dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 WINDOW = 16
 FAMILIES = {
     "gemma2": ("Gemma2Config", dict(sliding_window=WINDOW, attn_logit_softcapping=20.0, final_logit_softcapping=15.0)),

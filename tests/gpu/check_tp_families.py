@@ -42,17 +42,40 @@ def steps() -> list[dict]:
     out = _steps()
     for i in range(NUM_DECODE_STEPS):
         slots = [18 + 2 * i, 19 + 2 * i]
-        out.append(dict(input_ids=[20 + i, 40 + i], req_rows=[0, 2], q_lens=[1, 1], kv_lens=[10 + i, 4 + i],
-                        out_slots=slots, logits_indices=[0, 1]))  # fmt: skip
+        out.append(
+            dict(
+                input_ids=[20 + i, 40 + i],
+                req_rows=[0, 2],
+                q_lens=[1, 1],
+                kv_lens=[10 + i, 4 + i],
+                out_slots=slots,
+                logits_indices=[0, 1],
+            )
+        )
     for i in range(NUM_ONE_ROW_STEPS):
-        out.append(dict(input_ids=[60 + i], req_rows=[0], q_lens=[1], kv_lens=[10 + NUM_DECODE_STEPS + i],
-                        out_slots=[18 + 2 * NUM_DECODE_STEPS + i], logits_indices=[0]))  # fmt: skip
+        out.append(
+            dict(
+                input_ids=[60 + i],
+                req_rows=[0],
+                q_lens=[1],
+                kv_lens=[10 + NUM_DECODE_STEPS + i],
+                out_slots=[18 + 2 * NUM_DECODE_STEPS + i],
+                logits_indices=[0],
+            )
+        )
     return out
 
 
 def runner(folder: str, tp: TensorParallel, device: str, dtype: str) -> ModelRunner:
-    cfg = RunnerConfig(model_id=folder, device=device, dtype=dtype, num_kv_slots=256, max_rows=4,
-                       cuda_graph_batch_sizes=[1, 2, 4], show_progress=False)  # fmt: skip
+    cfg = RunnerConfig(
+        model_id=folder,
+        device=device,
+        dtype=dtype,
+        num_kv_slots=256,
+        max_rows=4,
+        cuda_graph_batch_sizes=[1, 2, 4],
+        show_progress=False,
+    )
     return ModelRunner(cfg, tp=tp)
 
 

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.prefix_host_cost [--conversations 128] [--turns 768] [--device cpu]
                                                     [--cprofile]
 
-Issue 16's chat row (`scripts/device/prefix_side_by_side.sh`) replays ShareGPT conversations whose every
+Issue 16's chat row (`benchmarks/device/prefix_side_by_side.sh`) replays ShareGPT conversations whose every
 turn sends the whole history back, the server's own answers included: ~90% of a turn's prompt is cached.
 This replays that pattern through a real EngineCore (scheduler, KV pool, radix tree, batch building,
 sampling, update) around a model that costs nothing, so every millisecond timed is the engine's own:

@@ -24,7 +24,6 @@ import argparse
 import math
 import os
 import shlex
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.backends import BackendOptions
 from benchmarks.runner import run_benchmark, warm_up
-from benchmarks.server_process import running_server
+from benchmarks.server_process import free_port, running_server
 from benchmarks.tokenizer import default_model_id, load_tokenizer
 from benchmarks.workload import build_workload
 
@@ -93,12 +92,6 @@ def child_pids(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         children += [int(c) for c in (task / "children").read_text().split()]
     return children
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def measure(samples, opts: BackendOptions, api_pid: int, concurrency: int) -> RunFigures:

@@ -175,9 +175,15 @@ def build_engine(rows: int, prompt_len: int, new_tokens: int, vocab: int, prefix
     num_kv_slots = rows * (prompt_len * 2 + new_tokens) + 1024
     runner = InstantRunner(vocab, rows, num_kv_slots)
     return instant_engine(
-        runner, vocab, 8192, 2, device="cpu", max_running_requests=rows, max_batch_prefill_tokens=16384,
+        runner,
+        vocab,
+        8192,
+        2,
+        device="cpu",
+        max_running_requests=rows,
+        max_batch_prefill_tokens=16384,
         prefix_caching=prefix_caching,
-    )  # fmt: skip
+    )
 
 
 def run(

@@ -16,15 +16,7 @@ import math
 import sys
 from pathlib import Path
 
-from benchmarks.cli_common import (
-    add_endpoint_args,
-    add_workload_args,
-    backend_options,
-    early_stop_note,
-    fetch_info,
-    prepare_workload,
-    workload_stats,
-)
+from benchmarks import cli_common as cli
 from benchmarks.report import write_report
 from benchmarks.runner import RunResult, run_benchmark, warm_up
 from benchmarks.serve import print_summary
@@ -34,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.offline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_endpoint_args(parser)
-    add_workload_args(parser, default_num=1000)
+    cli.add_endpoint_args(parser)
+    cli.add_workload_args(parser, default_num=1000)
     server = parser.add_argument_group("server")
     server.add_argument("--server-cmd", default=None, help="start this server for the run, stop it after")
     server.add_argument("--server-startup-timeout", type=float, default=900.0)
@@ -91,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     parser.add_argument("--no-warmup-server", action="store_true")
     args = parser.parse_args(argv)
-    opts = backend_options(args)
+    opts = cli.backend_options(args)
     runs: list[RunResult] = []
     info = None
     if args.no_server:
-        samples, tokenizer_id = prepare_workload(args, {"model_id": args.hf_model})
+        samples, tokenizer_id = cli.prepare_workload(args, {"model_id": args.hf_model})
     elif args.server_cmd:
         from benchmarks.server_process import running_server
 
@@ -103,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         with running_server(
             args.server_cmd, opts.base_url, args.server_startup_timeout, Path(args.out_dir) / "server.log"
         ):
-            info = fetch_info(opts.base_url)
-            samples, tokenizer_id = prepare_workload(args, info)
+            info = cli.fetch_info(opts.base_url)
+            samples, tokenizer_id = cli.prepare_workload(args, info)
             runs.append(run_server_side(args, samples, opts))
     else:
-        info = fetch_info(opts.base_url)
-        samples, tokenizer_id = prepare_workload(args, info)
+        info = cli.fetch_info(opts.base_url)
+        samples, tokenizer_id = cli.prepare_workload(args, info)
         runs.append(run_server_side(args, samples, opts))
     server_summary = None
     if runs:
@@ -131,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "output_len_cap": args.max_output_len,
         "ignore_eos": args.ignore_eos,
-        "workload": workload_stats(samples),
+        "workload": cli.workload_stats(samples),
         "outputs_may_end_early": True,
     }
     notes = (
-        early_stop_note(args) + " transformers counts only tokens up to each request's reference length and first EOS."
+        cli.early_stop_note(args)
+        + " transformers counts only tokens up to each request's reference length and first EOS."
     )
     write_report(runs, config, notes, Path(args.out_dir), comparison=comparison)
     for key, value in comparison.items():

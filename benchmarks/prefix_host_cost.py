@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.prefix_host_cost [--conversations 128] [--turns 768] [--device cpu]
                                                     [--cprofile]
 
-Issue 16's chat row (`scripts/device/prefix_side_by_side.sh`) replays ShareGPT conversations whose every
+Issue 16's chat row (`benchmarks/device/prefix_side_by_side.sh`) replays ShareGPT conversations whose every
 turn sends the whole history back, the server's own answers included: ~90% of a turn's prompt is cached.
 This replays that pattern through a real EngineCore (scheduler, KV pool, radix tree, batch building,
 sampling, update) around a model that costs nothing, so every millisecond timed is the engine's own:
@@ -173,9 +173,15 @@ def build_engine(args: argparse.Namespace, prefix_caching: bool) -> EngineCore:
     max_seq_len = args.first_len[1] + args.turns_per_conversation * (args.answer_len[1] + args.new_len[1])
     runner = RowWritingRunner(args.vocab, args.max_running, args.kv_slots, max_seq_len, torch.device(args.device))
     return instant_engine(
-        runner, args.vocab, max_seq_len, EOS, device=args.device, max_running_requests=args.max_running,
-        prefix_caching=prefix_caching, overlap_scheduling=not args.no_overlap,
-    )  # fmt: skip
+        runner,
+        args.vocab,
+        max_seq_len,
+        EOS,
+        device=args.device,
+        max_running_requests=args.max_running,
+        prefix_caching=prefix_caching,
+        overlap_scheduling=not args.no_overlap,
+    )
 
 
 def instrument(engine: EngineCore, clock: PhaseClock) -> None:

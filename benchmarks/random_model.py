@@ -18,38 +18,9 @@ import shutil
 import time
 from pathlib import Path
 
-PRESETS = {
-    # Meta-Llama-3-8B's config.json shapes.
-    "llama3-8b": dict(
-        vocab_size=128_256,
-        hidden_size=4096,
-        intermediate_size=14_336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=8192,
-        rope_theta=500_000.0,
-        rms_norm_eps=1e-5,
-        bos_token_id=128_000,
-        eos_token_id=128_001,
-        tie_word_embeddings=False,
-    ),
-    # Same vocabulary, tiny body: for CPU tests of the offline comparison.
-    "llama3-tiny": dict(
-        vocab_size=128_256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        rope_theta=500_000.0,
-        rms_norm_eps=1e-5,
-        bos_token_id=128_000,
-        eos_token_id=128_001,
-        tie_word_embeddings=False,
-    ),
-}
+from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
+
+PRESETS = {"llama3-8b": LLAMA3_8B, "llama3-tiny": LLAMA3_TINY}  # benchmarks/shapes.py
 
 
 def write_random_llama(
@@ -79,9 +50,8 @@ def write_random_llama(
     timings["tokenizer_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    config = LlamaConfig(
-        **{**PRESETS[preset], **(overrides or {})}, architectures=["LlamaForCausalLM"], torch_dtype=dtype
-    )
+    fields = {key: value for key, value in {**PRESETS[preset], **(overrides or {})}.items() if key != "model_type"}
+    config = LlamaConfig(**fields, torch_dtype=dtype)
     torch.manual_seed(seed)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))  # build in bf16 directly: no 32 GB fp32 copy

@@ -67,6 +67,16 @@ def _latency_values(run: RunResult, key: str) -> np.ndarray:
     return np.sort(np.asarray(values, dtype=np.float64)) * 1000.0
 
 
+def _save(fig, axes, path: Path) -> None:
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def plot_latency_cdfs(runs: list[RunResult], path: Path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for ax, (key, title) in zip(axes.flat, LATENCIES):
@@ -75,11 +85,7 @@ def plot_latency_cdfs(runs: list[RunResult], path: Path) -> None:
             if values.size:
                 ax.plot(values, np.arange(1, values.size + 1) / values.size, label=rate_label(run))
         ax.set(title=f"{title} CDF", xlabel="ms", ylabel="fraction of samples")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, axes.flat, path)
 
 
 def plot_throughput(runs_json: list[dict], path: Path) -> None:
@@ -89,11 +95,7 @@ def plot_throughput(runs_json: list[dict], path: Path) -> None:
         label = f"rate={run['request_rate']}"
         ax.step(timeline["time_s"], timeline["output_tokens_per_s"], where="post", label=label)
     ax.set(title="Output throughput over time", xlabel="seconds since run start", ylabel="tokens/s")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, [ax], path)
 
 
 def plot_vs_rate(runs_json: list[dict], path: Path) -> None:
@@ -110,12 +112,7 @@ def plot_vs_rate(runs_json: list[dict], path: Path) -> None:
     axes[2].set(title="Output throughput vs request rate", xlabel="requests/s", ylabel="tokens/s")
     for ax in axes:
         ax.set_xticks(xs, [str(r["request_rate"]) for r in runs_json])
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, axes, path)
 
 
 def _summary_table(runs_json: list[dict]) -> str:

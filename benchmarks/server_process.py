@@ -6,12 +6,19 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.cli_common import wait_for_health
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Never down, on the real launcher: a busy server answers /health, drops work its clients abandon,
 comes back to its idle memory after a burst, and stops cleanly on SIGTERM whatever is in flight.
 
-One launcher for the module (the flags of the soak test: scripts/soak.py); the SIGTERM test runs
+One launcher for the module (the flags of the soak test: benchmarks/soak); the SIGTERM test runs
 last and stops it.
 """
 

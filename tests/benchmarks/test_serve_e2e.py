@@ -59,24 +59,8 @@ def check_report_files(out_dir, images: list[str]) -> None:
 
 def test_serve_sharegpt_two_rates_tgi_stream(server_url, tmp_path):
     out = tmp_path / "serve"
-    code = serve.main(
-        [
-            "--base-url",
-            server_url,
-            "--dataset",
-            "sharegpt",
-            "--num-prompts",
-            str(NUM_PROMPTS),
-            "--max-output-len",
-            str(MAX_OUTPUT),
-            "--request-rate",
-            "20,inf",
-            "--out-dir",
-            str(out),
-            "--no-progress",
-            "--no-warmup",
-        ]
-    )
+    flags = f"--dataset sharegpt --num-prompts {NUM_PROMPTS} --max-output-len {MAX_OUTPUT} --request-rate 20,inf"
+    code = serve.main(["--base-url", server_url, "--out-dir", str(out), *flags.split(), "--no-progress", "--no-warmup"])
     assert code == 0
     result = _read(out)
     assert result["config"]["endpoint"] == "/generate_stream"
@@ -90,28 +74,9 @@ def test_serve_sharegpt_two_rates_tgi_stream(server_url, tmp_path):
 
 def test_serve_openai_completions_with_concurrency_cap(server_url, tmp_path):
     out = tmp_path / "openai"
-    code = serve.main(
-        [
-            "--base-url",
-            server_url,
-            "--backend",
-            "openai",
-            "--dataset",
-            "fixed",
-            "--input-len",
-            "12",
-            "--output-len",
-            str(MAX_OUTPUT),
-            "--num-prompts",
-            "3",
-            "--max-concurrency",
-            "2",
-            "--out-dir",
-            str(out),
-            "--no-progress",
-            "--no-warmup",
-        ]
-    )
+    flags = f"--backend openai --dataset fixed --input-len 12 --output-len {MAX_OUTPUT} --num-prompts 3"
+    flags += " --max-concurrency 2 --no-progress --no-warmup"
+    code = serve.main(["--base-url", server_url, "--out-dir", str(out), *flags.split()])
     assert code == 0
     result = _read(out)
     assert result["config"]["endpoint"] == "/v1/completions"
@@ -127,27 +92,19 @@ def test_offline_server_vs_transformers_static_batching(tiny_server_cmd, tiny_mo
     """One offline run: start the server, all requests at once, stop it, then transformers."""
     out = tmp_path / "offline"
     command, url = tiny_server_cmd
+    flags = "--dataset sharegpt-lengths --num-prompts 3 --max-output-len 4 --hf-batch-size 2 --hf-dtype float32"
+    flags += " --no-progress"
     code = offline.main(
         [
             "--server-cmd",
             command,
             "--base-url",
             url,
-            "--dataset",
-            "sharegpt-lengths",
-            "--num-prompts",
-            "3",
-            "--max-output-len",
-            "4",
             "--hf-model",
             str(tiny_model_dir),
-            "--hf-batch-size",
-            "2",
-            "--hf-dtype",
-            "float32",
             "--out-dir",
             str(out),
-            "--no-progress",
+            *flags.split(),
         ]
     )
     assert code == 0

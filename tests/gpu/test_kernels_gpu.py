@@ -2,7 +2,6 @@
 skipped without CUDA, so CI collects and skips them).
 
 Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu
-(or scripts/device/test_kernels_gpu.py, which runs exactly that).
 Thresholds (METHOD.md): relative L2 error vs an fp32 reference; fp32 kernels < 1e-4 (ieee dots),
 bf16/fp16 < 1e-2; NaN never passes; outputs are poisoned with NaN before each run.
 End to end: random small Llama and Qwen2; fp32 greedy ids of the triton backend (with CUDA graphs)
@@ -12,16 +11,12 @@ equal the torch backend's and transformers'; bf16 logits (teacher-forced) within
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "device"))
-
-from common import build_runner, capture_graphs, greedy_generate, hf_model
-
+from benchmarks.device.steps import build_runner, capture_graphs, greedy_generate, hf_model
+from benchmarks.shapes import decoder
 from tgi_compat.kernels.decode_attention import (
     NewTokenKV,
     choose_block_n,
@@ -325,9 +320,17 @@ def test_backend_compiles_every_mixed_step_decode_variant_at_start() -> None:
             kv_lens = torch.randint(1, 65, (batch,), device=DEV)
             rows = torch.randperm(max_rows, device=DEV)[:batch]
             backend.metadata = TritonAttentionMetadata(
-                True, req_to_token, rows, rows, kv_lens, kv_lens, rows[:0], 1, backend._num_splits(batch),
+                True,
+                req_to_token,
+                rows,
+                rows,
+                kv_lens,
+                kv_lens,
+                rows[:0],
+                1,
+                backend._num_splits(batch),
                 choose_block_n(batch, kv_heads, backend.num_sms),
-            )  # fmt: skip
+            )
             q = torch.randn(batch, heads, head_dim, device=DEV, dtype=dtype)
             out = backend.forward(q, *kv_cache, params[0])
             ref = decode_attention_ref(q, *kv_cache, req_to_token, rows, kv_lens, head_dim**-0.5)
@@ -474,8 +477,10 @@ def test_int4_gemv_split_k() -> None:
         128,
     )
     norm_weight = 1 + 0.1 * torch.randn(k, device=DEV, dtype=dtype)
-    cases = [(GemvConfig(block_n=4, block_k=1024, num_warps=1, num_stages=1, split_k=split_k), rows)
-             for split_k, rows in itertools.product((2, 4), (1, 8))]  # fmt: skip
+    cases = [
+        (GemvConfig(block_n=4, block_k=1024, num_warps=1, num_stages=1, split_k=split_k), rows)
+        for split_k, rows in itertools.product((2, 4), (1, 8))
+    ]
     cases += [
         (GemvConfig(block_n=16, block_k=2048, num_warps=2, split_k=split_k, one_row=True), 1) for split_k in (2, 4)
     ]
@@ -493,8 +498,9 @@ def test_int4_gemv_split_k() -> None:
         for _ in range(100):
             graph.replay()
             differ += not torch.equal(replayed, first)
-            differ += not torch.equal(gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res,
-                                           residual_out=summed, config=config), first)  # fmt: skip
+            differ += not torch.equal(
+                gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config), first
+            )
         check(f"gemv int4 {label}, {rows} rows: 200 launches differing from the first", differ, 0.5)
         check(f"gemv int4 {label} counters not zero", int(split_k_counters(x.device, 1).any()), 0.5)
 
@@ -534,37 +540,10 @@ def test_quantized_gemms_above_the_gemv_rows() -> None:
     check("FP8 GEMM split-K counters left at zero", 0.0 if zeros else float("inf"), 1e-12)
 
 
+TINY_FIELDS = dict(max_position_embeddings=1024, initializer_range=0.1, bos_token_id=None, eos_token_id=None)
 TINY = {
-    "llama": dict(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        max_position_embeddings=1024,
-        initializer_range=0.1,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=0,
-    ),
-    "qwen2": dict(
-        architectures=["Qwen2ForCausalLM"],
-        model_type="qwen2",
-        hidden_size=224,
-        intermediate_size=512,
-        num_hidden_layers=3,
-        num_attention_heads=7,
-        num_key_value_heads=1,
-        vocab_size=1200,
-        max_position_embeddings=1024,
-        initializer_range=0.1,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=0,
-    ),
+    "llama": decoder("LlamaForCausalLM", 256, 512, 4, 8, 2, 1000, pad_token_id=0, **TINY_FIELDS),
+    "qwen2": decoder("Qwen2ForCausalLM", 224, 512, 3, 7, 1, 1200, pad_token_id=0, **TINY_FIELDS),
 }
 
 

@@ -31,7 +31,7 @@ def test_fp8_gemm_matches_reference(num_rows: int, n: int, k: int, has_bias: boo
 
 
 def test_fp8_gemm_every_config_of_the_sweep_agrees():
-    """Tile shapes the GPU sweep tries (scripts/device/bench_fp8_gemm.py) compute the same product."""
+    """Tile shapes the GPU sweep tries (benchmarks/device/fp8_gemm.py) compute the same product."""
     gen = torch.Generator().manual_seed(1)
     x_q, x_scale = quant_per_token_ref(torch.randn(64, 256, generator=gen), torch.float8_e4m3fn)
     weight, weight_scale = quantize_weight_per_channel(torch.randn(128, 256, generator=gen))

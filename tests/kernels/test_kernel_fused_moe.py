@@ -92,7 +92,7 @@ def test_fused_moe_matches_reference(config, num_tokens, dtype):
     "launch,dtype", [("gemv_down", F32), ("grouped_up", F32), ("grouped_up", F16), ("grouped_down", F32)]
 )
 def test_each_launch_alone(launch, dtype):
-    """Each kernel as the first launch of its test (scripts/check_kernels_compile.py compiles only a
+    """Each kernel as the first launch of its test (benchmarks/compile_only.py compiles only a
     test's first launch), fed the torch alignment; fp32 against the loop's intermediate values."""
     gen = torch.Generator().manual_seed(3)
     num_tokens, num_experts, top_k, hidden, inter = 5, 4, 2, 48, 40

@@ -1,7 +1,7 @@
 """tgi_compat.kernels.l2_prefetch compiles for sm_90 to TMA bulk prefetches into L2 with the evict_last hint, one per thread.
 
 The interpreter has no counterpart of the instruction, so the kernel is compiled without a GPU (the compile-only
-driver of scripts/check_kernels_compile.py, in a process of its own); the GPU tests run it. Beside it: the helper that
+driver of benchmarks/compile_only.py, in a process of its own); the GPU tests run it. Beside it: the helper that
 forks it beside an all-reduce does nothing where it cannot run (CPU tensors, compute-bound widths).
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from scripts.check_kernels_compile import run_probe
+from benchmarks.compile_only import run_probe
 from tgi_compat.modeling.layers.weight_prefetch import PREFETCH_MAX_ROWS, weight_prefetched_beside
 
 PROBE = r"""
 import json, re, torch
-from check_kernels_compile import compiled_ptx, install_compile_only_driver
+from benchmarks.compile_only import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
 from tgi_compat.kernels import l2_prefetch as pf
 weight = torch.zeros(4096, 2048, dtype=torch.bfloat16)

@@ -4,16 +4,16 @@ Triton's interpreter rounds each op on its own, so the CPU tests cannot see what
 shrank the x-norm's rounded weight product and the residual add after it into one half-precision FMA, which
 rounds once where the unfused ops round twice (on the H100 the residual sum of norm_add_rmsnorm and of the
 GEMV's NORM_ADD_NORM prologue differed from the unfused ops' in about a third of its elements, by a bf16 ulp).
-Here both kernels are compiled for sm_90 without a GPU (scripts/check_kernels_compile.py's compile-only
+Here both kernels are compiled for sm_90 without a GPU (benchmarks/compile_only.py's compile-only
 driver, in a process of its own: this one runs the interpreter) and their PTX must hold no such FMA."""
 
 from __future__ import annotations
 
-from scripts.check_kernels_compile import run_probe
+from benchmarks.compile_only import run_probe
 
 PROBE = r"""
 import json, re, torch
-from check_kernels_compile import compiled_ptx, install_compile_only_driver
+from benchmarks.compile_only import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
 from tgi_compat.kernels import gemv, rmsnorm
 k, found = 3584, {}

@@ -4,18 +4,18 @@ Its peers' buffers come in as int64 addresses, so the compiler knows nothing of 
 unspecialized element count leaves the masks' divisibility unknown: compiled that way, every thread sent its 16
 elements to each peer as 16 two-byte stores (each warp instruction touching 32 sectors across NVLink) and polled
 them with 16 two-byte loads. The interpreter cannot show this, so here the kernel is compiled for sm_90 without a
-GPU (scripts/check_kernels_compile.py's compile-only driver, in a process of its own: this one runs the
+GPU (benchmarks/compile_only.py's compile-only driver, in a process of its own: this one runs the
 interpreter), and the loads of x, the stores to the peers and the polls of its own buffer must be 16-byte wide,
 in the sums, in the gather of vocab-parallel logits and in the sum fused with the residual add and RMSNorm.
 """
 
 from __future__ import annotations
 
-from scripts.check_kernels_compile import run_probe
+from benchmarks.compile_only import run_probe
 
 PROBE = r"""
 import json, re, torch
-from check_kernels_compile import compiled_ptx, install_compile_only_driver
+from benchmarks.compile_only import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
 from tgi_compat.kernels import one_shot_all_reduce as ar
 found = {}

@@ -92,7 +92,7 @@ def test_pushed_lookups_sum_to_the_tables_rows(world: int, dtype: torch.dtype, h
 
 PROBE = r"""
 import json, re, torch
-from check_kernels_compile import compiled_ptx, install_compile_only_driver
+from benchmarks.compile_only import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
 from tgi_compat.kernels import one_shot_all_reduce as ar, vocab_embedding as ve
 found = {}
@@ -110,9 +110,9 @@ print(json.dumps(found))
 
 
 def test_lookup_compiles_to_16_byte_loads_and_stores():
-    """Compiled for sm_90 (no GPU: scripts/check_kernels_compile.py), at Llama's hidden size the rows are read,
+    """Compiled for sm_90 (no GPU: benchmarks/compile_only.py), at Llama's hidden size the rows are read,
     stored and sent to the peers in 16-byte vectors: no two-byte access anywhere."""
-    from scripts.check_kernels_compile import run_probe
+    from benchmarks.compile_only import run_probe
 
     found = run_probe(PROBE)
     assert isinstance(found, dict) and len(found) == 4, found

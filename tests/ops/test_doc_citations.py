@@ -11,6 +11,7 @@ CODE_DIRS = [
     "benchmarks",
     "scripts",
     "docker",
+    "docs/benchmarks",  # BENCHMARKS.md's dated sections
 ]
 CODE_FILES = ["Dockerfile", "Makefile", "pyproject.toml", "README.md", "BENCHMARKS.md"]
 CITATION = re.compile(r"(docs/[\w-]+\.md) §")

@@ -1,33 +1,18 @@
-"""The soak's reading of TGI's OpenAPI document (scripts/soak.py `tgi_as_served`): what TGI answers must
+"""The soak's reading of TGI's OpenAPI document (benchmarks/soak/openapi.py `tgi_as_served`): what TGI answers must
 conform to it, and what TGI refuses must not be described as valid. Checked with schemathesis' own
 response validation, as the soak runs it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import requests
 import schemathesis
 from schemathesis.core.transport import Response
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script(name: str, path: Path) -> ModuleType:
-    """scripts/ is no package: load the soak and its hooks from their files."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _script("soak", ROOT / "scripts" / "soak.py")
-tgi_hooks = _script("tgi_hooks", ROOT / "scripts" / "soak_data" / "tgi_hooks.py")
+from benchmarks.soak import openapi as soak
+from benchmarks.soak import tgi_hooks
 
 # GET /info of a server launched with the soak's flags
 INFO = {

@@ -37,7 +37,7 @@ class Fp8GemmConfig(NamedTuple):
 
 # Most rows this kernel takes: at 128 rows `_scaled_mm` wins on the widest projection (BENCHMARKS.md).
 MAX_ROWS = 64
-# Measured best configs by (rows rounded up to a power of two, N, K): scripts/device/bench_fp8_gemm.py on an
+# Measured best configs by (rows rounded up to a power of two, N, K): benchmarks/device/fp8_gemm.py on an
 # H200, Llama-3-8B's q|k|v, o, gate|up and down projections (BENCHMARKS.md); other shapes take the heuristic below.
 TUNED: dict[tuple[int, int, int], Fp8GemmConfig] = {
     (16, 4096, 4096): Fp8GemmConfig(16, 32, 256, 4, 4, 1),

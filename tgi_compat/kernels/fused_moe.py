@@ -24,7 +24,7 @@ token's top_k experts and write the routed sum, so y and its reduction disappear
 
 Routing (`fused_route`): softmax, top-k and the optional renormalisation in one launch per step.
 
-Block sizes per token count come from `moe_config`: a table measured by scripts/device/tune_fused_moe.py
+Block sizes per token count come from `moe_config`: a table measured by benchmarks/device/tune_fused_moe.py
 on the GPU, keyed by (E, I, H, token bucket), else a rule of thumb.
 """
 

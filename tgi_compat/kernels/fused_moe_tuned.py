@@ -1,4 +1,4 @@
-"""Fused-MoE block sizes measured by scripts/device/tune_fused_moe.py; generated, do not edit by hand."""
+"""Fused-MoE block sizes measured by benchmarks/device/tune_fused_moe.py; generated, do not edit by hand."""
 
 from tgi_compat.kernels.fused_moe_configs import LaunchConfig, MoeConfig
 

@@ -729,7 +729,7 @@ class GemvConfig:
     one_row: bool = False
 
 
-# Best configs from scripts/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
+# Best configs from benchmarks/device/tune_gemv.py on an H200, bf16, for the projections of Llama-3-8B
 # and Qwen2-7B (key: N, K, prologue). None: the unfused pair (cuBLAS) was faster for that shape.
 TUNED: dict[tuple[int, int, int], GemvConfig | None] = {
     (6144, 4096, PROLOGUE_RMSNORM): GemvConfig(16, 512, 4, 2),
@@ -743,7 +743,7 @@ TUNED: dict[tuple[int, int, int], GemvConfig | None] = {
     (3584, 18944, PROLOGUE_SILU_MUL): None,
 }
 
-# Best 1-byte (FP8 / int8) configs at one row from scripts/device/bench_quant.py's sweep (key: N, K, prologue):
+# Best 1-byte (FP8 / int8) configs at one row from benchmarks/device/quant.py's sweep (key: N, K, prologue):
 # Llama-3-8B's shapes, H100, 2026-11-24 (BENCHMARKS.md, "Quantization, third pass"); the sweep prints this literal.
 TUNED_ROW_SCALED: dict[tuple[int, int, int], GemvConfig] = {
     (6144, 4096, PROLOGUE_RMSNORM): GemvConfig(block_n=16, num_stages=1),
@@ -783,7 +783,7 @@ def rule_of_thumb_config(k: int, prologue: int, weight_format: int = WEIGHT_DENS
     return fit_rows(config, num_rows)
 
 
-# Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweeps, keyed (N, K, prologue, rows of x
+# Best int4 configs (groups of 128) from benchmarks/device/quant.py's sweeps, keyed (N, K, prologue, rows of x
 # padded to a power of two): Llama-3-8B's shapes. The one-row entries run tgi_compat/kernels/gemv_int4_one_row.py's dp4a kernel
 # (`--parts int4_one_row`, H100, 2026-11-28, thirteenth session: q|k|v 8.7 us and gate|up 26.0 with their RMSNorms
 # as their own kernels, o 5.8, down 16.7 split 14 ways; the fastest in the decode step too, against 8 other mixes);
@@ -831,7 +831,7 @@ def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: in
 
 
 def int4_register_estimate(config: GemvConfig, num_rows: int, block_k: int | None = None) -> int:
-    """Registers a thread of the int4 kernel takes, estimated from sm_90 compiles (scripts/gemv_resources.py,
+    """Registers a thread of the int4 kernel takes, estimated from sm_90 compiles (benchmarks/gemv_resources.py,
     2026-11-24) for w words of the weight tile a thread holds. At one row with 1,024 features a warp (x's
     layout is the tile's) ~5 a word (16 words: 80, 32: 168). Otherwise ~4 a word for the tile and its
     products, plus ~4 a row of x for the accumulator, plus ~30 (16 words at one row: 128; 32: 255 and

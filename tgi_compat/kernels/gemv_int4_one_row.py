@@ -20,7 +20,7 @@ Each program owns `block_n` output rows and a K slice of `block_k * tiles` featu
   Why integers: an fp32 product a weight needs its nibble in its own register (a LOP3 a weight, and a shift
   for two), and the integer pipe that runs those issues at half the FMA rate. Compiled for sm_90 (Triton 3.6),
   gate|up's 16 x 4,096 tile took 1,800 instructions a thread, 830 of them on that pipe; with dp4a 1,160 and
-  about 470 (scripts/gemv_resources.py). On an H100 (BENCHMARKS.md, thirteenth session) that, with the row blocks
+  about 470 (benchmarks/gemv_resources.py). On an H100 (BENCHMARKS.md, thirteenth session) that, with the row blocks
   (8 to 32 rows a program) it makes the fastest, took the four Llama-3-8B GEMVs from 64.8 to 57.2 us a layer.
 
 K is split over `split_k` programs where N / block_n leaves SMs idle (tgi_compat.kernels.gemv._reduce_split_k adds them).

@@ -57,7 +57,7 @@ COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the 
 # development machine in 0.36 ms on one thread and 9.0 ms on two. So one thread fills up to
 # SINGLE_THREAD_FILL_ROWS rows, and larger batches up to 4 of the cores this process may run on (counted
 # from its affinity: xgrammar's "auto" reads the host's CPU count, and a container may see a fraction of it).
-# scripts/device/bench_grammar.py sweeps threads x rows and prints the crossover to set this from.
+# benchmarks/device/grammar.py sweeps threads x rows and prints the crossover to set this from.
 # At 64 rows the hosts disagreed (H100 host, 2026-11-24: 4 threads ahead in one sweep), and the engine's
 # own path on an H200 host (2026-11-27, interleaved runs) filled 64 rows in 0.59 / 0.53 ms on one thread
 # against 0.61 / 0.62 ms on four, and the whole mask cost 0.96 / 0.86 against 0.99 / 1.04 ms.

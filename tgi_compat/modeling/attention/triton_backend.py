@@ -34,7 +34,7 @@ from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
 
 MAX_DECODE_SPLITS = 64
 # Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
-# 512 (`bench_gpu.py --attn-variants`, BENCHMARKS.md). The fused rotary saves 45 us per step at batch 1
+# 512 (`bench_gpu.py --attn-variants`, docs/benchmarks/2026-11-22-serving.md, run J). The fused rotary saves 45 us per step at batch 1
 # and 15-70 us at 2-64 but costs 24-130 us at 128-256 (every program rotates its queries). Merged
 # splits save 18-30 us at batch 2-16 (batch >= 32 has one split); at batch 1 (dependent-launched chain,
 # tgi_compat/kernels/pdl.py) they measured the same as the two kernels (4.052 vs 4.046 ms with the fused rotary).

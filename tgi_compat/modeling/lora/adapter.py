@@ -69,7 +69,9 @@ def resolve_adapter_folder(source: str, revision: str | None = None) -> str:
             cache_dir=os.environ.get("HUGGINGFACE_HUB_CACHE") or None,
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, ValueError, OSError) as exc:
-        raise LoraAdapterError(f"LoRA adapter {source!r} is neither a local folder nor reachable on the hub: {exc}") from None
+        raise LoraAdapterError(
+            f"LoRA adapter {source!r} is neither a local folder nor reachable on the hub: {exc}"
+        ) from None
 
 
 def load_peft_adapter(name: str, source: str, revision: str | None = None) -> PeftAdapter:

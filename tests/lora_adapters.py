@@ -41,7 +41,7 @@ def write_random_adapter(
             block = "mlp" if projection in ("gate_proj", "up_proj", "down_proj") else "self_attn"
             prefix = f"base_model.model.model.layers.{layer}.{block}.{projection}"
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, size_in, generator=generator) / size_in**0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(size_out, rank, generator=generator) * 0.03 / rank**0.5
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(size_out, rank, generator=generator) * 0.2 / rank**0.5
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
     config = {

@@ -32,6 +32,8 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.greedy_pick",
     "tgi_compat.kernels.fp8_gemm",
     "tgi_compat.kernels.one_shot_all_reduce",
+    "tgi_compat.kernels.lora.shrink",
+    "tgi_compat.kernels.lora.expand",
     "tgi_compat.kernels.vocab_embedding",  # after tgi_compat.kernels.one_shot_all_reduce, whose send it binds
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "tgi_compat.modeling.attention.triton_backend",

@@ -115,6 +115,7 @@ class DecodeCudaGraphs:
     def can_run(self, batch: ForwardBatch) -> bool:
         return (
             batch.mode == ForwardMode.DECODE
+            and batch.lora is None  # LoRA steps run eager
             and 0 < batch.batch_size <= self.max_batch_size
             and batch.logits_indices.shape[0] <= batch.batch_size
         )

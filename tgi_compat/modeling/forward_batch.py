@@ -13,7 +13,7 @@ before attention, so K/V of every token, old and new, is reached through req_to_
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,15 @@ class ForwardMode(enum.Enum):
     EXTEND = enum.auto()  # every request brings >= 1 new token over a (maybe empty) cached prefix
     DECODE = enum.auto()  # every request brings exactly one token
     MIXED = enum.auto()  # both kinds in one step (chunked prefill beside decodes)
+
+
+@dataclass(slots=True)
+class LoraBatch:
+    """The adapters of a step with at least one LoRA row (tgi_compat/modeling/lora/)."""
+
+    slots: torch.Tensor  # [B] int64: each request's adapter slot, -1 for the base model
+    # (slot, adapter id): adapters the scheduler placed in a slot for this step, copied there before it runs
+    loads: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -46,6 +55,7 @@ class ForwardBatch:
     # the caller takes only each logits row's greedy choice (no sampling, processors, top-n or prompt scores): a
     # vocab-parallel runner may then answer with the choice (GreedyChoice) and never gather the logits
     greedy_only: bool = False
+    lora: LoraBatch | None = None  # None: every request runs on the base model (no LoRA work at all)
 
     @property
     def num_tokens(self) -> int:

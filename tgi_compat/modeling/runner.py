@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -34,6 +34,9 @@ from tgi_compat.modeling.source import ModelSource, resolve_model_source
 from tgi_compat.modeling.step_profiler import StepProfiler
 from tgi_compat.modeling.weights.lazy import LazyTensor
 from tgi_compat.modeling.weights.loader import iterate_weights, load_model_config
+
+if TYPE_CHECKING:
+    from tgi_compat.modeling.lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +77,9 @@ class RunnerConfig:
     # vLLM --load-format: "auto" reads the checkpoint; "dummy" makes random weights of its names and
     # shapes on the device (config.json and a tokenizer are all the folder needs)
     load_format: str = "auto"
+    # LoRA: adapter slots on the device (vLLM --max-loras; 0: LoRA off, no LoRA work anywhere) and their rank cap
+    max_loras: int = 0
+    max_lora_rank: int = 16
 
 
 class ModelRunner:
@@ -110,6 +116,7 @@ class ModelRunner:
         self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
         self.kv_dtype = _resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
+        self.lora = self._enable_lora() if cfg.max_loras else None
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
         self.step_sender: StepBroadcast | None = None
@@ -175,6 +182,8 @@ class ModelRunner:
         if self.step_sender is not None:
             self.step_sender.send(batch)
         write_cached_prefixes(self.req_to_token, batch)
+        if self.lora is not None:
+            self.lora.begin_step(batch)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
             logits = self.cuda_graphs.replay(batch)
         else:
@@ -227,6 +236,12 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return model.eval()
+
+    def _enable_lora(self) -> LoraManager:
+        from tgi_compat.modeling.lora.manager import LoraManager  # imports the kernels: see _build_model
+
+        with torch.device(self.device), _default_dtype(self.dtype):
+            return LoraManager(self.model, self.cfg.max_loras, self.cfg.max_lora_rank)
 
     def _attention_params(self) -> list[AttentionParams]:
         """The distinct per-layer attention switches of the native model (kernel variants follow them)."""

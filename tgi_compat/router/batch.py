@@ -22,7 +22,7 @@ from typing import cast
 
 import torch
 
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, build_forward_batch
 from tgi_compat.router import copy_streams
 from tgi_compat.router.step import StepPlan
 
@@ -50,8 +50,9 @@ def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
 
 
 class StepBatchBuilder:
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, lora_enabled: bool = False) -> None:
         self.device = torch.device(device)
+        self.lora_enabled = lora_enabled  # off: no step looks at adapters
         self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # B -> (arange, ones)
 
     def build(
@@ -63,8 +64,12 @@ class StepBatchBuilder:
         if not plan.cached_prefixes and all(
             c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None for c in plan.chunks
         ):
-            return self._build_decode(plan, previous_ids, rows)
-        return build_step_batch(plan, self.device, previous_ids, rows)
+            batch, layout = self._build_decode(plan, previous_ids, rows)
+        else:
+            batch, layout = build_step_batch(plan, self.device, previous_ids, rows)
+        if self.lora_enabled:
+            batch.lora = lora_batch(plan, self.device)
+        return batch, layout
 
     def _build_decode(
         self, plan: StepPlan, previous_ids: torch.Tensor | None, input_rows: InputRows
@@ -115,6 +120,14 @@ class StepBatchBuilder:
             arange = torch.arange(size, dtype=torch.int64, device=self.device)
             constants = self._constants[size] = (arange, torch.ones_like(arange))
         return constants
+
+
+def lora_batch(plan: StepPlan, device: torch.device) -> LoraBatch | None:
+    """Each request's adapter slot, or None when no request of the step has an adapter."""
+    slots = [chunk.request.lora_slot for chunk in plan.chunks]
+    if max(slots) < 0:
+        return None
+    return LoraBatch(upload([slots], device)[0], plan.lora_loads)
 
 
 def _inputs_are_previous_rows(input_rows: InputRows, previous_ids: torch.Tensor) -> bool:

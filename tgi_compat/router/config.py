@@ -5,6 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True, slots=True)
+class LoraSource:
+    """A LoRA adapter to load: its name in requests, and a local folder or hub id (at a revision)."""
+
+    name: str
+    source: str
+    revision: str | None = None
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model_id: str  # local folder, .gguf file, or hub id
@@ -41,3 +50,9 @@ class EngineConfig:
     # Reuse the KV of cached prompt prefixes (tgi_compat/router/prefix_cache.py): TGI PREFIX_CACHING, vLLM
     # --enable-prefix-caching, LightLLM --use_dynamic_prompt_cache.
     prefix_caching: bool = True
+    # LoRA (vLLM --enable-lora; TGI --lora-adapters): max_loras device slots (adapters in one step; 0: LoRA off),
+    # max_cpu_loras adapters loaded at once, ranks up to max_lora_rank; lora_adapters loaded at startup.
+    max_loras: int = 0
+    max_cpu_loras: int = 0
+    max_lora_rank: int = 16
+    lora_adapters: list[LoraSource] = field(default_factory=list)

@@ -29,13 +29,15 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tgi_compat.router.admission import AdmissionLimits
-from tgi_compat.router.client_api import EngineInfo
+from tgi_compat.router.client_api import EngineInfo, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_stats import EngineStatsTracker
 from tgi_compat.router.executor import LaunchedStep, StepExecutor
 from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.lora_registry import LoraRegistry
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest, Request
 from tgi_compat.router.runner_api import Runner
@@ -44,11 +46,14 @@ from tgi_compat.router.stats import EngineStats
 from tgi_compat.router.step import StepPlan, StepResult
 from tgi_compat.router.validation import validate_request
 
+if TYPE_CHECKING:
+    from tgi_compat.modeling.lora.manager import LoraManager
+
 logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, runner: Runner, model_config) -> None:
+    def __init__(self, config: EngineConfig, runner: Runner, model_config, lora: LoraManager | None = None) -> None:
         self.config = config
         self.info = engine_info(config, runner, model_config)
         limits = SchedulerLimits(
@@ -63,8 +68,10 @@ class EngineCore:
             waiting_served_ratio=config.waiting_served_ratio,
         )
         self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests, config.prefix_caching)
-        self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids))
-        self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device)
+        self.lora = None if lora is None else LoraRegistry(lora, config.max_cpu_loras, self._adapter_in_use)
+        lora_slots = None if self.lora is None else self.lora.slots
+        self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids), lora_slots)
+        self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device, self.lora is not None)
         self.stats = EngineStatsTracker(self.scheduler)
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
@@ -73,6 +80,8 @@ class EngineCore:
         self._pending_events: list[TokenEvent] = []  # final events of requests that never reached the scheduler
         self._rng = random.Random(config.seed)
         self._num_arrivals = 0
+        for adapter in config.lora_adapters:
+            self.load_adapter(adapter.name, adapter.source, adapter.revision)
 
     @classmethod
     def from_config(cls, config: EngineConfig, count_step: Callable[[], None] | None = None) -> EngineCore:
@@ -81,7 +90,7 @@ class EngineCore:
         from tgi_compat.router.model_loading import load_runner
 
         runner = load_runner(config, count_step=count_step)
-        return cls(config, runner, runner.model_config)
+        return cls(config, runner, runner.model_config, runner.lora)
 
     def close(self) -> None:
         """Release what the runner holds beyond this process (the other tensor-parallel ranks)."""
@@ -96,11 +105,29 @@ class EngineCore:
         if params.sampling.is_sampling:
             seed = params.sampling.seed if params.sampling.seed is not None else self._rng.getrandbits(64)
         request = Request(params, arrival=self._num_arrivals, seed=seed)
+        if params.adapter_id is not None:
+            if self.lora is None:
+                raise RequestRejectedError(f"LoRA adapter {params.adapter_id!r} is not loaded; LoRA is off")
+            request.lora_id = self.lora.resolve(params.adapter_id)
         self._num_arrivals += 1
         if params.grammar is not None:
             self._grammar_backend().submit(request)  # joins the scheduler once compiled
         else:
             self.scheduler.add(request)
+
+    def load_adapter(self, name: str, source: str, revision: str | None = None) -> None:
+        """Load a LoRA adapter while serving (ValueError, LoraAdapterError: the reason, nothing changed)."""
+        if self.lora is None:
+            raise ValueError("LoRA is off: start the server with --enable-lora or --lora-adapters")
+        self.lora.load(name, source, revision)
+
+    def unload_adapter(self, name: str) -> None:
+        if self.lora is None:
+            raise ValueError("LoRA is off: no adapter is loaded")
+        self.lora.unload(name)
+
+    def _adapter_in_use(self, adapter_id: int) -> bool:
+        return any(r.lora_id == adapter_id for r in self.scheduler.requests.values())
 
     def abort(self, request_id: str) -> None:
         if self.grammar is not None and (event := self.grammar.abort(request_id)) is not None:

@@ -98,11 +98,11 @@ class LaunchedStep:
 
 
 class StepExecutor:
-    def __init__(self, runner: Runner, vocab_size: int, device: torch.device | str) -> None:
+    def __init__(self, runner: Runner, vocab_size: int, device: torch.device | str, lora_enabled: bool = False) -> None:
         self.runner = runner
         self.device = torch.device(device)
         self.sampler = Sampler(vocab_size, self.device)
-        self.batch_builder = StepBatchBuilder(self.device)
+        self.batch_builder = StepBatchBuilder(self.device, lora_enabled)
         self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
         self.healer = None  # tgi_compat.router.token_healing.TokenHealer, set on the first healing request
         self.grammar = None  # tgi_compat.router.grammar.GrammarBackend, set on the first grammar request

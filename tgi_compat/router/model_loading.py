@@ -34,6 +34,8 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         cuda_graph_batch_sizes=config.cuda_graphs,
         max_prefill_tokens=config.max_batch_prefill_tokens,
         show_progress=False,
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)

@@ -87,6 +87,7 @@ class GenerateRequest:
     # Token healing: the healed prompt's removed text; generation is constrained until it is covered.
     healing_prefix: str | None = None
     grammar: GrammarSpec | None = None  # constrain the generated text (TGI's `grammar`)
+    adapter_id: str | None = None  # a loaded LoRA adapter's name; None: the base model
 
 
 @dataclass(slots=True, eq=False)
@@ -125,6 +126,8 @@ class Request:
     cached_prefix: PrefixMatch | None = None
     num_kv_written: int = 0
     num_cached_prompt_tokens: int = 0  # prompt tokens its first admission found cached (usage reports)
+    lora_id: int = 0  # its LoRA adapter's engine-wide id (never reused), 0: the base model
+    lora_slot: int = -1  # the device slot of its adapter while it runs (tgi_compat.router.lora_slots), -1: none
 
     @property
     def request_id(self) -> str:
@@ -168,6 +171,15 @@ class Request:
             return prompt[start:end]
         out_start = max(0, start - len(prompt))
         return prompt[start:] + self.output_ids[out_start : end - len(prompt)]
+
+    def cache_ids(self, end: int) -> list[int]:
+        """Ids of positions [0, end) as the prefix cache keys them: under an adapter, tagged with its id above
+        the vocabulary (bit 32 up), so that one prompt under two adapters (or the base) never shares K/V."""
+        ids = self.token_ids(0, end)
+        if not self.lora_id:
+            return ids
+        tag = self.lora_id << 32
+        return [tag + token for token in ids]
 
     @property
     def needs_prompt_logprobs(self) -> bool:

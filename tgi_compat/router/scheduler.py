@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from tgi_compat.router.admission import AdmissionLimits, RequestTokens, can_admit
 from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.lora_slots import LoraSlots
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.prefix_cache import PrefixCache, common_prefix_length
 from tgi_compat.router.request import FinishReason, Request, RequestStatus
@@ -67,8 +68,15 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, pool: KVSlotPool, limits: SchedulerLimits, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        pool: KVSlotPool,
+        limits: SchedulerLimits,
+        eos_token_ids: frozenset[int],
+        lora_slots: LoraSlots | None = None,  # None: LoRA off
+    ) -> None:
         self.pool = pool
+        self.lora_slots = lora_slots
         self.limits = limits
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[Request] = deque()
@@ -214,6 +222,12 @@ class Scheduler:
                 self._release(request)  # gives back a cached prefix it took
                 request.num_computed_tokens = 0
                 return
+            if request.lora_id and not self._place_adapter(request, plan):
+                pool.free(slots)
+                pool.free_row(row)
+                self._release(request)
+                request.num_computed_tokens = 0
+                return  # every adapter slot is held by other adapters' running requests
             del waiting[index]
             self._decode_steps_since_admission = 0
             request.row, request.status = row, RequestStatus.RUNNING
@@ -226,6 +240,16 @@ class Scheduler:
             chunk = self._chunk(request, num_new, slots)
             plan.chunks.append(chunk)
             budget -= _prefill_tokens(chunk)
+
+    def _place_adapter(self, request: Request, plan: StepPlan) -> bool:
+        assert self.lora_slots is not None  # the engine takes no LoRA request without them
+        placed = self.lora_slots.acquire(request.lora_id)
+        if placed is None:
+            return False
+        request.lora_slot, is_new = placed
+        if is_new:
+            plan.lora_loads.append((request.lora_slot, request.lora_id))
+        return True
 
     def _is_deferred(self, request: Request) -> bool:
         """True while a running request is prefilling a long prefix of `request`'s prompt that is not
@@ -240,6 +264,8 @@ class Scheduler:
                 return True
         prompt = request.params.prompt_ids
         for sibling in self._prefilling:
+            if sibling.lora_id != request.lora_id:
+                continue  # its K/V is cached under another adapter
             published, sibling_prompt = sibling.num_kv_written, sibling.params.prompt_ids
             if (
                 published >= len(prompt) - 1
@@ -259,7 +285,7 @@ class Scheduler:
         request.num_kv_written = 0
         if request.needs_prompt_logprobs:
             return
-        prefix = self.pool.take_cached_prefix(request.token_ids(0, request.num_tokens - 1))
+        prefix = self.pool.take_cached_prefix(request.cache_ids(request.num_tokens - 1))
         if prefix is not None:
             request.cached_prefix, request.slots = prefix, list(prefix.slots)
             request.num_computed_tokens = request.num_kv_written = prefix.num_tokens
@@ -397,7 +423,7 @@ class Scheduler:
         """Cache the tokens of a running request whose K/V completed steps wrote (each prefill chunk,
         then its whole prompt), so that requests sharing them (n / best_of siblings, a common system
         prompt) hit while this one still runs."""
-        tokens = request.token_ids(0, request.num_kv_written)
+        tokens = request.cache_ids(request.num_kv_written)
         request.cached_prefix = self.pool.share_running(tokens, request.slots, request.cached_prefix)
 
     def _release(self, request: Request) -> None:
@@ -408,9 +434,13 @@ class Scheduler:
                 self._prefilling.remove(request)
             prefix = request.cached_prefix
             num_cached = max(min(request.num_kv_written, len(request.slots)), prefix.num_tokens if prefix else 0)
-            self.pool.cache_and_free(request.token_ids(0, num_cached), request.slots, prefix)
+            self.pool.cache_and_free(request.cache_ids(num_cached), request.slots, prefix)
             request.cached_prefix, request.num_kv_written = None, 0
         request.slots = []
+        if request.lora_slot >= 0:
+            assert self.lora_slots is not None  # a slot was taken from them
+            self.lora_slots.release(request.lora_slot)
+            request.lora_slot = -1
         if request.row is not None:
             self.pool.free_row(request.row)
             request.row = None
@@ -427,7 +457,7 @@ def _has_a_short_cached_prefill(cache: PrefixCache, request: Request) -> bool:
     if request.output_ids or request.needs_prompt_logprobs:
         return False
     prompt = request.params.prompt_ids
-    num_cached = min(cache.matched_length(prompt), len(prompt) - 1)
+    num_cached = min(cache.matched_length(request.cache_ids(len(prompt))), len(prompt) - 1)
     num_new = len(prompt) - num_cached
     return num_new <= min(num_cached, MAX_UNHELD_PREFILL_TOKENS)
 

@@ -43,6 +43,8 @@ class StepPlan:
     # Prefix-cache hits of requests admitted this step: (req_to_token row, slots of positions 0..),
     # written into the row before the forward (their K/V is cached, so they are not computed).
     cached_prefixes: list[tuple[int, list[int]]] = field(default_factory=list)
+    # (slot, adapter id): LoRA adapters placed in a device slot for this step's new requests
+    lora_loads: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.config import EngineConfig, LoraSource
 
 
 def default_model_id() -> str:
@@ -33,7 +33,12 @@ class ServerConfig:
     rope_scaling: str | None = None
     rope_factor: float | None = None
     tokenizer_config_path: str | None = None
-    lora_adapters: str | None = None
+    lora_adapters: str | None = None  # TGI: id[@revision] or name=path, comma separated
+    enable_lora: bool = False  # vLLM: serve LoRA adapters (implied by any adapter flag)
+    lora_modules: list[str] = field(default_factory=list)  # vLLM / AIAK: name=path or JSON, one per entry
+    max_loras: int | None = None  # adapters in one step (device slots); None: as many as startup adapters, >= 1
+    max_cpu_loras: int | None = None  # adapters loaded at once; None: max(max_loras, startup adapters, 8)
+    max_lora_rank: int | None = None  # None: vLLM's 16, or 64 with TGI's --lora-adapters (TGI has no cap)
     huggingface_hub_cache: str | None = None
     weights_cache_override: str | None = None
     disable_custom_kernels: bool = False
@@ -131,11 +136,32 @@ class ServerConfig:
             prefix_caching=self.prefix_caching,
             overlap_scheduling=self.overlap_scheduling,
         )
+        self._lora_into(engine)
         if self.max_batch_prefill_tokens is not None:
             engine.max_batch_prefill_tokens = self.max_batch_prefill_tokens
         if self.max_batch_size is not None:
             engine.max_running_requests = self.max_batch_size
         return engine
+
+    @property
+    def lora_sources(self) -> list[LoraSource]:
+        from tgi_compat.api.cli.lora_flags import parse_lora_module, parse_tgi_lora_adapters
+
+        tgi = parse_tgi_lora_adapters(self.lora_adapters) if self.lora_adapters else []
+        return tgi + [parse_lora_module(module) for module in self.lora_modules]
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_adapters) or bool(self.lora_modules)
+
+    def _lora_into(self, engine: EngineConfig) -> None:
+        if not self.lora_enabled:
+            return
+        sources = self.lora_sources
+        engine.lora_adapters = sources
+        engine.max_loras = self.max_loras or max(1, len(sources))
+        engine.max_cpu_loras = self.max_cpu_loras or max(engine.max_loras, len(sources), 8)
+        engine.max_lora_rank = self.max_lora_rank or (64 if self.lora_adapters else 16)
 
 
 @dataclass(frozen=True, slots=True)

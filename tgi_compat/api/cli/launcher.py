@@ -131,7 +131,17 @@ FLAGS: tuple[Flag, ...] = (
     Flag("disable-grammar-support", "Refuse grammar-constrained requests."),
     Flag("env", "Print the runtime environment at startup.", short="e"),
     Flag("max-client-batch-size", "Most prompts in one /v1/completions request.", int, 4),
-    Flag("lora-adapters", "LoRA adapters to load (comma list).", str),
+    Flag(
+        "lora-adapters",
+        "LoRA adapters to load at startup: comma list of hub ids (id@revision) or name=/local/folder (PEFT format). "
+        "Requests pick one by `parameters.adapter_id` or the OpenAI `model`.",
+        str,
+    ),
+    Flag("enable-lora", "Serve LoRA adapters (vLLM); implied by --lora-adapters and --lora-modules."),
+    Flag("lora-modules", "vLLM/AIAK: LoRA adapters to load, name=path or JSON {\"name\", \"path\"} (repeatable).", str, repeatable=True),
+    Flag("max-loras", "Most LoRA adapters in one batch (device slots). Default: the startup adapters, at least 1.", int),
+    Flag("max-cpu-loras", "Most LoRA adapters loaded at once (host memory). Default: max(--max-loras, 8).", int),
+    Flag("max-lora-rank", "Largest LoRA rank served. Default: 16 (64 with --lora-adapters).", int),
     Flag("usage-stats", "Usage statistics: on, off or no-stack (none are ever sent).", _choice("on", "off", "no-stack"), "on"),
     Flag("payload-limit", "Largest request body in bytes.", int, 2_000_000),
     Flag("enable-prefill-logprobs", "Return prompt logprobs in `details.prefill` (decoder_input_details)."),
@@ -263,8 +273,24 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
     values["quantize"] = _quantize_value(values.pop("quantization"), values["quantize"])
     values["model_id"] = values["model_id"] or default_model_id()
     values["cors_allow_origin"] = values["cors_allow_origin"] or []
+    values["lora_modules"] = values["lora_modules"] or []
     values["eos_token_ids"] = values["eos_token_ids"] or []
-    return ServerConfig(**values)
+    config = ServerConfig(**values)
+    _check_lora(config)
+    return config
+
+
+def _check_lora(config: ServerConfig) -> None:
+    from tgi_compat.api.cli.lora_flags import LoraFlagError
+
+    if not config.lora_enabled:
+        return
+    if config.num_shard > 1:
+        raise LauncherError("LoRA adapters are not served with --num-shard > 1 yet: run one shard per replica")
+    try:
+        config.lora_sources  # noqa: B018 - parsed here so that a bad flag stops the launcher, not the engine
+    except LoraFlagError as exc:
+        raise LauncherError(str(exc)) from None
 
 
 def _quantize_value(quantization: str | None, quantize: str | None) -> str | None:
@@ -282,7 +308,6 @@ def _quantize_value(quantization: str | None, quantize: str | None) -> str | Non
 _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
     "--speculate": lambda c: c.speculate is not None,
     "--rope-scaling/--rope-factor": lambda c: c.rope_scaling is not None or c.rope_factor is not None,
-    "--lora-adapters": lambda c: c.lora_adapters is not None,
     "--watermark-gamma/--watermark-delta": lambda c: c.watermark_gamma is not None or c.watermark_delta is not None,
     "--waiting-served-ratio": lambda c: c.waiting_served_ratio != 0.3,
     "--weights-cache-override": lambda c: c.weights_cache_override is not None,

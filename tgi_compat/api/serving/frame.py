@@ -69,9 +69,19 @@ async def validate_request(
         or features.all_prompt_logprobs,
         features=features,
         grammar=grammar_spec,
+        adapter_id=requested_adapter(state, params.adapter_id),
     )
     accounting.validated(state, request)
     return request
+
+
+def requested_adapter(state: AppState, adapter_id: str | None) -> str | None:
+    """The LoRA adapter a request names; None for the base model: no adapter named, the served model's own
+    names, or LoRA off (TGI's behaviour, which ignores an unknown adapter; with LoRA on the engine refuses one)."""
+    if adapter_id is None or not state.config.lora_enabled:
+        return None
+    base_names = {state.model.model_id, state.config.model_id, state.config.served_model_name}
+    return None if adapter_id in base_names else adapter_id
 
 
 @dataclass(slots=True)

@@ -143,6 +143,7 @@ class ValidatedRequest:
     prompt_logprobs: bool  # fill `details.prefill`
     features: RequestFeatures | None = None  # LightLLM's truncation / healing / prompt logprobs
     grammar: GrammarSpec | None = None  # what the generated text must match
+    adapter_id: str | None = None  # the LoRA adapter to run under (None: the base model)
 
     @property
     def input_length(self) -> int:
@@ -181,6 +182,7 @@ class ValidatedRequest:
             max_new_tokens=self.max_new_tokens,
             prompt_logprobs=self.prompt_logprobs,
             grammar=self.grammar,
+            adapter_id=self.adapter_id,
         )
         if self.features is not None:
             self.features.apply_to(request)

@@ -1,0 +1,61 @@
+"""LoRA shrink and expand against their torch references: mixed slots, base tokens between them, idle slots,
+ranks padded to the max, a fused projection's slices, and no LoRA token at all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
+from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+from tgi_compat.modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.lora.step import build_lora_step
+
+MAX_LORAS = 4
+
+
+def _step(request_slots: list[int], q_lens: list[int]):
+    total = sum(q_lens)
+    batch = build_forward_batch([0] * total, list(range(len(q_lens))), q_lens, q_lens, list(range(total)), [0])
+    return build_lora_step(batch, torch.tensor(request_slots), MAX_LORAS)
+
+
+def test_segments_sort_tokens_by_slot_and_leave_base_tokens_out():
+    step = _step([2, -1, 0, 2], [2, 3, 1, 2])  # tokens 0-1 slot 2, 2-4 base, 5 slot 0, 6-7 slot 2
+    assert step.seg_len.tolist() == [1, 0, 4, 0]
+    assert step.seg_start.tolist() == [0, 1, 1, 5]
+    assert step.token_order[:5].tolist() == [5, 0, 1, 6, 7]
+
+
+@pytest.mark.parametrize(
+    "request_slots, q_lens",
+    [([2, -1, 0, 2], [2, 3, 1, 2]), ([1, 1, 1], [1, 1, 1]), ([-1, -1], [4, 1]), ([3, 0, 1, 2, -1], [17, 1, 5, 1, 2])],
+)
+def test_shrink_and_expand_match_their_references(request_slots, q_lens):
+    torch.manual_seed(0)
+    step = _step(request_slots, q_lens)
+    num_tokens, size_in, rank, slices = sum(q_lens), 40, 24, [(0, 48), (48, 16), (64, 16)]  # q|k|v-like
+    x = torch.randn(num_tokens, size_in)
+    a = torch.randn(MAX_LORAS, len(slices) * rank, size_in)
+    a[1, 8:rank] = 0  # slot 1 holds a rank-8 adapter, zero-padded
+    b = torch.randn(MAX_LORAS, 80, rank)
+    shrunk = lora_shrink(x, a, step.token_order, step.seg_start, step.seg_len)
+    ref = lora_shrink_ref(x, a, step.token_order, step.seg_start, step.seg_len)
+    num_lora = int(step.seg_len.sum())
+    torch.testing.assert_close(shrunk[:num_lora], ref[:num_lora], rtol=1e-4, atol=1e-4)
+    base = torch.randn(num_tokens, 80)
+    out, out_ref = base.clone(), base.clone()
+    for index, (start, size) in enumerate(slices):
+        lora_expand(out, ref, b, step.token_order, step.seg_start, step.seg_len, index * rank, start, size)
+        lora_expand_ref(out_ref, ref, b, step.token_order, step.seg_start, step.seg_len, index * rank, start, size)
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
+    is_base = torch.tensor([s < 0 for s, n in zip(request_slots, q_lens) for _ in range(n)])
+    assert torch.equal(out[is_base], base[is_base])  # base rows untouched
+    # the definition, token by token
+    slot_of = [s for s, n in zip(request_slots, q_lens) for _ in range(n)]
+    for token, slot in enumerate(slot_of):
+        if slot >= 0:
+            for index, (start, size) in enumerate(slices):
+                a_part, b_part = a[slot, index * rank : (index + 1) * rank], b[slot, start : start + size]
+                expected = base[token, start : start + size] + b_part @ (a_part @ x[token])
+                torch.testing.assert_close(out_ref[token, start : start + size], expected, rtol=1e-4, atol=1e-4)

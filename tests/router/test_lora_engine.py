@@ -1,0 +1,124 @@
+"""LoRA through the real engine on the embedded SmolLM2: adapters in batches beside base rows (alone, batched,
+chunked with overlap scheduling, more adapters than slots), the prefix cache keyed by adapter, and adapters
+loaded, unloaded, unknown and malformed while it serves."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from smollm2_cases import SMOLLM2_PROMPTS, smollm2_engine_config
+
+from tests.lora_adapters import write_smollm2_adapter
+from tgi_compat.modeling.lora.adapter import LoraAdapterError
+from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.config import LoraSource
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.request import GenerateRequest
+
+MAX_NEW = 4
+PROMPT = SMOLLM2_PROMPTS[8] + SMOLLM2_PROMPTS[5]
+LOGPROBS: dict[str, list[float]] = {}  # every run's, by request id
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora-engine")
+    return {name: write_smollm2_adapter(root / name, rank, seed=10 + i) for i, (name, rank) in enumerate(
+        {"a1": 8, "a2": 16, "a3": 16}.items())}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine(folders) -> EngineCore:
+    config = smollm2_engine_config(
+        max_loras=2,  # three adapters over two slots: one waits for a slot now and then
+        max_cpu_loras=4,
+        max_lora_rank=16,
+        lora_adapters=[LoraSource(name, str(folder)) for name, folder in folders.items()],
+    )
+    return EngineCore.from_config(config)
+
+
+def run(engine: EngineCore, requests: list[tuple[list[int], str | None]], tag: str) -> list[tuple[list[int], int]]:
+    """Every (prompt, adapter) at once to completion: (tokens, prompt tokens found cached) in request order."""
+    for i, (prompt, adapter) in enumerate(requests):
+        engine.add_request(
+            GenerateRequest(f"{tag}{i}", prompt, max_new_tokens=MAX_NEW, ignore_eos=True, adapter_id=adapter)
+        )
+    tokens: dict[str, list[int]] = {}
+    cached: dict[str, int] = {}
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens.setdefault(event.request_id, []).extend(event.token_ids)
+            LOGPROBS.setdefault(event.request_id, []).extend(event.logprobs)
+            cached[event.request_id] = cached.get(event.request_id, 0) + event.num_cached_tokens
+    assert engine.pool.num_used_slots == engine.pool.num_shared_slots  # (only the cache holds slots)
+    return [(tokens[f"{tag}{i}"], cached[f"{tag}{i}"]) for i in range(len(requests))]
+
+
+@pytest.fixture(scope="module")
+def alone(engine) -> dict[str | None, list[int]]:
+    engine.pool.flush_prefix_cache()
+    return {
+        adapter: run(engine, [(SMOLLM2_PROMPTS[0], adapter)], f"alone-{adapter}-")[0][0]
+        for adapter in (None, "a1", "a2", "a3")
+    }
+
+
+def test_adapters_change_the_answer(alone):
+    assert len({tuple(tokens) for tokens in alone.values()}) > 1
+    base = LOGPROBS["alone-None-0"]
+    for adapter in ("a1", "a2", "a3"):
+        assert max(abs(a - b) for a, b in zip(LOGPROBS[f"alone-{adapter}-0"], base)) > 1e-2, adapter
+
+
+@pytest.mark.parametrize("chunked_overlapped", [False, True], ids=["plain", "overlap-chunked"])
+def test_mixed_batches_equal_each_row_alone(engine, alone, chunked_overlapped):
+    limits = engine.scheduler.limits
+    if chunked_overlapped:  # prompts in 3-token chunks beside decodes, the next step scheduled before the last ends
+        engine.overlap_scheduling = True
+        engine.scheduler.limits = dataclasses.replace(limits, max_batch_prefill_tokens=3)
+    try:
+        adapters = [None, "a1", "a2", "a3", "a1", None, "a3", "a2"]
+        outputs = run(engine, [(SMOLLM2_PROMPTS[0], a) for a in adapters], f"mixed-{chunked_overlapped}-")
+        assert [tokens for tokens, _ in outputs] == [alone[a] for a in adapters]
+    finally:
+        engine.overlap_scheduling, engine.scheduler.limits = False, limits
+
+
+def test_prefix_cache_is_keyed_by_adapter(engine):
+    engine.pool.flush_prefix_cache()
+    ((_, first),) = run(engine, [(PROMPT, None)], "pc-base-")
+    ((_, under_a1),) = run(engine, [(PROMPT, "a1")], "pc-a1-")
+    ((_, again_a1),) = run(engine, [(PROMPT, "a1")], "pc-a1-again-")
+    ((_, under_a2),) = run(engine, [(PROMPT, "a2")], "pc-a2-")
+    assert first == 0 and under_a1 == 0 and under_a2 == 0
+    assert again_a1 == len(PROMPT) - 1
+
+
+def test_unknown_malformed_load_and_unload(engine, folders, tmp_path, alone):
+    with pytest.raises(RequestRejectedError, match="'nope' is not loaded; loaded: a1, a2, a3"):
+        engine.add_request(GenerateRequest("unknown", [1, 2], adapter_id="nope"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_dora": true}')
+    with pytest.raises(LoraAdapterError, match="use_dora"):
+        engine.load_adapter("broken", str(broken))
+    big = write_smollm2_adapter(tmp_path / "big", 32, seed=3)
+    with pytest.raises(LoraAdapterError, match="rank 32 > --max-lora-rank 16"):
+        engine.load_adapter("big", str(big))
+    # a request of a1 is queued when a1 is unloaded: it still finishes under a1; new ones are refused
+    engine.add_request(
+        GenerateRequest("before-unload", SMOLLM2_PROMPTS[0], max_new_tokens=MAX_NEW, ignore_eos=True, adapter_id="a1")
+    )
+    engine.unload_adapter("a1")
+    with pytest.raises(RequestRejectedError, match="loaded: a2, a3"):
+        engine.add_request(GenerateRequest("after-unload", [1, 2], adapter_id="a1"))
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens += event.token_ids
+    assert tokens == alone["a1"]
+    engine.load_adapter("a1-again", str(folders["a1"]))
+    assert run(engine, [(SMOLLM2_PROMPTS[0], "a1-again")], "reloaded-")[0][0] == alone["a1"]
+    assert run(engine, [(SMOLLM2_PROMPTS[0], None)], "base-after-")[0][0] == alone[None]

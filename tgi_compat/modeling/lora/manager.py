@@ -1,0 +1,93 @@
+"""LoRA on a built model: slot buffers beside every adapted projection, the adapters held in host memory, and
+each step's segments.
+
+The router owns slot numbers (which adapter sits in which of the --max-loras slots, tgi_compat.router.lora_slots);
+this side owns the tensors: a step's ForwardBatch.lora names the adapters to copy into their new slots and
+each request's slot, and begin_step turns that into the step's LoraStep.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tgi_compat.modeling.forward_batch import ForwardBatch
+from tgi_compat.modeling.layers.linear import Linear
+from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule, PeftAdapter
+from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
+from tgi_compat.modeling.lora.step import build_lora_step
+from tgi_compat.modeling.lora.weights import LoraWeights
+from tgi_compat.modeling.models.base import CausalLM
+from tgi_compat.modeling.models.decoder import DecoderForCausalLM
+from tgi_compat.modeling.models.llama import LlamaMLP
+
+_ATTENTION = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
+_MLP = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+
+class LoraManager:
+    def __init__(self, model: CausalLM, max_loras: int, max_rank: int) -> None:
+        if not isinstance(model, DecoderForCausalLM):
+            raise ValueError(f"LoRA adapters need a native model family; {type(model).__name__} is not one")
+        self.max_loras = max_loras
+        self.max_rank = max_rank
+        self.context = LoraContext()
+        self.adapters: dict[int, PeftAdapter] = {}  # adapter id -> its host copy
+        self.targets: dict[Linear, LoraWeights] = {}
+        # per layer: projection name (q_proj, ...) -> the weights that hold it
+        self.layers: list[dict[str, LoraWeights]] = []
+        layers = list(model.model.decoder_layers)
+        ops = lora_layer_ops(layers[0].ops, self.context, self.targets)
+        for layer in layers:
+            groups = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj}
+            layer.ops = layer.self_attn.ops = ops
+            if isinstance(layer.mlp, LlamaMLP):  # other feed-forwards (GeGLU, experts) take no LoRA
+                groups |= {"gate_up_proj": layer.mlp.gate_up_proj, "down_proj": layer.mlp.down_proj}
+                layer.mlp.ops = ops
+            by_projection: dict[str, LoraWeights] = {}
+            for group, proj in groups.items():
+                names = (_ATTENTION | _MLP)[group]
+                self.targets[proj] = weights = LoraWeights(proj, names, max_loras, max_rank)
+                by_projection |= dict.fromkeys(names, weights)
+            self.layers.append(by_projection)
+
+    def add(self, adapter_id: int, adapter: PeftAdapter) -> None:
+        """Check an adapter against the model (LoraAdapterError) and keep it in host memory."""
+        for layer, modules in _by_layer(adapter).items():
+            if layer >= len(self.layers):
+                raise LoraAdapterError(
+                    f"LoRA adapter {adapter.name!r} has layer {layer}; the model has {len(self.layers)}"
+                )
+            unsupported = set(modules) - set(self.layers[layer])
+            if unsupported:
+                raise LoraAdapterError(
+                    f"LoRA adapter {adapter.name!r}: this model family takes no LoRA on {', '.join(sorted(unsupported))}"
+                )
+            for weights in dict.fromkeys(self.layers[layer].values()):
+                weights.check(adapter.name, layer, modules)
+        self.adapters[adapter_id] = adapter
+
+    def remove(self, adapter_id: int) -> None:
+        self.adapters.pop(adapter_id, None)
+
+    def begin_step(self, batch: ForwardBatch) -> None:
+        """Copy the adapters newly placed in a slot, then set the step's segments (None: no LoRA row)."""
+        if batch.lora is None:
+            self.context.step = None
+            return
+        for slot, adapter_id in batch.lora.loads:
+            self._write(slot, self.adapters[adapter_id])
+        self.context.step = build_lora_step(batch, batch.lora.slots, self.max_loras)
+
+    def _write(self, slot: int, adapter: PeftAdapter) -> None:
+        by_layer = _by_layer(adapter)
+        for layer, weights_by_projection in enumerate(self.layers):
+            modules = by_layer.get(layer, {})
+            for weights in dict.fromkeys(weights_by_projection.values()):
+                weights.write(slot, modules)
+
+
+def _by_layer(adapter: PeftAdapter) -> dict[int, dict[str, LoraModule]]:
+    layers: dict[int, dict[str, LoraModule]] = defaultdict(dict)
+    for (layer, projection), module in adapter.modules.items():
+        layers[layer][projection] = module
+    return layers

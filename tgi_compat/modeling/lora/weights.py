@@ -1,0 +1,89 @@
+"""One projection's LoRA weights for every adapter slot, in device buffers beside the base layer.
+
+A fused projection (q|k|v, gate|up) has one slice per part: slice s owns rows s*R .. (s+1)*R of the stacked A
+(R = --max-lora-rank; an adapter of rank r fills the first r, the rest stay zero) and its own output columns of B.
+Under tensor parallelism A and B are cut like the base layer: a column-parallel layer keeps its rows of each
+part's B, a row-parallel one its columns of A (its partial output then joins the base's partial sum).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
+from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+from tgi_compat.modeling.layers.linear import Linear
+from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule
+from tgi_compat.modeling.lora.step import LoraStep
+from tgi_compat.modeling.parallel import Slice
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSlice:
+    projection: str  # the checkpoint's name of this part (q_proj, gate_proj, ...)
+    full_out: int  # the checkpoint's output size of the part
+    rows: Slice  # the part's output rows this rank keeps
+    out_start: int  # where they start in the layer's (this rank's) output
+
+
+class LoraWeights:
+    def __init__(self, proj: Linear, projections: tuple[str, ...], max_loras: int, max_rank: int) -> None:
+        self.max_rank = max_rank
+        self.full_in = proj.full_in_features
+        self.in_columns = proj.in_slice  # row-parallel: this rank's columns of A
+        slices, start = [], 0
+        for index, projection in enumerate(projections):
+            full_out = proj.full_out_sizes[index]
+            rows = proj.part_slices[index] if proj.part_slices is not None else Slice(0, full_out)
+            slices.append(LoraSlice(projection, full_out, rows, start))
+            start += rows.size
+        self.slices = tuple(slices)
+        # made under the runner's device and dtype (the model's, even over a quantized base)
+        self.a = torch.zeros(max_loras, len(slices) * max_rank, proj.in_features)
+        self.b = torch.zeros(max_loras, proj.out_features, max_rank)
+
+    def check(self, adapter: str, layer: int, modules: dict[str, LoraModule]) -> None:
+        """Raise LoraAdapterError where an adapter's pair for this projection does not fit it."""
+        for part in self.slices:
+            module = modules.get(part.projection)
+            if module is None:
+                continue
+            where = f"layers.{layer}.{part.projection}"
+            if module.rank > self.max_rank:
+                raise LoraAdapterError(
+                    f"LoRA adapter {adapter!r}: {where} has rank {module.rank} > --max-lora-rank {self.max_rank}"
+                )
+            expected = (self.full_in, part.full_out)
+            if (module.a.shape[1], module.b.shape[0]) != expected:
+                raise LoraAdapterError(
+                    f"LoRA adapter {adapter!r}: {where} maps {module.a.shape[1]} -> {module.b.shape[0]} features, "
+                    f"the model's {expected[0]} -> {expected[1]} (an adapter for another base model?)"
+                )
+
+    def write(self, slot: int, modules: dict[str, LoraModule]) -> None:
+        """Put one adapter's (checked) pairs into `slot`, this rank's cut of them; parts it lacks stay zero."""
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+        rank_cap = self.max_rank
+        for index, part in enumerate(self.slices):
+            module = modules.get(part.projection)
+            if module is None:
+                continue
+            a = module.a if self.in_columns is None else module.a[:, self.in_columns.start : self.in_columns.end]
+            b = module.b[part.rows.start : part.rows.end]
+            self.a[slot, index * rank_cap : index * rank_cap + module.rank].copy_(a)
+            self.b[slot, part.out_start : part.out_start + part.rows.size, : module.rank].copy_(b)
+
+    def add_to(self, out: torch.Tensor, x: torch.Tensor, step: LoraStep) -> torch.Tensor:
+        """out [T, out] += each LoRA row's x @ A^T @ B^T (rows without an adapter unchanged); returns out."""
+        on_gpu = x.is_cuda
+        shrink, expand = (lora_shrink, lora_expand) if on_gpu else (lora_shrink_ref, lora_expand_ref)
+        shrunk = shrink(x, self.a, step.token_order, step.seg_start, step.seg_len)
+        for index, part in enumerate(self.slices):
+            expand(
+                out, shrunk, self.b, step.token_order, step.seg_start, step.seg_len,
+                index * self.max_rank, part.out_start, part.rows.size,
+            )  # fmt: skip
+        return out

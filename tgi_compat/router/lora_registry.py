@@ -1,0 +1,68 @@
+"""The engine's LoRA adapters by name: loaded at startup or while serving, unloaded, and resolved per request.
+
+Each load gets a new id (never reused), which tags the request's prefix-cache keys and names the adapter to
+the runner: an adapter unloaded and loaded again under the same name never meets the old one's K/V or weights.
+An unloaded adapter's host copy stays while requests of it are still in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.lora_slots import LoraSlots
+
+if TYPE_CHECKING:
+    from tgi_compat.modeling.lora.manager import LoraManager
+
+
+class LoraRegistry:
+    def __init__(self, manager: LoraManager, max_cpu_loras: int, in_use: Callable[[int], bool]) -> None:
+        self.manager = manager
+        self.slots = LoraSlots(manager.max_loras)
+        self.max_cpu_loras = max_cpu_loras
+        self.in_use = in_use  # whether a request of this adapter id is still in the engine
+        self.ids: dict[str, int] = {}  # name -> id of the loaded adapters
+        self._retired: list[int] = []  # unloaded, with requests left
+        self._next_id = 1
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.ids)
+
+    def load(self, name: str, source: str, revision: str | None = None) -> None:
+        """Read, check and keep an adapter (LoraAdapterError, ValueError for a taken name or a full host cache)."""
+        from tgi_compat.modeling.lora.adapter import load_peft_adapter
+
+        if name in self.ids:
+            raise ValueError(f"LoRA adapter {name!r} is already loaded")
+        self._drop_retired()
+        if len(self.ids) + len(self._retired) >= self.max_cpu_loras:
+            raise ValueError(f"{self.max_cpu_loras} LoRA adapters are loaded (--max-cpu-loras): unload one first")
+        adapter = load_peft_adapter(name, source, revision)
+        adapter_id, self._next_id = self._next_id, self._next_id + 1
+        self.manager.add(adapter_id, adapter)
+        self.ids[name] = adapter_id
+
+    def unload(self, name: str) -> None:
+        adapter_id = self.ids.pop(name, None)
+        if adapter_id is None:
+            raise ValueError(f"LoRA adapter {name!r} is not loaded{self._loaded_list()}")
+        self._retired.append(adapter_id)
+        self._drop_retired()
+
+    def resolve(self, name: str) -> int:
+        adapter_id = self.ids.get(name)
+        if adapter_id is None:
+            raise RequestRejectedError(f"LoRA adapter {name!r} is not loaded{self._loaded_list()}")
+        return adapter_id
+
+    def _loaded_list(self) -> str:
+        return f"; loaded: {', '.join(self.ids)}" if self.ids else "; no adapter is loaded"
+
+    def _drop_retired(self) -> None:
+        for adapter_id in [i for i in self._retired if not self.in_use(i)]:
+            self._retired.remove(adapter_id)
+            self.manager.remove(adapter_id)
+            self.slots.forget(adapter_id)

@@ -2,7 +2,7 @@
 
 0. Tunes the fused-experts kernels for the Mixtral-8x7B expert shapes (scripts/device/tune_fused_moe.py,
    --tune-budget-s; 0 skips it) and runs everything below with that table; the table is printed and
-   written to $OUT/fused_moe_tuned.py (copy it over tgi_compat/kernels/fused_moe_tuned.py to keep it).
+   written to $OUT/fused_moe_tuned.py (copy it over tgi_compat/kernels/moe/tuned.py to keep it).
 1. A Mixtral-8x7B-shaped model (all shapes real, `--mixtral-layers` of its 32 layers so that it fits
    one 80 GB GPU): decode steps at 64 streams with the fused-experts Triton kernel vs the eager
    expert-by-expert loop (transformers' MoE algorithm, `fused_moe_ref`), both in this process on the
@@ -40,9 +40,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_gpu import copy_bandwidth, fill_context, graph_ms, log, median_ms, profile_step, time_decode
 from tune_fused_moe import SHAPES, render_table, tune
 
-import tgi_compat.kernels.fused_moe as fm
+import tgi_compat.kernels.moe.fused_moe as fm
 import tgi_compat.modeling.layers.moe as moe_layer
-from tgi_compat.kernels.fused_moe import fused_moe, fused_moe_ref
+from tgi_compat.kernels.moe.fused_moe import fused_moe, fused_moe_ref
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
@@ -199,8 +199,8 @@ def timed(fn, *args) -> float:
 def bench_geglu_down(bandwidth: float) -> dict:
     """Gemma-2-9B's down projection at one decode row: the GeGLU-prologue GEMV the model runs against
     the unfused pair (gated kernel + cuBLAS), each a CUDA graph over 8 weight copies (> L2)."""
-    from tgi_compat.kernels.gemv import gemv
-    from tgi_compat.kernels.silu_mul import silu_mul
+    from tgi_compat.kernels.elementwise.silu_mul import silu_mul
+    from tgi_compat.kernels.gemv.gemv import gemv
 
     hidden, inter = GEMMA2_9B["hidden_size"], GEMMA2_9B["intermediate_size"]
     weights = [torch.randn(hidden, inter, device=DEV, dtype=torch.bfloat16) * 0.02 for _ in range(8)]

@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model
 
-from tgi_compat.kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention
-from tgi_compat.kernels.prefill_attention import prefill_attention
-from tgi_compat.kernels.rotary import rotary_and_kv_store
+from tgi_compat.kernels.attention.decode import NewTokenKV, choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.attention.prefill import prefill_attention
+from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
 
 DEV = "cuda"
 CONTEXT = 512
@@ -87,7 +87,7 @@ class DecodeCell:
         return k_cache, torch.randn_like(k_cache)
 
     def time_ms(self, splits: int, **config) -> float:
-        """Graph-replay time of tgi_compat.kernels.decode_attention with `splits` and the kernel `config`."""
+        """Graph-replay time of tgi_compat.kernels.attention.decode with `splits` and the kernel `config`."""
         out = torch.empty_like(self.q)
         mid_out = torch.empty(self.batch, self.HEADS, splits, self.HEAD_DIM, device=DEV)
         mid_lse = torch.empty(self.batch, self.HEADS, splits, device=DEV)

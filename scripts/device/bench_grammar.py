@@ -238,8 +238,8 @@ def _kernels_match_reference(backend, requests: list, logits, row_type) -> bool:
     scores, every row constrained and every third one not (a row index), with NaN and +inf among the scores."""
     import torch
 
-    from tgi_compat.kernels.grammar_apply import grammar_apply_ref
-    from tgi_compat.kernels.grammar_confine import grammar_confine_ref
+    from tgi_compat.kernels.sampling.grammar_apply import grammar_apply_ref
+    from tgi_compat.kernels.sampling.grammar_confine import grammar_confine_ref
 
     scores = logits.clone()
     scores[0, ::5], scores[1, 7], scores[2] = float("nan"), float("inf"), float("-inf")

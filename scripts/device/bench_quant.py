@@ -6,7 +6,7 @@ built on the device:
         [--fp8-tuned $OUT/fp8_gemm_tuned.json]   (bench_fp8_gemm.py's best FP8 GEMM configs for the steps)
         [--profile-b1]   (the decode steps' GPU time per kernel at batch 1)
 
-1. each weight format's few-row GEMV (tgi_compat.kernels.gemv: bf16, FP8, int8, int4 in groups of 128) at
+1. each weight format's few-row GEMV (tgi_compat.kernels.gemv.gemv: bf16, FP8, int8, int4 in groups of 128) at
    Llama-3-8B's four projection shapes, one row, as % of the copy bandwidth, with the prologue the model
    fuses into that projection; FP8's small config sweep;
    with --multi-rows 2-8 rows; the path each replaces (cuBLAS, per-token FP8 + _scaled_mm, dequant_matmul);
@@ -19,7 +19,7 @@ built on the device:
 4. FP8 KV: decode attention at 32k context, bf16 vs FP8 KV, with the model backend's split count and
    key block, and the best of a small sweep of each;
 5. FP8 KV: KV slots from the same free memory vs bf16 KV;
-6. (--parts int4_one_row, ~1 min with --int4-budget-s 35) the one-row int4 GEMV (tgi_compat/kernels/gemv_int4_one_row.py)'s
+6. (--parts int4_one_row, ~1 min with --int4-budget-s 35) the one-row int4 GEMV (tgi_compat/kernels/gemv/int4_one_row.py)'s
    configs against the default int4 config, per Llama-3-8B projection with its prologue: us, % of copy bandwidth,
    GPU relative error; the steps then run each shape's fastest.
 7. (--parts gemlite) GemLite's int4 GEMV (`pip install gemlite`, the Triton library SGLang and TorchAO use for
@@ -49,10 +49,10 @@ from bench_gpu import copy_bandwidth, fill_context, graph_ms, log, profile_step,
 from common import LLAMA3_8B, capture_graphs, hf_model
 from tune_gemv import graph_us
 
-from tgi_compat.kernels import gemv as gemv_module
-from tgi_compat.kernels.decode_attention import choose_block_n, choose_num_splits, decode_attention
-from tgi_compat.kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
-from tgi_compat.kernels.gemv import (
+from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.elementwise.rmsnorm import rmsnorm
+from tgi_compat.kernels.gemv import gemv as gemv_module
+from tgi_compat.kernels.gemv.gemv import (
     PROLOGUE_NONE,
     PROLOGUE_RMSNORM,
     PROLOGUE_SILU_MUL,
@@ -68,9 +68,9 @@ from tgi_compat.kernels.gemv import (
     int4_register_estimate,
     split_k_counters,
 )
-from tgi_compat.kernels.gemv_int4_one_row import one_row_tiles
-from tgi_compat.kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
-from tgi_compat.kernels.rmsnorm import rmsnorm
+from tgi_compat.kernels.gemv.int4_one_row import one_row_tiles
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
+from tgi_compat.kernels.quant.per_token import quant_per_token, rmsnorm_quant_per_token
 from tgi_compat.modeling.attention.triton_backend import MAX_DECODE_SPLITS
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
@@ -191,9 +191,9 @@ SWEEP_ROW_SCALED = [  # at most 64 fp32 accumulators a thread (block_n x block_k
     (4, 2048, 4, 1, True),
     (16, 512, 4, 1, False, 1, True),
 ]  # the last: separate_prologue
-# The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (tgi_compat.kernels.gemv.int4_config): one axis
+# The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (tgi_compat.kernels.gemv.gemv.int4_config): one axis
 # at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping configs that
-# would spill on sm_90 (tgi_compat.kernels.gemv.int4_register_estimate), within a time budget (compiles dominate).
+# would spill on sm_90 (tgi_compat.kernels.gemv.gemv.int4_register_estimate), within a time budget (compiles dominate).
 INT4_AXES = {
     "block_k": (256, 512, 1024, 2048, 4096),
     "num_warps": (1, 2, 4, 8),
@@ -202,13 +202,13 @@ INT4_AXES = {
     "num_stages": (1, 3),
     "prefetch": (False, True),
     "separate_prologue": (False, True),
-    "one_row": (False, True),  # one row only: tgi_compat/kernels/gemv_int4_one_row.py instead of the tile kernel
+    "one_row": (False, True),  # one row only: tgi_compat/kernels/gemv/int4_one_row.py instead of the tile kernel
 }
 INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologue")  # at 2-8 rows
 # (block_n, block_k, split_k): the twelfth session's H100 sweep's best (the fp32 kernel's)
 INT4_ONE_ROW_SEEDS = [(16, 4096, 1), (16, 2048, 7), (8, 4096, 1)]
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
-# features a warp, where x's layout is the weight tile's (see tgi_compat.kernels.gemv.int4_config), which one axis at a time
+# features a warp, where x's layout is the weight tile's (see tgi_compat.kernels.gemv.gemv.int4_config), which one axis at a time
 # cannot reach from another such point; split-K keeps that ratio per split.
 INT4_SEEDS = [(4, 4096, 4, 1), (8, 4096, 4, 1), (2, 4096, 4, 1), (8, 2048, 2, 1), (4, 2048, 2, 1), (8, 1024, 1, 1),
               (8, 2048, 2, 2), (4, 1024, 1, 2), (8, 2048, 4, 1)]  # fmt: skip
@@ -284,7 +284,7 @@ def gemv_kernels(bandwidth: float, sweep: bool, multi_rows: bool) -> dict:
         log("best fp8 GEMV configs at one row (block_n, block_k, num_warps, num_stages[, prefetch, ...]):")
         for key, config in report["best_configs"].items():
             log(f"  {key:14s} {config}")
-        log("TUNED_ROW_SCALED = {  # tgi_compat/kernels/gemv.py")
+        log("TUNED_ROW_SCALED = {  # tgi_compat/kernels/gemv/gemv.py")
         for (n, k, prologue), config in report["tuned_row_scaled"].items():
             log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}): {config_literal(config)},")
         log("}")
@@ -375,7 +375,7 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
         log(f"int4 {shape:8s} {rows} row(s): default {seen[default]:7.1f} us ({pct[default]:3.0f}% of copy BW), "
             f"best of {len(seen):2d} {seen[best]:7.1f} us ({pct[best]:3.0f}%) {config_literal(best)}")  # fmt: skip
     log(f"int4 sweep: {len(report['timings'])} configs in {budget_s - max(0.0, deadline - time.monotonic()):.0f} s")
-    log("TUNED_INT4 = {  # tgi_compat/kernels/gemv.py")
+    log("TUNED_INT4 = {  # tgi_compat/kernels/gemv/gemv.py")
     for (n, k, prologue, block_m), config in report["tuned"].items():
         log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}, {block_m}): {config_literal(config)},")
     log("}")
@@ -383,7 +383,7 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
 
 
 def one_row_candidates(n: int, k: int) -> list[GemvConfig]:
-    """tgi_compat/kernels/gemv_int4_one_row.py's configs to time on one shape: K tiles of 1,024 features a warp (x's layout is
+    """tgi_compat/kernels/gemv/int4_one_row.py's configs to time on one shape: K tiles of 1,024 features a warp (x's layout is
     then the words'), 8, 16 or 32 rows a program, splits that give the SMs enough programs; each with its
     prologue fused and as its own kernel."""
     configs = []
@@ -397,14 +397,14 @@ def one_row_candidates(n: int, k: int) -> list[GemvConfig]:
 
 
 def int4_one_row(bandwidth: float, budget_s: float) -> dict:
-    """tgi_compat/kernels/gemv_int4_one_row.py's configs against the default int4 config (TUNED_INT4's) at one row, per
+    """tgi_compat/kernels/gemv/int4_one_row.py's configs against the default int4 config (TUNED_INT4's) at one row, per
     Llama-3-8B projection, `budget_s` seconds a shape; the fastest config of each shape goes into `tuned`."""
     report: dict = {"rows": []}
     for shape, (n, k, prologue) in SHAPES.items():
         configs = [c for c in one_row_candidates(n, k) if not c.separate_prologue or prologue != PROLOGUE_NONE]
         report["rows"] += time_int4_configs(bandwidth, "int4 one-row", shape, configs, budget_s)
     report["tuned"] = fastest_int4_configs(report["rows"])
-    log("TUNED_INT4 one-row entries = {  # tgi_compat/kernels/gemv.py")
+    log("TUNED_INT4 one-row entries = {  # tgi_compat/kernels/gemv/gemv.py")
     for (n, k, prologue, rows), config in report["tuned"].items():
         log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}, {rows}): {config_literal(config)},")
     log("}")
@@ -660,7 +660,7 @@ def summarize(report: dict) -> dict:
 
 
 def install_tuned(report: dict) -> None:
-    """The sweeps' best configs into tgi_compat.kernels.gemv's tables, so the decode steps below run them."""
+    """The sweeps' best configs into tgi_compat.kernels.gemv.gemv's tables, so the decode steps below run them."""
     gemv_module.TUNED_ROW_SCALED.update(report.get("kernels", {}).get("tuned_row_scaled", {}))
     gemv_module.TUNED_INT4.update(report.get("int4_sweep", {}).get("tuned", {}))
     log(f"decode steps run {len(gemv_module.TUNED_ROW_SCALED)} tuned fp8/int8 and {len(gemv_module.TUNED_INT4)} "

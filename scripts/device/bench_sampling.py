@@ -1,4 +1,4 @@
-"""GPU benchmark of the all-greedy choice (not CI): tgi_compat/kernels/greedy_pick.py against the torch computation it
+"""GPU benchmark of the all-greedy choice (not CI): tgi_compat/kernels/sampling/greedy_pick.py against the torch computation it
 replaced (argmax + gather + logsumexp + the float64 packing for the host copy), Llama-3's 128,256 ids.
 
     PYTHONPATH=$PWD python3 scripts/device/bench_sampling.py [--json $OUT/bench_sampling.json]
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from bench_gpu import graph_ms, log, median_ms
 
-from tgi_compat.kernels.greedy_pick import greedy_pick, greedy_pick_ref
+from tgi_compat.kernels.sampling.greedy_pick import greedy_pick, greedy_pick_ref
 
 VOCAB = 128256
 

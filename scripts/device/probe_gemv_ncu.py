@@ -4,9 +4,9 @@
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
         python3 scripts/device/probe_gemv_ncu.py --formats int4,bf16 --shape gate_up
 
-Each format runs tgi_compat.kernels.gemv at its default config (the one the model runs), on a Llama-3-8B projection shape,
+Each format runs tgi_compat.kernels.gemv.gemv at its default config (the one the model runs), on a Llama-3-8B projection shape,
 with the same random weights bench_quant.py makes; --one-row (int4 only) runs the one-row kernel
-(tgi_compat/kernels/gemv_int4_one_row.py) instead, with --block-n rows a program, --block-k features a tile (a warp per 1,024)
+(tgi_compat/kernels/gemv/int4_one_row.py) instead, with --block-n rows a program, --block-k features a tile (a warp per 1,024)
 and --split-k. Without ncu it prints each launch's time (CUDA events), so a
 run under ncu can be told apart from one without.
 """
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_quant import make_weight
 
-from tgi_compat.kernels.gemv import PROLOGUE_NONE, GemvConfig, gemv, gemv_config_for
+from tgi_compat.kernels.gemv.gemv import PROLOGUE_NONE, GemvConfig, gemv, gemv_config_for
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 

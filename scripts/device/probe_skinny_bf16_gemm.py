@@ -4,7 +4,7 @@
 
 What a tensor-parallel decode step's matmuls could gain: cuBLAS as the model calls it (F.linear), with
 `allow_bf16_reduced_precision_reduction` flipped, through cuBLASLt (`preferred_blas_library`), with the rows padded
-to 80 / 96 / 128 (cuBLAS picks other tiles there), and the Triton skinny GEMM of tgi_compat/kernels/fp8_gemm.py fed bf16
+to 80 / 96 / 128 (cuBLAS picks other tiles there), and the Triton skinny GEMM of tgi_compat/kernels/quant/fp8_gemm.py fed bf16
 with unit scales over a config sweep (two-shard shapes only). Times are do_bench medians of one-kernel CUDA-graph
 replays with a cold L2 (so they carry a graph launch each and read above the in-model times); % of copy bandwidth
 counts weight + activation + output bytes. Each Triton config's output is checked against float32 first.
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_gpu import copy_bandwidth, graph_ms, log
 from tune_gemv import rel_err
 
-from tgi_compat.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm
+from tgi_compat.kernels.quant.fp8_gemm import Fp8GemmConfig, fp8_gemm
 
 SHAPES = {
     "tp2_qkv": (3072, 4096), "tp2_o": (4096, 2048), "tp2_gate_up": (14336, 4096), "tp2_down": (4096, 7168),

@@ -7,8 +7,8 @@ softmax over random logits): every candidate tiling of the up launch (gate|up + 
 down launch (routed), for each BLOCK_M (16/32/64) and for the GEMV path where it applies, each launch
 timed alone as a CUDA-graph replay (weights >> L2, so every replay reads them from HBM). The best
 BLOCK_M is then chosen on the whole block (alignment, up, down, top-k sum) in a graph. Prints the table
-and writes it as tgi_compat/kernels/fused_moe_tuned.py's text to $OUT/fused_moe_tuned.py (or --write FILE): copy
-that file over tgi_compat/kernels/fused_moe_tuned.py to keep it.
+and writes it as tgi_compat/kernels/moe/tuned.py's text to $OUT/fused_moe_tuned.py (or --write FILE): copy
+that file over tgi_compat/kernels/moe/tuned.py to keep it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from tgi_compat.kernels import fused_moe as fm
+from tgi_compat.kernels.moe import fused_moe as fm
 
 DEV = "cuda"
 SHAPES = {  # name: (experts, intermediate, hidden, top_k)
@@ -145,14 +145,14 @@ def expert_bytes_read(problem: Problem) -> int:
 
 
 def render_table(shape: tuple[int, int, int, int], tuned: dict[int, fm.MoeConfig], device: str) -> str:
-    """tgi_compat/kernels/fused_moe_tuned.py's text: this shape's new entries and the other shapes' old ones."""
+    """tgi_compat/kernels/moe/tuned.py's text: this shape's new entries and the other shapes' old ones."""
     experts, inter, hidden, _ = shape
     table = {key: config for key, config in fm.TUNED.items() if key[:3] != (experts, inter, hidden)}
     table |= {(experts, inter, hidden, tokens): config for tokens, config in tuned.items()}
     lines = [
         '"""Fused-MoE block sizes measured by scripts/device/tune_fused_moe.py; generated, do not edit by hand."""',
         "",
-        "from tgi_compat.kernels.fused_moe_configs import LaunchConfig, MoeConfig",
+        "from tgi_compat.kernels.moe.configs import LaunchConfig, MoeConfig",
         "",
         f"# {device}, bf16 ({experts}, {inter}, {hidden}). Key: (experts, intermediate size, hidden size, token bucket).",
         "TUNED: dict[tuple[int, int, int, int], MoeConfig] = {",
@@ -205,7 +205,7 @@ def main() -> None:
     target = args.write or os.path.join(os.environ.get("OUT", "."), "fused_moe_tuned.py")
     with open(target, "w") as f:
         f.write(text)
-    log(f"wrote {target}: copy it over tgi_compat/kernels/fused_moe_tuned.py")
+    log(f"wrote {target}: copy it over tgi_compat/kernels/moe/tuned.py")
 
 
 if __name__ == "__main__":

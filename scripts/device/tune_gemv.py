@@ -4,9 +4,9 @@
 
 For every projection of Llama-3-8B, Qwen2-7B and Gemma-2-9B at one row, bf16 (or, with --shapes tp, of one
 rank's shard of Llama-3-8B at --num-shard 2 and of Llama-3-70B at 4):
-  1. tgi_compat.kernels.gemv against gemv_ref on fresh random data (plain, RMSNorm+residual, SiLU-mul, Gemma's
+  1. tgi_compat.kernels.gemv.gemv against gemv_ref on fresh random data (plain, RMSNorm+residual, SiLU-mul, Gemma's
      norm-add-norm prologues);
-  2. cuBLAS (F.linear) time and the best tgi_compat.kernels.gemv config, as % of the copy bandwidth;
+  2. cuBLAS (F.linear) time and the best tgi_compat.kernels.gemv.gemv config, as % of the copy bandwidth;
   3. the unfused pair (rmsnorm kernel + F.linear, silu_mul + F.linear, norm_add_rmsnorm + F.linear) against
      the fused kernel.
 Times are CUDA-graph replays over enough weight copies (> 4x L2) that no weight is read from L2, as
@@ -29,7 +29,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 # eager, as in the other scripts: a copy captured in a graph read 2,709 GB/s on an H200
 from bench_gpu import copy_bandwidth
 
-from tgi_compat.kernels.gemv import (
+from tgi_compat.kernels.elementwise.rmsnorm import norm_add_rmsnorm, rmsnorm
+from tgi_compat.kernels.elementwise.silu_mul import silu_mul
+from tgi_compat.kernels.gemv.gemv import (
     PROLOGUE_NONE,
     PROLOGUE_NORM_ADD_NORM,
     PROLOGUE_RMSNORM,
@@ -40,8 +42,6 @@ from tgi_compat.kernels.gemv import (
     gemv_ref,
     rule_of_thumb_config,
 )
-from tgi_compat.kernels.rmsnorm import norm_add_rmsnorm, rmsnorm
-from tgi_compat.kernels.silu_mul import silu_mul
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
@@ -161,7 +161,7 @@ def sweep(quick: bool) -> list[GemvConfig]:
 
 
 def bench_shape(name: str, n: int, k: int, prologue: str, configs: list[GemvConfig], bandwidth: float) -> dict:
-    """The unfused pair the model runs without tgi_compat.kernels.gemv against the best fused config."""
+    """The unfused pair the model runs without tgi_compat.kernels.gemv.gemv against the best fused config."""
     weights = weight_copies(n, k)
     x = torch.randn(1, k, device=DEV, dtype=DTYPE)
     res, nw = torch.randn(1, k, device=DEV, dtype=DTYPE), torch.ones(k, device=DEV, dtype=DTYPE)

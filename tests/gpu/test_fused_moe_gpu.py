@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.fused_moe import (
+from tgi_compat.kernels.moe.fused_moe import (
     ALIGN_KERNEL_MAX_PAIRS,
     LaunchConfig,
     MoeConfig,

@@ -22,20 +22,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 
 from common import build_runner, capture_graphs, greedy_generate, hf_model
 
-from tgi_compat.kernels.decode_attention import (
+from tgi_compat.kernels.attention.decode import (
     NewTokenKV,
     choose_block_n,
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
 )
-from tgi_compat.kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
-from tgi_compat.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
-from tgi_compat.kernels.gemv import QuantizedWeight, gemv, gemv_ref, split_k_counters
-from tgi_compat.kernels.kv_store import kv_store, kv_store_ref
-from tgi_compat.kernels.prefill_attention import prefill_attention, prefill_attention_ref
-from tgi_compat.kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
-from tgi_compat.kernels.rmsnorm import (
+from tgi_compat.kernels.attention.kv_store import kv_store, kv_store_ref
+from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.attention.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
+from tgi_compat.kernels.elementwise.rmsnorm import (
     norm_add_rmsnorm,
     norm_add_rmsnorm_ref,
     qk_rmsnorm,
@@ -43,8 +40,11 @@ from tgi_compat.kernels.rmsnorm import (
     rmsnorm,
     rmsnorm_ref,
 )
-from tgi_compat.kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
-from tgi_compat.kernels.silu_mul import silu_mul, silu_mul_ref
+from tgi_compat.kernels.elementwise.silu_mul import silu_mul, silu_mul_ref
+from tgi_compat.kernels.gemv.gemv import QuantizedWeight, gemv, gemv_ref, split_k_counters
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
+from tgi_compat.kernels.quant.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
+from tgi_compat.kernels.quant.per_token import quant_per_token, rmsnorm_quant_per_token
 from tgi_compat.modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 DEV = "cuda"
@@ -463,8 +463,8 @@ def test_quantized_gemv() -> None:
 def test_int4_gemv_split_k() -> None:
     """int4 split-K on real concurrent programs: the same bits on every launch (partials added in split order),
     the reference's values, the counters left at zero, in a CUDA graph replayed as well as eagerly; the tile kernel
-    at 1 and 8 rows and the one-row kernel (tgi_compat/kernels/gemv_int4_one_row.py)."""
-    from tgi_compat.kernels.gemv import GemvConfig
+    at 1 and 8 rows and the one-row kernel (tgi_compat/kernels/gemv/int4_one_row.py)."""
+    from tgi_compat.kernels.gemv.gemv import GemvConfig
 
     n, k, dtype = 1536, 4096, torch.bfloat16
     w = QuantizedWeight(
@@ -597,8 +597,8 @@ def explain_mismatch(model, prompts, ours, theirs, runner, max_len) -> None:
 def test_grammar_mask_read_from_pinned_host_memory() -> None:
     """GrammarMask keeps a GPU step's bitmask in pinned host memory and its kernels read it there (no copy):
     apply + confine on the device give the torch reference's scores, with and without a row index."""
-    from tgi_compat.kernels.grammar_apply import grammar_apply_ref
-    from tgi_compat.kernels.grammar_confine import grammar_confine_ref
+    from tgi_compat.kernels.sampling.grammar_apply import grammar_apply_ref
+    from tgi_compat.kernels.sampling.grammar_confine import grammar_confine_ref
     from tgi_compat.router.grammar import GrammarMask
 
     vocab, num_words = 128256, 4008
@@ -624,7 +624,7 @@ def test_grammar_mask_read_from_pinned_host_memory() -> None:
 def test_greedy_from_vocab_blocks() -> None:
     """The greedy choice from Llama-3's vocabulary in 2 and 4 padded blocks (as vocab-parallel ranks hold it), their
     partials side by side as the gather leaves them: greedy_pick's ids, its logprobs within 2e-5."""
-    from tgi_compat.kernels.greedy_pick import greedy_block_partials, greedy_merge_blocks, greedy_pick_ref
+    from tgi_compat.kernels.sampling.greedy_pick import greedy_block_partials, greedy_merge_blocks, greedy_pick_ref
 
     vocab = 128256
     for rows, ranks, dtype in [
@@ -652,7 +652,7 @@ def test_greedy_from_vocab_blocks() -> None:
 
 def test_greedy_pick() -> None:
     """The all-greedy choice at Llama-3's vocabulary: the torch computation's ids, its logprobs within 2e-5."""
-    from tgi_compat.kernels.greedy_pick import greedy_pick, greedy_pick_ref
+    from tgi_compat.kernels.sampling.greedy_pick import greedy_pick, greedy_pick_ref
 
     for rows, dtype in [(1, torch.float32), (64, torch.float32), (256, torch.float32), (8, torch.bfloat16)]:
         logits = (torch.randn(rows, 128256, device=DEV) * 4).to(dtype)
@@ -670,9 +670,9 @@ def test_greedy_pick() -> None:
 
 
 def test_vocab_shard_embedding() -> None:
-    """The vocab-parallel lookup of one rank's block (tgi_compat.kernels.vocab_embedding): torch's rows and zeros, bit for
+    """The vocab-parallel lookup of one rank's block (tgi_compat.kernels.comm.vocab_embedding): torch's rows and zeros, bit for
     bit, for ids in and out of the block (Llama-3's vocabulary over 2 ranks, the last block padded)."""
-    from tgi_compat.kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
+    from tgi_compat.kernels.comm.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
 
     block = torch.randn(64128, 4096, device=DEV).to(torch.bfloat16)
     ids = torch.randint(0, 128256, (300,), device=DEV)
@@ -700,9 +700,9 @@ def test_side_stream_copies() -> None:
 
 
 def test_weight_prefetch_beside() -> None:
-    """tgi_compat.kernels.l2_prefetch at sizes that end mid-chunk and past the tensor leaves the tensor as it was, and
+    """tgi_compat.kernels.comm.l2_prefetch at sizes that end mid-chunk and past the tensor leaves the tensor as it was, and
     tgi_compat.modeling.layers.weight_prefetch's fork and join record into a CUDA graph whose replays compute what eager does."""
-    from tgi_compat.kernels.l2_prefetch import l2_prefetch
+    from tgi_compat.kernels.comm.l2_prefetch import l2_prefetch
     from tgi_compat.modeling.layers.weight_prefetch import weight_prefetched_beside
 
     weight = torch.randn(4099, 1027, device=DEV, dtype=torch.bfloat16)  # 8,419,346 bytes: no whole chunk at the end
@@ -772,7 +772,7 @@ def test_end_to_end() -> None:
         _, logits_triton = greedy_generate(bf16["triton"], prompts, num_new, max_len, graphs=graphs, forced=ids_torch)
         worst = max(rel_err(a, b) for a, b in zip(logits_triton, logits_torch))
         check(f"e2e {name} bf16 logits triton vs torch backend (worst step)", worst, 2e-2)
-        # Batch 1 takes the one-row path (tgi_compat.kernels.gemv with the norm / silu_mul fused in, which skips
+        # Batch 1 takes the one-row path (tgi_compat.kernels.gemv.gemv with the norm / silu_mul fused in, which skips
         # two bf16 roundings): judged against fp32 truth, it must be no less exact than the torch
         # backend's bf16 (the direct triton-vs-torch bf16 error is printed beside it).
         graphs1 = capture_graphs(bf16["triton"], [1])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.kernels.test_kernel_attention import relative_error
-from tgi_compat.kernels.fused_moe import (
+from tgi_compat.kernels.moe.fused_moe import (
     LaunchConfig,
     MoeConfig,
     align_by_expert,

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
+from tgi_compat.kernels.gemv.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
 
 CONFIGS = [
     GemvConfig(block_n=8, block_k=32, num_warps=1),
     GemvConfig(block_n=16, block_k=64, num_warps=2, prefetch=True),
     GemvConfig(
         block_n=8, block_k=32, num_warps=1, separate_prologue=True
-    ),  # tgi_compat/kernels/rmsnorm.py's, then the GEMV
+    ),  # tgi_compat/kernels/elementwise/rmsnorm.py's, then the GEMV
 ]
 
 

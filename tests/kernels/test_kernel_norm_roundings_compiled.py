@@ -15,7 +15,8 @@ PROBE = r"""
 import json, re, torch
 from check_kernels_compile import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
-from tgi_compat.kernels import gemv, rmsnorm
+from tgi_compat.kernels.elementwise import rmsnorm
+from tgi_compat.kernels.gemv import gemv
 k, found = 3584, {}
 for dtype in (torch.bfloat16, torch.float16):
     x, residual, w = torch.randn(1, k, dtype=dtype), torch.randn(1, k, dtype=dtype), torch.ones(k, dtype=dtype)

@@ -128,7 +128,7 @@ def test_int4_checkpoint_formats_load_to_the_weights_they_pack(fmt: str):
     _loaded(layer, tensors)
     x = torch.randn(3, hidden, generator=gen)
     torch.testing.assert_close(layer(x), F.linear(x, torch.cat(dequantized)), rtol=1e-3, atol=1e-3)
-    # the decode GEMV's reading of the stored layout (tgi_compat.kernels.gemv is tested against dequantize())
+    # the decode GEMV's reading of the stored layout (tgi_compat.kernels.gemv.gemv is tested against dequantize())
     torch.testing.assert_close(layer.gemv_weight.dequantize(), torch.cat(dequantized), rtol=1e-3, atol=1e-3)
 
 

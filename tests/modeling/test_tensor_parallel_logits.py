@@ -20,7 +20,7 @@ from transformers import LlamaConfig, Phi3Config
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
 from tests.modeling.test_gemma_parity import CASES as GEMMA_CASES
 from tests.modeling.test_moe_parity import CASES as MOE_CASES
-from tgi_compat.kernels.greedy_pick import greedy_pick_ref
+from tgi_compat.kernels.sampling.greedy_pick import greedy_pick_ref
 from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
 from tgi_compat.modeling.parallel.group import destroy_tensor_parallel

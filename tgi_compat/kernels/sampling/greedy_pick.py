@@ -89,7 +89,7 @@ def _merge_kernel(
 
 
 # A vocabulary block's partial of a row travels as the 12 bytes of its three float32 values, one bf16 integer
-# (0..255, exact) a byte: the 16-bit gather of tgi_compat.kernels.one_shot_all_reduce then carries it (no value it sends may
+# (0..255, exact) a byte: the 16-bit gather of tgi_compat.kernels.comm.one_shot_all_reduce then carries it (no value it sends may
 # be -0.0, its sentinel), where float32 would need NCCL.
 PARTIAL_BYTES = 12
 

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.fused_moe_configs import LaunchConfig, MoeConfig
-from tgi_compat.kernels.fused_moe_tuned import TUNED
+from tgi_compat.kernels.moe.configs import LaunchConfig, MoeConfig
+from tgi_compat.kernels.moe.tuned import TUNED
 
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # The GEMV path up to this many (token, expert) pairs when no tuned config says otherwise

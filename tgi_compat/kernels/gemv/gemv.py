@@ -17,7 +17,7 @@ The weight is read in one of three formats (`QuantizedWeight` describes the quan
     WEIGHT_DENSE       W [N, K] fp16/bf16/fp32
     WEIGHT_ROW_SCALED  W [N, K] int8 or float8_e4m3fn, w[n, k] = W[n, k] * scale[n] (per channel; a
                        scale of stride 0 is per tensor)
-    WEIGHT_INT4        W int32 [N, K/8], eight nibbles a word in tgi_compat.kernels.dequant_matmul's interleaved
+    WEIGHT_INT4        W int32 [N, K/8], eight nibbles a word in tgi_compat.kernels.quant.dequant_matmul's interleaved
                        layout, w[n, k] = (q[n, k] - zero[n, k/G]) * scale[n, k/G], integer zero points
 
 Weight-only: activations stay in their half precision, so reading 1 or 1/2 byte per weight instead of
@@ -26,11 +26,11 @@ once, so there is no split-K reduction; the prologue is recomputed per program f
 row of x, against BLOCK_N * K weight elements from HBM). RMSNorm needs the row's sum of squares, which
 is only known at the end of the walk: the kernel accumulates W (h * norm_weight) and scales by 1/rms
 afterwards (a scalar per row commutes with the dot product). So in half precision it skips the unfused
-path's two intermediate roundings of the normed activation (tgi_compat/kernels/rmsnorm.py); the result is the more
+path's two intermediate roundings of the normed activation (tgi_compat/kernels/elementwise/rmsnorm.py); the result is the more
 exact one and within the dtype's tolerance of it. NORM_ADD_NORM needs x's own 1/rms before its main loop:
 each program first reads x's row once from L2 for it, then runs RMSNORM's loop on residual + rmsnorm(x, w1),
 rounded to the dtype where the unfused norm and add store their outputs. SiLU-and-mul rounds its output
-to the input dtype like tgi_compat/kernels/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row)
+to the input dtype like tgi_compat/kernels/elementwise/silu_mul.py. Accumulation is fp32, elementwise over the K block (one row)
 or over [rows, K block] (several), reduced once at the end.
 
 Two kernels share those helpers. `_gemv_kernel` reads [BLOCK_N, BLOCK_K] tiles of any weight (a one-row
@@ -42,7 +42,7 @@ K over several programs per column (`GemvConfig.split_k`: more programs where N 
 the SMs; the last program of a column adds the partials, in split order, and resets its counter). Its
 few weight rows a program make the fused prologue a large share of its instructions, so a config may run
 the prologue as its own kernel instead (`GemvConfig.separate_prologue`, any weight format).
-At one row a config may instead select tgi_compat/kernels/gemv_int4_one_row.py (`GemvConfig.one_row`): 2-D weight loads
+At one row a config may instead select tgi_compat/kernels/gemv/int4_one_row.py (`GemvConfig.one_row`): 2-D weight loads
 (the layout Triton 3.6 gives a 3-D one spills), integer products (dp4a against x in 16-bit fixed point).
 
 Integers become floats without a conversion instruction (a quarter-rate pipe that would bound the
@@ -64,12 +64,12 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels import rmsnorm as rmsnorm_module
-from tgi_compat.kernels import silu_mul as silu_mul_module
-from tgi_compat.kernels.dequant_matmul import int4_as_float, int4_period, unpack_int4
-from tgi_compat.kernels.one_shot_all_reduce import PushTarget, push_kernel_args, push_to_peers
+from tgi_compat.kernels.comm.one_shot_all_reduce import PushTarget, push_kernel_args, push_to_peers
+from tgi_compat.kernels.elementwise import rmsnorm as rmsnorm_module
+from tgi_compat.kernels.elementwise import silu_mul as silu_mul_module
+from tgi_compat.kernels.elementwise.silu_mul import gated_activation
 from tgi_compat.kernels.pdl import launch_options, use_pdl
-from tgi_compat.kernels.silu_mul import gated_activation
+from tgi_compat.kernels.quant.dequant_matmul import int4_as_float, int4_period, unpack_int4
 
 PROLOGUE_NONE = 0
 PROLOGUE_RMSNORM = 1
@@ -127,7 +127,7 @@ def _activation_block(
         hf = h.to(tl.float32)
         xk = hf * _load(norm_weight_ptr + offs_k, mask_k, EVEN_K).to(tl.float32)[None, :]
         squares = hf * hf
-    elif PROLOGUE == 2 or PROLOGUE == 3:  # rounded to x's dtype as tgi_compat/kernels/silu_mul.py stores it
+    elif PROLOGUE == 2 or PROLOGUE == 3:  # rounded to x's dtype as tgi_compat/kernels/elementwise/silu_mul.py stores it
         gate = _load(x_ptrs, mask, EVEN_K).to(tl.float32)
         up = _load(x_ptrs + K, mask, EVEN_K).to(tl.float32)
         xk = gated_activation(gate, up, PROLOGUE == 3).to(dtype).to(tl.float32)
@@ -140,7 +140,7 @@ def _activation_block(
 
 @triton.jit
 def _x_normed(x, x_inv_rms, x_norm_weight):
-    """rmsnorm(x) * w1 of a [rows, K block] tile given x's 1/rms per row, with tgi_compat/kernels/rmsnorm.py's roundings:
+    """rmsnorm(x) * w1 of a [rows, K block] tile given x's 1/rms per row, with tgi_compat/kernels/elementwise/rmsnorm.py's roundings:
     normalised in fp32, rounded to x's dtype, scaled, rounded again (the unfused norm's stored output)."""
     normed = (x.to(tl.float32) * x_inv_rms[:, None]).to(x.dtype)
     weight = x_norm_weight.to(tl.float32)[None, :]
@@ -324,7 +324,7 @@ def _gemv_kernel(
     PREFETCH: tl.constexpr,  # load the next weight tile before this one's arithmetic
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the previous kernel (Hopper)
     X_BLOCK: tl.constexpr,  # NORM_ADD_NORM: features of x a step of its 1/rms pass reads
-    push_buffer_ptrs,  # PUSH: tgi_compat.kernels.one_shot_all_reduce.PushTarget's buffers and halves (else any tensor)
+    push_buffer_ptrs,  # PUSH: tgi_compat.kernels.comm.one_shot_all_reduce.PushTarget's buffers and halves (else any tensor)
     push_halves_ptr,
     push_capacity,
     PUSH: tl.constexpr,  # send the output to the other ranks' all-reduce buffers as it is stored
@@ -532,7 +532,7 @@ def _gemv_int4_kernel(
     residual_ptr,  # [M, K] contiguous, read when HAS_RESIDUAL
     residual_out_ptr,  # [M, K] contiguous, receives x + residual when HAS_RESIDUAL
     norm_weight_ptr,  # [K], RMSNORM only
-    w_ptr,  # int32 [N, K/8], interleaved in periods of PERIOD features (tgi_compat.kernels.dequant_matmul)
+    w_ptr,  # int32 [N, K/8], interleaved in periods of PERIOD features (tgi_compat.kernels.quant.dequant_matmul)
     scale_ptr,  # [N, K/G]
     zero_ptr,  # [N, K/G], same strides as scale
     bias_ptr,  # [N], when HAS_BIAS
@@ -547,7 +547,7 @@ def _gemv_int4_kernel(
     stride_sn,
     stride_om,
     eps,
-    one_bits,  # 0x3F800000, the bits of 1.0 (see tgi_compat.kernels.dequant_matmul.int4_as_float)
+    one_bits,  # 0x3F800000, the bits of 1.0 (see tgi_compat.kernels.quant.dequant_matmul.int4_as_float)
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -682,7 +682,7 @@ class QuantizedWeight:
 
     data: (
         torch.Tensor
-    )  # int8 / float8_e4m3fn [N, K], or int32 [N, K/8] for int4 (tgi_compat.kernels.dequant_matmul's layout)
+    )  # int8 / float8_e4m3fn [N, K], or int32 [N, K/8] for int4 (tgi_compat.kernels.quant.dequant_matmul's layout)
     scale: torch.Tensor  # [N] per output channel, a single value per tensor, or [N, K/G] for int4
     zero: torch.Tensor | None = None  # int4: [N, K/G] integer zero points, same strides as scale
     group_size: int = 0  # int4: G
@@ -720,11 +720,11 @@ class GemvConfig:
     # periods); the last to finish adds the partial sums. More programs in flight where N / block_n is small
     # against the SMs.
     split_k: int = 1
-    # run the prologue (RMSNorm, SiLU/GeLU-mul) as its own kernel (tgi_compat/kernels/rmsnorm.py, tgi_compat/kernels/silu_mul.py) and
+    # run the prologue (RMSNorm, SiLU/GeLU-mul) as its own kernel (tgi_compat/kernels/elementwise/rmsnorm.py, tgi_compat/kernels/elementwise/silu_mul.py) and
     # the GEMV without one: one more launch, but each activation computed once instead of once a program (the
     # int4 kernel's few weight rows a program make the fused prologue a large share of its instructions)
     separate_prologue: bool = False
-    # int4 at one row: tgi_compat.kernels.gemv_int4_one_row's kernel (block_n rows a program, K tiles of block_k features)
+    # int4 at one row: tgi_compat.kernels.gemv.int4_one_row's kernel (block_n rows a program, K tiles of block_k features)
     # instead of the tile kernel
     one_row: bool = False
 
@@ -784,7 +784,7 @@ def rule_of_thumb_config(k: int, prologue: int, weight_format: int = WEIGHT_DENS
 
 
 # Best int4 configs (groups of 128) from scripts/device/bench_quant.py's sweeps, keyed (N, K, prologue, rows of x
-# padded to a power of two): Llama-3-8B's shapes. The one-row entries run tgi_compat/kernels/gemv_int4_one_row.py's dp4a kernel
+# padded to a power of two): Llama-3-8B's shapes. The one-row entries run tgi_compat/kernels/gemv/int4_one_row.py's dp4a kernel
 # (`--parts int4_one_row`, H100, 2026-11-28, thirteenth session: q|k|v 8.7 us and gate|up 26.0 with their RMSNorms
 # as their own kernels, o 5.8, down 16.7 split 14 ways; the fastest in the decode step too, against 8 other mixes);
 # the 8-row entry is the tile kernel's (`--parts int4`, H100, 2026-11-24). The sweeps print these.
@@ -806,7 +806,7 @@ TUNED_INT4: dict[tuple[int, int, int, int], GemvConfig] = {
 def int4_config(k: int, num_rows: int, group_size: int, n: int = 0, prologue: int = PROLOGUE_NONE) -> GemvConfig:
     """The tuned config of this shape (groups of 128), else the int4 kernels' rule of thumb.
 
-    At one row: the one-row kernel (tgi_compat/kernels/gemv_int4_one_row.py), 16 rows a program (TUNED_INT4's run 8 to 32)
+    At one row: the one-row kernel (tgi_compat/kernels/gemv/int4_one_row.py), 16 rows a program (TUNED_INT4's run 8 to 32)
     over a K tile of 1,024 features a warp (4 warps at 4,096, fewer where that does not divide K), K split into
     such tiles past 4,096 (down's 14,336: 7 tiles of 2,048); the tile kernel where no such tile divides K. On an
     H100 (BENCHMARKS.md, thirteenth session) the rule read 1.5-3.6x faster than the tile kernel on seven untuned
@@ -901,7 +901,7 @@ def gemv(
     push: PushTarget | None = None,  # send the output to the other ranks as it is stored (not int4)
 ) -> torch.Tensor:
     """Returns [M, N] in x's dtype. With `push`, the caller finishes the sum over the ranks with
-    tgi_compat.kernels.one_shot_all_reduce.one_shot_all_reduce_(out, ..., sent=True)."""
+    tgi_compat.kernels.comm.one_shot_all_reduce.one_shot_all_reduce_(out, ..., sent=True)."""
     n, k = weight.shape
     m = x.shape[0]
     assert x.stride(-1) == 1 and x.shape[1] == (2 * k if silu_mul else k), (tuple(x.shape), (n, k))
@@ -1014,7 +1014,7 @@ def _launch_int4(
     assert _is_power_of_2(group_size) and weight.data.stride(1) == 1, group_size
     config = config or int4_config(k, m, group_size, n, prologue)
     if config.one_row and m == 1:
-        from tgi_compat.kernels.gemv_int4_one_row import launch_int4_one_row  # (it imports this module's helpers)
+        from tgi_compat.kernels.gemv.int4_one_row import launch_int4_one_row  # (it imports this module's helpers)
 
         launch_int4_one_row(common, weight, bias, out, eps, prologue, has_residual, config, pdl)
         return
@@ -1111,8 +1111,8 @@ def gemv_ref(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(y, x + residual or None) with the unfused kernels' roundings, product in fp32 with the dequantized weight;
     with x_norm_weight, x is rmsnorm(x, x_norm_weight) first."""
-    from tgi_compat.kernels.rmsnorm import rmsnorm_ref
-    from tgi_compat.kernels.silu_mul import gelu_tanh_mul_ref, silu_mul_ref
+    from tgi_compat.kernels.elementwise.rmsnorm import rmsnorm_ref
+    from tgi_compat.kernels.elementwise.silu_mul import gelu_tanh_mul_ref, silu_mul_ref
 
     summed = None
     if silu_mul:

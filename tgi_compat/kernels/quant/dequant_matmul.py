@@ -6,7 +6,7 @@
 The int4 layout is interleaved in periods of P input features (P = `int4_period(G)`, 128 for groups
 of 128): a period is P/8 consecutive int32 words, and nibble i of its word j holds feature i * P/8 + j.
 So nibble i of a run of words covers a contiguous run of features, and all eight nibbles of a word
-share one group: the few-row GEMV (tgi_compat.kernels.gemv) unpacks a word with one shift and one mask per
+share one group: the few-row GEMV (tgi_compat.kernels.gemv.gemv) unpacks a word with one shift and one mask per
 nibble against contiguous activations. `pack_int4` / `unpack_int4` convert from / to plain values.
 
 One program per [BLOCK_M, BLOCK_N] output tile walks K, dequantizes a [BLOCK_N, BLOCK_K] weight

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.decode_attention import attend_kv_block
+from tgi_compat.kernels.attention.decode import attend_kv_block
 
 
 # The per-request metadata are views of one step buffer at any offset, read a scalar at a time:

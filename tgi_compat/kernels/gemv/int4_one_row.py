@@ -1,4 +1,4 @@
-"""The one-row int4 GEMV (decode at batch 1): `GemvConfig.one_row` selects it, tgi_compat.kernels.gemv.TUNED_INT4 for
+"""The one-row int4 GEMV (decode at batch 1): `GemvConfig.one_row` selects it, tgi_compat.kernels.gemv.gemv.TUNED_INT4 for
 Llama-3-8B's four projections.
 
 Each program owns `block_n` output rows and a K slice of `block_k * tiles` features:
@@ -23,7 +23,7 @@ Each program owns `block_n` output rows and a K slice of `block_k * tiles` featu
   about 470 (scripts/gemv_resources.py). On an H100 (BENCHMARKS.md, thirteenth session) that, with the row blocks
   (8 to 32 rows a program) it makes the fastest, took the four Llama-3-8B GEMVs from 64.8 to 57.2 us a layer.
 
-K is split over `split_k` programs where N / block_n leaves SMs idle (tgi_compat.kernels.gemv._reduce_split_k adds them).
+K is split over `split_k` programs where N / block_n leaves SMs idle (tgi_compat.kernels.gemv.gemv._reduce_split_k adds them).
 A split of several tiles walks them in a software-pipelined loop (`num_stages`); the tuned configs use one tile.
 """
 
@@ -35,8 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.dequant_matmul import int4_period
-from tgi_compat.kernels.gemv import (
+from tgi_compat.kernels.elementwise.silu_mul import gated_activation
+from tgi_compat.kernels.gemv.gemv import (
     PROLOGUE_NORM_ADD_NORM,
     GemvConfig,
     QuantizedWeight,
@@ -48,7 +48,7 @@ from tgi_compat.kernels.gemv import (
     split_k_scratch,
 )
 from tgi_compat.kernels.pdl import launch_options
-from tgi_compat.kernels.silu_mul import gated_activation
+from tgi_compat.kernels.quant.dequant_matmul import int4_period
 
 
 @triton.jit
@@ -68,7 +68,7 @@ def _activation(x_ptr, residual_ptr, norm_weight_ptr, offs_k, K, PROLOGUE: tl.co
             h = (h.to(tl.float32) + tl.load(residual_ptr + offs_k).to(tl.float32)).to(dtype)
         hf = h.to(tl.float32)
         return hf * tl.load(norm_weight_ptr + offs_k).to(tl.float32), hf * hf
-    if PROLOGUE == 2 or PROLOGUE == 3:  # rounded to x's dtype as tgi_compat/kernels/silu_mul.py stores it
+    if PROLOGUE == 2 or PROLOGUE == 3:  # rounded to x's dtype as tgi_compat/kernels/elementwise/silu_mul.py stores it
         gate = tl.load(x_ptr + offs_k).to(tl.float32)
         up = tl.load(x_ptr + offs_k + K).to(tl.float32)
         xk = gated_activation(gate, up, PROLOGUE == 3).to(dtype).to(tl.float32)
@@ -170,12 +170,12 @@ def _gemv_int4_one_row_kernel(
     residual_ptr,  # [1, K], read when HAS_RESIDUAL
     residual_out_ptr,  # [1, K], receives x + residual when HAS_RESIDUAL
     norm_weight_ptr,  # [K], RMSNORM only
-    w_ptr,  # int32 [N, K/8], interleaved in periods of PERIOD features (tgi_compat.kernels.dequant_matmul)
+    w_ptr,  # int32 [N, K/8], interleaved in periods of PERIOD features (tgi_compat.kernels.quant.dequant_matmul)
     scale_ptr,  # [N, K/G]
     zero_ptr,  # [N, K/G], same strides as scale
     bias_ptr,  # [N], when HAS_BIAS
     out_ptr,  # [1, N]
-    partial_ptr,  # fp32 [programs along N, SPLIT_K, 1, BLOCK_N + 1] when SPLIT_K > 1 (tgi_compat.kernels.gemv._reduce_split_k)
+    partial_ptr,  # fp32 [programs along N, SPLIT_K, 1, BLOCK_N + 1] when SPLIT_K > 1 (tgi_compat.kernels.gemv.gemv._reduce_split_k)
     counter_ptr,  # int32 [programs along N], zero between launches, when SPLIT_K > 1
     N,
     K,

@@ -20,7 +20,7 @@ a 16-bit pattern. No NVLink multicast: only peer stores and local loads.
 The same trip gathers (`one_shot_all_gather`, the vocab-parallel logits): each rank's values are put side by side
 instead of added.
 
-The kernel that computes a rank's part may send it itself (`send_to_peers`, tgi_compat.kernels.gemv's `push`): each of its
+The kernel that computes a rank's part may send it itself (`send_to_peers`, tgi_compat.kernels.gemv.gemv's `push`): each of its
 programs sends its outputs as it stores them, and the all-reduce then only gathers (`sent=True`). The sends of all
 but the last programs overlap the computation, and the all-reduce's load of x and its sends leave the critical path.
 """
@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tgi_compat.kernels.elementwise.rmsnorm import load_weight, rms_normalize, rounded_sum
 from tgi_compat.kernels.pdl import launch_options, use_pdl
-from tgi_compat.kernels.rmsnorm import load_weight, rms_normalize, rounded_sum
 
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 2048  # 8 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
@@ -43,7 +43,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 
 class PushTarget(NamedTuple):
-    """This rank's all-reduce buffers, for a kernel that sends its output to the peers itself (tgi_compat.kernels.gemv's
+    """This rank's all-reduce buffers, for a kernel that sends its output to the peers itself (tgi_compat.kernels.gemv.gemv's
     `push`): the all-reduce then runs with `sent=True` and only gathers."""
 
     buffer_ptrs: torch.Tensor  # int64 [world]
@@ -245,7 +245,7 @@ def one_shot_all_reduce_rmsnorm(
     rank: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, H] (this rank's part) summed over the ranks, plus residual, RMS-normed and scaled by weight:
-    (normed, sum + residual), each rounded as all-reduce, add and `tgi_compat.kernels.rmsnorm.rmsnorm` round them one after
+    (normed, sum + residual), each rounded as all-reduce, add and `tgi_compat.kernels.elementwise.rmsnorm.rmsnorm` round them one after
     another. The same trip, buffers and halves as `one_shot_all_reduce_`; H must pass `fuses_rmsnorm`."""
     rows, hidden = x.shape
     assert fuses_rmsnorm(hidden) and x.is_contiguous() and residual.is_contiguous(), (x.shape, residual.shape)

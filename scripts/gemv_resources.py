@@ -3,7 +3,7 @@
     python scripts/gemv_resources.py [--format int4|fp8] N,K,PROLOGUE,ROWS[,block_n,block_k,warps,stages,split_k] ...
 
 PROLOGUE: 0 plain, 1 RMSNorm + residual, 2 SiLU-mul. Without the config fields the default config runs
-(tgi_compat.kernels.gemv.gemv.gemv_config). --one-row makes a given config run the one-row int4 kernel (tgi_compat/kernels/gemv/int4_one_row.py)
+(tgi_compat.kernels.gemv.config.gemv_config). --one-row makes a given config run the one-row int4 kernel (tgi_compat/kernels/gemv/int4_one_row.py)
 instead of the tile kernel; --sass counts the kernel's SASS opcodes (GEMV_SASS_OUT=FILE also writes its SASS and
 TTGIR). Triton's NVIDIA backend builds the launch down to a cubin through scripts/check_kernels_compile.py's
 compile-only driver; cuobjdump (shipped with Triton) reads its resource usage.
@@ -44,8 +44,10 @@ def main() -> None:
     import torch
     import triton
 
-    from tgi_compat.kernels.gemv import gemv
-    from tgi_compat.kernels.gemv import int4_one_row as gemv_int4_one_row
+    from tgi_compat.kernels.gemv import dense, int4, int4_one_row
+    from tgi_compat.kernels.gemv.config import int4_config
+    from tgi_compat.kernels.gemv.gemv import gemv
+    from tgi_compat.kernels.gemv.types import GemvConfig, QuantizedWeight
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     for spec in args.cases:
@@ -53,10 +55,10 @@ def main() -> None:
         config = None
         if fields:
             block_n, block_k, warps, stages, *split = fields
-            config = gemv.GemvConfig(block_n, block_k, warps, stages, split_k=split[0] if split else 1,
-                                     one_row=args.one_row)  # fmt: skip
+            split_k = split[0] if split else 1
+            config = GemvConfig(block_n, block_k, warps, stages, split_k=split_k, one_row=args.one_row)
         if args.format == "int4" and config is None:
-            config = gemv.int4_config(k, rows, 128, n, prologue)
+            config = int4_config(k, rows, 128, n, prologue)
             if config.separate_prologue and prologue:  # its first launch would be the norm's
                 print(f"{spec}: the default config runs its prologue as its own kernel; the GEMV compiled without it")
                 config, prologue = dataclasses.replace(config, separate_prologue=False), 0
@@ -64,19 +66,19 @@ def main() -> None:
         kwargs: dict = {"silu_mul": True} if prologue == 2 else {}
         if prologue == 1:
             zeros = torch.zeros(rows, k, dtype=torch.bfloat16)
-            kwargs = dict(norm_weight=torch.ones(k, dtype=torch.bfloat16), eps=1e-5, residual=zeros,
-                          residual_out=zeros.clone())  # fmt: skip
+            norm_weight = torch.ones(k, dtype=torch.bfloat16)
+            kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=zeros, residual_out=zeros.clone())
         if args.format == "int4":
             groups = torch.ones(n, k // 128, dtype=torch.bfloat16)
-            weight = gemv.QuantizedWeight(torch.zeros(n, k // 8, dtype=torch.int32), groups, groups.clone(), 128)
+            weight = QuantizedWeight(torch.zeros(n, k // 8, dtype=torch.int32), groups, groups.clone(), 128)
             one_row = config is not None and config.one_row
-            kernel_fn = gemv_int4_one_row._gemv_int4_one_row_kernel if one_row else gemv._gemv_int4_kernel
+            kernel_fn = int4_one_row._gemv_int4_one_row_kernel if one_row else int4._gemv_int4_kernel
         else:
-            weight = gemv.QuantizedWeight(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(n))
-            kernel_fn = gemv._gemv_kernel
+            weight = QuantizedWeight(torch.zeros(n, k, dtype=torch.uint8).view(torch.float8_e4m3fn), torch.ones(n))
+            kernel_fn = dense._gemv_kernel
         kernel_fn.device_caches.clear()
         try:
-            gemv.gemv(x, weight, config=config, **kwargs)
+            gemv(x, weight, config=config, **kwargs)
         except Exception as exc:
             if type(exc).__name__ != "Compiled":
                 raise

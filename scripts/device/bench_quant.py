@@ -51,8 +51,12 @@ from tune_gemv import graph_us
 
 from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
 from tgi_compat.kernels.elementwise.rmsnorm import rmsnorm
-from tgi_compat.kernels.gemv import gemv as gemv_module
-from tgi_compat.kernels.gemv.gemv import (
+from tgi_compat.kernels.gemv import tuned as gemv_tuned
+from tgi_compat.kernels.gemv.config import int4_config, int4_register_estimate
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.int4 import int4_launch_tiles
+from tgi_compat.kernels.gemv.int4_one_row import one_row_tiles
+from tgi_compat.kernels.gemv.types import (
     PROLOGUE_NONE,
     PROLOGUE_RMSNORM,
     PROLOGUE_SILU_MUL,
@@ -61,16 +65,11 @@ from tgi_compat.kernels.gemv.gemv import (
     WEIGHT_ROW_SCALED,
     GemvConfig,
     QuantizedWeight,
-    gemv,
-    gemv_ref,
-    int4_config,
-    int4_launch_tiles,
-    int4_register_estimate,
-    split_k_counters,
 )
-from tgi_compat.kernels.gemv.int4_one_row import one_row_tiles
-from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref
+from tgi_compat.kernels.quant.int4_layout import pack_int4
 from tgi_compat.kernels.quant.per_token import quant_per_token, rmsnorm_quant_per_token
+from tgi_compat.kernels.split_k import split_k_counters
 from tgi_compat.modeling.attention.triton_backend import MAX_DECODE_SPLITS
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
@@ -191,9 +190,9 @@ SWEEP_ROW_SCALED = [  # at most 64 fp32 accumulators a thread (block_n x block_k
     (4, 2048, 4, 1, True),
     (16, 512, 4, 1, False, 1, True),
 ]  # the last: separate_prologue
-# The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (tgi_compat.kernels.gemv.gemv.int4_config): one axis
+# The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (tgi_compat.kernels.gemv.config.int4_config): one axis
 # at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping configs that
-# would spill on sm_90 (tgi_compat.kernels.gemv.gemv.int4_register_estimate), within a time budget (compiles dominate).
+# would spill on sm_90 (tgi_compat.kernels.gemv.config.int4_register_estimate), within a time budget (compiles dominate).
 INT4_AXES = {
     "block_k": (256, 512, 1024, 2048, 4096),
     "num_warps": (1, 2, 4, 8),
@@ -208,7 +207,7 @@ INT4_ROW_AXES = ("block_k", "num_warps", "block_n", "split_k", "separate_prologu
 # (block_n, block_k, split_k): the twelfth session's H100 sweep's best (the fp32 kernel's)
 INT4_ONE_ROW_SEEDS = [(16, 4096, 1), (16, 2048, 7), (8, 4096, 1)]
 # Starting points measured beside the default at one row (block_n, block_k, num_warps, split_k): K tiles of 1,024
-# features a warp, where x's layout is the weight tile's (see tgi_compat.kernels.gemv.gemv.int4_config), which one axis at a time
+# features a warp, where x's layout is the weight tile's (see tgi_compat.kernels.gemv.config.int4_config), which one axis at a time
 # cannot reach from another such point; split-K keeps that ratio per split.
 INT4_SEEDS = [(4, 4096, 4, 1), (8, 4096, 4, 1), (2, 4096, 4, 1), (8, 2048, 2, 1), (4, 2048, 2, 1), (8, 1024, 1, 1),
               (8, 2048, 2, 2), (4, 1024, 1, 2), (8, 2048, 4, 1)]  # fmt: skip
@@ -284,7 +283,7 @@ def gemv_kernels(bandwidth: float, sweep: bool, multi_rows: bool) -> dict:
         log("best fp8 GEMV configs at one row (block_n, block_k, num_warps, num_stages[, prefetch, ...]):")
         for key, config in report["best_configs"].items():
             log(f"  {key:14s} {config}")
-        log("TUNED_ROW_SCALED = {  # tgi_compat/kernels/gemv/gemv.py")
+        log("TUNED_ROW_SCALED = {  # tgi_compat/kernels/gemv/tuned.py")
         for (n, k, prologue), config in report["tuned_row_scaled"].items():
             log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}): {config_literal(config)},")
         log("}")
@@ -375,7 +374,7 @@ def int4_sweep(bandwidth: float, budget_s: float) -> dict:
         log(f"int4 {shape:8s} {rows} row(s): default {seen[default]:7.1f} us ({pct[default]:3.0f}% of copy BW), "
             f"best of {len(seen):2d} {seen[best]:7.1f} us ({pct[best]:3.0f}%) {config_literal(best)}")  # fmt: skip
     log(f"int4 sweep: {len(report['timings'])} configs in {budget_s - max(0.0, deadline - time.monotonic()):.0f} s")
-    log("TUNED_INT4 = {  # tgi_compat/kernels/gemv/gemv.py")
+    log("TUNED_INT4 = {  # tgi_compat/kernels/gemv/tuned.py")
     for (n, k, prologue, block_m), config in report["tuned"].items():
         log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}, {block_m}): {config_literal(config)},")
     log("}")
@@ -404,7 +403,7 @@ def int4_one_row(bandwidth: float, budget_s: float) -> dict:
         configs = [c for c in one_row_candidates(n, k) if not c.separate_prologue or prologue != PROLOGUE_NONE]
         report["rows"] += time_int4_configs(bandwidth, "int4 one-row", shape, configs, budget_s)
     report["tuned"] = fastest_int4_configs(report["rows"])
-    log("TUNED_INT4 one-row entries = {  # tgi_compat/kernels/gemv/gemv.py")
+    log("TUNED_INT4 one-row entries = {  # tgi_compat/kernels/gemv/tuned.py")
     for (n, k, prologue, rows), config in report["tuned"].items():
         log(f"    ({n}, {k}, {PROLOGUE_CONSTANTS[prologue]}, {rows}): {config_literal(config)},")
     log("}")
@@ -660,10 +659,10 @@ def summarize(report: dict) -> dict:
 
 
 def install_tuned(report: dict) -> None:
-    """The sweeps' best configs into tgi_compat.kernels.gemv.gemv's tables, so the decode steps below run them."""
-    gemv_module.TUNED_ROW_SCALED.update(report.get("kernels", {}).get("tuned_row_scaled", {}))
-    gemv_module.TUNED_INT4.update(report.get("int4_sweep", {}).get("tuned", {}))
-    log(f"decode steps run {len(gemv_module.TUNED_ROW_SCALED)} tuned fp8/int8 and {len(gemv_module.TUNED_INT4)} "
+    """The sweeps' best configs into tgi_compat.kernels.gemv.tuned's tables, so the decode steps below run them."""
+    gemv_tuned.TUNED_ROW_SCALED.update(report.get("kernels", {}).get("tuned_row_scaled", {}))
+    gemv_tuned.TUNED_INT4.update(report.get("int4_sweep", {}).get("tuned", {}))
+    log(f"decode steps run {len(gemv_tuned.TUNED_ROW_SCALED)} tuned fp8/int8 and {len(gemv_tuned.TUNED_INT4)} "
         f"tuned int4 GEMV configs")  # fmt: skip
 
 
@@ -726,7 +725,7 @@ def main() -> None:
         report["steps"] = {}
         for scheme in SCHEMES:
             if scheme == "w4a16_int4" and "int4_one_row" in report:  # the fastest one-row config of each shape
-                gemv_module.TUNED_INT4.update(report["int4_one_row"]["tuned"])
+                gemv_tuned.TUNED_INT4.update(report["int4_one_row"]["tuned"])
             if scheme is None or scheme in args.schemes.split(","):  # bf16 always: the ratios' base
                 report["steps"][scheme or "bf16"] = decode_steps(hf_config, state_dict, scheme, args.profile_b1)
             save(f"steps {scheme or 'bf16'}")

@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_quant import make_weight
 
-from tgi_compat.kernels.gemv.gemv import PROLOGUE_NONE, GemvConfig, gemv, gemv_config_for
+from tgi_compat.kernels.gemv.config import gemv_config_for
+from tgi_compat.kernels.gemv.gemv import gemv
+from tgi_compat.kernels.gemv.types import PROLOGUE_NONE, GemvConfig
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 

@@ -31,16 +31,15 @@ from bench_gpu import copy_bandwidth
 
 from tgi_compat.kernels.elementwise.rmsnorm import norm_add_rmsnorm, rmsnorm
 from tgi_compat.kernels.elementwise.silu_mul import silu_mul
-from tgi_compat.kernels.gemv.gemv import (
+from tgi_compat.kernels.gemv.config import rule_of_thumb_config
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.tuned import TUNED
+from tgi_compat.kernels.gemv.types import (
     PROLOGUE_NONE,
     PROLOGUE_NORM_ADD_NORM,
     PROLOGUE_RMSNORM,
     PROLOGUE_SILU_MUL,
-    TUNED,
     GemvConfig,
-    gemv,
-    gemv_ref,
-    rule_of_thumb_config,
 )
 
 DEV = "cuda"

@@ -41,10 +41,13 @@ from tgi_compat.kernels.elementwise.rmsnorm import (
     rmsnorm_ref,
 )
 from tgi_compat.kernels.elementwise.silu_mul import silu_mul, silu_mul_ref
-from tgi_compat.kernels.gemv.gemv import QuantizedWeight, gemv, gemv_ref, split_k_counters
-from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.types import QuantizedWeight
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref
 from tgi_compat.kernels.quant.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
+from tgi_compat.kernels.quant.int4_layout import pack_int4
 from tgi_compat.kernels.quant.per_token import quant_per_token, rmsnorm_quant_per_token
+from tgi_compat.kernels.split_k import split_k_counters
 from tgi_compat.modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 DEV = "cuda"
@@ -464,7 +467,7 @@ def test_int4_gemv_split_k() -> None:
     """int4 split-K on real concurrent programs: the same bits on every launch (partials added in split order),
     the reference's values, the counters left at zero, in a CUDA graph replayed as well as eagerly; the tile kernel
     at 1 and 8 rows and the one-row kernel (tgi_compat/kernels/gemv/int4_one_row.py)."""
-    from tgi_compat.kernels.gemv.gemv import GemvConfig
+    from tgi_compat.kernels.gemv.types import GemvConfig
 
     n, k, dtype = 1536, 4096, torch.bfloat16
     w = QuantizedWeight(

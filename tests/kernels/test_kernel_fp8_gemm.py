@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.gemv.gemv import split_k_counters
 from tgi_compat.kernels.quant.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
 from tgi_compat.kernels.quant.per_token import quant_per_token_ref
+from tgi_compat.kernels.split_k import split_k_counters
 from tgi_compat.modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.gemv.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.types import GemvConfig, QuantizedWeight
 
 CONFIGS = [
     GemvConfig(block_n=8, block_k=32, num_warps=1),

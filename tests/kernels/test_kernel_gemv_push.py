@@ -17,7 +17,8 @@ import torch
 
 from tests.kernels.test_kernel_one_shot_all_reduce import run_ranks
 from tgi_compat.kernels.comm.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, PushTarget, all_reduce_ref
-from tgi_compat.kernels.gemv.gemv import QuantizedWeight, gemv
+from tgi_compat.kernels.gemv.gemv import gemv
+from tgi_compat.kernels.gemv.types import QuantizedWeight
 
 CAPACITY = 3 * BLOCK
 K = 32

@@ -78,10 +78,20 @@ def send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.cons
 
 
 @triton.jit
-def push_to_peers(values, flat, mask, buffer_ptrs, halves_ptr, capacity, RANK: tl.constexpr, WORLD: tl.constexpr,
-                  PUSH_BLOCK: tl.constexpr, SENTINEL: tl.constexpr):  # fmt: skip
-    """`send_to_peers` from the kernel that computes this rank's part of a sum (a `PushTarget`'s): each value goes
-    in the half that the all-reduce's program of its elements (PUSH_BLOCK of them) will read next."""
+def push_to_peers(
+    values,
+    flat,
+    mask,
+    target,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    PUSH_BLOCK: tl.constexpr,
+    SENTINEL: tl.constexpr,
+):
+    """`send_to_peers` from the kernel that computes this rank's part of a sum (`target`: its `PushTarget`'s
+    (buffer_ptrs, halves_ptr, capacity)): each value goes in the half that the all-reduce's program of its elements
+    (PUSH_BLOCK of them) will read next."""
+    buffer_ptrs, halves_ptr, capacity = target
     half = tl.load(halves_ptr + flat // PUSH_BLOCK, mask=mask, other=0) ^ 1
     send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
 

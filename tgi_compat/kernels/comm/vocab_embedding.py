@@ -48,10 +48,8 @@ def _vocab_shard_embedding_kernel(
     flat = token * hidden + cols  # out is [T, hidden] contiguous: element (t, c) is the all-reduce's t * hidden + c
     tl.store(out_ptr + flat, values, mask=in_row)
     if PUSH:
-        push_to_peers(
-            values, flat, in_row, push_buffer_ptrs, push_halves_ptr, push_capacity, PUSH_RANK, PUSH_WORLD, PUSH_BLOCK,
-            SENTINEL,
-        )  # fmt: skip
+        target = (push_buffer_ptrs, push_halves_ptr, push_capacity)
+        push_to_peers(values, flat, in_row, target, PUSH_RANK, PUSH_WORLD, PUSH_BLOCK, SENTINEL)
 
 
 def vocab_shard_embedding(
@@ -64,10 +62,11 @@ def vocab_shard_embedding(
     out = torch.empty(num_tokens, hidden, dtype=weight.dtype, device=weight.device)
     if num_tokens == 0:
         return out
-    _vocab_shard_embedding_kernel[(num_tokens, triton.cdiv(hidden, BLOCK))](
-        ids, weight, out, start, size, hidden, weight.stride(0), BLOCK=BLOCK, **push_kernel_args(push, ids),
-        num_warps=4,
-    )  # fmt: skip
+    grid = (num_tokens, triton.cdiv(hidden, BLOCK))
+    push_args = push_kernel_args(push, ids)
+    _vocab_shard_embedding_kernel[grid](
+        ids, weight, out, start, size, hidden, weight.stride(0), BLOCK=BLOCK, num_warps=4, **push_args
+    )
     return out
 
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from tgi_compat.kernels.gemv.gemv import split_k_scratch
+from tgi_compat.kernels.split_k import split_k_scratch
 
 
 class Fp8GemmConfig(NamedTuple):
@@ -150,7 +150,7 @@ def _fp8_gemm_kernel(
     else:
         # Each program parks its partial tile in its own slot, then counts itself in; the barriers order the
         # CTA's stores before the release of its count (and the acquire before the reads), and the reads
-        # bypass L1, which is not coherent between SMs (as tgi_compat/kernels/gemv/gemv.py's split-K does).
+        # bypass L1, which is not coherent between SMs (as tgi_compat/kernels/gemv/epilogue.py's split-K does).
         tile = pid_m * tl.num_programs(0) + pid_n
         offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         tile_ptr = partial_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)

@@ -16,7 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tgi_compat.kernels.gemv.gemv import PROLOGUE_NONE, QuantizedWeight, gemv, gemv_config_for
+from tgi_compat.kernels.gemv.config import gemv_config_for
+from tgi_compat.kernels.gemv.gemv import gemv
+from tgi_compat.kernels.gemv.types import PROLOGUE_NONE, QuantizedWeight
 from tgi_compat.modeling.layers.quantization import method_for_new_linear
 from tgi_compat.modeling.layers.quantization.base import (
     ROW_LAYOUT,

@@ -13,14 +13,14 @@ import torch
 from tgi_compat.kernels.attention.rotary import rotary_embedding
 from tgi_compat.kernels.elementwise.rmsnorm import norm_add_rmsnorm, qk_rmsnorm, rmsnorm
 from tgi_compat.kernels.elementwise.silu_mul import silu_mul
-from tgi_compat.kernels.gemv.gemv import (
+from tgi_compat.kernels.gemv.config import gemv_config_for
+from tgi_compat.kernels.gemv.gemv import gemv
+from tgi_compat.kernels.gemv.types import (
     PROLOGUE_GELU_TANH_MUL,
     PROLOGUE_NONE,
     PROLOGUE_NORM_ADD_NORM,
     PROLOGUE_RMSNORM,
     PROLOGUE_SILU_MUL,
-    gemv,
-    gemv_config_for,
 )
 from tgi_compat.kernels.quant.per_token import rmsnorm_quant_per_token, silu_mul_quant_per_token
 from tgi_compat.modeling.layers.linear import Linear

@@ -23,7 +23,7 @@ import torch.nn as nn
 from tgi_compat.modeling.weights.lazy import LazyTensor
 
 if TYPE_CHECKING:
-    from tgi_compat.kernels.gemv.gemv import QuantizedWeight
+    from tgi_compat.kernels.gemv.types import QuantizedWeight
     from tgi_compat.modeling.layers.linear import Linear
 
 

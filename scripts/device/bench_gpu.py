@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import LLAMA3_8B, QWEN2_7B, build_runner, capture_graphs, decode_batch, hf_model
 
-from tgi_compat.kernels.attention.decode import NewTokenKV, choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.prefill import prefill_attention
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
 

@@ -23,12 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 from common import build_runner, capture_graphs, greedy_generate, hf_model
 
 from tgi_compat.kernels.attention.decode import (
-    NewTokenKV,
     choose_block_n,
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
 )
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.kv_store import kv_store, kv_store_ref
 from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.attention.decode import NewTokenKV, decode_attention, decode_attention_ref, merge_chunk
+from tgi_compat.kernels.attention.decode import decode_attention, decode_attention_ref
+from tgi_compat.kernels.attention.decode_merge import merge_chunk
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
 from tgi_compat.kernels.attention.rotary import rotary_embedding_ref
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tgi_compat.kernels.attention.decode import NewTokenKV, choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store

@@ -40,9 +40,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_gpu import copy_bandwidth, fill_context, graph_ms, log, median_ms, profile_step, time_decode
 from tune_fused_moe import SHAPES, render_table, tune
 
-import tgi_compat.kernels.moe.fused_moe as fm
 import tgi_compat.modeling.layers.moe as moe_layer
-from tgi_compat.kernels.moe.fused_moe import fused_moe, fused_moe_ref
+from tgi_compat.kernels.moe.fused_moe import fused_moe, fused_moe_ref, moe_config
+from tgi_compat.kernels.moe.routing import fused_route, route_ref
+from tgi_compat.kernels.moe.tuned import TUNED
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
@@ -139,11 +140,11 @@ def bench_mixtral(layers: int, bandwidth: float) -> dict:
     eager = runner._forward_eager
     result["fused_eager_b64_ms"] = time_decode(eager, batch, max_len, vocab, STEPS, CONTEXT)
     # transformers' algorithm: torch routing and the expert loop (the layer looks both up at call time)
-    moe_layer.fused_moe, moe_layer.fused_route = fused_moe_ref, fm.route_ref
+    moe_layer.fused_moe, moe_layer.fused_route = fused_moe_ref, route_ref
     try:
         result["loop_eager_b64_ms"] = time_decode(eager, batch, max_len, vocab, 8, CONTEXT)
     finally:
-        moe_layer.fused_moe, moe_layer.fused_route = fused_moe, fm.fused_route
+        moe_layer.fused_moe, moe_layer.fused_route = fused_moe, fused_route
     result["speedup_eager"] = result["loop_eager_b64_ms"] / result["fused_eager_b64_ms"]
     result["speedup_graphs"] = result["loop_eager_b64_ms"] / result["graphs_b64_ms"]
     # at 64 rows every expert is chosen: a step reads all weights once, at best at copy bandwidth
@@ -173,7 +174,7 @@ def bench_fused_moe_batch1(bandwidth: float) -> dict:
     ref_ms = timed(fused_moe_ref, x, w13, w2, topk_weights, topk_ids)
     moved = 2 * 3 * hidden * inter * 2  # two experts' w1, w3, w2 in bf16
     gbs = moved / (ms * 1e-3) / 1e9
-    config = fm.moe_config(1, experts, 2, inter, hidden)
+    config = moe_config(1, experts, 2, inter, hidden)
     result = dict(ms=ms, eager_ms=eager_ms, loop_ms=ref_ms, gb_s=gbs, pct_copy=100 * gbs * 1e9 / bandwidth)
     result["config"] = repr(config)
     log(
@@ -303,7 +304,7 @@ def bench_moe(args: argparse.Namespace, bandwidth: float) -> dict:
         with open(os.path.join(os.environ.get("OUT", "."), "fused_moe_tuned.py"), "w") as f:
             f.write(text)
         experts, inter, hidden, _ = SHAPES["mixtral-8x7b"]
-        fm.TUNED.update({(experts, inter, hidden, tokens): config for tokens, config in tuned.items()})
+        TUNED.update({(experts, inter, hidden, tokens): config for tokens, config in tuned.items()})
     results["fused_moe_batch1"] = bench_fused_moe_batch1(bandwidth)
     results["mixtral"] = bench_mixtral(args.mixtral_layers, bandwidth)
     return results

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from tgi_compat.kernels.moe.fused_moe import fused_moe, fused_moe_ref, fused_route, route_ref
+from tgi_compat.kernels.moe.fused_moe import fused_moe, fused_moe_ref
+from tgi_compat.kernels.moe.routing import fused_route, route_ref
 from tgi_compat.modeling.layers.linear import Linear, LoadableParameter, MergedLinear, default_weight_loader
 from tgi_compat.modeling.layers.norm import RMSNorm
 from tgi_compat.modeling.layers.ops import LayerOps, sum_now

@@ -327,10 +327,10 @@ def test_backend_compiles_every_mixed_step_decode_variant_at_start() -> None:
         for batch in (1, 3, 16, 17, 33, 47, 80):
             kv_lens = torch.randint(1, 65, (batch,), device=DEV)
             rows = torch.randperm(max_rows, device=DEV)[:batch]
+            splits, block_n = backend._num_splits(batch), choose_block_n(batch, kv_heads, backend.num_sms)
             backend.metadata = TritonAttentionMetadata(
-                True, req_to_token, rows, rows, kv_lens, kv_lens, rows[:0], 1, backend._num_splits(batch),
-                choose_block_n(batch, kv_heads, backend.num_sms),
-            )  # fmt: skip
+                True, req_to_token, rows, rows, kv_lens, kv_lens, rows[:0], 1, splits, block_n
+            )
             q = torch.randn(batch, heads, head_dim, device=DEV, dtype=dtype)
             out = backend.forward(q, *kv_cache, params[0])
             ref = decode_attention_ref(q, *kv_cache, req_to_token, rows, kv_lens, head_dim**-0.5)
@@ -477,8 +477,8 @@ def test_int4_gemv_split_k() -> None:
         128,
     )
     norm_weight = 1 + 0.1 * torch.randn(k, device=DEV, dtype=dtype)
-    cases = [(GemvConfig(block_n=4, block_k=1024, num_warps=1, num_stages=1, split_k=split_k), rows)
-             for split_k, rows in itertools.product((2, 4), (1, 8))]  # fmt: skip
+    tile = dict(block_n=4, block_k=1024, num_warps=1, num_stages=1)
+    cases = [(GemvConfig(**tile, split_k=split_k), rows) for split_k, rows in itertools.product((2, 4), (1, 8))]
     cases += [
         (GemvConfig(block_n=16, block_k=2048, num_warps=2, split_k=split_k, one_row=True), 1) for split_k in (2, 4)
     ]
@@ -486,18 +486,18 @@ def test_int4_gemv_split_k() -> None:
         label = f"split_k={config.split_k}{' one-row kernel' if config.one_row else ''}"
         x, res = torch.randn(rows, k, device=DEV, dtype=dtype), torch.randn(rows, k, device=DEV, dtype=dtype)
         summed = torch.empty_like(res)
-        first = gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)
+        fused = dict(norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)
+        first = gemv(x, w, **fused)
         ref = gemv_ref(x, w, norm_weight=norm_weight, eps=1e-5, residual=res)[0]
         check(f"gemv int4 {label}, {rows} rows", rel_err(first, ref), 1e-2)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            replayed = gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)
+            replayed = gemv(x, w, **fused)
         differ = 0
         for _ in range(100):
             graph.replay()
             differ += not torch.equal(replayed, first)
-            differ += not torch.equal(gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res,
-                                           residual_out=summed, config=config), first)  # fmt: skip
+            differ += not torch.equal(gemv(x, w, **fused), first)
         check(f"gemv int4 {label}, {rows} rows: 200 launches differing from the first", differ, 0.5)
         check(f"gemv int4 {label} counters not zero", int(split_k_counters(x.device, 1).any()), 0.5)
 

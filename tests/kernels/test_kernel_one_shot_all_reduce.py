@@ -100,8 +100,7 @@ def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: py
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     buffers = [torch.full((2 * world * CAPACITY,), SENTINEL, dtype=torch.int16).share_memory_() for _ in range(world)]
     generator = torch.Generator().manual_seed(10 + world)
-    inputs = [[torch.randn(shape, generator=generator).to(torch.bfloat16) for shape in GATHER_SHAPES]
-              for _ in range(world)]  # fmt: skip
+    inputs = [[torch.randn(shape, generator=generator).bfloat16() for shape in GATHER_SHAPES] for _ in range(world)]
     for rank_inputs in inputs:
         rank_inputs[0][0, :3] = -0.0
     total = sum(rows * cols * world for rows, cols in GATHER_SHAPES)
@@ -109,8 +108,8 @@ def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: py
 
     run_ranks(_gathering_rank, world, buffers, inputs, results)
 
-    expected = torch.cat([torch.cat([inputs[r][i] for r in range(world)], dim=1).view(-1).double()
-                          for i in range(len(GATHER_SHAPES))])  # fmt: skip
+    side_by_side = [torch.cat([inputs[r][i] for r in range(world)], dim=1) for i in range(len(GATHER_SHAPES))]
+    expected = torch.cat([gathered.view(-1).double() for gathered in side_by_side])
     for r in range(world):
         assert torch.equal(results[r], expected)
     assert not torch.signbit(results[0][:3]).any()  # -0.0 came as +0.0
@@ -151,8 +150,8 @@ def test_all_reduce_with_residual_and_rmsnorm(world: int, monkeypatch: pytest.Mo
     from tgi_compat.kernels.elementwise.rmsnorm import rmsnorm_ref
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    buffers = [torch.full((2 * world * NORM_CAPACITY,), SENTINEL, dtype=torch.int16).share_memory_()
-               for _ in range(world)]  # fmt: skip
+    size = 2 * world * NORM_CAPACITY
+    buffers = [torch.full((size,), SENTINEL, dtype=torch.int16).share_memory_() for _ in range(world)]
     generator = torch.Generator().manual_seed(20 + world)
     inputs = [[torch.randn(shape, generator=generator).bfloat16() for shape in NORM_SHAPES] for _ in range(world)]
     residuals = [torch.randn(shape, generator=generator).bfloat16() for shape in NORM_SHAPES]

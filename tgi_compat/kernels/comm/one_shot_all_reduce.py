@@ -64,8 +64,9 @@ def _bits_to_send(values, SENTINEL: tl.constexpr):
 
 
 @triton.jit
-def send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.constexpr, WORLD: tl.constexpr,
-                  SENTINEL: tl.constexpr):  # fmt: skip
+def send_to_peers(
+    values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.constexpr, WORLD: tl.constexpr, SENTINEL: tl.constexpr
+):
     """`values` (16-bit floats at `flat` offsets of the sum) into slot RANK of half `half` (a scalar, or one per
     value) of every peer's buffer, any -0.0 as +0.0. Returns the bits sent."""
     bits = _bits_to_send(values, SENTINEL)
@@ -112,14 +113,14 @@ def push_kernel_args(push: PushTarget | None, dummy: torch.Tensor) -> dict:
 
 
 @triton.jit
-def _receive_all(mine, half, ranks, capacity, offs, mask, bits, RANK: tl.constexpr, WORLD: tl.constexpr,
-                 SENTINEL: tl.constexpr):  # fmt: skip
+def _receive_all(inbox, ranks, offs, mask, bits, RANK: tl.constexpr, WORLD: tl.constexpr, SENTINEL: tl.constexpr):
     """Every rank's bits of the sum's elements as a tile with one rank a row along dimension 0 (`ranks`: 0 ..
     WORLD_P2 - 1 along it; `offs`, `mask`, `bits` and a non-scalar `half`: the elements' tiles with a leading
     dimension of 1): row RANK is `bits` (this rank's own), row p < WORLD peer p's from slot p of half `half` of this
-    rank's buffer (`mine`), rows past WORLD 0. The peers' rows are loaded together and reloaded together until none
-    is SENTINEL, so that each look is one round trip to memory however many peers there are (waiting for each peer
-    in turn took one more a peer); they are then set back to SENTINEL."""
+    rank's buffer (`inbox` = (mine, half, capacity)), rows past WORLD 0. The peers' rows are loaded together and
+    reloaded together until none is SENTINEL, so that each look is one round trip to memory however many peers
+    there are (waiting for each peer in turn took one more a peer); they are then set back to SENTINEL."""
+    mine, half, capacity = inbox
     theirs = (ranks != RANK) & (ranks < WORLD) & mask
     slot = mine + (half * WORLD + ranks) * capacity + offs
     seen = tl.load(slot, mask=theirs, other=0, volatile=True)
@@ -178,8 +179,9 @@ def _one_shot_all_reduce_kernel(
     dtype = x_ptr.dtype.element_ty
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
     ranks = tl.arange(0, WORLD_P2)[:, None]
-    every = _receive_all(mine, half, ranks, capacity, offs[None, :], mask[None, :], bits[None, :], RANK, WORLD,
-                         SENTINEL).to(dtype, bitcast=True)  # fmt: skip
+    inbox = (mine, half, capacity)
+    received = _receive_all(inbox, ranks, offs[None, :], mask[None, :], bits[None, :], RANK, WORLD, SENTINEL)
+    every = received.to(dtype, bitcast=True)
     if GATHER:
         out_offs = (offs // cols) * (WORLD * cols) + offs % cols  # rank 0's columns of each row
         tl.store(out_ptr + out_offs[None, :] + ranks * cols, every, mask=(ranks < WORLD) & mask[None, :])
@@ -229,8 +231,10 @@ def _one_shot_all_reduce_rmsnorm_kernel(
     bits = send_to_peers(x, offs, everything, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
     ranks = tl.arange(0, WORLD_P2)[:, None, None]
-    every = _receive_all(mine, half[None, :, :], ranks, capacity, offs[None, :, :], everything[None, :, :],
-                         bits[None, :, :], RANK, WORLD, SENTINEL)  # fmt: skip
+    inbox = (mine, half[None, :, :], capacity)
+    every = _receive_all(
+        inbox, ranks, offs[None, :, :], everything[None, :, :], bits[None, :, :], RANK, WORLD, SENTINEL
+    )
     total = _sum_in_rank_order(every.to(x.dtype, bitcast=True).to(tl.float32), ranks, WORLD)
     summed = rounded_sum(total.to(x.dtype), residual)
     tl.store(residual_out_ptr + offs, summed)
@@ -266,10 +270,23 @@ def one_shot_all_reduce_rmsnorm(
         return normed, summed
     pdl = use_pdl(x)
     _one_shot_all_reduce_rmsnorm_kernel[(rows,)](
-        x, residual, weight, normed, summed, eps, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(),
-        triton.next_power_of_2(buffer_ptrs.numel()), hidden // BLOCK, BLOCK, SENTINEL, pdl,
-        num_warps=8 if hidden > 4096 else 4, **launch_options(pdl),
-    )  # fmt: skip
+        x,
+        residual,
+        weight,
+        normed,
+        summed,
+        eps,
+        buffer_ptrs,
+        halves,
+        capacity,
+        **_ranks(rank, buffer_ptrs),
+        PIECES=hidden // BLOCK,
+        BLOCK=BLOCK,
+        SENTINEL=SENTINEL,
+        USE_PDL=pdl,
+        num_warps=8 if hidden > 4096 else 4,
+        **launch_options(pdl),
+    )
     return normed, summed
 
 
@@ -282,14 +299,7 @@ def one_shot_all_reduce_(
     buffer_ptrs: int64 device addresses of every rank's buffer (int16 [2, ranks, capacity], filled with SENTINEL
     before the first sum), as symmetric memory maps them; halves: this rank's zeroed int32 [MAX_PROGRAMS]. Every
     rank calls it with the same numel in the same order."""
-    numel = x.numel()
-    assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
-    pdl = use_pdl(x)
-    _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, x, numel, buffer_ptrs, halves, capacity, 1, rank, buffer_ptrs.numel(),
-        triton.next_power_of_2(buffer_ptrs.numel()), BLOCK, SENTINEL, sent, False, pdl, num_warps=4,
-        **launch_options(pdl),
-    )  # fmt: skip
+    _launch_one_shot(x, x, 1, buffer_ptrs, halves, capacity, rank, sent=sent, gather=False)
     return x
 
 
@@ -300,16 +310,49 @@ def one_shot_all_gather(
     r * cols. The same trip and the same buffers as `one_shot_all_reduce_` (every rank calls the two kinds in
     the same order); a -0.0 arrives as +0.0."""
     rows, cols = x.shape
+    out = torch.empty(rows, buffer_ptrs.numel() * cols, dtype=x.dtype, device=x.device)
+    _launch_one_shot(x, out, cols, buffer_ptrs, halves, capacity, rank, sent=False, gather=True)
+    return out
+
+
+def _launch_one_shot(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    cols: int,
+    buffer_ptrs: torch.Tensor,
+    halves: torch.Tensor,
+    capacity: int,
+    rank: int,
+    sent: bool,
+    gather: bool,
+) -> None:
+    """`_one_shot_all_reduce_kernel` over x's BLOCKs: the sum in place (out is x) or the gather into out."""
     numel = x.numel()
     assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
-    world = buffer_ptrs.numel()
-    out = torch.empty(rows, world * cols, dtype=x.dtype, device=x.device)
     pdl = use_pdl(x)
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, out, numel, buffer_ptrs, halves, capacity, cols, rank, world, triton.next_power_of_2(world), BLOCK,
-        SENTINEL, False, True, pdl, num_warps=4, **launch_options(pdl),
-    )  # fmt: skip
-    return out
+        x,
+        out,
+        numel,
+        buffer_ptrs,
+        halves,
+        capacity,
+        cols,
+        **_ranks(rank, buffer_ptrs),
+        BLOCK=BLOCK,
+        SENTINEL=SENTINEL,
+        SENT=sent,
+        GATHER=gather,
+        USE_PDL=pdl,
+        num_warps=4,
+        **launch_options(pdl),
+    )
+
+
+def _ranks(rank: int, buffer_ptrs: torch.Tensor) -> dict[str, int]:
+    """The kernels' RANK, WORLD and WORLD_P2 (the world rounded up to a power of two: a tile's dimension)."""
+    world = buffer_ptrs.numel()
+    return dict(RANK=rank, WORLD=world, WORLD_P2=triton.next_power_of_2(world))
 
 
 def all_reduce_ref(inputs: list[torch.Tensor]) -> torch.Tensor:

@@ -89,7 +89,7 @@ def _dp4a(a, b, acc, B_SIGNED: tl.constexpr):
                 b_i = (b >> (8 * i)) & 0xFF
             out += ((a >> (8 * i)) & 0xFF) * b_i
     else:
-        asm = "dp4a.u32.s32 $0, $1, $2, $3;" if B_SIGNED else "dp4a.u32.u32 $0, $1, $2, $3;"
+        asm: tl.constexpr = "dp4a.u32.s32 $0, $1, $2, $3;" if B_SIGNED else "dp4a.u32.u32 $0, $1, $2, $3;"
         out = tl.inline_asm_elementwise(asm, "=r,r,r,r", [a, b, acc], dtype=tl.int32, is_pure=True, pack=1)
     return out
 

@@ -99,8 +99,11 @@ def main() -> None:
         found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
         ptx = kernel.asm["ptx"]
         loads = collections.Counter(m.group(0) for m in re.finditer(r"ld\.global[.\w]*", ptx))
-        print(f"{spec}: registers {found.group(1)}, stack {found.group(2)} B, shared {kernel.metadata.shared} B; "
-              f"bar.sync {ptx.count('bar.sync')}, st.shared {len(re.findall(r'st[.]shared', ptx))}; {dict(loads)}")  # fmt: skip
+        shared_stores = len(re.findall(r"st[.]shared", ptx))
+        print(
+            f"{spec}: registers {found.group(1)}, stack {found.group(2)} B, shared {kernel.metadata.shared} B; "
+            f"bar.sync {ptx.count('bar.sync')}, st.shared {shared_stores}; {dict(loads)}"
+        )
 
 
 if __name__ == "__main__":

@@ -201,9 +201,14 @@ def test_gguf_slices_read_only_their_part_and_equal_the_whole():
     from tests.modeling.helpers import smollm2_gguf_path
     from tgi_compat.modeling.weights.gguf import iterate_gguf, open_gguf
 
-    wanted = {"model.layers.0.self_attn.q_proj.weight": (0, 128, 192), "model.layers.0.self_attn.k_proj.weight": (0, 64, 64),
-              "model.layers.0.self_attn.o_proj.weight": (1, 384, 192), "model.layers.0.mlp.down_proj.weight": (1, 512, 1024),
-              "model.embed_tokens.weight": (0, 16384, 16384)}  # fmt: skip
+    layer = "model.layers.0."
+    wanted = {  # name: (the dimension sliced, its start, its size)
+        layer + "self_attn.q_proj.weight": (0, 128, 192),
+        layer + "self_attn.k_proj.weight": (0, 64, 64),
+        layer + "self_attn.o_proj.weight": (1, 384, 192),
+        layer + "mlp.down_proj.weight": (1, 512, 1024),
+        "model.embed_tokens.weight": (0, 16384, 16384),
+    }
     checked = 0
     for name, lazy in iterate_gguf(open_gguf(smollm2_gguf_path()), 9, 3, show_progress=False, lazy=True):
         if name in wanted:

@@ -109,8 +109,8 @@ class Int4LinearMethod(LinearMethod):
             register_param(layer, "weight", torch.empty(out_features, in_features, dtype=dtype), WEIGHT_LAYOUT)
             return
         weight_name, scale_name, zero_name = self._names()
-        register_param(layer, weight_name, torch.empty(out_features, in_features // 2, dtype=torch.uint8),
-                  ParamLayout(output_dim=0, input_dim=1, input_pack=2))  # fmt: skip
+        nibble_bytes = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
+        register_param(layer, weight_name, nibble_bytes, ParamLayout(output_dim=0, input_dim=1, input_pack=2))
         group_layout = ParamLayout(output_dim=0, input_dim=1, input_pack=self.group_size)
         register_param(layer, scale_name, torch.empty(out_features, groups, dtype=dtype), group_layout)
         if zero_name is not None:

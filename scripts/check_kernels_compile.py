@@ -8,12 +8,13 @@ the tests run with a driver that only compiles: Triton's frontend and its NVIDIA
 launch's kernel down to a cubin, then the launch stops with `Compiled`. Any other error is a kernel
 that would not compile on the GPU. Exit code 0 when every launch compiled.
 
-    python scripts/check_kernels_compile.py --dump DIR [--repo CHECKOUT] [pytest args]
+    python scripts/check_kernels_compile.py --dump DIR [--pdl] [--repo CHECKOUT] [pytest args]
     python scripts/check_kernels_compile.py --compare DIR_A DIR_B
 
 --dump writes the PTX of every kernel the tests compile into DIR (of CHECKOUT, default this one): launches do
 nothing instead of stopping, so a test goes on to its later launches until an assertion meets the unwritten
-outputs. --compare matches two dumps' kernels modulo names and line info: a refactor that leaves the generated
+outputs. --pdl launches the decode-step kernels as programmatic dependents, as on Hopper (CPU tensors never ask
+for it). --compare matches two dumps' kernels modulo names and line info: a refactor that leaves the generated
 code alone (a jit body split into helpers, a module moved) reports every kernel identical.
 """
 
@@ -110,6 +111,12 @@ def _record_and_skip(self):
 
 
 compiler.CompiledKernel._init_handles = _record_and_skip
+
+if os.environ.get("KERNEL_DUMP_PDL") == "1":  # before any kernel module binds these
+    from tgi_compat.kernels import pdl
+
+    pdl.use_pdl = lambda tensor: True
+    pdl.use_pdl_for_one_request = lambda tensor, num_requests: num_requests == 1
 """
 
 
@@ -124,9 +131,10 @@ def _run_tests(repo: Path, plugin: str, targets: list[str], env: dict[str, str])
         return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
 
 
-def dump(out: Path, repo: Path, targets: list[str]) -> int:
+def dump(out: Path, repo: Path, targets: list[str], pdl: bool) -> int:
     out.mkdir(parents=True, exist_ok=False)
-    result = _run_tests(repo, PLUGIN + DUMP_PLUGIN, targets, {"KERNEL_ASM_DUMP": str(out.resolve())})
+    env = {"KERNEL_ASM_DUMP": str(out.resolve()), "KERNEL_DUMP_PDL": "1" if pdl else "0"}
+    result = _run_tests(repo, PLUGIN + DUMP_PLUGIN, targets, env)
     print(result.stdout.splitlines()[-1] if result.stdout else result.stderr[-3000:])
     print(f"{sum(1 for _ in out.glob('*.ptx'))} kernels compiled for sm_90 into {out}")
     return 0
@@ -172,6 +180,7 @@ def compare(first: Path, second: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dump", type=Path, metavar="DIR")
+    parser.add_argument("--pdl", action="store_true")
     parser.add_argument("--repo", type=Path, default=REPO, metavar="CHECKOUT")
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("DIR_A", "DIR_B"))
     args, targets = parser.parse_known_args()
@@ -179,7 +188,7 @@ def main() -> int:
     if args.compare:
         return compare(*args.compare)
     if args.dump:
-        return dump(args.dump, args.repo.resolve(), targets)
+        return dump(args.dump, args.repo.resolve(), targets, args.pdl)
     result = _run_tests(REPO, PLUGIN, targets, {})
     errors = [line for line in result.stdout.splitlines() if line.startswith("E   ")]
     other = [line for line in errors if "Compiled: compiled for sm_90" not in line]

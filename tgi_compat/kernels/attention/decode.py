@@ -143,6 +143,7 @@ def _decode_stage1_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q and the newest K/V come from the previous kernels
 
+    # the split's keys: [start, end) of the visible [kv_begin, kv_len), whole blocks a split
     kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
     kv_begin = 0
     if SLIDING_WINDOW > 0:
@@ -151,6 +152,7 @@ def _decode_stage1_kernel(
     start = kv_begin + split * split_len
     end = tl.minimum(start + split_len, kv_len)
 
+    # the query heads of this KV head's group, padded to GROUP_PAD rows for tl.dot
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, BLOCK_D)
     heads = kv_head * GROUP + offs_g

@@ -3,7 +3,7 @@
     python -m benchmarks.gemv_resources [--format int4|fp8] N,K,PROLOGUE,ROWS[,block_n,block_k,warps,stages,split_k] ...
 
 PROLOGUE: 0 plain, 1 RMSNorm + residual, 2 SiLU-mul. Without the config fields the default config runs
-(tgi_compat.kernels.gemv.gemv_config). --one-row makes a given config run the one-row int4 kernel (tgi_compat/kernels/gemv_int4_one_row.py)
+(tgi_compat.kernels.gemv.config.gemv_config). --one-row makes a given config run the one-row int4 kernel (tgi_compat/kernels/gemv_int4_one_row.py)
 instead of the tile kernel; --sass counts the kernel's SASS opcodes (GEMV_SASS_OUT=FILE also writes its SASS and
 TTGIR). Triton's NVIDIA backend builds the launch down to a cubin through benchmarks.compile_only's
 driver; cuobjdump (shipped with Triton) reads its resource usage.
@@ -87,7 +87,7 @@ def print_sass(spec: str, kernel) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--format", choices=("int4", "fp8"), default="int4")
-    parser.add_argument("--one-row", action="store_true", help="int4: tgi_compat.kernels.gemv_int4_one_row's kernel")
+    parser.add_argument("--one-row", action="store_true", help="int4: tgi_compat.kernels.gemv.int4_one_row's kernel")
     parser.add_argument("--sass", action="store_true", help="also count the SASS opcodes of the kernel")
     parser.add_argument("cases", nargs="+")
     args = parser.parse_args()

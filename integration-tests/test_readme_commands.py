@@ -33,7 +33,7 @@ def test_hf_kernels_imports_beside_our_engine():
     pytest.importorskip("kernels")
     probe = (
         "import sys; before = list(sys.path)\n"
-        "import tgi_compat.router.engine, tgi_compat.modeling.runner, tgi_compat.kernels.gemv\n"
+        "import tgi_compat.router.engine, tgi_compat.modeling.runner, tgi_compat.kernels.gemv.gemv\n"
         "import kernels, transformers.utils.import_utils as u\n"
         "assert sys.path == before, 'importing tgi_compat edited sys.path'\n"
         "assert 'tgi_compat' not in kernels.__file__ and u.is_kernels_available()\n"

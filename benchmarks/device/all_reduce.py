@@ -11,7 +11,7 @@ order than the kernels, so there a difference of one bf16 unit need not be an er
 Triton kernel's own definition (fp32, in rank order, from the gathered inputs), which must hold bit for bit.
 Last, the vocab-parallel logits' gather (`TensorParallel.all_gather_columns`, Llama-3's vocabulary over the
 ranks): the Triton kernel's against NCCL's, equal and timed the same way; and the sum fused with the residual
-add and RMSNorm (`SymmetricAllReduce.all_reduce_rms_norm`) against the sum then `tgi_compat.kernels.rmsnorm.rmsnorm`.
+add and RMSNorm (`SymmetricAllReduce.all_reduce_rms_norm`) against the sum then `tgi_compat.kernels.elementwise.rmsnorm.rmsnorm`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def stress_mismatches(kernel, device: torch.device, rank: int, count: int = 300)
     against the fp32 rank-order sum of the gathered inputs: how many differ, eager and graph."""
     import torch.distributed as dist
 
-    from tgi_compat.kernels.one_shot_all_reduce import all_reduce_ref
+    from tgi_compat.kernels.comm.one_shot_all_reduce import all_reduce_ref
 
     # even sizes: torch's kernel takes whole 4-byte words (a model's sums are rows of the hidden size)
     sizes = (2 * torch.randint(1, kernel.max_bytes // 4, (count,), generator=torch.Generator().manual_seed(0))).tolist()
@@ -93,9 +93,9 @@ def gather_rows(tp, triton_kernel, size: int) -> list[dict]:
 
 
 def norm_rows(triton_kernel, device: torch.device, rank: int) -> list[dict]:
-    """The sum fused with the residual add and RMSNorm against the sum then `tgi_compat.kernels.rmsnorm.rmsnorm` (what a
+    """The sum fused with the residual add and RMSNorm against the sum then `tgi_compat.kernels.elementwise.rmsnorm.rmsnorm` (what a
     layer runs unfused): bit-equal outputs, and us a call of each."""
-    from tgi_compat.kernels.rmsnorm import rmsnorm
+    from tgi_compat.kernels.elementwise.rmsnorm import rmsnorm
 
     rows = []
     for num_rows in NORM_ROWS:

@@ -19,8 +19,8 @@ import torch
 
 from benchmarks.device.timing import copy_bandwidth, device_info, graph_ms, log, out_path, pct_of, write_json
 from benchmarks.shapes import LLAMA3_8B, attention_heads
-from tgi_compat.kernels.decode_attention import choose_block_n, choose_num_splits, decode_attention
-from tgi_compat.kernels.prefill_attention import prefill_attention
+from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.attention.prefill import prefill_attention
 
 HEADS, KV_HEADS, HEAD_DIM = attention_heads(LLAMA3_8B)
 SCALE = HEAD_DIM**-0.5

@@ -2,7 +2,7 @@
 
 0. Tunes the fused-experts kernels for the Mixtral-8x7B expert shapes (benchmarks.device.tune_fused_moe,
    --tune-budget-s; 0 skips it) and runs everything below with that table; the table is printed and
-   written to $OUT/fused_moe_tuned.py (copy it over tgi_compat/kernels/fused_moe_tuned.py to keep it).
+   written to $OUT/fused_moe_tuned.py (copy it over tgi_compat/kernels/moe/tuned.py to keep it).
 1. A Mixtral-8x7B-shaped model (all shapes real, `--mixtral-layers` of its 32 layers so that it fits
    one 80 GB GPU): decode steps at 64 streams with the fused-experts Triton kernel vs the eager
    expert-by-expert loop (transformers' MoE algorithm, `fused_moe_ref`), both in this process on the
@@ -31,7 +31,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-import tgi_compat.kernels.fused_moe as fm
 import tgi_compat.modeling.layers.moe as moe_layer
 from benchmarks.device.steps import (
     build_runner,
@@ -44,7 +43,9 @@ from benchmarks.device.steps import (
 from benchmarks.device.timing import copy_bandwidth, device_info, graph_ms, log, median_ms, out_path, pct_of, write_json
 from benchmarks.device.tune_fused_moe import render_table, tune
 from benchmarks.shapes import EXPERTS, GEMMA2_9B, MIXTRAL_8X7B
-from tgi_compat.kernels.fused_moe import fused_moe, fused_moe_ref
+from tgi_compat.kernels.moe.fused_moe import fused_moe, fused_moe_ref, moe_config
+from tgi_compat.kernels.moe.routing import fused_route, route_ref
+from tgi_compat.kernels.moe.tuned import TUNED
 from tgi_compat.modeling.runner import ModelRunner
 
 CONTEXT = 512
@@ -71,11 +72,11 @@ def bench_mixtral(layers: int, bandwidth: float) -> dict:
     eager = runner._forward_eager
     result["fused_eager_b64_ms"] = time_decode(eager, batch, max_len, vocab, STEPS, CONTEXT)
     # transformers' algorithm: torch routing and the expert loop (the layer looks both up at call time)
-    moe_layer.fused_moe, moe_layer.fused_route = fused_moe_ref, fm.route_ref
+    moe_layer.fused_moe, moe_layer.fused_route = fused_moe_ref, route_ref
     try:
         result["loop_eager_b64_ms"] = time_decode(eager, batch, max_len, vocab, 8, CONTEXT)
     finally:
-        moe_layer.fused_moe, moe_layer.fused_route = fused_moe, fm.fused_route
+        moe_layer.fused_moe, moe_layer.fused_route = fused_moe, fused_route
     result["speedup_eager"] = result["loop_eager_b64_ms"] / result["fused_eager_b64_ms"]
     result["speedup_graphs"] = result["loop_eager_b64_ms"] / result["graphs_b64_ms"]
     # at 64 rows every expert is chosen: a step reads all weights once, at best at copy bandwidth
@@ -105,7 +106,7 @@ def bench_fused_moe_batch1(bandwidth: float) -> dict:
     ref_ms = timed(fused_moe_ref, x, w13, w2, topk_weights, topk_ids)
     moved = top_k * 3 * hidden * inter * 2  # the chosen experts' w1, w3, w2 in bf16
     gbs = moved / (ms * 1e-3) / 1e9
-    config = fm.moe_config(1, experts, top_k, inter, hidden)
+    config = moe_config(1, experts, top_k, inter, hidden)
     result = dict(ms=ms, eager_ms=eager_ms, loop_ms=ref_ms, gb_s=gbs, pct_copy=pct_of(bandwidth, moved, ms))
     result["config"] = repr(config)
     log(
@@ -131,8 +132,8 @@ def timed(fn, *args) -> float:
 def bench_geglu_down(bandwidth: float) -> dict:
     """Gemma-2-9B's down projection at one decode row: the GeGLU-prologue GEMV the model runs against
     the unfused pair (gated kernel + cuBLAS), each a CUDA graph over 8 weight copies (> L2)."""
-    from tgi_compat.kernels.gemv import gemv
-    from tgi_compat.kernels.silu_mul import silu_mul
+    from tgi_compat.kernels.elementwise.silu_mul import silu_mul
+    from tgi_compat.kernels.gemv.gemv import gemv
 
     hidden, inter = GEMMA2_9B["hidden_size"], GEMMA2_9B["intermediate_size"]
     weights = [torch.randn(hidden, inter, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(8)]
@@ -232,7 +233,7 @@ def bench_moe(args: argparse.Namespace, bandwidth: float) -> dict:
         with open(out_path("fused_moe_tuned.py"), "w") as f:
             f.write(text)
         experts, inter, hidden, _ = EXPERTS["mixtral-8x7b"]
-        fm.TUNED.update({(experts, inter, hidden, tokens): config for tokens, config in tuned.items()})
+        TUNED.update({(experts, inter, hidden, tokens): config for tokens, config in tuned.items()})
     results["fused_moe_batch1"] = bench_fused_moe_batch1(bandwidth)
     results["mixtral"] = bench_mixtral(args.mixtral_layers, bandwidth)
     return results

@@ -4,7 +4,7 @@
 
 Llama-3-8B's four projections (q|k|v 6144x4096, o 4096x4096, gate|up 28672x4096, down 4096x14336) at 16, 32 and 64
 rows of FP8 activations: `_scaled_mm` as tgi_compat/modeling/layers/quantization/fp8.py calls it (row-wise scales, fast
-accumulation), tgi_compat.kernels.fp8_gemm at its default config and at every config of a small sweep. Each config's output is
+accumulation), tgi_compat.kernels.quant.fp8_gemm at its default config and at every config of a small sweep. Each config's output is
 checked against the float32 reference first (relative error < 1e-2); a miss is reported and not timed. Times are
 do_bench medians of CUDA-graph replays; GB/s counts weight + activation + output bytes, as % of the measured copy
 bandwidth. The best config per (row bucket, N, K) is printed as a `TUNED` literal for tgi_compat/kernels/fp8_gemm.py and written
@@ -20,16 +20,16 @@ import json
 import torch
 from triton.runtime.errors import OutOfResources
 
-import tgi_compat.kernels.fp8_gemm as fp8_gemm_module
+import tgi_compat.kernels.quant.fp8_gemm as fp8_gemm_module
 from benchmarks.device.gemv_cases import rel_err
 from benchmarks.device.timing import copy_bandwidth, device_info, graph_ms, log, out_path, pct_of, write_json
 from benchmarks.shapes import LLAMA3_8B, projections
-from tgi_compat.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_config, fp8_gemm_ref, row_bucket
-from tgi_compat.kernels.quant_activation import quant_per_token
+from tgi_compat.kernels.quant.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_config, fp8_gemm_ref, row_bucket
+from tgi_compat.kernels.quant.per_token import quant_per_token
 from tgi_compat.modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 SHAPES = {name: nk for name, nk in projections(LLAMA3_8B).items() if name != "lm_head"}
-ROWS = (16, 32, 64)  # tgi_compat.kernels.fp8_gemm.MAX_ROWS and below
+ROWS = (16, 32, 64)  # tgi_compat.kernels.quant.fp8_gemm.MAX_ROWS and below
 # (block_n, block_k, num_stages, split_k): the first sweep's winners were BLOCK_K 256 at 4 stages, and 128 at 3
 # for gate|up; split-K for the narrow-N projections (o, down), whose N / BLOCK_N programs leave SMs idle.
 SWEEP = [(bn, bk, 4, st, sk) for bn in (32, 64, 128) for bk, st in ((128, 3), (256, 4)) for sk in (1, 2, 4)]
@@ -39,7 +39,7 @@ SWEEP_64_ROWS = [(32, 256, 8, 4, 1), (64, 256, 8, 4, 1), (64, 256, 8, 3, 2), (32
 SWEEP_64_ROWS += [(16, 256, 4, 4, 1), (16, 256, 4, 5, 1), (32, 256, 4, 5, 1)]
 
 
-# Tiles through TMA descriptors (tgi_compat.kernels.fp8_gemm `tma`): the copies need no threads, so deeper pipelines fit.
+# Tiles through TMA descriptors (tgi_compat.kernels.quant.fp8_gemm `tma`): the copies need no threads, so deeper pipelines fit.
 # The last line is for gate|up (67% of copy bandwidth at 64 rows with pointer loads; no TMA config of the first
 # line beat them there): 128-wide K tiles, which it preferred, at every N width and 4-6 stages.
 SWEEP_TMA = [(32, 256, 4, 4, 1), (64, 256, 4, 4, 1), (32, 256, 4, 6, 1), (64, 256, 8, 5, 1), (32, 128, 4, 8, 1)]
@@ -57,7 +57,7 @@ def sweep(num_rows: int) -> list[Fp8GemmConfig]:
 
 
 def install_tuned(path: str) -> None:
-    """A --tuned-out file's configs into tgi_compat.kernels.fp8_gemm.TUNED (for benchmarks.device.quant's steps)."""
+    """A --tuned-out file's configs into tgi_compat.kernels.quant.fp8_gemm.TUNED (for benchmarks.device.quant's steps)."""
     with open(path) as f:
         tuned = json.load(f)
     for key, config in tuned.items():

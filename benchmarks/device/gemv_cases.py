@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import torch
 
-from tgi_compat.kernels.dequant_matmul import pack_int4
-from tgi_compat.kernels.gemv import (
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.types import (
     PROLOGUE_NONE,
     PROLOGUE_NORM_ADD_NORM,
     PROLOGUE_RMSNORM,
     PROLOGUE_SILU_MUL,
     GemvConfig,
     QuantizedWeight,
-    gemv,
-    gemv_ref,
 )
+from tgi_compat.kernels.quant.int4_layout import pack_int4
 
 GROUP = 128  # int4 weights' group size
 MAX_ROWS = 8

@@ -192,8 +192,8 @@ def mask_cost(model_dir: str, spec: GrammarSpec, rows: int, device: str, steps: 
 def kernels_match_reference(backend, requests: list, logits: torch.Tensor) -> bool:
     """GrammarMask.apply then .confine on the device (the Triton kernels on a GPU) give the torch reference's
     scores, every row constrained and every third one not (a row index), with NaN and +inf among the scores."""
-    from tgi_compat.kernels.grammar_apply import grammar_apply_ref
-    from tgi_compat.kernels.grammar_confine import grammar_confine_ref
+    from tgi_compat.kernels.sampling.grammar_apply import grammar_apply_ref
+    from tgi_compat.kernels.sampling.grammar_confine import grammar_confine_ref
 
     scores = logits.clone()
     scores[0, ::5], scores[1, 7], scores[2] = float("nan"), float("inf"), float("-inf")

@@ -30,8 +30,8 @@ from benchmarks.device.quant_gemv import gemv_kernels, int4_sweep
 from benchmarks.device.steps import build_runner, capture_graphs, fill_context, hf_model, profile_step, time_decode
 from benchmarks.device.timing import copy_bandwidth, device_info, log, out_path, pct_of, write_json
 from benchmarks.shapes import LLAMA3_8B
-from tgi_compat.kernels import gemv as gemv_module
-from tgi_compat.kernels.gemv import GemvConfig
+from tgi_compat.kernels.gemv import tuned as gemv_tuned
+from tgi_compat.kernels.gemv.types import GemvConfig
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 CONTEXT, STEPS, BATCHES = 512, 64, [1, 8, 64]
@@ -155,11 +155,11 @@ def summarize(report: dict) -> dict:
 
 
 def install_tuned(report: dict) -> None:
-    """The sweeps' best configs into tgi_compat.kernels.gemv's tables, so the decode steps below run them."""
-    gemv_module.TUNED_ROW_SCALED.update(report.get("kernels", {}).get("tuned_row_scaled", {}))
-    gemv_module.TUNED_INT4.update(report.get("int4_sweep", {}).get("tuned", {}))
+    """The sweeps' best configs into tgi_compat.kernels.gemv.gemv's tables, so the decode steps below run them."""
+    gemv_tuned.TUNED_ROW_SCALED.update(report.get("kernels", {}).get("tuned_row_scaled", {}))
+    gemv_tuned.TUNED_INT4.update(report.get("int4_sweep", {}).get("tuned", {}))
     log(
-        f"decode steps run {len(gemv_module.TUNED_ROW_SCALED)} tuned fp8/int8 and {len(gemv_module.TUNED_INT4)} "
+        f"decode steps run {len(gemv_tuned.TUNED_ROW_SCALED)} tuned fp8/int8 and {len(gemv_tuned.TUNED_INT4)} "
         "tuned int4 GEMV configs"
     )
 

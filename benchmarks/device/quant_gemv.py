@@ -28,19 +28,13 @@ from benchmarks.device.gemv_cases import (
 )
 from benchmarks.device.timing import log, pct_of, replay_us
 from benchmarks.shapes import LLAMA3_8B, projections
-from tgi_compat.kernels.dequant_matmul import dequant_matmul
-from tgi_compat.kernels.gemv import (
-    PROLOGUE_NONE,
-    GemvConfig,
-    QuantizedWeight,
-    gemv,
-    gemv_ref,
-    int4_config,
-    int4_launch_tiles,
-    int4_register_estimate,
-)
-from tgi_compat.kernels.gemv_int4_one_row import one_row_tiles
-from tgi_compat.kernels.quant_activation import quant_per_token
+from tgi_compat.kernels.gemv.config import int4_config, int4_register_estimate
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.int4 import int4_launch_tiles
+from tgi_compat.kernels.gemv.int4_one_row import one_row_tiles
+from tgi_compat.kernels.gemv.types import PROLOGUE_NONE, GemvConfig, QuantizedWeight
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul
+from tgi_compat.kernels.quant.per_token import quant_per_token
 
 # Llama-3-8B's decode projections: (N, K, the prologue the model fuses into each)
 SHAPES = {name: (*projections(LLAMA3_8B)[name], prologue) for name, prologue in PROLOGUES.items()}
@@ -54,7 +48,7 @@ ROW_SCALED_TILES = [(8, 1024, 4, 1), (16, 512, 4, 1), (8, 2048, 8, 1), (16, 1024
 ROW_SCALED_TILES += [(32, 512, 8, 1), (4, 2048, 4, 1)]
 SWEEP_ROW_SCALED = ROW_SCALED_TILES + [(4, 4096, 8, 1)] + [(*tile, True) for tile in ROW_SCALED_TILES]
 SWEEP_ROW_SCALED.append((16, 512, 4, 1, False, 1, True))  # separate_prologue
-# The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (tgi_compat.kernels.gemv.int4_config):
+# The int4 GEMV is tuned by coordinate descent from its rule-of-thumb config (tgi_compat.kernels.gemv.config.int4_config):
 # one axis at a time over these values, keeping the best, two rounds at one row and one at 2-8 rows, skipping
 # configs that would spill on sm_90 (int4_register_estimate), within a time budget (compiles dominate).
 INT4_AXES = {

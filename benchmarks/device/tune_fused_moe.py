@@ -7,8 +7,8 @@ softmax over random logits): every candidate tiling of the up launch (gate|up + 
 down launch (routed), for each BLOCK_M (16/32/64) and for the GEMV path where it applies, each launch
 timed alone as a CUDA-graph replay (weights >> L2, so every replay reads them from HBM). The best
 BLOCK_M is then chosen on the whole block (alignment, up, down, top-k sum) in a graph. Prints the table
-and writes it as tgi_compat/kernels/fused_moe_tuned.py's text to $OUT/fused_moe_tuned.py (or --write FILE): copy
-that file over tgi_compat/kernels/fused_moe_tuned.py to keep it.
+and writes it as tgi_compat/kernels/moe/tuned.py's text to $OUT/fused_moe_tuned.py (or --write FILE): copy
+that file over tgi_compat/kernels/moe/tuned.py to keep it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ import torch
 
 from benchmarks.device.timing import graph_ms, log, out_path
 from benchmarks.shapes import EXPERTS
-from tgi_compat.kernels import fused_moe as fm
+from tgi_compat.kernels.moe.align import align_by_expert
+from tgi_compat.kernels.moe.configs import LaunchConfig, MoeConfig
+from tgi_compat.kernels.moe.expert_gemv import moe_gemv_down, moe_gemv_up
+from tgi_compat.kernels.moe.fused_moe import default_moe_config, fused_moe
+from tgi_compat.kernels.moe.grouped_gemm import grouped_gemm
+from tgi_compat.kernels.moe.tuned import TUNED
 
 TOKEN_COUNTS = (1, 64, 16, 4, 2, 8, 32, 128, 256, 512)  # most important first: a budget cut drops the tail
 # (block_n, block_k, num_warps, num_stages, group_m)
@@ -54,24 +59,24 @@ class Problem:
         self.up_out = torch.empty(pairs, two_inter // 2, device="cuda", dtype=self.w13.dtype)
         self.down_out = torch.empty(pairs, hidden, device="cuda", dtype=self.w13.dtype)
 
-    def time_grouped(self, block_m: int, up: bool, config: fm.LaunchConfig) -> float:
-        alignment = fm.align_by_expert(self.topk_ids, self.experts, block_m)
+    def time_grouped(self, block_m: int, up: bool, config: LaunchConfig) -> float:
+        alignment = align_by_expert(self.topk_ids, self.experts, block_m)
         if up:
             args = (self.x, self.w13, self.up_out, alignment, None, self.top_k, True, True, config)
         else:
             args = (self.inter, self.w2, self.down_out, alignment, self.pair_weights, self.top_k, False, False, config)
-        return graph_us(lambda: fm.grouped_gemm(*args))
+        return graph_us(lambda: grouped_gemm(*args))
 
-    def time_gemv(self, up: bool, config: fm.LaunchConfig) -> float:
+    def time_gemv(self, up: bool, config: LaunchConfig) -> float:
         if up:
-            return graph_us(lambda: fm.moe_gemv_up(self.x, self.w13, self.topk_ids, config))
-        return graph_us(lambda: fm.moe_gemv_down(self.inter, self.w2, self.topk_weights, self.topk_ids, config))
+            return graph_us(lambda: moe_gemv_up(self.x, self.w13, self.topk_ids, config))
+        return graph_us(lambda: moe_gemv_down(self.inter, self.w2, self.topk_weights, self.topk_ids, config))
 
-    def time_block(self, config: fm.MoeConfig) -> float:
-        return graph_us(lambda: fm.fused_moe(self.x, self.w13, self.w2, self.topk_weights, self.topk_ids, config))
+    def time_block(self, config: MoeConfig) -> float:
+        return graph_us(lambda: fused_moe(self.x, self.w13, self.w2, self.topk_weights, self.topk_ids, config))
 
 
-def best_launch(time_one, candidates: list[fm.LaunchConfig]) -> tuple[fm.LaunchConfig, float]:
+def best_launch(time_one, candidates: list[LaunchConfig]) -> tuple[LaunchConfig, float]:
     results = []
     for config in candidates:
         try:
@@ -82,23 +87,23 @@ def best_launch(time_one, candidates: list[fm.LaunchConfig]) -> tuple[fm.LaunchC
     return config, us
 
 
-def tune_tokens(problem: Problem) -> tuple[fm.MoeConfig, float, dict]:
-    grouped = [fm.LaunchConfig(n, k, w, s, g) for n, k, w, s, g in GROUPED]
-    options: dict[str, tuple[fm.MoeConfig, float]] = {}
+def tune_tokens(problem: Problem) -> tuple[MoeConfig, float, dict]:
+    grouped = [LaunchConfig(n, k, w, s, g) for n, k, w, s, g in GROUPED]
+    options: dict[str, tuple[MoeConfig, float]] = {}
     block_ms = [16, 32, 64] if problem.num_tokens * problem.top_k > problem.experts else [16, 32]
     for block_m in block_ms:
         up, up_us = best_launch(lambda c, m=block_m: problem.time_grouped(m, True, c), grouped)
         down, down_us = best_launch(lambda c, m=block_m: problem.time_grouped(m, False, c), grouped)
-        config = fm.MoeConfig(block_m, up, down)
+        config = MoeConfig(block_m, up, down)
         options[f"m{block_m}"] = (config, problem.time_block(config))
         log(f"  block_m {block_m}: up {up_us:.1f} us {up}, down {down_us:.1f} us {down}")
     if problem.num_tokens * problem.top_k <= GEMV_MAX_PAIRS:
-        up, up_us = best_launch(lambda c: problem.time_gemv(True, c), [fm.LaunchConfig(*c) for c in GEMV_UP])
-        down, down_us = best_launch(lambda c: problem.time_gemv(False, c), [fm.LaunchConfig(*c) for c in GEMV_DOWN])
-        config = fm.MoeConfig(0, up, down)
+        up, up_us = best_launch(lambda c: problem.time_gemv(True, c), [LaunchConfig(*c) for c in GEMV_UP])
+        down, down_us = best_launch(lambda c: problem.time_gemv(False, c), [LaunchConfig(*c) for c in GEMV_DOWN])
+        config = MoeConfig(0, up, down)
         options["gemv"] = (config, problem.time_block(config))
         log(f"  gemv: up {up_us:.1f} us {up}, down {down_us:.1f} us {down}")
-    default = fm.default_moe_config(problem.num_tokens, problem.experts, problem.top_k)
+    default = default_moe_config(problem.num_tokens, problem.experts, problem.top_k)
     default_us = problem.time_block(default)
     name, (config, us) = min(options.items(), key=lambda item: item[1][1])
     summary = {key: round(value[1], 1) for key, value in options.items()} | {"default": round(default_us, 1)}
@@ -111,15 +116,15 @@ def expert_bytes_read(problem: Problem) -> int:
     return chosen * (problem.w13[0].numel() + problem.w2[0].numel()) * problem.w13.element_size()
 
 
-def render_table(shape: tuple[int, int, int, int], tuned: dict[int, fm.MoeConfig], device: str) -> str:
-    """tgi_compat/kernels/fused_moe_tuned.py's text: this shape's new entries and the other shapes' old ones."""
+def render_table(shape: tuple[int, int, int, int], tuned: dict[int, MoeConfig], device: str) -> str:
+    """tgi_compat/kernels/moe/tuned.py's text: this shape's new entries and the other shapes' old ones."""
     experts, inter, hidden, _ = shape
-    table = {key: config for key, config in fm.TUNED.items() if key[:3] != (experts, inter, hidden)}
+    table = {key: config for key, config in TUNED.items() if key[:3] != (experts, inter, hidden)}
     table |= {(experts, inter, hidden, tokens): config for tokens, config in tuned.items()}
     lines = [
         '"""Fused-MoE block sizes measured by benchmarks/device/tune_fused_moe.py; generated, do not edit by hand."""',
         "",
-        "from tgi_compat.kernels.fused_moe_configs import LaunchConfig, MoeConfig",
+        "from tgi_compat.kernels.moe.configs import LaunchConfig, MoeConfig",
         "",
         f"# {device}, bf16 ({experts}, {inter}, {hidden}). Key: (experts, intermediate size, hidden size, token bucket).",
         "TUNED: dict[tuple[int, int, int, int], MoeConfig] = {",
@@ -136,7 +141,7 @@ def render_table(shape: tuple[int, int, int, int], tuned: dict[int, fm.MoeConfig
     return "\n".join(lines) + "\n"
 
 
-def tune(shape_name: str, budget_s: float, token_counts=TOKEN_COUNTS) -> tuple[dict[int, fm.MoeConfig], dict]:
+def tune(shape_name: str, budget_s: float, token_counts=TOKEN_COUNTS) -> tuple[dict[int, MoeConfig], dict]:
     """{token bucket: best config} for one shape, within about budget_s, and the measurements."""
     experts, inter, hidden, top_k = EXPERTS[shape_name]
     w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -172,7 +177,7 @@ def main() -> None:
     target = args.write or out_path("fused_moe_tuned.py")
     with open(target, "w") as f:
         f.write(text)
-    log(f"wrote {target}: copy it over tgi_compat/kernels/fused_moe_tuned.py")
+    log(f"wrote {target}: copy it over tgi_compat/kernels/moe/tuned.py")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 
 Every decode projection of Llama-3-8B, Qwen2-7B and Gemma-2-9B at one row (`--shapes tp`: one rank's shard of
 Llama-3-8B at --num-shard 2 and of Llama-3-70B at 4):
-  1. tgi_compat.kernels.gemv against gemv_ref on fresh random data, with each prologue;
+  1. tgi_compat.kernels.gemv.gemv against gemv_ref on fresh random data, with each prologue;
   2. cuBLAS (F.linear) time and the best config of the sweep, as % of the copy bandwidth, beside what the model
      runs now (the TUNED entry and the rule of thumb);
   3. the unfused pair (norm kernel + F.linear, silu_mul + F.linear) against the fused kernel.
@@ -22,17 +22,17 @@ import torch.nn.functional as F
 from benchmarks.device.gemv_cases import PROLOGUE_NAMES, PROLOGUES, GemvCase, rel_err, weight_copies
 from benchmarks.device.timing import copy_bandwidth, device_info, log, out_path, replay_us, write_json
 from benchmarks.shapes import MODELS, projections
-from tgi_compat.kernels.gemv import (
+from tgi_compat.kernels.elementwise.rmsnorm import norm_add_rmsnorm, rmsnorm
+from tgi_compat.kernels.elementwise.silu_mul import silu_mul
+from tgi_compat.kernels.gemv.config import rule_of_thumb_config
+from tgi_compat.kernels.gemv.tuned import TUNED
+from tgi_compat.kernels.gemv.types import (
     PROLOGUE_NONE,
     PROLOGUE_NORM_ADD_NORM,
     PROLOGUE_RMSNORM,
     PROLOGUE_SILU_MUL,
-    TUNED,
     GemvConfig,
-    rule_of_thumb_config,
 )
-from tgi_compat.kernels.rmsnorm import norm_add_rmsnorm, rmsnorm
-from tgi_compat.kernels.silu_mul import silu_mul
 
 # (model, shards, projections): one rank's shapes of each
 MATMULS = [

@@ -25,7 +25,7 @@ import triton
 import tgi_compat.modeling.models.gemma
 import tgi_compat.modeling.runner
 from tests.modeling.helpers import max_rel_error, run_step, tiny_hf_model
-from tgi_compat.kernels.silu_mul import gelu_tanh_mul_ref
+from tgi_compat.kernels.elementwise.silu_mul import gelu_tanh_mul_ref
 from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps, select_ops
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 

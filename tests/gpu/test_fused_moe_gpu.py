@@ -11,15 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.fused_moe import (
-    ALIGN_KERNEL_MAX_PAIRS,
-    LaunchConfig,
-    MoeConfig,
-    fused_moe,
-    fused_route,
-    moe_config,
-    route_ref,
-)
+from tgi_compat.kernels.moe.align import ALIGN_KERNEL_MAX_PAIRS
+from tgi_compat.kernels.moe.configs import LaunchConfig, MoeConfig
+from tgi_compat.kernels.moe.fused_moe import fused_moe, moe_config
+from tgi_compat.kernels.moe.routing import fused_route, route_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -17,20 +17,17 @@ import torch
 
 from benchmarks.device.steps import build_runner, capture_graphs, greedy_generate, hf_model
 from benchmarks.shapes import decoder
-from tgi_compat.kernels.decode_attention import (
-    NewTokenKV,
+from tgi_compat.kernels.attention.decode import (
     choose_block_n,
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
 )
-from tgi_compat.kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, pack_int4
-from tgi_compat.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
-from tgi_compat.kernels.gemv import QuantizedWeight, gemv, gemv_ref, split_k_counters
-from tgi_compat.kernels.kv_store import kv_store, kv_store_ref
-from tgi_compat.kernels.prefill_attention import prefill_attention, prefill_attention_ref
-from tgi_compat.kernels.quant_activation import quant_per_token, rmsnorm_quant_per_token
-from tgi_compat.kernels.rmsnorm import (
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
+from tgi_compat.kernels.attention.kv_store import kv_store, kv_store_ref
+from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.attention.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
+from tgi_compat.kernels.elementwise.rmsnorm import (
     norm_add_rmsnorm,
     norm_add_rmsnorm_ref,
     qk_rmsnorm,
@@ -38,8 +35,14 @@ from tgi_compat.kernels.rmsnorm import (
     rmsnorm,
     rmsnorm_ref,
 )
-from tgi_compat.kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
-from tgi_compat.kernels.silu_mul import silu_mul, silu_mul_ref
+from tgi_compat.kernels.elementwise.silu_mul import silu_mul, silu_mul_ref
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.types import QuantizedWeight
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref
+from tgi_compat.kernels.quant.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
+from tgi_compat.kernels.quant.int4_layout import pack_int4
+from tgi_compat.kernels.quant.per_token import quant_per_token, rmsnorm_quant_per_token
+from tgi_compat.kernels.split_k import split_k_counters
 from tgi_compat.modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 DEV = "cuda"
@@ -319,17 +322,9 @@ def test_backend_compiles_every_mixed_step_decode_variant_at_start() -> None:
         for batch in (1, 3, 16, 17, 33, 47, 80):
             kv_lens = torch.randint(1, 65, (batch,), device=DEV)
             rows = torch.randperm(max_rows, device=DEV)[:batch]
+            splits, block_n = backend._num_splits(batch), choose_block_n(batch, kv_heads, backend.num_sms)
             backend.metadata = TritonAttentionMetadata(
-                True,
-                req_to_token,
-                rows,
-                rows,
-                kv_lens,
-                kv_lens,
-                rows[:0],
-                1,
-                backend._num_splits(batch),
-                choose_block_n(batch, kv_heads, backend.num_sms),
+                True, req_to_token, rows, rows, kv_lens, kv_lens, rows[:0], 1, splits, block_n
             )
             q = torch.randn(batch, heads, head_dim, device=DEV, dtype=dtype)
             out = backend.forward(q, *kv_cache, params[0])
@@ -466,8 +461,8 @@ def test_quantized_gemv() -> None:
 def test_int4_gemv_split_k() -> None:
     """int4 split-K on real concurrent programs: the same bits on every launch (partials added in split order),
     the reference's values, the counters left at zero, in a CUDA graph replayed as well as eagerly; the tile kernel
-    at 1 and 8 rows and the one-row kernel (tgi_compat/kernels/gemv_int4_one_row.py)."""
-    from tgi_compat.kernels.gemv import GemvConfig
+    at 1 and 8 rows and the one-row kernel (tgi_compat/kernels/gemv/int4_one_row.py)."""
+    from tgi_compat.kernels.gemv.types import GemvConfig
 
     n, k, dtype = 1536, 4096, torch.bfloat16
     w = QuantizedWeight(
@@ -477,10 +472,8 @@ def test_int4_gemv_split_k() -> None:
         128,
     )
     norm_weight = 1 + 0.1 * torch.randn(k, device=DEV, dtype=dtype)
-    cases = [
-        (GemvConfig(block_n=4, block_k=1024, num_warps=1, num_stages=1, split_k=split_k), rows)
-        for split_k, rows in itertools.product((2, 4), (1, 8))
-    ]
+    tile = dict(block_n=4, block_k=1024, num_warps=1, num_stages=1)
+    cases = [(GemvConfig(**tile, split_k=split_k), rows) for split_k, rows in itertools.product((2, 4), (1, 8))]
     cases += [
         (GemvConfig(block_n=16, block_k=2048, num_warps=2, split_k=split_k, one_row=True), 1) for split_k in (2, 4)
     ]
@@ -488,19 +481,18 @@ def test_int4_gemv_split_k() -> None:
         label = f"split_k={config.split_k}{' one-row kernel' if config.one_row else ''}"
         x, res = torch.randn(rows, k, device=DEV, dtype=dtype), torch.randn(rows, k, device=DEV, dtype=dtype)
         summed = torch.empty_like(res)
-        first = gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)
+        fused = dict(norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)
+        first = gemv(x, w, **fused)
         ref = gemv_ref(x, w, norm_weight=norm_weight, eps=1e-5, residual=res)[0]
         check(f"gemv int4 {label}, {rows} rows", rel_err(first, ref), 1e-2)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            replayed = gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config)
+            replayed = gemv(x, w, **fused)
         differ = 0
         for _ in range(100):
             graph.replay()
             differ += not torch.equal(replayed, first)
-            differ += not torch.equal(
-                gemv(x, w, norm_weight=norm_weight, eps=1e-5, residual=res, residual_out=summed, config=config), first
-            )
+            differ += not torch.equal(gemv(x, w, **fused), first)
         check(f"gemv int4 {label}, {rows} rows: 200 launches differing from the first", differ, 0.5)
         check(f"gemv int4 {label} counters not zero", int(split_k_counters(x.device, 1).any()), 0.5)
 
@@ -576,8 +568,8 @@ def explain_mismatch(model, prompts, ours, theirs, runner, max_len) -> None:
 def test_grammar_mask_read_from_pinned_host_memory() -> None:
     """GrammarMask keeps a GPU step's bitmask in pinned host memory and its kernels read it there (no copy):
     apply + confine on the device give the torch reference's scores, with and without a row index."""
-    from tgi_compat.kernels.grammar_apply import grammar_apply_ref
-    from tgi_compat.kernels.grammar_confine import grammar_confine_ref
+    from tgi_compat.kernels.sampling.grammar_apply import grammar_apply_ref
+    from tgi_compat.kernels.sampling.grammar_confine import grammar_confine_ref
     from tgi_compat.router.grammar import GrammarMask
 
     vocab, num_words = 128256, 4008
@@ -603,7 +595,7 @@ def test_grammar_mask_read_from_pinned_host_memory() -> None:
 def test_greedy_from_vocab_blocks() -> None:
     """The greedy choice from Llama-3's vocabulary in 2 and 4 padded blocks (as vocab-parallel ranks hold it), their
     partials side by side as the gather leaves them: greedy_pick's ids, its logprobs within 2e-5."""
-    from tgi_compat.kernels.greedy_pick import greedy_block_partials, greedy_merge_blocks, greedy_pick_ref
+    from tgi_compat.kernels.sampling.greedy_pick import greedy_block_partials, greedy_merge_blocks, greedy_pick_ref
 
     vocab = 128256
     for rows, ranks, dtype in [
@@ -631,7 +623,7 @@ def test_greedy_from_vocab_blocks() -> None:
 
 def test_greedy_pick() -> None:
     """The all-greedy choice at Llama-3's vocabulary: the torch computation's ids, its logprobs within 2e-5."""
-    from tgi_compat.kernels.greedy_pick import greedy_pick, greedy_pick_ref
+    from tgi_compat.kernels.sampling.greedy_pick import greedy_pick, greedy_pick_ref
 
     for rows, dtype in [(1, torch.float32), (64, torch.float32), (256, torch.float32), (8, torch.bfloat16)]:
         logits = (torch.randn(rows, 128256, device=DEV) * 4).to(dtype)
@@ -649,9 +641,9 @@ def test_greedy_pick() -> None:
 
 
 def test_vocab_shard_embedding() -> None:
-    """The vocab-parallel lookup of one rank's block (tgi_compat.kernels.vocab_embedding): torch's rows and zeros, bit for
+    """The vocab-parallel lookup of one rank's block (tgi_compat.kernels.comm.vocab_embedding): torch's rows and zeros, bit for
     bit, for ids in and out of the block (Llama-3's vocabulary over 2 ranks, the last block padded)."""
-    from tgi_compat.kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
+    from tgi_compat.kernels.comm.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
 
     block = torch.randn(64128, 4096, device=DEV).to(torch.bfloat16)
     ids = torch.randint(0, 128256, (300,), device=DEV)
@@ -679,9 +671,9 @@ def test_side_stream_copies() -> None:
 
 
 def test_weight_prefetch_beside() -> None:
-    """tgi_compat.kernels.l2_prefetch at sizes that end mid-chunk and past the tensor leaves the tensor as it was, and
+    """tgi_compat.kernels.comm.l2_prefetch at sizes that end mid-chunk and past the tensor leaves the tensor as it was, and
     tgi_compat.modeling.layers.weight_prefetch's fork and join record into a CUDA graph whose replays compute what eager does."""
-    from tgi_compat.kernels.l2_prefetch import l2_prefetch
+    from tgi_compat.kernels.comm.l2_prefetch import l2_prefetch
     from tgi_compat.modeling.layers.weight_prefetch import weight_prefetched_beside
 
     weight = torch.randn(4099, 1027, device=DEV, dtype=torch.bfloat16)  # 8,419,346 bytes: no whole chunk at the end
@@ -751,7 +743,7 @@ def test_end_to_end() -> None:
         _, logits_triton = greedy_generate(bf16["triton"], prompts, num_new, max_len, graphs=graphs, forced=ids_torch)
         worst = max(rel_err(a, b) for a, b in zip(logits_triton, logits_torch))
         check(f"e2e {name} bf16 logits triton vs torch backend (worst step)", worst, 2e-2)
-        # Batch 1 takes the one-row path (tgi_compat.kernels.gemv with the norm / silu_mul fused in, which skips
+        # Batch 1 takes the one-row path (tgi_compat.kernels.gemv.gemv with the norm / silu_mul fused in, which skips
         # two bf16 roundings): judged against fp32 truth, it must be no less exact than the torch
         # backend's bf16 (the direct triton-vs-torch bf16 error is printed beside it).
         graphs1 = capture_graphs(bf16["triton"], [1])

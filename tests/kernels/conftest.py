@@ -14,27 +14,41 @@ import sys
 
 import torch
 
+# Each after the modules whose jit functions it calls: a reload rebinds the names a module imported, so one
+# reloaded before its dependency would keep calling the compiled versions.
 KERNEL_MODULES = [
     "tgi_compat.kernels.pdl",
-    "tgi_compat.kernels.decode_attention",
-    "tgi_compat.kernels.dequant_matmul",  # before tgi_compat.kernels.gemv, which calls its int4 helper
-    "tgi_compat.kernels.rmsnorm",  # before tgi_compat.kernels.quant_activation, which calls its row helper
-    "tgi_compat.kernels.silu_mul",  # before tgi_compat.kernels.gemv and tgi_compat.kernels.quant_activation, which call its activation
-    "tgi_compat.kernels.gemv",
-    "tgi_compat.kernels.gemv_int4_one_row",  # after tgi_compat.kernels.gemv, whose helpers it binds
-    "tgi_compat.kernels.prefill_attention",
-    "tgi_compat.kernels.kv_store",
-    "tgi_compat.kernels.rotary",
-    "tgi_compat.kernels.fused_moe",
-    "tgi_compat.kernels.quant_activation",
-    "tgi_compat.kernels.grammar_apply",
-    "tgi_compat.kernels.grammar_confine",
-    "tgi_compat.kernels.greedy_pick",
-    "tgi_compat.kernels.fp8_gemm",
-    "tgi_compat.kernels.one_shot_all_reduce",
+    "tgi_compat.kernels.elementwise.rmsnorm",
+    "tgi_compat.kernels.elementwise.silu_mul",
+    "tgi_compat.kernels.attention.online_softmax",
+    "tgi_compat.kernels.attention.decode_merge",
+    "tgi_compat.kernels.attention.decode_rotary",
+    "tgi_compat.kernels.attention.decode",
+    "tgi_compat.kernels.attention.prefill",
+    "tgi_compat.kernels.attention.kv_store",
+    "tgi_compat.kernels.attention.rotary",
+    "tgi_compat.kernels.quant.int4_layout",
+    "tgi_compat.kernels.quant.dequant_matmul",
+    "tgi_compat.kernels.quant.per_token",
+    "tgi_compat.kernels.quant.fp8_gemm",
+    "tgi_compat.kernels.comm.one_shot_all_reduce",
+    "tgi_compat.kernels.comm.vocab_embedding",
+    "tgi_compat.kernels.gemv.prologue",
+    "tgi_compat.kernels.gemv.epilogue",
+    "tgi_compat.kernels.gemv.dense",
+    "tgi_compat.kernels.gemv.int4",
+    "tgi_compat.kernels.gemv.int4_one_row",
+    "tgi_compat.kernels.gemv.gemv",
+    "tgi_compat.kernels.moe.routing",
+    "tgi_compat.kernels.moe.align",
+    "tgi_compat.kernels.moe.grouped_gemm",
+    "tgi_compat.kernels.moe.expert_gemv",
+    "tgi_compat.kernels.moe.fused_moe",
+    "tgi_compat.kernels.sampling.grammar_apply",
+    "tgi_compat.kernels.sampling.grammar_confine",
+    "tgi_compat.kernels.sampling.greedy_pick",
     "tgi_compat.kernels.lora.shrink",
     "tgi_compat.kernels.lora.expand",
-    "tgi_compat.kernels.vocab_embedding",  # after tgi_compat.kernels.one_shot_all_reduce, whose send it binds
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "tgi_compat.modeling.attention.triton_backend",
     "tgi_compat.modeling.layers.triton_ops",

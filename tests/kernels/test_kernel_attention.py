@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.decode_attention import NewTokenKV, decode_attention, decode_attention_ref, merge_chunk
-from tgi_compat.kernels.prefill_attention import prefill_attention, prefill_attention_ref
-from tgi_compat.kernels.rotary import rotary_embedding_ref
+from tgi_compat.kernels.attention.decode import decode_attention, decode_attention_ref
+from tgi_compat.kernels.attention.decode_merge import merge_chunk
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
+from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.attention.rotary import rotary_embedding_ref
 
 HEAD_DIM = 16
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.kernels.test_kernel_attention import HEAD_DIM, make_cache, make_req_to_token, relative_error
-from tgi_compat.kernels.decode_attention import decode_attention, decode_attention_ref
-from tgi_compat.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.attention.decode import decode_attention, decode_attention_ref
+from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])

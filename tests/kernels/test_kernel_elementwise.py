@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.kv_store import kv_store, kv_store_ref
-from tgi_compat.kernels.rmsnorm import (
+from tgi_compat.kernels.attention.kv_store import kv_store, kv_store_ref
+from tgi_compat.kernels.attention.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
+from tgi_compat.kernels.elementwise.rmsnorm import (
     norm_add_rmsnorm,
     norm_add_rmsnorm_ref,
     qk_rmsnorm,
@@ -14,8 +15,7 @@ from tgi_compat.kernels.rmsnorm import (
     rmsnorm,
     rmsnorm_ref,
 )
-from tgi_compat.kernels.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
-from tgi_compat.kernels.silu_mul import silu_mul, silu_mul_ref
+from tgi_compat.kernels.elementwise.silu_mul import silu_mul, silu_mul_ref
 
 
 def test_kv_store_writes_only_the_given_slots_from_strided_views():

@@ -1,13 +1,13 @@
-"""The skinny FP8 GEMM (tgi_compat/kernels/fp8_gemm.py) against its float32 torch reference, under the interpreter."""
+"""The skinny FP8 GEMM (tgi_compat/kernels/quant/fp8_gemm.py) against its float32 torch reference, under the interpreter."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tgi_compat.kernels.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
-from tgi_compat.kernels.gemv import split_k_counters
-from tgi_compat.kernels.quant_activation import quant_per_token_ref
+from tgi_compat.kernels.quant.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_ref
+from tgi_compat.kernels.quant.per_token import quant_per_token_ref
+from tgi_compat.kernels.split_k import split_k_counters
 from tgi_compat.modeling.layers.quantization.fp8 import quantize_weight_per_channel
 
 

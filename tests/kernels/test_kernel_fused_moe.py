@@ -6,21 +6,12 @@ import pytest
 import torch
 
 from tests.kernels.test_kernel_attention import relative_error
-from tgi_compat.kernels.fused_moe import (
-    LaunchConfig,
-    MoeConfig,
-    align_by_expert,
-    align_by_expert_torch,
-    default_moe_config,
-    fused_moe,
-    fused_moe_ref,
-    fused_route,
-    grouped_gemm,
-    moe_config,
-    moe_gemv_down,
-    route_ref,
-    token_bucket,
-)
+from tgi_compat.kernels.moe.align import align_by_expert, align_by_expert_torch
+from tgi_compat.kernels.moe.configs import LaunchConfig, MoeConfig
+from tgi_compat.kernels.moe.expert_gemv import moe_gemv_down
+from tgi_compat.kernels.moe.fused_moe import default_moe_config, fused_moe, fused_moe_ref, moe_config, token_bucket
+from tgi_compat.kernels.moe.grouped_gemm import grouped_gemm
+from tgi_compat.kernels.moe.routing import fused_route, route_ref
 
 F32, F16 = torch.float32, torch.float16
 

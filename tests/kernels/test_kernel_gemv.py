@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.dequant_matmul import int4_period, pack_int4
-from tgi_compat.kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.types import GemvConfig, QuantizedWeight
+from tgi_compat.kernels.quant.int4_layout import int4_period, pack_int4
 
 # Small tiles so the interpreter walks several programs and K blocks, ragged and even; with and without the
 # next tile's prefetch.
@@ -174,7 +175,7 @@ def test_default_configs_at_a_llama_width(fmt: str, num_rows: int):
 def test_int4_split_k_adds_the_partials_and_resets_its_counters(split_k: int, block_k: int, num_rows: int, prologue):
     """Split-K (several programs along K, the last one adding the partial sums): twice in a row, so the
     second launch finds the counters the first one reset."""
-    from tgi_compat.kernels.gemv import split_k_counters
+    from tgi_compat.kernels.split_k import split_k_counters
 
     k = 128
     config = GemvConfig(block_n=8, block_k=block_k, num_warps=1, split_k=split_k, prefetch=split_k == 4)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.gemv import GemvConfig, gemv, gemv_ref
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.types import GemvConfig
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -27,8 +28,8 @@ def test_gelu_tanh_mul_prologue_matches_the_unfused_pair(dtype: torch.dtype):
 
 def test_gelu_tanh_mul_prologue_over_int4_weights():
     """The int4 kernel's prologue takes the GeGLU too (a Gemma AWQ/GPTQ checkpoint's down projection)."""
-    from tgi_compat.kernels.dequant_matmul import int4_period, pack_int4
-    from tgi_compat.kernels.gemv import QuantizedWeight
+    from tgi_compat.kernels.gemv.types import QuantizedWeight
+    from tgi_compat.kernels.quant.int4_layout import int4_period, pack_int4
 
     n, k, group = 24, 128, 32
     gen = torch.Generator().manual_seed(6)

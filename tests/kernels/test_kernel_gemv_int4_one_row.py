@@ -1,4 +1,4 @@
-"""The one-row int4 GEMV (tgi_compat.kernels.gemv_int4_one_row, `GemvConfig.one_row`) against the reference with the
+"""The one-row int4 GEMV (tgi_compat.kernels.gemv.int4_one_row, `GemvConfig.one_row`) against the reference with the
 dequantized weight: N not a multiple of a program's rows, groups of 256, 128 and 64 (a group over two tiles, a
 tile over two groups), several tiles a split (the software-pipelined loop), split-K by counts that are and are
 not powers of two, every prologue it takes; split-K's determinism and where the tuned table selects it. Its
@@ -11,17 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.dequant_matmul import int4_period, pack_int4
-from tgi_compat.kernels.gemv import (
-    TUNED_INT4,
-    GemvConfig,
-    QuantizedWeight,
-    gemv,
-    gemv_ref,
-    int4_config,
-    split_k_counters,
-)
-from tgi_compat.kernels.gemv_int4_one_row import one_row_tiles
+from tgi_compat.kernels.gemv.config import int4_config
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.int4_one_row import one_row_tiles
+from tgi_compat.kernels.gemv.tuned import TUNED_INT4
+from tgi_compat.kernels.gemv.types import GemvConfig, QuantizedWeight
+from tgi_compat.kernels.quant.int4_layout import int4_period, pack_int4
+from tgi_compat.kernels.split_k import split_k_counters
 
 
 def _weight(n: int, k: int, group: int, gen: torch.Generator) -> QuantizedWeight:

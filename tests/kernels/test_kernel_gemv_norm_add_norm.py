@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.gemv import GemvConfig, QuantizedWeight, gemv, gemv_ref
+from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
+from tgi_compat.kernels.gemv.types import GemvConfig, QuantizedWeight
 
 CONFIGS = [
     GemvConfig(block_n=8, block_k=32, num_warps=1),
     GemvConfig(block_n=16, block_k=64, num_warps=2, prefetch=True),
     GemvConfig(
         block_n=8, block_k=32, num_warps=1, separate_prologue=True
-    ),  # tgi_compat/kernels/rmsnorm.py's, then the GEMV
+    ),  # tgi_compat/kernels/elementwise/rmsnorm.py's, then the GEMV
 ]
 
 
@@ -28,13 +29,9 @@ def _inputs(rows: int, k: int, dtype: torch.dtype, seed: int):
 
 def _run(x, weight, residual, x_norm_weight, norm_weight, config, bias=None):
     summed = torch.full_like(residual, float("nan"))
-    out = gemv(
-        x, weight, bias, norm_weight=norm_weight, eps=1e-5, residual=residual, residual_out=summed,
-        x_norm_weight=x_norm_weight, x_eps=1e-6, config=config,
-    )  # fmt: skip
-    ref, ref_summed = gemv_ref(
-        x, weight, bias, norm_weight=norm_weight, eps=1e-5, residual=residual, x_norm_weight=x_norm_weight, x_eps=1e-6
-    )
+    norms = dict(norm_weight=norm_weight, eps=1e-5, residual=residual, x_norm_weight=x_norm_weight, x_eps=1e-6)
+    out = gemv(x, weight, bias, residual_out=summed, config=config, **norms)
+    ref, ref_summed = gemv_ref(x, weight, bias, **norms)
     return out, summed, ref, ref_summed
 
 

@@ -1,4 +1,4 @@
-"""The GEMV that sends its output to the other ranks' all-reduce buffers (tgi_compat.kernels.gemv's `push`), then the
+"""The GEMV that sends its output to the other ranks' all-reduce buffers (tgi_compat.kernels.gemv.gemv's `push`), then the
 all-reduce that only gathers (`sent=True`), under Triton's interpreter with each rank in its own process.
 
 Shared CPU memory stands in for symmetric GPU memory, as in test_kernel_one_shot_all_reduce.py. Each rank
@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from tests.kernels.test_kernel_one_shot_all_reduce import run_ranks
-from tgi_compat.kernels.gemv import QuantizedWeight, gemv
-from tgi_compat.kernels.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, PushTarget, all_reduce_ref
+from tgi_compat.kernels.comm.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, PushTarget, all_reduce_ref
+from tgi_compat.kernels.gemv.gemv import gemv
+from tgi_compat.kernels.gemv.types import QuantizedWeight
 
 CAPACITY = 3 * BLOCK
 K = 32
@@ -40,7 +41,7 @@ def _weights(rank: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Te
 
 
 def _rank(rank: int, world: int, buffers, results, dtype: torch.dtype) -> None:
-    from tgi_compat.kernels.one_shot_all_reduce import one_shot_all_reduce_
+    from tgi_compat.kernels.comm.one_shot_all_reduce import one_shot_all_reduce_
 
     target = PushTarget(
         torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64),

@@ -1,11 +1,11 @@
-"""tgi_compat/kernels/grammar_apply.py and its torch reference against xgrammar's CPU apply, under the interpreter."""
+"""tgi_compat/kernels/sampling/grammar_apply.py and its torch reference against xgrammar's CPU apply, under the interpreter."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tgi_compat.kernels.grammar_apply import grammar_apply, grammar_apply_ref
+from tgi_compat.kernels.sampling.grammar_apply import grammar_apply, grammar_apply_ref
 
 xgrammar = pytest.importorskip("xgrammar")
 

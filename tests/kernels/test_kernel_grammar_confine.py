@@ -1,11 +1,11 @@
-"""tgi_compat/kernels/grammar_confine.py against its torch reference (the engine's CPU path), under the interpreter."""
+"""tgi_compat/kernels/sampling/grammar_confine.py against its torch reference (the engine's CPU path), under the interpreter."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tgi_compat.kernels.grammar_confine import grammar_confine, grammar_confine_ref
+from tgi_compat.kernels.sampling.grammar_confine import grammar_confine, grammar_confine_ref
 
 
 def _case(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

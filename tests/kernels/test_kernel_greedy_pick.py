@@ -1,4 +1,4 @@
-"""tgi_compat/kernels/greedy_pick.py against the torch computation it replaces (argmax, gather, logsumexp), under the
+"""tgi_compat/kernels/sampling/greedy_pick.py against the torch computation it replaces (argmax, gather, logsumexp), under the
 interpreter: the first maximum wins ties across chunks, masked tails, bf16 logits, padded row strides."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.greedy_pick import CHUNK, greedy_pick, greedy_pick_ref
+from tgi_compat.kernels.sampling.greedy_pick import CHUNK, greedy_pick, greedy_pick_ref
 
 
 def _check(logits: torch.Tensor) -> None:
@@ -78,7 +78,7 @@ def _vocab_blocks(logits: torch.Tensor, ranks: int) -> list[tuple[torch.Tensor, 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 @pytest.mark.parametrize("vocab", [5, 70, 2 * CHUNK + 9], ids=["fewer-ids-than-blocks-x2", "tiny", "ragged"])
 def test_vocab_blocks_merge_to_the_whole_choice(ranks, vocab):
-    from tgi_compat.kernels.greedy_pick import (
+    from tgi_compat.kernels.sampling.greedy_pick import (
         greedy_block_partials,
         greedy_block_partials_ref,
         greedy_merge_blocks,

@@ -1,4 +1,4 @@
-"""tgi_compat.kernels.l2_prefetch compiles for sm_90 to TMA bulk prefetches into L2 with the evict_last hint, one per thread.
+"""tgi_compat.kernels.comm.l2_prefetch compiles for sm_90 to TMA bulk prefetches into L2 with the evict_last hint, one per thread.
 
 The interpreter has no counterpart of the instruction, so the kernel is compiled without a GPU (the compile-only
 driver of benchmarks/compile_only.py, in a process of its own); the GPU tests run it. Beside it: the helper that
@@ -16,7 +16,7 @@ PROBE = r"""
 import json, re, torch
 from benchmarks.compile_only import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
-from tgi_compat.kernels import l2_prefetch as pf
+from tgi_compat.kernels.comm import l2_prefetch as pf
 weight = torch.zeros(4096, 2048, dtype=torch.bfloat16)
 ptx = compiled_ptx(pf._l2_prefetch_kernel, lambda: pf.l2_prefetch(weight, 8 << 20))
 lines = [line.strip() for line in ptx.splitlines()]

@@ -15,15 +15,19 @@ PROBE = r"""
 import json, re, torch
 from benchmarks.compile_only import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
-from tgi_compat.kernels import gemv, rmsnorm
+from tgi_compat.kernels.elementwise import rmsnorm
+from tgi_compat.kernels.gemv import dense
+from tgi_compat.kernels.gemv.config import gemv_config
+from tgi_compat.kernels.gemv.gemv import gemv
+from tgi_compat.kernels.gemv.types import PROLOGUE_NORM_ADD_NORM
 k, found = 3584, {}
 for dtype in (torch.bfloat16, torch.float16):
     x, residual, w = torch.randn(1, k, dtype=dtype), torch.randn(1, k, dtype=dtype), torch.ones(k, dtype=dtype)
-    weight, config = torch.randn(512, k, dtype=dtype), gemv.gemv_config(512, k, gemv.PROLOGUE_NORM_ADD_NORM)
+    weight, config = torch.randn(512, k, dtype=dtype), gemv_config(512, k, PROLOGUE_NORM_ADD_NORM)
     launches = {
         "norm_add_rmsnorm": (rmsnorm._norm_add_norm_kernel, lambda: rmsnorm.norm_add_rmsnorm(
             x, w, 1e-6, residual, w, 1e-6, residual_out=residual.clone())),
-        "gemv NORM_ADD_NORM": (gemv._gemv_kernel, lambda: gemv.gemv(
+        "gemv NORM_ADD_NORM": (dense._gemv_kernel, lambda: gemv(
             x, weight, norm_weight=w, eps=1e-6, residual=residual, residual_out=residual.clone(), x_norm_weight=w,
             x_eps=1e-6, config=config)),
     }

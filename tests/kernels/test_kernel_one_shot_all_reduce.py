@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tgi_compat.kernels.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, all_reduce_ref
+from tgi_compat.kernels.comm.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, all_reduce_ref
 
 SIZES = (1000, 2 * BLOCK + 1, 300, BLOCK, 7, 2 * BLOCK + 1, 1000)
 CAPACITY = 3 * BLOCK
@@ -35,7 +35,7 @@ def run_ranks(target, world: int, *args) -> None:
 
 
 def _rank(rank: int, buffers, inputs, results) -> None:
-    from tgi_compat.kernels.one_shot_all_reduce import one_shot_all_reduce_
+    from tgi_compat.kernels.comm.one_shot_all_reduce import one_shot_all_reduce_
 
     buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
     halves = torch.zeros(MAX_PROGRAMS, dtype=torch.int32)
@@ -80,7 +80,7 @@ GATHER_SHAPES = ((1, 3000), (3, 700), (2, BLOCK + 5))  # (rows, each rank's colu
 
 
 def _gathering_rank(rank: int, buffers, inputs, results) -> None:
-    from tgi_compat.kernels.one_shot_all_reduce import one_shot_all_gather, one_shot_all_reduce_
+    from tgi_compat.kernels.comm.one_shot_all_reduce import one_shot_all_gather, one_shot_all_reduce_
 
     buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
     halves = torch.zeros(MAX_PROGRAMS, dtype=torch.int32)
@@ -100,8 +100,7 @@ def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: py
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     buffers = [torch.full((2 * world * CAPACITY,), SENTINEL, dtype=torch.int16).share_memory_() for _ in range(world)]
     generator = torch.Generator().manual_seed(10 + world)
-    inputs = [[torch.randn(shape, generator=generator).to(torch.bfloat16) for shape in GATHER_SHAPES]
-              for _ in range(world)]  # fmt: skip
+    inputs = [[torch.randn(shape, generator=generator).bfloat16() for shape in GATHER_SHAPES] for _ in range(world)]
     for rank_inputs in inputs:
         rank_inputs[0][0, :3] = -0.0
     total = sum(rows * cols * world for rows, cols in GATHER_SHAPES)
@@ -109,8 +108,8 @@ def test_all_gather_puts_each_ranks_columns_in_place(world: int, monkeypatch: py
 
     run_ranks(_gathering_rank, world, buffers, inputs, results)
 
-    expected = torch.cat([torch.cat([inputs[r][i] for r in range(world)], dim=1).view(-1).double()
-                          for i in range(len(GATHER_SHAPES))])  # fmt: skip
+    side_by_side = [torch.cat([inputs[r][i] for r in range(world)], dim=1) for i in range(len(GATHER_SHAPES))]
+    expected = torch.cat([gathered.view(-1).double() for gathered in side_by_side])
     for r in range(world):
         assert torch.equal(results[r], expected)
     assert not torch.signbit(results[0][:3]).any()  # -0.0 came as +0.0
@@ -124,7 +123,7 @@ EPS = 1e-5
 
 
 def _norming_rank(rank: int, buffers, inputs, residuals, weights, results) -> None:
-    from tgi_compat.kernels.one_shot_all_reduce import one_shot_all_reduce_, one_shot_all_reduce_rmsnorm
+    from tgi_compat.kernels.comm.one_shot_all_reduce import one_shot_all_reduce_, one_shot_all_reduce_rmsnorm
 
     buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
     halves = torch.zeros(MAX_PROGRAMS, dtype=torch.int32)
@@ -148,11 +147,11 @@ def test_all_reduce_with_residual_and_rmsnorm(world: int, monkeypatch: pytest.Mo
     """Every rank ends with the unfused ops' (rmsnorm(sum + residual) * w, sum + residual), the same bits on every
     rank (within the interpreter's rounding towards zero of the reference), the pieces' halves as the plain kernel
     would leave them, and only the sentinel in the buffers."""
-    from tgi_compat.kernels.rmsnorm import rmsnorm_ref
+    from tgi_compat.kernels.elementwise.rmsnorm import rmsnorm_ref
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    buffers = [torch.full((2 * world * NORM_CAPACITY,), SENTINEL, dtype=torch.int16).share_memory_()
-               for _ in range(world)]  # fmt: skip
+    size = 2 * world * NORM_CAPACITY
+    buffers = [torch.full((size,), SENTINEL, dtype=torch.int16).share_memory_() for _ in range(world)]
     generator = torch.Generator().manual_seed(20 + world)
     inputs = [[torch.randn(shape, generator=generator).bfloat16() for shape in NORM_SHAPES] for _ in range(world)]
     residuals = [torch.randn(shape, generator=generator).bfloat16() for shape in NORM_SHAPES]

@@ -17,7 +17,7 @@ PROBE = r"""
 import json, re, torch
 from benchmarks.compile_only import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
-from tgi_compat.kernels import one_shot_all_reduce as ar
+from tgi_compat.kernels.comm import one_shot_all_reduce as ar
 found = {}
 for world in (2, 4):
     for dtype in (torch.bfloat16, torch.float16):

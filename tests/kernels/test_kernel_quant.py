@@ -6,15 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_compat.kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, int4_period, pack_int4, unpack_int4
-from tgi_compat.kernels.quant_activation import (
+from tgi_compat.kernels.elementwise.rmsnorm import rmsnorm
+from tgi_compat.kernels.elementwise.silu_mul import silu_mul
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref
+from tgi_compat.kernels.quant.int4_layout import int4_period, pack_int4, unpack_int4
+from tgi_compat.kernels.quant.per_token import (
     quant_per_token,
     quant_per_token_ref,
     rmsnorm_quant_per_token,
     silu_mul_quant_per_token,
 )
-from tgi_compat.kernels.rmsnorm import rmsnorm
-from tgi_compat.kernels.silu_mul import silu_mul
 
 
 @pytest.mark.parametrize("qdtype", [torch.float8_e4m3fn, torch.int8])

@@ -1,4 +1,4 @@
-"""tgi_compat.kernels.vocab_embedding under Triton's interpreter: the vocab-parallel lookup of one rank's block against
+"""tgi_compat.kernels.comm.vocab_embedding under Triton's interpreter: the vocab-parallel lookup of one rank's block against
 torch's, and the pushed lookup's sum over the ranks (each rank in its own process, shared CPU memory standing in
 for symmetric GPU memory, as in test_kernel_gemv_push.py) against the whole table's rows, bit for bit: every row
 comes from one rank and the others add zeros. Each pushed sum follows the plain all-reduce of the same lookup on
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.kernels.test_kernel_one_shot_all_reduce import run_ranks
-from tgi_compat.kernels.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, PushTarget
-from tgi_compat.kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
+from tgi_compat.kernels.comm.one_shot_all_reduce import BLOCK, MAX_PROGRAMS, SENTINEL, PushTarget
+from tgi_compat.kernels.comm.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
 
 VOCAB = 50
 HIDDENS = (3000, 2048)  # three lookup programs a row, the last partly masked; two whole ones (one half a program)
@@ -52,7 +52,7 @@ def test_lookup_matches_torch_and_the_blocks_sum_to_the_table(world: int, monkey
 
 
 def _rank(rank: int, world: int, buffers, results, dtype: torch.dtype, hidden: int) -> None:
-    from tgi_compat.kernels.one_shot_all_reduce import one_shot_all_reduce_
+    from tgi_compat.kernels.comm.one_shot_all_reduce import one_shot_all_reduce_
 
     target = PushTarget(
         torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64),
@@ -94,7 +94,7 @@ PROBE = r"""
 import json, re, torch
 from benchmarks.compile_only import compiled_ptx, install_compile_only_driver
 install_compile_only_driver()
-from tgi_compat.kernels import one_shot_all_reduce as ar, vocab_embedding as ve
+from tgi_compat.kernels.comm import one_shot_all_reduce as ar, vocab_embedding as ve
 found = {}
 for world in (2, 4):
     target = ar.PushTarget(torch.zeros(world, dtype=torch.int64), torch.zeros(ar.MAX_PROGRAMS, dtype=torch.int32),

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.kernels.test_kernel_attention import make_cache, make_req_to_token, relative_error
-from tgi_compat.kernels.decode_attention import decode_attention, decode_attention_ref
-from tgi_compat.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.attention.decode import decode_attention, decode_attention_ref
+from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
 
 
 @pytest.mark.parametrize("merged", [False, True], ids=["two-stage", "merged"])
@@ -58,7 +58,7 @@ def test_prefill_attention_window_and_softcap(window, softcap):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gelu_tanh_mul_matches_reference(dtype):
     """Gemma's GeGLU through the gated-activation kernel's GELU_TANH switch."""
-    from tgi_compat.kernels.silu_mul import gelu_tanh_mul_ref, silu_mul
+    from tgi_compat.kernels.elementwise.silu_mul import gelu_tanh_mul_ref, silu_mul
 
     x = (torch.randn(3, 2 * 40, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-3, atol=1e-3)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.kernels.test_triton_backend import make_runner, run_steps
-from tgi_compat.kernels.gemv import PROLOGUE_NORM_ADD_NORM, GemvConfig
+from tgi_compat.kernels.gemv.types import PROLOGUE_NORM_ADD_NORM, GemvConfig
 
 
 def test_triton_backend_windowed_soft_capped_model_matches_torch_backend():

@@ -19,8 +19,10 @@ def _runner(kv_cache_dtype: str | None, dtype: str = "float32") -> ModelRunner:
     return ModelRunner.from_hf_state_dict(hf_config, model.state_dict(), cfg)
 
 
-@pytest.mark.parametrize("name, dtype", [("fp8_e4m3fn", torch.float8_e4m3fn), ("fp8", torch.float8_e4m3fn),
-                                         ("fp8_e5m2", torch.float8_e5m2)])  # fmt: skip
+FP8_CACHES = [("fp8_e4m3fn", torch.float8_e4m3fn), ("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)]
+
+
+@pytest.mark.parametrize("name, dtype", FP8_CACHES)
 def test_fp8_cache_prefill_and_decode_stay_close(name: str, dtype: torch.dtype):
     exact, fp8 = _runner(None), _runner(name)
     assert fp8.kv_caches[0][0].dtype == dtype

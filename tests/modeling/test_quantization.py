@@ -52,10 +52,12 @@ def test_fp8_on_the_fly_matches_fake_quantized_product():
 def test_fp8_checkpoint_per_tensor_scales_of_fused_shards():
     gen = torch.Generator().manual_seed(1)
     layer = QKVLinear(32, num_heads=2, num_kv_heads=1, head_dim=16, bias=False, method=Fp8LinearMethod(True))
-    shards = {s: (torch.randn(rows, 32, generator=gen).to(FP8), torch.rand(1, generator=gen) + 0.5)
-              for s, rows in (("q", 32), ("k", 16), ("v", 16))}  # fmt: skip
-    _loaded(layer, {"weight": [(s, w) for s, (w, _) in shards.items()],
-                    "weight_scale": [(s, sc) for s, (_, sc) in shards.items()]})  # fmt: skip
+    shards = {
+        s: (torch.randn(rows, 32, generator=gen).to(FP8), torch.rand(1, generator=gen) + 0.5)
+        for s, rows in (("q", 32), ("k", 16), ("v", 16))
+    }
+    weights, scales = [(s, w) for s, (w, _) in shards.items()], [(s, sc) for s, (_, sc) in shards.items()]
+    _loaded(layer, {"weight": weights, "weight_scale": scales})
     dequantized = torch.cat([w.float() * sc for w, sc in shards.values()])
     x = torch.randn(3, 32, generator=gen)
     torch.testing.assert_close(layer(x), F.linear(_fake_fp8_per_row(x), dequantized), rtol=1e-5, atol=1e-5)
@@ -66,8 +68,8 @@ def test_int8_layer_matches_dequantized_reference(quantize_activations: bool):
     gen = torch.Generator().manual_seed(2)
     q = torch.randint(-127, 128, (40, 64), generator=gen, dtype=torch.int8)
     scale = torch.rand(40, 1, generator=gen) / 100  # compressed-tensors stores [out, 1]
-    layer = _loaded(Linear(64, 40, method=Int8LinearMethod(True, quantize_activations)),
-                    {"weight": q, "weight_scale": scale})  # fmt: skip
+    linear = Linear(64, 40, method=Int8LinearMethod(True, quantize_activations))
+    layer = _loaded(linear, {"weight": q, "weight_scale": scale})
     x = torch.randn(4, 64, generator=gen)
     if quantize_activations:
         x_scale = x.abs().amax(1, keepdim=True) / 127
@@ -99,22 +101,27 @@ def _int4_checkpoint(fmt: str, q: torch.Tensor, scale: torch.Tensor, zero: torch
     """q [out, in], scale/zero [out, in/G] -> the format's tensors for one shard."""
     if fmt == "awq":
         order = [0, 2, 4, 6, 1, 3, 5, 7]
-        return {"qweight": _pack_rows_of_8(q.t(), order), "qzeros": _pack_rows_of_8(zero.t(), order),
-                "scales": scale.t().half()}  # fmt: skip
+        return {
+            "qweight": _pack_rows_of_8(q.t(), order),
+            "qzeros": _pack_rows_of_8(zero.t(), order),
+            "scales": scale.t().half(),
+        }
     if fmt == "gptq":  # v1 stores zero - 1; the weight packs 8 input rows per int32
-        return {"qweight": _pack_rows_of_8(q).t(),
-                "qzeros": _pack_rows_of_8(zero.t() - 1), "scales": scale.t().half(),
-                "g_idx": torch.arange(q.shape[1], dtype=torch.int32) // (q.shape[1] // scale.shape[1])}  # fmt: skip
-    return {"weight_packed": _pack_rows_of_8(q), "weight_scale": scale.half(),
-            "weight_shape": torch.tensor(q.shape)}  # fmt: skip
+        return {
+            "qweight": _pack_rows_of_8(q).t(),
+            "qzeros": _pack_rows_of_8(zero.t() - 1),
+            "scales": scale.t().half(),
+            "g_idx": torch.arange(q.shape[1], dtype=torch.int32) // (q.shape[1] // scale.shape[1]),
+        }
+    return {"weight_packed": _pack_rows_of_8(q), "weight_scale": scale.half(), "weight_shape": torch.tensor(q.shape)}
 
 
 @pytest.mark.parametrize("fmt", ["awq", "gptq", "pack-quantized"])
 def test_int4_checkpoint_formats_load_to_the_weights_they_pack(fmt: str):
     gen = torch.Generator().manual_seed(4)
     group, hidden = 16, 64
-    layer = QKVLinear(hidden, num_heads=2, num_kv_heads=1, head_dim=16, bias=False,
-                      method=Int4LinearMethod(fmt, group, zero_offset=1.0 if fmt == "gptq" else 0.0))  # fmt: skip
+    method = Int4LinearMethod(fmt, group, zero_offset=1.0 if fmt == "gptq" else 0.0)
+    layer = QKVLinear(hidden, num_heads=2, num_kv_heads=1, head_dim=16, bias=False, method=method)
     tensors, dequantized = {}, []
     for shard, rows in (("q", 32), ("k", 16), ("v", 16)):
         q = torch.randint(0, 16, (rows, hidden), generator=gen)
@@ -128,7 +135,7 @@ def test_int4_checkpoint_formats_load_to_the_weights_they_pack(fmt: str):
     _loaded(layer, tensors)
     x = torch.randn(3, hidden, generator=gen)
     torch.testing.assert_close(layer(x), F.linear(x, torch.cat(dequantized)), rtol=1e-3, atol=1e-3)
-    # the decode GEMV's reading of the stored layout (tgi_compat.kernels.gemv is tested against dequantize())
+    # the decode GEMV's reading of the stored layout (tgi_compat.kernels.gemv.gemv is tested against dequantize())
     torch.testing.assert_close(layer.gemv_weight.dequantize(), torch.cat(dequantized), rtol=1e-3, atol=1e-3)
 
 
@@ -148,9 +155,9 @@ def test_resolution_from_flag_and_checkpoint():
     assert resolve_quantization(None, None) is None
     assert resolve_quantization("fp8", None).linear_method().is_serialized is False
     assert resolve_quantization("eetq", None).name == "int8"
-    ct_fp8 = {"quant_method": "compressed-tensors", "ignore": ["lm_head"],
-              "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-                                            "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}  # fmt: skip
+    fp8 = {"num_bits": 8, "type": "float"}
+    group = {"weights": {**fp8, "strategy": "channel"}, "input_activations": {**fp8, "dynamic": True}}
+    ct_fp8 = {"quant_method": "compressed-tensors", "ignore": ["lm_head"], "config_groups": {"group_0": group}}
     method = resolve_quantization("fp8", ct_fp8).linear_method()
     assert method.is_serialized and not method.has_input_scale
     assert resolve_quantization(None, {"quant_method": "fp8", "activation_scheme": "static"}).has_input_scale

@@ -20,7 +20,7 @@ from transformers import LlamaConfig, Phi3Config
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
 from tests.modeling.test_gemma_parity import CASES as GEMMA_CASES
 from tests.modeling.test_moe_parity import CASES as MOE_CASES
-from tgi_compat.kernels.greedy_pick import greedy_pick_ref
+from tgi_compat.kernels.sampling.greedy_pick import greedy_pick_ref
 from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
 from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
@@ -201,9 +201,14 @@ def test_gguf_slices_read_only_their_part_and_equal_the_whole():
     from tests.modeling.helpers import smollm2_gguf_path
     from tgi_compat.modeling.weights.gguf import iterate_gguf, open_gguf
 
-    wanted = {"model.layers.0.self_attn.q_proj.weight": (0, 128, 192), "model.layers.0.self_attn.k_proj.weight": (0, 64, 64),
-              "model.layers.0.self_attn.o_proj.weight": (1, 384, 192), "model.layers.0.mlp.down_proj.weight": (1, 512, 1024),
-              "model.embed_tokens.weight": (0, 16384, 16384)}  # fmt: skip
+    layer = "model.layers.0."
+    wanted = {  # name: (the dimension sliced, its start, its size)
+        layer + "self_attn.q_proj.weight": (0, 128, 192),
+        layer + "self_attn.k_proj.weight": (0, 64, 64),
+        layer + "self_attn.o_proj.weight": (1, 384, 192),
+        layer + "mlp.down_proj.weight": (1, 512, 1024),
+        "model.embed_tokens.weight": (0, 16384, 16384),
+    }
     checked = 0
     for name, lazy in iterate_gguf(open_gguf(smollm2_gguf_path()), 9, 3, show_progress=False, lazy=True):
         if name in wanted:

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCES = ["pyproject.toml", "README.md", "tgi_compat", "benchmarks"]
-ENGINE = ("tgi_compat.kernels.rmsnorm", "tgi_compat.modeling.runner", "tgi_compat.router.client_api")
+ENGINE = ("tgi_compat.kernels.elementwise.rmsnorm", "tgi_compat.modeling.runner", "tgi_compat.router.client_api")
 
 PROBE = f"""
 import importlib, json, sys

@@ -175,7 +175,7 @@ class GreedyChoosingRunner(HashRunner):
         self.greedy_only_steps: list[bool] = []
 
     def forward(self, batch):
-        from tgi_compat.kernels.greedy_pick import greedy_pick_ref
+        from tgi_compat.kernels.sampling.greedy_pick import greedy_pick_ref
         from tgi_compat.modeling.parallel.vocab_logits import GreedyChoice
 
         logits = super().forward(batch)

@@ -11,7 +11,7 @@ lives here, in the engine process:
                         fill runs while the forward does; no copy: the GPU kernels read the pinned host
                         buffer in place
           Sampler applies it after the penalties, before temperature/top-k/top-p (TGI's order), and
-          confines the constrained rows after the warpers (tgi_compat/kernels/grammar_apply.py, grammar_confine.py)
+          confines the constrained rows after the warpers (tgi_compat/kernels/sampling/grammar_apply.py, grammar_confine.py)
 
 With overlap scheduling, step N's forward is queued before step N-1's tokens reach the host; the
 engine then advances the matchers by N-1's tokens and fills N's masks while forward N runs, and the
@@ -151,10 +151,10 @@ class GrammarMask:
         """-inf on every token the grammar forbids (in place on a float32 [B, V]; one kernel on a GPU)."""
         scores = scores.contiguous()
         if self._readable_in_place(scores):
-            from tgi_compat.kernels.grammar_apply import grammar_apply
+            from tgi_compat.kernels.sampling.grammar_apply import grammar_apply
 
             return grammar_apply(scores, self.bitmask, self.row_index)
-        from tgi_compat.kernels.grammar_apply import grammar_apply_ref
+        from tgi_compat.kernels.sampling.grammar_apply import grammar_apply_ref
 
         return grammar_apply_ref(scores, *self._on(scores.device))
 
@@ -168,12 +168,12 @@ class GrammarMask:
         Penalties can also push every allowed token to -inf. So NaN counts as -inf, +inf as the largest
         float, and a row left without a finite score takes its lowest allowed id (greedy or sampled).
         No processor after the mask turns -inf into a number, so forbidden tokens stay -inf. On the device
-        with no host sync, one kernel on a GPU (tgi_compat/kernels/grammar_confine.py); the bitmask is not applied again."""
+        with no host sync, one kernel on a GPU (tgi_compat/kernels/sampling/grammar_confine.py); the bitmask is not applied again."""
         if self._readable_in_place(scores) and scores.stride(1) == 1:
-            from tgi_compat.kernels.grammar_confine import grammar_confine
+            from tgi_compat.kernels.sampling.grammar_confine import grammar_confine
 
             return grammar_confine(scores, self.bitmask, self.row_index)
-        from tgi_compat.kernels.grammar_confine import grammar_confine_ref
+        from tgi_compat.kernels.sampling.grammar_confine import grammar_confine_ref
 
         return grammar_confine_ref(scores, *self._on(scores.device))
 

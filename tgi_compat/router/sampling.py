@@ -3,7 +3,7 @@
 Order on each logits row (docs/contract.md §14): [token-healing mask] -> watermark -> repetition penalty -> frequency penalty ->
 [grammar mask] -> temperature -> top-k -> top-p -> typical-p -> [grammar confinement] -> choose. Reported logprobs
 are log_softmax of the final processed scores. Every parameter is a per-row tensor, and a processor runs only when some
-row of the batch needs it, so an all-greedy batch costs one pass over its scores (tgi_compat/kernels/greedy_pick.py on a GPU).
+row of the batch needs it, so an all-greedy batch costs one pass over its scores (tgi_compat/kernels/sampling/greedy_pick.py on a GPU).
 
 Sampling is the exponential race argmax(p / E), E ~ Exp(1), written as argmax(logp + Gumbel).
 The noise comes from a counter-based hash of (seed, generation step, token id) computed for the
@@ -306,8 +306,8 @@ def watermark_green_list(prev_token: int, vocab_size: int) -> torch.Tensor:
 
 def greedy_choice(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's argmax and its logprob: (ids [B] int64, [2, B] float64 of ids and logprobs). One read of the
-    scores on a GPU (tgi_compat/kernels/greedy_pick.py) instead of torch's five."""
-    from tgi_compat.kernels.greedy_pick import (  # imported on first use, like the grammar kernels
+    scores on a GPU (tgi_compat/kernels/sampling/greedy_pick.py) instead of torch's five."""
+    from tgi_compat.kernels.sampling.greedy_pick import (  # imported on first use, like the grammar kernels
         greedy_pick,
         greedy_pick_ref,
     )

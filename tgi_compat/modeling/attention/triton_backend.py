@@ -1,6 +1,6 @@
 """Attention on the GPU through the Triton kernels in tgi_compat/kernels/.
 
-DECODE steps run flash-decoding (tgi_compat.kernels.decode_attention); EXTEND steps run the variable-length
+DECODE steps run flash-decoding (tgi_compat.kernels.attention.decode); EXTEND steps run the variable-length
 extend kernel. A MIXED step (chunked prefill beside decodes) sends its leading run of one-token
 requests (the scheduler puts running decodes first) through flash-decoding and the rest through
 the extend kernel: the extend kernel would give every decode row a whole query tile, a grid sized by
@@ -24,10 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tgi_compat.kernels.decode_attention import NewTokenKV, choose_block_n, choose_num_splits, decode_attention
-from tgi_compat.kernels.kv_store import kv_store
-from tgi_compat.kernels.prefill_attention import prefill_attention
-from tgi_compat.kernels.rotary import rotary_and_kv_store
+from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
+from tgi_compat.kernels.attention.kv_store import kv_store
+from tgi_compat.kernels.attention.prefill import prefill_attention
+from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import LayerOps, RopeTables

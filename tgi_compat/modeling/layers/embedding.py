@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tgi_compat.kernels.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
+from tgi_compat.kernels.comm.vocab_embedding import vocab_shard_embedding, vocab_shard_embedding_ref
 from tgi_compat.modeling.layers.linear import LoadableParameter, default_weight_loader, dense, new_param
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, vocab_shard
 from tgi_compat.modeling.weights.lazy import LazyTensor, take

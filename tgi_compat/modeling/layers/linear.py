@@ -16,7 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tgi_compat.kernels.gemv import PROLOGUE_NONE, QuantizedWeight, gemv, gemv_config_for
+from tgi_compat.kernels.gemv.config import gemv_config_for
+from tgi_compat.kernels.gemv.gemv import gemv
+from tgi_compat.kernels.gemv.types import PROLOGUE_NONE, QuantizedWeight
 from tgi_compat.modeling.layers.quantization import method_for_new_linear
 from tgi_compat.modeling.layers.quantization.base import (
     ROW_LAYOUT,
@@ -38,7 +40,7 @@ _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.b
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias: F.linear; oneDNN for few-row float32 inputs on CPU; tgi_compat.kernels.gemv for one
+    """x @ weight.T + bias: F.linear; oneDNN for few-row float32 inputs on CPU; tgi_compat.kernels.gemv.gemv for one
     half-precision row on CUDA (batch-1 decode), where it reads the weight faster than cuBLAS."""
     if x.is_cuda:
         config = gemv_config_for(x, weight, PROLOGUE_NONE)
@@ -159,7 +161,7 @@ class Linear(nn.Module):
 
     @property
     def gemv_weight(self) -> torch.Tensor | QuantizedWeight | None:
-        """The weight fused decode kernels (tgi_compat.kernels.gemv) read: plain, quantized with its scales, or None."""
+        """The weight fused decode kernels (tgi_compat.kernels.gemv.gemv) read: plain, quantized with its scales, or None."""
         return self.method.gemv_weight(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 shared expert scaled by its own sigmoid gate (Qwen2-MoE).
 
 The experts' weights are stacked, w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I], which
-is what the grouped GEMM in tgi_compat/kernels/fused_moe.py reads. On CUDA the router's top-k and the experts run
+is what the grouped GEMM in tgi_compat/kernels/moe/fused_moe.py reads. On CUDA the router's top-k and the experts run
 through its kernels; on CPU through their references (torch routing and an expert-by-expert loop, as
 transformers does).
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from tgi_compat.kernels.fused_moe import fused_moe, fused_moe_ref, fused_route, route_ref
+from tgi_compat.kernels.moe.fused_moe import fused_moe, fused_moe_ref
+from tgi_compat.kernels.moe.routing import fused_route, route_ref
 from tgi_compat.modeling.layers.linear import Linear, LoadableParameter, MergedLinear, default_weight_loader
 from tgi_compat.modeling.layers.norm import RMSNorm
 from tgi_compat.modeling.layers.ops import LayerOps, sum_now

@@ -10,19 +10,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tgi_compat.kernels.gemv import (
+from tgi_compat.kernels.attention.rotary import rotary_embedding
+from tgi_compat.kernels.elementwise.rmsnorm import norm_add_rmsnorm, qk_rmsnorm, rmsnorm
+from tgi_compat.kernels.elementwise.silu_mul import silu_mul
+from tgi_compat.kernels.gemv.config import gemv_config_for
+from tgi_compat.kernels.gemv.gemv import gemv
+from tgi_compat.kernels.gemv.types import (
     PROLOGUE_GELU_TANH_MUL,
     PROLOGUE_NONE,
     PROLOGUE_NORM_ADD_NORM,
     PROLOGUE_RMSNORM,
     PROLOGUE_SILU_MUL,
-    gemv,
-    gemv_config_for,
 )
-from tgi_compat.kernels.quant_activation import rmsnorm_quant_per_token, silu_mul_quant_per_token
-from tgi_compat.kernels.rmsnorm import norm_add_rmsnorm, qk_rmsnorm, rmsnorm
-from tgi_compat.kernels.rotary import rotary_embedding
-from tgi_compat.kernels.silu_mul import silu_mul
+from tgi_compat.kernels.quant.per_token import rmsnorm_quant_per_token, silu_mul_quant_per_token
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.layers.ops import (
     LayerOps,
@@ -76,7 +76,7 @@ def triton_rms_norm_linear(
     """Few decode rows (one for a plain weight, up to 8 for a quantized one): the norm runs inside the
     GEMV's prologue; an FP8 GEMM gets its per-token FP8 input from the norm kernel; else rmsnorm kernel +
     matmul. With `sum_over`, the sum over the ranks, the residual add and the norm are one kernel where the
-    one-trip all-reduce takes them (tgi_compat.kernels.one_shot_all_reduce), else the sum comes first; the projection's weight
+    one-trip all-reduce takes them (tgi_compat.kernels.comm.one_shot_all_reduce), else the sum comes first; the projection's weight
     travels to L2 meanwhile (weight_prefetch)."""
     weight = proj.gemv_weight  # None: the projection's method has no GEMV, it runs the matmul itself
     if sum_over is not None:
@@ -161,7 +161,7 @@ def triton_gelu_tanh_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:
 
 def _pushed_gemv_all_reduce(x: torch.Tensor, proj: Linear, tp: TensorParallel, prologue: int) -> torch.Tensor | None:
     """A plain weight's GEMV that sends its rows of the sum to the other ranks as it stores them
-    (tgi_compat.kernels.one_shot_all_reduce), then the all-reduce that only gathers; None where the GEMV or the
+    (tgi_compat.kernels.comm.one_shot_all_reduce), then the all-reduce that only gathers; None where the GEMV or the
     push does not apply (the caller runs the projection, then `tp.all_reduce`)."""
     weight = proj.gemv_weight
     if not isinstance(weight, torch.Tensor):  # quantized methods pick their own kernels at few rows

@@ -1,7 +1,7 @@
 """The next projection's weight pulled into L2 while a tensor-parallel all-reduce runs.
 
 A sharded decode step's fused all-reduce + RMSNorm takes ~4.5 us at 64 rows and leaves HBM idle; the GEMM after
-it reads a weight from HBM. Prefetching the weight's first 8 MiB on a side stream meanwhile (tgi_compat.kernels.l2_prefetch)
+it reads a weight from HBM. Prefetching the weight's first 8 MiB on a side stream meanwhile (tgi_compat.kernels.comm.l2_prefetch)
 shortens a two-shard Llama-3-8B decode step on H200s by 0.4-3.1% at 8-96 rows (64 rows: 3.454 -> 3.361 ms; bench_tp,
 BENCHMARKS.md, fifteenth session). At 128 rows it cost 2.8% and at 256 rows 31%, for reasons not found: hence
 PREFETCH_MAX_ROWS. It is not done beside one GPU's norms (2 us: no idle window; it cost 1% there), nor beside
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from tgi_compat.kernels.l2_prefetch import l2_prefetch, supports_l2_prefetch
+from tgi_compat.kernels.comm.l2_prefetch import l2_prefetch, supports_l2_prefetch
 
 PREFETCH_BYTES = 8 << 20  # 8 and 16 MiB measured the same: about what the all-reduce's window lets arrive
 PREFETCH_MAX_ROWS = 96  # the widest measured gain (128 and 256 rows lost)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from tgi_compat.modeling.parallel.symmetric_all_reduce import SymmetricAllReduce, make_symmetric_all_reduce
 
 if TYPE_CHECKING:
-    from tgi_compat.kernels.one_shot_all_reduce import PushTarget
+    from tgi_compat.kernels.comm.one_shot_all_reduce import PushTarget
     from tgi_compat.modeling.layers.norm import RMSNorm
 
 logger = logging.getLogger(__name__)

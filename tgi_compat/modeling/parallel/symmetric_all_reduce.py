@@ -6,7 +6,7 @@ rank's partial sum goes into a buffer that all ranks have mapped (PyTorch's symm
 peer access), and one kernel per rank adds every rank's copy. Sums past `default_max_bytes` (long prefill
 chunks) stay on NCCL. Two kernels do it (`TGI_SYMMETRIC_ALL_REDUCE`):
 
-    triton  tgi_compat/kernels/one_shot_all_reduce.py: each rank stores its values into its peers' buffers, whose
+    triton  tgi_compat/kernels/comm/one_shot_all_reduce.py: each rank stores its values into its peers' buffers, whose
             elements say themselves that they have arrived: one one-way trip a sum; bf16/fp16; the default
     torch   torch.ops.symm_mem.one_shot_all_reduce_copy_out: a handshake before reading the peers' copies
             across NVLink and one after; fp32 too
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from tgi_compat.kernels.one_shot_all_reduce import PushTarget
+    from tgi_compat.kernels.comm.one_shot_all_reduce import PushTarget
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class SymmetricAllReduce:
 
         # imported here, on CUDA only: importing Triton kernels from tgi_compat/modeling/ at import time would decorate
         # them before the CPU tests turn Triton's interpreter on
-        from tgi_compat.kernels.one_shot_all_reduce import (
+        from tgi_compat.kernels.comm.one_shot_all_reduce import (
             DTYPES,
             MAX_PROGRAMS,
             SENTINEL,

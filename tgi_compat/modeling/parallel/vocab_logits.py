@@ -2,10 +2,10 @@
 
 The LM head of a sharded model leaves each rank its block of the logits columns (its vocabulary rows). For
 sampling, the blocks are gathered into [R, vocab] on every rank (the one-trip gather of
-tgi_compat.kernels.one_shot_all_reduce, NCCL for float32 logits). A step that only takes each row's greedy choice needs far
+tgi_compat.kernels.comm.one_shot_all_reduce, NCCL for float32 logits). A step that only takes each row's greedy choice needs far
 less: each rank reduces its block to (max, first id of the max, sum of exp(x - max)) a row, and only those cross
 NVLink (12 bytes a row and rank, where the gather moves the whole block: 8 MiB at 64 rows of Llama-3's
-vocabulary over 2 ranks, ~27 us on H200s). tgi_compat.kernels.greedy_pick merges them into what its whole-vocabulary choice
+vocabulary over 2 ranks, ~27 us on H200s). tgi_compat.kernels.sampling.greedy_pick merges them into what its whole-vocabulary choice
 returns: the same id, the same logprob.
 
 The partials travel through the 16-bit gather as their bytes, one bf16 integer (0..255, exact) each, which never
@@ -43,7 +43,9 @@ class VocabParallelLogits:
 
     def greedy(self, block: torch.Tensor) -> GreedyChoice:
         """Every rank's block -> each row's greedy choice, on every rank (a collective: every rank calls it)."""
-        from tgi_compat.kernels import greedy_pick  # imported on first use: see tgi_compat.modeling.runner._build_model
+        from tgi_compat.kernels.sampling import (
+            greedy_pick,  # imported on first use: see tgi_compat.modeling.runner._build_model
+        )
 
         real = block[:, : self.block_size]  # columns past the vocabulary are padding (zero weights)
         on_gpu = block.is_cuda

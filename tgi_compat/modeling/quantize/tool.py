@@ -131,8 +131,10 @@ def calibration_samples(job: QuantizeJob) -> list[list[int]]:
 def _calibration_runner(model_id: str):
     from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
-    return ModelRunner(RunnerConfig(model_id=model_id, device="cpu", dtype="float32", num_kv_slots=1024,
-                                    max_rows=1, show_progress=False))  # fmt: skip
+    config = RunnerConfig(
+        model_id=model_id, device="cpu", dtype="float32", num_kv_slots=1024, max_rows=1, show_progress=False
+    )
+    return ModelRunner(config)
 
 
 def _by_layer(weights: dict[str, torch.Tensor]) -> list[list[str]]:

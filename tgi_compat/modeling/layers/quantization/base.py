@@ -23,7 +23,7 @@ import torch.nn as nn
 from tgi_compat.modeling.weights.lazy import LazyTensor
 
 if TYPE_CHECKING:
-    from tgi_compat.kernels.gemv import QuantizedWeight
+    from tgi_compat.kernels.gemv.types import QuantizedWeight
     from tgi_compat.modeling.layers.linear import Linear
 
 
@@ -96,7 +96,7 @@ class LinearMethod(ABC):
         raise NotImplementedError(f"{self.name} takes half-precision activations")
 
     def gemv_weight(self, layer: Linear) -> torch.Tensor | QuantizedWeight | None:
-        """The weight tgi_compat.kernels.gemv reads for the few rows of decoding (with the norm or SiLU-mul before the
+        """The weight tgi_compat.kernels.gemv.gemv reads for the few rows of decoding (with the norm or SiLU-mul before the
         projection fused in): the plain [out, in] weight, or a quantized one with its scales; None: none."""
         return None
 

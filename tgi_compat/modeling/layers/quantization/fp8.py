@@ -8,8 +8,8 @@ the per-channel scale, which is exact. A static `input_scale` is loaded but not 
 always scaled per token at run time, which is at least as accurate.
 
 On GPUs with FP8 tensor cores (compute capability >= 8.9) the product is `torch._scaled_mm` with
-row-wise scales above tgi_compat.kernels.fp8_gemm.MAX_ROWS rows, and tgi_compat.kernels.fp8_gemm's weight-streaming FP8 GEMM at
-the few dozen rows of batched decoding, except for the fewest rows (tgi_compat.kernels.gemv.gemv_config_for decides how few): there the
+row-wise scales above tgi_compat.kernels.quant.fp8_gemm.MAX_ROWS rows, and tgi_compat.kernels.quant.fp8_gemm's weight-streaming FP8 GEMM at
+the few dozen rows of batched decoding, except for the fewest rows (tgi_compat.kernels.gemv.config.gemv_config_for decides how few): there the
 GEMV reads the FP8 weight and dequantizes it in registers, with the activations left in half precision
 (W8A16: reading half the bytes is the whole gain there, and quantizing the activations would be an
 extra kernel and an extra rounding). Above those rows the FP8 activations of the q|k|v, gate|up and down
@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from tgi_compat.kernels.fp8_gemm import MAX_ROWS as FP8_GEMM_MAX_ROWS
-from tgi_compat.kernels.fp8_gemm import fp8_gemm
-from tgi_compat.kernels.gemv import QuantizedWeight, few_rows_gemv
-from tgi_compat.kernels.quant_activation import FP8_E4M3_MAX, quant_per_token, quant_per_token_ref
+from tgi_compat.kernels.gemv.gemv import few_rows_gemv
+from tgi_compat.kernels.gemv.types import QuantizedWeight
+from tgi_compat.kernels.quant.fp8_gemm import MAX_ROWS as FP8_GEMM_MAX_ROWS
+from tgi_compat.kernels.quant.fp8_gemm import fp8_gemm
+from tgi_compat.kernels.quant.per_token import FP8_E4M3_MAX, quant_per_token, quant_per_token_ref
 from tgi_compat.modeling.layers.quantization.base import (
     ROW_LAYOUT,
     SHARD_LAYOUT,

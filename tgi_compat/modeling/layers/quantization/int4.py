@@ -3,8 +3,8 @@
 Each format packs nibbles its own way; while loading (and sharding) they are all turned into plain
 bytes, q uint8 [out, in/2] (low nibble = even input feature), scale and zero [out, in/G] with
 w = (q - zero) * scale. After loading the bytes are repacked once into the interleaved int32
-[out, in/8] layout that tgi_compat.kernels.gemv (the few rows of decoding; tgi_compat.kernels.gemv.gemv_config_for decides
-how few) and tgi_compat.kernels.dequant_matmul (more rows) read (see tgi_compat.kernels.dequant_matmul). Parameters keep the
+[out, in/8] layout that tgi_compat.kernels.gemv.gemv (the few rows of decoding; tgi_compat.kernels.gemv.config.gemv_config_for decides
+how few) and tgi_compat.kernels.quant.dequant_matmul (more rows) read (see tgi_compat.kernels.quant.int4_layout). Parameters keep the
 checkpoint's names (`qweight`/`qzeros`/`scales`, or `weight_packed`/`weight_scale`) so the model's
 loader finds them.
 
@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tgi_compat.kernels.dequant_matmul import dequant_matmul, dequant_matmul_ref, int4_period, pack_int4
-from tgi_compat.kernels.gemv import QuantizedWeight, few_rows_gemv
+from tgi_compat.kernels.gemv.gemv import few_rows_gemv
+from tgi_compat.kernels.gemv.types import QuantizedWeight
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref
+from tgi_compat.kernels.quant.int4_layout import int4_period, pack_int4
 from tgi_compat.modeling.layers.quantization.base import (
     SHARD_LAYOUT,
     WEIGHT_LAYOUT,
@@ -107,8 +109,8 @@ class Int4LinearMethod(LinearMethod):
             register_param(layer, "weight", torch.empty(out_features, in_features, dtype=dtype), WEIGHT_LAYOUT)
             return
         weight_name, scale_name, zero_name = self._names()
-        register_param(layer, weight_name, torch.empty(out_features, in_features // 2, dtype=torch.uint8),
-                  ParamLayout(output_dim=0, input_dim=1, input_pack=2))  # fmt: skip
+        nibble_bytes = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
+        register_param(layer, weight_name, nibble_bytes, ParamLayout(output_dim=0, input_dim=1, input_pack=2))
         group_layout = ParamLayout(output_dim=0, input_dim=1, input_pack=self.group_size)
         register_param(layer, scale_name, torch.empty(out_features, groups, dtype=dtype), group_layout)
         if zero_name is not None:

@@ -5,8 +5,8 @@ Sources: a half-precision checkpoint quantized while loading (`--quantize eetq`,
 int8 [out, in], `weight_scale` [out, 1]; W8A8 ones are what SmoothQuant writes, the smoothing already
 folded into the norms before).
 
-On CUDA the few rows of decoding (tgi_compat.kernels.gemv.gemv_config_for decides how few) run tgi_compat.kernels.gemv, which
-dequantizes the int8 weight in registers; more rows run tgi_compat.kernels.dequant_matmul (W8A16) or, for W8A8,
+On CUDA the few rows of decoding (tgi_compat.kernels.gemv.config.gemv_config_for decides how few) run tgi_compat.kernels.gemv.gemv, which
+dequantizes the int8 weight in registers; more rows run tgi_compat.kernels.quant.dequant_matmul (W8A16) or, for W8A8,
 `torch._int_mm` above 16 rows (its limit; 9..16 rows take dequant_matmul). Both weight-only kernels skip
 W8A8's activation rounding. On CPU both schemes run their torch reference.
 """
@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from tgi_compat.kernels.dequant_matmul import dequant_matmul
-from tgi_compat.kernels.gemv import QuantizedWeight, few_rows_gemv
-from tgi_compat.kernels.quant_activation import INT8_MAX, quant_per_token, quant_per_token_ref
+from tgi_compat.kernels.gemv.gemv import few_rows_gemv
+from tgi_compat.kernels.gemv.types import QuantizedWeight
+from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul
+from tgi_compat.kernels.quant.per_token import INT8_MAX, quant_per_token, quant_per_token_ref
 from tgi_compat.modeling.layers.quantization.base import (
     ROW_LAYOUT,
     WEIGHT_LAYOUT,

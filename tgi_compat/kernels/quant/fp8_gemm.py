@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from tgi_compat.kernels.gemv import split_k_scratch
+from tgi_compat.kernels.split_k import split_k_scratch
 
 
 class Fp8GemmConfig(NamedTuple):
@@ -81,9 +81,10 @@ def fp8_gemm_config(num_rows: int, n: int, k: int) -> Fp8GemmConfig:
 
 
 @triton.jit
-def _store_scaled(acc, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
-                  HAS_BIAS: tl.constexpr):  # fmt: skip
-    """The epilogue: both scales, the bias, the cast to the output's dtype."""
+def _store_scaled(acc, out_tile, x_scale_ptr, w_scale_ptr, bias_ptr, HAS_BIAS: tl.constexpr):
+    """The epilogue: both scales, the bias, the cast to the output's dtype. out_tile: (out_ptr, offs_m, offs_n,
+    mask_m, mask_n, stride_om)."""
+    out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om = out_tile
     x_scale = tl.load(x_scale_ptr + offs_m, mask=mask_m, other=0.0)
     w_scale = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
     out = acc * x_scale[:, None] * w_scale[None, :]
@@ -144,13 +145,13 @@ def _fp8_gemm_kernel(
         acc = tl.dot(x, tl.trans(w), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    out_tile = (out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om)
     if SPLIT_K == 1:
-        _store_scaled(acc, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
-                      HAS_BIAS)  # fmt: skip
+        _store_scaled(acc, out_tile, x_scale_ptr, w_scale_ptr, bias_ptr, HAS_BIAS)
     else:
         # Each program parks its partial tile in its own slot, then counts itself in; the barriers order the
         # CTA's stores before the release of its count (and the acquire before the reads), and the reads
-        # bypass L1, which is not coherent between SMs (as tgi_compat/kernels/gemv.py's split-K does).
+        # bypass L1, which is not coherent between SMs (as tgi_compat/kernels/gemv/epilogue.py's split-K does).
         tile = pid_m * tl.num_programs(0) + pid_n
         offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         tile_ptr = partial_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
@@ -163,8 +164,7 @@ def _fp8_gemm_kernel(
             for split in tl.static_range(SPLIT_K):
                 total += tl.load(tile_ptr + split * (BLOCK_M * BLOCK_N) + offs_tile, cache_modifier=".cg")
             tl.atomic_xchg(counter_ptr + tile, 0)
-            _store_scaled(total, out_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, offs_m, offs_n, mask_m, mask_n,
-                          stride_om, HAS_BIAS)  # fmt: skip
+            _store_scaled(total, out_tile, x_scale_ptr, w_scale_ptr, bias_ptr, HAS_BIAS)
 
 
 def fp8_gemm(
@@ -193,13 +193,32 @@ def fp8_gemm(
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(num_rows, cfg.block_m), split_k)
     partial, counters = split_k_scratch(out, grid[0] * grid[1], split_k, cfg.block_m * cfg.block_n)
     _fp8_gemm_kernel[grid](
-        x_q, weight, out, x_scale.reshape(-1), weight_scale.reshape(-1), weight_scale if bias is None else bias,
-        partial, counters, num_rows, n, k, x_q.stride(0), weight.stride(0), out.stride(0), x_desc, w_desc,
-        HAS_BIAS=bias is not None, EVEN_K=k % (split_k * cfg.block_k) == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k,
+        x_q,
+        weight,
+        out,
+        x_scale.reshape(-1),
+        weight_scale.reshape(-1),
+        weight_scale if bias is None else bias,
+        partial,
+        counters,
+        num_rows,
+        n,
+        k,
+        x_q.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        x_desc,
+        w_desc,
+        HAS_BIAS=bias is not None,
+        EVEN_K=k % (split_k * cfg.block_k) == 0,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT_K=split_k,
         TMA=isinstance(x_desc, TensorDescriptor),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     return out
 
 

@@ -59,10 +59,18 @@ def grammar_confine(scores: torch.Tensor, bitmask: torch.Tensor, row_index: torc
     assert scores.dtype == torch.float32 and scores.stride(1) == 1 and bitmask.dtype == torch.int32
     if bitmask.shape[0]:
         _confine_kernel[(bitmask.shape[0],)](
-            scores, bitmask, scores if row_index is None else row_index, scores.stride(0), bitmask.stride(0),
-            scores.shape[1], bitmask.shape[1], HAS_INDEX=row_index is not None, BLOCK=4096, WORD_BLOCK=1024,
+            scores,
+            bitmask,
+            scores if row_index is None else row_index,
+            scores.stride(0),
+            bitmask.stride(0),
+            scores.shape[1],
+            bitmask.shape[1],
+            HAS_INDEX=row_index is not None,
+            BLOCK=4096,
+            WORD_BLOCK=1024,
             num_warps=8,
-        )  # fmt: skip
+        )
     return scores
 
 

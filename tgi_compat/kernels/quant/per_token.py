@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.rmsnorm import add_residual, load_weight, rms_normalize
-from tgi_compat.kernels.silu_mul import gated_activation
+from tgi_compat.kernels.elementwise.rmsnorm import add_residual, load_weight, rms_normalize
+from tgi_compat.kernels.elementwise.silu_mul import gated_activation
 
 FP8_E4M3_MAX = 448.0
 INT8_MAX = 127.0
@@ -107,7 +107,7 @@ def _rmsnorm_quant_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < NUM_COLS
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:  # tgi_compat/kernels/rmsnorm.py's helpers: its roundings, bit for bit
+    if HAS_RESIDUAL:  # tgi_compat/kernels/elementwise/rmsnorm.py's helpers: its roundings, bit for bit
         x = add_residual(x, residual_ptr + row * NUM_COLS, residual_out_ptr + row * NUM_COLS, offs, mask)
     y = rms_normalize(x, load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
     y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -133,7 +133,7 @@ def _silu_mul_quant_kernel(
     up = tl.load(x_ptr + row * stride_x + INTERMEDIATE + offs, mask=mask, other=0.0).to(tl.float32)
     y = (
         gated_activation(gate, up, False).to(x_ptr.dtype.element_ty).to(tl.float32)
-    )  # as tgi_compat/kernels/silu_mul.py stores
+    )  # as tgi_compat/kernels/elementwise/silu_mul.py stores
     _store_quantized_row(y, q_ptr, scale_ptr, row, offs, mask, stride_q, QMAX, IS_FP8)
 
 

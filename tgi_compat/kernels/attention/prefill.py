@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.decode_attention import attend_kv_block
+from tgi_compat.kernels.attention.online_softmax import attend_kv_block
 
 
 # The per-request metadata are views of one step buffer at any offset, read a scalar at a time:
@@ -76,6 +76,7 @@ def _prefill_kernel(
     row = tl.load(req_rows_ptr + req).to(tl.int64)
     token_row_ptr = req_to_token_ptr + row * stride_rt
 
+    head_kv = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head, offs_d, mask_d)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -94,26 +95,7 @@ def _prefill_kernel(
             visible = visible & (offs_n[None, :] > q_pos[:, None] - SLIDING_WINDOW)
         # rows past q_len (and, windowed, rows whose window starts past this block) see no key here
         m_i, l_i, acc = attend_kv_block(
-            q,
-            m_i,
-            l_i,
-            acc,
-            slots,
-            mask_n,
-            visible,
-            k_cache_ptr,
-            v_cache_ptr,
-            kv_head,
-            offs_d,
-            mask_d,
-            stride_ks,
-            stride_kh,
-            stride_vs,
-            stride_vh,
-            scale,
-            DOT_PRECISION,
-            SOFTCAP,
-            EMPTY_ROWS=True,
+            q, m_i, l_i, acc, slots, mask_n, visible, head_kv, scale, DOT_PRECISION, SOFTCAP, EMPTY_ROWS=True
         )
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)

@@ -11,7 +11,7 @@ import triton.language as tl
 @triton.jit
 def gated_activation(gate, up, GELU_TANH: tl.constexpr):
     """silu(gate) * up, or gelu_tanh(gate) * up, in fp32 from fp32 operands (not yet rounded): the body of
-    every kernel with a gated activation (here, tgi_compat/kernels/quant_activation.py, tgi_compat/kernels/gemv.py's prologues)."""
+    every kernel with a gated activation (here, tgi_compat/kernels/quant/per_token.py, tgi_compat/kernels/gemv/prologue.py)."""
     if GELU_TANH:  # 0.5 g (1 + tanh(z)) = g * sigmoid(2 z), z = sqrt(2 / pi) (g + 0.044715 g^3)
         out = gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up
     else:

@@ -89,7 +89,7 @@ def _merge_kernel(
 
 
 # A vocabulary block's partial of a row travels as the 12 bytes of its three float32 values, one bf16 integer
-# (0..255, exact) a byte: the 16-bit gather of tgi_compat.kernels.one_shot_all_reduce then carries it (no value it sends may
+# (0..255, exact) a byte: the 16-bit gather of tgi_compat.kernels.comm.one_shot_all_reduce then carries it (no value it sends may
 # be -0.0, its sentinel), where float32 would need NCCL.
 PARTIAL_BYTES = 12
 
@@ -198,9 +198,17 @@ def greedy_block_partials(logits: torch.Tensor, id_offset: int, vocab: int) -> t
         logits, partial, logits.stride(0), block_vocab, num_rows, num_chunks, CHUNK=CHUNK, num_warps=4
     )
     _block_merge_kernel[(num_rows,)](
-        partial, out, block_vocab, id_offset, vocab, num_rows, num_chunks,
-        CHUNKS=triton.next_power_of_2(num_chunks), PARTIAL=PARTIAL_BYTES, num_warps=1,
-    )  # fmt: skip
+        partial,
+        out,
+        block_vocab,
+        id_offset,
+        vocab,
+        num_rows,
+        num_chunks,
+        CHUNKS=triton.next_power_of_2(num_chunks),
+        PARTIAL=PARTIAL_BYTES,
+        num_warps=1,
+    )
     return out
 
 
@@ -214,9 +222,16 @@ def greedy_merge_blocks(parts: torch.Tensor, vocab: int) -> tuple[torch.Tensor, 
     if num_rows == 0:
         return ids, packed
     _blocks_merge_kernel[(num_rows,)](
-        parts.contiguous(), ids, packed, vocab, num_rows, num_blocks, BLOCKS=triton.next_power_of_2(num_blocks),
-        PARTIAL=PARTIAL_BYTES, num_warps=1,
-    )  # fmt: skip
+        parts.contiguous(),
+        ids,
+        packed,
+        vocab,
+        num_rows,
+        num_blocks,
+        BLOCKS=triton.next_power_of_2(num_blocks),
+        PARTIAL=PARTIAL_BYTES,
+        num_warps=1,
+    )
     return ids, packed
 
 

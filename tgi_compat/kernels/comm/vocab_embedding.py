@@ -4,7 +4,7 @@ Each rank holds a block of the vocabulary's rows; a token's row comes from the r
 every other rank contributes zeros, so that the sum over the ranks that follows has each row once. torch spells
 the lookup as eight kernels (shift, two compares, and, not, masked fill, gather, multiply: ~13 us of a 64-row
 decode step on an H200). With a PushTarget each program also sends its values to the other ranks' all-reduce
-buffers as it stores them (tgi_compat.kernels.one_shot_all_reduce.push_to_peers, as tgi_compat.kernels.gemv's `push`), and the sum
+buffers as it stores them (tgi_compat.kernels.comm.one_shot_all_reduce.push_to_peers, as tgi_compat.kernels.gemv.gemv's `push`), and the sum
 then only gathers (`finish_pushed_all_reduce`).
 """
 
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.one_shot_all_reduce import PushTarget, push_kernel_args, push_to_peers
+from tgi_compat.kernels.comm.one_shot_all_reduce import PushTarget, push_kernel_args, push_to_peers
 
 BLOCK = 1024  # hidden features a program: 8 a thread at 4 warps (16-byte vectors of bf16)
 
@@ -48,10 +48,8 @@ def _vocab_shard_embedding_kernel(
     flat = token * hidden + cols  # out is [T, hidden] contiguous: element (t, c) is the all-reduce's t * hidden + c
     tl.store(out_ptr + flat, values, mask=in_row)
     if PUSH:
-        push_to_peers(
-            values, flat, in_row, push_buffer_ptrs, push_halves_ptr, push_capacity, PUSH_RANK, PUSH_WORLD, PUSH_BLOCK,
-            SENTINEL,
-        )  # fmt: skip
+        target = (push_buffer_ptrs, push_halves_ptr, push_capacity)
+        push_to_peers(values, flat, in_row, target, PUSH_RANK, PUSH_WORLD, PUSH_BLOCK, SENTINEL)
 
 
 def vocab_shard_embedding(
@@ -64,10 +62,11 @@ def vocab_shard_embedding(
     out = torch.empty(num_tokens, hidden, dtype=weight.dtype, device=weight.device)
     if num_tokens == 0:
         return out
-    _vocab_shard_embedding_kernel[(num_tokens, triton.cdiv(hidden, BLOCK))](
-        ids, weight, out, start, size, hidden, weight.stride(0), BLOCK=BLOCK, **push_kernel_args(push, ids),
-        num_warps=4,
-    )  # fmt: skip
+    grid = (num_tokens, triton.cdiv(hidden, BLOCK))
+    push_args = push_kernel_args(push, ids)
+    _vocab_shard_embedding_kernel[grid](
+        ids, weight, out, start, size, hidden, weight.stride(0), BLOCK=BLOCK, num_warps=4, **push_args
+    )
     return out
 
 

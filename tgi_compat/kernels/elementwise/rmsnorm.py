@@ -8,7 +8,7 @@ normalizes s. That is the decoder-layer pattern: one read of x and residual, one
 `norm_add_rmsnorm` puts one more norm in front: s = residual + rmsnorm(x, w1), out = rmsnorm(s, w2), with
 every intermediate rounded as the three unfused ops round it. `qk_rmsnorm` norms the q and k heads of a
 fused qkv output in place, each group by its own weight (Qwen3 / Gemma 3). These kernels, and
-tgi_compat/kernels/quant_activation.py's norm + quantize, share the jit helpers below (`add_residual`,
+tgi_compat/kernels/quant/per_token.py's norm + quantize, share the jit helpers below (`add_residual`,
 `rounded_sum`, `rms_normalize`), so they cannot drift apart in their roundings.
 
 Those roundings hold on the GPU only if the compiler keeps them: the NVPTX backend shrinks a rounded product

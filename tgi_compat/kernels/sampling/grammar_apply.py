@@ -51,9 +51,17 @@ def grammar_apply(scores: torch.Tensor, bitmask: torch.Tensor, row_index: torch.
     assert 32 * num_words >= vocab, "the bitmask must cover the vocabulary"
     if bitmask.shape[0]:
         _apply_kernel[(bitmask.shape[0], triton.cdiv(num_words, WORDS))](
-            scores, bitmask, scores if row_index is None else row_index, scores.stride(0), bitmask.stride(0),
-            vocab, num_words, HAS_INDEX=row_index is not None, WORDS=WORDS, num_warps=4,
-        )  # fmt: skip
+            scores,
+            bitmask,
+            scores if row_index is None else row_index,
+            scores.stride(0),
+            bitmask.stride(0),
+            vocab,
+            num_words,
+            HAS_INDEX=row_index is not None,
+            WORDS=WORDS,
+            num_warps=4,
+        )
     return scores
 
 

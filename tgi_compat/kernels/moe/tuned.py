@@ -1,6 +1,6 @@
 """Fused-MoE block sizes measured by benchmarks/device/tune_fused_moe.py; generated, do not edit by hand."""
 
-from tgi_compat.kernels.fused_moe_configs import LaunchConfig, MoeConfig
+from tgi_compat.kernels.moe.configs import LaunchConfig, MoeConfig
 
 # NVIDIA H100 80GB HBM3, bf16 (8, 14336, 4096). Key: (experts, intermediate size, hidden size, token bucket).
 TUNED: dict[tuple[int, int, int, int], MoeConfig] = {

@@ -20,7 +20,7 @@ a 16-bit pattern. No NVLink multicast: only peer stores and local loads.
 The same trip gathers (`one_shot_all_gather`, the vocab-parallel logits): each rank's values are put side by side
 instead of added.
 
-The kernel that computes a rank's part may send it itself (`send_to_peers`, tgi_compat.kernels.gemv's `push`): each of its
+The kernel that computes a rank's part may send it itself (`send_to_peers`, tgi_compat.kernels.gemv.gemv's `push`): each of its
 programs sends its outputs as it stores them, and the all-reduce then only gathers (`sent=True`). The sends of all
 but the last programs overlap the computation, and the all-reduce's load of x and its sends leave the critical path.
 """
@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tgi_compat.kernels.elementwise.rmsnorm import load_weight, rms_normalize, rounded_sum
 from tgi_compat.kernels.pdl import launch_options, use_pdl
-from tgi_compat.kernels.rmsnorm import load_weight, rms_normalize, rounded_sum
 
 BLOCK = 2048  # elements a program: 4 KiB of bf16, 16 a thread at 4 warps
 MAX_PROGRAMS = 2048  # 8 MiB of bf16 (the largest sum it takes) in programs of BLOCK elements
@@ -43,7 +43,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 
 class PushTarget(NamedTuple):
-    """This rank's all-reduce buffers, for a kernel that sends its output to the peers itself (tgi_compat.kernels.gemv's
+    """This rank's all-reduce buffers, for a kernel that sends its output to the peers itself (tgi_compat.kernels.gemv.gemv's
     `push`): the all-reduce then runs with `sent=True` and only gathers."""
 
     buffer_ptrs: torch.Tensor  # int64 [world]
@@ -64,8 +64,9 @@ def _bits_to_send(values, SENTINEL: tl.constexpr):
 
 
 @triton.jit
-def send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.constexpr, WORLD: tl.constexpr,
-                  SENTINEL: tl.constexpr):  # fmt: skip
+def send_to_peers(
+    values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.constexpr, WORLD: tl.constexpr, SENTINEL: tl.constexpr
+):
     """`values` (16-bit floats at `flat` offsets of the sum) into slot RANK of half `half` (a scalar, or one per
     value) of every peer's buffer, any -0.0 as +0.0. Returns the bits sent."""
     bits = _bits_to_send(values, SENTINEL)
@@ -78,10 +79,20 @@ def send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK: tl.cons
 
 
 @triton.jit
-def push_to_peers(values, flat, mask, buffer_ptrs, halves_ptr, capacity, RANK: tl.constexpr, WORLD: tl.constexpr,
-                  PUSH_BLOCK: tl.constexpr, SENTINEL: tl.constexpr):  # fmt: skip
-    """`send_to_peers` from the kernel that computes this rank's part of a sum (a `PushTarget`'s): each value goes
-    in the half that the all-reduce's program of its elements (PUSH_BLOCK of them) will read next."""
+def push_to_peers(
+    values,
+    flat,
+    mask,
+    target,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    PUSH_BLOCK: tl.constexpr,
+    SENTINEL: tl.constexpr,
+):
+    """`send_to_peers` from the kernel that computes this rank's part of a sum (`target`: its `PushTarget`'s
+    (buffer_ptrs, halves_ptr, capacity)): each value goes in the half that the all-reduce's program of its elements
+    (PUSH_BLOCK of them) will read next."""
+    buffer_ptrs, halves_ptr, capacity = target
     half = tl.load(halves_ptr + flat // PUSH_BLOCK, mask=mask, other=0) ^ 1
     send_to_peers(values, flat, mask, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
 
@@ -102,14 +113,14 @@ def push_kernel_args(push: PushTarget | None, dummy: torch.Tensor) -> dict:
 
 
 @triton.jit
-def _receive_all(mine, half, ranks, capacity, offs, mask, bits, RANK: tl.constexpr, WORLD: tl.constexpr,
-                 SENTINEL: tl.constexpr):  # fmt: skip
+def _receive_all(inbox, ranks, offs, mask, bits, RANK: tl.constexpr, WORLD: tl.constexpr, SENTINEL: tl.constexpr):
     """Every rank's bits of the sum's elements as a tile with one rank a row along dimension 0 (`ranks`: 0 ..
     WORLD_P2 - 1 along it; `offs`, `mask`, `bits` and a non-scalar `half`: the elements' tiles with a leading
     dimension of 1): row RANK is `bits` (this rank's own), row p < WORLD peer p's from slot p of half `half` of this
-    rank's buffer (`mine`), rows past WORLD 0. The peers' rows are loaded together and reloaded together until none
-    is SENTINEL, so that each look is one round trip to memory however many peers there are (waiting for each peer
-    in turn took one more a peer); they are then set back to SENTINEL."""
+    rank's buffer (`inbox` = (mine, half, capacity)), rows past WORLD 0. The peers' rows are loaded together and
+    reloaded together until none is SENTINEL, so that each look is one round trip to memory however many peers
+    there are (waiting for each peer in turn took one more a peer); they are then set back to SENTINEL."""
+    mine, half, capacity = inbox
     theirs = (ranks != RANK) & (ranks < WORLD) & mask
     slot = mine + (half * WORLD + ranks) * capacity + offs
     seen = tl.load(slot, mask=theirs, other=0, volatile=True)
@@ -168,8 +179,9 @@ def _one_shot_all_reduce_kernel(
     dtype = x_ptr.dtype.element_ty
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
     ranks = tl.arange(0, WORLD_P2)[:, None]
-    every = _receive_all(mine, half, ranks, capacity, offs[None, :], mask[None, :], bits[None, :], RANK, WORLD,
-                         SENTINEL).to(dtype, bitcast=True)  # fmt: skip
+    inbox = (mine, half, capacity)
+    received = _receive_all(inbox, ranks, offs[None, :], mask[None, :], bits[None, :], RANK, WORLD, SENTINEL)
+    every = received.to(dtype, bitcast=True)
     if GATHER:
         out_offs = (offs // cols) * (WORLD * cols) + offs % cols  # rank 0's columns of each row
         tl.store(out_ptr + out_offs[None, :] + ranks * cols, every, mask=(ranks < WORLD) & mask[None, :])
@@ -219,8 +231,10 @@ def _one_shot_all_reduce_rmsnorm_kernel(
     bits = send_to_peers(x, offs, everything, buffer_ptrs, half, capacity, RANK, WORLD, SENTINEL)
     mine = tl.multiple_of(tl.load(buffer_ptrs + RANK).to(tl.pointer_type(tl.int16)), 16)
     ranks = tl.arange(0, WORLD_P2)[:, None, None]
-    every = _receive_all(mine, half[None, :, :], ranks, capacity, offs[None, :, :], everything[None, :, :],
-                         bits[None, :, :], RANK, WORLD, SENTINEL)  # fmt: skip
+    inbox = (mine, half[None, :, :], capacity)
+    every = _receive_all(
+        inbox, ranks, offs[None, :, :], everything[None, :, :], bits[None, :, :], RANK, WORLD, SENTINEL
+    )
     total = _sum_in_rank_order(every.to(x.dtype, bitcast=True).to(tl.float32), ranks, WORLD)
     summed = rounded_sum(total.to(x.dtype), residual)
     tl.store(residual_out_ptr + offs, summed)
@@ -245,7 +259,7 @@ def one_shot_all_reduce_rmsnorm(
     rank: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, H] (this rank's part) summed over the ranks, plus residual, RMS-normed and scaled by weight:
-    (normed, sum + residual), each rounded as all-reduce, add and `tgi_compat.kernels.rmsnorm.rmsnorm` round them one after
+    (normed, sum + residual), each rounded as all-reduce, add and `tgi_compat.kernels.elementwise.rmsnorm.rmsnorm` round them one after
     another. The same trip, buffers and halves as `one_shot_all_reduce_`; H must pass `fuses_rmsnorm`."""
     rows, hidden = x.shape
     assert fuses_rmsnorm(hidden) and x.is_contiguous() and residual.is_contiguous(), (x.shape, residual.shape)
@@ -256,10 +270,23 @@ def one_shot_all_reduce_rmsnorm(
         return normed, summed
     pdl = use_pdl(x)
     _one_shot_all_reduce_rmsnorm_kernel[(rows,)](
-        x, residual, weight, normed, summed, eps, buffer_ptrs, halves, capacity, rank, buffer_ptrs.numel(),
-        triton.next_power_of_2(buffer_ptrs.numel()), hidden // BLOCK, BLOCK, SENTINEL, pdl,
-        num_warps=8 if hidden > 4096 else 4, **launch_options(pdl),
-    )  # fmt: skip
+        x,
+        residual,
+        weight,
+        normed,
+        summed,
+        eps,
+        buffer_ptrs,
+        halves,
+        capacity,
+        **_ranks(rank, buffer_ptrs),
+        PIECES=hidden // BLOCK,
+        BLOCK=BLOCK,
+        SENTINEL=SENTINEL,
+        USE_PDL=pdl,
+        num_warps=8 if hidden > 4096 else 4,
+        **launch_options(pdl),
+    )
     return normed, summed
 
 
@@ -272,14 +299,7 @@ def one_shot_all_reduce_(
     buffer_ptrs: int64 device addresses of every rank's buffer (int16 [2, ranks, capacity], filled with SENTINEL
     before the first sum), as symmetric memory maps them; halves: this rank's zeroed int32 [MAX_PROGRAMS]. Every
     rank calls it with the same numel in the same order."""
-    numel = x.numel()
-    assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
-    pdl = use_pdl(x)
-    _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, x, numel, buffer_ptrs, halves, capacity, 1, rank, buffer_ptrs.numel(),
-        triton.next_power_of_2(buffer_ptrs.numel()), BLOCK, SENTINEL, sent, False, pdl, num_warps=4,
-        **launch_options(pdl),
-    )  # fmt: skip
+    _launch_one_shot(x, x, 1, buffer_ptrs, halves, capacity, rank, sent=sent, gather=False)
     return x
 
 
@@ -290,16 +310,49 @@ def one_shot_all_gather(
     r * cols. The same trip and the same buffers as `one_shot_all_reduce_` (every rank calls the two kinds in
     the same order); a -0.0 arrives as +0.0."""
     rows, cols = x.shape
+    out = torch.empty(rows, buffer_ptrs.numel() * cols, dtype=x.dtype, device=x.device)
+    _launch_one_shot(x, out, cols, buffer_ptrs, halves, capacity, rank, sent=False, gather=True)
+    return out
+
+
+def _launch_one_shot(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    cols: int,
+    buffer_ptrs: torch.Tensor,
+    halves: torch.Tensor,
+    capacity: int,
+    rank: int,
+    sent: bool,
+    gather: bool,
+) -> None:
+    """`_one_shot_all_reduce_kernel` over x's BLOCKs: the sum in place (out is x) or the gather into out."""
     numel = x.numel()
     assert x.dtype in DTYPES and x.is_contiguous() and numel <= min(capacity, MAX_PROGRAMS * BLOCK), (x.dtype, numel)
-    world = buffer_ptrs.numel()
-    out = torch.empty(rows, world * cols, dtype=x.dtype, device=x.device)
     pdl = use_pdl(x)
     _one_shot_all_reduce_kernel[(triton.cdiv(numel, BLOCK),)](
-        x, out, numel, buffer_ptrs, halves, capacity, cols, rank, world, triton.next_power_of_2(world), BLOCK,
-        SENTINEL, False, True, pdl, num_warps=4, **launch_options(pdl),
-    )  # fmt: skip
-    return out
+        x,
+        out,
+        numel,
+        buffer_ptrs,
+        halves,
+        capacity,
+        cols,
+        **_ranks(rank, buffer_ptrs),
+        BLOCK=BLOCK,
+        SENTINEL=SENTINEL,
+        SENT=sent,
+        GATHER=gather,
+        USE_PDL=pdl,
+        num_warps=4,
+        **launch_options(pdl),
+    )
+
+
+def _ranks(rank: int, buffer_ptrs: torch.Tensor) -> dict[str, int]:
+    """The kernels' RANK, WORLD and WORLD_P2 (the world rounded up to a power of two: a tile's dimension)."""
+    world = buffer_ptrs.numel()
+    return dict(RANK=rank, WORLD=world, WORLD_P2=triton.next_power_of_2(world))
 
 
 def all_reduce_ref(inputs: list[torch.Tensor]) -> torch.Tensor:

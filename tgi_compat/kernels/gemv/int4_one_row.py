@@ -1,4 +1,4 @@
-"""The one-row int4 GEMV (decode at batch 1): `GemvConfig.one_row` selects it, tgi_compat.kernels.gemv.TUNED_INT4 for
+"""The one-row int4 GEMV (decode at batch 1): `GemvConfig.one_row` selects it, tgi_compat.kernels.gemv.tuned.TUNED_INT4 for
 Llama-3-8B's four projections.
 
 Each program owns `block_n` output rows and a K slice of `block_k * tiles` features:
@@ -23,7 +23,7 @@ Each program owns `block_n` output rows and a K slice of `block_k * tiles` featu
   about 470 (benchmarks/gemv_resources.py). On an H100 (BENCHMARKS.md, thirteenth session) that, with the row blocks
   (8 to 32 rows a program) it makes the fastest, took the four Llama-3-8B GEMVs from 64.8 to 57.2 us a layer.
 
-K is split over `split_k` programs where N / block_n leaves SMs idle (tgi_compat.kernels.gemv._reduce_split_k adds them).
+K is split over `split_k` programs where N / block_n leaves SMs idle (tgi_compat.kernels.gemv.epilogue.reduce_split_k adds them).
 A split of several tiles walks them in a software-pipelined loop (`num_stages`); the tuned configs use one tile.
 """
 
@@ -35,20 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.dequant_matmul import int4_period
-from tgi_compat.kernels.gemv import (
-    PROLOGUE_NORM_ADD_NORM,
-    GemvConfig,
-    QuantizedWeight,
-    _reduce_split_k,
-    _store_output,
-    _store_residual_sum,
-    _word_offset,
-    int4_operands,
-    split_k_scratch,
-)
+from tgi_compat.kernels.elementwise.silu_mul import gated_activation
+from tgi_compat.kernels.gemv.epilogue import reduce_split_k, store_output
+from tgi_compat.kernels.gemv.int4 import int4_operands, word_offset
+from tgi_compat.kernels.gemv.prologue import store_residual_sum
+from tgi_compat.kernels.gemv.types import PROLOGUE_NORM_ADD_NORM, Activations, GemvConfig, QuantizedWeight
 from tgi_compat.kernels.pdl import launch_options
-from tgi_compat.kernels.silu_mul import gated_activation
+from tgi_compat.kernels.quant.int4_layout import int4_period
+from tgi_compat.kernels.split_k import split_k_scratch
 
 
 @triton.jit
@@ -59,8 +53,10 @@ def _four_runs(offs):
 
 
 @triton.jit
-def _activation(x_ptr, residual_ptr, norm_weight_ptr, offs_k, K, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """(f(x) at offs_k in fp32 before the 1/rms scale, its squares for the RMS)."""
+def _activation(x_src, offs_k, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """(f(x) at offs_k in fp32 before the 1/rms scale, its squares for the RMS). x_src: (x_ptr, residual_ptr,
+    norm_weight_ptr, K)."""
+    x_ptr, residual_ptr, norm_weight_ptr, K = x_src
     dtype = x_ptr.dtype.element_ty
     if PROLOGUE == 1:
         h = tl.load(x_ptr + offs_k)
@@ -68,7 +64,7 @@ def _activation(x_ptr, residual_ptr, norm_weight_ptr, offs_k, K, PROLOGUE: tl.co
             h = (h.to(tl.float32) + tl.load(residual_ptr + offs_k).to(tl.float32)).to(dtype)
         hf = h.to(tl.float32)
         return hf * tl.load(norm_weight_ptr + offs_k).to(tl.float32), hf * hf
-    if PROLOGUE == 2 or PROLOGUE == 3:  # rounded to x's dtype as tgi_compat/kernels/silu_mul.py stores it
+    if PROLOGUE == 2 or PROLOGUE == 3:  # rounded to x's dtype as tgi_compat/kernels/elementwise/silu_mul.py stores it
         gate = tl.load(x_ptr + offs_k).to(tl.float32)
         up = tl.load(x_ptr + offs_k + K).to(tl.float32)
         xk = gated_activation(gate, up, PROLOGUE == 3).to(dtype).to(tl.float32)
@@ -93,10 +89,8 @@ def _dp4a(a, b, acc, B_SIGNED: tl.constexpr):
                 b_i = (b >> (8 * i)) & 0xFF
             out += ((a >> (8 * i)) & 0xFF) * b_i
     else:
-        out = tl.inline_asm_elementwise(
-            "dp4a.u32.s32 $0, $1, $2, $3;" if B_SIGNED else "dp4a.u32.u32 $0, $1, $2, $3;",
-            "=r,r,r,r", [a, b, acc], dtype=tl.int32, is_pure=True, pack=1,
-        )  # fmt: skip
+        asm: tl.constexpr = "dp4a.u32.s32 $0, $1, $2, $3;" if B_SIGNED else "dp4a.u32.u32 $0, $1, $2, $3;"
+        out = tl.inline_asm_elementwise(asm, "=r,r,r,r", [a, b, acc], dtype=tl.int32, is_pure=True, pack=1)
     return out
 
 
@@ -119,24 +113,34 @@ def _fixed_point(x, scale):
 
 @triton.jit
 def _accumulate_tile(
-    acc, squares, words, scale, zero, k0, x_ptr, residual_ptr, norm_weight_ptr, x_offs, K,
-    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, W: tl.constexpr,
-):  # fmt: skip
+    acc,
+    squares,
+    words,
+    scale,
+    zero,
+    k0,
+    x_src,
+    x_offs,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    W: tl.constexpr,
+):
     """acc [BLOCK_N, PERIODS] += the tile's sum((q - z) s f(x)) a period; squares += f(x)'s squares (RMSNORM).
     In integers (see the module's docstring): f(x) in 16-bit fixed point a period, its high and low bytes against
     each word's even and odd nibbles in four dp4a."""
-    x0, sq0 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs, K, PROLOGUE, HAS_RESIDUAL)
-    x1, sq1 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + W, K, PROLOGUE, HAS_RESIDUAL)
-    x2, sq2 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 2 * W, K, PROLOGUE, HAS_RESIDUAL)
-    x3, sq3 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 3 * W, K, PROLOGUE, HAS_RESIDUAL)
-    x4, sq4 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 4 * W, K, PROLOGUE, HAS_RESIDUAL)
-    x5, sq5 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 5 * W, K, PROLOGUE, HAS_RESIDUAL)
-    x6, sq6 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 6 * W, K, PROLOGUE, HAS_RESIDUAL)
-    x7, sq7 = _activation(x_ptr, residual_ptr, norm_weight_ptr, k0 + x_offs + 7 * W, K, PROLOGUE, HAS_RESIDUAL)
+    x0, sq0 = _activation(x_src, k0 + x_offs, PROLOGUE, HAS_RESIDUAL)
+    x1, sq1 = _activation(x_src, k0 + x_offs + W, PROLOGUE, HAS_RESIDUAL)
+    x2, sq2 = _activation(x_src, k0 + x_offs + 2 * W, PROLOGUE, HAS_RESIDUAL)
+    x3, sq3 = _activation(x_src, k0 + x_offs + 3 * W, PROLOGUE, HAS_RESIDUAL)
+    x4, sq4 = _activation(x_src, k0 + x_offs + 4 * W, PROLOGUE, HAS_RESIDUAL)
+    x5, sq5 = _activation(x_src, k0 + x_offs + 5 * W, PROLOGUE, HAS_RESIDUAL)
+    x6, sq6 = _activation(x_src, k0 + x_offs + 6 * W, PROLOGUE, HAS_RESIDUAL)
+    x7, sq7 = _activation(x_src, k0 + x_offs + 7 * W, PROLOGUE, HAS_RESIDUAL)
     if PROLOGUE == 1:
         squares += ((sq0 + sq1) + (sq2 + sq3)) + ((sq4 + sq5) + (sq6 + sq7))
-    top = _max_nan(_max_nan(_max_nan(tl.abs(x0), tl.abs(x1)), _max_nan(tl.abs(x2), tl.abs(x3))),
-                   _max_nan(_max_nan(tl.abs(x4), tl.abs(x5)), _max_nan(tl.abs(x6), tl.abs(x7))))  # fmt: skip
+    top_0123 = _max_nan(_max_nan(tl.abs(x0), tl.abs(x1)), _max_nan(tl.abs(x2), tl.abs(x3)))
+    top_4567 = _max_nan(_max_nan(tl.abs(x4), tl.abs(x5)), _max_nan(tl.abs(x6), tl.abs(x7)))
+    top = _max_nan(top_0123, top_4567)
     # the exponent of the period's largest |f(x)|, + 127 (255: an inf or a NaN)
     biased = (tl.reduce(top, 1, _max_nan).to(tl.int32, bitcast=True) >> 23) & 0xFF
     to_fixed_p = (tl.minimum(268 - biased, 254) << 23).to(tl.float32, bitcast=True)  # [P]: 2^(14 - exponent)
@@ -170,12 +174,12 @@ def _gemv_int4_one_row_kernel(
     residual_ptr,  # [1, K], read when HAS_RESIDUAL
     residual_out_ptr,  # [1, K], receives x + residual when HAS_RESIDUAL
     norm_weight_ptr,  # [K], RMSNORM only
-    w_ptr,  # int32 [N, K/8], interleaved in periods of PERIOD features (tgi_compat.kernels.dequant_matmul)
+    w_ptr,  # int32 [N, K/8], interleaved in periods of PERIOD features (tgi_compat.kernels.quant.int4_layout)
     scale_ptr,  # [N, K/G]
     zero_ptr,  # [N, K/G], same strides as scale
     bias_ptr,  # [N], when HAS_BIAS
     out_ptr,  # [1, N]
-    partial_ptr,  # fp32 [programs along N, SPLIT_K, 1, BLOCK_N + 1] when SPLIT_K > 1 (tgi_compat.kernels.gemv._reduce_split_k)
+    partial_ptr,  # fp32 [programs along N, SPLIT_K, 1, BLOCK_N + 1] when SPLIT_K > 1 (tgi_compat.kernels.gemv.epilogue.reduce_split_k)
     counter_ptr,  # int32 [programs along N], zero between launches, when SPLIT_K > 1
     N,
     K,
@@ -212,36 +216,30 @@ def _gemv_int4_one_row_kernel(
     offs_m = tl.arange(0, 1)
     if HAS_RESIDUAL:
         if pid + tl.program_id(1) == 0:
-            _store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, offs_m, offs_m == 0, 0, K)
+            store_residual_sum(x_ptr, residual_ptr, residual_out_ptr, offs_m, offs_m == 0, 0, K)
 
     acc = tl.zeros([BLOCK_N, PERIODS], dtype=tl.float32)
     squares = tl.zeros([PERIODS, W], dtype=tl.float32)
+    x_src = (x_ptr, residual_ptr, norm_weight_ptr, K)
     for t in tl.range(0, TILES, num_stages=NUM_STAGES):
         k0 = k_begin + t * TILE_K
-        words = tl.reshape(tl.load(word_ptrs + _word_offset(k0, PERIOD)), (BLOCK_N, PERIODS, W))
+        words = tl.reshape(tl.load(word_ptrs + word_offset(k0, PERIOD)), (BLOCK_N, PERIODS, W))
         scale = tl.load(scale_ptr + group_offs + k0 // GROUP_SIZE)
         zero = tl.load(zero_ptr + group_offs + k0 // GROUP_SIZE)
-        acc, squares = _accumulate_tile(
-            acc, squares, words, scale, zero, k0, x_ptr, residual_ptr, norm_weight_ptr, x_offs, K, PROLOGUE,
-            HAS_RESIDUAL, W,
-        )  # fmt: skip
+        acc, squares = _accumulate_tile(acc, squares, words, scale, zero, k0, x_src, x_offs, PROLOGUE, HAS_RESIDUAL, W)
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
     y = tl.sum(acc, 1)[None, :]  # [1, BLOCK_N]
     sq = tl.sum(tl.sum(squares, 1), 0)[None]
     if SPLIT_K > 1:
-        y, sq, last = _reduce_split_k(y, sq, partial_ptr, counter_ptr, pid, offs_m, SPLIT_K, 1, BLOCK_N)
+        y, sq, last = reduce_split_k(y, sq, partial_ptr, counter_ptr, pid, offs_m, SPLIT_K, 1, BLOCK_N)
         if last:
-            _store_output(
-                y, sq, scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, offs_m == 0, K, stride_sn, 0,
-                eps, PROLOGUE, False, HAS_BIAS,
-            )  # fmt: skip
+            out_tile = (out_ptr, offs_m, offs_m == 0, offs_n, mask_n, 0)
+            store_output(y, sq, out_tile, rows, scale_ptr, stride_sn, bias_ptr, K, eps, PROLOGUE, False, HAS_BIAS)
     else:
-        _store_output(
-            y, sq, scale_ptr, bias_ptr, out_ptr, rows, offs_n, mask_n, offs_m, offs_m == 0, K, stride_sn, 0, eps,
-            PROLOGUE, False, HAS_BIAS,
-        )  # fmt: skip
+        out_tile = (out_ptr, offs_m, offs_m == 0, offs_n, mask_n, 0)
+        store_output(y, sq, out_tile, rows, scale_ptr, stride_sn, bias_ptr, K, eps, PROLOGUE, False, HAS_BIAS)
 
 
 def one_row_tiles(k: int, group_size: int, config: GemvConfig) -> tuple[int, int, int]:
@@ -259,7 +257,7 @@ def one_row_tiles(k: int, group_size: int, config: GemvConfig) -> tuple[int, int
 
 
 def launch_int4_one_row(
-    common: tuple,  # (x, residual, residual_out, norm_weight), unused ones any tensor
+    acts: Activations,
     weight: QuantizedWeight,
     bias: torch.Tensor | None,
     out: torch.Tensor,  # [1, N]
@@ -270,7 +268,7 @@ def launch_int4_one_row(
     pdl: bool,
 ) -> None:
     """`_gemv_int4_one_row_kernel` over one row of x, config.block_n rows a program."""
-    x = common[0]
+    x = acts.x
     (m, n), k = out.shape, weight.shape[1]
     assert m == 1, "the one-row int4 GEMV takes one row of x"
     assert prologue != PROLOGUE_NORM_ADD_NORM, "the int4 kernels have no NORM_ADD_NORM prologue"
@@ -278,7 +276,7 @@ def launch_int4_one_row(
     programs = triton.cdiv(n, config.block_n)
     partial, counters = split_k_scratch(x, programs, split_k, config.block_n + 1)
     _gemv_int4_one_row_kernel[(programs, split_k)](
-        *common,
+        *acts,
         *int4_operands(weight, bias, out, partial, counters),
         n,
         k,

@@ -205,7 +205,7 @@ def rotary_and_kv_store(
     slots: torch.Tensor,  # [T]
     num_q_heads: int,
 ) -> None:
-    """Rotary on q and k, then k and v into their KV slots: tgi_compat.kernels.kv_store fused into the rotary pass."""
+    """Rotary on q and k, then k and v into their KV slots: tgi_compat.kernels.attention.kv_store fused into the rotary pass."""
     num_tokens, num_heads, head_dim = qk.shape
     num_kv_heads = v.shape[1]
     half = cos.shape[-1]

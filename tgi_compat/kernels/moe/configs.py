@@ -1,5 +1,5 @@
-"""Tilings of the fused-experts kernels (tgi_compat/kernels/fused_moe.py), apart so that the generated table of
-measured ones (tgi_compat/kernels/fused_moe_tuned.py) can import them."""
+"""Tilings of the fused-experts kernels (tgi_compat/kernels/moe/fused_moe.py), apart so that the generated table of
+measured ones (tgi_compat/kernels/moe/tuned.py) can import them."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Token selection on the device: the greedy pick and the grammar masks."""

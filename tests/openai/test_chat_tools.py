@@ -163,6 +163,59 @@ async def test_response_format_shapes(make_client, engine, response_format, kind
     assert (engine.requests[-1].grammar.kind, engine.requests[-1].grammar.value) == (kind, value)
 
 
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("json_schema", "expected"),
+    [
+        ({"name": "A", "schema": SCHEMA, "strict": True}, (GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA, separators=(",", ":")), True)),
+        ({"name": "A", "schema": SCHEMA}, (GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA, separators=(",", ":")), True)),
+        ({"name": "A", "schema": SCHEMA, "strict": False}, (GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA, separators=(",", ":")), False)),
+        ({"name": "A"}, (GrammarKind.ANY_JSON, "", True)),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_openai_json_schema_response_format(make_client, engine, json_schema, expected, route):
+    """OpenAI's structured outputs (the openai SDK's `.parse()`): the schema under `json_schema.schema`."""
+    prompt = {"messages": MESSAGES} if route == "/v1/chat/completions" else {"prompt": "JSON:"}
+    body = {**prompt, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": json_schema}}
+    async with make_client(engine) as http:
+        response = await http.post(route, json=body)
+    assert response.status_code == 200, response.text
+    grammar = engine.requests[-1].grammar
+    assert (grammar.kind, grammar.value, grammar.strict) == expected
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_openai_json_schema_takes_tgis_checks_and_texts(make_client, engine, route):
+    prompt = {"messages": MESSAGES} if route == "/v1/chat/completions" else {"prompt": "JSON:"}
+    cases = [
+        ({"type": "json_schema", "json_schema": {"name": "A", "schema": {"type": "object"}}}, "grammar is not valid: Grammar must have a 'properties' field"),
+        ({"type": "json_schema", "json_schema": {"name": "A", "schema": {"properties": {"a": {"type": "strng"}}}}}, "grammar is not valid: \"strng\" is not valid under any of the schemas listed in the 'anyOf' keyword"),
+    ]  # fmt: skip
+    async with make_client(engine) as http:
+        for response_format, message in cases:
+            response = await http.post(route, json={**prompt, "response_format": response_format})
+            assert (response.status_code, response.json()) == (
+                422,
+                {"error": f"Input validation error: {message}", "error_type": "validation"},
+            )
+        response = await http.post(route, json={**prompt, "response_format": {"type": "json_schema"}})
+        assert (response.status_code, response.text) == (
+            422,
+            "Failed to deserialize the JSON body into the target type: response_format: missing field `value`",
+        )
+        # TGI's own form wins where a client sends both
+        both = {
+            "type": "json_schema",
+            "value": {"schema": SCHEMA},
+            "json_schema": {"name": "A", "schema": {}, "strict": False},
+        }
+        assert (await http.post(route, json={**prompt, "temperature": 0, "response_format": both})).status_code == 200
+    assert engine.requests[-1].grammar.strict
+
+
 def test_tool_stream_replays_tgi_token_split():
     """TGI's own test tokens: nothing until the name parses, then the arguments piece by piece."""
     tokens = ['{"', "function", '":', ' {"', "_", "name", '":', ' "', "get", "_current", "_weather", '",']

@@ -135,6 +135,7 @@ class CompletionRequest(_Request):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
     user: str | None = None
+    response_format: ResponseFormat | None = None  # as on chat (vLLM takes it here too)
     # LightLLM's per-request features (ours), as on /generate
     long_truncation_mode: Literal["head", "center", "none"] | None = None
     token_healing: bool | None = None

@@ -49,6 +49,8 @@ def check_request(state: AppState, body: CompletionRequest) -> Fanout:
         raise _suffix_error()
     if len(body.prompts) > state.limits.max_client_batch_size:
         raise _batch_error(state.limits.max_client_batch_size)
+    if body.response_format is not None:
+        body.response_format.check_shape()
     limit = state.limits.max_best_of
     n = 1 if body.n is None else body.n
     best_of = n if body.best_of is None else body.best_of

@@ -10,6 +10,7 @@ Beyond TGI (OpenAI legacy API / vLLM): `echo` (prompt prepended), `logprobs` (Op
 best_of > n keeps the n highest cumulative logprobs), `stream_options.include_usage` (a final
 `choices: []` chunk), `user` (ignored), and AIAK's `sentence_length` / `cum_log_probs` in choices.
 `logit_bias` (token id -> bias in [-100, 100]) is added to the raw logits before every processor.
+`response_format` constrains every choice as on chat (tgi_compat/api/serving/grammar.py).
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class PromptOutcome:
 async def _run_prompt(state: AppState, body: CompletionRequest, prompt: str, fanout: Fanout) -> PromptOutcome:
     frame = RequestFrame(state)
     try:
-        async with frame.admit(prompt, completion_parameters(body), permits=fanout.best_of) as admitted:
+        params = completion_parameters(body)
+        async with frame.admit(prompt, params, permits=fanout.best_of, grammar=body.response_format) as admitted:
             request = admitted.request
             request.prompt_logprobs = request.prompt_logprobs or (bool(body.echo) and body.logprobs is not None)
             results = [await admitted.to_end()] if fanout.best_of == 1 else await admitted.best_of(fanout.best_of)
@@ -174,7 +176,7 @@ async def _stream_sequence(
     frame = RequestFrame(state)
     want_logprobs = body.logprobs is not None
     try:
-        async with frame.admit(prompt, completion_parameters(body)) as admitted:
+        async with frame.admit(prompt, completion_parameters(body), grammar=body.response_format) as admitted:
             offset = 0
             if body.echo:
                 echoed = CompletionStreamChoice(index=index, text=prompt, logprobs=None, finish_reason="")

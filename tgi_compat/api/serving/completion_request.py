@@ -116,9 +116,8 @@ class OpenAILogprobs:
         """The echoed prompt: the first token has no score, the others their prefill top-k."""
         for position, token in enumerate(prefill):
             alternatives = top_tokens[position] if position < len(top_tokens) else []
-            self.add(
-                token.text, token.logprob, None if position == 0 else _top_dict(token.text, token.logprob, alternatives)
-            )
+            top = _top_dict(token.text, token.logprob, alternatives) if position else None
+            self.add(token.text, token.logprob, top)
 
     def add_generated(self, tokens: list[Token], top_tokens: list[list[Token]]) -> None:
         for position, token in enumerate(tokens):

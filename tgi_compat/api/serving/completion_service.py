@@ -10,8 +10,10 @@ Beyond TGI (OpenAI legacy API / vLLM): `echo` (prompt prepended), `logprobs` (Op
 best_of > n keeps the n highest cumulative logprobs), `stream_options.include_usage` (a final
 `choices: []` chunk), `user` (ignored), and AIAK's `sentence_length` / `cum_log_probs` in choices.
 `logit_bias` (token id -> bias in [-100, 100]) is added to the raw logits before every processor.
-A prompt may be token ids (`[1, 2]`, `[[1, 2], [3]]`: what lm-eval sends); ids outside the vocabulary are a
-422, and `echo` shows their decoded text. `response_format` constrains every choice as on chat (tgi_compat/api/serving/grammar.py).
+A prompt may be token ids (`[1, 2]`, `[[1, 2], [3]]`: what lm-eval sends); ids outside the vocabulary
+are a 422, and `echo` shows their decoded text. With `echo` and `logprobs: k`, every echoed prompt
+position but the first lists the prefill's k likeliest tokens. `response_format` constrains every
+choice as on chat (tgi_compat/api/serving/grammar.py).
 """
 
 from __future__ import annotations

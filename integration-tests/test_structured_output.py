@@ -218,7 +218,8 @@ def test_openai_tools(oai, tool_choice):
         model="tgi", messages=WEATHER_QUESTION, tools=[WEATHER], tool_choice=tool_choice, temperature=0, max_tokens=60
     )
     (call,) = response.choices[0].message.tool_calls
-    assert (call.id, call.type, call.function.name) == ("0", "function", "get_weather")
+    assert (call.type, call.function.name) == ("function", "get_weather")
+    assert re.fullmatch("call_[0-9a-f]{24}", call.id)
     assert_weather_arguments(call.function.arguments)
     stream = oai.chat.completions.create(
         model="tgi",
@@ -233,6 +234,7 @@ def test_openai_tools(oai, tool_choice):
         chunk.choices[0].delta.tool_calls[0] for chunk in stream if chunk.choices and chunk.choices[0].delta.tool_calls
     ]
     assert deltas[0].function.name == "get_weather"
+    assert {d.id for d in deltas} == {deltas[0].id} and deltas[0].id != call.id
     streamed = "".join(d.function.arguments for d in deltas)
     assert json.loads(streamed) == json.loads(call.function.arguments)
 

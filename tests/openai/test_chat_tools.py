@@ -5,6 +5,7 @@ constrained model would; the real engine's masks are tested in tests/router/test
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from scripted_engine import ScriptedEngine
@@ -45,17 +46,22 @@ async def post(make_client, engine, body):
         return await http.post("/v1/chat/completions", json={"messages": MESSAGES, "temperature": 0, **body})
 
 
+CALL_ID = re.compile(r"call_[0-9a-f]{24}")
+
+
 async def test_named_tool_call_shape_prompt_and_grammar(make_client, tokenizer):
     engine = AnswerEach(tokenizer, [CALL])
     response = await post(make_client, engine, {"tools": [WEATHER], "tool_choice": "get_weather"})
     choice = response.json()["choices"][0]
+    call_id = choice["message"]["tool_calls"][0]["id"]
+    assert CALL_ID.fullmatch(call_id)  # TGI says "0"; OpenAI and vLLM give unique ids
     assert choice == {
         "index": 0,
         "message": {
             "role": "assistant",
             "tool_calls": [
                 {
-                    "id": "0",
+                    "id": call_id,
                     "type": "function",
                     "function": {
                         "description": None,
@@ -82,6 +88,17 @@ async def test_named_tool_call_shape_prompt_and_grammar(make_client, tokenizer):
         },
         "required": ["_name", "location"],
     }
+
+
+async def test_tool_call_ids_are_unique_across_requests(make_client, tokenizer):
+    engine = AnswerEach(tokenizer, [CALL])
+    body = {"tools": [WEATHER], "tool_choice": "required"}
+    ids = [(await post(make_client, engine, body)).json()["choices"][0]["message"]["tool_calls"][0]["id"]]
+    for _ in range(2):
+        chunks = sse_chunks((await post(make_client, engine, {**body, "stream": True})).text)
+        ids.append(chunks[0]["choices"][0]["delta"]["tool_calls"][0]["id"])
+    ids.append((await post(make_client, engine, body)).json()["choices"][0]["message"]["tool_calls"][0]["id"])
+    assert len(set(ids)) == 4 and all(CALL_ID.fullmatch(i) for i in ids)
 
 
 async def test_chat_tokenize_shows_the_tools_in_the_prompt(make_client, engine):
@@ -132,10 +149,11 @@ async def test_streamed_tool_call_reassembles(make_client, tokenizer):
     deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in calls]
     assert deltas[0] == {
         "index": 0,
-        "id": "0",
+        "id": deltas[0]["id"],
         "type": "function",
         "function": {"name": "get_weather", "arguments": "{"},
     }
+    assert CALL_ID.fullmatch(deltas[0]["id"]) and {d["id"] for d in deltas} == {deltas[0]["id"]}
     assert all(d["function"]["name"] is None for d in deltas[1:])
     assert json.loads("".join(d["function"]["arguments"] for d in deltas)) == {"location": "Paris", "unit": "celsius"}
     assert all(c["choices"][0]["finish_reason"] is None for c in calls)  # TGI sends no finish chunk for tools
@@ -161,6 +179,59 @@ async def test_response_format_shapes(make_client, engine, response_format, kind
     response = await post(make_client, engine, {"response_format": response_format})
     assert response.status_code == 200
     assert (engine.requests[-1].grammar.kind, engine.requests[-1].grammar.value) == (kind, value)
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("json_schema", "expected"),
+    [
+        ({"name": "A", "schema": SCHEMA, "strict": True}, (GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA, separators=(",", ":")), True)),
+        ({"name": "A", "schema": SCHEMA}, (GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA, separators=(",", ":")), True)),
+        ({"name": "A", "schema": SCHEMA, "strict": False}, (GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA, separators=(",", ":")), False)),
+        ({"name": "A"}, (GrammarKind.ANY_JSON, "", True)),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_openai_json_schema_response_format(make_client, engine, json_schema, expected, route):
+    """OpenAI's structured outputs (the openai SDK's `.parse()`): the schema under `json_schema.schema`."""
+    prompt = {"messages": MESSAGES} if route == "/v1/chat/completions" else {"prompt": "JSON:"}
+    body = {**prompt, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": json_schema}}
+    async with make_client(engine) as http:
+        response = await http.post(route, json=body)
+    assert response.status_code == 200, response.text
+    grammar = engine.requests[-1].grammar
+    assert (grammar.kind, grammar.value, grammar.strict) == expected
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_openai_json_schema_takes_tgis_checks_and_texts(make_client, engine, route):
+    prompt = {"messages": MESSAGES} if route == "/v1/chat/completions" else {"prompt": "JSON:"}
+    cases = [
+        ({"type": "json_schema", "json_schema": {"name": "A", "schema": {"type": "object"}}}, "grammar is not valid: Grammar must have a 'properties' field"),
+        ({"type": "json_schema", "json_schema": {"name": "A", "schema": {"properties": {"a": {"type": "strng"}}}}}, "grammar is not valid: \"strng\" is not valid under any of the schemas listed in the 'anyOf' keyword"),
+    ]  # fmt: skip
+    async with make_client(engine) as http:
+        for response_format, message in cases:
+            response = await http.post(route, json={**prompt, "response_format": response_format})
+            assert (response.status_code, response.json()) == (
+                422,
+                {"error": f"Input validation error: {message}", "error_type": "validation"},
+            )
+        response = await http.post(route, json={**prompt, "response_format": {"type": "json_schema"}})
+        assert (response.status_code, response.text) == (
+            422,
+            "Failed to deserialize the JSON body into the target type: response_format: missing field `value`",
+        )
+        # TGI's own form wins where a client sends both
+        both = {
+            "type": "json_schema",
+            "value": {"schema": SCHEMA},
+            "json_schema": {"name": "A", "schema": {}, "strict": False},
+        }
+        assert (await http.post(route, json={**prompt, "temperature": 0, "response_format": both})).status_code == 200
+    assert engine.requests[-1].grammar.strict
 
 
 def test_tool_stream_replays_tgi_token_split():

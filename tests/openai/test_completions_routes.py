@@ -76,15 +76,26 @@ async def test_tgi_refusals(client, engine):
     assert engine.requests == []
 
 
-async def test_echo_and_openai_logprobs(client):
+async def test_echo_and_openai_logprobs(client, engine, tokenizer):
     body = {"prompt": "Hello world", "temperature": 0, "echo": True, "logprobs": 1, "max_tokens": 2}
     choice = (await client.post("/v1/completions", json=body)).json()["choices"][0]
     assert choice["text"] == "Hello world Paris is"
     logprobs = choice["logprobs"]
     assert logprobs["tokens"] == ["Hello", " world", " Paris", " is"]
     assert logprobs["token_logprobs"] == [None, -1.0, -0.51, -0.52]
-    assert logprobs["top_logprobs"] == [None, {" world": -1.0}, {" Paris": -0.5}, {" is": -0.5}]
+    # an echoed position lists the prefill's top-k (the scripted engine's likeliest is the next id), then
+    # the prompt token itself, as OpenAI's legacy API and vLLM do
+    (request,) = engine.requests
+    assert (request.prompt_logprobs, request.prompt_top_n) == (True, 1)
+    likeliest = tokenizer.token_text(request.prompt_ids[1] + 1)
+    assert logprobs["top_logprobs"] == [None, {likeliest: -0.25, " world": -1.0}, {" Paris": -0.5}, {" is": -0.5}]
     assert logprobs["text_offset"] == [0, 5, 11, 17]
+
+
+async def test_prompt_top_k_costs_nothing_unless_echoed(client, engine):
+    for body in ({"logprobs": 2}, {"echo": True}, {}):
+        await client.post("/v1/completions", json={"prompt": "Hello world", "temperature": 0, "max_tokens": 1, **body})
+    assert [(r.prompt_logprobs, r.prompt_top_n) for r in engine.requests] == [(False, 0)] * 3
 
 
 async def test_logprobs_without_echo_lists_alternatives(client):
@@ -201,3 +212,35 @@ async def test_logit_bias_reaches_the_engine_as_id_bias_pairs(client, engine):
     response = await client.post("/v1/completions", json=body)
     assert response.status_code == 200
     assert engine.requests[-1].sampling.logit_bias == ((42, 5.0), (7, -100.0))
+
+
+async def test_token_id_prompts(client, engine, tokenizer):
+    """What lm-eval's local-completions sends: ids run as given, one prompt per inner list."""
+    ids = tokenizer.encode_sync("The capital of France is")
+    body = {"temperature": 0, "max_tokens": 2, "echo": True}
+    text = (await client.post("/v1/completions", json={"prompt": "The capital of France is", **body})).json()
+    by_ids = (await client.post("/v1/completions", json={"prompt": ids, **body})).json()
+    assert engine.requests[0].prompt_ids == engine.requests[1].prompt_ids == ids
+    assert by_ids["choices"] == text["choices"] and by_ids["usage"] == text["usage"]
+    assert by_ids["choices"][0]["text"] == "The capital of France is Paris is"  # echo decodes the ids
+    two = (await client.post("/v1/completions", json={"prompt": [ids, ids[:2]], **body})).json()
+    assert [r.prompt_ids for r in engine.requests[2:]] == [ids, ids[:2]]
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    stream = await client.post("/v1/completions", json={"prompt": [ids[:2]], "stream": True, **body})
+    assert json.loads(sse_payloads(stream.text)[0])["choices"][0]["text"] == tokenizer.decode(ids[:2])
+
+
+async def test_token_ids_outside_the_vocabulary_are_refused(client):
+    for prompt, bad in (([1, 49152], 49152), ([[5], [-1]], -1)):
+        response = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+        assert (response.status_code, response.json()) == (
+            422,
+            {
+                "error": f"Input validation error: `prompt` token id {bad} is outside the vocabulary (size 49152)",
+                "error_type": "validation",
+            },
+        )
+    response = await client.post("/v1/completions", json={"prompt": [[]], "max_tokens": 2})
+    assert response.json() == {"error": "Input validation error: `inputs` cannot be empty", "error_type": "validation"}
+    response = await client.post("/v1/completions", json={"prompt": [1, "a"]})
+    assert response.status_code == 422 and response.text.startswith("Failed to deserialize the JSON body")

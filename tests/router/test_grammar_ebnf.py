@@ -150,3 +150,14 @@ def test_boundary_lengths_of_a_bounded_string(schema_grammars):
     for length in range(8):
         text = f'{{"name": "{"n" * length}", "tags": ["x"], "code": "a-12", "note": ""}}'
         assert folded.accepts(text) == original.accepts(text) == (2 <= length <= 5), length
+
+
+def test_strict_closes_objects_and_loose_keeps_json_schemas_default():
+    """OpenAI's `"strict": false` (GrammarSpec.strict) leaves objects open to unlisted properties."""
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    strict = Matcher(grammar_ebnf(GrammarSpec(GrammarKind.JSON_SCHEMA, schema)))
+    loose = Matcher(grammar_ebnf(GrammarSpec(GrammarKind.JSON_SCHEMA, schema, strict=False)))
+    extra = '{"a": 1, "b": "x"}'
+    assert strict.accepts('{"a": 1}') and loose.accepts('{"a": 1}')
+    assert not strict.accepts(extra) and loose.accepts(extra)
+    assert not loose.accepts('{"a": "x"}')  # still the schema

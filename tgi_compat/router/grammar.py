@@ -130,7 +130,7 @@ def grammar_ebnf(spec: GrammarSpec) -> str:
     if spec.kind is GrammarKind.REGEX:
         grammar = xgrammar.Grammar.from_regex(spec.value)
     else:
-        grammar = xgrammar.Grammar.from_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+        grammar = xgrammar.Grammar.from_json_schema(spec.value, any_whitespace=False, strict_mode=spec.strict)
     return fold_bounded_repetitions(str(grammar))
 
 

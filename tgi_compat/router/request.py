@@ -44,6 +44,9 @@ class GrammarSpec:
 
     kind: GrammarKind
     value: str = ""
+    # JSON schemas: objects closed to their listed properties where the schema says nothing (xgrammar's
+    # strict mode, TGI's grammars); False keeps JSON Schema's default (OpenAI's `"strict": false`).
+    strict: bool = True
 
 
 # A request that ran to its end reports one of these, TGI's finish reasons (tgi_compat.api.protocol.tgi);

@@ -115,8 +115,11 @@ class ChatRequest(_Request):
 EMPTY_PROMPT_MESSAGE = "Empty array detected. Do not use an empty array for the prompt."
 
 
+Prompt = str | list[int]  # text, or token ids (OpenAI's legacy API and vLLM take both; TGI only text)
+
+
 class CompletionRequest(_Request):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     max_tokens: U32 | None = None
     temperature: float | None = None
@@ -135,6 +138,7 @@ class CompletionRequest(_Request):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
     user: str | None = None
+    response_format: ResponseFormat | None = None  # as on chat (vLLM takes it here too)
     # LightLLM's per-request features (ours), as on /generate
     long_truncation_mode: Literal["head", "center", "none"] | None = None
     token_healing: bool | None = None
@@ -142,11 +146,14 @@ class CompletionRequest(_Request):
 
     @field_validator("prompt", mode="after")
     @classmethod
-    def _not_empty(cls, prompt: str | list[str]) -> str | list[str]:
+    def _not_empty(cls, prompt: Any) -> Any:
         if isinstance(prompt, list) and not prompt:
             raise ValueError(EMPTY_PROMPT_MESSAGE)
         return prompt
 
     @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[Prompt]:
+        """One entry per prompt: `"text"` and `[1, 2]` are one prompt, `["a", "b"]` and `[[1], [2]]` two."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)

@@ -32,7 +32,7 @@ from tgi_compat.api.serving.chat_template import ChatTemplate
 from tgi_compat.api.serving.frame import Admitted, RequestFrame
 from tgi_compat.api.serving.responses import stream_headers, timing_headers
 from tgi_compat.api.serving.tokenization import simple_tokens
-from tgi_compat.api.serving.tools import StreamSignal, ToolStream, next_tool_call_id, parse_tool_answer
+from tgi_compat.api.serving.tools import StreamSignal, ToolStream, new_tool_call_id, parse_tool_answer
 
 
 class ChatService:
@@ -111,7 +111,7 @@ class ChatService:
         """The events of one generation; a final None means the model chose `no_tool` (answer again)."""
         model, logprobs = self.response_model(body), bool(body.logprobs)
         tools = ToolStream() if prompt.uses_tools else None
-        call_id = next_tool_call_id(body)
+        call_id = new_tool_call_id()
         async with aclosing(admitted.stream()) as steps:
             async for step in steps:
                 piece = tools.push(step.token.text, step.token.special) if tools is not None else None

@@ -49,6 +49,8 @@ def check_request(state: AppState, body: CompletionRequest) -> Fanout:
         raise _suffix_error()
     if len(body.prompts) > state.limits.max_client_batch_size:
         raise _batch_error(state.limits.max_client_batch_size)
+    if body.response_format is not None:
+        body.response_format.check_shape()
     limit = state.limits.max_best_of
     n = 1 if body.n is None else body.n
     best_of = n if body.best_of is None else body.best_of
@@ -90,9 +92,9 @@ def completion_parameters(body: CompletionRequest) -> GenerateParameters:
 # ------------------------------------------------------------------------------------ logprobs
 
 
-def _top_dict(token: Token, alternatives: list[Token]) -> dict[str, float | None]:
+def _top_dict(text: str, logprob: float | None, alternatives: list[Token]) -> dict[str, float | None]:
     top = {alt.text: alt.logprob for alt in alternatives}
-    top.setdefault(token.text, token.logprob)  # OpenAI lists the sampled token too
+    top.setdefault(text, logprob)  # OpenAI lists the chosen token too
     return top
 
 
@@ -110,14 +112,17 @@ class OpenAILogprobs:
         self.value["text_offset"].append(self.offset)
         self.offset += len(text)
 
-    def add_prompt(self, prefill: list[PrefillToken]) -> None:
+    def add_prompt(self, prefill: list[PrefillToken], top_tokens: list[list[Token]]) -> None:
+        """The echoed prompt: the first token has no score, the others their prefill top-k."""
         for position, token in enumerate(prefill):
-            self.add(token.text, token.logprob, None if position == 0 else {token.text: token.logprob})
+            alternatives = top_tokens[position] if position < len(top_tokens) else []
+            top = _top_dict(token.text, token.logprob, alternatives) if position else None
+            self.add(token.text, token.logprob, top)
 
     def add_generated(self, tokens: list[Token], top_tokens: list[list[Token]]) -> None:
         for position, token in enumerate(tokens):
             alternatives = top_tokens[position] if position < len(top_tokens) else []
-            self.add(token.text, token.logprob, _top_dict(token, alternatives))
+            self.add(token.text, token.logprob, _top_dict(token.text, token.logprob, alternatives))
 
 
 def cumulative_logprob(tokens: list[Token]) -> float:
@@ -130,7 +135,7 @@ def completion_choice(body: CompletionRequest, index: int, prompt: str, result: 
     if body.logprobs is not None:
         builder = OpenAILogprobs()
         if echo:
-            builder.add_prompt(result.prefill)
+            builder.add_prompt(result.prefill, result.prefill_top_tokens)
             builder.offset = len(prompt)
         builder.add_generated(result.tokens, result.top_tokens)
         logprobs = builder.value

@@ -10,6 +10,10 @@ Beyond TGI (OpenAI legacy API / vLLM): `echo` (prompt prepended), `logprobs` (Op
 best_of > n keeps the n highest cumulative logprobs), `stream_options.include_usage` (a final
 `choices: []` chunk), `user` (ignored), and AIAK's `sentence_length` / `cum_log_probs` in choices.
 `logit_bias` (token id -> bias in [-100, 100]) is added to the raw logits before every processor.
+A prompt may be token ids (`[1, 2]`, `[[1, 2], [3]]`: what lm-eval sends); ids outside the vocabulary
+are a 422, and `echo` shows their decoded text. With `echo` and `logprobs: k`, every echoed prompt
+position but the first lists the prefill's k likeliest tokens. `response_format` constrains every
+choice as on chat (tgi_compat/api/serving/grammar.py).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from fastapi import Request
 
 from tgi_compat.api.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.api.protocol.errors import TgiError
-from tgi_compat.api.protocol.openai import CompletionRequest
+from tgi_compat.api.protocol.openai import CompletionRequest, Prompt
 from tgi_compat.api.protocol.openai_common import (
     reported_cached_tokens,
     served_model_name,
@@ -83,17 +87,19 @@ class CompletionService:
 
 @dataclass(slots=True)
 class PromptOutcome:
-    prompt: str
+    prompt: str  # its text (token ids decoded)
     results: list[GenerationResult]  # the n kept sequences
     headers: dict[str, str]
 
 
-async def _run_prompt(state: AppState, body: CompletionRequest, prompt: str, fanout: Fanout) -> PromptOutcome:
+async def _run_prompt(state: AppState, body: CompletionRequest, prompt: Prompt, fanout: Fanout) -> PromptOutcome:
     frame = RequestFrame(state)
     try:
-        async with frame.admit(prompt, completion_parameters(body), permits=fanout.best_of) as admitted:
+        params = completion_parameters(body)
+        async with frame.admit(prompt, params, permits=fanout.best_of, grammar=body.response_format) as admitted:
             request = admitted.request
-            request.prompt_logprobs = request.prompt_logprobs or (bool(body.echo) and body.logprobs is not None)
+            if body.echo and body.logprobs is not None:  # echoed positions list their top-k too (OpenAI, vLLM)
+                request.score_prompt(body.logprobs)
             results = [await admitted.to_end()] if fanout.best_of == 1 else await admitted.best_of(fanout.best_of)
     except TgiError as error:
         frame.failed(error)
@@ -102,9 +108,9 @@ async def _run_prompt(state: AppState, body: CompletionRequest, prompt: str, fan
     if fanout.best_of > fanout.n:
         results = sorted(results, key=lambda r: cumulative_logprob(r.tokens), reverse=True)[: fanout.n]
     headers = timing_headers(
-        frame.timings, request.input_length, results[0].generated_tokens, state.compute_type, prompt
+        frame.timings, request.input_length, results[0].generated_tokens, state.compute_type, request.inputs
     )
-    return PromptOutcome(prompt, results, headers)
+    return PromptOutcome(request.inputs, results, headers)
 
 
 async def _all_or_cancel(awaitables: list[Awaitable[PromptOutcome]]) -> list[PromptOutcome]:
@@ -167,19 +173,20 @@ class _UsageTotals:
 
 
 async def _stream_sequence(
-    state: AppState, body: CompletionRequest, prompt: str, index: int, out: asyncio.Queue, totals: _UsageTotals
+    state: AppState, body: CompletionRequest, prompt: Prompt, index: int, out: asyncio.Queue, totals: _UsageTotals
 ) -> None:
     """One sequence's events into `out`; errors become an OpenAI-route error event."""
     model = served_model_name(state)
     frame = RequestFrame(state)
     want_logprobs = body.logprobs is not None
     try:
-        async with frame.admit(prompt, completion_parameters(body)) as admitted:
+        async with frame.admit(prompt, completion_parameters(body), grammar=body.response_format) as admitted:
             offset = 0
             if body.echo:
-                echoed = CompletionStreamChoice(index=index, text=prompt, logprobs=None, finish_reason="")
+                text = admitted.request.inputs
+                echoed = CompletionStreamChoice(index=index, text=text, logprobs=None, finish_reason="")
                 await out.put(_stream_chunk(model, echoed))
-                offset = len(prompt)
+                offset = len(text)
             async for step in admitted.stream():
                 logprobs = None
                 if want_logprobs:
@@ -251,5 +258,6 @@ def _completions_stream(state: AppState, body: CompletionRequest, fanout: Fanout
             for task in tasks:  # the client went away: stop generating for it
                 task.cancel()
 
-    characters = "".join(prompts)  # x-compute-characters sums the prompts' characters (TGI)
+    # x-compute-characters sums the prompts' characters (TGI); token-id prompts, decoded later, count none
+    characters = "".join(prompt for prompt in prompts if isinstance(prompt, str))
     return StreamAnswer(events(), stream_headers(state.compute_type, characters))

@@ -34,27 +34,30 @@ from tgi_compat.api.serving.validation import (
     check_grammar,
     check_lengths,
     check_parameters,
+    check_token_ids,
     truncate_prompt,
 )
 
 
 async def validate_request(
     state: AppState,
-    inputs: str,
+    inputs: str | list[int],
     params: GenerateParameters,
     *,
     add_special_tokens: bool = True,
     grammar: GrammarType | ResponseFormat | None = None,
 ) -> ValidatedRequest:
     """TGI's Validation::validate: parameters, tokenize, truncate, budget, grammar (in that order).
-    `grammar`: the chat `response_format`, in place of `params.grammar`."""
+    `inputs`: the prompt's text, or its token ids (/v1/completions), which are checked against the
+    vocabulary instead of tokenized. `grammar`: the chat `response_format`, in place of `params.grammar`."""
     limits = state.limits
     grammar = grammar or params.grammar
     check_parameters(params, inputs, limits)
-    try:
-        prompt_ids = await state.tokenizer.encode(inputs, add_special_tokens)
-    except Exception as error:  # any tokenizer failure is the client's input
-        raise validation_error(f"tokenizer error {error}") from error
+    if isinstance(inputs, str):
+        prompt_ids = await _tokenize(state, inputs, add_special_tokens)
+    else:
+        prompt_ids = check_token_ids(inputs, state.engine.info.vocab_size)
+        inputs = state.tokenizer.decode(prompt_ids)  # the text `echo` and `return_full_text` show
     prompt_ids = truncate_prompt(prompt_ids, params.truncate)
     prompt_ids, features = await prepare_features(state, params, prompt_ids, constrained=grammar is not None)
     max_new_tokens = check_lengths(params, len(prompt_ids), limits)
@@ -82,6 +85,13 @@ def requested_adapter(state: AppState, adapter_id: str | None) -> str | None:
         return None
     base_names = {state.model.model_id, state.config.model_id, state.config.served_model_name}
     return None if adapter_id in base_names else adapter_id
+
+
+async def _tokenize(state: AppState, inputs: str, add_special_tokens: bool) -> list[int]:
+    try:
+        return await state.tokenizer.encode(inputs, add_special_tokens)
+    except Exception as error:  # any tokenizer failure is the client's input
+        raise validation_error(f"tokenizer error {error}") from error
 
 
 @dataclass(slots=True)
@@ -130,7 +140,7 @@ class RequestFrame:
     @asynccontextmanager
     async def admit(
         self,
-        inputs: str,
+        inputs: str | list[int],
         params: GenerateParameters,
         *,
         permits: int = 1,

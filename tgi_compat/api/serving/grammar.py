@@ -9,12 +9,18 @@ TGI's checks, in order: grammar support (`--disable-grammar-support`), the value
 JSON text, JSON-Schema draft 2020-12 meta-validation, a top-level `properties` key. A schema that
 passes but does not compile is refused by the engine with `cannot compile regex from schema: ...`.
 
-Beyond TGI (its users hit these): the chat `response_format` also takes `{"type": "json_object"}`
-with no value (any JSON) and `{"type": "json_object", "schema": {...}}` (what LangChain sends).
+Beyond TGI (its users hit these): `response_format` (chat and completions) also takes
+`{"type": "json_object"}` with no value (any JSON), `{"type": "json_object", "schema": {...}}` (what
+LangChain sends) and OpenAI's structured outputs, `{"type": "json_schema", "json_schema": {"name": ...,
+"schema": {...}, "strict": ...}}` (the openai SDK's `.parse()`, LiteLLM, instructor, pydantic-ai,
+openai-agents). OpenAI's schema passes TGI's checks and texts like TGI's own form; `"strict": false`
+compiles it with JSON Schema's own defaults (objects open to unlisted properties) instead of the closed
+objects every other JSON grammar gets, and a `json_schema` without `schema` is any JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Literal
 
@@ -28,25 +34,52 @@ NOT_SUPPORTED = "grammar is not supported"
 NO_PROPERTIES = "Grammar must have a 'properties' field"
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    schema_: Any = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(BaseModel):
-    """The chat `response_format`: TGI's GrammarType, `value` optional for `json_object`."""
+    """`response_format`: TGI's GrammarType (`value` optional for `json_object`) or OpenAI's `json_schema`."""
 
     model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
 
     type: Literal["json", "json_object", "regex", "json_schema"]
     value: Any = None
     schema_: Any = Field(default=None, alias="schema")  # {"type": "json_object", "schema": {...}}
+    json_schema: JsonSchemaFormat | None = None  # OpenAI's form of {"type": "json_schema"}
+
+    @property
+    def openai_json_schema(self) -> JsonSchemaFormat | None:
+        """OpenAI's `json_schema` object when that is the form used (TGI's `value` wins where both are sent)."""
+        return self.json_schema if self.type == "json_schema" and "value" not in self.model_fields_set else None
+
+    @property
+    def strict(self) -> bool:
+        """Closed objects, unless OpenAI's form says `"strict": false`."""
+        openai = self.openai_json_schema
+        return openai is None or openai.strict is not False
 
     def check_shape(self) -> None:
-        """What serde would refuse: only `json_object` may come without a `value` (axum's 422 text).
-        An explicit `"value": null` deserializes (serde_json's Value::Null); validation refuses it later."""
-        if "value" not in self.model_fields_set and self.type != "json_object":
+        """What serde would refuse: only `json_object` (and OpenAI's `json_schema`) may come without a
+        `value` (axum's 422 text). An explicit `"value": null` deserializes (serde_json's Value::Null);
+        validation refuses it later."""
+        if "value" not in self.model_fields_set and self.type != "json_object" and self.openai_json_schema is None:
             raise BodyRejection(
                 422, "Failed to deserialize the JSON body into the target type: response_format: missing field `value`"
             )
 
     def as_grammar(self) -> GrammarType | None:
         """The TGI grammar it stands for; None for any JSON (no schema given)."""
+        if (openai := self.openai_json_schema) is not None:
+            schema = openai.schema_
+            return None if schema is None else GrammarType(type="json_schema", value={"schema": schema})
         if self.value is not None or (self.type != "json_object" and "value" in self.model_fields_set):
             return GrammarType(type=self.type, value=self.value)
         if self.schema_ is not None:
@@ -66,7 +99,12 @@ def grammar_spec(grammar: GrammarType | ResponseFormat | None, supported: bool) 
         tgi_grammar = grammar.as_grammar()
         if tgi_grammar is None:
             return GrammarSpec(GrammarKind.ANY_JSON)
-        grammar = tgi_grammar
+        spec = _tgi_grammar_spec(tgi_grammar)
+        return spec if grammar.strict else dataclasses.replace(spec, strict=False)
+    return _tgi_grammar_spec(grammar)
+
+
+def _tgi_grammar_spec(grammar: GrammarType) -> GrammarSpec:
     if grammar.type == "regex":
         if not isinstance(grammar.value, str):
             raise validation_error(NOT_SUPPORTED)

@@ -5,12 +5,14 @@ constrained to, the prompt injection, and reading the answer back as `tool_calls
                         --tool_grammar--> {"$functions": {name: {..., "_name": const}}, "properties": {"function": anyOf}}
     prompt: "\\n---\\n" + tools JSON + "\\n" + tool_prompt appended to the last message (only the
             tool prompt when the chat template renders `tools` itself)
-    answer: {"function": {"_name": "<tool>", <arguments>}} -> one tool call, id "0" (streams: ToolStream);
+    answer: {"function": {"_name": "<tool>", <arguments>}} -> one tool call (streams: ToolStream);
             `no_tool` -> TGI generates again without tools and answers in plain text.
 
-Two departures, both where TGI's output would not parse: the grammar requires its `function` key
+Two departures where TGI's output would not parse: the grammar requires its `function` key
 (so `{}` is never a complete answer), and a stream never starts `arguments` with the comma that
-followed the tool name (or leaves `{` unclosed for a tool without arguments).
+followed the tool name (or leaves `{` unclosed for a tool without arguments). And one where clients
+break on TGI's ids: every call gets a unique `call_<24 hex>` id, as OpenAI and vLLM give, where TGI
+says "0" (or counts up on streams), which clients that merge calls by id (openai-agents) take for one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-import uuid
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,7 +146,7 @@ def parse_tool_answer(generated_text: str) -> list[dict[str, Any]] | None:
         return None
     return [
         {
-            "id": "0",
+            "id": new_tool_call_id(),
             "type": "function",
             "function": {"description": None, "name": name, "arguments": compact_json(function)},
         }
@@ -161,15 +163,9 @@ def _parse_failure(text: str) -> str:
     return "missing field `_name` at line 1 column 1"
 
 
-def next_tool_call_id(body: ChatRequest) -> str:
-    """Streams: one past the largest integer id of earlier tool calls, a UUID if any is not an integer."""
-    next_id = 0
-    for message in body.messages:
-        for call in message.tool_calls or []:
-            if not call.id.isdigit():
-                return str(uuid.uuid4())
-            next_id = max(next_id, int(call.id) + 1)
-    return str(next_id)
+def new_tool_call_id() -> str:
+    """A call id unique across calls and requests (OpenAI's shape); a stream repeats it on every chunk."""
+    return f"call_{secrets.token_hex(12)}"
 
 
 @dataclass(slots=True)

@@ -54,7 +54,7 @@ def is_sampling(params: GenerateParameters) -> bool:
     )
 
 
-def check_parameters(params: GenerateParameters, inputs: str, limits: ServingLimits) -> None:
+def check_parameters(params: GenerateParameters, inputs: str | list[int], limits: ServingLimits) -> None:
     """Everything TGI checks before tokenizing, in TGI's order."""
     best_of = params.best_of or 1
     if best_of > 1 and not is_sampling(params):
@@ -98,6 +98,14 @@ def check_logit_bias(logit_bias: dict[str, float] | None) -> None:
             raise validation_error(f"`logit_bias` keys must be token ids. Given: {token!r}")
         if not -100.0 <= bias <= 100.0:
             raise validation_error(f"`logit_bias` values must be >= -100 and <= 100. Given: {bias}")
+
+
+def check_token_ids(prompt_ids: list[int], vocab_size: int) -> list[int]:
+    """A prompt given as token ids (/v1/completions): every id must be one of the model's."""
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
+        bad = next(t for t in prompt_ids if not 0 <= t < vocab_size)
+        raise validation_error(f"`prompt` token id {bad} is outside the vocabulary (size {vocab_size})")
+    return prompt_ids
 
 
 def truncate_prompt(prompt_ids: list[int], truncate: int | None) -> list[int]:
@@ -144,10 +152,16 @@ class ValidatedRequest:
     features: RequestFeatures | None = None  # LightLLM's truncation / healing / prompt logprobs
     grammar: GrammarSpec | None = None  # what the generated text must match
     adapter_id: str | None = None  # the LoRA adapter to run under (None: the base model)
+    prompt_top_n: int = 0  # alternatives at every prompt position (with prompt_logprobs)
 
     @property
     def input_length(self) -> int:
         return len(self.prompt_ids)
+
+    def score_prompt(self, top_n: int) -> None:
+        """Report every prompt token's logprob and the `top_n` likeliest ids at each prompt position."""
+        self.prompt_logprobs = True
+        self.prompt_top_n = top_n
 
     @property
     def wants_details(self) -> bool:
@@ -181,6 +195,7 @@ class ValidatedRequest:
             sampling=self.sampling_params(),
             max_new_tokens=self.max_new_tokens,
             prompt_logprobs=self.prompt_logprobs,
+            prompt_top_n=self.prompt_top_n,
             grammar=self.grammar,
             adapter_id=self.adapter_id,
         )

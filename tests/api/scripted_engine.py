@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from tgi_compat.api.cli.config import ServerConfig, ServingLimits
+from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.observability.metrics import ServerMetrics
-from tgi_compat.api.server.permits import PermitPool
-from tgi_compat.api.server.state import AppState, ModelInfo
+from tgi_compat.api.serving.permits import PermitPool
+from tgi_compat.api.serving.state import AppState, ModelInfo
 from tgi_compat.api.serving.tokenization import TokenizerService
 from tgi_compat.router.client_api import EngineClient, EngineInfo
 from tgi_compat.router.outputs import TokenEvent, TopToken

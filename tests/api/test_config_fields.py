@@ -7,7 +7,7 @@ import os
 import re
 
 from tgi_compat.api.cli import launcher
-from tgi_compat.api.cli.config import ServerConfig
+from tgi_compat.api.config import ServerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -9,7 +9,6 @@ import sys
 import pytest
 import torch
 
-from tgi_compat.api.cli.config import ServerConfig
 from tgi_compat.api.cli.launcher import (
     FLAGS,
     LauncherError,
@@ -19,6 +18,7 @@ from tgi_compat.api.cli.launcher import (
     resolve_num_shard,
     unimplemented_options,
 )
+from tgi_compat.api.config import ServerConfig
 
 
 def _config(argv: list[str]) -> ServerConfig:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tgi_compat.api.cli import launcher
-from tgi_compat.api.lightllm.args import FLAGS, LightLLMArgsError, build_parser, parse_config
+from tgi_compat.api.cli.lightllm_args import FLAGS, LightLLMArgsError, build_parser, parse_config
 
 
 def config_of(*argv: str, **environ: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tgi_compat.api.lightllm.args import LightLLMArgsError, parse_config
+from tgi_compat.api.cli.lightllm_args import LightLLMArgsError, parse_config
 
 
 @pytest.mark.parametrize(

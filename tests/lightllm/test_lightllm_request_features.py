@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tgi_compat.api.cli.config import ServerConfig, ServingLimits
+from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.lightllm.features import prepare_features
 from tgi_compat.api.protocol.tgi import GenerateParameters
 from tgi_compat.router.request import GenerateRequest as EngineRequest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tgi_compat.api.serving.truncation import kept_length, truncate_long_prompt
+from tgi_compat.api.lightllm.truncation import kept_length, truncate_long_prompt
 
 PROMPT = list(range(10))
 

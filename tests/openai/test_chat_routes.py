@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tgi_compat.api.serving.chat_template import ChatTemplate
+from tgi_compat.api.serving.chat.template import ChatTemplate
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 ANSWER = " Paris is the capital."
@@ -193,7 +193,7 @@ async def test_no_template_is_template_not_found(engine, tokenizer, monkeypatch)
     from tgi_compat.api.server.app import create_app
 
     monkeypatch.setattr(tokenizer.tokenizer, "chat_template", None)
-    monkeypatch.setattr("tgi_compat.api.serving.chat_template._model_folder", lambda config: None)
+    monkeypatch.setattr("tgi_compat.api.serving.chat.template._model_folder", lambda config: None)
     app = create_app(make_state(engine, tokenizer))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         response = await http.post("/v1/chat/completions", json={"messages": MESSAGES})
@@ -245,19 +245,16 @@ async def test_max_tokens_and_openapi_document(client, engine):
     assert "messages" in schemas["ChatRequest"]["properties"] and "prompt" in schemas["CompletionRequest"]["properties"]
 
 
-def test_served_model_name_and_chat_template_from_config(smollm2_tokenizer):
+def test_served_model_name_and_chat_template_from_config(smollm2_tokenizer, engine, tokenizer):
     """--served-model-name and --chat-template, read from ServerConfig."""
-    from types import SimpleNamespace
+    from scripted_engine import make_state
 
-    from tgi_compat.api.cli.config import ServerConfig
-    from tgi_compat.api.protocol.openai_common import served_model_name
-    from tgi_compat.api.server.state import ModelInfo
-    from tgi_compat.api.serving.chat_template import load_chat_template
+    from tgi_compat.api.config import ServerConfig
+    from tgi_compat.api.serving.chat.template import load_chat_template
 
-    state = SimpleNamespace(config=ServerConfig(), model=ModelInfo("org/model"))
-    assert served_model_name(state) == "org/model"
-    state.config.served_model_name = "public-name"
-    assert served_model_name(state) == "public-name"
+    assert make_state(engine, tokenizer, model_id="org/model").served_model_name == "org/model"
+    named = make_state(engine, tokenizer, model_id="org/model", served_model_name="public-name")
+    assert named.served_model_name == "public-name"
     config = ServerConfig(
         model_id="HuggingFaceTB/SmolLM2-135M-Instruct", revision=None, chat_template="X{{ eos_token }}"
     )

@@ -1,4 +1,4 @@
-"""tgi_compat.api.serving.chat_template: prompts equal transformers' apply_chat_template, TGI's context and rewrites."""
+"""tgi_compat.api.serving.chat.template: prompts equal transformers' apply_chat_template, TGI's context and rewrites."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from tgi_compat.api.cli.config import ServerConfig
+from tgi_compat.api.config import ServerConfig
 from tgi_compat.api.protocol.errors import TgiError
 from tgi_compat.api.protocol.openai import ChatRequest
-from tgi_compat.api.serving.chat_template import ChatTemplate, load_chat_template, template_messages
+from tgi_compat.api.serving.chat.template import ChatTemplate, load_chat_template, template_messages
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -10,7 +10,7 @@ import re
 import pytest
 from scripted_engine import ScriptedEngine
 
-from tgi_compat.api.serving.tools import DEFAULT_TOOL_PROMPT, StreamSignal, ToolDelta, ToolStream
+from tgi_compat.api.serving.chat.tools import DEFAULT_TOOL_PROMPT, StreamSignal, ToolDelta, ToolStream
 from tgi_compat.router.request import GrammarKind
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -269,9 +269,9 @@ def test_a_tool_named_empty_is_constrained_to_its_call():
     model answer any JSON there (found by the soak: `{"function": [2019673845]}`, then a tool error)."""
     import xgrammar as xgr
 
+    from tgi_compat.api.protocol.grammar import inline_function_refs
     from tgi_compat.api.protocol.openai import Tool
-    from tgi_compat.api.serving.grammar import inline_function_refs
-    from tgi_compat.api.serving.tools import tool_grammar
+    from tgi_compat.api.serving.chat.tools import tool_grammar
 
     tool = Tool.model_validate({"type": "function", "function": {"name": "", "arguments": None}})
     schema = inline_function_refs(tool_grammar([tool]))

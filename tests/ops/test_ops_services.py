@@ -3,7 +3,7 @@
 import logging
 import time
 
-from tgi_compat.api.cli.config import ServerConfig
+from tgi_compat.api.config import ServerConfig
 from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.api.server.ops_services import start_ops_services
 

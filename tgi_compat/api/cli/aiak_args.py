@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgi_compat.api.cli import launcher
-from tgi_compat.api.cli.config import ServerConfig, default_model_id
+from tgi_compat.api.config import ServerConfig, default_model_id
 
 # vLLM --dtype -> ours; auto: this engine's default (bfloat16 on a GPU, float32 on a CPU)
 _DTYPES = {"auto": None, "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}  # fmt: skip

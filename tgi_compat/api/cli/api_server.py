@@ -3,7 +3,7 @@
     python -m tgi_compat.api.cli.api_server --model_dir /data/llama --max_total_token_num 120000 \\
         --tp 1 --port 8080 --long_truncation_mode head --token_healing_mode
 
-The flags are mapped onto the launcher's ServerConfig (tgi_compat/api/lightllm/args.py) and the very
+The flags are mapped onto the launcher's ServerConfig (tgi_compat/api/cli/lightllm_args.py) and the very
 same server starts (`tgi_compat.api.server.serve`): same routes, same wire format, same engine.
 """
 
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from tgi_compat.api.cli.launcher import unimplemented_options
-from tgi_compat.api.lightllm.args import LightLLMArgsError, parse_config
+from tgi_compat.api.cli.lightllm_args import LightLLMArgsError, parse_config
 from tgi_compat.api.observability.logging_setup import configure_logging
 
 logger = logging.getLogger("tgi_compat.api_server")

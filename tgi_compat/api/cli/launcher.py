@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tgi_compat.api.cli.config import ServerConfig, default_model_id
+from tgi_compat.api.config import ServerConfig, default_model_id
 
 logger = logging.getLogger("tgi_compat.launcher")
 
@@ -281,7 +281,7 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
 
 
 def _check_lora(config: ServerConfig) -> None:
-    from tgi_compat.api.cli.lora_flags import LoraFlagError
+    from tgi_compat.api.lora_flags import LoraFlagError
 
     if not config.lora_enabled:
         return

@@ -5,7 +5,7 @@
     return_all_prompt_logprobs: bool                   (default: --return-all-prompt-logprobs)
 
 `prepare_features` runs inside validation, after TGI's `truncate` and before the length checks:
-an over-long prompt is cut to the largest length that passes them (tgi_compat/api/serving/truncation.py), and
+an over-long prompt is cut to the largest length that passes them (tgi_compat/api/lightllm/truncation.py), and
 a healing request has its last tokens removed (tgi_compat/router/token_healing.py). `RequestFeatures` then
 travels on the ValidatedRequest: it fills the engine request's extra fields, and `HealingOutput`
 filters the generated tokens (tokens that only re-cover the removed prompt text are neither
@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tgi_compat.api.serving.truncation import kept_length, truncate_long_prompt
+from tgi_compat.api.config import ServerConfig, ServingLimits
+from tgi_compat.api.lightllm.truncation import kept_length, truncate_long_prompt
 from tgi_compat.router.request import GenerateRequest as EngineRequest
 from tgi_compat.router.token_healing import (
     HealingSplit,
@@ -31,7 +32,23 @@ from tgi_compat.router.token_healing import (
 
 if TYPE_CHECKING:
     from tgi_compat.api.protocol.tgi import GenerateParameters
-    from tgi_compat.api.server.state import AppState
+
+
+class _Tokenizers(Protocol):
+    @property
+    def tokenizer(self) -> Any: ...  # the transformers tokenizer
+
+
+class ServerView(Protocol):
+    """What feature preparation reads of the server: its flags, its limits and its tokenizer (AppState is one)."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+    @property
+    def limits(self) -> ServingLimits: ...
+    @property
+    def tokenizer(self) -> _Tokenizers: ...
+
 
 MAX_NEW_TOKENS_CHUNK = 1024  # TGI counts at most this many new tokens in the budget check
 
@@ -85,7 +102,7 @@ def _request_or_server(value: Any, server_default: Any) -> Any:
 
 
 async def prepare_features(
-    state: AppState, params: GenerateParameters, prompt_ids: list[int], *, constrained: bool = False
+    state: ServerView, params: GenerateParameters, prompt_ids: list[int], *, constrained: bool = False
 ) -> tuple[list[int], RequestFeatures]:
     """Apply long truncation and token healing to a tokenized prompt (before the length checks).
     `constrained`: the request has a grammar, which constrains the text after the prompt, so a

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tgi_compat.api.protocol.grammar import ResponseFormat
 from tgi_compat.api.protocol.tgi import U32, U64
-from tgi_compat.api.serving.grammar import ResponseFormat
 
 
 class _Request(BaseModel):

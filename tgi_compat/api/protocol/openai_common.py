@@ -11,8 +11,7 @@ from pydantic import BaseModel
 
 from tgi_compat.api.protocol.errors import TgiError, deserialize_message, parse_json_body
 from tgi_compat.api.protocol.sse import data_event
-from tgi_compat.api.protocol.tgi import dump_json
-from tgi_compat.api.server.state import TGI_VERSION, AppState
+from tgi_compat.api.protocol.tgi import TGI_VERSION, dump_json
 from tgi_compat.router.request import FinishReason
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -42,11 +41,6 @@ async def parse_openai_body(request: Request, model: type[Model], limit: int) ->
     return await parse_json_body(request, model, limit, describe=_openai_deserialize_message)
 
 
-def served_model_name(state: AppState) -> str:
-    """`--served-model-name` when the config has it (ours), else the model id (TGI)."""
-    return state.config.served_model_name or state.model.model_id
-
-
 def system_fingerprint() -> str:
     # TGI: "<version>-<docker_label or 'native'>"; we have no docker label.
     return f"{TGI_VERSION}-native"
@@ -59,11 +53,6 @@ def unix_now() -> int:
 def openai_finish_reason(finish_reason: str) -> str:
     """TGI's `format(use_stop=true)`: only eos_token becomes "stop"; stop_sequence stays."""
     return "stop" if finish_reason == FinishReason.EOS_TOKEN else finish_reason
-
-
-def reported_cached_tokens(state: AppState, cached_tokens: int) -> int | None:
-    """The `cached_tokens` that usage reports: only with --enable-prompt-tokens-details."""
-    return cached_tokens if state.config.enable_prompt_tokens_details else None
 
 
 def stream_error_event(error: TgiError) -> bytes:

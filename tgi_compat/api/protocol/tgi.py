@@ -13,6 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+ROUTER_NAME = "text-generation-router"
+TGI_VERSION = "3.3.6-dev0"  # what /info reports for TGI v3.3.7 (contract header)
+
 U32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
 U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
 USIZE = U64

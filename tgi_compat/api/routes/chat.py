@@ -1,5 +1,5 @@
 """POST /v1/chat/completions and POST /chat_tokenize (docs/contract.md §9): parse, then the
-ChatService (tgi_compat/api/serving/chat_service.py) answers."""
+ChatService (tgi_compat/api/serving/chat/service.py) answers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from fastapi.responses import Response
 from tgi_compat.api.protocol.openai import ChatRequest
 from tgi_compat.api.protocol.openai_common import parse_openai_body
 from tgi_compat.api.protocol.openapi import json_body, register_schemas
-from tgi_compat.api.server.auth import require_api_key
-from tgi_compat.api.server.state import get_state
-from tgi_compat.api.serving.chat_service import ChatService
+from tgi_compat.api.routes.auth import require_api_key
+from tgi_compat.api.serving.chat.service import ChatService
+from tgi_compat.api.serving.state import get_state
 
 router = APIRouter()
 register_schemas(ChatRequest)

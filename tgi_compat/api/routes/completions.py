@@ -1,5 +1,5 @@
 """POST /v1/completions (docs/contract.md §10): parse, then the CompletionService
-(tgi_compat/api/serving/completion_service.py) answers."""
+(tgi_compat/api/serving/completions/service.py) answers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from fastapi.responses import Response
 from tgi_compat.api.protocol.openai import CompletionRequest
 from tgi_compat.api.protocol.openai_common import parse_openai_body
 from tgi_compat.api.protocol.openapi import json_body, register_schemas
-from tgi_compat.api.server.auth import require_api_key
-from tgi_compat.api.serving.completion_service import CompletionService
+from tgi_compat.api.routes.auth import require_api_key
+from tgi_compat.api.serving.completions.service import CompletionService
 
 router = APIRouter()
 register_schemas(CompletionRequest)

@@ -9,7 +9,7 @@ from fastapi.responses import Response
 from tgi_compat.api.protocol.errors import parse_json_body
 from tgi_compat.api.protocol.openapi import json_body
 from tgi_compat.api.protocol.tgi import CompatGenerateRequest, GenerateRequest
-from tgi_compat.api.server.auth import require_api_key
+from tgi_compat.api.routes.auth import require_api_key
 from tgi_compat.api.serving.generate_service import GenerateService
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

@@ -9,9 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from tgi_compat.api.protocol.errors import unhealthy_response
-from tgi_compat.api.protocol.openai_common import served_model_name
-from tgi_compat.api.protocol.tgi import Info
-from tgi_compat.api.server.state import ROUTER_NAME, TGI_VERSION, get_state
+from tgi_compat.api.protocol.tgi import ROUTER_NAME, TGI_VERSION, Info
+from tgi_compat.api.serving.state import get_state
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -79,7 +78,7 @@ async def metrics(request: Request) -> Response:
 
 @_get("/v1/models", "Get model info")
 async def models(request: Request) -> JSONResponse:
-    model_id = served_model_name(get_state(request))
+    model_id = get_state(request).served_model_name
     return JSONResponse(
         {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}]}
     )

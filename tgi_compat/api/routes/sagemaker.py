@@ -11,8 +11,8 @@ from fastapi.responses import Response
 
 from tgi_compat.api.protocol.errors import BodyRejection, is_json_content_type, load_json, read_body
 from tgi_compat.api.protocol.openapi import json_body
-from tgi_compat.api.server.auth import require_api_key
-from tgi_compat.api.server.state import get_state
+from tgi_compat.api.routes.auth import require_api_key
+from tgi_compat.api.serving.state import get_state
 
 NO_VARIANT = "Failed to deserialize the JSON body into the target type: data did not match any variant of untagged enum SagemakerRequest"
 

@@ -7,8 +7,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from tgi_compat.api.protocol.errors import BodyRejection, is_json_content_type, read_body
-from tgi_compat.api.server.auth import require_api_key
-from tgi_compat.api.server.state import get_state
+from tgi_compat.api.routes.auth import require_api_key
+from tgi_compat.api.serving.state import get_state
 from tgi_compat.api.serving.vertex_service import VertexService, parse_instances
 
 router = APIRouter()

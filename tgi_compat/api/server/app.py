@@ -2,8 +2,8 @@
 
 Composition: each route module exposes an `APIRouter`; `create_app` includes the modules listed
 in `_route_modules()` plus any `extra_routers`. A route reaches the engine, tokenizer, limits and
-config through `get_state(request)` (tgi_compat.api.server.state), and protects generation endpoints with
-`Depends(require_api_key)` (tgi_compat.api.server.auth).
+config through `get_state(request)` (tgi_compat.api.serving.state), and protects generation endpoints with
+`Depends(require_api_key)` (tgi_compat.api.routes.auth).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tgi_compat.api.protocol.errors import BodyRejection, TgiError
 from tgi_compat.api.protocol.openapi import build_openapi
-from tgi_compat.api.server.auth import Unauthorized
+from tgi_compat.api.protocol.tgi import TGI_VERSION
+from tgi_compat.api.routes.auth import Unauthorized
 from tgi_compat.api.server.security import install_security
-from tgi_compat.api.server.state import TGI_VERSION, AppState
 from tgi_compat.api.serving.disconnect import AbortOnDisconnect
+from tgi_compat.api.serving.state import AppState
 
 
 def _route_modules() -> list[APIRouter]:

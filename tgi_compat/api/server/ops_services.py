@@ -8,7 +8,7 @@
   `--enable_monitor_auth`): a MetricsPusher thread.
 * LightLLM's periodic stats line (`--log_stats_interval`, off with `--disable_log_stats`).
 
-Config fields read (ServerConfig names, as tgi_compat.api.lightllm.args maps LightLLM's flags):
+Config fields read (ServerConfig names, as tgi_compat.api.cli.lightllm_args maps LightLLM's flags):
 metric_gateway, metric_job_name, metric_grouping_key, metric_push_interval, enable_monitor_auth,
 disable_log_stats, log_stats_interval. A config without them (TGI's launcher only) starts nothing.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tgi_compat.api.cli.config import ServerConfig
+from tgi_compat.api.config import ServerConfig
 from tgi_compat.api.observability.logging_setup import StatsLogger
 from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.api.observability.metrics_push import MetricsPusher, PushGatewayConfig

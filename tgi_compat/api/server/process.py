@@ -15,16 +15,16 @@ from collections.abc import Callable
 
 import uvicorn
 
-from tgi_compat.api.cli.config import ServerConfig, ServingLimits
+from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.observability.metrics_listener import start_prometheus_listener
 from tgi_compat.api.observability.tracing import RequestTracer
 from tgi_compat.api.server.app import create_app
 from tgi_compat.api.server.graceful import GracefulShutdown
 from tgi_compat.api.server.health_monitor import EngineHealthMonitor, HealthMonitorConfig
 from tgi_compat.api.server.ops_services import start_ops_services
-from tgi_compat.api.server.permits import PermitPool
-from tgi_compat.api.server.state import AppState, ModelInfo
 from tgi_compat.api.server.warmup import GPU_BATCH, warm_up
+from tgi_compat.api.serving.permits import PermitPool
+from tgi_compat.api.serving.state import AppState, ModelInfo
 from tgi_compat.api.serving.tokenization import load_tokenizer_service
 from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path
 from tgi_compat.router.client_api import EngineClient, EngineDeadError

@@ -7,8 +7,8 @@ from contextlib import nullcontext
 from typing import Any
 
 from tgi_compat.api.protocol.errors import TgiError
-from tgi_compat.api.server.state import AppState
 from tgi_compat.api.serving.generation import GenerationResult, Timings
+from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.validation import ValidatedRequest
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from tgi_compat.api.lightllm.features import prepare_features
 from tgi_compat.api.protocol.errors import TgiError, validation_error
+from tgi_compat.api.protocol.grammar import ResponseFormat
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
-from tgi_compat.api.server.state import AppState
 from tgi_compat.api.serving import accounting
 from tgi_compat.api.serving.generation import (
     GenerationResult,
@@ -28,7 +28,7 @@ from tgi_compat.api.serving.generation import (
     stream_sequence,
     stream_step_batches,
 )
-from tgi_compat.api.serving.grammar import ResponseFormat
+from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.validation import (
     ValidatedRequest,
     check_grammar,

@@ -16,9 +16,9 @@ from tgi_compat.api.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.sse import data_event
 from tgi_compat.api.protocol.tgi import CompatGenerateRequest, GenerateRequest, dump_json
-from tgi_compat.api.server.state import AppState, get_state
 from tgi_compat.api.serving.frame import RequestFrame
 from tgi_compat.api.serving.responses import generate_response, stream_event_json, stream_headers, timing_headers
+from tgi_compat.api.serving.state import AppState, get_state
 from tgi_compat.api.serving.tokenization import simple_tokens
 from tgi_compat.api.serving.validation import check_best_of_limits, check_stream_only, num_sequences
 

@@ -19,8 +19,8 @@ from typing import cast
 from tgi_compat.api.protocol.errors import TgiError, generation_error, incomplete_generation_error, validation_error
 from tgi_compat.api.protocol.tgi import FinishReason as TgiFinishReason
 from tgi_compat.api.protocol.tgi import PrefillToken, Token
-from tgi_compat.api.server.state import AppState
 from tgi_compat.api.serving.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.validation import ValidatedRequest
 from tgi_compat.router.client_api import EngineDeadError, RequestRejectedError
 from tgi_compat.router.outputs import TokenEvent, TopToken

@@ -13,11 +13,11 @@ import random
 import uuid
 from dataclasses import dataclass
 
-from tgi_compat.api.cli.config import ServingLimits
+from tgi_compat.api.config import ServingLimits
 from tgi_compat.api.lightllm.features import RequestFeatures
 from tgi_compat.api.protocol.errors import validation_error
+from tgi_compat.api.protocol.grammar import ResponseFormat, grammar_spec
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
-from tgi_compat.api.serving.grammar import ResponseFormat, grammar_spec
 from tgi_compat.router.request import GenerateRequest as EngineRequest
 from tgi_compat.router.request import GrammarSpec, SamplingParams
 

@@ -21,14 +21,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tgi_compat.api.protocol.answers import JsonAnswer
 from tgi_compat.api.protocol.errors import BodyRejection, TgiError, syntax_message
+from tgi_compat.api.protocol.grammar import ResponseFormat
 from tgi_compat.api.protocol.openai import ChatRequest
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
-from tgi_compat.api.server.state import AppState, get_state
 from tgi_compat.api.serving import accounting
-from tgi_compat.api.serving.chat_request import chat_parameters, chat_template, render_prompt
-from tgi_compat.api.serving.chat_template import ChatTemplate
+from tgi_compat.api.serving.chat.request import chat_parameters, chat_template, render_prompt
+from tgi_compat.api.serving.chat.template import ChatTemplate
 from tgi_compat.api.serving.frame import RequestFrame
-from tgi_compat.api.serving.grammar import ResponseFormat
+from tgi_compat.api.serving.state import AppState, get_state
 
 _REJECTED = "Failed to deserialize the JSON body into the target type: "
 

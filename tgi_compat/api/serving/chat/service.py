@@ -23,16 +23,16 @@ from fastapi import Request
 from tgi_compat.api.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.openai import ChatRequest
-from tgi_compat.api.protocol.openai_common import reported_cached_tokens, served_model_name, stream_error_event
+from tgi_compat.api.protocol.openai_common import stream_error_event
 from tgi_compat.api.protocol.sse import data_event, done_event
-from tgi_compat.api.server.state import AppState, get_state
-from tgi_compat.api.serving.chat_request import ChatPrompt, chat_parameters, chat_template, render_prompt, without_tools
-from tgi_compat.api.serving.chat_responses import chat_completion, token_chunk, tool_chunk, usage_chunk
-from tgi_compat.api.serving.chat_template import ChatTemplate
+from tgi_compat.api.serving.chat.request import ChatPrompt, chat_parameters, chat_template, render_prompt, without_tools
+from tgi_compat.api.serving.chat.responses import chat_completion, token_chunk, tool_chunk, usage_chunk
+from tgi_compat.api.serving.chat.template import ChatTemplate
+from tgi_compat.api.serving.chat.tools import StreamSignal, ToolStream, new_tool_call_id, parse_tool_answer
 from tgi_compat.api.serving.frame import Admitted, RequestFrame
 from tgi_compat.api.serving.responses import stream_headers, timing_headers
+from tgi_compat.api.serving.state import AppState, get_state
 from tgi_compat.api.serving.tokenization import simple_tokens
-from tgi_compat.api.serving.tools import StreamSignal, ToolStream, new_tool_call_id, parse_tool_answer
 
 
 class ChatService:
@@ -45,7 +45,7 @@ class ChatService:
         return cls(get_state(request), chat_template(request))
 
     def response_model(self, body: ChatRequest) -> str:
-        return served_model_name(self.state) if body.model in (None, "tgi") else body.model
+        return self.state.served_model_name if body.model in (None, "tgi") else body.model
 
     async def render(self, body: ChatRequest) -> ChatPrompt:
         return await asyncio.to_thread(render_prompt, self.template, body)  # Jinja: off the loop
@@ -78,7 +78,7 @@ class ChatService:
             frame.failed(error)
             return JsonAnswer.error(error)
         frame.succeeded(request, result)
-        cached = reported_cached_tokens(state, result.cached_tokens)
+        cached = state.reported_cached_tokens(result.cached_tokens)
         payload = chat_completion(self.response_model(body), result, bool(body.logprobs), tool_calls, cached)
         headers = timing_headers(
             frame.timings, request.input_length, result.generated_tokens, state.compute_type, prompt.text
@@ -125,7 +125,7 @@ class ChatService:
                 if step.result is not None:
                     frame.succeeded(admitted.request, step.result)
                     if body.stream_options.include_usage:
-                        cached = reported_cached_tokens(self.state, step.result.cached_tokens)
+                        cached = self.state.reported_cached_tokens(step.result.cached_tokens)
                         yield data_event(usage_chunk(model, step.result, cached))
 
     async def tokenize(self, body: ChatRequest) -> JsonAnswer:

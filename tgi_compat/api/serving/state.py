@@ -7,16 +7,13 @@ from typing import Any
 
 from fastapi import Request
 
-from tgi_compat.api.cli.config import ServerConfig, ServingLimits
+from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.observability.tracing import RequestTracer
-from tgi_compat.api.server.permits import PermitPool
+from tgi_compat.api.serving.permits import PermitPool
 from tgi_compat.api.serving.tokenization import TokenizerService
 from tgi_compat.router.client_api import EngineClient
 
 _NO_TRACER = RequestTracer()
-
-ROUTER_NAME = "text-generation-router"
-TGI_VERSION = "3.3.6-dev0"  # what /info reports for TGI v3.3.7 (contract header)
 
 
 @dataclass(slots=True)
@@ -42,6 +39,15 @@ class AppState:
         """The route's root span (a no-op context without --otlp-endpoint)."""
         tracer = self.tracer or _NO_TRACER
         return tracer.request_span(name, request.headers, **attributes)
+
+    @property
+    def served_model_name(self) -> str:
+        """`--served-model-name` when the config has it (ours), else the model id (TGI)."""
+        return self.config.served_model_name or self.model.model_id
+
+    def reported_cached_tokens(self, cached_tokens: int) -> int | None:
+        """The `cached_tokens` that usage reports: only with --enable-prompt-tokens-details."""
+        return cached_tokens if self.config.enable_prompt_tokens_details else None
 
     @property
     def compat_return_full_text(self) -> bool:

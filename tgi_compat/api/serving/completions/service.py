@@ -13,7 +13,7 @@ best_of > n keeps the n highest cumulative logprobs), `stream_options.include_us
 A prompt may be token ids (`[1, 2]`, `[[1, 2], [3]]`: what lm-eval sends); ids outside the vocabulary
 are a 422, and `echo` shows their decoded text. With `echo` and `logprobs: k`, every echoed prompt
 position but the first lists the prefill's k likeliest tokens. `response_format` constrains every
-choice as on chat (tgi_compat/api/serving/grammar.py).
+choice as on chat (tgi_compat/api/protocol/grammar.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from tgi_compat.api.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.api.protocol.errors import TgiError
 from tgi_compat.api.protocol.openai import CompletionRequest, Prompt
 from tgi_compat.api.protocol.openai_common import (
-    reported_cached_tokens,
-    served_model_name,
     stream_error_event,
     summed_headers,
     system_fingerprint,
@@ -44,8 +42,7 @@ from tgi_compat.api.protocol.openai_responses import (
 )
 from tgi_compat.api.protocol.sse import data_event, done_event
 from tgi_compat.api.protocol.tgi import dump_json
-from tgi_compat.api.server.state import AppState, get_state
-from tgi_compat.api.serving.completion_request import (
+from tgi_compat.api.serving.completions.request import (
     Fanout,
     OpenAILogprobs,
     check_request,
@@ -56,6 +53,7 @@ from tgi_compat.api.serving.completion_request import (
 from tgi_compat.api.serving.frame import RequestFrame
 from tgi_compat.api.serving.generation import GenerationResult
 from tgi_compat.api.serving.responses import stream_headers, timing_headers
+from tgi_compat.api.serving.state import AppState, get_state
 
 
 class CompletionService:
@@ -139,10 +137,10 @@ async def _completions_json(state: AppState, body: CompletionRequest, fanout: Fa
             cached_tokens += result.cached_tokens
     payload = TextCompletion(
         created=unix_now(),
-        model=served_model_name(state),
+        model=state.served_model_name,
         system_fingerprint=system_fingerprint(),
         choices=choices,
-        usage=Usage.of(prompt_tokens, completion_tokens, reported_cached_tokens(state, cached_tokens)),
+        usage=Usage.of(prompt_tokens, completion_tokens, state.reported_cached_tokens(cached_tokens)),
     )
     return JsonAnswer(payload.to_dict(), summed_headers([o.headers for o in outcomes]))
 
@@ -176,7 +174,7 @@ async def _stream_sequence(
     state: AppState, body: CompletionRequest, prompt: Prompt, index: int, out: asyncio.Queue, totals: _UsageTotals
 ) -> None:
     """One sequence's events into `out`; errors become an OpenAI-route error event."""
-    model = served_model_name(state)
+    model = state.served_model_name
     frame = RequestFrame(state)
     want_logprobs = body.logprobs is not None
     try:
@@ -219,7 +217,7 @@ async def _stream_sequence(
                         Usage.of(
                             result.input_length,
                             result.generated_tokens,
-                            reported_cached_tokens(state, result.cached_tokens),
+                            state.reported_cached_tokens(result.cached_tokens),
                         ),
                     )
                 )
@@ -250,9 +248,9 @@ def _completions_stream(state: AppState, body: CompletionRequest, fanout: Fanout
                     continue
                 yield event
             if body.stream_options is not None and body.stream_options.include_usage:
-                cached = reported_cached_tokens(state, totals.cached_tokens)
+                cached = state.reported_cached_tokens(totals.cached_tokens)
                 usage = Usage.of(totals.prompt_tokens, totals.completion_tokens, cached)
-                yield _final_chunk(served_model_name(state), [], usage)
+                yield _final_chunk(state.served_model_name, [], usage)
             yield done_event()
         finally:
             for task in tasks:  # the client went away: stop generating for it

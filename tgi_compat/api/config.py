@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tgi_compat.api.lora_flags import parse_lora_module, parse_tgi_lora_adapters
 from tgi_compat.router.config import EngineConfig, LoraSource
 
 
@@ -145,8 +146,6 @@ class ServerConfig:
 
     @property
     def lora_sources(self) -> list[LoraSource]:
-        from tgi_compat.api.cli.lora_flags import parse_lora_module, parse_tgi_lora_adapters
-
         tgi = parse_tgi_lora_adapters(self.lora_adapters) if self.lora_adapters else []
         return tgi + [parse_lora_module(module) for module in self.lora_modules]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from tgi_compat.api.server.state import get_state
+from tgi_compat.api.serving.state import get_state
 
 
 class Unauthorized(Exception):

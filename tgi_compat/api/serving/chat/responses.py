@@ -27,8 +27,8 @@ from tgi_compat.api.protocol.openai_responses import (
     Usage,
 )
 from tgi_compat.api.protocol.tgi import Token, dump_json
+from tgi_compat.api.serving.chat.tools import ToolDelta
 from tgi_compat.api.serving.generation import GenerationResult, TokenStep
-from tgi_compat.api.serving.tools import ToolDelta
 
 
 def _logprob_entry(token: Token, top_tokens: list[Token], text: str | None = None) -> ChatLogprob:

@@ -13,8 +13,8 @@ from tgi_compat.api.protocol.openai import CompletionRequest
 from tgi_compat.api.protocol.openai_common import openai_finish_reason
 from tgi_compat.api.protocol.openai_responses import CompletionChoice
 from tgi_compat.api.protocol.tgi import GenerateParameters, PrefillToken, Token
-from tgi_compat.api.server.state import AppState
 from tgi_compat.api.serving.generation import GenerationResult
+from tgi_compat.api.serving.state import AppState
 
 # ---------------------------------------------------------------------------------- parameters
 

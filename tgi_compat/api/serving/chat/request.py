@@ -10,18 +10,18 @@ from typing import cast
 
 from fastapi import Request
 
+from tgi_compat.api.protocol.grammar import ResponseFormat
 from tgi_compat.api.protocol.openai import ChatRequest, Tool
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
-from tgi_compat.api.server.state import get_state
-from tgi_compat.api.serving.chat_template import (
+from tgi_compat.api.serving.chat.template import (
     ChatTemplate,
     load_chat_template,
     template_error,
     template_messages,
     tool_error,
 )
-from tgi_compat.api.serving.grammar import ResponseFormat
-from tgi_compat.api.serving.tools import select_tools, template_tools, tool_grammar, tool_prompt_text
+from tgi_compat.api.serving.chat.tools import select_tools, template_tools, tool_grammar, tool_prompt_text
+from tgi_compat.api.serving.state import get_state
 
 _NO_TEMPLATE = object()
 

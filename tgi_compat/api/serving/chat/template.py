@@ -30,7 +30,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tgi_compat.api.cli.config import ServerConfig
+from tgi_compat.api.config import ServerConfig
 from tgi_compat.api.protocol.errors import TgiError
 
 logger = logging.getLogger(__name__)

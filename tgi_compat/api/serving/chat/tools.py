@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgi_compat.api.protocol.grammar import serde_syntax
 from tgi_compat.api.protocol.openai import ChatRequest, FunctionDefinition, Tool
-from tgi_compat.api.serving.chat_template import ChatTemplate, compact_json, tool_error
-from tgi_compat.api.serving.grammar import serde_syntax
+from tgi_compat.api.serving.chat.template import ChatTemplate, compact_json, tool_error
 
 DEFAULT_TOOL_PROMPT = (
     "\nGiven the functions available, please respond with a JSON for a function call with its proper arguments "

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgi_compat.api.cli import launcher
-from tgi_compat.api.cli.config import ServerConfig
+from tgi_compat.api.config import ServerConfig
 
 # --mode values: LightLLM's kernel choices. The Triton attention ones are what our triton backend does.
 ATTENTION_MODES = {"triton_flashdecoding", "triton_gqa_flashdecoding", "triton_gqa_attention"}

@@ -1,0 +1,93 @@
+"""The project's imports point one way (docs/architecture.md §1), asserted over every module's imports.
+
+Layers, top to bottom: the `python -m` entry shims; in the API, cli → server → routes → serving → lightllm →
+{protocol, observability} → config; then the engine, router → modeling → kernels. A module may import its own
+layer's modules and any lower layer's, never a higher one's nor a sibling layer's. Lazy and TYPE_CHECKING
+imports count too: a cycle hidden inside a function is still a cycle. Counted from the source with `ast`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "tgi_compat"
+
+# (module prefix, rank): the longest matching prefix names a module's layer.
+LAYERS = {
+    "tgi_compat.launcher": 11,
+    "tgi_compat.api_server": 11,
+    "tgi_compat.openai_server": 11,
+    "tgi_compat.quantize": 11,
+    "tgi_compat.api.cli": 10,
+    "tgi_compat.api.server": 9,
+    "tgi_compat.api.routes": 8,
+    "tgi_compat.api.serving": 7,
+    "tgi_compat.api.lightllm": 6,
+    "tgi_compat.api.protocol": 5,
+    "tgi_compat.api.observability": 5,
+    "tgi_compat.api.config": 4,
+    "tgi_compat.api.lora_flags": 3,
+    "tgi_compat.router": 2,
+    "tgi_compat.modeling": 1,
+    "tgi_compat.kernels": 0,
+}
+
+
+def layer_of(module: str) -> str | None:
+    matches = [prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("tgi_compat.")}
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+PACKAGES = ("tgi_compat", "tgi_compat.api")  # their __init__ modules import nothing
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in map(module_name, MODULES) if layer_of(m) is None and m not in PACKAGES] == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_imports_point_down(path: Path) -> None:
+    own = layer_of(module_name(path))
+    if own is None:
+        return  # a package's __init__ (test_every_module_has_a_layer)
+    wrong = []
+    for name in sorted(imports_of(path)):
+        target = layer_of(name)
+        if target is None or target == own:
+            continue
+        if LAYERS[target] >= LAYERS[own]:
+            wrong.append(f"{name} ({target}, rank {LAYERS[target]})")
+    assert not wrong, f"{own} (rank {LAYERS[own]}) imports upward or sideways: {wrong}"
+
+
+def test_the_checker_sees_a_violation() -> None:
+    """The checker itself: the serving module that imports protocol would be caught the other way round."""
+    frame = PACKAGE / "api" / "serving" / "frame.py"
+    targets = {layer_of(name) for name in imports_of(frame)}
+    assert "tgi_compat.api.protocol" in targets and "tgi_compat.api.lightllm" in targets
+    assert LAYERS["tgi_compat.api.serving"] > LAYERS["tgi_compat.api.protocol"]

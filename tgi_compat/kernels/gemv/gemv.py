@@ -158,8 +158,7 @@ def _prologue_alone(
 
 
 def _int4_weight(weight: torch.Tensor | QuantizedWeight) -> QuantizedWeight | None:
-    # (not isinstance QuantizedWeight: tests reload the kernel modules)
-    return None if isinstance(weight, torch.Tensor) or weight.format != WEIGHT_INT4 else weight
+    return weight if isinstance(weight, QuantizedWeight) and weight.format == WEIGHT_INT4 else None
 
 
 def _or_x(tensor: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:

@@ -239,6 +239,12 @@ def test_echoed_top_logprobs_are_the_prefill_top_k(oai, reference, tokenizer):
         served = logprobs.top_logprobs[position]
         assert served.keys() == wanted.keys(), position
         assert list(served.values()) == pytest.approx([wanted[t] for t in served], abs=1e-3), position
+    with oai.completions.create(
+        model="tgi", prompt=ids, temperature=0, max_tokens=1, echo=True, logprobs=k, stream=True
+    ) as stream:
+        echoed = next(iter(stream)).choices[0].logprobs  # a stream's echo chunk carries the same scores
+    assert echoed.tokens == logprobs.tokens[: len(ids)]
+    assert echoed.top_logprobs[1:] == logprobs.top_logprobs[1 : len(ids)]
 
 
 MULTIPLE_CHOICE = [  # transformers' greedy choice is among them for three of the four

@@ -92,10 +92,25 @@ async def test_echo_and_openai_logprobs(client, engine, tokenizer):
     assert logprobs["text_offset"] == [0, 5, 11, 17]
 
 
+async def test_streamed_echo_carries_the_prompts_logprobs(client, engine, tokenizer):
+    body = {"prompt": "Hello world", "temperature": 0, "echo": True, "logprobs": 1, "max_tokens": 2, "stream": True}
+    events = [json.loads(p) for p in sse_payloads((await client.post("/v1/completions", json=body)).text)[:-1]]
+    echoed, first, last = (event["choices"][0] for event in events)
+    likeliest = tokenizer.token_text(engine.requests[0].prompt_ids[1] + 1)
+    assert echoed["text"] == "Hello world"
+    assert echoed["logprobs"] == {
+        "tokens": ["Hello", " world"],
+        "token_logprobs": [None, -1.0],
+        "top_logprobs": [None, {likeliest: -0.25, " world": -1.0}],
+        "text_offset": [0, 5],
+    }
+    assert (first["text"], first["logprobs"]["text_offset"], last["logprobs"]["text_offset"]) == (" Paris", [11], [17])
+
+
 async def test_prompt_top_k_costs_nothing_unless_echoed(client, engine):
-    for body in ({"logprobs": 2}, {"echo": True}, {}):
+    for body in ({"logprobs": 2}, {"echo": True}, {"echo": True, "stream": True}, {}):
         await client.post("/v1/completions", json={"prompt": "Hello world", "temperature": 0, "max_tokens": 1, **body})
-    assert [(r.prompt_logprobs, r.prompt_top_n) for r in engine.requests] == [(False, 0)] * 3
+    assert [(r.prompt_logprobs, r.prompt_top_n) for r in engine.requests] == [(False, 0)] * 4
 
 
 async def test_logprobs_without_echo_lists_alternatives(client):

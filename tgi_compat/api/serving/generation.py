@@ -71,6 +71,14 @@ class GenerationResult:
 
 
 @dataclass(slots=True)
+class PromptScores:
+    """The prompt's logprobs (first None) and the top alternatives at each of its positions."""
+
+    prefill: list[PrefillToken]
+    top_tokens: list[list[Token]]
+
+
+@dataclass(slots=True)
 class TokenStep:
     """One generated token; `result` is set on the last one."""
 
@@ -78,6 +86,7 @@ class TokenStep:
     token: Token
     top_tokens: list[Token]
     result: GenerationResult | None = None
+    prompt: PromptScores | None = None  # on the first step of a request that scores its prompt
 
 
 def _token(state: AppState, token_id: int, text: str, logprob: float | None) -> Token:
@@ -161,6 +170,8 @@ class _Sequence:
             if finish is None and self.stops and self.stops.push(text):
                 finish = FinishReason.STOP_TOKEN.value  # TGI checks stop strings after length and EOS
             step = TokenStep(index=len(tokens), token=token, top_tokens=alternatives)
+            if len(tokens) == 1 and self.prefill:
+                step.prompt = PromptScores(self.prefill, self.prefill_top_tokens)
             steps.append(step)
             if finish is not None:
                 step.result = self._finish(event, finish)

@@ -12,7 +12,8 @@ best_of > n keeps the n highest cumulative logprobs), `stream_options.include_us
 `logit_bias` (token id -> bias in [-100, 100]) is added to the raw logits before every processor.
 A prompt may be token ids (`[1, 2]`, `[[1, 2], [3]]`: what lm-eval sends); ids outside the vocabulary
 are a 422, and `echo` shows their decoded text. With `echo` and `logprobs: k`, every echoed prompt
-position but the first lists the prefill's k likeliest tokens. `response_format` constrains every
+position but the first lists the prefill's k likeliest tokens (on streams in the echo's chunk, which then
+comes with the first token). `response_format` constrains every
 choice as on chat (tgi_compat/api/protocol/grammar.py).
 """
 
@@ -51,7 +52,7 @@ from tgi_compat.api.serving.completions.request import (
     cumulative_logprob,
 )
 from tgi_compat.api.serving.frame import RequestFrame
-from tgi_compat.api.serving.generation import GenerationResult
+from tgi_compat.api.serving.generation import GenerationResult, PromptScores
 from tgi_compat.api.serving.responses import stream_headers, timing_headers
 from tgi_compat.api.serving.state import AppState, get_state
 
@@ -160,6 +161,16 @@ def _final_chunk(model: str, choices: list[CompletionChoice], usage: Usage) -> b
     return data_event(dump_json(final.to_dict()))
 
 
+def _echoed(index: int, text: str, scores: PromptScores | None) -> CompletionStreamChoice:
+    """The echoed prompt's chunk, with its logprobs when it was scored."""
+    logprobs = None
+    if scores is not None:
+        builder = OpenAILogprobs()
+        builder.add_prompt(scores.prefill, scores.top_tokens)
+        logprobs = builder.value
+    return CompletionStreamChoice(index=index, text=text, logprobs=logprobs, finish_reason="")
+
+
 _DONE = object()
 
 
@@ -179,13 +190,15 @@ async def _stream_sequence(
     want_logprobs = body.logprobs is not None
     try:
         async with frame.admit(prompt, completion_parameters(body), grammar=body.response_format) as admitted:
-            offset = 0
-            if body.echo:
-                text = admitted.request.inputs
-                echoed = CompletionStreamChoice(index=index, text=text, logprobs=None, finish_reason="")
-                await out.put(_stream_chunk(model, echoed))
-                offset = len(text)
+            text = admitted.request.inputs
+            offset = len(text) if body.echo else 0
+            if body.echo and body.logprobs is not None:  # the echo waits for the prompt's scores (first event)
+                admitted.request.score_prompt(body.logprobs)
+            elif body.echo:
+                await out.put(_stream_chunk(model, _echoed(index, text, None)))
             async for step in admitted.stream():
+                if body.echo and step.prompt is not None:
+                    await out.put(_stream_chunk(model, _echoed(index, text, step.prompt)))
                 logprobs = None
                 if want_logprobs:
                     builder = OpenAILogprobs(offset)

@@ -1,0 +1,138 @@
+"""Hostile clients against the real launcher, answered as TGI 3.3 answers them (issue 37): request heads
+past hyper's limits, slowloris, and routing corners. Each leaves the server healthy, its permits free and
+its KV cache empty (harness.assert_sound).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psutil
+from harness import assert_sound
+
+from tgi_compat.api.server.http_protocol import HEAD_READ_TIMEOUT_S, MAX_HEAD_BYTES
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _exchange(url: str, request: bytes, timeout: float = 60) -> bytes:
+    """Send `request` on a new connection (the server may close it before all is sent) and return what
+    the server answers until it closes the connection."""
+    with socket.create_connection(_address(url), timeout=timeout) as sock:
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused mid-way: its answer is already on its way
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        return answer
+
+
+def _head(headers: list[bytes], path: bytes = b"/health") -> bytes:
+    return b"GET " + path + b" HTTP/1.1\r\n" + b"".join(h + b"\r\n" for h in headers) + b"connection: close\r\n\r\n"
+
+
+def _rss(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+# ------------------------------------------------------------------------------------ request heads
+
+
+def test_heads_past_hypers_limits_get_431_and_a_closed_connection(server):
+    url = server.base_url
+    huge_value = _exchange(url, _head([b"host: a", b"x-big: " + b"v" * (16 << 20)]))
+    assert huge_value.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert b"content-length: 0\r\n" in huge_value and huge_value.endswith(b"\r\n\r\n")  # no body, then closed
+    many = [b"host: a"] + [b"x-h%d: v" % i for i in range(20_000)]
+    assert _exchange(url, _head(many)).startswith(b"HTTP/1.1 431 ")
+    # 100 headers pass (with connection: close, the 100th), 101 do not
+    hundred = [b"host: a"] + [b"x-h%d: v" % i for i in range(98)]
+    assert _exchange(url, _head(hundred)).startswith(b"HTTP/1.1 200 OK\r\n")
+    assert _exchange(url, _head([*hundred, b"x-one-more: v"])).startswith(b"HTTP/1.1 431 ")
+    # a head of exactly MAX_HEAD_BYTES passes, one byte more does not
+    exact = _head([b"host: a", b"x-pad: "])
+    fits = _head([b"host: a", b"x-pad: " + b"v" * (MAX_HEAD_BYTES - len(exact))])
+    assert len(fits) == MAX_HEAD_BYTES and _exchange(url, fits).startswith(b"HTTP/1.1 200 OK\r\n")
+    over = _head([b"host: a", b"x-pad: " + b"v" * (MAX_HEAD_BYTES - len(exact) + 1)])
+    assert _exchange(url, over).startswith(b"HTTP/1.1 431 ")
+    assert_sound(url)
+
+
+def test_thirty_unfinished_huge_heads_do_not_grow_the_api_process(server):
+    url = server.base_url
+    before = _rss(server.process.pid)
+    never_ends = b"POST /generate HTTP/1.1\r\nhost: a\r\nx-big: " + b"v" * (16 << 20)  # no end of head
+    with ThreadPoolExecutor(30) as pool:
+        answers = list(pool.map(lambda _: _exchange(url, never_ends), range(30)))
+    assert all(answer.startswith(b"HTTP/1.1 431 ") for answer in answers)
+    growth = _rss(server.process.pid) - before
+    assert growth < 64 << 20, f"the API process grew by {growth / 2**20:.0f} MiB"
+    assert_sound(url)
+
+
+def test_slowloris_connections_are_closed_after_the_head_read_timeout(server):
+    url = server.base_url
+    sockets = [socket.create_connection(_address(url), timeout=HEAD_READ_TIMEOUT_S + 15) for _ in range(50)]
+    opened = time.monotonic()
+    closed_after: list[float] = []
+
+    def trickle(sock: socket.socket) -> None:  # a byte a second: never a whole head
+        try:
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: a\r\n")
+            while time.monotonic() - opened < HEAD_READ_TIMEOUT_S + 10:
+                sock.sendall(b"x")
+                time.sleep(1.0)
+        except OSError:
+            pass
+
+    def wait_closed(sock: socket.socket) -> None:
+        try:
+            assert sock.recv(100) == b""  # closed without an answer, as hyper does
+        except ConnectionResetError:
+            pass
+        closed_after.append(time.monotonic() - opened)
+
+    threads = [threading.Thread(target=f, args=(s,)) for s in sockets for f in (trickle, wait_closed)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2)
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # others are served meanwhile
+    for thread in threads:
+        thread.join()
+    for sock in sockets:
+        sock.close()
+    assert len(closed_after) == 50
+    assert HEAD_READ_TIMEOUT_S - 1 < min(closed_after) and max(closed_after) < HEAD_READ_TIMEOUT_S + 5, closed_after
+    assert_sound(url)
+
+
+# ---------------------------------------------------------------------------------- routing corners
+
+
+def test_a_trailing_slash_is_another_path(server):
+    url = server.base_url
+    for method, path in [("POST", "/generate/"), ("POST", "/v1/chat/completions/"), ("GET", "/health/")]:
+        response = httpx.request(method, f"{url}{path}", json={"inputs": "Hi"}, follow_redirects=False)
+        assert (response.status_code, response.content) == (404, b""), path  # axum: no redirect
+
+
+def test_options_is_a_cors_preflight_on_any_path_as_in_tgi(server):
+    """tower-http 0.5's CorsLayer answers every OPTIONS itself (it checks only the method), and axum 0.7's
+    Router::layer puts it in front of the 404 and 405 fallbacks too: TGI answers 200 on any path."""
+    for path in ("/nope", "/generate", "/health"):
+        response = httpx.options(f"{server.base_url}{path}")
+        assert (response.status_code, response.content) == (200, b"")
+        assert response.headers["access-control-allow-methods"] == "GET,POST"
+        assert response.headers["access-control-allow-origin"] == "*"

@@ -1,6 +1,6 @@
 """Hostile clients against the real launcher, answered as TGI 3.3 answers them (issue 37): request heads
-past hyper's limits, slowloris, and routing corners. Each leaves the server healthy, its permits free and
-its KV cache empty (harness.assert_sound).
+past hyper's limits, slowloris, routing corners, JSON that serde_json refuses and f32 parameters. Each
+leaves the server healthy, its permits free and its KV cache empty (harness.assert_sound).
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
+import pytest
 from harness import assert_sound
 
 from tgi_compat.api.server.http_protocol import HEAD_READ_TIMEOUT_S, MAX_HEAD_BYTES
+
+BODY_400 = "Failed to parse the request body as JSON: "
+BODY_422 = "Failed to deserialize the JSON body into the target type: "
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -136,3 +140,87 @@ def test_options_is_a_cors_preflight_on_any_path_as_in_tgi(server):
         assert (response.status_code, response.content) == (200, b"")
         assert response.headers["access-control-allow-methods"] == "GET,POST"
         assert response.headers["access-control-allow-origin"] == "*"
+
+
+# ------------------------------------------------------------------------------------- serde's JSON
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "text"),
+    [
+        (b'{"inputs":"Hi","inputs":"Hello"}', 422, BODY_422 + "duplicate field `inputs`"),
+        (
+            b'{"inputs":"Hi","parameters":{"max_new_tokens":1,"max_new_tokens":500}}',
+            422,
+            BODY_422 + "parameters: duplicate field `max_new_tokens`",
+        ),
+        (b'{"inputs":"Hi","parameters":{"temperature":NaN}}', 400, BODY_400 + "expected value at line 1 column 44"),
+        (
+            b'{"inputs":"Hi","parameters":{"temperature":Infinity}}',
+            400,
+            BODY_400 + "expected value at line 1 column 44",
+        ),
+        (b'{"inputs":"Hi","parameters":{"top_p":-Infinity}}', 400, BODY_400 + "invalid number at line 1 column 39"),
+        (b'\xef\xbb\xbf{"inputs":"Hi"}', 400, BODY_400 + "expected value at line 1 column 1"),
+        (b'{"inputs":"Hi \\ud83d\\ude00 \\ud800"}', 400, BODY_400 + "unexpected end of hex escape at line 1 column 34"),
+        (
+            b'{"inputs":"Hi","parameters":{"stop":["\\udc00"]}}',
+            400,
+            BODY_400 + "lone leading surrogate in hex escape at line 1 column 44",
+        ),
+        (
+            b'{"inputs":"Hi","parameters":{"max_new_tokens":1e999}}',
+            400,
+            BODY_400 + "number out of range at line 1 column 51",
+        ),
+    ],
+)
+def test_json_is_read_as_serde_reads_it(server, body, status, text):
+    for route in ("/generate", "/generate_stream"):  # refused before any stream starts, as axum does
+        response = httpx.post(f"{server.base_url}{route}", content=body, headers={"content-type": "application/json"})
+        assert (response.status_code, response.text) == (status, text)
+        assert response.headers["content-type"].startswith("text/plain")
+
+
+def test_serde_leaves_alone_what_it_ignores(server):
+    """A key serde ignores may repeat; an emoji's escaped surrogate pair is one character."""
+    url = server.base_url
+    body = b'{"inputs":"Hi \\ud83d\\ude00","parameters":{"max_new_tokens":2},"extra":1,"extra":2}'
+    response = httpx.post(f"{url}/generate", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    chat = b'{"messages":[{"role":"user","content":"Hi"}],"messages":[],"max_tokens":2}'
+    refused = httpx.post(f"{url}/v1/chat/completions", content=chat, headers={"content-type": "application/json"})
+    assert (refused.status_code, refused.text) == (422, BODY_422 + "duplicate field `messages`")
+    assert_sound(url)
+
+
+# ----------------------------------------------------------------------------------- f32 parameters
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"temperature": 1e-320}, "`temperature` must be strictly positive"),  # 0 in f32
+        ({"temperature": 1e-46}, "`temperature` must be strictly positive"),  # under f32's smallest
+        ({"repetition_penalty": 1e-320}, "`repetition_penalty` must be strictly positive"),
+        ({"top_p": 0.99999999}, "`top_p` must be > 0.0 and < 1.0"),  # 1.0 in f32
+        ({"top_p": 1e-46}, "`top_p` must be > 0.0 and < 1.0"),
+        ({"typical_p": 0.99999999}, "`typical_p` must be > 0.0 and < 1.0"),
+    ],
+)
+def test_float_parameters_are_validated_as_tgis_f32(server, parameters, message):
+    body = {"inputs": "Hi", "parameters": {**parameters, "max_new_tokens": 2}}
+    response = httpx.post(f"{server.base_url}/generate", json=body, timeout=60)
+    assert (response.status_code, response.json()) == (
+        422,
+        {"error": f"Input validation error: {message}", "error_type": "validation"},
+    )
+
+
+def test_f32_values_tgi_accepts_are_served(server):
+    url = server.base_url
+    edge = {"inputs": "Hi", "parameters": {"frequency_penalty": 2.00000001, "max_new_tokens": 2}}  # 2.0 in f32
+    assert httpx.post(f"{url}/generate", json=edge, timeout=60).status_code == 200
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 1e-320, "max_tokens": 2}  # 0: greedy
+    assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).status_code == 200
+    assert_sound(url)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from tgi_compat.api.protocol.errors import BodyRejection, validation_error
+from tgi_compat.api.protocol.serde import SerdeModel, SerdeSyntaxError, loads
 from tgi_compat.api.protocol.tgi import GrammarType
 from tgi_compat.router.request import GrammarKind, GrammarSpec
 
@@ -28,7 +29,7 @@ NOT_SUPPORTED = "grammar is not supported"
 NO_PROPERTIES = "Grammar must have a 'properties' field"
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(SerdeModel):
     """The chat `response_format`: TGI's GrammarType, `value` optional for `json_object`."""
 
     model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
@@ -114,7 +115,9 @@ def _json_value(value: Any) -> Any:
     if not isinstance(value, str):
         raise validation_error(NOT_SUPPORTED)
     try:
-        return json.loads(value)
+        return loads(value.encode())  # serde_json's reading (no NaN, no number past f64)
+    except SerdeSyntaxError as error:
+        raise validation_error(f"grammar is not valid: {error}") from None
     except json.JSONDecodeError as error:
         raise validation_error(f"grammar is not valid: {serde_syntax(error)}") from None
     except RecursionError:

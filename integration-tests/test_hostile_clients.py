@@ -1,6 +1,6 @@
 """Hostile clients against the real launcher, answered as TGI 3.3 answers them (issue 37): request heads
-past hyper's limits, slowloris, routing corners, JSON that serde_json refuses and f32 parameters. Each
-leaves the server healthy, its permits free and its KV cache empty (harness.assert_sound).
+past hyper's limits, slowloris, routing corners, JSON that serde_json refuses, f32 parameters and NaN
+scores. Each leaves the server healthy, its permits free and its KV cache empty (harness.assert_sound).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psutil
 import pytest
-from harness import assert_sound
+from harness import CHAT_PROMPT, assert_sound
 
 from tgi_compat.api.server.http_protocol import HEAD_READ_TIMEOUT_S, MAX_HEAD_BYTES
 
@@ -194,7 +194,7 @@ def test_serde_leaves_alone_what_it_ignores(server):
     assert_sound(url)
 
 
-# ----------------------------------------------------------------------------------- f32 parameters
+# ----------------------------------------------------------------------- f32 parameters, NaN scores
 
 
 @pytest.mark.parametrize(
@@ -223,4 +223,23 @@ def test_f32_values_tgi_accepts_are_served(server):
     assert httpx.post(f"{url}/generate", json=edge, timeout=60).status_code == 200
     chat = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 1e-320, "max_tokens": 2}  # 0: greedy
     assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).status_code == 200
+    assert_sound(url)
+
+
+def test_a_request_whose_scores_turn_nan_fails_alone(server):
+    """repetition_penalty 1e-45 is f32's smallest positive value, which TGI accepts: the prompt tokens'
+    positive scores divided by it overflow to inf, and a row holding inf has a NaN log-softmax. That
+    request ends with an error instead of a token read from NaNs; the one beside it is served."""
+    url = server.base_url
+    nan = {"inputs": CHAT_PROMPT, "parameters": {"repetition_penalty": 1e-45, "max_new_tokens": 8}}
+    plain = {"inputs": CHAT_PROMPT, "parameters": {"max_new_tokens": 8}}
+    with ThreadPoolExecutor(2) as pool:
+        bad, good = pool.map(lambda body: httpx.post(f"{url}/generate", json=body, timeout=120), [nan, plain])
+    assert (bad.status_code, bad.json()) == (
+        424,
+        {"error": "Request failed during generation: the scores of the next token are NaN", "error_type": "generation"},
+    )
+    assert good.status_code == 200 and good.json()["generated_text"]
+    streamed = httpx.post(f"{url}/generate_stream", json=nan, timeout=120)
+    assert streamed.status_code == 200 and "the scores of the next token are NaN" in streamed.text
     assert_sound(url)

@@ -1,11 +1,17 @@
 """Hostile clients against the real launcher, answered as TGI 3.3 answers them (issue 37): request heads
 past hyper's limits, slowloris, routing corners, JSON that serde_json refuses, f32 parameters and NaN
-scores. Each leaves the server healthy, its permits free and its KV cache empty (harness.assert_sound).
+scores, and grammars that would cost more than their limits. Each leaves the server healthy, its
+permits free and its KV cache empty (harness.assert_sound).
+
+The grammar tests run on their own launcher, with a small compiled-grammar budget.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psutil
 import pytest
-from harness import CHAT_PROMPT, assert_sound
+from harness import CHAT_PROMPT, _free_port, _launcher_command, assert_sound, launched
 
 from tgi_compat.api.server.http_protocol import HEAD_READ_TIMEOUT_S, MAX_HEAD_BYTES
 
@@ -243,3 +249,145 @@ def test_a_request_whose_scores_turn_nan_fails_alone(server):
     streamed = httpx.post(f"{url}/generate_stream", json=nan, timeout=120)
     assert streamed.status_code == 200 and "the scores of the next token are NaN" in streamed.text
     assert_sound(url)
+
+
+# --------------------------------------------------------------------------------- grammar compiles
+
+GRAMMAR_CACHE_BYTES = 256 << 20  # one grammar may take an eighth: 32 MiB
+GRAMMAR_COMPILE_TIMEOUT_S = 15
+GRAMMAR_PERMITS = 4
+
+
+def _enum_schema(tag: str, count: int, length: int = 70) -> dict:
+    """An object with one enum property. Past about 90 KB of values xgrammar keeps a token mask per position:
+    1,300-1,500 values of 70 characters compile to 28-31 MiB, 2,000 to 41 MiB."""
+    values = [f"{tag}-{i}-" + "x" * length for i in range(count)]
+    return {"type": "object", "properties": {"choice": {"type": "string", "enum": values}}, "required": ["choice"]}
+
+
+def _constrained(schema: dict) -> dict:
+    return {"inputs": CHAT_PROMPT, "parameters": {"max_new_tokens": 3, "grammar": {"type": "json", "value": schema}}}
+
+
+@pytest.fixture(scope="module")
+def grammar_server():
+    command = [
+        *_launcher_command(_free_port()),
+        "--grammar-cache-bytes", str(GRAMMAR_CACHE_BYTES),
+        "--grammar-compile-timeout", str(GRAMMAR_COMPILE_TIMEOUT_S),
+        "--max-concurrent-requests", str(GRAMMAR_PERMITS),
+        "--payload-limit", str(16_000_000),  # room for the slow schemas
+    ]  # fmt: skip
+    with launched(command, {**os.environ}, "launcher-grammar-") as handle:
+        yield handle
+
+
+def _engine(server) -> psutil.Process:
+    launcher = psutil.Process(server.process.pid)
+    (engine,) = [p for p in launcher.children() if "resource_tracker" not in " ".join(p.cmdline())]
+    return engine
+
+
+def _compile_children(server) -> list[psutil.Process]:
+    return [p for p in _engine(server).children() if p.name() == "grammar-compile"]
+
+
+class PeakRss:
+    """The highest RSS of a process while the block runs (sampled every 20 ms)."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        self.process, self.peak = process, process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_distinct_large_schemas_keep_the_engine_within_its_grammar_budget(grammar_server):
+    url, engine = grammar_server.base_url, _engine(grammar_server)
+    small = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert httpx.post(f"{url}/generate", json=_constrained(small), timeout=300).status_code == 200  # compiler up
+    baseline = engine.memory_info().rss
+    growth: list[int] = []  # after each request
+    with PeakRss(engine) as rss:
+        for k in range(12):  # 28-31 MiB each (xgrammar's count): the budget keeps eight
+            schema = _enum_schema(f"s{k}", 1300 + 20 * k)
+            response = httpx.post(f"{url}/generate", json=_constrained(schema), timeout=300)
+            assert response.status_code == 200, response.text
+            growth.append(engine.memory_info().rss - baseline)
+    peak = rss.peak - baseline
+    print(
+        f"engine RSS {baseline >> 20} MiB, then + {[g >> 20 for g in growth]} MiB, peak +{peak >> 20} MiB",
+        file=sys.stderr,
+    )
+    max_grammar = GRAMMAR_CACHE_BYTES // 8
+    assert max(growth) < GRAMMAR_CACHE_BYTES * 3 // 2  # the kept grammars' RSS (xgrammar counts ~25% less)
+    assert max(growth[-3:]) - min(growth[-3:]) < max_grammar  # the budget is full: new grammars replace old ones
+    assert peak < GRAMMAR_CACHE_BYTES * 3 // 2 + 12 * max_grammar  # and one read back (~11x its size a moment)
+    assert_sound(url, GRAMMAR_PERMITS)
+
+
+def test_a_grammar_compiled_past_its_share_of_the_budget_is_refused(grammar_server):
+    schema = _enum_schema("big", 2000)
+    response = httpx.post(f"{grammar_server.base_url}/generate", json=_constrained(schema), timeout=300)
+    assert response.status_code == 422 and response.json()["error_type"] == "validation"
+    assert re.fullmatch(
+        r"Input validation error: cannot compile regex from schema: the compiled grammar takes 4\d MiB, "
+        r"more than the 32 MiB one grammar may take \(an eighth of --grammar-cache-bytes\)",
+        response.json()["error"],
+    )
+    assert_sound(grammar_server.base_url, GRAMMAR_PERMITS)
+
+
+def test_a_compile_past_its_timeout_is_refused_and_stopped(grammar_server):
+    url = grammar_server.base_url
+    started = time.monotonic()
+    response = httpx.post(f"{url}/generate", json=_constrained(_slow_schema("late")), timeout=300)
+    elapsed = time.monotonic() - started
+    assert (response.status_code, response.json()) == (
+        422,
+        {
+            "error": "Input validation error: cannot compile regex from schema: compiling it took longer than "
+            f"{GRAMMAR_COMPILE_TIMEOUT_S} s (--grammar-compile-timeout)",
+            "error_type": "validation",
+        },
+    )
+    assert elapsed < GRAMMAR_COMPILE_TIMEOUT_S + 15
+    assert_sound(url, GRAMMAR_PERMITS)
+
+
+def test_an_abandoned_compile_stops_at_once(grammar_server):
+    url = grammar_server.base_url
+    with ThreadPoolExecutor(1) as pool:  # a client that leaves after 8 s, while its grammar compiles
+        client = pool.submit(httpx.post, f"{url}/generate", json=_constrained(_slow_schema("gone")), timeout=8.0)
+        while not (children := _compile_children(grammar_server)):
+            time.sleep(0.1)
+        (compiling,) = children
+        with pytest.raises(httpx.ReadTimeout):
+            client.result()
+    left = time.monotonic()
+    while compiling.is_running() and compiling.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() - left < 2.0, "the abandoned compile still runs"
+        time.sleep(0.02)
+    print(f"abandoned compile stopped {time.monotonic() - left:.2f} s after its client left", file=sys.stderr)
+    time.sleep(15)  # its replacement loads, then idles: it compiles nothing nobody waits for
+    (replacement,) = _compile_children(grammar_server)
+    busy = sum(replacement.cpu_times()[:2])
+    time.sleep(2)
+    assert sum(replacement.cpu_times()[:2]) - busy < 0.1
+    assert_sound(url, GRAMMAR_PERMITS)
+
+
+def _slow_schema(tag: str) -> dict:
+    """An enum that compiles for minutes (far past the timeout on any machine): 6 MB of values."""
+    return _enum_schema(tag, 200_000, 20)

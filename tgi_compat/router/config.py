@@ -42,3 +42,7 @@ class EngineConfig:
     # Reuse the KV of cached prompt prefixes (tgi_compat/router/prefix_cache.py): TGI PREFIX_CACHING, vLLM
     # --enable-prefix-caching, LightLLM --use_dynamic_prompt_cache.
     prefix_caching: bool = True
+    # Grammar compiles (tgi_compat/router/grammar_compile.py): the bytes of compiled grammars kept for reuse
+    # (one may take an eighth of them), and the seconds one compile may take.
+    grammar_cache_bytes: int = 512 * 2**20
+    grammar_compile_timeout: float = 30.0

@@ -6,7 +6,9 @@ directory's conftest when `pytest tests integration-tests` runs in one process).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
 import socket
 import subprocess
 import sys
@@ -92,3 +94,29 @@ def launched(command: list[str], env: dict[str, str], log_prefix: str, stop_time
 
 def _port_of(command: list[str]) -> str:
     return command[command.index("--port") + 1]
+
+
+def metric(url: str, name: str) -> float:
+    """A series of /metrics (the first of that name; NaN when absent)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return float(match.group(1)) if match else float("nan")
+
+
+async def _statuses_at_once(url: str, count: int) -> list[int]:
+    body = {"inputs": "Count to ten: 1, 2,", "parameters": {"max_new_tokens": 16}}
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        responses = await asyncio.gather(*(client.post("/generate", json=body) for _ in range(count)))
+    return [response.status_code for response in responses]
+
+
+def assert_sound(url: str, permits: int = MAX_CONCURRENT_REQUESTS) -> None:
+    """What a hostile request must leave behind: /health answers 200, all `permits` are free (that many
+    requests at once, none refused with 429), and the engine goes idle with its KV cache empty."""
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    assert asyncio.run(_statuses_at_once(url, permits)) == [200] * permits
+    idle = ("tgi_batch_current_size", "tgi_queue_size", "vllm:kv_cache_usage_perc")
+    deadline = time.monotonic() + 15
+    while (gauges := {name: metric(url, name) for name in idle}) != dict.fromkeys(idle, 0.0):
+        assert time.monotonic() < deadline, f"the engine is not idle: {gauges}"
+        time.sleep(0.5)

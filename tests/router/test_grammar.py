@@ -65,6 +65,13 @@ def output(tokenizer, events) -> tuple[str, str]:
     return tokenizer.decode(ids, skip_special_tokens=True), events[-1].finish_reason
 
 
+def fresh_matcher(engine: EngineCore, spec: GrammarSpec):
+    """A new matcher of a grammar the engine compiled (and keeps)."""
+    import xgrammar
+
+    return xgrammar.GrammarMatcher(engine.grammar.compiled.get(spec))
+
+
 def json_spec(schema) -> GrammarSpec:
     return GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema))
 
@@ -108,7 +115,7 @@ def test_seeds_whose_noise_peaks_on_a_forbidden_token_follow_the_grammar(engine,
     events = run(engine, [*requests, GenerateRequest("plain", prompt, max_new_tokens=4)])
     for seed in seeds:
         ids = [i for event in events[f"s{seed}"] for i in event.token_ids]
-        matcher = engine.grammar.compiler.compile(ip)
+        matcher = fresh_matcher(engine, ip)
         assert all(matcher.accept_token(i) for i in ids), tokenizer.decode(ids)
 
 
@@ -117,7 +124,7 @@ def test_a_length_capped_answer_is_a_prefix_of_a_match(engine, tokenizer, spec):
     events = run(engine, [GenerateRequest("short", chat(tokenizer, "JSON?"), max_new_tokens=4, grammar=spec)])
     ids = [i for event in events["short"] for i in event.token_ids]
     assert events["short"][-1].finish_reason == "length" and len(ids) == 4
-    matcher = engine.grammar.compiler.compile(spec)
+    matcher = fresh_matcher(engine, spec)
     assert all(matcher.accept_token(i) for i in ids) and not matcher.is_terminated()
 
 
@@ -275,7 +282,7 @@ def test_extreme_parameters_never_leave_the_grammar(engine, tokenizer, caplog, e
     assert "outside its grammar" not in caplog.text
     for generate in requests:
         ids = [i for event in events[generate.request_id] for i in event.token_ids]
-        matcher = engine.grammar.compiler.compile(generate.grammar)
+        matcher = fresh_matcher(engine, generate.grammar)
         assert all(matcher.accept_token(i) for i in ids), (generate.request_id, ids)
         if generate.grammar is date:
             assert events[generate.request_id][-1].finish_reason == "eos_token", (generate.request_id, ids)

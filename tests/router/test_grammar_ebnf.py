@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 xgrammar = pytest.importorskip("xgrammar")
 
-from tgi_compat.router.grammar import grammar_ebnf  # noqa: E402
+from tgi_compat.router.grammar_compile import grammar_ebnf  # noqa: E402
 from tgi_compat.router.grammar_ebnf import fold_bounded_repetitions  # noqa: E402
 from tgi_compat.router.request import GrammarKind, GrammarSpec  # noqa: E402
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tgi_compat.router.grammar import GrammarBackend
+from tgi_compat.router.grammar_compile import CompileLimits
 
 xgrammar = pytest.importorskip("xgrammar")
 
@@ -30,6 +31,12 @@ def matcher(compiled, tokens: list[int]):
     return m
 
 
+# What GrammarBackend reads of its compiler (these tests compile their grammars themselves).
+COMPILER = SimpleNamespace(
+    vocab_size=len(VOCAB), stop_token_ids=[EOS], limits=CompileLimits(timeout_s=1.0, cache_bytes=0)
+)
+
+
 def constrained(m) -> SimpleNamespace:
     """What GrammarBackend.mask reads of a Request."""
     return SimpleNamespace(matcher=m, grammar_terminated=False)
@@ -40,7 +47,7 @@ def allowed(row: torch.Tensor) -> set[int]:
 
 
 def test_masks_are_compact_rows_with_their_row_index(compiled):
-    backend = GrammarBackend(SimpleNamespace(vocab_size=len(VOCAB), stop_token_ids=[EOS]), torch.device("cpu"))
+    backend = GrammarBackend(COMPILER, torch.device("cpu"))
     fresh, done, after_a = matcher(compiled, []), matcher(compiled, [1, EOS]), matcher(compiled, [1])
     requests = [constrained(m) for m in (fresh, None, done, after_a, None)]
     requests[2].grammar_terminated = True  # as GrammarBackend.advance sets it on the stop token
@@ -59,7 +66,7 @@ def test_masks_are_compact_rows_with_their_row_index(compiled):
 
 
 def test_the_scores_of_unconstrained_rows_are_left_alone(compiled):
-    backend = GrammarBackend(SimpleNamespace(vocab_size=len(VOCAB), stop_token_ids=[EOS]), torch.device("cpu"))
+    backend = GrammarBackend(COMPILER, torch.device("cpu"))
     requests = [constrained(m) for m in (None, matcher(compiled, [1]))]
     scores = torch.randn(2, len(VOCAB))
     masked = backend.mask(requests).apply(scores.clone())

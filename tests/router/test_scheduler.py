@@ -209,3 +209,18 @@ def test_max_waiting_tokens_holds_a_few_late_requests_back_for_that_many_decode_
     assert {c.request.request_id for c in plan.chunks if c.start == 0} == {"late2", "late3"}
     scheduler.update(plan, result_for(plan))
     run_to_completion(scheduler)
+
+
+def test_a_token_read_from_nan_scores_ends_its_request_with_an_error_and_no_other():
+    scheduler = make_scheduler()
+    scheduler.add(make_request("nan", max_new=4))
+    scheduler.add(make_request("fine", max_new=4))
+    plan = scheduler.schedule()
+    result = result_for(plan)
+    result.tokens[0].logprob = float("nan")  # what log-softmax gives a row holding a NaN or an inf
+    events = scheduler.update(plan, result)
+    assert [(e.request_id, e.token_ids, e.finish_reason, e.error) for e in events] == [
+        ("nan", [], "error", "the scores of the next token are NaN"),
+        ("fine", [100], None, None),
+    ]
+    assert [e.finish_reason for e in run_to_completion(scheduler)["fine"]][-1] == "length"

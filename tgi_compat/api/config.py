@@ -73,6 +73,8 @@ class ServerConfig:
     prefix_caching: bool = True  # TGI PREFIX_CACHING, vLLM --[no-]enable-prefix-caching
     enable_prompt_tokens_details: bool = False  # vLLM: OpenAI usage.prompt_tokens_details.cached_tokens
     disable_grammar_support: bool = False
+    grammar_cache_bytes: int = 512 * 2**20  # ours: compiled grammars kept for reuse (one may take an eighth)
+    grammar_compile_timeout: float = 30.0  # ours: seconds one grammar may take to compile
     watermark_gamma: float | None = None
     watermark_delta: float | None = None
     # --- HTTP server ---
@@ -136,6 +138,8 @@ class ServerConfig:
             master_port=self.master_port,
             prefix_caching=self.prefix_caching,
             overlap_scheduling=self.overlap_scheduling,
+            grammar_cache_bytes=self.grammar_cache_bytes,
+            grammar_compile_timeout=self.grammar_compile_timeout,
         )
         self._lora_into(engine)
         if self.max_batch_prefill_tokens is not None:

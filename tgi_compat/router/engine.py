@@ -93,7 +93,9 @@ class EngineCore:
         return cls(config, runner, runner.model_config, runner.lora)
 
     def close(self) -> None:
-        """Release what the runner holds beyond this process (the other tensor-parallel ranks)."""
+        """Release what lives beyond this process: the other tensor-parallel ranks, the grammar compiler."""
+        if self.grammar is not None:
+            self.grammar.shutdown()
         self.executor.runner.close()
 
     def add_request(self, params: GenerateRequest) -> None:
@@ -136,7 +138,7 @@ class EngineCore:
             self.scheduler.abort(request_id)
 
     def has_unfinished(self) -> bool:
-        compiling = self.grammar is not None and self.grammar.num_compiling > 0
+        compiling = self.grammar is not None and self.grammar.num_waiting > 0
         return self.scheduler.has_unfinished() or self._in_flight is not None or compiling or bool(self._pending_events)
 
     def step(self) -> list[TokenEvent]:
@@ -203,9 +205,13 @@ class EngineCore:
         """Built lazily: servers that never constrain never load xgrammar or scan the vocabulary."""
         if self.grammar is None:
             from tgi_compat.router.grammar import GrammarBackend, GrammarCompiler
+            from tgi_compat.router.grammar_compile import CompileLimits
 
             config = self.config
-            compiler = GrammarCompiler(lambda: _load_tokenizer(config), self.info.vocab_size, self.info.eos_token_ids)
+            limits = CompileLimits(config.grammar_compile_timeout, config.grammar_cache_bytes)
+            compiler = GrammarCompiler(
+                lambda: _load_tokenizer(config), self.info.vocab_size, self.info.eos_token_ids, limits
+            )
             self.grammar = self.executor.grammar = GrammarBackend(compiler, self.executor.device)
         return self.grammar
 

@@ -3,7 +3,10 @@
 The API sends a GrammarSpec (kind + text) inside the engine request; everything tokenizer-bound
 lives here, in the engine process:
 
-    add_request --submit--> compile pool (xgrammar's cache; the step loop never waits on it)
+    add_request --submit--> compiled grammars (LRU, --grammar-cache-bytes) or the compile thread, which
+                            compiles in a child process (tgi_compat/router/grammar_compile.py: one at a time,
+                            stopped at --grammar-compile-timeout or when no request waits for it any more);
+                            requests with the same spec share one compile; the step loop never waits on it
     step: take_compiled() -> ready requests join the scheduler's queue, failures finish at once
           advance(plan, result) -> each matcher accepts its request's sampled token
           mask(rows) -> [R, ceil(V/32)] int32 for the R constrained rows (+ their row index), filled by
@@ -21,15 +24,15 @@ so a finished answer ends with TGI's `eos_token` and a capped one is a prefix wi
 Batches without a constrained request never reach this module. The backend itself is built on the
 first grammar request: servers that never constrain pay nothing, not even the vocabulary scan.
 Specs are compiled from xgrammar's EBNF with their bounded repetitions folded (tgi_compat/router/grammar_ebnf.py).
+The engine holds at most --grammar-cache-bytes of compiled grammars besides those its running requests use.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -37,17 +40,23 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tgi_compat.router.grammar_ebnf import fold_bounded_repetitions
+from tgi_compat.router.grammar_compile import (
+    CompileLimits,
+    CompileProcess,
+    GrammarCompileError,
+    compile_error_message,
+    return_freed_memory,
+)
 from tgi_compat.router.outputs import TokenEvent
-from tgi_compat.router.request import FinishReason, GrammarKind, GrammarSpec, Request
+from tgi_compat.router.request import FinishReason, GrammarSpec, Request
 from tgi_compat.router.step import StepPlan, StepResult
 
 if TYPE_CHECKING:
     import xgrammar
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
-COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the GIL while compiling
 # JSON comes out with single spaces after `,` and `:` (outlines, which TGI uses, allows one optional
 # space there and no newlines), so a small model cannot pad an answer with blanks forever; strict
 # mode closes objects to their listed properties, as outlines' regexes do.
@@ -64,7 +73,9 @@ COMPILE_THREADS = 2  # compiles run beside the step loop; xgrammar releases the 
 SINGLE_THREAD_FILL_ROWS = 64
 MAX_FILL_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) // 2))  # 8 threads lost to 4 at every size
 IDLE_WAIT_S = 0.005  # how long an otherwise idle engine sleeps on pending compiles per turn
-_CPP_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[12:00:00] /project/cpp/x.cc:83: " prefix
+# A grammar read back from more JSON than this returns the parse's freed memory to the system (a 27 MiB
+# JSON took +350 MiB while read, +42 MiB after return_freed_memory; small ones free next to nothing).
+RETURN_FREED_MEMORY_BYTES = 1 << 20
 
 
 def fill_threads(num_rows: int) -> int:
@@ -72,66 +83,81 @@ def fill_threads(num_rows: int) -> int:
     return 1 if num_rows <= SINGLE_THREAD_FILL_ROWS else MAX_FILL_THREADS
 
 
-class GrammarCompileError(ValueError):
-    """The spec does not compile; the message is what the client sees after TGI's prefix."""
-
-
-def compile_error_message(spec: GrammarSpec, error: Exception) -> str:
-    """TGI's texts: a schema that cannot be turned into a regex, or an invalid grammar."""
-    detail = _CPP_LOCATION.sub("", str(error).strip()).strip()
-    if spec.kind is GrammarKind.REGEX:
-        return f"grammar is not valid: {detail}"
-    return f"cannot compile regex from schema: {detail}"
-
-
 class GrammarCompiler:
-    """xgrammar's TokenizerInfo and compiler for one tokenizer, built on first use in a pool thread."""
+    """Specs compiled for one tokenizer in the compile process, read back here. The tokenizer is scanned on
+    the first compile (about a second). compile() runs in one thread at a time; cancel() from any."""
 
-    def __init__(self, load_tokenizer: Callable[[], object], vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        load_tokenizer: Callable[[], PreTrainedTokenizerBase],
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        limits: CompileLimits,
+    ) -> None:
         self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
-        self._lock = threading.Lock()
-        self._compiler = None
+        self.limits = limits
+        self._info: xgrammar.TokenizerInfo | None = None
+        self._process: CompileProcess | None = None
 
-    def _xgrammar_compiler(self):
-        with self._lock:
-            if self._compiler is None:
-                import xgrammar
-
-                started = time.perf_counter()
-                info = xgrammar.TokenizerInfo.from_huggingface(
-                    self._load_tokenizer(), vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
-                )
-                self._compiler = xgrammar.GrammarCompiler(info, max_threads=COMPILE_THREADS, cache_enabled=True)
-                logger.info("grammar compiler ready in %.2f s", time.perf_counter() - started)
-            return self._compiler
-
-    def compile(self, spec: GrammarSpec) -> xgrammar.GrammarMatcher:
-        """A fresh xgrammar.GrammarMatcher for the spec; GrammarCompileError when it does not compile."""
+    def compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
+        """The compiled grammar, once compiled (this blocks); GrammarCompileError, or CompileCancelled."""
         import xgrammar
 
-        compiler = self._xgrammar_compiler()
-        try:
-            if spec.kind is GrammarKind.ANY_JSON:
-                compiled = compiler.compile_builtin_json_grammar()
-            else:  # xgrammar's cache is keyed by the EBNF text, so a repeated spec compiles once
-                compiled = compiler.compile_grammar(grammar_ebnf(spec))
-        except (RuntimeError, ValueError, TypeError) as error:
-            raise GrammarCompileError(compile_error_message(spec, error)) from error
-        return xgrammar.GrammarMatcher(compiled)
+        if self._info is None or self._process is None:
+            started = time.perf_counter()
+            self._info = xgrammar.TokenizerInfo.from_huggingface(
+                self._load_tokenizer(), vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+            )
+            self._process = CompileProcess(self._info.serialize_json(), self.limits)
+            logger.info("grammar tokenizer info ready in %.2f s", time.perf_counter() - started)
+        serialized = self._process.compile(spec)
+        compiled = xgrammar.CompiledGrammar.deserialize_json(serialized, self._info)
+        if len(serialized) > RETURN_FREED_MEMORY_BYTES:
+            del serialized
+            return_freed_memory()
+        return compiled
+
+    def cancel(self, spec: GrammarSpec) -> None:
+        """Stop the compile of `spec` if it is running."""
+        if self._process is not None:
+            self._process.cancel(spec)
+
+    def shutdown(self) -> None:
+        if self._process is not None:
+            self._process.shutdown()
 
 
-def grammar_ebnf(spec: GrammarSpec) -> str:
-    """The EBNF of a regex or JSON-schema spec, as xgrammar converts it, with its bounded repetitions
-    folded (tgi_compat/router/grammar_ebnf.py: the same language, masks that fill fast)."""
-    import xgrammar
+class CompiledGrammars:
+    """The compiled grammars kept for reuse, least recently used dropped first past `max_bytes` (the sizes
+    xgrammar reports). A dropped grammar lives on in the matchers of the requests that use it."""
 
-    if spec.kind is GrammarKind.REGEX:
-        grammar = xgrammar.Grammar.from_regex(spec.value)
-    else:
-        grammar = xgrammar.Grammar.from_json_schema(spec.value, any_whitespace=False, strict_mode=spec.strict)
-    return fold_bounded_repetitions(str(grammar))
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self._grammars: OrderedDict[GrammarSpec, xgrammar.CompiledGrammar] = OrderedDict()
+
+    def get(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar | None:
+        compiled = self._grammars.get(spec)
+        if compiled is not None:
+            self._grammars.move_to_end(spec)
+        return compiled
+
+    def put(self, spec: GrammarSpec, compiled: xgrammar.CompiledGrammar) -> None:
+        self._grammars[spec] = compiled
+        self.num_bytes += compiled.memory_size_bytes
+        while self.num_bytes > self.max_bytes:
+            _, dropped = self._grammars.popitem(last=False)
+            self.num_bytes -= dropped.memory_size_bytes
+
+
+@dataclass(slots=True)
+class _Compile:
+    """One spec's compile and the requests waiting for it."""
+
+    future: Future[xgrammar.CompiledGrammar]
+    requests: list[Request]
 
 
 @dataclass(slots=True)
@@ -193,8 +219,11 @@ class GrammarBackend:
     def __init__(self, compiler: GrammarCompiler, device: torch.device) -> None:
         self.compiler = compiler
         self.device = torch.device(device)
-        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
-        self._compiling: dict[str, tuple[Request, Future]] = {}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")  # the child compiles one at a time
+        self.compiled = CompiledGrammars(compiler.limits.cache_bytes)
+        self._compiles: dict[GrammarSpec, _Compile] = {}
+        self._waiting: dict[str, GrammarSpec] = {}  # request id -> the spec it waits for
+        self._ready: list[Request] = []  # found compiled at submit(), not yet taken
         # Reused, pinned on a GPU (pinning is a slow cudaHostAlloc): a step's masks are filled after the
         # previous step's result, which waited for the device to finish that step's sampling, and with it
         # the kernels that read its masks. Flat int32: the compact bitmask rows, then the row index.
@@ -208,45 +237,68 @@ class GrammarBackend:
     def submit(self, request: Request) -> None:
         spec = request.params.grammar
         assert spec is not None, "only constrained requests compile a grammar"
-        self._compiling[request.request_id] = (request, self._pool.submit(self.compiler.compile, spec))
+        if (compiled := self.compiled.get(spec)) is not None:
+            request.matcher = _matcher(compiled)
+            self._ready.append(request)
+        elif (compile_ := self._compiles.get(spec)) is not None:
+            compile_.requests.append(request)
+            self._waiting[request.request_id] = spec
+        else:
+            self._compiles[spec] = _Compile(self._pool.submit(self.compiler.compile, spec), [request])
+            self._waiting[request.request_id] = spec
 
     @property
-    def num_compiling(self) -> int:
-        return len(self._compiling)
+    def num_waiting(self) -> int:
+        """Requests whose grammar is not taken yet (compiling, or ready for take_compiled)."""
+        return len(self._waiting) + len(self._ready)
 
     def abort(self, request_id: str) -> TokenEvent | None:
-        """The abort event of a request still compiling (None: it is not here)."""
-        entry = self._compiling.pop(request_id, None)
-        if entry is None:
+        """The abort event of a request waiting for its grammar (None: it is not here). A compile nobody
+        waits for any more is dropped: it never starts, or its child is killed."""
+        if (spec := self._waiting.pop(request_id, None)) is not None:
+            compile_ = self._compiles[spec]
+            compile_.requests = [r for r in compile_.requests if r.request_id != request_id]
+            if not compile_.requests:
+                del self._compiles[spec]
+                if not compile_.future.cancel():
+                    self.compiler.cancel(spec)
+        elif request_id in (ids := [r.request_id for r in self._ready]):
+            del self._ready[ids.index(request_id)]
+        else:
             return None
-        entry[1].cancel()
         return TokenEvent(request_id, finish_reason=FinishReason.ABORT.value)
 
     def take_compiled(self) -> tuple[list[Request], list[TokenEvent]]:
         """Requests whose grammar is ready (matcher attached), and the final events of those whose
         grammar failed: `rejected`, with TGI's validation text."""
-        ready, failed = [], []
-        for request_id, (request, future) in list(self._compiling.items()):
-            if not future.done():
+        ready, self._ready = self._ready, []
+        failed: list[TokenEvent] = []
+        for spec, compile_ in list(self._compiles.items()):
+            if not compile_.future.done():
                 continue
-            del self._compiling[request_id]
+            del self._compiles[spec]
+            for request in compile_.requests:
+                del self._waiting[request.request_id]
             try:
-                request.matcher = future.result()
+                compiled = compile_.future.result()
             except GrammarCompileError as error:
-                failed.append(_rejected(request_id, str(error)))
+                failed += [_rejected(r.request_id, str(error)) for r in compile_.requests]
+                continue
             except Exception as error:
-                logger.exception("compiling the grammar of %s failed", request_id)
-                spec = request.params.grammar
-                assert spec is not None  # submit() took only constrained requests
-                failed.append(_rejected(request_id, compile_error_message(spec, error)))
-            else:
+                logger.exception("compiling a grammar failed")
+                failed += [_rejected(r.request_id, compile_error_message(spec, str(error))) for r in compile_.requests]
+                continue
+            self.compiled.put(spec, compiled)
+            for request in compile_.requests:
+                request.matcher = _matcher(compiled)
                 ready.append(request)
         return ready, failed
 
     def wait(self, timeout: float = IDLE_WAIT_S) -> None:
         """Sleep until a compile finishes or `timeout` passes (the engine has nothing else to do)."""
-        if self._compiling:
-            wait([future for _, future in self._compiling.values()], timeout, return_when=FIRST_COMPLETED)
+        if self._compiles and not self._ready:
+            futures = [compile_.future for compile_ in self._compiles.values()]
+            wait(futures, timeout, return_when=FIRST_COMPLETED)
 
     # ---- per step -------------------------------------------------------------------------
     def mask(self, requests: Sequence[Request]) -> GrammarMask | None:
@@ -322,6 +374,13 @@ class GrammarBackend:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.compiler.shutdown()
+
+
+def _matcher(compiled: xgrammar.CompiledGrammar) -> xgrammar.GrammarMatcher:
+    import xgrammar
+
+    return xgrammar.GrammarMatcher(compiled)
 
 
 def _rejected(request_id: str, message: str) -> TokenEvent:

@@ -9,26 +9,20 @@ and a watch thread covers systems without that.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
-import threading
-import time
 
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.process_exit import exit_process
+from tgi_compat.router.process_exit import exit_process, exit_with_parent, name_process
 from tgi_compat.router.rank_heartbeat import RankHeartbeats
 
 logger = logging.getLogger(__name__)
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
 
 
 def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int, heartbeats: RankHeartbeats) -> None:
     heartbeats.start_beating(rank)
-    _exit_with_parent(parent_pid)
-    _name_process(f"tp-rank-{rank}")  # what ps/top show (and how tests find a rank)
+    exit_with_parent(parent_pid)
+    name_process(f"tp-rank-{rank}")  # what ps/top show (and how tests find a rank)
     from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
     from tgi_compat.router.model_loading import load_runner
 
@@ -36,26 +30,3 @@ def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int, heartbeats: 
     runner = load_runner(config, rank)
     runner.follow_rank_zero(StepBroadcast(runner.tp, on_step=heartbeats.step_counter(rank)))
     exit_process(0)  # leaves the group too (no destroy_process_group: see exit_process)
-
-
-def _name_process(name: str) -> None:
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15])
-    except (OSError, AttributeError):
-        pass
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the thread below still notices within a second
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

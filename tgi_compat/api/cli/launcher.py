@@ -129,6 +129,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("ngrok-edge", "ngrok edge.", str),
     Flag("tokenizer-config-path", "Path to a tokenizer_config.json overriding the model's.", str),
     Flag("disable-grammar-support", "Refuse grammar-constrained requests."),
+    Flag("grammar-cache-bytes", "Bytes of compiled grammars the engine keeps for reuse (the least recently used go first); a grammar that compiles to more than an eighth of it is refused.", int, 512 * 2**20),
+    Flag("grammar-compile-timeout", "Seconds one grammar may take to compile; a slower one is refused. A compile runs in a child process at a lower priority and stops as soon as no request waits for it.", float, 30.0),
     Flag("env", "Print the runtime environment at startup.", short="e"),
     Flag("max-client-batch-size", "Most prompts in one /v1/completions request.", int, 4),
     Flag(

@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from tgi_compat.api.protocol.serde import SerdeSyntaxError, loads
 from tgi_compat.api.protocol.tgi import RUST_TYPES
 
 
@@ -123,9 +124,12 @@ _JSON_STRING_OR_BRACKET = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 def load_json(raw: bytes) -> Any:
-    """`json.loads` with serde_json's errors: 400 for bad syntax and for nesting past its limit."""
+    """The body as serde_json reads it (tgi_compat.api.protocol.serde), with its errors: 400 for bad
+    syntax, for what serde refuses and json reads, and for nesting past serde's limit."""
     try:
-        document = json.loads(raw)
+        document = loads(raw)
+    except SerdeSyntaxError as error:
+        raise BodyRejection(400, f"Failed to parse the request body as JSON: {error}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}") from None
     except RecursionError:
@@ -204,6 +208,9 @@ def deserialize_message(error: dict[str, Any], document: Any) -> str:
     field_names = [p for p in loc if isinstance(p, str)]
     field = field_names[-1] if field_names else ""
     kind = error["type"]
+    if kind == "duplicate_field":  # raised by the struct itself: its own path
+        prefix = f"{path}: " if path else ""
+        return f"{prefix}duplicate field `{error['ctx']['field']}`"
     if kind == "missing":
         parent = path.rsplit(".", 1)[0] if "." in path else ""
         prefix = f"{parent}: " if parent else ""

@@ -24,9 +24,10 @@ import dataclasses
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from tgi_compat.api.protocol.errors import BodyRejection, validation_error
+from tgi_compat.api.protocol.serde import SerdeModel, SerdeSyntaxError, loads
 from tgi_compat.api.protocol.tgi import GrammarType
 from tgi_compat.router.request import GrammarKind, GrammarSpec
 
@@ -34,7 +35,7 @@ NOT_SUPPORTED = "grammar is not supported"
 NO_PROPERTIES = "Grammar must have a 'properties' field"
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(SerdeModel):
     """OpenAI's `response_format.json_schema`."""
 
     model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
@@ -45,7 +46,7 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(SerdeModel):
     """`response_format`: TGI's GrammarType (`value` optional for `json_object`) or OpenAI's `json_schema`."""
 
     model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
@@ -152,7 +153,9 @@ def _json_value(value: Any) -> Any:
     if not isinstance(value, str):
         raise validation_error(NOT_SUPPORTED)
     try:
-        return json.loads(value)
+        return loads(value.encode())  # serde_json's reading (no NaN, no number past f64)
+    except SerdeSyntaxError as error:
+        raise validation_error(f"grammar is not valid: {error}") from None
     except json.JSONDecodeError as error:
         raise validation_error(f"grammar is not valid: {serde_syntax(error)}") from None
     except RecursionError:

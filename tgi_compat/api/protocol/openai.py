@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible routes: TGI's ChatRequest and CompletionRequest
 (docs/contract.md §9.1 and §10), plus the OpenAI completions parameters vLLM-based servers accept.
 
-Parsed like serde would (strict types, unknown keys ignored, `null` only where TGI has an
-`Option`) through `tgi_compat.api.protocol.errors.parse_json_body`, so shape errors are axum's text/plain 422.
+Parsed like serde would (SerdeModels: strict types, unknown keys ignored, `null` only where TGI has an
+`Option`, a field given twice refused, f32 parameters in f32) through `tgi_compat.api.protocol.errors.parse_json_body`, so shape errors are axum's text/plain 422.
 Responses are the typed models in openai_responses.py, in TGI's key order.
 """
 
@@ -10,29 +10,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from tgi_compat.api.protocol.grammar import ResponseFormat
+from tgi_compat.api.protocol.serde import F32, SerdeModel
 from tgi_compat.api.protocol.tgi import U32, U64
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
 
 # ------------------------------------------------------------------------------------- messages
 
 
-class ImageUrl(_Request):
+class ImageUrl(SerdeModel):
     url: str
 
 
-class TextChunk(_Request):
+class TextChunk(SerdeModel):
     type: Literal["text"]
     text: str
 
 
-class ImageChunk(_Request):
+class ImageChunk(SerdeModel):
     type: Literal["image_url"]
     image_url: ImageUrl
 
@@ -40,19 +36,19 @@ class ImageChunk(_Request):
 MessageChunk = Annotated[TextChunk | ImageChunk, Field(discriminator="type")]
 
 
-class FunctionDefinition(_Request):
+class FunctionDefinition(SerdeModel):
     description: str | None = None
     name: str
     arguments: Any = Field(validation_alias=AliasChoices("arguments", "parameters"))  # TGI reads either key
 
 
-class ToolCall(_Request):
+class ToolCall(SerdeModel):
     id: str
     type: str
     function: FunctionDefinition
 
 
-class Message(_Request):
+class Message(SerdeModel):
     """`{role, content: str | [chunks]}` or `{role, tool_calls: [...]}`; `name` is ignored."""
 
     role: str
@@ -67,42 +63,42 @@ class Message(_Request):
         return self
 
 
-class Tool(_Request):
+class Tool(SerdeModel):
     type: str
     function: FunctionDefinition
 
 
-class FunctionName(_Request):
+class FunctionName(SerdeModel):
     name: str
 
 
-class TypedToolChoice(_Request):
+class TypedToolChoice(SerdeModel):
     type: Literal["function"]
     function: FunctionName
 
 
-class StreamOptions(_Request):
+class StreamOptions(SerdeModel):
     include_usage: bool = False
 
 
 # ----------------------------------------------------------------------------------------- chat
 
 
-class ChatRequest(_Request):
+class ChatRequest(SerdeModel):
     messages: list[Message]
     model: str | None = None
-    frequency_penalty: float | None = None
-    logit_bias: list[float] | None = None  # TGI types it as an array: an OpenAI map is a 422
+    frequency_penalty: F32 | None = None
+    logit_bias: list[F32] | None = None  # TGI types it as an array: an OpenAI map is a 422
     logprobs: bool | None = None
     top_logprobs: U32 | None = None
     max_tokens: U32 | None = Field(default=None, validation_alias=AliasChoices("max_tokens", "max_completion_tokens"))
     n: U32 | None = None  # accepted and ignored, like TGI: one choice is returned
-    presence_penalty: float | None = None
+    presence_penalty: F32 | None = None
     stop: list[str] | None = None
     stream: bool = False
     seed: U64 | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: F32 | None = None
+    top_p: F32 | None = None
     tools: list[Tool] | None = None
     tool_prompt: str | None = None
     tool_choice: str | TypedToolChoice | None = None
@@ -118,16 +114,16 @@ EMPTY_PROMPT_MESSAGE = "Empty array detected. Do not use an empty array for the 
 Prompt = str | list[int]  # text, or token ids (OpenAI's legacy API and vLLM take both; TGI only text)
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(SerdeModel):
     prompt: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     max_tokens: U32 | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: F32 | None = None
+    top_p: F32 | None = None
     seed: U64 | None = None
     suffix: str | None = None
-    repetition_penalty: float | None = None
-    frequency_penalty: float | None = None
+    repetition_penalty: F32 | None = None
+    frequency_penalty: F32 | None = None
     stop: list[str] | None = None
     stream: bool = False
     # OpenAI / vLLM parameters TGI ignores:

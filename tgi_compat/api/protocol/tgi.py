@@ -1,7 +1,8 @@
 """Pydantic models mirroring TGI's request and response schemas (names as in tgi-openapi.json).
 
-Requests are parsed in strict mode so the JSON types behave like serde's: no "1" -> 1 coercion,
-explicit `null` allowed only where TGI has an `Option`, unknown keys ignored.
+Requests are SerdeModels (tgi_compat.api.protocol.serde) so the JSON types behave like serde's: no "1" -> 1
+coercion, explicit `null` allowed only where TGI has an `Option`, unknown keys ignored, a field given twice
+refused, and f32 parameters rounded to f32 as TGI deserializes them.
 Responses are dumped with `exclude_unset=True`: keys TGI omits (`details`, `top_tokens`,
 `best_of_sequences`) are simply never set, while `seed: null` is set explicitly and so kept.
 """
@@ -12,6 +13,8 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tgi_compat.api.protocol.serde import F32, SerdeModel
 
 ROUTER_NAME = "text-generation-router"
 TGI_VERSION = "3.3.6-dev0"  # what /info reports for TGI v3.3.7 (contract header)
@@ -39,36 +42,32 @@ RUST_TYPES: dict[str, str] = {
 }
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-
-class GrammarType(_Request):
+class GrammarType(SerdeModel):
     """`{"type": "json" | "json_object" | "regex" | "json_schema", "value": ...}`."""
 
     type: Literal["json", "json_object", "regex", "json_schema"]
     value: Any
 
 
-class GenerateParameters(_Request):
+class GenerateParameters(SerdeModel):
     adapter_id: str | None = None
     best_of: USIZE | None = None
     decoder_input_details: bool = False
     details: bool = False  # the OpenAPI file says true; TGI's code says false
     do_sample: bool = False
-    frequency_penalty: float | None = None
+    frequency_penalty: F32 | None = None
     grammar: GrammarType | None = None
     max_new_tokens: U32 | None = None
-    repetition_penalty: float | None = None
+    repetition_penalty: F32 | None = None
     return_full_text: bool | None = None
     seed: U64 | None = None
     stop: list[str] = Field(default_factory=list)
-    temperature: float | None = None
+    temperature: F32 | None = None
     top_k: I32 | None = None
     top_n_tokens: U32 | None = None
-    top_p: float | None = None
+    top_p: F32 | None = None
     truncate: USIZE | None = None
-    typical_p: float | None = None
+    typical_p: F32 | None = None
     watermark: bool = False
     # LightLLM extensions; null: the server's --long-truncation-mode / --token-healing / --return-all-prompt-logprobs
     long_truncation_mode: Literal["head", "center", "none"] | None = None
@@ -83,7 +82,7 @@ def _sampling_preset() -> GenerateParameters:
     return GenerateParameters(do_sample=True)
 
 
-class GenerateRequest(_Request):
+class GenerateRequest(SerdeModel):
     inputs: str
     parameters: GenerateParameters = Field(default_factory=_sampling_preset)
 

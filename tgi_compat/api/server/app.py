@@ -59,6 +59,7 @@ def create_app(state: AppState, extra_routers: Sequence[APIRouter] = ()) -> Fast
         docs_url="/docs",
         redoc_url=None,
         openapi_url="/api-doc/openapi.json",
+        redirect_slashes=False,  # axum has no such redirect: `POST /generate/` is a 404, not a 307 to /generate
     )
     app.state.tgi = state
     _install_error_handlers(app)

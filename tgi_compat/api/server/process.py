@@ -7,7 +7,6 @@ so "connection refused" means "not ready yet" and the first accepted request is 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import os
 import time
@@ -21,6 +20,7 @@ from tgi_compat.api.observability.tracing import RequestTracer
 from tgi_compat.api.server.app import create_app
 from tgi_compat.api.server.graceful import GracefulShutdown
 from tgi_compat.api.server.health_monitor import EngineHealthMonitor, HealthMonitorConfig
+from tgi_compat.api.server.http_protocol import BoundedHeadProtocol
 from tgi_compat.api.server.ops_services import start_ops_services
 from tgi_compat.api.server.warmup import GPU_BATCH, warm_up
 from tgi_compat.api.serving.permits import PermitPool
@@ -132,17 +132,14 @@ async def run_server(config: ServerConfig) -> int:
         app,
         host=config.hostname,
         port=config.port,
+        http=BoundedHeadProtocol,  # httptools, with hyper's limits on request heads
         log_config=None,  # keep the handlers configure_logging installed
         access_log=False,
         lifespan="off",
         **graceful.uvicorn_options(),
     )
     server = uvicorn.Server(uvicorn_config)
-    logger.info(
-        "HTTP server: uvicorn, %s protocol, %s event loop",
-        _http_protocol_name(),
-        type(asyncio.get_running_loop()).__module__,
-    )
+    logger.info("HTTP server: uvicorn, httptools protocol, %s event loop", type(asyncio.get_running_loop()).__module__)
     # Without --health-monitor only a dead engine stops the server (TGI: a slow one never does);
     # with it the monitor restarts a dead or hung one.
     watcher = None if config.health_monitor else asyncio.create_task(_watch_engine(state, server))
@@ -168,16 +165,11 @@ async def run_server(config: ServerConfig) -> int:
     return 1 if engine_died or fatal or not server.started else 0
 
 
-def _http_protocol_name() -> str:
-    """What uvicorn's http="auto" picks: httptools when installed, else h11."""
-    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
-
-
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop when installed (uvicorn[standard]'s loop: C transports and callbacks), else asyncio's.
 
     uvicorn picks its loop only in `uvicorn.run`; we own the loop (the engine client starts before
-    the port opens), so the choice is made here. httptools is picked by uvicorn's `http="auto"`.
+    the port opens), so the choice is made here; run_server picks the HTTP protocol (httptools).
     """
     try:
         import uvloop

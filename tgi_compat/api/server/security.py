@@ -2,7 +2,9 @@
 
 Order follows TGI's axum stack, outermost first:
   1. CORS (tower-http `CorsLayer`): every OPTIONS request is a preflight answered here with 200 and
-     an empty body; other responses gain `access-control-allow-origin` and `vary`.
+     an empty body, on any path, with or without `access-control-request-method`: tower-http 0.5.2
+     tests only the method, and axum 0.7's `Router::layer` wraps the 404 and 405 fallbacks too.
+     Other responses gain `access-control-allow-origin` and `vary`.
   2. API key: only the generation routes, and only their POST handlers, require
      `Authorization: Bearer <key>` (the whole header compared case-insensitively); else 401, empty body.
   3. Payload limit: a JSON body larger than the limit gets 413 text/plain

@@ -12,17 +12,17 @@ tools; the generated text is returned as it is). Instances run concurrently. No 
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from tgi_compat.api.protocol.answers import JsonAnswer
-from tgi_compat.api.protocol.errors import BodyRejection, TgiError, syntax_message
+from tgi_compat.api.protocol.errors import BodyRejection, TgiError, load_json
 from tgi_compat.api.protocol.grammar import ResponseFormat
 from tgi_compat.api.protocol.openai import ChatRequest
+from tgi_compat.api.protocol.serde import SerdeModel
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
 from tgi_compat.api.serving import accounting
 from tgi_compat.api.serving.chat.request import chat_parameters, chat_template, render_prompt
@@ -33,9 +33,7 @@ from tgi_compat.api.serving.state import AppState, get_state
 _REJECTED = "Failed to deserialize the JSON body into the target type: "
 
 
-class GenerateVertexInstance(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
+class GenerateVertexInstance(SerdeModel):
     inputs: str
     parameters: GenerateParameters | None = None
 
@@ -45,10 +43,7 @@ VertexInstance = GenerateVertexInstance | ChatRequest
 
 def parse_instances(raw: bytes) -> list[VertexInstance]:
     """serde's reading of `{"instances": [...]}`: each instance is the first untagged variant that fits."""
-    try:
-        document = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BodyRejection(400, f"Failed to parse the request body as JSON: {syntax_message(error)}") from None
+    document = load_json(raw)
     if not isinstance(document, dict) or "instances" not in document:
         raise BodyRejection(422, _REJECTED + "missing field `instances`")
     if not isinstance(document["instances"], list):

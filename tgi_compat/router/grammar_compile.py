@@ -92,7 +92,7 @@ class CompileProcess:
             self._running, self._cancelled = spec, False
         crashed = False
         try:
-            connection.send((spec.kind.value, spec.value))
+            connection.send((spec.kind.value, spec.value, spec.strict))
             answer = connection.recv() if connection.poll(self.limits.timeout_s) else None
         except (EOFError, OSError):  # the child is gone: killed by cancel(), or it crashed
             answer, crashed = None, True
@@ -192,8 +192,8 @@ def serve_compiles(connection: Connection, parent_pid: int, max_bytes: int) -> N
         compiler = xgrammar.GrammarCompiler(info, max_threads=COMPILE_THREADS, cache_enabled=False)
         connection.send(True)  # ready
         while True:
-            kind, value = connection.recv()
-            connection.send(_compile(compiler, GrammarSpec(GrammarKind(kind), value), max_bytes))
+            kind, value, strict = connection.recv()
+            connection.send(_compile(compiler, GrammarSpec(GrammarKind(kind), value, strict), max_bytes))
             return_freed_memory()  # the child holds nothing between compiles
     except (EOFError, OSError):  # the engine closed the pipe: it needs this child no more
         return

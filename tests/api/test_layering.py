@@ -1,4 +1,5 @@
-"""The project's imports point one way (docs/architecture.md §1), asserted over every module's imports.
+"""The project's imports point one way (docs/architecture.md §1), asserted over every module's imports; and
+routes stay thin: each route module imports few project modules and no other route module.
 
 Layers, top to bottom: the `python -m` entry shims; in the API, cli → server → routes → serving → lightllm →
 {protocol, observability} → config; then the engine, router → modeling → kernels. A module may import its own
@@ -47,7 +48,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imports_of(path: Path) -> set[str]:
+    """The project modules `path` imports; `from pkg import mod` counts as `pkg.mod`, `from mod import name` as `mod`."""
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -58,7 +65,9 @@ def imports_of(path: Path) -> set[str]:
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if _is_module(candidate) else base)
     return {name for name in found if name.startswith("tgi_compat.")}
 
 
@@ -91,3 +100,28 @@ def test_the_checker_sees_a_violation() -> None:
     targets = {layer_of(name) for name in imports_of(frame)}
     assert "tgi_compat.api.protocol" in targets and "tgi_compat.api.lightllm" in targets
     assert LAYERS["tgi_compat.api.serving"] > LAYERS["tgi_compat.api.protocol"]
+
+
+# Routes: the work of a route (validation, generation, response shapes, accounting) lives in `serving/`; a route
+# parses its body, calls its service and wraps the answer.
+ROUTES = PACKAGE / "api" / "routes"
+ROUTE_MODULES = sorted(p for p in ROUTES.glob("*.py") if p.name not in ("__init__.py", "auth.py"))  # auth: theirs
+MAX_PROJECT_MODULES = 6
+
+
+def test_the_counter_sees_imports() -> None:
+    """The counter itself: a serving module known to import several project modules."""
+    imports = imports_of(PACKAGE / "api" / "serving" / "frame.py")
+    assert {"tgi_compat.api.serving.state", "tgi_compat.api.serving.accounting"} <= imports
+
+
+@pytest.mark.parametrize("path", ROUTE_MODULES, ids=lambda p: p.stem)
+def test_route_imports_few_project_modules(path: Path) -> None:
+    imports = imports_of(path)
+    assert len(imports) <= MAX_PROJECT_MODULES, f"{path.name} imports {len(imports)}: {sorted(imports)}"
+
+
+@pytest.mark.parametrize("path", ROUTE_MODULES, ids=lambda p: p.stem)
+def test_route_imports_no_other_route(path: Path) -> None:
+    routes = imports_of(path) & {module_name(p) for p in ROUTE_MODULES}
+    assert not routes, f"{path.name} imports route modules {sorted(routes)}"

@@ -122,7 +122,10 @@ def test_suffix_is_refused_with_tgi_s_message(oai):
     "argv, reason",
     [
         (["-pp", "2"], "--pipeline-parallel-size 2: pipeline parallelism is not built"),
-        (["--lora-modules", "sql=/lora/sql"], "--lora-modules sql=/lora/sql: LoRA adapters are not served yet"),
+        (
+            ["--tokenizer-extension-path", "/ext"],
+            "--tokenizer-extension-path /ext: tokenizer extensions are not supported",
+        ),
     ],
 )
 def test_a_refused_argument_stops_the_start_with_its_reason(argv, reason):

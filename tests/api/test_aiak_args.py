@@ -4,11 +4,8 @@ engine always does, or refuses the start with its reason."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from tgi_compat.api.cli import aiak_args
 from tgi_compat.api.cli.aiak_args import FLAGS, AiakArgsError, build_parser, parse_config
 
 # (argv, ServerConfig field, value): each differs from the value without the argument
@@ -38,6 +35,7 @@ MAPPED = [
     (["--enforce-eager"], "enforce_eager", True),
     (["--disable-async-output-proc"], "overlap_scheduling", False),
     (["--chat-template", "{{ messages[0].content }}"], "chat_template", "{{ messages[0].content }}"),
+    (["--lora-modules", "sql=/lora/sql", '{"name": "chat", "path": "/lora/chat"}'], "lora_modules", ["sql=/lora/sql", '{"name": "chat", "path": "/lora/chat"}']),
 ]  # fmt: skip
 
 # Accepted values of arguments that set nothing: what they ask for is what this engine does anyway.
@@ -64,7 +62,6 @@ REFUSED = [
     (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size 2: pipeline parallelism is not built"),
     (["-pp", "4"], "--pipeline-parallel-size 4: pipeline parallelism is not built"),
     (["--scheduler-delay-factor", "0.5"], "--scheduler-delay-factor 0.5: delayed prompt scheduling is not built"),
-    (["--lora-modules", "sql=/lora/sql", "chat=/lora/chat"], "--lora-modules sql=/lora/sql chat=/lora/chat: LoRA adapters are not served yet"),
     (["/models/llama", "--model", "/models/other"], "the positional MODEL (/models/llama) and --model (/models/other) differ"),
     (["--tensor-parallel-size", "0"], "`num_shard` cannot be < 1"),  # the launcher's own check
 ]  # fmt: skip
@@ -131,11 +128,6 @@ def test_every_row_is_tested_and_documented():
     assert "MODEL" in help_text and "--no-enable-prefix-caching" in help_text
 
 
-def test_the_lora_row_maps_onto_the_launcher_s_adapter_list(monkeypatch):
-    # When LoRA is served, dropping the row's refusal is all it takes: the value becomes TGI's LORA_ADAPTERS list.
-    unrefused = tuple(
-        dataclasses.replace(flag, refused=None) if flag.name == "lora-modules" else flag for flag in FLAGS
-    )
-    monkeypatch.setattr(aiak_args, "FLAGS", unrefused)
-    config = parse_config(["--lora-modules", "sql=/lora/sql", "chat=/lora/chat"])
-    assert config.lora_adapters == "sql=/lora/sql,chat=/lora/chat"
+def test_the_lora_row_turns_lora_on():
+    config = parse_config(["--lora-modules", "sql=/lora/sql"])
+    assert config.lora_enabled and [source.name for source in config.lora_sources] == ["sql"]

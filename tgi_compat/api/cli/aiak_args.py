@@ -98,8 +98,7 @@ FLAGS: tuple[AiakFlag, ...] = (
              refused=Refusal(lambda value, _: value != 0.0, "delayed prompt scheduling is not built: waiting prompts join the next step")),
     AiakFlag("enable-chunked-prefill", "Split long prompts into chunks that share steps with decodes. Always on here (chunk size: --max-num-batched-tokens)."),
     AiakFlag("disable-async-output-proc", "Finish each step (sampled tokens on the host) before scheduling the next: turns overlap scheduling off.", sets="overlap_scheduling", convert=operator.not_),
-    AiakFlag("lora-modules", "LoRA adapters as name=path items. Refused until LoRA serving is built.", str, nargs="+", sets="lora_adapters", convert=",".join,
-             refused=Refusal(_is_given, "LoRA adapters are not served yet")),
+    AiakFlag("lora-modules", "LoRA adapters, each name=path or vLLM's JSON form ('{\"name\": ..., \"path\": ...}').", str, nargs="+", sets="lora_modules", convert=list),
     AiakFlag("chat-template", "Chat template overriding the model's: a file (.jinja/text, or .json with `chat_template`) or the template text.", str, sets="chat_template"),
 )  # fmt: skip
 

@@ -95,6 +95,7 @@ class ModelConfig:
     quantization_config: dict[str, Any] | None = None
     # the checkpoint's multimodal wrapper (MULTIMODAL_TEXT_MODELS) when this is its text model
     multimodal_architecture: str | None = None
+    multimodal_hf_config: dict[str, Any] | None = None  # that wrapper's config.json (its vision encoder's)
 
     @property
     def architectures(self) -> list[str]:
@@ -172,6 +173,7 @@ class ModelConfig:
         text["final_logit_softcapping"] = None
         config = cls.from_hf_dict(text)
         config.multimodal_architecture = wrapper
+        config.multimodal_hf_config = d
         return config
 
     @classmethod

@@ -217,7 +217,8 @@ class ModelRunner:
         # their mode before tests can choose the interpreter
         from tgi_compat.modeling.layers.linear import process_weights_after_loading
 
-        model_cls = resolve_model_class(self.model_config.architecture)
+        config = self.model_config
+        model_cls = resolve_model_class(config.multimodal_architecture or config.architecture)
         quantization = resolve_quantization(self.cfg.quantize, self.model_config.quantization_config)
         if quantization is not None:
             logger.info("Weight quantization: %s", quantization.name)

@@ -126,6 +126,8 @@ class TritonAttentionBackend(AttentionBackend):
         return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
+        if batch.images is not None and any(batch.images.spans):  # the extend kernel's mask is causal only
+            raise NotImplementedError("bidirectional attention within images runs on the torch backend only so far")
         is_decode = batch.mode == ForwardMode.DECODE
         num_flash = batch.batch_size if is_decode else _num_decode_prefix(batch)
         max_q_len = batch.max_q_len

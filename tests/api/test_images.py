@@ -137,3 +137,13 @@ def test_private_addresses_are_refused(image_server, host):
     message = refusal(ImageFetcher(), f"![](http://{host}/ok.png)")
     assert message.startswith("Input validation error: Could not fetch image: ")
     assert "non-public address" in message
+
+
+async def test_a_text_model_keeps_image_markdown_as_text(client, engine, tokenizer):
+    """TGI parses images for vision models only: elsewhere `![](...)` is prompt text, never fetched."""
+    inputs = "![](http://127.0.0.1:1/never-fetched.png) and ![](data:image/png;base64,@@@)"
+    response = await client.post("/generate", json={"inputs": inputs, "parameters": {"max_new_tokens": 2}})
+    assert response.status_code == 200
+    assert engine.requests[0].prompt_ids == tokenizer.encode_sync(inputs) and engine.requests[0].images == []
+    tokens = (await client.post("/tokenize", json={"inputs": inputs})).json()
+    assert [token["id"] for token in tokens] == tokenizer.encode_sync(inputs)

@@ -17,6 +17,7 @@ from typing import Any
 from tgi_compat.api.lightllm.features import prepare_features
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.grammar import ResponseFormat
+from tgi_compat.api.protocol.images import PromptImage as LoadedImage
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
 from tgi_compat.api.serving import accounting
 from tgi_compat.api.serving.generation import (
@@ -53,12 +54,15 @@ async def validate_request(
     limits = state.limits
     grammar = grammar or params.grammar
     check_parameters(params, inputs, limits)
+    loaded: list[LoadedImage] = []
     if isinstance(inputs, str):
-        prompt_ids = await _tokenize(state, inputs, add_special_tokens)
+        text, loaded = (inputs, []) if state.vision is None else await state.vision.expand(inputs)
+        prompt_ids = await _tokenize(state, text, add_special_tokens)
     else:
         prompt_ids = check_token_ids(inputs, state.engine.info.vocab_size)
         inputs = state.tokenizer.decode(prompt_ids)  # the text `echo` and `return_full_text` show
     prompt_ids = truncate_prompt(prompt_ids, params.truncate)
+    images = [] if state.vision is None or not loaded else state.vision.place(prompt_ids, loaded)
     prompt_ids, features = await prepare_features(state, params, prompt_ids, constrained=grammar is not None)
     max_new_tokens = check_lengths(params, len(prompt_ids), limits)
     grammar_spec = await check_grammar(grammar, not state.config.disable_grammar_support)
@@ -73,6 +77,7 @@ async def validate_request(
         features=features,
         grammar=grammar_spec,
         adapter_id=requested_adapter(state, params.adapter_id),
+        images=images,
     )
     accounting.validated(state, request)
     return request

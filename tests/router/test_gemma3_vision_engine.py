@@ -87,9 +87,10 @@ def expected(checkpoint, ids: list[int], images: list[bytes]) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-@pytest.mark.parametrize("prefill", [4096, 11], ids=["whole", "chunked"])
+@pytest.mark.parametrize("prefill", [4096, 11, 6], ids=["whole", "chunked", "image-sized"])
 def test_greedy_ids_equal_transformers_with_two_images(checkpoint, prefill):
-    """Whole prompts in one step, and prefill in steps of at most 11 tokens."""
+    """Whole prompts in one step, and prefill in steps of at most 11 and 6 tokens (chunks that would split
+    an image end before it: its placeholders attend to each other both ways)."""
     engine = make_engine(checkpoint[2], max_batch_prefill_tokens=prefill)
     both, ids = request("both", [RED, GREEN])
     red, red_ids = request("red", [RED])

@@ -8,7 +8,7 @@ import hashlib
 from router_fakes import hash_engine
 from test_prefix_cache_engine import drain_events
 
-from tgi_compat.router.images import PromptImage, image_keyed_ids
+from tgi_compat.router.images import PromptImage, image_keyed_ids, whole_images
 from tgi_compat.router.request import GenerateRequest
 
 PLACEHOLDER = 40
@@ -48,3 +48,11 @@ def test_a_different_image_never_shares_kv():
     text = drain_events(engine, [GenerateRequest("text", PROMPT, max_new_tokens=3)])
     assert cached_tokens(green["green"]) == 4  # the text before the image only
     assert cached_tokens(text["text"]) == 4  # the placeholder ids as text are not the image either
+
+
+def test_prefill_chunks_never_split_a_bidirectional_image():
+    images = [PromptImage(4, 8, "a" * 64, b"a", bidirectional=True), PromptImage(14, 8, "b" * 64, b"b")]
+    assert whole_images(0, 6, images) == 4  # stops before the image
+    assert whole_images(4, 3, images) == 8  # starts at it: the whole image, past the budget
+    assert whole_images(0, 12, images) == 12  # ends at its end
+    assert whole_images(12, 5, images) == 5  # a causal image may be split

@@ -41,3 +41,14 @@ def image_keyed_ids(ids: list[int], images: Sequence[PromptImage]) -> list[int]:
         for position in range(image.offset, min(image.end, len(ids))):
             keyed[position] = -((base + position - image.offset) << _KEY_STEP_BITS)
     return keyed
+
+
+def whole_images(start: int, num_new: int, images: Sequence[PromptImage]) -> int:
+    """A prefill chunk of positions [start, start + num_new) cut so that it splits no bidirectional image: it
+    stops before the image it would split, or, when it starts at (or inside) one, runs to the image's end even
+    past its budget (the image's placeholders must see each other in one step)."""
+    end = start + num_new
+    for image in images:
+        if image.bidirectional and image.offset < end < image.end:
+            return image.offset - start if image.offset > start else image.end - start
+    return num_new

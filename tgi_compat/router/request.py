@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tgi_compat.router.images import PromptImage, image_keyed_ids
+from tgi_compat.router.images import PromptImage, image_keyed_ids, whole_images
 
 if TYPE_CHECKING:
     import xgrammar
@@ -169,6 +169,14 @@ class Request:
     def num_new_tokens(self) -> int:
         """Tokens still to run through the model before the next sample."""
         return self.num_tokens - self.num_computed_tokens
+
+    def prefill_chunk_size(self, budget: int) -> int:
+        """New tokens of its next prefill chunk, at most `budget`, but never ending inside an image whose
+        placeholders attend to each other both ways (tgi_compat.router.images.whole_images)."""
+        num_new = min(self.num_new_tokens, budget)
+        if num_new <= 0 or not self.params.images:
+            return num_new
+        return whole_images(self.num_computed_tokens, num_new, self.params.images)
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Ids of positions [start, end) of prompt + generated."""

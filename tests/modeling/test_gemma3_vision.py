@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-from tests.modeling.helpers import max_rel_error, runner_for_folder
+from tests.modeling.helpers import image_greedy, max_rel_error, runner_for_folder
 from tests.modeling.test_gemma3_multimodal import tiny_multimodal
 from tgi_compat.modeling.forward_batch import ImageEmbeds, build_forward_batch
 from tgi_compat.modeling.models.gemma3_vision import Gemma3ForConditionalGeneration
@@ -108,15 +108,7 @@ def test_greedy_text_equals_transformers_generate(pair):
     model, runner = pair
     pixel_values = pixels((200, 30, 60), (10, 220, 90))
     ids = prompt(text(7, 4), text(8, 3), text(9, 5))
-    input_ids = torch.tensor([ids])
-    with torch.no_grad():
-        expected = model.generate(
-            input_ids=input_ids,
-            pixel_values=pixel_values,
-            token_type_ids=(input_ids == IMAGE).long(),
-            max_new_tokens=12,
-            do_sample=False,
-        )[0, len(ids) :].tolist()
+    expected = image_greedy(model, ids, pixel_values, 12)
     slots = list(range(200, 200 + len(ids) + 12))
     features = runner.model.encode_images(pixel_values)
     logits = run(runner, ids, 0, slots, features)

@@ -12,10 +12,10 @@ import sys
 
 import httpx
 import pytest
-import torch
 from PIL import Image
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
+from tests.modeling.helpers import image_greedy
 from tests.modeling.test_gemma3_multimodal import tiny_multimodal
 
 NEW = 10
@@ -66,15 +66,7 @@ def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = Tr
     _, model, tokenizer, processor = served
     ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
     pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-    input_ids = torch.tensor([ids])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            pixel_values=processor(images=pictures, return_tensors="pt")["pixel_values"],
-            token_type_ids=(input_ids == model.config.image_token_id).long(),
-            max_new_tokens=NEW,
-            do_sample=False,
-        )[0, len(ids) :].tolist()
+    out = image_greedy(model, ids, processor(images=pictures, return_tensors="pt")["pixel_values"], NEW)
     eos = tokenizer.eos_token_id
     return ids, out[: out.index(eos) + 1] if eos in out else out
 

@@ -8,10 +8,11 @@ import hashlib
 import io
 
 import pytest
-import torch
 from PIL import Image
+from test_prefix_cache_engine import drain_events
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
+from tests.modeling.helpers import image_greedy
 from tests.modeling.test_gemma3_multimodal import tiny_multimodal
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
@@ -58,13 +59,7 @@ def request(request_id: str, images: list[bytes]) -> tuple[GenerateRequest, list
 
 
 def run(engine: EngineCore, *requests: GenerateRequest) -> dict[str, list]:
-    for r in requests:
-        engine.add_request(r)
-    events: dict[str, list] = {}
-    while engine.has_unfinished():
-        for event in engine.step():
-            events.setdefault(event.request_id, []).append(event)
-    return events
+    return drain_events(engine, requests)
 
 
 def token_ids(events) -> list[int]:
@@ -75,16 +70,7 @@ def expected(checkpoint, ids: list[int], images: list[bytes]) -> list[int]:
     model, processor, _ = checkpoint
     pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
     pixel_values = processor(images=pictures, return_tensors="pt")["pixel_values"]
-    input_ids = torch.tensor([ids])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            pixel_values=pixel_values,
-            token_type_ids=(input_ids == IMAGE).long(),
-            max_new_tokens=NEW,
-            do_sample=False,
-        )
-    return out[0, len(ids) :].tolist()
+    return image_greedy(model, ids, pixel_values, NEW)
 
 
 @pytest.mark.parametrize("prefill", [4096, 11, 6], ids=["whole", "chunked", "image-sized"])

@@ -4,9 +4,10 @@ has not cached (tgi_compat.router.image_cache)."""
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from PIL import Image
@@ -20,11 +21,16 @@ class VisionLanguageModel(Protocol):
 
 class ImageEncoder:
     def __init__(self, model: VisionLanguageModel, folder: str, device: torch.device):
+        self.model = model
+        self.folder = folder
+        self.device = device
+
+    @functools.cached_property
+    def processor(self) -> Any:
+        """Loaded with the first image: a checkpoint served text-only needs no preprocessor_config.json."""
         from transformers import AutoImageProcessor
 
-        self.model = model
-        self.processor = AutoImageProcessor.from_pretrained(folder)
-        self.device = device
+        return AutoImageProcessor.from_pretrained(self.folder)
 
     @torch.inference_mode()
     def __call__(self, images: Sequence[bytes]) -> list[torch.Tensor]:

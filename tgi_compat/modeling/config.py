@@ -13,8 +13,8 @@ _ALWAYS_QKV_BIAS = {"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"}
 # Families with a per-head RMSNorm on q and k before rotary.
 _QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"}
 
-# Multimodal checkpoints served as their text model (text-only requests; the vision tower is not
-# loaded): the wrapper's architecture -> its text model's.
+# Multimodal checkpoints: the wrapper's architecture -> its text model's (served beside the wrapper's
+# vision encoder, models/gemma3_vision.py).
 MULTIMODAL_TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
 # Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
 _WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")

@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 
 from tgi_compat.api.protocol.errors import TgiError
-from tgi_compat.api.protocol.images import ImageRef, image_markdown, split_prompt
+from tgi_compat.api.protocol.images import DecodedImage, ImageRef, image_markdown, split_prompt
 from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.images import VisionPrompts
 
 
 def encoded(fmt: str, mode: str = "RGB", size: tuple[int, int] = (20, 12)) -> bytes:
@@ -147,3 +148,19 @@ async def test_a_text_model_keeps_image_markdown_as_text(client, engine, tokeniz
     assert engine.requests[0].prompt_ids == tokenizer.encode_sync(inputs) and engine.requests[0].images == []
     tokens = (await client.post("/tokenize", json={"inputs": inputs})).json()
     assert [token["id"] for token in tokens] == tokenizer.encode_sync(inputs)
+
+
+def test_placeholders_must_match_the_images():
+    """Each placeholder run is one whole image, the last ones when `truncate` cut the first; placeholder tokens
+    typed as text, or a run cut by truncation, refuse the request."""
+    prompts = VisionPrompts("<img>", image_token_id=9, tokens_per_image=3, bidirectional=True, fetcher=ImageFetcher())
+    red, green = (DecodedImage(data, "image/png", 1, 1) for data in (b"red", b"green"))
+    placed = prompts.place([1, 9, 9, 9, 2, 9, 9, 9, 3], [red, green])
+    assert [(image.offset, image.length, image.data, image.bidirectional) for image in placed] == [
+        (1, 3, b"red", True),
+        (5, 3, b"green", True),
+    ]
+    assert [image.data for image in prompts.place([2, 9, 9, 9, 3], [red, green])] == [b"green"]  # left-truncated
+    for ids in ([9, 9, 2, 9, 9, 9], [1, 9, 9, 9, 2, 9, 9, 9, 9, 9, 9]):
+        with pytest.raises(TgiError, match="placeholder tokens do not match"):
+            prompts.place(ids, [red, green])

@@ -35,7 +35,7 @@ _FORMATS = {
 
 
 @dataclass(frozen=True, slots=True)
-class PromptImage:
+class DecodedImage:
     """A decoded image of a prompt: its bytes as sent, and what the model's processor and the cache need."""
 
     data: bytes
@@ -84,7 +84,7 @@ def image_markdown(url: str) -> str:
     return f"![]({url})"
 
 
-def decode_data_url(ref: ImageRef) -> PromptImage:
+def decode_data_url(ref: ImageRef) -> DecodedImage:
     """`![](data:<mime>;base64,<payload>)`: TGI's checks and texts, in its order."""
     content = ref.markdown[len("![](data:") : -1]
     parts = content.split(";")
@@ -100,7 +100,7 @@ def decode_data_url(ref: ImageRef) -> PromptImage:
     return decode_image(data, mimetype)
 
 
-def decode_image(data: bytes, mimetype: str | None) -> PromptImage:
+def decode_image(data: bytes, mimetype: str | None) -> DecodedImage:
     """Decode fully (a truncated file fails here, not in the engine). `mimetype` None: guessed from the bytes,
     as TGI does for fetched images; a data URL's mime type outside TGI's list is guessed too but kept."""
     declared = _FORMATS.get(mimetype or "")
@@ -112,7 +112,7 @@ def decode_image(data: bytes, mimetype: str | None) -> PromptImage:
         raise validation_error(f"invalid image: {error}") from error
     if mimetype is None:
         mimetype = PILImage.MIME.get(found or "", "application/octet-stream")
-    return PromptImage(data, mimetype, width, height)
+    return DecodedImage(data, mimetype, width, height)
 
 
 def invalid_image_content(content: str) -> TgiError:

@@ -17,7 +17,7 @@ from typing import Any
 from tgi_compat.api.lightllm.features import prepare_features
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.grammar import ResponseFormat
-from tgi_compat.api.protocol.images import PromptImage as LoadedImage
+from tgi_compat.api.protocol.images import DecodedImage
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
 from tgi_compat.api.serving import accounting
 from tgi_compat.api.serving.generation import (
@@ -54,7 +54,7 @@ async def validate_request(
     limits = state.limits
     grammar = grammar or params.grammar
     check_parameters(params, inputs, limits)
-    loaded: list[LoadedImage] = []
+    loaded: list[DecodedImage] = []
     if isinstance(inputs, str):
         text, loaded = (inputs, []) if state.vision is None else await state.vision.expand(inputs)
         prompt_ids = await _tokenize(state, text, add_special_tokens)
@@ -64,6 +64,8 @@ async def validate_request(
     prompt_ids = truncate_prompt(prompt_ids, params.truncate)
     images = [] if state.vision is None or not loaded else state.vision.place(prompt_ids, loaded)
     prompt_ids, features = await prepare_features(state, params, prompt_ids, constrained=grammar is not None)
+    if images and features.truncated_prompt_tokens:  # its cut would move or split the images' placeholders
+        raise validation_error("`long_truncation_mode` cannot shorten a prompt with images")
     max_new_tokens = check_lengths(params, len(prompt_ids), limits)
     grammar_spec = await check_grammar(grammar, not state.config.disable_grammar_support)
     request = ValidatedRequest(

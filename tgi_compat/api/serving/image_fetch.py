@@ -15,8 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 
 from tgi_compat.api.protocol.images import (
+    DecodedImage,
     ImageRef,
-    PromptImage,
     decode_data_url,
     decode_image,
     fetch_failed,
@@ -33,7 +33,7 @@ class ImageFetcher:
     allow_private: bool = False
     timeout_s: float = 30.0
 
-    def load(self, ref: ImageRef) -> PromptImage:
+    def load(self, ref: ImageRef) -> DecodedImage:
         """The image a `![](...)` names (blocking: the caller runs it off the event loop)."""
         if ref.markdown.startswith(("![](http://", "![](https://")):
             return decode_image(self.fetch(ref.url), None)

@@ -9,8 +9,7 @@ import asyncio
 from dataclasses import dataclass
 
 from tgi_compat.api.protocol.errors import validation_error
-from tgi_compat.api.protocol.images import ImageRef, split_prompt
-from tgi_compat.api.protocol.images import PromptImage as LoadedImage
+from tgi_compat.api.protocol.images import DecodedImage, ImageRef, split_prompt
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.router.images import PromptImage
@@ -37,7 +36,7 @@ class VisionPrompts:
         text = _GEMMA3_IMAGE.format("<image_soft_token>" * tokens.tokens_per_image)
         return cls(text, tokens.image_token_id, tokens.tokens_per_image, True, fetcher)
 
-    async def expand(self, inputs: str) -> tuple[str, list[LoadedImage]]:
+    async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
         """(the text to tokenize, its images in order), fetching off the event loop."""
         chunks = split_prompt(inputs)
         refs = [chunk for chunk in chunks if isinstance(chunk, ImageRef)]
@@ -46,7 +45,7 @@ class VisionPrompts:
         loaded = await asyncio.to_thread(lambda: [self.fetcher.load(ref) for ref in refs])
         return "".join(chunk if isinstance(chunk, str) else self.image_text for chunk in chunks), loaded
 
-    def place(self, ids: list[int], loaded: list[LoadedImage]) -> list[PromptImage]:
+    def place(self, ids: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
         """The engine's images of the tokenized (maybe left-truncated) prompt: each placeholder run is one of the
         last images; a run cut by truncation, or placeholder tokens typed as text, refuse the request."""
         runs: list[tuple[int, int]] = []  # (first position, length)

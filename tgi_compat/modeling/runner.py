@@ -169,6 +169,11 @@ class ModelRunner:
         return cls(cfg, ModelConfig.from_hf_dict(hf_config), state_dict.items())
 
     @property
+    def pooling_task(self) -> str | None:
+        """A pooling model's task ("embed", "classify", "reward"); None for a generating model."""
+        return cast(PoolingLM, self.model).task if self.is_pooling else None
+
+    @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
 

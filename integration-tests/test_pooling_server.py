@@ -16,32 +16,15 @@ import torch
 from harness import _free_port, _launcher_command, launched
 from test_model_families import byte_level_tokenizer
 
-from tests.modeling.pooling_models import (
-    RewardModel,
-    hf_pooled,
-    randomize,
-    save_sentence_transformers_pooling,
-)
+from tests.modeling.pooling_models import RewardModel, hf_pooled, save_sentence_transformers_pooling, tiny_model
 
 PROMPTS = ["The first prompt.", "A second, longer prompt of another length!", "x"]
 VOCAB = 320  # the byte-level tokenizer's 258 ids fit
-SIZES = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-)
 
 
 def checkpoint(folder: str, class_name: str, config_name: str, **overrides):
-    import transformers
-
     tokenizer = byte_level_tokenizer()
-    config = getattr(transformers, config_name)(**SIZES, **overrides)
-    model = randomize(getattr(transformers, class_name)(config))
+    model = tiny_model(class_name, config_name, vocab_size=VOCAB, **overrides)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return model, tokenizer

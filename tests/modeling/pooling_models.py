@@ -10,34 +10,12 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-)
-
-
-def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Weights large enough that outputs differ (the init's are near zero)."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.uniform_(0.5, 1.5)
-            else:
-                param.normal_(0.0, 0.1)
-    return model.float().eval()
+from tests.modeling.helpers import TINY_SIZES, randomize
 
 
 def tiny_model(class_name: str, config_name: str, **overrides) -> torch.nn.Module:
     """A random transformers `class_name` (e.g. Qwen2ForSequenceClassification) of a tiny `config_name` config."""
-    config = getattr(transformers, config_name)(**{**TINY, **overrides})
+    config = getattr(transformers, config_name)(**{**TINY_SIZES, **overrides})
     return randomize(getattr(transformers, class_name)(config))
 
 
@@ -56,7 +34,7 @@ def save_sentence_transformers_pooling(folder: str, mode: str, normalize: bool) 
     modes = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
     switches = {f"pooling_mode_{m}": m == mode for m in modes}
     with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
-        json.dump({"word_embedding_dimension": TINY["hidden_size"], **switches}, f)
+        json.dump({"word_embedding_dimension": TINY_SIZES["hidden_size"], **switches}, f)
 
 
 class RewardModel(torch.nn.Module):
@@ -64,7 +42,7 @@ class RewardModel(torch.nn.Module):
 
     def __init__(self, **overrides) -> None:
         super().__init__()
-        config = transformers.Qwen2Config(**{**TINY, **overrides})
+        config = transformers.Qwen2Config(**{**TINY_SIZES, **overrides})
         self.model = transformers.Qwen2Model(config)
         hidden = config.hidden_size
         self.score = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from tgi_compat.api.protocol.errors import validation_error
+
 PromptInput = str | list[str] | list[int] | list[list[int]]
 
 # task -> the routes that serve it (a classifier with one label scores like a reward model)
@@ -97,6 +99,14 @@ class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     chat: str
+
+
+def check_dimensions(requested: int | None, size: int) -> None:
+    if requested is not None and requested != size:
+        raise validation_error(
+            f"the model's embeddings have {size} dimensions and no Matryoshka representation: "
+            f"`dimensions` {requested} cannot be served"
+        )
 
 
 def encode_vector(values: list[float], encoding_format: str) -> list[float] | str:

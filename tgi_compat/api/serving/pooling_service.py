@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from contextlib import aclosing
+from typing import Any
 
 from fastapi import Request
 
@@ -19,6 +21,7 @@ from tgi_compat.api.protocol.pooling import (
     PoolingBody,
     PoolingRequest,
     ScoreRequest,
+    check_dimensions,
     classification_data,
     embedding_data,
     list_response,
@@ -43,36 +46,23 @@ class PoolingService:
         return self.state.config.payload_limit
 
     async def embeddings(self, body: EmbeddingRequest) -> JsonAnswer:
-        try:
-            self._check_route("/v1/embeddings")
-            outputs, num_tokens = await self._pool_batch(body, "embedding generation")
-            if body.dimensions is not None and body.dimensions != len(outputs[0]):
-                raise validation_error(
-                    f"the model's embeddings have {len(outputs[0])} dimensions and it has no Matryoshka "
-                    f"representation: `dimensions` {body.dimensions} cannot be served"
-                )
-        except TgiError as error:
-            return JsonAnswer.error(error)
-        data = embedding_data(outputs, body.encoding_format, "embedding")
-        return JsonAnswer(list_response("embd", self.state.served_model_name, data, num_tokens))
+        def data(outputs: list[list[float]]) -> list[dict[str, Any]]:
+            check_dimensions(body.dimensions, len(outputs[0]))
+            return embedding_data(outputs, body.encoding_format, "embedding")
+
+        return await self._answer(body, "/v1/embeddings", "embedding generation", "embd", data)
 
     async def pooling(self, body: PoolingRequest) -> JsonAnswer:
-        try:
-            self._check_route("/pooling")
-            outputs, num_tokens = await self._pool_batch(body, "pooling")
-        except TgiError as error:
-            return JsonAnswer.error(error)
-        data = embedding_data(outputs, body.encoding_format, "pooling")
-        return JsonAnswer(list_response("pool", self.state.served_model_name, data, num_tokens))
+        def data(outputs: list[list[float]]) -> list[dict[str, Any]]:
+            return embedding_data(outputs, body.encoding_format, "pooling")
+
+        return await self._answer(body, "/pooling", "pooling", "pool", data)
 
     async def classify(self, body: ClassificationRequest) -> JsonAnswer:
-        try:
-            self._check_route("/classify")
-            outputs, num_tokens = await self._pool_batch(body, "classification")
-        except TgiError as error:
-            return JsonAnswer.error(error)
-        data = classification_data(outputs, self.state.engine.info.labels)
-        return JsonAnswer(list_response("classify", self.state.served_model_name, data, num_tokens))
+        def data(outputs: list[list[float]]) -> list[dict[str, Any]]:
+            return classification_data(outputs, self.state.engine.info.labels)
+
+        return await self._answer(body, "/classify", "classification", "classify", data)
 
     async def score(self, body: ScoreRequest) -> JsonAnswer:
         """LightLLM's `/get_score`: the reward of the whole conversation."""
@@ -87,6 +77,23 @@ class PoolingService:
         except TgiError as error:
             return JsonAnswer.error(error)
         return JsonAnswer({"score": output[0], "prompt_tokens": len(ids), "finish_reason": FinishReason.LENGTH.value})
+
+    async def _answer(
+        self,
+        body: PoolingBody,
+        route: str,
+        operation: str,  # what vLLM's over-long error says the input was for
+        id_prefix: str,
+        data: Callable[[list[list[float]]], list[dict[str, Any]]],
+    ) -> JsonAnswer:
+        """Every prompt of the body pooled, in vLLM's list response (`data` builds its items)."""
+        try:
+            self._check_route(route)
+            outputs, num_tokens = await self._pool_batch(body, operation)
+            items = data(outputs)
+        except TgiError as error:
+            return JsonAnswer.error(error)
+        return JsonAnswer(list_response(id_prefix, self.state.served_model_name, items, num_tokens))
 
     def _check_route(self, route: str) -> None:
         task = self.state.engine.info.pooling_task

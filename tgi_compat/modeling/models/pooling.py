@@ -14,44 +14,26 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from tgi_compat.modeling.attention.base import AttentionBackend
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps
-from tgi_compat.modeling.models.decoder import DecoderModel, KVCaches
+from tgi_compat.modeling.models.decoder import DecoderModel, DecoderStack
 from tgi_compat.modeling.models.llama import llama_layer, llama_rope
 from tgi_compat.modeling.models.weight_names import load_packed_weights
 from tgi_compat.modeling.pooler import PoolerConfig, PoolingType, pool
 from tgi_compat.modeling.weights.lazy import LazyTensor
 
 
-class DecoderForPooling(nn.Module):
+class DecoderForPooling(DecoderStack):
     """The decoder and a head; `pool` is what the runner calls (the PoolingLM interface of models/base.py)."""
 
-    supports_tensor_parallel = False
     task: ClassVar[str]  # "embed" | "classify" | "reward": which routes serve it (tgi_compat.api)
 
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
-        super().__init__()
-        self.config = config
         layers = (llama_layer(config, ops, i) for i in range(config.num_layers))
-        self.model = DecoderModel(config, ops, layers, llama_rope(config, ops))
+        super().__init__(config, DecoderModel(config, ops, layers, llama_rope(config, ops)))
         self.pooler = PoolerConfig()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T]
-        batch: ForwardBatch,
-        kv_caches: KVCaches,
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, backend)  # [T, hidden]
-
-    @property
-    def max_positions(self) -> int:
-        return self.model.rotary_emb.cos_half.shape[0]
 
     def head(self, pooled: torch.Tensor) -> torch.Tensor:
         """[B, hidden] -> [B, output]; embedding models output the pooled state itself."""

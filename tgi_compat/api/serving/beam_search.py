@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from tgi_compat.api.serving.one_step import final_event
 from tgi_compat.router.client_api import EngineClient
 from tgi_compat.router.request import GenerateRequest, SamplingParams
 
@@ -46,13 +46,14 @@ class BeamSearchParams:
 @dataclass(slots=True)
 class Beam:
     token_ids: list[int]  # generated so far (an EOS included, for a finished hypothesis)
-    score: float  # running beams: the sum of logprobs; finished: with the length penalty
+    score: float  # running beams: cum_logprob; finished hypotheses: with the length penalty
+    cum_logprob: float  # the sum of the tokens' logprobs
 
 
 @dataclass(slots=True)
 class BeamSearch:
     params: BeamSearchParams
-    running: list[Beam] = field(default_factory=lambda: [Beam([], 0.0)])  # best first
+    running: list[Beam] = field(default_factory=lambda: [Beam([], 0.0, 0.0)])  # best first
     finished: list[Beam] = field(default_factory=list)  # best first, at most num_beams
     is_done: bool = False
 
@@ -66,10 +67,10 @@ class BeamSearch:
         candidates = sorted(scored, key=lambda c: -c[0])[: p.num_candidates]
         hits = [token in p.eos_token_ids or num_generated == p.max_new_tokens for _, _, token in candidates]
         for (score, beam, token), _ in filter(lambda ch: ch[1], zip(candidates[: p.num_beams], hits)):
-            self.finished.append(Beam([*beam.token_ids, token], score / num_generated**p.length_penalty))
+            self.finished.append(Beam([*beam.token_ids, token], score / num_generated**p.length_penalty, score))
         self.finished = sorted(self.finished, key=lambda b: -b.score)[: p.num_beams]
         survivors = [c for c, hit in zip(candidates, hits) if not hit][: p.num_beams]
-        self.running = [Beam([*beam.token_ids, token], score) for score, beam, token in survivors]
+        self.running = [Beam([*beam.token_ids, token], score, score) for score, beam, token in survivors]
         is_full = len(self.finished) == p.num_beams
         self.is_done = not self.running or (
             is_full and (p.early_stopping is True or not self._may_improve(num_generated))
@@ -100,10 +101,5 @@ async def _top_logprobs(engine: EngineClient, ids: list[int], params: BeamSearch
         max_new_tokens=1,
         ignore_eos=True,
     )
-    async with aclosing(engine.generate(request)) as events:
-        async for event in events:
-            if event.error is not None:
-                raise RuntimeError(event.error)
-            if event.top_tokens:
-                return [(t.token_id, t.logprob) for t in event.top_tokens[0]]
-    raise RuntimeError("the engine finished a beam step without a token")
+    event = await final_event(engine, request)
+    return [(t.token_id, t.logprob) for t in event.top_tokens[0]]

@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from contextlib import aclosing
 from typing import Any
 
 from fastapi import Request
 
 from tgi_compat.api.protocol.answers import JsonAnswer
-from tgi_compat.api.protocol.errors import TgiError, generation_error, incomplete_generation_error, validation_error
+from tgi_compat.api.protocol.errors import TgiError, incomplete_generation_error, validation_error
 from tgi_compat.api.protocol.pooling import (
     ROUTES_OF_TASK,
     ClassificationRequest,
@@ -26,9 +25,9 @@ from tgi_compat.api.protocol.pooling import (
     embedding_data,
     list_response,
 )
+from tgi_compat.api.serving.one_step import final_event
 from tgi_compat.api.serving.state import AppState, get_state
 from tgi_compat.api.serving.validation import check_token_ids, truncate_prompt
-from tgi_compat.router.client_api import EngineDeadError, RequestRejectedError
 from tgi_compat.router.request import FinishReason
 from tgi_compat.router.request import GenerateRequest as EngineRequest
 
@@ -148,15 +147,7 @@ class PoolingService:
 
     async def _pool_one(self, ids: list[int]) -> list[float]:
         request = EngineRequest(request_id=uuid.uuid4().hex, prompt_ids=ids, max_new_tokens=1)
-        try:
-            async with aclosing(self.state.engine.generate(request)) as events:
-                async for event in events:
-                    if event.error is not None:
-                        raise generation_error(event.error)
-                    if event.pooled is not None:
-                        return event.pooled
-        except EngineDeadError as error:
-            raise generation_error(str(error) or "engine is not running") from error
-        except RequestRejectedError as error:
-            raise validation_error(str(error)) from error
-        raise incomplete_generation_error(False)
+        event = await final_event(self.state.engine, request)
+        if event.pooled is None:
+            raise incomplete_generation_error(False)
+        return event.pooled

@@ -1,0 +1,79 @@
+"""Beam search end to end: a tiny random Llama (byte-level tokenizer) behind the real launcher answers
+/v1/completions with vLLM's `use_beam_search` exactly as transformers' `generate(num_beams=...)` ranks the
+hypotheses: the same best texts and lengths, and scores (cum_log_probs / length ** length_penalty) within 1e-4."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+import torch
+from harness import _free_port, _launcher_command, launched
+from test_model_families import byte_level_tokenizer
+from transformers import LlamaConfig
+
+from tests.modeling.helpers import tiny_hf_model
+
+PROMPT = "Beams share their prefix."
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def beam_server(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("beam-llama"))
+    tokenizer = byte_level_tokenizer()
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = tiny_hf_model(LlamaConfig, vocab_size=320, **ids)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    command = [*_launcher_command(_free_port()), "--model-id", folder, "--max-best-of", "4"]  # the beam width cap
+    with launched(command, dict(os.environ), "beam-") as server:
+        yield server, model, tokenizer
+
+
+@pytest.mark.parametrize(("width", "length_penalty", "early_stopping"), [(3, 1.0, False), (4, 0.5, True)])
+def test_completions_beam_search_equals_transformers(beam_server, width, length_penalty, early_stopping):
+    server, model, tokenizer = beam_server
+    body = {
+        "model": "tgi",
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "use_beam_search": True,
+        "beam_width": width,
+        "n": 2,
+        "length_penalty": length_penalty,
+        "early_stopping": early_stopping,
+    }
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    choices = response.json()["choices"]
+    ids = tokenizer(PROMPT).input_ids
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            num_beams=width,
+            num_return_sequences=2,
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+    assert [c["index"] for c in choices] == [0, 1]
+    for choice, sequence, score in zip(choices, out.sequences, out.sequences_scores):
+        generated = sequence[len(ids) :].tolist()
+        assert choice["text"] == tokenizer.decode(generated, skip_special_tokens=True)
+        assert choice["sentence_length"] == len(generated)
+        assert abs(choice["cum_log_probs"] / choice["sentence_length"] ** length_penalty - float(score)) <= 1e-4
+
+
+def test_beam_search_refuses_sampling_and_streams(beam_server):
+    server, _, _ = beam_server
+    for extra, reason in [({"temperature": 0.7}, "no `temperature`"), ({"stream": True}, "`stream`")]:
+        body = {"prompt": PROMPT, "max_tokens": 4, "use_beam_search": True, **extra}
+        response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 422 and reason in response.json()["error"]

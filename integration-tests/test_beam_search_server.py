@@ -5,6 +5,7 @@ hypotheses: the same best texts and lengths, and scores (cum_log_probs / length 
 from __future__ import annotations
 
 import os
+import sys
 
 import httpx
 import pytest
@@ -77,3 +78,53 @@ def test_beam_search_refuses_sampling_and_streams(beam_server):
         body = {"prompt": PROMPT, "max_tokens": 4, "use_beam_search": True, **extra}
         response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
         assert response.status_code == 422 and reason in response.json()["error"]
+
+
+def transformers_beams(model, tokenizer, width: int, num_return: int) -> list[list[int]]:
+    ids = tokenizer(PROMPT).input_ids
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            num_beams=width,
+            num_return_sequences=num_return,
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    return [sequence[len(ids) :].tolist() for sequence in out]
+
+
+def test_generate_beam_search_extension_returns_the_other_beams_as_best_of_sequences(beam_server):
+    server, model, tokenizer = beam_server
+    parameters = {"best_of": 3, "use_beam_search": True, "max_new_tokens": MAX_TOKENS, "details": True}
+    body = httpx.post(f"{server.base_url}/generate", json={"inputs": PROMPT, "parameters": parameters}, timeout=120)
+    assert body.status_code == 200, body.text
+    answer = body.json()
+    expected = transformers_beams(model, tokenizer, 3, 3)
+    texts = [answer["generated_text"], *(s["generated_text"] for s in answer["details"]["best_of_sequences"])]
+    assert texts == [tokenizer.decode(ids, skip_special_tokens=True) for ids in expected]
+    assert [t["id"] for t in answer["details"]["tokens"]] == expected[0]
+
+
+def test_lightllm_beam_mode_searches_best_of_beams(tmp_path):
+    tokenizer = byte_level_tokenizer()
+    model = tiny_hf_model(LlamaConfig, vocab_size=320, eos_token_id=tokenizer.eos_token_id)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    command = [
+        sys.executable,
+        "-m",
+        "tgi_compat.api.cli.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(_free_port()),
+    ]
+    command += ["--model_dir", str(tmp_path), "--max_req_total_len", "512", "--max_req_input_len", "500", "--beam_mode"]
+    parameters = {"best_of": 2, "max_new_tokens": MAX_TOKENS}  # greedy best_of: a beam search with --beam_mode
+    with launched(command, dict(os.environ), "beam-mode-") as server:
+        body = httpx.post(f"{server.base_url}/generate", json={"inputs": PROMPT, "parameters": parameters}, timeout=120)
+    assert body.status_code == 200, body.text
+    (best,) = transformers_beams(model, tokenizer, 2, 1)
+    assert body.json()["generated_text"] == tokenizer.decode(best, skip_special_tokens=True)

@@ -97,7 +97,7 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("disable_dynamic_prompt_cache", "LightLLM v1: turn the prompt cache off.", tgi="no_enable_prefix_caching"),
     LightFlag("splitfuse_block_size", "Prompt tokens of one request per fused step (with --splitfuse_mode).", int, 256),
     LightFlag("splitfuse_mode", "Fuse prompt chunks and decodes in one step. Our scheduler always does (chunked prefill)."),
-    LightFlag("beam_mode", "Beam search over best_of sequences."),
+    LightFlag("beam_mode", "Beam search over best_of sequences: a request with best_of > 1 and no sampling searches that many beams.", config="beam_mode"),
     LightFlag("diverse_mode", "best_of sequences sharing the prompt's KV. best_of works without it (independent sequences)."),
     LightFlag("token_healing_mode", "Default of the request parameter `token_healing`: back the prompt up by its last two tokens and regenerate them.", tgi="token_healing"),
     LightFlag("enable_multimodal", "Load a vision/audio encoder beside the language model."),
@@ -305,7 +305,6 @@ def unbuilt_features(light: dict[str, Any], given: set[str]) -> list[str]:
     """LightLLM flags that were given but whose feature this server does not have (yet)."""
     unbuilt = [f"--mode {m}" for m in light["mode"] if m not in ATTENTION_MODES | set(QUANT_MODES) | set(KV_MODES)]
     checks = {
-        "--beam_mode": light["beam_mode"],
         "--enable_multimodal / --cache_capacity / --cache_reserved_ratio": light["enable_multimodal"]
         or {"cache_capacity", "cache_reserved_ratio"} & given,
         "--tokenizer_mode slow (only the fast tokenizer exists under transformers 5)": "tokenizer_mode" in given

@@ -46,14 +46,21 @@ class BeamSearchParams:
 @dataclass(slots=True)
 class Beam:
     token_ids: list[int]  # generated so far (an EOS included, for a finished hypothesis)
-    score: float  # running beams: cum_logprob; finished hypotheses: with the length penalty
-    cum_logprob: float  # the sum of the tokens' logprobs
+    logprobs: list[float]  # of each token
+    score: float  # running beams: the sum of the logprobs; finished hypotheses: with the length penalty
+
+    @property
+    def cum_logprob(self) -> float:
+        return sum(self.logprobs)
+
+    def then(self, token: int, logprob: float, score: float) -> Beam:
+        return Beam([*self.token_ids, token], [*self.logprobs, logprob], score)
 
 
 @dataclass(slots=True)
 class BeamSearch:
     params: BeamSearchParams
-    running: list[Beam] = field(default_factory=lambda: [Beam([], 0.0, 0.0)])  # best first
+    running: list[Beam] = field(default_factory=lambda: [Beam([], [], 0.0)])  # best first
     finished: list[Beam] = field(default_factory=list)  # best first, at most num_beams
     is_done: bool = False
 
@@ -61,16 +68,16 @@ class BeamSearch:
         """Advance by one token: `top_logprobs[i]` is running beam i's top-K (token id, logprob)."""
         p = self.params
         num_generated = len(self.running[0].token_ids) + 1  # of every candidate
-        scored = (
-            (beam.score + lp, beam, token) for beam, tops in zip(self.running, top_logprobs) for token, lp in tops
-        )
+        scored = [
+            (beam.score + lp, beam, token, lp) for beam, tops in zip(self.running, top_logprobs) for token, lp in tops
+        ]
         candidates = sorted(scored, key=lambda c: -c[0])[: p.num_candidates]
-        hits = [token in p.eos_token_ids or num_generated == p.max_new_tokens for _, _, token in candidates]
-        for (score, beam, token), _ in filter(lambda ch: ch[1], zip(candidates[: p.num_beams], hits)):
-            self.finished.append(Beam([*beam.token_ids, token], score / num_generated**p.length_penalty, score))
+        hits = [token in p.eos_token_ids or num_generated == p.max_new_tokens for _, _, token, _ in candidates]
+        for (score, beam, token, lp), _ in filter(lambda ch: ch[1], zip(candidates[: p.num_beams], hits)):
+            self.finished.append(beam.then(token, lp, score / num_generated**p.length_penalty))
         self.finished = sorted(self.finished, key=lambda b: -b.score)[: p.num_beams]
         survivors = [c for c, hit in zip(candidates, hits) if not hit][: p.num_beams]
-        self.running = [Beam([*beam.token_ids, token], score, score) for score, beam, token in survivors]
+        self.running = [beam.then(token, lp, score) for score, beam, token, lp in survivors]
         is_full = len(self.finished) == p.num_beams
         self.is_done = not self.running or (
             is_full and (p.early_stopping is True or not self._may_improve(num_generated))

@@ -9,11 +9,11 @@ import sys
 
 import httpx
 import pytest
-import torch
 from harness import _free_port, _launcher_command, launched
 from test_model_families import byte_level_tokenizer
 from transformers import LlamaConfig
 
+from tests.modeling.beam_reference import transformers_beams
 from tests.modeling.helpers import tiny_hf_model
 
 PROMPT = "Beams share their prefix."
@@ -50,26 +50,21 @@ def test_completions_beam_search_equals_transformers(beam_server, width, length_
     assert response.status_code == 200, response.text
     choices = response.json()["choices"]
     ids = tokenizer(PROMPT).input_ids
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids]),
-            num_beams=width,
-            num_return_sequences=2,
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.eos_token_id,
-            return_dict_in_generate=True,
-            output_scores=True,
-        )
+    expected = transformers_beams(
+        model,
+        ids,
+        width,
+        MAX_TOKENS,
+        tokenizer.eos_token_id,
+        num_return=2,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+    )
     assert [c["index"] for c in choices] == [0, 1]
-    for choice, sequence, score in zip(choices, out.sequences, out.sequences_scores):
-        generated = sequence[len(ids) :].tolist()
+    for choice, (generated, score) in zip(choices, expected):
         assert choice["text"] == tokenizer.decode(generated, skip_special_tokens=True)
         assert choice["sentence_length"] == len(generated)
-        assert abs(choice["cum_log_probs"] / choice["sentence_length"] ** length_penalty - float(score)) <= 1e-4
+        assert abs(choice["cum_log_probs"] / choice["sentence_length"] ** length_penalty - score) <= 1e-4
 
 
 def test_beam_search_refuses_sampling_and_streams(beam_server):
@@ -80,31 +75,18 @@ def test_beam_search_refuses_sampling_and_streams(beam_server):
         assert response.status_code == 422 and reason in response.json()["error"]
 
 
-def transformers_beams(model, tokenizer, width: int, num_return: int) -> list[list[int]]:
-    ids = tokenizer(PROMPT).input_ids
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids]),
-            num_beams=width,
-            num_return_sequences=num_return,
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.eos_token_id,
-        )
-    return [sequence[len(ids) :].tolist() for sequence in out]
-
-
 def test_generate_beam_search_extension_returns_the_other_beams_as_best_of_sequences(beam_server):
     server, model, tokenizer = beam_server
     parameters = {"best_of": 3, "use_beam_search": True, "max_new_tokens": MAX_TOKENS, "details": True}
     body = httpx.post(f"{server.base_url}/generate", json={"inputs": PROMPT, "parameters": parameters}, timeout=120)
     assert body.status_code == 200, body.text
     answer = body.json()
-    expected = transformers_beams(model, tokenizer, 3, 3)
+    expected = transformers_beams(
+        model, tokenizer(PROMPT).input_ids, 3, MAX_TOKENS, tokenizer.eos_token_id, num_return=3
+    )
     texts = [answer["generated_text"], *(s["generated_text"] for s in answer["details"]["best_of_sequences"])]
-    assert texts == [tokenizer.decode(ids, skip_special_tokens=True) for ids in expected]
-    assert [t["id"] for t in answer["details"]["tokens"]] == expected[0]
+    assert texts == [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in expected]
+    assert [t["id"] for t in answer["details"]["tokens"]] == expected[0][0]
 
 
 def test_lightllm_beam_mode_searches_best_of_beams(tmp_path):
@@ -126,5 +108,5 @@ def test_lightllm_beam_mode_searches_best_of_beams(tmp_path):
     with launched(command, dict(os.environ), "beam-mode-") as server:
         body = httpx.post(f"{server.base_url}/generate", json={"inputs": PROMPT, "parameters": parameters}, timeout=120)
     assert body.status_code == 200, body.text
-    (best,) = transformers_beams(model, tokenizer, 2, 1)
+    ((best, _),) = transformers_beams(model, tokenizer(PROMPT).input_ids, 2, MAX_TOKENS, tokenizer.eos_token_id)
     assert body.json()["generated_text"] == tokenizer.decode(best, skip_special_tokens=True)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from tests.modeling.beam_reference import transformers_beams
 from tests.modeling.helpers import tiny_hf_model
 from tgi_compat.api.serving.beam_search import BeamSearchParams, beam_search
 from tgi_compat.router.client import InProcessEngineClient
@@ -30,25 +31,6 @@ def tiny_llama(tmp_path_factory):
     return model, str(folder), int(greedy[0, -1])
 
 
-def transformers_beam(
-    model, eos: int, num_beams: int, length_penalty: float, early_stopping
-) -> tuple[list[int], float]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([PROMPT]),
-            num_beams=num_beams,
-            max_new_tokens=MAX_NEW_TOKENS,
-            do_sample=False,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            eos_token_id=eos,
-            pad_token_id=eos,
-            return_dict_in_generate=True,
-            output_scores=True,
-        )
-    return out.sequences[0, len(PROMPT) :].tolist(), float(out.sequences_scores[0])
-
-
 @pytest.mark.parametrize(
     ("num_beams", "length_penalty", "early_stopping"),
     [(2, 1.0, False), (3, 0.5, True), (4, 2.0, "never"), (3, -1.0, False)],
@@ -66,7 +48,9 @@ def test_best_beam_equals_transformers(tiny_llama, num_beams, length_penalty, ea
             await client.shutdown()
 
     best = asyncio.run(run())[0]
-    expected_ids, expected_score = transformers_beam(model, eos, num_beams, length_penalty, early_stopping)
+    ((expected_ids, expected_score),) = transformers_beams(
+        model, PROMPT, num_beams, MAX_NEW_TOKENS, eos, length_penalty=length_penalty, early_stopping=early_stopping
+    )
     padded = best.token_ids + [eos] * (len(expected_ids) - len(best.token_ids))  # transformers pads with eos here
     assert padded == expected_ids
     assert abs(best.score - expected_score) <= 1e-4

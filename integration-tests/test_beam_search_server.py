@@ -73,6 +73,9 @@ def test_beam_search_refuses_sampling_and_streams(beam_server):
         body = {"prompt": PROMPT, "max_tokens": 4, "use_beam_search": True, **extra}
         response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
         assert response.status_code == 422 and reason in response.json()["error"]
+    parameters = {"use_beam_search": True, "max_new_tokens": 4}
+    stream = httpx.post(f"{server.base_url}/generate_stream", json={"inputs": PROMPT, "parameters": parameters})
+    assert "`use_beam_search` is not supported when streaming tokens" in stream.text
 
 
 def test_generate_beam_search_extension_returns_the_other_beams_as_best_of_sequences(beam_server):

@@ -89,3 +89,25 @@ def test_in_process_client_streams_one_scored_event_per_request(classifier):
     for ids, events in zip(batch_prompts, asyncio.run(run())):
         assert len(events) == 1
         assert (torch.tensor(events[0].pooled) - hf_pooled(model, ids)).abs().max().item() <= 1e-4
+
+
+def test_a_failing_prompt_fails_alone(classifier):
+    """A batch that raises is run again request by request: only the request that fails gets an error."""
+    model, folder = classifier
+    engine = engine_for(folder)
+    pool = engine.runner.pool
+
+    def pool_unless_poisoned(batch):
+        if 99 in batch.input_ids.tolist():
+            raise RuntimeError("poisoned prompt")
+        return pool(batch)
+
+    engine.runner.pool = pool_unless_poisoned  # type: ignore[method-assign]
+    batch_prompts = [[5, 6, 7], [8, 99, 9], [10, 11]]
+    for i, ids in enumerate(batch_prompts):
+        engine.add_request(GenerateRequest(f"p{i}", ids, max_new_tokens=1))
+    events, _ = engine.run_once()
+    by_id = {e.request_id: e for e in events}
+    assert by_id["p1"].finish_reason == "error" and "poisoned prompt" in by_id["p1"].error
+    for i in (0, 2):
+        assert (torch.tensor(by_id[f"p{i}"].pooled) - hf_pooled(model, batch_prompts[i])).abs().max().item() <= 1e-4

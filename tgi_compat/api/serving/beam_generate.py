@@ -21,6 +21,12 @@ def wants_beam_search(params: GenerateParameters, beam_mode: bool) -> bool:
     return beam_mode and (params.best_of or 1) > 1 and not is_sampling(params)
 
 
+def check_not_streamed(params: GenerateParameters) -> None:
+    """A stream cannot carry a beam search: its tokens are only known once the search ends."""
+    if params.use_beam_search:
+        raise validation_error("`use_beam_search` is not supported when streaming tokens")
+
+
 async def generate_beams(
     state: AppState, frame: RequestFrame, inputs: str, params: GenerateParameters
 ) -> tuple[ValidatedRequest, list[GenerationResult]]:

@@ -16,7 +16,7 @@ from tgi_compat.api.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.sse import data_event
 from tgi_compat.api.protocol.tgi import CompatGenerateRequest, GenerateRequest, dump_json
-from tgi_compat.api.serving.beam_generate import generate_beams, wants_beam_search
+from tgi_compat.api.serving.beam_generate import check_not_streamed, generate_beams, wants_beam_search
 from tgi_compat.api.serving.frame import RequestFrame
 from tgi_compat.api.serving.responses import generate_response, stream_event_json, stream_headers, timing_headers
 from tgi_compat.api.serving.state import AppState, get_state
@@ -85,6 +85,7 @@ class GenerateService:
                 frame.span = span
                 try:
                     check_stream_only(body.parameters)
+                    check_not_streamed(body.parameters)
                     async with frame.admit(body.inputs, body.parameters) as admitted:
                         request = admitted.request
                         async with aclosing(admitted.stream_batches()) as batches:

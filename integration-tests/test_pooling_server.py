@@ -118,6 +118,8 @@ def test_lightllm_reward_model_scores_the_conversation(tmp_path):
     chat = "<user>How much is 2+2?</user><assistant>4</assistant>"
     with launched(command, {**os.environ, "LOG_LEVEL": "info"}, "pooling-reward-") as server:
         answer = httpx.post(f"{server.base_url}/get_score", json={"chat": chat}, timeout=60).json()
+        refused = httpx.post(f"{server.base_url}/get_score", json={"chat": chat, "max_new_tokens": 4}, timeout=60)
+    assert refused.status_code == 422 and "`max_new_tokens` is a generation parameter" in refused.json()["error"]
     ids = tokenizer(chat).input_ids
     assert answer["prompt_tokens"] == len(ids) and answer["finish_reason"] == "length"
     assert abs(answer["score"] - hf_pooled(model, ids).item()) <= 1e-4

@@ -55,10 +55,17 @@ GENERATION_FIELDS = frozenset(
 )
 
 
-class PoolingBody(BaseModel):
-    """What every pooling request carries (vLLM's PoolingBasicRequestMixin and CompletionRequestMixin)."""
+class _PoolingModelBody(BaseModel):
+    """A body for a pooling model: unknown fields are ignored, but generation parameters named."""
 
     model_config = ConfigDict(extra="allow")
+
+    def generation_fields(self) -> list[str]:
+        return sorted(GENERATION_FIELDS & set(self.model_extra or {}))
+
+
+class PoolingBody(_PoolingModelBody):
+    """What every pooling request carries (vLLM's PoolingBasicRequestMixin and CompletionRequestMixin)."""
 
     model: str | None = None
     input: PromptInput
@@ -66,9 +73,6 @@ class PoolingBody(BaseModel):
     truncate_prompt_tokens: int | None = None
     add_special_tokens: bool = True
     user: str | None = None
-
-    def generation_fields(self) -> list[str]:
-        return sorted(GENERATION_FIELDS & set(self.model_extra or {}))
 
     def prompts(self) -> list[str | list[int]]:
         """The batch, one prompt (text or token ids) each."""
@@ -93,10 +97,8 @@ class ClassificationRequest(PoolingBody):
     pass
 
 
-class ScoreRequest(BaseModel):
+class ScoreRequest(_PoolingModelBody):
     """LightLLM's `/get_score` body: the whole conversation as one prompt."""
-
-    model_config = ConfigDict(extra="allow")
 
     chat: str
 

@@ -32,6 +32,11 @@ from tgi_compat.router.request import FinishReason
 from tgi_compat.router.request import GenerateRequest as EngineRequest
 
 
+def _refuse_generation(body: PoolingBody | ScoreRequest) -> None:
+    if fields := body.generation_fields():
+        raise validation_error(f"`{fields[0]}` is a generation parameter; a pooling model takes none")
+
+
 class PoolingService:
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -67,6 +72,7 @@ class PoolingService:
         """LightLLM's `/get_score`: the reward of the whole conversation."""
         try:
             self._check_route("/get_score")
+            _refuse_generation(body)
             if len(labels := self.state.engine.info.labels) > 1:
                 raise validation_error(
                     f"a reward is one score; this classifier has {len(labels)} labels: use /classify"
@@ -107,8 +113,7 @@ class PoolingService:
 
     async def _pool_batch(self, body: PoolingBody, operation: str) -> tuple[list[list[float]], int]:
         """Every prompt of the body pooled: (outputs in input order, prompt tokens in all)."""
-        if fields := body.generation_fields():
-            raise validation_error(f"`{fields[0]}` is a generation parameter; a pooling model takes none")
+        _refuse_generation(body)
         prompts = body.prompts()
         if not prompts:
             raise validation_error("`input` cannot be empty")

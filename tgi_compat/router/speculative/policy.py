@@ -55,15 +55,18 @@ class AcceptanceStats:
         return (self.accepted + prior * self.prior_rate) / (self.accepted + self.rejected + prior)
 
 
-def choose_draft_lengths(rates: Sequence[float], caps: Sequence[int], table: StepCostTable) -> list[int]:
+def choose_draft_lengths(
+    rates: Sequence[float], caps: Sequence[int], table: StepCostTable, other_rows: int = 0, other_tokens: int = 0
+) -> list[int]:
     """Drafts to verify per request (at most caps[i], the drafts its proposer has) maximizing the step's
-    expected tokens per second; all zero when no draft pays for its rows."""
+    expected tokens per second; all zero when no draft pays for its rows. `other_rows` / `other_tokens`:
+    the rest of the step (prefill chunks, decodes that may not draft) and the tokens it yields."""
     candidates = sorted(
         ((rate**j, i) for i, (rate, cap) in enumerate(zip(rates, caps)) for j in range(1, cap + 1)),
         key=lambda c: -c[0],  # stable: a request's drafts stay in order
     )
-    num_rows = len(rates)
-    tokens = float(num_rows)
+    num_rows = len(rates) + other_rows
+    tokens = float(len(rates) + other_tokens)
     best_rate, best_count = tokens / table.cost(num_rows), 0
     for count, (worth, _) in enumerate(candidates, start=1):
         num_rows += 1

@@ -69,3 +69,12 @@ def test_acceptance_rate_starts_at_the_prior_and_follows_the_drafts():
     for _ in range(40):
         stats.record(num_drafts=4, num_accepted=0)
     assert stats.rate == pytest.approx((80 + 1) / (80 + 40 + 2))
+
+
+def test_the_rest_of_the_step_counts_in_its_cost():
+    # 8 drafting decodes alone stay on the flat part of the table; beside 200 decodes that may not draft
+    # (penalty rows) the step is compute-bound and a draft's worth no longer pays for its row
+    assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND) == [4] * 8
+    assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND, other_rows=200, other_tokens=200) == [0] * 8
+    # beside a long prefill chunk (many rows, no tokens) drafts are almost free: they stay
+    assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND, other_rows=600, other_tokens=0) == [4] * 8

@@ -66,10 +66,17 @@ def _outputs(events) -> dict[str, tuple]:
 @pytest.mark.parametrize("together", [True, False], ids=["concurrent", "alone"])
 def test_speculation_gives_the_plain_tokens(sampling, together):
     prompts = _prompts(24)
-    plain, _ = _run(None, prompts, sampling, together=together)
+    plain, plain_engine = _run(None, prompts, sampling, together=together)
     speculated, engine = _run(SPECULATE, prompts, sampling, together=together)
     assert _outputs(speculated) == _outputs(plain)
     counters = engine.scheduler.speculator.counters
+    report, plain_report = engine.stats.report(force=True), plain_engine.stats.report(force=True)
+    assert (report.spec_drafts, report.spec_accepted_tokens) == (counters.num_drafts, counters.num_accepted_tokens)
+    # verify chunks generate: they are not counted as prompt tokens
+    assert (report.prompt_tokens, report.generated_tokens) == (
+        plain_report.prompt_tokens,
+        plain_report.generated_tokens,
+    )
     assert counters.num_accepted_tokens > 0  # drafts were accepted ...
     assert counters.num_accepted_tokens < counters.num_draft_tokens  # ... and rejected
     # TGI: every accepted token is an event of its own

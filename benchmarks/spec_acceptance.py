@@ -17,6 +17,7 @@ import argparse
 import json
 import re
 import statistics
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.offline import LLM
+from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.ngram import NgramConfig, NgramProposer
 from tgi_compat.router.speculative.proposer import DraftProposer
 from tgi_compat.router.speculative.suffix import SuffixConfig, SuffixCorpus, SuffixProposer
@@ -179,14 +181,40 @@ def _table(model: str, workload: str, rows: dict) -> str:
     return "\n".join(lines)
 
 
+def time_batch_one(path: str, prompt: list[int], max_new_tokens: int) -> str:
+    """Wall and process CPU seconds of one greedy request through the engine, --speculate 0 against 4."""
+    lines = [
+        "| --speculate | output tokens | wall s | CPU s | tokens per CPU s |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for k in (0, 4):
+        speculative = SpeculativeConfig(k) if k else None
+        llm = LLM(EngineConfig(model_id=path, max_batch_total_tokens=4096, speculative=speculative))
+        llm.generate([prompt[:64]], max_new_tokens=8)  # warm-up
+        wall, cpu = time.perf_counter(), time.process_time()
+        tokens = len(llm.generate([prompt], max_new_tokens=max_new_tokens)[0].token_ids)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        lines.append(f"| {k} | {tokens} | {wall:.1f} | {cpu:.1f} | {tokens / cpu:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2,gemma3")
     parser.add_argument("--code-tokens", type=int, default=640, help="max_new_tokens of the code edits")
     parser.add_argument("--summary-tokens", type=int, default=256, help="max_new_tokens of the summaries")
     parser.add_argument("--out", default="spec_acceptance.json")
+    parser.add_argument("--time", type=int, default=0, help="also time the first code edit, N tokens, batch 1")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.time:
+        from tgi_compat.modeling.tokenizer import load_tokenizer
+
+        path = model_file(args.models.split(",")[0])
+        tokenizer = load_tokenizer(path)
+        chat = [{"role": "user", "content": code_edit_prompts(tokenizer)[0]}]
+        print(time_batch_one(path, tokenizer.encode(_chat_text(tokenizer, chat), add_special_tokens=False), args.time))
+        return
     limits = {"code-edit": args.code_tokens, "summarize": args.summary_tokens}
     report = {name: measure(name, model_file(name), limits) for name in args.models.split(",")}
     Path(args.out).write_text(json.dumps(report, indent=1))

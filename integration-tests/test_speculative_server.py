@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 
 import httpx
 import pytest
-from harness import _free_port, _launcher_command, launched
+from harness import _free_port, _launcher_command, launched, metric
 
 PROMPTS = [
     "Repeat: apple, banana, cherry, plum, apple, banana, cherry, plum, apple,",
@@ -65,3 +66,15 @@ def test_the_stream_has_one_event_per_token(speculating_server):
     whole = httpx.post(f"{speculating_server.base_url}/generate", json=body, timeout=300).json()
     assert [e["token"]["id"] for e in events] == _essentials(whole)[1]
     assert events[-1]["generated_text"] == whole["generated_text"]
+
+
+def test_metrics_count_the_accepted_drafts(speculating_server):
+    body = {"inputs": PROMPTS[0], "parameters": PARAMETERS["greedy"]}
+    assert httpx.post(f"{speculating_server.base_url}/generate", json=body, timeout=300).status_code == 200
+    url = speculating_server.base_url
+    deadline = time.monotonic() + 10  # the engine's counts reach the API with its next stats report
+    while not metric(url, "vllm:spec_decode_num_accepted_tokens_total") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    accepted = metric(url, "vllm:spec_decode_num_accepted_tokens_total")
+    assert 0 < accepted <= metric(url, "vllm:spec_decode_num_draft_tokens_total")
+    assert metric(url, "tgi_request_skipped_tokens_count") > 0 and metric(url, "tgi_request_skipped_tokens_sum") > 0

@@ -79,6 +79,8 @@ def test_speculation_gives_the_plain_tokens(sampling, together):
     )
     assert counters.num_accepted_tokens > 0  # drafts were accepted ...
     assert counters.num_accepted_tokens < counters.num_draft_tokens  # ... and rejected
+    # TGI's tgi_request_skipped_tokens: each request's accepted drafts, on its last event
+    assert sum(evs[-1].num_skipped_tokens for evs in speculated.values()) == counters.num_accepted_tokens
     # TGI: every accepted token is an event of its own
     assert all(len(e.token_ids) == 1 for evs in speculated.values() for e in evs)
 

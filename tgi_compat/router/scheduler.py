@@ -412,6 +412,8 @@ class Scheduler:
         if reason is not None:
             self.finish(request, reason)
             event.finish_reason = reason.value
+            if self.speculator is not None:
+                event.num_skipped_tokens = self.speculator.num_accepted(request)
 
     def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
         params = request.params  # TGI's order: length first, then EOS, then stop ids

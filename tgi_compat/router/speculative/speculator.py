@@ -90,6 +90,11 @@ class Speculator:
             counters.accepted_per_position[position] += 1
         return accepted
 
+    def num_accepted(self, request: Request) -> int:
+        """The request's accepted drafts so far (TGI's tgi_request_skipped_tokens)."""
+        state = self._states.get(request)
+        return 0 if state is None else state.acceptance.accepted
+
     def _propose(self, chunk: ScheduledChunk) -> list[int]:
         request = chunk.request
         state = self._states.get(request)

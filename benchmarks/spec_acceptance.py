@@ -91,7 +91,11 @@ def summarize_prompts(tokenizer) -> list[str]:
 
 
 def _chat_text(tokenizer, chat: list[dict]) -> str:
-    """The chat template's text (it writes the BOS itself, so the ids are encoded without special tokens)."""
+    """The chat template's text (it writes the BOS itself, so the ids are encoded without special tokens).
+    The Gemma 3 GGUF's tokenizer comes without a template: Gemma's turn format then."""
+    if tokenizer.chat_template is None:
+        turns = "".join(f"<start_of_turn>{m['role']}\n{m['content']}<end_of_turn>\n" for m in chat)
+        return f"<bos>{turns}<start_of_turn>model\n"
     return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
 
 
@@ -216,8 +220,10 @@ def main() -> None:
         print(time_batch_one(path, tokenizer.encode(_chat_text(tokenizer, chat), add_special_tokens=False), args.time))
         return
     limits = {"code-edit": args.code_tokens, "summarize": args.summary_tokens}
-    report = {name: measure(name, model_file(name), limits) for name in args.models.split(",")}
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    report = {}
+    for name in args.models.split(","):
+        report[name] = measure(name, model_file(name), limits)
+        Path(args.out).write_text(json.dumps(report))  # after each model: a later failure keeps it
 
 
 if __name__ == "__main__":

@@ -208,3 +208,31 @@ def test_prefix_caching_in_every_spelling(monkeypatch):
         _config(["--enable-prefix-caching", "--no-enable-prefix-caching"])
     assert _config([]).enable_prompt_tokens_details is False
     assert _config(["--enable-prompt-tokens-details"]).enable_prompt_tokens_details is True
+
+
+def test_speculation_flags_reach_the_engine():
+    assert _config([]).to_engine_config().speculative is None
+    assert _config(["--speculate", "0"]).to_engine_config().speculative is None
+    tgi = _config(["--speculate", "4"])
+    assert unimplemented_options(tgi) == []
+    speculative = tgi.to_engine_config().speculative
+    assert speculative is not None and (speculative.method, speculative.num_speculative_tokens) == ("ngram", 4)
+    vllm = _config(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2}'])
+    speculative = vllm.to_engine_config().speculative
+    assert speculative is not None and speculative.num_speculative_tokens == 3 and speculative.ngram.min_n == 2
+    suffix = _config(["--speculative-config", '{"method": "suffix", "num_speculative_tokens": 8}'])
+    assert suffix.to_engine_config().speculative.method == "suffix"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'], "not supported"),
+        (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}'], "keys: model"),
+        (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens"),
+        (["--speculate", "2", "--speculative-config", '{"num_speculative_tokens": 2}'], "not both"),
+    ],
+)
+def test_speculation_flag_errors(argv, message):
+    with pytest.raises(LauncherError, match=message):
+        _config(argv)

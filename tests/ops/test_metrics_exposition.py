@@ -194,6 +194,18 @@ def test_prefix_cache_counters_follow_the_engines_cumulative_counts(metrics):
     assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits, snapshot.cached_tokens) == (150, 90, 77)
 
 
+def test_spec_decode_counters_follow_the_engines_cumulative_counts(metrics):
+    for drafts, draft_tokens, accepted in ((10, 40, 25), (12, 48, 30), (12, 48, 30)):
+        stats = EngineStats(0, 0, 0, 0, 1000, spec_drafts=drafts, spec_draft_tokens=draft_tokens)
+        stats.spec_accepted_tokens = accepted
+        metrics.apply_engine_stats(STATS_DECODER.decode(STATS_ENCODER.encode(stats)))
+    got = samples(metrics)
+    model = (("model_name", "smol"),)
+    assert got[("vllm:spec_decode_num_drafts_total", model)] == 12
+    assert got[("vllm:spec_decode_num_draft_tokens_total", model)] == 48
+    assert got[("vllm:spec_decode_num_accepted_tokens_total", model)] == 30
+
+
 def test_api_side_occupancy_until_the_engine_reports(metrics):
     with metrics.track_inflight() as first, metrics.track_inflight():
         got = samples(metrics)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from tgi_compat.api.lora_flags import parse_lora_module, parse_tgi_lora_adapters
 from tgi_compat.router.config import EngineConfig, LoraSource
+from tgi_compat.router.speculative.config import SpeculativeConfig
 
 
 def default_model_id() -> str:
@@ -30,7 +31,8 @@ class ServerConfig:
     kv_cache_dtype: str | None = None
     load_format: str = "auto"  # vLLM --load-format: auto (the checkpoint) | dummy (random weights, no files)
     trust_remote_code: bool = False
-    speculate: int | None = None
+    speculate: int | None = None  # TGI: n-gram drafts per step
+    speculative_config: str | None = None  # vLLM's JSON (ngram / suffix); not with --speculate
     rope_scaling: str | None = None
     rope_factor: float | None = None
     tokenizer_config_path: str | None = None
@@ -149,6 +151,7 @@ class ServerConfig:
             grammar_compile_timeout=self.grammar_compile_timeout,
             image_cache_capacity=self.image_cache_capacity,
             image_cache_reserved_ratio=self.image_cache_reserved_ratio,
+            speculative=self.speculative,
         )
         self._lora_into(engine)
         if self.max_batch_prefill_tokens is not None:
@@ -156,6 +159,15 @@ class ServerConfig:
         if self.max_batch_size is not None:
             engine.max_running_requests = self.max_batch_size
         return engine
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """ValueError: the flags contradict each other or the JSON is not a supported configuration."""
+        if self.speculative_config is not None:
+            if self.speculate is not None:
+                raise ValueError("give --speculate or --speculative-config, not both")
+            return SpeculativeConfig.from_vllm_json(self.speculative_config)
+        return SpeculativeConfig.from_tgi(self.speculate) if self.speculate else None
 
     @property
     def lora_sources(self) -> list[LoraSource]:

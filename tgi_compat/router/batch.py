@@ -38,6 +38,9 @@ class LogitsLayout:
     prompt_rows: list[int]  # logits rows scoring prompt tokens
     prompt_next_ids: list[int]  # the prompt token each of those rows predicts
     prompt_chunks: list[tuple[int, int]]  # (chunk index, number of rows), in row order
+    # Verify chunks sample every position: each sampled row's position in its chunk (its noise counter's
+    # offset), None when no chunk of the step verifies drafts
+    sample_offsets: list[int] | None = None
 
 
 def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
@@ -170,6 +173,8 @@ def build_step_batch(
             assert chunk.num_tokens == 1 and previous_ids is not None
             pending.append((offset, pending_row))
             input_ids.append(0)
+        elif chunk.drafts:
+            input_ids += request.token_ids(chunk.start, chunk.end - len(chunk.drafts)) + chunk.drafts
         else:
             input_ids += request.token_ids(chunk.start, chunk.end)
         out_slots += chunk.slots
@@ -180,10 +185,15 @@ def build_step_batch(
             logits_indices += range(offset, offset + num_rows)
             layout.prompt_next_ids += request.params.prompt_ids[chunk.start + 1 : chunk.start + 1 + num_rows]
             layout.prompt_chunks.append((index, num_rows))
-        if chunk.is_sampled:
+        if chunk.drafts:
+            _add_verify_rows(layout, index, chunk.num_tokens, len(logits_indices))
+            logits_indices += range(offset, offset + chunk.num_tokens)
+        elif chunk.is_sampled:
             layout.sample_rows.append(len(logits_indices))
             layout.sampled_chunks.append(index)
             logits_indices.append(offset + chunk.num_tokens - 1)
+            if layout.sample_offsets is not None:
+                layout.sample_offsets.append(0)
     batch = build_forward_batch(
         input_ids=input_ids,
         req_rows=req_rows,
@@ -202,6 +212,15 @@ def build_step_batch(
     if plan.cached_prefixes:
         batch.cached_prefix_slots = _cached_prefix_slots(plan.cached_prefixes, torch.device(device))
     return batch, layout
+
+
+def _add_verify_rows(layout: LogitsLayout, chunk_index: int, num_tokens: int, first_row: int) -> None:
+    """A verify chunk samples each of its positions, the j-th with its noise counter j tokens ahead."""
+    if layout.sample_offsets is None:
+        layout.sample_offsets = [0] * len(layout.sample_rows)
+    layout.sample_rows += range(first_row, first_row + num_tokens)
+    layout.sampled_chunks += [chunk_index] * num_tokens
+    layout.sample_offsets += range(num_tokens)
 
 
 def _cached_prefix_slots(prefixes: list[tuple[int, list[int]]], device: torch.device) -> torch.Tensor:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tgi_compat.router.speculative.config import SpeculativeConfig
+
 
 @dataclass(frozen=True, slots=True)
 class LoraSource:
@@ -64,3 +66,5 @@ class EngineConfig:
     image_cache_reserved_ratio: float = 0.5
     grammar_cache_bytes: int = 512 * 2**20
     grammar_compile_timeout: float = 30.0
+    # Speculative decoding with model-free drafts (TGI --speculate N, vLLM --speculative-config); None: off
+    speculative: SpeculativeConfig | None = None

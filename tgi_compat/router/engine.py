@@ -43,6 +43,7 @@ from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest, Request
 from tgi_compat.router.runner_api import Runner
 from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
+from tgi_compat.router.speculative.speculator import Speculator
 from tgi_compat.router.stats import EngineStats
 from tgi_compat.router.step import StepPlan, StepResult
 from tgi_compat.router.validation import validate_request
@@ -86,6 +87,9 @@ class EngineCore:
         self.stats = EngineStatsTracker(self.scheduler)
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
+        if config.speculative is not None:  # a step's drafts are made from the tokens of the step before, on the host
+            self.scheduler.speculator = Speculator(config.speculative)
+            self.overlap_scheduling = False
         self._in_flight: LaunchedStep | None = None  # launched, not yet updated (overlap scheduling)
         self.grammar = None  # tgi_compat.router.grammar.GrammarBackend, built on the first grammar request
         self._pending_events: list[TokenEvent] = []  # final events of requests that never reached the scheduler

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.scheduler import Scheduler
+from tgi_compat.router.speculative.speculator import SpeculationCounters
 from tgi_compat.router.stats import EngineStats, StatsAccumulator, StepStats
 from tgi_compat.router.step import StepPlan, StepResult
 
@@ -46,6 +47,7 @@ class EngineStatsTracker:
         if not (force or self.accumulator.due()):
             return None
         scheduler, pool = self.scheduler, self.scheduler.pool
+        speculation = SpeculationCounters() if scheduler.speculator is None else scheduler.speculator.counters
         return self.accumulator.flush(
             queue_size=len(scheduler.waiting),
             running=len(scheduler.running),
@@ -58,6 +60,9 @@ class EngineStatsTracker:
             prefix_cache_queries=pool.num_prefix_queried_tokens,
             prefix_cache_hits=pool.num_prefix_hit_tokens,
             kv_cached=0 if pool.prefix_cache is None else pool.prefix_cache.num_cached_tokens,
+            spec_drafts=speculation.num_drafts,
+            spec_draft_tokens=speculation.num_draft_tokens,
+            spec_accepted_tokens=speculation.num_accepted_tokens,
         )
 
 
@@ -68,6 +73,6 @@ def _prompt_tokens_and_new_requests(plan: StepPlan) -> tuple[int, int]:
         if chunk.start == 0:
             new_requests += 1
             prompt_tokens += chunk.num_tokens
-        elif chunk.num_tokens != 1:
+        elif chunk.num_tokens != 1 and not chunk.drafts:  # (a verify chunk generates)
             prompt_tokens += chunk.num_tokens
     return prompt_tokens, new_requests

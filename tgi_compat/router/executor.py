@@ -53,6 +53,7 @@ class _DeferredSampling:
 
     logits: torch.Tensor  # [R, vocab] in the model's dtype, on the device
     requests: list[Request]
+    offsets: list[int] | None  # LogitsLayout.sample_offsets
 
 
 @dataclass(slots=True)
@@ -66,6 +67,7 @@ class LaunchedStep:
     sampled_chunks: list[int]  # index in plan.chunks of each sampled row
     prompt: _PromptRows | None
     deferred: _DeferredSampling | None = None  # sampling not queued yet (StepExecutor.sample)
+    verifies: bool = False  # some chunk verifies drafts: it has a sampled row per position
 
     @property
     def sampled_ids(self) -> torch.Tensor | None:
@@ -80,11 +82,14 @@ class LaunchedStep:
         result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
         if self.sampled is not None:
             tokens = self.sampled.rows()
-            if len(tokens) == len(plan.chunks):  # every chunk sampled
+            if len(tokens) == len(plan.chunks) and not self.verifies:  # every chunk sampled once
                 result.tokens = cast(list[SampledToken | None], tokens)  # the same list; every row is a token
             else:
                 for chunk_index, token in zip(self.sampled_chunks, tokens):
-                    result.tokens[chunk_index] = token
+                    if result.tokens[chunk_index] is None:
+                        result.tokens[chunk_index] = token
+                    else:  # a verify chunk's next positions
+                        result.verified.setdefault(chunk_index, []).append(token)
         if self.prompt is not None:
             scored, offset = self.prompt.rows.rows(), 0
             for chunk_index, num_rows in self.prompt.chunks:
@@ -135,6 +140,8 @@ class StepExecutor:
         merged = StepResult(tokens=[], prompt_scores=[])
         for chunk in plan.chunks:  # (rewriting every hit's row each time is harmless: same slots)
             single = self.execute(StepPlan(chunks=[chunk], cached_prefixes=plan.cached_prefixes))
+            if single.verified:
+                merged.verified[len(merged.tokens)] = single.verified[0]
             merged.tokens += single.tokens
             merged.prompt_scores += single.prompt_scores or [None]
             merged.errors.update(single.errors)
@@ -162,13 +169,15 @@ class StepExecutor:
             sampled = self._greedy_sampled(logits)
         else:
             if layout.sample_rows:
+                rows = self._rows(logits, layout.sample_rows)
                 if defer_sampling:
-                    deferred = _DeferredSampling(self._rows(logits, layout.sample_rows), requests)
+                    deferred = _DeferredSampling(rows, requests, layout.sample_offsets)
                 else:
-                    sampled = self._sample(self._rows(logits, layout.sample_rows), requests)
+                    sampled = self._sample(rows, requests, layout.sample_offsets)
             if layout.prompt_chunks:
                 prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
-        return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt, deferred)
+        verifies = layout.sample_offsets is not None
+        return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt, deferred, verifies)
 
     @torch.inference_mode()
     def sample(self, launched: LaunchedStep) -> None:
@@ -176,7 +185,7 @@ class StepExecutor:
         now, from the tokens the matchers have accepted so far, while its forward runs."""
         deferred, launched.deferred = launched.deferred, None
         if deferred is not None:
-            launched.sampled = self._sample(deferred.logits, deferred.requests)
+            launched.sampled = self._sample(deferred.logits, deferred.requests, deferred.offsets)
 
     def _greedy_only(self, layout: LogitsLayout, requests: list[Request], num_rows: int) -> bool:
         """Whether the step takes only each logits row's greedy choice (every row sampled, no prompt scored, every
@@ -196,8 +205,12 @@ class StepExecutor:
         # no top-n: nothing reads all_logprobs
         return SamplerOutput(choice.token_ids, packed[1], None, all_logprobs=packed, packed=packed).start_copy()
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> SampledRows:
-        output = self.sampler(logits, self._sampling_batch(requests))
+    def _sample(self, logits: torch.Tensor, requests: list[Request], offsets: list[int] | None) -> SampledRows:
+        batch = self._sampling_batch(requests)
+        if offsets is not None:  # verify rows: position j of a chunk draws with the noise of the j-th next token
+            steps = batch.steps + torch.tensor(offsets, dtype=torch.int64).to(self.device, non_blocking=True)
+            batch = dataclasses.replace(batch, steps=steps)
+        output = self.sampler(logits, batch)
         self.sampling_cache.sampled(output.token_ids)
         return output.start_copy()
 

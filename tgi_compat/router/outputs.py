@@ -28,3 +28,4 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True):
     num_prompt_tokens: int = 0  # prompt tokens the engine actually ran (after healing)
     num_cached_tokens: int = 0  # of those, found in the prefix cache (not computed); first event only
     pooled: list[float] | None = None  # a pooling model's output for the prompt (embedding or scores), its only event
+    num_skipped_tokens: int | None = None  # speculative decoding: the request's accepted drafts; last event only

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tgi_compat.router.admission import AdmissionLimits, RequestTokens, can_admit
 from tgi_compat.router.kv_slots import KVSlotPool
@@ -37,6 +38,9 @@ from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.prefix_cache import PrefixCache, common_prefix_length
 from tgi_compat.router.request import FinishReason, Request, RequestStatus
 from tgi_compat.router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, StepResult
+
+if TYPE_CHECKING:
+    from tgi_compat.router.speculative.speculator import Speculator
 
 # A waiting request is deferred for a sibling's prefill only when they share at least this many
 # prompt tokens (or all of a shorter prompt): a short overlap costs less to compute twice than a wait.
@@ -95,6 +99,7 @@ class Scheduler:
         # the waiting requests deferred for one of them (-> that one, tokens they share).
         self._prefilling: list[Request] = []
         self._deferred: dict[Request, tuple[Request, int]] = {}
+        self.speculator: Speculator | None = None  # speculative decoding (set by the engine), None: off
 
     # ---- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -121,6 +126,8 @@ class Scheduler:
             self._decode_steps_since_admission += 1
             if self._admission_is_due():
                 self._admit_waiting(plan, budget)
+            if self.speculator is not None:
+                self.speculator.add_drafts(plan, self.pool)
             return plan
         index = 0
         while index < len(self.running):
@@ -134,6 +141,8 @@ class Scheduler:
             index += 1
         if not plan.preempted:  # after a preemption the pool is tight: admit nobody this step
             self._admit_waiting(plan, budget)
+        if self.speculator is not None and not plan.preempted:
+            self.speculator.add_drafts(plan, self.pool)
         return plan
 
     def _admission_is_due(self) -> bool:
@@ -318,7 +327,7 @@ class Scheduler:
     def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
         events = [TokenEvent(r.request_id, finish_reason=FinishReason.ABORT.value) for r in plan.aborted]
         scores = result.prompt_scores or [None] * len(plan.chunks)
-        for chunk, sampled, prompt_scores in zip(plan.chunks, result.tokens, scores):
+        for index, (chunk, sampled, prompt_scores) in enumerate(zip(plan.chunks, result.tokens, scores)):
             request = chunk.request
             if request.is_finished:
                 continue
@@ -335,9 +344,30 @@ class Scheduler:
                 _record_prompt_scores(request, chunk.start, prompt_scores)
             if chunk.is_sampled:
                 assert sampled is not None, f"chunk of {request.request_id} was sampled but has no token"
-                events.append(self._append_token(request, sampled))
+                if chunk.drafts:
+                    events += self._append_verified(chunk, [sampled, *result.verified[index]])
+                else:
+                    events.append(self._append_token(request, sampled))
             elif request in self._prefilling and request.status is RequestStatus.RUNNING:
                 self._publish_prefix(request)  # a prefill chunk: waiters may take it from the cache now
+        return events
+
+    def _append_verified(self, chunk: ScheduledChunk, tokens: list[SampledToken]) -> list[TokenEvent]:
+        """A verify chunk's tokens up to its first that differs from the drafts, each its own event as in TGI,
+        until one ends the request; the K/V slots of the positions past them go straight back to the pool."""
+        assert self.speculator is not None  # it made the drafts
+        request = chunk.request
+        num_accepted = self.speculator.verify(chunk, [t.token_id for t in tokens])
+        events = []
+        for j, token in enumerate(tokens[: num_accepted + 1]):
+            request.num_kv_written = chunk.start + 1 + j  # the K/V before token j (never past the tokens kept)
+            events.append(self._append_token(request, token))
+            if request.is_finished:  # (its slots are all released)
+                return events
+        keep = chunk.start + 1 + num_accepted  # the newest token has no K/V yet, as after a plain decode
+        self.pool.free(request.slots[keep:])
+        del request.slots[keep:]
+        request.num_computed_tokens = keep
         return events
 
     def tokens_in_flight(self, plan: StepPlan, sampled_chunks: list[int]) -> None:
@@ -382,6 +412,8 @@ class Scheduler:
         if reason is not None:
             self.finish(request, reason)
             event.finish_reason = reason.value
+            if self.speculator is not None:
+                event.num_skipped_tokens = self.speculator.num_accepted(request)
 
     def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
         params = request.params  # TGI's order: length first, then EOS, then stop ids

@@ -38,6 +38,9 @@ class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
     prefix_cache_queries: int = 0  # cumulative tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # cumulative tokens found there (not computed again)
     kv_cached: int = 0  # KV slots the prefix cache holds (in use or evictable)
+    spec_drafts: int = 0  # cumulative verify chunks (speculative decoding)
+    spec_draft_tokens: int = 0  # cumulative draft tokens verified
+    spec_accepted_tokens: int = 0  # cumulative draft tokens accepted
     steps: list[StepStats] = []  # steps since the previous report
 
 

@@ -29,6 +29,9 @@ class ScheduledChunk(msgspec.Struct, gc=False):
     is_sampled: bool  # the chunk reaches the end of the sequence, so the next token is drawn
     # Positions whose logits score the next prompt token; None when prompt logprobs are not wanted.
     num_prompt_logprob_rows: int | None = None
+    # Speculative decoding: the draft tokens after the sequence's last token (the chunk's tail positions);
+    # every position of the chunk is sampled (tgi_compat/router/speculative/speculator.py).
+    drafts: list[int] | None = None
 
     @property
     def end(self) -> int:
@@ -74,6 +77,8 @@ class StepResult:
     tokens: list[SampledToken | None]  # None where the chunk was not sampled
     prompt_scores: list[PromptScores | None] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # request_id -> message; those requests fail
+    # Verify chunks: chunk index -> the tokens sampled at its draft positions (after `tokens`' own one)
+    verified: dict[int, list[SampledToken]] = field(default_factory=dict)
     forward_s: float = 0.0  # model forward time (for stats)
     sample_s: float = 0.0  # sampling + device-to-host copy time (for stats)
 

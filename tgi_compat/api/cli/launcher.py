@@ -87,7 +87,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("sharded", "Whether to shard the model across GPUs (true|false). true without --num-shard: every visible GPU.", _true_false),
     Flag("num-shard", "Number of shards (GPUs) for tensor parallelism. Default: the devices in CUDA_VISIBLE_DEVICES (else NVIDIA_VISIBLE_DEVICES), 1 on CPU.", int),
     Flag("quantize", "Weight quantization. fp8 (FP8 weights and activations) and eetq (int8 weights) quantize the checkpoint while loading; awq, gptq, compressed-tensors and fp8 also name a pre-quantized checkpoint's scheme, which is detected from its config.json anyway. exl2, marlin and bitsandbytes* are refused.", _QUANTIZE),
-    Flag("speculate", "Number of speculative tokens (n-gram / medusa).", int),
+    Flag("speculate", "Number of speculative tokens: n-gram drafts verified per step (0: off; no Medusa heads yet).", int),
     Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", _choice("float16", "bfloat16", "float32")),
     Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2 store K and V in one byte (twice the tokens; unit scale); vLLM's fp8, fp8_e4m3 and auto are accepted too.", _choice("fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3", "auto")),
     Flag("load-format", "vLLM's --load-format: auto reads the checkpoint; dummy serves random weights of the checkpoint's names and shapes, made on the GPU (the model folder needs only config.json and a tokenizer): for benchmarks.", _choice("auto", "dummy"), "auto"),
@@ -163,6 +163,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("tensor-parallel-size", "vLLM/AIAK spelling of --num-shard.", int, short="tp"),
     Flag("quantization", "vLLM/AIAK spelling of --quantize: awq, gptq, fp8, compressed-tensors, weight_only_int8 (int8 weights, quantized while loading or from an int8 checkpoint) or smooth_quant (a W8A8 checkpoint from `python -m tgi_compat.quantize`).", _QUANTIZATION),
     Flag("enforce-eager", "Run every decode step eagerly (no CUDA graphs), whatever --cuda-graphs says."),
+    Flag("speculative-config", 'vLLM: speculative decoding as JSON, model-free methods only: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4} or {"method": "suffix", ...}.', str),
     Flag("enable-prefix-caching", "vLLM: prefix caching on (the default; same as PREFIX_CACHING=1)."),
     Flag("no-enable-prefix-caching", "vLLM: prefix caching off (same as PREFIX_CACHING=0)."),
     Flag("enable-prompt-tokens-details", "vLLM: report `usage.prompt_tokens_details.cached_tokens` in OpenAI responses."),
@@ -281,6 +282,10 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
     values["eos_token_ids"] = values["eos_token_ids"] or []
     config = ServerConfig(**values)
     _check_lora(config)
+    try:
+        config.speculative  # noqa: B018 - parsed here so that a bad flag stops the launcher, not the engine
+    except ValueError as exc:
+        raise LauncherError(str(exc)) from None
     return config
 
 
@@ -310,7 +315,6 @@ def _quantize_value(quantization: str | None, quantize: str | None) -> str | Non
 
 # Options accepted for compatibility whose feature does not exist (yet) in this server.
 _NOT_IMPLEMENTED: dict[str, Callable[[ServerConfig], bool]] = {
-    "--speculate": lambda c: c.speculate is not None,
     "--rope-scaling/--rope-factor": lambda c: c.rope_scaling is not None or c.rope_factor is not None,
     "--watermark-gamma/--watermark-delta": lambda c: c.watermark_gamma is not None or c.watermark_delta is not None,
     "--waiting-served-ratio": lambda c: c.waiting_served_ratio != 0.3,

@@ -318,6 +318,7 @@ class ServerMetrics:
         if stats.prompt_tokens or stats.generated_tokens:
             self._engine_tokens = (stats.prompt_tokens, stats.generated_tokens)
         self._apply_prefix_cache_stats(stats.prefix_cache_queries, stats.prefix_cache_hits, stats.kv_cached)
+        self.vllm.spec_decode.apply(stats.spec_drafts, stats.spec_draft_tokens, stats.spec_accepted_tokens)
         if stats.kv_total and self.tgi.batch_max_total_tokens.value() is None:
             self.set_max_batch_total_tokens(stats.kv_total)
         for step in stats.steps:

@@ -73,6 +73,29 @@ def one_two_five_buckets(maximum: int) -> list[float]:
         exponent += 1
 
 
+class SpecDecodeCounters:
+    """vLLM's vllm:spec_decode_* counters, advanced by the engine's cumulative counts (a repeated report adds
+    nothing)."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        self.model_name = model_name
+        self.counters = [
+            Counter(f"vllm:spec_decode_num_{name}", doc, ["model_name"], registry=registry)
+            for name, doc in (
+                ("drafts", "Number of spec decoding drafts."),
+                ("draft_tokens", "Number of draft tokens."),
+                ("accepted_tokens", "Number of accepted tokens."),
+            )
+        ]
+        self._seen = [0, 0, 0]
+
+    def apply(self, drafts: int, draft_tokens: int, accepted_tokens: int) -> None:
+        for i, total in enumerate((drafts, draft_tokens, accepted_tokens)):
+            if total > self._seen[i]:
+                self.counters[i].labels(self.model_name).inc(total - self._seen[i])
+                self._seen[i] = total
+
+
 class VllmFamilies:
     """vLLM's request and engine series, labelled by model_name as vLLM labels them."""
 
@@ -90,6 +113,7 @@ class VllmFamilies:
         self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.gpu_cache_usage = gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.")
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.spec_decode = SpecDecodeCounters(registry, model_name)
         # Read with the two above by the Gateway API Inference Extension (llm-d) to route: the sample
         # with the newest value (a timestamp) names the adapters. No LoRA is served: max_lora 0, none.
         # Set with the engine's stats (ServerMetrics.set_engine_stats), like the gauges above.

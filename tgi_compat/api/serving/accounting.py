@@ -72,4 +72,5 @@ def succeeded(
         time_to_first_token_s=ttft,
         finish_reason=result.finish_reason,
         n=n,
+        skipped_tokens=result.skipped_tokens,
     )

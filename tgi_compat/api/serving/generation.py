@@ -59,6 +59,7 @@ class GenerationResult:
     prefill: list[PrefillToken] = field(default_factory=list)
     prefill_top_tokens: list[list[Token]] = field(default_factory=list)  # return_all_prompt_logprobs
     cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
+    skipped_tokens: int | None = None  # speculative decoding: accepted drafts (when the engine ended the request)
 
     @property
     def generated_tokens(self) -> int:
@@ -196,6 +197,7 @@ class _Sequence:
             prefill=self.prefill,
             prefill_top_tokens=self.prefill_top_tokens,
             cached_tokens=self.cached_tokens,
+            skipped_tokens=event.num_skipped_tokens,
         )
 
 

@@ -1,0 +1,80 @@
+"""The draft-length policy (tgi_compat/router/speculative/policy.py): a pure function of rates, caps and step costs."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from tgi_compat.router.speculative.policy import AcceptanceStats, StepCostTable, choose_draft_lengths
+
+# A memory-bound device: a step's time hardly moves up to 64 rows, then grows with the rows.
+MEMORY_BOUND = StepCostTable(rows=(1, 64, 512), seconds=(4.0e-3, 4.6e-3, 30e-3))
+COMPUTE_BOUND = StepCostTable(rows=(1, 2), seconds=(1e-3, 2e-3))  # every row costs the same
+
+
+def test_cost_is_linear_between_points_and_extrapolated():
+    assert MEMORY_BOUND.cost(1) == pytest.approx(4.0e-3)
+    assert MEMORY_BOUND.cost(64) == pytest.approx(4.6e-3)
+    assert MEMORY_BOUND.cost(288) == pytest.approx(4.6e-3 + (30e-3 - 4.6e-3) * 224 / 448)
+    assert MEMORY_BOUND.cost(1024) == pytest.approx(30e-3 + (30e-3 - 4.6e-3) * 512 / 448)
+    with pytest.raises(ValueError):
+        StepCostTable(rows=(4, 2), seconds=(1.0, 2.0))
+
+
+def test_batch_one_on_a_memory_bound_device_drafts_all_it_has():
+    assert choose_draft_lengths([0.7], [4], MEMORY_BOUND) == [4]
+    assert choose_draft_lengths([0.7], [0], MEMORY_BOUND) == [0]  # the proposer found nothing
+
+
+def test_where_each_row_costs_a_full_step_speculation_is_off():
+    assert choose_draft_lengths([0.9, 0.5, 0.99], [8, 8, 8], COMPUTE_BOUND) == [0, 0, 0]
+
+
+def test_large_batches_turn_speculation_off_and_small_ones_on():
+    assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND) == [4] * 8
+    assert choose_draft_lengths([0.6] * 256, [4] * 256, MEMORY_BOUND) == [0] * 256
+
+
+def test_drafts_go_to_the_requests_that_accept_them():
+    lengths = choose_draft_lengths([0.9] * 30 + [0.2] * 30, [4] * 60, MEMORY_BOUND)
+    assert sum(lengths[:30]) > sum(lengths[30:])
+    assert all(a >= b for a, b in zip(lengths[:30], lengths[30:]))
+
+
+def _throughput(rates, lengths, table):
+    tokens = sum(sum(r**j for j in range(k + 1)) for r, k in zip(rates, lengths))
+    return tokens / table.cost(len(rates) + sum(lengths))
+
+
+def test_the_choice_is_the_best_of_every_combination():
+    rng = random.Random(0)
+    table = StepCostTable(rows=(1, 6, 12), seconds=(1.0, 1.5, 4.0))
+    for _ in range(50):
+        rates = [rng.random() for _ in range(3)]
+        caps = [rng.randrange(5) for _ in range(3)]
+        best = max(_throughput(rates, c, table) for c in itertools.product(*(range(cap + 1) for cap in caps)))
+        chosen = choose_draft_lengths(rates, caps, table)
+        assert all(k <= cap for k, cap in zip(chosen, caps))
+        assert _throughput(rates, chosen, table) == pytest.approx(best)
+
+
+def test_acceptance_rate_starts_at_the_prior_and_follows_the_drafts():
+    stats = AcceptanceStats()
+    assert stats.rate == 0.5
+    for _ in range(20):
+        stats.record(num_drafts=4, num_accepted=4)  # never rejected
+    assert stats.rate > 0.97
+    for _ in range(40):
+        stats.record(num_drafts=4, num_accepted=0)
+    assert stats.rate == pytest.approx((80 + 1) / (80 + 40 + 2))
+
+
+def test_the_rest_of_the_step_counts_in_its_cost():
+    # 8 drafting decodes alone stay on the flat part of the table; beside 200 decodes that may not draft
+    # (penalty rows) the step is compute-bound and a draft's worth no longer pays for its row
+    assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND) == [4] * 8
+    assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND, other_rows=200, other_tokens=200) == [0] * 8
+    # beside a long prefill chunk (many rows, no tokens) drafts are almost free: they stay
+    assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND, other_rows=600, other_tokens=0) == [4] * 8

@@ -1,0 +1,7 @@
+"""Speculative decoding: draft tokens proposed without a draft model, verified in the normal step.
+
+    proposers (ngram.py, suffix.py) -> draft-length policy (policy.py) -> verify rows in the step batch
+
+A proposer sees one request's tokens (prompt + generated) and proposes the tokens that likely follow;
+the policy picks how many to verify from the batch size and each request's acceptance so far.
+"""

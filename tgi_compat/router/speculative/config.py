@@ -1,0 +1,55 @@
+"""Speculative decoding settings: TGI's `--speculate N` and vLLM's `--speculative-config` JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tgi_compat.router.speculative.ngram import NgramConfig
+from tgi_compat.router.speculative.policy import StepCostTable
+from tgi_compat.router.speculative.suffix import SuffixConfig
+
+Method = Literal["ngram", "suffix"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    num_speculative_tokens: int  # drafts verified per request per step, at most
+    method: Method = "ngram"
+    ngram: NgramConfig = field(default_factory=NgramConfig)
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)
+    # The device's step time against token rows: drafts only where they raise tokens per second.
+    # None: every request verifies what its proposer drafts, up to num_speculative_tokens (TGI's fixed N).
+    step_cost: StepCostTable | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1")
+
+    @classmethod
+    def from_tgi(cls, speculate: int) -> SpeculativeConfig | None:
+        """`--speculate N`: n-gram drafts of up to N tokens (no checkpoint here has Medusa heads); 0: off."""
+        return cls(num_speculative_tokens=speculate) if speculate > 0 else None
+
+    @classmethod
+    def from_vllm_json(cls, text: str) -> SpeculativeConfig:
+        """vLLM's `--speculative-config` for its model-free methods, e.g.
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+        {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}"""
+        spec = json.loads(text)
+        if not isinstance(spec, dict):
+            raise ValueError("--speculative-config must be a JSON object")
+        method = spec.pop("method", "ngram")
+        if method not in ("ngram", "suffix"):
+            raise ValueError(f"speculative method {method!r} is not supported (ngram, suffix)")
+        k = int(spec.pop("num_speculative_tokens", 0))
+        ngram = NgramConfig(int(spec.pop("prompt_lookup_min", 1)), int(spec.pop("prompt_lookup_max", 4)))
+        suffix = SuffixConfig(
+            max_depth=int(spec.pop("suffix_decoding_max_tree_depth", 24)),
+            min_token_probability=float(spec.pop("suffix_decoding_min_token_prob", 0.1)),
+            corpus_outputs=int(spec.pop("suffix_decoding_max_cached_requests", 0)),
+        )
+        if spec:
+            raise ValueError(f"unsupported --speculative-config keys: {', '.join(sorted(spec))}")
+        return cls(num_speculative_tokens=k, method=method, ngram=ngram, suffix=suffix)

@@ -1,0 +1,79 @@
+"""How many drafts to verify per request this step: as many as raise the step's expected output tokens
+per second, given what a step of N token rows costs and each request's acceptance so far.
+
+Verifying k drafts of B requests costs a step of B + sum(k) rows; the j-th draft of a request with
+per-token acceptance a is worth a**j expected tokens (all drafts before it must be accepted too). Every
+candidate draft is ranked by that worth and drafts are added best first while tokens / step time
+grows; where the step time rises faster than the worth (a large batch: compute-bound), no draft is
+added and speculation is off.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StepCostTable:
+    """Seconds of one step against its token rows (measured on the device: the engine's step-time table),
+    linear between points and past the last one along the last segment."""
+
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.rows) < 2 or len(self.rows) != len(self.seconds) or list(self.rows) != sorted(set(self.rows)):
+            raise ValueError("a step cost table needs >= 2 points with increasing row counts")
+
+    def cost(self, num_rows: int) -> float:
+        rows, seconds = self.rows, self.seconds
+        i = min(max(bisect.bisect_left(rows, num_rows), 1), len(rows) - 1)
+        slope = (seconds[i] - seconds[i - 1]) / (rows[i] - rows[i - 1])
+        return seconds[i - 1] + slope * (num_rows - rows[i - 1])
+
+
+@dataclass(slots=True)
+class AcceptanceStats:
+    """One request's drafts so far, as a geometric model: each draft token is accepted with probability
+    `rate` until the first rejection. A prior (`prior_rate` over `prior_weight` pseudo-tokens) stands in
+    for the first steps."""
+
+    accepted: int = 0
+    rejected: int = 0  # verify steps that ended at a rejected draft
+    prior_rate: float = 0.5
+    prior_weight: float = 2.0
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.accepted += num_accepted
+        self.rejected += num_accepted < num_drafts
+
+    @property
+    def rate(self) -> float:
+        prior = self.prior_weight
+        return (self.accepted + prior * self.prior_rate) / (self.accepted + self.rejected + prior)
+
+
+def choose_draft_lengths(
+    rates: Sequence[float], caps: Sequence[int], table: StepCostTable, other_rows: int = 0, other_tokens: int = 0
+) -> list[int]:
+    """Drafts to verify per request (at most caps[i], the drafts its proposer has) maximizing the step's
+    expected tokens per second; all zero when no draft pays for its rows. `other_rows` / `other_tokens`:
+    the rest of the step (prefill chunks, decodes that may not draft) and the tokens it yields."""
+    candidates = sorted(
+        ((rate**j, i) for i, (rate, cap) in enumerate(zip(rates, caps)) for j in range(1, cap + 1)),
+        key=lambda c: -c[0],  # stable: a request's drafts stay in order
+    )
+    num_rows = len(rates) + other_rows
+    tokens = float(len(rates) + other_tokens)
+    best_rate, best_count = tokens / table.cost(num_rows), 0
+    for count, (worth, _) in enumerate(candidates, start=1):
+        num_rows += 1
+        tokens += worth
+        if (throughput := tokens / table.cost(num_rows)) > best_rate:
+            best_rate, best_count = throughput, count
+    lengths = [0] * len(rates)
+    for _, i in candidates[:best_count]:
+        lengths[i] += 1
+    return lengths

@@ -25,6 +25,7 @@ logic goes there, not here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -37,6 +38,7 @@ from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_stats import EngineStatsTracker
 from tgi_compat.router.executor import LaunchedStep, StepExecutor
 from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.lora_calls import AdapterCalls
 from tgi_compat.router.lora_registry import LoraRegistry
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest, Request
@@ -82,6 +84,10 @@ class EngineCore:
         self._num_arrivals = 0
         for adapter in config.lora_adapters:
             self.load_adapter(adapter.name, adapter.source, adapter.revision)
+        self.adapter_calls = AdapterCalls(self.lora)  # loads and unloads while serving
+        if self.lora is not None:
+            loaded = dict(self.lora.sources)
+            self.info = dataclasses.replace(self.info, max_loras=self.lora.slots.num_slots, lora_adapters=loaded)
 
     @classmethod
     def from_config(cls, config: EngineConfig, count_step: Callable[[], None] | None = None) -> EngineCore:
@@ -96,6 +102,7 @@ class EngineCore:
         """Release what lives beyond this process: the other tensor-parallel ranks, the grammar compiler."""
         if self.grammar is not None:
             self.grammar.shutdown()
+        self.adapter_calls.close()
         self.executor.runner.close()
 
     def add_request(self, params: GenerateRequest) -> None:
@@ -124,6 +131,7 @@ class EngineCore:
         self.lora.load(name, source, revision)
 
     def unload_adapter(self, name: str) -> None:
+        """LookupError when it is not loaded."""
         if self.lora is None:
             raise ValueError("LoRA is off: no adapter is loaded")
         self.lora.unload(name)

@@ -12,7 +12,8 @@ from smollm2_cases import SMOLLM2_PROMPTS, smollm2_engine_config
 
 from tests.lora_adapters import write_smollm2_adapter
 from tgi_compat.modeling.lora.adapter import LoraAdapterError
-from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.client import InProcessEngineClient
+from tgi_compat.router.client_api import AdapterCallError, RequestRejectedError
 from tgi_compat.router.config import LoraSource
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.request import GenerateRequest
@@ -163,3 +164,20 @@ def test_loads_and_unloads_while_serving_through_adapter_calls(engine, folders, 
     assert "no such folder" in (missing.error or "") and missing.not_found
     assert set(missing.adapters) == {"a2", "a3", "a1-again"}
 
+
+async def test_the_in_process_client_loads_and_unloads(engine, folders):
+    """The engine client seam in a thread (InProcessEngineClient): the calls and their errors, typed."""
+    client = InProcessEngineClient(engine)
+    try:
+        await client.load_adapter("via-client", str(folders["a3"]))
+        assert client.lora_adapters["via-client"] == str(folders["a3"])
+        with pytest.raises(AdapterCallError, match="'via-client' is already loaded") as taken:
+            await client.load_adapter("via-client", str(folders["a1"]))
+        assert not taken.value.not_found
+        await client.unload_adapter("via-client")
+        assert "via-client" not in client.lora_adapters
+        with pytest.raises(AdapterCallError, match="'via-client' is not loaded") as unknown:
+            await client.unload_adapter("via-client")
+        assert unknown.value.not_found
+    finally:
+        await client.shutdown()

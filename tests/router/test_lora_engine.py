@@ -165,6 +165,20 @@ def test_loads_and_unloads_while_serving_through_adapter_calls(engine, folders, 
     assert set(missing.adapters) == {"a2", "a3", "a1-again"}
 
 
+def test_stats_name_the_running_and_waiting_adapters(engine):
+    """vllm:lora_requests_info's labels: two adapters hold the two slots, the third waits for one."""
+    for adapter in ("a2", "a3", "a1-again"):
+        engine.add_request(GenerateRequest(f"stats-{adapter}", [1, 2, 3], max_new_tokens=MAX_NEW, adapter_id=adapter))
+    engine.step()
+    stats = engine.stats.report(force=True)
+    assert stats is not None
+    assert (stats.running_lora_adapters, stats.waiting_lora_adapters) == (["a2", "a3"], ["a1-again"])
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.stats.report(force=True)
+    assert stats is not None and (stats.running_lora_adapters, stats.waiting_lora_adapters) == ([], [])
+
+
 async def test_the_in_process_client_loads_and_unloads(engine, folders):
     """The engine client seam in a thread (InProcessEngineClient): the calls and their errors, typed."""
     client = InProcessEngineClient(engine)

@@ -74,7 +74,7 @@ class EngineCore:
         lora_slots = None if self.lora is None else self.lora.slots
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids), lora_slots)
         self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device, self.lora is not None)
-        self.stats = EngineStatsTracker(self.scheduler)
+        self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
         self._in_flight: LaunchedStep | None = None  # launched, not yet updated (overlap scheduling)

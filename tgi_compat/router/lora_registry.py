@@ -26,6 +26,7 @@ class LoraRegistry:
         self.in_use = in_use  # whether a request of this adapter id is still in the engine
         self.ids: dict[str, int] = {}  # name -> id of the loaded adapters
         self.sources: dict[str, str] = {}  # name -> the folder or hub id it was loaded from
+        self._names: dict[int, str] = {}  # id -> name of the loaded and the retired adapters
         self._retired: list[int] = []  # unloaded, with requests left
         self._next_id = 1
 
@@ -55,6 +56,7 @@ class LoraRegistry:
         self.manager.add(adapter_id, adapter)
         self.ids[name] = adapter_id
         self.sources[name] = adapter.source
+        self._names[adapter_id] = name
 
     def unload(self, name: str) -> None:
         adapter_id = self.ids.pop(name, None)
@@ -63,6 +65,9 @@ class LoraRegistry:
         del self.sources[name]
         self._retired.append(adapter_id)
         self._drop_retired()
+
+    def name_of(self, adapter_id: int) -> str:
+        return self._names[adapter_id]
 
     def resolve(self, name: str) -> int:
         adapter_id = self.ids.get(name)
@@ -76,5 +81,6 @@ class LoraRegistry:
     def _drop_retired(self) -> None:
         for adapter_id in [i for i in self._retired if not self.in_use(i)]:
             self._retired.remove(adapter_id)
+            del self._names[adapter_id]
             self.manager.remove(adapter_id)
             self.slots.forget(adapter_id)

@@ -38,6 +38,8 @@ class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
     prefix_cache_queries: int = 0  # cumulative tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # cumulative tokens found there (not computed again)
     kv_cached: int = 0  # KV slots the prefix cache holds (in use or evictable)
+    running_lora_adapters: list[str] = []  # the adapters of the running requests, first seen first
+    waiting_lora_adapters: list[str] = []  # and of the waiting ones
     steps: list[StepStats] = []  # steps since the previous report
 
 
@@ -69,9 +71,11 @@ class StatsAccumulator:
         now = time.monotonic() if now is None else now
         return self._busy_since_flush and now - self._last_flush >= self.interval_s
 
-    def flush(self, **occupancy: int) -> EngineStats:
-        """EngineStats from the engine's current occupancy (EngineStats' int fields) + the steps."""
+    def flush(self, lora_adapters: tuple[list[str], list[str]] | None = None, **occupancy: int) -> EngineStats:
+        """EngineStats from the engine's current occupancy (EngineStats' int fields, and the running and the
+        waiting requests' LoRA adapters) + the steps."""
         steps, self._steps = self._steps, []
         self._last_flush = time.monotonic()
         self._busy_since_flush = bool(steps)  # one more report after the last step shows the idle state
-        return EngineStats(steps=steps, **occupancy)
+        running, waiting = lora_adapters or ([], [])
+        return EngineStats(steps=steps, running_lora_adapters=running, waiting_lora_adapters=waiting, **occupancy)

@@ -27,7 +27,7 @@ import zmq.asyncio
 
 from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.engine_loop import EngineLoop, load_engine
 from tgi_compat.router.engine_process import run_engine_process
 from tgi_compat.router.lora_client import PendingAdapterCalls
 from tgi_compat.router.outputs import TokenEvent
@@ -405,7 +405,7 @@ def _close(context, outbox, inbox, socket_dir: str) -> None:
 class InProcessEngineClient(_QueueingClient):
     """The same engine loop in a thread of this process: for tests and offline use."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineLoop) -> None:
         super().__init__()
         self.info = core.info
         self._adapter_calls.adapters = dict(core.info.lora_adapters)
@@ -419,7 +419,7 @@ class InProcessEngineClient(_QueueingClient):
     async def start(cls, config: EngineConfig) -> InProcessEngineClient:
         if config.num_shard > 1:  # the other ranks are processes that only ZmqEngineClient starts
             raise ValueError("tensor parallelism (num_shard > 1) needs the engine in its own process")
-        core = await asyncio.get_running_loop().run_in_executor(None, EngineCore.from_config, config)
+        core = await asyncio.get_running_loop().run_in_executor(None, load_engine, config)
         return cls(core)
 
     def _submit(self, message) -> None:

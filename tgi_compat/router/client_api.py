@@ -48,6 +48,9 @@ class EngineInfo:
     num_kv_slots: int  # KV capacity in tokens
     max_total_tokens: int  # per-request cap the engine enforces
     eos_token_ids: tuple[int, ...]
+    # a pooling model's task ("embed", "classify", "reward"; tgi_compat/router/pooling_engine.py): it generates nothing
+    pooling_task: str | None = None
+    labels: tuple[str, ...] = ()  # a classifier's label names, in the order of its scores
     max_loras: int = 0  # LoRA adapters in one step (--max-loras); 0: LoRA off
     lora_adapters: dict[str, str] = field(default_factory=dict)  # name -> source, loaded at startup
 

@@ -28,13 +28,21 @@ logger = logging.getLogger(__name__)
 
 def _route_modules() -> list[APIRouter]:
     # NOTE(owners of chat/openai/lightllm routes): add your router here with one line.
-    from tgi_compat.api.routes import chat, completions, generate, info, lora, sagemaker, vertex
+    from tgi_compat.api.routes import chat, completions, generate, info, lora, pooling, sagemaker, vertex
     from tgi_compat.api.serving.lora_adapters import runtime_lora_updating
 
     invocations = sagemaker.build_router(
         [("inputs", generate.compat_generate), ("messages", chat.chat_completions), ("prompt", completions.completions)]
     )
-    routers = [generate.router, info.router, chat.router, completions.router, invocations, vertex.router]
+    routers = [
+        generate.router,
+        info.router,
+        chat.router,
+        completions.router,
+        invocations,
+        vertex.router,
+        pooling.router,
+    ]
     if runtime_lora_updating():  # as vLLM: without it the routes do not exist (404)
         logger.warning("LoRA adapters can be loaded and unloaded at runtime (VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
         routers.append(lora.router)

@@ -157,3 +157,18 @@ def run_step(runner: ModelRunner, requests: list[tuple[int, list[int], int, list
     logits_rows = list(range(len(input_ids)))
     batch = build_forward_batch(input_ids, rows, q_lens, kv_lens, slots, logits_rows, device=runner.device)
     return list(runner.forward(batch).split(q_lens))
+
+
+def image_greedy(model, ids: list[int], pixel_values, max_new_tokens: int) -> list[int]:
+    """transformers' greedy ids of a Gemma3ForConditionalGeneration prompt with images (the placeholders are
+    marked as image tokens, so that they attend to each other both ways, as in transformers' processor)."""
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids,
+            pixel_values=pixel_values,
+            token_type_ids=(input_ids == model.config.image_token_id).long(),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+        )
+    return out[0, len(ids) :].tolist()

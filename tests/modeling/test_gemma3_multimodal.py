@@ -1,7 +1,6 @@
 """Gemma3ForConditionalGeneration checkpoints (google/gemma-3-4b-it and up: a vision tower, a projector
-and a Gemma 3 text model) served natively as their text model: the config of a hub-style sparse
-config.json, logits against transformers' multimodal model on text input, and greedy decoding through
-the real server."""
+and a Gemma 3 text model) on text-only input: the config of a hub-style sparse config.json, logits against
+transformers' multimodal model, and greedy decoding through the real server (images: test_gemma3_vision.py)."""
 
 from __future__ import annotations
 
@@ -110,7 +109,7 @@ def test_hub_style_sparse_config_takes_transformers_defaults():
     assert config.eos_token_ids == [1, 106] and config.qk_norm and config.tie_word_embeddings
     assert config.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
     assert describe_modeling_path("Gemma3ForConditionalGeneration") == (
-        "native modeling of its text model Gemma3ForCausalLM (text-only requests)"
+        "native modeling of its text model Gemma3ForCausalLM and vision encoder"
     )
 
 
@@ -142,5 +141,6 @@ def test_greedy_through_the_server_equals_transformers_generate(tmp_path):
         response = httpx.post(f"{url}/generate", json=body, timeout=120).json()
     assert [token["id"] for token in response["details"]["tokens"]] == expected
     assert (
-        "Model Gemma3ForConditionalGeneration: native modeling of its text model Gemma3ForCausalLM" in log.read_text()
+        "Model Gemma3ForConditionalGeneration: native modeling of its text model Gemma3ForCausalLM and vision encoder"
+        in log.read_text()
     )

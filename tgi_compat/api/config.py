@@ -75,6 +75,12 @@ class ServerConfig:
     disable_grammar_support: bool = False
     grammar_cache_bytes: int = 512 * 2**20  # ours: compiled grammars kept for reuse (one may take an eighth)
     grammar_compile_timeout: float = 30.0  # ours: seconds one grammar may take to compile
+    # prompt images (a vision model's): TGI's fetch cap (1 GiB); ours: fetch from private addresses too;
+    # LightLLM --cache_capacity / --cache_reserved_ratio: the encoder-output cache
+    max_image_fetch_size: int = 1024 * 1024 * 1024
+    allow_private_image_urls: bool = False
+    image_cache_capacity: int = 200
+    image_cache_reserved_ratio: float = 0.5
     watermark_gamma: float | None = None
     watermark_delta: float | None = None
     # --- HTTP server ---
@@ -141,6 +147,8 @@ class ServerConfig:
             overlap_scheduling=self.overlap_scheduling,
             grammar_cache_bytes=self.grammar_cache_bytes,
             grammar_compile_timeout=self.grammar_compile_timeout,
+            image_cache_capacity=self.image_cache_capacity,
+            image_cache_reserved_ratio=self.image_cache_reserved_ratio,
         )
         self._lora_into(engine)
         if self.max_batch_prefill_tokens is not None:

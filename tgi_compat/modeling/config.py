@@ -25,8 +25,8 @@ _QK_NORM = {
     "Qwen3Model",
 }
 
-# Multimodal checkpoints served as their text model (text-only requests; the vision tower is not
-# loaded): the wrapper's architecture -> its text model's.
+# Multimodal checkpoints: the wrapper's architecture -> its text model's (served beside the wrapper's
+# vision encoder, models/gemma3_vision.py).
 MULTIMODAL_TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
 # Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
 _WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")
@@ -107,6 +107,7 @@ class ModelConfig:
     quantization_config: dict[str, Any] | None = None
     # the checkpoint's multimodal wrapper (MULTIMODAL_TEXT_MODELS) when this is its text model
     multimodal_architecture: str | None = None
+    multimodal_hf_config: dict[str, Any] | None = None  # that wrapper's config.json (its vision encoder's)
 
     @property
     def architectures(self) -> list[str]:
@@ -184,6 +185,7 @@ class ModelConfig:
         text["final_logit_softcapping"] = None
         config = cls.from_hf_dict(text)
         config.multimodal_architecture = wrapper
+        config.multimodal_hf_config = d
         return config
 
     @classmethod

@@ -33,6 +33,20 @@ class LoraBatch:
     loads: list[tuple[int, int]] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class ImageEmbeds:
+    """A step's image features (a vision model's prompts): each replaces its placeholder token's embedding.
+
+    Under chunked prefill a chunk brings the rows of the placeholders it holds; an image's placeholders are
+    never split across chunks (their attention is bidirectional, `spans`)."""
+
+    token_index: torch.Tensor  # [N] int64: rows of the flat batch holding image placeholders
+    embeds: torch.Tensor  # [N, hidden]: their features, from the vision encoder
+    # per request of the batch: the [start, end) positions of each image whose placeholders attend to each
+    # other both ways (Gemma 3), inside this step's new tokens; empty for a causal-only model
+    spans: list[list[tuple[int, int]]] = field(default_factory=list)
+
+
 @dataclass
 class ForwardBatch:
     mode: ForwardMode
@@ -56,6 +70,7 @@ class ForwardBatch:
     # vocab-parallel runner may then answer with the choice (GreedyChoice) and never gather the logits
     greedy_only: bool = False
     lora: LoraBatch | None = None  # None: every request runs on the base model (no LoRA work at all)
+    images: ImageEmbeds | None = None  # None: no image placeholder among the new tokens
 
     @property
     def num_tokens(self) -> int:

@@ -23,8 +23,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
     "Gemma2ForCausalLM": ("gemma", "GemmaForCausalLM"),
     "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM"),
-    # its text model (ModelConfig.text_model_of); the config then names Gemma3ForCausalLM
-    "Gemma3ForConditionalGeneration": ("gemma", "GemmaForCausalLM"),
+    # its text model (ModelConfig.text_model_of) beside the vision encoder
+    "Gemma3ForConditionalGeneration": ("gemma3_vision", "Gemma3ForConditionalGeneration"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "MixtralForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
     "Qwen2MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
@@ -66,12 +66,12 @@ def modeling_path(architecture: str) -> str:
 
 def describe_modeling_path(architecture: str) -> str:
     """What the start-up log says serves `architecture`: "native", "transformers", or for a multimodal
-    checkpoint the native path of its text model."""
+    checkpoint the native path of its text model and its vision encoder."""
     from tgi_compat.modeling.config import MULTIMODAL_TEXT_MODELS
 
     path = modeling_path(architecture)
     if architecture in MULTIMODAL_TEXT_MODELS:
-        return f"{path} modeling of its text model {MULTIMODAL_TEXT_MODELS[architecture]} (text-only requests)"
+        return f"{path} modeling of its text model {MULTIMODAL_TEXT_MODELS[architecture]} and vision encoder"
     return f"{path} modeling"
 
 

@@ -38,6 +38,7 @@ from tgi_compat.modeling.weights.loader import iterate_weights, load_model_confi
 
 if TYPE_CHECKING:
     from tgi_compat.modeling.lora.manager import LoraManager
+    from tgi_compat.modeling.vision.encoder import ImageEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class ModelRunner:
         self.kv_dtype = _resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
         self.lora = self._enable_lora() if cfg.max_loras else None
+        self.image_encoder = self._image_encoder()  # None: a text model
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
         self.step_sender: StepBroadcast | None = None
@@ -236,7 +238,8 @@ class ModelRunner:
         # their mode before tests can choose the interpreter
         from tgi_compat.modeling.layers.linear import process_weights_after_loading
 
-        model_cls = resolve_model_class(self.model_config.architecture)
+        config = self.model_config
+        model_cls = resolve_model_class(config.multimodal_architecture or config.architecture)
         quantization = resolve_quantization(self.cfg.quantize, self.model_config.quantization_config)
         if quantization is not None:
             logger.info("Weight quantization: %s", quantization.name)
@@ -258,6 +261,14 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return model.eval()
+
+    def _image_encoder(self) -> ImageEncoder | None:
+        if self.model_config.multimodal_architecture is None or self.source is None:
+            return None
+        from tgi_compat.modeling.vision.encoder import ImageEncoder, VisionLanguageModel
+
+        # the registry serves every multimodal wrapper with its vision encoder (models/gemma3_vision.py)
+        return ImageEncoder(cast(VisionLanguageModel, self.model), self.source.folder, self.device)
 
     def _enable_lora(self) -> LoraManager:
         from tgi_compat.modeling.lora.manager import LoraManager  # imports the kernels: see _build_model

@@ -24,6 +24,7 @@ import torch
 
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, build_forward_batch
 from tgi_compat.router import copy_streams
+from tgi_compat.router.image_cache import ChunkImages, EncoderCache
 from tgi_compat.router.step import StepPlan
 
 # Per chunk of a plan: the row of the in-flight step's sampled ids holding its input, or None.
@@ -50,9 +51,12 @@ def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
 
 
 class StepBatchBuilder:
-    def __init__(self, device: torch.device | str, lora_enabled: bool = False) -> None:
+    def __init__(
+        self, device: torch.device | str, lora_enabled: bool = False, images: EncoderCache | None = None
+    ) -> None:
         self.device = torch.device(device)
         self.lora_enabled = lora_enabled  # off: no step looks at adapters
+        self.images = images  # a vision model's: prompt images' rows into their chunks' batches
         self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # B -> (arange, ones)
 
     def build(
@@ -66,7 +70,7 @@ class StepBatchBuilder:
         ):
             batch, layout = self._build_decode(plan, previous_ids, rows)
         else:
-            batch, layout = build_step_batch(plan, self.device, previous_ids, rows)
+            batch, layout = build_step_batch(plan, self.device, previous_ids, rows, self.images)
         if self.lora_enabled:
             batch.lora = lora_batch(plan, self.device)
         return batch, layout
@@ -148,8 +152,10 @@ def build_step_batch(
     device: torch.device | str,
     previous_ids: torch.Tensor | None = None,
     input_rows: InputRows | None = None,
+    images: EncoderCache | None = None,
 ) -> tuple[ForwardBatch, LogitsLayout]:
     """Any plan (prefill chunks, prompt logprobs, decodes mixed in)."""
+    chunk_images: list[ChunkImages] = []
     input_ids: list[int] = []
     out_slots: list[int] = []
     logits_indices: list[int] = []
@@ -167,6 +173,7 @@ def build_step_batch(
         else:
             input_ids += request.token_ids(chunk.start, chunk.end)
         out_slots += chunk.slots
+        chunk_images.append((offset, chunk.start, chunk.end, request.params.images))
         if chunk.num_prompt_logprob_rows is not None:
             num_rows = chunk.num_prompt_logprob_rows
             layout.prompt_rows += range(len(logits_indices), len(logits_indices) + num_rows)
@@ -190,6 +197,8 @@ def build_step_batch(
         assert previous_ids is not None  # pending tokens are read from the step in flight
         positions, rows = upload([list(p) for p in zip(*pending)], torch.device(device))
         batch.input_ids[positions] = previous_ids[rows]
+    if images is not None:
+        batch.images = images.step_embeds(chunk_images, torch.device(device))
     if plan.cached_prefixes:
         batch.cached_prefix_slots = _cached_prefix_slots(plan.cached_prefixes, torch.device(device))
     return batch, layout

@@ -58,5 +58,9 @@ class EngineConfig:
     lora_adapters: list[LoraSource] = field(default_factory=list)
     # Grammar compiles (tgi_compat/router/grammar_compile.py): the bytes of compiled grammars kept for reuse
     # (one may take an eighth of them), and the seconds one compile may take.
+    # A vision model's encoder-output cache (tgi_compat/router/image_cache.py), LightLLM --cache_capacity and
+    # --cache_reserved_ratio: images whose rows are kept, and the share of them kept when it overflows.
+    image_cache_capacity: int = 200
+    image_cache_reserved_ratio: float = 0.5
     grammar_cache_bytes: int = 512 * 2**20
     grammar_compile_timeout: float = 30.0

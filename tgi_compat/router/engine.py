@@ -37,6 +37,7 @@ from tgi_compat.router.client_api import EngineInfo, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_stats import EngineStatsTracker
 from tgi_compat.router.executor import LaunchedStep, StepExecutor
+from tgi_compat.router.image_cache import EncodeImages, EncoderCache
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.lora_calls import AdapterCalls
 from tgi_compat.router.lora_registry import LoraRegistry
@@ -55,7 +56,14 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, runner: Runner, model_config, lora: LoraManager | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: Runner,
+        model_config,
+        lora: LoraManager | None = None,
+        image_encoder: EncodeImages | None = None,  # a vision model's (tgi_compat.modeling.vision.encoder)
+    ) -> None:
         self.config = config
         self.info = engine_info(config, runner, model_config)
         limits = SchedulerLimits(
@@ -73,7 +81,10 @@ class EngineCore:
         self.lora = None if lora is None else LoraRegistry(lora, config.max_cpu_loras, self._adapter_in_use)
         lora_slots = None if self.lora is None else self.lora.slots
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids), lora_slots)
-        self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device, self.lora is not None)
+        images = None
+        if image_encoder is not None:
+            images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
+        self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device, self.lora is not None, images)
         self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
@@ -96,7 +107,7 @@ class EngineCore:
         from tgi_compat.router.model_loading import load_runner
 
         runner = load_runner(config, count_step=count_step)
-        return cls(config, runner, runner.model_config, runner.lora)
+        return cls(config, runner, runner.model_config, runner.lora, runner.image_encoder)
 
     def close(self) -> None:
         """Release what lives beyond this process: the other tensor-parallel ranks, the grammar compiler."""

@@ -43,4 +43,4 @@ def load_engine(config: EngineConfig, count_step: Callable[[], None] | None = No
     runner = load_runner(config, count_step=count_step)
     if runner.pooling_task is not None:
         return PoolingEngineCore(config, runner, runner.model_config)
-    return EngineCore(config, runner, runner.model_config, runner.lora)
+    return EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder)

@@ -29,6 +29,7 @@ import torch
 
 from tgi_compat.modeling.parallel.vocab_logits import GreedyChoice
 from tgi_compat.router.batch import LogitsLayout, StepBatchBuilder
+from tgi_compat.router.image_cache import EncoderCache
 from tgi_compat.router.request import Request
 from tgi_compat.router.runner_api import Runner
 from tgi_compat.router.sampling import SampledRows, Sampler, SamplerOutput, SamplingBatch, is_plain_greedy, score_prompt
@@ -98,11 +99,18 @@ class LaunchedStep:
 
 
 class StepExecutor:
-    def __init__(self, runner: Runner, vocab_size: int, device: torch.device | str, lora_enabled: bool = False) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        vocab_size: int,
+        device: torch.device | str,
+        lora_enabled: bool = False,
+        images: EncoderCache | None = None,
+    ) -> None:
         self.runner = runner
         self.device = torch.device(device)
         self.sampler = Sampler(vocab_size, self.device)
-        self.batch_builder = StepBatchBuilder(self.device, lora_enabled)
+        self.batch_builder = StepBatchBuilder(self.device, lora_enabled, images)
         self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
         self.healer = None  # tgi_compat.router.token_healing.TokenHealer, set on the first healing request
         self.grammar = None  # tgi_compat.router.grammar.GrammarBackend, set on the first grammar request

@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tgi_compat.router.images import PromptImage, image_keyed_ids, whole_images
+
 if TYPE_CHECKING:
     import xgrammar
 
@@ -91,6 +93,7 @@ class GenerateRequest:
     healing_prefix: str | None = None
     grammar: GrammarSpec | None = None  # constrain the generated text (TGI's `grammar`)
     adapter_id: str | None = None  # a loaded LoRA adapter's name; None: the base model
+    images: list[PromptImage] = field(default_factory=list)  # a vision model's prompt images, in prompt order
 
 
 @dataclass(slots=True, eq=False)
@@ -167,6 +170,14 @@ class Request:
         """Tokens still to run through the model before the next sample."""
         return self.num_tokens - self.num_computed_tokens
 
+    def prefill_chunk_size(self, budget: int) -> int:
+        """New tokens of its next prefill chunk, at most `budget`, but never ending inside an image whose
+        placeholders attend to each other both ways (tgi_compat.router.images.whole_images)."""
+        num_new = min(self.num_new_tokens, budget)
+        if num_new <= 0 or not self.params.images:
+            return num_new
+        return whole_images(self.num_computed_tokens, num_new, self.params.images)
+
     def token_ids(self, start: int, end: int) -> list[int]:
         """Ids of positions [start, end) of prompt + generated."""
         prompt = self.params.prompt_ids
@@ -176,9 +187,12 @@ class Request:
         return prompt[start:] + self.output_ids[out_start : end - len(prompt)]
 
     def cache_ids(self, end: int) -> list[int]:
-        """Ids of positions [0, end) as the prefix cache keys them: under an adapter, tagged with its id above
-        the vocabulary (bit 32 up), so that one prompt under two adapters (or the base) never shares K/V."""
+        """Ids of positions [0, end) as the prefix cache keys them: image placeholders by their image
+        (tgi_compat.router.images); under an adapter, tagged with its id above the vocabulary (bit 32 up), so
+        that one prompt under two adapters (or the base) never shares K/V."""
         ids = self.token_ids(0, end)
+        if self.params.images:
+            ids = image_keyed_ids(ids, self.params.images)
         if not self.lora_id:
             return ids
         tag = self.lora_id << 32

@@ -188,7 +188,7 @@ class Scheduler:
             return None  # its pending token is its last: update() finishes it
         num_new = request.num_new_tokens
         if request.num_computed_tokens == 0 or num_new > 1:  # a (re-)prefill chunk
-            num_new = min(num_new, budget)
+            num_new = request.prefill_chunk_size(budget)
         if num_new <= 0:
             return None
         while (slots := self.pool.allocate(num_new)) is None:
@@ -218,7 +218,7 @@ class Scheduler:
                 return
             if pool.prefix_cache is not None:
                 self._take_cached_prefix(request)
-            num_new = min(request.num_new_tokens, budget)
+            num_new = request.prefill_chunk_size(budget)
             slots = pool.allocate(num_new)
             if slots is None:
                 pool.free_row(row)

@@ -146,6 +146,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-lora-rank", "Largest LoRA rank served. Default: 16 (64 with --lora-adapters).", int),
     Flag("usage-stats", "Usage statistics: on, off or no-stack (none are ever sent).", _choice("on", "off", "no-stack"), "on"),
     Flag("payload-limit", "Largest request body in bytes.", int, 2_000_000),
+    Flag("max-image-fetch-size", "Largest image fetched from a prompt's http(s) URL, in bytes.", int, 1024**3),
+    Flag("allow-private-image-urls", "Fetch prompt images from private, loopback and link-local addresses too."),
     Flag("enable-prefill-logprobs", "Return prompt logprobs in `details.prefill` (decoder_input_details)."),
     Flag("prefix-caching", "Reuse the KV cache of prompt prefixes seen before (TGI's PREFIX_CACHING=0|1).", _bool_env, True),
     Flag("graceful-termination-timeout", "Seconds to finish running requests on shutdown.", int, 90),

@@ -100,9 +100,9 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("beam_mode", "Beam search over best_of sequences: a request with best_of > 1 and no sampling searches that many beams.", config="beam_mode"),
     LightFlag("diverse_mode", "best_of sequences sharing the prompt's KV. best_of works without it (independent sequences)."),
     LightFlag("token_healing_mode", "Default of the request parameter `token_healing`: back the prompt up by its last two tokens and regenerate them.", tgi="token_healing"),
-    LightFlag("enable_multimodal", "Load a vision/audio encoder beside the language model."),
-    LightFlag("cache_capacity", "Multimodal cache records.", int, 200),
-    LightFlag("cache_reserved_ratio", "Multimodal cache fraction kept after eviction.", float, 0.5),
+    LightFlag("enable_multimodal", "Serve images (a vision checkpoint's images are served either way, as in TGI)."),
+    LightFlag("cache_capacity", "Images whose encoder output is kept.", int, 200, config="image_cache_capacity"),
+    LightFlag("cache_reserved_ratio", "Share of --cache_capacity kept when it overflows.", float, 0.5, config="image_cache_reserved_ratio"),
     LightFlag("data_type", "Weights/activations/KV dtype. Default: the model's dtype (float32 on CPU).", str, choices=tuple(_DATA_TYPES), tgi="dtype"),
     LightFlag("return_all_prompt_logprobs", "Default of the request parameter `return_all_prompt_logprobs` (every prompt token's logprob in details.prefill).", tgi="return_all_prompt_logprobs"),
     LightFlag("use_reward_model", "Serve a reward model (/get_score, /pooling). The checkpoint's architecture decides: a reward or classification checkpoint is a pooling model with or without this flag."),
@@ -305,8 +305,6 @@ def unbuilt_features(light: dict[str, Any], given: set[str]) -> list[str]:
     """LightLLM flags that were given but whose feature this server does not have (yet)."""
     unbuilt = [f"--mode {m}" for m in light["mode"] if m not in ATTENTION_MODES | set(QUANT_MODES) | set(KV_MODES)]
     checks = {
-        "--enable_multimodal / --cache_capacity / --cache_reserved_ratio": light["enable_multimodal"]
-        or {"cache_capacity", "cache_reserved_ratio"} & given,
         "--tokenizer_mode slow (only the fast tokenizer exists under transformers 5)": "tokenizer_mode" in given
         and light["tokenizer_mode"] == "slow",
         "--splitfuse_block_size (steps are capped by --batch_max_tokens, not per request)": "splitfuse_block_size"
@@ -351,6 +349,6 @@ def parse_config(
     if "triton_fp8kv" in parsed.light["mode"] and config.kv_cache_dtype is None:
         config.kv_cache_dtype = KV_MODES["triton_fp8kv"]
     for flag in FLAGS:
-        if flag.config is not None:  # the push gateway and stats line (tgi_compat.api.server.ops_services)
+        if flag.config is not None:  # ServerConfig fields with no launcher flag
             setattr(config, flag.config, _normalise(parsed.light[flag.name]))
     return config, unbuilt_features(parsed.light, parsed.light_given), print_env

@@ -23,6 +23,8 @@ from tgi_compat.api.server.health_monitor import EngineHealthMonitor, HealthMoni
 from tgi_compat.api.server.http_protocol import BoundedHeadProtocol
 from tgi_compat.api.server.ops_services import start_ops_services
 from tgi_compat.api.server.warmup import GPU_BATCH, warm_up
+from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.api.serving.permits import PermitPool
 from tgi_compat.api.serving.state import AppState, ModelInfo
 from tgi_compat.api.serving.tokenization import load_tokenizer_service
@@ -98,7 +100,16 @@ async def build_state(config: ServerConfig) -> AppState:
         metrics=metrics,
         compute_type=os.environ.get("COMPUTE_TYPE", "gpu+optimized"),
         tracer=RequestTracer(config.otlp_endpoint, config.otlp_service_name) if config.otlp_endpoint else None,
+        vision=_vision_prompts(config),
     )
+
+
+def _vision_prompts(config: ServerConfig) -> VisionPrompts | None:
+    from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.weights.loader import load_model_config
+
+    model = load_model_config(resolve_model_source(config.model_id, config.revision))
+    return VisionPrompts.of(model, ImageFetcher(config.max_image_fetch_size, config.allow_private_image_urls))
 
 
 async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:

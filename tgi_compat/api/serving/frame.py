@@ -17,6 +17,7 @@ from typing import Any
 from tgi_compat.api.lightllm.features import prepare_features
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.grammar import ResponseFormat
+from tgi_compat.api.protocol.images import DecodedImage
 from tgi_compat.api.protocol.pooling import ROUTES_OF_TASK
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
 from tgi_compat.api.serving import accounting
@@ -56,13 +57,18 @@ async def validate_request(
     limits = state.limits
     grammar = grammar or params.grammar
     check_parameters(params, inputs, limits)
+    loaded: list[DecodedImage] = []
     if isinstance(inputs, str):
-        prompt_ids = await _tokenize(state, inputs, add_special_tokens)
+        text, loaded = (inputs, []) if state.vision is None else await state.vision.expand(inputs)
+        prompt_ids = await _tokenize(state, text, add_special_tokens)
     else:
         prompt_ids = check_token_ids(inputs, state.engine.info.vocab_size)
         inputs = state.tokenizer.decode(prompt_ids)  # the text `echo` and `return_full_text` show
     prompt_ids = truncate_prompt(prompt_ids, params.truncate)
+    images = [] if state.vision is None or not loaded else state.vision.place(prompt_ids, loaded)
     prompt_ids, features = await prepare_features(state, params, prompt_ids, constrained=grammar is not None)
+    if images and features.truncated_prompt_tokens:  # its cut would move or split the images' placeholders
+        raise validation_error("`long_truncation_mode` cannot shorten a prompt with images")
     max_new_tokens = check_lengths(params, len(prompt_ids), limits)
     grammar_spec = await check_grammar(grammar, not state.config.disable_grammar_support)
     request = ValidatedRequest(
@@ -76,6 +82,7 @@ async def validate_request(
         features=features,
         grammar=grammar_spec,
         adapter_id=requested_adapter(state, params.adapter_id),
+        images=images,
     )
     accounting.validated(state, request)
     return request

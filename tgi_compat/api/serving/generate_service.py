@@ -101,9 +101,12 @@ class GenerateService:
         return StreamAnswer(events(), stream_headers(state.compute_type, body.inputs))
 
     async def tokenize(self, body: GenerateRequest) -> JsonAnswer:
-        """Bare array of SimpleToken with byte offsets; `truncate` is ignored, not counted in metrics."""
+        """Bare array of SimpleToken with byte offsets; `truncate` is ignored, not counted in metrics. A vision model
+        tokenizes the prompt with its images' tokens, whose offsets TGI then reads in the prompt as sent."""
         try:
-            spans = await self.state.tokenizer.spans(body.inputs)
+            spans = await self.state.tokenizer.spans(await self.state.expand_images(body.inputs))
+        except TgiError as error:
+            return JsonAnswer.error(error)
         except Exception as error:  # any tokenizer failure is the client's input
             return JsonAnswer.error(validation_error(f"tokenizer error {error}"))
         return JsonAnswer(simple_tokens(body.inputs, spans))

@@ -9,6 +9,7 @@ from fastapi import Request
 
 from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.observability.tracing import RequestTracer
+from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.api.serving.permits import PermitPool
 from tgi_compat.api.serving.tokenization import TokenizerService
 from tgi_compat.router.client_api import EngineClient
@@ -34,6 +35,7 @@ class AppState:
     metrics: Any | None = None  # tgi_compat.api.observability.metrics.ServerMetrics (OPS helper), when present
     compute_type: str = "gpu+optimized"  # env COMPUTE_TYPE, x-compute-type header
     tracer: RequestTracer | None = None  # OTLP spans (--otlp-endpoint); None: tracing off
+    vision: VisionPrompts | None = None  # a vision model's image prompts; None: `![](...)` stays text
 
     def request_span(self, name: str, request: Request, **attributes: object):
         """The route's root span (a no-op context without --otlp-endpoint)."""
@@ -48,6 +50,10 @@ class AppState:
     def reported_cached_tokens(self, cached_tokens: int) -> int | None:
         """The `cached_tokens` that usage reports: only with --enable-prompt-tokens-details."""
         return cached_tokens if self.config.enable_prompt_tokens_details else None
+
+    async def expand_images(self, inputs: str) -> str:
+        """The text a prompt is tokenized as: a vision model's images as its image tokens (serving/images.py)."""
+        return inputs if self.vision is None else (await self.vision.expand(inputs))[0]
 
     @property
     def compat_return_full_text(self) -> bool:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tgi_compat.api.config import ServingLimits
 from tgi_compat.api.lightllm.features import RequestFeatures
 from tgi_compat.api.protocol.errors import validation_error
 from tgi_compat.api.protocol.grammar import ResponseFormat, grammar_spec
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
+from tgi_compat.router.images import PromptImage
 from tgi_compat.router.request import GenerateRequest as EngineRequest
 from tgi_compat.router.request import GrammarSpec, SamplingParams
 
@@ -153,6 +154,7 @@ class ValidatedRequest:
     grammar: GrammarSpec | None = None  # what the generated text must match
     adapter_id: str | None = None  # the LoRA adapter to run under (None: the base model)
     prompt_top_n: int = 0  # alternatives at every prompt position (with prompt_logprobs)
+    images: list[PromptImage] = field(default_factory=list)  # a vision model's prompt images
 
     @property
     def input_length(self) -> int:
@@ -198,6 +200,7 @@ class ValidatedRequest:
             prompt_top_n=self.prompt_top_n,
             grammar=self.grammar,
             adapter_id=self.adapter_id,
+            images=self.images,
         )
         if self.features is not None:
             self.features.apply_to(request)

@@ -4,7 +4,8 @@ A step's requests are split into groups that each run as one SDPA call over K/V 
 req_to_token: all single-token requests (decodes) together as one padded [B, 1, max_kv] block,
 and each multi-token request (a prefill chunk over its cached prefix) on its own, so a long chunk
 next to many decodes never builds a [B, max_q, max_kv] mask. A pure decode step is one group.
-A sliding window narrows a group's mask per call (layers differ); soft-capped scores take an eager
+A multi-token request's mask opens each image span of ForwardBatch.images both ways. A sliding window
+narrows a group's mask per call (layers differ); soft-capped scores take an eager
 softmax, since SDPA has no hook for them.
 """
 
@@ -171,7 +172,12 @@ def _extend_groups(batch: ForwardBatch, req_to_token: torch.Tensor) -> list[Atte
         kv_slots = req_to_token[batch.req_rows[i : i + 1], :kv_len].long()  # [1, kv_len]
         # causal relative to each token's position: query j sits at position (kv_len - q_len + j)
         query_pos = torch.arange(kv_len - q_len, kv_len, device=kv_slots.device)
-        mask = torch.arange(kv_len, device=kv_slots.device)[None, :] <= query_pos[:, None]
+        key_pos = torch.arange(kv_len, device=kv_slots.device)
+        mask = key_pos[None, :] <= query_pos[:, None]
+        for span_start, span_end in batch.images.spans[i] if batch.images is not None else ():
+            # an image's placeholders see each other both ways (Gemma 3's prefill)
+            in_span = (key_pos >= span_start) & (key_pos < span_end)
+            mask |= in_span[kv_len - q_len :, None] & in_span[None, :]
         groups.append(
             AttentionGroup(
                 slice(start, start + q_len), kv_slots, mask.view(1, 1, q_len, kv_len), q_len, query_pos[None]

@@ -1,7 +1,8 @@
 """Attention on the GPU through the Triton kernels in tgi_compat/kernels/.
 
 DECODE steps run flash-decoding (tgi_compat.kernels.attention.decode); EXTEND steps run the variable-length
-extend kernel. A MIXED step (chunked prefill beside decodes) sends its leading run of one-token
+extend kernel (a step with images whose placeholders attend both ways attends through the torch reference backend).
+A MIXED step (chunked prefill beside decodes) sends its leading run of one-token
 requests (the scheduler puts running decodes first) through flash-decoding and the rest through
 the extend kernel: the extend kernel would give every decode row a whole query tile, a grid sized by
 the longest chunk, and one K/V read per query head instead of per KV head. Both read K/V through
@@ -30,6 +31,7 @@ from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
+from tgi_compat.modeling.attention.torch_backend import TorchAttentionBackend
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
 
@@ -90,6 +92,14 @@ class TritonAttentionBackend(AttentionBackend):
         self._split_counter = torch.zeros(max_rows, num_kv_heads, dtype=torch.int32, device=self.device)
         self.merged_split_batches = MERGED_SPLIT_BATCHES
         self.fused_rotary_batches = FUSED_ROTARY_BATCHES
+        self._reference_args = (num_heads, num_kv_heads, head_dim, max_rows, max_seq_len, self.device, dtype)
+        self._reference: TorchAttentionBackend | None = None  # built at the first step with images
+        self.image_step: TorchAttentionBackend | None = None  # this step's, when it has images
+
+    def _image_reference(self) -> TorchAttentionBackend:
+        if self._reference is None:
+            self._reference = TorchAttentionBackend(*self._reference_args)
+        return self._reference
 
     def compile_kernels(
         self,
@@ -126,6 +136,12 @@ class TritonAttentionBackend(AttentionBackend):
         return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
+        # The extend kernel's mask is causal only: a step with images whose placeholders attend to each other
+        # both ways (Gemma 3's prefill) attends through the torch reference; rotary and the KV store stay here.
+        self.image_step = None
+        if batch.images is not None and any(batch.images.spans):
+            self.image_step = self._image_reference()
+            self.image_step.init_forward_metadata(batch, req_to_token)
         is_decode = batch.mode == ForwardMode.DECODE
         num_flash = batch.batch_size if is_decode else _num_decode_prefix(batch)
         max_q_len = batch.max_q_len
@@ -187,6 +203,8 @@ class TritonAttentionBackend(AttentionBackend):
         meta = self.metadata
         if meta.is_decode:
             return self._decode(q, k_cache, v_cache, params)
+        if self.image_step is not None:
+            return self.image_step.forward(q, k_cache, v_cache, params)
         out = torch.empty_like(q)
         first = meta.num_decode_prefix  # requests [0, first) own tokens [0, first), one each
         if first:

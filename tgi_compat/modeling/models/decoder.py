@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
 from tgi_compat.modeling.config import ModelConfig
-from tgi_compat.modeling.forward_batch import ForwardBatch
+from tgi_compat.modeling.forward_batch import ForwardBatch, ImageEmbeds
 from tgi_compat.modeling.layers.embedding import LMHead, VocabEmbedding
 from tgi_compat.modeling.layers.linear import Linear, QKVLinear
 from tgi_compat.modeling.layers.norm import RMSNorm
@@ -192,11 +192,18 @@ class DecoderModel(nn.Module):
         return cast(Iterable[DecoderLayer], self.layers)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: KVCaches, backend: AttentionBackend
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: KVCaches,
+        backend: AttentionBackend,
+        images: ImageEmbeds | None = None,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
+        if images is not None:  # image features stand in for their placeholders' (scaled) embeddings
+            hidden = hidden.index_copy(0, images.token_index, images.embeds.to(hidden.dtype))
         rope = self.rotary_emb.step_tables(positions)  # gathered once, shared by every layer
         local_rope = rope if self.local_rotary_emb is None else self.local_rotary_emb.step_tables(positions)
         residual, sum_over = None, None
@@ -234,7 +241,7 @@ class DecoderStack(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Returns the final hidden states [T, hidden]; logits come from compute_logits on R rows."""
-        return self.model(input_ids, positions, kv_caches, backend)
+        return self.model(input_ids, positions, kv_caches, backend, batch.images)
 
     @property
     def max_positions(self) -> int:

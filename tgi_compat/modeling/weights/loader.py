@@ -84,12 +84,19 @@ _TEXT_MODEL_PREFIXES = (
     ("model.language_model.", "model."),
     ("language_model.lm_head.", "lm_head."),
     ("lm_head.", "lm_head."),
+    # the vision encoder's (models/gemma3_vision.py VISION_PREFIX); transformers 5's SigLIP has no `vision_model.`
+    ("model.vision_tower.vision_model.", "vision.vision_tower."),
+    ("vision_tower.vision_model.", "vision.vision_tower."),
+    ("model.vision_tower.", "vision.vision_tower."),
+    ("vision_tower.", "vision.vision_tower."),
+    ("model.multi_modal_projector.", "vision.multi_modal_projector."),
+    ("multi_modal_projector.", "vision.multi_modal_projector."),
 )
 
 
 def text_model_weights(weights: Weights) -> Weights:
-    """The text model's tensors of a multimodal checkpoint under its text model's names; the vision
-    tower's and the projector's are skipped."""
+    """The tensors of a multimodal checkpoint under the names of our model of it: the text model's own, the
+    vision encoder's under `vision.`."""
     for name, tensor in weights:
         for prefix, target in _TEXT_MODEL_PREFIXES:
             if name.startswith(prefix):

@@ -132,7 +132,7 @@ class ChatService:
         """`{"tokenize_response": [SimpleToken...], "templated_text": prompt}`; not counted in metrics."""
         try:
             prompt = (await self.render(body)).text
-            spans = await self.state.tokenizer.spans(prompt, add_special_tokens=False)
+            spans = await self.state.tokenizer.spans(await self.state.expand_images(prompt), add_special_tokens=False)
         except TgiError as error:
             return JsonAnswer.error(error)
         except Exception as error:  # tokenizer failures are the client's input

@@ -1,0 +1,166 @@
+"""Images in prompts, TGI's way: the markdown regex, data URLs, fetching with the size cap and the SSRF guard."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from PIL import Image
+
+from tgi_compat.api.protocol.errors import TgiError
+from tgi_compat.api.protocol.images import DecodedImage, ImageRef, image_markdown, split_prompt
+from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.images import VisionPrompts
+
+
+def encoded(fmt: str, mode: str = "RGB", size: tuple[int, int] = (20, 12)) -> bytes:
+    out = io.BytesIO()
+    Image.new(mode, size, (200, 30, 60, 128)[: len(mode)]).save(out, format=fmt)
+    return out.getvalue()
+
+
+def data_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def refusal(fetcher: ImageFetcher, markdown: str) -> str:
+    with pytest.raises(TgiError) as caught:
+        fetcher.load(ImageRef(markdown))
+    assert caught.value.status == 422 and caught.value.error_type == "validation"
+    return caught.value.message
+
+
+def test_split_prompt_follows_tgi_regex():
+    url = data_url(encoded("PNG"), "image/png")
+    prompt = f"![]({url})What is this?![](https://a.b/c.png) and ![alt](x) stays text"
+    assert split_prompt(prompt) == [
+        ImageRef(f"![]({url})"),
+        "What is this?",
+        ImageRef("![](https://a.b/c.png)"),
+        " and ![alt](x) stays text",
+    ]
+    assert split_prompt("no images") == ["no images"]
+    assert split_prompt(image_markdown("https://x/y.jpg")) == [ImageRef("![](https://x/y.jpg)")]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mode", "mime"),
+    [
+        ("PNG", "RGB", "image/png"),
+        ("JPEG", "RGB", "image/jpeg"),
+        ("WEBP", "RGB", "image/webp"),
+        ("PNG", "RGBA", "image/png"),
+    ],
+)
+def test_data_urls_decode(fmt, mode, mime):
+    data = encoded(fmt, mode)
+    image = ImageFetcher().load(ImageRef(f"![]({data_url(data, mime)})"))
+    assert (image.width, image.height, image.mimetype, image.data) == (20, 12, mime, data)
+    assert image.to_pil().mode == "RGB"
+
+
+def test_data_url_with_unlisted_mime_is_guessed():
+    image = ImageFetcher().load(ImageRef(f"![]({data_url(encoded('PNG'), 'image/x-whatever')})"))
+    assert (image.width, image.mimetype) == (20, "image/x-whatever")
+
+
+def test_bad_images_get_tgi_texts():
+    fetcher = ImageFetcher()
+    assert refusal(fetcher, "![](ftp://x/y.png)") == "Input validation error: invalid image content: ![](ftp://x/y.png)"
+    assert refusal(fetcher, "![](data:image/png,abc)") == "Input validation error: invalid image content: image/png,abc"
+    assert refusal(fetcher, "![](data:image/png;hex,00)") == "Input validation error: invalid image content: hex,00"
+    assert refusal(fetcher, "![](data:image/png;base64,@@@)").startswith(
+        "Input validation error: base64 encoding is invalid: "
+    )
+    truncated = encoded("PNG")[:40]
+    assert refusal(fetcher, f"![]({data_url(truncated, 'image/png')})").startswith(
+        "Input validation error: invalid image: "
+    )
+    not_png = encoded("JPEG")  # the declared format is the one decoded, as in TGI
+    assert refusal(fetcher, f"![]({data_url(not_png, 'image/png')})").startswith(
+        "Input validation error: invalid image"
+    )
+
+
+class _Images(BaseHTTPRequestHandler):
+    routes: dict[str, tuple[int, bytes, dict[str, str]]] = {}
+
+    def do_GET(self) -> None:
+        status, body, headers = self.routes[self.path]
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_server() -> Iterator[str]:
+    png = encoded("PNG")
+    _Images.routes = {
+        "/ok.png": (200, png, {"Content-Length": str(len(png))}),
+        "/unsized.png": (200, png, {"Connection": "close"}),  # no Content-Length: the body is counted
+        "/missing.png": (404, b"", {"Content-Length": "0"}),
+        "/moved": (302, b"", {"Location": "/ok.png", "Content-Length": "0"}),
+        "/text": (200, b"hello", {"Content-Length": "5"}),
+    }
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_fetch_with_size_cap(image_server):
+    size = len(encoded("PNG"))
+    fetcher = ImageFetcher(max_bytes=size, allow_private=True)
+    assert fetcher.load(ImageRef(f"![]({image_server}/ok.png)")).mimetype == "image/png"
+    assert fetcher.load(ImageRef(f"![]({image_server}/moved)")).width == 20
+    small = ImageFetcher(max_bytes=size - 1, allow_private=True)
+    too_large = f"Input validation error: Image size {size} bytes exceeds maximum allowed size of {size - 1} bytes"
+    assert refusal(small, f"![]({image_server}/ok.png)") == too_large
+    assert refusal(small, f"![]({image_server}/unsized.png)") == too_large
+    assert refusal(fetcher, f"![]({image_server}/missing.png)").startswith(
+        "Input validation error: Could not fetch image: HTTP status 404"
+    )
+    assert refusal(fetcher, f"![]({image_server}/text)").startswith("Input validation error: invalid image: ")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "10.1.2.3", "192.168.0.1", "169.254.169.254", "[::1]"])
+def test_private_addresses_are_refused(image_server, host):
+    message = refusal(ImageFetcher(), f"![](http://{host}/ok.png)")
+    assert message.startswith("Input validation error: Could not fetch image: ")
+    assert "non-public address" in message
+
+
+async def test_a_text_model_keeps_image_markdown_as_text(client, engine, tokenizer):
+    """TGI parses images for vision models only: elsewhere `![](...)` is prompt text, never fetched."""
+    inputs = "![](http://127.0.0.1:1/never-fetched.png) and ![](data:image/png;base64,@@@)"
+    response = await client.post("/generate", json={"inputs": inputs, "parameters": {"max_new_tokens": 2}})
+    assert response.status_code == 200
+    assert engine.requests[0].prompt_ids == tokenizer.encode_sync(inputs) and engine.requests[0].images == []
+    tokens = (await client.post("/tokenize", json={"inputs": inputs})).json()
+    assert [token["id"] for token in tokens] == tokenizer.encode_sync(inputs)
+
+
+def test_placeholders_must_match_the_images():
+    """Each placeholder run is one whole image, the last ones when `truncate` cut the first; placeholder tokens
+    typed as text, or a run cut by truncation, refuse the request."""
+    prompts = VisionPrompts("<img>", image_token_id=9, tokens_per_image=3, bidirectional=True, fetcher=ImageFetcher())
+    red, green = (DecodedImage(data, "image/png", 1, 1) for data in (b"red", b"green"))
+    placed = prompts.place([1, 9, 9, 9, 2, 9, 9, 9, 3], [red, green])
+    assert [(image.offset, image.length, image.data, image.bidirectional) for image in placed] == [
+        (1, 3, b"red", True),
+        (5, 3, b"green", True),
+    ]
+    assert [image.data for image in prompts.place([2, 9, 9, 9, 3], [red, green])] == [b"green"]  # left-truncated
+    for ids in ([9, 9, 2, 9, 9, 9], [1, 9, 9, 9, 2, 9, 9, 9, 9, 9, 9]):
+        with pytest.raises(TgiError, match="placeholder tokens do not match"):
+            prompts.place(ids, [red, green])

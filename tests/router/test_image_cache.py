@@ -1,0 +1,65 @@
+"""The encoder-output cache: misses encoded once per call, hits never; LightLLM's capacity and reserved ratio."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from tgi_compat.router.image_cache import EncoderCache
+from tgi_compat.router.images import PromptImage
+
+
+def image(name: str, offset: int = 0) -> PromptImage:
+    data = name.encode()
+    return PromptImage(offset, 2, hashlib.sha256(data).hexdigest(), data)
+
+
+class Encoder:
+    def __init__(self) -> None:
+        self.calls: list[list[bytes]] = []
+
+    def __call__(self, images):
+        self.calls.append(list(images))
+        return [torch.full((2, 3), float(len(data))) for data in images]
+
+
+def test_misses_are_encoded_together_and_hits_never():
+    encoder = Encoder()
+    cache = EncoderCache(encoder, capacity=10)
+    first = cache.features([image("a"), image("bb"), image("a", 5)])
+    assert encoder.calls == [[b"a", b"bb"]] and [f[0, 0].item() for f in first] == [1.0, 2.0, 1.0]
+    cache.features([image("bb"), image("a")])
+    assert len(encoder.calls) == 1 and cache.num_encoded == 2
+
+
+def test_overflow_keeps_the_reserved_share_most_recent_first():
+    encoder = Encoder()
+    cache = EncoderCache(encoder, capacity=4, reserved_ratio=0.5)
+    for name in "abcd":
+        cache.features([image(name)])
+    cache.features([image("a")])  # a is now the most recent
+    cache.features([image("e")])  # 5 > 4: down to 2, the most recent
+    assert len(cache) == 2
+    cache.features([image("a"), image("e")])
+    assert cache.num_encoded == 5  # both kept
+    cache.features([image("b")])
+    assert cache.num_encoded == 6  # b was dropped
+
+
+def test_step_embeds_gather_each_chunks_placeholder_rows():
+    cache = EncoderCache(Encoder())
+    images = [PromptImage(1, 2, "x" * 64, b"xy", bidirectional=True), PromptImage(5, 2, "z" * 64, b"zzz")]
+    # a chunk of positions [2, 6) sitting at rows 10.. of the flat batch, beside a text-only chunk
+    embeds = cache.step_embeds([(0, 0, 4, []), (10, 2, 6, images)], torch.device("cpu"))
+    assert embeds is not None
+    assert embeds.token_index.tolist() == [10, 13]  # position 2 (image 1's second), position 5 (image 2's first)
+    assert embeds.embeds[:, 0].tolist() == [2.0, 3.0]
+    assert embeds.spans == [[], [(2, 3)]]
+    assert cache.step_embeds([(0, 0, 4, [])], torch.device("cpu")) is None
+
+
+def test_bad_limits_are_refused():
+    with pytest.raises(ValueError):
+        EncoderCache(Encoder(), capacity=0)

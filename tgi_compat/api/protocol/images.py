@@ -1,0 +1,127 @@
+"""Images in a prompt, as TGI's router reads them (router/src/validation.rs `prepare_input`, `fetch_image`).
+
+A vision model's prompt is text with images as markdown `![](url)`, found by TGI's own regex; the url is a
+`data:<mime>;base64,<payload>` URL or an http(s) URL (fetched by tgi_compat.api.serving.image_fetch). OpenAI chat
+`image_url` parts become the same markdown before templating (`image_markdown`). A text model never parses
+them: there the markdown stays literal text, as in TGI. Errors carry TGI's texts (its `ValidationError`s, a 422);
+the decoder's own message differs (Pillow's, not Rust's `image` crate's).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import re
+from dataclasses import dataclass
+
+from PIL import Image as PILImage
+from PIL import UnidentifiedImageError
+
+from tgi_compat.api.protocol.errors import TgiError, validation_error
+
+IMAGE_MARKDOWN = re.compile(r"!\[\]\([^\)]*\)")  # TGI's regex, verbatim
+
+# TGI's format_from_mimetype: a data URL whose mime type names one of these is decoded as that format
+_FORMATS = {
+    "image/png": "PNG",
+    "image/jpeg": "JPEG",
+    "image/jpg": "JPEG",
+    "image/gif": "GIF",
+    "image/webp": "WEBP",
+    "image/tiff": "TIFF",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedImage:
+    """A decoded image of a prompt: its bytes as sent, and what the model's processor and the cache need."""
+
+    data: bytes
+    mimetype: str
+    width: int
+    height: int
+
+    @property
+    def digest(self) -> str:
+        """The content hash that keys the image's encoder output and its prefix-cache tokens."""
+        return hashlib.sha256(self.data).hexdigest()
+
+    def to_pil(self) -> PILImage.Image:
+        """RGB pixels (RGBA and palette images flattened, as transformers' processors expect)."""
+        with PILImage.open(io.BytesIO(self.data)) as image:
+            return image.convert("RGB")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """One `![](url)` of a prompt: `markdown` is the whole match, as TGI's error texts quote it."""
+
+    markdown: str
+
+    @property
+    def url(self) -> str:
+        return self.markdown[len("![](") : -1]
+
+
+def split_prompt(inputs: str) -> list[str | ImageRef]:
+    """The prompt as TGI's chunks: text runs and image references, in order (no empty text runs)."""
+    chunks: list[str | ImageRef] = []
+    start = 0
+    for match in IMAGE_MARKDOWN.finditer(inputs):
+        if match.start() != start:
+            chunks.append(inputs[start : match.start()])
+        chunks.append(ImageRef(match.group()))
+        start = match.end()
+    if start != len(inputs):
+        chunks.append(inputs[start:])
+    return chunks
+
+
+def image_markdown(url: str) -> str:
+    """An OpenAI `image_url` part as TGI renders it into the templated prompt."""
+    return f"![]({url})"
+
+
+def decode_data_url(ref: ImageRef) -> DecodedImage:
+    """`![](data:<mime>;base64,<payload>)`: TGI's checks and texts, in its order."""
+    content = ref.markdown[len("![](data:") : -1]
+    parts = content.split(";")
+    if len(parts) != 2:
+        raise invalid_image_content(content)
+    mimetype, payload = parts
+    if not payload.startswith("base64,"):
+        raise invalid_image_content(payload)
+    try:
+        data = base64.b64decode(payload[len("base64,") :], validate=True)
+    except binascii.Error as error:
+        raise validation_error(f"base64 encoding is invalid: {error}") from error
+    return decode_image(data, mimetype)
+
+
+def decode_image(data: bytes, mimetype: str | None) -> DecodedImage:
+    """Decode fully (a truncated file fails here, not in the engine). `mimetype` None: guessed from the bytes,
+    as TGI does for fetched images; a data URL's mime type outside TGI's list is guessed too but kept."""
+    declared = _FORMATS.get(mimetype or "")
+    try:
+        with PILImage.open(io.BytesIO(data), formats=[declared] if declared else None) as image:
+            image.load()
+            width, height, found = image.width, image.height, image.format
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+        raise validation_error(f"invalid image: {error}") from error
+    if mimetype is None:
+        mimetype = PILImage.MIME.get(found or "", "application/octet-stream")
+    return DecodedImage(data, mimetype, width, height)
+
+
+def invalid_image_content(content: str) -> TgiError:
+    return validation_error(f"invalid image content: {content}")
+
+
+def image_too_large(size: int, limit: int) -> TgiError:
+    return validation_error(f"Image size {size} bytes exceeds maximum allowed size of {limit} bytes")
+
+
+def fetch_failed(cause: str) -> TgiError:
+    return validation_error(f"Could not fetch image: {cause}")

@@ -1,0 +1,1 @@
+"""Vision encoders of the multimodal families: pixels in, one feature row per image placeholder token out."""

@@ -145,3 +145,13 @@ def test_malformed_and_missing_adapters_get_clear_errors(lora_server, tmp_path):
     taken = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": str(broken)}, timeout=60)
     assert taken.status_code == 400 and "'a1' has already been loaded" in taken.json()["error"]["message"]
     assert _generate(lora_server, "a1")["details"]["generated_tokens"] >= 1  # the server keeps serving
+
+
+def test_lora_requests_info_names_the_running_adapter(lora_server):
+    """vLLM's gauge as the Gateway API Inference Extension reads it: a series per label set seen, with max_lora."""
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 24, "adapter_id": "a1"}}
+    assert httpx.post(f"{lora_server.base_url}/generate", json=body, timeout=300).status_code == 200
+    text = httpx.get(f"{lora_server.base_url}/metrics", timeout=30).text
+    series = [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert series and all('max_lora="2"' in line for line in series)
+    assert any('running_lora_adapters="a1"' in line for line in series), series

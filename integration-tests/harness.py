@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import socket
 import subprocess
@@ -76,6 +77,8 @@ def _wait_until_ready(server: Server) -> None:
 def launched(command: list[str], env: dict[str, str], log_prefix: str, stop_timeout_s: float = 60) -> Iterator[Server]:
     """Start a server process, wait until /health answers, and stop it (SIGTERM, then SIGKILL) at the end."""
     log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False)
+    # this checkout's tgi_compat, not the one the venv's console script was installed from
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))}
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
     handle = Server(f"http://127.0.0.1:{_port_of(command)}", process, log.name)
     try:

@@ -1,8 +1,13 @@
 """LoRA adapters on the real launcher (embedded SmolLM2): TGI's --lora-adapters and vLLM's --lora-modules, a
-request's adapter picked by `adapter_id` (HTTP, huggingface_hub) or `model` (openai), and an unknown
-adapter refused with the loaded ones named while the server keeps serving."""
+request's adapter picked by `adapter_id` (HTTP, huggingface_hub) or `model` (openai), an unknown
+adapter refused with the loaded ones named while the server keeps serving, and vLLM's runtime routes
+(VLLM_ALLOW_RUNTIME_LORA_UPDATING) loading and unloading adapters while a stream runs."""
 
 from __future__ import annotations
+
+import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -21,7 +26,8 @@ def lora_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora-server")
     a1, a2 = write_smollm2_adapter(root / "a1", 8, seed=1), write_smollm2_adapter(root / "a2", 16, seed=2)
     command = [*_launcher_command(_free_port()), "--lora-adapters", f"a1={a1}", "--lora-modules", f"a2={a2}"]
-    with launched(command, dict(os.environ), "launcher-lora-") as handle:
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
+    with launched(command, env, "launcher-lora-") as handle:
         yield handle
 
 
@@ -66,3 +72,86 @@ def test_unknown_adapter_is_refused_and_the_server_keeps_serving(lora_server):
     assert answer.status_code == 422, answer.text
     assert "'nope' is not loaded; loaded: a1, a2" in answer.json()["error"]
     assert _generate(lora_server, None)["details"]["generated_tokens"] >= 1
+
+
+def _stream_in_background(server, ended: list[float]) -> threading.Thread:
+    """A long /generate_stream; `ended` gets the time its last event arrived."""
+
+    def consume() -> None:
+        body = {"inputs": "Count from one to fifty: one, two,", "parameters": {"max_new_tokens": 40}}
+        with httpx.stream("POST", f"{server.base_url}/generate_stream", json=body, timeout=300) as stream:
+            events = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
+        assert events[-1]["generated_text"] is not None
+        ended.append(time.monotonic())
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    return thread
+
+
+def test_load_while_streaming_use_then_unload(lora_server, tmp_path):
+    from huggingface_hub import InferenceClient
+    from openai import OpenAI, UnprocessableEntityError
+
+    url, path = lora_server.base_url, str(tmp_path / "a2-copy")
+    write_smollm2_adapter(tmp_path / "a2-copy", 16, seed=2)  # a2's weights: the same answers under a new name
+    ended: list[float] = []
+    stream = _stream_in_background(lora_server, ended)
+    time.sleep(1.0)  # the stream is decoding
+    loaded = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": path}, timeout=120)
+    loaded_at = time.monotonic()
+    assert (loaded.status_code, loaded.text) == (200, "Success: LoRA adapter 'late' added successfully.")
+    stream.join()
+    assert ended and loaded_at < ended[0]  # loaded while the stream still ran, and it finished
+
+    cards = {card["id"]: card for card in httpx.get(f"{url}/v1/models").json()["data"]}
+    assert cards["late"]["root"] == path and cards["late"]["parent"] == cards["late"]["owned_by"]
+    assert {"a1", "a2", "late"} <= set(cards)
+    a2 = _generate(lora_server, "a2")
+    assert _generate(lora_server, "late")["generated_text"] == a2["generated_text"]
+    hub = InferenceClient(url, timeout=120)
+    assert (
+        hub.text_generation(PROMPT, adapter_id="late", max_new_tokens=8, return_full_text=False) == a2["generated_text"]
+    )
+    client = OpenAI(base_url=f"{url}/v1", api_key="-")
+    completion = client.completions.create(model="late", prompt=PROMPT, max_tokens=8, temperature=0)
+    assert completion.choices[0].text == a2["generated_text"]
+
+    unloaded = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=60)
+    assert (unloaded.status_code, unloaded.text) == (200, "Success: LoRA adapter 'late' removed successfully.")
+    assert "late" not in {card["id"] for card in httpx.get(f"{url}/v1/models").json()["data"]}
+    body = {"inputs": PROMPT, "parameters": {**PARAMS, "adapter_id": "late"}}
+    refused = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert refused.status_code == 422 and "'late' is not loaded; loaded: a1, a2" in refused.json()["error"]
+    with pytest.raises(UnprocessableEntityError) as by_model:
+        client.completions.create(model="late", prompt=PROMPT, max_tokens=8)
+    assert "'late' is not loaded; loaded: a1, a2" in by_model.value.response.json()["error"]
+    again = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=60)
+    assert again.status_code == 404 and again.json()["error"]["type"] == "NotFoundError"
+
+
+def test_malformed_and_missing_adapters_get_clear_errors(lora_server, tmp_path):
+    url = lora_server.base_url
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_dora": true}')
+    for source, status, reason in (
+        (broken, 400, "use_dora=True is not supported"),
+        (tmp_path / "none", 404, "no such folder"),
+    ):
+        body = {"lora_name": "bad", "lora_path": str(source)}
+        answer = httpx.post(f"{url}/v1/load_lora_adapter", json=body, timeout=60)
+        assert answer.status_code == status and reason in answer.json()["error"]["message"], answer.text
+    taken = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": str(broken)}, timeout=60)
+    assert taken.status_code == 400 and "'a1' has already been loaded" in taken.json()["error"]["message"]
+    assert _generate(lora_server, "a1")["details"]["generated_tokens"] >= 1  # the server keeps serving
+
+
+def test_lora_requests_info_names_the_running_adapter(lora_server):
+    """vLLM's gauge as the Gateway API Inference Extension reads it: a series per label set seen, with max_lora."""
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 24, "adapter_id": "a1"}}
+    assert httpx.post(f"{lora_server.base_url}/generate", json=body, timeout=300).status_code == 200
+    text = httpx.get(f"{lora_server.base_url}/metrics", timeout=30).text
+    series = [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert series and all('max_lora="2"' in line for line in series)
+    assert any('running_lora_adapters="a1"' in line for line in series), series

@@ -183,6 +183,20 @@ def test_engine_stats_feed_gauges_batch_series_and_vllm(metrics):
     assert samples(metrics)[("vllm:num_preemptions_total", (("model_name", "smol"),))] == 3
 
 
+def test_lora_requests_info_names_the_engines_adapters(metrics):
+    """vLLM's shape: one series per (max_lora, waiting, running) seen, valued at the time it was last reported;
+    the router reads the newest."""
+    metrics.max_lora = 2
+    stats = EngineStats(1, 2, 0, 0, 1000, running_lora_adapters=["a2", "a1"], waiting_lora_adapters=["a3"])
+    metrics.apply_engine_stats(STATS_DECODER.decode(STATS_ENCODER.encode(stats)))
+    lora = (("max_lora", "2"), ("running_lora_adapters", "a2,a1"), ("waiting_lora_adapters", "a3"))
+    assert abs(samples(metrics)[("vllm:lora_requests_info", lora)] - time.time()) < 60
+    metrics.apply_engine_stats(EngineStats(0, 0, 0, 0, 1000))
+    idle = (("max_lora", "2"), ("running_lora_adapters", ""), ("waiting_lora_adapters", ""))
+    got = samples(metrics)
+    assert got[("vllm:lora_requests_info", idle)] >= got[("vllm:lora_requests_info", lora)]
+
+
 def test_prefix_cache_counters_follow_the_engines_cumulative_counts(metrics):
     for queries, hits in ((100, 40), (150, 90), (150, 90)):  # a repeated report adds nothing
         stats = EngineStats(0, 0, 0, 0, 1000, prefix_cache_queries=queries, prefix_cache_hits=hits, kv_cached=77)

@@ -5,16 +5,19 @@ loaded, unloaded, unknown and malformed while it serves."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 from smollm2_cases import SMOLLM2_PROMPTS, smollm2_engine_config
 
 from tests.lora_adapters import write_smollm2_adapter
 from tgi_compat.modeling.lora.adapter import LoraAdapterError
-from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.client import InProcessEngineClient
+from tgi_compat.router.client_api import AdapterCallError, RequestRejectedError
 from tgi_compat.router.config import LoraSource
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.wire import LoadAdapter, UnloadAdapter
 
 MAX_NEW = 4
 PROMPT = SMOLLM2_PROMPTS[8] + SMOLLM2_PROMPTS[5]
@@ -122,3 +125,73 @@ def test_unknown_malformed_load_and_unload(engine, folders, tmp_path, alone):
     engine.load_adapter("a1-again", str(folders["a1"]))
     assert run(engine, [(SMOLLM2_PROMPTS[0], "a1-again")], "reloaded-")[0][0] == alone["a1"]
     assert run(engine, [(SMOLLM2_PROMPTS[0], None)], "base-after-")[0][0] == alone[None]
+
+
+def test_loads_and_unloads_while_serving_through_adapter_calls(engine, folders, tmp_path, alone):
+    """What the engine loop does with LoadAdapter / UnloadAdapter: a load's files are read in a thread while
+    steps go on, then it is installed between two steps; every reply names the adapters loaded then."""
+    calls = engine.adapter_calls
+    engine.add_request(GenerateRequest("during-load", SMOLLM2_PROMPTS[0], max_new_tokens=MAX_NEW, ignore_eos=True))
+    assert calls.submit(LoadAdapter(1, "late", str(folders["a2"]))) is None  # being read: no answer yet
+    tokens, replies = [], []
+    while engine.has_unfinished() or calls.num_reading:
+        for event in engine.step():
+            tokens += event.token_ids
+        replies += calls.take_replies()
+    assert tokens == alone[None]
+    assert [(r.call_id, r.error) for r in replies] == [(1, None)]
+    assert replies[0].adapters == {**{n: str(folders[n]) for n in ("a2", "a3")}, "a1-again": str(folders["a1"]),
+                                   "late": str(folders["a2"])}  # fmt: skip
+    assert run(engine, [(SMOLLM2_PROMPTS[0], "late")], "late-")[0][0] == alone["a2"]
+    # answered at once: a taken name, an unload, an unknown adapter
+    taken = calls.submit(LoadAdapter(2, "late", str(folders["a1"])))
+    assert taken is not None and taken.error == "LoRA adapter 'late' is already loaded" and not taken.not_found
+    unloaded = calls.submit(UnloadAdapter(3, "late"))
+    assert unloaded is not None and unloaded.error is None and "late" not in unloaded.adapters
+    unknown = calls.submit(UnloadAdapter(4, "late"))
+    assert unknown is not None and unknown.not_found and "loaded: a2, a3, a1-again" in (unknown.error or "")
+    # refused after reading: a malformed folder (400), a path with nothing there (404)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text("{not json")
+    for call_id, source in ((5, str(broken)), (6, str(tmp_path / "missing"))):
+        assert calls.submit(LoadAdapter(call_id, f"bad{call_id}", source)) is None
+    while calls.num_reading:
+        time.sleep(0.01)
+        replies = [*replies, *calls.take_replies()]
+    (malformed, missing) = replies[-2:]
+    assert "is not valid JSON" in (malformed.error or "") and not malformed.not_found
+    assert "no such folder" in (missing.error or "") and missing.not_found
+    assert set(missing.adapters) == {"a2", "a3", "a1-again"}
+
+
+def test_stats_name_the_running_and_waiting_adapters(engine):
+    """vllm:lora_requests_info's labels: two adapters hold the two slots, the third waits for one."""
+    for adapter in ("a2", "a3", "a1-again"):
+        engine.add_request(GenerateRequest(f"stats-{adapter}", [1, 2, 3], max_new_tokens=MAX_NEW, adapter_id=adapter))
+    engine.step()
+    stats = engine.stats.report(force=True)
+    assert stats is not None
+    assert (stats.running_lora_adapters, stats.waiting_lora_adapters) == (["a2", "a3"], ["a1-again"])
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.stats.report(force=True)
+    assert stats is not None and (stats.running_lora_adapters, stats.waiting_lora_adapters) == ([], [])
+
+
+async def test_the_in_process_client_loads_and_unloads(engine, folders):
+    """The engine client seam in a thread (InProcessEngineClient): the calls and their errors, typed."""
+    client = InProcessEngineClient(engine)
+    try:
+        await client.load_adapter("via-client", str(folders["a3"]))
+        assert client.lora_adapters["via-client"] == str(folders["a3"])
+        with pytest.raises(AdapterCallError, match="'via-client' is already loaded") as taken:
+            await client.load_adapter("via-client", str(folders["a1"]))
+        assert not taken.value.not_found
+        await client.unload_adapter("via-client")
+        assert "via-client" not in client.lora_adapters
+        with pytest.raises(AdapterCallError, match="'via-client' is not loaded") as unknown:
+            await client.unload_adapter("via-client")
+        assert unknown.value.not_found
+    finally:
+        await client.shutdown()

@@ -29,6 +29,7 @@ from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineIn
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_loop import EngineLoop, load_engine
 from tgi_compat.router.engine_process import run_engine_process
+from tgi_compat.router.lora_client import PendingAdapterCalls
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.rank_heartbeat import BEAT_INTERVAL_S, HangWatch, RankHeartbeats, hang_timeout_s
 from tgi_compat.router.request import GenerateRequest
@@ -37,15 +38,19 @@ from tgi_compat.router.tp_worker import run_tp_worker
 from tgi_compat.router.validation import validate_request
 from tgi_compat.router.wire import (
     AbortRequest,
+    AdapterCall,
+    AdapterReply,
     AddRequest,
     HealthProbe,
     HealthReply,
+    LoadAdapter,
     Ready,
     Rejected,
     Shutdown,
     StartupFailed,
     StatsReport,
     StepOutputs,
+    UnloadAdapter,
     encoder,
     engine_message_decoder,
 )
@@ -109,6 +114,7 @@ class _QueueingClient(EngineClient):
         self.latest_stats: EngineStats | None = None
         self._last_progress = float("-inf")  # monotonic time of the last token events or probe reply
         self._probe: asyncio.Future | None = None  # the health probe in flight
+        self._adapter_calls = PendingAdapterCalls({})  # LoRA loads and unloads in flight
 
     @property
     def is_dead(self) -> bool:
@@ -153,6 +159,21 @@ class _QueueingClient(EngineClient):
     async def abort(self, request_id: str) -> None:
         if self._dead_reason is None:
             self._submit(AbortRequest(request_id))
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        return self._adapter_calls.adapters
+
+    async def load_adapter(self, name: str, source: str) -> None:
+        await self._adapter_call(LoadAdapter(PendingAdapterCalls.next_id(), name, source))
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._adapter_call(UnloadAdapter(PendingAdapterCalls.next_id(), name))
+
+    async def _adapter_call(self, call: AdapterCall) -> None:
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+        await self._adapter_calls.call(call, self._submit)
 
     async def check_health(self, timeout: float = 60.0) -> bool:
         """Alive and making progress: token events within PROGRESS_WINDOW_S prove it at once (TGI
@@ -204,6 +225,7 @@ class _QueueingClient(EngineClient):
         self._dead_reason = reason
         for request_events in self._pending.values():
             request_events.fail(EngineDeadError(reason))
+        self._adapter_calls.fail(EngineDeadError(reason))
         if self._probe is not None and not self._probe.done():
             self._probe.set_exception(EngineDeadError(reason))
             self._probe.exception()  # retrieved: nobody may be waiting for it
@@ -278,6 +300,7 @@ class ZmqEngineClient(_QueueingClient):
             _close(*self._sockets)
             raise
         self._dead_reason = None
+        self._adapter_calls.adapters = dict(self.info.lora_adapters)  # a restarted engine: the startup ones
         self._reader = asyncio.create_task(self._read_outputs(inbox))
         loop = asyncio.get_running_loop()
         loop.add_reader(self._process.sentinel, self._on_process_exit, self._process)
@@ -339,6 +362,8 @@ class ZmqEngineClient(_QueueingClient):
                 self._reject(message.request_id, message.message)
             elif isinstance(message, HealthReply):
                 self._on_health_reply()
+            elif isinstance(message, AdapterReply):
+                self._adapter_calls.on_reply(message)
 
     async def _watch_heartbeats(self, heartbeats: RankHeartbeats) -> None:
         watch = HangWatch(heartbeats, hang_timeout_s(), time.monotonic())
@@ -383,6 +408,7 @@ class InProcessEngineClient(_QueueingClient):
     def __init__(self, core: EngineLoop) -> None:
         super().__init__()
         self.info = core.info
+        self._adapter_calls.adapters = dict(core.info.lora_adapters)
         self.core = core
         self._loop = asyncio.get_running_loop()
         self._inbox: queue.Queue = queue.Queue()
@@ -403,6 +429,8 @@ class InProcessEngineClient(_QueueingClient):
         try:
             while self._drain_inbox():
                 events, stats = self.core.run_once()
+                for reply in self.core.adapter_calls.take_replies():
+                    self._loop.call_soon_threadsafe(self._adapter_calls.on_reply, reply)
                 if events:
                     self._loop.call_soon_threadsafe(self._dispatch, events)
                 if stats is not None:
@@ -425,6 +453,9 @@ class InProcessEngineClient(_QueueingClient):
                 self.core.abort(message.request_id)
             elif isinstance(message, HealthProbe):
                 self._loop.call_soon_threadsafe(self._on_health_reply)
+            elif isinstance(message, LoadAdapter | UnloadAdapter):
+                if (reply := self.core.adapter_calls.submit(message)) is not None:
+                    self._loop.call_soon_threadsafe(self._adapter_calls.on_reply, reply)
             else:
                 try:
                     self.core.add_request(message.request)

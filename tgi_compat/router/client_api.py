@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tgi_compat.router.outputs import TokenEvent
@@ -27,6 +27,14 @@ class EngineDeadError(RuntimeError):
 
 class RequestRejectedError(ValueError):
     """Raised by generate() before admission (bad sampling params, prompt too long)."""
+
+
+class AdapterCallError(ValueError):
+    """A LoRA adapter load or unload that changed nothing, with the reason."""
+
+    def __init__(self, message: str, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found  # the adapter (unload) or its files (load) do not exist
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +51,8 @@ class EngineInfo:
     # a pooling model's task ("embed", "classify", "reward"; tgi_compat/router/pooling_engine.py): it generates nothing
     pooling_task: str | None = None
     labels: tuple[str, ...] = ()  # a classifier's label names, in the order of its scores
+    max_loras: int = 0  # LoRA adapters in one step (--max-loras); 0: LoRA off
+    lora_adapters: dict[str, str] = field(default_factory=dict)  # name -> source, loaded at startup
 
 
 class EngineClient(ABC):
@@ -70,6 +80,19 @@ class EngineClient(ABC):
         """Kill the engine if it still runs, fail every pending request, start a fresh one
         (only where can_restart)."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart its engine")
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """Name -> source of the LoRA adapters loaded now."""
+        return self.info.lora_adapters
+
+    async def load_adapter(self, name: str, source: str) -> None:
+        """Load a LoRA adapter while serving (AdapterCallError: the reason, nothing changed)."""
+        raise AdapterCallError(f"{type(self).__name__} cannot load LoRA adapters")
+
+    async def unload_adapter(self, name: str) -> None:
+        """AdapterCallError(not_found=True) when it is not loaded."""
+        raise AdapterCallError(f"{type(self).__name__} cannot unload LoRA adapters")
 
     @abstractmethod
     async def abort(self, request_id: str) -> None: ...

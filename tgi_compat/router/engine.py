@@ -25,6 +25,7 @@ logic goes there, not here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -38,6 +39,7 @@ from tgi_compat.router.engine_stats import EngineStatsTracker
 from tgi_compat.router.executor import LaunchedStep, StepExecutor
 from tgi_compat.router.image_cache import EncodeImages, EncoderCache
 from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.lora_calls import AdapterCalls
 from tgi_compat.router.lora_registry import LoraRegistry
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest, Request
@@ -84,7 +86,7 @@ class EngineCore:
         if image_encoder is not None:
             images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
         self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device, self.lora is not None, images)
-        self.stats = EngineStatsTracker(self.scheduler)
+        self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
         if config.speculative is not None:  # a step's drafts are made from the tokens of the step before, on the host
@@ -97,6 +99,10 @@ class EngineCore:
         self._num_arrivals = 0
         for adapter in config.lora_adapters:
             self.load_adapter(adapter.name, adapter.source, adapter.revision)
+        self.adapter_calls = AdapterCalls(self.lora)  # loads and unloads while serving
+        if self.lora is not None:
+            loaded = dict(self.lora.sources)
+            self.info = dataclasses.replace(self.info, max_loras=self.lora.slots.num_slots, lora_adapters=loaded)
 
     @classmethod
     def from_config(cls, config: EngineConfig, count_step: Callable[[], None] | None = None) -> EngineCore:
@@ -111,6 +117,7 @@ class EngineCore:
         """Release what lives beyond this process: the other tensor-parallel ranks, the grammar compiler."""
         if self.grammar is not None:
             self.grammar.shutdown()
+        self.adapter_calls.close()
         self.executor.runner.close()
 
     def add_request(self, params: GenerateRequest) -> None:
@@ -139,6 +146,7 @@ class EngineCore:
         self.lora.load(name, source, revision)
 
     def unload_adapter(self, name: str) -> None:
+        """LookupError when it is not loaded."""
         if self.lora is None:
             raise ValueError("LoRA is off: no adapter is loaded")
         self.lora.unload(name)

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from tgi_compat.router.client_api import EngineInfo
 from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.lora_calls import AdapterCalls
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest
 from tgi_compat.router.stats import EngineStats
@@ -15,6 +16,7 @@ from tgi_compat.router.stats import EngineStats
 
 class EngineLoop(Protocol):
     info: EngineInfo
+    adapter_calls: AdapterCalls  # LoRA loads and unloads while serving (refused where LoRA is off)
 
     def add_request(self, params: GenerateRequest) -> None:
         """Validate (RequestRejectedError) and queue."""

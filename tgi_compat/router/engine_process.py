@@ -22,12 +22,14 @@ from tgi_compat.router.wire import (
     AddRequest,
     HealthProbe,
     HealthReply,
+    LoadAdapter,
     Ready,
     Rejected,
     Shutdown,
     StartupFailed,
     StatsReport,
     StepOutputs,
+    UnloadAdapter,
     client_message_decoder,
     encoder,
 )
@@ -92,6 +94,8 @@ def _serve(core: EngineLoop, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: 
             logger.error("parent process is gone; engine exits")
             return
         events, stats = core.run_once()
+        for reply in core.adapter_calls.take_replies():  # loads read meanwhile, installed between two steps
+            outbox.send(encoder.encode(reply))
         if events:
             outbox.send(encoder.encode(StepOutputs(events)))
         if stats is not None:
@@ -119,6 +123,9 @@ def _handle(core: EngineLoop, message, outbox: zmq.Socket) -> bool:
         core.abort(message.request_id)
     elif isinstance(message, HealthProbe):
         outbox.send(encoder.encode(HealthReply(message.probe_id)))
+    elif isinstance(message, LoadAdapter | UnloadAdapter):
+        if (reply := core.adapter_calls.submit(message)) is not None:
+            outbox.send(encoder.encode(reply))
     elif isinstance(message, Shutdown):
         return False
     return True

@@ -5,7 +5,10 @@ EngineCore records one StepStats per step; the engine loop asks `report()` when 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.request import Request
 from tgi_compat.router.scheduler import Scheduler
 from tgi_compat.router.speculative.speculator import SpeculationCounters
 from tgi_compat.router.stats import EngineStats, StatsAccumulator, StepStats
@@ -13,8 +16,11 @@ from tgi_compat.router.step import StepPlan, StepResult
 
 
 class EngineStatsTracker:
-    def __init__(self, scheduler: Scheduler, interval_s: float = 0.5) -> None:
+    def __init__(
+        self, scheduler: Scheduler, interval_s: float = 0.5, lora_names: Callable[[int], str] | None = None
+    ) -> None:
         self.scheduler = scheduler
+        self.lora_names = lora_names  # an adapter id's name (LoRA on)
         self.accumulator = StatsAccumulator(interval_s)
         self.num_preemptions = 0
         self.num_prompt_tokens = 0
@@ -49,6 +55,7 @@ class EngineStatsTracker:
         scheduler, pool = self.scheduler, self.scheduler.pool
         speculation = SpeculationCounters() if scheduler.speculator is None else scheduler.speculator.counters
         return self.accumulator.flush(
+            (self._adapters(scheduler.running), self._adapters(scheduler.waiting)),
             queue_size=len(scheduler.waiting),
             running=len(scheduler.running),
             batch_max_tokens=sum(r.num_prompt_tokens + r.params.max_new_tokens for r in scheduler.running),
@@ -64,6 +71,11 @@ class EngineStatsTracker:
             spec_draft_tokens=speculation.num_draft_tokens,
             spec_accepted_tokens=speculation.num_accepted_tokens,
         )
+
+    def _adapters(self, requests: Iterable[Request]) -> list[str]:
+        if self.lora_names is None:
+            return []
+        return [self.lora_names(i) for i in dict.fromkeys(r.lora_id for r in requests if r.lora_id)]
 
 
 def _prompt_tokens_and_new_requests(plan: StepPlan) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from tgi_compat.router.client_api import RequestRejectedError
 from tgi_compat.router.lora_slots import LoraSlots
 
 if TYPE_CHECKING:
+    from tgi_compat.modeling.lora.adapter import PeftAdapter
     from tgi_compat.modeling.lora.manager import LoraManager
 
 
@@ -24,6 +25,8 @@ class LoraRegistry:
         self.max_cpu_loras = max_cpu_loras
         self.in_use = in_use  # whether a request of this adapter id is still in the engine
         self.ids: dict[str, int] = {}  # name -> id of the loaded adapters
+        self.sources: dict[str, str] = {}  # name -> the folder or hub id it was loaded from
+        self._names: dict[int, str] = {}  # id -> name of the loaded and the retired adapters
         self._retired: list[int] = []  # unloaded, with requests left
         self._next_id = 1
 
@@ -35,22 +38,36 @@ class LoraRegistry:
         """Read, check and keep an adapter (LoraAdapterError, ValueError for a taken name or a full host cache)."""
         from tgi_compat.modeling.lora.adapter import load_peft_adapter
 
+        self.check_room(name)
+        self.install(name, load_peft_adapter(name, source, revision))
+
+    def check_room(self, name: str) -> None:
+        """ValueError when `name` is taken or the host cache (--max-cpu-loras) is full."""
         if name in self.ids:
             raise ValueError(f"LoRA adapter {name!r} is already loaded")
         self._drop_retired()
         if len(self.ids) + len(self._retired) >= self.max_cpu_loras:
             raise ValueError(f"{self.max_cpu_loras} LoRA adapters are loaded (--max-cpu-loras): unload one first")
-        adapter = load_peft_adapter(name, source, revision)
+
+    def install(self, name: str, adapter: PeftAdapter) -> None:
+        """Keep an adapter read by load_peft_adapter, once checked against the model (LoraAdapterError, ValueError)."""
+        self.check_room(name)  # again: a load read in a thread may meet another of the same name
         adapter_id, self._next_id = self._next_id, self._next_id + 1
         self.manager.add(adapter_id, adapter)
         self.ids[name] = adapter_id
+        self.sources[name] = adapter.source
+        self._names[adapter_id] = name
 
     def unload(self, name: str) -> None:
         adapter_id = self.ids.pop(name, None)
         if adapter_id is None:
-            raise ValueError(f"LoRA adapter {name!r} is not loaded{self._loaded_list()}")
+            raise LookupError(f"LoRA adapter {name!r} is not loaded{self._loaded_list()}")
+        del self.sources[name]
         self._retired.append(adapter_id)
         self._drop_retired()
+
+    def name_of(self, adapter_id: int) -> str:
+        return self._names[adapter_id]
 
     def resolve(self, name: str) -> int:
         adapter_id = self.ids.get(name)
@@ -64,5 +81,6 @@ class LoraRegistry:
     def _drop_retired(self) -> None:
         for adapter_id in [i for i in self._retired if not self.in_use(i)]:
             self._retired.remove(adapter_id)
+            del self._names[adapter_id]
             self.manager.remove(adapter_id)
             self.slots.forget(adapter_id)

@@ -17,6 +17,10 @@ class LoraSlots:
         self._last_use = [0] * max_loras
         self._clock = itertools.count(1)
 
+    @property
+    def num_slots(self) -> int:
+        return len(self.adapters)
+
     def acquire(self, adapter_id: int) -> tuple[int, bool] | None:
         """(slot, whether the adapter must be copied there), or None while every slot is held by other adapters."""
         if adapter_id in self.adapters:

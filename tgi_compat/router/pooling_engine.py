@@ -22,6 +22,7 @@ from tgi_compat.modeling.forward_batch import ForwardBatch, build_forward_batch
 from tgi_compat.router.client_api import RequestRejectedError
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import engine_info
+from tgi_compat.router.lora_calls import AdapterCalls
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import FinishReason, GenerateRequest
 from tgi_compat.router.runner_api import Runner
@@ -51,6 +52,7 @@ class PoolingEngineCore:
         self.max_step_tokens = config.max_batch_prefill_tokens
         self.max_step_rows = min(config.max_running_requests, runner.max_rows)
         self.waiting: deque[GenerateRequest] = deque()
+        self.adapter_calls = AdapterCalls(None)  # pooling models take no LoRA: every call is refused
 
     def add_request(self, params: GenerateRequest) -> None:
         validate_request(params, self.info)  # ids in the vocabulary, the prompt within max_total_tokens

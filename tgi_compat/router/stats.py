@@ -41,6 +41,8 @@ class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
     spec_drafts: int = 0  # cumulative verify chunks (speculative decoding)
     spec_draft_tokens: int = 0  # cumulative draft tokens verified
     spec_accepted_tokens: int = 0  # cumulative draft tokens accepted
+    running_lora_adapters: list[str] = []  # the adapters of the running requests, first seen first
+    waiting_lora_adapters: list[str] = []  # and of the waiting ones
     steps: list[StepStats] = []  # steps since the previous report
 
 
@@ -72,9 +74,11 @@ class StatsAccumulator:
         now = time.monotonic() if now is None else now
         return self._busy_since_flush and now - self._last_flush >= self.interval_s
 
-    def flush(self, **occupancy: int) -> EngineStats:
-        """EngineStats from the engine's current occupancy (EngineStats' int fields) + the steps."""
+    def flush(self, lora_adapters: tuple[list[str], list[str]] | None = None, **occupancy: int) -> EngineStats:
+        """EngineStats from the engine's current occupancy (EngineStats' int fields, and the running and the
+        waiting requests' LoRA adapters) + the steps."""
         steps, self._steps = self._steps, []
         self._last_flush = time.monotonic()
         self._busy_since_flush = bool(steps)  # one more report after the last step shows the idle state
-        return EngineStats(steps=steps, **occupancy)
+        running, waiting = lora_adapters or ([], [])
+        return EngineStats(steps=steps, running_lora_adapters=running, waiting_lora_adapters=waiting, **occupancy)

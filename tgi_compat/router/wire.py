@@ -1,7 +1,7 @@
 """Messages between the API process and the engine process (msgspec msgpack over ZeroMQ).
 
-    client PUSH --(AddRequest | AbortRequest | HealthProbe | Shutdown)--> engine PULL
-    client PULL <--(Ready | StartupFailed | Rejected | StepOutputs | StatsReport | HealthReply)-- engine PUSH
+    client PUSH --(AddRequest | AbortRequest | HealthProbe | LoadAdapter | UnloadAdapter | Shutdown)--> engine PULL
+    client PULL <--(Ready | StartupFailed | Rejected | StepOutputs | StatsReport | HealthReply | AdapterReply)-- engine PUSH
 
 The client binds both ipc:// sockets in its own temporary directory and the engine connects, so
 no port is ever hard-coded and a dead engine leaves nothing behind but that directory.
@@ -39,6 +39,26 @@ class HealthReply(msgspec.Struct, tag=True):
     probe_id: int
 
 
+class LoadAdapter(msgspec.Struct, tag=True):
+    """Load a LoRA adapter while serving (vLLM's /v1/load_lora_adapter); answered by an AdapterReply."""
+
+    call_id: int
+    name: str
+    source: str  # a folder or a hub id
+
+
+class UnloadAdapter(msgspec.Struct, tag=True):
+    call_id: int
+    name: str
+
+
+class AdapterReply(msgspec.Struct, tag=True):
+    call_id: int
+    adapters: dict[str, str]  # name -> source of every adapter loaded once the call is done
+    error: str | None = None  # why nothing changed
+    not_found: bool = False  # the adapter (unload) or its files (load) do not exist
+
+
 class Ready(msgspec.Struct, tag=True):
     info: EngineInfo
 
@@ -60,8 +80,9 @@ class StatsReport(msgspec.Struct, tag=True):
     stats: EngineStats
 
 
-ClientMessage = AddRequest | AbortRequest | HealthProbe | Shutdown
-EngineMessage = Ready | StartupFailed | Rejected | StepOutputs | StatsReport | HealthReply
+AdapterCall = LoadAdapter | UnloadAdapter
+ClientMessage = AddRequest | AbortRequest | HealthProbe | LoadAdapter | UnloadAdapter | Shutdown
+EngineMessage = Ready | StartupFailed | Rejected | StepOutputs | StatsReport | HealthReply | AdapterReply
 
 encoder = msgspec.msgpack.Encoder()
 client_message_decoder = msgspec.msgpack.Decoder(ClientMessage)

@@ -12,7 +12,7 @@ dashboards written for vLLM-style servers find what they expect.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -138,6 +138,7 @@ class ServerMetrics:
         self._preemptions_seen = 0
         self._api_tokens = [0, 0]  # prompt, generated: summed over finished requests
         self._engine_tokens: tuple[int, int] | None = None  # the engine's cumulative counts
+        self.max_lora = 0  # LoRA adapters in one step (--max-loras), 0: LoRA off
         self._prefix_cache = (0, 0, 0)  # the engine's cumulative queries, hits; tokens cached now
         self._kv_usage: float | None = None
         self._waiting_engine = self._running_engine = 0
@@ -282,6 +283,8 @@ class ServerMetrics:
         kv_used: int,
         kv_total: int,
         num_preemptions: int | None = None,
+        running_lora_adapters: Sequence[str] = (),
+        waiting_lora_adapters: Sequence[str] = (),
     ) -> None:
         """Engine occupancy. `num_preemptions` is the engine's cumulative count."""
         self._engine_reported = True
@@ -297,7 +300,8 @@ class ServerMetrics:
             self._waiting_engine, self._running_engine = queue_size, batch_size
         self.vllm.gpu_cache_usage.labels(name).set(usage)
         self.vllm.kv_cache_usage.labels(name).set(usage)
-        self.vllm.lora_requests_info.labels("0", "", "").set_to_current_time()
+        lora_labels = str(self.max_lora), ",".join(waiting_lora_adapters), ",".join(running_lora_adapters)
+        self.vllm.lora_requests_info.labels(*lora_labels).set_to_current_time()
         if num_preemptions is not None:
             with self._lock:
                 new = num_preemptions - self._preemptions_seen
@@ -314,6 +318,8 @@ class ServerMetrics:
             stats.kv_used,
             stats.kv_total,
             stats.num_preemptions,
+            stats.running_lora_adapters,
+            stats.waiting_lora_adapters,
         )
         if stats.prompt_tokens or stats.generated_tokens:
             self._engine_tokens = (stats.prompt_tokens, stats.generated_tokens)

@@ -115,7 +115,8 @@ class VllmFamilies:
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.spec_decode = SpecDecodeCounters(registry, model_name)
         # Read with the two above by the Gateway API Inference Extension (llm-d) to route: the sample
-        # with the newest value (a timestamp) names the adapters. No LoRA is served: max_lora 0, none.
+        # with the newest value (a timestamp) names the adapters of the running and of the waiting requests
+        # (comma separated); max_lora is --max-loras, 0 with LoRA off.
         # Set with the engine's stats (ServerMetrics.set_engine_stats), like the gauges above.
         self.lora_requests_info = Gauge(
             "vllm:lora_requests_info",

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from tgi_compat.api.protocol.errors import unhealthy_response
 from tgi_compat.api.protocol.tgi import ROUTER_NAME, TGI_VERSION, Info
+from tgi_compat.api.serving.lora_adapters import adapter_cards
 from tgi_compat.api.serving.state import get_state
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ async def metrics(request: Request) -> Response:
 
 @_get("/v1/models", "Get model info")
 async def models(request: Request) -> JSONResponse:
-    model_id = get_state(request).served_model_name
-    return JSONResponse(
-        {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}]}
-    )
+    state = get_state(request)
+    model_id = state.served_model_name
+    base = {"id": model_id, "object": "model", "created": 0, "owned_by": model_id}
+    return JSONResponse({"object": "list", "data": [base, *adapter_cards(state)]})

@@ -8,6 +8,7 @@ config through `get_state(request)` (tgi_compat.api.serving.state), and protects
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from fastapi import APIRouter, FastAPI, Request
@@ -22,15 +23,30 @@ from tgi_compat.api.server.security import install_security
 from tgi_compat.api.serving.disconnect import AbortOnDisconnect
 from tgi_compat.api.serving.state import AppState
 
+logger = logging.getLogger(__name__)
+
 
 def _route_modules() -> list[APIRouter]:
     # NOTE(owners of chat/openai/lightllm routes): add your router here with one line.
-    from tgi_compat.api.routes import chat, completions, generate, info, pooling, sagemaker, vertex
+    from tgi_compat.api.routes import chat, completions, generate, info, lora, pooling, sagemaker, vertex
+    from tgi_compat.api.serving.lora_adapters import runtime_lora_updating
 
     invocations = sagemaker.build_router(
         [("inputs", generate.compat_generate), ("messages", chat.chat_completions), ("prompt", completions.completions)]
     )
-    return [generate.router, info.router, chat.router, completions.router, invocations, vertex.router, pooling.router]
+    routers = [
+        generate.router,
+        info.router,
+        chat.router,
+        completions.router,
+        invocations,
+        vertex.router,
+        pooling.router,
+    ]
+    if runtime_lora_updating():  # as vLLM: without it the routes do not exist (404)
+        logger.warning("LoRA adapters can be loaded and unloaded at runtime (VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+        routers.append(lora.router)
+    return routers
 
 
 def _install_error_handlers(app: FastAPI) -> None:

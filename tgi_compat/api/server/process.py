@@ -29,7 +29,7 @@ from tgi_compat.api.serving.permits import PermitPool
 from tgi_compat.api.serving.state import AppState, ModelInfo
 from tgi_compat.api.serving.tokenization import load_tokenizer_service
 from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path
-from tgi_compat.router.client_api import EngineClient, EngineDeadError
+from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo
 from tgi_compat.router.engine_process import freeze_startup_heap
 
 logger = logging.getLogger("tgi_compat.api.server")
@@ -45,11 +45,12 @@ async def start_engine(config: ServerConfig) -> EngineClient:
     return await client_class.start(config.to_engine_config())
 
 
-def _new_metrics(limits: ServingLimits, model_id: str, num_kv_slots: int):
+def _new_metrics(limits: ServingLimits, model_id: str, info: EngineInfo):
     from tgi_compat.api.observability.metrics import ServerMetrics
 
     metrics = ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, model_name=model_id)
-    metrics.set_max_batch_total_tokens(num_kv_slots)
+    metrics.set_max_batch_total_tokens(info.num_kv_slots)
+    metrics.max_lora = info.max_loras
     return metrics
 
 
@@ -87,7 +88,7 @@ async def build_state(config: ServerConfig) -> AppState:
     )
     # TGI's /info has no field for it, so the log says which modeling path serves the model
     logger.info("Model %s: %s", engine.info.architecture, _modeling_path(engine.info.architecture))
-    metrics = _new_metrics(limits, config.model_id, engine.info.num_kv_slots)
+    metrics = _new_metrics(limits, config.model_id, engine.info)
     engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
     return AppState(
         config=config,

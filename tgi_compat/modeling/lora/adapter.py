@@ -27,6 +27,10 @@ class LoraAdapterError(ValueError):
     """An adapter that cannot be loaded: missing files, a malformed config or tensors, unsupported features."""
 
 
+class LoraAdapterNotFoundError(LoraAdapterError):
+    """Nothing at the adapter's path, and no such adapter on the hub."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoraModule:
     a: torch.Tensor  # [r, in]
@@ -54,8 +58,10 @@ def resolve_adapter_folder(source: str, revision: str | None = None) -> str:
     """A local folder, or a hub id fetched through huggingface_hub (only the adapter's two files)."""
     if os.path.isdir(source):
         return source
-    if os.path.exists(source) or source.startswith(("/", ".")):
+    if os.path.exists(source):
         raise LoraAdapterError(f"LoRA adapter {source!r} is not a folder")
+    if source.startswith(("/", ".")):
+        raise LoraAdapterNotFoundError(f"LoRA adapter {source!r}: no such folder")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -69,7 +75,7 @@ def resolve_adapter_folder(source: str, revision: str | None = None) -> str:
             cache_dir=os.environ.get("HUGGINGFACE_HUB_CACHE") or None,
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, ValueError, OSError) as exc:
-        raise LoraAdapterError(
+        raise LoraAdapterNotFoundError(
             f"LoRA adapter {source!r} is neither a local folder nor reachable on the hub: {exc}"
         ) from None
 

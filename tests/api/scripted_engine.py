@@ -12,7 +12,7 @@ from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.api.serving.permits import PermitPool
 from tgi_compat.api.serving.state import AppState, ModelInfo
 from tgi_compat.api.serving.tokenization import TokenizerService
-from tgi_compat.router.client_api import EngineClient, EngineInfo
+from tgi_compat.router.client_api import EngineClient, EngineInfo, RequestRejectedError
 from tgi_compat.router.outputs import TokenEvent, TopToken
 from tgi_compat.router.request import GenerateRequest
 
@@ -31,6 +31,7 @@ class ScriptedEngine(EngineClient):
         self.closed: list[str] = []
         self.healthy = True
         self.fail_with: str | None = None
+        self.refuse_with: RequestRejectedError | None = None  # what the engine's own validation raises
         self.num_cached_tokens = 0  # reported with the first event, as the engine's prefix cache does
         self.info = EngineInfo(
             model_id="scripted",
@@ -78,6 +79,8 @@ class ScriptedEngine(EngineClient):
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
         self.requests.append(request)
+        if self.refuse_with is not None:
+            raise self.refuse_with
         try:
             if self.fail_with is not None:
                 yield TokenEvent(request.request_id, finish_reason="error", error=self.fail_with)

@@ -25,7 +25,7 @@ from multiprocessing.process import BaseProcess
 import zmq
 import zmq.asyncio
 
-from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo, RequestRejectedError
+from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo, Refusal, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.engine_process import run_engine_process
@@ -34,7 +34,6 @@ from tgi_compat.router.rank_heartbeat import BEAT_INTERVAL_S, HangWatch, RankHea
 from tgi_compat.router.request import GenerateRequest
 from tgi_compat.router.stats import EngineStats
 from tgi_compat.router.tp_worker import run_tp_worker
-from tgi_compat.router.validation import validate_request
 from tgi_compat.router.wire import (
     AbortRequest,
     AddRequest,
@@ -125,9 +124,8 @@ class _QueueingClient(EngineClient):
         per batch instead of per token, so a consumer that falls behind catches up in bulk."""
         if self._dead_reason is not None:
             raise EngineDeadError(self._dead_reason)
-        validate_request(request, self.info)
         if request.request_id in self._pending:
-            raise RequestRejectedError(f"request id {request.request_id!r} is already in flight")
+            raise RequestRejectedError(Refusal.DUPLICATE_ID, request.request_id)
         events = _RequestEvents()
         self._pending[request.request_id] = events
         is_finished = False
@@ -192,9 +190,9 @@ class _QueueingClient(EngineClient):
         if self._probe is not None and not self._probe.done():
             self._probe.set_result(None)
 
-    def _reject(self, request_id: str, message: str) -> None:
+    def _reject(self, request_id: str, refused: RequestRejectedError) -> None:
         if (request_events := self._pending.get(request_id)) is not None:
-            request_events.fail(RequestRejectedError(message))
+            request_events.fail(refused)
 
     def _mark_dead(self, reason: str, is_error: bool = True) -> None:
         if self._dead_reason is not None:
@@ -336,7 +334,7 @@ class ZmqEngineClient(_QueueingClient):
             elif isinstance(message, StatsReport):
                 self._on_stats(message.stats)
             elif isinstance(message, Rejected):
-                self._reject(message.request_id, message.message)
+                self._reject(message.request_id, RequestRejectedError(message.reason, *message.values))
             elif isinstance(message, HealthReply):
                 self._on_health_reply()
 
@@ -428,8 +426,8 @@ class InProcessEngineClient(_QueueingClient):
             else:
                 try:
                     self.core.add_request(message.request)
-                except (RequestRejectedError, ValueError) as exc:
-                    self._loop.call_soon_threadsafe(self._reject, message.request.request_id, str(exc))
+                except RequestRejectedError as refused:
+                    self._loop.call_soon_threadsafe(self._reject, message.request.request_id, refused)
 
     async def shutdown(self) -> None:
         self._submit(Shutdown())

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tgi_compat.router.admission import AdmissionLimits
-from tgi_compat.router.client_api import EngineInfo, RequestRejectedError
+from tgi_compat.router.client_api import EngineInfo, Refusal, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_stats import EngineStatsTracker
 from tgi_compat.router.executor import LaunchedStep, StepExecutor
@@ -44,6 +44,7 @@ from tgi_compat.router.runner_api import Runner
 from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
 from tgi_compat.router.stats import EngineStats
 from tgi_compat.router.step import StepPlan, StepResult
+from tgi_compat.router.stopping import HealingCount
 from tgi_compat.router.validation import validate_request
 
 if TYPE_CHECKING:
@@ -101,15 +102,19 @@ class EngineCore:
     def add_request(self, params: GenerateRequest) -> None:
         """Validate (RequestRejectedError) and queue; the request waits for admission."""
         validate_request(params, self.info)
-        if params.healing_prefix and self.executor.healer is None:
-            self.executor.healer = _token_healer(self.config)
         seed = None
         if params.sampling.is_sampling:
             seed = params.sampling.seed if params.sampling.seed is not None else self._rng.getrandbits(64)
         request = Request(params, arrival=self._num_arrivals, seed=seed)
+        if params.healing_prefix:
+            healer = self.executor.healer
+            if healer is None:
+                healer = self.executor.healer = _token_healer(self.config)
+            max_uncounted = self.info.max_total_tokens - len(params.prompt_ids) - params.max_new_tokens
+            request.healing = HealingCount(healer.table, params.healing_prefix.encode(), max_uncounted)
         if params.adapter_id is not None:
             if self.lora is None:
-                raise RequestRejectedError(f"LoRA adapter {params.adapter_id!r} is not loaded; LoRA is off")
+                raise RequestRejectedError(Refusal.LORA_OFF, params.adapter_id)
             request.lora_id = self.lora.resolve(params.adapter_id)
         self._num_arrivals += 1
         if params.grammar is not None:

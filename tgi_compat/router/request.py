@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import xgrammar
 
     from tgi_compat.router.prefix_cache import PrefixMatch
+    from tgi_compat.router.stopping import HealingCount
 
 
 class RequestStatus(enum.Enum):
@@ -131,6 +132,7 @@ class Request:
     num_cached_prompt_tokens: int = 0  # prompt tokens its first admission found cached (usage reports)
     lora_id: int = 0  # its LoRA adapter's engine-wide id (never reused), 0: the base model
     lora_slot: int = -1  # the device slot of its adapter while it runs (tgi_compat.router.lora_slots), -1: none
+    healing: HealingCount | None = None  # a healing request's tokens that re-cover its prompt (not counted)
 
     @property
     def request_id(self) -> str:

@@ -31,12 +31,14 @@ from collections import deque
 from dataclasses import dataclass
 
 from tgi_compat.router.admission import AdmissionLimits, RequestTokens, can_admit
+from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.lora_slots import LoraSlots
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.prefix_cache import PrefixCache, common_prefix_length
 from tgi_compat.router.request import FinishReason, Request, RequestStatus
 from tgi_compat.router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, StepResult
+from tgi_compat.router.stopping import length_budget, stop_reason
 
 # A waiting request is deferred for a sibling's prefill only when they share at least this many
 # prompt tokens (or all of a shorter prompt): a short overlap costs less to compute twice than a wait.
@@ -99,7 +101,7 @@ class Scheduler:
     # ---- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+            raise RequestRejectedError(Refusal.DUPLICATE_ID, request.request_id)
         self.requests[request.request_id] = request
         self.waiting.append(request)
         self.num_reading_own_tokens += request.reads_own_tokens_to_sample
@@ -359,7 +361,10 @@ class Scheduler:
             [sampled.top_tokens] if params.sampling.top_n_tokens > 0 else [],
             seed=request.seed,
         )
-        # Most tokens are neither a request's first nor a candidate for its last: skip both checks.
+        if request.healing is not None:
+            request.healing.push(token_id)
+        # Most tokens are neither a request's first nor a candidate for its last: skip both checks
+        # (healing only adds to max_new_tokens, so it is the lower bound of the length budget).
         num_output = len(output_ids)
         may_stop = token_id in self.eos_token_ids or token_id in params.stop_token_ids
         if num_output == 1 or num_output >= params.max_new_tokens or may_stop:
@@ -378,20 +383,10 @@ class Scheduler:
                 event.prompt_logprobs = list(request.prompt_logprobs)
                 if request.params.prompt_top_n > 0:
                     event.prompt_top_tokens = [list(t) for t in request.prompt_top_tokens]
-        reason = self._stop_reason(request, token_id)
+        reason = stop_reason(request, token_id, self.eos_token_ids)
         if reason is not None:
             self.finish(request, reason)
             event.finish_reason = reason.value
-
-    def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
-        params = request.params  # TGI's order: length first, then EOS, then stop ids
-        if len(request.output_ids) >= params.max_new_tokens:
-            return FinishReason.LENGTH
-        if not params.ignore_eos and token_id in self.eos_token_ids:
-            return FinishReason.EOS_TOKEN
-        if token_id in params.stop_token_ids:
-            return FinishReason.STOP_TOKEN
-        return None
 
     # ---- freeing ----------------------------------------------------------------------
     def finish(self, request: Request, reason: FinishReason) -> None:
@@ -479,7 +474,7 @@ def _is_worth_waiting_for(sibling: Request, num_shared: int, request: Request) -
 
 def _at_length_cap(request: Request) -> bool:
     """Its newest token, still on the device, is its last (only ever true with a pending token)."""
-    return request.num_output_tokens >= request.params.max_new_tokens
+    return request.num_output_tokens >= length_budget(request)
 
 
 def _tokens(request: Request) -> RequestTokens:
@@ -487,7 +482,7 @@ def _tokens(request: Request) -> RequestTokens:
     return RequestTokens(
         request.num_prompt_tokens,
         len(request.output_ids),
-        params.max_new_tokens,
+        length_budget(request),
         params.ignore_eos,
         0 if prefix is None else prefix.num_tokens,
     )

@@ -21,7 +21,7 @@ from tgi_compat.api.protocol.tgi import FinishReason as TgiFinishReason
 from tgi_compat.api.protocol.tgi import PrefillToken, Token
 from tgi_compat.api.serving.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from tgi_compat.api.serving.state import AppState
-from tgi_compat.api.serving.validation import ValidatedRequest
+from tgi_compat.api.serving.validation import ValidatedRequest, engine_refusal
 from tgi_compat.router.client_api import EngineDeadError, RequestRejectedError
 from tgi_compat.router.outputs import TokenEvent, TopToken
 from tgi_compat.router.request import COMPLETED_FINISH_REASONS, FinishReason
@@ -165,8 +165,6 @@ class _Sequence:
             if self.keep_top_tokens:
                 self.top_tokens.append(alternatives)
             finish = event.finish_reason if position == last_position else None
-            if finish is None and len(tokens) >= request.max_new_tokens:
-                finish = FinishReason.LENGTH.value  # healing requests run with a larger engine budget
             if finish is None and self.stops and self.stops.push(text):
                 finish = FinishReason.STOP_TOKEN.value  # TGI checks stop strings after length and EOS
             step = TokenStep(index=len(tokens), token=token, top_tokens=alternatives)
@@ -242,7 +240,7 @@ async def stream_step_batches(
     except EngineDeadError as error:
         raise generation_error(str(error) or "engine is not running") from error
     except RequestRejectedError as error:
-        raise validation_error(str(error)) from error
+        raise engine_refusal(error) from error
     finally:
         if not released:
             await _release(state, events, request_id, sequence.finished)

@@ -8,8 +8,8 @@ import pytest
 from router_fakes import hash_engine
 from test_engine import expected_greedy, prompts
 
-from tgi_compat.router.client import InProcessEngineClient
 from tgi_compat.router.client_api import EngineDeadError, Refusal, RequestRejectedError
+from tgi_compat.router.client_in_process import InProcessEngineClient
 from tgi_compat.router.request import GenerateRequest
 
 

@@ -14,9 +14,10 @@ from test_engine import expected_greedy, tokens_of
 from test_engine_overlap import comparable, every_kind_of_request, run_engine
 
 from tgi_compat.router.admission import AdmissionLimits
+from tgi_compat.router.batching_hold import SHORT_PREFILL_HOLD_STEPS
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.request import GenerateRequest
-from tgi_compat.router.scheduler import SHORT_PREFILL_HOLD_STEPS, Scheduler, SchedulerLimits
+from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
 from tgi_compat.router.step import SampledToken, StepResult
 
 

@@ -37,6 +37,11 @@ def length_budget(request: Request) -> int:
     return request.params.max_new_tokens + min(healing.num_uncounted, healing.max_uncounted)
 
 
+def is_at_length_cap(request: Request) -> bool:
+    """Its newest token, still on the device, is its last (only ever true with a pending token)."""
+    return request.num_output_tokens >= length_budget(request)
+
+
 def stop_reason(request: Request, token_id: int, eos_token_ids: frozenset[int]) -> FinishReason | None:
     """Why `token_id`, just appended, ends the request; None when it goes on. TGI's order: length first,
     then EOS, then stop ids."""

@@ -37,7 +37,8 @@ ENGINE_WATCH_SECONDS = 1.0
 
 async def start_engine(config: ServerConfig) -> EngineClient:
     """The engine in a subprocess (or in this process with `engine_in_process`), model loaded."""
-    from tgi_compat.router.client import InProcessEngineClient, ZmqEngineClient
+    from tgi_compat.router.client import ZmqEngineClient
+    from tgi_compat.router.client_in_process import InProcessEngineClient
 
     client_class = InProcessEngineClient if config.engine_in_process else ZmqEngineClient
     return await client_class.start(config.to_engine_config())

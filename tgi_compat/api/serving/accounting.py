@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from typing import Any
 
 from tgi_compat.api.protocol.errors import TgiError
@@ -13,25 +12,17 @@ from tgi_compat.api.serving.validation import ValidatedRequest
 
 
 def received(state: AppState, count: int = 1) -> None:
-    if state.metrics is not None:
-        state.metrics.request_received(count)
+    state.metrics.request_received(count)
 
 
 def failed(state: AppState, error: TgiError, span: Any = None) -> None:
-    if state.metrics is not None:
-        state.metrics.request_failed(error.metric_label)
+    state.metrics.request_failed(error.metric_label)
     if span is not None:
         span.record_error(error.message, error.error_type)
 
 
 def validated(state: AppState, request: ValidatedRequest) -> None:
-    if state.metrics is not None:
-        state.metrics.record_input_length(request.input_length, request.max_new_tokens)
-
-
-def inflight(state: AppState) -> Any:
-    """Context manager counting the request as waiting, then running after `first_token()`."""
-    return state.metrics.track_inflight() if state.metrics is not None else nullcontext(None)
+    state.metrics.record_input_length(request.input_length, request.max_new_tokens)
 
 
 def traced(span: Any, result: GenerationResult, timings: Timings) -> None:
@@ -54,8 +45,6 @@ def traced(span: Any, result: GenerationResult, timings: Timings) -> None:
 def succeeded(
     state: AppState, request: ValidatedRequest, result: GenerationResult, timings: Timings, n: int = 1
 ) -> None:
-    if state.metrics is None:
-        return
     total = time.perf_counter() - timings.arrival
     inference = timings.inference_seconds()
     generated = result.generated_tokens

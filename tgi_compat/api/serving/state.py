@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import Request
 
 from tgi_compat.api.config import ServerConfig, ServingLimits
+from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.api.observability.tracing import RequestTracer
 from tgi_compat.api.serving.permits import PermitPool
 from tgi_compat.api.serving.tokenization import TokenizerService
@@ -31,7 +31,7 @@ class AppState:
     tokenizer: TokenizerService
     permits: PermitPool
     model: ModelInfo
-    metrics: Any | None = None  # tgi_compat.api.observability.metrics.ServerMetrics (OPS helper), when present
+    metrics: ServerMetrics  # TGI's and vLLM's families, fed by the requests and the engine's stats
     compute_type: str = "gpu+optimized"  # env COMPUTE_TYPE, x-compute-type header
     tracer: RequestTracer | None = None  # OTLP spans (--otlp-endpoint); None: tracing off
 

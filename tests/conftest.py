@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+from unittest import mock
 
 import pytest
 import torch
@@ -30,15 +31,8 @@ def _import_triton_interpreted() -> None:
     the interpreter's: Triton decorates them once, when it is first imported, so that import happens
     here, before any test module pulls in a kernel. The variable is restored at once so that server
     subprocesses started by tests do not inherit it (tests/kernels/conftest.py re-imports tgi_compat/kernels/)."""
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}):
         import triton.experimental.gluon  # noqa: F401  (imports triton.language as well)
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
 
 
 if not torch.cuda.is_available():

@@ -8,10 +8,8 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
-from tgi_compat.api.config import ServerConfig, ServingLimits
-from tgi_compat.api.observability.metrics import ServerMetrics
-from tgi_compat.api.serving.permits import PermitPool
-from tgi_compat.api.serving.state import AppState, ModelInfo
+from tgi_compat.api.config import ServerConfig
+from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.tokenization import TokenizerService
 from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo, RequestRejectedError
 from tgi_compat.router.outputs import TokenEvent, TopToken
@@ -143,13 +141,4 @@ class ScriptedEngine(EngineClient):
 
 def make_state(engine: ScriptedEngine, tokenizer: TokenizerService, **overrides) -> AppState:
     config = replace(ServerConfig(model_id="HuggingFaceTB/SmolLM2-135M-Instruct"), **overrides)
-    limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
-    return AppState(
-        config=config,
-        limits=limits,
-        engine=engine,
-        tokenizer=tokenizer,
-        permits=PermitPool(config.max_concurrent_requests),
-        model=ModelInfo(config.model_id),
-        metrics=ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, config.model_id),
-    )
+    return AppState.over_engine(config, engine, tokenizer)

@@ -17,19 +17,20 @@ from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+# The shape of the tiny random models built from transformers configs (tests/ and integration-tests/).
+TINY_SIZES = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
 def tiny_hf_model(config_cls, seed: int = 0, **overrides):
     """A 2-layer random transformers model in fp32, with weights large enough that logits differ."""
-    kwargs = dict(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    )
+    kwargs = dict(vocab_size=256, **TINY_SIZES, rms_norm_eps=1e-6, tie_word_embeddings=False)
     kwargs.update(overrides)
     config = config_cls(**kwargs)
     if getattr(config, "attn_logit_softcapping", None):
@@ -150,3 +151,16 @@ def run_step(runner: ModelRunner, requests: list[tuple[int, list[int], int, list
     logits_rows = list(range(len(input_ids)))
     batch = build_forward_batch(input_ids, rows, q_lens, kv_lens, slots, logits_rows, device=runner.device)
     return list(runner.forward(batch).split(q_lens))
+
+
+def transformers_greedy(model, prompt_ids: list[int], eos_id: int, max_new_tokens: int) -> list[int]:
+    """The ids transformers' own greedy `generate` picks after the prompt."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos_id,
+            pad_token_id=eos_id,
+        )
+    return out[0, len(prompt_ids) :].tolist()

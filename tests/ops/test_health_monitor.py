@@ -76,14 +76,3 @@ async def test_failed_restart_is_fatal():
     await asyncio.wait_for(monitor.start(), 3)
     assert engine.num_restarts == 1
     assert reasons and "restart failed: model failed to load" in reasons[0]
-
-
-async def test_is_dead_property_is_understood():
-    engine = ScriptedEngine(health=["ok"], can_restart=True)
-    monitor = EngineHealthMonitor(
-        engine, HealthMonitorConfig(**{**FAST, "check_interval_s": 60}), on_fatal=lambda r: None
-    )
-    monitor.start()
-    engine.alive = False
-    await wait_until(lambda: monitor.restarts == 1)
-    await monitor.stop()

@@ -16,23 +16,13 @@ from multiprocessing.process import BaseProcess
 import zmq
 import zmq.asyncio
 
+from tgi_compat.router import wire
 from tgi_compat.router.client_api import EngineDeadError, EngineInfo, RequestRejectedError
 from tgi_compat.router.client_queueing import QueueingClient
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_process import run_engine_process
 from tgi_compat.router.rank_heartbeat import BEAT_INTERVAL_S, HangWatch, RankHeartbeats, hang_timeout_s
 from tgi_compat.router.tp_worker import run_tp_worker
-from tgi_compat.router.wire import (
-    HealthReply,
-    Ready,
-    Rejected,
-    Shutdown,
-    StartupFailed,
-    StatsReport,
-    StepOutputs,
-    encoder,
-    engine_message_decoder,
-)
 
 logger = logging.getLogger(__name__)
 ENGINE_EXIT_TIMEOUT_S = 5.0  # after Shutdown; then the engine process is killed
@@ -129,7 +119,7 @@ class ZmqEngineClient(QueueingClient):
         started = time.monotonic()
         everyone = (process, *self._workers)
         if process.is_alive() and not was_dead:  # after a death the other ranks may be stuck: no wait
-            self._sockets[1].send(encoder.encode(Shutdown()), flags=zmq.NOBLOCK)  # rank 0 releases the others
+            self._sockets[1].send(wire.encoder.encode(wire.Shutdown()), flags=zmq.NOBLOCK)  # rank 0 releases the others
             while any(each.is_alive() for each in everyone) and time.monotonic() - started < ENGINE_EXIT_TIMEOUT_S:
                 await asyncio.sleep(0.05)
         for each in everyone:
@@ -153,20 +143,20 @@ class ZmqEngineClient(QueueingClient):
             self._mark_dead("the engine is stopped")
             return
         try:
-            self._sockets[1].send(encoder.encode(message), flags=zmq.NOBLOCK)
+            self._sockets[1].send(wire.encoder.encode(message), flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             self._mark_dead(f"cannot reach the engine: {exc}")
 
     async def _read_outputs(self, inbox) -> None:
         while True:
-            message = engine_message_decoder.decode(await inbox.recv())
-            if isinstance(message, StepOutputs):
+            message = wire.engine_message_decoder.decode(await inbox.recv())
+            if isinstance(message, wire.StepOutputs):
                 self._dispatch(message.events)
-            elif isinstance(message, StatsReport):
+            elif isinstance(message, wire.StatsReport):
                 self._on_stats(message.stats)
-            elif isinstance(message, Rejected):
+            elif isinstance(message, wire.Rejected):
                 self._reject(message.request_id, RequestRejectedError(message.reason, *message.values))
-            elif isinstance(message, HealthReply):
+            elif isinstance(message, wire.HealthReply):
                 self._on_health_reply()
 
     async def _watch_heartbeats(self, heartbeats: RankHeartbeats) -> None:
@@ -188,10 +178,10 @@ class ZmqEngineClient(QueueingClient):
 async def _await_ready(inbox, process, workers) -> EngineInfo:
     while True:
         if await inbox.poll(200):
-            message = engine_message_decoder.decode(await inbox.recv())
-            if isinstance(message, Ready):
+            message = wire.engine_message_decoder.decode(await inbox.recv())
+            if isinstance(message, wire.Ready):
                 return message.info
-            if isinstance(message, StartupFailed):
+            if isinstance(message, wire.StartupFailed):
                 raise EngineDeadError(f"engine failed to start: {message.error}")
         elif not process.is_alive():
             raise EngineDeadError(f"engine process exited during startup with code {process.exitcode}")

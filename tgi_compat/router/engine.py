@@ -48,13 +48,16 @@ from tgi_compat.router.stopping import HealingCount
 from tgi_compat.router.validation import validate_request
 
 if TYPE_CHECKING:
+    from tgi_compat.modeling.config import ModelConfig
     from tgi_compat.modeling.lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, runner: Runner, model_config, lora: LoraManager | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, runner: Runner, model_config: ModelConfig, lora: LoraManager | None = None
+    ) -> None:
         self.config = config
         self.info = engine_info(config, runner, model_config)
         limits = SchedulerLimits(
@@ -265,7 +268,7 @@ def _load_tokenizer(config: EngineConfig):
     return load_tokenizer(config.model_id, config.revision)
 
 
-def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInfo:
+def engine_info(config: EngineConfig, runner: Runner, model_config: ModelConfig) -> EngineInfo:
     max_positions = model_config.max_position_embeddings
     # A request's positions must fit the runner's req_to_token rows and leave admission room.
     max_total = min(config.max_total_tokens or max_positions, runner.max_seq_len, runner.num_kv_slots - 1)

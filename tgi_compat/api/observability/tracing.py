@@ -57,6 +57,18 @@ def format_duration(seconds: float) -> str:
     return f"{nanos}ns"
 
 
+@contextmanager
+def _ending(tracer: trace.Tracer, span: Span) -> Iterator[RequestSpan]:
+    """The span for the `with` block: an exception escaping it marks the span failed; it ends either way."""
+    try:
+        yield RequestSpan(tracer, span)
+    except BaseException as exc:
+        span.set_status(Status(StatusCode.ERROR, str(exc)))
+        raise
+    finally:
+        span.end()
+
+
 class RequestSpan:
     """One request's root span plus helpers to hang TGI's phase spans under it (tracing off:
     OpenTelemetry's no-op tracer and invalid span, which records nothing)."""
@@ -79,13 +91,8 @@ class RequestSpan:
             yield _NOOP_SPAN
             return
         span = self._tracer.start_span(name, context=self._context(), attributes=_clean(attributes))
-        try:
-            yield RequestSpan(self._tracer, span)
-        except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, str(exc)))
-            raise
-        finally:
-            span.end()
+        with _ending(self._tracer, span) as request_span:
+            yield request_span
 
     def record_phase(self, name: str, start_ns: int, end_ns: int, **attributes: object) -> RequestSpan:
         """A phase measured elsewhere (`queued`, `prefill`, `decode`): explicit `time.time_ns()` bounds."""
@@ -206,13 +213,8 @@ class RequestTracer:
             return
         parent = _PROPAGATOR.extract(carrier=dict(headers or {}))
         span = self._tracer.start_span(name, context=parent, kind=trace.SpanKind.SERVER, attributes=_clean(attributes))
-        try:
-            yield RequestSpan(self._tracer, span)
-        except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, str(exc)))
-            raise
-        finally:
-            span.end()
+        with _ending(self._tracer, span) as request_span:
+            yield request_span
 
     def start_request_span(
         self, name: str, headers: Mapping[str, str] | None = None, **attributes: object

@@ -23,8 +23,7 @@ from tgi_compat.api.server.health_monitor import EngineHealthMonitor, HealthMoni
 from tgi_compat.api.server.http_protocol import BoundedHeadProtocol
 from tgi_compat.api.server.ops_services import start_ops_services
 from tgi_compat.api.server.warmup import GPU_BATCH, warm_up
-from tgi_compat.api.serving.permits import PermitPool
-from tgi_compat.api.serving.state import AppState, ModelInfo
+from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.tokenization import load_tokenizer_service
 from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path
 from tgi_compat.router.client_api import EngineClient, EngineDeadError
@@ -42,14 +41,6 @@ async def start_engine(config: ServerConfig) -> EngineClient:
 
     client_class = InProcessEngineClient if config.engine_in_process else ZmqEngineClient
     return await client_class.start(config.to_engine_config())
-
-
-def _new_metrics(limits: ServingLimits, model_id: str, num_kv_slots: int):
-    from tgi_compat.api.observability.metrics import ServerMetrics
-
-    metrics = ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, model_name=model_id)
-    metrics.set_max_batch_total_tokens(num_kv_slots)
-    return metrics
 
 
 def _modeling_path(architecture: str) -> str:
@@ -86,19 +77,15 @@ async def build_state(config: ServerConfig) -> AppState:
     )
     # TGI's /info has no field for it, so the log says which modeling path serves the model
     logger.info("Model %s: %s", engine.info.architecture, _modeling_path(engine.info.architecture))
-    metrics = _new_metrics(limits, config.model_id, engine.info.num_kv_slots)
-    engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
-    return AppState(
-        config=config,
-        limits=limits,
-        engine=engine,
-        tokenizer=tokenizer,
-        permits=PermitPool(config.max_concurrent_requests),
-        model=ModelInfo(model_id=config.model_id),
-        metrics=metrics,
+    state = AppState.over_engine(
+        config,
+        engine,
+        tokenizer,
         compute_type=os.environ.get("COMPUTE_TYPE", "gpu+optimized"),
         tracer=RequestTracer(config.otlp_endpoint, config.otlp_service_name) if config.otlp_endpoint else None,
     )
+    engine.stats_listener = state.metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
+    return state
 
 
 async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:

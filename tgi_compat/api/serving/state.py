@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
@@ -34,6 +35,25 @@ class AppState:
     metrics: ServerMetrics  # TGI's and vLLM's families, fed by the requests and the engine's stats
     compute_type: str = "gpu+optimized"  # env COMPUTE_TYPE, x-compute-type header
     tracer: RequestTracer | None = None  # OTLP spans (--otlp-endpoint); None: tracing off
+
+    @classmethod
+    def over_engine(
+        cls, config: ServerConfig, engine: EngineClient, tokenizer: TokenizerService, **fields: Any
+    ) -> AppState:
+        """A server's state over `engine`: the limits it allows, and the permits and metrics they size."""
+        limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
+        metrics = ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, model_name=config.model_id)
+        metrics.set_max_batch_total_tokens(engine.info.num_kv_slots)
+        return cls(
+            config=config,
+            limits=limits,
+            engine=engine,
+            tokenizer=tokenizer,
+            permits=PermitPool(config.max_concurrent_requests),
+            model=ModelInfo(config.model_id),
+            metrics=metrics,
+            **fields,
+        )
 
     def request_span(self, name: str, request: Request, **attributes: object):
         """The route's root span (a no-op context without --otlp-endpoint)."""

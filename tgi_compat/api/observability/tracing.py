@@ -34,6 +34,8 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
+from tgi_compat.api.observability.durations import RequestDurations
+
 DEFAULT_SERVICE_NAME = "text-generation-inference.router"
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -108,22 +110,14 @@ class RequestSpan:
         if self.recording:
             self.span.set_attributes(_clean(attributes))
 
-    def set_timings(
-        self,
-        total_s: float,
-        validation_s: float,
-        queue_s: float,
-        inference_s: float,
-        time_per_token_s: float,
-        seed: int | None = None,
-    ) -> None:
+    def set_timings(self, durations: RequestDurations, seed: int | None = None) -> None:
         """TGI's route-span fields, recorded when a generation succeeds."""
         self.set(
-            total_time=format_duration(total_s),
-            validation_time=format_duration(validation_s),
-            queue_time=format_duration(queue_s),
-            inference_time=format_duration(inference_s),
-            time_per_token=format_duration(time_per_token_s),
+            total_time=format_duration(durations.total_s),
+            validation_time=format_duration(durations.validation_s),
+            queue_time=format_duration(durations.queue_s),
+            inference_time=format_duration(durations.inference_s),
+            time_per_token=format_duration(durations.time_per_token_s),
             seed=None if seed is None else str(seed),
         )
 
@@ -147,7 +141,9 @@ class RequestSpan:
         self.record_phase("infer", wall_ns(first), wall_ns(finished))
         inference = max(finished - first, 0.0)
         per_token = inference / generated_tokens if generated_tokens else 0.0
-        self.set_timings(finished - arrival, validated - arrival, first - validated, inference, per_token, seed)
+        self.set_timings(
+            RequestDurations(finished - arrival, validated - arrival, first - validated, inference, per_token), seed
+        )
 
     def record_error(self, message: str, error_type: str | None = None) -> None:
         """A failed request: a `send_error` span (TGI's name) and an ERROR status on the route span."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tgi_compat.api.protocol.errors import TgiError
@@ -30,33 +29,17 @@ def traced(span: Any, result: GenerationResult, timings: Timings) -> None:
     start_of_inference = timings.first_event or timings.validated
     span.record_phase("queued", timings.wall_ns(timings.validated), timings.wall_ns(start_of_inference))
     span.record_phase("infer", timings.wall_ns(start_of_inference), timings.wall_ns(timings.finished))
-    inference = timings.inference_seconds()
-    generated = result.generated_tokens
-    span.set_timings(
-        total_s=time.perf_counter() - timings.arrival,
-        validation_s=max(timings.validated - timings.arrival, 0.0),
-        queue_s=timings.queue_seconds(),
-        inference_s=inference,
-        time_per_token_s=inference / generated if generated else 0.0,
-        seed=result.seed,
-    )
+    span.set_timings(timings.durations(result.generated_tokens), seed=result.seed)
 
 
 def succeeded(
     state: AppState, request: ValidatedRequest, result: GenerationResult, timings: Timings, n: int = 1
 ) -> None:
-    total = time.perf_counter() - timings.arrival
-    inference = timings.inference_seconds()
-    generated = result.generated_tokens
     ttft = None if timings.first_event is None else timings.first_event - timings.arrival
     state.metrics.request_succeeded(
-        total_s=total,
-        validation_s=max(timings.validated - timings.arrival, 0.0),
-        queue_s=timings.queue_seconds(),
-        inference_s=inference,
-        time_per_token_s=inference / generated if generated else 0.0,
+        timings.durations(result.generated_tokens),
         input_len=request.input_length,
-        generated_tokens=generated,
+        generated_tokens=result.generated_tokens,
         max_new_tokens=request.max_new_tokens,
         time_to_first_token_s=ttft,
         finish_reason=result.finish_reason,

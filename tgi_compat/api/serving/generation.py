@@ -16,6 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import cast
 
+from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.protocol.errors import TgiError, generation_error, incomplete_generation_error, validation_error
 from tgi_compat.api.protocol.tgi import FinishReason as TgiFinishReason
 from tgi_compat.api.protocol.tgi import PrefillToken, Token
@@ -46,6 +47,16 @@ class Timings:
     def inference_seconds(self) -> float:
         end = self.finished or time.perf_counter()
         return max(end - (self.first_event or self.validated), 0.0)
+
+    def durations(self, generated_tokens: int) -> RequestDurations:
+        inference = self.inference_seconds()
+        return RequestDurations(
+            total_s=time.perf_counter() - self.arrival,
+            validation_s=max(self.validated - self.arrival, 0.0),
+            queue_s=self.queue_seconds(),
+            inference_s=inference,
+            time_per_token_s=inference / generated_tokens if generated_tokens else 0.0,
+        )
 
 
 @dataclass(slots=True)

@@ -186,6 +186,15 @@ class Request:
         tag = self.lora_id << 32
         return [tag + token for token in ids]
 
+    def record_prompt_scores(self, start: int, logprobs: list[float], top_tokens: list[list]) -> None:
+        """One prefill chunk's scores of prompt tokens start+1.. (the first prompt token has none)."""
+        if start == 0:
+            self.prompt_logprobs.append(None)
+            self.prompt_top_tokens.append([])
+        self.prompt_logprobs.extend(logprobs)
+        if self.params.prompt_top_n > 0:
+            self.prompt_top_tokens.extend(top_tokens)
+
     @property
     def needs_prompt_logprobs(self) -> bool:
         return self.params.prompt_logprobs and len(self.prompt_logprobs) < self.num_prompt_tokens

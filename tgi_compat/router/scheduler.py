@@ -36,7 +36,7 @@ from tgi_compat.router.lora_slots import LoraSlots
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.prefill_waits import PrefillWaits
 from tgi_compat.router.request import FinishReason, Request, RequestStatus
-from tgi_compat.router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, StepResult
+from tgi_compat.router.step import SampledToken, ScheduledChunk, StepPlan, StepResult
 from tgi_compat.router.stopping import is_at_length_cap, length_budget, stop_reason
 
 # A request whose scores went NaN (a model overflow, or parameters f32 turns into inf) ends with this
@@ -267,7 +267,7 @@ class Scheduler:
             request.num_kv_written = chunk.end  # (only read with prefix caching, reset on admission)
             if prompt_scores is not None and request.status is RequestStatus.RUNNING:
                 # (a request preempted since this step was scheduled re-scores its whole prompt)
-                _record_prompt_scores(request, chunk.start, prompt_scores)
+                request.record_prompt_scores(chunk.start, prompt_scores.logprobs, prompt_scores.top_tokens)
             if chunk.is_sampled:
                 assert sampled is not None, f"chunk of {request.request_id} was sampled but has no token"
                 events.append(self._append_token(request, sampled))
@@ -393,12 +393,3 @@ def _tokens(request: Request) -> RequestTokens:
         params.ignore_eos,
         0 if prefix is None else prefix.num_tokens,
     )
-
-
-def _record_prompt_scores(request: Request, start: int, scores: PromptScores) -> None:
-    if start == 0:
-        request.prompt_logprobs.append(None)
-        request.prompt_top_tokens.append([])
-    request.prompt_logprobs.extend(scores.logprobs)
-    if request.params.prompt_top_n > 0:
-        request.prompt_top_tokens.extend(scores.top_tokens)

@@ -73,7 +73,7 @@ def tiny_checkpoint(family: str, folder: str):
 
     config_name, overrides = _families()[family]
     tokenizer = byte_level_tokenizer()
-    sizes = dict(vocab_size=320, **TINY_SIZES)
+    sizes = {**TINY_SIZES, "vocab_size": 320}
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     config = getattr(transformers, config_name)(
         **{**sizes, **overrides}, **special, pad_token_id=special["eos_token_id"]

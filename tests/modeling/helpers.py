@@ -17,35 +17,41 @@ from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-# The shape of the tiny random models built from transformers configs (tests/ and integration-tests/).
+# the sizes of every tiny random test model
 TINY_SIZES = dict(
+    vocab_size=256,
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
 )
 
 
-def tiny_hf_model(config_cls, seed: int = 0, **overrides):
-    """A 2-layer random transformers model in fp32, with weights large enough that logits differ."""
-    kwargs = dict(vocab_size=256, **TINY_SIZES, rms_norm_eps=1e-6, tie_word_embeddings=False)
-    kwargs.update(overrides)
-    config = config_cls(**kwargs)
-    if getattr(config, "attn_logit_softcapping", None):
-        # transformers' sdpa attention drops the soft-cap, and transformers 5.17 (the GPU image's) gives Gemma 2
-        # sdpa by default: the reference runs the eager attention, which applies it
-        config = config_cls(**kwargs, attn_implementation="eager")
+def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """fp32 weights large enough that outputs differ (the init's are near zero); norms near 1."""
     torch.manual_seed(seed)
-    model = _model_class(config_cls)(config).float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
             else:  # matrices and biases
                 param.normal_(0.0, 0.1)
-    return model
+    return model.float().eval()
+
+
+def tiny_hf_model(config_cls, seed: int = 0, **overrides):
+    """A 2-layer random transformers model in fp32, with weights large enough that logits differ."""
+    kwargs = {**TINY_SIZES, **overrides}
+    config = config_cls(**kwargs)
+    if getattr(config, "attn_logit_softcapping", None):
+        # transformers' sdpa attention drops the soft-cap, and transformers 5.17 (the GPU image's) gives Gemma 2
+        # sdpa by default: the reference runs the eager attention, which applies it
+        config = config_cls(**kwargs, attn_implementation="eager")
+    return randomize(_model_class(config_cls)(config), seed)
 
 
 _MODEL_CLASS_NAMES = {"Gemma3TextConfig": "Gemma3ForCausalLM"}  # configs not named after their model

@@ -19,6 +19,7 @@ from tgi_compat.modeling.registry import describe_modeling_path
 WINDOW = 8
 TEXT = dict(
     TINY_SIZES,
+    tie_word_embeddings=True,  # Gemma's own head
     num_hidden_layers=3,
     head_dim=16,
     query_pre_attn_scalar=24,

@@ -29,7 +29,7 @@ def tiny_llama_dir(tmp_path_factory):
     torch.manual_seed(0)
     from tests.modeling.helpers import TINY_SIZES
 
-    config = LlamaConfig(vocab_size=256, **TINY_SIZES, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(**TINY_SIZES, bos_token_id=1, eos_token_id=2)
     folder = tmp_path_factory.mktemp("tiny-llama")
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)

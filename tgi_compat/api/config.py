@@ -99,6 +99,7 @@ class ServerConfig:
     long_truncation_mode: str | None = None  # "head" | "center": default of the request parameter
     token_healing: bool = False  # default of the request parameter `token_healing`
     return_all_prompt_logprobs: bool = False  # default of the request parameter
+    beam_mode: bool = False  # LightLLM --beam_mode: best_of > 1 without sampling is a beam search of that width
     metric_gateway: str | None = None  # Pushgateway host:port (tgi_compat.api.server.ops_services)
     metric_job_name: str = "lightllm"
     metric_grouping_key: list[str] = field(default_factory=list)  # key=value items

@@ -9,9 +9,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Families whose checkpoints never say `attention_bias` but always carry a q/k/v bias.
-_ALWAYS_QKV_BIAS = {"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"}
+_ALWAYS_QKV_BIAS = {
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen2ForSequenceClassification",
+    "Qwen2ForRewardModel",
+    "Qwen2Model",
+}
 # Families with a per-head RMSNorm on q and k before rotary.
-_QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"}
+_QK_NORM = {
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Gemma3ForCausalLM",
+    "Qwen3ForSequenceClassification",
+    "Qwen3Model",
+}
 
 # Multimodal checkpoints served as their text model (text-only requests; the vision tower is not
 # loaded): the wrapper's architecture -> its text model's.

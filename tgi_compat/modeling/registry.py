@@ -12,6 +12,8 @@ import importlib
 
 from tgi_compat.modeling.models.base import CausalLM
 
+_POOLING = ("Llama", "Mistral", "Qwen2", "Qwen3")  # the decoders with pooling heads
+
 # architecture -> (module under tgi_compat.modeling.models, class name)
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
@@ -27,6 +29,10 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MixtralForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
     "Qwen2MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
     "Qwen3MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
+    # pooling models (models/pooling.py): served by the prefill-only engine (tgi_compat/router/pooling_engine.py)
+    **{f"{family}ForSequenceClassification": ("pooling", "DecoderForSequenceClassification") for family in _POOLING},
+    **{f"{family}Model": ("pooling", "DecoderForEmbedding") for family in _POOLING},
+    "Qwen2ForRewardModel": ("pooling", "DecoderForReward"),
 }
 
 
@@ -67,6 +73,11 @@ def describe_modeling_path(architecture: str) -> str:
     if architecture in MULTIMODAL_TEXT_MODELS:
         return f"{path} modeling of its text model {MULTIMODAL_TEXT_MODELS[architecture]} (text-only requests)"
     return f"{path} modeling"
+
+
+def is_pooling_model(architecture: str) -> bool:
+    """Whether the architecture embeds or scores prompts instead of generating (models/pooling.py)."""
+    return _MODELS.get(architecture, ("", ""))[0] == "pooling"
 
 
 def resolve_model_class(architecture: str) -> type[CausalLM]:

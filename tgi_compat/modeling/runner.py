@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn as nn
@@ -25,11 +25,12 @@ from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import select_ops
 from tgi_compat.modeling.layers.quantization import build_with
 from tgi_compat.modeling.layers.quantization.select import resolve_quantization
-from tgi_compat.modeling.models.base import CausalLM
+from tgi_compat.modeling.models.base import CausalLM, PoolingLM
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, shard_heads
 from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
 from tgi_compat.modeling.parallel.vocab_logits import GreedyChoice, VocabParallelLogits
-from tgi_compat.modeling.registry import NATIVE, modeling_path, resolve_model_class
+from tgi_compat.modeling.pooler import sentence_transformers_pooler
+from tgi_compat.modeling.registry import NATIVE, is_pooling_model, modeling_path, resolve_model_class
 from tgi_compat.modeling.source import ModelSource, resolve_model_source
 from tgi_compat.modeling.step_profiler import StepProfiler
 from tgi_compat.modeling.weights.lazy import LazyTensor
@@ -113,6 +114,7 @@ class ModelRunner:
             raise ValueError("a model_config comes with its weights")
         self.model_config = model_config
         self.modeling_path = modeling_path(model_config.architecture)
+        self.is_pooling = is_pooling_model(model_config.architecture)
         self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
         self.kv_dtype = _resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
@@ -148,8 +150,9 @@ class ModelRunner:
         self.cuda_graphs = maybe_capture_decode_graphs(
             self._forward_eager,
             self.backend,
-            # transformers' modeling may sync with the host mid-step: no graphs on the fallback path
-            cfg.cuda_graph_batch_sizes if self.modeling_path == NATIVE else [],
+            # transformers' modeling may sync with the host mid-step: no graphs on the fallback path; a pooling
+            # model never decodes
+            cfg.cuda_graph_batch_sizes if self.modeling_path == NATIVE and not self.is_pooling else [],
             max_batch_size=self.max_rows,
             pad_row=self.max_rows,
             pad_slot=self.num_kv_slots,
@@ -164,6 +167,11 @@ class ModelRunner:
         """A runner over in-memory weights (transformers config dict + state dict), for tests."""
         cfg = cfg or RunnerConfig(device="cpu", dtype="float32", num_kv_slots=4096, max_rows=16)
         return cls(cfg, ModelConfig.from_hf_dict(hf_config), state_dict.items())
+
+    @property
+    def pooling_task(self) -> str | None:
+        """A pooling model's task ("embed", "classify", "reward"); None for a generating model."""
+        return cast(PoolingLM, self.model).task if self.is_pooling else None
 
     @property
     def vocab_size(self) -> int:
@@ -193,6 +201,17 @@ class ModelRunner:
         # this rank's vocabulary block: its gather (or the greedy choice's) runs here, outside the CUDA graphs,
         # which can then serve both kinds of step
         return self.vocab_logits.greedy(logits) if batch.greedy_only else self.vocab_logits.gather(logits)
+
+    @torch.inference_mode()
+    def pool(self, batch: ForwardBatch) -> torch.Tensor:
+        """A pooling model's [B, output] float32 (each request's embedding or head scores) for a step whose requests
+        bring their whole prompt (kv_lens == q_lens): the hidden states of every prompt token are read."""
+        if not self.is_pooling:
+            raise TypeError(f"{self.model_config.architecture} is not a pooling model")
+        write_new_slots(self.req_to_token, batch)
+        self.backend.init_forward_metadata(batch, self.req_to_token)
+        hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_caches, self.backend)
+        return cast(PoolingLM, self.model).pool(hidden, batch).float()
 
     def _forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         write_new_slots(self.req_to_token, batch)
@@ -229,6 +248,9 @@ class ModelRunner:
         with torch.device(self.device), _default_dtype(self.dtype), build_with(quantization):
             model = model_cls(self.model_config, select_ops(self.device), **sharding)
         model.load_weights(weights)
+        if self.is_pooling and self.source is not None:  # a sentence-transformers folder names its pooling
+            pooling = cast(PoolingLM, model)
+            pooling.pooler = sentence_transformers_pooler(self.source.folder) or pooling.pooler
         assert isinstance(model, nn.Module), model_cls  # every model family is a torch module
         process_weights_after_loading(model)
         # Loading may leave device temporaries in the caching allocator (dummy weights, quantizing):

@@ -43,6 +43,7 @@ class Refusal(enum.Enum):
     LOGIT_BIAS_TOKEN = "logit_bias_token"  # values: (token id, vocab size)
     PROMPT_TOKEN = "prompt_token"  # values: (token id, vocab size)
     TOTAL_TOKENS = "total_tokens"  # values: (max total tokens, prompt tokens, max_new_tokens)
+    KV_CAPACITY = "kv_capacity"  # values: (prompt tokens,): a pooling prompt larger than the KV cache
     UNKNOWN_ADAPTER = "unknown_adapter"  # values: (name, *loaded names)
     LORA_OFF = "lora_off"  # values: (name,)
     DUPLICATE_ID = "duplicate_id"  # values: (request id,)
@@ -68,6 +69,9 @@ class EngineInfo:
     num_kv_slots: int  # KV capacity in tokens
     max_total_tokens: int  # per-request cap the engine enforces
     eos_token_ids: tuple[int, ...]
+    # a pooling model's task ("embed", "classify", "reward"; tgi_compat/router/pooling_engine.py): it generates nothing
+    pooling_task: str | None = None
+    labels: tuple[str, ...] = ()  # a classifier's label names, in the order of its scores
 
 
 class EngineClient(ABC):

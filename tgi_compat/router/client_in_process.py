@@ -10,7 +10,7 @@ import threading
 from tgi_compat.router.client_api import RequestRejectedError
 from tgi_compat.router.client_queueing import QueueingClient
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.engine_loop import EngineLoop, load_engine
 from tgi_compat.router.wire import AbortRequest, HealthProbe, Shutdown
 
 logger = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 class InProcessEngineClient(QueueingClient):
     """The same engine loop in a thread of this process: for tests and offline use."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineLoop) -> None:
         super().__init__()
         self.info = core.info
         self.core = core
@@ -32,7 +32,7 @@ class InProcessEngineClient(QueueingClient):
     async def start(cls, config: EngineConfig) -> InProcessEngineClient:
         if config.num_shard > 1:  # the other ranks are processes that only ZmqEngineClient starts
             raise ValueError("tensor parallelism (num_shard > 1) needs the engine in its own process")
-        core = await asyncio.get_running_loop().run_in_executor(None, EngineCore.from_config, config)
+        core = await asyncio.get_running_loop().run_in_executor(None, load_engine, config)
         return cls(core)
 
     def _submit(self, message) -> None:

@@ -14,7 +14,7 @@ import zmq
 
 from tgi_compat.router.client_api import RequestRejectedError
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.engine_loop import EngineLoop, load_engine
 from tgi_compat.router.process_exit import exit_process
 from tgi_compat.router.rank_heartbeat import RankHeartbeats
 from tgi_compat.router.wire import (
@@ -54,7 +54,7 @@ def run_engine_process(
     inbox.connect(input_address)
     outbox.connect(output_address)
     try:
-        core = EngineCore.from_config(config, count_step)
+        core = load_engine(config, count_step)
     except Exception as exc:  # reported to the client, which raises it
         logger.exception("engine startup failed")
         outbox.send(encoder.encode(StartupFailed(f"{type(exc).__name__}: {exc}")))
@@ -81,7 +81,7 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def _serve(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> None:
+def _serve(core: EngineLoop, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> None:
     """Receive, step, send. With overlap scheduling a step returns while the GPU runs the step it
     launched, so the sends and receives of a turn are hidden behind the GPU as well."""
     while True:
@@ -98,7 +98,7 @@ def _serve(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: 
             outbox.send(encoder.encode(StatsReport(stats)))
 
 
-def _receive(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, timeout_ms: int) -> bool:
+def _receive(core: EngineLoop, inbox: zmq.Socket, outbox: zmq.Socket, timeout_ms: int) -> bool:
     """Apply every client message that arrives within the timeout (none waited for after the
     first); False when the engine should stop."""
     while inbox.poll(timeout_ms):
@@ -108,7 +108,7 @@ def _receive(core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, timeout_ms
     return True
 
 
-def _handle(core: EngineCore, message, outbox: zmq.Socket) -> bool:
+def _handle(core: EngineLoop, message, outbox: zmq.Socket) -> bool:
     """Apply one client message; False when the engine should stop."""
     if isinstance(message, AddRequest):
         try:

@@ -27,3 +27,4 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True):
     seed: int | None = None  # the seed used, when the request sampled
     num_prompt_tokens: int = 0  # prompt tokens the engine actually ran (after healing)
     num_cached_tokens: int = 0  # of those, found in the prefix cache (not computed); first event only
+    pooled: list[float] | None = None  # a pooling model's output for the prompt (embedding or scores), its only event

@@ -97,7 +97,7 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("disable_dynamic_prompt_cache", "LightLLM v1: turn the prompt cache off.", tgi="no_enable_prefix_caching"),
     LightFlag("splitfuse_block_size", "Prompt tokens of one request per fused step (with --splitfuse_mode).", int, 256),
     LightFlag("splitfuse_mode", "Fuse prompt chunks and decodes in one step. Our scheduler always does (chunked prefill)."),
-    LightFlag("beam_mode", "Beam search over best_of sequences."),
+    LightFlag("beam_mode", "Beam search over best_of sequences: a request with best_of > 1 and no sampling searches that many beams.", config="beam_mode"),
     LightFlag("diverse_mode", "best_of sequences sharing the prompt's KV. best_of works without it (independent sequences)."),
     LightFlag("token_healing_mode", "Default of the request parameter `token_healing`: back the prompt up by its last two tokens and regenerate them.", tgi="token_healing"),
     LightFlag("enable_multimodal", "Load a vision/audio encoder beside the language model."),
@@ -105,7 +105,7 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("cache_reserved_ratio", "Multimodal cache fraction kept after eviction.", float, 0.5),
     LightFlag("data_type", "Weights/activations/KV dtype. Default: the model's dtype (float32 on CPU).", str, choices=tuple(_DATA_TYPES), tgi="dtype"),
     LightFlag("return_all_prompt_logprobs", "Default of the request parameter `return_all_prompt_logprobs` (every prompt token's logprob in details.prefill).", tgi="return_all_prompt_logprobs"),
-    LightFlag("use_reward_model", "Serve a reward model (scores instead of tokens)."),
+    LightFlag("use_reward_model", "Serve a reward model (/get_score, /pooling). The checkpoint's architecture decides: a reward or classification checkpoint is a pooling model with or without this flag."),
     LightFlag("long_truncation_mode", "Default of the request parameter `long_truncation_mode`: None (refuse long prompts, 422), head (keep the end) or center (keep both ends).", _truncation_mode, tgi="long_truncation_mode"),
     LightFlag("use_tgi_api", "Speak TGI's API on /generate, /generate_stream and /. This server always does."),
     LightFlag("health_monitor", "Restart a dead engine or one that makes no progress; in-flight requests fail with TGI's error shape.", tgi="health_monitor"),
@@ -305,10 +305,8 @@ def unbuilt_features(light: dict[str, Any], given: set[str]) -> list[str]:
     """LightLLM flags that were given but whose feature this server does not have (yet)."""
     unbuilt = [f"--mode {m}" for m in light["mode"] if m not in ATTENTION_MODES | set(QUANT_MODES) | set(KV_MODES)]
     checks = {
-        "--beam_mode": light["beam_mode"],
         "--enable_multimodal / --cache_capacity / --cache_reserved_ratio": light["enable_multimodal"]
         or {"cache_capacity", "cache_reserved_ratio"} & given,
-        "--use_reward_model": light["use_reward_model"],
         "--tokenizer_mode slow (only the fast tokenizer exists under transformers 5)": "tokenizer_mode" in given
         and light["tokenizer_mode"] == "slow",
         "--splitfuse_block_size (steps are capped by --batch_max_tokens, not per request)": "splitfuse_block_size"

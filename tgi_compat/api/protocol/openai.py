@@ -139,6 +139,12 @@ class CompletionRequest(SerdeModel):
     long_truncation_mode: Literal["head", "center", "none"] | None = None
     token_healing: bool | None = None
     return_all_prompt_logprobs: bool | None = None
+    # vLLM's beam search (tgi_compat/api/serving/beam_search.py): `beam_width` beams (default `n`), the `n` best
+    # returned, scored as transformers' generate(num_beams) scores them
+    use_beam_search: bool = False
+    beam_width: U32 | None = None
+    length_penalty: F32 = 1.0
+    early_stopping: bool | Literal["never"] = False
 
     @field_validator("prompt", mode="after")
     @classmethod

@@ -77,6 +77,11 @@ class GenerateParameters(SerdeModel):
     return_all_prompt_logprobs: bool | None = None
     # OpenAI/vLLM extension (ours, set by /v1/completions): token id (as a string) -> bias in [-100, 100]
     logit_bias: dict[str, float] | None = None
+    # beam search (ours; vLLM's names): `best_of` beams, scored as transformers' generate(num_beams) scores them;
+    # null: LightLLM's --beam_mode decides (tgi_compat/api/serving/beam_generate.py)
+    use_beam_search: bool | None = None
+    length_penalty: F32 | None = None
+    early_stopping: bool | Literal["never"] | None = None
 
 
 def _sampling_preset() -> GenerateParameters:

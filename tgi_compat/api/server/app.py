@@ -25,12 +25,12 @@ from tgi_compat.api.serving.state import AppState
 
 def _route_modules() -> list[APIRouter]:
     # NOTE(owners of chat/openai/lightllm routes): add your router here with one line.
-    from tgi_compat.api.routes import chat, completions, generate, info, sagemaker, vertex
+    from tgi_compat.api.routes import chat, completions, generate, info, pooling, sagemaker, vertex
 
     invocations = sagemaker.build_router(
         [("inputs", generate.compat_generate), ("messages", chat.chat_completions), ("prompt", completions.completions)]
     )
-    return [generate.router, info.router, chat.router, completions.router, invocations, vertex.router]
+    return [generate.router, info.router, chat.router, completions.router, invocations, vertex.router, pooling.router]
 
 
 def _install_error_handlers(app: FastAPI) -> None:

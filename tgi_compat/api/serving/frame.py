@@ -17,6 +17,7 @@ from typing import Any
 from tgi_compat.api.lightllm.features import prepare_features
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.grammar import ResponseFormat
+from tgi_compat.api.protocol.pooling import ROUTES_OF_TASK
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
 from tgi_compat.api.serving import accounting
 from tgi_compat.api.serving.generation import (
@@ -50,6 +51,8 @@ async def validate_request(
     """TGI's Validation::validate: parameters, tokenize, truncate, budget, grammar (in that order).
     `inputs`: the prompt's text, or its token ids (/v1/completions), which are checked against the
     vocabulary instead of tokenized. `grammar`: the chat `response_format`, in place of `params.grammar`."""
+    if (task := state.engine.info.pooling_task) is not None:
+        raise validation_error(f"this {task} model generates no text; it serves {', '.join(ROUTES_OF_TASK[task])}")
     limits = state.limits
     grammar = grammar or params.grammar
     check_parameters(params, inputs, limits)

@@ -16,6 +16,7 @@ from tgi_compat.api.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.sse import data_event
 from tgi_compat.api.protocol.tgi import CompatGenerateRequest, GenerateRequest, dump_json
+from tgi_compat.api.serving.beam_generate import check_not_streamed, generate_beams, wants_beam_search
 from tgi_compat.api.serving.frame import RequestFrame
 from tgi_compat.api.serving.responses import generate_response, stream_event_json, stream_headers, timing_headers
 from tgi_compat.api.serving.state import AppState, get_state
@@ -55,11 +56,15 @@ class GenerateService:
         frame = RequestFrame(state, span)
         params = body.parameters
         try:
-            check_best_of_limits(params, state.limits)
-            n = num_sequences(params)
-            async with frame.admit(body.inputs, params, permits=n) as admitted:
-                request = admitted.request
-                results = await admitted.best_of(n) if n > 1 else [await admitted.to_end()]
+            if wants_beam_search(params, state.config.beam_mode):
+                request, results = await generate_beams(state, frame, body.inputs, params)
+                n = len(results)
+            else:
+                check_best_of_limits(params, state.limits)
+                n = num_sequences(params)
+                async with frame.admit(body.inputs, params, permits=n) as admitted:
+                    request = admitted.request
+                    results = await admitted.best_of(n) if n > 1 else [await admitted.to_end()]
         except TgiError as error:
             frame.failed(error)
             return JsonAnswer.error(error)
@@ -80,6 +85,7 @@ class GenerateService:
                 frame.span = span
                 try:
                     check_stream_only(body.parameters)
+                    check_not_streamed(body.parameters)
                     async with frame.admit(body.inputs, body.parameters) as admitted:
                         request = admitted.request
                         async with aclosing(admitted.stream_batches()) as batches:

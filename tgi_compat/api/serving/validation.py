@@ -41,6 +41,7 @@ REFUSAL_TEXTS = {
     Refusal.TOTAL_TOKENS: (
         "`inputs` tokens + `max_new_tokens` must be <= {0}. Given: {1} `inputs` tokens and {2} `max_new_tokens`"
     ),
+    Refusal.KV_CAPACITY: "the prompt's {0} tokens exceed the KV cache",
     Refusal.UNKNOWN_ADAPTER: "LoRA adapter {0!r} is not loaded",
     Refusal.LORA_OFF: "LoRA adapter {0!r} is not loaded; LoRA is off",
     Refusal.DUPLICATE_ID: "request id {0!r} is already in flight",

@@ -12,6 +12,7 @@ from tgi_compat.modeling.attention.base import AttentionBackend
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.ops import LayerOps
+from tgi_compat.modeling.pooler import PoolerConfig
 from tgi_compat.modeling.weights.lazy import LazyTensor
 
 
@@ -43,3 +44,14 @@ class CausalLM(Protocol):
     def eval(self) -> CausalLM: ...
 
     def modules(self) -> Iterator[nn.Module]: ...
+
+
+class PoolingLM(CausalLM, Protocol):
+    """A pooling model (models/pooling.py): one vector per prompt instead of logits."""
+
+    task: str  # "embed" | "classify" | "reward"
+    pooler: PoolerConfig
+
+    def pool(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """[T, hidden] of a step of whole prompts -> [B, output] (an embedding, or the head's scores)."""
+        ...

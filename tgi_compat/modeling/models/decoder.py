@@ -213,19 +213,17 @@ class DecoderModel(nn.Module):
         return hidden
 
 
-class DecoderForCausalLM(nn.Module):
-    """A DecoderModel and its LM head: the CausalLM interface (models/base.py) of every native family."""
+class DecoderStack(nn.Module):
+    """A DecoderModel over a step's flat batch: what the causal LMs and the pooling models (models/pooling.py) share."""
 
     # Column/row-parallel attention and MLP, vocab-parallel embedding: families whose layers are all
     # sharded (Llama's) set it True.
     supports_tensor_parallel = False
 
-    def __init__(self, config: ModelConfig, model: DecoderModel, tp: TensorParallel = NO_TP):
+    def __init__(self, config: ModelConfig, model: DecoderModel):
         super().__init__()
         self.config = config
         self.model = model
-        tied = model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied, tp=tp)
 
     def forward(
         self,
@@ -242,6 +240,15 @@ class DecoderForCausalLM(nn.Module):
     def max_positions(self) -> int:
         """Positions the rotary cache covers (the trained context, longer with dynamic scaling)."""
         return self.model.rotary_emb.cos_half.shape[0]
+
+
+class DecoderForCausalLM(DecoderStack):
+    """A DecoderModel and its LM head: the CausalLM interface (models/base.py) of every native family."""
+
+    def __init__(self, config: ModelConfig, model: DecoderModel, tp: TensorParallel = NO_TP):
+        super().__init__(config, model)
+        tied = model.embed_tokens if config.tie_word_embeddings else None
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied, tp=tp)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # [R, hidden] -> [R, vocab] in the weights' dtype

@@ -43,6 +43,7 @@ from tgi_compat.api.protocol.openai_responses import (
 )
 from tgi_compat.api.protocol.sse import data_event, done_event
 from tgi_compat.api.protocol.tgi import dump_json
+from tgi_compat.api.serving.completions.beam import beam_completions
 from tgi_compat.api.serving.completions.request import (
     Fanout,
     OpenAILogprobs,
@@ -71,6 +72,8 @@ class CompletionService:
 
     async def create(self, body: CompletionRequest) -> JsonAnswer | StreamAnswer:
         """The text_completion, or its chunks as SSE when `stream`; request-level checks fail before any prompt runs."""
+        if body.use_beam_search:
+            return await beam_completions(self.state, body)
         try:
             fanout = check_request(self.state, body)
         except TgiError as error:

@@ -99,6 +99,22 @@ def _port_of(command: list[str]) -> str:
     return command[command.index("--port") + 1]
 
 
+def child_processes(server: Server) -> dict[int, bytes]:
+    """The launcher's direct children: pid -> command line (its arguments joined by spaces)."""
+    children = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server.process.pid:
+            children[int(proc.name)] = cmdline
+    return children
+
+
 def metric(url: str, name: str) -> float:
     """A series of /metrics (the first of that name; NaN when absent)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text

@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from harness import CHAT_PROMPT, Server, _free_port, _launcher_command, launched
+from harness import CHAT_PROMPT, Server, _free_port, _launcher_command, child_processes, launched
 
 BODY = {"inputs": CHAT_PROMPT, "parameters": {"max_new_tokens": 4}}
 
@@ -25,18 +24,11 @@ def monitored_server():
 
 def engine_pids(server: Server) -> list[int]:
     """The launcher's multiprocessing children that run the engine (not the resource tracker)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == server.process.pid and b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
-            pids.append(int(proc.name))
-    return pids
+    return [
+        pid
+        for pid, cmdline in child_processes(server).items()
+        if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline
+    ]
 
 
 def test_a_killed_engine_is_restarted_and_serves_again(monitored_server):

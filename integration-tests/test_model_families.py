@@ -17,6 +17,9 @@ import pytest
 import torch
 from harness import _free_port, _launcher_command, launched
 
+from tests.modeling.helpers import TINY_SIZES
+from tests.modeling.helpers import transformers_greedy as greedy_ids
+
 MAX_NEW_TOKENS = 32
 PROMPTS = [
     "Sliding windows must hide what lies behind them.",
@@ -70,15 +73,7 @@ def tiny_checkpoint(family: str, folder: str):
 
     config_name, overrides = _families()[family]
     tokenizer = byte_level_tokenizer()
-    sizes = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
+    sizes = {**TINY_SIZES, "vocab_size": 320}
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     config = getattr(transformers, config_name)(
         **{**sizes, **overrides}, **special, pad_token_id=special["eos_token_id"]
@@ -94,15 +89,7 @@ def tiny_checkpoint(family: str, folder: str):
 
 
 def transformers_greedy(model, ids: list[int], eos_id: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids]),
-            max_new_tokens=MAX_NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=eos_id,
-            pad_token_id=eos_id,
-        )
-    return out[0, len(ids) :].tolist()
+    return greedy_ids(model, ids, eos_id, MAX_NEW_TOKENS)
 
 
 async def served_greedy(client: httpx.AsyncClient, prompt: str, stream: bool) -> list[int]:

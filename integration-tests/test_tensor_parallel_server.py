@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness import MAX_CONCURRENT_REQUESTS, Server, _free_port, _launcher_command, launched
+from harness import MAX_CONCURRENT_REQUESTS, Server, _free_port, _launcher_command, child_processes, launched
 from test_model_families import PROMPTS as FAMILY_PROMPTS
 from test_model_families import served_greedy, tiny_checkpoint, transformers_greedy
 
@@ -172,18 +172,7 @@ def test_a_hung_rank_fails_health_within_seconds_and_stops_the_server(sharded_mo
 
 def _engine_processes(server: Server) -> list[int]:
     """The launcher's multiprocessing children: the engine (rank 0) and the other ranks."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == server.process.pid and b"spawn_main" in cmdline:
-            pids.append(int(proc.name))
-    return pids
+    return [pid for pid, cmdline in child_processes(server).items() if b"spawn_main" in cmdline]
 
 
 def _is_zombie(pid: int) -> bool:

@@ -13,7 +13,7 @@ from transformers import LlamaConfig
 from tests.modeling.beam_reference import transformers_beams
 from tests.modeling.helpers import tiny_hf_model
 from tgi_compat.api.serving.beam_search import BeamSearchParams, beam_search
-from tgi_compat.router.client import InProcessEngineClient
+from tgi_compat.router.client_in_process import InProcessEngineClient
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_loop import load_engine
 

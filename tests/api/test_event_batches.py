@@ -1,7 +1,7 @@
 """Tokens that reach the API together (a stream that fell behind) go out together, same bytes.
 
 `_BatchingEngine` hands every event of a request over at once through `generate_batches`, the
-way tgi_compat.router.client does when several steps arrived before the stream task ran; the SSE body must
+way tgi_compat.router.client_queueing does when several steps arrived before the stream task ran; the SSE body must
 be byte for byte what one-event-at-a-time delivery gives.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 import pytest
 from scripted_engine import ScriptedEngine
 
-from tgi_compat.router.client import _RequestEvents
 from tgi_compat.router.client_api import EngineDeadError
+from tgi_compat.router.client_queueing import RequestEvents
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest
 
@@ -79,7 +79,7 @@ async def test_tokens_before_an_engine_error_are_sent_then_the_error(make_client
 
 
 async def test_request_events_hand_over_everything_then_the_error():
-    events = _RequestEvents()
+    events = RequestEvents()
     first, second = TokenEvent("r", [1]), TokenEvent("r", [2])
     events.put(first)
     events.put(second)
@@ -90,7 +90,7 @@ async def test_request_events_hand_over_everything_then_the_error():
 
 
 async def test_request_events_wake_a_waiting_consumer():
-    events = _RequestEvents()
+    events = RequestEvents()
     waiting = asyncio.create_task(events.take_all())
     await asyncio.sleep(0)
     assert not waiting.done()

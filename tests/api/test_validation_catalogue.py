@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+
+from tgi_compat.api.serving.validation import REFUSAL_TEXTS
+from tgi_compat.router.client_api import Refusal, RequestRejectedError
 
 PROMPT = "What is the capital of France?"
 
@@ -81,6 +86,36 @@ async def test_validation_error_texts(client, params, inputs, message):
     assert response.status_code == 422
     assert response.headers["content-type"] == "application/json"
     assert response.json() == {"error": f"Input validation error: {message}", "error_type": "validation"}
+
+
+ENGINE_REFUSALS = [
+    ((Refusal.UNKNOWN_ADAPTER, "nope", "a1", "a2"), "LoRA adapter 'nope' is not loaded; loaded: a1, a2"),
+    ((Refusal.UNKNOWN_ADAPTER, "nope"), "LoRA adapter 'nope' is not loaded; no adapter is loaded"),
+    ((Refusal.PROMPT_TOKEN, 70000, 49152), "`prompt` token id 70000 is outside the vocabulary (size 49152)"),
+    ((Refusal.LOGIT_BIAS_TOKEN, 70000, 49152), "`logit_bias` token id 70000 is outside the vocabulary (size 49152)"),
+    ((Refusal.SEED,), "`seed` must be an unsigned 64-bit integer"),
+    (
+        (Refusal.TOTAL_TOKENS, 32, 7, 30),
+        "`inputs` tokens + `max_new_tokens` must be <= 32. Given: 7 `inputs` tokens and 30 `max_new_tokens`",
+    ),
+]
+
+
+@pytest.mark.parametrize(("refusal", "message"), ENGINE_REFUSALS)
+@pytest.mark.parametrize("path", ["/generate", "/generate_stream"])
+async def test_engine_refusals_reach_the_client_as_tgi_texts(client, engine, refusal, message, path):
+    """The engine sends a code and its values; the API holds TGI's texts (one table for both sides)."""
+    engine.refuse_with = RequestRejectedError(*refusal)
+    response = await client.post(path, json={"inputs": PROMPT, "parameters": {"max_new_tokens": 5}})
+    expected = {"error": f"Input validation error: {message}", "error_type": "validation"}
+    if path == "/generate":
+        assert response.status_code == 422 and response.json() == expected
+    else:
+        assert response.text.strip() == f"data:{json.dumps(expected, separators=(',', ':'))}"
+
+
+def test_every_refusal_has_a_text():
+    assert set(REFUSAL_TEXTS) == set(Refusal)
 
 
 async def test_disabled_grammar_support_refuses_every_grammar(make_client, engine):

@@ -302,11 +302,11 @@ def test_backend_compiles_every_mixed_step_decode_variant_at_start() -> None:
     """After TritonAttentionBackend.compile_kernels, a MIXED step's decode rows compile nothing at any batch size."""
     from triton import knobs
 
-    from tgi_compat.modeling.attention.base import AttentionParams
+    from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
     from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend, TritonAttentionMetadata
 
     heads, kv_heads, head_dim, max_rows, dtype = 32, 8, 128, 80, torch.bfloat16
-    backend = TritonAttentionBackend(heads, kv_heads, head_dim, max_rows, 64, torch.device(DEV), dtype)
+    backend = TritonAttentionBackend(AttentionShape(heads, kv_heads, head_dim, max_rows, 64, torch.device(DEV), dtype))
     kv_cache = (torch.randn(4096, kv_heads, head_dim, device=DEV, dtype=dtype),) * 2
     req_to_token = torch.randint(0, 4096, (max_rows + 1, 64), device=DEV, dtype=torch.int32)
     params = [AttentionParams(head_dim**-0.5), AttentionParams(head_dim**-0.5, sliding_window=16)]

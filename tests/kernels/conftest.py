@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -56,20 +57,13 @@ KERNEL_MODULES = [
 
 
 def _import_interpreted() -> None:
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        # Triton's own helpers (tl.cdiv, ...) were imported interpreted by tests/conftest.py.
+    # Triton's own helpers (tl.cdiv, ...) were imported interpreted by tests/conftest.py.
+    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}):  # restored after, as there
         for name in KERNEL_MODULES:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])
             else:
                 importlib.import_module(name)
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
 
 
 if not torch.cuda.is_available():

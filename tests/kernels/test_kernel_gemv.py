@@ -169,6 +169,20 @@ def test_default_configs_at_a_llama_width(fmt: str, num_rows: int):
     torch.testing.assert_close(out, gemv_ref(x, weight, **kwargs)[0], rtol=1e-2, atol=1e-2)
 
 
+def _prologue_inputs(prologue: str, num_rows: int, k: int, gen: torch.Generator):
+    """fp16 x and the gemv keywords of `prologue` ("none", "rmsnorm" with a residual, "silu_mul"), and the
+    residual-sum output an rmsnorm prologue writes (NaN until written)."""
+    x = torch.randn(num_rows, 2 * k if prologue == "silu_mul" else k, generator=gen).to(torch.float16)
+    kwargs: dict = {"silu_mul": True} if prologue == "silu_mul" else {}
+    summed = None
+    if prologue == "rmsnorm":
+        norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.float16)
+        residual = torch.randn(num_rows, k, generator=gen).to(torch.float16)
+        kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
+        summed = torch.full((num_rows, k), float("nan"), dtype=torch.float16)
+    return x, kwargs, summed
+
+
 @pytest.mark.parametrize("split_k, block_k", [(2, 64), (4, 32), (8, 128)])  # 8: shrunk to the 4 periods of K
 @pytest.mark.parametrize("num_rows", [1, 3])
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "silu_mul"])
@@ -182,15 +196,8 @@ def test_int4_split_k_adds_the_partials_and_resets_its_counters(split_k: int, bl
     for seed in range(2):
         gen = torch.Generator().manual_seed(seed + split_k)
         weight = _quantized("int4", 21, k, gen, torch.float16, group=32)
-        x = torch.randn(num_rows, 2 * k if prologue == "silu_mul" else k, generator=gen).to(torch.float16)
+        x, kwargs, summed = _prologue_inputs(prologue, num_rows, k, gen)
         bias = torch.randn(21, generator=gen).to(torch.float16)
-        kwargs: dict = {"silu_mul": True} if prologue == "silu_mul" else {}
-        summed = None
-        if prologue == "rmsnorm":
-            norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.float16)
-            residual = torch.randn(num_rows, k, generator=gen).to(torch.float16)
-            kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
-            summed = torch.full((num_rows, k), float("nan"), dtype=torch.float16)
         out = gemv(x, weight, bias, residual_out=summed, config=config, **kwargs)
         ref, ref_summed = gemv_ref(x, weight, bias, **kwargs)
         torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
@@ -207,14 +214,7 @@ def test_separate_prologue_runs_the_elementwise_kernel_first(fmt: str, prologue:
     k, n, rows = 128, 21, 2
     gen = torch.Generator().manual_seed(len(fmt) + len(prologue))
     weight = _quantized(fmt, n, k, gen, torch.float16)
-    x = torch.randn(rows, 2 * k if prologue == "silu_mul" else k, generator=gen).to(torch.float16)
-    kwargs: dict = {"silu_mul": True}
-    summed = None
-    if prologue == "rmsnorm":
-        norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.float16)
-        residual = torch.randn(rows, k, generator=gen).to(torch.float16)
-        kwargs = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
-        summed = torch.full((rows, k), float("nan"), dtype=torch.float16)
+    x, kwargs, summed = _prologue_inputs(prologue, rows, k, gen)
     config = GemvConfig(block_n=8, block_k=64, num_warps=1, separate_prologue=True)
     out = gemv(x, weight, residual_out=summed, config=config, **kwargs)
     ref, ref_summed = gemv_ref(x, weight, **kwargs)

@@ -135,7 +135,7 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
 def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_requests: int):
     """rotate_store_and_attend with the fused kernel (rotary + KV store + merged splits in one launch)
     gives the output and KV cache of the separate rotary + KV-store kernel and flash-decoding."""
-    from tgi_compat.modeling.attention.base import AttentionParams
+    from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
     from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
     from tgi_compat.modeling.layers.triton_ops import TRITON_OPS, triton_rope_tables
 
@@ -159,7 +159,7 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
     results = []
     for fused in (True, False):
         backend = TritonAttentionBackend(
-            heads, kv_heads, head_dim, max_rows=4, max_seq_len=max_len, device=torch.device("cpu"), dtype=torch.float32
+            AttentionShape(heads, kv_heads, head_dim, 4, max_len, torch.device("cpu"), torch.float32)
         )
         backend.fused_rotary_batches = range(1, 5) if fused else range(0)
         backend.merged_split_batches = range(1, 5)

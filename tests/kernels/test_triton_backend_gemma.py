@@ -16,15 +16,12 @@ from tgi_compat.kernels.gemv.types import PROLOGUE_NORM_ADD_NORM, GemvConfig
 def test_triton_backend_windowed_soft_capped_model_matches_torch_backend():
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    config = Gemma2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    from tests.modeling.helpers import TINY_SIZES
+
+    config = Gemma2Config(  # half the usual width: the kernels run interpreted
+        **TINY_SIZES | dict(hidden_size=32, intermediate_size=64, max_position_embeddings=128, vocab_size=97),
+        tie_word_embeddings=True,  # Gemma's own head
         head_dim=16,
-        vocab_size=97,
-        max_position_embeddings=128,
         sliding_window=4,  # the steps reach 10 tokens
         attn_logit_softcapping=1.0,
         final_logit_softcapping=5.0,

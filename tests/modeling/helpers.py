@@ -172,3 +172,16 @@ def image_greedy(model, ids: list[int], pixel_values, max_new_tokens: int) -> li
             do_sample=False,
         )
     return out[0, len(ids) :].tolist()
+
+
+def transformers_greedy(model, prompt_ids: list[int], eos_id: int, max_new_tokens: int) -> list[int]:
+    """The ids transformers' own greedy `generate` picks after the prompt."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos_id,
+            pad_token_id=eos_id,
+        )
+    return out[0, len(prompt_ids) :].tolist()

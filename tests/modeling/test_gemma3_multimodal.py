@@ -11,17 +11,15 @@ import pytest
 import torch
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
-from tests.modeling.helpers import full_logits, max_rel_error, run_step, runner_for_folder
+from tests.modeling.helpers import TINY_SIZES, full_logits, max_rel_error, run_step, runner_for_folder
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.registry import describe_modeling_path
 
 WINDOW = 8
 TEXT = dict(
-    hidden_size=64,
-    intermediate_size=128,
+    TINY_SIZES,
+    tie_word_embeddings=True,  # Gemma's own head
     num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     head_dim=16,
     query_pre_attn_scalar=24,
     sliding_window=WINDOW,
@@ -30,7 +28,6 @@ TEXT = dict(
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
     },
-    max_position_embeddings=512,
     final_logit_softcapping=3.0,
 )
 VISION = dict(

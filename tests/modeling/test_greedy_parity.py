@@ -3,8 +3,7 @@ same ids as transformers' generate on the same GGUF, for a dozen prompts."""
 
 from __future__ import annotations
 
-import torch
-
+from tests.modeling.helpers import transformers_greedy
 from tgi_compat.modeling.forward_batch import build_forward_batch
 
 MAX_NEW_TOKENS = 10
@@ -37,24 +36,12 @@ def greedy_with_runner(runner, prompt_ids: list[int], row: int) -> list[int]:
     return generated
 
 
-def greedy_with_transformers(model, prompt_ids: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt_ids]),
-            max_new_tokens=MAX_NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=EOS_TOKEN_ID,
-            pad_token_id=EOS_TOKEN_ID,
-        )
-    return out[0, len(prompt_ids) :].tolist()
-
-
 def test_greedy_ids_match_transformers_generate(smollm2_runner, smollm2_hf_model, smollm2_tokenizer):
     mismatches = []
     for row, text in enumerate(PROMPTS):
         ids = smollm2_tokenizer(text).input_ids
         ours = greedy_with_runner(smollm2_runner, ids, row % smollm2_runner.max_rows)
-        theirs = greedy_with_transformers(smollm2_hf_model, ids)
+        theirs = transformers_greedy(smollm2_hf_model, ids, EOS_TOKEN_ID, MAX_NEW_TOKENS)
         if ours != theirs:
             mismatches.append((text, ours, theirs))
     assert not mismatches, mismatches

@@ -4,6 +4,7 @@ import json
 import os
 import re
 
+from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.router.stats import EngineStats, StepStats
 
@@ -15,7 +16,7 @@ def exported_series() -> set[str]:
     metrics.request_received()
     metrics.request_failed("overloaded")
     metrics.record_input_length(5, 10)
-    metrics.request_succeeded(1, 0.1, 0.1, 0.8, 0.1, 5, 10, 10, time_to_first_token_s=0.2)
+    metrics.request_succeeded(RequestDurations(1, 0.1, 0.1, 0.8, 0.1), 5, 10, 10, time_to_first_token_s=0.2)
     metrics.apply_engine_stats(
         EngineStats(
             1,

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tgi_compat.api.observability import logging_setup
+from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.observability.logging_setup import (
     JsonFormatter,
     PlainFormatter,
@@ -82,7 +83,9 @@ def test_stats_logger_reports_throughput(caplog):
     metrics = ServerMetrics(100, 200)
     stats = StatsLogger(metrics, interval_s=0.05).start()
     caplog.set_level(logging.INFO, logger="tgi_compat.stats")
-    metrics.request_succeeded(1.0, 0.0, 0.0, 1.0, 0.1, input_len=50, generated_tokens=10, max_new_tokens=10)
+    metrics.request_succeeded(
+        RequestDurations(1.0, 0.0, 0.0, 1.0, 0.1), input_len=50, generated_tokens=10, max_new_tokens=10
+    )
     metrics.set_engine_stats(queue_size=1, batch_size=2, batch_max_tokens=10, kv_used=30, kv_total=100)
     deadline = time.monotonic() + 5
     while not any("Avg prompt throughput" in r.message for r in caplog.records) and time.monotonic() < deadline:

@@ -6,6 +6,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.observability.metrics import DURATION_BUCKETS, ServerMetrics
 from tgi_compat.api.observability.metrics_vllm import one_two_five_buckets
 from tgi_compat.api.observability.prometheus_text import format_value
@@ -45,11 +46,7 @@ def feed_one_request(metrics: ServerMetrics) -> None:
     metrics.request_received()
     metrics.record_input_length(12, max_new_tokens=20)
     metrics.request_succeeded(
-        total_s=1.5,
-        validation_s=0.002,
-        queue_s=0.01,
-        inference_s=1.4,
-        time_per_token_s=0.07,
+        RequestDurations(total_s=1.5, validation_s=0.002, queue_s=0.01, inference_s=1.4, time_per_token_s=0.07),
         input_len=12,
         generated_tokens=20,
         max_new_tokens=20,

@@ -4,6 +4,7 @@ import logging
 import time
 
 from tgi_compat.api.config import ServerConfig
+from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.api.server.ops_services import start_ops_services
 
@@ -27,7 +28,7 @@ def test_gateway_and_stats_line_from_lightllm_fields(collector, caplog):
         log_stats_interval=0.05,
     )
     services = start_ops_services(metrics, config)
-    metrics.request_succeeded(0.1, 0, 0, 0.1, 0.05, input_len=4, generated_tokens=2, max_new_tokens=2)
+    metrics.request_succeeded(RequestDurations(0.1, 0, 0, 0.1, 0.05), input_len=4, generated_tokens=2, max_new_tokens=2)
     assert collector.wait_for(lambda r: len(r.pushes) >= 1, timeout=5)
     deadline = time.monotonic() + 5
     while not any("generation throughput" in r.message for r in caplog.records) and time.monotonic() < deadline:

@@ -2,6 +2,7 @@
 
 import time
 
+from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.observability.tracing import DEFAULT_SERVICE_NAME, RequestTracer, format_duration, otlp_traces_url
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -19,9 +20,7 @@ def test_request_spans_are_exported_with_traceparent_parenting(collector):
         with span.child("infer") as infer:
             infer.record_phase("prefill", submitted + 1_000_000, submitted + 3_000_000)
             infer.record_phase("decode", submitted + 3_000_000, submitted + 9_000_000)
-        span.set_timings(
-            total_s=0.0095, validation_s=0.0005, queue_s=0.001, inference_s=0.008, time_per_token_s=0.002, seed=42
-        )
+        span.set_timings(RequestDurations(0.0095, 0.0005, 0.001, 0.008, 0.002), seed=42)
     assert tracer.force_flush()
     assert collector.wait_for(lambda r: len(r.spans) >= 6)
     spans = {s.name: s for s in collector.recorded.spans}
@@ -61,7 +60,7 @@ def test_without_endpoint_everything_is_a_noop():
         with span.child("validate") as child:
             child.set(x=1)
         span.record_phase("queued", 0, 1)
-        span.set_timings(1, 1, 1, 1, 1)
+        span.set_timings(RequestDurations(1, 1, 1, 1, 1))
         span.record_error("x")
     assert not span.recording
     assert tracer.force_flush()

@@ -27,17 +27,9 @@ def tiny_llama_dir(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    from tests.modeling.helpers import TINY_SIZES
+
+    config = LlamaConfig(**TINY_SIZES, bos_token_id=1, eos_token_id=2)
     folder = tmp_path_factory.mktemp("tiny-llama")
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)

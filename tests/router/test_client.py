@@ -8,8 +8,8 @@ import pytest
 from router_fakes import hash_engine
 from test_engine import expected_greedy, prompts
 
-from tgi_compat.router.client import InProcessEngineClient
-from tgi_compat.router.client_api import EngineDeadError, RequestRejectedError
+from tgi_compat.router.client_api import EngineDeadError, Refusal, RequestRejectedError
+from tgi_compat.router.client_in_process import InProcessEngineClient
 from tgi_compat.router.request import GenerateRequest
 
 
@@ -52,8 +52,9 @@ async def test_closing_the_iterator_aborts_and_frees_the_slots():
 async def test_rejections_surface_before_anything_runs():
     client = InProcessEngineClient(hash_engine())
     try:
-        with pytest.raises(RequestRejectedError, match="cannot be empty"):
+        with pytest.raises(RequestRejectedError) as refused:
             await collect(client, GenerateRequest("empty", []))
+        assert refused.value.reason is Refusal.EMPTY_PROMPT
         assert not client.core.has_unfinished()
     finally:
         await client.shutdown()
@@ -88,3 +89,11 @@ async def test_stats_reach_the_listener():
         assert client.latest_stats is received[-1]
     finally:
         await client.shutdown()
+
+
+def test_a_refusal_crosses_the_wire_as_its_code_and_values():
+    from tgi_compat.router.wire import Rejected, encoder, engine_message_decoder
+
+    sent = Rejected("r", Refusal.UNKNOWN_ADAPTER, ("nope", "a1"))
+    received = engine_message_decoder.decode(encoder.encode(sent))
+    assert received == sent and received.reason is Refusal.UNKNOWN_ADAPTER

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from router_fakes import HashRunner, drain, hash_engine
 
-from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.request import GenerateRequest, SamplingParams
 
 
@@ -131,24 +129,37 @@ def test_abort_frees_the_slots_at_the_next_step():
 
 
 @pytest.mark.parametrize(
-    "request_kwargs,message",
+    "request_kwargs,reason,values",
     [
-        (dict(prompt_ids=[]), "`inputs` cannot be empty"),
-        (dict(max_new_tokens=0), "`max_new_tokens` must be strictly positive"),
-        (dict(sampling=SamplingParams(temperature=0.0)), "`temperature` must be strictly positive"),
-        (dict(sampling=SamplingParams(top_p=0.0)), "`top_p` must be > 0.0 and < 1.0"),
-        (dict(sampling=SamplingParams(frequency_penalty=3.0)), "`frequency_penalty` must be >= -2.0 and <= 2.0"),
-        (dict(max_new_tokens=5000), "`inputs` tokens + `max_new_tokens` must be <="),
-        (dict(prompt_ids=[5, 10**6, 7]), "token id 1000000 is outside the vocabulary"),
-        (dict(prompt_ids=[5, -1]), "token id -1 is outside the vocabulary"),
+        (dict(prompt_ids=[]), Refusal.EMPTY_PROMPT, ()),
+        (dict(max_new_tokens=0), Refusal.MAX_NEW_TOKENS, ()),
+        (dict(sampling=SamplingParams(temperature=0.0)), Refusal.TEMPERATURE, ()),
+        (dict(sampling=SamplingParams(top_p=0.0)), Refusal.TOP_P, ()),
+        (dict(sampling=SamplingParams(frequency_penalty=3.0)), Refusal.FREQUENCY_PENALTY, ()),
+        (dict(sampling=SamplingParams(seed=1 << 64)), Refusal.SEED, ()),
+        (dict(max_new_tokens=5000), Refusal.TOTAL_TOKENS, ("max_total_tokens", 2, 5000)),
+        (dict(prompt_ids=[5, 10**6, 7]), Refusal.PROMPT_TOKEN, (10**6, "vocab_size")),
+        (dict(prompt_ids=[5, -1]), Refusal.PROMPT_TOKEN, (-1, "vocab_size")),
+        (dict(adapter_id="a1"), Refusal.LORA_OFF, ("a1",)),
     ],
 )
-def test_invalid_requests_are_rejected_before_admission(request_kwargs, message):
+def test_invalid_requests_are_rejected_before_admission(request_kwargs, reason, values):
+    """Codes, never text: the API maps them to TGI's messages (tests/api/test_validation_catalogue.py)."""
     engine = hash_engine()
     fields = dict(request_id="x", prompt_ids=[5, 6]) | request_kwargs
-    with pytest.raises(RequestRejectedError, match=re.escape(message)):
+    with pytest.raises(RequestRejectedError) as refused:
         engine.add_request(GenerateRequest(**fields))
+    limits = {"max_total_tokens": engine.info.max_total_tokens, "vocab_size": engine.info.vocab_size}
+    assert (refused.value.reason, refused.value.values) == (reason, tuple(limits.get(v, v) for v in values))
     assert not engine.has_unfinished()
+
+
+def test_a_request_id_already_in_the_engine_is_refused():
+    engine = hash_engine()
+    engine.add_request(GenerateRequest("x", [5, 6]))
+    with pytest.raises(RequestRejectedError) as refused:
+        engine.add_request(GenerateRequest("x", [5, 6]))
+    assert (refused.value.reason, refused.value.values) == (Refusal.DUPLICATE_ID, ("x",))
 
 
 def test_stats_count_steps_tokens_and_occupancy():

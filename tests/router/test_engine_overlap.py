@@ -118,13 +118,19 @@ def test_preemptions_happen_in_the_overlapped_run():
     assert engine.stats.num_preemptions > 0
 
 
-def test_the_next_step_is_launched_before_the_previous_one_is_read(monkeypatch):
-    engine = hash_engine(overlap_scheduling=True)
+def log_forwards_and_reads(engine, monkeypatch) -> list[str]:
+    """ "F" for each forward launched, "R" for each step's sampled tokens read on the host, in order."""
     log: list[str] = []
     forward = engine.executor.runner.forward
     monkeypatch.setattr(engine.executor.runner, "forward", lambda batch: (log.append("F"), forward(batch))[1])
     rows = SampledRows.rows
     monkeypatch.setattr(SampledRows, "rows", lambda self: (log.append("R"), rows(self))[1])
+    return log
+
+
+def test_the_next_step_is_launched_before_the_previous_one_is_read(monkeypatch):
+    engine = hash_engine(overlap_scheduling=True)
+    log = log_forwards_and_reads(engine, monkeypatch)
     prompt = prompts(1)[0]
     engine.add_request(GenerateRequest("a", prompt, max_new_tokens=5))
     assert tokens_of(drain(engine)["a"]) == expected_greedy(prompt, 5)
@@ -155,11 +161,7 @@ def test_a_request_ended_by_a_stop_id_runs_one_dropped_step():
 
 def test_requests_that_read_their_own_tokens_turn_overlap_off_while_they_are_in(monkeypatch):
     engine = hash_engine(overlap_scheduling=True)
-    log: list[str] = []
-    forward = engine.executor.runner.forward
-    monkeypatch.setattr(engine.executor.runner, "forward", lambda batch: (log.append("F"), forward(batch))[1])
-    rows = SampledRows.rows
-    monkeypatch.setattr(SampledRows, "rows", lambda self: (log.append("R"), rows(self))[1])
+    log = log_forwards_and_reads(engine, monkeypatch)
     batch = prompts(2)
     penalised = SamplingParams(repetition_penalty=1.3)
     engine.add_request(GenerateRequest("plain", batch[0], max_new_tokens=8))

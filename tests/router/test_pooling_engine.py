@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.modeling.pooling_models import hf_pooled, tiny_model
-from tgi_compat.router.client import InProcessEngineClient
-from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.client_api import Refusal, RequestRejectedError
+from tgi_compat.router.client_in_process import InProcessEngineClient
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_loop import load_engine
 from tgi_compat.router.pooling_engine import PoolingEngineCore
@@ -62,10 +62,12 @@ def test_steps_pack_prompts_under_the_token_budget_and_answer_each_once(classifi
 def test_over_long_and_bad_prompts_are_refused(classifier):
     _, folder = classifier
     engine = engine_for(folder)
-    with pytest.raises(RequestRejectedError, match="must be <= 64"):
+    with pytest.raises(RequestRejectedError) as refused:
         engine.add_request(GenerateRequest("long", [1] * 64, max_new_tokens=1))
-    with pytest.raises(RequestRejectedError, match="outside the vocabulary"):
+    assert (refused.value.reason, refused.value.values) == (Refusal.TOTAL_TOKENS, (64, 64, 1))
+    with pytest.raises(RequestRejectedError) as refused:
         engine.add_request(GenerateRequest("bad", [1, 999], max_new_tokens=1))
+    assert refused.value.reason is Refusal.PROMPT_TOKEN and refused.value.values[0] == 999
     engine.add_request(GenerateRequest("gone", [1, 2], max_new_tokens=1))
     engine.abort("gone")
     assert not engine.has_unfinished()

@@ -9,14 +9,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from router_fakes import EOS, hash_engine, make_request, result_for
+from router_fakes import EOS, drain, hash_engine, make_request, result_for
 from test_engine import expected_greedy, tokens_of
 from test_engine_overlap import comparable, every_kind_of_request, run_engine
 
 from tgi_compat.router.admission import AdmissionLimits
+from tgi_compat.router.batching_hold import SHORT_PREFILL_HOLD_STEPS
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.request import GenerateRequest
-from tgi_compat.router.scheduler import SHORT_PREFILL_HOLD_STEPS, Scheduler, SchedulerLimits
+from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
 from tgi_compat.router.step import SampledToken, StepResult
 
 
@@ -33,12 +34,7 @@ def shared_prefix_prompts(n: int = 20) -> list[list[int]]:
 def drain_events(engine, requests) -> dict[str, list]:
     for request in requests:
         engine.add_request(request)
-    events: dict[str, list] = {}
-    while engine.has_unfinished():
-        for event in engine.step():
-            events.setdefault(event.request_id, []).append(event)
-    assert engine.pool.is_full_free()
-    return events
+    return drain(engine)
 
 
 SCENARIOS = {

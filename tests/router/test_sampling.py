@@ -218,10 +218,11 @@ def test_logit_bias_shifts_raw_scores_per_row_before_the_other_processors():
 
 
 def test_logit_bias_outside_the_vocabulary_is_rejected_before_admission():
-    from tgi_compat.router.client_api import EngineInfo, RequestRejectedError
+    from tgi_compat.router.client_api import EngineInfo, Refusal, RequestRejectedError
     from tgi_compat.router.validation import validate_request
 
     info = EngineInfo("m", "LlamaForCausalLM", "float32", "cpu", VOCAB, 64, 64, 64, (0,))
     params = GenerateRequest("r", [1, 2], SamplingParams(logit_bias=((VOCAB, 1.0),)), max_new_tokens=2)
-    with pytest.raises(RequestRejectedError, match="`logit_bias` token id 8 is outside the vocabulary"):
+    with pytest.raises(RequestRejectedError) as refused:
         validate_request(params, info)
+    assert (refused.value.reason, refused.value.values) == (Refusal.LOGIT_BIAS_TOKEN, (VOCAB, VOCAB))

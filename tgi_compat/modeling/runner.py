@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from tgi_compat.modeling.attention import create_backend
-from tgi_compat.modeling.attention.base import AttentionParams
+from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.cuda_graphs import maybe_capture_decode_graphs
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
@@ -137,16 +137,16 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_caches()
         # req_to_token[row, position] -> KV slot of that token of the request in that row
         self.req_to_token = torch.zeros(self.max_rows + 1, self.max_seq_len, dtype=torch.int32, device=self.device)
-        self.backend = create_backend(
-            cfg.attention_backend,
-            num_heads=self.heads.num_heads,
-            num_kv_heads=self.heads.num_kv_heads,
-            head_dim=model_config.head_dim,
-            max_rows=self.max_rows,
-            max_seq_len=self.max_seq_len,
-            device=self.device,
-            dtype=self.dtype,
+        shape = AttentionShape(
+            self.heads.num_heads,
+            self.heads.num_kv_heads,
+            model_config.head_dim,
+            self.max_rows,
+            self.max_seq_len,
+            self.device,
+            self.dtype,
         )
+        self.backend = create_backend(cfg.attention_backend, shape)
         if self.device.type == "cuda":
             self.backend.compile_kernels(self.kv_caches[0], self.req_to_token, self._attention_params())
         self.cuda_graphs = maybe_capture_decode_graphs(

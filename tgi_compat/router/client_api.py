@@ -10,6 +10,7 @@ If the engine dies, every pending iterator raises EngineDeadError at once.
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -25,8 +26,36 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+class Refusal(enum.Enum):
+    """Why the engine refused a request before admission. The engine holds no text: the API maps each
+    reason and its values to TGI's message (tgi_compat/api/serving/validation.py)."""
+
+    TEMPERATURE = "temperature"
+    REPETITION_PENALTY = "repetition_penalty"
+    FREQUENCY_PENALTY = "frequency_penalty"
+    TOP_P = "top_p"
+    TYPICAL_P = "typical_p"
+    TOP_K = "top_k"
+    TOP_N_TOKENS = "top_n_tokens"
+    SEED = "seed"
+    MAX_NEW_TOKENS = "max_new_tokens"
+    EMPTY_PROMPT = "empty_prompt"
+    LOGIT_BIAS_TOKEN = "logit_bias_token"  # values: (token id, vocab size)
+    PROMPT_TOKEN = "prompt_token"  # values: (token id, vocab size)
+    TOTAL_TOKENS = "total_tokens"  # values: (max total tokens, prompt tokens, max_new_tokens)
+    KV_CAPACITY = "kv_capacity"  # values: (prompt tokens,): a pooling prompt larger than the KV cache
+    UNKNOWN_ADAPTER = "unknown_adapter"  # values: (name, *loaded names)
+    LORA_OFF = "lora_off"  # values: (name,)
+    DUPLICATE_ID = "duplicate_id"  # values: (request id,)
+
+
 class RequestRejectedError(ValueError):
-    """Raised by generate() before admission (bad sampling params, prompt too long)."""
+    """The engine refused a request before admission: a `Refusal` and the values its message shows."""
+
+    def __init__(self, reason: Refusal, *values: int | str) -> None:
+        super().__init__(reason.value, *values)
+        self.reason = reason
+        self.values = values
 
 
 class AdapterCallError(ValueError):

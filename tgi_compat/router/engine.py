@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tgi_compat.router.admission import AdmissionLimits
-from tgi_compat.router.client_api import EngineInfo, RequestRejectedError
+from tgi_compat.router.client_api import EngineInfo, Refusal, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_stats import EngineStatsTracker
 from tgi_compat.router.executor import LaunchedStep, StepExecutor
@@ -48,9 +48,11 @@ from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
 from tgi_compat.router.speculative.speculator import Speculator
 from tgi_compat.router.stats import EngineStats
 from tgi_compat.router.step import StepPlan, StepResult
+from tgi_compat.router.stopping import HealingCount
 from tgi_compat.router.validation import validate_request
 
 if TYPE_CHECKING:
+    from tgi_compat.modeling.config import ModelConfig
     from tgi_compat.modeling.lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ class EngineCore:
         self,
         config: EngineConfig,
         runner: Runner,
-        model_config,
+        model_config: ModelConfig,
         lora: LoraManager | None = None,
         image_encoder: EncodeImages | None = None,  # a vision model's (tgi_compat.modeling.vision.encoder)
     ) -> None:
@@ -123,15 +125,19 @@ class EngineCore:
     def add_request(self, params: GenerateRequest) -> None:
         """Validate (RequestRejectedError) and queue; the request waits for admission."""
         validate_request(params, self.info)
-        if params.healing_prefix and self.executor.healer is None:
-            self.executor.healer = _token_healer(self.config)
         seed = None
         if params.sampling.is_sampling:
             seed = params.sampling.seed if params.sampling.seed is not None else self._rng.getrandbits(64)
         request = Request(params, arrival=self._num_arrivals, seed=seed)
+        if params.healing_prefix:
+            healer = self.executor.healer
+            if healer is None:
+                healer = self.executor.healer = _token_healer(self.config)
+            max_uncounted = self.info.max_total_tokens - len(params.prompt_ids) - params.max_new_tokens
+            request.healing = HealingCount(healer.table, params.healing_prefix.encode(), max_uncounted)
         if params.adapter_id is not None:
             if self.lora is None:
-                raise RequestRejectedError(f"LoRA adapter {params.adapter_id!r} is not loaded; LoRA is off")
+                raise RequestRejectedError(Refusal.LORA_OFF, params.adapter_id)
             request.lora_id = self.lora.resolve(params.adapter_id)
         self._num_arrivals += 1
         if params.grammar is not None:
@@ -283,7 +289,7 @@ def _load_tokenizer(config: EngineConfig):
     return load_tokenizer(config.model_id, config.revision)
 
 
-def engine_info(config: EngineConfig, runner: Runner, model_config) -> EngineInfo:
+def engine_info(config: EngineConfig, runner: Runner, model_config: ModelConfig) -> EngineInfo:
     max_positions = model_config.max_position_embeddings
     # A request's positions must fit the runner's req_to_token rows and leave admission room.
     max_total = min(config.max_total_tokens or max_positions, runner.max_seq_len, runner.num_kv_slots - 1)

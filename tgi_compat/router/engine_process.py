@@ -117,8 +117,8 @@ def _handle(core: EngineLoop, message, outbox: zmq.Socket) -> bool:
     if isinstance(message, AddRequest):
         try:
             core.add_request(message.request)
-        except (RequestRejectedError, ValueError) as exc:
-            outbox.send(encoder.encode(Rejected(message.request.request_id, str(exc))))
+        except RequestRejectedError as refused:
+            outbox.send(encoder.encode(Rejected(message.request.request_id, refused.reason, refused.values)))
     elif isinstance(message, AbortRequest):
         core.abort(message.request_id)
     elif isinstance(message, HealthProbe):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.lora_slots import LoraSlots
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class LoraRegistry:
     def resolve(self, name: str) -> int:
         adapter_id = self.ids.get(name)
         if adapter_id is None:
-            raise RequestRejectedError(f"LoRA adapter {name!r} is not loaded{self._loaded_list()}")
+            raise RequestRejectedError(Refusal.UNKNOWN_ADAPTER, name, *self.ids)
         return adapter_id
 
     def _loaded_list(self) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch, build_forward_batch
-from tgi_compat.router.client_api import RequestRejectedError
+from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import engine_info
 from tgi_compat.router.lora_calls import AdapterCalls
@@ -57,7 +57,7 @@ class PoolingEngineCore:
     def add_request(self, params: GenerateRequest) -> None:
         validate_request(params, self.info)  # ids in the vocabulary, the prompt within max_total_tokens
         if len(params.prompt_ids) > self.runner.num_kv_slots:
-            raise RequestRejectedError(f"the prompt's {len(params.prompt_ids)} tokens exceed the KV cache")
+            raise RequestRejectedError(Refusal.KV_CAPACITY, len(params.prompt_ids))
         self.waiting.append(params)
 
     def abort(self, request_id: str) -> None:

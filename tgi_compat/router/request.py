@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import xgrammar
 
     from tgi_compat.router.prefix_cache import PrefixMatch
+    from tgi_compat.router.stopping import HealingCount
 
 
 class RequestStatus(enum.Enum):
@@ -134,6 +135,7 @@ class Request:
     num_cached_prompt_tokens: int = 0  # prompt tokens its first admission found cached (usage reports)
     lora_id: int = 0  # its LoRA adapter's engine-wide id (never reused), 0: the base model
     lora_slot: int = -1  # the device slot of its adapter while it runs (tgi_compat.router.lora_slots), -1: none
+    healing: HealingCount | None = None  # a healing request's tokens that re-cover its prompt (not counted)
 
     @property
     def request_id(self) -> str:
@@ -197,6 +199,15 @@ class Request:
             return ids
         tag = self.lora_id << 32
         return [tag + token for token in ids]
+
+    def record_prompt_scores(self, start: int, logprobs: list[float], top_tokens: list[list]) -> None:
+        """One prefill chunk's scores of prompt tokens start+1.. (the first prompt token has none)."""
+        if start == 0:
+            self.prompt_logprobs.append(None)
+            self.prompt_top_tokens.append([])
+        self.prompt_logprobs.extend(logprobs)
+        if self.params.prompt_top_n > 0:
+            self.prompt_top_tokens.extend(top_tokens)
 
     @property
     def needs_prompt_logprobs(self) -> bool:

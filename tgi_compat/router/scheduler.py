@@ -11,11 +11,9 @@ re-prefill prompt + generated later. Nothing is ever dropped.
 With prefix caching (tgi_compat/router/prefix_cache.py, owned by the KV pool) an admitted request starts past
 the longest cached prefix of its tokens, and a request that finishes or is preempted gives its
 written tokens to the cache instead of the free list, so a preempted request comes back as a hit.
-A prompt's K/V is published to the cache chunk by chunk as its prefill steps complete. A waiting
-request whose prompt shares a long prefix with one still being prefilled (a common system prompt,
-`n` siblings) is deferred until that prefix is published, then admitted with the hit: the prefix is
-computed once, not once per request that arrived before it was cached. Deferred requests keep
-their place; the requests behind them are admitted meanwhile.
+A prompt's K/V is published to the cache chunk by chunk as its prefill steps complete, and a waiting
+request sharing a long prefix with it waits for that (tgi_compat/router/prefill_waits.py). Between decode
+steps, TGI's batching hold decides when the waiting requests join (tgi_compat/router/batching_hold.py).
 
 A chunk advances `num_computed_tokens` when it is scheduled, and its sampled token is appended by
 update(). With overlap scheduling (tgi_compat/router/engine.py) the next step is scheduled before update()
@@ -32,31 +30,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tgi_compat.router.admission import AdmissionLimits, RequestTokens, can_admit
+from tgi_compat.router.batching_hold import BatchingHold
+from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.lora_slots import LoraSlots
 from tgi_compat.router.outputs import TokenEvent
-from tgi_compat.router.prefix_cache import PrefixCache, common_prefix_length
+from tgi_compat.router.prefill_waits import PrefillWaits
 from tgi_compat.router.request import FinishReason, Request, RequestStatus
-from tgi_compat.router.step import PromptScores, SampledToken, ScheduledChunk, StepPlan, StepResult
+from tgi_compat.router.step import SampledToken, ScheduledChunk, StepPlan, StepResult
+from tgi_compat.router.stopping import is_at_length_cap, length_budget, stop_reason
 
 if TYPE_CHECKING:
     from tgi_compat.router.speculative.speculator import Speculator
 
-# A waiting request is deferred for a sibling's prefill only when they share at least this many
-# prompt tokens (or all of a shorter prompt): a short overlap costs less to compute twice than a wait.
-MIN_SHARED_PREFILL_TOKENS = 256
-# TGI's batching hold (max_waiting_tokens / waiting_served_ratio) spares the running decodes from
-# frequent prefills. A waiting request whose prompt is mostly cached (a chat's next turn, a shared
-# system prompt) has a short prefill, at most this many tokens: it is held for fewer decode steps.
-MAX_UNHELD_PREFILL_TOKENS = 512
-# ... at most this many. Not zero: a step with any prefill runs eager, not as a CUDA graph (Llama-3-8B
-# at 64 rows: ~17 ms against ~7 ms), and 64 chat conversations send a next turn every ~2 decode steps,
-# so admitting each at once made nearly every step an eager one (multi-turn chat at 64 conversations:
-# 3,291 output tok/s, ~19 ms a step). Held this long, one eager step admits ~4 turns. A step-level
-# model of that replay (an eager step 10-15 ms dearer) gives, against no hold, +3% throughput at 4
-# steps, +9-11% at 8, +11-14% at 12, and TTFT p50 21 -> 47 / 46 / 70 ms: 8. The hold adds at most
-# this many decode steps to a turn's TTFT.
-SHORT_PREFILL_HOLD_STEPS = 8
 # A request whose scores went NaN (a model overflow, or parameters f32 turns into inf) ends with this
 # generation error rather than emit the token argmax picks from NaNs (the first NaN's id, garbage).
 NAN_SCORES = "the scores of the next token are NaN"
@@ -66,10 +52,7 @@ NAN_SCORES = "the scores of the next token are NaN"
 class SchedulerLimits:
     max_batch_prefill_tokens: int
     admission: AdmissionLimits
-    # TGI's batching: while the running batch decodes, waiting requests join it once at least
-    # waiting_served_ratio x its size of them wait, or after max_waiting_tokens decode steps
-    # without an admission; a few late requests do not interrupt every decode step with a prefill.
-    # 0 and 0.0: admit at every step.
+    # TGI's batching hold (tgi_compat/router/batching_hold.py); 0 and 0.0: admit at every step.
     max_waiting_tokens: int = 0
     waiting_served_ratio: float = 0.0
 
@@ -90,21 +73,18 @@ class Scheduler:
         self.running: list[Request] = []  # oldest first: the tail is preempted first
         self.requests: dict[str, Request] = {}
         self._abort_ids: set[str] = set()
-        self._decode_steps_since_admission = 0
+        self._hold = BatchingHold(limits.max_waiting_tokens, limits.waiting_served_ratio)
         # Requests here whose sampling reads their own tokens on the host (no overlap scheduling then)
         self.num_reading_own_tokens = 0
         # Grammar-constrained requests here (their steps sample after the previous step's update)
         self.num_constrained = 0
-        # Prefix caching: running requests whose prompt is not all published to the cache yet, and
-        # the waiting requests deferred for one of them (-> that one, tokens they share).
-        self._prefilling: list[Request] = []
-        self._deferred: dict[Request, tuple[Request, int]] = {}
+        self._prefill_waits = PrefillWaits()  # prefix caching: who waits for whose prefill
         self.speculator: Speculator | None = None  # speculative decoding (set by the engine), None: off
 
     # ---- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+            raise RequestRejectedError(Refusal.DUPLICATE_ID, request.request_id)
         self.requests[request.request_id] = request
         self.waiting.append(request)
         self.num_reading_own_tokens += request.reads_own_tokens_to_sample
@@ -123,8 +103,7 @@ class Scheduler:
         plan = StepPlan(aborted=self._apply_aborts())
         budget = self.limits.max_batch_prefill_tokens
         if self._schedule_decodes(plan):
-            self._decode_steps_since_admission += 1
-            if self._admission_is_due():
+            if self._hold.decode_step_is_due(self.waiting, len(self.running), self.pool.prefix_cache):
                 self._admit_waiting(plan, budget)
             if self.speculator is not None:
                 self.speculator.add_drafts(plan, self.pool)
@@ -145,24 +124,6 @@ class Scheduler:
             self.speculator.add_drafts(plan, self.pool)
         return plan
 
-    def _admission_is_due(self) -> bool:
-        """Between decode steps: enough requests wait, or they have waited max_waiting_tokens steps,
-        or (prefix caching) the first one in the queue has a short prefill after its cached prefix and
-        SHORT_PREFILL_HOLD_STEPS have passed."""
-        limits = self.limits
-        if len(self.waiting) >= int(len(self.running) * limits.waiting_served_ratio):
-            return True
-        steps = self._decode_steps_since_admission
-        if steps >= limits.max_waiting_tokens:
-            return True
-        cache = self.pool.prefix_cache
-        return (
-            cache is not None
-            and steps >= SHORT_PREFILL_HOLD_STEPS
-            and bool(self.waiting)
-            and _has_a_short_cached_prefill(cache, self.waiting[0])
-        )
-
     def _schedule_decodes(self, plan: StepPlan) -> bool:
         """The usual step: every running request decodes one token and the pool has a slot for each.
 
@@ -182,7 +143,7 @@ class Scheduler:
         for request in running:
             if request.num_computed_tokens == 0 or request.num_new_tokens != 1:
                 return False
-            if not _at_length_cap(request):
+            if not is_at_length_cap(request):
                 decoding.append(request)
         if not decoding:
             return False  # nothing decodes: the general loop admits the waiting requests at once
@@ -193,7 +154,7 @@ class Scheduler:
         return True
 
     def _schedule_running(self, request: Request, budget: int, plan: StepPlan) -> ScheduledChunk | None:
-        if _at_length_cap(request):
+        if is_at_length_cap(request):
             return None  # its pending token is its last: update() finishes it
         num_new = request.num_new_tokens
         if request.num_computed_tokens == 0 or num_new > 1:  # a (re-)prefill chunk
@@ -214,7 +175,7 @@ class Scheduler:
         index = 0
         while index < len(waiting):
             request = waiting[index]
-            if self._prefilling and self._is_deferred(request):
+            if self._prefill_waits.prefilling and self._prefill_waits.is_deferred(request):
                 index += 1  # it keeps its place; the requests behind it may start
                 continue
             admission = self.limits.admission
@@ -241,12 +202,14 @@ class Scheduler:
                 request.num_computed_tokens = 0
                 return  # every adapter slot is held by other adapters' running requests
             del waiting[index]
-            self._decode_steps_since_admission = 0
+            self._hold.admitted()
             request.row, request.status = row, RequestStatus.RUNNING
             self.running.append(request)
             running_tokens.append(_tokens(request))
             if pool.prefix_cache is not None and not request.output_ids and not request.needs_prompt_logprobs:
-                self._prefilling.append(request)  # (one scoring its prompt bypasses the cache: nobody waits for it)
+                self._prefill_waits.prefilling.append(
+                    request
+                )  # (one scoring its prompt bypasses the cache: nobody waits for it)
             if request.cached_prefix is not None:
                 plan.cached_prefixes.append((row, request.cached_prefix.slots))
             chunk = self._chunk(request, num_new, slots)
@@ -263,34 +226,6 @@ class Scheduler:
             plan.lora_loads.append((request.lora_slot, request.lora_id))
         return True
 
-    def _is_deferred(self, request: Request) -> bool:
-        """True while a running request is prefilling a long prefix of `request`'s prompt that is not
-        in the cache yet: `request` then takes it from the cache once published instead of computing
-        it too. A sibling that is preempted, aborted or finishes leaves `_prefilling`, which ends the wait."""
-        if request.output_ids or request.needs_prompt_logprobs:
-            return False  # a resumed request goes first; a scoring one computes its whole prompt anyway
-        deferred = self._deferred.get(request)
-        if deferred is not None:
-            sibling, num_shared = deferred
-            if sibling in self._prefilling and _is_worth_waiting_for(sibling, num_shared, request):
-                return True
-        prompt = request.params.prompt_ids
-        for sibling in self._prefilling:
-            if sibling.lora_id != request.lora_id:
-                continue  # its K/V is cached under another adapter
-            published, sibling_prompt = sibling.num_kv_written, sibling.params.prompt_ids
-            if (
-                published >= len(prompt) - 1
-                or sibling_prompt[published : published + 1] != prompt[published : published + 1]
-            ):
-                continue  # they part before its first unpublished token: nothing to wait for (O(1) check)
-            num_shared = common_prefix_length(prompt, sibling_prompt, limit=len(prompt) - 1)
-            if _is_worth_waiting_for(sibling, num_shared, request):
-                self._deferred[request] = (sibling, num_shared)
-                return True
-        self._deferred.pop(request, None)
-        return False
-
     def _take_cached_prefix(self, request: Request) -> None:
         """Start `request` past the longest cached prefix of its tokens. The last token is always
         computed (its logits give the next token); a request scoring its prompt computes all of it."""
@@ -301,7 +236,7 @@ class Scheduler:
         if prefix is not None:
             request.cached_prefix, request.slots = prefix, list(prefix.slots)
             request.num_computed_tokens = request.num_kv_written = prefix.num_tokens
-        self._deferred.pop(request, None)
+        self._prefill_waits.forget(request)
         if not request.output_ids:
             request.num_cached_prompt_tokens = 0 if prefix is None else prefix.num_tokens
 
@@ -341,14 +276,14 @@ class Scheduler:
             request.num_kv_written = chunk.end  # (only read with prefix caching, reset on admission)
             if prompt_scores is not None and request.status is RequestStatus.RUNNING:
                 # (a request preempted since this step was scheduled re-scores its whole prompt)
-                _record_prompt_scores(request, chunk.start, prompt_scores)
+                request.record_prompt_scores(chunk.start, prompt_scores.logprobs, prompt_scores.top_tokens)
             if chunk.is_sampled:
                 assert sampled is not None, f"chunk of {request.request_id} was sampled but has no token"
                 if chunk.drafts:
                     events += self._append_verified(chunk, [sampled, *result.verified[index]])
                 else:
                     events.append(self._append_token(request, sampled))
-            elif request in self._prefilling and request.status is RequestStatus.RUNNING:
+            elif request in self._prefill_waits.prefilling and request.status is RequestStatus.RUNNING:
                 self._publish_prefix(request)  # a prefill chunk: waiters may take it from the cache now
         return events
 
@@ -389,7 +324,10 @@ class Scheduler:
             [sampled.top_tokens] if params.sampling.top_n_tokens > 0 else [],
             seed=request.seed,
         )
-        # Most tokens are neither a request's first nor a candidate for its last: skip both checks.
+        if request.healing is not None:
+            request.healing.push(token_id)
+        # Most tokens are neither a request's first nor a candidate for its last: skip both checks
+        # (healing only adds to max_new_tokens, so it is the lower bound of the length budget).
         num_output = len(output_ids)
         may_stop = token_id in self.eos_token_ids or token_id in params.stop_token_ids
         if num_output == 1 or num_output >= params.max_new_tokens or may_stop:
@@ -402,28 +340,17 @@ class Scheduler:
             event.num_cached_tokens = request.num_cached_prompt_tokens
             if self.pool.prefix_cache is not None and request.status is RequestStatus.RUNNING:
                 self._publish_prefix(request)
-                if request in self._prefilling:
-                    self._prefilling.remove(request)
+                self._prefill_waits.published_all(request)
             if request.params.prompt_logprobs:
                 event.prompt_logprobs = list(request.prompt_logprobs)
                 if request.params.prompt_top_n > 0:
                     event.prompt_top_tokens = [list(t) for t in request.prompt_top_tokens]
-        reason = self._stop_reason(request, token_id)
+        reason = stop_reason(request, token_id, self.eos_token_ids)
         if reason is not None:
             self.finish(request, reason)
             event.finish_reason = reason.value
             if self.speculator is not None:
                 event.num_skipped_tokens = self.speculator.num_accepted(request)
-
-    def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
-        params = request.params  # TGI's order: length first, then EOS, then stop ids
-        if len(request.output_ids) >= params.max_new_tokens:
-            return FinishReason.LENGTH
-        if not params.ignore_eos and token_id in self.eos_token_ids:
-            return FinishReason.EOS_TOKEN
-        if token_id in params.stop_token_ids:
-            return FinishReason.STOP_TOKEN
-        return None
 
     # ---- freeing ----------------------------------------------------------------------
     def finish(self, request: Request, reason: FinishReason) -> None:
@@ -432,7 +359,7 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self._release(request)
-        self._deferred.pop(request, None)
+        self._prefill_waits.forget(request)
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
         if self.requests.pop(request.request_id, None) is not None:
             self.num_reading_own_tokens -= request.reads_own_tokens_to_sample
@@ -468,8 +395,7 @@ class Scheduler:
         if self.pool.prefix_cache is None:
             self.pool.free(request.slots)
         else:  # only tokens whose K/V a completed step wrote are cached (never a token in flight)
-            if request in self._prefilling:
-                self._prefilling.remove(request)
+            self._prefill_waits.published_all(request)
             prefix = request.cached_prefix
             num_cached = max(min(request.num_kv_written, len(request.slots)), prefix.num_tokens if prefix else 0)
             self.pool.cache_and_free(request.cache_ids(num_cached), request.slots, prefix)
@@ -490,45 +416,12 @@ def _prefill_tokens(chunk: ScheduledChunk) -> int:
     return 0 if is_decode else chunk.num_tokens
 
 
-def _has_a_short_cached_prefill(cache: PrefixCache, request: Request) -> bool:
-    """Most of the prompt is cached and what is left is short (MAX_UNHELD_PREFILL_TOKENS)."""
-    if request.output_ids or request.needs_prompt_logprobs:
-        return False
-    prompt = request.params.prompt_ids
-    num_cached = min(cache.matched_length(request.cache_ids(len(prompt))), len(prompt) - 1)
-    num_new = len(prompt) - num_cached
-    return num_new <= min(num_cached, MAX_UNHELD_PREFILL_TOKENS)
-
-
-def _is_worth_waiting_for(sibling: Request, num_shared: int, request: Request) -> bool:
-    """`request` shares `num_shared` leading prompt tokens with `sibling`, which is prefilling them:
-    wait while some are not published yet, if they are a long prefix (or all but the last token of
-    a short prompt: `n` siblings)."""
-    return num_shared > sibling.num_kv_written and num_shared >= min(
-        MIN_SHARED_PREFILL_TOKENS, request.num_prompt_tokens - 1
-    )
-
-
-def _at_length_cap(request: Request) -> bool:
-    """Its newest token, still on the device, is its last (only ever true with a pending token)."""
-    return request.num_output_tokens >= request.params.max_new_tokens
-
-
 def _tokens(request: Request) -> RequestTokens:
     params, prefix = request.params, request.cached_prefix
     return RequestTokens(
         request.num_prompt_tokens,
         len(request.output_ids),
-        params.max_new_tokens,
+        length_budget(request),
         params.ignore_eos,
         0 if prefix is None else prefix.num_tokens,
     )
-
-
-def _record_prompt_scores(request: Request, start: int, scores: PromptScores) -> None:
-    if start == 0:
-        request.prompt_logprobs.append(None)
-        request.prompt_top_tokens.append([])
-    request.prompt_logprobs.extend(scores.logprobs)
-    if request.params.prompt_top_n > 0:
-        request.prompt_top_tokens.extend(scores.top_tokens)

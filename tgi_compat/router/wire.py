@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tgi_compat.router.client_api import EngineInfo
+from tgi_compat.router.client_api import EngineInfo, Refusal
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest
 from tgi_compat.router.stats import EngineStats
@@ -69,7 +69,8 @@ class StartupFailed(msgspec.Struct, tag=True):
 
 class Rejected(msgspec.Struct, tag=True):
     request_id: str
-    message: str
+    reason: Refusal
+    values: tuple[int | str, ...]
 
 
 class StepOutputs(msgspec.Struct, tag=True, gc=False):

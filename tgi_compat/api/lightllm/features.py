@@ -8,8 +8,9 @@
 an over-long prompt is cut to the largest length that passes them (tgi_compat/api/lightllm/truncation.py), and
 a healing request has its last tokens removed (tgi_compat/router/token_healing.py). `RequestFeatures` then
 travels on the ValidatedRequest: it fills the engine request's extra fields, and `HealingOutput`
-filters the generated tokens (tokens that only re-cover the removed prompt text are neither
-emitted nor counted; the re-generated text is stripped from what is emitted).
+filters the generated tokens (tokens that only re-cover the removed prompt text are not emitted, and
+the engine does not count them against max_new_tokens: tgi_compat/router/stopping.py; the
+re-generated text is stripped from what is emitted).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.lightllm.truncation import kept_length, truncate_long_prompt
+from tgi_compat.api.protocol.tgi import MAX_NEW_TOKENS_CHUNK, GenerateParameters
 from tgi_compat.router.request import GenerateRequest as EngineRequest
 from tgi_compat.router.token_healing import (
     HealingSplit,
@@ -29,9 +31,6 @@ from tgi_compat.router.token_healing import (
     remaining_prefix,
     split_prompt,
 )
-
-if TYPE_CHECKING:
-    from tgi_compat.api.protocol.tgi import GenerateParameters
 
 
 class _Tokenizers(Protocol):
@@ -49,8 +48,6 @@ class ServerView(Protocol):
     @property
     def tokenizer(self) -> _Tokenizers: ...
 
-
-MAX_NEW_TOKENS_CHUNK = 1024  # TGI counts at most this many new tokens in the budget check
 
 _tables: weakref.WeakKeyDictionary[Any, VocabularyTable] = weakref.WeakKeyDictionary()
 
@@ -71,7 +68,6 @@ class RequestFeatures:
     healing_vocabulary: VocabularyTable | None = None
     all_prompt_logprobs: bool = False
     prompt_top_n: int = 0
-    max_total_tokens: int = 0
 
     @property
     def reports_truncation(self) -> bool:
@@ -85,10 +81,6 @@ class RequestFeatures:
         if self.healing is not None:
             engine_request.prompt_ids = list(self.healing.prompt_ids)
             engine_request.healing_prefix = self.healing.prefix_text
-            # Tokens that only re-cover the prompt are not counted (HealingOutput stops at the
-            # request's max_new_tokens); each covers at least one byte of the removed text.
-            budget = self.max_total_tokens - len(self.healing.prompt_ids)
-            engine_request.max_new_tokens = min(engine_request.max_new_tokens + len(self.healing.prefix_bytes), budget)
 
     def output_filter(self) -> HealingOutput | None:
         if self.healing is None or self.healing_vocabulary is None:
@@ -115,7 +107,6 @@ async def prepare_features(
             _request_or_server(params.return_all_prompt_logprobs, config.return_all_prompt_logprobs)
         ),
         prompt_top_n=params.top_n_tokens or 0,
-        max_total_tokens=limits.max_total_tokens,
     )
     if features.truncation_mode is not None:
         requested = params.max_new_tokens if params.max_new_tokens is not None else 0

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
+from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.observability.metrics_vllm import VllmFamilies
 from tgi_compat.api.observability.prometheus_text import (
     BareCounter,
@@ -164,11 +165,7 @@ class ServerMetrics:
 
     def request_succeeded(
         self,
-        total_s: float,
-        validation_s: float,
-        queue_s: float,
-        inference_s: float,
-        time_per_token_s: float,
+        durations: RequestDurations,
         input_len: int,
         generated_tokens: int,
         max_new_tokens: int,
@@ -182,19 +179,19 @@ class ServerMetrics:
         vLLM's label uses its own words (length/stop)."""
         t = self.tgi
         t.request_success.inc()
-        t.request_duration.observe(total_s)
-        t.validation_duration.observe(validation_s)
-        t.queue_duration.observe(queue_s)
-        t.inference_duration.observe(inference_s)
-        t.time_per_token.observe(time_per_token_s)
+        t.request_duration.observe(durations.total_s)
+        t.validation_duration.observe(durations.validation_s)
+        t.queue_duration.observe(durations.queue_s)
+        t.inference_duration.observe(durations.inference_s)
+        t.time_per_token.observe(durations.time_per_token_s)
         t.generated_tokens.observe(float(generated_tokens))
         if skipped_tokens is not None:
             t.skipped_tokens.observe(float(skipped_tokens))
         self._record_vllm_request(
-            total_s,
-            queue_s,
-            inference_s,
-            time_per_token_s,
+            durations.total_s,
+            durations.queue_s,
+            durations.inference_s,
+            durations.time_per_token_s,
             input_len,
             generated_tokens,
             max_new_tokens,

@@ -34,6 +34,8 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
+from tgi_compat.api.observability.durations import RequestDurations
+
 DEFAULT_SERVICE_NAME = "text-generation-inference.router"
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -55,6 +57,18 @@ def format_duration(seconds: float) -> str:
             digits = str(frac).rjust(len(str(scale)) - 1, "0").rstrip("0")
             return f"{whole}.{digits}{unit}" if digits else f"{whole}{unit}"
     return f"{nanos}ns"
+
+
+@contextmanager
+def _ending(tracer: trace.Tracer, span: Span) -> Iterator[RequestSpan]:
+    """The span for the `with` block: an exception escaping it marks the span failed; it ends either way."""
+    try:
+        yield RequestSpan(tracer, span)
+    except BaseException as exc:
+        span.set_status(Status(StatusCode.ERROR, str(exc)))
+        raise
+    finally:
+        span.end()
 
 
 class RequestSpan:
@@ -79,13 +93,8 @@ class RequestSpan:
             yield _NOOP_SPAN
             return
         span = self._tracer.start_span(name, context=self._context(), attributes=_clean(attributes))
-        try:
-            yield RequestSpan(self._tracer, span)
-        except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, str(exc)))
-            raise
-        finally:
-            span.end()
+        with _ending(self._tracer, span) as request_span:
+            yield request_span
 
     def record_phase(self, name: str, start_ns: int, end_ns: int, **attributes: object) -> RequestSpan:
         """A phase measured elsewhere (`queued`, `prefill`, `decode`): explicit `time.time_ns()` bounds."""
@@ -101,22 +110,14 @@ class RequestSpan:
         if self.recording:
             self.span.set_attributes(_clean(attributes))
 
-    def set_timings(
-        self,
-        total_s: float,
-        validation_s: float,
-        queue_s: float,
-        inference_s: float,
-        time_per_token_s: float,
-        seed: int | None = None,
-    ) -> None:
+    def set_timings(self, durations: RequestDurations, seed: int | None = None) -> None:
         """TGI's route-span fields, recorded when a generation succeeds."""
         self.set(
-            total_time=format_duration(total_s),
-            validation_time=format_duration(validation_s),
-            queue_time=format_duration(queue_s),
-            inference_time=format_duration(inference_s),
-            time_per_token=format_duration(time_per_token_s),
+            total_time=format_duration(durations.total_s),
+            validation_time=format_duration(durations.validation_s),
+            queue_time=format_duration(durations.queue_s),
+            inference_time=format_duration(durations.inference_s),
+            time_per_token=format_duration(durations.time_per_token_s),
             seed=None if seed is None else str(seed),
         )
 
@@ -140,7 +141,9 @@ class RequestSpan:
         self.record_phase("infer", wall_ns(first), wall_ns(finished))
         inference = max(finished - first, 0.0)
         per_token = inference / generated_tokens if generated_tokens else 0.0
-        self.set_timings(finished - arrival, validated - arrival, first - validated, inference, per_token, seed)
+        self.set_timings(
+            RequestDurations(finished - arrival, validated - arrival, first - validated, inference, per_token), seed
+        )
 
     def record_error(self, message: str, error_type: str | None = None) -> None:
         """A failed request: a `send_error` span (TGI's name) and an ERROR status on the route span."""
@@ -206,13 +209,8 @@ class RequestTracer:
             return
         parent = _PROPAGATOR.extract(carrier=dict(headers or {}))
         span = self._tracer.start_span(name, context=parent, kind=trace.SpanKind.SERVER, attributes=_clean(attributes))
-        try:
-            yield RequestSpan(self._tracer, span)
-        except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, str(exc)))
-            raise
-        finally:
-            span.end()
+        with _ending(self._tracer, span) as request_span:
+            yield request_span
 
     def start_request_span(
         self, name: str, headers: Mapping[str, str] | None = None, **attributes: object

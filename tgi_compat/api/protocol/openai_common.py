@@ -1,5 +1,6 @@
 """What the chat and completions routes share: body parsing with serde-style messages, the
-served model name, finish-reason mapping, OpenAI-route SSE errors, and the summed x-* headers."""
+served model name, their shared sampling fields as TGI's parameters, finish-reason mapping, OpenAI-route SSE
+errors, and the summed x-* headers."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from tgi_compat.api.protocol.errors import TgiError, deserialize_message, parse_json_body
+from tgi_compat.api.protocol.openai import ChatRequest, CompletionRequest
 from tgi_compat.api.protocol.sse import data_event
-from tgi_compat.api.protocol.tgi import TGI_VERSION, dump_json
+from tgi_compat.api.protocol.tgi import TGI_VERSION, GenerateParameters, dump_json
 from tgi_compat.router.request import FinishReason
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -39,6 +41,23 @@ def _openai_deserialize_message(error: dict[str, Any], document: Any) -> str:
 async def parse_openai_body(request: Request, model: type[Model], limit: int) -> Model:
     """axum's `Json<T>` with serde's texts for the OpenAI bodies' custom deserializers and untagged enums."""
     return await parse_json_body(request, model, limit, describe=_openai_deserialize_message)
+
+
+def openai_parameters(body: ChatRequest | CompletionRequest, **fields: Any) -> GenerateParameters:
+    """TGI's parameters for the sampling fields chat and completions share; `fields`: each one's own."""
+    greedy = body.temperature == 0.0  # exactly 0 means greedy; anything else samples
+    return GenerateParameters(
+        adapter_id=body.model if body.model != "tgi" else None,
+        do_sample=not greedy,
+        temperature=None if greedy else body.temperature,
+        frequency_penalty=body.frequency_penalty,
+        top_p=body.top_p,
+        max_new_tokens=body.max_tokens,
+        stop=list(body.stop or []),
+        seed=body.seed,
+        details=True,
+        **fields,
+    )
 
 
 def system_fingerprint() -> str:

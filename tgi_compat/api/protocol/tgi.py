@@ -18,6 +18,8 @@ from tgi_compat.api.protocol.serde import F32, SerdeModel
 
 ROUTER_NAME = "text-generation-router"
 TGI_VERSION = "3.3.6-dev0"  # what /info reports for TGI v3.3.7 (contract header)
+# v3.1+: the router validates and schedules max_new_tokens in chunks of at most this many tokens.
+MAX_NEW_TOKENS_CHUNK = 1024
 
 U32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
 U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]

@@ -73,7 +73,7 @@ async def info(request: Request) -> JSONResponse:
 @_get("/metrics", "Prometheus metrics scrape endpoint")
 async def metrics(request: Request) -> Response:
     state = get_state(request)
-    content = state.metrics.render() if state.metrics is not None else b""
+    content = state.metrics.render()
     return Response(content, media_type=METRICS_CONTENT_TYPE)
 
 

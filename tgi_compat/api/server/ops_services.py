@@ -35,10 +35,8 @@ class OpsServices:
             self.pusher.stop(final_push=True)
 
 
-def start_ops_services(metrics: ServerMetrics | None, config: ServerConfig) -> OpsServices:
+def start_ops_services(metrics: ServerMetrics, config: ServerConfig) -> OpsServices:
     services = OpsServices()
-    if metrics is None:
-        return services
     if config.metric_gateway:
         push_config = PushGatewayConfig.from_flags(
             config.metric_gateway,

@@ -25,8 +25,7 @@ from tgi_compat.api.server.ops_services import start_ops_services
 from tgi_compat.api.server.warmup import GPU_BATCH, warm_up
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import VisionPrompts
-from tgi_compat.api.serving.permits import PermitPool
-from tgi_compat.api.serving.state import AppState, ModelInfo
+from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.tokenization import load_tokenizer_service
 from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path
 from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo
@@ -39,19 +38,11 @@ ENGINE_WATCH_SECONDS = 1.0
 
 async def start_engine(config: ServerConfig) -> EngineClient:
     """The engine in a subprocess (or in this process with `engine_in_process`), model loaded."""
-    from tgi_compat.router.client import InProcessEngineClient, ZmqEngineClient
+    from tgi_compat.router.client import ZmqEngineClient
+    from tgi_compat.router.client_in_process import InProcessEngineClient
 
     client_class = InProcessEngineClient if config.engine_in_process else ZmqEngineClient
     return await client_class.start(config.to_engine_config())
-
-
-def _new_metrics(limits: ServingLimits, model_id: str, info: EngineInfo):
-    from tgi_compat.api.observability.metrics import ServerMetrics
-
-    metrics = ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, model_name=model_id)
-    metrics.set_max_batch_total_tokens(info.num_kv_slots)
-    metrics.max_lora = info.max_loras
-    return metrics
 
 
 def _modeling_path(architecture: str) -> str:
@@ -88,20 +79,16 @@ async def build_state(config: ServerConfig) -> AppState:
     )
     # TGI's /info has no field for it, so the log says which modeling path serves the model
     logger.info("Model %s: %s", engine.info.architecture, _modeling_path(engine.info.architecture))
-    metrics = _new_metrics(limits, config.model_id, engine.info)
-    engine.stats_listener = metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
-    return AppState(
-        config=config,
-        limits=limits,
-        engine=engine,
-        tokenizer=tokenizer,
-        permits=PermitPool(config.max_concurrent_requests),
-        model=ModelInfo(model_id=config.model_id),
-        metrics=metrics,
+    state = AppState.over_engine(
+        config,
+        engine,
+        tokenizer,
         compute_type=os.environ.get("COMPUTE_TYPE", "gpu+optimized"),
         tracer=RequestTracer(config.otlp_endpoint, config.otlp_service_name) if config.otlp_endpoint else None,
         vision=_vision_prompts(config),
     )
+    engine.stats_listener = state.metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
+    return state
 
 
 def _vision_prompts(config: ServerConfig) -> VisionPrompts | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from contextlib import nullcontext
 from typing import Any
 
 from tgi_compat.api.protocol.errors import TgiError
@@ -13,25 +11,17 @@ from tgi_compat.api.serving.validation import ValidatedRequest
 
 
 def received(state: AppState, count: int = 1) -> None:
-    if state.metrics is not None:
-        state.metrics.request_received(count)
+    state.metrics.request_received(count)
 
 
 def failed(state: AppState, error: TgiError, span: Any = None) -> None:
-    if state.metrics is not None:
-        state.metrics.request_failed(error.metric_label)
+    state.metrics.request_failed(error.metric_label)
     if span is not None:
         span.record_error(error.message, error.error_type)
 
 
 def validated(state: AppState, request: ValidatedRequest) -> None:
-    if state.metrics is not None:
-        state.metrics.record_input_length(request.input_length, request.max_new_tokens)
-
-
-def inflight(state: AppState) -> Any:
-    """Context manager counting the request as waiting, then running after `first_token()`."""
-    return state.metrics.track_inflight() if state.metrics is not None else nullcontext(None)
+    state.metrics.record_input_length(request.input_length, request.max_new_tokens)
 
 
 def traced(span: Any, result: GenerationResult, timings: Timings) -> None:
@@ -39,35 +29,17 @@ def traced(span: Any, result: GenerationResult, timings: Timings) -> None:
     start_of_inference = timings.first_event or timings.validated
     span.record_phase("queued", timings.wall_ns(timings.validated), timings.wall_ns(start_of_inference))
     span.record_phase("infer", timings.wall_ns(start_of_inference), timings.wall_ns(timings.finished))
-    inference = timings.inference_seconds()
-    generated = result.generated_tokens
-    span.set_timings(
-        total_s=time.perf_counter() - timings.arrival,
-        validation_s=max(timings.validated - timings.arrival, 0.0),
-        queue_s=timings.queue_seconds(),
-        inference_s=inference,
-        time_per_token_s=inference / generated if generated else 0.0,
-        seed=result.seed,
-    )
+    span.set_timings(timings.durations(result.generated_tokens), seed=result.seed)
 
 
 def succeeded(
     state: AppState, request: ValidatedRequest, result: GenerationResult, timings: Timings, n: int = 1
 ) -> None:
-    if state.metrics is None:
-        return
-    total = time.perf_counter() - timings.arrival
-    inference = timings.inference_seconds()
-    generated = result.generated_tokens
     ttft = None if timings.first_event is None else timings.first_event - timings.arrival
     state.metrics.request_succeeded(
-        total_s=total,
-        validation_s=max(timings.validated - timings.arrival, 0.0),
-        queue_s=timings.queue_seconds(),
-        inference_s=inference,
-        time_per_token_s=inference / generated if generated else 0.0,
+        timings.durations(result.generated_tokens),
         input_len=request.input_length,
-        generated_tokens=generated,
+        generated_tokens=result.generated_tokens,
         max_new_tokens=request.max_new_tokens,
         time_to_first_token_s=ttft,
         finish_reason=result.finish_reason,

@@ -111,7 +111,7 @@ class Admitted:
     state: AppState
     request: ValidatedRequest
     timings: Timings
-    first_token: Callable[[], None] | None  # marks the request running in the in-flight gauges
+    first_token: Callable[[], None]  # marks the request running in the in-flight gauges
 
     async def revalidate(
         self, inputs: str, params: GenerateParameters, *, add_special_tokens: bool = True
@@ -159,14 +159,13 @@ class RequestFrame:
     ) -> AsyncIterator[Admitted]:
         """Hold `permits` (TGI's 429 when short), count the request in flight, validate it.
         `grammar`: the chat `response_format` or tool grammar, in place of `params.grammar`."""
-        with self.state.permits.hold(permits), accounting.inflight(self.state) as inflight:
+        with self.state.permits.hold(permits), self.state.metrics.track_inflight() as inflight:
             validating = self.span.child("validate") if self.span is not None else nullcontext()
             with validating:
                 request = await validate_request(
                     self.state, inputs, params, add_special_tokens=add_special_tokens, grammar=grammar
                 )
-            first_token = inflight.first_token if inflight is not None else None
-            yield Admitted(self.state, request, self.timings, first_token)
+            yield Admitted(self.state, request, self.timings, inflight.first_token)
 
     def succeeded(self, request: ValidatedRequest, result: GenerationResult, n: int = 1) -> None:
         accounting.succeeded(self.state, request, result, self.timings, n)

@@ -16,12 +16,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import cast
 
+from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.protocol.errors import TgiError, generation_error, incomplete_generation_error, validation_error
 from tgi_compat.api.protocol.tgi import FinishReason as TgiFinishReason
 from tgi_compat.api.protocol.tgi import PrefillToken, Token
 from tgi_compat.api.serving.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from tgi_compat.api.serving.state import AppState
-from tgi_compat.api.serving.validation import ValidatedRequest
+from tgi_compat.api.serving.validation import ValidatedRequest, engine_refusal
 from tgi_compat.router.client_api import EngineDeadError, RequestRejectedError
 from tgi_compat.router.outputs import TokenEvent, TopToken
 from tgi_compat.router.request import COMPLETED_FINISH_REASONS, FinishReason
@@ -46,6 +47,16 @@ class Timings:
     def inference_seconds(self) -> float:
         end = self.finished or time.perf_counter()
         return max(end - (self.first_event or self.validated), 0.0)
+
+    def durations(self, generated_tokens: int) -> RequestDurations:
+        inference = self.inference_seconds()
+        return RequestDurations(
+            total_s=time.perf_counter() - self.arrival,
+            validation_s=max(self.validated - self.arrival, 0.0),
+            queue_s=self.queue_seconds(),
+            inference_s=inference,
+            time_per_token_s=inference / generated_tokens if generated_tokens else 0.0,
+        )
 
 
 @dataclass(slots=True)
@@ -166,8 +177,6 @@ class _Sequence:
             if self.keep_top_tokens:
                 self.top_tokens.append(alternatives)
             finish = event.finish_reason if position == last_position else None
-            if finish is None and len(tokens) >= request.max_new_tokens:
-                finish = FinishReason.LENGTH.value  # healing requests run with a larger engine budget
             if finish is None and self.stops and self.stops.push(text):
                 finish = FinishReason.STOP_TOKEN.value  # TGI checks stop strings after length and EOS
             step = TokenStep(index=len(tokens), token=token, top_tokens=alternatives)
@@ -244,7 +253,7 @@ async def stream_step_batches(
     except EngineDeadError as error:
         raise generation_error(str(error) or "engine is not running") from error
     except RequestRejectedError as error:
-        raise validation_error(str(error)) from error
+        raise engine_refusal(error) from error
     finally:
         if not released:
             await _release(state, events, request_id, sequence.finished)

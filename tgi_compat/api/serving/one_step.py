@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from contextlib import aclosing
 
-from tgi_compat.api.protocol.errors import generation_error, incomplete_generation_error, validation_error
+from tgi_compat.api.protocol.errors import generation_error, incomplete_generation_error
+from tgi_compat.api.serving.validation import engine_refusal
 from tgi_compat.router.client_api import EngineClient, EngineDeadError, RequestRejectedError
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest
@@ -22,5 +23,5 @@ async def final_event(engine: EngineClient, request: GenerateRequest) -> TokenEv
     except EngineDeadError as error:
         raise generation_error(str(error) or "engine is not running") from error
     except RequestRejectedError as error:
-        raise validation_error(str(error)) from error
+        raise engine_refusal(error) from error
     raise incomplete_generation_error(False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from json.encoder import encode_basestring  # the C quoting json.dumps(ensure_ascii=False) uses
+from typing import Any
 
 from tgi_compat.api.lightllm.features import add_lightllm_details
 from tgi_compat.api.protocol.tgi import (
@@ -22,9 +23,9 @@ def _full_text(request: ValidatedRequest, text: str) -> str:
     return request.inputs + text if request.return_full_text else text
 
 
-def _best_of_sequence(request: ValidatedRequest, result: GenerationResult) -> BestOfSequence:
-    sequence = BestOfSequence(
-        generated_text=_full_text(request, result.generated_text),
+def _sequence_fields(result: GenerationResult) -> dict[str, Any]:
+    """What `details` and each best_of sequence say of one generation (`top_tokens` only when asked for)."""
+    fields: dict[str, Any] = dict(
         finish_reason=result.finish_reason,
         generated_tokens=result.generated_tokens,
         seed=result.seed,
@@ -32,8 +33,12 @@ def _best_of_sequence(request: ValidatedRequest, result: GenerationResult) -> Be
         tokens=result.tokens,
     )
     if result.top_tokens:
-        sequence.top_tokens = result.top_tokens
-    return sequence
+        fields["top_tokens"] = result.top_tokens
+    return fields
+
+
+def _best_of_sequence(request: ValidatedRequest, result: GenerationResult) -> BestOfSequence:
+    return BestOfSequence(generated_text=_full_text(request, result.generated_text), **_sequence_fields(result))
 
 
 def generate_response(request: ValidatedRequest, results: list[GenerationResult]) -> GenerateResponse:
@@ -42,15 +47,7 @@ def generate_response(request: ValidatedRequest, results: list[GenerationResult]
     response = GenerateResponse(generated_text=_full_text(request, best.generated_text))
     if not request.wants_details:
         return response  # the `details` key is omitted, never null
-    details = Details(
-        finish_reason=best.finish_reason,
-        generated_tokens=best.generated_tokens,
-        seed=best.seed,
-        prefill=best.prefill,
-        tokens=best.tokens,
-    )
-    if best.top_tokens:
-        details.top_tokens = best.top_tokens
+    details = Details(**_sequence_fields(best))
     if len(results) > 1:
         details.best_of_sequences = [_best_of_sequence(request, r) for r in results[1:]]
     add_lightllm_details(details, request.features, best)

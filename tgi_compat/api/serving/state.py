@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Request
 
 from tgi_compat.api.config import ServerConfig, ServingLimits
+from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.api.observability.tracing import RequestTracer
 from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.api.serving.permits import PermitPool
@@ -32,10 +33,30 @@ class AppState:
     tokenizer: TokenizerService
     permits: PermitPool
     model: ModelInfo
-    metrics: Any | None = None  # tgi_compat.api.observability.metrics.ServerMetrics (OPS helper), when present
+    metrics: ServerMetrics  # TGI's and vLLM's families, fed by the requests and the engine's stats
     compute_type: str = "gpu+optimized"  # env COMPUTE_TYPE, x-compute-type header
     tracer: RequestTracer | None = None  # OTLP spans (--otlp-endpoint); None: tracing off
     vision: VisionPrompts | None = None  # a vision model's image prompts; None: `![](...)` stays text
+
+    @classmethod
+    def over_engine(
+        cls, config: ServerConfig, engine: EngineClient, tokenizer: TokenizerService, **fields: Any
+    ) -> AppState:
+        """A server's state over `engine`: the limits it allows, and the permits and metrics they size."""
+        limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
+        metrics = ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, model_name=config.model_id)
+        metrics.set_max_batch_total_tokens(engine.info.num_kv_slots)
+        metrics.max_lora = engine.info.max_loras
+        return cls(
+            config=config,
+            limits=limits,
+            engine=engine,
+            tokenizer=tokenizer,
+            permits=PermitPool(config.max_concurrent_requests),
+            model=ModelInfo(config.model_id),
+            metrics=metrics,
+            **fields,
+        )
 
     def request_span(self, name: str, request: Request, **attributes: object):
         """The route's root span (a no-op context without --otlp-endpoint)."""

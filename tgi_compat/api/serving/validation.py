@@ -4,6 +4,9 @@ validated HTTP request onto the engine's `GenerateRequest`.
 Order (first failure wins): [stream-only checks] -> [non-stream best_of limits] -> concurrency
 permit (done by the caller, see permits.py) -> `check_parameters` -> tokenize -> `check_lengths`
 -> grammar.
+
+TGI's texts live here: the API's own checks and the engine's refusals (`Refusal` codes, which the engine
+sends instead of text) share `REFUSAL_TEXTS`.
 """
 
 from __future__ import annotations
@@ -15,15 +18,48 @@ from dataclasses import dataclass, field
 
 from tgi_compat.api.config import ServingLimits
 from tgi_compat.api.lightllm.features import RequestFeatures
-from tgi_compat.api.protocol.errors import validation_error
+from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.grammar import ResponseFormat, grammar_spec
-from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
+from tgi_compat.api.protocol.tgi import MAX_NEW_TOKENS_CHUNK, GenerateParameters, GrammarType
+from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.images import PromptImage
 from tgi_compat.router.request import GenerateRequest as EngineRequest
 from tgi_compat.router.request import GrammarSpec, SamplingParams
 
-# v3.1+: the router validates and schedules max_new_tokens in chunks of at most this many tokens.
-MAX_NEW_TOKENS_CHUNK = 1024
+REFUSAL_TEXTS = {
+    Refusal.TEMPERATURE: "`temperature` must be strictly positive",
+    Refusal.REPETITION_PENALTY: "`repetition_penalty` must be strictly positive",
+    Refusal.FREQUENCY_PENALTY: "`frequency_penalty` must be >= -2.0 and <= 2.0",
+    Refusal.TOP_P: "`top_p` must be > 0.0 and < 1.0",
+    Refusal.TYPICAL_P: "`typical_p` must be > 0.0 and < 1.0",
+    Refusal.TOP_K: "`top_k` must be strictly positive",
+    Refusal.TOP_N_TOKENS: "`top_n_tokens` must be >= 0",
+    Refusal.SEED: "`seed` must be an unsigned 64-bit integer",
+    Refusal.MAX_NEW_TOKENS: "`max_new_tokens` must be strictly positive",
+    Refusal.EMPTY_PROMPT: "`inputs` cannot be empty",
+    Refusal.LOGIT_BIAS_TOKEN: "`logit_bias` token id {0} is outside the vocabulary (size {1})",
+    Refusal.PROMPT_TOKEN: "`prompt` token id {0} is outside the vocabulary (size {1})",
+    Refusal.TOTAL_TOKENS: (
+        "`inputs` tokens + `max_new_tokens` must be <= {0}. Given: {1} `inputs` tokens and {2} `max_new_tokens`"
+    ),
+    Refusal.KV_CAPACITY: "the prompt's {0} tokens exceed the KV cache",
+    Refusal.UNKNOWN_ADAPTER: "LoRA adapter {0!r} is not loaded",
+    Refusal.LORA_OFF: "LoRA adapter {0!r} is not loaded; LoRA is off",
+    Refusal.DUPLICATE_ID: "request id {0!r} is already in flight",
+}
+
+
+def refused(reason: Refusal, *values: int | str) -> TgiError:
+    """TGI's 422 for a check that failed, on either side of the process boundary."""
+    message = REFUSAL_TEXTS[reason].format(*values)
+    if reason is Refusal.UNKNOWN_ADAPTER:  # values: the name, then every loaded adapter's
+        loaded = values[1:]
+        message += f"; loaded: {', '.join(map(str, loaded))}" if loaded else "; no adapter is loaded"
+    return validation_error(message)
+
+
+def engine_refusal(error: RequestRejectedError) -> TgiError:
+    return refused(error.reason, *error.values)
 
 
 def check_stream_only(params: GenerateParameters) -> None:
@@ -61,19 +97,19 @@ def check_parameters(params: GenerateParameters, inputs: str | list[int], limits
     if best_of > 1 and not is_sampling(params):
         raise validation_error("you must use sampling when `best_of` is > 1")
     if params.temperature is not None and not params.temperature > 0:
-        raise validation_error("`temperature` must be strictly positive")
+        raise refused(Refusal.TEMPERATURE)
     if params.repetition_penalty is not None and not params.repetition_penalty > 0:
-        raise validation_error("`repetition_penalty` must be strictly positive")
+        raise refused(Refusal.REPETITION_PENALTY)
     if params.frequency_penalty is not None and not -2.0 <= params.frequency_penalty <= 2.0:
-        raise validation_error("`frequency_penalty` must be >= -2.0 and <= 2.0")
+        raise refused(Refusal.FREQUENCY_PENALTY)
     if params.top_p is not None and not 0.0 < params.top_p < 1.0:
-        raise validation_error("`top_p` must be > 0.0 and < 1.0")
+        raise refused(Refusal.TOP_P)
     if params.typical_p is not None and not 0.0 < params.typical_p < 1.0:
-        raise validation_error("`typical_p` must be > 0.0 and < 1.0")
+        raise refused(Refusal.TYPICAL_P)
     if params.top_k is not None and params.top_k <= 0:
-        raise validation_error("`top_k` must be strictly positive")
+        raise refused(Refusal.TOP_K)
     if params.max_new_tokens == 0:
-        raise validation_error("`max_new_tokens` must be strictly positive")
+        raise refused(Refusal.MAX_NEW_TOKENS)
     if len(params.stop) > limits.max_stop_sequences:
         raise validation_error(
             f"`stop` supports up to {limits.max_stop_sequences} stop sequences. Given: {len(params.stop)}"
@@ -85,7 +121,7 @@ def check_parameters(params: GenerateParameters, inputs: str | list[int], limits
         raise validation_error(f"`top_n_tokens` must be >= 0 and <= {limits.max_top_n_tokens}. Given: {top_n}")
     check_logit_bias(params.logit_bias)
     if not inputs:
-        raise validation_error("`inputs` cannot be empty")
+        raise refused(Refusal.EMPTY_PROMPT)
     if params.truncate is not None and not 0 < params.truncate <= limits.max_input_tokens:
         raise validation_error(
             f"`truncate` must be strictly positive and less than {limits.max_input_tokens}. Given: {params.truncate}"
@@ -105,7 +141,7 @@ def check_token_ids(prompt_ids: list[int], vocab_size: int) -> list[int]:
     """A prompt given as token ids (/v1/completions): every id must be one of the model's."""
     if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
         bad = next(t for t in prompt_ids if not 0 <= t < vocab_size)
-        raise validation_error(f"`prompt` token id {bad} is outside the vocabulary (size {vocab_size})")
+        raise refused(Refusal.PROMPT_TOKEN, bad, vocab_size)
     return prompt_ids
 
 
@@ -123,10 +159,7 @@ def check_lengths(params: GenerateParameters, input_length: int, limits: Serving
         requested = max(limits.max_total_tokens - input_length, 0)
     chunk = min(requested, MAX_NEW_TOKENS_CHUNK)
     if input_length + chunk > limits.max_total_tokens:
-        raise validation_error(
-            f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
-            f"Given: {input_length} `inputs` tokens and {chunk} `max_new_tokens`"
-        )
+        raise refused(Refusal.TOTAL_TOKENS, limits.max_total_tokens, input_length, chunk)
     if input_length > limits.max_input_tokens:
         raise validation_error(f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}")
     # One engine request covers every chunk TGI would schedule, up to the per-request cap.

@@ -27,10 +27,31 @@ class AttentionParams:
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap)
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """What a backend is built for: one model's heads, the runner's request rows, one device and dtype."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_rows: int
+    max_seq_len: int
+    device: torch.device
+    dtype: torch.dtype
+
+
 class AttentionBackend(ABC):
     # True when a decode step through this backend can be captured as a CUDA graph and replayed:
     # no host syncs, no allocations, fixed-size index tensors per batch size.
     supports_cuda_graphs: ClassVar[bool] = False
+
+    def __init__(self, shape: AttentionShape) -> None:
+        self.num_heads = shape.num_heads
+        self.num_kv_heads = shape.num_kv_heads
+        self.head_dim = shape.head_dim
+        self.max_rows = shape.max_rows
+        self.device = torch.device(shape.device)
+        self.dtype = shape.dtype
 
     @abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:

@@ -38,22 +38,6 @@ class TorchAttentionMetadata:
 class TorchAttentionBackend(AttentionBackend):
     metadata: TorchAttentionMetadata  # this step's, set by init_forward_metadata
 
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        max_rows: int,
-        max_seq_len: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ):
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.device = device
-        self.dtype = dtype
-
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
         if batch.mode == ForwardMode.DECODE:
             groups = [_decode_group(req_to_token, batch.req_rows, batch.kv_lens, slice(None), batch.max_kv_len)]

@@ -30,7 +30,7 @@ from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
-from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
+from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape
 from tgi_compat.modeling.attention.torch_backend import TorchAttentionBackend
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
@@ -64,41 +64,28 @@ class TritonAttentionBackend(AttentionBackend):
     supports_cuda_graphs = True
     metadata: TritonAttentionMetadata  # this step's, set by init_forward_metadata
 
-    def __init__(
-        self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        max_rows: int,
-        max_seq_len: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ):
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.device = torch.device(device)
-        self.dtype = dtype
+    def __init__(self, shape: AttentionShape) -> None:
+        super().__init__(shape)
         self.num_sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 4
         )
         # Split scratch for the largest decode batch a step may carry (one request per row).
-        self.max_rows = max_rows
+        max_rows, num_heads = self.max_rows, self.num_heads
         capacity = max(b * self._num_splits(b) for b in range(1, max_rows + 1))
-        self._mid_out = torch.empty(capacity * num_heads * head_dim, dtype=torch.float32, device=self.device)
+        self._mid_out = torch.empty(capacity * num_heads * self.head_dim, dtype=torch.float32, device=self.device)
         self._mid_lse = torch.empty(capacity * num_heads, dtype=torch.float32, device=self.device)
         # Ticket counters of the merged path, one per (position in the batch, KV head): indexed by
         # position, not request row, since CUDA-graph padding puts every padding entry on one spare row.
-        self._split_counter = torch.zeros(max_rows, num_kv_heads, dtype=torch.int32, device=self.device)
+        self._split_counter = torch.zeros(max_rows, self.num_kv_heads, dtype=torch.int32, device=self.device)
         self.merged_split_batches = MERGED_SPLIT_BATCHES
         self.fused_rotary_batches = FUSED_ROTARY_BATCHES
-        self._reference_args = (num_heads, num_kv_heads, head_dim, max_rows, max_seq_len, self.device, dtype)
+        self._shape = shape
         self._reference: TorchAttentionBackend | None = None  # built at the first step with images
         self.image_step: TorchAttentionBackend | None = None  # this step's, when it has images
 
     def _image_reference(self) -> TorchAttentionBackend:
         if self._reference is None:
-            self._reference = TorchAttentionBackend(*self._reference_args)
+            self._reference = TorchAttentionBackend(self._shape)
         return self._reference
 
     def compile_kernels(

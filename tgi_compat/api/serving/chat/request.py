@@ -12,6 +12,7 @@ from fastapi import Request
 
 from tgi_compat.api.protocol.grammar import ResponseFormat
 from tgi_compat.api.protocol.openai import ChatRequest, Tool
+from tgi_compat.api.protocol.openai_common import openai_parameters
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
 from tgi_compat.api.serving.chat.template import (
     ChatTemplate,
@@ -76,18 +77,8 @@ def without_tools(body: ChatRequest) -> ChatRequest:
 
 
 def chat_parameters(body: ChatRequest) -> GenerateParameters:
-    greedy = body.temperature == 0.0  # exactly 0 means greedy; anything else samples
-    model = body.model if body.model != "tgi" else None
-    return GenerateParameters(
-        adapter_id=model,
-        do_sample=not greedy,
-        temperature=None if greedy else body.temperature,
+    return openai_parameters(
+        body,
         repetition_penalty=None if body.presence_penalty is None else body.presence_penalty + 2.0,
-        frequency_penalty=body.frequency_penalty,
-        top_p=body.top_p,
-        max_new_tokens=body.max_tokens,
-        stop=list(body.stop or []),
-        seed=body.seed,
         top_n_tokens=body.top_logprobs,
-        details=True,
     )

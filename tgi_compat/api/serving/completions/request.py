@@ -10,7 +10,7 @@ from typing import Any
 
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.openai import CompletionRequest
-from tgi_compat.api.protocol.openai_common import openai_finish_reason
+from tgi_compat.api.protocol.openai_common import openai_finish_reason, openai_parameters
 from tgi_compat.api.protocol.openai_responses import CompletionChoice
 from tgi_compat.api.protocol.tgi import GenerateParameters, PrefillToken, Token
 from tgi_compat.api.serving.generation import GenerationResult
@@ -68,19 +68,10 @@ def check_request(state: AppState, body: CompletionRequest) -> Fanout:
 
 
 def completion_parameters(body: CompletionRequest) -> GenerateParameters:
-    greedy = is_greedy(body)
-    return GenerateParameters(
-        adapter_id=body.model if body.model != "tgi" else None,
-        do_sample=not greedy,
-        temperature=None if greedy else body.temperature,
+    return openai_parameters(
+        body,
         repetition_penalty=body.repetition_penalty,
-        frequency_penalty=body.frequency_penalty,
-        top_p=body.top_p,
-        max_new_tokens=body.max_tokens,
-        stop=list(body.stop or []),
-        seed=body.seed,
         top_n_tokens=body.logprobs,
-        details=True,
         decoder_input_details=not body.stream,
         long_truncation_mode=body.long_truncation_mode,
         token_healing=body.token_healing,

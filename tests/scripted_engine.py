@@ -1,18 +1,17 @@
-"""A hand-scripted EngineClient for API unit tests (like vLLM's scheduler tests with a hand-made
-runner output): every request gets the same continuation ids, then EOS."""
+"""The one hand-scripted EngineClient of the unit tests (like vLLM's scheduler tests with a hand-made
+runner output): every request gets the same continuation ids, then EOS; health checks answer as
+scripted. API tests (tests/api, tests/openai) drive the real app over it, ops tests the health monitor."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
-from tgi_compat.api.config import ServerConfig, ServingLimits
-from tgi_compat.api.observability.metrics import ServerMetrics
-from tgi_compat.api.serving.permits import PermitPool
-from tgi_compat.api.serving.state import AppState, ModelInfo
+from tgi_compat.api.config import ServerConfig
+from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.tokenization import TokenizerService
-from tgi_compat.router.client_api import EngineClient, EngineInfo
+from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo, RequestRejectedError
 from tgi_compat.router.outputs import TokenEvent, TopToken
 from tgi_compat.router.request import GenerateRequest
 
@@ -23,14 +22,29 @@ class ScriptedEngine(EngineClient):
     """Answers every request with the same continuation ids, then EOS; honours max_new_tokens
     (length before EOS, like TGI), reports logprobs/top tokens/prompt logprobs when asked."""
 
-    def __init__(self, continuation: list[int], max_total_tokens: int = 64, delay: float = 0.0) -> None:
-        self.continuation = continuation
+    def __init__(
+        self,
+        continuation: Sequence[int] = (),
+        max_total_tokens: int = 64,
+        delay: float = 0.0,
+        health: Sequence[str] = ("ok",),
+        can_restart: bool = False,
+        restart_ok: bool = True,
+    ) -> None:
+        self.continuation = list(continuation)
         self.delay = delay
         self.requests: list[GenerateRequest] = []
         self.aborted: list[str] = []
         self.closed: list[str] = []
-        self.healthy = True
+        # check_health's answers in turn, the last one repeated: "ok", "fail", "hang" or "dead" (raises)
+        self.health = list(health)
+        self.num_health_checks = 0
+        self.alive = True  # is_dead's answer
+        self.can_restart = can_restart
+        self.restart_ok = restart_ok  # whether restart() brings it back
+        self.num_restarts = 0
         self.fail_with: str | None = None
+        self.refuse_with: RequestRejectedError | None = None  # what the engine's own validation raises
         self.num_cached_tokens = 0  # reported with the first event, as the engine's prefix cache does
         self.info = EngineInfo(
             model_id="scripted",
@@ -78,6 +92,8 @@ class ScriptedEngine(EngineClient):
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
         self.requests.append(request)
+        if self.refuse_with is not None:
+            raise self.refuse_with
         try:
             if self.fail_with is not None:
                 yield TokenEvent(request.request_id, finish_reason="error", error=self.fail_with)
@@ -91,8 +107,33 @@ class ScriptedEngine(EngineClient):
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
+    @property
+    def healthy(self) -> bool:
+        return self.health[-1] == "ok"
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        self.health = ["ok" if value else "fail"]
+
+    @property
+    def is_dead(self) -> bool:
+        return not self.alive
+
     async def check_health(self) -> bool:
-        return self.healthy
+        self.num_health_checks += 1
+        answer = self.health.pop(0) if len(self.health) > 1 else self.health[0]
+        if answer == "hang":
+            await asyncio.sleep(10)
+        if answer == "dead":
+            raise EngineDeadError("gone")
+        return answer == "ok"
+
+    async def restart(self) -> None:
+        self.num_restarts += 1
+        if not self.restart_ok:
+            raise RuntimeError("model failed to load")
+        self.alive = True
+        self.health = ["ok"]
 
     async def shutdown(self) -> None:
         pass
@@ -100,13 +141,4 @@ class ScriptedEngine(EngineClient):
 
 def make_state(engine: ScriptedEngine, tokenizer: TokenizerService, **overrides) -> AppState:
     config = replace(ServerConfig(model_id="HuggingFaceTB/SmolLM2-135M-Instruct"), **overrides)
-    limits = ServingLimits.resolve(config, engine.info.max_total_tokens)
-    return AppState(
-        config=config,
-        limits=limits,
-        engine=engine,
-        tokenizer=tokenizer,
-        permits=PermitPool(config.max_concurrent_requests),
-        model=ModelInfo(config.model_id),
-        metrics=ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, config.model_id),
-    )
+    return AppState.over_engine(config, engine, tokenizer)

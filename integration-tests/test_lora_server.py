@@ -6,6 +6,7 @@ adapter refused with the loaded ones named while the server keeps serving, and v
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -148,10 +149,14 @@ def test_malformed_and_missing_adapters_get_clear_errors(lora_server, tmp_path):
 
 
 def test_lora_requests_info_names_the_running_adapter(lora_server):
-    """vLLM's gauge as the Gateway API Inference Extension reads it: a series per label set seen, with max_lora."""
+    """vLLM's gauge as the Gateway API Inference Extension reads it: a series per label set seen, with max_lora;
+    AIAK's adapter count and per-adapter latency."""
     body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 24, "adapter_id": "a1"}}
     assert httpx.post(f"{lora_server.base_url}/generate", json=body, timeout=300).status_code == 200
     text = httpx.get(f"{lora_server.base_url}/metrics", timeout=30).text
     series = [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
     assert series and all('max_lora="2"' in line for line in series)
     assert any('running_lora_adapters="a1"' in line for line in series), series
+    # AIAK's: the adapters loaded, and a latency histogram per adapter that served a request
+    assert re.search(r'^vllm:lora_count\{model_name="[^"]*"\} 2\.0$', text, re.M), text
+    assert re.search(r'^vllm:lora_time_e2e_requests_count\{lora_name="a1",model_name="[^"]*"\} [1-9]', text, re.M)

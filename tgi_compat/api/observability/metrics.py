@@ -174,9 +174,10 @@ class ServerMetrics:
         finish_reason: str = "length",
         n: int = 1,
         skipped_tokens: int | None = None,
+        adapter: str | None = None,
     ) -> None:
         """One finished generation. `finish_reason` is TGI's (length/eos_token/stop_sequence);
-        vLLM's label uses its own words (length/stop)."""
+        vLLM's label uses its own words (length/stop). `adapter`: the LoRA adapter it ran under."""
         t = self.tgi
         t.request_success.inc()
         t.request_duration.observe(durations.total_s)
@@ -187,6 +188,8 @@ class ServerMetrics:
         t.generated_tokens.observe(float(generated_tokens))
         if skipped_tokens is not None:
             t.skipped_tokens.observe(float(skipped_tokens))
+        if adapter is not None:
+            self.vllm.lora_e2e_latency.labels(self.model_name, adapter).observe(durations.total_s)
         self._record_vllm_request(
             durations.total_s,
             durations.queue_s,
@@ -271,6 +274,10 @@ class ServerMetrics:
     def set_max_batch_total_tokens(self, tokens: int) -> None:
         """The KV capacity found at warmup (TGI sets it once, after warmup)."""
         self.tgi.batch_max_total_tokens.set(tokens)
+
+    def set_lora_count(self, count: int) -> None:
+        """The LoRA adapters loaded (at startup, and after each runtime load or unload)."""
+        self.vllm.lora_count.labels(self.model_name).set(count)
 
     def set_engine_stats(
         self,

@@ -125,6 +125,16 @@ class VllmFamilies:
             registry=registry,
             multiprocess_mode="livemostrecent",
         )
+        # AIAK's LoRA series (its seed names them, no definition at hand): the adapters loaded, and the
+        # end-to-end latency of each adapter's requests.
+        self.lora_count = gauge("vllm:lora_count", "Number of LoRA adapters loaded.")
+        self.lora_e2e_latency = Histogram(
+            "vllm:lora_time_e2e_requests",
+            "Histogram of end to end request latency in seconds, per LoRA adapter.",
+            labels + ["lora_name"],
+            registry=registry,
+            buckets=_VLLM_LATENCY,
+        )
         self.num_preemptions = Counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=registry
         )

@@ -28,7 +28,7 @@ from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.tokenization import load_tokenizer_service
 from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path
-from tgi_compat.router.client_api import EngineClient, EngineDeadError, EngineInfo
+from tgi_compat.router.client_api import EngineClient, EngineDeadError
 from tgi_compat.router.engine_process import freeze_startup_heap
 
 logger = logging.getLogger("tgi_compat.api.server")

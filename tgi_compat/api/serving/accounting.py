@@ -45,4 +45,5 @@ def succeeded(
         finish_reason=result.finish_reason,
         n=n,
         skipped_tokens=result.skipped_tokens,
+        adapter=request.adapter_id,
     )

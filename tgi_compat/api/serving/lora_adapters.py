@@ -65,6 +65,7 @@ async def load_adapter(state: AppState, raw: bytes, content_type: str | None) ->
         await state.engine.load_adapter(name, body.lora_path)
     except AdapterCallError as error:
         return error_response(str(error), *((404, "NotFoundError") if error.not_found else ()))
+    state.metrics.set_lora_count(len(state.engine.lora_adapters))
     logger.info("Loaded new LoRA adapter: name '%s', path '%s'", name, body.lora_path)
     return Response(f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -84,6 +85,7 @@ async def unload_adapter(state: AppState, raw: bytes, content_type: str | None) 
         if not error.not_found:
             return error_response(str(error))
         return error_response(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
+    state.metrics.set_lora_count(len(state.engine.lora_adapters))
     logger.info("Removed LoRA adapter: name '%s'", name)
     return Response(f"Success: LoRA adapter '{name}' removed successfully.")
 

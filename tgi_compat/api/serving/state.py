@@ -47,6 +47,7 @@ class AppState:
         metrics = ServerMetrics(limits.max_input_tokens, limits.max_total_tokens, model_name=config.model_id)
         metrics.set_max_batch_total_tokens(engine.info.num_kv_slots)
         metrics.max_lora = engine.info.max_loras
+        metrics.set_lora_count(len(engine.lora_adapters))
         return cls(
             config=config,
             limits=limits,

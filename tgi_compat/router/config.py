@@ -56,7 +56,7 @@ class EngineConfig:
     max_cpu_loras: int = 0
     max_lora_rank: int = 16
     lora_adapters: list[LoraSource] = field(default_factory=list)
-    # Grammar compiles (tgi_compat/router/grammar_compile.py): the bytes of compiled grammars kept for reuse
+    # Grammar compiles (tgi_compat/router/sampling/grammar_compile.py): the bytes of compiled grammars kept for reuse
     # (one may take an eighth of them), and the seconds one compile may take.
     grammar_cache_bytes: int = 512 * 2**20
     grammar_compile_timeout: float = 30.0

@@ -40,7 +40,7 @@ class GrammarKind(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
-    """What the generated text must match; the engine compiles it (tgi_compat/router/grammar.py)."""
+    """What the generated text must match; the engine compiles it (tgi_compat/router/sampling/grammar.py)."""
 
     kind: GrammarKind
     value: str = ""

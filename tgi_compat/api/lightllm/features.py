@@ -6,7 +6,7 @@
 
 `prepare_features` runs inside validation, after TGI's `truncate` and before the length checks:
 an over-long prompt is cut to the largest length that passes them (tgi_compat/api/lightllm/truncation.py), and
-a healing request has its last tokens removed (tgi_compat/router/token_healing.py). `RequestFeatures` then
+a healing request has its last tokens removed (tgi_compat/router/sampling/token_healing.py). `RequestFeatures` then
 travels on the ValidatedRequest: it fills the engine request's extra fields, and `HealingOutput`
 filters the generated tokens (tokens that only re-cover the removed prompt text are neither
 emitted nor counted; the re-generated text is stripped from what is emitted).
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.lightllm.truncation import kept_length, truncate_long_prompt
 from tgi_compat.router.request import GenerateRequest as EngineRequest
-from tgi_compat.router.token_healing import (
+from tgi_compat.router.sampling.token_healing import (
     HealingSplit,
     VocabularyTable,
     is_prefix_only,

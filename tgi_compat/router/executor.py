@@ -172,7 +172,7 @@ class StepExecutor:
         return logits[torch.tensor(rows, dtype=torch.int64, device=self.device)]
 
     def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor) -> SampledRows:
-        top_n = [plan.chunks[i].request.params.prompt_top_n for i, n in layout.prompt_chunks for _ in range(n)]
+        top_n = [plan.chunks[i].request.params.sampling.top_n_tokens for i, n in layout.prompt_chunks for _ in range(n)]
         return self.selector.score_prompt(self._rows(logits, layout.prompt_rows), layout.prompt_next_ids, top_n)
 
 

@@ -67,7 +67,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     watermark: bool = False
     seed: int | None = None  # None: the engine picks one when the request samples
-    top_n_tokens: int = 0  # alternatives reported per generated token
+    top_n_tokens: int = 0  # alternatives reported per generated token, and per prompt position with prompt_logprobs
     # OpenAI/vLLM `logit_bias`: (token id, bias) pairs added to the raw logits before every processor
     logit_bias: tuple[tuple[int, float], ...] = ()
 
@@ -86,7 +86,6 @@ class GenerateRequest:
     stop_token_ids: list[int] = field(default_factory=list)  # besides the model's EOS set
     ignore_eos: bool = False
     prompt_logprobs: bool = False  # report a logprob for every prompt token (first is None)
-    prompt_top_n: int = 0  # top alternatives at every prompt position (with prompt_logprobs)
     # Token healing: the healed prompt's removed text; generation is constrained until it is covered.
     healing_prefix: str | None = None
     grammar: GrammarSpec | None = None  # constrain the generated text (TGI's `grammar`)

@@ -376,7 +376,7 @@ class Scheduler:
                     self._prefilling.remove(request)
             if request.params.prompt_logprobs:
                 event.prompt_logprobs = list(request.prompt_logprobs)
-                if request.params.prompt_top_n > 0:
+                if request.params.sampling.top_n_tokens > 0:
                     event.prompt_top_tokens = [list(t) for t in request.prompt_top_tokens]
         reason = self._stop_reason(request, token_id)
         if reason is not None:
@@ -498,5 +498,5 @@ def _record_prompt_scores(request: Request, start: int, scores: PromptScores) ->
         request.prompt_logprobs.append(None)
         request.prompt_top_tokens.append([])
     request.prompt_logprobs.extend(scores.logprobs)
-    if request.params.prompt_top_n > 0:
+    if request.params.sampling.top_n_tokens > 0:
         request.prompt_top_tokens.extend(scores.top_tokens)

@@ -29,7 +29,7 @@ def _sampling_error(request: GenerateRequest) -> str | None:
         return "`typical_p` must be > 0.0 and < 1.0"
     if s.top_k < 0:
         return "`top_k` must be strictly positive"
-    if s.top_n_tokens < 0 or request.prompt_top_n < 0:
+    if s.top_n_tokens < 0:
         return "`top_n_tokens` must be >= 0"
     if s.seed is not None and not 0 <= s.seed < 1 << 64:
         return "`seed` must be an unsigned 64-bit integer"

@@ -70,7 +70,7 @@ class RequestFeatures:
     healing: HealingSplit | None = None
     healing_vocabulary: VocabularyTable | None = None
     all_prompt_logprobs: bool = False
-    prompt_top_n: int = 0
+    prompt_top_tokens: bool = False  # with top_n_tokens: details.prefill_top_tokens too
     max_total_tokens: int = 0
 
     @property
@@ -81,7 +81,6 @@ class RequestFeatures:
         """Fill the engine request's LightLLM fields (called once per sequence)."""
         if self.all_prompt_logprobs:
             engine_request.prompt_logprobs = True
-            engine_request.prompt_top_n = self.prompt_top_n
         if self.healing is not None:
             engine_request.prompt_ids = list(self.healing.prompt_ids)
             engine_request.healing_prefix = self.healing.prefix_text
@@ -114,7 +113,7 @@ async def prepare_features(
         all_prompt_logprobs=bool(
             _request_or_server(params.return_all_prompt_logprobs, config.return_all_prompt_logprobs)
         ),
-        prompt_top_n=params.top_n_tokens or 0,
+        prompt_top_tokens=bool(params.top_n_tokens),
         max_total_tokens=limits.max_total_tokens,
     )
     if features.truncation_mode is not None:
@@ -187,5 +186,5 @@ def add_lightllm_details(
     if features.all_prompt_logprobs:
         if streaming:
             details.prefill = result.prefill
-        if features.prompt_top_n:
+        if features.prompt_top_tokens:
             details.prefill_top_tokens = result.prefill_top_tokens

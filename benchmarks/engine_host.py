@@ -40,11 +40,10 @@ from types import SimpleNamespace
 
 import torch
 
-import tgi_compat.router.executor as executor_module
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.request import GenerateRequest, SamplingParams
-from tgi_compat.router.sampling import SampledRows, SamplerOutput
+from tgi_compat.router.sampling.output import SampledRows, SamplerOutput
 from tgi_compat.router.wire import StepOutputs, encoder
 
 BOOKKEEPING_PHASES = (
@@ -132,11 +131,8 @@ def instrument(engine: EngineCore, clock: PhaseClock) -> None:
     clock.wrap(engine.scheduler, "update", "update")
     clock.wrap(engine.stats, "record", "stats")
     clock.wrap(executor.batch_builder, "build", "build batch")
-    if hasattr(executor, "_sampling_batch"):
-        clock.wrap(executor, "_sampling_batch", "sampling setup")
-    else:  # before the executor cached its sampling parameters
-        clock.wrap(executor_module.SamplingBatch, "build", "sampling setup")
-    clock.wrap(executor, "sampler", "sampler math")
+    clock.wrap(executor.selector, "_batch", "sampling setup")
+    clock.wrap(executor.selector, "sampler", "sampler math")
     clock.wrap(SamplerOutput, "start_copy", "start copy")
     clock.wrap(SampledRows, "rows", "to_host")
 

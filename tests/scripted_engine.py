@@ -79,9 +79,9 @@ class ScriptedEngine(EngineClient):
                 event.num_cached_tokens = self.num_cached_tokens
             if step == 1 and request.prompt_logprobs:
                 event.prompt_logprobs = [None] + [-1.0] * (len(request.prompt_ids) - 1)
-                if request.prompt_top_n:  # the engine's order: likeliest first (an id past the prompt's)
+                if request.sampling.top_n_tokens:  # the engine's order: likeliest first (an id past the prompt's)
                     alternatives = [
-                        [TopToken(t + 1, -0.25), TopToken(t, -1.0)][: request.prompt_top_n]
+                        [TopToken(t + 1, -0.25), TopToken(t, -1.0)][: request.sampling.top_n_tokens]
                         for t in request.prompt_ids[1:]
                     ]
                     event.prompt_top_tokens = [[], *alternatives]

@@ -13,17 +13,17 @@ $OUT/grammar_bench.json; the last line says whether each target is met.
    same matcher states, in a shuffled order:
    - the fill sweep: threads x rows (THREAD_COUNTS x ROW_COUNTS), xgrammar's batched fill on the host;
      `fill_ms[rows][threads]` medians, and `fastest_threads` per row count, from which
-     tgi_compat.router.grammar.SINGLE_THREAD_FILL_ROWS is set (`single_thread_fastest_up_to_rows`);
+     tgi_compat.router.sampling.grammar.SINGLE_THREAD_FILL_ROWS is set (`single_thread_fastest_up_to_rows`);
    - the engine's own path at `--rows`, each part timed to a device sync: GrammarBackend.mask (the fill, on
-     tgi_compat.router.grammar.fill_threads(rows) threads, right after the host waited ~8 ms on a stand-in forward, as
-     in the engine), GrammarMask.apply (after the penalties; it reads the `mask_mb` of pinned host memory in
-     place) and GrammarMask.confine (after the warpers); `mask_ms_per_step` = the sum of their three
+     tgi_compat.router.sampling.grammar.fill_threads(rows) threads, right after the host waited ~8 ms on a stand-in forward, as
+     in the engine), SamplingKernels.apply_grammar (after the penalties; it reads the `mask_mb` of pinned host memory in
+     place) and SamplingKernels.confine_grammar (after the warpers); `mask_ms_per_step` = the sum of their three
      medians. Target at 64 rows: <= 1 ms. `*_host_ms`:
      the host's share of a part (its call returning, before the sync); `*_device_ms` on a GPU: its device
      time (CUDA events around it, queued behind a forward, in the exposed-cost pass below).
    - fill_after_idle_ms: the fill of `--rows` rows on each thread count right after a stand-in forward's sync,
      i.e. with the host idle for ~8 ms as in the engine (the sweep's fills run back to back); its fastest
-     thread count is the one tgi_compat.router.grammar.fill_threads should pick at that size.
+     thread count is the one tgi_compat.router.sampling.grammar.fill_threads should pick at that size.
    - kernels_match_reference: apply + confine on the device equal the torch reference (CPU) on these masks.
    On a GPU also the exposed cost: what the mask adds to a step whose stand-in forward (~8 ms of matmuls,
    about a 64-row Llama-3-8B decode step) is queued first, as the executor queues it before it fills.

@@ -3,7 +3,7 @@
 A pool of matchers of the schema, each advanced every step by a random token its grammar allows. Per step,
 after a warm-up, every configuration fills the same matcher states, in a shuffled order: the fill sweep
 (threads x rows, xgrammar's batched fill on the host), the fill right after a stand-in forward (the host idle
-as in the engine), and the engine's own path at `rows` (GrammarBackend.mask, GrammarMask.apply, .confine,
+as in the engine), and the engine's own path at `rows` (GrammarBackend.mask, SamplingKernels.apply_grammar, .confine_grammar,
 each timed to a device sync, then again queued behind a forward for the exposed cost and device times).
 """
 
@@ -41,14 +41,16 @@ class MaskBench:
         from tgi_compat.modeling.source import resolve_model_source
         from tgi_compat.modeling.tokenizer import load_tokenizer
         from tgi_compat.modeling.weights.loader import load_model_config
-        from tgi_compat.router.grammar import GrammarBackend, GrammarCompiler
-        from tgi_compat.router.grammar_compile import CompileLimits
+        from tgi_compat.router.sampling.grammar import GrammarBackend, GrammarCompiler
+        from tgi_compat.router.sampling.grammar_compile import CompileLimits
+        from tgi_compat.router.sampling.sampler import SamplingKernels
 
         self.vocab = load_model_config(resolve_model_source(model_dir)).vocab_size
         tokenizer = load_tokenizer(model_dir)
         limits = CompileLimits(timeout_s=600.0, cache_bytes=2**33)  # a benchmark's grammar is never refused
         self.compiler = GrammarCompiler(lambda: tokenizer, self.vocab, [tokenizer.eos_token_id], limits)
         self.backend = GrammarBackend(self.compiler, torch.device(device))
+        self.kernels = SamplingKernels.for_device(torch.device(device))
         started = time.perf_counter()
         compiled = self.compiler.compile(spec)  # the first: with the tokenizer scan and the compile process's start
         self.compile_s = time.perf_counter() - started
@@ -89,11 +91,11 @@ class MaskBench:
         t1 = time.perf_counter()  # the host was idle for the forward, as it is in the engine before a fill
         mask = self.backend.mask(self.requests)
         t2 = time.perf_counter()
-        mask.apply(scores)
+        self.kernels.apply_grammar(scores, mask)
         t2_host = time.perf_counter()
         self.sync()
         t3 = time.perf_counter()
-        mask.confine(scores)
+        self.kernels.confine_grammar(scores, mask)
         t3_host = time.perf_counter()
         self.sync()
         t4 = time.perf_counter()
@@ -112,10 +114,10 @@ class MaskBench:
         for mark in marks[:1]:
             mark.record()  # queued behind the forward: the differences are the parts' device times
         t_launch = time.perf_counter()
-        mask.apply(scores)
+        self.kernels.apply_grammar(scores, mask)
         for mark in marks[1:2]:
             mark.record()
-        mask.confine(scores)
+        self.kernels.confine_grammar(scores, mask)
         for mark in marks[2:]:
             mark.record()
         self.engine["busy_launch_host"].append(1e3 * (time.perf_counter() - t_launch))
@@ -145,10 +147,10 @@ class MaskBench:
 
 
 def mask_cost(model_dir: str, spec: GrammarSpec, rows: int, device: str, steps: int, warmup: int = 10) -> dict:
-    from tgi_compat.router.grammar import fill_threads
+    from tgi_compat.router.sampling.grammar import fill_threads
 
     bench = MaskBench(model_dir, spec, rows, device)
-    kernels_match = kernels_match_reference(bench.backend, bench.requests, bench.logits)
+    kernels_match = kernels_match_reference(bench.backend, bench.kernels, bench.requests, bench.logits)
     bench.run(steps, warmup)
     median, engine = statistics.median, bench.engine
     fill = {n: {t: median(bench.fill_ms[n, t]) for t in THREAD_COUNTS} for n in bench.row_counts}
@@ -185,14 +187,14 @@ def mask_cost(model_dir: str, spec: GrammarSpec, rows: int, device: str, steps: 
         fill_ms=fill,  # median per step, by rows then threads
         fill_ms_mean={n: {t: statistics.mean(bench.fill_ms[n, t]) for t in THREAD_COUNTS} for n in bench.row_counts},
         fastest_threads=fastest,
-        single_thread_fastest_up_to_rows=single_up_to,  # -> tgi_compat.router.grammar.SINGLE_THREAD_FILL_ROWS
+        single_thread_fastest_up_to_rows=single_up_to,  # -> tgi_compat.router.sampling.grammar.SINGLE_THREAD_FILL_ROWS
     )
     print(json.dumps(result), flush=True)
     return result
 
 
-def kernels_match_reference(backend, requests: list, logits: torch.Tensor) -> bool:
-    """GrammarMask.apply then .confine on the device (the Triton kernels on a GPU) give the torch reference's
+def kernels_match_reference(backend, kernels, requests: list, logits: torch.Tensor) -> bool:
+    """SamplingKernels.apply_grammar then .confine_grammar on the device (the Triton kernels on a GPU) give the torch reference's
     scores, every row constrained and every third one not (a row index), with NaN and +inf among the scores."""
     from tgi_compat.kernels.sampling.grammar_apply import grammar_apply_ref
     from tgi_compat.kernels.sampling.grammar_confine import grammar_confine_ref
@@ -204,7 +206,7 @@ def kernels_match_reference(backend, requests: list, logits: torch.Tensor) -> bo
         mask = backend.mask(batch)
         expected = grammar_apply_ref(scores.to("cpu", copy=True), mask.bitmask, mask.row_index)
         expected = grammar_confine_ref(expected, mask.bitmask, mask.row_index)
-        got = mask.confine(mask.apply(scores.clone())).cpu()
+        got = kernels.confine_grammar(kernels.apply_grammar(scores.clone(), mask), mask).cpu()
         matches.append(
             torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.nan_to_num(), expected.nan_to_num())
         )

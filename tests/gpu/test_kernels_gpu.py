@@ -570,8 +570,10 @@ def test_grammar_mask_read_from_pinned_host_memory() -> None:
     apply + confine on the device give the torch reference's scores, with and without a row index."""
     from tgi_compat.kernels.sampling.grammar_apply import grammar_apply_ref
     from tgi_compat.kernels.sampling.grammar_confine import grammar_confine_ref
-    from tgi_compat.router.grammar import GrammarMask
+    from tgi_compat.router.sampling.grammar import GrammarMask
+    from tgi_compat.router.sampling.sampler import SamplingKernels
 
+    kernels = SamplingKernels.for_device(torch.device(DEV))
     vocab, num_words = 128256, 4008
     scores = torch.randn(64, vocab, device=DEV)
     scores[0, ::5], scores[1, 7], scores[2] = float("nan"), float("inf"), float("-inf")
@@ -579,8 +581,8 @@ def test_grammar_mask_read_from_pinned_host_memory() -> None:
         rows = 64 if row_index is None else row_index.numel()
         bitmask = torch.randint(-(2**31), 2**31, (rows, num_words), dtype=torch.int32)
         pinned_index = None if row_index is None else row_index.pin_memory()
-        mask = GrammarMask(bitmask.pin_memory(), pinned_index, device_readable=True)
-        got = mask.confine(mask.apply(scores.clone()))
+        mask = GrammarMask(bitmask.pin_memory(), pinned_index)
+        got = kernels.confine_grammar(kernels.apply_grammar(scores.clone(), mask), mask)
         assert not mask.bitmask.is_cuda  # read in place, not copied
         expected = grammar_apply_ref(scores.cpu(), bitmask, row_index)
         expected = grammar_confine_ref(expected, bitmask, row_index)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from tgi_compat.router.request import GenerateRequest, Request, SamplingParams
-from tgi_compat.router.sampling import Sampler, SamplingBatch
-from tgi_compat.router.token_healing import TokenHealer, remaining_prefix, split_prompt
+from tgi_compat.router.sampling.batch import SamplingBatch
+from tgi_compat.router.sampling.sampler import Sampler
+from tgi_compat.router.sampling.token_healing import TokenHealer, remaining_prefix, split_prompt
 
 PROMPTS = ["The capital of Fra", "Visit https:", "The answer is (", "I like to eat apples and "]
 

@@ -7,7 +7,7 @@ import pytest
 
 from tgi_compat.api.lightllm.features import HealingOutput
 from tgi_compat.api.serving.detokenizer import IncrementalDetokenizer
-from tgi_compat.router.token_healing import remaining_prefix, split_prompt
+from tgi_compat.router.sampling.token_healing import remaining_prefix, split_prompt
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tgi_compat.router.request import GenerateRequest, Request
-from tgi_compat.router.token_healing import (
+from tgi_compat.router.sampling.token_healing import (
     TokenHealer,
     VocabularyTable,
     byte_level_bytes,

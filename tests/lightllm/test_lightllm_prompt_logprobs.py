@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tgi_compat.router.request import SamplingParams
+
 PROMPT_TEXTS = ["The capital of France is Paris, and the capital of Germany is", "def fibonacci(n):\n    if n <"]
 
 
@@ -19,7 +21,9 @@ def reference_logprobs(model, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("text", PROMPT_TEXTS)
 def test_every_prompt_position_matches_transformers(smollm2_engine_llm, smollm2_hf_model, smollm2_tokenizer, text):
     ids = smollm2_tokenizer(text)["input_ids"]
-    result = smollm2_engine_llm.generate([ids], max_new_tokens=1, prompt_logprobs=True, prompt_top_n=3)[0]
+    result = smollm2_engine_llm.generate([ids], SamplingParams(top_n_tokens=3), max_new_tokens=1, prompt_logprobs=True)[
+        0
+    ]
     reference = reference_logprobs(smollm2_hf_model, ids)
     expected = reference.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1).tolist()
     assert result.prompt_logprobs[0] is None
@@ -35,7 +39,8 @@ def test_prompt_top_alternatives_match_transformers(smollm2_engine_llm, smollm2_
     engine = smollm2_engine_llm.engine
     from tgi_compat.router.request import GenerateRequest
 
-    engine.add_request(GenerateRequest("prompt-top", ids, max_new_tokens=1, prompt_logprobs=True, prompt_top_n=3))
+    top_3 = SamplingParams(top_n_tokens=3)
+    engine.add_request(GenerateRequest("prompt-top", ids, top_3, max_new_tokens=1, prompt_logprobs=True))
     first = None
     while engine.has_unfinished():
         for event in engine.step():

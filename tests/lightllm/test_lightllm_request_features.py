@@ -49,7 +49,7 @@ async def test_healing_and_prompt_logprobs_fill_the_engine_request(smollm2_token
     features.apply_to(request)
     assert request.prompt_ids == ids[:2] and request.healing_prefix == " of Fra"
     assert request.max_new_tokens == 5  # the engine keeps re-covering tokens out of it (tests/router/test_stopping.py)
-    assert request.prompt_logprobs and request.prompt_top_n == 2
+    assert request.prompt_logprobs and features.prompt_top_tokens
 
 
 async def test_nothing_is_applied_by_default(smollm2_tokenizer):

@@ -86,7 +86,7 @@ async def test_echo_and_openai_logprobs(client, engine, tokenizer):
     # an echoed position lists the prefill's top-k (the scripted engine's likeliest is the next id), then
     # the prompt token itself, as OpenAI's legacy API and vLLM do
     (request,) = engine.requests
-    assert (request.prompt_logprobs, request.prompt_top_n) == (True, 1)
+    assert (request.prompt_logprobs, request.sampling.top_n_tokens) == (True, 1)
     likeliest = tokenizer.token_text(request.prompt_ids[1] + 1)
     assert logprobs["top_logprobs"] == [None, {likeliest: -0.25, " world": -1.0}, {" Paris": -0.5}, {" is": -0.5}]
     assert logprobs["text_offset"] == [0, 5, 11, 17]
@@ -110,7 +110,7 @@ async def test_streamed_echo_carries_the_prompts_logprobs(client, engine, tokeni
 async def test_prompt_top_k_costs_nothing_unless_echoed(client, engine):
     for body in ({"logprobs": 2}, {"echo": True}, {"echo": True, "stream": True}, {}):
         await client.post("/v1/completions", json={"prompt": "Hello world", "temperature": 0, "max_tokens": 1, **body})
-    assert [(r.prompt_logprobs, r.prompt_top_n) for r in engine.requests] == [(False, 0)] * 4
+    assert [r.prompt_logprobs for r in engine.requests] == [False] * 4
 
 
 async def test_logprobs_without_echo_lists_alternatives(client):

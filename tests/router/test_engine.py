@@ -92,7 +92,9 @@ def test_greedy_requests_report_no_seed():
 def test_prompt_logprobs_match_the_model_across_chunks():
     prompt = prompts(1, length=11)[0]
     engine = hash_engine(max_prefill=4)
-    engine.add_request(GenerateRequest("p", prompt, max_new_tokens=2, prompt_logprobs=True, prompt_top_n=2))
+    engine.add_request(
+        GenerateRequest("p", prompt, SamplingParams(top_n_tokens=2), max_new_tokens=2, prompt_logprobs=True)
+    )
     first = drain(engine)["p"][0]
     runner = HashRunner()
     expected = [None] + [

@@ -27,7 +27,7 @@ from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_process import run_engine_process
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest, SamplingParams
-from tgi_compat.router.sampling import SampledRows
+from tgi_compat.router.sampling.output import SampledRows
 from tgi_compat.router.wire import (
     AbortRequest,
     AddRequest,

@@ -69,7 +69,7 @@ def fresh_matcher(engine: EngineCore, spec: GrammarSpec):
     """A new matcher of a grammar the engine compiled (and keeps)."""
     import xgrammar
 
-    return xgrammar.GrammarMatcher(engine.grammar.compiled.get(spec))
+    return xgrammar.GrammarMatcher(engine.selector.grammar.compiled.get(spec))
 
 
 def json_spec(schema) -> GrammarSpec:
@@ -155,7 +155,7 @@ def test_aborting_a_request_while_its_grammar_compiles(engine, tokenizer):
 def test_top_tokens_of_a_forced_step_leave_out_the_masked_ones():
     import torch
 
-    from tgi_compat.router.sampling import top_n_with_ties
+    from tgi_compat.router.sampling.sampler import top_n_with_ties
 
     logprobs = torch.full((1, 50), float("-inf"))
     logprobs[0, 7] = 0.0  # the grammar allows one token only
@@ -175,7 +175,7 @@ def test_a_completed_grammar_with_ignore_eos_goes_on_with_stop_tokens_beside_a_p
         assert events[request_id][-1].finish_reason == "length"
     ids = [i for event in events["done"] for i in event.token_ids]
     assert len(ids) == 6 and tokenizer.decode(ids[:1]).isdigit()
-    assert set(ids[2:]) <= set(engine.grammar.compiler.stop_token_ids)
+    assert set(ids[2:]) <= set(engine.selector.grammar.compiler.stop_token_ids)
 
 
 def test_overlapped_constrained_steps_give_the_plain_steps_answers(engine, plain_engine, tokenizer, monkeypatch):
@@ -294,9 +294,10 @@ def confined_sampling(logits, allowed: list[set[int] | None], seed: int = 0, **s
 
     import torch
 
-    from tgi_compat.router.grammar import GrammarMask
     from tgi_compat.router.request import Request
-    from tgi_compat.router.sampling import Sampler, SamplingBatch
+    from tgi_compat.router.sampling.batch import SamplingBatch
+    from tgi_compat.router.sampling.grammar import GrammarMask
+    from tgi_compat.router.sampling.sampler import Sampler
 
     num_rows, vocab = logits.shape
     requests = [

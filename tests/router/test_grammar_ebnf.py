@@ -1,4 +1,4 @@
-"""Folding bounded repetitions (tgi_compat/router/grammar_ebnf.py) keeps the language of the grammar.
+"""Folding bounded repetitions (tgi_compat/router/sampling/grammar_ebnf.py) keeps the language of the grammar.
 
 Property tests: strings near the bounds are accepted by the folded grammar exactly when xgrammar's own
 grammar accepts them, and (for strings without escapes) exactly when jsonschema / re say they match.
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 xgrammar = pytest.importorskip("xgrammar")
 
-from tgi_compat.router.grammar_compile import grammar_ebnf  # noqa: E402
-from tgi_compat.router.grammar_ebnf import fold_bounded_repetitions  # noqa: E402
 from tgi_compat.router.request import GrammarKind, GrammarSpec  # noqa: E402
+from tgi_compat.router.sampling.grammar_compile import grammar_ebnf  # noqa: E402
+from tgi_compat.router.sampling.grammar_ebnf import fold_bounded_repetitions  # noqa: E402
 
 SCHEMA = {
     "type": "object",

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tgi_compat.router.grammar import GrammarBackend
-from tgi_compat.router.grammar_compile import CompileLimits
+from tgi_compat.router.sampling.grammar import GrammarBackend
+from tgi_compat.router.sampling.grammar_compile import CompileLimits
+from tgi_compat.router.sampling.sampler import SamplingKernels
 
 xgrammar = pytest.importorskip("xgrammar")
 
@@ -69,6 +70,6 @@ def test_the_scores_of_unconstrained_rows_are_left_alone(compiled):
     backend = GrammarBackend(COMPILER, torch.device("cpu"))
     requests = [constrained(m) for m in (None, matcher(compiled, [1]))]
     scores = torch.randn(2, len(VOCAB))
-    masked = backend.mask(requests).apply(scores.clone())
+    masked = SamplingKernels.for_device(torch.device("cpu")).apply_grammar(scores.clone(), backend.mask(requests))
     torch.testing.assert_close(masked[0], scores[0])
     assert set(torch.isfinite(masked[1]).nonzero().flatten().tolist()) == {2, EOS}

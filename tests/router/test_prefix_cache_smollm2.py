@@ -11,7 +11,7 @@ import pytest
 from smollm2_cases import SMOLLM2_PROMPTS, smollm2_engine_config
 
 from tgi_compat.router.engine import EngineCore
-from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.request import GenerateRequest, SamplingParams
 
 MAX_NEW = 3
 SYSTEM = SMOLLM2_PROMPTS[8] + SMOLLM2_PROMPTS[5]  # a shared "system prompt" of natural text
@@ -109,7 +109,8 @@ def test_prefill_logprobs_are_the_same_on_and_off(smollm2_runner):
     scored = []
     for engine in (on, off):
         for i, prompt in enumerate(prompts):
-            engine.add_request(GenerateRequest(f"s{i}", prompt, max_new_tokens=2, prompt_logprobs=True, prompt_top_n=2))
+            top_2 = SamplingParams(top_n_tokens=2)
+            engine.add_request(GenerateRequest(f"s{i}", prompt, top_2, max_new_tokens=2, prompt_logprobs=True))
         events = {}
         while engine.has_unfinished():
             for event in engine.step():

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tgi_compat.router.request import GenerateRequest, Request, SamplingParams
-from tgi_compat.router.sampling import (
+from tgi_compat.router.sampling.batch import SamplingBatch
+from tgi_compat.router.sampling.sampler import (
     WATERMARK_DELTA,
     Sampler,
-    SamplingBatch,
     apply_top_k,
     apply_top_p,
     apply_typical_p,

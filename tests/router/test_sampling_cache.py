@@ -7,10 +7,11 @@ import pytest
 import torch
 from router_fakes import drain, hash_engine
 
-import tgi_compat.router.sampling_cache as sampling_cache
+import tgi_compat.router.sampling.batch_cache as sampling_cache
 from tgi_compat.router.request import GenerateRequest, Request, SamplingParams
-from tgi_compat.router.sampling import Sampler, SamplingBatch
-from tgi_compat.router.sampling_cache import SamplingBatchCache
+from tgi_compat.router.sampling.batch import SamplingBatch
+from tgi_compat.router.sampling.batch_cache import SamplingBatchCache
+from tgi_compat.router.sampling.sampler import Sampler
 
 VOCAB = 50
 CPU = torch.device("cpu")
@@ -155,7 +156,7 @@ def test_seeded_penalised_sampling_in_a_changing_batch_equals_each_request_alone
         engine.add_request(GenerateRequest(f"r{i}", prompt, sampled_params(i), max_new_tokens=10))
     engine.abort("r5")  # aborted before it ever runs
     events = drain(engine)
-    cache = engine.executor.sampling_cache
+    cache = engine.selector.batches
     for i, prompt in enumerate(batch):
         if i != 5:
             assert [t for e in events[f"r{i}"] for t in e.token_ids] == run_alone(i, prompt), f"r{i}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from router_fakes import drain, hash_engine
 
 from tgi_compat.router.request import FinishReason, GenerateRequest
-from tgi_compat.router.token_healing import TokenHealer, VocabularyTable
+from tgi_compat.router.sampling.token_healing import TokenHealer, VocabularyTable
 
 A = 10  # the only token whose text starts with "a": healing "aaa" takes it three times
 

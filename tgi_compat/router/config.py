@@ -58,7 +58,7 @@ class EngineConfig:
     max_cpu_loras: int = 0
     max_lora_rank: int = 16
     lora_adapters: list[LoraSource] = field(default_factory=list)
-    # Grammar compiles (tgi_compat/router/grammar_compile.py): the bytes of compiled grammars kept for reuse
+    # Grammar compiles (tgi_compat/router/sampling/grammar_compile.py): the bytes of compiled grammars kept for reuse
     # (one may take an eighth of them), and the seconds one compile may take.
     # A vision model's encoder-output cache (tgi_compat/router/image_cache.py), LightLLM --cache_capacity and
     # --cache_reserved_ratio: images whose rows are kept, and the share of them kept when it overflows.

@@ -15,12 +15,12 @@ Grammar-constrained requests keep it on, with the sampling of step N deferred pa
     step N:   schedule N -> launch forward N -> [wait for N-1 -> matchers accept N-1 -> update N-1]
               -> fill N's masks (the host, while the GPU runs forward N) -> queue sampling N
 
-A request with a grammar waits outside the scheduler until its grammar is compiled (tgi_compat/router/grammar.py),
+A request with a grammar waits outside the scheduler until its grammar is compiled (tgi_compat/router/sampling/grammar.py),
 so a slow compile holds up nobody else.
 
 Keep this file minimal. Scheduling lives in scheduler.py, batch building and failure isolation in
-executor.py, token selection in sampling.py, checks in validation.py; a feature that needs engine
-logic goes there, not here.
+executor.py, token selection in sampling/ (one TokenSelector, which the executor owns), checks in
+validation.py; a feature that needs engine logic goes there, not here.
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
+
+import torch
 
 from tgi_compat.router.admission import AdmissionLimits
 from tgi_compat.router.client_api import EngineInfo, Refusal, RequestRejectedError
@@ -44,6 +47,8 @@ from tgi_compat.router.lora_registry import LoraRegistry
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import GenerateRequest, Request
 from tgi_compat.router.runner_api import Runner
+from tgi_compat.router.sampling.grammar_compile import CompileLimits
+from tgi_compat.router.sampling.selector import SelectionConfig
 from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
 from tgi_compat.router.speculative.speculator import Speculator
 from tgi_compat.router.stats import EngineStats
@@ -87,7 +92,8 @@ class EngineCore:
         images = None
         if image_encoder is not None:
             images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
-        self.executor = StepExecutor(runner, self.info.vocab_size, self.info.device, self.lora is not None, images)
+        self.executor = StepExecutor(runner, selection_config(config, self.info), self.lora is not None, images)
+        self.selector = self.executor.selector
         self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
@@ -95,7 +101,6 @@ class EngineCore:
             self.scheduler.speculator = Speculator(config.speculative)
             self.overlap_scheduling = False
         self._in_flight: LaunchedStep | None = None  # launched, not yet updated (overlap scheduling)
-        self.grammar = None  # tgi_compat.router.grammar.GrammarBackend, built on the first grammar request
         self._pending_events: list[TokenEvent] = []  # final events of requests that never reached the scheduler
         self._rng = random.Random(config.seed)
         self._num_arrivals = 0
@@ -117,8 +122,7 @@ class EngineCore:
 
     def close(self) -> None:
         """Release what lives beyond this process: the other tensor-parallel ranks, the grammar compiler."""
-        if self.grammar is not None:
-            self.grammar.shutdown()
+        self.selector.close()
         self.adapter_calls.close()
         self.executor.runner.close()
 
@@ -130,19 +134,14 @@ class EngineCore:
             seed = params.sampling.seed if params.sampling.seed is not None else self._rng.getrandbits(64)
         request = Request(params, arrival=self._num_arrivals, seed=seed)
         if params.healing_prefix:
-            healer = self.executor.healer
-            if healer is None:
-                healer = self.executor.healer = _token_healer(self.config)
             max_uncounted = self.info.max_total_tokens - len(params.prompt_ids) - params.max_new_tokens
-            request.healing = HealingCount(healer.table, params.healing_prefix.encode(), max_uncounted)
+            request.healing = HealingCount(self.selector.healing_table(), params.healing_prefix.encode(), max_uncounted)
         if params.adapter_id is not None:
             if self.lora is None:
                 raise RequestRejectedError(Refusal.LORA_OFF, params.adapter_id)
             request.lora_id = self.lora.resolve(params.adapter_id)
         self._num_arrivals += 1
-        if params.grammar is not None:
-            self._grammar_backend().submit(request)  # joins the scheduler once compiled
-        else:
+        if self.selector.add(request):  # else it joins the scheduler once its grammar compiled
             self.scheduler.add(request)
 
     def load_adapter(self, name: str, source: str, revision: str | None = None) -> None:
@@ -161,13 +160,13 @@ class EngineCore:
         return any(r.lora_id == adapter_id for r in self.scheduler.requests.values())
 
     def abort(self, request_id: str) -> None:
-        if self.grammar is not None and (event := self.grammar.abort(request_id)) is not None:
+        if (event := self.selector.abort(request_id)) is not None:
             self._pending_events.append(event)
         else:
             self.scheduler.abort(request_id)
 
     def has_unfinished(self) -> bool:
-        compiling = self.grammar is not None and self.grammar.num_waiting > 0
+        compiling = self.selector.num_waiting > 0
         return self.scheduler.has_unfinished() or self._in_flight is not None or compiling or bool(self._pending_events)
 
     def step(self) -> list[TokenEvent]:
@@ -180,7 +179,7 @@ class EngineCore:
         is updated before N's tokens are counted, so a request has at most one pending token when
         a step is scheduled, and it is always in the step just before.
         """
-        events = self._take_compiled() if self.grammar is not None or self._pending_events else []
+        events = self._take_compiled() if self.selector.num_waiting or self._pending_events else []
         previous, self._in_flight = self._in_flight, None
         overlap = self.overlap_scheduling and not self.scheduler.num_reading_own_tokens
         if previous is not None and not overlap:  # the next plan needs every token on the host
@@ -188,7 +187,7 @@ class EngineCore:
             previous = None
         plan = self.scheduler.schedule()
         if overlap and not plan.is_empty:
-            constrained = self.grammar is not None and self.scheduler.num_constrained > 0
+            constrained = self.scheduler.num_constrained > 0
             try:
                 launched = self.executor.launch(plan, previous, defer_sampling=constrained)
             except Exception:  # run it again below, where failures are contained
@@ -221,34 +220,17 @@ class EngineCore:
     def _take_compiled(self) -> list[TokenEvent]:
         """Queue the requests whose grammar compiled; the final events of those refused or aborted."""
         events, self._pending_events = self._pending_events, []
-        if self.grammar is None:
-            return events
-        if not self.scheduler.has_unfinished() and self._in_flight is None:
-            self.grammar.wait()  # nothing else to run: sleep on the compiles instead of spinning
-        ready, failed = self.grammar.take_compiled()
+        ready, failed = self.selector.take_compiled(
+            idle=not self.scheduler.has_unfinished() and self._in_flight is None
+        )
         for request in ready:
             self.scheduler.add(request)
         return events + failed
 
-    def _grammar_backend(self):
-        """Built lazily: servers that never constrain never load xgrammar or scan the vocabulary."""
-        if self.grammar is None:
-            from tgi_compat.router.grammar import GrammarBackend, GrammarCompiler
-            from tgi_compat.router.grammar_compile import CompileLimits
-
-            config = self.config
-            limits = CompileLimits(config.grammar_compile_timeout, config.grammar_cache_bytes)
-            compiler = GrammarCompiler(
-                lambda: _load_tokenizer(config), self.info.vocab_size, self.info.eos_token_ids, limits
-            )
-            self.grammar = self.executor.grammar = GrammarBackend(compiler, self.executor.device)
-        return self.grammar
-
     def _execute(self, plan: StepPlan) -> list[TokenEvent]:
         started = time.perf_counter()
         result = self.executor.execute(plan)
-        if self.grammar is not None:
-            self.grammar.advance(plan, result)
+        self.selector.accept(plan, result)
         events = self.scheduler.update(plan, result)
         self.stats.record(plan, result, events, time.perf_counter() - started)
         return events
@@ -259,8 +241,7 @@ class EngineCore:
         except Exception as exc:  # an asynchronous failure: its requests fail, the engine serves on
             logger.exception("a step of %d requests failed", len(launched.plan.chunks))
             result = StepResult.failed(launched.plan, f"{type(exc).__name__}: {exc}")
-        if self.grammar is not None:
-            self.grammar.advance(launched.plan, result)
+        self.selector.accept(launched.plan, result)
         events = self.scheduler.update(launched.plan, result)
         self.stats.record(launched.plan, result, events, time.perf_counter() - launched.started)
         return events
@@ -276,17 +257,20 @@ class EngineCore:
         return events, self.stats.report(force=went_idle)
 
 
-def _token_healer(config: EngineConfig):
-    """Loads the vocabulary table lazily: servers that never heal never pay for it."""
-    from tgi_compat.router.token_healing import TokenHealer
-
-    return TokenHealer.for_model(config.model_id, config.revision)
-
-
 def _load_tokenizer(config: EngineConfig):
     from tgi_compat.modeling.tokenizer import load_tokenizer
 
     return load_tokenizer(config.model_id, config.revision)
+
+
+def selection_config(config: EngineConfig, info: EngineInfo) -> SelectionConfig:
+    return SelectionConfig(
+        vocab_size=info.vocab_size,
+        device=torch.device(info.device),
+        stop_token_ids=info.eos_token_ids,
+        load_tokenizer=partial(_load_tokenizer, config),
+        compile_limits=CompileLimits(config.grammar_compile_timeout, config.grammar_cache_bytes),
+    )
 
 
 def engine_info(config: EngineConfig, runner: Runner, model_config: ModelConfig) -> EngineInfo:

@@ -19,7 +19,6 @@ serving the rest.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -32,8 +31,8 @@ from tgi_compat.router.batch import LogitsLayout, StepBatchBuilder
 from tgi_compat.router.image_cache import EncoderCache
 from tgi_compat.router.request import Request
 from tgi_compat.router.runner_api import Runner
-from tgi_compat.router.sampling import SampledRows, Sampler, SamplerOutput, SamplingBatch, is_plain_greedy, score_prompt
-from tgi_compat.router.sampling_cache import SamplingBatchCache
+from tgi_compat.router.sampling.output import SampledRows
+from tgi_compat.router.sampling.selector import SelectionConfig, TokenSelector
 from tgi_compat.router.step import PromptScores, SampledToken, StepPlan, StepResult
 
 logger = logging.getLogger(__name__)
@@ -105,22 +104,12 @@ class LaunchedStep:
 
 class StepExecutor:
     def __init__(
-        self,
-        runner: Runner,
-        vocab_size: int,
-        device: torch.device | str,
-        lora_enabled: bool = False,
-        images: EncoderCache | None = None,
+        self, runner: Runner, selection: SelectionConfig, lora_enabled: bool = False, images: EncoderCache | None = None
     ) -> None:
         self.runner = runner
-        self.device = torch.device(device)
-        self.sampler = Sampler(vocab_size, self.device)
+        self.device = selection.device
+        self.selector = TokenSelector(selection)
         self.batch_builder = StepBatchBuilder(self.device, lora_enabled, images)
-        self.sampling_cache = SamplingBatchCache(vocab_size, self.device)
-        self.healer = None  # tgi_compat.router.token_healing.TokenHealer, set on the first healing request
-        self.grammar = None  # tgi_compat.router.grammar.GrammarBackend, set on the first grammar request
-        self._plain_greedy_of: list[Request] = []  # the requests of the last _greedy_only verdict
-        self._plain_greedy = False
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step to its result, failures contained."""
@@ -161,19 +150,20 @@ class StepExecutor:
         input_rows = _input_rows(plan, previous) if previous is not None and previous_ids is not None else None
         batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
         requests = [plan.chunks[i].request for i in layout.sampled_chunks]
-        batch.greedy_only = self._greedy_only(layout, requests, batch.logits_indices.shape[0])
+        every_row_sampled = len(requests) == batch.logits_indices.shape[0] and not layout.prompt_chunks
+        batch.greedy_only = bool(requests) and every_row_sampled and self.selector.greedy_only(requests)
         logits = self.runner.forward(batch)  # [R, vocab], or a greedy_only batch's GreedyChoice
         forward_s = time.perf_counter() - started
         sampled = prompt = deferred = None
         if isinstance(logits, GreedyChoice):  # a sharded model's choice: its logits were never gathered
-            sampled = self._greedy_sampled(logits)
+            sampled = self.selector.from_greedy_choice(logits)
         else:
             if layout.sample_rows:
                 rows = self._rows(logits, layout.sample_rows)
                 if defer_sampling:
                     deferred = _DeferredSampling(rows, requests, layout.sample_offsets)
                 else:
-                    sampled = self._sample(rows, requests, layout.sample_offsets)
+                    sampled = self.selector.sample(rows, requests, layout.sample_offsets)
             if layout.prompt_chunks:
                 prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
         verifies = layout.sample_offsets is not None
@@ -185,40 +175,7 @@ class StepExecutor:
         now, from the tokens the matchers have accepted so far, while its forward runs."""
         deferred, launched.deferred = launched.deferred, None
         if deferred is not None:
-            launched.sampled = self._sample(deferred.logits, deferred.requests, deferred.offsets)
-
-    def _greedy_only(self, layout: LogitsLayout, requests: list[Request], num_rows: int) -> bool:
-        """Whether the step takes only each logits row's greedy choice (every row sampled, no prompt scored, every
-        request plain greedy): a sharded runner then gathers no logits. The requests' verdict is kept while the
-        running set stays the same (their parameters and grammars are fixed from admission)."""
-        if not requests or len(requests) != num_rows or layout.prompt_chunks:
-            return False
-        if requests != self._plain_greedy_of:  # identity per element (Request compares by identity)
-            self._plain_greedy_of, self._plain_greedy = requests, all(map(is_plain_greedy, requests))
-        return self._plain_greedy
-
-    @staticmethod
-    def _greedy_sampled(choice: GreedyChoice) -> SampledRows:
-        """What `_sample` returns for a plain-greedy step, from the choice the runner made. The sampling batch cache
-        is left alone: it advances only over steps the sampler runs (a later one rebuilds it once)."""
-        packed = choice.packed
-        # no top-n: nothing reads all_logprobs
-        return SamplerOutput(choice.token_ids, packed[1], None, all_logprobs=packed, packed=packed).start_copy()
-
-    def _sample(self, logits: torch.Tensor, requests: list[Request], offsets: list[int] | None) -> SampledRows:
-        batch = self._sampling_batch(requests)
-        if offsets is not None:  # verify rows: position j of a chunk draws with the noise of the j-th next token
-            steps = batch.steps + torch.tensor(offsets, dtype=torch.int64).to(self.device, non_blocking=True)
-            batch = dataclasses.replace(batch, steps=steps)
-        output = self.sampler(logits, batch)
-        self.sampling_cache.sampled(output.token_ids)
-        return output.start_copy()
-
-    def _sampling_batch(self, requests: list[Request]) -> SamplingBatch:
-        batch = self.sampling_cache.get(requests, self.healer)
-        if self.grammar is not None and (mask := self.grammar.mask(requests)) is not None:
-            batch = dataclasses.replace(batch, grammar=mask)  # per step: the cached batch stays unmasked
-        return batch
+            launched.sampled = self.selector.sample(deferred.logits, deferred.requests, deferred.offsets)
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """logits[rows]; no copy in the usual all-decode step, where rows are all of them."""
@@ -227,13 +184,8 @@ class StepExecutor:
         return logits[torch.tensor(rows, dtype=torch.int64, device=self.device)]
 
     def _score_prompts(self, plan: StepPlan, layout: LogitsLayout, logits: torch.Tensor) -> SampledRows:
-        top_n = [plan.chunks[i].request.params.prompt_top_n for i, n in layout.prompt_chunks for _ in range(n)]
-        return score_prompt(
-            self._rows(logits, layout.prompt_rows).float(),
-            torch.tensor(layout.prompt_next_ids, dtype=torch.int64, device=self.device),
-            torch.tensor(top_n, dtype=torch.int64, device=self.device),
-            max(top_n, default=0),
-        ).start_copy()
+        top_n = [plan.chunks[i].request.params.sampling.top_n_tokens for i, n in layout.prompt_chunks for _ in range(n)]
+        return self.selector.score_prompt(self._rows(logits, layout.prompt_rows), layout.prompt_next_ids, top_n)
 
 
 def _input_rows(plan: StepPlan, previous: LaunchedStep) -> list[int | None]:

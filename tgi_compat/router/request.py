@@ -43,7 +43,7 @@ class GrammarKind(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
-    """What the generated text must match; the engine compiles it (tgi_compat/router/grammar.py)."""
+    """What the generated text must match; the engine compiles it (tgi_compat/router/sampling/grammar.py)."""
 
     kind: GrammarKind
     value: str = ""
@@ -70,7 +70,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     watermark: bool = False
     seed: int | None = None  # None: the engine picks one when the request samples
-    top_n_tokens: int = 0  # alternatives reported per generated token
+    top_n_tokens: int = 0  # alternatives reported per generated token, and per prompt position with prompt_logprobs
     # OpenAI/vLLM `logit_bias`: (token id, bias) pairs added to the raw logits before every processor
     logit_bias: tuple[tuple[int, float], ...] = ()
 
@@ -89,7 +89,6 @@ class GenerateRequest:
     stop_token_ids: list[int] = field(default_factory=list)  # besides the model's EOS set
     ignore_eos: bool = False
     prompt_logprobs: bool = False  # report a logprob for every prompt token (first is None)
-    prompt_top_n: int = 0  # top alternatives at every prompt position (with prompt_logprobs)
     # Token healing: the healed prompt's removed text; generation is constrained until it is covered.
     healing_prefix: str | None = None
     grammar: GrammarSpec | None = None  # constrain the generated text (TGI's `grammar`)
@@ -206,7 +205,7 @@ class Request:
             self.prompt_logprobs.append(None)
             self.prompt_top_tokens.append([])
         self.prompt_logprobs.extend(logprobs)
-        if self.params.prompt_top_n > 0:
+        if self.params.sampling.top_n_tokens > 0:
             self.prompt_top_tokens.extend(top_tokens)
 
     @property

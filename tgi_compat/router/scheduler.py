@@ -343,7 +343,7 @@ class Scheduler:
                 self._prefill_waits.published_all(request)
             if request.params.prompt_logprobs:
                 event.prompt_logprobs = list(request.prompt_logprobs)
-                if request.params.prompt_top_n > 0:
+                if request.params.sampling.top_n_tokens > 0:
                     event.prompt_top_tokens = [list(t) for t in request.prompt_top_tokens]
         reason = stop_reason(request, token_id, self.eos_token_ids)
         if reason is not None:

@@ -67,7 +67,7 @@ class PromptScores:
     """Logprobs of prompt tokens start+1 .. scored by one chunk (raw model distribution)."""
 
     logprobs: list[float]
-    top_tokens: list[list[TopToken]] = field(default_factory=list)  # per position, when prompt_top_n
+    top_tokens: list[list[TopToken]] = field(default_factory=list)  # per position, when top_n_tokens
 
 
 @dataclass(slots=True)

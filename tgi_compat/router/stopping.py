@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tgi_compat.router.request import FinishReason, Request
-from tgi_compat.router.token_healing import VocabularyTable, is_prefix_only, remaining_prefix
+from tgi_compat.router.sampling.token_healing import VocabularyTable, is_prefix_only, remaining_prefix
 
 
 @dataclass(slots=True)

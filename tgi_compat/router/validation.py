@@ -31,7 +31,7 @@ def _sampling_refusal(request: GenerateRequest) -> RequestRejectedError | None:
         reason = Refusal.TYPICAL_P
     elif s.top_k < 0:
         reason = Refusal.TOP_K
-    elif s.top_n_tokens < 0 or request.prompt_top_n < 0:
+    elif s.top_n_tokens < 0:
         reason = Refusal.TOP_N_TOKENS
     elif s.seed is not None and not 0 <= s.seed < 1 << 64:
         reason = Refusal.SEED

@@ -6,7 +6,7 @@
 
 `prepare_features` runs inside validation, after TGI's `truncate` and before the length checks:
 an over-long prompt is cut to the largest length that passes them (tgi_compat/api/lightllm/truncation.py), and
-a healing request has its last tokens removed (tgi_compat/router/token_healing.py). `RequestFeatures` then
+a healing request has its last tokens removed (tgi_compat/router/sampling/token_healing.py). `RequestFeatures` then
 travels on the ValidatedRequest: it fills the engine request's extra fields, and `HealingOutput`
 filters the generated tokens (tokens that only re-cover the removed prompt text are not emitted, and
 the engine does not count them against max_new_tokens: tgi_compat/router/stopping.py; the
@@ -24,7 +24,7 @@ from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.lightllm.truncation import kept_length, truncate_long_prompt
 from tgi_compat.api.protocol.tgi import MAX_NEW_TOKENS_CHUNK, GenerateParameters
 from tgi_compat.router.request import GenerateRequest as EngineRequest
-from tgi_compat.router.token_healing import (
+from tgi_compat.router.sampling.token_healing import (
     HealingSplit,
     VocabularyTable,
     is_prefix_only,
@@ -67,7 +67,7 @@ class RequestFeatures:
     healing: HealingSplit | None = None
     healing_vocabulary: VocabularyTable | None = None
     all_prompt_logprobs: bool = False
-    prompt_top_n: int = 0
+    prompt_top_tokens: bool = False  # with top_n_tokens: details.prefill_top_tokens too
 
     @property
     def reports_truncation(self) -> bool:
@@ -77,7 +77,6 @@ class RequestFeatures:
         """Fill the engine request's LightLLM fields (called once per sequence)."""
         if self.all_prompt_logprobs:
             engine_request.prompt_logprobs = True
-            engine_request.prompt_top_n = self.prompt_top_n
         if self.healing is not None:
             engine_request.prompt_ids = list(self.healing.prompt_ids)
             engine_request.healing_prefix = self.healing.prefix_text
@@ -106,7 +105,7 @@ async def prepare_features(
         all_prompt_logprobs=bool(
             _request_or_server(params.return_all_prompt_logprobs, config.return_all_prompt_logprobs)
         ),
-        prompt_top_n=params.top_n_tokens or 0,
+        prompt_top_tokens=bool(params.top_n_tokens),
     )
     if features.truncation_mode is not None:
         requested = params.max_new_tokens if params.max_new_tokens is not None else 0
@@ -178,5 +177,5 @@ def add_lightllm_details(
     if features.all_prompt_logprobs:
         if streaming:
             details.prefill = result.prefill
-        if features.prompt_top_n:
+        if features.prompt_top_tokens:
             details.prefill_top_tokens = result.prefill_top_tokens

@@ -1,5 +1,5 @@
 """TGI's `grammar` parameter and the chat `response_format`: validated with TGI's texts and turned
-into the GrammarSpec the engine compiles (tgi_compat/router/grammar.py). No tokenizer is involved here.
+into the GrammarSpec the engine compiles (tgi_compat/router/sampling/grammar.py). No tokenizer is involved here.
 
     {"type": "json" | "json_object", "value": <schema object or JSON text>}
     {"type": "json_schema", "value": {"name"?: str, "schema": {...}}}

@@ -186,17 +186,15 @@ class ValidatedRequest:
     features: RequestFeatures | None = None  # LightLLM's truncation / healing / prompt logprobs
     grammar: GrammarSpec | None = None  # what the generated text must match
     adapter_id: str | None = None  # the LoRA adapter to run under (None: the base model)
-    prompt_top_n: int = 0  # alternatives at every prompt position (with prompt_logprobs)
     images: list[PromptImage] = field(default_factory=list)  # a vision model's prompt images
 
     @property
     def input_length(self) -> int:
         return len(self.prompt_ids)
 
-    def score_prompt(self, top_n: int) -> None:
-        """Report every prompt token's logprob and the `top_n` likeliest ids at each prompt position."""
+    def score_prompt(self) -> None:
+        """Report every prompt token's logprob (and its `top_n_tokens` likeliest ids at each position)."""
         self.prompt_logprobs = True
-        self.prompt_top_n = top_n
 
     @property
     def wants_details(self) -> bool:
@@ -230,7 +228,6 @@ class ValidatedRequest:
             sampling=self.sampling_params(),
             max_new_tokens=self.max_new_tokens,
             prompt_logprobs=self.prompt_logprobs,
-            prompt_top_n=self.prompt_top_n,
             grammar=self.grammar,
             adapter_id=self.adapter_id,
             images=self.images,

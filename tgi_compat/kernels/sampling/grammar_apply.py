@@ -1,4 +1,4 @@
-"""The grammar's bitmask applied to sampled scores (tgi_compat.router.grammar.GrammarMask.apply): -inf on every token
+"""The grammar's bitmask applied to sampled scores (tgi_compat.router.sampling.grammar.GrammarMask.apply): -inf on every token
 a constrained row's grammar forbids, in place, one launch for the batch.
 
 The bitmask is compact: row r holds the allowed tokens of scores row row_index[r] (of row r when there is no

@@ -1,4 +1,4 @@
-"""Grammar confinement of sampled scores in one pass per constrained row (tgi_compat.router.grammar.GrammarMask.confine).
+"""Grammar confinement of sampled scores in one pass per constrained row (tgi_compat.router.sampling.grammar.GrammarMask.confine).
 
 After every warper, on the rows a grammar constrains: NaN counts as -inf, +inf as the largest float, and a
 row left without a finite score gets 0 on the lowest token id its bitmask allows, so whatever extreme

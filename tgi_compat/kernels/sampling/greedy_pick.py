@@ -175,7 +175,7 @@ def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def greedy_pick_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What tgi_compat.router.sampling computes for an all-greedy batch without the kernel."""
+    """What tgi_compat.router.sampling.sampler computes for an all-greedy batch without the kernel."""
     scores = logits.float()
     ids = scores.argmax(dim=-1)
     logprobs = scores.gather(1, ids[:, None]).squeeze(1) - torch.logsumexp(scores, dim=-1)

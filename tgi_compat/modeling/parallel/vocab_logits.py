@@ -25,7 +25,7 @@ from tgi_compat.modeling.parallel.sharding import vocab_shard
 
 @dataclass(slots=True)
 class GreedyChoice:
-    """Each logits row's greedy choice, as tgi_compat.router.sampling's greedy path computes it from the whole logits."""
+    """Each logits row's greedy choice, as tgi_compat.router.sampling.sampler's greedy path computes it from the whole logits."""
 
     token_ids: torch.Tensor  # [R] int64
     packed: torch.Tensor  # [2, R] float64: the ids, then their logprobs

@@ -101,7 +101,7 @@ async def _run_prompt(state: AppState, body: CompletionRequest, prompt: Prompt, 
         async with frame.admit(prompt, params, permits=fanout.best_of, grammar=body.response_format) as admitted:
             request = admitted.request
             if body.echo and body.logprobs is not None:  # echoed positions list their top-k too (OpenAI, vLLM)
-                request.score_prompt(body.logprobs)
+                request.score_prompt()
             results = [await admitted.to_end()] if fanout.best_of == 1 else await admitted.best_of(fanout.best_of)
     except TgiError as error:
         frame.failed(error)
@@ -196,7 +196,7 @@ async def _stream_sequence(
             text = admitted.request.inputs
             offset = len(text) if body.echo else 0
             if body.echo and body.logprobs is not None:  # the echo waits for the prompt's scores (first event)
-                admitted.request.score_prompt(body.logprobs)
+                admitted.request.score_prompt()
             elif body.echo:
                 await out.put(_stream_chunk(model, _echoed(index, text, None)))
             async for step in admitted.stream():

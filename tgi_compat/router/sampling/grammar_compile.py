@@ -1,4 +1,4 @@
-"""Grammar compiles in a child process, the one way to stop a compile (tgi_compat/router/grammar.py uses it).
+"""Grammar compiles in a child process, the one way to stop a compile (tgi_compat/router/sampling/grammar.py uses it).
 
 An xgrammar compile cannot be interrupted, and its cost does not follow the spec's size: on the 2-core
 development machine a 36 KB schema of 300 `anyOf` properties took 5.7 s and 60 MB, a 700 KB enum 12 s and
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
-from tgi_compat.router.grammar_ebnf import fold_bounded_repetitions
 from tgi_compat.router.process_exit import exit_with_parent, name_process
 from tgi_compat.router.request import GrammarKind, GrammarSpec
+from tgi_compat.router.sampling.grammar_ebnf import fold_bounded_repetitions
 
 if TYPE_CHECKING:
     import xgrammar
@@ -230,7 +230,7 @@ def return_freed_memory() -> None:
 
 def grammar_ebnf(spec: GrammarSpec) -> str:
     """The EBNF of a regex or JSON-schema spec, as xgrammar converts it, with its bounded repetitions
-    folded (tgi_compat/router/grammar_ebnf.py: the same language, masks that fill fast)."""
+    folded (tgi_compat/router/sampling/grammar_ebnf.py: the same language, masks that fill fast)."""
     import xgrammar
 
     if spec.kind is GrammarKind.REGEX:
@@ -245,5 +245,5 @@ def _without_cpp_location(message: str) -> str:
     return _CPP_LOCATION.sub("", message.strip()).strip()
 
 
-if __name__ == "__main__":  # the child: python -m tgi_compat.router.grammar_compile FD PARENT_PID MAX_BYTES
+if __name__ == "__main__":  # the child: python -m tgi_compat.router.sampling.grammar_compile FD PARENT_PID MAX_BYTES
     serve_compiles(Connection(int(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]))

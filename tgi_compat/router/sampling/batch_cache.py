@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tgi_compat.router.request import Request
-from tgi_compat.router.sampling import SamplingBatch, _last_token
+from tgi_compat.router.sampling.batch import SamplingBatch, last_token
+
+if TYPE_CHECKING:
+    from tgi_compat.router.sampling.token_healing import TokenHealer
 
 CONTEXT_HEADROOM = 64  # spare history columns: the penalty table grows once per this many steps
 
@@ -41,7 +44,7 @@ class SamplingBatchCache:
         self._max_length = 0  # longest history in _batch.context_ids (host copy, for growing it)
         self.num_builds = 0  # batches built from scratch (tests check when the cache is used)
 
-    def get(self, requests: Sequence[Request], healer=None) -> SamplingBatch:
+    def get(self, requests: Sequence[Request], healer: TokenHealer | None = None) -> SamplingBatch:
         requests = list(requests)
         lengths = [r.num_output_tokens for r in requests]
         previous, sampled = self._batch, self._sampled_ids
@@ -62,7 +65,7 @@ class SamplingBatchCache:
         """[B] ids chosen with the batch get() just returned, still on the device."""
         self._sampled_ids = token_ids
 
-    def _build(self, requests: list[Request], healer) -> SamplingBatch:
+    def _build(self, requests: list[Request], healer: TokenHealer | None) -> SamplingBatch:
         self.num_builds += 1
         batch = SamplingBatch.build(requests, self.vocab_size, self.device, healer, CONTEXT_HEADROOM)
         if batch.context_lens is not None:
@@ -71,7 +74,7 @@ class SamplingBatchCache:
         return batch
 
     def _advance(
-        self, previous: SamplingBatch, sampled: torch.Tensor, requests: list[Request], healer
+        self, previous: SamplingBatch, sampled: torch.Tensor, requests: list[Request], healer: TokenHealer | None
     ) -> SamplingBatch:
         """The previous batch after every row took its sampled token; device ops only."""
         changes: dict[str, Any] = {"steps": previous.steps + 1}
@@ -79,7 +82,7 @@ class SamplingBatchCache:
             changes["context_ids"] = self._append_history(previous.context_ids, sampled)
             changes["context_lens"] = previous.context_lens + 1
         if previous.watermark_prev_ids:
-            changes["watermark_prev_ids"] = [(i, _last_token(requests[i])) for i, _ in previous.watermark_prev_ids]
+            changes["watermark_prev_ids"] = [(i, last_token(requests[i])) for i, _ in previous.watermark_prev_ids]
         if healer is not None:  # healing masks depend on the generated text so far
             changes["blocked"] = healer.blocked_rows(requests, self.vocab_size, self.device)
         return dataclasses.replace(previous, **changes)

@@ -16,8 +16,9 @@ for no text), so a healing step cannot end the request.
 Who does what:
   * API (tgi_compat): `split_prompt` removes the tokens and gives the removed text; the engine
     request carries it as `GenerateRequest.healing_prefix`; the API strips the re-generated text
-    from what it emits and does not count the tokens that only re-cover the prompt.
-  * engine: `TokenHealer.blocked_rows` gives, for the rows being sampled, a [B, V] mask applied
+    from what it emits.
+  * engine: the tokens that only re-cover the prompt do not count against max_new_tokens
+    (tgi_compat/router/stopping.py); `TokenHealer.blocked_rows` gives, for the rows being sampled, a [B, V] mask applied
     to the logits before every other processor. The still-uncovered part of P is recomputed from
     the request's output ids (`remaining_prefix`), so preemption and re-prefill need no state.
 """
@@ -26,14 +27,17 @@ from __future__ import annotations
 
 import bisect
 import json
-import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from tgi_compat.router.request import Request
 
 LIGHTLLM_HEALED_TOKENS = 2  # LightLLM backs up the last two prompt tokens
 MASK_CACHE_SIZE = 512  # distinct remaining prefixes kept as device masks
@@ -95,7 +99,7 @@ class VocabularyTable:
         return cls([to_bytes(p) if p else b"" for p in pieces], special_ids)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> VocabularyTable:
+    def from_tokenizer(cls, tokenizer: PreTrainedTokenizerBase) -> VocabularyTable:
         """From a transformers tokenizer: its vocabulary pieces, added tokens as their plain text."""
         size = len(tokenizer)
         pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
@@ -126,7 +130,7 @@ class VocabularyTable:
         return allowed
 
 
-def _is_byte_level(tokenizer, pieces: Sequence[str | None]) -> bool:
+def _is_byte_level(tokenizer: PreTrainedTokenizerBase, pieces: Sequence[str | None]) -> bool:
     decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
     if decoder is not None:  # its JSON names the pieces: ByteLevel, or Metaspace/Replace("▁")/ByteFallback
         text = json.dumps(json.loads(decoder.__getstate__()))
@@ -211,17 +215,13 @@ class TokenHealer:
         healer._table = table
         return healer
 
-    @classmethod
-    def for_model(cls, model_id: str, revision: str | None = None) -> TokenHealer:
-        return cls(lambda: load_vocabulary(model_id, revision))
-
     @property
     def table(self) -> VocabularyTable:
         if self._table is None:
             self._table = self._load()
         return self._table
 
-    def blocked_rows(self, requests: Sequence, vocab_width: int, device: torch.device) -> torch.Tensor | None:
+    def blocked_rows(self, requests: Sequence[Request], vocab_width: int, device: torch.device) -> torch.Tensor | None:
         """[B, V] bool, True where a still-healing row may not pick the token; None if no row heals."""
         pending = [
             (row, r.params.healing_prefix, r.output_ids) for row, r in enumerate(requests) if r.params.healing_prefix
@@ -261,11 +261,3 @@ class TokenHealer:
         else:
             self._masks.move_to_end(key)
         return self._masks[key]
-
-
-def load_vocabulary(model_id: str, revision: str | None = None) -> VocabularyTable:
-    """The table of the tokenizer the API process uses for the same model (same files, same ids)."""
-    from tgi_compat.modeling.tokenizer import load_tokenizer
-
-    logger.info("loading the vocabulary of %s for token healing", model_id)
-    return VocabularyTable.from_tokenizer(load_tokenizer(model_id, revision))

@@ -4,7 +4,7 @@ The API sends a GrammarSpec (kind + text) inside the engine request; everything 
 lives here, in the engine process:
 
     add_request --submit--> compiled grammars (LRU, --grammar-cache-bytes) or the compile thread, which
-                            compiles in a child process (tgi_compat/router/grammar_compile.py: one at a time,
+                            compiles in a child process (tgi_compat/router/sampling/grammar_compile.py: one at a time,
                             stopped at --grammar-compile-timeout or when no request waits for it any more);
                             requests with the same spec share one compile; the step loop never waits on it
     step: take_compiled() -> ready requests join the scheduler's queue, failures finish at once
@@ -23,7 +23,7 @@ A completed grammar leaves only the EOS ids open (xgrammar's stop tokens are the
 so a finished answer ends with TGI's `eos_token` and a capped one is a prefix with `length`.
 Batches without a constrained request never reach this module. The backend itself is built on the
 first grammar request: servers that never constrain pay nothing, not even the vocabulary scan.
-Specs are compiled from xgrammar's EBNF with their bounded repetitions folded (tgi_compat/router/grammar_ebnf.py).
+Specs are compiled from xgrammar's EBNF with their bounded repetitions folded (tgi_compat/router/sampling/grammar_ebnf.py).
 The engine holds at most --grammar-cache-bytes of compiled grammars besides those its running requests use.
 """
 
@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tgi_compat.router.grammar_compile import (
+from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.request import FinishReason, GrammarSpec, Request
+from tgi_compat.router.sampling.grammar_compile import (
     CompileLimits,
     CompileProcess,
     GrammarCompileError,
     compile_error_message,
     return_freed_memory,
 )
-from tgi_compat.router.outputs import TokenEvent
-from tgi_compat.router.request import FinishReason, GrammarSpec, Request
 from tgi_compat.router.step import StepPlan, StepResult
 
 if TYPE_CHECKING:
@@ -163,7 +163,8 @@ class _Compile:
 @dataclass(slots=True)
 class GrammarMask:
     """One step's allowed-token bitmasks, compact: row r for the constrained sampled row row_index[r], or
-    for sampled row r when row_index is None (every sampled row is constrained).
+    for sampled row r when row_index is None (every sampled row is constrained). The sampler applies them
+    after the penalties and confines the rows after the warpers (SamplingKernels.apply_grammar, .confine_grammar).
 
     On a GPU the tensors stay in pinned host memory, which CUDA maps into the device's address space
     (unified addressing): the two kernels read the ~1 MB of a 64-row step over PCIe in place. A copy to
@@ -171,46 +172,6 @@ class GrammarMask:
 
     bitmask: torch.Tensor  # [R, ceil(V/32)] int32
     row_index: torch.Tensor | None  # [R] int32, beside the bitmask
-    device_readable: bool = False  # on a GPU, or pinned: the kernels read it where it is
-
-    def apply(self, scores: torch.Tensor) -> torch.Tensor:
-        """-inf on every token the grammar forbids (in place on a float32 [B, V]; one kernel on a GPU)."""
-        scores = scores.contiguous()
-        if self._readable_in_place(scores):
-            from tgi_compat.kernels.sampling.grammar_apply import grammar_apply
-
-            return grammar_apply(scores, self.bitmask, self.row_index)
-        from tgi_compat.kernels.sampling.grammar_apply import grammar_apply_ref
-
-        return grammar_apply_ref(scores, *self._on(scores.device))
-
-    def confine(self, scores: torch.Tensor) -> torch.Tensor:
-        """The last word on the constrained rows (in place), after every warper: whatever the request's
-        parameters did to the scores, the token chosen from them is one the grammar allows.
-
-        Extreme parameters break the masked scores: a temperature that is inf in float32 turns the
-        masked -inf into NaN (-inf / inf), one that is 0 makes +inf (x / 0) whose log_softmax is NaN,
-        and argmax takes NaN for the largest value, so the choice fell on the row's first NaN (token 0).
-        Penalties can also push every allowed token to -inf. So NaN counts as -inf, +inf as the largest
-        float, and a row left without a finite score takes its lowest allowed id (greedy or sampled).
-        No processor after the mask turns -inf into a number, so forbidden tokens stay -inf. On the device
-        with no host sync, one kernel on a GPU (tgi_compat/kernels/sampling/grammar_confine.py); the bitmask is not applied again."""
-        if self._readable_in_place(scores) and scores.stride(1) == 1:
-            from tgi_compat.kernels.sampling.grammar_confine import grammar_confine
-
-            return grammar_confine(scores, self.bitmask, self.row_index)
-        from tgi_compat.kernels.sampling.grammar_confine import grammar_confine_ref
-
-        return grammar_confine_ref(scores, *self._on(scores.device))
-
-    def _readable_in_place(self, scores: torch.Tensor) -> bool:
-        """The Triton kernels take float32 scores on a GPU, and a mask the GPU can read."""
-        return scores.is_cuda and scores.dtype == torch.float32 and self.device_readable
-
-    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The mask on `device`, for the torch reference (a copy only where it is elsewhere)."""
-        row_index = None if self.row_index is None else self.row_index.to(device)
-        return self.bitmask.to(device), row_index
 
 
 class GrammarBackend:
@@ -329,11 +290,10 @@ class GrammarBackend:
         elif matchers:  # rows 0..n-1 in order, the usual case, need no index list
             indices = None if len(matchers) == num_rows else fill_rows
             self._batch(fill_threads(len(matchers))).batch_fill_next_token_bitmask(matchers, bitmask, indices)
-        pinned = self.device.type == "cuda"  # _host_buffer pins it there
         if total == size:
-            return GrammarMask(bitmask, None, pinned)
+            return GrammarMask(bitmask, None)
         host[size:total] = torch.tensor([i for i, _ in constrained], dtype=torch.int32)
-        return GrammarMask(bitmask, host[size:total], pinned)
+        return GrammarMask(bitmask, host[size:total])
 
     def _stop_tokens_row(self) -> torch.Tensor:
         """One bitmask row (int32 words, bit t % 32 of word t // 32) allowing only the stop tokens."""
@@ -352,7 +312,7 @@ class GrammarBackend:
             request, matcher = chunk.request, chunk.request.matcher
             if matcher is None or token is None or request.is_finished or request.grammar_terminated:
                 continue
-            if not matcher.accept_token(token.token_id):  # GrammarMask.confine rules this out: a bug if seen
+            if not matcher.accept_token(token.token_id):  # the sampler's confinement rules this out: a bug if seen
                 logger.warning("request %s: token %d is outside its grammar", request.request_id, token.token_id)
             elif token.token_id in self._stop_token_ids:
                 # Only a stop token completes the grammar (xgrammar's matchers wait for one), so the
@@ -365,7 +325,7 @@ class GrammarBackend:
             self._host = buffer.pin_memory() if self.device.type == "cuda" else buffer
         return self._host
 
-    def _batch(self, threads: int):
+    def _batch(self, threads: int) -> xgrammar.BatchGrammarMatcher:
         if (batch_matcher := self._batch_matchers.get(threads)) is None:
             import xgrammar
 

@@ -14,7 +14,7 @@ A = 10  # the only token whose text starts with "a": healing "aaa" takes it thre
 def healing_engine(**config):
     engine = hash_engine(**config)
     pieces = [b"a" if i == A else b"x%d" % i for i in range(engine.info.vocab_size)]
-    engine.executor.healer = TokenHealer.for_table(VocabularyTable(pieces))
+    engine.selector.healer = TokenHealer.for_table(VocabularyTable(pieces))
     return engine
 
 

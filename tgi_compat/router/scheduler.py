@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tgi_compat.router.admission import AdmissionLimits, RequestTokens, can_admit
+from tgi_compat.router.admission import AdmissionLimits, can_admit
 from tgi_compat.router.batching_hold import BatchingHold
 from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.kv_slots import KVSlotPool
@@ -38,7 +38,7 @@ from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.prefill_waits import PrefillWaits
 from tgi_compat.router.request import FinishReason, Request, RequestStatus
 from tgi_compat.router.step import SampledToken, ScheduledChunk, StepPlan, StepResult
-from tgi_compat.router.stopping import is_at_length_cap, length_budget, stop_reason
+from tgi_compat.router.stopping import admission_tokens, is_at_length_cap, stop_reason
 
 if TYPE_CHECKING:
     from tgi_compat.router.speculative.speculator import Speculator
@@ -116,7 +116,7 @@ class Scheduler:
                 break  # it preempted itself: nothing newer is left to schedule
             if chunk is not None:
                 plan.chunks.append(chunk)
-                budget -= _prefill_tokens(chunk)
+                budget -= chunk.prefill_tokens
             index += 1
         if not plan.preempted:  # after a preemption the pool is tight: admit nobody this step
             self._admit_waiting(plan, budget)
@@ -170,7 +170,7 @@ class Scheduler:
         return self._chunk(request, num_new, slots)
 
     def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
-        running_tokens = [_tokens(r) for r in self.running]
+        running_tokens = [admission_tokens(r) for r in self.running]
         pool, waiting = self.pool, self.waiting
         index = 0
         while index < len(waiting):
@@ -180,7 +180,7 @@ class Scheduler:
                 continue
             admission = self.limits.admission
             if not can_admit(
-                running_tokens, _tokens(request), admission, pool.num_used_slots, budget, pool.num_shared_slots
+                running_tokens, admission_tokens(request), admission, pool.num_used_slots, budget, pool.num_shared_slots
             ):
                 return  # FIFO: nobody overtakes a request that does not fit
             row = pool.allocate_row()
@@ -205,7 +205,7 @@ class Scheduler:
             self._hold.admitted()
             request.row, request.status = row, RequestStatus.RUNNING
             self.running.append(request)
-            running_tokens.append(_tokens(request))
+            running_tokens.append(admission_tokens(request))
             if pool.prefix_cache is not None and not request.output_ids and not request.needs_prompt_logprobs:
                 self._prefill_waits.prefilling.append(
                     request
@@ -214,7 +214,7 @@ class Scheduler:
                 plan.cached_prefixes.append((row, request.cached_prefix.slots))
             chunk = self._chunk(request, num_new, slots)
             plan.chunks.append(chunk)
-            budget -= _prefill_tokens(chunk)
+            budget -= chunk.prefill_tokens
 
     def _place_adapter(self, request: Request, plan: StepPlan) -> bool:
         assert self.lora_slots is not None  # the engine takes no LoRA request without them
@@ -280,29 +280,13 @@ class Scheduler:
             if chunk.is_sampled:
                 assert sampled is not None, f"chunk of {request.request_id} was sampled but has no token"
                 if chunk.drafts:
-                    events += self._append_verified(chunk, [sampled, *result.verified[index]])
+                    assert self.speculator is not None  # it made the drafts
+                    verified = [sampled, *result.verified[index]]
+                    events += self.speculator.accept(chunk, verified, self._append_token, self.pool)
                 else:
                     events.append(self._append_token(request, sampled))
             elif request in self._prefill_waits.prefilling and request.status is RequestStatus.RUNNING:
                 self._publish_prefix(request)  # a prefill chunk: waiters may take it from the cache now
-        return events
-
-    def _append_verified(self, chunk: ScheduledChunk, tokens: list[SampledToken]) -> list[TokenEvent]:
-        """A verify chunk's tokens up to its first that differs from the drafts, each its own event as in TGI,
-        until one ends the request; the K/V slots of the positions past them go straight back to the pool."""
-        assert self.speculator is not None  # it made the drafts
-        request = chunk.request
-        num_accepted = self.speculator.verify(chunk, [t.token_id for t in tokens])
-        events = []
-        for j, token in enumerate(tokens[: num_accepted + 1]):
-            request.num_kv_written = chunk.start + 1 + j  # the K/V before token j (never past the tokens kept)
-            events.append(self._append_token(request, token))
-            if request.is_finished:  # (its slots are all released)
-                return events
-        keep = chunk.start + 1 + num_accepted  # the newest token has no K/V yet, as after a plain decode
-        self.pool.free(request.slots[keep:])
-        del request.slots[keep:]
-        request.num_computed_tokens = keep
         return events
 
     def tokens_in_flight(self, plan: StepPlan, sampled_chunks: list[int]) -> None:
@@ -408,20 +392,3 @@ class Scheduler:
         if request.row is not None:
             self.pool.free_row(request.row)
             request.row = None
-
-
-def _prefill_tokens(chunk: ScheduledChunk) -> int:
-    """Tokens a chunk takes from the step's prefill budget (decodes take none)."""
-    is_decode = chunk.num_tokens == 1 and chunk.start > 0 and chunk.is_sampled
-    return 0 if is_decode else chunk.num_tokens
-
-
-def _tokens(request: Request) -> RequestTokens:
-    params, prefix = request.params, request.cached_prefix
-    return RequestTokens(
-        request.num_prompt_tokens,
-        len(request.output_ids),
-        length_budget(request),
-        params.ignore_eos,
-        0 if prefix is None else prefix.num_tokens,
-    )

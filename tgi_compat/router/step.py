@@ -37,6 +37,12 @@ class ScheduledChunk(msgspec.Struct, gc=False):
     def end(self) -> int:
         return self.start + self.num_tokens
 
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens the chunk takes from the step's prefill budget (decodes take none)."""
+        is_decode = self.num_tokens == 1 and self.start > 0 and self.is_sampled
+        return 0 if is_decode else self.num_tokens
+
 
 @dataclass(slots=True)
 class StepPlan:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tgi_compat.router.admission import RequestTokens
 from tgi_compat.router.request import FinishReason, Request
 from tgi_compat.router.sampling.token_healing import VocabularyTable, is_prefix_only, remaining_prefix
 
@@ -53,3 +54,15 @@ def stop_reason(request: Request, token_id: int, eos_token_ids: frozenset[int]) 
     if token_id in params.stop_token_ids:
         return FinishReason.STOP_TOKEN
     return None
+
+
+def admission_tokens(request: Request) -> RequestTokens:
+    """What admission counts of a request: its lengths and its length budget."""
+    params, prefix = request.params, request.cached_prefix
+    return RequestTokens(
+        request.num_prompt_tokens,
+        len(request.output_ids),
+        length_budget(request),
+        params.ignore_eos,
+        0 if prefix is None else prefix.num_tokens,
+    )

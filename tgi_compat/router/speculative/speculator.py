@@ -10,17 +10,18 @@ pool (the scheduler does that: tgi_compat/router/scheduler.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tgi_compat.router.kv_slots import KVSlotPool
+from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import Request
 from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.ngram import NgramProposer
 from tgi_compat.router.speculative.policy import AcceptanceStats, choose_draft_lengths
 from tgi_compat.router.speculative.proposer import DraftProposer
 from tgi_compat.router.speculative.suffix import SuffixCorpus, SuffixProposer
-from tgi_compat.router.step import ScheduledChunk, StepPlan
+from tgi_compat.router.step import SampledToken, ScheduledChunk, StepPlan
 
 
 @dataclass(slots=True)
@@ -89,6 +90,30 @@ class Speculator:
         for position in range(accepted):
             counters.accepted_per_position[position] += 1
         return accepted
+
+    def accept(
+        self,
+        chunk: ScheduledChunk,
+        tokens: list[SampledToken],
+        append: Callable[[Request, SampledToken], TokenEvent],
+        pool: KVSlotPool,
+    ) -> list[TokenEvent]:
+        """A verify chunk's tokens up to its first that differs from the drafts, each appended (`append`: the
+        scheduler's) as its own event as in TGI, until one ends the request; the K/V slots of the positions past
+        them go straight back to the pool."""
+        request = chunk.request
+        num_accepted = self.verify(chunk, [t.token_id for t in tokens])
+        events = []
+        for j, token in enumerate(tokens[: num_accepted + 1]):
+            request.num_kv_written = chunk.start + 1 + j  # the K/V before token j (never past the tokens kept)
+            events.append(append(request, token))
+            if request.is_finished:  # (its slots are all released)
+                return events
+        keep = chunk.start + 1 + num_accepted  # the newest token has no K/V yet, as after a plain decode
+        pool.free(request.slots[keep:])
+        del request.slots[keep:]
+        request.num_computed_tokens = keep
+        return events
 
     def num_accepted(self, request: Request) -> int:
         """The request's accepted drafts so far (TGI's tgi_request_skipped_tokens)."""

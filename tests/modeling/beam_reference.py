@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+from tests.modeling.helpers import transformers_generate
 
 
 def transformers_beams(
@@ -17,18 +17,16 @@ def transformers_beams(
     early_stopping: bool | str = False,
 ) -> list[tuple[list[int], float]]:
     """The `num_return` best hypotheses of `generate(num_beams=...)`: (generated ids, padded with EOS, and score)."""
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt_ids]),
-            num_beams=num_beams,
-            num_return_sequences=num_return,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-            eos_token_id=eos_token_id,
-            pad_token_id=eos_token_id,
-            return_dict_in_generate=True,
-            output_scores=True,
-        )
+    out = transformers_generate(
+        model,
+        prompt_ids,
+        eos_token_id,
+        max_new_tokens,
+        num_beams=num_beams,
+        num_return_sequences=num_return,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
     return [(seq[len(prompt_ids) :].tolist(), float(score)) for seq, score in zip(out.sequences, out.sequences_scores)]

@@ -174,14 +174,19 @@ def image_greedy(model, ids: list[int], pixel_values, max_new_tokens: int) -> li
     return out[0, len(ids) :].tolist()
 
 
-def transformers_greedy(model, prompt_ids: list[int], eos_id: int, max_new_tokens: int) -> list[int]:
-    """The ids transformers' own greedy `generate` picks after the prompt."""
+def transformers_generate(model, prompt_ids: list[int], eos_id: int, max_new_tokens: int, **options):
+    """transformers' own `generate` without sampling, EOS also the padding; `options` pass through."""
     with torch.no_grad():
-        out = model.generate(
+        return model.generate(
             torch.tensor([prompt_ids]),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             eos_token_id=eos_id,
             pad_token_id=eos_id,
+            **options,
         )
-    return out[0, len(prompt_ids) :].tolist()
+
+
+def transformers_greedy(model, prompt_ids: list[int], eos_id: int, max_new_tokens: int) -> list[int]:
+    """The ids transformers' own greedy `generate` picks after the prompt."""
+    return transformers_generate(model, prompt_ids, eos_id, max_new_tokens)[0, len(prompt_ids) :].tolist()

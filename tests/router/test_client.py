@@ -10,7 +10,9 @@ from test_engine import expected_greedy, prompts
 
 from tgi_compat.router.client_api import EngineDeadError, Refusal, RequestRejectedError
 from tgi_compat.router.client_in_process import InProcessEngineClient
+from tgi_compat.router.client_queueing import PROGRESS_WINDOW_S, QueueingClient
 from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.stats import EngineStats, StepStats
 
 
 async def collect(client, request):
@@ -89,6 +91,29 @@ async def test_stats_reach_the_listener():
         assert client.latest_stats is received[-1]
     finally:
         await client.shutdown()
+
+
+class _SilentEngine(QueueingClient):
+    """An engine that never answers: only token events and stats reach the client."""
+
+    def _submit(self, message) -> None:
+        pass
+
+    async def shutdown(self) -> None:
+        pass
+
+
+async def test_slow_steps_widen_the_window_in_which_progress_proves_health():
+    client = _SilentEngine()
+    client._dispatch([])  # token events arrived now
+    assert await client.check_health(timeout=0.1)
+    client._last_progress -= 2 * PROGRESS_WINDOW_S  # none since: a probe it never answers
+    assert not await client.check_health(timeout=0.1)
+    slow = PROGRESS_WINDOW_S  # a step as long as the plain window: busy, not hung
+    client._on_stats(EngineStats(1, 1, 1, 1, 10, steps=[StepStats("decode", 1, slow, 0.0, slow)]))
+    assert await client.check_health(timeout=0.1)
+    client._on_stats(EngineStats(1, 1, 1, 1, 10, steps=[StepStats("decode", 1, 0.01, 0.0, 0.01)]))
+    assert not await client.check_health(timeout=0.1)  # fast steps again: the plain window
 
 
 def test_a_refusal_crosses_the_wire_as_its_code_and_values():

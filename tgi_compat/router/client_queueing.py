@@ -25,6 +25,9 @@ from tgi_compat.router.wire import AbortRequest, AdapterCall, AddRequest, Health
 logger = logging.getLogger(__name__)
 _health_ids = itertools.count()
 PROGRESS_WINDOW_S = 10.0  # token events this recent show a live engine without probing it
+# ... or this many of the slowest recent step: an engine whose steps are slow (a loaded CPU, a huge batch) is
+# busy, not hung, and a probe would wait for the step to end (a health monitor might even restart it).
+SLOW_STEPS_IN_WINDOW = 3.0
 
 
 class RequestEvents:
@@ -79,6 +82,7 @@ class QueueingClient(EngineClient):
         self.stats_listener: Callable[[EngineStats], None] | None = None
         self.latest_stats: EngineStats | None = None
         self._last_progress = float("-inf")  # monotonic time of the last token events or probe reply
+        self._progress_window = PROGRESS_WINDOW_S  # widened while the engine reports slow steps
         self._probe: asyncio.Future | None = None  # the health probe in flight
         self._adapter_calls = PendingAdapterCalls({})  # LoRA loads and unloads in flight
 
@@ -141,12 +145,13 @@ class QueueingClient(EngineClient):
         await self._adapter_calls.call(call, self._submit)
 
     async def check_health(self, timeout: float = 60.0) -> bool:
-        """Alive and making progress: token events within PROGRESS_WINDOW_S prove it at once (TGI
-        answers from recent generations too); otherwise a probe that the engine loop answers
-        between two steps, so it never waits behind requests in admission."""
+        """Alive and making progress: token events within the progress window (PROGRESS_WINDOW_S, or
+        SLOW_STEPS_IN_WINDOW of the slowest step last reported) prove it at once (TGI answers from recent
+        generations too); otherwise a probe that the engine loop answers between two steps, so it never
+        waits behind requests in admission."""
         if self._dead_reason is not None:
             return False
-        if time.monotonic() - self._last_progress < PROGRESS_WINDOW_S:
+        if time.monotonic() - self._last_progress < self._progress_window:
             return True
         if self._probe is None or self._probe.done():  # concurrent checks share one probe
             self._probe = asyncio.get_running_loop().create_future()
@@ -170,6 +175,9 @@ class QueueingClient(EngineClient):
 
     def _on_stats(self, stats: EngineStats) -> None:
         self.latest_stats = stats
+        if stats.steps:
+            slowest = max(step.total_s for step in stats.steps)
+            self._progress_window = max(PROGRESS_WINDOW_S, SLOW_STEPS_IN_WINDOW * slowest)
         if self.stats_listener is not None:
             self.stats_listener(stats)
 

@@ -3,8 +3,8 @@ o and down by input) run test_lora_parity's batch of base and adapter rows, gree
 logprobs and prefill logits.
 
 The ranks start as the server starts them (tgi_compat.router.model_loading.load_runner): rank 1 reads the startup
-adapters itself; rank 0 gets them as its LoraRegistry numbers them, and sends each step's slots and slot loads
-with the step (StepBroadcast), so rank 1 copies its cut of each adapter into the same slot.
+adapters itself; rank 0 loads them through the engine's LoraRegistry, which numbers them, and sends each step's
+slots and slot loads with the step (StepBroadcast), so rank 1 copies its cut of each adapter into the same slot.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ import torch.multiprocessing as mp
 from tests.lora_adapters import write_smollm2_adapter
 from tests.modeling.helpers import max_rel_error
 from tests.modeling.test_lora_parity import RANKS, _run_mixed_batch
-from tgi_compat.modeling.lora.adapter import load_peft_adapter
+from tests.modeling.test_tensor_parallel_logits import SMOLLM2, TOLERANCE
 from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
 from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
 from tgi_compat.modeling.runner import ModelRunner
 from tgi_compat.router.config import EngineConfig, LoraSource
-from tgi_compat.router.lora_registry import FIRST_ADAPTER_ID
+from tgi_compat.router.lora_registry import LoraRegistry
 from tgi_compat.router.model_loading import load_runner
-
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-TOLERANCE = 1e-4  # fp32, relative to the largest logit: only the order of the sums differs
 
 
 def _config(adapters: list[LoraSource], num_shard: int, port: int = 0) -> EngineConfig:
@@ -39,12 +36,13 @@ def _config(adapters: list[LoraSource], num_shard: int, port: int = 0) -> Engine
 
 
 def _with_startup_adapters(config: EngineConfig, rank: int) -> ModelRunner:
-    """A rank's runner; rank 0 adds the adapters under the ids its engine's LoraRegistry would give them."""
+    """A rank's runner; on rank 0 the adapters loaded as EngineCore loads them (its registry numbers them)."""
     runner = load_runner(config, rank)
     assert runner.lora is not None
     if rank == 0:
-        for adapter_id, adapter in enumerate(config.lora_adapters, start=FIRST_ADAPTER_ID):
-            runner.lora.add(adapter_id, load_peft_adapter(adapter.name, adapter.source))
+        registry = LoraRegistry(runner.lora, config.max_cpu_loras, in_use=lambda _: False)
+        for adapter in config.lora_adapters:
+            registry.load(adapter.name, adapter.source)
     return runner
 
 

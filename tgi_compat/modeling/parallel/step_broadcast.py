@@ -76,7 +76,7 @@ class StepBroadcast:
         if has_host_lens:
             self.tp.broadcast_host(torch.tensor([*batch.q_lens_cpu, *batch.kv_lens_cpu], dtype=torch.int64))  # type: ignore[misc]
         if lora is not None and lora.loads:
-            self.tp.broadcast_host(torch.tensor(lora.loads, dtype=torch.int64).reshape(-1))
+            self.tp.broadcast_host(torch.tensor(lora.loads, dtype=torch.int64))
         fields = [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.q_start]
         fields += [batch.q_lens, batch.kv_lens, batch.logits_indices]
         if cached is not None:
@@ -109,9 +109,11 @@ class StepBroadcast:
         if has_host_lens:
             host_lens = torch.empty(2 * batch_size, dtype=torch.int64)
             self.tp.broadcast_host(host_lens)
-        loads = torch.empty(2 * max(num_loads, 0), dtype=torch.int64)
+        loads: list[tuple[int, int]] = []  # (slot, adapter id)
         if num_loads > 0:
-            self.tp.broadcast_host(loads)
+            pairs = torch.empty(num_loads, 2, dtype=torch.int64)
+            self.tp.broadcast_host(pairs)
+            loads = [(slot, adapter) for slot, adapter in pairs.tolist()]
         if capacity != self.capacity:
             self._allocate(capacity)
         sizes = [num_tokens] * 3 + [batch_size] * 4 + [num_logits, 3 * num_cached]
@@ -135,7 +137,5 @@ class StepBroadcast:
             kv_lens_cpu=host_lens[batch_size:].tolist() if host_lens is not None else None,
             cached_prefix_slots=fields[8].view(3, num_cached) if num_cached else None,
             greedy_only=bool(greedy_only),
-            lora=None
-            if num_loads < 0
-            else LoraBatch(fields[9], [(slot, adapter) for slot, adapter in loads.view(-1, 2).tolist()]),
+            lora=None if num_loads < 0 else LoraBatch(fields[9], loads),
         )

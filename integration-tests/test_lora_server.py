@@ -1,11 +1,13 @@
 """LoRA adapters on the real launcher (embedded SmolLM2): TGI's --lora-adapters and vLLM's --lora-modules, a
 request's adapter picked by `adapter_id` (HTTP, huggingface_hub) or `model` (openai), an unknown
 adapter refused with the loaded ones named while the server keeps serving, and vLLM's runtime routes
-(VLLM_ALLOW_RUNTIME_LORA_UPDATING) loading and unloading adapters while a stream runs."""
+(VLLM_ALLOW_RUNTIME_LORA_UPDATING) loading and unloading adapters while a stream runs. With --num-shard 2 (CPU,
+gloo) the startup adapters answer as on one rank, and runtime loads are refused with the reason."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -20,15 +22,19 @@ PROMPT = "The capital of France is"
 PARAMS = {"max_new_tokens": 8, "details": True}
 
 
-@pytest.fixture(scope="module")
-def lora_server(tmp_path_factory):
-    import os
+RUNTIME_UPDATES = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
 
+
+@pytest.fixture(scope="module")
+def adapter_flags(tmp_path_factory) -> list[str]:
     root = tmp_path_factory.mktemp("lora-server")
     a1, a2 = write_smollm2_adapter(root / "a1", 8, seed=1), write_smollm2_adapter(root / "a2", 16, seed=2)
-    command = [*_launcher_command(_free_port()), "--lora-adapters", f"a1={a1}", "--lora-modules", f"a2={a2}"]
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
-    with launched(command, env, "launcher-lora-") as handle:
+    return ["--lora-adapters", f"a1={a1}", "--lora-modules", f"a2={a2}"]
+
+
+@pytest.fixture(scope="module")
+def lora_server(adapter_flags):
+    with launched([*_launcher_command(_free_port()), *adapter_flags], RUNTIME_UPDATES, "launcher-lora-") as handle:
         yield handle
 
 
@@ -160,3 +166,17 @@ def test_lora_requests_info_names_the_running_adapter(lora_server):
     # AIAK's: the adapters loaded, and a latency histogram per adapter that served a request
     assert re.search(r'^vllm:lora_count\{model_name="[^"]*"\} 2\.0$', text, re.M), text
     assert re.search(r'^vllm:lora_time_e2e_requests_count\{lora_name="a1",model_name="[^"]*"\} [1-9]', text, re.M)
+
+
+def test_two_ranks_answer_as_one_and_refuse_runtime_loads(lora_server, adapter_flags):
+    """Each rank reads the startup adapters; a step's adapter slots reach both ranks."""
+    command = [*_launcher_command(_free_port()), *adapter_flags, "--num-shard", "2", "--master-port", str(_free_port())]
+    with launched(command, RUNTIME_UPDATES, "launcher-lora-tp2-") as sharded:
+        for adapter in (None, "a1", "a2"):
+            ours, reference = _generate(sharded, adapter), _generate(lora_server, adapter)
+            assert ours["generated_text"] == reference["generated_text"], adapter
+            assert _logprobs(ours) == pytest.approx(_logprobs(reference), abs=1e-3), adapter
+        body = {"lora_name": "late", "lora_path": "/anywhere"}
+        refused = httpx.post(f"{sharded.base_url}/v1/load_lora_adapter", json=body, timeout=60)
+        assert refused.status_code == 400 and "--num-shard > 1" in refused.json()["error"]["message"], refused.text
+        assert _generate(sharded, "a1")["details"]["generated_tokens"] >= 1  # still serving

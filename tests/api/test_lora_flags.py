@@ -39,12 +39,16 @@ def test_vllm_spelling_plain_and_json_with_limits():
     assert _config("--enable-lora").to_engine_config().max_loras == 1  # adapters come later, at runtime
 
 
+def test_served_with_num_shard():
+    engine = _config("--lora-adapters", "a=/x", "--num-shard", "2").to_engine_config()
+    assert (engine.num_shard, engine.lora_adapters) == (2, [LoraSource("a", "/x")])
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
         (["--lora-modules", "no-path"], "expected name=path or JSON"),
         (["--lora-modules", '{"name": "x"}'], "needs string 'name' and 'path'"),
-        (["--lora-adapters", "a=/x", "--num-shard", "2"], "--num-shard > 1"),
     ],
 )
 def test_bad_flags_stop_the_launcher(flags, message):

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from tgi_compat.modeling.lora.manager import LoraManager
 
 
+FIRST_ADAPTER_ID = 1  # ids count up from here (the other tensor-parallel ranks number the startup adapters alike)
+
+
 class LoraRegistry:
     def __init__(self, manager: LoraManager, max_cpu_loras: int, in_use: Callable[[int], bool]) -> None:
         self.manager = manager
@@ -28,7 +31,7 @@ class LoraRegistry:
         self.sources: dict[str, str] = {}  # name -> the folder or hub id it was loaded from
         self._names: dict[int, str] = {}  # id -> name of the loaded and the retired adapters
         self._retired: list[int] = []  # unloaded, with requests left
-        self._next_id = 1
+        self._next_id = FIRST_ADAPTER_ID
 
     @property
     def names(self) -> list[str]:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.lora_registry import FIRST_ADAPTER_ID
+
+if TYPE_CHECKING:
+    from tgi_compat.modeling.lora.manager import LoraManager
 
 
 def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], None] | None = None):
@@ -48,4 +53,15 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
     runner = ModelRunner(runner_config, tp=tp)
     if rank == 0:
         runner.step_sender = StepBroadcast(tp, on_step=count_step)
+    elif runner.lora is not None:
+        _add_startup_adapters(runner.lora, config)
     return runner
+
+
+def _add_startup_adapters(lora: LoraManager, config: EngineConfig) -> None:
+    """Ranks > 0: the startup adapters, under the ids rank 0's LoraRegistry gives them (in --lora-adapters order).
+    Each rank reads the whole adapter and copies its own cut into a slot when rank 0's step names the load."""
+    from tgi_compat.modeling.lora.adapter import load_peft_adapter
+
+    for adapter_id, adapter in enumerate(config.lora_adapters, start=FIRST_ADAPTER_ID):
+        lora.add(adapter_id, load_peft_adapter(adapter.name, adapter.source, adapter.revision))

@@ -294,8 +294,6 @@ def _check_lora(config: ServerConfig) -> None:
 
     if not config.lora_enabled:
         return
-    if config.num_shard > 1:
-        raise LauncherError("LoRA adapters are not served with --num-shard > 1 yet: run one shard per replica")
     try:
         config.lora_sources  # noqa: B018 - parsed here so that a bad flag stops the launcher, not the engine
     except LoraFlagError as exc:

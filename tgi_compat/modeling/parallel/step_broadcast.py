@@ -10,10 +10,15 @@ travel without a host sync), ordered on the stream after the previous forward; t
 views of it. Only the elements the step uses travel (a 64-row decode: 4 KB of the buffer's 128 KB). Its
 capacity travels in the header: a step that needs more grows it on both sides.
 
-    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only]
-             (then, for prefill steps that carry them, the host q_lens[B] and kv_lens[B])
+    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only, N]
+             (then, for prefill steps that carry them, the host q_lens[B] and kv_lens[B];
+             for a LoRA step with N adapter loads, the host loads[2 * N]: slot, adapter id)
     device = input_ids[T] positions[T] out_slots[T] req_rows[B] q_start[B] q_lens[B] kv_lens[B]
              logits_indices[R] cached_prefix_slots[3 * C] (rows, positions, slots of prefix-cache hits)
+             lora_slots[B] (a LoRA step: each request's adapter slot, -1 for the base model)
+
+N is -1 for a step without LoRA rows. Every rank then runs the same rows on the same adapter slots, and
+copies the same adapters into them (each keeps its own cut of every adapter loaded at startup).
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ from collections.abc import Callable
 
 import torch
 
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch
 from tgi_compat.modeling.parallel.group import TensorParallel
 
-_HEADER = 11
+_HEADER = 12
 _INITIAL_CAPACITY = 1 << 14
 _MODES = list(ForwardMode)
 
@@ -55,23 +60,29 @@ class StepBroadcast:
         num_tokens, batch_size, num_logits = batch.num_tokens, batch.batch_size, batch.logits_indices.shape[0]
         cached = batch.cached_prefix_slots
         num_cached = 0 if cached is None else cached.shape[1]
-        needed = 3 * num_tokens + 4 * batch_size + num_logits + 3 * num_cached
+        lora = batch.lora
+        needed = 3 * num_tokens + 4 * batch_size + num_logits + 3 * num_cached + (0 if lora is None else batch_size)
         if needed > self.capacity:
             self._allocate(max(needed, 2 * self.capacity))
         has_host_lens = batch.q_lens_cpu is not None and batch.kv_lens_cpu is not None
         header = [_Op.STEP, _MODES.index(batch.mode), num_tokens, batch_size, num_logits]
         header += [batch.max_q_len, batch.max_kv_len, int(has_host_lens), num_cached, self.capacity]
         header += [int(batch.greedy_only)]  # which collective ends the step: the logits' gather or the greedy choice
+        header += [-1 if lora is None else len(lora.loads)]
         self.header.copy_(torch.tensor(header, dtype=torch.int64))
         if self.on_step is not None:
             self.on_step()
         self.tp.broadcast_host(self.header)
         if has_host_lens:
             self.tp.broadcast_host(torch.tensor([*batch.q_lens_cpu, *batch.kv_lens_cpu], dtype=torch.int64))  # type: ignore[misc]
+        if lora is not None and lora.loads:
+            self.tp.broadcast_host(torch.tensor(lora.loads, dtype=torch.int64))
         fields = [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.q_start]
         fields += [batch.q_lens, batch.kv_lens, batch.logits_indices]
         if cached is not None:
             fields.append(cached.reshape(-1))
+        if lora is not None:
+            fields.append(lora.slots)
         torch.cat([field.to(torch.int64) for field in fields], out=self.buffer[:needed])
         self.tp.broadcast(self.buffer[:needed])  # the receivers size theirs from the header
 
@@ -89,7 +100,7 @@ class StepBroadcast:
         self.tp.broadcast_host(self.header)
         header = self.header.tolist()
         op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached = header[:9]
-        capacity, greedy_only = header[9:]
+        capacity, greedy_only, num_loads = header[9:]
         if op == _Op.STOP:
             return None
         if self.on_step is not None:
@@ -98,9 +109,15 @@ class StepBroadcast:
         if has_host_lens:
             host_lens = torch.empty(2 * batch_size, dtype=torch.int64)
             self.tp.broadcast_host(host_lens)
+        loads: list[tuple[int, int]] = []  # (slot, adapter id)
+        if num_loads > 0:
+            pairs = torch.empty(num_loads, 2, dtype=torch.int64)
+            self.tp.broadcast_host(pairs)
+            loads = [(slot, adapter) for slot, adapter in pairs.tolist()]
         if capacity != self.capacity:
             self._allocate(capacity)
         sizes = [num_tokens] * 3 + [batch_size] * 4 + [num_logits, 3 * num_cached]
+        sizes.append(0 if num_loads < 0 else batch_size)
         used = self.buffer[: sum(sizes)]  # as many elements as rank 0 sent
         self.tp.broadcast(used)
         fields = torch.split(used, sizes)
@@ -120,4 +137,5 @@ class StepBroadcast:
             kv_lens_cpu=host_lens[batch_size:].tolist() if host_lens is not None else None,
             cached_prefix_slots=fields[8].view(3, num_cached) if num_cached else None,
             greedy_only=bool(greedy_only),
+            lora=None if num_loads < 0 else LoraBatch(fields[9], loads),
         )

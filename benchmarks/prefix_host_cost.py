@@ -193,7 +193,7 @@ def instrument(engine: EngineCore, clock: PhaseClock) -> None:
     clock.wrap(executor.batch_builder, "build", "build batch")
     clock.wrap(batch_module, "_cached_prefix_slots", "hit table")
     clock.wrap(executor.runner, "forward", "forward (row writes)")
-    clock.wrap(executor, "_sample", "sampling")
+    clock.wrap(executor.selector, "sample", "sampling")
     clock.wrap(LaunchedStep, "result", "wait + to host")
     clock.wrap(scheduler, "update", "update")
     clock.wrap(scheduler, "_publish_prefix", "publish prefix")

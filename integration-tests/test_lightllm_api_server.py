@@ -33,7 +33,7 @@ def lightllm_server():
     command = api_server_command(
         "--host", "127.0.0.1", "--port", str(port), "--max_total_token_num", "1024",
         "--max_req_input_len", str(MAX_INPUT), "--max_req_total_len", str(MAX_TOTAL), "--running_max_req_size", "8",
-        "--long_truncation_mode", "center", "--return_all_prompt_logprobs", "--eos_id", "2", str(THE_ID), "--enable_multimodal",
+        "--long_truncation_mode", "center", "--return_all_prompt_logprobs", "--eos_id", "2", str(THE_ID), "--splitfuse_block_size", "256",
     )  # fmt: skip
     with launched(list(command), _clean_env(), "api-server-") as handle:
         yield handle
@@ -46,7 +46,7 @@ def test_limits_come_from_the_lightllm_flags(lightllm_server):
 
 def test_one_startup_warning_names_the_unbuilt_flags(lightllm_server):
     warnings = [line for line in lightllm_server.log_tail(200_000).splitlines() if "not implemented yet" in line]
-    assert len(warnings) == 1 and "--enable_multimodal" in warnings[0]
+    assert len(warnings) == 1 and "--splitfuse_block_size" in warnings[0]
 
 
 def test_every_eos_id_ends_generation(lightllm_server):

@@ -19,8 +19,9 @@ def test_triton_backend_windowed_soft_capped_model_matches_torch_backend():
     from tests.modeling.helpers import TINY_SIZES
 
     config = Gemma2Config(  # half the usual width: the kernels run interpreted
-        **TINY_SIZES | dict(hidden_size=32, intermediate_size=64, max_position_embeddings=128, vocab_size=97),
-        tie_word_embeddings=True,  # Gemma's own head
+        **TINY_SIZES
+        | dict(hidden_size=32, intermediate_size=64, max_position_embeddings=128, vocab_size=97)
+        | dict(tie_word_embeddings=True),  # Gemma's own head
         head_dim=16,
         sliding_window=4,  # the steps reach 10 tokens
         attn_logit_softcapping=1.0,

@@ -86,13 +86,15 @@ def test_known_but_unbuilt_modes_are_accepted_and_named():
 
 
 def test_unbuilt_flags_are_named_only_when_given():
-    unbuilt = unbuilt_of("--enable_multimodal", "--tokenizer_mode", "slow", "--metric_gateway", "h:9091")
-    assert any("--enable_multimodal" in u for u in unbuilt)
+    unbuilt = unbuilt_of("--splitfuse_block_size", "256", "--tokenizer_mode", "slow", "--metric_gateway", "h:9091")
+    assert any("--splitfuse_block_size" in u for u in unbuilt)
     assert any("--tokenizer_mode slow" in u for u in unbuilt)
     assert not any("--metric_gateway" in u for u in unbuilt)  # built: tgi_compat.api.server.ops_services
     assert unbuilt_of("--tokenizer_mode", "fast", "--use_tgi_api", "--health_monitor", "--diverse_mode") == []
     assert unbuilt_of("--use_dynamic_prompt_cache") == []  # built: tgi_compat/router/prefix_cache.py
-    assert unbuilt_of("--beam_mode", "--use_reward_model") == []  # built: serving/beam_generate.py, pooling models
+    assert (
+        unbuilt_of("--beam_mode", "--use_reward_model", "--enable_multimodal") == []
+    )  # built: serving/beam_generate.py, pooling models
     assert config_of("--beam_mode").beam_mode is True
 
 

@@ -86,6 +86,7 @@ def test_registry_resolves_every_supported_architecture():
         "Qwen3MoeForCausalLM",
     }
     families = {
+        "Gemma3ForConditionalGeneration": "Gemma3ForConditionalGeneration",  # the vision model (its images)
         "Gemma": "GemmaForCausalLM",
         "Phi3": "Phi3ForCausalLM",
         "Mixtral": "MixtureOfExpertsForCausalLM",

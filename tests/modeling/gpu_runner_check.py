@@ -1,12 +1,9 @@
 """GPU check (not collected by pytest): ModelRunner with the Triton backend, Triton layer ops and
-decode CUDA graphs against transformers on tiny random models. Run: python3 tests/modeling/gpu_runner_check.py"""
-
-import sys
+decode CUDA graphs against transformers on tiny random models. Run: python3 -m tests.modeling.gpu_runner_check"""
 
 import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-sys.path.insert(0, ".")
 from tests.modeling.helpers import max_rel_error, run_step, tiny_hf_model
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 

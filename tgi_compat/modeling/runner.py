@@ -160,6 +160,7 @@ class ModelRunner:
             pad_slot=self.num_kv_slots,
             max_seq_len=self.max_seq_len,
             device=self.device,
+            lora=self.lora,  # LoRA decode steps get graphs of their own
         )
 
     @classmethod
@@ -192,9 +193,11 @@ class ModelRunner:
         if self.step_sender is not None:
             self.step_sender.send(batch)
         write_cached_prefixes(self.req_to_token, batch)
+        replayed = self.cuda_graphs is not None and self.cuda_graphs.can_run(batch)
         if self.lora is not None:
-            self.lora.begin_step(batch)
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
+            self.lora.begin_step(batch, replayed)
+        if replayed:
+            assert self.cuda_graphs is not None
             logits = self.cuda_graphs.replay(batch)
         else:
             logits = self._forward_eager(batch)

@@ -20,6 +20,7 @@ def _lora_expand_kernel(
     end0,  # slice 0's last output column + 1
     end1,  # slice 1's (fused projections of 2 or 3 parts)
     end2,  # slice 2's
+    out_size,  # the last slice's end: the columns written
     R,  # max rank
     stride_s,
     stride_b_slot,
@@ -40,8 +41,7 @@ def _lora_expand_kernel(
         offs_r = tl.arange(0, BLOCK_R)
         mask_r = offs_r < R
         offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-        last = end0 if NUM_SLICES == 1 else (end1 if NUM_SLICES == 2 else end2)
-        mask_n = offs_n < last
+        mask_n = offs_n < out_size
         b = tl.load(
             b_ptr + slot.to(tl.int64) * stride_b_slot + offs_n[None, :] * stride_b_row + offs_r[:, None],
             mask=mask_n[None, :] & mask_r[:, None],
@@ -83,7 +83,7 @@ def lora_expand(
     block_m, block_n = 16, 64
     grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(slice_ends[-1], block_n))
     _lora_expand_kernel[grid](
-        shrunk, b, token_order, seg_start, seg_len, out, *ends, rank,
+        shrunk, b, token_order, seg_start, seg_len, out, *ends, slice_ends[-1], rank,
         shrunk.stride(0), b.stride(0), b.stride(1), out.stride(0),
         NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rank)),

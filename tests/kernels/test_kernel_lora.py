@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref, shrink_split_k
 from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.modeling.lora.step import build_lora_step
 
@@ -34,15 +34,35 @@ def test_segments_sort_tokens_by_slot_and_leave_base_tokens_out():
     "request_slots, q_lens",
     [([2, -1, 0, 2], [2, 3, 1, 2]), ([1, 1, 1], [1, 1, 1]), ([-1, -1], [4, 1]), ([3, 0, 1, 2, -1], [17, 1, 5, 1, 2])],
 )
-def test_shrink_and_expand_match_their_references(request_slots, q_lens):
+@pytest.mark.parametrize("size_in", [40, 1000])  # 1000: the shrink splits K in 3 (shrink_split_k), K % 64 != 0
+def test_shrink_and_expand_match_their_references(request_slots, q_lens, size_in):
     torch.manual_seed(0)
     with torch.device(DEV):
-        _check_shrink_and_expand(request_slots, q_lens)
+        _check_shrink_and_expand(request_slots, q_lens, size_in, QKV_LIKE)
 
 
-def _check_shrink_and_expand(request_slots: list[int], q_lens: list[int]) -> None:
+# one launch for every slice of a fused projection, slice ends inside a 64-column block; an empty slice (a part a
+# rank of a sharded model keeps nothing of)
+@pytest.mark.parametrize("slices", [[(0, 40), (40, 40)], [(0, 80)], [(0, 48), (48, 0), (48, 32)]])
+def test_expand_slices(slices):
+    torch.manual_seed(1)
+    with torch.device(DEV):
+        _check_shrink_and_expand([3, 0, 1, 2, -1], [17, 1, 5, 1, 2], 40, slices)
+
+
+def test_split_k_only_at_decode_sizes():
+    assert shrink_split_k(64, 4096) == 16 and shrink_split_k(1, 14336) == 32
+    assert shrink_split_k(1000, 4096) == 1 and shrink_split_k(8, 40) == 1 and shrink_split_k(8, 1000) == 3
+
+
+QKV_LIKE = [(0, 48), (48, 16), (64, 16)]
+
+
+def _check_shrink_and_expand(
+    request_slots: list[int], q_lens: list[int], size_in: int, slices: list[tuple[int, int]]
+) -> None:
     step = _step(request_slots, q_lens)
-    num_tokens, size_in, rank, slices = sum(q_lens), 40, 24, [(0, 48), (48, 16), (64, 16)]  # q|k|v-like
+    num_tokens, rank = sum(q_lens), 24
     x = torch.randn(num_tokens, size_in)
     a = torch.randn(MAX_LORAS, len(slices) * rank, size_in)
     a[1, 8:rank] = 0  # slot 1 holds a rank-8 adapter, zero-padded
@@ -53,9 +73,9 @@ def _check_shrink_and_expand(request_slots: list[int], q_lens: list[int]) -> Non
     torch.testing.assert_close(shrunk[:num_lora], ref[:num_lora], **TOL)
     base = torch.randn(num_tokens, 80)
     out, out_ref = base.clone(), base.clone()
-    for index, (start, size) in enumerate(slices):
-        lora_expand(out, ref, b, step.token_order, step.seg_start, step.seg_len, index * rank, start, size)
-        lora_expand_ref(out_ref, ref, b, step.token_order, step.seg_start, step.seg_len, index * rank, start, size)
+    ends = tuple(start + size for start, size in slices)
+    lora_expand(out, ref, b, step.token_order, step.seg_start, step.seg_len, ends)
+    lora_expand_ref(out_ref, ref, b, step.token_order, step.seg_start, step.seg_len, ends)
     torch.testing.assert_close(out, out_ref, **TOL)
     is_base = torch.tensor([s < 0 for s, n in zip(request_slots, q_lens) for _ in range(n)])
     assert torch.equal(out[is_base], base[is_base])  # base rows untouched

@@ -17,6 +17,12 @@ req_to_token row (index max_rows) that the router never hands out, then
         return self.cuda_graphs.replay(batch)
 
 The logits returned by `replay` live in the graph's memory and are overwritten by the next replay.
+
+LoRA (`lora` given: --max-loras > 0): every bucket gets a second graph, captured with the LoRA layer ops on. Its
+one more static input is each row's adapter slot [N] (base and padding rows -1); the graph itself turns it into
+the sorted token order and the segment table (`LoraSteps.set_decode_slots`, all fixed-size, the kernels' grids
+sized by --max-loras), and reads the adapters from slot buffers that loads overwrite in place, so no load ever
+re-captures. A step without a LoRA row replays the plain graph, untouched.
 """
 
 from __future__ import annotations
@@ -25,11 +31,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from tgi_compat.modeling.attention.base import AttentionBackend
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +49,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 
 StepFn = Callable[[ForwardBatch], torch.Tensor]  # ForwardBatch -> logits [R, vocab]
+
+
+class LoraSteps(Protocol):
+    """The LoRA side of a model (tgi_compat.modeling.lora.manager.LoraManager), as the graphs' capture needs it."""
+
+    def set_decode_slots(self, slots: torch.Tensor | None) -> None:
+        """The next forwards run LoRA segments built from `slots` ([b] int64, -1: base row); None: plain ones."""
+        ...
 
 
 def resolve_batch_sizes(cuda_graphs: list[int] | None, enforce_eager: bool, max_batch_size: int) -> list[int]:
@@ -63,6 +81,7 @@ class _StaticInputs:
     q_lens: torch.Tensor  # [N] int64, ones
     kv_lens: torch.Tensor  # [N] int64
     logits_indices: torch.Tensor  # [N] int64
+    lora_slots: torch.Tensor  # [N] int64: each row's adapter slot, -1 for base and padding rows (LoRA graphs)
 
     @classmethod
     def allocate(cls, size: int, device: torch.device) -> _StaticInputs:
@@ -70,7 +89,9 @@ class _StaticInputs:
             return torch.zeros(size, dtype=torch.int64, device=device)
 
         arange = torch.arange(size, dtype=torch.int64, device=device)
-        return cls(zeros(), zeros(), zeros(), zeros(), arange, torch.ones_like(arange), zeros(), arange.clone())
+        return cls(
+            zeros(), zeros(), zeros(), zeros(), arange, torch.ones_like(arange), zeros(), arange.clone(), zeros() - 1
+        )
 
     def batch(self, size: int, max_seq_len: int) -> ForwardBatch:
         return ForwardBatch(
@@ -97,9 +118,11 @@ class DecodeCudaGraphs:
         pad_slot: int,
         max_seq_len: int,
         device: torch.device,
+        lora: LoraSteps | None = None,
     ):
         assert batch_sizes, "no batch sizes to capture"
         self.step_fn = step_fn
+        self.lora = lora
         self.batch_sizes = sorted(batch_sizes)
         self.max_batch_size = self.batch_sizes[-1]
         self.pad_row = pad_row
@@ -109,13 +132,14 @@ class DecodeCudaGraphs:
         with torch.inference_mode():
             self.inputs = _StaticInputs.allocate(self.max_batch_size, self.device)
             self._pad_from(0)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # [bucket, vocab] logits written by each replay
+        # keyed by (bucket, LoRA step?)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}  # [bucket, vocab] logits written by each replay
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (
             batch.mode == ForwardMode.DECODE
-            and batch.lora is None  # LoRA steps run eager
+            and (batch.lora is None or self.lora is not None)
             and 0 < batch.batch_size <= self.max_batch_size
             and batch.logits_indices.shape[0] <= batch.batch_size
         )
@@ -125,15 +149,10 @@ class DecodeCudaGraphs:
         """Capture every bucket, largest first, in one shared memory pool."""
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        kinds = (False, True) if self.lora is not None else (False,)
         for size in reversed(self.batch_sizes):
-            batch = self.inputs.batch(size, self.max_seq_len)
-            for _ in range(2):  # compile kernels and create library handles outside the capture
-                self.step_fn(batch)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self.step_fn(batch)
-            self.graphs[size] = graph
+            for with_lora in kinds:
+                self._capture_one(size, with_lora, pool)
         torch.cuda.synchronize(self.device)
         logger.info(
             "captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
@@ -142,9 +161,47 @@ class DecodeCudaGraphs:
             time.perf_counter() - start,
         )
 
+    def graph_step(self, size: int, with_lora: bool) -> Callable[[], torch.Tensor]:
+        """What the graph of (bucket `size`, LoRA step or not) records, over the static inputs; run eagerly (as
+        the CPU tests do, after `load_inputs`) it computes what a replay would. Call `end_graph_steps` after."""
+        batch = self.inputs.batch(size, self.max_seq_len)
+        lora = self.lora
+        if lora is None:
+            return lambda: self.step_fn(batch)
+        slots = self.inputs.lora_slots[:size] if with_lora else None
+
+        def step() -> torch.Tensor:
+            lora.set_decode_slots(slots)  # inside the capture: the graph builds the segments itself
+            return self.step_fn(batch)
+
+        return step
+
+    def end_graph_steps(self) -> None:
+        if self.lora is not None:
+            self.lora.set_decode_slots(None)  # no eager step may read the static segments
+
+    def _capture_one(self, size: int, with_lora: bool, pool: _POOL_HANDLE) -> None:
+        step = self.graph_step(size, with_lora)
+        try:
+            for _ in range(2):  # compile kernels and create library handles outside the capture
+                step()
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[size, with_lora] = step()
+            self.graphs[size, with_lora] = graph
+        finally:
+            self.end_graph_steps()
+
     @torch.inference_mode()
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [R, vocab] of a decode batch, through the smallest captured bucket that holds it."""
+        key = self.load_inputs(batch)
+        self.graphs[key].replay()
+        return self.outputs[key][: batch.logits_indices.shape[0]]
+
+    def load_inputs(self, batch: ForwardBatch) -> tuple[int, bool]:
+        """Copy a decode batch into the static inputs (padded to its bucket); returns the graph's key."""
         size = batch.batch_size
         bucket = next(b for b in self.batch_sizes if b >= size)
         inputs = self.inputs
@@ -164,10 +221,13 @@ class DecodeCudaGraphs:
         )
         if num_logits < bucket:  # stale indices of an earlier, larger batch could point past this bucket
             inputs.logits_indices[num_logits:bucket] = 0
+        with_lora = batch.lora is not None
+        if with_lora:
+            assert batch.lora is not None
+            inputs.lora_slots[:size].copy_(batch.lora.slots, non_blocking=True)
         if size < bucket:
             self._pad_from(size, bucket)
-        self.graphs[bucket].replay()
-        return self.outputs[bucket][:num_logits]
+        return bucket, with_lora
 
     def _pad_from(self, start: int, end: int | None = None) -> None:
         # Padding entries: a 1-token context at position 0 of the reserved row, K/V into the reserved slot.
@@ -177,6 +237,7 @@ class DecodeCudaGraphs:
         inputs.out_slots[start:end] = self.pad_slot
         inputs.req_rows[start:end] = self.pad_row
         inputs.kv_lens[start:end] = 1
+        inputs.lora_slots[start:end] = -1
 
 
 def maybe_capture_decode_graphs(
@@ -188,13 +249,14 @@ def maybe_capture_decode_graphs(
     pad_slot: int,
     max_seq_len: int,
     device: torch.device,
+    lora: LoraSteps | None = None,  # --max-loras > 0: LoRA decode steps get graphs of their own
 ) -> DecodeCudaGraphs | None:
     """Captured graphs on CUDA with a graph-safe attention backend and a non-empty list, else None (eager)."""
     sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
     if torch.device(device).type != "cuda" or not sizes or not backend.supports_cuda_graphs:
         return None
     graphs = DecodeCudaGraphs(
-        step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device
+        step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device, lora=lora
     )
     graphs.capture()
     return graphs

@@ -160,6 +160,7 @@ class ModelRunner:
             pad_slot=self.num_kv_slots,
             max_seq_len=self.max_seq_len,
             device=self.device,
+            lora=self.lora,  # LoRA decode steps get graphs of their own
         )
 
     @classmethod
@@ -192,12 +193,10 @@ class ModelRunner:
         if self.step_sender is not None:
             self.step_sender.send(batch)
         write_cached_prefixes(self.req_to_token, batch)
+        graphs = self.cuda_graphs if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch) else None
         if self.lora is not None:
-            self.lora.begin_step(batch)
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
-            logits = self.cuda_graphs.replay(batch)
-        else:
-            logits = self._forward_eager(batch)
+            self.lora.begin_step(batch, replayed=graphs is not None)
+        logits = graphs.replay(batch) if graphs is not None else self._forward_eager(batch)
         if self.vocab_logits is None:
             return logits
         # this rank's vocabulary block: its gather (or the greedy choice's) runs here, outside the CUDA graphs,

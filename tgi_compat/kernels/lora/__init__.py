@@ -1,7 +1,9 @@
 """Segmented LoRA kernels (SGMV style): the step's tokens sorted by adapter slot, one segment per slot.
 
-shrink: x [T, in] -> shrunk [T, S * R] (row i belongs to token token_order[i]), through that token's slot's A;
-expand: out[token, columns of slice s] += shrunk[i, s * R : (s + 1) * R] @ B[slot, those columns]^T.
+shrink: x [T, in] -> shrunk [T, S * R] (row i belongs to token token_order[i]), through that token's slot's A
+(bf16 dots, float32 sums; split over K at decode sizes, where one slot's few rows would leave most SMs idle);
+expand: out[token, columns of slice s] += shrunk[i, s * R : (s + 1) * R] @ B[slot, those columns]^T, all the
+slices of a fused projection in one launch.
 Grids are sized by the token count and --max-loras (never by the live segments): a CUDA graph captured once
 replays any mix of adapters. Each kernel sits beside the torch reference that defines it.
 """

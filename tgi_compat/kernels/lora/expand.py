@@ -1,4 +1,6 @@
-"""LoRA expand: each token's shrunk row (one slice's rank block) times its slot's B, added into the base output."""
+"""LoRA expand: each token's shrunk row times its slot's B, added into the base output, every slice of a fused
+projection (q|k|v, gate|up) in one launch: slice s owns the output columns [ends[s-1], ends[s]) and the rank
+block s*R .. (s+1)*R of the shrunk row."""
 
 from __future__ import annotations
 
@@ -9,20 +11,22 @@ import triton.language as tl
 
 @triton.jit
 def _lora_expand_kernel(
-    shrunk_ptr,  # [T, N] float32, rows in sorted order
-    b_ptr,  # [L, OUT, R]: every slot's B (rows of this slice from out_offset)
+    shrunk_ptr,  # [T, S * R] float32, rows in sorted order
+    b_ptr,  # [L, OUT, R]: every slot's B, all slices' output columns stacked
     order_ptr,  # [T] int64
     seg_start_ptr,  # [L] int64
     seg_len_ptr,  # [L] int64
-    out_ptr,  # [T, OUT_TOTAL], added into
-    rank_offset,  # this slice's first column of shrunk
-    out_offset,  # this slice's first output column
-    out_size,  # this slice's output columns
+    out_ptr,  # [T, OUT], added into
+    end0,  # slice 0's last output column + 1
+    end1,  # slice 1's (fused projections of 2 or 3 parts)
+    end2,  # slice 2's
+    out_size,  # the last slice's end: the columns written
     R,  # max rank
     stride_s,
     stride_b_slot,
     stride_b_row,
     stride_o,
+    NUM_SLICES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -38,19 +42,25 @@ def _lora_expand_kernel(
         mask_r = offs_r < R
         offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < out_size
-        s = tl.load(
-            shrunk_ptr + rows[:, None] * stride_s + rank_offset + offs_r[None, :],
-            mask=mask_m[:, None] & mask_r[None, :],
-            other=0.0,
-        )
         b = tl.load(
-            b_ptr + slot.to(tl.int64) * stride_b_slot + (out_offset + offs_n[None, :]) * stride_b_row + offs_r[:, None],
+            b_ptr + slot.to(tl.int64) * stride_b_slot + offs_n[None, :] * stride_b_row + offs_r[:, None],
             mask=mask_n[None, :] & mask_r[:, None],
             other=0.0,
-        )
-        delta = tl.dot(s, b.to(tl.float32))  # [BLOCK_M, BLOCK_N]
+        ).to(tl.float32)
+        # each column's slice: how many slice ends lie at or before it
+        column_slice = (offs_n >= end0).to(tl.int32)
+        if NUM_SLICES > 2:
+            column_slice += (offs_n >= end1).to(tl.int32)
+        delta = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(NUM_SLICES):
+            shrunk = tl.load(
+                shrunk_ptr + rows[:, None] * stride_s + s * R + offs_r[None, :],
+                mask=mask_m[:, None] & mask_r[None, :],
+                other=0.0,
+            )
+            delta += tl.where(column_slice[None, :] == s, tl.dot(shrunk, b), 0.0)  # [BLOCK_M, BLOCK_N]
         # each token sits in one segment: no other program touches its row
-        out_ptrs = out_ptr + tokens[:, None] * stride_o + out_offset + offs_n[None, :]
+        out_ptrs = out_ptr + tokens[:, None] * stride_o + offs_n[None, :]
         mask = mask_m[:, None] & mask_n[None, :]
         base = tl.load(out_ptrs, mask=mask, other=0.0)
         tl.store(out_ptrs, (base.to(tl.float32) + delta).to(out_ptr.dtype.element_ty), mask=mask)
@@ -63,19 +73,20 @@ def lora_expand(
     token_order: torch.Tensor,
     seg_start: torch.Tensor,
     seg_len: torch.Tensor,
-    rank_offset: int,
-    out_offset: int,
-    out_size: int,
+    slice_ends: tuple[int, ...],
 ) -> None:
-    """out[:, out_offset : out_offset + out_size] += each LoRA token's shrunk[:, rank_offset : + R] @ B[slot]^T,
-    B = b[:, out_offset : out_offset + out_size] ([L, OUT, R]); rows of tokens without an adapter are left alone."""
+    """out[token, slice s's columns] += shrunk[i, s * R : (s + 1) * R] @ B[slot, those columns]^T for each LoRA
+    token (b [L, OUT, R]; slice s's columns end at slice_ends[s], the last at OUT); others are left alone."""
     num_slots, _, rank = b.shape
+    assert 1 <= len(slice_ends) <= 3 and slice_ends[-1] <= out.shape[1], slice_ends
+    ends = (*slice_ends, *[slice_ends[-1]] * (3 - len(slice_ends)))
     block_m, block_n = 16, 64
-    grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(out_size, block_n))
+    grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(slice_ends[-1], block_n))
     _lora_expand_kernel[grid](
-        shrunk, b, token_order, seg_start, seg_len, out, rank_offset, out_offset, out_size, rank,
+        shrunk, b, token_order, seg_start, seg_len, out, *ends, slice_ends[-1], rank,
         shrunk.stride(0), b.stride(0), b.stride(1), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)),
     )  # fmt: skip
 
 
@@ -86,15 +97,14 @@ def lora_expand_ref(
     token_order: torch.Tensor,
     seg_start: torch.Tensor,
     seg_len: torch.Tensor,
-    rank_offset: int,
-    out_offset: int,
-    out_size: int,
+    slice_ends: tuple[int, ...],
 ) -> None:
-    """The definition, one matmul per live segment (also the CPU path)."""
+    """The definition, one matmul per live segment and slice (also the CPU path)."""
     rank = b.shape[2]
-    columns = slice(out_offset, out_offset + out_size)
     for slot, (start, length) in enumerate(zip(seg_start.tolist(), seg_len.tolist())):
-        if length:
-            tokens = token_order[start : start + length]
-            delta = shrunk[start : start + length, rank_offset : rank_offset + rank] @ b[slot, columns].float().T
-            out[tokens, columns] += delta.to(out.dtype)
+        if not length:
+            continue
+        tokens = token_order[start : start + length]
+        for index, (begin, end) in enumerate(zip((0, *slice_ends[:-1]), slice_ends)):
+            shrunk_part = shrunk[start : start + length, index * rank : (index + 1) * rank]
+            out[tokens, begin:end] += (shrunk_part @ b[slot, begin:end].float().T).to(out.dtype)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
+
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule, PeftAdapter
 from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
-from tgi_compat.modeling.lora.step import build_lora_step
+from tgi_compat.modeling.lora.step import build_lora_step, lora_step
 from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.models.base import CausalLM
 from tgi_compat.modeling.models.decoder import DecoderForCausalLM
@@ -69,14 +71,22 @@ class LoraManager:
     def remove(self, adapter_id: int) -> None:
         self.adapters.pop(adapter_id, None)
 
-    def begin_step(self, batch: ForwardBatch) -> None:
-        """Copy the adapters newly placed in a slot, then set the step's segments (None: no LoRA row)."""
+    def begin_step(self, batch: ForwardBatch, replayed: bool = False) -> None:
+        """Copy the adapters newly placed in a slot (into the slot buffers in place: captured graphs keep reading
+        them), then set the step's segments: None without a LoRA row, or when a CUDA graph replays the step (the
+        graph builds its own from its static slot input)."""
         if batch.lora is None:
             self.context.step = None
             return
         for slot, adapter_id in batch.lora.loads:
             self._write(slot, self.adapters[adapter_id])
-        self.context.step = build_lora_step(batch, batch.lora.slots, self.max_loras)
+        self.context.step = None if replayed else build_lora_step(batch, batch.lora.slots, self.max_loras)
+
+    def set_decode_slots(self, slots: torch.Tensor | None) -> None:
+        """For the decode CUDA graphs' capture: the step's segments built from a static [N] slot tensor (each
+        row's slot, -1 for base and padding rows), so that the captured graph rebuilds them at every replay;
+        None: a plain step."""
+        self.context.step = None if slots is None else lora_step(slots, self.max_loras)
 
     def _write(self, slot: int, adapter: PeftAdapter) -> None:
         by_layer = _by_layer(adapter)

@@ -40,6 +40,7 @@ class LoraWeights:
             slices.append(LoraSlice(projection, full_out, rows, start))
             start += rows.size
         self.slices = tuple(slices)
+        self.slice_ends = tuple(part.out_start + part.rows.size for part in slices)  # the expand's column split
         # made under the runner's device and dtype (the model's, even over a quantized base)
         self.a = torch.zeros(max_loras, len(slices) * max_rank, proj.in_features)
         self.b = torch.zeros(max_loras, proj.out_features, max_rank)
@@ -81,9 +82,5 @@ class LoraWeights:
         on_gpu = x.is_cuda
         shrink, expand = (lora_shrink, lora_expand) if on_gpu else (lora_shrink_ref, lora_expand_ref)
         shrunk = shrink(x, self.a, step.token_order, step.seg_start, step.seg_len)
-        for index, part in enumerate(self.slices):
-            expand(
-                out, shrunk, self.b, step.token_order, step.seg_start, step.seg_len,
-                index * self.max_rank, part.out_start, part.rows.size,
-            )  # fmt: skip
+        expand(out, shrunk, self.b, step.token_order, step.seg_start, step.seg_len, self.slice_ends)
         return out

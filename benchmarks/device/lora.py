@@ -1,0 +1,378 @@
+"""LoRA serving on one GPU (issue 39's numbers), in one command (~3-4 min on an H200, random weights, no network):
+
+    python3 -m benchmarks.device.lora                  # writes $OUT/bench_lora.json, prints one table
+    python3 -m benchmarks.device.lora --device cpu     # a smoke run of every path on a tiny model (tests run it)
+
+1. Kernels: the shrink and expand of one decode step of Llama-3-8B (32 layers x q|k|v, o, gate|up, down; r = 16,
+   --max-loras 8, bf16) at 1, 8 and 64 rows (every row on an adapter, spread over the 8 slots), from CUDA-graph
+   replays (benchmarks/device/timing.py), each layer on its own slot buffers as in a real step.
+2. Engine: a random Llama-3-8B (bf16, `--load-format dummy`) in an engine process driven through the server's own
+   client (benchmarks/device/engine_load.py), 8 random PEFT adapters of r = 16 on all seven projections written to
+   disk. Output tok/s of 64 streams (256 in / 256 out): base-only with LoRA off, base-only with the 8 adapters
+   loaded, spread over the 8 adapters; batch-1 time per output token base vs adapter; a 9th adapter loaded while
+   64 streams run: time until the load returns, until a request of it gets its first token, and the longest gap
+   between two token arrivals of any stream meanwhile (a step, as clients see it).
+
+The table holds the issue's ratios and its bars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.device.engine_load import Stream, random_prompts, request, stream
+from benchmarks.device.timing import out_path, write_json
+from benchmarks.device.tp import write_config_folder
+from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY, attention_heads
+from tgi_compat.modeling.lora.step import LoraStep, lora_step
+from tgi_compat.router.client import ZmqEngineClient
+from tgi_compat.router.config import EngineConfig, LoraSource
+
+RANK, ADAPTERS = 16, 8
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def log(message: str) -> None:
+    print(f"[bench_lora {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What one device (or the CPU smoke run) measures."""
+
+    model: dict
+    streams: int
+    prompt_len: int
+    new_tokens: int
+    kernel_rows: tuple[int, ...]
+    kernel_dtype: torch.dtype  # (Triton's interpreter on the CPU: float32)
+    decoding_after_s: float  # when the 64 streams' prefill is over (H200: 4 chunks of 4096 tokens, ~0.3 s)
+
+
+GPU = Sizes(LLAMA3_8B, 64, prompt_len=256, new_tokens=256, kernel_rows=(1, 8, 64), kernel_dtype=torch.bfloat16,
+            decoding_after_s=0.8)  # fmt: skip
+CPU = Sizes(LLAMA3_TINY, 4, prompt_len=16, new_tokens=8, kernel_rows=(1, 3), kernel_dtype=torch.float32,
+            decoding_after_s=0.0)  # fmt: skip
+
+
+# ---- adapters on disk ------------------------------------------------------------------------------------------
+
+
+def projection_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each adapted projection, in PEFT's names."""
+    heads, kv_heads, head_dim = attention_heads(config)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return {
+        "q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
+        "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden),
+    }  # fmt: skip
+
+
+def write_peft_adapter(folder: Path, config: dict, rank: int, seed: int) -> Path:
+    """adapter_config.json + adapter_model.safetensors as PEFT saves them (bf16, A and B random: B is zero in a
+    fresh PEFT adapter, which would change nothing), written directly so that no `peft` install is needed."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for projection, (size_in, size_out) in projection_shapes(config).items():
+            block = "mlp" if projection in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{projection}"
+            a = torch.randn(rank, size_in, generator=generator) / size_in**0.5
+            b = torch.randn(size_out, rank, generator=generator) * 0.2 / rank**0.5
+            tensors[f"{prefix}.lora_A.weight"] = a.bfloat16()
+            tensors[f"{prefix}.lora_B.weight"] = b.bfloat16()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    adapter_config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
+        "target_modules": list(PROJECTIONS), "bias": "none", "base_model_name_or_path": "random-llama",
+    }  # fmt: skip
+    (folder / "adapter_config.json").write_text(json.dumps(adapter_config))
+    return folder
+
+
+# ---- 1. kernels ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoraCase:
+    """One projection's LoRA work in a step, laid out as tgi_compat/modeling/lora/weights.py lays it out."""
+
+    x: torch.Tensor  # [T, K] the projection's input
+    a: torch.Tensor  # [L, S * R, K]
+    b: torch.Tensor  # [L, OUT, R]
+    out: torch.Tensor  # [T, OUT] the base projection's output, added into
+    step: LoraStep
+    slice_ends: tuple[int, ...]
+
+
+def fused_projections(config: dict) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """q|k|v, o, gate|up, down: (in features, each slice's out features)."""
+    shapes = projection_shapes(config)
+    return {
+        "qkv": (shapes["q_proj"][0], (shapes["q_proj"][1], shapes["k_proj"][1], shapes["v_proj"][1])),
+        "o": (shapes["o_proj"][0], (shapes["o_proj"][1],)),
+        "gate_up": (shapes["gate_proj"][0], (shapes["gate_proj"][1], shapes["up_proj"][1])),
+        "down": (shapes["down_proj"][0], (shapes["down_proj"][1],)),
+    }
+
+
+def row_slots(rows: int, max_loras: int, base_every: int = 0) -> torch.Tensor:
+    """Row i on slot i % max_loras (the adapters spread evenly); with base_every > 0 every such row is a base row."""
+    slots = torch.arange(rows) % max_loras
+    if base_every:
+        slots[::base_every] = -1
+    return slots
+
+
+def lora_case(
+    size_in: int, slice_outs: tuple[int, ...], slots: torch.Tensor, max_loras: int, rank: int, dtype: torch.dtype
+) -> LoraCase:
+    """Random inputs and slot buffers (made on the current default device)."""
+    rows, out_total = slots.shape[0], sum(slice_outs)
+    ends = tuple(int(e) for e in torch.tensor(slice_outs).cumsum(0))
+    x = torch.randn(rows, size_in, dtype=dtype)
+    a = (torch.randn(max_loras, len(slice_outs) * rank, size_in) / size_in**0.5).to(dtype)
+    b = (torch.randn(max_loras, out_total, rank) / rank**0.5).to(dtype)
+    out = torch.randn(rows, out_total, dtype=dtype)
+    return LoraCase(x, a, b, out, lora_step(slots.to(x.device), max_loras), ends)
+
+
+def lora_call(case: LoraCase, kernels: bool = True) -> Callable[[], None]:
+    """The projection's shrink then expand (kernels=False: the torch references)."""
+    from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
+    from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+
+    shrink, expand = (lora_shrink, lora_expand) if kernels else (lora_shrink_ref, lora_expand_ref)
+    step = case.step
+
+    def call() -> None:
+        shrunk = shrink(case.x, case.a, step.token_order, step.seg_start, step.seg_len)
+        expand(case.out, shrunk, case.b, step.token_order, step.seg_start, step.seg_len, case.slice_ends)
+
+    return call
+
+
+def kernel_times(sizes: Sizes, device: str) -> list[dict]:
+    """us per decode step of every layer's LoRA shrink + expand (and of each projection's, per layer)."""
+    from benchmarks.device.timing import replay_us
+
+    config, results = sizes.model, []
+    for rows in sizes.kernel_rows:
+        slots = row_slots(rows, ADAPTERS)
+        with torch.device(device):
+            layers = [
+                {name: lora_case(k, outs, slots, ADAPTERS, RANK, sizes.kernel_dtype) for name, (k, outs) in
+                 fused_projections(config).items()}
+                for _ in range(config["num_hidden_layers"])
+            ]  # fmt: skip
+        result: dict = dict(rows=rows)
+        if device == "cpu":  # the smoke run: each call once, against its reference
+            for case in layers[0].values():
+                expected = case.out.clone()
+                ref_case = LoraCase(case.x, case.a, case.b, expected, case.step, case.slice_ends)
+                lora_call(case)()
+                lora_call(ref_case, kernels=False)()
+                torch.testing.assert_close(case.out, expected, rtol=1e-4, atol=1e-4)
+            result["step_us"] = 0.0
+        else:
+            calls = [lora_call(case) for layer in layers for case in layer.values()]
+            result["step_us"] = replay_us(calls) * len(calls)
+            for name in fused_projections(config):
+                per_layer = [lora_call(layer[name]) for layer in layers]
+                result[f"{name}_us"] = replay_us(per_layer)
+        log(f"kernels: {result}")
+        results.append(result)
+        del layers
+    return results
+
+
+# ---- 2. engine ---------------------------------------------------------------------------------------------------
+
+
+async def run_streams(
+    client: ZmqEngineClient, prompts: list[list[int]], new_tokens: int, adapters: list[str | None]
+) -> tuple[float, list[Stream]]:
+    """Every prompt at once, prompt i under adapters[i % len(adapters)]: (output tok/s, the streams)."""
+    start = time.perf_counter()
+    streams = await asyncio.gather(
+        *(stream(client, request(p, new_tokens, adapter_id=adapters[i % len(adapters)])) for i, p in enumerate(prompts))
+    )
+    return sum(s.tokens for s in streams) / (time.perf_counter() - start), list(streams)
+
+
+async def batch_one_ms(client: ZmqEngineClient, prompt: list[int], new_tokens: int, adapter: str | None) -> float:
+    """Median over 3 runs of one stream's time per output token."""
+    runs = [await stream(client, request(prompt, new_tokens, adapter_id=adapter)) for _ in range(3)]
+    return statistics.median(run.ms_per_token() for run in runs)
+
+
+def engine_config(model_dir: Path, sizes: Sizes, device: str, adapters: list[LoraSource] | None) -> EngineConfig:
+    config = EngineConfig(model_id=str(model_dir), max_total_tokens=sizes.prompt_len + sizes.new_tokens + 16)
+    config.load_format = "dummy"
+    config.max_running_requests = sizes.streams  # CUDA graphs up to this batch
+    if device == "cpu":
+        config.device, config.dtype = "cpu", "float32"
+    if adapters is not None:
+        config.max_loras, config.max_cpu_loras, config.max_lora_rank = ADAPTERS, ADAPTERS + 4, RANK
+        config.lora_adapters = adapters
+    return config
+
+
+async def engine_without_lora(model_dir: Path, sizes: Sizes, device: str) -> dict:
+    start = time.perf_counter()
+    client = await ZmqEngineClient.start(engine_config(model_dir, sizes, device, None))
+    result: dict = dict(load_s=time.perf_counter() - start)
+    rng = random.Random(0)
+    try:
+        await run_streams(client, random_prompts(rng, sizes.streams, sizes.prompt_len), 8, [None])  # warm-up
+        result["base_tok_s"], _ = await run_streams(
+            client, random_prompts(rng, sizes.streams, sizes.prompt_len), sizes.new_tokens, [None]
+        )
+        result["b1_ms"] = await batch_one_ms(
+            client, random_prompts(rng, 1, sizes.prompt_len)[0], sizes.new_tokens, None
+        )
+    finally:
+        await client.shutdown()
+    log(f"LoRA off: {result}")
+    return result
+
+
+async def engine_with_lora(model_dir: Path, folders: list[Path], late: Path, sizes: Sizes, device: str) -> dict:
+    names = [f"adapter{i}" for i in range(len(folders))]
+    sources = [LoraSource(name, str(folder)) for name, folder in zip(names, folders)]
+    start = time.perf_counter()
+    client = await ZmqEngineClient.start(engine_config(model_dir, sizes, device, sources))
+    result: dict = dict(load_s=time.perf_counter() - start)
+    rng = random.Random(1)
+    spread: list[str | None] = list(names)
+    try:
+
+        def prompts() -> list[list[int]]:
+            return random_prompts(rng, sizes.streams, sizes.prompt_len)
+
+        for adapters in ([None], spread):  # warm-up: the plain and the LoRA graphs, each adapter's first copy
+            await run_streams(client, prompts(), 8, adapters)
+        result["base_tok_s"], _ = await run_streams(client, prompts(), sizes.new_tokens, [None])
+        result["spread_tok_s"], _ = await run_streams(client, prompts(), sizes.new_tokens, spread)
+        prompt = random_prompts(rng, 1, sizes.prompt_len)[0]
+        result["b1_base_ms"] = await batch_one_ms(client, prompt, sizes.new_tokens, None)
+        result["b1_adapter_ms"] = await batch_one_ms(client, prompt, sizes.new_tokens, names[0])
+        result |= await load_while_streaming(client, prompts(), sizes, spread[:-1], late)
+    finally:
+        await client.shutdown()
+    log(f"LoRA on: {result}")
+    return result
+
+
+async def load_while_streaming(
+    client: ZmqEngineClient, prompts: list[list[int]], sizes: Sizes, adapters: list[str | None], late: Path
+) -> dict:
+    """64 streams over 7 adapters (one slot stays free); a quarter into them a 9th adapter is loaded and a request
+    of it sent. The longest gap between two arrivals of any stream in that window: the longest step meanwhile."""
+    running = asyncio.ensure_future(run_streams(client, prompts, sizes.new_tokens, adapters))
+    await asyncio.sleep(sizes.decoding_after_s)  # the streams' prefill is over, their decode well under way
+    began = time.perf_counter()
+    await client.load_adapter("late", str(late))
+    ready = time.perf_counter()
+    late_stream = await stream(client, request(prompts[0], 4, adapter_id="late"))
+    first_token = late_stream.arrivals[0]
+    _, streams = await running
+    window = [
+        b - a for s in streams for a, b in zip(s.arrivals, s.arrivals[1:]) if b >= began and a <= late_stream.arrivals[-1]
+    ]  # fmt: skip
+    return dict(
+        late_ready_s=ready - began,
+        late_first_token_s=first_token - began,
+        late_max_gap_ms=1e3 * max(window, default=float("nan")),
+        late_window_gaps=len(window),
+    )
+
+
+# ---- the table -----------------------------------------------------------------------------------------------------
+
+
+def table(off: dict, on: dict, kernels: list[dict]) -> list[tuple[str, float, str, bool]]:
+    """(what, value, bar, met) rows: the issue's ratios."""
+    rows = [
+        ("spread over 8 adapters / base-only, same engine (tok/s)", on["spread_tok_s"] / on["base_tok_s"], ">= 0.85"),
+        ("spread over 8 adapters / LoRA off (tok/s)", on["spread_tok_s"] / off["base_tok_s"], ">= 0.85"),
+        ("base-only with 8 adapters loaded / LoRA off (tok/s)", on["base_tok_s"] / off["base_tok_s"], ">= 0.98"),
+        ("batch-1 time per token, adapter / base", on["b1_adapter_ms"] / on["b1_base_ms"], "<= 1.10"),
+        ("adapter loaded while 64 streams run: ready (s)", on["late_ready_s"], "<= 1"),
+        ("... its request's first token (s)", on["late_first_token_s"], ""),
+        ("... longest step meanwhile (ms)", on["late_max_gap_ms"], "<= 50"),
+    ]
+    out = []
+    for what, value, bar in rows:
+        met = True
+        if bar:
+            op, limit = bar.split()
+            met = value >= float(limit) if op == ">=" else value <= float(limit)
+        out.append((what, value, bar, met))
+    for k in kernels:
+        out.append((f"shrink+expand per decode step, {k['rows']} rows (us)", k["step_us"], "", True))
+    return out
+
+
+def print_table(rows: list[tuple[str, float, str, bool]], off: dict, on: dict) -> None:
+    print("\n| measure | value | bar | met |\n|---|---|---|---|")
+    for what, value, bar, met in rows:
+        verdict = "" if not bar else "yes" if met else "**no**"
+        print(f"| {what} | {value:.3f} | {bar} | {verdict} |")
+    print(
+        f"\nLoRA off: {off['base_tok_s']:.0f} tok/s, batch-1 {off['b1_ms']:.2f} ms/token; LoRA on: base "
+        f"{on['base_tok_s']:.0f}, spread {on['spread_tok_s']:.0f} tok/s, batch-1 base {on['b1_base_ms']:.2f} / "
+        f"adapter {on['b1_adapter_ms']:.2f} ms/token",
+        flush=True,
+    )
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    sizes = CPU if args.device == "cpu" else GPU
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-lora-"))
+    report: dict = dict(device=args.device, sizes=dict(streams=sizes.streams, prompt=sizes.prompt_len,
+                                                       new=sizes.new_tokens))  # fmt: skip
+    if args.device == "cuda":
+        report["gpu"] = torch.cuda.get_device_name()
+    report["kernels"] = kernel_times(sizes, args.device)
+    write_json(out_path("bench_lora.json"), report)
+    model_dir = work / "model"
+    write_config_folder(model_dir, sizes.model)
+    start = time.perf_counter()
+    folders = [write_peft_adapter(work / f"adapter{i}", sizes.model, RANK, seed=i) for i in range(ADAPTERS + 1)]
+    report["adapters_write_s"] = time.perf_counter() - start
+    log(f"{len(folders)} adapters written in {report['adapters_write_s']:.1f} s")
+    report["lora_off"] = await engine_without_lora(model_dir, sizes, args.device)
+    write_json(out_path("bench_lora.json"), report)
+    report["lora_on"] = await engine_with_lora(model_dir, folders[:ADAPTERS], folders[ADAPTERS], sizes, args.device)
+    rows = table(report["lora_off"], report["lora_on"], report["kernels"])
+    report["table"] = [dict(measure=w, value=v, bar=b, met=m) for w, v, b, m in rows]
+    write_json(out_path("bench_lora.json"), report)
+    print_table(rows, report["lora_off"], report["lora_on"])
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--work-dir", default=None, help="model folder and adapters (default: a temp dir)")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""benchmarks/device/lora.py's whole path on the CPU (`--device cpu`: a tiny Llama, 4 streams, the kernels once each
+under Triton's interpreter against their references): the GPU run meets no code it never ran."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_lora_benchmark_smoke_run(tmp_path: Path):
+    env = os.environ | {"OUT": str(tmp_path), "TRITON_INTERPRET": "1", "PYTHONPATH": os.getcwd()}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.device.lora", "--device", "cpu", "--work-dir", str(tmp_path / "work")],
+        env=env, capture_output=True, text=True, timeout=500,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "bench_lora.json").read_text())
+    assert [k["rows"] for k in report["kernels"]] == [1, 3]
+    values = {row["measure"]: row["value"] for row in report["table"]}
+    assert len(values) == 9 and all(math.isfinite(v) for v in values.values()), values
+    on = report["lora_on"]
+    assert on["spread_tok_s"] > 0 and on["late_ready_s"] > 0 and on["late_first_token_s"] >= on["late_ready_s"]
+    assert "| batch-1 time per token, adapter / base |" in done.stdout

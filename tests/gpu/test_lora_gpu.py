@@ -1,0 +1,116 @@
+"""LoRA on the GPU (marker `gpu`; skipped without CUDA): the shrink and expand kernels against their references
+at Llama-3-8B's projections (bf16, r = 16, 8 slots) for 1, 8 and 64 rows of mixed slots and base rows; and LoRA
+decode steps replayed from the CUDA graphs equal the eager LoRA steps (a small random Llama in float32, three
+adapters and base rows in one batch, an adapter copied into a slot after the capture).
+
+Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_lora_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.device.lora import LoraCase, fused_projections, lora_call, lora_case, row_slots, write_peft_adapter
+from benchmarks.device.overlap import TINY_LLAMA
+from benchmarks.device.steps import build_runner, decode_batch, hf_model
+from benchmarks.shapes import LLAMA3_8B
+from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+from tgi_compat.modeling.forward_batch import LoraBatch, build_forward_batch
+from tgi_compat.modeling.lora.adapter import load_peft_adapter
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if out.isnan().any():
+        return float("inf")
+    return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down"])
+def test_kernels_match_their_references_at_llama3_8b_shapes(name, rows):
+    torch.manual_seed(0)
+    size_in, slice_outs = fused_projections(LLAMA3_8B)[name]
+    slots = row_slots(rows, 8, base_every=3 if rows > 1 else 0)  # every third row on the base model
+    with torch.device("cuda"):
+        case = lora_case(size_in, slice_outs, slots, 8, 16, torch.bfloat16)
+    step, base = case.step, case.out.clone()
+    shrunk = lora_shrink(case.x, case.a, step.token_order, step.seg_start, step.seg_len)
+    shrunk_ref = lora_shrink_ref(case.x, case.a, step.token_order, step.seg_start, step.seg_len)
+    num_lora = int(step.seg_len.sum())
+    err = rel_err(shrunk[:num_lora], shrunk_ref[:num_lora])
+    print(f"{name} rows={rows}: shrink rel err {err:.2e}")
+    assert err < 1e-3  # bf16 products are exact, float32 sums (split over K) in another order
+    expected = base.clone()
+    lora_call(case)()
+    lora_call(LoraCase(case.x, case.a, case.b, expected, step, case.slice_ends), kernels=False)()
+    err = rel_err(case.out - base, expected - base)
+    print(f"{name} rows={rows}: shrink+expand delta rel err {err:.2e}")
+    assert err < 1e-2  # the bf16 output's roundings
+    is_base = (slots < 0).cuda()
+    assert torch.equal(case.out[is_base], base[is_base])
+
+
+@torch.inference_mode()
+def test_lora_decode_replayed_from_the_graph_equals_the_eager_step(tmp_path):
+    torch.manual_seed(0)
+    max_len = 128
+    model, hf_config = hf_model(TINY_LLAMA, torch.float32, "cuda")
+    runner = build_runner(
+        hf_config, model.state_dict(), "float32", "triton", 8, max_len, "cuda", [1, 2, 4, 8], max_loras=4,
+        max_lora_rank=16,
+    )  # fmt: skip
+    graphs, lora = runner.cuda_graphs, runner.lora
+    assert (
+        graphs is not None
+        and lora is not None
+        and set(graphs.graphs) == {(b, w) for b in (1, 2, 4, 8) for w in (False, True)}
+    )
+    for adapter_id, rank in ((1, 8), (2, 16), (3, 16)):
+        folder = write_peft_adapter(tmp_path / f"a{adapter_id}", TINY_LLAMA, rank, seed=adapter_id)
+        lora.add(adapter_id, load_peft_adapter(f"a{adapter_id}", str(folder)))
+    prompts = [[3 + 7 * r + j for j in range(5 + r)] for r in range(6)]
+    slots = torch.tensor([-1, 0, 1, 2, -1, 0], device="cuda")
+    first = prefill_with_lora(runner, prompts, max_len, LoraBatch(slots, [(0, 1), (1, 2), (2, 3)]))
+    ids, kv_lens = first.argmax(-1), torch.tensor([len(p) for p in prompts], device="cuda")
+    # three LoRA steps, a plain one, then slot 3 gets adapter 2 after the capture (copied in place)
+    plan = [
+        (slots, []),
+        (slots, []),
+        (slots, []),
+        (None, []),
+        (torch.tensor([3, -1, 3, 0, -1, 3], device="cuda"), [(3, 2)]),
+    ]
+    for step_slots, loads in plan:
+        kv_lens = kv_lens + 1
+        batch = decode_batch(ids, kv_lens, max_len)
+        batch.lora = None if step_slots is None else LoraBatch(step_slots, loads)
+        assert graphs.can_run(batch)
+        replayed = runner.forward(batch).clone()  # the graph (and, first, the slot copy of any load)
+        batch.lora = None if step_slots is None else LoraBatch(step_slots, [])
+        lora.begin_step(batch)
+        eager = runner._forward_eager(batch)
+        lora.begin_step(decode_batch(ids, kv_lens, max_len))  # back to no LoRA step
+        err = rel_err(replayed, eager)
+        print(f"slots {None if step_slots is None else step_slots.tolist()}: graph vs eager rel err {err:.2e}")
+        assert err < 1e-3
+        assert torch.equal(replayed.argmax(-1), eager.argmax(-1))
+        ids = eager.argmax(-1)
+
+
+def prefill_with_lora(runner, prompts: list[list[int]], max_len: int, lora_batch: LoraBatch) -> torch.Tensor:
+    """benchmarks.device.steps.prefill's step, its rows on their adapters: logits of each prompt's last token."""
+    q_lens = [len(p) for p in prompts]
+    batch = build_forward_batch(
+        input_ids=[t for p in prompts for t in p],
+        req_rows=list(range(len(prompts))),
+        q_lens=q_lens,
+        kv_lens=q_lens,
+        out_slots=[i * max_len + pos for i, p in enumerate(prompts) for pos in range(len(p))],
+        logits_indices=(torch.tensor(q_lens).cumsum(0) - 1).tolist(),
+        device=runner.device,
+    )
+    batch.lora = lora_batch
+    return runner.forward(batch)

@@ -66,8 +66,11 @@ def quantization_config(scheme: str, group_size: int = 128) -> dict[str, Any]:
     }
 
 
-def write_checkpoint(folder: str, hf_config: dict[str, Any], tensors: dict[str, torch.Tensor], quant: dict) -> None:
+def write_checkpoint(
+    folder: str, hf_config: dict[str, Any], tensors: dict[str, torch.Tensor], quant: dict | None
+) -> None:
+    """model.safetensors and config.json (with `quantization_config` unless quant is None: a plain checkpoint)."""
     os.makedirs(folder, exist_ok=True)
     save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(folder, "model.safetensors"))
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({**hf_config, "quantization_config": quant}, f, indent=2)
+        json.dump(hf_config if quant is None else {**hf_config, "quantization_config": quant}, f, indent=2)

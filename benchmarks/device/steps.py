@@ -89,11 +89,11 @@ def capture_graphs(runner: ModelRunner, batch_sizes: list[int]) -> DecodeCudaGra
     return graphs
 
 
-def prefill(runner: ModelRunner, prompts: list[list[int]], max_len: int) -> torch.Tensor:
-    """One EXTEND step over all prompts; returns logits [B, vocab] of each prompt's last token."""
+def prefill_batch(runner: ModelRunner, prompts: list[list[int]], max_len: int) -> ForwardBatch:
+    """One EXTEND step over all prompts (request i's tokens from slot i * max_len), logits at each prompt's end."""
     q_lens = [len(p) for p in prompts]
     ends = torch.tensor(q_lens).cumsum(0)
-    batch = build_forward_batch(
+    return build_forward_batch(
         input_ids=[t for p in prompts for t in p],
         req_rows=list(range(len(prompts))),
         q_lens=q_lens,
@@ -102,7 +102,11 @@ def prefill(runner: ModelRunner, prompts: list[list[int]], max_len: int) -> torc
         logits_indices=(ends - 1).tolist(),
         device=runner.device,
     )
-    return runner.forward(batch)
+
+
+def prefill(runner: ModelRunner, prompts: list[list[int]], max_len: int) -> torch.Tensor:
+    """One EXTEND step over all prompts; returns logits [B, vocab] of each prompt's last token."""
+    return runner.forward(prefill_batch(runner, prompts, max_len))
 
 
 def decode_batch(next_ids: torch.Tensor, kv_lens: torch.Tensor, max_len: int) -> ForwardBatch:

@@ -13,10 +13,10 @@ import torch
 
 from benchmarks.device.lora import LoraCase, fused_projections, lora_call, lora_case, row_slots, write_peft_adapter
 from benchmarks.device.overlap import TINY_LLAMA
-from benchmarks.device.steps import build_runner, decode_batch, hf_model
+from benchmarks.device.steps import build_runner, decode_batch, hf_model, prefill_batch
 from benchmarks.shapes import LLAMA3_8B
 from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
-from tgi_compat.modeling.forward_batch import LoraBatch, build_forward_batch
+from tgi_compat.modeling.forward_batch import LoraBatch
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -102,15 +102,6 @@ def test_lora_decode_replayed_from_the_graph_equals_the_eager_step(tmp_path):
 
 def prefill_with_lora(runner, prompts: list[list[int]], max_len: int, lora_batch: LoraBatch) -> torch.Tensor:
     """benchmarks.device.steps.prefill's step, its rows on their adapters: logits of each prompt's last token."""
-    q_lens = [len(p) for p in prompts]
-    batch = build_forward_batch(
-        input_ids=[t for p in prompts for t in p],
-        req_rows=list(range(len(prompts))),
-        q_lens=q_lens,
-        kv_lens=q_lens,
-        out_slots=[i * max_len + pos for i, p in enumerate(prompts) for pos in range(len(p))],
-        logits_indices=(torch.tensor(q_lens).cumsum(0) - 1).tolist(),
-        device=runner.device,
-    )
+    batch = prefill_batch(runner, prompts, max_len)
     batch.lora = lora_batch
     return runner.forward(batch)

@@ -20,7 +20,7 @@ import torch.nn as nn
 from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
 from tgi_compat.modeling.config import ModelConfig
-from tgi_compat.modeling.cuda_graphs import maybe_capture_decode_graphs
+from tgi_compat.modeling.cuda_graphs import maybe_capture_decode_graphs, maybe_capture_verify_graphs
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import select_ops
 from tgi_compat.modeling.layers.quantization import build_with
@@ -82,6 +82,9 @@ class RunnerConfig:
     # LoRA: adapter slots on the device (vLLM --max-loras; 0: LoRA off, no LoRA work anywhere) and their rank cap
     max_loras: int = 0
     max_lora_rank: int = 16
+    # Speculative decoding's drafts per request (0: off): verify steps of 2..k+1 tokens per request are captured
+    # as CUDA graphs too, beside the decode graphs
+    num_speculative_tokens: int = 0
 
 
 class ModelRunner:
@@ -161,6 +164,15 @@ class ModelRunner:
             max_seq_len=self.max_seq_len,
             device=self.device,
         )
+        # q tokens per request -> that verify step's graphs (empty: speculation off, or decode runs eager)
+        self.verify_graphs = maybe_capture_verify_graphs(
+            self._forward_eager, self.cuda_graphs, cfg.num_speculative_tokens, self.max_seq_len
+        )
+
+    @property
+    def verify_graph_max_batch(self) -> int:
+        """The largest batch of verify steps replayed as a CUDA graph (0: none)."""
+        return min((graphs.max_batch_size for graphs in self.verify_graphs.values()), default=0)
 
     @classmethod
     def from_hf_state_dict(
@@ -194,8 +206,9 @@ class ModelRunner:
         write_cached_prefixes(self.req_to_token, batch)
         if self.lora is not None:
             self.lora.begin_step(batch)
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
-            logits = self.cuda_graphs.replay(batch)
+        graphs = self.cuda_graphs if batch.max_q_len == 1 else self.verify_graphs.get(batch.max_q_len)
+        if graphs is not None and graphs.can_run(batch):
+            logits = graphs.replay(batch)
         else:
             logits = self._forward_eager(batch)
         if self.vocab_logits is None:

@@ -2,7 +2,8 @@
 the speculative draft-length policy weighs drafts against (tgi_compat/router/speculative/policy.py).
 
 A step of n rows is timed as the runner would run it: n one-token requests (a replayed decode graph where
-one holds n), or past the largest decode graph one request of n new tokens (an eager step). Every row
+one holds n); past the largest decode graph, n / q requests of q tokens where a verify graph holds that
+(what a verify step of that many rows replays), else one request of n new tokens (an eager step). Every row
 belongs to the reserved padding row and writes the reserved KV slot, so no live request is touched (the
 engine measures before it serves anything).
 """
@@ -28,33 +29,30 @@ def measure_step_costs(
     max_decode = graphs.max_batch_size if graphs is not None else runner.max_rows
     measured, seconds = [], []
     for num_rows in rows:
-        as_decode = num_rows <= max_decode
-        if not as_decode and num_rows > runner.max_seq_len:
+        if num_rows > max_decode and num_rows > runner.max_seq_len:
             break
-        batch = _step_batch(runner, num_rows, as_decode)
+        batch = _step_batch(runner, num_rows, num_rows <= max_decode)
         measured.append(num_rows)
         seconds.append(_median_seconds(runner, batch, repeats))
     return tuple(measured), tuple(seconds)
 
 
 def _step_batch(runner: ModelRunner, num_rows: int, as_decode: bool) -> ForwardBatch:
-    pad_row, pad_slot = runner.max_rows, runner.num_kv_slots  # the runner's reserved row and slot
+    tokens_per_request = num_rows  # one request of n new tokens (eager)
     if as_decode:  # n decoding requests, one token of context each
-        return build_forward_batch(
-            input_ids=[0] * num_rows,
-            req_rows=[pad_row] * num_rows,
-            q_lens=[1] * num_rows,
-            kv_lens=[1] * num_rows,
-            out_slots=[pad_slot] * num_rows,
-            logits_indices=list(range(num_rows)),
-            device=runner.device,
-        )
-    return build_forward_batch(  # one request of n new tokens
+        tokens_per_request = 1
+    else:
+        for q, graphs in sorted(runner.verify_graphs.items()):
+            if num_rows % q == 0 and num_rows // q <= graphs.max_batch_size:
+                tokens_per_request = q
+                break
+    num_requests = num_rows // tokens_per_request
+    return build_forward_batch(  # the runner's reserved row and slot
         input_ids=[0] * num_rows,
-        req_rows=[pad_row],
-        q_lens=[num_rows],
-        kv_lens=[num_rows],
-        out_slots=[pad_slot] * num_rows,
+        req_rows=[runner.max_rows] * num_requests,
+        q_lens=[tokens_per_request] * num_requests,
+        kv_lens=[tokens_per_request] * num_requests,
+        out_slots=[runner.num_kv_slots] * num_rows,
         logits_indices=list(range(num_rows)),
         device=runner.device,
     )

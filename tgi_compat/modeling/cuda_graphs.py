@@ -49,6 +49,7 @@ DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 VERIFY_MAX_BATCH_SIZE = 64
 
 StepFn = Callable[[ForwardBatch], torch.Tensor]  # ForwardBatch -> logits [R, vocab]
+PoolHandle = torch.cuda._POOL_HANDLE  # a CUDA-graph memory pool (torch.cuda.graph_pool_handle())
 
 
 def resolve_batch_sizes(cuda_graphs: list[int] | None, enforce_eager: bool, max_batch_size: int) -> list[int]:
@@ -139,7 +140,8 @@ class DecodeCudaGraphs:
             self._pad_positions = torch.arange(tokens_per_row, device=self.device).repeat(self.max_batch_size)
             self._pad_from(0)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # [bucket, vocab] logits written by each replay
+        self.outputs: dict[int, torch.Tensor] = {}  # [bucket * q, vocab] logits written by each replay
+        self.pool: PoolHandle | None = None  # the graphs' memory pool, once captured
 
     @property
     def tokens_per_row(self) -> int:
@@ -166,10 +168,11 @@ class DecodeCudaGraphs:
         )
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture every bucket, largest first, in one shared memory pool."""
+    def capture(self, pool: PoolHandle | None = None) -> None:
+        """Capture every bucket, largest first, in one shared memory pool (`pool`: another graph set's, whose
+        steps never run at the same time as these; the intermediates are then shared too)."""
         start = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         for size in reversed(self.batch_sizes):
             batch = self.inputs.batch(size, self.max_seq_len)
             for _ in range(2):  # compile kernels and create library handles outside the capture
@@ -282,5 +285,5 @@ def maybe_capture_verify_graphs(
             device=decode_graphs.device,
             tokens_per_row=q,
         )
-        graphs[q].capture()
+        graphs[q].capture(decode_graphs.pool)
     return graphs

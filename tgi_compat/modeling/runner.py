@@ -20,7 +20,12 @@ import torch.nn as nn
 from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
 from tgi_compat.modeling.config import ModelConfig
-from tgi_compat.modeling.cuda_graphs import maybe_capture_decode_graphs, maybe_capture_verify_graphs
+from tgi_compat.modeling.cuda_graphs import (
+    maybe_capture_decode_graphs,
+    maybe_capture_verify_graphs,
+    resolve_batch_sizes,
+    verify_batch_sizes,
+)
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import select_ops
 from tgi_compat.modeling.layers.quantization import build_with
@@ -313,7 +318,16 @@ class ModelRunner:
         # when prompt logprobs are asked for
         logit_rows = max(self.cfg.max_rows, self.cfg.max_prefill_tokens)
         sampling = 3 * logit_rows * c.vocab_size * 4
-        return ACTIVATION_RESERVE_BYTES + prefill + sampling
+        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._verify_graph_bytes()
+
+    def _verify_graph_bytes(self) -> int:
+        """The verify graphs' logits (each bucket's output stays allocated in the graph pool): speculation on."""
+        k = self.cfg.num_speculative_tokens
+        if k < 1:
+            return 0
+        sizes = verify_batch_sizes(resolve_batch_sizes(self.cfg.cuda_graph_batch_sizes, False, self.cfg.max_rows))
+        tokens_per_row = sum(range(2, k + 2))
+        return sum(sizes) * tokens_per_row * self.model_config.vocab_size * 4  # (float32 where a family soft-caps)
 
     def _num_kv_slots(self) -> int:
         if self.cfg.num_kv_slots:

@@ -118,3 +118,37 @@ def test_speculative_config_json_carries_a_table_and_synthetic_acceptance(tmp_pa
     assert from_file.synthetic_acceptance == CODE_EDIT
     with pytest.raises(ValueError):
         SyntheticAcceptance.parse([0, 0])
+
+
+def test_the_engine_process_fits_speculation_to_its_runner(tmp_path, monkeypatch):
+    """load_engine (the engine process's) and EngineCore.from_config both hand the loaded runner to
+    tune_speculation; on the CPU that keeps a configured table and pads nothing (no verify graphs)."""
+    from benchmarks.device.speculative import write_model_folder
+    from benchmarks.shapes import LLAMA3_TINY
+    from tgi_compat.router import model_loading
+    from tgi_compat.router.config import EngineConfig
+    from tgi_compat.router.engine import EngineCore
+    from tgi_compat.router.engine_loop import load_engine
+
+    folder = write_model_folder(tmp_path / "tiny", LLAMA3_TINY)
+    config = EngineConfig(
+        model_id=str(folder),
+        load_format="dummy",
+        device="cpu",
+        dtype="float32",
+        max_batch_total_tokens=1024,
+        speculative=SpeculativeConfig(4, step_cost=H200_LIKE),
+    )
+    tuned = []
+    original = model_loading.tune_speculation
+
+    def recording(speculative, runner):
+        tuned.append(result := original(speculative, runner))
+        return result
+
+    monkeypatch.setattr(model_loading, "tune_speculation", recording)
+    for engine in (load_engine(config), EngineCore.from_config(config)):
+        assert isinstance(engine, EngineCore) and engine.scheduler.speculator is not None
+        assert engine.scheduler.speculator.config == tuned[-1]
+        engine.close()
+    assert len(tuned) == 2 and all(t.step_cost == H200_LIKE and t.uniform_max_batch == 0 for t in tuned)

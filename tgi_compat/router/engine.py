@@ -115,11 +115,10 @@ class EngineCore:
     def from_config(cls, config: EngineConfig, count_step: Callable[[], None] | None = None) -> EngineCore:
         """Load the model named by the config (tgi_compat.modeling.runner) and build the engine around it.
         count_step: called per step sent to the other tensor-parallel ranks (tgi_compat.router.rank_heartbeat)."""
-        from tgi_compat.router.model_loading import load_runner, tune_speculation
+        from tgi_compat.router.model_loading import fit_to_runner, load_runner
 
         runner = load_runner(config, count_step=count_step)
-        if config.speculative is not None:
-            config = dataclasses.replace(config, speculative=tune_speculation(config.speculative, runner))
+        config = fit_to_runner(config, runner)
         return cls(config, runner, runner.model_config, runner.lora, runner.image_encoder)
 
     def close(self) -> None:

@@ -66,6 +66,13 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
     return runner
 
 
+def fit_to_runner(config: EngineConfig, runner: ModelRunner) -> EngineConfig:
+    """The config as the loaded runner refines it (speculation's step-cost table and verify graphs)."""
+    if config.speculative is None:
+        return config
+    return dataclasses.replace(config, speculative=tune_speculation(config.speculative, runner))
+
+
 def tune_speculation(config: SpeculativeConfig, runner: ModelRunner) -> SpeculativeConfig:
     """What speculation learns of the loaded runner: the batch up to which drafts are padded to one length (its
     verify graphs), and, on a GPU without a table in the config, the measured step-cost table (which turns

@@ -16,7 +16,8 @@ from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.policy import StepCostTable
 from tgi_compat.router.speculative.synthetic import SyntheticAcceptance
 
-H200_LIKE = StepCostTable(rows=(1, 16, 64, 128, 512), seconds=(4.05e-3, 4.3e-3, 6.2e-3, 12.4e-3, 49.6e-3))
+# (past 64 rows each row costs more than the average one: a tie at 64 would leave the choice to rounding)
+H200_LIKE = StepCostTable(rows=(1, 16, 64, 128, 512), seconds=(4.05e-3, 4.3e-3, 6.2e-3, 12.8e-3, 51.2e-3))
 CODE_EDIT = SyntheticAcceptance((137.0, 57.0, 20.0, 10.0, 570.0))  # SmolLM2, ngram 1..4, k = 4 (2026-12-04)
 
 
@@ -152,3 +153,39 @@ def test_the_engine_process_fits_speculation_to_its_runner(tmp_path, monkeypatch
         assert engine.scheduler.speculator.config == tuned[-1]
         engine.close()
     assert len(tuned) == 2 and all(t.step_cost == H200_LIKE and t.uniform_max_batch == 0 for t in tuned)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("uniform", [0, 64], ids=["per-request", "uniform"])
+def test_steps_the_table_turns_drafts_off_in_keep_overlap_scheduling(sampling, uniform):
+    """64 requests, 8 of them twice as long: while many run, the table says no draft can pay and the engine
+    overlaps its steps; as they finish, it drafts again (synchronously). The tokens are the plain path's."""
+    prompts = _prompts(64)
+
+    def run(speculative):
+        engine = hash_engine(
+            runner=LoopRunner(vocab=32),
+            speculative=speculative,
+            max_running=64,
+            max_prefill=2048,
+            overlap_scheduling=True,
+        )
+        for i, prompt in enumerate(prompts):
+            params = SamplingParams(**{n: getattr(sampling, n) for n in SamplingParams.__slots__})
+            engine.add_request(
+                GenerateRequest(f"r{i}", prompt, params, max_new_tokens=60 if i % 8 == 0 else 30, ignore_eos=True)
+            )
+        events: dict[str, list] = {}
+        overlapped = 0
+        while engine.has_unfinished():
+            for event in engine.step():
+                events.setdefault(event.request_id, []).append(event)
+            overlapped += engine._in_flight is not None
+        assert engine.pool.is_full_free()
+        return events, engine, overlapped
+
+    plain, _, _ = run(None)
+    speculated, engine, overlapped = run(SpeculativeConfig(4, step_cost=H200_LIKE, uniform_max_batch=uniform))
+    assert _outputs(speculated) == _outputs(plain)
+    assert overlapped > 20  # the steps of 64 requests
+    assert engine.scheduler.speculator.counters.num_accepted_tokens > 0  # the tail's

@@ -12,6 +12,7 @@ from tgi_compat.router.speculative.policy import (
     StepCostTable,
     choose_draft_lengths,
     choose_uniform_draft_length,
+    drafts_may_pay,
 )
 
 # A memory-bound device: a step's time hardly moves up to 64 rows, then grows with the rows.
@@ -116,3 +117,18 @@ def test_one_draft_length_for_a_verify_graph():
             return tokens / table.cost(len(rates) * (k + 1))
 
         assert choose_uniform_draft_length(rates, caps, 4, table) == max(range(5), key=throughput)
+
+
+def test_drafts_may_pay_bounds_both_choices():
+    assert drafts_may_pay(1, 0.5, 4, H200_LIKE) and drafts_may_pay(16, 0.5, 4, H200_LIKE)
+    assert not drafts_may_pay(64, 0.99, 4, H200_LIKE) and not drafts_may_pay(200, 0.99, 4, H200_LIKE)
+    assert not drafts_may_pay(1, 0.99, 4, COMPUTE_BOUND)
+    rng = random.Random(0)
+    tables = (MEMORY_BOUND, H200_LIKE, COMPUTE_BOUND, StepCostTable(rows=(1, 8, 40), seconds=(1.0, 1.2, 3.5)))
+    for _ in range(300):
+        table, size = rng.choice(tables), rng.randrange(1, 90)
+        rates = [rng.random() for _ in range(size)]
+        caps = [rng.randrange(0, 5) for _ in range(size)]
+        if not drafts_may_pay(size, max(rates), 4, table):  # then neither policy drafts anything
+            assert choose_uniform_draft_length(rates, caps, 4, table) == 0
+            assert not any(choose_draft_lengths(rates, caps, table))

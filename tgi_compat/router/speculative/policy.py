@@ -96,3 +96,19 @@ def choose_uniform_draft_length(
         if (throughput := tokens / table.cost(num_requests * (k + 1))) > best_rate:
             best_rate, best_length = throughput, k
     return best_length
+
+
+def drafts_may_pay(num_requests: int, max_rate: float, max_length: int, table: StepCostTable) -> bool:
+    """Whether any drafts could raise the tokens per second of a step of `num_requests` decodes whose best
+    acceptance rate is `max_rate`: every request drafting the same k (an upper bound on what uniform drafts
+    bring), or one request drafting one token (the first step of `choose_draft_lengths`). O(max_length), so
+    the engine may ask before each step."""
+    base = num_requests / table.cost(num_requests)
+    if (num_requests + max_rate) / table.cost(num_requests + 1) > base:
+        return True
+    worth = 1.0
+    for k in range(1, max_length + 1):
+        worth += max_rate**k
+        if num_requests * worth / table.cost(num_requests * (k + 1)) > base:
+            return True
+    return False

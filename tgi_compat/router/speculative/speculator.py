@@ -26,10 +26,17 @@ from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import Request
 from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.ngram import NgramProposer
-from tgi_compat.router.speculative.policy import AcceptanceStats, choose_draft_lengths, choose_uniform_draft_length
+from tgi_compat.router.speculative.policy import (
+    AcceptanceStats,
+    choose_draft_lengths,
+    choose_uniform_draft_length,
+    drafts_may_pay,
+)
 from tgi_compat.router.speculative.proposer import DraftProposer
 from tgi_compat.router.speculative.suffix import SuffixCorpus, SuffixProposer
 from tgi_compat.router.step import SampledToken, ScheduledChunk, StepPlan
+
+_PRIOR = AcceptanceStats()  # a request that has not drafted yet
 
 
 @dataclass(slots=True)
@@ -58,6 +65,20 @@ class Speculator:
         self.counters = SpeculationCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._states: dict[Request, _DraftState] = {}
         self._rng = random.Random(0)  # synthetic acceptance's draws
+
+    def may_pay(self, running: Sequence[Request]) -> bool:
+        """Whether drafts could pay in a step of these requests: False where the step-cost table turns them
+        off whatever the proposers find (a large batch), so the engine keeps overlap scheduling for that step
+        (with no drafts: they need the tokens of the step before on the host)."""
+        table = self.config.step_cost
+        if table is None or not running:
+            return True
+        best = max(self._rate(request) for request in running)
+        return drafts_may_pay(len(running), best, self.config.num_speculative_tokens, table)
+
+    def _rate(self, request: Request) -> float:
+        state = self._states.get(request)
+        return (state.acceptance if state is not None else _PRIOR).rate
 
     def add_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
         """Turn the plan's eligible decode chunks into verify chunks, as the policy and the pool allow."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.modeling.attention.base import AttentionBackend
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, PrefixGroups
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +63,19 @@ class _StaticInputs:
     q_lens: torch.Tensor  # [N] int64, ones
     kv_lens: torch.Tensor  # [N] int64
     logits_indices: torch.Tensor  # [N] int64
+    # --diverse_mode: the shared-prefix group table [N, 1 + group_max] int64 (PrefixGroups); None: off
+    prefix_table: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, size: int, device: torch.device) -> _StaticInputs:
+    def allocate(cls, size: int, device: torch.device, prefix_group_max: int = 0) -> _StaticInputs:
         def zeros() -> torch.Tensor:
             return torch.zeros(size, dtype=torch.int64, device=device)
 
         arange = torch.arange(size, dtype=torch.int64, device=device)
-        return cls(zeros(), zeros(), zeros(), zeros(), arange, torch.ones_like(arange), zeros(), arange.clone())
+        inputs = cls(zeros(), zeros(), zeros(), zeros(), arange, torch.ones_like(arange), zeros(), arange.clone())
+        if prefix_group_max:
+            inputs.prefix_table = torch.zeros(size, 1 + prefix_group_max, dtype=torch.int64, device=device)
+        return inputs
 
     def batch(self, size: int, max_seq_len: int) -> ForwardBatch:
         return ForwardBatch(
@@ -85,6 +90,7 @@ class _StaticInputs:
             logits_indices=self.logits_indices[:size],
             max_q_len=1,
             max_kv_len=max_seq_len,  # graph-safe backends must not size anything from this
+            prefix_groups=None if self.prefix_table is None else PrefixGroups(self.prefix_table[:size]),
         )
 
 
@@ -97,6 +103,7 @@ class DecodeCudaGraphs:
         pad_slot: int,
         max_seq_len: int,
         device: torch.device,
+        prefix_group_max: int = 0,
     ):
         assert batch_sizes, "no batch sizes to capture"
         self.step_fn = step_fn
@@ -107,7 +114,7 @@ class DecodeCudaGraphs:
         self.max_seq_len = max_seq_len
         self.device = torch.device(device)
         with torch.inference_mode():
-            self.inputs = _StaticInputs.allocate(self.max_batch_size, self.device)
+            self.inputs = _StaticInputs.allocate(self.max_batch_size, self.device, prefix_group_max)
             self._pad_from(0)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # [bucket, vocab] logits written by each replay
@@ -162,6 +169,12 @@ class DecodeCudaGraphs:
             [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.kv_lens, batch.logits_indices],
             non_blocking=True,
         )
+        if inputs.prefix_table is not None:  # a step without groups (e.g. built by a path that makes none): no group
+            if batch.prefix_groups is None:
+                inputs.prefix_table[:size, 0] = 0
+                inputs.prefix_table[:size, 1:] = -1
+            else:
+                inputs.prefix_table[:size].copy_(batch.prefix_groups.table, non_blocking=True)
         if num_logits < bucket:  # stale indices of an earlier, larger batch could point past this bucket
             inputs.logits_indices[num_logits:bucket] = 0
         if size < bucket:
@@ -177,6 +190,9 @@ class DecodeCudaGraphs:
         inputs.out_slots[start:end] = self.pad_slot
         inputs.req_rows[start:end] = self.pad_row
         inputs.kv_lens[start:end] = 1
+        if inputs.prefix_table is not None:  # padding rows are in no group
+            inputs.prefix_table[start:end, 0] = 0
+            inputs.prefix_table[start:end, 1:] = -1
 
 
 def maybe_capture_decode_graphs(
@@ -188,13 +204,20 @@ def maybe_capture_decode_graphs(
     pad_slot: int,
     max_seq_len: int,
     device: torch.device,
+    prefix_group_max: int = 0,  # --diverse_mode: decode steps carry shared-prefix groups of up to this many rows
 ) -> DecodeCudaGraphs | None:
     """Captured graphs on CUDA with a graph-safe attention backend and a non-empty list, else None (eager)."""
     sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
     if torch.device(device).type != "cuda" or not sizes or not backend.supports_cuda_graphs:
         return None
     graphs = DecodeCudaGraphs(
-        step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device
+        step_fn,
+        sizes,
+        pad_row=pad_row,
+        pad_slot=pad_slot,
+        max_seq_len=max_seq_len,
+        device=device,
+        prefix_group_max=prefix_group_max,
     )
     graphs.capture()
     return graphs

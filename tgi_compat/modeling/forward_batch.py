@@ -47,12 +47,16 @@ class ImageEmbeds:
     spans: list[list[tuple[int, int]]] = field(default_factory=list)
 
 
+# --diverse_mode: rows of one shared-prefix group at most (n = 8 siblings fill one; a larger n makes several groups)
+PREFIX_GROUP_MAX = 8
+
+
 @dataclass(slots=True)
 class PrefixGroups:
     """Decode rows that share a KV prefix (n / best_of siblings of one prompt), as the shared-prefix attention
     kernel reads them (tgi_compat/kernels/attention/shared_prefix.py). Shapes depend on the batch size only.
 
-    Row b of `table` [B, 1 + group_max] int32: column 0 is the length P of the prefix b shares with its group (0:
+    Row b of `table` [B, 1 + group_max] int64 (or int32): column 0 is the length P of the prefix b shares with its group (0:
     in no group); columns 1.. list the batch positions of b's group when b leads it (b among them), -1 padding.
     """
 

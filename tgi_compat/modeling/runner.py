@@ -21,7 +21,7 @@ from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.cuda_graphs import maybe_capture_decode_graphs
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.forward_batch import PREFIX_GROUP_MAX, ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import select_ops
 from tgi_compat.modeling.layers.quantization import build_with
 from tgi_compat.modeling.layers.quantization.select import resolve_quantization
@@ -82,6 +82,8 @@ class RunnerConfig:
     # LoRA: adapter slots on the device (vLLM --max-loras; 0: LoRA off, no LoRA work anywhere) and their rank cap
     max_loras: int = 0
     max_lora_rank: int = 16
+    # --diverse_mode: decode steps bring shared-prefix groups (ForwardBatch.prefix_groups), CUDA graphs included
+    diverse_mode: bool = False
 
 
 class ModelRunner:
@@ -145,6 +147,7 @@ class ModelRunner:
             self.max_seq_len,
             self.device,
             self.dtype,
+            prefix_group_max=PREFIX_GROUP_MAX if cfg.diverse_mode else 0,
         )
         self.backend = create_backend(cfg.attention_backend, shape)
         if self.device.type == "cuda":
@@ -160,6 +163,7 @@ class ModelRunner:
             pad_slot=self.num_kv_slots,
             max_seq_len=self.max_seq_len,
             device=self.device,
+            prefix_group_max=shape.prefix_group_max,
         )
 
     @classmethod

@@ -41,6 +41,7 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         show_progress=False,
         max_loras=config.max_loras,
         max_lora_rank=config.max_lora_rank,
+        diverse_mode=config.diverse_mode and config.prefix_caching,
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)

@@ -3,7 +3,7 @@
 Siblings that took one prompt from the prefix cache hold the same KV slots for its first P tokens, so today's
 flash-decoding (decode.py) reads those P keys once per sibling. Here a step's rows come in groups:
 
-    table [B, 1 + G_MAX] int32, row b: [P, members...]
+    table [B, 1 + G_MAX] int64 or int32, row b: [P, members...]
         P: the length of the prefix row b shares with its group (the first P slots of every member's
            req_to_token row are the leader's), 0 for a row in no group
         members: when row b leads a group, the batch positions of its rows (itself among them), -1 padding;
@@ -69,7 +69,7 @@ def _prefix_kernel(
     v_cache_ptr,
     req_to_token_ptr,  # [R, L] int32
     req_rows_ptr,  # [B]
-    table_ptr,  # [B, 1 + G_MAX] int32
+    table_ptr,  # [B, 1 + G_MAX]
     mid_out_ptr,  # [B, H, splits, D] fp32
     mid_lse_ptr,  # [B, H, splits] fp32
     scale,
@@ -133,7 +133,7 @@ def _suffix_kernel(
     req_to_token_ptr,
     req_rows_ptr,
     kv_lens_ptr,  # [B]
-    table_ptr,  # [B, 1 + G_MAX] int32
+    table_ptr,  # [B, 1 + G_MAX]
     mid_out_ptr,
     mid_lse_ptr,
     scale,
@@ -200,7 +200,7 @@ def shared_prefix_decode_attention(
     req_to_token: torch.Tensor,  # [R, L] int32
     req_rows: torch.Tensor,  # [B]
     kv_lens: torch.Tensor,  # [B]
-    table: torch.Tensor,  # [B, 1 + G_MAX] int32: see the module docstring
+    table: torch.Tensor,  # [B, 1 + G_MAX] int64 or int32: see the module docstring
     scale: float,
     num_splits: int,  # of each row's suffix
     num_prefix_splits: int,  # of each group's prefix
@@ -218,7 +218,7 @@ def shared_prefix_decode_attention(
     batch, num_heads, head_dim = q.shape
     num_kv_heads, group_max = k_cache.shape[1], table.shape[1] - 1
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
-    assert table.dtype == torch.int32 and table.stride(1) == 1 and table.shape[0] == batch
+    assert table.dtype in (torch.int32, torch.int64) and table.stride(1) == 1 and table.shape[0] == batch
     assert num_splits >= 1 and num_prefix_splits >= 1
     group = num_heads // num_kv_heads
     total_splits = num_splits + num_prefix_splits

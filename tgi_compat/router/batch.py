@@ -141,7 +141,7 @@ class StepBatchBuilder:
 def prefix_groups(plan: StepPlan, group_max: int, device: torch.device) -> PrefixGroups:
     """The decode step's rows grouped by the cached prefix they share (n / best_of siblings); maybe no group."""
     prefixes = [chunk.request.cached_prefix for chunk in plan.chunks]
-    groups = shared_prefix_groups([[] if p is None else p.slots for p in prefixes], group_max)
+    groups = shared_prefix_groups([None if p is None else p.shared_node() for p in prefixes], group_max)
     return PrefixGroups(upload(PrefixGroups.rows(groups, len(plan.chunks), group_max), device))
 
 

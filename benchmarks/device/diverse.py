@@ -165,11 +165,13 @@ def table(kernels: list[dict], engines: list[dict]) -> str:
     off = {e["rows"]: e for e in engines if not e["diverse"]}
     for on in (e for e in engines if e["diverse"]):
         base = off[on["rows"]]
-        for key, name in (("tok_s", "whole run"), ("decode_tok_s", "decode phase")):
+        # the issue's bar is on decoding; the whole run also holds the prompts' prefill (the same either way)
+        for key, name, barred in (("decode_tok_s", "decode phase", True), ("tok_s", "whole run", False)):
             ratio = on[key] / base[key]
+            verdict = ("yes" if ratio >= BAR else "no") if barred else "-"
             lines.append(
                 f"| engine, {on['rows']} rows ({on['rows'] // GROUP_SIZE} x n={GROUP_SIZE}), {name} (tok/s) "
-                f"| {base[key]:.0f} | {on[key]:.0f} | {ratio:.2f}x | >= {BAR}x | {'yes' if ratio >= BAR else 'no'} |"
+                f"| {base[key]:.0f} | {on[key]:.0f} | {ratio:.2f}x | {f'>= {BAR}x' if barred else '-'} | {verdict} |"
             )
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
 """--diverse_mode on the GPU: shared-prefix decode attention for n = 8 siblings of a 2,000-token prompt (issue 42).
 
     python3 -m benchmarks.device.diverse [--work-dir /tmp/diverse-bench] [--groups 1,4,8,16] [--new-tokens 256]
+        [--skip-check] [--skip-engine]
     python3 -m benchmarks.device.diverse --device cpu   # the CPU smoke run (tiny shapes, kernels interpreted)
 
 1. Kernel: Llama-3-8B attention (32 q heads, 8 KV heads, d = 128, bf16), groups of G = 8 rows sharing a
@@ -11,7 +12,9 @@
    (--load-format dummy: config.json and the tokenizer only), 8 groups of n = 8 siblings (64 rows; each group one
    random 2,000-token prompt, each sibling its own seed) generating --new-tokens tokens each, diverse mode off then
    on. Output tok/s over the whole run, and over the decode phase alone (from the last first-token to the end).
-The table compares each ratio with the issue's bar (>= 1.5x); JSON goes to $OUT/diverse.json.
+First a check: a small float32 Llama (CUDA graphs) through in-process engines, diverse mode off vs on, n = 8
+siblings greedy and seeded: every token must match and the siblings must have been grouped.
+The table compares the decode phase's ratio with the issue's bar (>= 1.5x); JSON goes to $OUT/diverse.json.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import random
 import sys
 import time
 from pathlib import Path
+
+from tgi_compat.router.config import EngineConfig
 
 PREFIX_LEN, GROUP_SIZE, BAR = 2000, 8, 1.5
 
@@ -108,7 +113,6 @@ async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: i
     """Output tok/s of `groups` x GROUP_SIZE siblings through an engine process, diverse mode off or on."""
     from benchmarks.device.engine_load import random_prompts, request, stream
     from tgi_compat.router.client import ZmqEngineClient
-    from tgi_compat.router.config import EngineConfig
     from tgi_compat.router.request import SamplingParams
 
     rows = groups * GROUP_SIZE
@@ -155,6 +159,64 @@ async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: i
     return result
 
 
+def check_same_tokens(device: str, num_prompts: int = 3, new_tokens: int = 40) -> dict:
+    """Diverse mode off vs on over a small float32 Llama (Triton backend; CUDA graphs on the GPU), in-process
+    engines: `num_prompts` prompts x n = GROUP_SIZE siblings (half greedy, half seeded sampling) and a few loners.
+    Every token must match, and the decode steps must have grouped the siblings."""
+    import torch
+
+    from benchmarks.device.steps import build_runner, hf_model
+    from benchmarks.shapes import decoder
+    from tgi_compat.router import batch as step_batch
+    from tgi_compat.router.engine import EngineCore
+    from tgi_compat.router.request import GenerateRequest, SamplingParams
+
+    small = decoder("LlamaForCausalLM", 256, 512, 2, 4, 2, 2000, max_position_embeddings=1024, rope_theta=10000.0)
+    torch.manual_seed(0)
+    model, hf_config = hf_model(small, torch.float32, device)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 2000) for _ in range(rng.randrange(60, 300))] for _ in range(num_prompts)]
+    requests = [
+        (prompt, SamplingParams(do_sample=p % 2 == 1, seed=k, temperature=0.9), new_tokens)
+        for p, prompt in enumerate(prompts)
+        for k in range(GROUP_SIZE)
+    ] + [([rng.randrange(3, 2000) for _ in range(30)], SamplingParams(), new_tokens // 2) for _ in range(3)]
+    largest: list[int] = []
+    grouping = step_batch.shared_prefix_groups
+
+    def recorded(*args, **kwargs):
+        groups = grouping(*args, **kwargs)
+        largest.append(max((len(members) for _, members in groups), default=0))
+        return groups
+
+    step_batch.shared_prefix_groups = recorded  # type: ignore[assignment]
+    outputs = {}
+    try:
+        for diverse in (False, True):
+            graphs = [1, 2, 4, 8, 16, 32] if device == "cuda" else []
+            runner = build_runner(
+                hf_config, model.state_dict(), "float32", "triton", 32, 512, device, graphs, diverse_mode=diverse
+            )
+            engine = EngineCore(
+                EngineConfig(model_id="random", max_running_requests=32, diverse_mode=diverse),
+                runner,
+                runner.model_config,
+            )
+            for i, (prompt, sampling, max_new) in enumerate(requests):
+                engine.add_request(GenerateRequest(f"c{i}", prompt, sampling, max_new_tokens=max_new, ignore_eos=True))
+            tokens: dict[str, list[int]] = {}
+            while engine.has_unfinished():
+                for event in engine.step():
+                    tokens.setdefault(event.request_id, []).extend(event.token_ids)
+            outputs[diverse] = tokens
+    finally:
+        step_batch.shared_prefix_groups = grouping  # type: ignore[assignment]
+    same = sum(outputs[False][k] == outputs[True].get(k) for k in outputs[False])
+    result = dict(requests=len(requests), identical=same, largest_group=max(largest, default=0))
+    log(json.dumps(dict(check=result)))
+    return result
+
+
 def table(kernels: list[dict], engines: list[dict]) -> str:
     lines = ["| case | today | diverse | ratio | bar | pass |", "|---|---|---|---|---|---|"]
     for k in kernels:
@@ -184,6 +246,7 @@ def main() -> None:
     parser.add_argument("--engine-groups", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--skip-check", action="store_true", help="skip the tokens-match check")
     args = parser.parse_args()
     smoke = args.device == "cpu"
     if smoke:  # before any tgi_compat.kernels import: Triton reads it when a kernel is decorated
@@ -192,6 +255,7 @@ def main() -> None:
 
     prefix_len = 40 if smoke else PREFIX_LEN
     heads = (4, 2, 16) if smoke else (32, 8, 128)
+    check = {} if args.skip_check else check_same_tokens(args.device, *((1, 6) if smoke else ()))
     kernels = [kernel_case(int(g), prefix_len, heads, args.device) for g in args.groups.split(",")]
     engines: list[dict] = []
     if not args.skip_engine:
@@ -207,10 +271,14 @@ def main() -> None:
                 )
             )
     report = table(kernels, engines)
+    same = (
+        f"{check['identical']}/{check['requests']} requests' tokens identical, largest group {check['largest_group']}"
+    )
+    print(f"check (diverse off vs on, small float32 Llama): {same}", flush=True)
     print(report, flush=True)
     out = os.path.join(os.environ.get("OUT") or args.work_dir, "diverse.json")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(dict(kernels=kernels, engines=engines, table=report), indent=1))
+    Path(out).write_text(json.dumps(dict(check=check, kernels=kernels, engines=engines, table=report), indent=1))
     log(f"wrote {out}")
 
 

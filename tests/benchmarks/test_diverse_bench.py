@@ -1,5 +1,6 @@
-"""benchmarks/device/diverse.py's CPU smoke run: its kernel cases (interpreted) and both engine processes (a tiny
-dummy-weight Llama, Triton backend interpreted) run end to end and write the table and the JSON."""
+"""benchmarks/device/diverse.py's CPU smoke run: its tokens-match check, its kernel cases (interpreted) and both
+engine processes (a tiny dummy-weight Llama, Triton backend interpreted) run end to end and write the table and the
+JSON."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def test_diverse_benchmark_smoke_run(tmp_path):
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "diverse.json").read_text())
+    check = report["check"]  # diverse off vs on in-process: same tokens, the 8 siblings grouped
+    assert check["identical"] == check["requests"] == 11 and check["largest_group"] == 8, check
     assert report["kernels"][0]["rows"] == 8 and report["kernels"][0]["rel_diff"] < 1e-5
     assert [e["diverse"] for e in report["engines"]] == [False, True]
     assert all(e["tokens"] == 8 * 3 for e in report["engines"])  # n = 8 siblings, 3 tokens each

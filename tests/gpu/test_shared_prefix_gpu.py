@@ -1,6 +1,7 @@
 """The shared-prefix (--diverse_mode) decode kernel on the GPU at Llama-3-8B attention shapes: 32 q heads, 8 KV
 heads, d = 128, groups of G = 8 rows on a 2,000-token prefix, bf16 (and fp16, fp32), against its torch reference
-and against today's flash-decoding; then inside a CUDA graph whose group table changes between replays.
+and against today's flash-decoding; inside a CUDA graph whose group table changes between replays; and end to end,
+diverse mode on vs off through engines with CUDA graphs.
 
     PYTHONPATH=$PWD python -m pytest -q -s tests/gpu/test_shared_prefix_gpu.py
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.device.diverse import kernel_rows
+from benchmarks.device.diverse import check_same_tokens, kernel_rows
 from tgi_compat.kernels.attention.decode import choose_num_splits, decode_attention
 from tgi_compat.kernels.attention.shared_prefix import shared_prefix_decode_attention, shared_prefix_decode_ref
 from tgi_compat.modeling.forward_batch import PrefixGroups
@@ -71,3 +72,10 @@ def test_shared_prefix_in_a_cuda_graph_follows_its_group_table():
         torch.cuda.synchronize()
         ref = shared_prefix_decode_ref(q, k_cache, v_cache, r2t, rows, kv_lens, table, scale)
         assert rel_err(out, ref) < 1e-2
+
+
+def test_engine_tokens_equal_with_diverse_mode_on_and_off():
+    """A small float32 Llama through in-process engines with CUDA graphs: n = 8 siblings of three prompts (greedy
+    and seeded) and three loners give the same tokens with the mode on as off, and the siblings were grouped."""
+    check = check_same_tokens("cuda")
+    assert check["identical"] == check["requests"] and check["largest_group"] == 8, check

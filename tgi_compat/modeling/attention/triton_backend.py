@@ -135,6 +135,8 @@ class TritonAttentionBackend(AttentionBackend):
         whose prefixes are as many as the groups; 0 when the mode is off."""
         if not self.prefix_group_max:
             return 0
+        if batch_size < 2:  # no group: its prefix programs only exit
+            return 1
         splits = self._num_splits(max(1, batch_size // self.prefix_group_max))
         # the merge holds every split of a head in registers: at most MAX_DECODE_SPLITS in all, as flash-decoding
         return max(1, min(splits, MAX_DECODE_SPLITS - self._num_splits(batch_size)))

@@ -32,6 +32,9 @@ whose key loop reads kv_lens on the device, so one capture per (q, bucket) repla
 Padding requests own positions 0..q-1 of the reserved row, all writing the reserved slot. Verify graphs are
 captured without LoRA (a second set per q would double their capture time and memory for a rare mix): a
 verify step with a LoRA row runs eager.
+
+--diverse_mode: the decode graphs (plain and LoRA alike) read a static shared-prefix group table [N, 1 + G]
+that a replay overwrites with the step's groups (padding rows in none); verify steps carry no groups.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from typing import Protocol
 import torch
 
 from tgi_compat.modeling.attention.base import AttentionBackend
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, PrefixGroups
 
 logger = logging.getLogger(__name__)
 
@@ -94,16 +97,18 @@ class _StaticInputs:
     kv_lens: torch.Tensor  # [N] int64
     logits_indices: torch.Tensor  # [N * q] int64
     lora_slots: torch.Tensor  # [N] int64: each request's adapter slot, -1 for base and padding rows (LoRA graphs)
+    # --diverse_mode: the shared-prefix group table [N, 1 + group_max] int64 (PrefixGroups); None: off
+    prefix_table: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, size: int, tokens_per_row: int, device: torch.device) -> _StaticInputs:
+    def allocate(cls, size: int, tokens_per_row: int, device: torch.device, prefix_group_max: int = 0) -> _StaticInputs:
         num_tokens = size * tokens_per_row
 
         def zeros(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=torch.int64, device=device)
 
         arange = torch.arange(size, dtype=torch.int64, device=device)
-        return cls(
+        inputs = cls(
             tokens_per_row,
             zeros(num_tokens),
             zeros(num_tokens),
@@ -115,6 +120,15 @@ class _StaticInputs:
             torch.arange(num_tokens, dtype=torch.int64, device=device),
             zeros(size) - 1,
         )
+        if prefix_group_max:
+            inputs.prefix_table = torch.zeros(size, 1 + prefix_group_max, dtype=torch.int64, device=device)
+        return inputs
+
+    def clear_groups(self, start: int, end: int | None) -> None:
+        """Rows start..end in no shared-prefix group (prefix length 0, no members)."""
+        if self.prefix_table is not None:
+            self.prefix_table[start:end, 0] = 0
+            self.prefix_table[start:end, 1:] = -1
 
     def batch(self, size: int, max_seq_len: int) -> ForwardBatch:
         q = self.tokens_per_row
@@ -131,6 +145,7 @@ class _StaticInputs:
             logits_indices=self.logits_indices[:num_tokens],
             max_q_len=q,
             max_kv_len=max_seq_len,  # graph-safe backends must not size anything from this
+            prefix_groups=None if self.prefix_table is None else PrefixGroups(self.prefix_table[:size]),
         )
 
 
@@ -145,6 +160,7 @@ class DecodeCudaGraphs:
         device: torch.device,
         lora: LoraSteps | None = None,
         tokens_per_row: int = 1,  # q > 1: verify steps of q tokens per request
+        prefix_group_max: int = 0,  # --diverse_mode (decode graphs only): a static shared-prefix group table
     ):
         assert batch_sizes, "no batch sizes to capture"
         assert 1 <= tokens_per_row <= max_seq_len
@@ -157,7 +173,7 @@ class DecodeCudaGraphs:
         self.max_seq_len = max_seq_len
         self.device = torch.device(device)
         with torch.inference_mode():
-            self.inputs = _StaticInputs.allocate(self.max_batch_size, tokens_per_row, self.device)
+            self.inputs = _StaticInputs.allocate(self.max_batch_size, tokens_per_row, self.device, prefix_group_max)
             self._pad_positions = torch.arange(tokens_per_row, device=self.device).repeat(self.max_batch_size)
             self._pad_from(0)
         # keyed by (bucket, LoRA step?)
@@ -185,6 +201,7 @@ class DecodeCudaGraphs:
             shape_ok
             and (batch.lora is None or self.lora is not None)  # verify graphs have no LoRA: such steps run eager
             and batch.images is None
+            and (batch.prefix_groups is None or self.inputs.prefix_table is not None)  # groups: decode graphs only
             and 0 < batch.batch_size <= self.max_batch_size
             and batch.logits_indices.shape[0] <= batch.num_tokens
         )
@@ -267,6 +284,11 @@ class DecodeCudaGraphs:
             [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.kv_lens, batch.logits_indices],
             non_blocking=True,
         )
+        if inputs.prefix_table is not None:  # a step without groups (e.g. built by a path that makes none): no group
+            if batch.prefix_groups is None:
+                inputs.clear_groups(0, size)
+            else:
+                inputs.prefix_table[:size].copy_(batch.prefix_groups.table, non_blocking=True)
         if num_logits < bucket * q:  # stale indices of an earlier, larger batch could point past this bucket
             inputs.logits_indices[num_logits : bucket * q] = 0
         with_lora = batch.lora is not None
@@ -291,6 +313,7 @@ class DecodeCudaGraphs:
         inputs.req_rows[start:end] = self.pad_row
         inputs.kv_lens[start:end] = q
         inputs.lora_slots[start:end] = -1
+        inputs.clear_groups(start, end)  # padding rows are in no group
 
 
 def maybe_capture_decode_graphs(
@@ -303,13 +326,21 @@ def maybe_capture_decode_graphs(
     max_seq_len: int,
     device: torch.device,
     lora: LoraSteps | None = None,  # --max-loras > 0: LoRA decode steps get graphs of their own
+    prefix_group_max: int = 0,  # --diverse_mode: decode steps carry shared-prefix groups of up to this many rows
 ) -> DecodeCudaGraphs | None:
     """Captured graphs on CUDA with a graph-safe attention backend and a non-empty list, else None (eager)."""
     sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
     if torch.device(device).type != "cuda" or not sizes or not backend.supports_cuda_graphs:
         return None
     graphs = DecodeCudaGraphs(
-        step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device, lora=lora
+        step_fn,
+        sizes,
+        pad_row=pad_row,
+        pad_slot=pad_slot,
+        max_seq_len=max_seq_len,
+        device=device,
+        lora=lora,
+        prefix_group_max=prefix_group_max,
     )
     graphs.capture()
     return graphs

@@ -27,7 +27,7 @@ from tgi_compat.modeling.cuda_graphs import (
     resolve_batch_sizes,
     verify_batch_sizes,
 )
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.forward_batch import PREFIX_GROUP_MAX, ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import select_ops
 from tgi_compat.modeling.layers.quantization import build_with
 from tgi_compat.modeling.layers.quantization.select import resolve_quantization
@@ -91,6 +91,8 @@ class RunnerConfig:
     # Speculative decoding's drafts per request (0: off): verify steps of 2..k+1 tokens per request are captured
     # as CUDA graphs too, beside the decode graphs
     num_speculative_tokens: int = 0
+    # --diverse_mode: decode steps bring shared-prefix groups (ForwardBatch.prefix_groups), CUDA graphs included
+    diverse_mode: bool = False
 
 
 class ModelRunner:
@@ -154,6 +156,7 @@ class ModelRunner:
             self.max_seq_len,
             self.device,
             self.dtype,
+            prefix_group_max=PREFIX_GROUP_MAX if cfg.diverse_mode else 0,
         )
         self.backend = create_backend(cfg.attention_backend, shape)
         if self.device.type == "cuda":
@@ -170,6 +173,7 @@ class ModelRunner:
             max_seq_len=self.max_seq_len,
             device=self.device,
             lora=self.lora,  # LoRA decode steps get graphs of their own
+            prefix_group_max=shape.prefix_group_max,
         )
         # q tokens per request -> that verify step's graphs (empty: speculation off, or decode runs eager)
         self.verify_graphs = maybe_capture_verify_graphs(

@@ -22,9 +22,10 @@ from typing import cast
 
 import torch
 
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, build_forward_batch
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, PrefixGroups, build_forward_batch
 from tgi_compat.router import copy_streams
 from tgi_compat.router.image_cache import ChunkImages, EncoderCache
+from tgi_compat.router.prefix_groups import shared_prefix_groups
 from tgi_compat.router.step import StepPlan
 
 # Per chunk of a plan: the row of the in-flight step's sampled ids holding its input, or None.
@@ -55,11 +56,17 @@ def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
 
 class StepBatchBuilder:
     def __init__(
-        self, device: torch.device | str, lora_enabled: bool = False, images: EncoderCache | None = None
+        self,
+        device: torch.device | str,
+        lora_enabled: bool = False,
+        images: EncoderCache | None = None,
+        prefix_group_max: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.lora_enabled = lora_enabled  # off: no step looks at adapters
         self.images = images  # a vision model's: prompt images' rows into their chunks' batches
+        # --diverse_mode: each decode step carries its rows' shared-prefix groups of up to this many rows (0: off)
+        self.prefix_group_max = prefix_group_max
         self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # B -> (arange, ones)
 
     def build(
@@ -76,6 +83,8 @@ class StepBatchBuilder:
             batch, layout = build_step_batch(plan, self.device, previous_ids, rows, self.images)
         if self.lora_enabled:
             batch.lora = lora_batch(plan, self.device)
+        if self.prefix_group_max and batch.mode == ForwardMode.DECODE:
+            batch.prefix_groups = prefix_groups(plan, self.prefix_group_max, self.device)
         return batch, layout
 
     def _build_decode(
@@ -127,6 +136,13 @@ class StepBatchBuilder:
             arange = torch.arange(size, dtype=torch.int64, device=self.device)
             constants = self._constants[size] = (arange, torch.ones_like(arange))
         return constants
+
+
+def prefix_groups(plan: StepPlan, group_max: int, device: torch.device) -> PrefixGroups:
+    """The decode step's rows grouped by the cached prefix they share (n / best_of siblings); maybe no group."""
+    prefixes = [chunk.request.cached_prefix for chunk in plan.chunks]
+    groups = shared_prefix_groups([None if p is None else p.shared_node() for p in prefixes], group_max)
+    return PrefixGroups(upload(PrefixGroups.rows(groups, len(plan.chunks), group_max), device))
 
 
 def lora_batch(plan: StepPlan, device: torch.device) -> LoraBatch | None:

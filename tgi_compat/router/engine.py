@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tgi_compat.modeling.forward_batch import PREFIX_GROUP_MAX
 from tgi_compat.router.admission import AdmissionLimits
 from tgi_compat.router.client_api import EngineInfo, Refusal, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
@@ -92,7 +93,10 @@ class EngineCore:
         images = None
         if image_encoder is not None:
             images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
-        self.executor = StepExecutor(runner, selection_config(config, self.info), self.lora is not None, images)
+        # --diverse_mode: decode steps group the rows that run on one cached prefix (siblings) for the shared-prefix kernel
+        group_max = PREFIX_GROUP_MAX if config.diverse_mode and config.prefix_caching else 0
+        selection = selection_config(config, self.info)
+        self.executor = StepExecutor(runner, selection, self.lora is not None, images, prefix_group_max=group_max)
         self.selector = self.executor.selector
         self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
         overlap = config.overlap_scheduling

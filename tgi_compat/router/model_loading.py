@@ -49,6 +49,7 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         max_loras=config.max_loras,
         max_lora_rank=config.max_lora_rank,
         num_speculative_tokens=0 if config.speculative is None else config.speculative.num_speculative_tokens,
+        diverse_mode=config.diverse_mode and config.prefix_caching,
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)

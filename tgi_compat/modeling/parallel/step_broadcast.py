@@ -10,12 +10,13 @@ travel without a host sync), ordered on the stream after the previous forward; t
 views of it. Only the elements the step uses travel (a 64-row decode: 4 KB of the buffer's 128 KB). Its
 capacity travels in the header: a step that needs more grows it on both sides.
 
-    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only, N]
+    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only, N, W]
              (then, for prefill steps that carry them, the host q_lens[B] and kv_lens[B];
              for a LoRA step with N adapter loads, the host loads[2 * N]: slot, adapter id)
     device = input_ids[T] positions[T] out_slots[T] req_rows[B] q_start[B] q_lens[B] kv_lens[B]
              logits_indices[R] cached_prefix_slots[3 * C] (rows, positions, slots of prefix-cache hits)
              lora_slots[B] (a LoRA step: each request's adapter slot, -1 for the base model)
+             prefix_table[B * W] (a --diverse_mode decode step: PrefixGroups.table, W = 1 + group_max; W = 0: none)
 
 N is -1 for a step without LoRA rows. Every rank then runs the same rows on the same adapter slots, and
 copies the same adapters into them (each keeps its own cut of every adapter loaded at startup).
@@ -28,10 +29,10 @@ from collections.abc import Callable
 
 import torch
 
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, PrefixGroups
 from tgi_compat.modeling.parallel.group import TensorParallel
 
-_HEADER = 12
+_HEADER = 13
 _INITIAL_CAPACITY = 1 << 14
 _MODES = list(ForwardMode)
 
@@ -61,14 +62,17 @@ class StepBroadcast:
         cached = batch.cached_prefix_slots
         num_cached = 0 if cached is None else cached.shape[1]
         lora = batch.lora
+        groups = batch.prefix_groups
+        width = 0 if groups is None else groups.table.shape[1]
         needed = 3 * num_tokens + 4 * batch_size + num_logits + 3 * num_cached + (0 if lora is None else batch_size)
+        needed += batch_size * width
         if needed > self.capacity:
             self._allocate(max(needed, 2 * self.capacity))
         has_host_lens = batch.q_lens_cpu is not None and batch.kv_lens_cpu is not None
         header = [_Op.STEP, _MODES.index(batch.mode), num_tokens, batch_size, num_logits]
         header += [batch.max_q_len, batch.max_kv_len, int(has_host_lens), num_cached, self.capacity]
         header += [int(batch.greedy_only)]  # which collective ends the step: the logits' gather or the greedy choice
-        header += [-1 if lora is None else len(lora.loads)]
+        header += [-1 if lora is None else len(lora.loads), width]
         self.header.copy_(torch.tensor(header, dtype=torch.int64))
         if self.on_step is not None:
             self.on_step()
@@ -83,6 +87,8 @@ class StepBroadcast:
             fields.append(cached.reshape(-1))
         if lora is not None:
             fields.append(lora.slots)
+        if groups is not None:
+            fields.append(groups.table.reshape(-1))
         torch.cat([field.to(torch.int64) for field in fields], out=self.buffer[:needed])
         self.tp.broadcast(self.buffer[:needed])  # the receivers size theirs from the header
 
@@ -100,7 +106,7 @@ class StepBroadcast:
         self.tp.broadcast_host(self.header)
         header = self.header.tolist()
         op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached = header[:9]
-        capacity, greedy_only, num_loads = header[9:]
+        capacity, greedy_only, num_loads, width = header[9:]
         if op == _Op.STOP:
             return None
         if self.on_step is not None:
@@ -118,6 +124,7 @@ class StepBroadcast:
             self._allocate(capacity)
         sizes = [num_tokens] * 3 + [batch_size] * 4 + [num_logits, 3 * num_cached]
         sizes.append(0 if num_loads < 0 else batch_size)
+        sizes.append(batch_size * width)
         used = self.buffer[: sum(sizes)]  # as many elements as rank 0 sent
         self.tp.broadcast(used)
         fields = torch.split(used, sizes)
@@ -138,4 +145,5 @@ class StepBroadcast:
             cached_prefix_slots=fields[8].view(3, num_cached) if num_cached else None,
             greedy_only=bool(greedy_only),
             lora=None if num_loads < 0 else LoraBatch(fields[9], loads),
+            prefix_groups=PrefixGroups(fields[10].view(batch_size, width)) if width else None,
         )

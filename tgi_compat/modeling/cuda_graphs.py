@@ -116,6 +116,7 @@ class DecodeCudaGraphs:
         return (
             batch.mode == ForwardMode.DECODE
             and batch.lora is None  # LoRA steps run eager
+            and batch.rope_positions is None  # so do M-RoPE steps (a Qwen2.5-VL request with an image)
             and 0 < batch.batch_size <= self.max_batch_size
             and batch.logits_indices.shape[0] <= batch.batch_size
         )

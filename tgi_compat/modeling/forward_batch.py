@@ -71,6 +71,9 @@ class ForwardBatch:
     greedy_only: bool = False
     lora: LoraBatch | None = None  # None: every request runs on the base model (no LoRA work at all)
     images: ImageEmbeds | None = None  # None: no image placeholder among the new tokens
+    # [3, T] int64 (t, h, w) rotary positions of an M-RoPE model's step (Qwen2.5-VL, tgi_compat.router.mrope) where
+    # some token's differ from `positions`; None: every token rotates by `positions`
+    rope_positions: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

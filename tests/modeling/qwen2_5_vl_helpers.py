@@ -81,6 +81,7 @@ def reference_greedy(model, ids: list[int], processed, max_new_tokens: int) -> l
     with torch.no_grad():
         out = model.generate(
             input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),  # no pad-id guess: every prompt token is real
             pixel_values=processed["pixel_values"],
             image_grid_thw=processed["image_grid_thw"],
             mm_token_type_ids=(input_ids == model.config.image_token_id).int(),

@@ -131,8 +131,13 @@ def test_greedy_text_equals_transformers_generate(pair):
     assert mrope is not None
     slots = list(range(200, 200 + len(ids) + 12))
     features = runner.model.encode_processed(dict(inputs))
-    out = [int(run(runner, ids, 0, slots, features, mrope)[-1].argmax())]
+    steps = [run(runner, ids, 0, slots, features, mrope)[-1]]
+    out = [int(steps[-1].argmax())]
     while len(out) < len(expected):
         seq = ids + out
-        out.append(int(run(runner, seq, len(seq) - 1, slots, features, mrope)[-1].argmax()))
+        steps.append(run(runner, seq, len(seq) - 1, slots, features, mrope)[-1])
+        out.append(int(steps[-1].argmax()))
     assert out == expected
+    # every decode step's logits too (transformers' whole-sequence forward numbers text after the prompt on)
+    ref = reference_logits(model, ids + out[:-1], inputs)[len(ids) - 1 :]
+    assert max_rel_error(torch.stack(steps), ref) <= 1e-3

@@ -30,6 +30,32 @@ class Qwen25VLImageTokens:
         return cls(d.get("image_token_id", 151655), vision.get("spatial_merge_size", 2))
 
 
+@dataclass(frozen=True, slots=True)
+class PlaceholderGrid:
+    """An image's (rows, columns) of placeholders: transformers' own `smart_resize` (sides to multiples of
+    patch * merge pixels, the area within the processor's min_pixels..max_pixels) over patch * merge."""
+
+    factor: int  # patch_size * merge_size pixels per placeholder side
+    min_pixels: int
+    max_pixels: int
+
+    @classmethod
+    def from_folder(cls, folder: str) -> PlaceholderGrid:
+        """From the checkpoint's preprocessor_config.json (the processor the encoder runs)."""
+        from transformers import AutoImageProcessor
+
+        processor = AutoImageProcessor.from_pretrained(folder)
+        size = processor.size  # transformers moves a hub config's min_pixels/max_pixels here
+        return cls(processor.patch_size * processor.merge_size, size.shortest_edge, size.longest_edge)
+
+    def __call__(self, height: int, width: int) -> tuple[int, int]:
+        # the Pillow processor module: the same function, with no torchvision import
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        resized_height, resized_width = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        return resized_height // self.factor, resized_width // self.factor
+
+
 def _vision_config(hf_config: dict[str, Any]) -> Any:
     from transformers import Qwen2_5_VLConfig
 

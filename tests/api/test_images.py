@@ -172,7 +172,9 @@ def test_qwen_placeholders_carry_each_image_grid():
     (the engine's M-RoPE positions)."""
 
     def by_size(image: DecodedImage) -> Placeholders:
-        return Placeholders("<img>" * image.width * image.height, image.width * image.height, (image.height, image.width))
+        return Placeholders(
+            "<img>" * image.width * image.height, image.width * image.height, (image.height, image.width)
+        )
 
     prompts = VisionPrompts(by_size, image_token_id=9, bidirectional=False, fetcher=ImageFetcher())
     wide, tall = DecodedImage(b"wide", "image/png", 3, 1), DecodedImage(b"tall", "image/png", 1, 2)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from tgi_compat.modeling.config import RopeScaling
-from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
+from tgi_compat.modeling.layers.ops import LayerOps
 from tgi_compat.modeling.layers.rotary import RotaryEmbedding
 
 
@@ -34,7 +34,7 @@ class MRotaryEmbedding(RotaryEmbedding):
         sections = torch.repeat_interleave(torch.arange(3), torch.tensor(mrope_section))
         self.register_buffer("section_of", sections, persistent=False)
 
-    def step_tables(self, positions: torch.Tensor) -> RopeTables:
+    def step_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`positions` [T] (every token text: plain rope) or [3, T] (t, h, w of each token)."""
         if positions.dim() == 1:
             return super().step_tables(positions)

@@ -77,15 +77,21 @@ def reference_logits(model, ids: list[int], processed) -> torch.Tensor:
 
 
 def reference_greedy(model, ids: list[int], processed, max_new_tokens: int) -> list[int]:
+    """transformers' greedy ids; `processed` None: a text-only prompt."""
     input_ids = torch.tensor([ids])
+    images = {}
+    if processed is not None:
+        images = {
+            "pixel_values": processed["pixel_values"],
+            "image_grid_thw": processed["image_grid_thw"],
+            "mm_token_type_ids": (input_ids == model.config.image_token_id).int(),
+        }
     with torch.no_grad():
         out = model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),  # no pad-id guess: every prompt token is real
-            pixel_values=processed["pixel_values"],
-            image_grid_thw=processed["image_grid_thw"],
-            mm_token_type_ids=(input_ids == model.config.image_token_id).int(),
             max_new_tokens=max_new_tokens,
             do_sample=False,
+            **images,
         )
     return out[0, len(ids) :].tolist()

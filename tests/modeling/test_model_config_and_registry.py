@@ -87,6 +87,7 @@ def test_registry_resolves_every_supported_architecture():
     }
     families = {
         "Gemma3ForConditionalGeneration": "Gemma3ForConditionalGeneration",  # the vision model (its images)
+        "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration",  # the same, with M-RoPE
         "Gemma": "GemmaForCausalLM",
         "Phi3": "Phi3ForCausalLM",
         "Mixtral": "MixtureOfExpertsForCausalLM",

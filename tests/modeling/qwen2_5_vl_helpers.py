@@ -3,6 +3,9 @@ modeling and server tests of Qwen2.5-VL (tests/modeling/test_qwen2_5_vl*.py)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+
 import torch
 from PIL import Image
 
@@ -95,3 +98,38 @@ def reference_greedy(model, ids: list[int], processed, max_new_tokens: int) -> l
             **images,
         )
     return out[0, len(ids) :].tolist()
+
+
+def png(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
+    out = io.BytesIO()
+    picture(color, size).save(out, format="PNG")
+    return out.getvalue()
+
+
+ENGINE_VOCAB, ENGINE_NEW = 300, 8
+WIDE, TALL = png((200, 30, 60), (84, 56)), png((10, 220, 90), (50, 90))
+GRIDS = {WIDE: (2, 3), TALL: (3, 2)}  # (rows, columns) of placeholders, by transformers' smart_resize
+
+
+def engine_request(request_id: str, images: list[bytes]):
+    """(a GenerateRequest of text and `images` as the API builds it for ENGINE_VOCAB's image tokens, its ids)."""
+    from tgi_compat.router.images import PromptImage
+    from tgi_compat.router.request import GenerateRequest
+
+    start, end, image = ENGINE_VOCAB - 3, ENGINE_VOCAB - 2, ENGINE_VOCAB - 1
+    ids, spans = [5, 6, 7], []
+    for k, data in enumerate(images):
+        rows, columns = GRIDS[data]
+        ids += [start]
+        digest = hashlib.sha256(data).hexdigest()
+        spans.append(PromptImage(len(ids), rows * columns, digest, data, grid=(rows, columns)))
+        ids += [image] * (rows * columns) + [end, 10 + k, 11 + k]
+    return GenerateRequest(request_id, ids, max_new_tokens=ENGINE_NEW, ignore_eos=True, images=spans), ids
+
+
+def engine_expected(model, ids: list[int], images: list[bytes]) -> list[int]:
+    """transformers' greedy ids of an engine_request."""
+    if not images:
+        return reference_greedy(model, ids, None, ENGINE_NEW)
+    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+    return reference_greedy(model, ids, image_processor()(images=pictures, return_tensors="pt"), ENGINE_NEW)

@@ -5,36 +5,25 @@ with and without overlap scheduling; a repeated image is encoded once and hits t
 
 from __future__ import annotations
 
-import hashlib
-import io
-
 import pytest
-from PIL import Image
 from test_prefix_cache_engine import drain_events
 
-from tests.modeling.qwen2_5_vl_helpers import image_processor, picture, reference_greedy, tiny_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import (
+    ENGINE_VOCAB,
+    TALL,
+    WIDE,
+    engine_expected,
+    engine_request,
+    image_processor,
+    tiny_qwen2_5_vl,
+)
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
-from tgi_compat.router.images import PromptImage
-from tgi_compat.router.request import GenerateRequest
-
-VOCAB, NEW = 300, 8
-START, END, IMAGE = VOCAB - 3, VOCAB - 2, VOCAB - 1
-
-
-def png(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
-    out = io.BytesIO()
-    picture(color, size).save(out, format="PNG")
-    return out.getvalue()
-
-
-WIDE, TALL = png((200, 30, 60), (84, 56)), png((10, 220, 90), (50, 90))
-GRIDS = {WIDE: (2, 3), TALL: (3, 2)}  # (rows, columns) of placeholders, by transformers' smart_resize
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    model = tiny_qwen2_5_vl(VOCAB)
+    model = tiny_qwen2_5_vl(ENGINE_VOCAB)
     folder = tmp_path_factory.mktemp("qwen2_5_vl-engine")
     model.save_pretrained(folder)
     image_processor().save_pretrained(folder)
@@ -46,26 +35,8 @@ def make_engine(folder: str, **limits) -> EngineCore:
     return EngineCore.from_config(config)
 
 
-def request(request_id: str, images: list[bytes]) -> tuple[GenerateRequest, list[int]]:
-    ids, spans = [5, 6, 7], []
-    for k, data in enumerate(images):
-        rows, columns = GRIDS[data]
-        ids += [START]
-        digest = hashlib.sha256(data).hexdigest()
-        spans.append(PromptImage(len(ids), rows * columns, digest, data, grid=(rows, columns)))
-        ids += [IMAGE] * (rows * columns) + [END, 10 + k, 11 + k]
-    return GenerateRequest(request_id, ids, max_new_tokens=NEW, ignore_eos=True, images=spans), ids
-
-
 def token_ids(events) -> list[int]:
     return [t for event in events for t in event.token_ids]
-
-
-def expected(model, ids: list[int], images: list[bytes]) -> list[int]:
-    if not images:
-        return reference_greedy(model, ids, None, NEW)
-    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-    return reference_greedy(model, ids, image_processor()(images=pictures, return_tensors="pt"), NEW)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
@@ -73,11 +44,11 @@ def expected(model, ids: list[int], images: list[bytes]) -> list[int]:
 def test_greedy_ids_equal_transformers_with_two_images(checkpoint, prefill, overlap):
     model, folder = checkpoint
     engine = make_engine(folder, max_batch_prefill_tokens=prefill, overlap_scheduling=overlap)
-    both, ids = request("both", [WIDE, TALL])
-    text, text_ids = request("text", [])
+    both, ids = engine_request("both", [WIDE, TALL])
+    text, text_ids = engine_request("text", [])
     events = drain_events(engine, [both, text])
-    assert token_ids(events["both"]) == expected(model, ids, [WIDE, TALL])
-    assert token_ids(events["text"]) == expected(model, text_ids, [])
+    assert token_ids(events["both"]) == engine_expected(model, ids, [WIDE, TALL])
+    assert token_ids(events["text"]) == engine_expected(model, text_ids, [])
 
 
 def test_the_same_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):
@@ -85,11 +56,11 @@ def test_the_same_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):
     engine = make_engine(folder)
     cache = engine.executor.batch_builder.images
     assert cache is not None
-    first, ids = request("first", [WIDE])
+    first, ids = engine_request("first", [WIDE])
     drain_events(engine, [first])
-    again = drain_events(engine, [request("again", [WIDE])[0]])
-    tall = drain_events(engine, [request("tall", [TALL])[0]])
+    again = drain_events(engine, [engine_request("again", [WIDE])[0]])
+    tall = drain_events(engine, [engine_request("tall", [TALL])[0]])
     assert again["again"][0].num_cached_tokens == len(ids) - 1
     assert tall["tall"][0].num_cached_tokens == 4  # the text before the image only
     assert cache.num_encoded == 2
-    assert token_ids(again["again"]) == expected(model, ids, [WIDE])
+    assert token_ids(again["again"]) == engine_expected(model, ids, [WIDE])

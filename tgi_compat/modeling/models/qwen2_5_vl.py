@@ -26,8 +26,9 @@ _DEFAULT_MROPE_SECTION = [16, 24, 24]  # transformers' default (Qwen2.5-VL's rel
 
 
 class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
-    # not yet: StepBroadcast carries neither ForwardBatch.images nor rope_positions to the ranks > 0
-    supports_tensor_parallel = False
+    # the text model's layers are Llama's; the vision encoder runs on rank 0 only (the engine's encoder cache), and
+    # StepBroadcast carries its rows and the M-RoPE positions to the other ranks
+    supports_tensor_parallel = True
 
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
         assert config.multimodal_hf_config is not None  # set by ModelConfig.text_model_of

@@ -74,10 +74,12 @@ def run(runner, ids, start, slots, features, mrope: MropePrompt) -> torch.Tensor
     return runner.forward(batch)
 
 
-def test_mrope_positions_equal_transformers_rope_index(pair):
+@pytest.mark.parametrize("texts", [(3, 4, 2), (0, 4, 0), (1, 0, 1)], ids=["between", "at-both-ends", "adjacent"])
+def test_mrope_positions_equal_transformers_rope_index(pair, texts):
+    """Text around, before and after two images of different grids; images first and last; images back to back."""
     model, _ = pair
     inputs = processed(2)
-    ids, images = prompt(grids(inputs), text(1, 3), text(2, 4), text(3, 2))
+    ids, images = prompt(grids(inputs), *(text(seed, n) for seed, n in enumerate(texts)))
     input_ids = torch.tensor([ids])
     expected, delta = model.model.get_rope_index(
         input_ids, (input_ids == IMAGE).int(), image_grid_thw=inputs["image_grid_thw"]

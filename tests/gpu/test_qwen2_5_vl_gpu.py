@@ -1,6 +1,7 @@
 """GPU (marker `gpu`; skipped without CUDA): Qwen2.5-VL through the real engine on the device, Triton backend and
-layer ops, decode CUDA graphs for the text-only rows (an M-RoPE step runs eager): fp32 greedy ids equal
-transformers' (on the CPU) with two images, whole and chunked prefill, overlap on and off, beside a text request.
+layer ops, decode CUDA graphs (an M-RoPE model's replay with the step's t/h/w rows): fp32 greedy ids equal
+transformers' (on the CPU) with two images, whole and chunked prefill, overlap on and off, beside a text request;
+decode steps with a rope delta replay the graphs.
 
 Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_qwen2_5_vl_gpu.py   (about 1 min)
 """
@@ -21,6 +22,7 @@ from tests.modeling.qwen2_5_vl_helpers import (
 )
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.model_loading import load_runner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -56,9 +58,20 @@ def test_greedy_ids_on_the_device_equal_transformers(checkpoint, prefill, overla
         max_batch_prefill_tokens=prefill,
         overlap_scheduling=overlap,
     )
-    engine = EngineCore.from_config(config)
+    runner = load_runner(config)
+    graphs = runner.cuda_graphs
+    assert graphs is not None and graphs.mrope
+    replayed = []
+
+    def counted(batch, replay=graphs.replay):
+        replayed.append(batch.rope_positions is not None)
+        return replay(batch)
+
+    graphs.replay = counted  # type: ignore[method-assign]
+    engine = EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder)
     both, ids = engine_request("both", [WIDE, TALL])
     text, text_ids = engine_request("text", [])
     out = drain(engine, [both, text])
     assert out["both"] == engine_expected(model, ids, [WIDE, TALL])
     assert out["text"] == engine_expected(model, text_ids, [])
+    assert any(replayed)  # decodes of the image request, position + rope delta, through the graphs

@@ -143,3 +143,52 @@ def test_greedy_text_equals_transformers_generate(pair):
     # every decode step's logits too (transformers' whole-sequence forward numbers text after the prompt on)
     ref = reference_logits(model, ids + out[:-1], inputs)[len(ids) - 1 :]
     assert max_rel_error(torch.stack(steps), ref) <= 1e-3
+
+
+class _Replayed:
+    """A stand-in for a captured CUDA graph on the CPU: replay runs the step over the graphs' static inputs, which
+    is what the captured kernels read, so the input plumbing (the static rope rows, their copy and padding) is
+    what this checks."""
+
+    def __init__(self, graphs, size: int):
+        self.graphs, self.size = graphs, size
+
+    def replay(self) -> None:
+        batch = self.graphs.inputs.batch(self.size, self.graphs.max_seq_len, self.graphs.mrope)
+        self.graphs.outputs[self.size] = self.graphs.step_fn(batch)
+
+
+def test_decode_graph_inputs_carry_the_rope_rows(pair):
+    """Decode steps through DecodeCudaGraphs' replay (M-RoPE: a static [3, N] buffer filled from the step's rows,
+    padded past the batch: two requests in the bucket of 4) give transformers' logits: a request with images beside
+    a text-only one."""
+    from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs
+
+    model, runner = pair
+    graphs = DecodeCudaGraphs(
+        runner._forward_eager, [1, 4], runner.max_rows, runner.num_kv_slots, runner.max_seq_len, "cpu", mrope=True
+    )
+    graphs.graphs = {size: _Replayed(graphs, size) for size in graphs.batch_sizes}
+    inputs = processed(1)
+    ids, images = prompt(grids(inputs), text(1, 4), text(2, 3))
+    mrope = prompt_mrope(len(ids), images)
+    assert mrope is not None
+    plain = text(5, 6)
+    full, plain_full = ids + text(3, 3), plain + text(4, 3)
+    slots, plain_slots = list(range(300, 300 + len(full))), list(range(400, 400 + len(plain_full)))
+    features = runner.model.encode_processed(dict(inputs))
+    run(runner, ids, 0, slots, features, mrope)  # the prefills, eager
+    prefill = build_forward_batch(plain, [1], [len(plain)], [len(plain)], plain_slots[: len(plain)], [0])
+    runner.forward(prefill)
+    steps = []
+    for p, q in zip(range(len(ids), len(full)), range(len(plain), len(plain_full))):
+        batch = build_forward_batch([full[p], plain_full[q]], [0, 1], [1, 1], [p + 1, q + 1], [slots[p], plain_slots[q]], [0, 1])  # fmt: skip
+        t, h, w = mrope.rows(p, p + 1)
+        batch.rope_positions = torch.tensor([t + [q], h + [q], w + [q]])
+        assert graphs.can_run(batch)
+        steps.append(graphs.replay(batch).clone())
+    ours = torch.stack(steps)
+    ref = reference_logits(model, full, inputs)[len(ids) :]
+    plain_ref = model(input_ids=torch.tensor([plain_full])).logits[0, len(plain) :].float().detach()
+    assert max_rel_error(ours[:, 0], ref) <= 1e-3
+    assert max_rel_error(ours[:, 1], plain_ref) <= 1e-3

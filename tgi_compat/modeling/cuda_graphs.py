@@ -63,6 +63,7 @@ class _StaticInputs:
     q_lens: torch.Tensor  # [N] int64, ones
     kv_lens: torch.Tensor  # [N] int64
     logits_indices: torch.Tensor  # [N] int64
+    rope_positions: torch.Tensor  # [3, N] int64: an M-RoPE model's t/h/w rows (all three equal while decoding)
 
     @classmethod
     def allocate(cls, size: int, device: torch.device) -> _StaticInputs:
@@ -70,9 +71,10 @@ class _StaticInputs:
             return torch.zeros(size, dtype=torch.int64, device=device)
 
         arange = torch.arange(size, dtype=torch.int64, device=device)
-        return cls(zeros(), zeros(), zeros(), zeros(), arange, torch.ones_like(arange), zeros(), arange.clone())
+        rope = torch.zeros(3, size, dtype=torch.int64, device=device)
+        return cls(zeros(), zeros(), zeros(), zeros(), arange, torch.ones_like(arange), zeros(), arange.clone(), rope)
 
-    def batch(self, size: int, max_seq_len: int) -> ForwardBatch:
+    def batch(self, size: int, max_seq_len: int, mrope: bool = False) -> ForwardBatch:
         return ForwardBatch(
             mode=ForwardMode.DECODE,
             input_ids=self.input_ids[:size],
@@ -85,6 +87,7 @@ class _StaticInputs:
             logits_indices=self.logits_indices[:size],
             max_q_len=1,
             max_kv_len=max_seq_len,  # graph-safe backends must not size anything from this
+            rope_positions=self.rope_positions[:, :size] if mrope else None,
         )
 
 
@@ -97,9 +100,13 @@ class DecodeCudaGraphs:
         pad_slot: int,
         max_seq_len: int,
         device: torch.device,
+        mrope: bool = False,
     ):
         assert batch_sizes, "no batch sizes to capture"
         self.step_fn = step_fn
+        # an M-RoPE model (Qwen2.5-VL): the graphs rotate by a static [3, N] buffer, which a replay fills from the
+        # step's rope_positions (a request with an image: position + its rope delta) or its plain positions
+        self.mrope = mrope
         self.batch_sizes = sorted(batch_sizes)
         self.max_batch_size = self.batch_sizes[-1]
         self.pad_row = pad_row
@@ -116,7 +123,7 @@ class DecodeCudaGraphs:
         return (
             batch.mode == ForwardMode.DECODE
             and batch.lora is None  # LoRA steps run eager
-            and batch.rope_positions is None  # so do M-RoPE steps (a Qwen2.5-VL request with an image)
+            and (batch.rope_positions is None or self.mrope)  # rope rows only where captured with them
             and 0 < batch.batch_size <= self.max_batch_size
             and batch.logits_indices.shape[0] <= batch.batch_size
         )
@@ -127,7 +134,7 @@ class DecodeCudaGraphs:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.batch_sizes):
-            batch = self.inputs.batch(size, self.max_seq_len)
+            batch = self.inputs.batch(size, self.max_seq_len, self.mrope)
             for _ in range(2):  # compile kernels and create library handles outside the capture
                 self.step_fn(batch)
             torch.cuda.synchronize(self.device)
@@ -163,6 +170,9 @@ class DecodeCudaGraphs:
             [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.kv_lens, batch.logits_indices],
             non_blocking=True,
         )
+        if self.mrope:
+            rope = batch.positions.expand(3, -1) if batch.rope_positions is None else batch.rope_positions
+            inputs.rope_positions[:, :size].copy_(rope, non_blocking=True)
         if num_logits < bucket:  # stale indices of an earlier, larger batch could point past this bucket
             inputs.logits_indices[num_logits:bucket] = 0
         if size < bucket:
@@ -178,6 +188,7 @@ class DecodeCudaGraphs:
         inputs.out_slots[start:end] = self.pad_slot
         inputs.req_rows[start:end] = self.pad_row
         inputs.kv_lens[start:end] = 1
+        inputs.rope_positions[:, start:end] = 0
 
 
 def maybe_capture_decode_graphs(
@@ -189,13 +200,14 @@ def maybe_capture_decode_graphs(
     pad_slot: int,
     max_seq_len: int,
     device: torch.device,
+    mrope: bool = False,  # the model rotates by ForwardBatch.rope_positions (M-RoPE) when a step has them
 ) -> DecodeCudaGraphs | None:
     """Captured graphs on CUDA with a graph-safe attention backend and a non-empty list, else None (eager)."""
     sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
     if torch.device(device).type != "cuda" or not sizes or not backend.supports_cuda_graphs:
         return None
     graphs = DecodeCudaGraphs(
-        step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device
+        step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device, mrope=mrope
     )
     graphs.capture()
     return graphs

@@ -160,6 +160,7 @@ class ModelRunner:
             pad_slot=self.num_kv_slots,
             max_seq_len=self.max_seq_len,
             device=self.device,
+            mrope=model_config.rope_scaling.mrope_section is not None,  # Qwen2.5-VL's decodes replay with rope rows
         )
 
     @classmethod

@@ -35,6 +35,9 @@ verify step with a LoRA row runs eager.
 
 --diverse_mode: the decode graphs (plain and LoRA alike) read a static shared-prefix group table [N, 1 + G]
 that a replay overwrites with the step's groups (padding rows in none); verify steps carry no groups.
+
+M-RoPE models (Qwen2.5-VL): decode and verify graphs rotate by a static [3, N * q] buffer, which a replay fills
+from the step's rope_positions (a request with an image: position + its rope delta) or its plain positions.
 """
 
 from __future__ import annotations
@@ -99,9 +102,13 @@ class _StaticInputs:
     lora_slots: torch.Tensor  # [N] int64: each request's adapter slot, -1 for base and padding rows (LoRA graphs)
     # --diverse_mode: the shared-prefix group table [N, 1 + group_max] int64 (PrefixGroups); None: off
     prefix_table: torch.Tensor | None = None
+    # an M-RoPE model (Qwen2.5-VL): its t/h/w rotary rows [3, N * q] int64; None: rotary by `positions`
+    rope_positions: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, size: int, tokens_per_row: int, device: torch.device, prefix_group_max: int = 0) -> _StaticInputs:
+    def allocate(
+        cls, size: int, tokens_per_row: int, device: torch.device, prefix_group_max: int = 0, mrope: bool = False
+    ) -> _StaticInputs:
         num_tokens = size * tokens_per_row
 
         def zeros(n: int) -> torch.Tensor:
@@ -122,6 +129,8 @@ class _StaticInputs:
         )
         if prefix_group_max:
             inputs.prefix_table = torch.zeros(size, 1 + prefix_group_max, dtype=torch.int64, device=device)
+        if mrope:
+            inputs.rope_positions = torch.zeros(3, num_tokens, dtype=torch.int64, device=device)
         return inputs
 
     def clear_groups(self, start: int, end: int | None) -> None:
@@ -146,6 +155,7 @@ class _StaticInputs:
             max_q_len=q,
             max_kv_len=max_seq_len,  # graph-safe backends must not size anything from this
             prefix_groups=None if self.prefix_table is None else PrefixGroups(self.prefix_table[:size]),
+            rope_positions=None if self.rope_positions is None else self.rope_positions[:, :num_tokens],
         )
 
 
@@ -161,6 +171,7 @@ class DecodeCudaGraphs:
         lora: LoraSteps | None = None,
         tokens_per_row: int = 1,  # q > 1: verify steps of q tokens per request
         prefix_group_max: int = 0,  # --diverse_mode (decode graphs only): a static shared-prefix group table
+        mrope: bool = False,  # an M-RoPE model: the graphs rotate by a static [3, N * q] buffer
     ):
         assert batch_sizes, "no batch sizes to capture"
         assert 1 <= tokens_per_row <= max_seq_len
@@ -173,7 +184,9 @@ class DecodeCudaGraphs:
         self.max_seq_len = max_seq_len
         self.device = torch.device(device)
         with torch.inference_mode():
-            self.inputs = _StaticInputs.allocate(self.max_batch_size, tokens_per_row, self.device, prefix_group_max)
+            self.inputs = _StaticInputs.allocate(
+                self.max_batch_size, tokens_per_row, self.device, prefix_group_max, mrope
+            )
             self._pad_positions = torch.arange(tokens_per_row, device=self.device).repeat(self.max_batch_size)
             self._pad_from(0)
         # keyed by (bucket, LoRA step?)
@@ -184,6 +197,10 @@ class DecodeCudaGraphs:
     @property
     def tokens_per_row(self) -> int:
         return self.inputs.tokens_per_row
+
+    @property
+    def mrope(self) -> bool:
+        return self.inputs.rope_positions is not None
 
     def can_run(self, batch: ForwardBatch) -> bool:
         q = self.inputs.tokens_per_row
@@ -202,6 +219,7 @@ class DecodeCudaGraphs:
             and (batch.lora is None or self.lora is not None)  # verify graphs have no LoRA: such steps run eager
             and batch.images is None
             and (batch.prefix_groups is None or self.inputs.prefix_table is not None)  # groups: decode graphs only
+            and (batch.rope_positions is None or self.mrope)  # rope rows only where captured with them
             and 0 < batch.batch_size <= self.max_batch_size
             and batch.logits_indices.shape[0] <= batch.num_tokens
         )
@@ -289,6 +307,9 @@ class DecodeCudaGraphs:
                 inputs.clear_groups(0, size)
             else:
                 inputs.prefix_table[:size].copy_(batch.prefix_groups.table, non_blocking=True)
+        if inputs.rope_positions is not None:  # the step's rows (an image request: position + its rope delta)
+            rope = batch.positions.expand(3, -1) if batch.rope_positions is None else batch.rope_positions
+            inputs.rope_positions[:, :num_tokens].copy_(rope, non_blocking=True)
         if num_logits < bucket * q:  # stale indices of an earlier, larger batch could point past this bucket
             inputs.logits_indices[num_logits : bucket * q] = 0
         with_lora = batch.lora is not None
@@ -314,6 +335,8 @@ class DecodeCudaGraphs:
         inputs.kv_lens[start:end] = q
         inputs.lora_slots[start:end] = -1
         inputs.clear_groups(start, end)  # padding rows are in no group
+        if inputs.rope_positions is not None:  # padding rotates by its plain positions
+            inputs.rope_positions[:, start * q : token_end] = inputs.positions[start * q : token_end]
 
 
 def maybe_capture_decode_graphs(
@@ -327,6 +350,7 @@ def maybe_capture_decode_graphs(
     device: torch.device,
     lora: LoraSteps | None = None,  # --max-loras > 0: LoRA decode steps get graphs of their own
     prefix_group_max: int = 0,  # --diverse_mode: decode steps carry shared-prefix groups of up to this many rows
+    mrope: bool = False,  # the model rotates by ForwardBatch.rope_positions (M-RoPE) when a step has them
 ) -> DecodeCudaGraphs | None:
     """Captured graphs on CUDA with a graph-safe attention backend and a non-empty list, else None (eager)."""
     sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
@@ -341,6 +365,7 @@ def maybe_capture_decode_graphs(
         device=device,
         lora=lora,
         prefix_group_max=prefix_group_max,
+        mrope=mrope,
     )
     graphs.capture()
     return graphs
@@ -375,6 +400,7 @@ def maybe_capture_verify_graphs(
             max_seq_len=max_seq_len,
             device=decode_graphs.device,
             tokens_per_row=q,
+            mrope=decode_graphs.mrope,
         )
         graphs[q].capture(decode_graphs.pool)
     return graphs

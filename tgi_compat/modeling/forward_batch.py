@@ -108,6 +108,9 @@ class ForwardBatch:
     images: ImageEmbeds | None = None  # None: no image placeholder among the new tokens
     # a DECODE step under --diverse_mode: its rows' shared prefixes (every step of the mode has one, maybe empty)
     prefix_groups: PrefixGroups | None = None
+    # [3, T] int64 (t, h, w) rotary positions of an M-RoPE model's step (Qwen2.5-VL, tgi_compat.router.mrope) where
+    # some token's differ from `positions`; None: every token rotates by `positions`
+    rope_positions: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

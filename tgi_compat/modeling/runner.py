@@ -174,6 +174,7 @@ class ModelRunner:
             device=self.device,
             lora=self.lora,  # LoRA decode steps get graphs of their own
             prefix_group_max=shape.prefix_group_max,
+            mrope=model_config.rope_scaling.mrope_section is not None,  # Qwen2.5-VL's decodes replay with rope rows
         )
         # q tokens per request -> that verify step's graphs (empty: speculation off, or decode runs eager)
         self.verify_graphs = maybe_capture_verify_graphs(

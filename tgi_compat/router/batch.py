@@ -76,7 +76,8 @@ class StepBatchBuilder:
         holds chunk i's input, None where the input is on the host."""
         rows = input_rows if previous_ids is not None and input_rows is not None else [None] * len(plan.chunks)
         if not plan.cached_prefixes and all(
-            c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None for c in plan.chunks
+            c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None and c.request.mrope is None
+            for c in plan.chunks
         ):
             batch, layout = self._build_decode(plan, previous_ids, rows)
         else:
@@ -225,9 +226,22 @@ def build_step_batch(
         batch.input_ids[positions] = previous_ids[rows]
     if images is not None:
         batch.images = images.step_embeds(chunk_images, torch.device(device))
+    if any(chunk.request.mrope is not None for chunk in plan.chunks):
+        batch.rope_positions = upload(_rope_rows(plan), torch.device(device))
     if plan.cached_prefixes:
         batch.cached_prefix_slots = _cached_prefix_slots(plan.cached_prefixes, torch.device(device))
     return batch, layout
+
+
+def _rope_rows(plan: StepPlan) -> list[list[int]]:
+    """(t, h, w) rotary positions of the step's tokens: an M-RoPE request's (router/mrope.py), the others' own."""
+    rows: list[list[int]] = [[], [], []]
+    for chunk in plan.chunks:
+        mrope = chunk.request.mrope
+        axes = mrope.rows(chunk.start, chunk.end) if mrope is not None else [range(chunk.start, chunk.end)] * 3
+        for row, axis in zip(rows, axes):
+            row += axis
+    return rows
 
 
 def _add_verify_rows(layout: LogitsLayout, chunk_index: int, num_tokens: int, first_row: int) -> None:

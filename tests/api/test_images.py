@@ -14,7 +14,7 @@ from PIL import Image
 from tgi_compat.api.protocol.errors import TgiError
 from tgi_compat.api.protocol.images import DecodedImage, ImageRef, image_markdown, split_prompt
 from tgi_compat.api.serving.image_fetch import ImageFetcher
-from tgi_compat.api.serving.images import VisionPrompts
+from tgi_compat.api.serving.images import Placeholders, VisionPrompts
 
 
 def encoded(fmt: str, mode: str = "RGB", size: tuple[int, int] = (20, 12)) -> bytes:
@@ -153,7 +153,8 @@ async def test_a_text_model_keeps_image_markdown_as_text(client, engine, tokeniz
 def test_placeholders_must_match_the_images():
     """Each placeholder run is one whole image, the last ones when `truncate` cut the first; placeholder tokens
     typed as text, or a run cut by truncation, refuse the request."""
-    prompts = VisionPrompts("<img>", image_token_id=9, tokens_per_image=3, bidirectional=True, fetcher=ImageFetcher())
+    fixed = Placeholders("<img>", 3)
+    prompts = VisionPrompts(lambda _: fixed, image_token_id=9, bidirectional=True, fetcher=ImageFetcher())
     red, green = (DecodedImage(data, "image/png", 1, 1) for data in (b"red", b"green"))
     placed = prompts.place([1, 9, 9, 9, 2, 9, 9, 9, 3], [red, green])
     assert [(image.offset, image.length, image.data, image.bidirectional) for image in placed] == [
@@ -164,3 +165,23 @@ def test_placeholders_must_match_the_images():
     for ids in ([9, 9, 2, 9, 9, 9], [1, 9, 9, 9, 2, 9, 9, 9, 9, 9, 9]):
         with pytest.raises(TgiError, match="placeholder tokens do not match"):
             prompts.place(ids, [red, green])
+
+
+def test_qwen_placeholders_carry_each_image_grid():
+    """Qwen2.5-VL: each image's run is as long as its own grid (dynamic resolution), and the grid travels with it
+    (the engine's M-RoPE positions)."""
+
+    def by_size(image: DecodedImage) -> Placeholders:
+        return Placeholders(
+            "<img>" * image.width * image.height, image.width * image.height, (image.height, image.width)
+        )
+
+    prompts = VisionPrompts(by_size, image_token_id=9, bidirectional=False, fetcher=ImageFetcher())
+    wide, tall = DecodedImage(b"wide", "image/png", 3, 1), DecodedImage(b"tall", "image/png", 1, 2)
+    placed = prompts.place([1, 9, 9, 9, 2, 9, 9, 3], [wide, tall])
+    assert [(image.offset, image.length, image.grid, image.bidirectional) for image in placed] == [
+        (1, 3, (1, 3), False),
+        (5, 2, (2, 1), False),
+    ]
+    with pytest.raises(TgiError, match="placeholder tokens do not match"):
+        prompts.place([1, 9, 9, 2, 9, 9, 9, 3], [wide, tall])

@@ -25,6 +25,7 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.attention.decode_merge",
     "tgi_compat.kernels.attention.decode_rotary",
     "tgi_compat.kernels.attention.decode",
+    "tgi_compat.kernels.attention.shared_prefix",
     "tgi_compat.kernels.attention.prefill",
     "tgi_compat.kernels.attention.kv_store",
     "tgi_compat.kernels.attention.rotary",

@@ -178,3 +178,32 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
     torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_fused, k_sep, rtol=1e-6, atol=1e-6)
     assert torch.equal(v_fused, v_sep)
+
+
+def test_graph_replay_carries_the_prefix_group_table():
+    """--diverse_mode: the static inputs hold a group table; a replay copies the step's (or a no-group one) and the
+    bucket's padding rows are in no group. The graphs' replays are stood in for by eager calls on the static batch."""
+    from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs
+    from tgi_compat.modeling.forward_batch import PrefixGroups
+
+    seen: list[list[list[int]]] = []
+
+    def step_fn(batch):
+        assert batch.prefix_groups is not None
+        seen.append(batch.prefix_groups.table.tolist())
+        return torch.zeros(batch.batch_size, 3)
+
+    graphs = DecodeCudaGraphs(step_fn, [4], pad_row=8, pad_slot=100, max_seq_len=64, device="cpu", prefix_group_max=2)
+
+    class EagerGraph:
+        def replay(self) -> None:
+            graphs.outputs[4, False] = graphs.graph_step(4, with_lora=False)()
+
+    graphs.graphs[4, False] = EagerGraph()  # type: ignore[assignment]
+    step = build_forward_batch([5, 6, 7], [0, 1, 2], [1, 1, 1], [9, 9, 4], [20, 21, 22], [0, 1, 2])
+    step.prefix_groups = PrefixGroups(torch.tensor(PrefixGroups.rows([(8, [1, 0])], 3, 2)))
+    graphs.replay(step)
+    assert seen[-1] == [[8, -1, -1], [8, 1, 0], [0, -1, -1], [0, -1, -1]]
+    step.prefix_groups = None  # a decode step built without groups: replayed as no group at all
+    graphs.replay(step)
+    assert seen[-1] == [[0, -1, -1]] * 4

@@ -96,6 +96,9 @@ def test_unbuilt_flags_are_named_only_when_given():
         unbuilt_of("--beam_mode", "--use_reward_model", "--enable_multimodal") == []
     )  # built: serving/beam_generate.py, pooling models
     assert config_of("--beam_mode").beam_mode is True
+    # --diverse_mode reaches the engine: siblings decode through the shared-prefix kernel
+    assert config_of("--diverse_mode").to_engine_config().diverse_mode is True
+    assert config_of().to_engine_config().diverse_mode is False
 
 
 def test_dynamic_prompt_cache_flags_turn_prefix_caching_on_and_off():

@@ -87,6 +87,7 @@ def test_registry_resolves_every_supported_architecture():
     }
     families = {
         "Gemma3ForConditionalGeneration": "Gemma3ForConditionalGeneration",  # the vision model (its images)
+        "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration",  # the same, with M-RoPE
         "Gemma": "GemmaForCausalLM",
         "Phi3": "Phi3ForCausalLM",
         "Mixtral": "MixtureOfExpertsForCausalLM",
@@ -109,3 +110,19 @@ def test_unknown_architecture_is_a_clear_error():
 def test_config_without_architectures_is_a_clear_error():
     with pytest.raises(ValueError, match="no 'architectures'"):
         ModelConfig.from_hf_dict(BASE)
+
+
+def test_qwen2_5_vl_hub_config_is_its_qwen2_text_model_with_mrope():
+    """The released Qwen2.5-VL-7B config.json (transformers 4: text fields flat, `rope_scaling` type mrope)."""
+    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14)
+    hub = dict(
+        architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl", hidden_size=3584,
+        intermediate_size=18944, num_attention_heads=28, num_hidden_layers=28, num_key_value_heads=4,
+        max_position_embeddings=128000, rope_theta=1000000.0, sliding_window=32768, use_sliding_window=False,
+        rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}, vocab_size=152064, eos_token_id=151645,
+        image_token_id=151655, vision_config=vision, tie_word_embeddings=False,
+    )  # fmt: skip
+    config = ModelConfig.from_hf_dict(hub)
+    assert (config.architecture, config.multimodal_architecture) == ("Qwen2ForCausalLM", hub["architectures"][0])
+    assert config.rope_scaling.rope_type == "default" and config.rope_scaling.mrope_section == [16, 24, 24]
+    assert (config.qkv_bias, config.sliding_window, config.rope_theta) == (True, None, 1e6)

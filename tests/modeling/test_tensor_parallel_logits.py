@@ -21,7 +21,7 @@ from tests.modeling.helpers import max_rel_error, tiny_hf_model
 from tests.modeling.test_gemma_parity import CASES as GEMMA_CASES
 from tests.modeling.test_moe_parity import CASES as MOE_CASES
 from tgi_compat.kernels.sampling.greedy_pick import greedy_pick_ref
-from tgi_compat.modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.forward_batch import PrefixGroups, build_forward_batch
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
 from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
 from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
@@ -72,6 +72,8 @@ def _run_steps(runner: ModelRunner) -> list[torch.Tensor]:
         device="cpu", **dict(decode, input_ids=[i % runner.vocab_size for i in decode["input_ids"]])
     )
     batch.greedy_only = True
+    # a --diverse_mode table travels to the other ranks (the torch backend reads both rows' own slots either way)
+    batch.prefix_groups = PrefixGroups(torch.tensor(PrefixGroups.rows([(5, [0, 1])], 2, 8)))
     answer = runner.forward(batch)
     outputs.append(answer.clone() if isinstance(answer, torch.Tensor) else answer.packed.clone())
     return outputs

@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from tgi_compat.router.speculative.policy import AcceptanceStats, StepCostTable, choose_draft_lengths
+from tgi_compat.router.speculative.policy import (
+    AcceptanceStats,
+    StepCostTable,
+    choose_draft_lengths,
+    choose_uniform_draft_length,
+    drafts_may_pay,
+)
 
 # A memory-bound device: a step's time hardly moves up to 64 rows, then grows with the rows.
 MEMORY_BOUND = StepCostTable(rows=(1, 64, 512), seconds=(4.0e-3, 4.6e-3, 30e-3))
@@ -78,3 +84,51 @@ def test_the_rest_of_the_step_counts_in_its_cost():
     assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND, other_rows=200, other_tokens=200) == [0] * 8
     # beside a long prefill chunk (many rows, no tokens) drafts are almost free: they stay
     assert choose_draft_lengths([0.6] * 8, [4] * 8, MEMORY_BOUND, other_rows=600, other_tokens=0) == [4] * 8
+
+
+# An H200 running an 8B model, roughly: memory-bound up to a few dozen rows, compute-bound (every row a full
+# share of the step) from 64 rows on.
+H200_LIKE = StepCostTable(rows=(1, 16, 64, 128, 512), seconds=(4.05e-3, 4.3e-3, 6.2e-3, 12.4e-3, 49.6e-3))
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.6, 0.95])
+def test_a_measured_table_keeps_drafts_at_batch_one_and_drops_them_at_64(rate):
+    assert choose_draft_lengths([rate], [4], H200_LIKE) == [4]
+    assert choose_draft_lengths([rate] * 64, [4] * 64, H200_LIKE) == [0] * 64
+    assert choose_uniform_draft_length([rate], [4], 4, H200_LIKE) == 4
+    assert choose_uniform_draft_length([rate] * 64, [4] * 64, 4, H200_LIKE) == 0
+
+
+def test_one_draft_length_for_a_verify_graph():
+    # without a table: the longest proposal, at most the room left
+    assert choose_uniform_draft_length([0.5, 0.5], [1, 3], 4, None) == 3
+    assert choose_uniform_draft_length([0.5, 0.5], [1, 3], 2, None) == 2
+    assert choose_uniform_draft_length([0.5, 0.5], [0, 0], 4, None) == 0
+    # padding is worth nothing: one request with drafts among 16 pays for 16 padded rows only when rows are cheap
+    flat = StepCostTable(rows=(1, 512), seconds=(1.0, 1.001))
+    assert choose_uniform_draft_length([0.9] + [0.5] * 15, [4] + [0] * 15, 4, flat) == 4
+    assert choose_uniform_draft_length([0.9] + [0.5] * 15, [4] + [0] * 15, 4, COMPUTE_BOUND) == 0
+    # the best k is the best of all of them
+    rates, caps = [0.8, 0.4, 0.6], [4, 2, 3]
+    for table in (MEMORY_BOUND, H200_LIKE, flat):
+
+        def throughput(k: int, table: StepCostTable = table) -> float:
+            tokens = len(rates) + sum(r**j for r, c in zip(rates, caps) for j in range(1, min(k, c) + 1))
+            return tokens / table.cost(len(rates) * (k + 1))
+
+        assert choose_uniform_draft_length(rates, caps, 4, table) == max(range(5), key=throughput)
+
+
+def test_drafts_may_pay_bounds_both_choices():
+    assert drafts_may_pay(1, 0.5, 4, H200_LIKE) and drafts_may_pay(16, 0.5, 4, H200_LIKE)
+    assert not drafts_may_pay(64, 0.99, 4, H200_LIKE) and not drafts_may_pay(200, 0.99, 4, H200_LIKE)
+    assert not drafts_may_pay(1, 0.99, 4, COMPUTE_BOUND)
+    rng = random.Random(0)
+    tables = (MEMORY_BOUND, H200_LIKE, COMPUTE_BOUND, StepCostTable(rows=(1, 8, 40), seconds=(1.0, 1.2, 3.5)))
+    for _ in range(300):
+        table, size = rng.choice(tables), rng.randrange(1, 90)
+        rates = [rng.random() for _ in range(size)]
+        caps = [rng.randrange(0, 5) for _ in range(size)]
+        if not drafts_may_pay(size, max(rates), 4, table):  # then neither policy drafts anything
+            assert choose_uniform_draft_length(rates, caps, 4, table) == 0
+            assert not any(choose_draft_lengths(rates, caps, table))

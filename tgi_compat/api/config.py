@@ -108,6 +108,7 @@ class ServerConfig:
     token_healing: bool = False  # default of the request parameter `token_healing`
     return_all_prompt_logprobs: bool = False  # default of the request parameter
     beam_mode: bool = False  # LightLLM --beam_mode: best_of > 1 without sampling is a beam search of that width
+    diverse_mode: bool = False  # LightLLM --diverse_mode: siblings decode with shared-prefix attention
     metric_gateway: str | None = None  # Pushgateway host:port (tgi_compat.api.server.ops_services)
     metric_job_name: str = "lightllm"
     metric_grouping_key: list[str] = field(default_factory=list)  # key=value items
@@ -146,6 +147,7 @@ class ServerConfig:
             master_addr=self.master_addr,
             master_port=self.master_port,
             prefix_caching=self.prefix_caching,
+            diverse_mode=self.diverse_mode,
             overlap_scheduling=self.overlap_scheduling,
             grammar_cache_bytes=self.grammar_cache_bytes,
             grammar_compile_timeout=self.grammar_compile_timeout,

@@ -27,7 +27,10 @@ _QK_NORM = {
 
 # Multimodal checkpoints: the wrapper's architecture -> its text model's (served beside the wrapper's
 # vision encoder, models/gemma3_vision.py).
-MULTIMODAL_TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+MULTIMODAL_TEXT_MODELS = {
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+    "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",  # with M-RoPE (rope_scaling.mrope_section)
+}
 # Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
 _WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")
 
@@ -53,6 +56,8 @@ class RopeScaling:
     short_factor: list[float] | None = None  # longrope only: per-frequency divisors inside the original context
     long_factor: list[float] | None = None  # longrope only: past it
     attention_factor: float | None = None  # longrope only: cos/sin scale; None: from factor
+    # Qwen2.5-VL's multimodal rope: the t/h/w sections of the D/2 frequencies (default frequencies otherwise)
+    mrope_section: list[int] | None = None
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> RopeScaling:
@@ -60,6 +65,7 @@ class RopeScaling:
             return cls()
         rope_type = params.get("rope_type", params.get("type", "default"))
         rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
+        rope_type = "default" if rope_type == "mrope" else rope_type  # transformers 4's name for Qwen2.5-VL's
         if rope_type not in ("default", "linear", "dynamic", "llama3", "longrope"):
             raise ValueError(
                 f"unsupported rope scaling type {rope_type!r} (supported: default, linear, dynamic, llama3, longrope)"
@@ -73,6 +79,7 @@ class RopeScaling:
             short_factor=params.get("short_factor"),
             long_factor=params.get("long_factor"),
             attention_factor=params.get("attention_factor"),
+            mrope_section=params.get("mrope_section"),
         )
 
 

@@ -1,4 +1,5 @@
-"""CUDA graphs for decode steps, one per batch-size bucket (TGI's `--cuda-graphs` list).
+"""CUDA graphs for decode steps, one per batch-size bucket (TGI's `--cuda-graphs` list), and for
+speculative verify steps (every request brings q = k + 1 tokens: its last token and k drafts).
 
 A decode step of an 8B model launches ~300 small kernels; replaying them as one graph removes the
 host launch gaps that otherwise dominate batch-1 latency. Each bucket owns a graph captured over
@@ -23,6 +24,20 @@ one more static input is each row's adapter slot [N] (base and padding rows -1);
 the sorted token order and the segment table (`LoraSteps.set_decode_slots`, all fixed-size, the kernels' grids
 sized by --max-loras), and reads the adapters from slot buffers that loads overwrite in place, so no load ever
 re-captures. A step without a LoRA row replays the plain graph, untouched.
+
+Verify steps (`tokens_per_row` q > 1) are EXTEND steps whose every request brings q tokens; the scheduler
+pads a step's drafts to one k when it may replay (tgi_compat/router/speculative/speculator.py). Their
+attention is the extend kernel, whose grid depends only on the batch size and max_q_len (= q here) and
+whose key loop reads kv_lens on the device, so one capture per (q, bucket) replays for any context.
+Padding requests own positions 0..q-1 of the reserved row, all writing the reserved slot. Verify graphs are
+captured without LoRA (a second set per q would double their capture time and memory for a rare mix): a
+verify step with a LoRA row runs eager.
+
+--diverse_mode: the decode graphs (plain and LoRA alike) read a static shared-prefix group table [N, 1 + G]
+that a replay overwrites with the step's groups (padding rows in none); verify steps carry no groups.
+
+M-RoPE models (Qwen2.5-VL): decode and verify graphs rotate by a static [3, N * q] buffer, which a replay fills
+from the step's rope_positions (a request with an image: position + its rope delta) or its plain positions.
 """
 
 from __future__ import annotations
@@ -31,15 +46,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from tgi_compat.modeling.attention.base import AttentionBackend
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
-
-if TYPE_CHECKING:
-    from torch.cuda import _POOL_HANDLE
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, PrefixGroups
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +59,12 @@ logger = logging.getLogger(__name__)
 # step (Llama-3-8B, B=64: 17 ms eager vs 6.2 ms replayed). A capture takes ~0.15 s, so we cover the
 # whole default running batch.
 DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
+# Verify steps are captured up to this batch: past it the measured step-cost table turns drafts off on an
+# H200 for an 8B model (a step of 64 x 5 rows is compute-bound), so larger verify steps are rare and run eager.
+VERIFY_MAX_BATCH_SIZE = 64
 
 StepFn = Callable[[ForwardBatch], torch.Tensor]  # ForwardBatch -> logits [R, vocab]
+PoolHandle = torch.cuda._POOL_HANDLE  # a CUDA-graph memory pool (torch.cuda.graph_pool_handle())
 
 
 class LoraSteps(Protocol):
@@ -71,41 +87,75 @@ def resolve_batch_sizes(cuda_graphs: list[int] | None, enforce_eager: bool, max_
 
 @dataclass
 class _StaticInputs:
-    """Decode inputs of the largest bucket; a bucket of size b uses the first b entries."""
+    """Inputs of the largest bucket, q tokens per request; a bucket of size b uses the first b requests
+    (the first b * q tokens)."""
 
-    input_ids: torch.Tensor  # [N] int64
-    positions: torch.Tensor  # [N] int64
-    out_slots: torch.Tensor  # [N] int64
+    tokens_per_row: int  # q: 1 for decode steps, k + 1 for verify steps
+    input_ids: torch.Tensor  # [N * q] int64
+    positions: torch.Tensor  # [N * q] int64
+    out_slots: torch.Tensor  # [N * q] int64
     req_rows: torch.Tensor  # [N] int64
-    q_start: torch.Tensor  # [N] int64, arange (one token per request)
-    q_lens: torch.Tensor  # [N] int64, ones
+    q_start: torch.Tensor  # [N] int64, arange * q
+    q_lens: torch.Tensor  # [N] int64, all q
     kv_lens: torch.Tensor  # [N] int64
-    logits_indices: torch.Tensor  # [N] int64
-    lora_slots: torch.Tensor  # [N] int64: each row's adapter slot, -1 for base and padding rows (LoRA graphs)
+    logits_indices: torch.Tensor  # [N * q] int64
+    lora_slots: torch.Tensor  # [N] int64: each request's adapter slot, -1 for base and padding rows (LoRA graphs)
+    # --diverse_mode: the shared-prefix group table [N, 1 + group_max] int64 (PrefixGroups); None: off
+    prefix_table: torch.Tensor | None = None
+    # an M-RoPE model (Qwen2.5-VL): its t/h/w rotary rows [3, N * q] int64; None: rotary by `positions`
+    rope_positions: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, size: int, device: torch.device) -> _StaticInputs:
-        def zeros() -> torch.Tensor:
-            return torch.zeros(size, dtype=torch.int64, device=device)
+    def allocate(
+        cls, size: int, tokens_per_row: int, device: torch.device, prefix_group_max: int = 0, mrope: bool = False
+    ) -> _StaticInputs:
+        num_tokens = size * tokens_per_row
+
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int64, device=device)
 
         arange = torch.arange(size, dtype=torch.int64, device=device)
-        return cls(
-            zeros(), zeros(), zeros(), zeros(), arange, torch.ones_like(arange), zeros(), arange.clone(), zeros() - 1
+        inputs = cls(
+            tokens_per_row,
+            zeros(num_tokens),
+            zeros(num_tokens),
+            zeros(num_tokens),
+            zeros(size),
+            arange * tokens_per_row,
+            torch.full_like(arange, tokens_per_row),
+            zeros(size),
+            torch.arange(num_tokens, dtype=torch.int64, device=device),
+            zeros(size) - 1,
         )
+        if prefix_group_max:
+            inputs.prefix_table = torch.zeros(size, 1 + prefix_group_max, dtype=torch.int64, device=device)
+        if mrope:
+            inputs.rope_positions = torch.zeros(3, num_tokens, dtype=torch.int64, device=device)
+        return inputs
+
+    def clear_groups(self, start: int, end: int | None) -> None:
+        """Rows start..end in no shared-prefix group (prefix length 0, no members)."""
+        if self.prefix_table is not None:
+            self.prefix_table[start:end, 0] = 0
+            self.prefix_table[start:end, 1:] = -1
 
     def batch(self, size: int, max_seq_len: int) -> ForwardBatch:
+        q = self.tokens_per_row
+        num_tokens = size * q
         return ForwardBatch(
-            mode=ForwardMode.DECODE,
-            input_ids=self.input_ids[:size],
-            positions=self.positions[:size],
-            out_slots=self.out_slots[:size],
+            mode=ForwardMode.DECODE if q == 1 else ForwardMode.EXTEND,
+            input_ids=self.input_ids[:num_tokens],
+            positions=self.positions[:num_tokens],
+            out_slots=self.out_slots[:num_tokens],
             req_rows=self.req_rows[:size],
             q_start=self.q_start[:size],
             q_lens=self.q_lens[:size],
             kv_lens=self.kv_lens[:size],
-            logits_indices=self.logits_indices[:size],
-            max_q_len=1,
+            logits_indices=self.logits_indices[:num_tokens],
+            max_q_len=q,
             max_kv_len=max_seq_len,  # graph-safe backends must not size anything from this
+            prefix_groups=None if self.prefix_table is None else PrefixGroups(self.prefix_table[:size]),
+            rope_positions=None if self.rope_positions is None else self.rope_positions[:, :num_tokens],
         )
 
 
@@ -119,8 +169,12 @@ class DecodeCudaGraphs:
         max_seq_len: int,
         device: torch.device,
         lora: LoraSteps | None = None,
+        tokens_per_row: int = 1,  # q > 1: verify steps of q tokens per request
+        prefix_group_max: int = 0,  # --diverse_mode (decode graphs only): a static shared-prefix group table
+        mrope: bool = False,  # an M-RoPE model: the graphs rotate by a static [3, N * q] buffer
     ):
         assert batch_sizes, "no batch sizes to capture"
+        assert 1 <= tokens_per_row <= max_seq_len
         self.step_fn = step_fn
         self.lora = lora
         self.batch_sizes = sorted(batch_sizes)
@@ -130,33 +184,61 @@ class DecodeCudaGraphs:
         self.max_seq_len = max_seq_len
         self.device = torch.device(device)
         with torch.inference_mode():
-            self.inputs = _StaticInputs.allocate(self.max_batch_size, self.device)
+            self.inputs = _StaticInputs.allocate(
+                self.max_batch_size, tokens_per_row, self.device, prefix_group_max, mrope
+            )
+            self._pad_positions = torch.arange(tokens_per_row, device=self.device).repeat(self.max_batch_size)
             self._pad_from(0)
         # keyed by (bucket, LoRA step?)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}  # [bucket, vocab] logits written by each replay
+        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}  # [bucket * q, vocab] logits written by each replay
+        self.pool: PoolHandle | None = None  # the graphs' memory pool, once captured
+
+    @property
+    def tokens_per_row(self) -> int:
+        return self.inputs.tokens_per_row
+
+    @property
+    def mrope(self) -> bool:
+        return self.inputs.rope_positions is not None
 
     def can_run(self, batch: ForwardBatch) -> bool:
+        q = self.inputs.tokens_per_row
+        if q == 1:
+            shape_ok = batch.mode == ForwardMode.DECODE
+        else:  # every request brings exactly q tokens (the host lengths say so without a device sync)
+            shape_ok = (
+                batch.mode == ForwardMode.EXTEND
+                and batch.max_q_len == q
+                and batch.q_lens_cpu is not None
+                and all(n == q for n in batch.q_lens_cpu)
+                and batch.cached_prefix_slots is None
+            )
         return (
-            batch.mode == ForwardMode.DECODE
-            and (batch.lora is None or self.lora is not None)
+            shape_ok
+            and (batch.lora is None or self.lora is not None)  # verify graphs have no LoRA: such steps run eager
+            and batch.images is None
+            and (batch.prefix_groups is None or self.inputs.prefix_table is not None)  # groups: decode graphs only
+            and (batch.rope_positions is None or self.mrope)  # rope rows only where captured with them
             and 0 < batch.batch_size <= self.max_batch_size
-            and batch.logits_indices.shape[0] <= batch.batch_size
+            and batch.logits_indices.shape[0] <= batch.num_tokens
         )
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture every bucket, largest first, in one shared memory pool."""
+    def capture(self, pool: PoolHandle | None = None) -> None:
+        """Capture every bucket, largest first, in one shared memory pool (`pool`: another graph set's, whose
+        steps never run at the same time as these; the intermediates are then shared too)."""
         start = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         kinds = (False, True) if self.lora is not None else (False,)
         for size in reversed(self.batch_sizes):
             for with_lora in kinds:
                 self._capture_one(size, with_lora, pool)
         torch.cuda.synchronize(self.device)
         logger.info(
-            "captured %d decode CUDA graphs (batch sizes %s) in %.1f s",
+            "captured %d %s CUDA graphs (batch sizes %s) in %.1f s",
             len(self.graphs),
+            "decode" if self.tokens_per_row == 1 else f"verify ({self.tokens_per_row} tokens per request)",
             self.batch_sizes,
             time.perf_counter() - start,
         )
@@ -180,7 +262,7 @@ class DecodeCudaGraphs:
         if self.lora is not None:
             self.lora.set_decode_slots(None)  # no eager step may read the static segments
 
-    def _capture_one(self, size: int, with_lora: bool, pool: _POOL_HANDLE) -> None:
+    def _capture_one(self, size: int, with_lora: bool, pool: PoolHandle) -> None:
         step = self.graph_step(size, with_lora)
         try:
             for _ in range(2):  # compile kernels and create library handles outside the capture
@@ -195,23 +277,24 @@ class DecodeCudaGraphs:
 
     @torch.inference_mode()
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [R, vocab] of a decode batch, through the smallest captured bucket that holds it."""
+        """Logits [R, vocab] of a decode (or verify) batch, through the smallest captured bucket that holds it."""
         key = self.load_inputs(batch)
         self.graphs[key].replay()
         return self.outputs[key][: batch.logits_indices.shape[0]]
 
     def load_inputs(self, batch: ForwardBatch) -> tuple[int, bool]:
-        """Copy a decode batch into the static inputs (padded to its bucket); returns the graph's key."""
+        """Copy a decode (or verify) batch into the static inputs (padded to its bucket); returns the graph's key."""
         size = batch.batch_size
         bucket = next(b for b in self.batch_sizes if b >= size)
         inputs = self.inputs
-        num_logits = batch.logits_indices.shape[0]
+        q = inputs.tokens_per_row
+        num_tokens, num_logits = size * q, batch.logits_indices.shape[0]
         # one multi-tensor copy kernel, not six copy-engine transfers (each a hand-over on the step's critical path)
         torch._foreach_copy_(
             [
-                inputs.input_ids[:size],
-                inputs.positions[:size],
-                inputs.out_slots[:size],
+                inputs.input_ids[:num_tokens],
+                inputs.positions[:num_tokens],
+                inputs.out_slots[:num_tokens],
                 inputs.req_rows[:size],
                 inputs.kv_lens[:size],
                 inputs.logits_indices[:num_logits],
@@ -219,8 +302,16 @@ class DecodeCudaGraphs:
             [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.kv_lens, batch.logits_indices],
             non_blocking=True,
         )
-        if num_logits < bucket:  # stale indices of an earlier, larger batch could point past this bucket
-            inputs.logits_indices[num_logits:bucket] = 0
+        if inputs.prefix_table is not None:  # a step without groups (e.g. built by a path that makes none): no group
+            if batch.prefix_groups is None:
+                inputs.clear_groups(0, size)
+            else:
+                inputs.prefix_table[:size].copy_(batch.prefix_groups.table, non_blocking=True)
+        if inputs.rope_positions is not None:  # the step's rows (an image request: position + its rope delta)
+            rope = batch.positions.expand(3, -1) if batch.rope_positions is None else batch.rope_positions
+            inputs.rope_positions[:, :num_tokens].copy_(rope, non_blocking=True)
+        if num_logits < bucket * q:  # stale indices of an earlier, larger batch could point past this bucket
+            inputs.logits_indices[num_logits : bucket * q] = 0
         with_lora = batch.lora is not None
         if with_lora:
             assert batch.lora is not None
@@ -230,14 +321,22 @@ class DecodeCudaGraphs:
         return bucket, with_lora
 
     def _pad_from(self, start: int, end: int | None = None) -> None:
-        # Padding entries: a 1-token context at position 0 of the reserved row, K/V into the reserved slot.
+        # Padding requests: q tokens at positions 0..q-1 of the reserved row, K/V into the reserved slot.
         inputs = self.inputs
-        inputs.input_ids[start:end] = 0
-        inputs.positions[start:end] = 0
-        inputs.out_slots[start:end] = self.pad_slot
+        q = inputs.tokens_per_row
+        token_end = None if end is None else end * q
+        inputs.input_ids[start * q : token_end] = 0
+        if q == 1:
+            inputs.positions[start:end] = 0
+        else:  # 0..q-1 per padding request (the same pattern at every offset)
+            inputs.positions[start * q : token_end] = self._pad_positions[start * q : token_end]
+        inputs.out_slots[start * q : token_end] = self.pad_slot
         inputs.req_rows[start:end] = self.pad_row
-        inputs.kv_lens[start:end] = 1
+        inputs.kv_lens[start:end] = q
         inputs.lora_slots[start:end] = -1
+        inputs.clear_groups(start, end)  # padding rows are in no group
+        if inputs.rope_positions is not None:  # padding rotates by its plain positions
+            inputs.rope_positions[:, start * q : token_end] = inputs.positions[start * q : token_end]
 
 
 def maybe_capture_decode_graphs(
@@ -250,13 +349,58 @@ def maybe_capture_decode_graphs(
     max_seq_len: int,
     device: torch.device,
     lora: LoraSteps | None = None,  # --max-loras > 0: LoRA decode steps get graphs of their own
+    prefix_group_max: int = 0,  # --diverse_mode: decode steps carry shared-prefix groups of up to this many rows
+    mrope: bool = False,  # the model rotates by ForwardBatch.rope_positions (M-RoPE) when a step has them
 ) -> DecodeCudaGraphs | None:
     """Captured graphs on CUDA with a graph-safe attention backend and a non-empty list, else None (eager)."""
     sizes = resolve_batch_sizes(batch_sizes, enforce_eager=False, max_batch_size=max_batch_size)
     if torch.device(device).type != "cuda" or not sizes or not backend.supports_cuda_graphs:
         return None
     graphs = DecodeCudaGraphs(
-        step_fn, sizes, pad_row=pad_row, pad_slot=pad_slot, max_seq_len=max_seq_len, device=device, lora=lora
+        step_fn,
+        sizes,
+        pad_row=pad_row,
+        pad_slot=pad_slot,
+        max_seq_len=max_seq_len,
+        device=device,
+        lora=lora,
+        prefix_group_max=prefix_group_max,
+        mrope=mrope,
     )
     graphs.capture()
+    return graphs
+
+
+def verify_batch_sizes(decode_sizes: list[int]) -> list[int]:
+    """The decode buckets that verify steps capture too (those up to VERIFY_MAX_BATCH_SIZE)."""
+    return [size for size in decode_sizes if size <= VERIFY_MAX_BATCH_SIZE]
+
+
+def maybe_capture_verify_graphs(
+    step_fn: StepFn,
+    decode_graphs: DecodeCudaGraphs | None,
+    num_speculative_tokens: int,
+    max_seq_len: int,
+) -> dict[int, DecodeCudaGraphs]:
+    """Speculative decoding on: graphs of verify steps of q = k + 1 tokens per request for every k in
+    1..num_speculative_tokens, over the decode graphs' buckets up to VERIFY_MAX_BATCH_SIZE; keyed by q.
+    Empty when decode steps run eager (no CUDA, a backend that is not graph-safe, --cuda-graphs 0)."""
+    if decode_graphs is None or num_speculative_tokens < 1:
+        return {}
+    sizes = verify_batch_sizes(decode_graphs.batch_sizes)
+    graphs: dict[int, DecodeCudaGraphs] = {}
+    if not sizes:
+        return graphs
+    for q in range(2, min(num_speculative_tokens + 1, max_seq_len) + 1):
+        graphs[q] = DecodeCudaGraphs(
+            step_fn,
+            sizes,
+            pad_row=decode_graphs.pad_row,
+            pad_slot=decode_graphs.pad_slot,
+            max_seq_len=max_seq_len,
+            device=decode_graphs.device,
+            tokens_per_row=q,
+            mrope=decode_graphs.mrope,
+        )
+        graphs[q].capture(decode_graphs.pool)
     return graphs

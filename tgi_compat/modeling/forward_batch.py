@@ -47,6 +47,41 @@ class ImageEmbeds:
     spans: list[list[tuple[int, int]]] = field(default_factory=list)
 
 
+# --diverse_mode: rows of one shared-prefix group at most (n = 8 siblings fill one; a larger n makes several groups)
+PREFIX_GROUP_MAX = 8
+
+
+@dataclass(slots=True)
+class PrefixGroups:
+    """Decode rows that share a KV prefix (n / best_of siblings of one prompt), as the shared-prefix attention
+    kernel reads them (tgi_compat/kernels/attention/shared_prefix.py). Shapes depend on the batch size only.
+
+    Row b of `table` [B, 1 + group_max] int64 (or int32): column 0 is the length P of the prefix b shares with its group (0:
+    in no group); columns 1.. list the batch positions of b's group when b leads it (b among them), -1 padding.
+    """
+
+    table: torch.Tensor
+
+    @property
+    def prefix_lens(self) -> torch.Tensor:  # [B]
+        return self.table[:, 0]
+
+    @property
+    def members(self) -> torch.Tensor:  # [B, group_max]
+        return self.table[:, 1:]
+
+    @staticmethod
+    def rows(groups: list[tuple[int, list[int]]], batch_size: int, group_max: int) -> list[list[int]]:
+        """The host table of `groups` ((shared length, batch positions; the first leads)): [B][1 + group_max]."""
+        rows = [[0] + [-1] * group_max for _ in range(batch_size)]
+        for prefix_len, positions in groups:
+            assert 0 < len(positions) <= group_max and prefix_len > 0
+            rows[positions[0]][1 : 1 + len(positions)] = positions
+            for position in positions:
+                rows[position][0] = prefix_len
+        return rows
+
+
 @dataclass
 class ForwardBatch:
     mode: ForwardMode
@@ -71,6 +106,11 @@ class ForwardBatch:
     greedy_only: bool = False
     lora: LoraBatch | None = None  # None: every request runs on the base model (no LoRA work at all)
     images: ImageEmbeds | None = None  # None: no image placeholder among the new tokens
+    # a DECODE step under --diverse_mode: its rows' shared prefixes (every step of the mode has one, maybe empty)
+    prefix_groups: PrefixGroups | None = None
+    # [3, T] int64 (t, h, w) rotary positions of an M-RoPE model's step (Qwen2.5-VL, tgi_compat.router.mrope) where
+    # some token's differ from `positions`; None: every token rotates by `positions`
+    rope_positions: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -25,6 +25,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM"),
     # its text model (ModelConfig.text_model_of) beside the vision encoder
     "Gemma3ForConditionalGeneration": ("gemma3_vision", "Gemma3ForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "MixtralForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
     "Qwen2MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),

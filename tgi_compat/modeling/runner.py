@@ -20,8 +20,14 @@ import torch.nn as nn
 from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
 from tgi_compat.modeling.config import ModelConfig
-from tgi_compat.modeling.cuda_graphs import maybe_capture_decode_graphs
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.cuda_graphs import (
+    DecodeCudaGraphs,
+    maybe_capture_decode_graphs,
+    maybe_capture_verify_graphs,
+    resolve_batch_sizes,
+    verify_batch_sizes,
+)
+from tgi_compat.modeling.forward_batch import PREFIX_GROUP_MAX, ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import select_ops
 from tgi_compat.modeling.layers.quantization import build_with
 from tgi_compat.modeling.layers.quantization.select import resolve_quantization
@@ -82,6 +88,11 @@ class RunnerConfig:
     # LoRA: adapter slots on the device (vLLM --max-loras; 0: LoRA off, no LoRA work anywhere) and their rank cap
     max_loras: int = 0
     max_lora_rank: int = 16
+    # Speculative decoding's drafts per request (0: off): verify steps of 2..k+1 tokens per request are captured
+    # as CUDA graphs too, beside the decode graphs
+    num_speculative_tokens: int = 0
+    # --diverse_mode: decode steps bring shared-prefix groups (ForwardBatch.prefix_groups), CUDA graphs included
+    diverse_mode: bool = False
 
 
 class ModelRunner:
@@ -145,6 +156,7 @@ class ModelRunner:
             self.max_seq_len,
             self.device,
             self.dtype,
+            prefix_group_max=PREFIX_GROUP_MAX if cfg.diverse_mode else 0,
         )
         self.backend = create_backend(cfg.attention_backend, shape)
         if self.device.type == "cuda":
@@ -161,7 +173,18 @@ class ModelRunner:
             max_seq_len=self.max_seq_len,
             device=self.device,
             lora=self.lora,  # LoRA decode steps get graphs of their own
+            prefix_group_max=shape.prefix_group_max,
+            mrope=model_config.rope_scaling.mrope_section is not None,  # Qwen2.5-VL's decodes replay with rope rows
         )
+        # q tokens per request -> that verify step's graphs (empty: speculation off, or decode runs eager)
+        self.verify_graphs = maybe_capture_verify_graphs(
+            self._forward_eager, self.cuda_graphs, cfg.num_speculative_tokens, self.max_seq_len
+        )
+
+    @property
+    def verify_graph_max_batch(self) -> int:
+        """The largest batch of verify steps replayed as a CUDA graph (0: none)."""
+        return min((graphs.max_batch_size for graphs in self.verify_graphs.values()), default=0)
 
     @classmethod
     def from_hf_state_dict(
@@ -193,7 +216,7 @@ class ModelRunner:
         if self.step_sender is not None:
             self.step_sender.send(batch)
         write_cached_prefixes(self.req_to_token, batch)
-        graphs = self.cuda_graphs if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch) else None
+        graphs = self._graphs_for(batch)
         if self.lora is not None:
             self.lora.begin_step(batch, replayed=graphs is not None)
         logits = graphs.replay(batch) if graphs is not None else self._forward_eager(batch)
@@ -202,6 +225,11 @@ class ModelRunner:
         # this rank's vocabulary block: its gather (or the greedy choice's) runs here, outside the CUDA graphs,
         # which can then serve both kinds of step
         return self.vocab_logits.greedy(logits) if batch.greedy_only else self.vocab_logits.gather(logits)
+
+    def _graphs_for(self, batch: ForwardBatch) -> DecodeCudaGraphs | None:
+        """The graph set that replays this step (decode graphs, or the verify graphs of its q), None: eager."""
+        graphs = self.cuda_graphs if batch.max_q_len == 1 else self.verify_graphs.get(batch.max_q_len)
+        return graphs if graphs is not None and graphs.can_run(batch) else None
 
     @torch.inference_mode()
     def pool(self, batch: ForwardBatch) -> torch.Tensor:
@@ -299,7 +327,16 @@ class ModelRunner:
         # when prompt logprobs are asked for
         logit_rows = max(self.cfg.max_rows, self.cfg.max_prefill_tokens)
         sampling = 3 * logit_rows * c.vocab_size * 4
-        return ACTIVATION_RESERVE_BYTES + prefill + sampling
+        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._verify_graph_bytes()
+
+    def _verify_graph_bytes(self) -> int:
+        """The verify graphs' logits (each bucket's output stays allocated in the graph pool): speculation on."""
+        k = self.cfg.num_speculative_tokens
+        if k < 1:
+            return 0
+        sizes = verify_batch_sizes(resolve_batch_sizes(self.cfg.cuda_graph_batch_sizes, False, self.cfg.max_rows))
+        tokens_per_row = sum(range(2, k + 2))
+        return sum(sizes) * tokens_per_row * self.model_config.vocab_size * 4  # (float32 where a family soft-caps)
 
     def _num_kv_slots(self) -> int:
         if self.cfg.num_kv_slots:

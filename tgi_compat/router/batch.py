@@ -22,9 +22,10 @@ from typing import cast
 
 import torch
 
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, build_forward_batch
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, PrefixGroups, build_forward_batch
 from tgi_compat.router import copy_streams
 from tgi_compat.router.image_cache import ChunkImages, EncoderCache
+from tgi_compat.router.prefix_groups import shared_prefix_groups
 from tgi_compat.router.step import StepPlan
 
 # Per chunk of a plan: the row of the in-flight step's sampled ids holding its input, or None.
@@ -55,11 +56,17 @@ def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
 
 class StepBatchBuilder:
     def __init__(
-        self, device: torch.device | str, lora_enabled: bool = False, images: EncoderCache | None = None
+        self,
+        device: torch.device | str,
+        lora_enabled: bool = False,
+        images: EncoderCache | None = None,
+        prefix_group_max: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.lora_enabled = lora_enabled  # off: no step looks at adapters
         self.images = images  # a vision model's: prompt images' rows into their chunks' batches
+        # --diverse_mode: each decode step carries its rows' shared-prefix groups of up to this many rows (0: off)
+        self.prefix_group_max = prefix_group_max
         self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # B -> (arange, ones)
 
     def build(
@@ -69,13 +76,16 @@ class StepBatchBuilder:
         holds chunk i's input, None where the input is on the host."""
         rows = input_rows if previous_ids is not None and input_rows is not None else [None] * len(plan.chunks)
         if not plan.cached_prefixes and all(
-            c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None for c in plan.chunks
+            c.num_tokens == 1 and c.is_sampled and c.num_prompt_logprob_rows is None and c.request.mrope is None
+            for c in plan.chunks
         ):
             batch, layout = self._build_decode(plan, previous_ids, rows)
         else:
             batch, layout = build_step_batch(plan, self.device, previous_ids, rows, self.images)
         if self.lora_enabled:
             batch.lora = lora_batch(plan, self.device)
+        if self.prefix_group_max and batch.mode == ForwardMode.DECODE:
+            batch.prefix_groups = prefix_groups(plan, self.prefix_group_max, self.device)
         return batch, layout
 
     def _build_decode(
@@ -127,6 +137,13 @@ class StepBatchBuilder:
             arange = torch.arange(size, dtype=torch.int64, device=self.device)
             constants = self._constants[size] = (arange, torch.ones_like(arange))
         return constants
+
+
+def prefix_groups(plan: StepPlan, group_max: int, device: torch.device) -> PrefixGroups:
+    """The decode step's rows grouped by the cached prefix they share (n / best_of siblings); maybe no group."""
+    prefixes = [chunk.request.cached_prefix for chunk in plan.chunks]
+    groups = shared_prefix_groups([None if p is None else p.shared_node() for p in prefixes], group_max)
+    return PrefixGroups(upload(PrefixGroups.rows(groups, len(plan.chunks), group_max), device))
 
 
 def lora_batch(plan: StepPlan, device: torch.device) -> LoraBatch | None:
@@ -209,9 +226,22 @@ def build_step_batch(
         batch.input_ids[positions] = previous_ids[rows]
     if images is not None:
         batch.images = images.step_embeds(chunk_images, torch.device(device))
+    if any(chunk.request.mrope is not None for chunk in plan.chunks):
+        batch.rope_positions = upload(_rope_rows(plan), torch.device(device))
     if plan.cached_prefixes:
         batch.cached_prefix_slots = _cached_prefix_slots(plan.cached_prefixes, torch.device(device))
     return batch, layout
+
+
+def _rope_rows(plan: StepPlan) -> list[list[int]]:
+    """(t, h, w) rotary positions of the step's tokens: an M-RoPE request's (router/mrope.py), the others' own."""
+    rows: list[list[int]] = [[], [], []]
+    for chunk in plan.chunks:
+        mrope = chunk.request.mrope
+        axes = mrope.rows(chunk.start, chunk.end) if mrope is not None else [range(chunk.start, chunk.end)] * 3
+        for row, axis in zip(rows, axes):
+            row += axis
+    return rows
 
 
 def _add_verify_rows(layout: LogitsLayout, chunk_index: int, num_tokens: int, first_row: int) -> None:

@@ -52,6 +52,9 @@ class EngineConfig:
     # Reuse the KV of cached prompt prefixes (tgi_compat/router/prefix_cache.py): TGI PREFIX_CACHING, vLLM
     # --enable-prefix-caching, LightLLM --use_dynamic_prompt_cache.
     prefix_caching: bool = True
+    # LightLLM --diverse_mode: rows on one cached prefix (n / best_of siblings) decode through the shared-prefix
+    # attention kernel, which reads that prefix once per group (tgi_compat/kernels/attention/shared_prefix.py)
+    diverse_mode: bool = False
     # LoRA (vLLM --enable-lora; TGI --lora-adapters): max_loras device slots (adapters in one step; 0: LoRA off),
     # max_cpu_loras adapters loaded at once, ranks up to max_lora_rank; lora_adapters loaded at startup.
     max_loras: int = 0

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tgi_compat.modeling.forward_batch import PREFIX_GROUP_MAX
 from tgi_compat.router.admission import AdmissionLimits
 from tgi_compat.router.client_api import EngineInfo, Refusal, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
@@ -92,14 +93,17 @@ class EngineCore:
         images = None
         if image_encoder is not None:
             images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
-        self.executor = StepExecutor(runner, selection_config(config, self.info), self.lora is not None, images)
+        # --diverse_mode: decode steps group the rows that run on one cached prefix (siblings) for the shared-prefix kernel
+        group_max = PREFIX_GROUP_MAX if config.diverse_mode and config.prefix_caching else 0
+        selection = selection_config(config, self.info)
+        self.executor = StepExecutor(runner, selection, self.lora is not None, images, prefix_group_max=group_max)
         self.selector = self.executor.selector
         self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
-        if config.speculative is not None:  # a step's drafts are made from the tokens of the step before, on the host
+        if config.speculative is not None:  # a step's drafts are made from the tokens of the step before, on the host:
+            # such steps run without overlap; those where the step-cost table turns drafts off keep it
             self.scheduler.speculator = Speculator(config.speculative)
-            self.overlap_scheduling = False
         self._in_flight: LaunchedStep | None = None  # launched, not yet updated (overlap scheduling)
         self._pending_events: list[TokenEvent] = []  # final events of requests that never reached the scheduler
         self._rng = random.Random(config.seed)
@@ -115,9 +119,10 @@ class EngineCore:
     def from_config(cls, config: EngineConfig, count_step: Callable[[], None] | None = None) -> EngineCore:
         """Load the model named by the config (tgi_compat.modeling.runner) and build the engine around it.
         count_step: called per step sent to the other tensor-parallel ranks (tgi_compat.router.rank_heartbeat)."""
-        from tgi_compat.router.model_loading import load_runner
+        from tgi_compat.router.model_loading import fit_to_runner, load_runner
 
         runner = load_runner(config, count_step=count_step)
+        config = fit_to_runner(config, runner)
         return cls(config, runner, runner.model_config, runner.lora, runner.image_encoder)
 
     def close(self) -> None:
@@ -181,11 +186,16 @@ class EngineCore:
         """
         events = self._take_compiled() if self.selector.num_waiting or self._pending_events else []
         previous, self._in_flight = self._in_flight, None
-        overlap = self.overlap_scheduling and not self.scheduler.num_reading_own_tokens
+        speculator = self.scheduler.speculator
+        overlap = (
+            self.overlap_scheduling
+            and not self.scheduler.num_reading_own_tokens
+            and (speculator is None or not speculator.may_pay(self.scheduler.running))
+        )
         if previous is not None and not overlap:  # the next plan needs every token on the host
             events += self._complete(previous)
             previous = None
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(drafts=not overlap)
         if overlap and not plan.is_empty:
             constrained = self.scheduler.num_constrained > 0
             try:

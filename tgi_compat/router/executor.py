@@ -104,12 +104,17 @@ class LaunchedStep:
 
 class StepExecutor:
     def __init__(
-        self, runner: Runner, selection: SelectionConfig, lora_enabled: bool = False, images: EncoderCache | None = None
+        self,
+        runner: Runner,
+        selection: SelectionConfig,
+        lora_enabled: bool = False,
+        images: EncoderCache | None = None,
+        prefix_group_max: int = 0,
     ) -> None:
         self.runner = runner
         self.device = selection.device
         self.selector = TokenSelector(selection)
-        self.batch_builder = StepBatchBuilder(self.device, lora_enabled, images)
+        self.batch_builder = StepBatchBuilder(self.device, lora_enabled, images, prefix_group_max)
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step to its result, failures contained."""

@@ -24,6 +24,9 @@ class PromptImage:
     digest: str  # sha256 of `data`, hex
     data: bytes  # the image file as the client sent it
     bidirectional: bool = False  # its placeholders attend to each other both ways during prefill (Gemma 3)
+    # (rows, columns) of its placeholders over the merged patch grid: an M-RoPE model's (Qwen2.5-VL,
+    # tgi_compat.router.mrope); None: the image rotates as text does
+    grid: tuple[int, int] | None = None
 
     @property
     def end(self) -> int:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.lora_registry import FIRST_ADAPTER_ID
+from tgi_compat.router.speculative.config import SpeculativeConfig
+from tgi_compat.router.speculative.policy import StepCostTable
 
 if TYPE_CHECKING:
     from tgi_compat.modeling.lora.manager import LoraManager
+    from tgi_compat.modeling.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 
 def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], None] | None = None):
@@ -41,6 +48,8 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         show_progress=False,
         max_loras=config.max_loras,
         max_lora_rank=config.max_lora_rank,
+        num_speculative_tokens=0 if config.speculative is None else config.speculative.num_speculative_tokens,
+        diverse_mode=config.diverse_mode and config.prefix_caching,
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)
@@ -56,6 +65,28 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
     elif runner.lora is not None:
         _add_startup_adapters(runner.lora, config)
     return runner
+
+
+def fit_to_runner(config: EngineConfig, runner: ModelRunner) -> EngineConfig:
+    """The config as the loaded runner refines it (speculation's step-cost table and verify graphs)."""
+    if config.speculative is None:
+        return config
+    return dataclasses.replace(config, speculative=tune_speculation(config.speculative, runner))
+
+
+def tune_speculation(config: SpeculativeConfig, runner: ModelRunner) -> SpeculativeConfig:
+    """What speculation learns of the loaded runner: the batch up to which drafts are padded to one length (its
+    verify graphs), and, on a GPU without a table in the config, the measured step-cost table (which turns
+    drafts off where a step's extra rows cost more than they bring: large batches)."""
+    from tgi_compat.modeling.step_cost import measure_step_costs
+
+    step_cost = config.step_cost
+    # (tensor-parallel ranks follow rank 0's steps only once serving: a sharded engine takes a configured table)
+    if step_cost is None and runner.device.type == "cuda" and not runner.tp.is_sharded:
+        rows, seconds = measure_step_costs(runner)
+        step_cost = StepCostTable(rows, seconds)
+        logger.info("step cost (rows: ms): %s", ", ".join(f"{r}: {1e3 * s:.2f}" for r, s in zip(rows, seconds)))
+    return dataclasses.replace(config, step_cost=step_cost, uniform_max_batch=runner.verify_graph_max_batch)
 
 
 def _add_startup_adapters(lora: LoraManager, config: EngineConfig) -> None:

@@ -50,6 +50,22 @@ class PrefixMatch:
     def num_tokens(self) -> int:
         return len(self.slots)
 
+    def shared_node(self) -> tuple[_Node, int] | None:
+        """The deepest node of this locked path that another locked path (another running request's) passes
+        through too, and its depth (tokens from the root to its end); None when they share only the root. Every
+        request anchored at one node holds the same first `depth` slots: n / best_of siblings anchor at their
+        prompt's node (--diverse_mode's groups, tgi_compat/router/prefix_groups.py)."""
+        node = self.node
+        while node.parent is not None and node.lock_ref < 2:  # (the root's parent is None)
+            node = node.parent
+        if node.parent is None:
+            return None
+        depth, above = 0, node
+        while above.parent is not None:
+            depth += len(above.tokens)
+            above = above.parent
+        return node, depth
+
 
 class PrefixCache:
     def __init__(self) -> None:

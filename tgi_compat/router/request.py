@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tgi_compat.router.images import PromptImage, image_keyed_ids, whole_images
+from tgi_compat.router.mrope import MropePrompt, prompt_mrope
 
 if TYPE_CHECKING:
     import xgrammar
@@ -135,6 +136,12 @@ class Request:
     lora_id: int = 0  # its LoRA adapter's engine-wide id (never reused), 0: the base model
     lora_slot: int = -1  # the device slot of its adapter while it runs (tgi_compat.router.lora_slots), -1: none
     healing: HealingCount | None = None  # a healing request's tokens that re-cover its prompt (not counted)
+    # an M-RoPE model's request with an image: its (t, h, w) prompt positions and rope delta (router/mrope.py)
+    mrope: MropePrompt | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.images:
+            self.mrope = prompt_mrope(len(self.params.prompt_ids), self.params.images)
 
     @property
     def request_id(self) -> str:

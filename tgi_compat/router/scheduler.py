@@ -99,13 +99,14 @@ class Scheduler:
         return bool(self.requests)
 
     # ---- schedule ---------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
+    def schedule(self, drafts: bool = True) -> StepPlan:
+        """The next step's plan; `drafts`: the speculator may add drafts (every token is on the host)."""
         plan = StepPlan(aborted=self._apply_aborts())
         budget = self.limits.max_batch_prefill_tokens
         if self._schedule_decodes(plan):
             if self._hold.decode_step_is_due(self.waiting, len(self.running), self.pool.prefix_cache):
                 self._admit_waiting(plan, budget)
-            if self.speculator is not None:
+            if self.speculator is not None and drafts:
                 self.speculator.add_drafts(plan, self.pool)
             return plan
         index = 0
@@ -120,7 +121,7 @@ class Scheduler:
             index += 1
         if not plan.preempted:  # after a preemption the pool is tight: admit nobody this step
             self._admit_waiting(plan, budget)
-        if self.speculator is not None and not plan.preempted:
+        if self.speculator is not None and drafts and not plan.preempted:
             self.speculator.add_drafts(plan, self.pool)
         return plan
 

@@ -28,5 +28,6 @@ def run_tp_worker(config: EngineConfig, rank: int, parent_pid: int, heartbeats: 
 
     logger.info("tensor-parallel rank %d: pid %d", rank, os.getpid())
     runner = load_runner(config, rank)
-    runner.follow_rank_zero(StepBroadcast(runner.tp, on_step=heartbeats.step_counter(rank)))
+    hidden = runner.model_config.hidden_size  # the width of an image step's feature rows
+    runner.follow_rank_zero(StepBroadcast(runner.tp, on_step=heartbeats.step_counter(rank), hidden_size=hidden))
     exit_process(0)  # leaves the group too (no destroy_process_group: see exit_process)

@@ -98,7 +98,7 @@ FLAGS: tuple[LightFlag, ...] = (
     LightFlag("splitfuse_block_size", "Prompt tokens of one request per fused step (with --splitfuse_mode).", int, 256),
     LightFlag("splitfuse_mode", "Fuse prompt chunks and decodes in one step. Our scheduler always does (chunked prefill)."),
     LightFlag("beam_mode", "Beam search over best_of sequences: a request with best_of > 1 and no sampling searches that many beams.", config="beam_mode"),
-    LightFlag("diverse_mode", "best_of sequences sharing the prompt's KV. best_of works without it (independent sequences)."),
+    LightFlag("diverse_mode", "n / best_of sequences decode with shared-prefix attention: the prompt's KV, shared through the prompt cache, is read once per step for up to 8 siblings instead of once per sequence. Outputs are unchanged.", config="diverse_mode"),
     LightFlag("token_healing_mode", "Default of the request parameter `token_healing`: back the prompt up by its last two tokens and regenerate them.", tgi="token_healing"),
     LightFlag("enable_multimodal", "Serve images (a vision checkpoint's images are served either way, as in TGI)."),
     LightFlag("cache_capacity", "Images whose encoder output is kept.", int, 200, config="image_cache_capacity"),

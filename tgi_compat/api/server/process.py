@@ -95,8 +95,10 @@ def _vision_prompts(config: ServerConfig) -> VisionPrompts | None:
     from tgi_compat.modeling.source import resolve_model_source
     from tgi_compat.modeling.weights.loader import load_model_config
 
-    model = load_model_config(resolve_model_source(config.model_id, config.revision))
-    return VisionPrompts.of(model, ImageFetcher(config.max_image_fetch_size, config.allow_private_image_urls))
+    source = resolve_model_source(config.model_id, config.revision)
+    model = load_model_config(source)
+    fetcher = ImageFetcher(config.max_image_fetch_size, config.allow_private_image_urls)
+    return VisionPrompts.of(model, fetcher, source.folder)
 
 
 async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:

@@ -1,11 +1,15 @@
 """A vision model's prompt, as TGI's router builds it: each `![](...)` is loaded (fetched or decoded; the first
 failure refuses the request) and replaced by the model's image text, whose placeholder tokens the engine fills
 with the image's encoder rows. Gemma 3's image text is TGI's `\\n\\n<start_of_image>` + N `<image_soft_token>`
-+ `<end_of_image>\\n\\n`; a text model never comes here, so its prompts keep the markdown as text, as in TGI."""
++ `<end_of_image>\\n\\n`; Qwen2.5-VL's is `<|vision_start|>` + one `<|image_pad|>` per merged patch of the image as
+transformers' processor resizes it + `<|vision_end|>` (what TGI's model server runs; TGI's router counts the
+original image's H * W / 196 pads inside Rust's quotes instead, see README). A text model never comes here, so its
+prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tgi_compat.api.protocol.errors import validation_error
@@ -15,26 +19,55 @@ from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.router.images import PromptImage
 
 _GEMMA3_IMAGE = "\n\n<start_of_image>{}<end_of_image>\n\n"
+_QWEN2_5_VL_IMAGE = "<|vision_start|>{}<|vision_end|>"  # TGI's server-side text (vlm_causal_lm.py), unquoted
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholders:
+    """What one image becomes in the prompt: the text the tokenizer reads, its placeholder tokens' count, and
+    their (rows, columns) for an M-RoPE model (tgi_compat.router.mrope); None for any other."""
+
+    text: str
+    length: int
+    grid: tuple[int, int] | None = None
+
+
+# an image (its decoded size) -> its placeholders: fixed for Gemma 3, by its resized size for Qwen2.5-VL
+PlaceholdersOf = Callable[[DecodedImage], Placeholders]
 
 
 @dataclass(frozen=True, slots=True)
 class VisionPrompts:
-    image_text: str  # what one image becomes in the text the tokenizer reads
+    placeholders: PlaceholdersOf
     image_token_id: int  # the placeholder token the encoder's rows replace
-    tokens_per_image: int
     bidirectional: bool  # placeholders attend to each other both ways (Gemma 3)
     fetcher: ImageFetcher
 
     @classmethod
-    def of(cls, model: ModelConfig, fetcher: ImageFetcher) -> VisionPrompts | None:
-        """The prompts of a checkpoint whose images we serve; None for any other (its markdown stays text)."""
-        if model.multimodal_architecture != "Gemma3ForConditionalGeneration" or model.multimodal_hf_config is None:
-            return None
-        from tgi_compat.modeling.vision.gemma3 import Gemma3ImageTokens
+    def of(cls, model: ModelConfig, fetcher: ImageFetcher, folder: str | None = None) -> VisionPrompts | None:
+        """The prompts of a checkpoint whose images we serve; None for any other (its markdown stays text).
+        `folder`: the checkpoint's, whose preprocessor_config.json sizes Qwen2.5-VL's images."""
+        architecture, hf_config = model.multimodal_architecture, model.multimodal_hf_config
+        if architecture == "Gemma3ForConditionalGeneration" and hf_config is not None:
+            from tgi_compat.modeling.vision.gemma3 import Gemma3ImageTokens
 
-        tokens = Gemma3ImageTokens.from_hf_config(model.multimodal_hf_config)
-        text = _GEMMA3_IMAGE.format("<image_soft_token>" * tokens.tokens_per_image)
-        return cls(text, tokens.image_token_id, tokens.tokens_per_image, True, fetcher)
+            tokens = Gemma3ImageTokens.from_hf_config(hf_config)
+            fixed = Placeholders(
+                _GEMMA3_IMAGE.format("<image_soft_token>" * tokens.tokens_per_image), tokens.tokens_per_image
+            )
+            return cls(lambda _: fixed, tokens.image_token_id, True, fetcher)
+        if architecture == "Qwen2_5_VLForConditionalGeneration" and hf_config is not None and folder is not None:
+            from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid, Qwen25VLImageTokens
+
+            grid_of = PlaceholderGrid.from_folder(folder)
+
+            def qwen(image: DecodedImage) -> Placeholders:
+                rows, columns = grid_of(image.height, image.width)
+                text = _QWEN2_5_VL_IMAGE.format("<|image_pad|>" * (rows * columns))
+                return Placeholders(text, rows * columns, (rows, columns))
+
+            return cls(qwen, Qwen25VLImageTokens.from_hf_config(hf_config).image_token_id, False, fetcher)
+        return None
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
         """(the text to tokenize, its images in order), fetching off the event loop."""
@@ -43,7 +76,8 @@ class VisionPrompts:
         if not refs:
             return inputs, []
         loaded = await asyncio.to_thread(lambda: [self.fetcher.load(ref) for ref in refs])
-        return "".join(chunk if isinstance(chunk, str) else self.image_text for chunk in chunks), loaded
+        texts = iter([self.placeholders(image).text for image in loaded])
+        return "".join(chunk if isinstance(chunk, str) else next(texts) for chunk in chunks), loaded
 
     def place(self, ids: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
         """The engine's images of the tokenized (maybe left-truncated) prompt: each placeholder run is one of the
@@ -56,10 +90,11 @@ class VisionPrompts:
                 runs[-1] = (runs[-1][0], runs[-1][1] + 1)
             else:
                 runs.append((position, 1))
-        if len(runs) > len(loaded) or any(length != self.tokens_per_image for _, length in runs):
+        images = loaded[len(loaded) - len(runs) :] if len(runs) <= len(loaded) else []
+        placeholders = [self.placeholders(image) for image in images]
+        if len(runs) > len(loaded) or any(length != p.length for (_, length), p in zip(runs, placeholders)):
             raise validation_error("the prompt's image placeholder tokens do not match its images")
-        images = loaded[len(loaded) - len(runs) :]
         return [
-            PromptImage(start, length, image.digest, image.data, self.bidirectional)
-            for (start, length), image in zip(runs, images)
+            PromptImage(start, length, image.digest, image.data, self.bidirectional, p.grid)
+            for (start, length), image, p in zip(runs, images, placeholders)
         ]

@@ -38,6 +38,8 @@ class AttentionShape:
     max_seq_len: int
     device: torch.device
     dtype: torch.dtype
+    # --diverse_mode: rows per shared-prefix group that decode steps bring (ForwardBatch.prefix_groups); 0: off
+    prefix_group_max: int = 0
 
 
 class AttentionBackend(ABC):

@@ -12,6 +12,10 @@ Small DECODE batches (MERGED_SPLIT_BATCHES) merge the flash-decoding splits insi
 (no stage-2 launch), and in FUSED_ROTARY_BATCHES the rotary + KV-store kernel is folded into it as well
 (`rotate_store_and_attend`): the attention side of a layer is then one launch instead of three.
 
+--diverse_mode: a DECODE step carries its rows' shared-prefix groups (ForwardBatch.prefix_groups, n / best_of
+siblings on one cached prompt) and runs the shared-prefix kernel (tgi_compat/kernels/attention/shared_prefix.py):
+each group's prefix is read once, each row's own tokens once, with the rotary and KV store unfused before it.
+
 CUDA graphs: the decode path does no host work that depends on the step's contents. The number
 of KV splits depends only on the batch size, the split length is derived per request on the
 device, and the split scratch buffers and the merge's ticket counters are carved from buffers
@@ -30,6 +34,7 @@ from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
+from tgi_compat.kernels.attention.shared_prefix import shared_prefix_decode_attention
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape
 from tgi_compat.modeling.attention.torch_backend import TorchAttentionBackend
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
@@ -58,6 +63,8 @@ class TritonAttentionMetadata:
     num_splits: int  # flash-decoding rows only
     block_n: int  # flash-decoding rows only: keys per iteration
     num_decode_prefix: int = 0  # MIXED: the first requests (one token each) that go to flash-decoding
+    prefix_table: torch.Tensor | None = None  # DECODE under --diverse_mode: PrefixGroups.table [B, 1 + group_max]
+    prefix_splits: int = 0  # splits of each group's prefix (with prefix_table)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -71,7 +78,8 @@ class TritonAttentionBackend(AttentionBackend):
         )
         # Split scratch for the largest decode batch a step may carry (one request per row).
         max_rows, num_heads = self.max_rows, self.num_heads
-        capacity = max(b * self._num_splits(b) for b in range(1, max_rows + 1))
+        self.prefix_group_max = shape.prefix_group_max
+        capacity = max(b * (self._num_splits(b) + self._prefix_splits(b)) for b in range(1, max_rows + 1))
         self._mid_out = torch.empty(capacity * num_heads * self.head_dim, dtype=torch.float32, device=self.device)
         self._mid_lse = torch.empty(capacity * num_heads, dtype=torch.float32, device=self.device)
         # Ticket counters of the merged path, one per (position in the batch, KV head): indexed by
@@ -122,6 +130,17 @@ class TritonAttentionBackend(AttentionBackend):
     def _num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
 
+    def _prefix_splits(self, batch_size: int) -> int:
+        """Under --diverse_mode, the splits of a group's prefix: sized for a batch of full groups (n = 8 siblings),
+        whose prefixes are as many as the groups; 0 when the mode is off."""
+        if not self.prefix_group_max:
+            return 0
+        if batch_size < 2:  # no group: its prefix programs only exit
+            return 1
+        splits = self._num_splits(max(1, batch_size // self.prefix_group_max))
+        # the merge holds every split of a head in registers: at most MAX_DECODE_SPLITS in all, as flash-decoding
+        return max(1, min(splits, MAX_DECODE_SPLITS - self._num_splits(batch_size)))
+
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
         # The extend kernel's mask is causal only: a step with images whose placeholders attend to each other
         # both ways (Gemma 3's prefill) attends through the torch reference; rotary and the KV store stay here.
@@ -147,6 +166,9 @@ class TritonAttentionBackend(AttentionBackend):
             block_n=choose_block_n(max(num_flash, 1), self.num_kv_heads, self.num_sms),
             num_decode_prefix=0 if is_decode else num_flash,
         )
+        if is_decode and batch.prefix_groups is not None and self.prefix_group_max:
+            self.metadata.prefix_table = batch.prefix_groups.table
+            self.metadata.prefix_splits = self._prefix_splits(batch.batch_size)
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         kv_store(k, v, k_cache, v_cache, self.metadata.out_slots)
@@ -177,7 +199,8 @@ class TritonAttentionBackend(AttentionBackend):
         params: AttentionParams,
     ) -> torch.Tensor:
         meta = self.metadata
-        if not (meta.is_decode and ops.name == "triton" and qk.shape[0] in self.fused_rotary_batches):
+        fusable = meta.is_decode and meta.prefix_table is None and ops.name == "triton"
+        if not (fusable and qk.shape[0] in self.fused_rotary_batches):
             return super().rotate_store_and_attend(qk, v, rope, ops, k_cache, v_cache, params)
         num_q_heads = qk.shape[1] - v.shape[1]
         cos, sin = rope  # [B, D/2] each, this step's rows (triton_rope_tables)
@@ -232,6 +255,9 @@ class TritonAttentionBackend(AttentionBackend):
             batch, self.num_heads, splits, self.head_dim
         )
         mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
+        if meta.prefix_table is not None and params.sliding_window is None:  # (a windowed layer: flash-decoding)
+            assert new_token is None  # the rotary and the KV store ran before (rotate_store_and_attend)
+            return self._shared_prefix_decode(q, k_cache, v_cache, params, out)
         counter = self._split_counter if batch in self.merged_split_batches else None
         return decode_attention(
             q,
@@ -249,6 +275,39 @@ class TritonAttentionBackend(AttentionBackend):
             split_counter=counter,
             new_token=new_token,
             sliding_window=params.sliding_window,
+            softcap=params.softcap,
+        )
+
+    def _shared_prefix_decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        params: AttentionParams,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """A --diverse_mode DECODE step: each group's shared prefix once, then each row's own tokens."""
+        meta = self.metadata
+        assert meta.prefix_table is not None
+        batch, heads, head_dim = q.shape[0], self.num_heads, self.head_dim
+        splits = meta.num_splits + meta.prefix_splits
+        mid_out = self._mid_out[: batch * heads * splits * head_dim].view(batch, heads, splits, head_dim)
+        mid_lse = self._mid_lse[: batch * heads * splits].view(batch, heads, splits)
+        return shared_prefix_decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.req_to_token,
+            meta.req_rows,
+            meta.kv_lens,
+            meta.prefix_table,
+            params.scale,
+            meta.num_splits,
+            meta.prefix_splits,
+            out=out,
+            mid_out=mid_out,
+            mid_lse=mid_lse,
+            block_n=meta.block_n,
             softcap=params.softcap,
         )
 

@@ -4,7 +4,7 @@ step's ForwardBatch.images replace, and which attend to each other both ways dur
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -29,6 +29,10 @@ class Gemma3ForConditionalGeneration(GemmaForCausalLM):
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[N, 3, H, W] -> [N, tokens_per_image, hidden]: the rows of each image's placeholders."""
         return self.vision(pixel_values)
+
+    def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Gemma3ImageProcessor's tensors -> each image's rows [tokens_per_image, hidden]."""
+        return list(self.encode_images(processed["pixel_values"]))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:
         load_packed_weights(self, weights, self.config.tie_word_embeddings, _resolve)

@@ -10,14 +10,19 @@ travel without a host sync), ordered on the stream after the previous forward; t
 views of it. Only the elements the step uses travel (a 64-row decode: 4 KB of the buffer's 128 KB). Its
 capacity travels in the header: a step that needs more grows it on both sides.
 
-    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only, N]
+    header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only, N, W,
+              has_rope, I, S, dtype]
              (then, for prefill steps that carry them, the host q_lens[B] and kv_lens[B];
-             for a LoRA step with N adapter loads, the host loads[2 * N]: slot, adapter id)
+             for a LoRA step with N adapter loads, the host loads[2 * N]: slot, adapter id;
+             for a step with I image rows, the host spans[B + 2 * S]: per request its count, then (start, end)s)
     device = input_ids[T] positions[T] out_slots[T] req_rows[B] q_start[B] q_lens[B] kv_lens[B]
              logits_indices[R] cached_prefix_slots[3 * C] (rows, positions, slots of prefix-cache hits)
              lora_slots[B] (a LoRA step: each request's adapter slot, -1 for the base model)
+             prefix_table[B * W] (a --diverse_mode decode step: PrefixGroups.table, W = 1 + group_max; W = 0: none)
+             rope_positions[3 * T] (an M-RoPE step's t/h/w rows) image_token_index[I]
+    then, for a step with image rows, their features [I, hidden] in `dtype` (a second device broadcast)
 
-N is -1 for a step without LoRA rows. Every rank then runs the same rows on the same adapter slots, and
+N is -1 for a step without LoRA rows, I -1 for a step without images. Every rank then runs the same rows on the same adapter slots, and
 copies the same adapters into them (each keeps its own cut of every adapter loaded at startup).
 """
 
@@ -28,10 +33,11 @@ from collections.abc import Callable
 
 import torch
 
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, ImageEmbeds, LoraBatch, PrefixGroups
 from tgi_compat.modeling.parallel.group import TensorParallel
 
-_HEADER = 12
+_HEADER = 17
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16]  # an image step's feature dtype, by index
 _INITIAL_CAPACITY = 1 << 14
 _MODES = list(ForwardMode)
 
@@ -43,9 +49,14 @@ class _Op(enum.IntEnum):
 
 class StepBroadcast:
     def __init__(
-        self, tp: TensorParallel, capacity: int = _INITIAL_CAPACITY, on_step: Callable[[], None] | None = None
+        self,
+        tp: TensorParallel,
+        capacity: int = _INITIAL_CAPACITY,
+        on_step: Callable[[], None] | None = None,
+        hidden_size: int = 0,
     ) -> None:
         self.tp = tp
+        self.hidden_size = hidden_size  # the model's: the width of an image step's feature rows
         self.on_step = on_step  # called once per step sent or received (the hang watch counts them)
         self.header = torch.zeros(_HEADER, dtype=torch.int64)
         self._allocate(capacity)
@@ -60,15 +71,21 @@ class StepBroadcast:
         num_tokens, batch_size, num_logits = batch.num_tokens, batch.batch_size, batch.logits_indices.shape[0]
         cached = batch.cached_prefix_slots
         num_cached = 0 if cached is None else cached.shape[1]
-        lora = batch.lora
+        lora, groups, rope, images = batch.lora, batch.prefix_groups, batch.rope_positions, batch.images
+        width = 0 if groups is None else groups.table.shape[1]
         needed = 3 * num_tokens + 4 * batch_size + num_logits + 3 * num_cached + (0 if lora is None else batch_size)
+        needed += batch_size * width
+        needed += (0 if rope is None else 3 * num_tokens) + (0 if images is None else images.token_index.shape[0])
         if needed > self.capacity:
             self._allocate(max(needed, 2 * self.capacity))
         has_host_lens = batch.q_lens_cpu is not None and batch.kv_lens_cpu is not None
         header = [_Op.STEP, _MODES.index(batch.mode), num_tokens, batch_size, num_logits]
         header += [batch.max_q_len, batch.max_kv_len, int(has_host_lens), num_cached, self.capacity]
         header += [int(batch.greedy_only)]  # which collective ends the step: the logits' gather or the greedy choice
-        header += [-1 if lora is None else len(lora.loads)]
+        header += [-1 if lora is None else len(lora.loads), width]
+        header += [int(rope is not None), -1 if images is None else images.token_index.shape[0]]
+        spans = [] if images is None else _flat_spans(images.spans, batch_size)
+        header += [(len(spans) - batch_size) // 2, 0 if images is None else _DTYPES.index(images.embeds.dtype)]
         self.header.copy_(torch.tensor(header, dtype=torch.int64))
         if self.on_step is not None:
             self.on_step()
@@ -77,14 +94,24 @@ class StepBroadcast:
             self.tp.broadcast_host(torch.tensor([*batch.q_lens_cpu, *batch.kv_lens_cpu], dtype=torch.int64))  # type: ignore[misc]
         if lora is not None and lora.loads:
             self.tp.broadcast_host(torch.tensor(lora.loads, dtype=torch.int64))
+        if spans:
+            self.tp.broadcast_host(torch.tensor(spans, dtype=torch.int64))
         fields = [batch.input_ids, batch.positions, batch.out_slots, batch.req_rows, batch.q_start]
         fields += [batch.q_lens, batch.kv_lens, batch.logits_indices]
         if cached is not None:
             fields.append(cached.reshape(-1))
         if lora is not None:
             fields.append(lora.slots)
+        if groups is not None:
+            fields.append(groups.table.reshape(-1))
+        if rope is not None:
+            fields.append(rope.reshape(-1))
+        if images is not None:
+            fields.append(images.token_index)
         torch.cat([field.to(torch.int64) for field in fields], out=self.buffer[:needed])
         self.tp.broadcast(self.buffer[:needed])  # the receivers size theirs from the header
+        if images is not None:
+            self.tp.broadcast(images.embeds.contiguous())
 
     @torch.inference_mode()
     def send_stop(self) -> None:
@@ -100,7 +127,7 @@ class StepBroadcast:
         self.tp.broadcast_host(self.header)
         header = self.header.tolist()
         op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached = header[:9]
-        capacity, greedy_only, num_loads = header[9:]
+        capacity, greedy_only, num_loads, width, has_rope, num_image_rows, num_spans, dtype = header[9:]
         if op == _Op.STOP:
             return None
         if self.on_step is not None:
@@ -114,13 +141,27 @@ class StepBroadcast:
             pairs = torch.empty(num_loads, 2, dtype=torch.int64)
             self.tp.broadcast_host(pairs)
             loads = [(slot, adapter) for slot, adapter in pairs.tolist()]
+        spans: list[list[tuple[int, int]]] = []
+        if num_image_rows >= 0:
+            flat = torch.empty(batch_size + 2 * num_spans, dtype=torch.int64)
+            if len(flat):
+                self.tp.broadcast_host(flat)
+            spans = _nested_spans(flat.tolist(), batch_size)
         if capacity != self.capacity:
             self._allocate(capacity)
         sizes = [num_tokens] * 3 + [batch_size] * 4 + [num_logits, 3 * num_cached]
         sizes.append(0 if num_loads < 0 else batch_size)
+        sizes.append(batch_size * width)
+        sizes += [3 * num_tokens if has_rope else 0, max(num_image_rows, 0)]
         used = self.buffer[: sum(sizes)]  # as many elements as rank 0 sent
         self.tp.broadcast(used)
         fields = torch.split(used, sizes)
+        images = None
+        if num_image_rows >= 0:
+            hidden = self.hidden_size
+            embeds = torch.empty(num_image_rows, hidden, dtype=_DTYPES[dtype], device=self.tp.device)
+            self.tp.broadcast(embeds)
+            images = ImageEmbeds(fields[12], embeds, spans)
         return ForwardBatch(
             mode=_MODES[mode],
             input_ids=fields[0],
@@ -138,4 +179,26 @@ class StepBroadcast:
             cached_prefix_slots=fields[8].view(3, num_cached) if num_cached else None,
             greedy_only=bool(greedy_only),
             lora=None if num_loads < 0 else LoraBatch(fields[9], loads),
+            prefix_groups=PrefixGroups(fields[10].view(batch_size, width)) if width else None,
+            images=images,
+            rope_positions=fields[11].view(3, num_tokens) if has_rope else None,
         )
+
+
+def _flat_spans(spans: list[list[tuple[int, int]]], batch_size: int) -> list[int]:
+    """Per request: its number of bidirectional spans, then their (start, end)s; every request counted."""
+    flat: list[int] = []
+    for index in range(batch_size):
+        own = spans[index] if index < len(spans) else []
+        flat.append(len(own))
+        flat += [bound for span in own for bound in span]
+    return flat
+
+
+def _nested_spans(flat: list[int], batch_size: int) -> list[list[tuple[int, int]]]:
+    spans, at = [], 0
+    for _ in range(batch_size):
+        count = flat[at]
+        spans.append([(flat[at + 1 + 2 * k], flat[at + 2 + 2 * k]) for k in range(count)])
+        at += 1 + 2 * count
+    return spans

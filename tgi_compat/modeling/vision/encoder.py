@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -14,8 +14,9 @@ from PIL import Image
 
 
 class VisionLanguageModel(Protocol):
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """[N, 3, H, W] -> [N, placeholder tokens per image, hidden]."""
+    def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The image processor's tensors (pixel_values, and Qwen2.5-VL's image_grid_thw) -> each image's
+        placeholder rows [tokens, hidden]."""
         ...
 
 
@@ -35,5 +36,5 @@ class ImageEncoder:
     @torch.inference_mode()
     def __call__(self, images: Sequence[bytes]) -> list[torch.Tensor]:
         pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-        pixel_values = self.processor(images=pictures, return_tensors="pt")["pixel_values"]
-        return list(self.model.encode_images(pixel_values.to(self.device)))
+        processed = self.processor(images=pictures, return_tensors="pt")
+        return self.model.encode_processed({name: value.to(self.device) for name, value in processed.items()})

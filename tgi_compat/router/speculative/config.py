@@ -9,6 +9,7 @@ from typing import Literal
 from tgi_compat.router.speculative.ngram import NgramConfig
 from tgi_compat.router.speculative.policy import StepCostTable
 from tgi_compat.router.speculative.suffix import SuffixConfig
+from tgi_compat.router.speculative.synthetic import SyntheticAcceptance
 
 Method = Literal["ngram", "suffix"]
 
@@ -21,7 +22,13 @@ class SpeculativeConfig:
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
     # The device's step time against token rows: drafts only where they raise tokens per second.
     # None: every request verifies what its proposer drafts, up to num_speculative_tokens (TGI's fixed N).
+    # (the engine measures it at startup on a GPU: tgi_compat/modeling/step_cost.py; or --speculative-config's)
     step_cost: StepCostTable | None = None
+    # Steps of up to this many requests, all drafting, pad every request's drafts to one length, so that the
+    # runner replays them as verify CUDA graphs (its largest verify bucket; set by the engine); 0: never
+    uniform_max_batch: int = 0
+    # Benchmarks on random weights only: accepted drafts drawn from this distribution, not matched (synthetic.py)
+    synthetic_acceptance: SyntheticAcceptance | None = None
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:
@@ -36,7 +43,9 @@ class SpeculativeConfig:
     def from_vllm_json(cls, text: str) -> SpeculativeConfig:
         """vLLM's `--speculative-config` for its model-free methods, e.g.
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-        {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}"""
+        {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}
+        and ours: "step_cost": {"rows": [1, 64, 512], "seconds": [...]} (instead of measuring it at startup),
+        "synthetic_acceptance": [weights of accepted lengths 0..k] or "hist.json" (benchmark-only)."""
         spec = json.loads(text)
         if not isinstance(spec, dict):
             raise ValueError("--speculative-config must be a JSON object")
@@ -50,6 +59,19 @@ class SpeculativeConfig:
             min_token_probability=float(spec.pop("suffix_decoding_min_token_prob", 0.1)),
             corpus_outputs=int(spec.pop("suffix_decoding_max_cached_requests", 0)),
         )
+        step_cost = None
+        if (table := spec.pop("step_cost", None)) is not None:
+            step_cost = StepCostTable(tuple(int(r) for r in table["rows"]), tuple(float(s) for s in table["seconds"]))
+        synthetic = None
+        if (acceptance := spec.pop("synthetic_acceptance", None)) is not None:
+            synthetic = SyntheticAcceptance.parse(acceptance)
         if spec:
             raise ValueError(f"unsupported --speculative-config keys: {', '.join(sorted(spec))}")
-        return cls(num_speculative_tokens=k, method=method, ngram=ngram, suffix=suffix)
+        return cls(
+            num_speculative_tokens=k,
+            method=method,
+            ngram=ngram,
+            suffix=suffix,
+            step_cost=step_cost,
+            synthetic_acceptance=synthetic,
+        )

@@ -77,3 +77,38 @@ def choose_draft_lengths(
     for _, i in candidates[:best_count]:
         lengths[i] += 1
     return lengths
+
+
+def choose_uniform_draft_length(
+    rates: Sequence[float], caps: Sequence[int], max_length: int, table: StepCostTable | None
+) -> int:
+    """One draft length k for every request of a step the runner replays as a verify graph (each request
+    brings k + 1 tokens): a request's drafts past its own caps[i] are padding, worth nothing. Without a
+    table, the longest proposal (TGI's fixed N); with one, the k maximizing expected tokens per second,
+    0 where no k pays for its B * k extra rows."""
+    longest = min(max(caps, default=0), max_length)
+    if table is None:
+        return longest
+    num_requests = len(rates)
+    best_rate, best_length = num_requests / table.cost(num_requests), 0
+    for k in range(1, longest + 1):
+        tokens = num_requests + sum(rate**j for rate, cap in zip(rates, caps) for j in range(1, min(k, cap) + 1))
+        if (throughput := tokens / table.cost(num_requests * (k + 1))) > best_rate:
+            best_rate, best_length = throughput, k
+    return best_length
+
+
+def drafts_may_pay(num_requests: int, max_rate: float, max_length: int, table: StepCostTable) -> bool:
+    """Whether any drafts could raise the tokens per second of a step of `num_requests` decodes whose best
+    acceptance rate is `max_rate`: every request drafting the same k (an upper bound on what uniform drafts
+    bring), or one request drafting one token (the first step of `choose_draft_lengths`). O(max_length), so
+    the engine may ask before each step."""
+    base = num_requests / table.cost(num_requests)
+    if (num_requests + max_rate) / table.cost(num_requests + 1) > base:
+        return True
+    worth = 1.0
+    for k in range(1, max_length + 1):
+        worth += max_rate**k
+        if num_requests * worth / table.cost(num_requests * (k + 1)) > base:
+            return True
+    return False

@@ -6,28 +6,44 @@ k drafts, k + 1 positions whose logits are all sampled. The step's token at posi
 plain decode would draw there (same logits, same noise counter), so the run of drafts that match is
 accepted and the first token that differs is the step's last; the K/V slots of the rest go back to the
 pool (the scheduler does that: tgi_compat/router/scheduler.py).
+
+A step of only drafting requests, no more than `config.uniform_max_batch`, gives every request the same
+draft length k (padded with repeats of its last token where its proposer has fewer): the runner replays it as
+a verify CUDA graph of k + 1 tokens per request, where a mixed-length step would run eager (~2-3x the time
+at batch 1). Padding drafts are verified like any other (accepted only where they are the model's token).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import msgspec
 
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import Request
 from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.ngram import NgramProposer
-from tgi_compat.router.speculative.policy import AcceptanceStats, choose_draft_lengths
+from tgi_compat.router.speculative.policy import (
+    AcceptanceStats,
+    choose_draft_lengths,
+    choose_uniform_draft_length,
+    drafts_may_pay,
+)
 from tgi_compat.router.speculative.proposer import DraftProposer
 from tgi_compat.router.speculative.suffix import SuffixCorpus, SuffixProposer
 from tgi_compat.router.step import SampledToken, ScheduledChunk, StepPlan
+
+_PRIOR = AcceptanceStats()  # a request that has not drafted yet
 
 
 @dataclass(slots=True)
 class _DraftState:
     proposer: DraftProposer
     num_seen: int = 0  # leading tokens of the request the proposer has been given
+    num_proposed: int = 0  # of the drafts verified this step, those the proposer made (the rest: padding)
     acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
 
 
@@ -48,11 +64,30 @@ class Speculator:
         self.corpus = SuffixCorpus(config.suffix) if use_corpus else None
         self.counters = SpeculationCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._states: dict[Request, _DraftState] = {}
+        self._rng = random.Random(0)  # synthetic acceptance's draws
+
+    def may_pay(self, running: Sequence[Request]) -> bool:
+        """Whether drafts could pay in a step of these requests: False where the step-cost table turns them
+        off whatever the proposers find (a large batch), so the engine keeps overlap scheduling for that step
+        (with no drafts: they need the tokens of the step before on the host)."""
+        table = self.config.step_cost
+        if table is None or not running:
+            return True
+        best = max(self._rate(request) for request in running)
+        return drafts_may_pay(len(running), best, self.config.num_speculative_tokens, table)
+
+    def _rate(self, request: Request) -> float:
+        state = self._states.get(request)
+        return (state.acceptance if state is not None else _PRIOR).rate
 
     def add_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
         """Turn the plan's eligible decode chunks into verify chunks, as the policy and the pool allow."""
         self._forget_finished()
-        chosen = [(chunk, self._propose(chunk)) for chunk in plan.chunks if _may_draft(chunk)]
+        eligible = [chunk for chunk in plan.chunks if _may_draft(chunk)]
+        if eligible and len(eligible) == len(plan.chunks) <= self.config.uniform_max_batch:
+            self._add_uniform_drafts(plan, pool)
+            return
+        chosen = [(chunk, self._propose(chunk)) for chunk in eligible]
         chosen = [(chunk, drafts) for chunk, drafts in chosen if drafts]
         if not chosen:
             return
@@ -67,22 +102,49 @@ class Speculator:
         for (chunk, drafts), num in zip(chosen, lengths):
             if num == 0 or pool.num_free_slots - num < reserve:
                 continue
-            slots = pool.allocate(num)
-            assert slots is not None  # checked just above
-            request = chunk.request
-            chunk.num_tokens += num
-            chunk.slots = chunk.slots + slots
-            chunk.drafts = drafts[:num]
-            request.slots.extend(slots)
-            request.num_computed_tokens += num
+            self._grow(chunk, drafts[:num], min(num, self._states[chunk.request].num_proposed), pool)
+
+    def _add_uniform_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
+        """Every chunk of the plan may draft: one length k for all (a verify graph's shape), or none."""
+        chunks = plan.chunks
+        proposals = [self._propose(chunk) for chunk in chunks]
+        max_length = min(self.config.num_speculative_tokens, *(self._room(chunk.request) for chunk in chunks))
+        caps = [self._states[chunk.request].num_proposed for chunk in chunks]
+        rates = [self._states[chunk.request].acceptance.rate for chunk in chunks]
+        k = choose_uniform_draft_length(rates, caps, max_length, self.config.step_cost)
+        if k <= 0 or pool.num_free_slots - k * len(chunks) < len(chunks):  # (a slot each for the next step)
+            return
+        for chunk, drafts, cap in zip(chunks, proposals, caps):
+            self._grow(chunk, _padded(drafts, k, _last_token(chunk.request)), min(cap, k), pool)
+
+    def _grow(self, chunk: ScheduledChunk, drafts: list[int], num_proposed: int, pool: KVSlotPool) -> None:
+        """The decode chunk becomes a verify chunk of its token and `drafts` (the first `num_proposed` the
+        proposer's); the pool has the slots."""
+        num = len(drafts)
+        slots = pool.allocate(num)
+        assert slots is not None  # the caller checked
+        request = chunk.request
+        chunk.num_tokens += num
+        chunk.slots = chunk.slots + slots
+        chunk.drafts = drafts
+        request.slots.extend(slots)
+        request.num_computed_tokens += num
+        self._states[request].num_proposed = num_proposed
 
     def verify(self, chunk: ScheduledChunk, token_ids: Sequence[int]) -> int:
-        """How many of the chunk's drafts the step's tokens (one per position) accepted."""
+        """How many of the chunk's drafts the step's tokens (one per position) accepted; with synthetic
+        acceptance, a draw from its distribution instead."""
         drafts = chunk.drafts or []
+        state = self._states[chunk.request]
         accepted = 0
-        while accepted < len(drafts) and token_ids[accepted] == drafts[accepted]:
-            accepted += 1
-        self._states[chunk.request].acceptance.record(len(drafts), accepted)
+        if (synthetic := self.config.synthetic_acceptance) is not None:
+            accepted = synthetic.draw(len(drafts), self._rng)
+        else:
+            while accepted < len(drafts) and token_ids[accepted] == drafts[accepted]:
+                accepted += 1
+        # the policy learns from the proposer's drafts only (a padding draft says nothing of its rate)
+        num_proposed = min(state.num_proposed, len(drafts))
+        state.acceptance.record(num_proposed, min(accepted, num_proposed))
         counters = self.counters
         counters.num_drafts += 1
         counters.num_draft_tokens += len(drafts)
@@ -103,6 +165,11 @@ class Speculator:
         them go straight back to the pool."""
         request = chunk.request
         num_accepted = self.verify(chunk, [t.token_id for t in tokens])
+        if self.config.synthetic_acceptance is not None:  # the accepted drafts stand in for the model's tokens
+            drafts = chunk.drafts or []
+            tokens = [msgspec.structs.replace(t, token_id=d) for t, d in zip(tokens, drafts[:num_accepted])] + tokens[
+                num_accepted:
+            ]
         events = []
         for j, token in enumerate(tokens[: num_accepted + 1]):
             request.num_kv_written = chunk.start + 1 + j  # the K/V before token j (never past the tokens kept)
@@ -127,9 +194,18 @@ class Speculator:
             state = self._states[request] = _DraftState(self._new_proposer())
         state.proposer.extend(request.token_ids(state.num_seen, request.num_tokens))
         state.num_seen = request.num_tokens
-        # Drafts past max_new_tokens are never kept: the step's own token is one of the remaining ones.
-        room = request.params.max_new_tokens - request.num_output_tokens - 1
-        return state.proposer.propose(min(self.config.num_speculative_tokens, room))
+        max_tokens = min(self.config.num_speculative_tokens, self._room(request))
+        drafts = state.proposer.propose(max_tokens)
+        state.num_proposed = len(drafts)
+        if self.config.synthetic_acceptance is not None:  # random weights match nothing: always k drafts
+            drafts = _padded(drafts, max_tokens, _last_token(request))
+            state.num_proposed = len(drafts)
+        return drafts
+
+    @staticmethod
+    def _room(request: Request) -> int:
+        """Drafts past max_new_tokens are never kept: the step's own token is one of the remaining ones."""
+        return request.params.max_new_tokens - request.num_output_tokens - 1
 
     def _new_proposer(self) -> DraftProposer:
         if self.config.method == "suffix":
@@ -142,6 +218,15 @@ class Speculator:
             del self._states[request]
             if self.corpus is not None:
                 self.corpus.add(request.output_ids)
+
+
+def _padded(drafts: list[int], length: int, last_token: int) -> list[int]:
+    """`drafts` cut or padded to `length` with repeats of its last token (the sequence's, when empty)."""
+    return drafts[:length] + [drafts[-1] if drafts else last_token] * (length - len(drafts))
+
+
+def _last_token(request: Request) -> int:
+    return request.token_ids(request.num_tokens - 1, request.num_tokens)[0]
 
 
 def _may_draft(chunk: ScheduledChunk) -> bool:

@@ -1,0 +1,205 @@
+"""Qwen2.5-VL time to first token with images (not CI; in-process EngineCore, no HTTP): issue 41's GPU numbers.
+
+    python3 -m benchmarks.device.qwen_vl                    # Qwen2.5-VL-7B shape, random weights, one H200: ~3 min
+    python3 -m benchmarks.device.qwen_vl --device cpu --preset tiny --streams 2 --new 4   # the CPU smoke (a test)
+
+The model is the 7B's config.json with `--load-format dummy` (random weights made on the device; nothing read
+from disk) and transformers' Qwen2-VL image processor at the released min/max_pixels. Phases, each on the same
+engine, every prompt `--text` random ids around one image (or its stand-in):
+
+* images: `--streams` requests at once, each with its own random `--size` x `--size` image (no encoder-cache or
+  prefix-cache hit), `--new` tokens out: TTFT p50/p90 and output tok/s;
+* text: the same with each image's placeholders replaced by as many random text ids (the same prompt length);
+* repeat: one request with a new image, then the same prompt again: its TTFT against the first (the prefix cache
+  and the encoder cache serve the second);
+* text-only on the VL engine against a plain Qwen2 engine of the same text shape (`--skip-plain` to save ~30 s).
+
+Targets (issue 41): images TTFT p50 <= 1.5x text's, repeat <= 0.3x first, text-only within 3% of plain Qwen2.
+A markdown table on stdout, JSON in $OUT/qwen_vl.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import io
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from benchmarks.device.timing import out_path, write_json
+from benchmarks.shapes import QWEN2_7B
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.images import PromptImage
+from tgi_compat.router.request import GenerateRequest
+
+IMAGE_PAD = 151655  # Qwen2.5-VL's <|image_pad|>; vision start/end 151652/151653
+VISION_7B = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14,
+    spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
+    tokens_per_second=2, hidden_act="silu", in_channels=3,
+)  # fmt: skip
+TEXT_7B = {key: value for key, value in QWEN2_7B.items() if key not in ("architectures", "model_type")}
+PRESETS = {
+    "7b": (TEXT_7B | {"max_position_embeddings": 32768}, VISION_7B, 3136, 12845056),
+    "tiny": (
+        dict(vocab_size=152064, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6),
+        dict(VISION_7B, depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+             fullatt_block_indexes=[1], window_size=56),
+        28 * 28, 28 * 28 * 16,
+    ),
+}  # fmt: skip
+
+
+def write_folder(folder: Path, preset: str) -> None:
+    """config.json (Qwen2.5-VL: the text sizes, M-RoPE 16/24/24 or the tiny head's split) and the image processor."""
+    from transformers import Qwen2VLImageProcessor
+
+    text, vision, min_pixels, max_pixels = PRESETS[preset]
+    half = text["hidden_size"] // text["num_attention_heads"] // 2
+    section = [16, 24, 24] if half == 64 else [half - 2 * (half // 3), half // 3, half // 3]
+    rope = {"rope_type": "default", "mrope_section": section, "rope_theta": text.get("rope_theta", 1e6)}
+    config = dict(
+        architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl", tie_word_embeddings=False,
+        text_config=dict(text, model_type="qwen2_5_vl_text", rope_parameters=rope), vision_config=vision,
+        image_token_id=IMAGE_PAD, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        eos_token_id=151645, bos_token_id=151643,
+    )  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(folder)
+
+
+def random_png(rng: np.random.Generator, size: int) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+class Prompts:
+    """Prompts of `text` random ids with one image after the first half of them."""
+
+    def __init__(self, folder: Path, text: int, size: int, seed: int = 0):
+        from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid
+
+        self.grid = PlaceholderGrid.from_folder(str(folder))(size, size)
+        self.text, self.size = text, size
+        self.rng, self.pixels = random.Random(seed), np.random.default_rng(seed)
+        self.count = 0
+
+    def ids(self, n: int) -> list[int]:
+        return [self.rng.randrange(1000, 150000) for _ in range(n)]
+
+    def request(self, image: bytes | None, new: int, ids: list[int] | None = None) -> GenerateRequest:
+        """`image` None: the placeholders' positions hold random text ids instead (the same length)."""
+        rows, columns = self.grid
+        head, tail = self.text // 2, self.text - self.text // 2
+        ids = ids or self.ids(head) + [151652] + self.ids(rows * columns) + [151653] + self.ids(tail)
+        images = []
+        if image is not None:
+            ids = ids[: head + 1] + [IMAGE_PAD] * (rows * columns) + ids[head + 1 + rows * columns :]
+            digest = hashlib.sha256(image).hexdigest()
+            images = [PromptImage(head + 1, rows * columns, digest, image, grid=(rows, columns))]
+        self.count += 1
+        return GenerateRequest(f"r{self.count}", ids, max_new_tokens=new, ignore_eos=True, images=images)
+
+    def image(self) -> bytes:
+        return random_png(self.pixels, self.size)
+
+
+def run(engine: EngineCore, requests: list[GenerateRequest]) -> dict:
+    """All at once; TTFT of each (first token event - submit), output tok/s over the run."""
+    start = time.perf_counter()
+    for req in requests:
+        engine.add_request(req)
+    first: dict[str, float] = {}
+    tokens = 0
+    while engine.has_unfinished():
+        for event in engine.step():
+            first.setdefault(event.request_id, time.perf_counter() - start)
+            tokens += len(event.token_ids)
+    elapsed = time.perf_counter() - start
+    ttft = sorted(first[req.request_id] for req in requests)
+    p90 = ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))]
+    return dict(ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed)
+
+
+def engine_for(folder: Path, args: argparse.Namespace) -> EngineCore:
+    config = EngineConfig(model_id=str(folder), device=args.device, dtype=args.dtype, load_format="dummy")
+    return EngineCore.from_config(config)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="7b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--text", type=int, default=64, help="text ids around the image")
+    parser.add_argument("--size", type=int, default=1024, help="image side in pixels")
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--skip-plain", action="store_true", help="no plain Qwen2 engine for the text-only row")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
+    write_folder(folder, args.preset)
+    prompts = Prompts(folder, args.text, args.size)
+    start = time.perf_counter()
+    engine = engine_for(folder, args)
+    results: dict = dict(preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start)
+    run(engine, [prompts.request(prompts.image(), 2)])  # warm-up: kernels, the encoder's first call
+    results["images"] = run(engine, [prompts.request(prompts.image(), args.new) for _ in range(args.streams)])
+    results["text"] = run(engine, [prompts.request(None, args.new) for _ in range(args.streams)])
+    picture = prompts.image()
+    first = prompts.request(picture, args.new)
+    results["repeat_first"] = run(engine, [first])
+    results["repeat_again"] = run(engine, [prompts.request(picture, args.new, list(first.prompt_ids))])
+    plain_prompts = [prompts.ids(args.text) for _ in range(args.streams)]
+    text_only = [GenerateRequest(f"t{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
+    results["text_only_vl"] = run(engine, text_only)
+    if not args.skip_plain:
+        del engine
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()  # the VL engine's KV pool back before the plain one sizes its own
+        plain = folder / "plain"
+        text_config = PRESETS[args.preset][0]
+        plain.mkdir()
+        (plain / "config.json").write_text(json.dumps(dict(text_config, architectures=["Qwen2ForCausalLM"], model_type="qwen2")))  # fmt: skip
+        engine = engine_for(plain, args)
+        run(engine, [GenerateRequest("warm", prompts.ids(args.text), max_new_tokens=2, ignore_eos=True)])
+        again = [GenerateRequest(f"p{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
+        results["text_only_plain"] = run(engine, again)
+    print(table(results, args), flush=True)
+    write_json(out_path("qwen_vl.json"), results)
+
+
+def table(results: dict, args: argparse.Namespace) -> str:
+    rows = [f"Qwen2.5-VL {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}", ""]
+    rows += ["| phase | TTFT p50 ms | TTFT p90 ms | out tok/s |", "|---|---|---|---|"]
+    for name in ("images", "text", "repeat_first", "repeat_again", "text_only_vl", "text_only_plain"):
+        if name in results:
+            r = results[name]
+            rows.append(f"| {name} | {r['ttft_p50_ms']:.1f} | {r['ttft_p90_ms']:.1f} | {r['tok_s']:.0f} |")
+    image_ratio = results["images"]["ttft_p50_ms"] / results["text"]["ttft_p50_ms"]
+    repeat_ratio = results["repeat_again"]["ttft_p50_ms"] / results["repeat_first"]["ttft_p50_ms"]
+    results["checks"] = dict(image_vs_text=image_ratio, repeat_vs_first=repeat_ratio)
+    rows += ["", f"images/text TTFT p50: {image_ratio:.2f} (target <= 1.5); repeat/first: {repeat_ratio:.2f} (<= 0.3)"]
+    if "text_only_plain" in results:
+        ratio = results["text_only_vl"]["tok_s"] / results["text_only_plain"]["tok_s"]
+        results["checks"]["text_only_vl_vs_plain"] = ratio
+        rows.append(f"text-only tok/s, VL engine / plain Qwen2: {ratio:.3f} (target within 3%)")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()

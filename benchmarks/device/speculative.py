@@ -1,0 +1,159 @@
+"""Speculative decoding on the GPU against the issue-40 bars (not CI; no HTTP).
+
+    python3 -m benchmarks.device.speculative [--work-dir /tmp/spec-bench] [--device cuda]
+
+A random Llama-3-8B in bf16 (`--load-format dummy`: config.json and the Llama-3 tokenizer, weights made on the
+device), served by an engine process behind the server's own client (tgi_compat.router.client.ZmqEngineClient),
+once with `--speculate 0` and once with 4 n-gram drafts whose acceptance is replayed from the code-edit
+workload's measured accepted-length histogram (SmolLM2-135M, n-gram 1..4, k = 4:
+docs/benchmarks/2026-12-04-spec-acceptance.json) through synthetic acceptance: random weights match no
+n-gram. Each engine measures its step-cost table at startup and replays verify steps from CUDA graphs.
+
+Workloads (every request ignore_eos): batch 1 and 16 streams of the code-edit shape (a 550-token prompt,
+256 new tokens), and 64 streams of ShareGPT lengths (random ids, outputs capped at 384), where the measured
+table should turn drafts off where they lose. Output tok/s counts every token that reached the client.
+Bars: batch 1 >= 2.0x, 16 streams >= 1.3x, 64 streams >= 0.98x. `--device cpu`: a tiny Llama on the CPU,
+a few tokens each (a dry run of this script's path, used by a CPU test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.device.engine_load import request, stream
+from benchmarks.device.timing import out_path, write_json
+from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
+from tgi_compat.router.client import ZmqEngineClient
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.speculative.config import SpeculativeConfig
+from tgi_compat.router.speculative.synthetic import SyntheticAcceptance
+
+ACCEPTANCE_FILE = Path(__file__).resolve().parents[2] / "docs/benchmarks/2026-12-04-spec-acceptance.json"
+PROPOSER = "ngram 1..4 (vLLM-style, latest)"
+NUM_DRAFTS = 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    streams: int
+    prompt_len: int | None  # None: ShareGPT lengths
+    new_tokens: int  # (the cap, for ShareGPT)
+    bar: float  # speculation's tok/s over --speculate 0's must reach this
+
+
+GPU_WORKLOADS = [
+    Workload("code-edit, batch 1", 1, 550, 256, 2.0),
+    Workload("code-edit, 16 streams", 16, 550, 256, 1.3),
+    Workload("ShareGPT, 64 streams", 64, None, 384, 0.98),
+]
+CPU_WORKLOADS = [
+    Workload("code-edit, batch 1", 1, 40, 12, 0.0),
+    Workload("code-edit, 4 streams", 4, 40, 12, 0.0),
+    Workload("ShareGPT, 8 streams", 8, None, 12, 0.0),
+]
+
+
+def code_edit_histogram(path: Path = ACCEPTANCE_FILE) -> list[float]:
+    """Accepted drafts per verify step (0..4) of the code-edit workload, SmolLM2, n-gram 1..4, k = 4."""
+    runs = json.loads(path.read_text())["smollm2"]["code-edit"]["proposers"][PROPOSER]
+    return [float(n) for n in next(run for run in runs if run["k"] == NUM_DRAFTS)["histogram"]]
+
+
+def write_model_folder(folder: Path, config: dict) -> Path:
+    """config.json and the Llama-3 tokenizer: all that --load-format dummy needs."""
+    from benchmarks.llama3_tokenizer import write_llama3_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "tokenizer.json").exists():
+        write_llama3_tokenizer(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=1))
+    return folder
+
+
+def prompts_of(workload: Workload, seed: int) -> list[tuple[list[int], int]]:
+    """(prompt ids, new tokens) per stream: random ids (nothing for a prefix cache to share)."""
+    rng = random.Random(seed)
+    if workload.prompt_len is not None:
+        lengths = [(workload.prompt_len, workload.new_tokens)] * workload.streams
+    else:
+        from benchmarks.device.offline_engine import sharegpt_lengths
+
+        lengths = [(p, min(o, workload.new_tokens)) for p, o in sharegpt_lengths(workload.streams, seed)]
+    return [([rng.randrange(1000, 100_000) for _ in range(p)], max(o, 1)) for p, o in lengths]
+
+
+async def measure(config: EngineConfig, workloads: list[Workload], tag: str) -> dict[str, dict]:
+    start = time.perf_counter()
+    client = await ZmqEngineClient.start(config)
+    print(f"[{tag}] engine up in {time.perf_counter() - start:.0f} s", flush=True)
+    results = {}
+    try:
+        for workload in workloads:  # warm-up at every width: compile, autotune, first replays
+            warm = [request(p, 8) for p, _ in prompts_of(workload, seed=1)]
+            await asyncio.gather(*(stream(client, r) for r in warm))
+        for workload in workloads:
+            batch = [request(p, n) for p, n in prompts_of(workload, seed=2)]
+            start = time.perf_counter()
+            streams = await asyncio.gather(*(stream(client, r) for r in batch))
+            seconds = time.perf_counter() - start
+            tokens = sum(s.tokens for s in streams)
+            results[workload.name] = dict(tokens=tokens, seconds=seconds, tok_s=tokens / seconds)
+            print(json.dumps(dict(engine=tag, workload=workload.name, **results[workload.name])), flush=True)
+    finally:
+        await client.shutdown()
+    return results
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    on_gpu = args.device == "cuda"
+    folder = write_model_folder(
+        args.work_dir / ("llama3-8b-dummy" if on_gpu else "llama3-tiny-dummy"), LLAMA3_8B if on_gpu else LLAMA3_TINY
+    )
+    workloads = GPU_WORKLOADS if on_gpu else CPU_WORKLOADS
+    base = dict(
+        model_id=str(folder),
+        load_format="dummy",
+        device=args.device,
+        max_running_requests=64,  # (the decode graphs are captured up to this batch)
+        max_total_tokens=2048,
+        max_batch_prefill_tokens=8192,
+    )
+    if not on_gpu:
+        base |= dict(dtype="float32", max_batch_total_tokens=8192)
+    histogram = code_edit_histogram()
+    speculative = SpeculativeConfig(NUM_DRAFTS, synthetic_acceptance=SyntheticAcceptance(tuple(histogram)))
+    plain = await measure(EngineConfig(**base), workloads, "speculate 0")
+    spec = await measure(EngineConfig(**base, speculative=speculative), workloads, f"speculate {NUM_DRAFTS}")
+    rows = []
+    print(f"\nacceptance replayed: {PROPOSER}, k = {NUM_DRAFTS}, histogram {histogram}")
+    print("| workload | --speculate 0 tok/s | --speculate 4 tok/s | ratio | bar | pass |")
+    print("|---|---:|---:|---:|---:|---|")
+    for workload in workloads:
+        off, on = plain[workload.name]["tok_s"], spec[workload.name]["tok_s"]
+        ratio = on / off
+        rows.append(dict(workload=workload.name, off_tok_s=off, on_tok_s=on, ratio=ratio, bar=workload.bar))
+        verdict = "PASS" if ratio >= workload.bar else "FAIL"
+        print(f"| {workload.name} | {off:.1f} | {on:.1f} | {ratio:.2f}x | >= {workload.bar}x | {verdict} |")
+    return dict(device=args.device, histogram=histogram, rows=rows, plain=plain, speculative=spec)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/spec-bench"))
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--out", default=None, help="JSON results (default $OUT/speculative.json)")
+    args = parser.parse_args(argv)
+    report = asyncio.run(main_async(args))
+    write_json(args.out or out_path("speculative.json"), report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""The Qwen2.5-VL TTFT benchmark's CPU smoke (benchmarks/device/qwen_vl.py --device cpu --preset tiny): every
+phase runs through the real engine with dummy weights (images, their text stand-ins, a repeated image, text-only
+on the VL and on a plain Qwen2 engine), the table prints and the JSON lands in $OUT."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from benchmarks.device import qwen_vl
+
+
+def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["qwen_vl", "--device", "cpu", "--dtype", "float32", "--preset", "tiny"]
+    monkeypatch.setattr(sys, "argv", argv + ["--streams", "2", "--new", "3", "--size", "112", "--text", "8"])
+    qwen_vl.main()
+    assert "| images |" in capsys.readouterr().out
+    results = json.loads((tmp_path / "qwen_vl.json").read_text())
+    assert results["grid"] == [4, 4]
+    assert set(results["checks"]) == {"image_vs_text", "repeat_vs_first", "text_only_vl_vs_plain"}

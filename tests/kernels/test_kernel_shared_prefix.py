@@ -1,0 +1,121 @@
+"""Shared-prefix (diverse-mode) decode attention against its torch reference and against plain flash-decoding
+(GQA, ragged suffixes, groups of 1..8, rows in no group, empty suffixes, more rows than a group holds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tgi_compat.kernels.attention.decode import decode_attention_ref
+from tgi_compat.kernels.attention.shared_prefix import shared_prefix_decode_attention, shared_prefix_decode_ref
+from tgi_compat.modeling.forward_batch import PrefixGroups
+
+HEAD_DIM = 16
+
+
+def sibling_batch(
+    prefix_len: int, group_sizes: list[int], loners: list[int], suffix_lens: list[int], num_kv_heads: int, seed: int
+):
+    """Rows of groups (each group's rows hold the same slots for the first prefix_len tokens) then rows in no
+    group (kv lengths `loners`); suffix_lens[i]: grouped row i's own tokens after the prefix. Rows sit in shuffled
+    req_to_token rows; the batch order interleaves the groups."""
+    gen = torch.Generator().manual_seed(seed)
+    num_grouped = sum(group_sizes)
+    kv_lens = [prefix_len + s for s in suffix_lens[:num_grouped]] + loners
+    num_slots = 64 + len(group_sizes) * prefix_len + sum(kv_lens)
+    k_cache = torch.randn(num_slots, num_kv_heads, HEAD_DIM, generator=gen)
+    v_cache = torch.randn(num_slots, num_kv_heads, HEAD_DIM, generator=gen)
+    free = torch.randperm(num_slots, generator=gen).tolist()
+    max_len = max(kv_lens) + 2
+    req_to_token = torch.zeros(len(kv_lens) + 1, max_len, dtype=torch.int32)
+    order = torch.randperm(len(kv_lens), generator=gen).tolist()  # batch position of each row
+    req_rows = torch.randperm(len(kv_lens) + 1, generator=gen)[: len(kv_lens)]
+    groups: list[tuple[int, list[int]]] = []
+    index = 0
+    for size in group_sizes:
+        prefix = [free.pop() for _ in range(prefix_len)]
+        positions = [order[index + k] for k in range(size)]
+        for position in positions:
+            own = [free.pop() for _ in range(kv_lens[order.index(position)] - prefix_len)]
+            req_to_token[req_rows[position], : prefix_len + len(own)] = torch.tensor(prefix + own, dtype=torch.int32)
+        groups.append((prefix_len, positions))
+        index += size
+    for k in range(len(loners)):
+        position = order[index + k]
+        slots = [free.pop() for _ in range(loners[k])]
+        req_to_token[req_rows[position], : len(slots)] = torch.tensor(slots, dtype=torch.int32)
+    lens_by_position = torch.tensor([kv_lens[order.index(p)] for p in range(len(kv_lens))])
+    return k_cache, v_cache, req_to_token, req_rows, lens_by_position, groups
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not out.isnan().any()
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize(
+    ("group", "group_sizes", "loners", "splits", "prefix_splits"),
+    [
+        (4, [3, 1, 2], [9, 40], 2, 3),  # GQA 4, groups of 1..3 beside two rows in no group
+        (1, [8], [], 1, 1),  # a full group of 8, MHA, one split each way
+        (2, [5, 4], [1], 3, 8),  # more prefix splits than the prefix has blocks
+    ],
+)
+def test_shared_prefix_matches_references(
+    group: int, group_sizes: list[int], loners: list[int], splits: int, prefix_splits: int
+):
+    num_kv_heads = 2
+    suffix_lens = [1, 18, 3, 0, 33, 2, 7, 1, 5]  # ragged, one empty (the prefix alone)
+    k_cache, v_cache, r2t, rows, kv_lens, groups = sibling_batch(37, group_sizes, loners, suffix_lens, num_kv_heads, 3)
+    batch = kv_lens.shape[0]
+    table = torch.tensor(PrefixGroups.rows(groups, batch, group_max=8), dtype=torch.int32)
+    prefix = PrefixGroups(table)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(batch, num_kv_heads * group, HEAD_DIM, generator=gen)
+    args = (q, k_cache, v_cache, r2t, rows, kv_lens, prefix.table, 0.3)
+    out = shared_prefix_decode_attention(
+        *args, num_splits=splits, num_prefix_splits=prefix_splits, block_n=16, prefix_block_n=16
+    )
+    ref = shared_prefix_decode_ref(*args)
+    assert relative_error(out, ref) < 1e-5
+    # the rows' tables really share the prefix: the reference is plain decode attention
+    assert relative_error(ref, decode_attention_ref(q, k_cache, v_cache, r2t, rows, kv_lens, 0.3)) < 1e-6
+
+
+def test_shared_prefix_without_groups_is_flash_decoding_and_reads_the_leaders_prefix():
+    """No group at all (an all-empty table: every row through its suffix kernel), and a group whose members'
+    own rows hold other slots for the prefix: the prefix is read through the leader's row (the reference's
+    definition)."""
+    k_cache, v_cache, r2t, rows, kv_lens, groups = sibling_batch(20, [3], [5, 17], [2, 9, 4], 2, 5)
+    batch = kv_lens.shape[0]
+    q = torch.randn(batch, 4, HEAD_DIM, generator=torch.Generator().manual_seed(1))
+    empty = PrefixGroups(torch.tensor(PrefixGroups.rows([], batch, group_max=4), dtype=torch.int32))
+    args = (q, k_cache, v_cache, r2t, rows, kv_lens)
+    out = shared_prefix_decode_attention(*args, empty.table, 0.25, 2, 4, block_n=16)
+    assert relative_error(out, decode_attention_ref(*args, 0.25)) < 1e-5
+
+    _, positions = groups[0]
+    r2t[rows[positions[1]], :20] = r2t[rows[positions[1]], :20].flip(0)  # a member's own copy, permuted
+    grouped = PrefixGroups(torch.tensor(PrefixGroups.rows(groups, batch, group_max=4), dtype=torch.int32))
+    full = (*args, grouped.table, 0.25)
+    out = shared_prefix_decode_attention(*full, num_splits=1, num_prefix_splits=2, block_n=16, prefix_block_n=16)
+    assert relative_error(out, shared_prefix_decode_ref(*full)) < 1e-5
+
+
+def test_shared_prefix_half_precision_and_softcap():
+    k_cache, v_cache, r2t, rows, kv_lens, groups = sibling_batch(50, [4], [12], [3, 1, 6, 2], 1, 9)
+    batch = kv_lens.shape[0]
+    table = PrefixGroups(torch.tensor(PrefixGroups.rows(groups, batch, group_max=4), dtype=torch.int32))
+    q = torch.randn(batch, 4, HEAD_DIM, generator=torch.Generator().manual_seed(2)).half()
+    args = (q, k_cache.half(), v_cache.half(), r2t, rows, kv_lens, table.table, 0.25)
+    out = shared_prefix_decode_attention(
+        *args, num_splits=2, num_prefix_splits=2, block_n=16, prefix_block_n=16, softcap=5.0
+    )
+    ref = shared_prefix_decode_ref(*args, softcap=5.0)
+    assert out.dtype == torch.float16
+    assert relative_error(out, ref) < 5e-3
+
+
+def test_prefix_group_rows():
+    rows = PrefixGroups.rows([(10, [2, 0]), (4, [1])], batch_size=4, group_max=3)
+    assert rows == [[10, -1, -1, -1], [4, 1, -1, -1], [10, 2, 0, -1], [0, -1, -1, -1]]

@@ -1,0 +1,135 @@
+"""A tiny random Qwen2.5-VL (transformers' own Qwen2_5_VLConfig and model, fp32) and its image processor, for the
+modeling and server tests of Qwen2.5-VL (tests/modeling/test_qwen2_5_vl*.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+import torch
+from PIL import Image
+
+from tests.modeling.helpers import randomize
+
+PATCH, MERGE = 14, 2
+MIN_PIXELS, MAX_PIXELS = 28 * 28, 28 * 28 * 8  # up to 8 placeholders per image
+
+
+def tiny_qwen2_5_vl(vocab: int, seed: int = 0, **text_overrides):
+    """Image tokens at the top of the vocabulary: video vocab-4, vision_start -3, vision_end -2, image_pad -1."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+        **text_overrides,
+    )
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        temporal_patch_size=2,
+        window_size=56,
+        fullatt_block_indexes=[1],
+    )
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        video_token_id=vocab - 4,
+        vision_start_token_id=vocab - 3,
+        vision_end_token_id=vocab - 2,
+        image_token_id=vocab - 1,
+        tie_word_embeddings=False,
+    )
+    return randomize(Qwen2_5_VLForConditionalGeneration(config), seed)
+
+
+def image_processor():
+    from transformers import Qwen2VLImageProcessor
+
+    return Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH, merge_size=MERGE)
+
+
+def picture(color: tuple[int, int, int], size: tuple[int, int]) -> Image.Image:
+    image = Image.new("RGB", size, color)
+    for x in range(0, size[0], 5):  # a pattern, so that patches differ
+        image.putpixel((x, (x * 7) % size[1]), (255 - color[0], 0, 255))
+    return image
+
+
+def reference_logits(model, ids: list[int], processed) -> torch.Tensor:
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = model(
+            input_ids=input_ids,
+            pixel_values=processed["pixel_values"],
+            image_grid_thw=processed["image_grid_thw"],
+            mm_token_type_ids=(input_ids == model.config.image_token_id).int(),
+        )
+    return out.logits[0].float()
+
+
+def reference_greedy(model, ids: list[int], processed, max_new_tokens: int) -> list[int]:
+    """transformers' greedy ids; `processed` None: a text-only prompt."""
+    input_ids = torch.tensor([ids])
+    images = {}
+    if processed is not None:
+        images = {
+            "pixel_values": processed["pixel_values"],
+            "image_grid_thw": processed["image_grid_thw"],
+            "mm_token_type_ids": (input_ids == model.config.image_token_id).int(),
+        }
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),  # no pad-id guess: every prompt token is real
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            **images,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def png(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
+    out = io.BytesIO()
+    picture(color, size).save(out, format="PNG")
+    return out.getvalue()
+
+
+ENGINE_VOCAB, ENGINE_NEW = 300, 8
+WIDE, TALL = png((200, 30, 60), (84, 56)), png((10, 220, 90), (50, 90))
+GRIDS = {WIDE: (2, 3), TALL: (3, 2)}  # (rows, columns) of placeholders, by transformers' smart_resize
+
+
+def engine_request(request_id: str, images: list[bytes]):
+    """(a GenerateRequest of text and `images` as the API builds it for ENGINE_VOCAB's image tokens, its ids)."""
+    from tgi_compat.router.images import PromptImage
+    from tgi_compat.router.request import GenerateRequest
+
+    start, end, image = ENGINE_VOCAB - 3, ENGINE_VOCAB - 2, ENGINE_VOCAB - 1
+    ids, spans = [5, 6, 7], []
+    for k, data in enumerate(images):
+        rows, columns = GRIDS[data]
+        ids += [start]
+        digest = hashlib.sha256(data).hexdigest()
+        spans.append(PromptImage(len(ids), rows * columns, digest, data, grid=(rows, columns)))
+        ids += [image] * (rows * columns) + [end, 10 + k, 11 + k]
+    return GenerateRequest(request_id, ids, max_new_tokens=ENGINE_NEW, ignore_eos=True, images=spans), ids
+
+
+def engine_expected(model, ids: list[int], images: list[bytes]) -> list[int]:
+    """transformers' greedy ids of an engine_request."""
+    if not images:
+        return reference_greedy(model, ids, None, ENGINE_NEW)
+    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+    return reference_greedy(model, ids, image_processor()(images=pictures, return_tensors="pt"), ENGINE_NEW)

@@ -1,0 +1,138 @@
+"""Qwen2.5-VL images through the real server (TGI's launcher, a tiny random checkpoint on the SmolLM2 tokenizer
+with Qwen2.5-VL's image tokens added, transformers' Qwen2-VL image processor with small min/max_pixels): TGI's
+integration-test shapes for qwen2_5_vl (markdown images in /generate inputs, OpenAI chat image_url parts; base64
+png) give transformers' greedy ids, each image as `<|vision_start|>` + its grid's `<|image_pad|>`s +
+`<|vision_end|>`; the same image twice hits the prefix cache and a different one never shares its KV."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import sys
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.modeling.qwen2_5_vl_helpers import image_processor, picture, reference_greedy, tiny_qwen2_5_vl
+
+NEW = 8
+IMAGE_TOKENS = ["<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]  # ids vocab-4 .. vocab-1
+
+
+def data_url(color, size, fmt: str = "PNG") -> tuple[str, bytes, tuple[int, int]]:
+    out = io.BytesIO()
+    picture(color, size).save(out, format=fmt)
+    mime = "image/png" if fmt == "PNG" else "image/jpeg"
+    return f"data:{mime};base64,{base64.b64encode(out.getvalue()).decode()}", out.getvalue(), size
+
+
+WIDE = data_url((200, 30, 60), (84, 56))  # 2 x 3 placeholders
+TALL = data_url((10, 220, 90), (50, 90), "JPEG")  # 3 x 2
+OTHER_WIDE = data_url((30, 30, 200), (84, 56))  # another picture of WIDE's size
+
+
+def image_text(size: tuple[int, int]) -> str:
+    """The image's text by transformers' processor: one pad per merged patch of its resized grid."""
+    _, rows, columns = image_processor()(images=[picture((0, 0, 0), size)])["image_grid_thw"][0].tolist()
+    return "<|vision_start|>" + "<|image_pad|>" * (rows * columns // 4) + "<|vision_end|>"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from benchmarks.server_process import running_server
+    from benchmarks.tokenizer import default_model_id, load_tokenizer
+    from tests.benchmarks.conftest import free_port
+
+    folder = tmp_path_factory.mktemp("qwen2_5_vl-server")
+    tokenizer = load_tokenizer(default_model_id())
+    tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
+    tokenizer.save_pretrained(folder)
+    model = tiny_qwen2_5_vl(len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    assert tokenizer.convert_tokens_to_ids(IMAGE_TOKENS[3]) == model.config.image_token_id
+    model.save_pretrained(folder)
+    processor = image_processor()
+    processor.save_pretrained(folder)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    launcher = f"{sys.executable} -m tgi_compat.launcher --enable-prefill-logprobs --enable-prompt-tokens-details"
+    command = f"{launcher} --model-id {folder} --port {port} --hostname 127.0.0.1"
+    with running_server(command, url, 300.0, folder / "server.log"):
+        yield url, model, tokenizer, processor
+
+
+def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+    """(prompt ids, transformers' greedy ids) for `text` with its images already expanded."""
+    _, model, tokenizer, processor = served
+    ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+    out = reference_greedy(model, ids, processor(images=pictures, return_tensors="pt"), NEW)
+    eos = tokenizer.eos_token_id
+    return ids, out[: out.index(eos) + 1] if eos in out else out
+
+
+def test_generate_with_two_images_equals_transformers(served):
+    url = served[0]
+    inputs = f"![]({WIDE[0]})What is this?![]({TALL[0]})And this?"
+    text = f"{image_text(WIDE[2])}What is this?{image_text(TALL[2])}And this?"
+    ids, expected = greedy(served, text, [WIDE[1], TALL[1]])
+    body = {"inputs": inputs, "parameters": {"max_new_tokens": NEW, "decoder_input_details": True}}
+    response = httpx.post(f"{url}/generate", json=body, timeout=120).json()
+    assert [token["id"] for token in response["details"]["tokens"]] == expected
+    assert [token["id"] for token in response["details"]["prefill"]] == ids  # placeholders included
+
+
+def test_generate_stream(served):
+    url = served[0]
+    _, expected = greedy(served, f"Describe{image_text(TALL[2])}", [TALL[1]])
+    body = {"inputs": f"Describe![]({TALL[0]})", "parameters": {"max_new_tokens": NEW}}
+    ids = []
+    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                ids.append(json.loads(line[5:])["token"]["id"])
+    assert ids == expected
+
+
+def chat(url: str, image: str, text: str = "Describe the image") -> dict:
+    """TGI's integration-test request for qwen2_5_vl: an image_url part, then the question."""
+    content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": text}]
+    body = {"model": "tgi", "messages": [{"role": "user", "content": content}], "max_tokens": NEW, "temperature": 0}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+
+
+def test_chat_image_url_equals_transformers(served):
+    url, _, tokenizer, _ = served
+    templated = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"![]({WIDE[0]})Describe the image"}], tokenize=False, add_generation_prompt=True
+    )
+    ids, expected = greedy(served, templated.replace(f"![]({WIDE[0]})", image_text(WIDE[2])), [WIDE[1]], False)
+    response = chat(url, WIDE[0])
+    assert response["usage"]["prompt_tokens"] == len(ids)
+    assert response["usage"]["completion_tokens"] == len(expected)
+    assert response["choices"][0]["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_tokenize_shows_each_image_grid(served):
+    url, model, tokenizer, _ = served
+    tokens = httpx.post(f"{url}/tokenize", json={"inputs": f"Look![]({TALL[0]})"}, timeout=60).json()
+    assert [t["id"] for t in tokens] == tokenizer(f"Look{image_text(TALL[2])}")["input_ids"]
+    assert sum(t["id"] == model.config.image_token_id for t in tokens) == 6
+
+
+def test_the_same_image_hits_the_prefix_cache_and_another_never_shares_kv(served):
+    url, model, tokenizer, _ = served
+    question = "Which colour dominates this picture, and where?"
+    templated = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"![]({WIDE[0]}){question}"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tokenizer(templated.replace(f"![]({WIDE[0]})", image_text(WIDE[2])), add_special_tokens=False)["input_ids"]
+    first_pad = ids.index(model.config.image_token_id)
+    first = chat(url, WIDE[0], question)
+    again = chat(url, WIDE[0], question)
+    other = chat(url, OTHER_WIDE[0], question)
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (first, again, other)]
+    assert cached[1] > first_pad + 6  # past the image: its placeholders' KV (and the text after) reused
+    assert cached[2] <= first_pad  # another picture of the same size: nothing from its first placeholder on
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]

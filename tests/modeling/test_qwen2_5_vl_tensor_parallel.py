@@ -1,0 +1,95 @@
+"""Images under tensor parallelism on CPU (gloo, 2 ranks): rank 0 sends each step's image rows, their bidirectional
+spans (Gemma 3) and M-RoPE positions (Qwen2.5-VL) through StepBroadcast; the sharded logits of a prefill with two
+images, a chunk over its cached prefix and a decode step past the prompt equal one rank's, for both models."""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+import torch.multiprocessing as mp
+
+from tests.modeling.helpers import max_rel_error
+from tests.modeling.qwen2_5_vl_helpers import image_processor, tiny_qwen2_5_vl
+from tests.modeling.test_qwen2_5_vl import VOCAB, grids, processed, prompt, run, text
+from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
+from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
+from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
+from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+from tgi_compat.router.mrope import prompt_mrope
+
+
+def _runner(folder: str, tp: TensorParallel) -> ModelRunner:
+    config = RunnerConfig(model_id=folder, device="cpu", dtype="float32", num_kv_slots=128, max_rows=4)
+    config.show_progress = False
+    return ModelRunner(config, tp=tp)
+
+
+def _steps(runner: ModelRunner) -> list[torch.Tensor]:
+    inputs = processed(2)
+    ids, images = prompt(grids(inputs), text(1, 4), text(2, 3), text(3, 3))
+    mrope = prompt_mrope(len(ids), images)
+    assert mrope is not None
+    features = runner.model.encode_processed(dict(inputs))
+    full = ids + [17]
+    slots = list(range(len(full)))
+    cut = images[-1].offset + 2  # the second chunk starts inside the last image
+    return [
+        run(runner, full[:cut], 0, slots, features, mrope).clone(),
+        run(runner, ids, cut, slots, features, mrope).clone(),
+        run(runner, full, len(ids), slots, features, mrope).clone(),  # a decode: position + rope delta
+    ]
+
+
+def _gemma_steps(runner: ModelRunner) -> list[torch.Tensor]:
+    from tests.modeling import test_gemma3_vision as gemma
+
+    pixel_values = gemma.pixels((200, 30, 60), (10, 220, 90))
+    ids = gemma.prompt(gemma.text(1, 5), gemma.text(2, 6), gemma.text(3, 4))
+    features = runner.model.encode_images(pixel_values)
+    slots = list(range(len(ids)))
+    cut = len(ids) - 3
+    return [
+        gemma.run(runner, ids[:cut], 0, slots, features).clone(),  # both images, bidirectional spans
+        gemma.run(runner, ids, cut, slots, features).clone(),
+    ]
+
+
+STEPS = {"qwen2_5_vl": _steps, "gemma3": _gemma_steps}
+
+
+def _rank_main(rank: int, size: int, port: int, folders: dict[str, str], results_path: str) -> None:
+    torch.set_num_threads(1)
+    tp = init_tensor_parallel(rank, size, "127.0.0.1", port, torch.device("cpu"))
+    results = {}
+    for kind, folder in folders.items():  # one group serves each model in turn
+        runner = _runner(folder, tp)
+        steps = StepBroadcast(tp, capacity=8, hidden_size=runner.model_config.hidden_size)
+        if rank == 0:
+            runner.step_sender = steps
+            results[kind] = STEPS[kind](runner)
+            steps.send_stop()
+        else:
+            runner.follow_rank_zero(steps)
+    if rank == 0:
+        torch.save(results, results_path)
+    destroy_tensor_parallel(tp)
+
+
+def test_sharded_logits_with_images_equal_one_rank(tmp_path):
+    from tests.modeling.test_gemma3_multimodal import tiny_multimodal
+    from tests.modeling.test_gemma3_vision import VOCAB as GEMMA_VOCAB
+
+    folders = {"qwen2_5_vl": str(tmp_path / "qwen2_5_vl"), "gemma3": str(tmp_path / "gemma3")}
+    tiny_qwen2_5_vl(VOCAB).save_pretrained(folders["qwen2_5_vl"])
+    image_processor().save_pretrained(folders["qwen2_5_vl"])
+    tiny_multimodal(GEMMA_VOCAB).save_pretrained(folders["gemma3"])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results_path = str(tmp_path / "logits.pt")
+    mp.start_processes(_rank_main, args=(2, port, folders, results_path), nprocs=2, start_method="spawn")
+    sharded = torch.load(results_path)
+    for kind, folder in folders.items():
+        for ours, one in zip(sharded[kind], STEPS[kind](_runner(folder, NO_TP)), strict=True):
+            assert max_rel_error(ours, one) <= 1e-4, kind

@@ -1,0 +1,292 @@
+"""Shared-prefix (cascade) decode attention: the n / best_of siblings of one prompt read its KV once per step.
+
+Siblings that took one prompt from the prefix cache hold the same KV slots for its first P tokens, so today's
+flash-decoding (decode.py) reads those P keys once per sibling. Here a step's rows come in groups:
+
+    table [B, 1 + G_MAX] int64 or int32, row b: [P, members...]
+        P: the length of the prefix row b shares with its group (the first P slots of every member's
+           req_to_token row are the leader's), 0 for a row in no group
+        members: when row b leads a group, the batch positions of its rows (itself among them), -1 padding;
+           all -1 for a row that leads none
+
+(tgi_compat.modeling.forward_batch.PrefixGroups.) Its shape is fixed by the batch size, so a CUDA graph captured
+once replays any grouping.
+
+Stage 1 (prefix): one program per (leader, KV head, split of [0, P)) stacks the G_MAX rows x GQA query heads
+of its group on the M side of one tl.dot (decode.py's `_attend_split`), so each prefix KV block is read once
+for the group. Programs of rows that lead no group exit at once.
+Stage 2 (suffix): one program per (row, KV head, split of [P, kv_len)): each row's own tokens (its whole
+context when it is in no group), the same inner loop.
+Both write flash-decoding partials (normalised output, log-sum-exp) into one scratch [B, H, S + PS, D]: suffix
+splits at [0, S), prefix splits at [S, S + PS); decode_merge's stage 2 merges them. A split with no keys
+stores lse = -inf (weight 0), so a row in no group has its prefix splits at -inf (the suffix's split 0 writes
+them) and a row whose suffix is empty merges its prefix alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tgi_compat.kernels.attention.decode import _attend_split, decode_attention_ref, dot_precision
+from tgi_compat.kernels.attention.decode_merge import RUNTIME_SPLIT_ARGS, launch_stage2
+
+# Scratch strides and split counts follow the batch size: runtime values, one compiled kernel (decode_merge.py).
+_RUNTIME_ARGS = [*RUNTIME_SPLIT_ARGS, "num_prefix_splits", "split_offset"]
+
+
+@triton.jit
+def _store_rows(m_i, l_i, acc, partials, positions, heads, valid, split, has_work, offs_d, mask_d):
+    """Each valid M row's normalised partial output and its log-sum-exp (-inf, no output, when the split
+    had no keys) at (positions[m], heads[m], split)."""
+    mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh = partials
+    work = (positions * 0 + has_work.to(tl.int32)) > 0  # [M], all equal: a tensor so masks broadcast
+    l_safe = tl.where(work, l_i, 1.0)
+    rows = positions.to(tl.int64)
+    out_ptrs = mid_out_ptr + rows[:, None] * stride_mb + heads[:, None] * stride_mh + split * stride_ms
+    tl.store(out_ptrs + offs_d[None, :], acc / l_safe[:, None], mask=(valid & work)[:, None] & mask_d[None, :])
+    lse = tl.where(work, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # log2 -> ln
+    tl.store(mid_lse_ptr + rows * stride_lb + heads * stride_lh + split, lse, mask=valid)
+
+
+@triton.jit
+def _load_q(q_ptr, positions, heads, valid, stride_qb, stride_qh, offs_d, mask_d, k_cache_ptr, scale):
+    """The M rows' queries, and the score scale to use with them (an FP8 cache dots in fp16, as decode.py)."""
+    q_ptrs = q_ptr + positions.to(tl.int64)[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=valid[:, None] & mask_d[None, :], other=0.0)
+    qk_scale = scale
+    if k_cache_ptr.dtype.element_ty.is_fp8() and q_ptr.dtype.element_ty != tl.float32:
+        q = (q.to(tl.float32) * scale).to(tl.float16)
+        qk_scale = 1.0
+    return q, qk_scale
+
+
+@triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
+def _prefix_kernel(
+    q_ptr,  # [B, H, D] (rotated)
+    k_cache_ptr,  # [S, KVH, D]
+    v_cache_ptr,
+    req_to_token_ptr,  # [R, L] int32
+    req_rows_ptr,  # [B]
+    table_ptr,  # [B, 1 + G_MAX]
+    mid_out_ptr,  # [B, H, splits, D] fp32
+    mid_lse_ptr,  # [B, H, splits] fp32
+    scale,
+    num_prefix_splits,
+    split_offset,  # the first prefix split's index in the scratch (the suffix's split count)
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_rt,
+    stride_gb,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,  # query heads per KV head
+    G_MAX: tl.constexpr,  # rows per group at most
+    M_PAD: tl.constexpr,  # G_MAX * GROUP rounded up to a power of two, >= 16 (the M side of tl.dot)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr = 0.0,
+):
+    leader = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if tl.load(table_ptr + leader * stride_gb + 1) >= 0:  # row `leader` leads a group
+        prefix_len = tl.load(table_ptr + leader * stride_gb).to(tl.int32)
+        split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, prefix_len)
+        # M row m = (member m // GROUP, query head m % GROUP of this KV head)
+        offs_m = tl.arange(0, M_PAD)
+        member = offs_m // GROUP
+        heads = kv_head * GROUP + offs_m % GROUP
+        positions = tl.load(table_ptr + leader * stride_gb + 1 + member, mask=member < G_MAX, other=-1)
+        valid = positions >= 0
+        positions = tl.where(valid, positions, 0)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < HEAD_DIM
+        q, qk_scale = _load_q(q_ptr, positions, heads, valid, stride_qb, stride_qh, offs_d, mask_d, k_cache_ptr, scale)
+        head_kv = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head, offs_d, mask_d)
+        row = tl.load(req_rows_ptr + leader).to(tl.int64)  # the prefix's slots, read through the leader's row
+        m_i, l_i, acc = _attend_split(
+            q, qk_scale, req_to_token_ptr + row * stride_rt, start, end, head_kv, DOT_PRECISION, SOFTCAP,
+            M_PAD, BLOCK_D, BLOCK_N,
+        )  # fmt: skip
+        partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
+        _store_rows(m_i, l_i, acc, partials, positions, heads, valid, split_offset + split, start < end, offs_d, mask_d)
+
+
+@triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
+def _suffix_kernel(
+    q_ptr,  # [B, H, D] (rotated)
+    k_cache_ptr,
+    v_cache_ptr,
+    req_to_token_ptr,
+    req_rows_ptr,
+    kv_lens_ptr,  # [B]
+    table_ptr,  # [B, 1 + G_MAX]
+    mid_out_ptr,
+    mid_lse_ptr,
+    scale,
+    num_splits,
+    num_prefix_splits,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_rt,
+    stride_gb,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,  # >= 16 (the M side of tl.dot)
+    PREFIX_SPLITS_PAD: tl.constexpr,  # num_prefix_splits rounded up to a power of two
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr = 0.0,
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
+    prefix_len = tl.load(table_ptr + req * stride_gb).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(kv_len - prefix_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = tl.maximum(split_len, BLOCK_N)  # an empty suffix: every split empty, no zero-step range
+    start = prefix_len + split * split_len
+    end = tl.minimum(start + split_len, kv_len)
+    offs_g = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + offs_g
+    valid = offs_g < GROUP
+    positions = offs_g * 0 + req
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q, qk_scale = _load_q(q_ptr, positions, heads, valid, stride_qb, stride_qh, offs_d, mask_d, k_cache_ptr, scale)
+    head_kv = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head, offs_d, mask_d)
+    row = tl.load(req_rows_ptr + req).to(tl.int64)
+    m_i, l_i, acc = _attend_split(
+        q, qk_scale, req_to_token_ptr + row * stride_rt, start, end, head_kv, DOT_PRECISION, SOFTCAP,
+        GROUP_PAD, BLOCK_D, BLOCK_N,
+    )  # fmt: skip
+    partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
+    _store_rows(m_i, l_i, acc, partials, positions, heads, valid, split, start < end, offs_d, mask_d)
+    if split == 0:
+        if prefix_len == 0:  # in no group: no prefix program writes this row's prefix splits
+            offs_p = tl.arange(0, PREFIX_SPLITS_PAD)
+            lse_ptrs = mid_lse_ptr + req * stride_lb + heads[:, None] * stride_lh + num_splits + offs_p[None, :]
+            empty = tl.full([GROUP_PAD, PREFIX_SPLITS_PAD], float("-inf"), tl.float32)
+            tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
+
+
+def shared_prefix_decode_attention(
+    q: torch.Tensor,  # [B, H, D], rotated
+    k_cache: torch.Tensor,  # [S, KVH, D]
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,  # [R, L] int32
+    req_rows: torch.Tensor,  # [B]
+    kv_lens: torch.Tensor,  # [B]
+    table: torch.Tensor,  # [B, 1 + G_MAX] int64 or int32: see the module docstring
+    scale: float,
+    num_splits: int,  # of each row's suffix
+    num_prefix_splits: int,  # of each group's prefix
+    out: torch.Tensor | None = None,  # [B, H, D]
+    mid_out: torch.Tensor | None = None,  # [>=B, H, >= num_splits + num_prefix_splits, D] fp32 scratch
+    mid_lse: torch.Tensor | None = None,  # [>=B, H, >= num_splits + num_prefix_splits] fp32 scratch
+    block_n: int = 64,
+    prefix_block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Decode attention of B one-token rows where groups of rows share their first prefix_lens keys: the
+    prefix is read once per group, each row's suffix once per row, and the two merged by log-sum-exp."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, group_max = k_cache.shape[1], table.shape[1] - 1
+    assert num_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
+    assert table.dtype in (torch.int32, torch.int64) and table.stride(1) == 1 and table.shape[0] == batch
+    assert num_splits >= 1 and num_prefix_splits >= 1
+    group = num_heads // num_kv_heads
+    total_splits = num_splits + num_prefix_splits
+    if out is None:
+        out = torch.empty_like(q)
+    if mid_out is None:
+        mid_out = torch.empty(batch, num_heads, total_splits, head_dim, dtype=torch.float32, device=q.device)
+    if mid_lse is None:
+        mid_lse = torch.empty(batch, num_heads, total_splits, dtype=torch.float32, device=q.device)
+    if batch == 0:
+        return out
+    block_d = triton.next_power_of_2(head_dim)
+    precision = dot_precision(q.dtype)
+    common = (*q.stride()[:2], *k_cache.stride()[:2], *v_cache.stride()[:2], req_to_token.stride(0))
+    scratch = (*mid_out.stride()[:3], *mid_lse.stride()[:2])
+    _prefix_kernel[(batch, num_kv_heads, num_prefix_splits)](
+        q, k_cache, v_cache, req_to_token, req_rows, table, mid_out, mid_lse,
+        scale, num_prefix_splits, num_splits, *common, table.stride(0), *scratch,
+        GROUP=group,
+        G_MAX=group_max,
+        M_PAD=max(16, triton.next_power_of_2(group_max * group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=prefix_block_n,
+        DOT_PRECISION=precision,
+        SOFTCAP=float(softcap or 0.0),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )  # fmt: skip
+    _suffix_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, table, mid_out, mid_lse,
+        scale, num_splits, num_prefix_splits, *common, table.stride(0), *scratch,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        PREFIX_SPLITS_PAD=triton.next_power_of_2(num_prefix_splits),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        DOT_PRECISION=precision,
+        SOFTCAP=float(softcap or 0.0),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )  # fmt: skip
+    launch_stage2(mid_out[:batch, :, :total_splits], mid_lse[:batch, :, :total_splits], out, total_splits, pdl=False)
+    return out
+
+
+def shared_prefix_decode_ref(
+    q: torch.Tensor,  # [B, H, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    kv_lens: torch.Tensor,
+    table: torch.Tensor,  # [B, 1 + G_MAX]
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """The definition: row b attends to its group's first P keys through its leader's req_to_token row, then to
+    its own keys [P, kv_len) through its own row (decode_attention_ref over a table that splices the two)."""
+    spare = req_to_token.shape[0]  # row spare + b: row b's spliced slots
+    spliced = torch.cat([req_to_token, req_to_token.new_zeros(q.shape[0], req_to_token.shape[1])])
+    own_rows = req_rows.clone()
+    prefix_lens = table[:, 0].tolist()
+    for leader, row_members in enumerate(table[:, 1:].tolist()):
+        for position in (p for p in row_members if p >= 0):
+            prefix = prefix_lens[position]
+            spliced[spare + position] = req_to_token[int(req_rows[position])]
+            spliced[spare + position, :prefix] = req_to_token[int(req_rows[leader]), :prefix]
+            own_rows[position] = spare + position
+    return decode_attention_ref(q, k_cache, v_cache, spliced, own_rows, kv_lens, scale, softcap=softcap)

@@ -11,15 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.modeling.qwen2_5_vl_helpers import (
-    ENGINE_VOCAB,
-    TALL,
-    WIDE,
-    engine_expected,
-    engine_request,
-    image_processor,
-    tiny_qwen2_5_vl,
-)
+from tests.modeling.qwen2_5_vl_helpers import ENGINE_VOCAB, check_two_images_beside_text, saved_qwen2_5_vl
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.model_loading import load_runner
@@ -29,11 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    model = tiny_qwen2_5_vl(ENGINE_VOCAB)
     folder = tmp_path_factory.mktemp("qwen2_5_vl-gpu")
-    model.save_pretrained(folder)
-    image_processor().save_pretrained(folder)
-    return model, str(folder)
+    return saved_qwen2_5_vl(folder, ENGINE_VOCAB), str(folder)
 
 
 def drain(engine: EngineCore, requests) -> dict[str, list[int]]:
@@ -69,9 +58,5 @@ def test_greedy_ids_on_the_device_equal_transformers(checkpoint, prefill, overla
 
     graphs.replay = counted  # type: ignore[method-assign]
     engine = EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder)
-    both, ids = engine_request("both", [WIDE, TALL])
-    text, text_ids = engine_request("text", [])
-    out = drain(engine, [both, text])
-    assert out["both"] == engine_expected(model, ids, [WIDE, TALL])
-    assert out["text"] == engine_expected(model, text_ids, [])
+    check_two_images_beside_text(model, lambda requests: drain(engine, requests))
     assert any(replayed)  # decodes of the image request, position + rope delta, through the graphs

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from tests.modeling.helpers import max_rel_error
-from tests.modeling.qwen2_5_vl_helpers import image_processor, reference_logits, tiny_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import reference_logits, saved_qwen2_5_vl
 from tests.modeling.test_qwen2_5_vl import VOCAB, grids, processed, prompt, run, text
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 from tgi_compat.router.mrope import prompt_mrope
@@ -22,9 +22,7 @@ def test_mrope_on_the_triton_kernels_equals_transformers(tmp_path, monkeypatch):
     triton_ops = sys.modules["tgi_compat.modeling.layers.triton_ops"]  # the interpreted module tests/kernels loaded
     monkeypatch.setattr(tgi_compat.modeling.runner, "select_ops", lambda device: triton_ops.TRITON_OPS)
     monkeypatch.setattr(triton_ops, "gemv_config_for", lambda *args: None)  # the GEMVs stay on the GPU
-    model = tiny_qwen2_5_vl(VOCAB)
-    model.save_pretrained(tmp_path)
-    image_processor().save_pretrained(tmp_path)
+    model = saved_qwen2_5_vl(tmp_path, VOCAB)
     config = RunnerConfig(
         model_id=str(tmp_path), device="cpu", dtype="float32", attention_backend="triton", num_kv_slots=256,
         max_rows=4, show_progress=False,

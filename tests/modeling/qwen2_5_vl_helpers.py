@@ -60,6 +60,14 @@ def image_processor():
     return Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH, merge_size=MERGE)
 
 
+def saved_qwen2_5_vl(folder, vocab: int, **text_overrides):
+    """A tiny_qwen2_5_vl written with its image processor into `folder` as a checkpoint our loader reads; the model."""
+    model = tiny_qwen2_5_vl(vocab, **text_overrides)
+    model.save_pretrained(folder)
+    image_processor().save_pretrained(folder)
+    return model
+
+
 def picture(color: tuple[int, int, int], size: tuple[int, int]) -> Image.Image:
     image = Image.new("RGB", size, color)
     for x in range(0, size[0], 5):  # a pattern, so that patches differ
@@ -133,3 +141,13 @@ def engine_expected(model, ids: list[int], images: list[bytes]) -> list[int]:
         return reference_greedy(model, ids, None, ENGINE_NEW)
     pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
     return reference_greedy(model, ids, image_processor()(images=pictures, return_tensors="pt"), ENGINE_NEW)
+
+
+def check_two_images_beside_text(model, drain) -> None:
+    """A request with WIDE then TALL and a text-only one served in the same steps (`drain(requests)` -> ids by
+    request id) each give transformers' greedy ids: the engine test's check on the CPU and on the device."""
+    both, ids = engine_request("both", [WIDE, TALL])
+    text, text_ids = engine_request("text", [])
+    out = drain([both, text])
+    assert out["both"] == engine_expected(model, ids, [WIDE, TALL])
+    assert out["text"] == engine_expected(model, text_ids, [])

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
-import sys
 
 import httpx
 import pytest
@@ -17,6 +15,7 @@ from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImagePr
 
 from tests.modeling.helpers import image_greedy
 from tests.modeling.test_gemma3_multimodal import tiny_multimodal
+from tests.modeling.vision_server import greedy_until_eos, serving, streamed_ids
 
 NEW = 10
 IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]  # ids vocab-3, -2, -1 (tiny_multimodal)
@@ -39,36 +38,19 @@ RGBA = data_url("RGBA", "PNG", (0, 0, 0, 0))  # TGI's test: an empty transparent
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from benchmarks.server_process import running_server
-    from benchmarks.tokenizer import default_model_id, load_tokenizer
-    from tests.benchmarks.conftest import free_port
-
     folder = tmp_path_factory.mktemp("gemma3-vision-server")
-    tokenizer = load_tokenizer(default_model_id())
-    tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
-    tokenizer.save_pretrained(folder)
-    model = tiny_multimodal(len(tokenizer), eos_token_id=tokenizer.eos_token_id)
-    assert tokenizer.convert_tokens_to_ids(IMAGE_TOKENS[2]) == model.config.image_token_id
-    model.save_pretrained(folder)
     processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
-    processor.save_pretrained(folder)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    # the worktree's package (python -m from the repo root), not an installed one
-    launcher = f"{sys.executable} -m tgi_compat.launcher --enable-prefill-logprobs"
-    command = f"{launcher} --model-id {folder} --port {port} --hostname 127.0.0.1"
-    with running_server(command, url, 300.0, folder / "server.log"):
-        yield url, model, tokenizer, processor
+    with serving(folder, IMAGE_TOKENS, IMAGE_TOKENS[2], tiny_multimodal, processor, "--enable-prefill-logprobs") as s:
+        yield s
 
 
 def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
     """(prompt ids, transformers' greedy ids) for `text` with its images already expanded to IMAGE_TEXT."""
-    _, model, tokenizer, processor = served
-    ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-    out = image_greedy(model, ids, processor(images=pictures, return_tensors="pt")["pixel_values"], NEW)
-    eos = tokenizer.eos_token_id
-    return ids, out[: out.index(eos) + 1] if eos in out else out
+
+    def reference(model, ids: list[int], processed) -> list[int]:
+        return image_greedy(model, ids, processed["pixel_values"], NEW)
+
+    return greedy_until_eos(served, text, images, reference, add_special_tokens)
 
 
 def test_generate_with_images_equals_transformers(served):
@@ -85,12 +67,7 @@ def test_generate_stream_with_a_jpeg(served):
     url = served[0]
     _, expected = greedy(served, f"Describe{IMAGE_TEXT}", [JPEG[1]])
     body = {"inputs": f"Describe![]({JPEG[0]})", "parameters": {"max_new_tokens": NEW}}
-    ids = []
-    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=120) as response:
-        for line in response.iter_lines():
-            if line.startswith("data:"):
-                ids.append(json.loads(line[5:])["token"]["id"])
-    assert ids == expected
+    assert streamed_ids(url, body) == expected
 
 
 def test_chat_image_url_rgba_counts_tgi_prompt_tokens(served):

@@ -14,7 +14,7 @@ from tests.modeling.qwen2_5_vl_helpers import (
     picture,
     reference_greedy,
     reference_logits,
-    tiny_qwen2_5_vl,
+    saved_qwen2_5_vl,
 )
 from tgi_compat.modeling.forward_batch import ImageEmbeds, build_forward_batch
 from tgi_compat.modeling.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
@@ -28,10 +28,8 @@ SIZES = [(84, 56), (50, 90)]  # (width, height): 3x2 and 2x3 placeholders (dynam
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    model = tiny_qwen2_5_vl(VOCAB)
     folder = tmp_path_factory.mktemp("qwen2_5_vl")
-    model.save_pretrained(folder)
-    image_processor().save_pretrained(folder)
+    model = saved_qwen2_5_vl(folder, VOCAB)
     runner = runner_for_folder(str(folder))
     assert isinstance(runner.model, Qwen2_5_VLForConditionalGeneration)
     return model, runner

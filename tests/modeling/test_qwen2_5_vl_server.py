@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import base64
 import io
-import json
-import sys
 
 import httpx
 import pytest
-from PIL import Image
 
 from tests.modeling.qwen2_5_vl_helpers import image_processor, picture, reference_greedy, tiny_qwen2_5_vl
+from tests.modeling.vision_server import greedy_until_eos, serving, streamed_ids
 
 NEW = 8
 IMAGE_TOKENS = ["<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]  # ids vocab-4 .. vocab-1
@@ -41,35 +39,19 @@ def image_text(size: tuple[int, int]) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from benchmarks.server_process import running_server
-    from benchmarks.tokenizer import default_model_id, load_tokenizer
-    from tests.benchmarks.conftest import free_port
-
     folder = tmp_path_factory.mktemp("qwen2_5_vl-server")
-    tokenizer = load_tokenizer(default_model_id())
-    tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
-    tokenizer.save_pretrained(folder)
-    model = tiny_qwen2_5_vl(len(tokenizer), eos_token_id=tokenizer.eos_token_id)
-    assert tokenizer.convert_tokens_to_ids(IMAGE_TOKENS[3]) == model.config.image_token_id
-    model.save_pretrained(folder)
-    processor = image_processor()
-    processor.save_pretrained(folder)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    launcher = f"{sys.executable} -m tgi_compat.launcher --enable-prefill-logprobs --enable-prompt-tokens-details"
-    command = f"{launcher} --model-id {folder} --port {port} --hostname 127.0.0.1"
-    with running_server(command, url, 300.0, folder / "server.log"):
-        yield url, model, tokenizer, processor
+    flags = "--enable-prefill-logprobs --enable-prompt-tokens-details"
+    with serving(folder, IMAGE_TOKENS, IMAGE_TOKENS[3], tiny_qwen2_5_vl, image_processor(), flags) as s:
+        yield s
 
 
 def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
     """(prompt ids, transformers' greedy ids) for `text` with its images already expanded."""
-    _, model, tokenizer, processor = served
-    ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-    out = reference_greedy(model, ids, processor(images=pictures, return_tensors="pt"), NEW)
-    eos = tokenizer.eos_token_id
-    return ids, out[: out.index(eos) + 1] if eos in out else out
+
+    def reference(model, ids: list[int], processed) -> list[int]:
+        return reference_greedy(model, ids, processed, NEW)
+
+    return greedy_until_eos(served, text, images, reference, add_special_tokens)
 
 
 def test_generate_with_two_images_equals_transformers(served):
@@ -87,12 +69,7 @@ def test_generate_stream(served):
     url = served[0]
     _, expected = greedy(served, f"Describe{image_text(TALL[2])}", [TALL[1]])
     body = {"inputs": f"Describe![]({TALL[0]})", "parameters": {"max_new_tokens": NEW}}
-    ids = []
-    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=120) as response:
-        for line in response.iter_lines():
-            if line.startswith("data:"):
-                ids.append(json.loads(line[5:])["token"]["id"])
-    assert ids == expected
+    assert streamed_ids(url, body) == expected
 
 
 def chat(url: str, image: str, text: str = "Describe the image") -> dict:

@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.modeling.helpers import max_rel_error
-from tests.modeling.qwen2_5_vl_helpers import image_processor, tiny_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import saved_qwen2_5_vl
 from tests.modeling.test_qwen2_5_vl import VOCAB, grids, processed, prompt, run, text
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
 from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
@@ -81,8 +81,7 @@ def test_sharded_logits_with_images_equal_one_rank(tmp_path):
     from tests.modeling.test_gemma3_vision import VOCAB as GEMMA_VOCAB
 
     folders = {"qwen2_5_vl": str(tmp_path / "qwen2_5_vl"), "gemma3": str(tmp_path / "gemma3")}
-    tiny_qwen2_5_vl(VOCAB).save_pretrained(folders["qwen2_5_vl"])
-    image_processor().save_pretrained(folders["qwen2_5_vl"])
+    saved_qwen2_5_vl(folders["qwen2_5_vl"], VOCAB)
     tiny_multimodal(GEMMA_VOCAB).save_pretrained(folders["gemma3"])
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -12,10 +12,10 @@ from tests.modeling.qwen2_5_vl_helpers import (
     ENGINE_VOCAB,
     TALL,
     WIDE,
+    check_two_images_beside_text,
     engine_expected,
     engine_request,
-    image_processor,
-    tiny_qwen2_5_vl,
+    saved_qwen2_5_vl,
 )
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
@@ -23,11 +23,8 @@ from tgi_compat.router.engine import EngineCore
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    model = tiny_qwen2_5_vl(ENGINE_VOCAB)
     folder = tmp_path_factory.mktemp("qwen2_5_vl-engine")
-    model.save_pretrained(folder)
-    image_processor().save_pretrained(folder)
-    return model, str(folder)
+    return saved_qwen2_5_vl(folder, ENGINE_VOCAB), str(folder)
 
 
 def make_engine(folder: str, **limits) -> EngineCore:
@@ -44,11 +41,11 @@ def token_ids(events) -> list[int]:
 def test_greedy_ids_equal_transformers_with_two_images(checkpoint, prefill, overlap):
     model, folder = checkpoint
     engine = make_engine(folder, max_batch_prefill_tokens=prefill, overlap_scheduling=overlap)
-    both, ids = engine_request("both", [WIDE, TALL])
-    text, text_ids = engine_request("text", [])
-    events = drain_events(engine, [both, text])
-    assert token_ids(events["both"]) == engine_expected(model, ids, [WIDE, TALL])
-    assert token_ids(events["text"]) == engine_expected(model, text_ids, [])
+
+    def drain(requests) -> dict[str, list[int]]:
+        return {request_id: token_ids(events) for request_id, events in drain_events(engine, requests).items()}
+
+    check_two_images_beside_text(model, drain)
 
 
 def test_the_same_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):

@@ -8,7 +8,6 @@ scheduling and sampling in tgi_compat/router/.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from tgi_compat.modeling.cuda_graphs import (
     resolve_batch_sizes,
     verify_batch_sizes,
 )
+from tgi_compat.modeling.dtypes import default_device, default_dtype, resolve_dtype, resolve_kv_dtype
 from tgi_compat.modeling.forward_batch import PREFIX_GROUP_MAX, ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import select_ops
 from tgi_compat.modeling.layers.quantization import build_with
@@ -51,13 +51,6 @@ logger = logging.getLogger(__name__)
 CPU_DEFAULT_KV_SLOTS = 16384
 # Left free on the GPU for activations and logits when sizing the KV cache from free memory.
 ACTIVATION_RESERVE_BYTES = 1 << 30  # allocator slack, CUDA graph pools, cuBLAS workspaces
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_KV_CACHE_DTYPES = {
-    "fp8": torch.float8_e4m3fn,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e4m3fn": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
 
 
 @dataclass(slots=True)
@@ -108,8 +101,8 @@ class ModelRunner:
         self.cfg = cfg
         self.tp = tp
         self.source: ModelSource | None = None
-        self.device = tp.device if tp.is_sharded else torch.device(cfg.device or _default_device())
-        self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        self.device = tp.device if tp.is_sharded else torch.device(cfg.device or default_device())
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
         if model_config is None:
             self.source = resolve_model_source(cfg.model_id, cfg.revision)
             model_config = load_model_config(self.source, cfg.load_format)
@@ -128,7 +121,7 @@ class ModelRunner:
         self.modeling_path = modeling_path(model_config.architecture)
         self.is_pooling = is_pooling_model(model_config.architecture)
         self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
-        self.kv_dtype = _resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
+        self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
         self.lora = self._enable_lora() if cfg.max_loras else None
         self.image_encoder = self._image_encoder()  # None: a text model
@@ -275,7 +268,7 @@ class ModelRunner:
             if not getattr(model_cls, "supports_tensor_parallel", False):
                 raise ValueError(f"{model_cls.__name__} does not support tensor parallelism (--num-shard > 1)")
             sharding = {"tp": self.tp}
-        with torch.device(self.device), _default_dtype(self.dtype), build_with(quantization):
+        with torch.device(self.device), default_dtype(self.dtype), build_with(quantization):
             model = model_cls(self.model_config, select_ops(self.device), **sharding)
         model.load_weights(weights)
         if self.is_pooling and self.source is not None:  # a sentence-transformers folder names its pooling
@@ -300,7 +293,7 @@ class ModelRunner:
     def _enable_lora(self) -> LoraManager:
         from tgi_compat.modeling.lora.manager import LoraManager  # imports the kernels: see _build_model
 
-        with torch.device(self.device), _default_dtype(self.dtype):
+        with torch.device(self.device), default_dtype(self.dtype):
             return LoraManager(self.model, self.cfg.max_loras, self.cfg.max_lora_rank)
 
     def _attention_params(self) -> list[AttentionParams]:
@@ -384,35 +377,3 @@ def write_new_slots(req_to_token: torch.Tensor, batch: ForwardBatch) -> None:
     else:
         token_rows = torch.repeat_interleave(batch.req_rows, batch.q_lens, output_size=batch.num_tokens)
     req_to_token[token_rows, batch.positions] = batch.out_slots.to(torch.int32)
-
-
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    if name is None or name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"unsupported dtype {name!r} (choose float32, float16 or bfloat16)")
-    return _DTYPES[name]
-
-
-def _resolve_kv_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
-    if name is None or name == "auto":
-        return model_dtype
-    if name not in _KV_CACHE_DTYPES:
-        raise ValueError(f"unsupported kv_cache_dtype {name!r} (choose auto, {', '.join(_KV_CACHE_DTYPES)})")
-    return _KV_CACHE_DTYPES[name]
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)

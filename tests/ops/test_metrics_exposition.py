@@ -7,7 +7,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tgi_compat.api.observability.durations import RequestDurations
-from tgi_compat.api.observability.metrics import DURATION_BUCKETS, ServerMetrics
+from tgi_compat.api.observability.metrics import ServerMetrics
+from tgi_compat.api.observability.metrics_tgi import DURATION_BUCKETS
 from tgi_compat.api.observability.metrics_vllm import one_two_five_buckets
 from tgi_compat.api.observability.prometheus_text import format_value
 from tgi_compat.router.stats import STATS_DECODER, STATS_ENCODER, EngineStats, StepStats

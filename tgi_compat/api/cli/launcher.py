@@ -8,89 +8,37 @@ Boolean options are value-less presence flags, except `--sharded true|false`.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from tgi_compat.api.cli.flags import Flag, bool_env, choice, cuda_graph_sizes, int_list, is_ip, true_false
 from tgi_compat.api.config import ServerConfig, default_model_id
 
 logger = logging.getLogger("tgi_compat.launcher")
 
-_FALSEY = {"n", "no", "f", "false", "off", "0", ""}
-
-
-def _bool_env(value: str) -> bool:
-    # clap's FalseyValueParser: a handful of spellings mean false, anything else true.
-    return value.strip().lower() not in _FALSEY
-
-
-def _true_false(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"invalid value '{value}' (possible values: true, false)")
-    return lowered == "true"
-
-
-def _cuda_graphs(value: str) -> list[int]:
-    sizes = [int(part) for part in value.split(",") if part.strip()]
-    return [] if sizes == [0] else sizes
-
-
-def _int_list(value: str) -> list[int]:
-    return [int(part) for part in value.split(",") if part.strip()]
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        if value not in choices:
-            raise argparse.ArgumentTypeError(f"invalid value '{value}' (possible values: {', '.join(choices)})")
-        return value
-
-    return parse
-
-
-@dataclass(frozen=True)
-class Flag:
-    name: str  # long flag without dashes, e.g. "max-total-tokens"
-    help: str
-    type: Callable[[str], Any] | None = None  # None: value-less presence flag
-    default: Any = None
-    short: str | None = None
-    repeatable: bool = False
-
-    @property
-    def dest(self) -> str:
-        return self.name.replace("-", "_")
-
-    @property
-    def env(self) -> str:
-        return self.dest.upper()
-
-
-_QUANTIZE = _choice(
+_QUANTIZE = choice(
     "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin",
     "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8",
 )  # fmt: skip
 # TGI's --quantize values this server has no kernels for: refused at startup, never ignored.
 UNBUILT_QUANTIZE = ("exl2", "marlin", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4")
 # vLLM / AIAK --quantization values -> our scheme names (tgi_compat.modeling.layers.quantization.select)
-_QUANTIZATION = _choice("awq", "gptq", "fp8", "compressed-tensors", "weight_only_int8", "smooth_quant")
+_QUANTIZATION = choice("awq", "gptq", "fp8", "compressed-tensors", "weight_only_int8", "smooth_quant")
 
 FLAGS: tuple[Flag, ...] = (
     Flag("model-id", "Model to serve: a local folder, a .gguf file or a Hub id. Default: the embedded SmolLM2-135M-Instruct GGUF.", str, None),
     Flag("revision", "Hub revision (branch, tag or commit) of the model.", str),
     Flag("validation-workers", "Threads that tokenize and validate requests.", int, 2),
-    Flag("sharded", "Whether to shard the model across GPUs (true|false). true without --num-shard: every visible GPU.", _true_false),
+    Flag("sharded", "Whether to shard the model across GPUs (true|false). true without --num-shard: every visible GPU.", true_false),
     Flag("num-shard", "Number of shards (GPUs) for tensor parallelism. Default: the devices in CUDA_VISIBLE_DEVICES (else NVIDIA_VISIBLE_DEVICES), 1 on CPU.", int),
     Flag("quantize", "Weight quantization. fp8 (FP8 weights and activations) and eetq (int8 weights) quantize the checkpoint while loading; awq, gptq, compressed-tensors and fp8 also name a pre-quantized checkpoint's scheme, which is detected from its config.json anyway. exl2, marlin and bitsandbytes* are refused.", _QUANTIZE),
     Flag("speculate", "Number of speculative tokens: n-gram drafts verified per step (0: off; no Medusa heads yet).", int),
-    Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", _choice("float16", "bfloat16", "float32")),
-    Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2 store K and V in one byte (twice the tokens; unit scale); vLLM's fp8, fp8_e4m3 and auto are accepted too.", _choice("fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3", "auto")),
-    Flag("load-format", "vLLM's --load-format: auto reads the checkpoint; dummy serves random weights of the checkpoint's names and shapes, made on the GPU (the model folder needs only config.json and a tokenizer): for benchmarks.", _choice("auto", "dummy"), "auto"),
+    Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", choice("float16", "bfloat16", "float32")),
+    Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2 store K and V in one byte (twice the tokens; unit scale); vLLM's fp8, fp8_e4m3 and auto are accepted too.", choice("fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3", "auto")),
+    Flag("load-format", "vLLM's --load-format: auto reads the checkpoint; dummy serves random weights of the checkpoint's names and shapes, made on the GPU (the model folder needs only config.json and a tokenizer): for benchmarks.", choice("auto", "dummy"), "auto"),
     Flag("trust-remote-code", "Accepted as TGI takes it; no repository code runs: models and tokenizers load through transformers' own classes."),
     Flag("max-concurrent-requests", "Requests handled at once; more fail fast with 429 `Model is overloaded`.", int, 128),
     Flag("max-best-of", "Largest allowed `best_of`.", int, 2),
@@ -104,7 +52,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-batch-total-tokens", "KV cache capacity in tokens. Default: inferred from free memory.", int),
     Flag("max-waiting-tokens", "Decode steps after which waiting requests are considered.", int, 20),
     Flag("max-batch-size", "Largest number of running requests.", int),
-    Flag("cuda-graphs", "Decode batch sizes to capture as CUDA graphs (comma list; 0 disables). Default: 1,2,4,8,16,32,48,64,96,128,160,192,224,256 up to --max-batch-size.", _cuda_graphs),
+    Flag("cuda-graphs", "Decode batch sizes to capture as CUDA graphs (comma list; 0 disables). Default: 1,2,4,8,16,32,48,64,96,128,160,192,224,256 up to --max-batch-size.", cuda_graph_sizes),
     Flag("hostname", "IP address to listen on (a non-IP value falls back to 0.0.0.0).", str, "0.0.0.0"),
     Flag("port", "HTTP port.", int, 3000, short="p"),
     Flag("prometheus-port", "Port of the Prometheus-only listener.", int, 9000),
@@ -115,7 +63,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("weights-cache-override", "Folder holding the weights, bypassing the Hub cache.", str),
     Flag("disable-custom-kernels", "Use reference PyTorch ops instead of Triton kernels."),
     Flag("cuda-memory-fraction", "Fraction of device memory the server may use.", float, 1.0),
-    Flag("rope-scaling", "RoPE scaling type: linear or dynamic.", _choice("linear", "dynamic")),
+    Flag("rope-scaling", "RoPE scaling type: linear or dynamic.", choice("linear", "dynamic")),
     Flag("rope-factor", "RoPE scaling factor.", float),
     Flag("json-output", "Log as JSON lines."),
     Flag("otlp-endpoint", "OpenTelemetry collector endpoint.", str),
@@ -144,18 +92,18 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-loras", "Most LoRA adapters in one batch (device slots). Default: the startup adapters, at least 1.", int),
     Flag("max-cpu-loras", "Most LoRA adapters loaded at once (host memory). Default: max(--max-loras, 8).", int),
     Flag("max-lora-rank", "Largest LoRA rank served. Default: 16 (64 with --lora-adapters).", int),
-    Flag("usage-stats", "Usage statistics: on, off or no-stack (none are ever sent).", _choice("on", "off", "no-stack"), "on"),
+    Flag("usage-stats", "Usage statistics: on, off or no-stack (none are ever sent).", choice("on", "off", "no-stack"), "on"),
     Flag("payload-limit", "Largest request body in bytes.", int, 2_000_000),
     Flag("max-image-fetch-size", "Largest image fetched from a prompt's http(s) URL, in bytes.", int, 1024**3),
     Flag("allow-private-image-urls", "Fetch prompt images from private, loopback and link-local addresses too."),
     Flag("enable-prefill-logprobs", "Return prompt logprobs in `details.prefill` (decoder_input_details)."),
-    Flag("prefix-caching", "Reuse the KV cache of prompt prefixes seen before (TGI's PREFIX_CACHING=0|1).", _bool_env, True),
+    Flag("prefix-caching", "Reuse the KV cache of prompt prefixes seen before (TGI's PREFIX_CACHING=0|1).", bool_env, True),
     Flag("graceful-termination-timeout", "Seconds to finish running requests on shutdown.", int, 90),
     # LightLLM's options (python -m tgi_compat.api.cli.api_server spells them the LightLLM way)
-    Flag("long-truncation-mode", "LightLLM: default `long_truncation_mode` of requests: head or center cut over-long prompts instead of refusing them.", _choice("head", "center")),
+    Flag("long-truncation-mode", "LightLLM: default `long_truncation_mode` of requests: head or center cut over-long prompts instead of refusing them.", choice("head", "center")),
     Flag("token-healing", "LightLLM: default `token_healing` of requests (regenerate the prompt's last two tokens)."),
     Flag("return-all-prompt-logprobs", "LightLLM: default `return_all_prompt_logprobs` of requests (every prompt token's logprob in details.prefill)."),
-    Flag("eos-token-ids", "LightLLM --eos_id: token ids that end generation besides the model's EOS (comma list).", _int_list),
+    Flag("eos-token-ids", "LightLLM --eos_id: token ids that end generation besides the model's EOS (comma list).", int_list),
     Flag("router-token-ratio", "LightLLM: below this fraction of the KV cache in use, admit requests optimistically.", float, 0.0),
     Flag("router-max-new-token-len", "LightLLM: output length the optimistic admission estimate assumes.", int, 1024),
     Flag("health-monitor", "LightLLM --health_monitor: restart a dead or hung engine (in-flight requests fail with TGI's error) instead of stopping the server."),
@@ -206,7 +154,7 @@ def _value_from_env(flag: Flag, parser: argparse.ArgumentParser) -> Any:
     if raw is None:
         return None
     if flag.type is None:
-        return _bool_env(raw)
+        return bool_env(raw)
     try:
         if flag.repeatable:
             return [flag.type(part) for part in raw.split(",") if part]
@@ -226,19 +174,11 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
             value = _value_from_env(flag, parser)
         if value is not None:
             values[flag.dest] = value
-    if values["hostname"] and not _is_ip(values["hostname"]):
+    if values["hostname"] and not is_ip(values["hostname"]):
         # Docker sets HOSTNAME to the container id; TGI warns and listens everywhere.
         logger.warning("Invalid hostname %r, defaulting to 0.0.0.0", values["hostname"])
         values["hostname"] = "0.0.0.0"
     return values
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
 
 
 class LauncherError(ValueError):

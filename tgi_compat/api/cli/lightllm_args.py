@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgi_compat.api.cli import launcher
+from tgi_compat.api.cli.flags import Flag, bool_env, is_ip
 from tgi_compat.api.config import ServerConfig
 
 # --mode values: LightLLM's kernel choices. The Triton attention ones are what our triton backend does.
@@ -196,16 +197,16 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         value = namespace.get(f"tgi_{tgi_flag.dest}")
         if value is None and (raw := environ.get(tgi_flag.env)) is not None:
             value = _env_value(tgi_flag, raw, parser)
-            if tgi_flag.dest == "hostname" and not launcher._is_ip(value):
+            if tgi_flag.dest == "hostname" and not is_ip(value):
                 value = None  # Docker sets HOSTNAME to the container id: not a listen address
         if value is not None:
             tgi_given[tgi_flag.dest] = value
     return ParsedArgs(light, given, tgi_given)
 
 
-def _env_value(flag: launcher.Flag, raw: str, parser: argparse.ArgumentParser) -> Any:
+def _env_value(flag: Flag, raw: str, parser: argparse.ArgumentParser) -> Any:
     if flag.type is None:
-        return launcher._bool_env(raw)
+        return bool_env(raw)
     try:
         return [flag.type(p) for p in raw.split(",") if p] if flag.repeatable else flag.type(raw)
     except (ValueError, argparse.ArgumentTypeError) as error:
@@ -337,7 +338,7 @@ def parse_config(
     parsed = parse(argv, environ)
     values = merge(parsed)
     print_env = values["env"]
-    if values["hostname"] and not launcher._is_ip(values["hostname"]):
+    if values["hostname"] and not is_ip(values["hostname"]):
         values["hostname"] = "0.0.0.0"
     try:
         config = launcher.config_from_args(values)

@@ -62,6 +62,38 @@ def _load_q(q_ptr, positions, heads, valid, stride_qb, stride_qh, offs_d, mask_d
     return q, qk_scale
 
 
+@triton.jit
+def _attend_rows(
+    queries,  # (q_ptr, stride_qb, stride_qh, scale)
+    head_cache,  # (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
+    rows,  # (positions [M], heads [M], valid [M]): the M query rows
+    keys,  # (req_to_token_ptr, stride_rt, the req_rows entry of the row whose slots to read, start, end)
+    out_split,
+    partials,
+    M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+):
+    """Both stages' body: the M query rows (positions[m], heads[m]) of one KV head attend to the keys [start, end)
+    whose slots a req_to_token row lists, and store their partial at split `out_split`."""
+    q_ptr, stride_qb, stride_qh, scale = queries
+    k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head = head_cache
+    positions, heads, valid = rows
+    req_to_token_ptr, stride_rt, req_row_ptr, start, end = keys
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q, qk_scale = _load_q(q_ptr, positions, heads, valid, stride_qb, stride_qh, offs_d, mask_d, k_cache_ptr, scale)
+    head_kv = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head, offs_d, mask_d)
+    tokens_ptr = req_to_token_ptr + tl.load(req_row_ptr).to(tl.int64) * stride_rt
+    m_i, l_i, acc = _attend_split(
+        q, qk_scale, tokens_ptr, start, end, head_kv, DOT_PRECISION, SOFTCAP, M, BLOCK_D, BLOCK_N
+    )
+    _store_rows(m_i, l_i, acc, partials, positions, heads, valid, out_split, start < end, offs_d, mask_d)
+
+
 @triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
 def _prefix_kernel(
     q_ptr,  # [B, H, D] (rotated)
@@ -112,17 +144,15 @@ def _prefix_kernel(
         positions = tl.load(table_ptr + leader * stride_gb + 1 + member, mask=member < G_MAX, other=-1)
         valid = positions >= 0
         positions = tl.where(valid, positions, 0)
-        offs_d = tl.arange(0, BLOCK_D)
-        mask_d = offs_d < HEAD_DIM
-        q, qk_scale = _load_q(q_ptr, positions, heads, valid, stride_qb, stride_qh, offs_d, mask_d, k_cache_ptr, scale)
-        head_kv = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head, offs_d, mask_d)
-        row = tl.load(req_rows_ptr + leader).to(tl.int64)  # the prefix's slots, read through the leader's row
-        m_i, l_i, acc = _attend_split(
-            q, qk_scale, req_to_token_ptr + row * stride_rt, start, end, head_kv, DOT_PRECISION, SOFTCAP,
-            M_PAD, BLOCK_D, BLOCK_N,
-        )  # fmt: skip
+        queries = (q_ptr, stride_qb, stride_qh, scale)
+        cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
+        keys = (req_to_token_ptr, stride_rt, req_rows_ptr + leader, start, end)  # the prefix: the leader's slots
         partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
-        _store_rows(m_i, l_i, acc, partials, positions, heads, valid, split_offset + split, start < end, offs_d, mask_d)
+        rows = (positions, heads, valid)
+        out_split = split_offset + split  # prefix splits follow the suffix's in the scratch
+        _attend_rows(
+            queries, cache, rows, keys, out_split, partials, M_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
+        )
 
 
 @triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
@@ -174,17 +204,14 @@ def _suffix_kernel(
     heads = kv_head * GROUP + offs_g
     valid = offs_g < GROUP
     positions = offs_g * 0 + req
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    q, qk_scale = _load_q(q_ptr, positions, heads, valid, stride_qb, stride_qh, offs_d, mask_d, k_cache_ptr, scale)
-    head_kv = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head, offs_d, mask_d)
-    row = tl.load(req_rows_ptr + req).to(tl.int64)
-    m_i, l_i, acc = _attend_split(
-        q, qk_scale, req_to_token_ptr + row * stride_rt, start, end, head_kv, DOT_PRECISION, SOFTCAP,
-        GROUP_PAD, BLOCK_D, BLOCK_N,
-    )  # fmt: skip
+    queries = (q_ptr, stride_qb, stride_qh, scale)
+    cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
+    keys = (req_to_token_ptr, stride_rt, req_rows_ptr + req, start, end)
     partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
-    _store_rows(m_i, l_i, acc, partials, positions, heads, valid, split, start < end, offs_d, mask_d)
+    rows = (positions, heads, valid)
+    _attend_rows(
+        queries, cache, rows, keys, split, partials, GROUP_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
+    )
     if split == 0:
         if prefix_len == 0:  # in no group: no prefix program writes this row's prefix splits
             offs_p = tl.arange(0, PREFIX_SPLITS_PAD)
@@ -230,8 +257,15 @@ def shared_prefix_decode_attention(
         mid_lse = torch.empty(batch, num_heads, total_splits, dtype=torch.float32, device=q.device)
     if batch == 0:
         return out
-    block_d = triton.next_power_of_2(head_dim)
-    precision = dot_precision(q.dtype)
+    # the meta-parameters both stages take alike
+    meta = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        DOT_PRECISION=dot_precision(q.dtype),
+        SOFTCAP=float(softcap or 0.0),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     common = (*q.stride()[:2], *k_cache.stride()[:2], *v_cache.stride()[:2], req_to_token.stride(0))
     scratch = (*mid_out.stride()[:3], *mid_lse.stride()[:2])
     _prefix_kernel[(batch, num_kv_heads, num_prefix_splits)](
@@ -240,13 +274,8 @@ def shared_prefix_decode_attention(
         GROUP=group,
         G_MAX=group_max,
         M_PAD=max(16, triton.next_power_of_2(group_max * group)),
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
         BLOCK_N=prefix_block_n,
-        DOT_PRECISION=precision,
-        SOFTCAP=float(softcap or 0.0),
-        num_warps=num_warps,
-        num_stages=num_stages,
+        **meta,
     )  # fmt: skip
     _suffix_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, req_to_token, req_rows, kv_lens, table, mid_out, mid_lse,
@@ -254,13 +283,8 @@ def shared_prefix_decode_attention(
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         PREFIX_SPLITS_PAD=triton.next_power_of_2(num_prefix_splits),
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
         BLOCK_N=block_n,
-        DOT_PRECISION=precision,
-        SOFTCAP=float(softcap or 0.0),
-        num_warps=num_warps,
-        num_stages=num_stages,
+        **meta,
     )  # fmt: skip
     launch_stage2(mid_out[:batch, :, :total_splits], mid_lse[:batch, :, :total_splits], out, total_splits, pdl=False)
     return out

@@ -13,6 +13,7 @@ import os
 import sys
 from unittest import mock
 
+import pytest
 import torch
 
 # Each after the modules whose jit functions it calls: a reload rebinds the names a module imported, so one
@@ -69,3 +70,30 @@ def _import_interpreted() -> None:
 
 if not torch.cuda.is_available():
     _import_interpreted()
+
+
+# A tiny Llama (GQA 8:2, head_dim 16) for the tests that run the Triton backend inside a real runner or engine.
+TINY_LLAMA = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=97,
+    max_position_embeddings=128,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_weights():
+    """TINY_LLAMA's (hf config dict, random fp32 state dict), seed 0."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = dict(TINY_LLAMA)
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    return hf_config.to_dict(), model.state_dict()

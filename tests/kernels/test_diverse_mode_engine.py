@@ -5,7 +5,6 @@ steps really ran the shared-prefix kernel over a group of the four siblings."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
@@ -14,30 +13,7 @@ from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.offline import LLM
 from tgi_compat.router.request import SamplingParams
 
-TINY_LLAMA = dict(
-    architectures=["LlamaForCausalLM"],
-    model_type="llama",
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=97,
-    max_position_embeddings=128,
-)
 PROMPT = [(5 * k) % 90 + 3 for k in range(40)]
-
-
-@pytest.fixture(scope="module")
-def tiny_weights():
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = dict(TINY_LLAMA)
-    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    return hf_config.to_dict(), model.state_dict()
 
 
 def generate(weights, diverse: bool, sampling: list[SamplingParams]) -> tuple[list[list[int]], list[int]]:

@@ -10,29 +10,6 @@ from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 MAX_LEN = 48
-TINY_LLAMA = dict(
-    architectures=["LlamaForCausalLM"],
-    model_type="llama",
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=97,
-    max_position_embeddings=128,
-)
-
-
-@pytest.fixture(scope="module")
-def tiny_weights():
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = dict(TINY_LLAMA)
-    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    return hf_config.to_dict(), model.state_dict()
 
 
 def make_runner(weights, backend: str) -> ModelRunner:

@@ -5,7 +5,7 @@ still equal the plain path's; and the verify graphs' padded static batch gives t
 from __future__ import annotations
 
 import torch
-from test_triton_backend import MAX_LEN, make_runner, tiny_weights  # noqa: F401 - (a fixture)
+from test_triton_backend import MAX_LEN, make_runner
 
 from tests.modeling.test_verify_graphs import _stand_in_capture
 from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs
@@ -16,7 +16,7 @@ from tgi_compat.router.request import GenerateRequest, SamplingParams
 from tgi_compat.router.speculative.config import SpeculativeConfig
 
 
-def test_padded_verify_inputs_through_the_triton_backend_equal_the_eager_step(tiny_weights):  # noqa: F811
+def test_padded_verify_inputs_through_the_triton_backend_equal_the_eager_step(tiny_weights):
     runner = make_runner(tiny_weights, "triton")
     prompts = [[3, 14, 15, 9, 2, 6, 5], [11, 12, 13]]
     prefill = build_forward_batch(
@@ -40,7 +40,7 @@ def test_padded_verify_inputs_through_the_triton_backend_equal_the_eager_step(ti
     torch.testing.assert_close(graphs.replay(batch), eager)
 
 
-def test_greedy_drafts_through_the_triton_backend_give_the_plain_tokens(tiny_weights):  # noqa: F811
+def test_greedy_drafts_through_the_triton_backend_give_the_plain_tokens(tiny_weights):
     runner = make_runner(tiny_weights, "triton")
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 9, 8, 9, 8], [30, 31, 32, 33, 30, 31]]
     outputs, accepted = {}, 0

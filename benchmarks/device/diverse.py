@@ -165,11 +165,11 @@ def check_same_tokens(device: str, num_prompts: int = 3, new_tokens: int = 40) -
     Every token must match, and the decode steps must have grouped the siblings."""
     import torch
 
-    from benchmarks.device.steps import build_runner, hf_model
+    from benchmarks.device.steps import build_runner, check_requests, engine_tokens, hf_model
     from benchmarks.shapes import decoder
     from tgi_compat.router import batch as step_batch
     from tgi_compat.router.engine import EngineCore
-    from tgi_compat.router.request import GenerateRequest, SamplingParams
+    from tgi_compat.router.request import SamplingParams
 
     small = decoder("LlamaForCausalLM", 256, 512, 2, 4, 2, 2000, max_position_embeddings=1024, rope_theta=10000.0)
     torch.manual_seed(0)
@@ -202,13 +202,7 @@ def check_same_tokens(device: str, num_prompts: int = 3, new_tokens: int = 40) -
                 runner,
                 runner.model_config,
             )
-            for i, (prompt, sampling, max_new) in enumerate(requests):
-                engine.add_request(GenerateRequest(f"c{i}", prompt, sampling, max_new_tokens=max_new, ignore_eos=True))
-            tokens: dict[str, list[int]] = {}
-            while engine.has_unfinished():
-                for event in engine.step():
-                    tokens.setdefault(event.request_id, []).extend(event.token_ids)
-            outputs[diverse] = tokens
+            outputs[diverse] = engine_tokens(engine, check_requests(requests))
     finally:
         step_batch.shared_prefix_groups = grouping  # type: ignore[assignment]
     same = sum(outputs[False][k] == outputs[True].get(k) for k in outputs[False])

@@ -29,7 +29,6 @@ from benchmarks.device.timing import out_path, write_json
 from benchmarks.shapes import decoder
 from tgi_compat.router.client import ZmqEngineClient
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.request import GenerateRequest
 
 PROMPT_LEN, NEW_TOKENS = 128, 256
 TINY_LLAMA = decoder("LlamaForCausalLM", 256, 512, 2, 4, 2, 2000, max_position_embeddings=1024, rope_theta=10000.0)
@@ -40,7 +39,7 @@ def check_same_tokens(device: str = "cuda") -> dict:
     """Overlap off vs on over one float32 runner (Triton backend, CUDA graphs); every token must match."""
     import torch
 
-    from benchmarks.device.steps import build_runner, hf_model
+    from benchmarks.device.steps import build_runner, check_requests, engine_tokens, hf_model
     from tgi_compat.router.engine import EngineCore
     from tgi_compat.router.request import SamplingParams
 
@@ -64,14 +63,8 @@ def check_same_tokens(device: str = "cuda") -> dict:
             runner,
             runner.model_config,
         )
-        for i, (prompt, sampling, max_new) in enumerate(requests):
-            engine.add_request(GenerateRequest(f"c{i}", prompt, sampling, max_new_tokens=max_new, ignore_eos=True))
-        tokens: dict[str, list[int]] = {}
-        while engine.has_unfinished():
-            for event in engine.step():
-                tokens.setdefault(event.request_id, []).extend(event.token_ids)
+        outputs[overlap] = engine_tokens(engine, check_requests(requests))
         assert engine.pool.is_full_free()
-        outputs[overlap] = tokens
     same = sum(outputs[False][k] == outputs[True].get(k) for k in outputs[False])
     lengths_ok = all(len(outputs[True][f"c{i}"]) == r[2] for i, r in enumerate(requests))
     result = dict(requests=len(requests), identical=same, lengths_ok=lengths_ok)

@@ -9,6 +9,7 @@ cache (no prefill), over consecutive steps recorded with CUDA events, greedy arg
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +17,10 @@ from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, build_forward_batch
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+
+if TYPE_CHECKING:
+    from tgi_compat.router.engine import EngineCore
+    from tgi_compat.router.request import GenerateRequest, SamplingParams
 
 Weights = dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
@@ -214,3 +219,25 @@ def decode_weight_bytes(runner: ModelRunner) -> int:
     if model.lm_head.weight is not embed:
         total -= embed.numel() * embed.element_size()
     return total
+
+
+def engine_tokens(engine: EngineCore, requests: Iterable[GenerateRequest]) -> dict[str, list[int]]:
+    """Adds the requests to an in-process engine and steps it until every one has ended: their tokens by id (the
+    correctness checks that run one set of requests under two engine settings compare these)."""
+    for request in requests:
+        engine.add_request(request)
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens.setdefault(event.request_id, []).extend(event.token_ids)
+    return tokens
+
+
+def check_requests(requests: Iterable[tuple[list[int], SamplingParams, int]]) -> list[GenerateRequest]:
+    """The correctness checks' (prompt, sampling, max_new_tokens) as requests c0, c1, ... ended by length."""
+    from tgi_compat.router.request import GenerateRequest
+
+    return [
+        GenerateRequest(f"c{i}", prompt, sampling, max_new_tokens=max_new, ignore_eos=True)
+        for i, (prompt, sampling, max_new) in enumerate(requests)
+    ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.device.steps import engine_tokens
 from tests.modeling.qwen2_5_vl_helpers import ENGINE_VOCAB, check_two_images_beside_text, saved_qwen2_5_vl
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
@@ -23,16 +24,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen2_5_vl-gpu")
     return saved_qwen2_5_vl(folder, ENGINE_VOCAB), str(folder)
-
-
-def drain(engine: EngineCore, requests) -> dict[str, list[int]]:
-    for request in requests:
-        engine.add_request(request)
-    ids: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for event in engine.step():
-            ids.setdefault(event.request_id, []).extend(event.token_ids)
-    return ids
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
@@ -58,5 +49,5 @@ def test_greedy_ids_on_the_device_equal_transformers(checkpoint, prefill, overla
 
     graphs.replay = counted  # type: ignore[method-assign]
     engine = EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder)
-    check_two_images_beside_text(model, lambda requests: drain(engine, requests))
+    check_two_images_beside_text(model, lambda requests: engine_tokens(engine, requests))
     assert any(replayed)  # decodes of the image request, position + rope delta, through the graphs

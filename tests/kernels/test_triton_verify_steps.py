@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from test_triton_backend import MAX_LEN, make_runner
 
+from benchmarks.device.steps import engine_tokens
 from tests.modeling.test_verify_graphs import _stand_in_capture
 from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs
 from tgi_compat.modeling.forward_batch import build_forward_batch
@@ -48,16 +49,12 @@ def test_greedy_drafts_through_the_triton_backend_give_the_plain_tokens(tiny_wei
         engine = EngineCore(
             EngineConfig(model_id="tiny", max_running_requests=3, speculative=speculative), runner, runner.model_config
         )
-        for i, prompt in enumerate(prompts):
-            engine.add_request(
-                GenerateRequest(f"r{i}", prompt, SamplingParams(), max_new_tokens=10 + 3 * i, ignore_eos=True)
-            )
-        tokens: dict[str, list[int]] = {}
-        while engine.has_unfinished():
-            for event in engine.step():
-                tokens.setdefault(event.request_id, []).extend(event.token_ids)
+        requests = [
+            GenerateRequest(f"r{i}", prompt, SamplingParams(), max_new_tokens=10 + 3 * i, ignore_eos=True)
+            for i, prompt in enumerate(prompts)
+        ]
+        outputs[speculative] = engine_tokens(engine, requests)
         assert engine.pool.is_full_free()
-        outputs[speculative] = tokens
         if engine.scheduler.speculator is not None:
             accepted += engine.scheduler.speculator.counters.num_accepted_tokens
     plain = outputs.pop(None)

@@ -4,17 +4,13 @@ images, a chunk over its cached prefix and a decode step past the prompt equal o
 
 from __future__ import annotations
 
-import socket
-
 import torch
-import torch.multiprocessing as mp
 
 from tests.modeling.helpers import max_rel_error
 from tests.modeling.qwen2_5_vl_helpers import saved_qwen2_5_vl
 from tests.modeling.test_qwen2_5_vl import VOCAB, grids, processed, prompt, run, text
-from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
-from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
-from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
+from tests.modeling.tp_group import sharded_results
+from tgi_compat.modeling.parallel import NO_TP, TensorParallel
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 from tgi_compat.router.mrope import prompt_mrope
 
@@ -58,24 +54,6 @@ def _gemma_steps(runner: ModelRunner) -> list[torch.Tensor]:
 STEPS = {"qwen2_5_vl": _steps, "gemma3": _gemma_steps}
 
 
-def _rank_main(rank: int, size: int, port: int, folders: dict[str, str], results_path: str) -> None:
-    torch.set_num_threads(1)
-    tp = init_tensor_parallel(rank, size, "127.0.0.1", port, torch.device("cpu"))
-    results = {}
-    for kind, folder in folders.items():  # one group serves each model in turn
-        runner = _runner(folder, tp)
-        steps = StepBroadcast(tp, capacity=8, hidden_size=runner.model_config.hidden_size)
-        if rank == 0:
-            runner.step_sender = steps
-            results[kind] = STEPS[kind](runner)
-            steps.send_stop()
-        else:
-            runner.follow_rank_zero(steps)
-    if rank == 0:
-        torch.save(results, results_path)
-    destroy_tensor_parallel(tp)
-
-
 def test_sharded_logits_with_images_equal_one_rank(tmp_path):
     from tests.modeling.test_gemma3_multimodal import tiny_multimodal
     from tests.modeling.test_gemma3_vision import VOCAB as GEMMA_VOCAB
@@ -83,12 +61,8 @@ def test_sharded_logits_with_images_equal_one_rank(tmp_path):
     folders = {"qwen2_5_vl": str(tmp_path / "qwen2_5_vl"), "gemma3": str(tmp_path / "gemma3")}
     saved_qwen2_5_vl(folders["qwen2_5_vl"], VOCAB)
     tiny_multimodal(GEMMA_VOCAB).save_pretrained(folders["gemma3"])
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results_path = str(tmp_path / "logits.pt")
-    mp.start_processes(_rank_main, args=(2, port, folders, results_path), nprocs=2, start_method="spawn")
-    sharded = torch.load(results_path)
+    runs = {kind: (folder, STEPS[kind]) for kind, folder in folders.items()}
+    sharded = sharded_results(2, runs, _runner, str(tmp_path / "logits.pt"), images=True)
     for kind, folder in folders.items():
         for ours, one in zip(sharded[kind], STEPS[kind](_runner(folder, NO_TP)), strict=True):
             assert max_rel_error(ours, one) <= 1e-4, kind

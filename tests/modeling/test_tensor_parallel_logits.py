@@ -10,21 +10,18 @@ checkpoint of each sharded family. Also: how heads and vocabulary split.
 from __future__ import annotations
 
 import functools
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import LlamaConfig, Phi3Config
 
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
 from tests.modeling.test_gemma_parity import CASES as GEMMA_CASES
 from tests.modeling.test_moe_parity import CASES as MOE_CASES
+from tests.modeling.tp_group import sharded_results
 from tgi_compat.kernels.sampling.greedy_pick import greedy_pick_ref
 from tgi_compat.modeling.forward_batch import PrefixGroups, build_forward_batch
-from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel, shard_heads, vocab_shard
-from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
-from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
+from tgi_compat.modeling.parallel import NO_TP, TensorParallel, shard_heads, vocab_shard
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 PROMPTS = [[1, 17, 300, 4021, 9, 77, 15000], [2, 5000, 42, 31000, 8]]
@@ -85,24 +82,6 @@ def _runner(model_id: str, tp: TensorParallel) -> ModelRunner:
     return ModelRunner(cfg, tp=tp)
 
 
-def _rank_main(rank: int, size: int, port: int, model_ids: list[str], results_path: str) -> None:
-    torch.set_num_threads(1)
-    tp = init_tensor_parallel(rank, size, "127.0.0.1", port, torch.device("cpu"))
-    results = {}
-    for model_id in model_ids:  # the same group serves one model after the other
-        runner = _runner(model_id, tp)
-        steps = StepBroadcast(tp, capacity=8)  # small: the first step makes both sides grow it
-        if rank == 0:
-            runner.step_sender = steps
-            results[model_id] = _run_steps(runner)
-            steps.send_stop()
-        else:
-            runner.follow_rank_zero(steps)
-    if rank == 0:
-        torch.save(results, results_path)
-    destroy_tensor_parallel(tp)
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
     """family -> folder of its tiny random checkpoint (SmolLM2: the embedded GGUF)."""
@@ -120,13 +99,8 @@ def sharded_logits(checkpoints, tmp_path_factory):
 
     @functools.cache
     def run(size: int) -> dict[str, list[torch.Tensor]]:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        results_path = str(tmp_path_factory.mktemp(f"tp{size}") / "logits.pt")
-        model_ids = list(checkpoints.values())
-        mp.start_processes(_rank_main, args=(size, port, model_ids, results_path), nprocs=size, start_method="spawn")
-        return torch.load(results_path)
+        runs = {model_id: (model_id, _run_steps) for model_id in checkpoints.values()}
+        return sharded_results(size, runs, _runner, str(tmp_path_factory.mktemp(f"tp{size}") / "logits.pt"))
 
     return run
 

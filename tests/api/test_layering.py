@@ -9,12 +9,12 @@ imports count too: a cycle hidden inside a function is still a cycle. Counted fr
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.import_graph import ROOT, imports_of, module_name
+
 PACKAGE = ROOT / "tgi_compat"
 
 # (module prefix, rank): the longest matching prefix names a module's layer.
@@ -41,34 +41,6 @@ LAYERS = {
 def layer_of(module: str) -> str | None:
     matches = [prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")]
     return max(matches, key=len) if matches else None
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _is_module(dotted: str) -> bool:
-    path = ROOT.joinpath(*dotted.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
-def imports_of(path: Path) -> set[str]:
-    """The project modules `path` imports; `from pkg import mod` counts as `pkg.mod`, `from mod import name` as `mod`."""
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            for alias in node.names:
-                candidate = f"{base}.{alias.name}"
-                found.add(candidate if _is_module(candidate) else base)
-    return {name for name in found if name.startswith("tgi_compat.")}
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.import_graph import ROOT, imports_of, module_name
+
 KERNELS = ROOT / "tgi_compat" / "kernels"
 MODULES = sorted(KERNELS.rglob("*.py"))
 MAX_MODULE_LINES = 400
@@ -19,33 +20,9 @@ MAX_JIT_BODY_LINES = 80  # a @triton.jit function's statements, its signature an
 TUNED_TABLES = {"tuned.py"}  # measured configs, printed by the sweeps
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _is_module(dotted: str) -> bool:
-    path = ROOT.joinpath(*dotted.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
-def _project_imports(path: Path) -> set[str]:
-    """The tgi_compat modules `path` imports, at any depth of its code; `from pkg import mod` counts as pkg.mod."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.update(
-                f"{node.module}.{alias.name}" if _is_module(f"{node.module}.{alias.name}") else node.module
-                for alias in node.names
-            )
-    return {name for name in found if name.startswith("tgi_compat.")}
-
-
 def test_kernels_import_only_kernels() -> None:
     """The bottom of the stack (docs/architecture.md §1): nothing from the router, modeling or the API."""
-    outside = {_module_name(p): _project_imports(p) - {"tgi_compat.kernels"} for p in MODULES}
+    outside = {module_name(p): imports_of(p) - {"tgi_compat.kernels"} for p in MODULES}
     outside = {
         name: [m for m in imports if not m.startswith("tgi_compat.kernels.")] for name, imports in outside.items()
     }
@@ -53,7 +30,7 @@ def test_kernels_import_only_kernels() -> None:
 
 
 def test_kernel_modules_import_no_loop() -> None:
-    graph = {_module_name(p): _project_imports(p) for p in MODULES}
+    graph = {module_name(p): imports_of(p) for p in MODULES}
     try:
         tuple(TopologicalSorter(graph).static_order())
     except CycleError as error:

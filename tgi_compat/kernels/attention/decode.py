@@ -24,7 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.attention.decode_merge import RUNTIME_SPLIT_ARGS, launch_stage2, merge_chunk, merge_splits
+from tgi_compat.kernels.attention.decode_merge import (
+    RUNTIME_SPLIT_ARGS,
+    launch_stage2,
+    merge_chunk,
+    merge_splits,
+    split_outputs,
+)
 from tgi_compat.kernels.attention.decode_rotary import NewTokenKV, new_token_args, rotated_query
 from tgi_compat.kernels.attention.online_softmax import attend_kv_block
 from tgi_compat.kernels.pdl import launch_options, use_pdl_for_one_request
@@ -252,12 +258,7 @@ def decode_attention(
     num_kv_heads = k_cache.shape[1]
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     group = num_heads // num_kv_heads
-    if out is None:
-        out = torch.empty_like(q)
-    if mid_out is None:
-        mid_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-    if mid_lse is None:
-        mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    out, mid_out, mid_lse = split_outputs(q, num_splits, out, mid_out, mid_lse)
     if batch == 0:
         return out
     counter = kv_lens  # never read unless MERGE

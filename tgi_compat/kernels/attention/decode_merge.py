@@ -136,3 +136,22 @@ def launch_stage2(mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tenso
         num_warps=4 if block_d >= 128 else 2,
         **launch_options(pdl),
     )
+
+
+def split_outputs(
+    q: torch.Tensor,
+    num_splits: int,
+    out: torch.Tensor | None,
+    mid_out: torch.Tensor | None,
+    mid_lse: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The output [B, H, D] and the flash-decoding scratch (partials [B, H, splits, D], log-sum-exps [B, H, splits],
+    fp32) of q [B, H, D]: the caller's where given (a CUDA graph's static buffers), else fresh."""
+    batch, num_heads, head_dim = q.shape
+    if out is None:
+        out = torch.empty_like(q)
+    if mid_out is None:
+        mid_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    if mid_lse is None:
+        mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    return out, mid_out, mid_lse

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.attention.decode import _attend_split, decode_attention_ref, dot_precision
-from tgi_compat.kernels.attention.decode_merge import RUNTIME_SPLIT_ARGS, launch_stage2
+from tgi_compat.kernels.attention.decode_merge import RUNTIME_SPLIT_ARGS, launch_stage2, split_outputs
 
 # Scratch strides and split counts follow the batch size: runtime values, one compiled kernel (decode_merge.py).
 _RUNTIME_ARGS = [*RUNTIME_SPLIT_ARGS, "num_prefix_splits", "split_offset"]
@@ -249,12 +249,7 @@ def shared_prefix_decode_attention(
     assert num_splits >= 1 and num_prefix_splits >= 1
     group = num_heads // num_kv_heads
     total_splits = num_splits + num_prefix_splits
-    if out is None:
-        out = torch.empty_like(q)
-    if mid_out is None:
-        mid_out = torch.empty(batch, num_heads, total_splits, head_dim, dtype=torch.float32, device=q.device)
-    if mid_lse is None:
-        mid_lse = torch.empty(batch, num_heads, total_splits, dtype=torch.float32, device=q.device)
+    out, mid_out, mid_lse = split_outputs(q, total_splits, out, mid_out, mid_lse)
     if batch == 0:
         return out
     # the meta-parameters both stages take alike

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
+from tgi_compat.modeling.aux_hidden import AuxHiddenStates
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.cuda_graphs import (
     DecodeCudaGraphs,
@@ -86,6 +87,8 @@ class RunnerConfig:
     num_speculative_tokens: int = 0
     # --diverse_mode: decode steps bring shared-prefix groups (ForwardBatch.prefix_groups), CUDA graphs included
     diverse_mode: bool = False
+    # EAGLE-3: every step also writes the output of these target layers (aux_hidden.py; None: off)
+    aux_hidden_layers: tuple[int, ...] | None = None
 
 
 class ModelRunner:
@@ -139,6 +142,7 @@ class ModelRunner:
         # One spare KV slot (index num_kv_slots) and one spare row (index max_rows), never handed out
         # by the router: CUDA-graph padding entries write there.
         self.kv_caches = self._allocate_kv_caches()
+        self.aux_hidden = None if cfg.aux_hidden_layers is None else self._capture_aux_hidden(cfg.aux_hidden_layers)
         # req_to_token[row, position] -> KV slot of that token of the request in that row
         self.req_to_token = torch.zeros(self.max_rows + 1, self.max_seq_len, dtype=torch.int32, device=self.device)
         shape = AttentionShape(
@@ -289,6 +293,18 @@ class ModelRunner:
 
         # the registry serves every multimodal wrapper with its vision encoder (models/gemma3_vision.py)
         return ImageEncoder(cast(VisionLanguageModel, self.model), self.source.folder, self.device)
+
+    def _capture_aux_hidden(self, layers: tuple[int, ...]) -> AuxHiddenStates:
+        """Before the CUDA graphs are captured, so that they write the buffer too."""
+        from tgi_compat.modeling.models.decoder import DecoderStack  # imports the kernels: see _build_model
+
+        if not isinstance(self.model, DecoderStack) or self.tp.is_sharded:
+            raise ValueError("EAGLE-3 needs a native decoder target on one GPU (no --num-shard)")
+        max_tokens = self.cfg.max_prefill_tokens + self.cfg.max_rows * (self.cfg.num_speculative_tokens + 1)
+        c = self.model_config
+        states = AuxHiddenStates(layers, c.hidden_size, max_tokens, self.device, self.dtype)
+        self.model.model.capture_aux_hidden(states)
+        return states
 
     def _enable_lora(self) -> LoraManager:
         from tgi_compat.modeling.lora.manager import LoraManager  # imports the kernels: see _build_model

@@ -20,11 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
+import torch
 
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import Request
 from tgi_compat.router.speculative.config import SpeculativeConfig
+from tgi_compat.router.speculative.eagle3 import Eagle3Drafter, Eagle3Proposer
 from tgi_compat.router.speculative.ngram import NgramProposer
 from tgi_compat.router.speculative.policy import (
     AcceptanceStats,
@@ -42,6 +44,7 @@ _PRIOR = AcceptanceStats()  # a request that has not drafted yet
 @dataclass(slots=True)
 class _DraftState:
     proposer: DraftProposer
+    hidden: Eagle3Proposer | None = None  # the proposer again where it reads the target's hidden states
     num_seen: int = 0  # leading tokens of the request the proposer has been given
     num_proposed: int = 0  # of the drafts verified this step, those the proposer made (the rest: padding)
     acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
@@ -58,8 +61,11 @@ class SpeculationCounters:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, drafter: Eagle3Drafter | None = None) -> None:
+        if (config.method == "eagle3") != (drafter is not None):
+            raise ValueError("an eagle3 speculator needs its loaded head, and only it")
         self.config = config
+        self.drafter = drafter
         use_corpus = config.method == "suffix" and config.suffix.corpus_outputs > 0
         self.corpus = SuffixCorpus(config.suffix) if use_corpus else None
         self.counters = SpeculationCounters(accepted_per_position=[0] * config.num_speculative_tokens)
@@ -79,6 +85,19 @@ class Speculator:
     def _rate(self, request: Request) -> float:
         state = self._states.get(request)
         return (state.acceptance if state is not None else _PRIOR).rate
+
+    def observe(self, plan: StepPlan, aux_hidden: torch.Tensor) -> None:
+        """A step's auxiliary hidden states [its tokens, 3 * H] (EAGLE-3), rows in chunk order: each request
+        that may draft keeps those of its positions."""
+        offset = 0
+        for chunk in plan.chunks:
+            rows, offset = aux_hidden[offset : offset + chunk.num_tokens], offset + chunk.num_tokens
+            request = chunk.request
+            if request.reads_own_tokens_to_sample or request.params.grammar is not None or request.is_finished:
+                continue  # (never drafts)
+            state = self._states.get(request) or self._new_state(request)
+            if state.hidden is not None:
+                state.hidden.observe(chunk.start, rows)
 
     def add_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
         """Turn the plan's eligible decode chunks into verify chunks, as the policy and the pool allow."""
@@ -189,9 +208,7 @@ class Speculator:
 
     def _propose(self, chunk: ScheduledChunk) -> list[int]:
         request = chunk.request
-        state = self._states.get(request)
-        if state is None:
-            state = self._states[request] = _DraftState(self._new_proposer())
+        state = self._states.get(request) or self._new_state(request)
         state.proposer.extend(request.token_ids(state.num_seen, request.num_tokens))
         state.num_seen = request.num_tokens
         max_tokens = min(self.config.num_speculative_tokens, self._room(request))
@@ -206,6 +223,15 @@ class Speculator:
     def _room(request: Request) -> int:
         """Drafts past max_new_tokens are never kept: the step's own token is one of the remaining ones."""
         return request.params.max_new_tokens - request.num_output_tokens - 1
+
+    def _new_state(self, request: Request) -> _DraftState:
+        if self.drafter is not None:
+            proposer = Eagle3Proposer(self.drafter.head)
+            state = _DraftState(proposer, hidden=proposer)
+        else:
+            state = _DraftState(self._new_proposer())
+        self._states[request] = state
+        return state
 
     def _new_proposer(self) -> DraftProposer:
         if self.config.method == "suffix":

@@ -87,8 +87,10 @@ class RunnerConfig:
     num_speculative_tokens: int = 0
     # --diverse_mode: decode steps bring shared-prefix groups (ForwardBatch.prefix_groups), CUDA graphs included
     diverse_mode: bool = False
-    # EAGLE-3: every step also writes the output of these target layers (aux_hidden.py; None: off)
+    # EAGLE-3: every step also writes the output of these target layers (aux_hidden.py; None: off), and the KV
+    # cache leaves `reserve_bytes` free for what loads after the runner (the head)
     aux_hidden_layers: tuple[int, ...] | None = None
+    reserve_bytes: int = 0
 
 
 class ModelRunner:
@@ -126,6 +128,7 @@ class ModelRunner:
         self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
+        self.aux_hidden = None if cfg.aux_hidden_layers is None else self._capture_aux_hidden(cfg.aux_hidden_layers)
         self.lora = self._enable_lora() if cfg.max_loras else None
         self.image_encoder = self._image_encoder()  # None: a text model
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
@@ -142,7 +145,6 @@ class ModelRunner:
         # One spare KV slot (index num_kv_slots) and one spare row (index max_rows), never handed out
         # by the router: CUDA-graph padding entries write there.
         self.kv_caches = self._allocate_kv_caches()
-        self.aux_hidden = None if cfg.aux_hidden_layers is None else self._capture_aux_hidden(cfg.aux_hidden_layers)
         # req_to_token[row, position] -> KV slot of that token of the request in that row
         self.req_to_token = torch.zeros(self.max_rows + 1, self.max_seq_len, dtype=torch.int32, device=self.device)
         shape = AttentionShape(
@@ -336,7 +338,7 @@ class ModelRunner:
         # when prompt logprobs are asked for
         logit_rows = max(self.cfg.max_rows, self.cfg.max_prefill_tokens)
         sampling = 3 * logit_rows * c.vocab_size * 4
-        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._verify_graph_bytes()
+        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._verify_graph_bytes() + self.cfg.reserve_bytes
 
     def _verify_graph_bytes(self) -> int:
         """The verify graphs' logits (each bucket's output stays allocated in the graph pool): speculation on."""

@@ -52,6 +52,7 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         num_speculative_tokens=0 if config.speculative is None else config.speculative.num_speculative_tokens,
         diverse_mode=config.diverse_mode and config.prefix_caching,
         aux_hidden_layers=_eagle3_target_layers(config),
+        reserve_bytes=_draft_model_bytes(config),
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)
@@ -84,6 +85,17 @@ def _eagle3_target_layers(config: EngineConfig) -> tuple[int, ...] | None:
     head = Eagle3Config.from_folder(resolve_model_source(spec.draft_model).folder)
     head.check_target(target)
     return head.target_layers(target.num_layers)
+
+
+def _draft_model_bytes(config: EngineConfig) -> int:
+    """The EAGLE-3 head's checkpoint size: it loads after the runner has sized its KV cache."""
+    spec = config.speculative
+    if spec is None or spec.draft_model is None:
+        return 0
+    from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.weights.safetensors import safetensors_files
+
+    return sum(os.path.getsize(path) for path in safetensors_files(resolve_model_source(spec.draft_model).folder))
 
 
 def load_drafter(config: EngineConfig, runner: ModelRunner) -> Eagle3Drafter | None:

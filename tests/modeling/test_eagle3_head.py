@@ -32,7 +32,9 @@ def _embedding(seed: int = 1) -> torch.Tensor:
 
 def test_both_formats_load_the_same_head(heads):
     _, folders = heads
-    loaded = {fmt: load_eagle3_head(folder, VOCAB, _embedding(), CPU, torch.float32) for fmt, folder in folders.items()}
+    embedding = _embedding()
+    loaded = {fmt: load_eagle3_head(folder, VOCAB, embedding, CPU, torch.float32) for fmt, folder in folders.items()}
+    assert loaded["eagle"].embed_tokens.weight.data_ptr() == embedding.data_ptr()  # the target's, shared
     first, second = loaded["speculators"].state_dict(), loaded["eagle"].state_dict()
     assert first.keys() == second.keys()
     for name in first:

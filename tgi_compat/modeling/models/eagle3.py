@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tgi_compat.kernels.attention.rotary import rotary_embedding_ref
+from tgi_compat.modeling.dtypes import default_dtype
 from tgi_compat.modeling.layers.rotary import build_cos_sin
 from tgi_compat.modeling.models.eagle3_config import Eagle3Config, checked_tensors
 from tgi_compat.modeling.source import resolve_model_source
@@ -100,7 +101,8 @@ class Eagle3Head(nn.Module):
         c = config.layer
         self.config = config
         self.fc = _linear(3 * config.target_hidden_size, c.hidden_size)
-        self.embed_tokens = nn.Embedding(target_vocab, c.hidden_size)
+        # no memory until load(): the checkpoint's, or (usually) the target's own tensor, shared
+        self.embed_tokens = nn.Embedding(target_vocab, c.hidden_size, device="meta")
         self.layer = _Layer(config)
         self.norm = _Norm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = _linear(c.hidden_size, config.draft_vocab_size)
@@ -160,10 +162,14 @@ class Eagle3Head(nn.Module):
     def load(self, tensors: dict[str, torch.Tensor], target_embedding: torch.Tensor | None) -> None:
         """Checked tensors (eagle3_config.checked_tensors) in; the target's embedding where the head has none."""
         tensors = dict(tensors)
-        if "embed_tokens.weight" not in tensors:
+        embedding = tensors.pop("embed_tokens.weight", None)
+        if embedding is None:
             if target_embedding is None or target_embedding.shape != self.embed_tokens.weight.shape:
                 raise ValueError("EAGLE-3 head has no embed_tokens and the target's embedding does not fit it")
-            tensors["embed_tokens.weight"] = target_embedding
+            embedding = target_embedding
+        dtype = self.fc.weight.dtype
+        # (detached: a plain tensor on the same memory, whatever parameter class the target's embedding is)
+        self.embed_tokens.weight = nn.Parameter(embedding.detach().to(dtype), requires_grad=False)
         tensors.setdefault("d2t", torch.zeros(self.config.draft_vocab_size, dtype=torch.int64))
         tensors.pop("t2d", None)  # (the target -> draft mask: only training reads it)
         state = self.state_dict()
@@ -185,8 +191,7 @@ def load_eagle3_head(
     config = config or Eagle3Config.from_folder(folder)
     weights = ((name, cast(torch.Tensor, t)) for name, t in iterate_safetensors(folder, show_progress=False))
     tensors = checked_tensors(config, weights, target_vocab)  # (not lazy: tensors, never slices)
-    with torch.device(device):
+    with torch.device(device), default_dtype(dtype):  # (built in place: no float32 copy first)
         head = Eagle3Head(config, target_vocab)
-    head.to(dtype)  # (d2t stays int64: .to(dtype) leaves integer buffers alone)
     head.load({name: t.to(device) for name, t in tensors.items()}, target_embedding)
     return head.eval()

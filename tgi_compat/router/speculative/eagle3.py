@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # (the head's module imports kernels: it is loaded by model_l
     from tgi_compat.modeling.models.eagle3 import DraftKV, Eagle3Head
 
 
+MAX_WAITING_ROWS = 8192  # hidden rows a request keeps for the head before the oldest go
+
+
 @dataclass(frozen=True, slots=True)
 class Eagle3Drafter:
     """The head every request's proposer shares, and the reader of a step's auxiliary hidden states
@@ -41,8 +44,10 @@ class Eagle3Proposer:
         self._tokens: list[int] = []
         self._kv: DraftKV = head.empty_kv()
         self._kv_positions: list[int] = []  # the position of each cached K/V row (ascending)
-        self._waiting: torch.Tensor | None = None  # target hidden rows of positions _waiting_start..
-        self._waiting_start = 0
+        # target hidden rows not in the cache yet, as (first position, rows) segments: views of each step's copy,
+        # joined once when drafting (a request that does not draft for a while costs no copy per step)
+        self._waiting: list[tuple[int, torch.Tensor]] = []
+        self._num_waiting = 0
 
     def extend(self, tokens: Sequence[int]) -> None:
         self._tokens.extend(tokens)
@@ -52,25 +57,30 @@ class Eagle3Proposer:
         keep = bisect.bisect_left(self._kv_positions, start)
         if keep < len(self._kv_positions):  # recomputed from `start` on: what was cached there is stale
             self._kv, self._kv_positions = self._kv.first(keep), self._kv_positions[:keep]
-        waiting, first = self._waiting, self._waiting_start
-        if waiting is not None and first <= start <= first + waiting.shape[0]:
-            self._waiting = torch.cat((waiting[: start - first], hidden))
-        else:
-            self._waiting, self._waiting_start = hidden, start
+        waiting = [(first, rows[: start - first]) for first, rows in self._waiting if first < start]
+        if waiting and waiting[-1][0] + waiting[-1][1].shape[0] != start:
+            waiting = []  # a gap (positions never computed): the head drafts from what comes after it
+        waiting.append((start, hidden))
+        self._num_waiting = sum(rows.shape[0] for _, rows in waiting)
+        while self._num_waiting > MAX_WAITING_ROWS:  # (a request not drafting for long keeps its latest rows)
+            self._num_waiting -= waiting.pop(0)[1].shape[0]
+        self._waiting = waiting
 
     @torch.inference_mode()
     def propose(self, max_tokens: int) -> list[int]:
         last = len(self._tokens) - 2  # the newest position whose next token is known
-        waiting, first = self._waiting, self._waiting_start
-        if max_tokens <= 0 or waiting is None or not first <= last < first + waiting.shape[0]:
+        if max_tokens <= 0 or not self._waiting:
+            return []
+        first, end = self._waiting[0][0], self._waiting[-1][0] + self._waiting[-1][1].shape[0]
+        if not first <= last < end:
             return []  # no hidden state of position N - 2 (nothing computed since the last proposal)
-        head, device = self.head, waiting.device
-        positions = torch.arange(first, last + 1, device=device)
-        ids = torch.tensor(self._tokens[first + 1 : last + 2], device=device)
-        logits, hidden, new = head(ids, positions, waiting[: last + 1 - first], self._kv, from_target=True)
+        head, waiting = self.head, torch.cat([rows for _, rows in self._waiting])[: last + 1 - first]
+        positions = torch.arange(first, last + 1, device=waiting.device)
+        ids = torch.tensor(self._tokens[first + 1 : last + 2], device=waiting.device)
+        logits, hidden, new = head(ids, positions, waiting, self._kv, from_target=True)
         self._kv = self._kv.joined(new)
         self._kv_positions += range(first, last + 1)
-        self._waiting = None
+        self._waiting, self._num_waiting = [], 0
         token = head.to_target_ids(logits[-1:].argmax(-1))
         drafts, hidden, kv = [token], hidden[-1:], self._kv
         for position in range(last + 1, last + max_tokens):  # each draft and the head's own output: the next

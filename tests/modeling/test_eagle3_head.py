@@ -118,3 +118,23 @@ def test_a_head_for_another_target_is_refused(tmp_path):
         config.check_target(shallow)
     with pytest.raises(ValueError, match="not an EAGLE-3 head"):
         Eagle3Config.from_dict(dict(TARGET, architectures=["LlamaForCausalLM"]))
+
+
+def test_drafting_together_gives_each_requests_own_drafts(heads):
+    from tgi_compat.router.speculative.eagle3 import Eagle3Proposer, propose_together
+
+    tensors, folders = heads
+    embed = _embedding()
+    head = load_eagle3_head(folders["eagle"], VOCAB, embed, CPU, torch.float32)
+    g = torch.Generator().manual_seed(5)
+    sequences = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 11, 6)]
+    proposers, aux = [], [torch.randn(len(t), 3 * TARGET["hidden_size"], generator=g) for t in sequences]
+    for tokens, rows in zip(sequences, aux):
+        proposers.append(proposer := Eagle3Proposer(head))
+        proposer.extend(tokens)
+        proposer.observe(0, rows)
+    limits = [4, 2, 0]
+    drafts = propose_together(head, proposers, limits)
+    expected = [reference_drafts(tensors, embed, t, a, k) if k else [] for t, a, k in zip(sequences, aux, limits)]
+    assert drafts == expected
+    assert propose_together(head, proposers, limits) == [[], [], []]  # nothing new computed since

@@ -6,18 +6,20 @@ one by `fc` (or, for the head's own later drafts, the head's pre-norm output at 
 reads [input_layernorm(embed(token)), hidden_norm(h)] (2 * H wide); its output predicts token p + 2 over the draft
 vocabulary, mapped to target ids by `d2t`.
 
-Eager torch, one request at a time, with its K/V in a small per-request cache (`DraftKV`): a head of one layer is
-a fraction of a target step. The checkpoint formats and their checks: eagle3_config.py.
+Eager torch over a step's drafting requests at once (rows padded to the longest), each request's K/V in a small
+cache of its own (`DraftKV`), padded side by side for the step (`BatchedKV`). The checkpoint formats and their checks: eagle3_config.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from tgi_compat.kernels.attention.rotary import rotary_embedding_ref
 from tgi_compat.modeling.dtypes import default_dtype
@@ -91,6 +93,28 @@ class DraftKV:
         return DraftKV(self.k[:num], self.v[:num])
 
 
+@dataclass(slots=True)
+class BatchedKV:
+    """Several requests' K/V side by side, padded: [B, N, kv heads, head dim] each; `valid` [B, N] marks the real
+    rows (attention has no order once keys are rotated, so rows may be appended past the padding)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    valid: torch.Tensor
+
+    @classmethod
+    def of(cls, caches: Sequence[DraftKV]) -> BatchedKV:
+        k = pad_sequence([c.k for c in caches], batch_first=True)
+        lengths = torch.tensor([len(c) for c in caches], device=k.device)
+        valid = torch.arange(k.shape[1], device=k.device)[None, :] < lengths[:, None]
+        return cls(k, pad_sequence([c.v for c in caches], batch_first=True), valid)
+
+    def appended(self, k: torch.Tensor, v: torch.Tensor) -> BatchedKV:
+        """With one more real row per request ([B, 1, kv heads, head dim])."""
+        valid = torch.cat((self.valid, self.valid.new_ones(k.shape[0], k.shape[1])), 1)
+        return BatchedKV(torch.cat((self.k, k), 1), torch.cat((self.v, v), 1), valid)
+
+
 class Eagle3Head(nn.Module):
     d2t: torch.Tensor  # [draft vocab] int64: target id = draft id + d2t[draft id]
     cos: torch.Tensor  # [P, D/2], a buffer
@@ -118,13 +142,15 @@ class Eagle3Head(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,  # [m]: the token after each position
-        positions: torch.Tensor,  # [m], ascending, all past the cache's
-        hidden: torch.Tensor,  # [m, 3 * H_target] (the target's) or [m, H] (the head's pre-norm output)
-        cache: DraftKV,
+        input_ids: torch.Tensor,  # [B, M]: the token after each position
+        positions: torch.Tensor,  # [B, M]
+        hidden: torch.Tensor,  # [B, M, 3 * H_target] (the target's) or [B, M, H] (the head's pre-norm output)
+        cache: BatchedKV,  # each request's rows before these
+        num_new: torch.Tensor,  # [B]: each request's real rows (>= 1) of the M; the rest is padding
         from_target: bool,  # hidden is the target's (folded by fc), not the head's own
-    ) -> tuple[torch.Tensor, torch.Tensor, DraftKV]:
-        """(draft-vocabulary logits [m, V_draft], pre-norm hidden [m, H] for the next draft, the m new K/V rows)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(draft-vocabulary logits [B, M, V_draft], pre-norm hidden [B, M, H] for the next draft, the new rows' K
+        and V [B, M, kv heads, head dim])."""
         if from_target:
             hidden = self.fc(hidden)
         layer = self.layer
@@ -133,28 +159,32 @@ class Eagle3Head(nn.Module):
         else:
             residual, hidden = hidden, layer.hidden_norm(hidden)
         x = torch.cat((layer.input_layernorm(self.embed_tokens(input_ids)), hidden), dim=-1)
-        out, new = self._attend(x, positions, cache)
+        out, k, v = self._attend(x, positions, cache, num_new)
         residual = out + residual
         prenorm = layer.mlp(layer.post_attention_layernorm(residual)) + residual
-        return self.lm_head(self.norm(prenorm)), prenorm, new
+        return self.lm_head(self.norm(prenorm)), prenorm, k, v
 
-    def _attend(self, x: torch.Tensor, positions: torch.Tensor, cache: DraftKV) -> tuple[torch.Tensor, DraftKV]:
+    def _attend(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: BatchedKV, num_new: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         a = self.layer.self_attn
-        m = x.shape[0]
-        q = rotary_embedding_ref(a.q_proj(x).view(m, a.num_heads, a.head_dim), self.cos, self.sin, positions)
-        k = rotary_embedding_ref(a.k_proj(x).view(m, a.num_kv_heads, a.head_dim), self.cos, self.sin, positions)
-        new = DraftKV(k, a.v_proj(x).view(m, a.num_kv_heads, a.head_dim))
-        every = cache.joined(new)
-        n = len(every)
+        b, m = x.shape[:2]
+        flat = positions.reshape(-1)
+        q = rotary_embedding_ref(a.q_proj(x).view(b * m, a.num_heads, a.head_dim), self.cos, self.sin, flat)
+        k = rotary_embedding_ref(a.k_proj(x).view(b * m, a.num_kv_heads, a.head_dim), self.cos, self.sin, flat)
+        k, v = k.view(b, m, a.num_kv_heads, a.head_dim), a.v_proj(x).view(b, m, a.num_kv_heads, a.head_dim)
         group = a.num_heads // a.num_kv_heads
-        keys = every.k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
-        values = every.v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-        scores = q.float().transpose(0, 1) @ keys.transpose(1, 2) * a.head_dim**-0.5  # [H, m, n]
-        # new row i sees the cache and new rows 0..i
-        visible = torch.arange(n, device=x.device)[None, :] <= torch.arange(n - m, n, device=x.device)[:, None]
-        scores = scores.masked_fill(~visible, float("-inf"))
-        out = (scores.softmax(-1) @ values).transpose(0, 1).reshape(m, a.num_heads * a.head_dim)
-        return a.o_proj(out.to(x.dtype)), new
+        keys = torch.cat((cache.k, k), 1).float().repeat_interleave(group, dim=2).transpose(1, 2)  # [B, H, N + M, D]
+        values = torch.cat((cache.v, v), 1).float().repeat_interleave(group, dim=2).transpose(1, 2)
+        queries = q.view(b, m, a.num_heads, a.head_dim).float().transpose(1, 2)  # [B, H, M, D]
+        scores = queries @ keys.transpose(2, 3) * a.head_dim**-0.5  # [B, H, M, N + M]
+        # row i sees its request's cached rows and its new rows 0..i (of the real ones)
+        rows = torch.arange(m, device=x.device)
+        causal = (rows[None, None, :] <= rows[None, :, None]) & (rows[None, None, :] < num_new[:, None, None])
+        visible = torch.cat((cache.valid[:, None, :].expand(b, m, -1), causal), 2)
+        scores = scores.masked_fill(~visible[:, None], float("-inf"))
+        out = (scores.softmax(-1) @ values).transpose(1, 2).reshape(b, m, a.num_heads * a.head_dim)
+        return a.o_proj(out.to(x.dtype)), k, v
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -18,9 +18,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 if TYPE_CHECKING:  # (the head's module imports kernels: it is loaded by model_loading only)
     from tgi_compat.modeling.models.eagle3 import DraftKV, Eagle3Head
@@ -66,26 +68,70 @@ class Eagle3Proposer:
             self._num_waiting -= waiting.pop(0)[1].shape[0]
         self._waiting = waiting
 
-    @torch.inference_mode()
     def propose(self, max_tokens: int) -> list[int]:
+        return propose_together(self.head, [self], [max_tokens])[0]
+
+    def waiting(self) -> tuple[int, torch.Tensor] | None:
+        """(first position, the target's hidden rows of positions first..N - 2) to fold into the cache before
+        drafting; None where position N - 2 has none (nothing computed since the last proposal)."""
         last = len(self._tokens) - 2  # the newest position whose next token is known
-        if max_tokens <= 0 or not self._waiting:
-            return []
+        if not self._waiting:
+            return None
         first, end = self._waiting[0][0], self._waiting[-1][0] + self._waiting[-1][1].shape[0]
         if not first <= last < end:
-            return []  # no hidden state of position N - 2 (nothing computed since the last proposal)
-        head, waiting = self.head, torch.cat([rows for _, rows in self._waiting])[: last + 1 - first]
-        positions = torch.arange(first, last + 1, device=waiting.device)
-        ids = torch.tensor(self._tokens[first + 1 : last + 2], device=waiting.device)
-        logits, hidden, new = head(ids, positions, waiting, self._kv, from_target=True)
+            return None
+        return first, torch.cat([rows for _, rows in self._waiting])[: last + 1 - first]
+
+    def next_tokens(self, first: int, num: int) -> list[int]:
+        return self._tokens[first + 1 : first + 1 + num]
+
+    def cache(self) -> DraftKV:
+        return self._kv
+
+    def commit(self, first: int, new: DraftKV) -> None:
+        """The K/V rows of positions first.. from the target's hidden states: cached; nothing waits any more."""
         self._kv = self._kv.joined(new)
-        self._kv_positions += range(first, last + 1)
+        self._kv_positions += range(first, first + len(new))
         self._waiting, self._num_waiting = [], 0
-        token = head.to_target_ids(logits[-1:].argmax(-1))
-        drafts, hidden, kv = [token], hidden[-1:], self._kv
-        for position in range(last + 1, last + max_tokens):  # each draft and the head's own output: the next
-            logits, hidden, new = head(token, positions.new_tensor([position]), hidden, kv, from_target=False)
-            kv = kv.joined(new)
-            token = head.to_target_ids(logits.argmax(-1))
-            drafts.append(token)
-        return torch.cat(drafts).tolist()  # (one device-to-host copy for all of them)
+
+
+@torch.inference_mode()
+def propose_together(
+    head: Eagle3Head, proposers: Sequence[Eagle3Proposer], max_tokens: Sequence[int]
+) -> list[list[int]]:
+    """Each proposer's drafts (up to max_tokens[i]; [] without a hidden state of its position N - 2), the head run
+    over all of them at once: one forward folds every request's waiting rows in (padded to the longest), then
+    one forward per draft."""
+    from tgi_compat.modeling.models.eagle3 import BatchedKV, DraftKV
+
+    drafts: list[list[int]] = [[] for _ in proposers]
+    jobs = [(i, w) for i, p in enumerate(proposers) if max_tokens[i] > 0 and (w := p.waiting()) is not None]
+    if not jobs:
+        return drafts
+    members = [proposers[i] for i, _ in jobs]
+    device = jobs[0][1][1].device
+    lengths = [rows.shape[0] for _, (_, rows) in jobs]
+    pad = max(lengths)
+    ids = [p.next_tokens(first, n) + [0] * (pad - n) for p, (_, (first, _)), n in zip(members, jobs, lengths)]
+    positions = [list(range(first, first + pad)) for _, (first, _) in jobs]
+    hidden = pad_sequence([rows for _, (_, rows) in jobs], batch_first=True)
+    num_new = torch.tensor(lengths, device=device)
+    cache = BatchedKV.of([p.cache() for p in members])
+    as_tensor = partial(torch.tensor, device=device)
+    logits, hidden, k, v = head(as_tensor(ids), as_tensor(positions), hidden, cache, num_new, from_target=True)
+    for b, (p, (_, (first, _)), n) in enumerate(zip(members, jobs, lengths)):
+        p.commit(first, DraftKV(k[b, :n], v[b, :n]))
+    every, last_rows = torch.arange(len(jobs), device=device), num_new - 1
+    token = head.to_target_ids(logits[every, last_rows].argmax(-1))  # [B]: each request's first draft
+    hidden = hidden[every, last_rows][:, None]
+    position = as_tensor([first + n for (_, (first, _)), n in zip(jobs, lengths)])  # the first draft's
+    cache, one, tokens = BatchedKV.of([p.cache() for p in members]), torch.ones_like(num_new), [token]
+    for _ in range(1, max(max_tokens[i] for i, _ in jobs)):  # each draft and the head's own output: the next
+        logits, hidden, k, v = head(token[:, None], position[:, None], hidden, cache, one, from_target=False)
+        cache, position = cache.appended(k, v), position + 1
+        token = head.to_target_ids(logits[:, 0].argmax(-1))
+        tokens.append(token)
+    table = torch.stack(tokens, 1).tolist()  # (one device-to-host copy for all of them)
+    for b, (i, _) in enumerate(jobs):
+        drafts[i] = table[b][: max_tokens[i]]
+    return drafts

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgspec
 import torch
@@ -26,7 +27,7 @@ from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import Request
 from tgi_compat.router.speculative.config import SpeculativeConfig
-from tgi_compat.router.speculative.eagle3 import Eagle3Drafter, Eagle3Proposer
+from tgi_compat.router.speculative.eagle3 import Eagle3Drafter, Eagle3Proposer, propose_together
 from tgi_compat.router.speculative.ngram import NgramProposer
 from tgi_compat.router.speculative.policy import (
     AcceptanceStats,
@@ -106,7 +107,7 @@ class Speculator:
         if eligible and len(eligible) == len(plan.chunks) <= self.config.uniform_max_batch:
             self._add_uniform_drafts(plan, pool)
             return
-        chosen = [(chunk, self._propose(chunk)) for chunk in eligible]
+        chosen = list(zip(eligible, self._propose_all(eligible)))
         chosen = [(chunk, drafts) for chunk, drafts in chosen if drafts]
         if not chosen:
             return
@@ -126,7 +127,7 @@ class Speculator:
     def _add_uniform_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
         """Every chunk of the plan may draft: one length k for all (a verify graph's shape), or none."""
         chunks = plan.chunks
-        proposals = [self._propose(chunk) for chunk in chunks]
+        proposals = self._propose_all(chunks)
         max_length = min(self.config.num_speculative_tokens, *(self._room(chunk.request) for chunk in chunks))
         caps = [self._states[chunk.request].num_proposed for chunk in chunks]
         rates = [self._states[chunk.request].acceptance.rate for chunk in chunks]
@@ -206,18 +207,27 @@ class Speculator:
         state = self._states.get(request)
         return 0 if state is None else state.acceptance.accepted
 
-    def _propose(self, chunk: ScheduledChunk) -> list[int]:
-        request = chunk.request
-        state = self._states.get(request) or self._new_state(request)
-        state.proposer.extend(request.token_ids(state.num_seen, request.num_tokens))
-        state.num_seen = request.num_tokens
-        max_tokens = min(self.config.num_speculative_tokens, self._room(request))
-        drafts = state.proposer.propose(max_tokens)
-        state.num_proposed = len(drafts)
-        if self.config.synthetic_acceptance is not None:  # random weights match nothing: always k drafts
-            drafts = _padded(drafts, max_tokens, _last_token(request))
+    def _propose_all(self, chunks: Sequence[ScheduledChunk]) -> list[list[int]]:
+        """Each chunk's drafts (an EAGLE-3 head drafts for all of them at once)."""
+        states, limits = [], []
+        for chunk in chunks:
+            request = chunk.request
+            state = self._states.get(request) or self._new_state(request)
+            state.proposer.extend(request.token_ids(state.num_seen, request.num_tokens))
+            state.num_seen = request.num_tokens
+            states.append(state)
+            limits.append(min(self.config.num_speculative_tokens, self._room(request)))
+        if self.drafter is not None:
+            heads = [cast(Eagle3Proposer, state.hidden) for state in states]
+            proposals = propose_together(self.drafter.head, heads, limits)
+        else:
+            proposals = [state.proposer.propose(limit) for state, limit in zip(states, limits)]
+        for chunk, state, limit, drafts in zip(chunks, states, limits, proposals):
             state.num_proposed = len(drafts)
-        return drafts
+            if self.config.synthetic_acceptance is not None:  # random weights match nothing: always k drafts
+                drafts[:] = _padded(drafts, limit, _last_token(chunk.request))
+                state.num_proposed = len(drafts)
+        return proposals
 
     @staticmethod
     def _room(request: Request) -> int:

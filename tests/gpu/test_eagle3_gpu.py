@@ -37,7 +37,7 @@ def test_replayed_decode_steps_write_the_eager_aux_hidden_states():
     from tests.modeling.helpers import tiny_hf_model
     from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
-    hf = tiny_hf_model(LlamaConfig, num_hidden_layers=4)
+    hf = tiny_hf_model(LlamaConfig, **TARGET)
     hf_config = {**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]}
     cfg = RunnerConfig(
         device="cuda",

@@ -11,9 +11,11 @@ from safetensors.torch import save_file
 
 from tests.modeling.helpers import TINY_SIZES
 
-# the target: TINY_SIZES with 4 layers (low/mid/high distinct); the head: one layer of the same sizes
-TARGET = dict(TINY_SIZES, num_hidden_layers=4)
-HEAD_LAYER = dict(TINY_SIZES, num_hidden_layers=1, rope_theta=10000.0)
+# the target: TINY_SIZES with 4 layers (low/mid/high distinct) and a head dim of 64 (the GPU kernels'); the head:
+# one layer of the same sizes
+TARGET = dict(TINY_SIZES, hidden_size=128, intermediate_size=256, num_hidden_layers=4)
+TARGET |= dict(num_attention_heads=2, num_key_value_heads=1)
+HEAD_LAYER = dict(TARGET, num_hidden_layers=1, rope_theta=10000.0)
 AUX_LAYERS = [0, 1, 3]
 DRAFT_VOCAB = 64  # the draft vocabulary: every 4th target id (d2t[i] = 3 * i)
 

@@ -72,6 +72,7 @@ class Speculator:
         self.counters = SpeculationCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._states: dict[Request, _DraftState] = {}
         self._rng = random.Random(0)  # synthetic acceptance's draws
+        self._keeps_hidden = True  # EAGLE-3: the last `may_pay` answer (rows are kept only where drafts may pay)
 
     def may_pay(self, running: Sequence[Request]) -> bool:
         """Whether drafts could pay in a step of these requests: False where the step-cost table turns them
@@ -79,9 +80,11 @@ class Speculator:
         (with no drafts: they need the tokens of the step before on the host)."""
         table = self.config.step_cost
         if table is None or not running:
+            self._keeps_hidden = True
             return True
         best = max(self._rate(request) for request in running)
-        return drafts_may_pay(len(running), best, self.config.num_speculative_tokens, table)
+        self._keeps_hidden = drafts_may_pay(len(running), best, self.config.num_speculative_tokens, table)
+        return self._keeps_hidden
 
     def _rate(self, request: Request) -> float:
         state = self._states.get(request)
@@ -90,6 +93,8 @@ class Speculator:
     def observe(self, plan: StepPlan, aux_hidden: torch.Tensor) -> None:
         """A step's auxiliary hidden states [its tokens, 3 * H] (EAGLE-3), rows in chunk order: each request
         that may draft keeps those of its positions."""
+        if not self._keeps_hidden:  # (a batch that drafts nothing keeps no rows: the head lacks their context later)
+            return
         offset = 0
         for chunk in plan.chunks:
             rows, offset = aux_hidden[offset : offset + chunk.num_tokens], offset + chunk.num_tokens

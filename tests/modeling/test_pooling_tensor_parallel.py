@@ -1,0 +1,73 @@
+"""Pooling models under tensor parallelism on CPU (gloo, 2 ranks): the sharded decoder's pooled outputs (a
+classifier's scores, a reward, a mean-pooled embedding) equal one rank's within 1e-4 (fp32). Rank 0 drives
+`ModelRunner.pool`, which broadcasts each step; the other rank follows it (tests/modeling/tp_group.py). Uneven
+sizes (6 query heads over 3 KV heads, 100 intermediate rows, a vocabulary of 251) split unevenly somewhere."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from tests.modeling.pooling_models import RewardModel, save_sentence_transformers_pooling, tiny_model
+from tests.modeling.test_pooling_parity import pool_step, prompts
+from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, _runner
+from tests.modeling.tp_group import sharded_results
+from tgi_compat.modeling.parallel import NO_TP
+from tgi_compat.modeling.runner import ModelRunner
+
+SIZES = {**SHARDED_SIZES, "vocab_size": 251}
+
+
+def _pool_steps(runner: ModelRunner) -> list[torch.Tensor]:
+    """Two steps: four prompts of different lengths together, then one alone."""
+    batch = prompts(runner.vocab_size)
+    return [pool_step(runner, batch).clone(), pool_step(runner, batch[1:2]).clone()]
+
+
+def _save_classifier(folder: str) -> None:
+    tiny_model("Qwen2ForSequenceClassification", "Qwen2Config", num_labels=3, pad_token_id=0, **SIZES).save_pretrained(
+        folder
+    )
+
+
+def _save_embedder(folder: str) -> None:
+    tiny_model("LlamaModel", "LlamaConfig", **SIZES).save_pretrained(folder)
+    save_sentence_transformers_pooling(folder, "mean_tokens", normalize=True)  # every token's hidden state
+
+
+MODELS = {
+    "classify": _save_classifier,
+    "reward": lambda folder: RewardModel(**SIZES).save(folder),
+    "embed": _save_embedder,
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, str]:
+    saved = {}
+    for name, save in MODELS.items():
+        saved[name] = str(tmp_path_factory.mktemp(f"tp-{name}"))
+        save(saved[name])
+    return saved
+
+
+@pytest.fixture(scope="module")
+def sharded(folders, tmp_path_factory) -> dict[str, list[torch.Tensor]]:
+    """folder -> rank 0's pooled outputs of every step, from one group of 2 ranks that serves each model in turn."""
+    runs = {folder: (folder, _pool_steps) for folder in folders.values()}
+    return sharded_results(2, runs, _runner, str(tmp_path_factory.mktemp("tp-pool") / "pooled.pt"))
+
+
+@functools.cache
+def _one_rank(folder: str) -> list[torch.Tensor]:
+    return _pool_steps(_runner(folder, NO_TP))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_sharded_pooling_equals_one_rank(model, folders, sharded):
+    folder = folders[model]
+    for ours, reference in zip(sharded[folder], _one_rank(folder), strict=True):
+        assert ours.shape == reference.shape
+        assert (ours - reference).abs().max().item() <= 1e-4

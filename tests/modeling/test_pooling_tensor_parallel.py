@@ -1,5 +1,5 @@
 """Pooling models under tensor parallelism on CPU (gloo, 2 ranks): the sharded decoder's pooled outputs (a
-classifier's scores, a reward, a mean-pooled embedding) equal one rank's within 1e-4 (fp32). Rank 0 drives
+classifier's scores, Qwen2.5-Math-RM's and InternLM2's rewards, a mean-pooled embedding) equal one rank's within 1e-4 (fp32). Rank 0 drives
 `ModelRunner.pool`, which broadcasts each step; the other rank follows it (tests/modeling/tp_group.py). Uneven
 sizes (6 query heads over 3 KV heads, 100 intermediate rows, a vocabulary of 251) split unevenly somewhere."""
 
@@ -10,6 +10,7 @@ import functools
 import pytest
 import torch
 
+from tests.modeling.internlm2_reference import InternLM2Reference
 from tests.modeling.pooling_models import RewardModel, save_sentence_transformers_pooling, tiny_model
 from tests.modeling.test_pooling_parity import pool_step, prompts
 from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, _runner
@@ -41,6 +42,8 @@ MODELS = {
     "classify": _save_classifier,
     "reward": lambda folder: RewardModel(**SIZES).save(folder),
     "embed": _save_embedder,
+    # q|k|v packed per KV head (wqkv): unpacked, then split by head; its v_head replicated
+    "internlm2-reward": lambda folder: InternLM2Reference(reward=True, **SIZES).save(folder),
 }
 
 

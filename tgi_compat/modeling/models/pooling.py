@@ -34,6 +34,7 @@ class DecoderForPooling(DecoderStack):
 
     task: ClassVar[str]  # "embed" | "classify" | "reward": which routes serve it (tgi_compat.api)
     supports_tensor_parallel = True
+    head_prefixes: ClassVar[tuple[str, ...]] = ("score.",)  # the head's checkpoint names, beside "model."
 
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
         layers = (llama_layer(config, ops, i, tp) for i in range(config.num_layers))
@@ -54,7 +55,7 @@ class DecoderForPooling(DecoderStack):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:
         # a bare decoder's checkpoint (AutoModel, sentence-transformers) names its tensors without "model."
-        named = ((n if n.startswith(("model.", "score.")) else f"model.{n}", t) for n, t in weights)
+        named = ((n if n.startswith(("model.", *self.head_prefixes)) else f"model.{n}", t) for n, t in weights)
         load_packed_weights(self, named, tie_word_embeddings=False)
 
 

@@ -6,6 +6,7 @@ sizes (6 query heads over 3 KV heads, 100 intermediate rows, a vocabulary of 251
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -21,29 +22,34 @@ from tgi_compat.modeling.runner import ModelRunner
 SIZES = {**SHARDED_SIZES, "vocab_size": 251}
 
 
-def _pool_steps(runner: ModelRunner) -> list[torch.Tensor]:
+def pool_steps(runner: ModelRunner) -> list[torch.Tensor]:
     """Two steps: four prompts of different lengths together, then one alone."""
     batch = prompts(runner.vocab_size)
     return [pool_step(runner, batch).clone(), pool_step(runner, batch[1:2]).clone()]
 
 
-def _save_classifier(folder: str) -> None:
-    tiny_model("Qwen2ForSequenceClassification", "Qwen2Config", num_labels=3, pad_token_id=0, **SIZES).save_pretrained(
+def _save_classifier(folder: str, sizes: dict) -> None:
+    tiny_model("Qwen2ForSequenceClassification", "Qwen2Config", num_labels=3, pad_token_id=0, **sizes).save_pretrained(
         folder
     )
 
 
-def _save_embedder(folder: str) -> None:
-    tiny_model("LlamaModel", "LlamaConfig", **SIZES).save_pretrained(folder)
+def _save_embedder(folder: str, sizes: dict) -> None:
+    tiny_model("LlamaModel", "LlamaConfig", **sizes).save_pretrained(folder)
     save_sentence_transformers_pooling(folder, "mean_tokens", normalize=True)  # every token's hidden state
 
 
-MODELS = {
+def _save_internlm2_reward(folder: str, sizes: dict) -> None:
+    InternLM2Reference(reward=True, **sizes).save(folder)
+
+
+# name -> its tiny checkpoint's writer (folder, sizes); tests/gpu/check_tp_families.py runs them on 2 GPUs too
+MODELS: dict[str, Callable[[str, dict], None]] = {
     "classify": _save_classifier,
-    "reward": lambda folder: RewardModel(**SIZES).save(folder),
+    "reward": lambda folder, sizes: RewardModel(**sizes).save(folder),
     "embed": _save_embedder,
     # q|k|v packed per KV head (wqkv): unpacked, then split by head; its v_head replicated
-    "internlm2-reward": lambda folder: InternLM2Reference(reward=True, **SIZES).save(folder),
+    "internlm2-reward": _save_internlm2_reward,
 }
 
 
@@ -52,20 +58,20 @@ def folders(tmp_path_factory) -> dict[str, str]:
     saved = {}
     for name, save in MODELS.items():
         saved[name] = str(tmp_path_factory.mktemp(f"tp-{name}"))
-        save(saved[name])
+        save(saved[name], SIZES)
     return saved
 
 
 @pytest.fixture(scope="module")
 def sharded(folders, tmp_path_factory) -> dict[str, list[torch.Tensor]]:
     """folder -> rank 0's pooled outputs of every step, from one group of 2 ranks that serves each model in turn."""
-    runs = {folder: (folder, _pool_steps) for folder in folders.values()}
+    runs = {folder: (folder, pool_steps) for folder in folders.values()}
     return sharded_results(2, runs, _runner, str(tmp_path_factory.mktemp("tp-pool") / "pooled.pt"))
 
 
 @functools.cache
 def _one_rank(folder: str) -> list[torch.Tensor]:
-    return _pool_steps(_runner(folder, NO_TP))
+    return pool_steps(_runner(folder, NO_TP))
 
 
 @pytest.mark.parametrize("model", list(MODELS))

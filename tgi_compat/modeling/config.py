@@ -25,6 +25,9 @@ _QK_NORM = {
     "Qwen3Model",
 }
 
+# InternLM2 names its q|k|v and o biases together `bias`, true unless the config says otherwise (its config class).
+_ONE_BIAS_KEY = {"InternLM2ForCausalLM", "InternLM2ForRewardModel"}
+
 # Multimodal checkpoints: the wrapper's architecture -> its text model's (served beside the wrapper's
 # vision encoder, models/gemma3_vision.py).
 MULTIMODAL_TEXT_MODELS = {
@@ -143,6 +146,7 @@ class ModelConfig:
         rope_theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
         eos = d.get("eos_token_id")
         rope_scaling = RopeScaling.from_dict(rope_params)
+        attention_bias = d.get("bias", True) if arch in _ONE_BIAS_KEY else d.get("attention_bias")
         if rope_scaling.rope_type == "longrope":  # Phi-3 keeps the original context beside, not inside
             original = rope_scaling.original_max_position_embeddings or d.get("original_max_position_embeddings")
             rope_scaling.original_max_position_embeddings = original or d.get("max_position_embeddings", 4096)
@@ -164,8 +168,9 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            qkv_bias=bool(d.get("attention_bias", d.get("qkv_bias", False))) or arch in _ALWAYS_QKV_BIAS,
-            o_proj_bias=bool(d.get("attention_bias", False)),
+            qkv_bias=bool(d.get("qkv_bias", False) if attention_bias is None else attention_bias)
+            or arch in _ALWAYS_QKV_BIAS,
+            o_proj_bias=bool(attention_bias),
             mlp_bias=bool(d.get("mlp_bias", False)),
             qk_norm=arch in _QK_NORM,
             bos_token_id=d.get("bos_token_id"),

@@ -34,6 +34,17 @@ _MODELS: dict[str, tuple[str, str]] = {
     **{f"{family}ForSequenceClassification": ("pooling", "DecoderForSequenceClassification") for family in _POOLING},
     **{f"{family}Model": ("pooling", "DecoderForEmbedding") for family in _POOLING},
     "Qwen2ForRewardModel": ("pooling", "DecoderForReward"),
+    # Llama's layers under other names, q|k|v packed per KV head (models/internlm2.py)
+    "InternLM2ForCausalLM": ("internlm2", "InternLM2ForCausalLM"),
+    "InternLM2ForRewardModel": ("internlm2", "InternLM2ForRewardModel"),
+}
+
+# the classes above that pool (models/pooling.py, and a family's reward head beside its decoder)
+_POOLING_CLASSES = {
+    "DecoderForSequenceClassification",
+    "DecoderForEmbedding",
+    "DecoderForReward",
+    "InternLM2ForRewardModel",
 }
 
 
@@ -78,7 +89,7 @@ def describe_modeling_path(architecture: str) -> str:
 
 def is_pooling_model(architecture: str) -> bool:
     """Whether the architecture embeds or scores prompts instead of generating (models/pooling.py)."""
-    return _MODELS.get(architecture, ("", ""))[0] == "pooling"
+    return _MODELS.get(architecture, ("", ""))[1] in _POOLING_CLASSES
 
 
 def resolve_model_class(architecture: str) -> type[CausalLM]:

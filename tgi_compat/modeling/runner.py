@@ -230,6 +230,8 @@ class ModelRunner:
         bring their whole prompt (kv_lens == q_lens): the hidden states of every prompt token are read."""
         if not self.is_pooling:
             raise TypeError(f"{self.model_config.architecture} is not a pooling model")
+        if self.step_sender is not None:  # the other ranks run the sharded decoder beside this one
+            self.step_sender.send(batch)
         write_new_slots(self.req_to_token, batch)
         self.backend.init_forward_metadata(batch, self.req_to_token)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_caches, self.backend)
@@ -242,9 +244,11 @@ class ModelRunner:
         return self.model.compute_logits(hidden[batch.logits_indices])
 
     def follow_rank_zero(self, steps: StepBroadcast) -> None:
-        """Ranks > 0: run the forward of every batch rank 0 sends, until it sends stop."""
+        """Ranks > 0: run the forward of every batch rank 0 sends, until it sends stop (a pooling model's: its pool,
+        which rank 0 sends every step of; its output here is dropped, as the logits are)."""
+        step = self.pool if self.is_pooling else self.forward
         while (batch := steps.receive()) is not None:
-            self.forward(batch)
+            step(batch)
 
     def close(self) -> None:
         """Rank 0: release the other ranks from follow_rank_zero. The group is left by exiting the process

@@ -63,3 +63,14 @@ def test_step_embeds_gather_each_chunks_placeholder_rows():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError):
         EncoderCache(Encoder(), capacity=0)
+
+
+def test_a_steps_misses_over_all_its_chunks_are_encoded_in_one_call():
+    encoder = Encoder()
+    cache = EncoderCache(encoder)
+    cache.features([image("cached")])
+    chunks = [(0, 0, 4, [image("a", 1)]), (4, 0, 8, [image("cached", 0), image("bb", 4)]), (12, 0, 3, [image("a")])]
+    embeds = cache.step_embeds(chunks, torch.device("cpu"))
+    assert encoder.calls == [[b"cached"], [b"a", b"bb"]]  # the step's two misses in one call, the hit in none
+    assert embeds is not None and embeds.token_index.tolist() == [1, 2, 4, 5, 8, 9, 12, 13]
+    assert embeds.embeds[:, 0].tolist() == [1.0, 1.0, 6.0, 6.0, 2.0, 2.0, 1.0, 1.0]

@@ -49,17 +49,22 @@ class EncoderCache:
         return out
 
     def step_embeds(self, chunks: Sequence[ChunkImages], device: torch.device) -> ImageEmbeds | None:
-        """The step's ImageEmbeds: the rows of every placeholder its chunks bring, None where there are none."""
+        """The step's ImageEmbeds: the rows of every placeholder its chunks bring, None where there are none.
+        Every image the step's chunks touch goes through one `features` call: the misses of all requests are
+        encoded as one batch (one encoder call a step, not one a request)."""
+        hits = [
+            [image for image in images if image.offset < end and image.end > start] for _, start, end, images in chunks
+        ]
+        features = iter(self.features([image for hit in hits for image in hit]))
         token_index: list[int] = []
         rows: list[torch.Tensor] = []
         spans: list[list[tuple[int, int]]] = []
-        for offset, start, end, images in chunks:
-            hit = [image for image in images if image.offset < end and image.end > start]
+        for (offset, start, end, _), hit in zip(chunks, hits):
             spans.append([(max(i.offset, start), min(i.end, end)) for i in hit if i.bidirectional])
-            for image, features in zip(hit, self.features(hit) if hit else ()):
+            for image, image_rows in zip(hit, features):
                 first, last = max(image.offset, start), min(image.end, end)
                 token_index += range(offset + first - start, offset + last - start)
-                rows.append(features[first - image.offset : last - image.offset])
+                rows.append(image_rows[first - image.offset : last - image.offset])
         if not rows:
             return None
         index = torch.tensor(token_index, dtype=torch.int64).to(device, non_blocking=True)

@@ -1,14 +1,19 @@
 """Qwen2.5-VL's vision encoder (our packed forward over transformers' modules) against transformers' own vision
 transformer on the same weights (fp32, within 1e-3): images of several windows each, windows cut short at the
-right and bottom edges, full-attention layers; several images in one call equal each image alone."""
+right and bottom edges, full-attention layers; several images in one call equal each image alone; the image files
+through ImageEncoder (the processor image by image in its thread pool, then one encoder call) equal the processor's
+own batch."""
 
 from __future__ import annotations
+
+import io
 
 import pytest
 import torch
 
 from tests.modeling.helpers import max_rel_error
 from tests.modeling.qwen2_5_vl_helpers import MERGE, PATCH, picture, tiny_qwen2_5_vl
+from tgi_compat.modeling.vision.encoder import ImageEncoder
 from tgi_compat.modeling.vision.qwen2_5_vl import Qwen25VLVisionEncoder
 
 # (color, (width, height)): grids of 8x10, 4x6 and 4x14 patches, so 2x3, 1x2 and 1x4 windows of 2x2 merged patches,
@@ -29,11 +34,14 @@ def pair():
     return encoder_pair()
 
 
-def processed(images):
+def processor():
     from transformers import Qwen2VLImageProcessor
 
-    processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=28 * 28 * 64, patch_size=PATCH, merge_size=MERGE)
-    return processor(images=[picture(color, size) for color, size in images], return_tensors="pt")
+    return Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=28 * 28 * 64, patch_size=PATCH, merge_size=MERGE)
+
+
+def processed(images):
+    return processor()(images=[picture(color, size) for color, size in images], return_tensors="pt")
 
 
 def test_encoder_equals_transformers_vision_transformer(pair):
@@ -53,3 +61,27 @@ def test_images_in_one_call_equal_each_alone(pair):
     for image, rows in zip(IMAGES, together):
         (alone,) = encoder(dict(processed([image])))
         assert max_rel_error(rows, alone) < 1e-4
+
+
+class EncoderModel:
+    """The VisionLanguageModel seam of ImageEncoder over the encoder alone (the text model plays no part here)."""
+
+    def __init__(self, encoder: Qwen25VLVisionEncoder) -> None:
+        self.encode_processed = encoder
+
+
+def test_image_files_through_the_thread_pool_equal_the_processors_batch(pair, tmp_path):
+    reference, encoder = pair
+    processor().save_pretrained(tmp_path)
+    files = []
+    for color, size in IMAGES:
+        out = io.BytesIO()
+        picture(color, size).save(out, format="PNG")
+        files.append(out.getvalue())
+    images = ImageEncoder(EncoderModel(encoder), str(tmp_path), torch.device("cpu"))
+    batch = processed(IMAGES)
+    ours = images.preprocess_all(files)
+    assert set(ours) == set(batch) and all(torch.equal(ours[name], batch[name]) for name in batch)
+    with torch.no_grad():
+        expected = reference(batch["pixel_values"], grid_thw=batch["image_grid_thw"]).pooler_output
+    assert max_rel_error(torch.cat(images(files)), expected) < 1e-3

@@ -84,4 +84,4 @@ def test_image_files_through_the_thread_pool_equal_the_processors_batch(pair, tm
     assert set(ours) == set(batch) and all(torch.equal(ours[name], batch[name]) for name in batch)
     with torch.no_grad():
         expected = reference(batch["pixel_values"], grid_thw=batch["image_grid_thw"]).pooler_output
-    assert max_rel_error(torch.cat(images(files)), expected) < 1e-3
+    assert max_rel_error(torch.cat(images.encode([images.preprocess(data) for data in files])), expected) < 1e-3

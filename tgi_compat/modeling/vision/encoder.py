@@ -1,6 +1,6 @@
 """Image files -> each image's placeholder rows: the checkpoint's own image processor (transformers',
-from its preprocessor_config.json), then the model's vision encoder. The engine calls it once a step with the
-images of the step it has not cached (tgi_compat.router.image_cache).
+from its preprocessor_config.json), then the model's vision encoder. The engine starts an image's processing when its
+request is queued and encodes, once a step, the images of the step it has not cached (tgi_compat.router.image_cache).
 
 The processor runs on the host, image by image in a thread pool: a 1024x1024 image takes ~100 ms of Pillow
 decoding and resizing and numpy normalising and patch reordering, all of which release the GIL; the pool's outputs
@@ -13,7 +13,7 @@ import functools
 import io
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import torch
@@ -51,12 +51,19 @@ class ImageEncoder:
         """One image file -> the processor's tensors for it alone (on the host)."""
         return dict(self.processor(images=[Image.open(io.BytesIO(data)).convert("RGB")], return_tensors="pt"))
 
+    def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
+        """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch)."""
+        self.processor  # noqa: B018 - loaded once here, not by each thread at once
+        return self.threads.submit(self.preprocess, data)
+
     def preprocess_all(self, images: Sequence[bytes]) -> dict[str, torch.Tensor]:
         """The processor's tensors of all `images`, on the device, as one call of the processor would give them."""
-        self.processor  # noqa: B018 - loaded once here, not by each thread at once
-        processed = list(self.threads.map(self.preprocess, images))
+        return self.batch([future.result() for future in [self.preprocess_async(data) for data in images]])
+
+    def batch(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         return {name: torch.cat([p[name] for p in processed]).to(self.device) for name in processed[0]}
 
     @torch.inference_mode()
-    def __call__(self, images: Sequence[bytes]) -> list[torch.Tensor]:
-        return self.model.encode_processed(self.preprocess_all(images))
+    def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Images already through `preprocess` -> each one's placeholder rows, in one encoder call."""
+        return self.model.encode_processed(self.batch(processed))

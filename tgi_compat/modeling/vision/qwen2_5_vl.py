@@ -104,7 +104,9 @@ class Qwen25VLVisionEncoder(nn.Module):
         return visual.merger(hidden)[torch.argsort(layout.window_index)]
 
     @staticmethod
-    def attention(attn: Qwen2_5_VLVisionAttention, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: Spans):
+    def attention(
+        attn: Qwen2_5_VLVisionAttention, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: Spans
+    ) -> torch.Tensor:
         """Qwen2_5_VLVisionAttention.forward with one packed call in place of its per-window loop."""
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 

@@ -1,5 +1,5 @@
 """The non-causal varlen attention (the extend kernel's CAUSAL=False mode over packed sequences) against its
-block-diagonal sdpa reference, at Qwen2.5-VL's vision head size 80 (not a power of two); and the Qwen2.5-VL vision
+sdpa reference (one call per sequence length), at Qwen2.5-VL's vision head size 80 (not a power of two); and the Qwen2.5-VL vision
 encoder with it in place of the reference, against transformers' own vision transformer (fp32)."""
 
 from __future__ import annotations

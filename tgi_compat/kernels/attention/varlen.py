@@ -36,11 +36,18 @@ def varlen_attention_ref(
     cu_seqlens: torch.Tensor,  # [B + 1]
     scale: float,
 ) -> torch.Tensor:
-    """One block-diagonal sdpa over the whole pack (the CPU path: its [T, T] mask is small on the sizes a CPU
-    serves)."""
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    sequence = torch.repeat_interleave(torch.arange(lens.shape[0], device=q.device), lens.to(q.device))
-    mask = sequence[:, None] == sequence[None, :]
+    """One sdpa per distinct sequence length over all the sequences of that length (the CPU path: an image's
+    windows are nearly all of one length, so a few calls a layer, and memory is that of the sequences' own scores,
+    never a [T, T] mask)."""
+    bounds = cu_seqlens.tolist()
+    starts: dict[int, list[int]] = {}
+    for start, end in zip(bounds, bounds[1:]):
+        starts.setdefault(end - start, []).append(start)
     group = q.shape[1] // k.shape[1]
-    q, k, v = (t.transpose(0, 1) for t in (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(0, 1)
+    out = torch.empty_like(q)
+    for length, firsts in starts.items():
+        rows = torch.tensor(firsts, device=q.device)[:, None] + torch.arange(length, device=q.device)  # [n, L]
+        qs, ks, vs = (t[rows].transpose(1, 2) for t in (q, k, v))  # [n, H, L, D]
+        ks, vs = ks.repeat_interleave(group, 1), vs.repeat_interleave(group, 1)
+        out[rows] = F.scaled_dot_product_attention(qs, ks, vs, scale=scale).transpose(1, 2)
+    return out

@@ -1,0 +1,191 @@
+"""LLaVA-Next through the transformers fallback (models/transformers_vlm.py) behind the real server (TGI's launcher,
+a tiny random checkpoint on the SmolLM2 tokenizer with `<image>` added): images in /generate inputs and OpenAI chat
+image_url parts give transformers' greedy ids, each image as TGI's run of `<image>`s; /tokenize counts them as TGI
+does. Idefics3, Llama 4 and Mllama are refused at start with their reason."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import pytest
+import torch
+
+from tests.modeling.helpers import randomize
+from tests.modeling.qwen2_5_vl_helpers import picture
+from tests.modeling.vision_server import greedy_until_eos, serving, streamed_ids
+from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path, modeling_path
+
+NEW = 8
+TILE, PATCH = 28, 14  # 2 x 2 patches per tile
+PINPOINTS = [[28, 56], [56, 28], [56, 56]]  # the tile grids, (height, width)
+
+
+def tiny_llava_next(vocab: int, seed: int = 0, **text_overrides):
+    """`<image>` is the top of the vocabulary."""
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    text = dict(
+        model_type="llama",
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        **text_overrides,
+    )
+    vision = dict(
+        model_type="clip_vision_model",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=TILE,
+        patch_size=PATCH,
+        projection_dim=32,
+    )
+    config = LlavaNextConfig(
+        text_config=text, vision_config=vision, image_token_index=vocab - 1, image_grid_pinpoints=PINPOINTS
+    )
+    return randomize(LlavaNextForConditionalGeneration(config), seed)
+
+
+def image_processor():
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    size = {"height": TILE, "width": TILE}
+    return LlavaNextImageProcessorPil(size={"shortest_edge": TILE}, crop_size=size, image_grid_pinpoints=PINPOINTS)
+
+
+def tgi_count(height: int, width: int) -> int:
+    """TGI's server and router count (vlm_causal_lm.get_number_of_features), transcribed with its grid swap."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    best_height, best_width = select_best_resolution([height, width], PINPOINTS)
+    npatches = TILE // PATCH
+    num_patch_width, num_patch_height = best_height // TILE, best_width // TILE  # TGI's (LLaVA-NeXT issue 59)
+    current_height, current_width = npatches * num_patch_height, npatches * num_patch_width
+    if width / height > current_width / current_height:
+        current_height -= 2 * ((current_height - (height * current_width) // width) // 2)
+    else:
+        current_width -= 2 * ((current_width - (width * current_height) // height) // 2)
+    return current_height * current_width + current_height + npatches**2
+
+
+def data_url(color, size) -> tuple[str, bytes, tuple[int, int]]:
+    out = io.BytesIO()
+    picture(color, size).save(out, format="PNG")
+    return f"data:image/png;base64,{base64.b64encode(out.getvalue()).decode()}", out.getvalue(), size
+
+
+WIDE = data_url((200, 30, 60), (50, 30))  # (width, height): best grid 56 x 56, 14 placeholders
+TALL = data_url((10, 220, 90), (20, 60))  # best grid 56 x 28 (not square): TGI's swapped count differs
+
+
+def image_text(size: tuple[int, int]) -> str:
+    """The image's text by transformers' processor: one `<image>` per row its model packs."""
+    from transformers import LlavaNextProcessor
+
+    processor = LlavaNextProcessor(image_processor(), served_tokenizer(), patch_size=PATCH)
+    width, height = size
+    # no CLS row counted (num_additional_image_tokens 0), as the "default" feature strategy drops it
+    return "<image>" * processor._get_number_of_features(height, width, TILE, TILE)
+
+
+_TOKENIZER = []
+
+
+def served_tokenizer():
+    return _TOKENIZER[0]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llava-next-server")
+    with serving(folder, ["<image>"], "<image>", tiny_llava_next, image_processor(), "--enable-prefill-logprobs") as s:
+        _TOKENIZER.append(s[2])
+        yield s
+
+
+def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+    """(prompt ids, transformers' greedy ids) for `text` with its images already expanded."""
+
+    def reference(model, ids: list[int], processed) -> list[int]:
+        input_ids = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                pixel_values=processed["pixel_values"],
+                image_sizes=processed["image_sizes"],
+                max_new_tokens=NEW,
+                do_sample=False,
+            )
+        return out[0, len(ids) :].tolist()
+
+    return greedy_until_eos(served, text, images, reference, add_special_tokens)
+
+
+def test_generate_with_two_images_equals_transformers(served):
+    url = served[0]
+    inputs = f"![]({WIDE[0]})What is this?![]({TALL[0]})And this?"
+    text = f"{image_text(WIDE[2])}What is this?{image_text(TALL[2])}And this?"
+    ids, expected = greedy(served, text, [WIDE[1], TALL[1]])
+    body = {"inputs": inputs, "parameters": {"max_new_tokens": NEW, "decoder_input_details": True}}
+    response = httpx.post(f"{url}/generate", json=body, timeout=120).json()
+    assert [token["id"] for token in response["details"]["tokens"]] == expected
+    assert [token["id"] for token in response["details"]["prefill"]] == ids  # placeholders included
+
+
+def test_chat_image_url_streams_transformers_greedy(served):
+    url, _, tokenizer, _ = served
+    content = [{"type": "image_url", "image_url": {"url": WIDE[0]}}, {"type": "text", "text": "Describe the image"}]
+    body = {"model": "tgi", "messages": [{"role": "user", "content": content}], "max_tokens": NEW, "temperature": 0}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+    templated = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"![]({WIDE[0]})Describe the image"}], tokenize=False, add_generation_prompt=True
+    )
+    ids, expected = greedy(served, templated.replace(f"![]({WIDE[0]})", image_text(WIDE[2])), [WIDE[1]], False)
+    assert response["usage"]["prompt_tokens"] == len(ids)
+    assert response["choices"][0]["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
+    generate = {"inputs": f"Describe![]({WIDE[0]})", "parameters": {"max_new_tokens": NEW}}
+    assert streamed_ids(url, generate) == greedy(served, f"Describe{image_text(WIDE[2])}", [WIDE[1]])[1]
+
+
+def test_tokenize_counts_as_tgi(served):
+    url, model, tokenizer, _ = served
+    tokens = httpx.post(f"{url}/tokenize", json={"inputs": f"Look![]({WIDE[0]})"}, timeout=60).json()
+    assert [t["id"] for t in tokens] == tokenizer("Look" + "<image>" * tgi_count(30, 50))["input_ids"]
+    assert tgi_count(30, 50) == 14
+    # a non-square best grid: transformers' count (its model's rows), where TGI's transposed grid counts otherwise
+    tall = httpx.post(f"{url}/tokenize", json={"inputs": f"![]({TALL[0]})"}, timeout=60).json()
+    assert sum(t["id"] == model.config.image_token_id for t in tall) == len(image_text(TALL[2])) // len("<image>")
+
+
+@pytest.mark.parametrize(
+    "architecture, reason",
+    [
+        ("MllamaForConditionalGeneration", "cross-attends"),
+        ("Idefics3ForConditionalGeneration", "row/column tokens"),
+        ("Llama4ForConditionalGeneration", "tile separators"),
+    ],
+)
+def test_vision_families_refused_with_their_reason(architecture, reason):
+    with pytest.raises(UnsupportedArchitectureError, match=reason):
+        modeling_path(architecture)
+
+
+def test_fallback_config_reads_the_nested_text_config():
+    from tgi_compat.modeling.models.transformers_fallback import fallback_model_config
+
+    d = tiny_llava_next(300).config.to_dict() | {"architectures": ["LlavaNextForConditionalGeneration"]}
+    config = fallback_model_config(d)
+    assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (2, 4, 2, 16)
+    assert config.multimodal_architecture == "LlavaNextForConditionalGeneration"
+    assert not config.renames_multimodal_weights  # transformers reads its own tensor names
+    assert describe_modeling_path("LlavaNextForConditionalGeneration") == (
+        "transformers modeling of its text model and vision encoder"
+    )

@@ -1,0 +1,50 @@
+"""A vision-language checkpoint (LLaVA-Next) through transformers' own modeling: its text model runs on our KV
+cache as models/transformers_fallback.py runs any decoder, its vision tower and projector are transformers' (sdpa
+attention, once per image at admission), and each image's feature rows replace its placeholder tokens' embeddings
+(ForwardBatch.images, chunk by chunk under chunked prefill), as transformers' `masked_scatter` does."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from tgi_compat.modeling.forward_batch import ForwardBatch
+from tgi_compat.modeling.models.transformers_fallback import ATTENTION_NAME, TransformersForCausalLM
+
+
+class TransformersForImageTextToText(TransformersForCausalLM):
+    def model_class(self) -> Any:
+        import transformers
+
+        assert self.config.multimodal_architecture is not None  # set by fallback_model_config
+        return getattr(transformers, self.config.multimodal_architecture)
+
+    @staticmethod
+    def attention_implementation() -> dict[str, str]:
+        # only the text model attends over our KV cache; the vision tower sees one image's patches at a time
+        return {"": "sdpa", "text_config": ATTENTION_NAME, "vision_config": "sdpa"}
+
+    def text_model(self) -> nn.Module:
+        return self.hf.model.language_model
+
+    def text_inputs(self, input_ids: torch.Tensor, batch: ForwardBatch) -> dict[str, torch.Tensor]:
+        embeds = self.hf.get_input_embeddings()(input_ids)
+        if batch.images is not None:
+            embeds = embeds.index_copy(0, batch.images.token_index, batch.images.embeds.to(embeds.dtype))
+        return {"inputs_embeds": embeds[None]}
+
+    @torch.inference_mode()
+    def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """LlavaNextImageProcessor's pixel_values [N, tiles, 3, H, W] and image_sizes [N, 2] -> each image's packed
+        rows (tiles, padding cut, newline rows), one per `<image>` placeholder (vision/llava_next.py counts them)."""
+        c = self.hf.config
+        features = self.hf.model.get_image_features(
+            pixel_values=processed["pixel_values"].to(self.hf.dtype),
+            image_sizes=processed["image_sizes"],
+            vision_feature_layer=c.vision_feature_layer,
+            vision_feature_select_strategy=c.vision_feature_select_strategy,
+        )
+        return list(features.pooler_output)

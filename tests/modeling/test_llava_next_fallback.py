@@ -12,9 +12,9 @@ import httpx
 import pytest
 import torch
 
-from tests.modeling.helpers import randomize
+from tests.modeling.helpers import TINY_SIZES, randomize
 from tests.modeling.qwen2_5_vl_helpers import picture
-from tests.modeling.vision_server import greedy_until_eos, serving, streamed_ids
+from tests.modeling.vision_server import check_two_images, greedy_until_eos, serving, streamed_ids
 from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path, modeling_path
 
 NEW = 8
@@ -26,27 +26,9 @@ def tiny_llava_next(vocab: int, seed: int = 0, **text_overrides):
     """`<image>` is the top of the vocabulary."""
     from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration
 
-    text = dict(
-        model_type="llama",
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        **text_overrides,
-    )
-    vision = dict(
-        model_type="clip_vision_model",
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=TILE,
-        patch_size=PATCH,
-        projection_dim=32,
-    )
+    text = {**TINY_SIZES, "model_type": "llama", "vocab_size": vocab, **text_overrides}
+    vision = {"model_type": "clip_vision_model", "image_size": TILE, "patch_size": PATCH, "projection_dim": 32}
+    vision |= {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
     config = LlavaNextConfig(
         text_config=text, vision_config=vision, image_token_index=vocab - 1, image_grid_pinpoints=PINPOINTS
     )
@@ -130,14 +112,7 @@ def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = Tr
 
 
 def test_generate_with_two_images_equals_transformers(served):
-    url = served[0]
-    inputs = f"![]({WIDE[0]})What is this?![]({TALL[0]})And this?"
-    text = f"{image_text(WIDE[2])}What is this?{image_text(TALL[2])}And this?"
-    ids, expected = greedy(served, text, [WIDE[1], TALL[1]])
-    body = {"inputs": inputs, "parameters": {"max_new_tokens": NEW, "decoder_input_details": True}}
-    response = httpx.post(f"{url}/generate", json=body, timeout=120).json()
-    assert [token["id"] for token in response["details"]["tokens"]] == expected
-    assert [token["id"] for token in response["details"]["prefill"]] == ids  # placeholders included
+    check_two_images(served, greedy, image_text, [WIDE, TALL])
 
 
 def test_chat_image_url_streams_transformers_greedy(served):

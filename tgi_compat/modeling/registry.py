@@ -45,6 +45,12 @@ _REFUSED = {
     "engine fills an image's placeholders as one run",
     "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and the "
     "engine fills an image's placeholders as one run",
+    # TGI serves these too; neither our native files nor the fallback's image path (models/transformers_vlm.py) do yet
+    **{
+        name: "a vision-language family with no native model and no image path in the transformers fallback yet"
+        for name in ("Idefics2ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
+        + ("Qwen2VLForConditionalGeneration",)
+    },
 }
 
 NATIVE = "native"

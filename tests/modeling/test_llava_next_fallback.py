@@ -64,6 +64,7 @@ def data_url(color, size) -> tuple[str, bytes, tuple[int, int]]:
 
 
 WIDE = data_url((200, 30, 60), (50, 30))  # (width, height): best grid 56 x 56, 14 placeholders
+OTHER = data_url((30, 30, 200), (50, 30))  # another picture of WIDE's size
 TALL = data_url((10, 220, 90), (20, 60))  # best grid 56 x 28 (not square): TGI's swapped count differs
 
 
@@ -84,10 +85,14 @@ def served_tokenizer():
     return _TOKENIZER[0]
 
 
+# prefill chunks of 16 tokens cut every image's placeholder run: each chunk takes its part of the image's rows
+FLAGS = "--enable-prefill-logprobs --enable-prompt-tokens-details --max-batch-prefill-tokens 16"
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llava-next-server")
-    with serving(folder, ["<image>"], "<image>", tiny_llava_next, image_processor(), "--enable-prefill-logprobs") as s:
+    with serving(folder, ["<image>"], "<image>", tiny_llava_next, image_processor(), FLAGS) as s:
         _TOKENIZER.append(s[2])
         yield s
 
@@ -138,6 +143,23 @@ def test_tokenize_counts_as_tgi(served):
     # a non-square best grid: transformers' count (its model's rows), where TGI's transposed grid counts otherwise
     tall = httpx.post(f"{url}/tokenize", json={"inputs": f"![]({TALL[0]})"}, timeout=60).json()
     assert sum(t["id"] == model.config.image_token_id for t in tall) == len(image_text(TALL[2])) // len("<image>")
+
+
+def test_a_repeated_image_reuses_its_kv_and_another_never(served):
+    url, model, tokenizer, _ = served
+    question = "A long question about this picture, to be answered twice"
+    templated = tokenizer.apply_chat_template(
+        [{"role": "user", "content": image_text(WIDE[2]) + question}], tokenize=False, add_generation_prompt=True
+    )
+    first_image = tokenizer(templated, add_special_tokens=False)["input_ids"].index(model.config.image_token_id)
+    cached = []
+    for image in (WIDE, WIDE, OTHER):
+        content = [{"type": "image_url", "image_url": {"url": image[0]}}, {"type": "text", "text": question}]
+        body = {"model": "tgi", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+        cached.append(response["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached[1] >= first_image + 14  # past WIDE's 14 placeholders
+    assert cached[2] <= first_image  # OTHER (WIDE's size) shares nothing from its first placeholder on
 
 
 @pytest.mark.parametrize(

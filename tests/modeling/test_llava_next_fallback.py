@@ -186,3 +186,17 @@ def test_fallback_config_reads_the_nested_text_config():
     assert describe_modeling_path("LlavaNextForConditionalGeneration") == (
         "transformers modeling of its text model and vision encoder"
     )
+
+
+def test_serves_random_weights_from_config_json_alone(tmp_path):
+    """--load-format dummy (the GPU benchmarks'): transformers' tensor names, streamed into transformers' model."""
+    from tests.modeling.helpers import full_logits
+    from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+
+    config = tiny_llava_next(300).config
+    config.architectures = ["LlavaNextForConditionalGeneration"]
+    config.save_pretrained(tmp_path)
+    cfg = RunnerConfig(model_id=str(tmp_path), device="cpu", dtype="float32", num_kv_slots=64, show_progress=False)
+    cfg.load_format = "dummy"
+    logits = full_logits(ModelRunner(cfg), [1, 5, 9, 200])
+    assert logits.shape == (4, 300) and torch.isfinite(logits).all() and logits.std() > 0

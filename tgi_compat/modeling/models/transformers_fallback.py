@@ -172,6 +172,12 @@ class TransformersForCausalLM(nn.Module):
     def text_inputs(self, input_ids: torch.Tensor, batch: ForwardBatch) -> dict[str, torch.Tensor]:
         return {"input_ids": input_ids[None]}
 
+    def model_name(self, name: str) -> str:
+        """A checkpoint tensor's name -> the module's, as transformers' renamings (not its tensor converters) give
+        it when it reads a folder: the hub's LLaVA-Next `language_model.model.*` is transformers 5's
+        `model.language_model.*`."""
+        return name
+
     @property
     def max_positions(self) -> int:
         return self.config.max_position_embeddings
@@ -188,7 +194,7 @@ class TransformersForCausalLM(nn.Module):
         """A state dict under transformers' own parameter names; nothing to do if it read the folder."""
         if self.loaded_by_transformers:
             return
-        state = {name: take(tensor) for name, tensor in weights}
+        state = {self.model_name(name): take(tensor) for name, tensor in weights}
         missing, unexpected = self.hf.load_state_dict(state, strict=False)
         self.hf.tie_weights()
         tied = {"lm_head.weight", "embed_out.weight"} if self.config.tie_word_embeddings else set()

@@ -5,6 +5,7 @@ attention, once per image at admission), and each image's feature rows replace i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,10 +18,9 @@ from tgi_compat.modeling.models.transformers_fallback import ATTENTION_NAME, Tra
 
 class TransformersForImageTextToText(TransformersForCausalLM):
     def model_class(self) -> Any:
-        import transformers
+        from transformers import AutoModelForImageTextToText
 
-        assert self.config.multimodal_architecture is not None  # set by fallback_model_config
-        return getattr(transformers, self.config.multimodal_architecture)
+        return AutoModelForImageTextToText
 
     @staticmethod
     def attention_implementation() -> dict[str, str]:
@@ -35,6 +35,18 @@ class TransformersForImageTextToText(TransformersForCausalLM):
         if batch.images is not None:
             embeds = embeds.index_copy(0, batch.images.token_index, batch.images.embeds.to(embeds.dtype))
         return {"inputs_embeds": embeds[None]}
+
+    @functools.cached_property
+    def _renamings(self) -> list[Any]:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        return [rule for rule in get_model_conversion_mapping(self.hf) if isinstance(rule, WeightRenaming)]
+
+    def model_name(self, name: str) -> str:
+        from transformers.core_model_loading import rename_source_key
+
+        return rename_source_key(name, self._renamings, [])[0]
 
     @torch.inference_mode()
     def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:

@@ -12,34 +12,12 @@ import httpx
 import pytest
 import torch
 
-from tests.modeling.helpers import TINY_SIZES, randomize
+from tests.modeling.llava_next_helpers import PATCH, PINPOINTS, TILE, image_processor, tiny_llava_next
 from tests.modeling.qwen2_5_vl_helpers import picture
 from tests.modeling.vision_server import check_two_images, greedy_until_eos, serving, streamed_ids
 from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path, modeling_path
 
 NEW = 8
-TILE, PATCH = 28, 14  # 2 x 2 patches per tile
-PINPOINTS = [[28, 56], [56, 28], [56, 56]]  # the tile grids, (height, width)
-
-
-def tiny_llava_next(vocab: int, seed: int = 0, **text_overrides):
-    """`<image>` is the top of the vocabulary."""
-    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration
-
-    text = {**TINY_SIZES, "model_type": "llama", "vocab_size": vocab, **text_overrides}
-    vision = {"model_type": "clip_vision_model", "image_size": TILE, "patch_size": PATCH, "projection_dim": 32}
-    vision |= {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
-    config = LlavaNextConfig(
-        text_config=text, vision_config=vision, image_token_index=vocab - 1, image_grid_pinpoints=PINPOINTS
-    )
-    return randomize(LlavaNextForConditionalGeneration(config), seed)
-
-
-def image_processor():
-    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
-
-    size = {"height": TILE, "width": TILE}
-    return LlavaNextImageProcessorPil(size={"shortest_edge": TILE}, crop_size=size, image_grid_pinpoints=PINPOINTS)
 
 
 def tgi_count(height: int, width: int) -> int:
@@ -68,21 +46,14 @@ OTHER = data_url((30, 30, 200), (50, 30))  # another picture of WIDE's size
 TALL = data_url((10, 220, 90), (20, 60))  # best grid 56 x 28 (not square): TGI's swapped count differs
 
 
-def image_text(size: tuple[int, int]) -> str:
+def image_text(served, size: tuple[int, int]) -> str:
     """The image's text by transformers' processor: one `<image>` per row its model packs."""
     from transformers import LlavaNextProcessor
 
-    processor = LlavaNextProcessor(image_processor(), served_tokenizer(), patch_size=PATCH)
+    processor = LlavaNextProcessor(image_processor(), served[2], patch_size=PATCH)
     width, height = size
     # no CLS row counted (num_additional_image_tokens 0), as the "default" feature strategy drops it
     return "<image>" * processor._get_number_of_features(height, width, TILE, TILE)
-
-
-_TOKENIZER = []
-
-
-def served_tokenizer():
-    return _TOKENIZER[0]
 
 
 # prefill chunks of 16 tokens cut every image's placeholder run: each chunk takes its part of the image's rows
@@ -93,7 +64,6 @@ FLAGS = "--enable-prefill-logprobs --enable-prompt-tokens-details --max-batch-pr
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llava-next-server")
     with serving(folder, ["<image>"], "<image>", tiny_llava_next, image_processor(), FLAGS) as s:
-        _TOKENIZER.append(s[2])
         yield s
 
 
@@ -117,7 +87,7 @@ def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = Tr
 
 
 def test_generate_with_two_images_equals_transformers(served):
-    check_two_images(served, greedy, image_text, [WIDE, TALL])
+    check_two_images(served, greedy, lambda size: image_text(served, size), [WIDE, TALL])
 
 
 def test_chat_image_url_streams_transformers_greedy(served):
@@ -128,11 +98,11 @@ def test_chat_image_url_streams_transformers_greedy(served):
     templated = tokenizer.apply_chat_template(
         [{"role": "user", "content": f"![]({WIDE[0]})Describe the image"}], tokenize=False, add_generation_prompt=True
     )
-    ids, expected = greedy(served, templated.replace(f"![]({WIDE[0]})", image_text(WIDE[2])), [WIDE[1]], False)
+    ids, expected = greedy(served, templated.replace(f"![]({WIDE[0]})", image_text(served, WIDE[2])), [WIDE[1]], False)
     assert response["usage"]["prompt_tokens"] == len(ids)
     assert response["choices"][0]["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
     generate = {"inputs": f"Describe![]({WIDE[0]})", "parameters": {"max_new_tokens": NEW}}
-    assert streamed_ids(url, generate) == greedy(served, f"Describe{image_text(WIDE[2])}", [WIDE[1]])[1]
+    assert streamed_ids(url, generate) == greedy(served, f"Describe{image_text(served, WIDE[2])}", [WIDE[1]])[1]
 
 
 def test_tokenize_counts_as_tgi(served):
@@ -142,14 +112,18 @@ def test_tokenize_counts_as_tgi(served):
     assert tgi_count(30, 50) == 14
     # a non-square best grid: transformers' count (its model's rows), where TGI's transposed grid counts otherwise
     tall = httpx.post(f"{url}/tokenize", json={"inputs": f"![]({TALL[0]})"}, timeout=60).json()
-    assert sum(t["id"] == model.config.image_token_id for t in tall) == len(image_text(TALL[2])) // len("<image>")
+    assert sum(t["id"] == model.config.image_token_id for t in tall) == len(image_text(served, TALL[2])) // len(
+        "<image>"
+    )
 
 
 def test_a_repeated_image_reuses_its_kv_and_another_never(served):
     url, model, tokenizer, _ = served
     question = "A long question about this picture, to be answered twice"
     templated = tokenizer.apply_chat_template(
-        [{"role": "user", "content": image_text(WIDE[2]) + question}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": image_text(served, WIDE[2]) + question}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
     first_image = tokenizer(templated, add_special_tokens=False)["input_ids"].index(model.config.image_token_id)
     cached = []

@@ -48,15 +48,30 @@ class TransformersForImageTextToText(TransformersForCausalLM):
 
         return rename_source_key(name, self._renamings, [])[0]
 
-    @torch.inference_mode()
     def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        """LlavaNextImageProcessor's pixel_values [N, tiles, 3, H, W] and image_sizes [N, 2] -> each image's packed
-        rows (tiles, padding cut, newline rows), one per `<image>` placeholder (vision/llava_next.py counts them)."""
-        c = self.hf.config
-        features = self.hf.model.get_image_features(
-            pixel_values=processed["pixel_values"].to(self.hf.dtype),
+        return self.image_rows(self.hf, processed)
+
+    @staticmethod
+    @torch.inference_mode()
+    def image_rows(hf: Any, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """transformers' LLaVA-Next `hf` on LlavaNextImageProcessor's pixel_values [N, tiles, 3, H, W] and
+        image_sizes [N, 2] -> each image's packed rows (tiles, padding cut, newline rows), one per `<image>`
+        placeholder (vision/llava_next.py counts them)."""
+        import transformers
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        c = hf.config
+        features = hf.model.get_image_features(
+            pixel_values=processed["pixel_values"].to(hf.dtype),
             image_sizes=processed["image_sizes"],
             vision_feature_layer=c.vision_feature_layer,
             vision_feature_select_strategy=c.vision_feature_select_strategy,
         )
-        return list(features.pooler_output)
+        if not isinstance(features, BaseModelOutputWithPooling):
+            # older releases return the tiles' rows unpacked (their forward packs them): not one row per placeholder
+            raise RuntimeError(
+                f"LLaVA-Next images need transformers whose get_image_features packs each image's rows "
+                f"(5.25 does); this is {transformers.__version__}"
+            )
+        rows: Any = features.pooler_output  # a tuple of each image's rows, though typed as one tensor
+        return list(rows)

@@ -34,6 +34,9 @@ MULTIMODAL_TEXT_MODELS = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
     "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",  # with M-RoPE (rope_scaling.mrope_section)
 }
+# Vision-language checkpoints that the transformers fallback serves whole, images included
+# (models/transformers_vlm.py): their ModelConfig is the text model's, with the wrapper as multimodal_architecture
+FALLBACK_VISION_MODELS = frozenset({"LlavaNextForConditionalGeneration"})
 # Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
 _WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")
 
@@ -118,6 +121,12 @@ class ModelConfig:
     # the checkpoint's multimodal wrapper (MULTIMODAL_TEXT_MODELS) when this is its text model
     multimodal_architecture: str | None = None
     multimodal_hf_config: dict[str, Any] | None = None  # that wrapper's config.json (its vision encoder's)
+
+    @property
+    def renames_multimodal_weights(self) -> bool:
+        """Whether our native model of a multimodal checkpoint takes its tensors renamed (weights.loader's
+        text_model_weights); the transformers fallback keeps transformers' names."""
+        return self.multimodal_architecture in MULTIMODAL_TEXT_MODELS
 
     @property
     def architectures(self) -> list[str]:

@@ -48,6 +48,22 @@ _POOLING_CLASSES = {
 }
 
 
+# vision-language checkpoints that neither path serves, and why (README: "Vision-language models")
+_REFUSED = {
+    "MllamaForConditionalGeneration": "its text model cross-attends to the image instead of reading image "
+    "placeholders, which our paged KV cache has no place for",
+    "Idefics3ForConditionalGeneration": "its image text interleaves placeholders with row/column tokens, and the "
+    "engine fills an image's placeholders as one run",
+    "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and the "
+    "engine fills an image's placeholders as one run",
+    # TGI serves these too; neither our native files nor the fallback's image path (models/transformers_vlm.py) do yet
+    **{
+        name: "a vision-language family with no native model and no image path in the transformers fallback yet"
+        for name in ("Idefics2ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
+        + ("Qwen2VLForConditionalGeneration",)
+    },
+}
+
 NATIVE = "native"
 TRANSFORMERS = "transformers"  # the fallback path
 
@@ -65,6 +81,10 @@ def modeling_path(architecture: str) -> str:
     """NATIVE or TRANSFORMERS; raises UnsupportedArchitectureError when neither can serve it."""
     if architecture in _MODELS:
         return NATIVE
+    if architecture in _REFUSED:
+        raise UnsupportedArchitectureError(
+            f"model architecture {architecture!r} is not supported: {_REFUSED[architecture]}"
+        )
     from tgi_compat.modeling.models.transformers_fallback import check_supported
 
     reason = check_supported(architecture)
@@ -79,11 +99,13 @@ def modeling_path(architecture: str) -> str:
 def describe_modeling_path(architecture: str) -> str:
     """What the start-up log says serves `architecture`: "native", "transformers", or for a multimodal
     checkpoint the native path of its text model and its vision encoder."""
-    from tgi_compat.modeling.config import MULTIMODAL_TEXT_MODELS
+    from tgi_compat.modeling.config import FALLBACK_VISION_MODELS, MULTIMODAL_TEXT_MODELS
 
     path = modeling_path(architecture)
     if architecture in MULTIMODAL_TEXT_MODELS:
         return f"{path} modeling of its text model {MULTIMODAL_TEXT_MODELS[architecture]} and vision encoder"
+    if architecture in FALLBACK_VISION_MODELS:
+        return f"{path} modeling of its text model and vision encoder"
     return f"{path} modeling"
 
 
@@ -94,6 +116,12 @@ def is_pooling_model(architecture: str) -> bool:
 
 def resolve_model_class(architecture: str) -> type[CausalLM]:
     if modeling_path(architecture) == TRANSFORMERS:
+        from tgi_compat.modeling.config import FALLBACK_VISION_MODELS
+
+        if architecture in FALLBACK_VISION_MODELS:
+            from tgi_compat.modeling.models.transformers_vlm import TransformersForImageTextToText
+
+            return TransformersForImageTextToText
         from tgi_compat.modeling.models.transformers_fallback import TransformersForCausalLM
 
         return TransformersForCausalLM

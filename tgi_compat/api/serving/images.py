@@ -3,7 +3,8 @@ failure refuses the request) and replaced by the model's image text, whose place
 with the image's encoder rows. Gemma 3's image text is TGI's `\\n\\n<start_of_image>` + N `<image_soft_token>`
 + `<end_of_image>\\n\\n`; Qwen2.5-VL's is `<|vision_start|>` + one `<|image_pad|>` per merged patch of the image as
 transformers' processor resizes it + `<|vision_end|>` (what TGI's model server runs; TGI's router counts the
-original image's H * W / 196 pads inside Rust's quotes instead, see README). A text model never comes here, so its
+original image's H * W / 196 pads inside Rust's quotes instead, see README); LLaVA-Next's (transformers fallback)
+is one `<image>` per row its model packs. A text model never comes here, so its
 prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
@@ -70,6 +71,16 @@ class VisionPrompts:
                 return Placeholders(text, rows * columns, (rows, columns))
 
             return cls(qwen, Qwen25VLImageTokens.from_hf_config(hf_config).image_token_id, False, fetcher, max_images)
+        if architecture == "LlavaNextForConditionalGeneration" and hf_config is not None:
+            from tgi_compat.modeling.vision.llava_next import LlavaNextImageTokens
+
+            llava = LlavaNextImageTokens.from_hf_config(hf_config)
+
+            def llava_next(image: DecodedImage) -> Placeholders:
+                count = llava.count(image.height, image.width)
+                return Placeholders("<image>" * count, count)  # TGI's image text, no markers around it
+
+            return cls(llava_next, llava.image_token_id, False, fetcher, max_images)
         return None
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:

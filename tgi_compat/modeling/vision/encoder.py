@@ -61,9 +61,20 @@ class ImageEncoder:
         return self.batch([future.result() for future in [self.preprocess_async(data) for data in images]])
 
     def batch(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        return {name: torch.cat([p[name] for p in processed]).to(self.device) for name in processed[0]}
+        return {name: _cat_padded([p[name] for p in processed]).to(self.device) for name in processed[0]}
 
     @torch.inference_mode()
     def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Images already through `preprocess` -> each one's placeholder rows, in one encoder call."""
         return self.model.encode_processed(self.batch(processed))
+
+
+def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenated along dim 0, each zero-padded at the end of its other dims to the largest: LLaVA-Next's images
+    bring different numbers of tiles ([1, tiles, 3, H, W]), which its processor pads so when it batches them."""
+    shape = [max(sizes) for sizes in zip(*(t.shape[1:] for t in tensors))]
+    padded = []
+    for t in tensors:
+        pad = [p for size, most in zip(reversed(t.shape[1:]), reversed(shape)) for p in (0, most - size)]
+        padded.append(torch.nn.functional.pad(t, pad) if any(pad) else t)
+    return torch.cat(padded)

@@ -9,6 +9,7 @@ each request's slot, and begin_step turns that into the step's LoraStep.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +17,7 @@ from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule, PeftAdapter
 from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
+from tgi_compat.modeling.lora.placement import SlotPlacer, Staged
 from tgi_compat.modeling.lora.step import build_lora_step, lora_step
 from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.models.base import CausalLM
@@ -26,6 +28,15 @@ _ATTENTION = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
 _MLP = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
 
 
+@dataclass(frozen=True, slots=True)
+class StagedAdapter:
+    """An adapter checked against the model and cut into its slot buffers' shapes in host memory."""
+
+    name: str
+    source: str
+    tensors: Staged  # each slot buffer with its host copy of this adapter
+
+
 class LoraManager:
     def __init__(self, model: CausalLM, max_loras: int, max_rank: int) -> None:
         if not isinstance(model, DecoderForCausalLM):
@@ -33,7 +44,7 @@ class LoraManager:
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.context = LoraContext()
-        self.adapters: dict[int, PeftAdapter] = {}  # adapter id -> its host copy
+        self.adapters: dict[int, StagedAdapter] = {}  # adapter id -> its host copy
         self.targets: dict[Linear, LoraWeights] = {}
         # per layer: projection name (q_proj, ...) -> the weights that hold it
         self.layers: list[dict[str, LoraWeights]] = []
@@ -51,10 +62,16 @@ class LoraManager:
                 self.targets[proj] = weights = LoraWeights(proj, names, max_loras, max_rank)
                 by_projection |= dict.fromkeys(names, weights)
             self.layers.append(by_projection)
+        self._placer = SlotPlacer(next(iter(self.targets.values())).a.device)
 
     def add(self, adapter_id: int, adapter: PeftAdapter) -> None:
-        """Check an adapter against the model (LoraAdapterError) and keep it in host memory."""
-        for layer, modules in _by_layer(adapter).items():
+        self.install(adapter_id, self.prepare(adapter))
+
+    def prepare(self, adapter: PeftAdapter) -> StagedAdapter:
+        """Check an adapter against the model (LoraAdapterError) and stage it in (pinned) host memory. Reads no
+        state a step changes: a load's reader thread calls it while steps run."""
+        by_layer = _by_layer(adapter)
+        for layer, modules in by_layer.items():
             if layer >= len(self.layers):
                 raise LoraAdapterError(
                     f"LoRA adapter {adapter.name!r} has layer {layer}; the model has {len(self.layers)}"
@@ -66,6 +83,14 @@ class LoraManager:
                 )
             for weights in dict.fromkeys(self.layers[layer].values()):
                 weights.check(adapter.name, layer, modules)
+        tensors = [
+            (weights, weights.stage(by_layer.get(layer, {})))
+            for layer, weights_by_projection in enumerate(self.layers)
+            for weights in dict.fromkeys(weights_by_projection.values())
+        ]
+        return StagedAdapter(adapter.name, adapter.source, tensors)
+
+    def install(self, adapter_id: int, adapter: StagedAdapter) -> None:
         self.adapters[adapter_id] = adapter
 
     def remove(self, adapter_id: int) -> None:
@@ -73,13 +98,13 @@ class LoraManager:
 
     def begin_step(self, batch: ForwardBatch, replayed: bool = False) -> None:
         """Copy the adapters newly placed in a slot (into the slot buffers in place: captured graphs keep reading
-        them), then set the step's segments: None without a LoRA row, or when a CUDA graph replays the step (the
+        them; on a side stream, tgi_compat.modeling.lora.placement), then set the step's segments: None without a LoRA row, or when a CUDA graph replays the step (the
         graph builds its own from its static slot input)."""
         if batch.lora is None:
             self.context.step = None
             return
         for slot, adapter_id in batch.lora.loads:
-            self._write(slot, self.adapters[adapter_id])
+            self._placer.place(slot, self.adapters[adapter_id].tensors)
         self.context.step = None if replayed else build_lora_step(batch, batch.lora.slots, self.max_loras)
 
     def set_decode_slots(self, slots: torch.Tensor | None) -> None:
@@ -87,13 +112,6 @@ class LoraManager:
         row's slot, -1 for base and padding rows), so that the captured graph rebuilds them at every replay;
         None: a plain step."""
         self.context.step = None if slots is None else lora_step(slots, self.max_loras)
-
-    def _write(self, slot: int, adapter: PeftAdapter) -> None:
-        by_layer = _by_layer(adapter)
-        for layer, weights_by_projection in enumerate(self.layers):
-            modules = by_layer.get(layer, {})
-            for weights in dict.fromkeys(weights_by_projection.values()):
-                weights.write(slot, modules)
 
 
 def _by_layer(adapter: PeftAdapter) -> dict[int, dict[str, LoraModule]]:

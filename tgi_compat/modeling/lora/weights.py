@@ -63,19 +63,30 @@ class LoraWeights:
                     f"the model's {expected[0]} -> {expected[1]} (an adapter for another base model?)"
                 )
 
-    def write(self, slot: int, modules: dict[str, LoraModule]) -> None:
-        """Put one adapter's (checked) pairs into `slot`, this rank's cut of them; parts it lacks stay zero."""
-        self.a[slot].zero_()
-        self.b[slot].zero_()
+    def stage(self, modules: dict[str, LoraModule]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One adapter's (checked) pairs as this rank's cut of one slot: host tensors (A [S * R, in], B [out, R])
+        in the slot buffers' dtype, parts it lacks zero; pinned beside a GPU model, so that `place` is one
+        asynchronous copy each."""
+        a = torch.zeros(self.a.shape[1:], dtype=self.a.dtype, device="cpu")
+        b = torch.zeros(self.b.shape[1:], dtype=self.b.dtype, device="cpu")
         rank_cap = self.max_rank
         for index, part in enumerate(self.slices):
             module = modules.get(part.projection)
             if module is None:
                 continue
-            a = module.a if self.in_columns is None else module.a[:, self.in_columns.start : self.in_columns.end]
-            b = module.b[part.rows.start : part.rows.end]
-            self.a[slot, index * rank_cap : index * rank_cap + module.rank].copy_(a)
-            self.b[slot, part.out_start : part.out_start + part.rows.size, : module.rank].copy_(b)
+            a_part = module.a if self.in_columns is None else module.a[:, self.in_columns.start : self.in_columns.end]
+            a[index * rank_cap : index * rank_cap + module.rank] = a_part
+            b[part.out_start : part.out_start + part.rows.size, : module.rank] = module.b[
+                part.rows.start : part.rows.end
+            ]
+        if self.a.is_cuda:
+            return a.pin_memory(), b.pin_memory()
+        return a, b
+
+    def place(self, slot: int, staged: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Copy a staged adapter into `slot` on the current stream (asynchronous from pinned memory)."""
+        self.a[slot].copy_(staged[0], non_blocking=True)
+        self.b[slot].copy_(staged[1], non_blocking=True)
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor, step: LoraStep) -> torch.Tensor:
         """out [T, out] += each LoRA row's x @ A^T @ B^T (rows without an adapter unchanged); returns out."""

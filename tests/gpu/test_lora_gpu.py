@@ -37,8 +37,7 @@ def test_kernels_match_their_references_at_llama3_8b_shapes(name, rows):
     with torch.device("cuda"):
         case = lora_case(size_in, slice_outs, slots, 8, 16, torch.bfloat16)
     step, base = case.step, case.out.clone()
-    shrunk = lora_shrink(case.x, case.a, step.token_order, step.seg_start, step.seg_len)
-    shrunk_ref = lora_shrink_ref(case.x, case.a, step.token_order, step.seg_start, step.seg_len)
+    shrunk, shrunk_ref = lora_shrink(case.x, case.a, step), lora_shrink_ref(case.x, case.a, step)
     num_lora = int(step.seg_len.sum())
     err = rel_err(shrunk.sum(0)[:num_lora], shrunk_ref[0, :num_lora])
     print(f"{name} rows={rows}: shrink rel err {err:.2e}")

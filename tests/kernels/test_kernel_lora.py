@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref, shrink_prologue_ref, shrink_split_k
+from tgi_compat.kernels.lora.shrink import (
+    ShrinkPrologue,
+    lora_shrink,
+    lora_shrink_ref,
+    shrink_prologue_ref,
+    shrink_split_k,
+)
 from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.modeling.layers.ops import torch_rms_norm, torch_silu_and_mul
 from tgi_compat.modeling.lora.step import build_lora_step
@@ -69,16 +75,15 @@ def _check_shrink_and_expand(
     a = torch.randn(MAX_LORAS, len(slices) * rank, size_in)
     a[1, 8:rank] = 0  # slot 1 holds a rank-8 adapter, zero-padded
     b = torch.randn(MAX_LORAS, 80, rank)
-    shrunk = lora_shrink(x, a, step.token_order, step.seg_start, step.seg_len)
-    ref = lora_shrink_ref(x, a, step.token_order, step.seg_start, step.seg_len)
+    shrunk, ref = lora_shrink(x, a, step), lora_shrink_ref(x, a, step)
     num_lora = int(step.seg_len.sum())
     assert shrunk.shape[0] == shrink_split_k(num_tokens, size_in)  # each split's partial sums, added by the expand
     torch.testing.assert_close(shrunk.sum(0)[:num_lora], ref[0, :num_lora], **TOL)
     base = torch.randn(num_tokens, 80)
     out, out_ref = base.clone(), base.clone()
     ends = tuple(start + size for start, size in slices)
-    lora_expand(out, shrunk, b, step.token_order, step.seg_start, step.seg_len, ends)
-    lora_expand_ref(out_ref, ref, b, step.token_order, step.seg_start, step.seg_len, ends)
+    lora_expand(out, shrunk, b, step, ends)
+    lora_expand_ref(out_ref, ref, b, step, ends)
     torch.testing.assert_close(out, out_ref, **TOL)
     is_base = torch.tensor([s < 0 for s, n in zip(request_slots, q_lens) for _ in range(n)])
     assert torch.equal(out[is_base], base[is_base])  # base rows untouched
@@ -102,12 +107,11 @@ def test_shrink_prologues_match_the_model_ops(prologue, size_in):
         a = torch.randn(MAX_LORAS, 48, size_in)
         weight = torch.randn(size_in)
         x = torch.randn(8, 2 * size_in if prologue == "silu_mul" else size_in)
-        args = dict(norm_weight=weight, eps=1e-5) if prologue == "norm" else dict(silu_mul=True)
+        pro = ShrinkPrologue(weight, 1e-5) if prologue == "norm" else ShrinkPrologue(silu_mul=True)
         activations = torch_rms_norm(x, weight, 1e-5)[0] if prologue == "norm" else torch_silu_and_mul(x)
-        segments = (step.token_order, step.seg_start, step.seg_len)
-        torch.testing.assert_close(shrink_prologue_ref(x, **args), activations, rtol=1e-5, atol=1e-5)
-        expected = lora_shrink_ref(activations, a, *segments)[0]
+        torch.testing.assert_close(shrink_prologue_ref(x, pro), activations, rtol=1e-5, atol=1e-5)
+        expected = lora_shrink_ref(activations, a, step)[0]
         num_lora = int(step.seg_len.sum())
-        got = lora_shrink(x, a, *segments, **args).sum(0)
+        got = lora_shrink(x, a, step, pro).sum(0)
         torch.testing.assert_close(got[:num_lora], expected[:num_lora], **TOL)
-        torch.testing.assert_close(lora_shrink_ref(x, a, *segments, **args)[0], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lora_shrink_ref(x, a, step, pro)[0], expected, rtol=1e-5, atol=1e-5)

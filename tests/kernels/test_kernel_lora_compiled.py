@@ -19,14 +19,14 @@ for rows, k, prologue in ((64, 4096, "norm"), (1, 14336, "silu_mul"), (1000, 409
     step = lora_step(torch.arange(rows) % 8, 8)
     x = torch.zeros(rows, 2 * k if prologue == "silu_mul" else k, dtype=torch.bfloat16)
     a = torch.zeros(8, 48, k, dtype=torch.bfloat16)
-    args = dict(norm_weight=torch.ones(k, dtype=torch.bfloat16), eps=1e-5) if prologue == "norm" else dict(silu_mul=prologue == "silu_mul")
-    ptx = compiled_ptx(sh._lora_shrink_kernel, lambda: sh.lora_shrink(x, a, step.token_order, step.seg_start, step.seg_len, **args))
+    pro = sh.ShrinkPrologue(torch.ones(k, dtype=torch.bfloat16), 1e-5) if prologue == "norm" else sh.ShrinkPrologue(silu_mul=prologue == "silu_mul")
+    ptx = compiled_ptx(sh._lora_shrink_kernel, lambda: sh.lora_shrink(x, a, step, pro))
     found[f"shrink {rows}x{k}"] = dict(split_k=sh.shrink_split_k(rows, k), ptx=len(ptx) > 0, atomics=bool(re.search(r"\b(atom|red)\.global", ptx)))
 for ends in ((4096,), (14336, 28672), (4096, 5120, 6144)):
     step = lora_step(torch.arange(64) % 8, 8)
     out = torch.zeros(64, ends[-1], dtype=torch.bfloat16)
     shrunk, b = torch.zeros(16, 64, 16 * len(ends)), torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
-    ptx = compiled_ptx(ex._lora_expand_kernel, lambda: ex.lora_expand(out, shrunk, b, step.token_order, step.seg_start, step.seg_len, ends))
+    ptx = compiled_ptx(ex._lora_expand_kernel, lambda: ex.lora_expand(out, shrunk, b, step, ends))
     found[f"expand {len(ends)} slices"] = dict(ptx=len(ptx) > 0)
 print(json.dumps(found))
 """

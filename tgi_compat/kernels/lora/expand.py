@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tgi_compat.kernels.lora.segments import LoraSegments
+
 
 @triton.jit
 def _lora_expand_kernel(
@@ -70,13 +72,7 @@ def _lora_expand_kernel(
 
 
 def lora_expand(
-    out: torch.Tensor,
-    shrunk: torch.Tensor,
-    b: torch.Tensor,
-    token_order: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    slice_ends: tuple[int, ...],
+    out: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, step: LoraSegments, slice_ends: tuple[int, ...]
 ) -> None:
     """out[token, slice s's columns] += shrunk[:, i, s * R : (s + 1) * R].sum(0) @ B[slot, those columns]^T for each
     LoRA token (shrunk [P, T, S * R]; b [L, OUT, R]; slice s's columns end at slice_ends[s], the last at OUT);
@@ -87,7 +83,7 @@ def lora_expand(
     block_m, block_n = 16, 64
     grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(slice_ends[-1], block_n))
     _lora_expand_kernel[grid](
-        shrunk, b, token_order, seg_start, seg_len, out, *ends, slice_ends[-1], rank, shrunk.shape[0],
+        shrunk, b, step.token_order, step.seg_start, step.seg_len, out, *ends, slice_ends[-1], rank, shrunk.shape[0],
         shrunk.stride(0), shrunk.stride(1), b.stride(0), b.stride(1), out.stride(0),
         NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rank)),
@@ -95,20 +91,14 @@ def lora_expand(
 
 
 def lora_expand_ref(
-    out: torch.Tensor,
-    shrunk: torch.Tensor,
-    b: torch.Tensor,
-    token_order: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    slice_ends: tuple[int, ...],
+    out: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, step: LoraSegments, slice_ends: tuple[int, ...]
 ) -> None:
     """The definition, one matmul per live segment and slice (also the CPU path)."""
     rank, shrunk = b.shape[2], shrunk.sum(0)
-    for slot, (start, length) in enumerate(zip(seg_start.tolist(), seg_len.tolist())):
+    for slot, (start, length) in enumerate(zip(step.seg_start.tolist(), step.seg_len.tolist())):
         if not length:
             continue
-        tokens = token_order[start : start + length]
+        tokens = step.token_order[start : start + length]
         for index, (begin, end) in enumerate(zip((0, *slice_ends[:-1]), slice_ends)):
             shrunk_part = shrunk[start : start + length, index * rank : (index + 1) * rank]
             out[tokens, begin:end] += (shrunk_part @ b[slot, begin:end].float().T).to(out.dtype)

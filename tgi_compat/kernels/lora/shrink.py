@@ -8,9 +8,25 @@ adds the splits up as it reads them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+from tgi_compat.kernels.lora.segments import LoraSegments
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkPrologue:
+    """What the shrink runs on x before A: the RMS norm (x the pre-norm rows), or SiLU-and-mul (x = [gate | up])."""
+
+    norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+    silu_mul: bool = False
+
+
+NO_PROLOGUE = ShrinkPrologue()
 
 
 @triton.jit
@@ -92,27 +108,22 @@ def shrink_split_k(num_tokens: int, k: int) -> int:
 
 
 def lora_shrink(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    token_order: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    silu_mul: bool = False,
+    x: torch.Tensor, a: torch.Tensor, step: LoraSegments, prologue: ShrinkPrologue = NO_PROLOGUE
 ) -> torch.Tensor:
-    """x [T, K] (the pre-norm rows with `norm_weight`; [T, 2K] gate | up with `silu_mul`), a [L, N, K] ->
+    """x [T, K] (the pre-norm rows with a norm prologue; [T, 2K] gate | up with SiLU-and-mul), a [L, N, K] ->
     [P, T, N] float32 partial sums over K, in token_order's order: their sum over P is each LoRA token's
     prologue(x) @ A[slot]^T (rows of tokens without an adapter: unset)."""
     num_tokens, k = x.shape[0], a.shape[2]
     num_slots, n, _ = a.shape
+    norm_weight, silu_mul = prologue.norm_weight, prologue.silu_mul
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, a.shape)
     split_k = shrink_split_k(num_tokens, k)
     out = torch.empty(split_k, num_tokens, n, dtype=torch.float32, device=x.device)
     block_m, block_n, block_k = 16, min(64, max(16, triton.next_power_of_2(n))), 64
     grid = (triton.cdiv(num_tokens, block_m), num_slots, triton.cdiv(n, block_n) * split_k)
     _lora_shrink_kernel[grid](
-        x, a, x if norm_weight is None else norm_weight, token_order, seg_start, seg_len, out, k, n, eps,
+        x, a, x if norm_weight is None else norm_weight, step.token_order, step.seg_start, step.seg_len, out, k, n,
+        prologue.eps,
         x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1),
         NORM=norm_weight is not None, SILU_MUL=silu_mul,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
@@ -121,34 +132,25 @@ def lora_shrink(
 
 
 def lora_shrink_ref(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    token_order: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    silu_mul: bool = False,
+    x: torch.Tensor, a: torch.Tensor, step: LoraSegments, prologue: ShrinkPrologue = NO_PROLOGUE
 ) -> torch.Tensor:
     """The definition, one matmul per live segment, as one 'split' [1, T, N] (also the CPU path: the host reads the
     segment table)."""
-    x = shrink_prologue_ref(x, norm_weight, eps, silu_mul)
+    x = shrink_prologue_ref(x, prologue)
     out = torch.zeros(1, x.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
-    for slot, (start, length) in enumerate(zip(seg_start.tolist(), seg_len.tolist())):
+    for slot, (start, length) in enumerate(zip(step.seg_start.tolist(), step.seg_len.tolist())):
         if length:
-            tokens = token_order[start : start + length]
+            tokens = step.token_order[start : start + length]
             out[0, start : start + length] = x[tokens] @ a[slot].float().T
     return out
 
 
-def shrink_prologue_ref(
-    x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0, silu_mul: bool = False
-) -> torch.Tensor:
+def shrink_prologue_ref(x: torch.Tensor, prologue: ShrinkPrologue) -> torch.Tensor:
     """The shrink's input in float32: x, its RMS norm (x * w / rms(x)), or silu(gate) * up."""
     x = x.float()
-    if silu_mul:
+    if prologue.silu_mul:
         gate, up = x.chunk(2, dim=-1)
         x = torch.nn.functional.silu(gate) * up
-    if norm_weight is not None:
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+    if prologue.norm_weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + prologue.eps) * prologue.norm_weight.float()
     return x

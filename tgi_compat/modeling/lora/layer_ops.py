@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from tgi_compat.kernels.lora.shrink import ShrinkPrologue
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.layers.ops import LayerOps, sum_later
 from tgi_compat.modeling.lora.step import LoraStep
@@ -26,26 +27,29 @@ class LoraContext:
     step: LoraStep | None = None
 
 
+SILU_MUL = ShrinkPrologue(silu_mul=True)
+
+
 def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, LoraWeights]) -> LayerOps:
     def rms_norm_linear(x, residual, norm, proj: Linear, sum_over: TensorParallel | None = None):
         out, summed = base.rms_norm_linear(x, residual, norm, proj, sum_over)
         step = context.step
         if step is None or proj not in targets:
             return out, summed
-        return targets[proj].add_to(out, summed, step, norm=norm), summed
+        return targets[proj].add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
 
     def norm_add_norm_linear(x, x_norm, residual, norm, proj: Linear):
         out, summed = base.norm_add_norm_linear(x, x_norm, residual, norm, proj)
         step = context.step
         if step is None or proj not in targets:
             return out, summed
-        return targets[proj].add_to(out, summed, step, norm=norm), summed
+        return targets[proj].add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
 
     def silu_mul_linear(x, proj: Linear):
         step = context.step
         if step is None or proj not in targets:
             return base.silu_mul_linear(x, proj)
-        return targets[proj].add_to(base.silu_mul_linear(x, proj), x, step, silu_mul=True)
+        return targets[proj].add_to(base.silu_mul_linear(x, proj), x, step, SILU_MUL)
 
     def row_parallel_linear(x, proj: Linear, tp: TensorParallel):
         step = context.step

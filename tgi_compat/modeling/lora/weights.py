@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.layers.linear import Linear
-from tgi_compat.modeling.layers.norm import RMSNorm
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule
 from tgi_compat.modeling.lora.step import LoraStep
 from tgi_compat.modeling.parallel import Slice
@@ -90,14 +89,11 @@ class LoraWeights:
         self.b[slot].copy_(staged[1], non_blocking=True)
 
     def add_to(
-        self, out: torch.Tensor, x: torch.Tensor, step: LoraStep, norm: RMSNorm | None = None, silu_mul: bool = False
+        self, out: torch.Tensor, x: torch.Tensor, step: LoraStep, prologue: ShrinkPrologue = NO_PROLOGUE
     ) -> torch.Tensor:
         """out [T, out] += each LoRA row's prologue(x) @ A^T @ B^T (rows without an adapter unchanged); returns out.
-        The prologue is the one the base projection fused: `norm` of the pre-norm rows x, or SiLU-and-mul of
-        x = [gate | up]; none by default."""
+        The prologue is the one the base projection fused (the norm of pre-norm rows, SiLU-and-mul of [gate | up])."""
         on_gpu = x.is_cuda
         shrink, expand = (lora_shrink, lora_expand) if on_gpu else (lora_shrink_ref, lora_expand_ref)
-        norm_weight, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
-        shrunk = shrink(x, self.a, step.token_order, step.seg_start, step.seg_len, norm_weight, eps, silu_mul)
-        expand(out, shrunk, self.b, step.token_order, step.seg_start, step.seg_len, self.slice_ends)
+        expand(out, shrink(x, self.a, step, prologue), self.b, step, self.slice_ends)
         return out

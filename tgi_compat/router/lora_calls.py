@@ -24,14 +24,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 LORA_OFF = "LoRA is off: start the server with --enable-lora (or --lora-adapters, --lora-modules)"
-# the other ranks hold the startup adapters only: an adapter loaded here would never reach them
-SHARDED = "LoRA adapters are not loaded or unloaded while serving with --num-shard > 1: give them at startup"
 
 
 class AdapterCalls:
-    def __init__(self, registry: LoraRegistry | None, sharded: bool = False) -> None:
+    def __init__(self, registry: LoraRegistry | None) -> None:
         self.registry = registry
-        self.sharded = sharded  # tensor parallelism: every call is refused (SHARDED)
         self._reading: list[tuple[LoadAdapter, Future[StagedAdapter]]] = []
         self._reader: ThreadPoolExecutor | None = None  # one thread, started by the first load
 
@@ -44,8 +41,6 @@ class AdapterCalls:
         registry = self.registry
         if registry is None:
             return AdapterReply(call.call_id, {}, LORA_OFF)
-        if self.sharded:
-            return self._reply(call, SHARDED)
         if not isinstance(call, LoadAdapter):
             try:
                 registry.unload(call.name)

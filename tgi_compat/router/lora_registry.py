@@ -46,7 +46,7 @@ class LoraRegistry:
         all the slow part of a load, safe in a thread while steps run."""
         from tgi_compat.modeling.lora.adapter import load_peft_adapter
 
-        return self.manager.prepare(load_peft_adapter(name, source, revision))
+        return self.manager.prepare(load_peft_adapter(name, source, revision), revision)
 
     def check_room(self, name: str) -> None:
         """ValueError when `name` is taken or the host cache (--max-cpu-loras) is full."""

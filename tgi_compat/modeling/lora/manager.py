@@ -9,7 +9,9 @@ each request's slot, and begin_step turns that into the step's LoraStep.
 from __future__ import annotations
 
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -23,6 +25,7 @@ from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.models.base import CausalLM
 from tgi_compat.modeling.models.decoder import DecoderForCausalLM
 from tgi_compat.modeling.models.llama import LlamaMLP
+from tgi_compat.modeling.parallel.step_broadcast import AdapterDrop, AdapterLoad
 
 _ATTENTION = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
 _MLP = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
@@ -35,6 +38,15 @@ class StagedAdapter:
     name: str
     source: str
     tensors: Staged  # each slot buffer with its host copy of this adapter
+    revision: str | None = None
+
+
+class AdapterFollowers(Protocol):
+    """The other tensor-parallel ranks, as rank 0 tells them of its adapters (StepBroadcast)."""
+
+    def send_adapter(self, load: AdapterLoad) -> None: ...
+
+    def send_adapter_drop(self, drop: AdapterDrop) -> None: ...
 
 
 class LoraManager:
@@ -45,6 +57,11 @@ class LoraManager:
         self.max_rank = max_rank
         self.context = LoraContext()
         self.adapters: dict[int, StagedAdapter] = {}  # adapter id -> its host copy
+        # tensor parallelism: rank 0 tells the other ranks of each adapter it installs or removes (`followers`);
+        # they read theirs in a thread (`follow`), which the first step that copies it waits for
+        self.followers: AdapterFollowers | None = None
+        self._reading: dict[int, Future[StagedAdapter]] = {}
+        self._reader: ThreadPoolExecutor | None = None
         self.targets: dict[Linear, LoraWeights] = {}
         # per layer: projection name (q_proj, ...) -> the weights that hold it
         self.layers: list[dict[str, LoraWeights]] = []
@@ -67,7 +84,7 @@ class LoraManager:
     def add(self, adapter_id: int, adapter: PeftAdapter) -> None:
         self.install(adapter_id, self.prepare(adapter))
 
-    def prepare(self, adapter: PeftAdapter) -> StagedAdapter:
+    def prepare(self, adapter: PeftAdapter, revision: str | None = None) -> StagedAdapter:
         """Check an adapter against the model (LoraAdapterError) and stage it in (pinned) host memory. Reads no
         state a step changes: a load's reader thread calls it while steps run."""
         by_layer = _by_layer(adapter)
@@ -88,13 +105,38 @@ class LoraManager:
             for layer, weights_by_projection in enumerate(self.layers)
             for weights in dict.fromkeys(weights_by_projection.values())
         ]
-        return StagedAdapter(adapter.name, adapter.source, tensors)
+        return StagedAdapter(adapter.name, adapter.source, tensors, revision)
 
     def install(self, adapter_id: int, adapter: StagedAdapter) -> None:
         self.adapters[adapter_id] = adapter
+        if self.followers is not None:
+            self.followers.send_adapter(AdapterLoad(adapter_id, adapter.name, adapter.source, adapter.revision))
 
     def remove(self, adapter_id: int) -> None:
         self.adapters.pop(adapter_id, None)
+        if self.followers is not None:
+            self.followers.send_adapter_drop(AdapterDrop(adapter_id))
+
+    def follow(self, message: AdapterLoad | AdapterDrop) -> None:
+        """Ranks > 0: rank 0 installed (read this rank's cut in a thread) or removed an adapter."""
+        if isinstance(message, AdapterDrop):
+            self._reading.pop(message.adapter_id, None)
+            self.adapters.pop(message.adapter_id, None)
+            return
+        from tgi_compat.modeling.lora.adapter import load_peft_adapter
+
+        def read() -> StagedAdapter:
+            return self.prepare(load_peft_adapter(message.name, message.source, message.revision), message.revision)
+
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="lora-reader")
+        self._reading[message.adapter_id] = self._reader.submit(read)
+
+    def _staged(self, adapter_id: int) -> StagedAdapter:
+        reading = self._reading.pop(adapter_id, None)
+        if reading is not None:  # a rank > 0's read (rank 0 read the same files: an error here is fatal)
+            self.adapters[adapter_id] = reading.result()
+        return self.adapters[adapter_id]
 
     def begin_step(self, batch: ForwardBatch, replayed: bool = False) -> None:
         """Copy the adapters newly placed in a slot (into the slot buffers in place: captured graphs keep reading
@@ -104,7 +146,7 @@ class LoraManager:
             self.context.step = None
             return
         for slot, adapter_id in batch.lora.loads:
-            self._placer.place(slot, self.adapters[adapter_id].tensors)
+            self._placer.place(slot, self._staged(adapter_id).tensors)
         self.context.step = None if replayed else build_lora_step(batch, batch.lora.slots, self.max_loras)
 
     def set_decode_slots(self, slots: torch.Tensor | None) -> None:

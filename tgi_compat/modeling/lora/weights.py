@@ -80,7 +80,9 @@ class LoraWeights:
                 part.rows.start : part.rows.end
             ]
         if self.a.is_cuda:
-            return a.pin_memory(), b.pin_memory()
+            # this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)
+            with torch.cuda.device(self.a.device):
+                return a.pin_memory(), b.pin_memory()
         return a, b
 
     def place(self, slot: int, staged: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import tempfile
@@ -34,15 +33,15 @@ from pathlib import Path
 import torch
 
 from benchmarks.device.engine_load import Stream, random_prompts, request, stream
+from benchmarks.device.peft_adapters import projection_shapes, write_peft_adapter
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.device.tp import write_config_folder
-from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY, attention_heads
+from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
 from tgi_compat.modeling.lora.step import LoraStep, lora_step
 from tgi_compat.router.client import ZmqEngineClient
 from tgi_compat.router.config import EngineConfig, LoraSource
 
 RANK, ADAPTERS = 16, 8
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def log(message: str) -> None:
@@ -66,45 +65,6 @@ GPU = Sizes(LLAMA3_8B, 64, prompt_len=256, new_tokens=256, kernel_rows=(1, 8, 64
             decoding_after_s=0.8)  # fmt: skip
 CPU = Sizes(LLAMA3_TINY, 4, prompt_len=16, new_tokens=8, kernel_rows=(1, 3), kernel_dtype=torch.float32,
             decoding_after_s=0.0)  # fmt: skip
-
-
-# ---- adapters on disk ------------------------------------------------------------------------------------------
-
-
-def projection_shapes(config: dict) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each adapted projection, in PEFT's names."""
-    heads, kv_heads, head_dim = attention_heads(config)
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    q, kv = heads * head_dim, kv_heads * head_dim
-    return {
-        "q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
-        "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden),
-    }  # fmt: skip
-
-
-def write_peft_adapter(folder: Path, config: dict, rank: int, seed: int) -> Path:
-    """adapter_config.json + adapter_model.safetensors as PEFT saves them (bf16, A and B random: B is zero in a
-    fresh PEFT adapter, which would change nothing), written directly so that no `peft` install is needed."""
-    from safetensors.torch import save_file
-
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(config["num_hidden_layers"]):
-        for projection, (size_in, size_out) in projection_shapes(config).items():
-            block = "mlp" if projection in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            prefix = f"base_model.model.model.layers.{layer}.{block}.{projection}"
-            a = torch.randn(rank, size_in, generator=generator) / size_in**0.5
-            b = torch.randn(size_out, rank, generator=generator) * 0.2 / rank**0.5
-            tensors[f"{prefix}.lora_A.weight"] = a.bfloat16()
-            tensors[f"{prefix}.lora_B.weight"] = b.bfloat16()
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    adapter_config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
-        "target_modules": list(PROJECTIONS), "bias": "none", "base_model_name_or_path": "random-llama",
-    }  # fmt: skip
-    (folder / "adapter_config.json").write_text(json.dumps(adapter_config))
-    return folder
 
 
 # ---- 1. kernels ------------------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.device.lora import LoraCase, fused_projections, lora_call, lora_case, row_slots, write_peft_adapter
+from benchmarks.device.lora import LoraCase, fused_projections, lora_call, lora_case, row_slots
 from benchmarks.device.overlap import TINY_LLAMA
+from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.steps import build_runner, decode_batch, hf_model, prefill_batch
 from benchmarks.shapes import LLAMA3_8B
 from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref

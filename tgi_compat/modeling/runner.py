@@ -244,11 +244,16 @@ class ModelRunner:
         return self.model.compute_logits(hidden[batch.logits_indices])
 
     def follow_rank_zero(self, steps: StepBroadcast) -> None:
-        """Ranks > 0: run the forward of every batch rank 0 sends, until it sends stop (a pooling model's: its pool,
-        which rank 0 sends every step of; its output here is dropped, as the logits are)."""
+        """Ranks > 0: run the forward of every batch rank 0 sends (a pooling model's: its pool, which rank 0 sends
+        every step of; its output here is dropped, as the logits are) and keep the adapters it loads, until it sends
+        stop."""
         step = self.pool if self.is_pooling else self.forward
-        while (batch := steps.receive()) is not None:
-            step(batch)
+        while (message := steps.receive()) is not None:
+            if isinstance(message, ForwardBatch):
+                step(message)
+            else:
+                assert self.lora is not None  # rank 0 sends adapters only with LoRA on, as every rank has it
+                self.lora.follow(message)
 
     def close(self) -> None:
         """Rank 0: release the other ranks from follow_rank_zero. The group is left by exiting the process

@@ -111,7 +111,7 @@ class EngineCore:
         self._num_arrivals = 0
         for adapter in config.lora_adapters:
             self.load_adapter(adapter.name, adapter.source, adapter.revision)
-        self.adapter_calls = AdapterCalls(self.lora, config.num_shard > 1)  # loads and unloads while serving
+        self.adapter_calls = AdapterCalls(self.lora)  # loads and unloads while serving (every rank's)
         if self.lora is not None:
             loaded = dict(self.lora.sources)
             self.info = dataclasses.replace(self.info, max_loras=self.lora.slots.num_slots, lora_adapters=loaded)

@@ -3,18 +3,19 @@
 Siblings that took one prompt from the prefix cache hold the same KV slots for its first P tokens, so today's
 flash-decoding (decode.py) reads those P keys once per sibling. Here a step's rows come in groups:
 
-    table [B, 1 + G_MAX] int64 or int32, row b: [P, members...]
-        P: the length of the prefix row b shares with its group (the first P slots of every member's
-           req_to_token row are the leader's), 0 for a row in no group
-        members: when row b leads a group, the batch positions of its rows (itself among them), -1 padding;
-           all -1 for a row that leads none
+    table [B, 1 + G_MAX] int64 or int32:
+        column 0 of row b: the length P of the prefix row b shares with its group (the first P slots of every
+            member's req_to_token row are the leader's), 0 for a row in no group
+        columns 1.. of row g: the batch positions of group g's rows (the first leads), -1 padding; groups are
+            numbered from 0 in a row, so the rows past the last group hold -1 only
 
 (tgi_compat.modeling.forward_batch.PrefixGroups.) Its shape is fixed by the batch size, so a CUDA graph captured
 once replays any grouping.
 
-Stage 1 (prefix): one program per (leader, KV head, split of [0, P)) stacks the G_MAX rows x GQA query heads
-of its group on the M side of one tl.dot (decode.py's `_attend_split`), so each prefix KV block is read once
-for the group. Programs of rows that lead no group exit at once.
+Stage 1 (prefix): programs (split of [0, P), KV head, group slot s) take the groups s, s + slots, s + 2 slots, ...
+and stack each one's G_MAX rows x GQA query heads on the M side of one tl.dot (decode.py's `_attend_split`), so
+each prefix KV block is read once for the group. The launch is sized for full groups (`prefix_grid`: one slot per
+G_MAX rows, and as many splits as fill the SMs a few times over); smaller groups only loop more.
 Stage 2 (suffix): one program per (row, KV head, split of [P, kv_len)): each row's own tokens (its whole
 context when it is in no group), the same inner loop.
 Both write flash-decoding partials (normalised output, log-sum-exp) into one scratch [B, H, S + PS, D]: suffix
@@ -33,7 +34,7 @@ from tgi_compat.kernels.attention.decode import _attend_split, decode_attention_
 from tgi_compat.kernels.attention.decode_merge import RUNTIME_SPLIT_ARGS, launch_stage2, split_outputs
 
 # Scratch strides and split counts follow the batch size: runtime values, one compiled kernel (decode_merge.py).
-_RUNTIME_ARGS = [*RUNTIME_SPLIT_ARGS, "num_prefix_splits", "split_offset"]
+_RUNTIME_ARGS = [*RUNTIME_SPLIT_ARGS, "num_prefix_splits", "split_offset", "num_rows"]
 
 
 @triton.jit
@@ -107,6 +108,7 @@ def _prefix_kernel(
     scale,
     num_prefix_splits,
     split_offset,  # the first prefix split's index in the scratch (the suffix's split count)
+    num_rows,  # B: the table's rows, so its group slots
     stride_qb,
     stride_qh,
     stride_ks,
@@ -129,30 +131,42 @@ def _prefix_kernel(
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr = 0.0,
 ):
-    leader = tl.program_id(0)
+    split = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    if tl.load(table_ptr + leader * stride_gb + 1) >= 0:  # row `leader` leads a group
-        prefix_len = tl.load(table_ptr + leader * stride_gb).to(tl.int32)
-        split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
-        start = split * split_len
-        end = tl.minimum(start + split_len, prefix_len)
-        # M row m = (member m // GROUP, query head m % GROUP of this KV head)
-        offs_m = tl.arange(0, M_PAD)
-        member = offs_m // GROUP
-        heads = kv_head * GROUP + offs_m % GROUP
-        positions = tl.load(table_ptr + leader * stride_gb + 1 + member, mask=member < G_MAX, other=-1)
-        valid = positions >= 0
-        positions = tl.where(valid, positions, 0)
-        queries = (q_ptr, stride_qb, stride_qh, scale)
-        cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
-        keys = (req_to_token_ptr, stride_rt, req_rows_ptr + leader, start, end)  # the prefix: the leader's slots
-        partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
-        rows = (positions, heads, valid)
-        out_split = split_offset + split  # prefix splits follow the suffix's in the scratch
-        _attend_rows(
-            queries, cache, rows, keys, out_split, partials, M_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
-        )
+    # M row m = (member m // GROUP, query head m % GROUP of this KV head)
+    offs_m = tl.arange(0, M_PAD)
+    member = offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    queries = (q_ptr, stride_qb, stride_qh, scale)
+    cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
+    partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
+    out_split = split_offset + split  # prefix splits follow the suffix's in the scratch
+    for slot in range(tl.program_id(2), num_rows, tl.num_programs(2)):
+        leader = tl.load(table_ptr + slot * stride_gb + 1)
+        if leader >= 0:  # group `slot` exists (the rows past the last group hold -1)
+            prefix_len = tl.load(table_ptr + leader * stride_gb).to(tl.int32)
+            split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
+            start = split * split_len
+            end = tl.minimum(start + split_len, prefix_len)
+            positions = tl.load(table_ptr + slot * stride_gb + 1 + member, mask=member < G_MAX, other=-1)
+            valid = positions >= 0
+            positions = tl.where(valid, positions, 0)
+            keys = (req_to_token_ptr, stride_rt, req_rows_ptr + leader, start, end)  # the leader's slots
+            rows = (positions, heads, valid)
+            _attend_rows(
+                queries,
+                cache,
+                rows,
+                keys,
+                out_split,
+                partials,
+                M_PAD,
+                HEAD_DIM,
+                BLOCK_D,
+                BLOCK_N,
+                DOT_PRECISION,
+                SOFTCAP,
+            )
 
 
 @triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
@@ -220,6 +234,27 @@ def _suffix_kernel(
             tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
 
 
+# Stage 1's programs per SM: enough to fill the SMs a few times over (the 4 splits of 8 groups x 8 KV heads it ran
+# before, 256 programs on 132 SMs, read ~1 TB/s), not so many that the partials' writes (M_PAD x D fp32 per
+# program, a quarter of what a 128-key split reads) and the merge's reads of them dominate.
+PREFIX_PROGRAMS_PER_SM = 4
+
+
+def group_slots(batch_size: int, group_max: int) -> int:
+    """Stage 1's group programs: one per group of a batch of full groups (n = group_max siblings each)."""
+    return max(1, -(-batch_size // group_max))
+
+
+def choose_prefix_splits(
+    batch_size: int, group_max: int, num_kv_heads: int, num_sms: int, max_prefix_len: int, block_n: int, max_splits: int
+) -> int:
+    """The splits of each group's prefix, from static maxima only (graph-safe): about PREFIX_PROGRAMS_PER_SM
+    programs per SM over a batch of full groups, at most one split per key block of the longest prefix."""
+    programs = group_slots(batch_size, group_max) * num_kv_heads
+    splits = -(-PREFIX_PROGRAMS_PER_SM * num_sms // programs)
+    return max(1, min(splits, -(-max_prefix_len // block_n), max_splits))
+
+
 def shared_prefix_decode_attention(
     q: torch.Tensor,  # [B, H, D], rotated
     k_cache: torch.Tensor,  # [S, KVH, D]
@@ -239,6 +274,7 @@ def shared_prefix_decode_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     softcap: float | None = None,
+    prefix_slots: int = 0,  # stage 1's group programs (each takes every slots-th group); 0: group_slots()
 ) -> torch.Tensor:
     """Decode attention of B one-token rows where groups of rows share their first prefix_lens keys: the
     prefix is read once per group, each row's suffix once per row, and the two merged by log-sum-exp."""
@@ -263,9 +299,10 @@ def shared_prefix_decode_attention(
     )
     common = (*q.stride()[:2], *k_cache.stride()[:2], *v_cache.stride()[:2], req_to_token.stride(0))
     scratch = (*mid_out.stride()[:3], *mid_lse.stride()[:2])
-    _prefix_kernel[(batch, num_kv_heads, num_prefix_splits)](
+    prefix_slots = prefix_slots or group_slots(batch, group_max)
+    _prefix_kernel[(num_prefix_splits, num_kv_heads, prefix_slots)](
         q, k_cache, v_cache, req_to_token, req_rows, table, mid_out, mid_lse,
-        scale, num_prefix_splits, num_splits, *common, table.stride(0), *scratch,
+        scale, num_prefix_splits, num_splits, batch, *common, table.stride(0), *scratch,
         GROUP=group,
         G_MAX=group_max,
         M_PAD=max(16, triton.next_power_of_2(group_max * group)),
@@ -302,10 +339,11 @@ def shared_prefix_decode_ref(
     spliced = torch.cat([req_to_token, req_to_token.new_zeros(q.shape[0], req_to_token.shape[1])])
     own_rows = req_rows.clone()
     prefix_lens = table[:, 0].tolist()
-    for leader, row_members in enumerate(table[:, 1:].tolist()):
-        for position in (p for p in row_members if p >= 0):
+    for row_members in table[:, 1:].tolist():  # group g's positions in row g, the leader first
+        members = [p for p in row_members if p >= 0]
+        for position in members:
             prefix = prefix_lens[position]
             spliced[spare + position] = req_to_token[int(req_rows[position])]
-            spliced[spare + position, :prefix] = req_to_token[int(req_rows[leader]), :prefix]
+            spliced[spare + position, :prefix] = req_to_token[int(req_rows[members[0]]), :prefix]
             own_rows[position] = spare + position
     return decode_attention_ref(q, k_cache, v_cache, spliced, own_rows, kv_lens, scale, softcap=softcap)

@@ -1,7 +1,7 @@
 """--diverse_mode on the GPU: shared-prefix decode attention for n = 8 siblings of a 2,000-token prompt (issue 42).
 
     python3 -m benchmarks.device.diverse [--work-dir /tmp/diverse-bench] [--groups 1,4,8,16] [--new-tokens 256]
-        [--skip-check] [--skip-engine]
+        [--engine-groups 8[,16]] [--skip-check] [--skip-engine]
     python3 -m benchmarks.device.diverse --device cpu   # the CPU smoke run (tiny shapes, kernels interpreted)
 
 1. Kernel: Llama-3-8B attention (32 q heads, 8 KV heads, d = 128, bf16), groups of G = 8 rows sharing a
@@ -269,7 +269,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/diverse-bench"))
     parser.add_argument("--groups", default="1,4,8,16", help="kernel cases: groups of 8 rows")
-    parser.add_argument("--engine-groups", type=int, default=8)
+    parser.add_argument("--engine-groups", default="8", help="engine cases: groups of n = 8 siblings, e.g. 8,16")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-check", action="store_true", help="skip the tokens-match check")
@@ -282,8 +282,9 @@ def main() -> None:
     prefix_len = 40 if smoke else PREFIX_LEN
     heads = (4, 2, 16) if smoke else (32, 8, 128)
     check = {} if args.skip_check else check_same_tokens(args.device, *((1, 6) if smoke else ()))
+    engine_groups = [int(g) for g in args.engine_groups.split(",")]
     kernels = [
-        kernel_case(int(g), prefix_len, heads, args.device, sweep=int(g) == args.engine_groups)
+        kernel_case(int(g), prefix_len, heads, args.device, sweep=int(g) in engine_groups)
         for g in args.groups.split(",")
     ]
     engines: list[dict] = []
@@ -293,12 +294,10 @@ def main() -> None:
         model = dict(LLAMA3_TINY if smoke else LLAMA3_8B)
         model_dir = args.work_dir / ("llama3-tiny-dummy" if smoke else "llama3-8b-dummy")
         write_config_folder(model_dir, model)
-        for diverse in (False, True):
-            engines.append(
-                asyncio.run(
-                    engine_case(model_dir, diverse, args.engine_groups, args.new_tokens, prefix_len, args.device)
-                )
-            )
+        for groups in engine_groups:
+            for diverse in (False, True):
+                case = engine_case(model_dir, diverse, groups, args.new_tokens, prefix_len, args.device)
+                engines.append(asyncio.run(case))
     report = table(kernels, engines)
     if check:  # --skip-check: the GPU test runs the same check
         same = f"{check['identical']}/{check['requests']} requests' tokens identical, largest group {check['largest_group']}"

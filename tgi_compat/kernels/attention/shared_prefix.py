@@ -141,32 +141,27 @@ def _prefix_kernel(
     cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
     partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
     out_split = split_offset + split  # prefix splits follow the suffix's in the scratch
-    for slot in range(tl.program_id(2), num_rows, tl.num_programs(2)):
-        leader = tl.load(table_ptr + slot * stride_gb + 1)
-        if leader >= 0:  # group `slot` exists (the rows past the last group hold -1)
-            prefix_len = tl.load(table_ptr + leader * stride_gb).to(tl.int32)
-            split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
-            start = split * split_len
-            end = tl.minimum(start + split_len, prefix_len)
-            positions = tl.load(table_ptr + slot * stride_gb + 1 + member, mask=member < G_MAX, other=-1)
-            valid = positions >= 0
-            positions = tl.where(valid, positions, 0)
-            keys = (req_to_token_ptr, stride_rt, req_rows_ptr + leader, start, end)  # the leader's slots
-            rows = (positions, heads, valid)
-            _attend_rows(
-                queries,
-                cache,
-                rows,
-                keys,
-                out_split,
-                partials,
-                M_PAD,
-                HEAD_DIM,
-                BLOCK_D,
-                BLOCK_N,
-                DOT_PRECISION,
-                SOFTCAP,
-            )
+    # groups slot, slot + slots, ... until the first row past the last group (all later ones are past it too)
+    slot = tl.program_id(2)
+    leader = tl.load(table_ptr + slot * stride_gb + 1, mask=slot < num_rows, other=-1)
+    while leader >= 0:
+        next_slot = slot + tl.num_programs(2)
+        # loaded before the work, so that its latency hides behind it
+        next_leader = tl.load(table_ptr + next_slot * stride_gb + 1, mask=next_slot < num_rows, other=-1)
+        prefix_len = tl.load(table_ptr + leader * stride_gb).to(tl.int32)
+        split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, prefix_len)
+        positions = tl.load(table_ptr + slot * stride_gb + 1 + member, mask=member < G_MAX, other=-1)
+        valid = positions >= 0
+        positions = tl.where(valid, positions, 0)
+        keys = (req_to_token_ptr, stride_rt, req_rows_ptr + leader, start, end)  # the leader's slots
+        rows = (positions, heads, valid)
+        _attend_rows(
+            queries, cache, rows, keys, out_split, partials, M_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
+        )
+        slot = next_slot
+        leader = next_leader
 
 
 @triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)

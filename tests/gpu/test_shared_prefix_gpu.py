@@ -52,7 +52,7 @@ def test_shared_prefix_matches_reference_at_llama3_8b_shapes(groups: int, dtype:
 
 @pytest.mark.parametrize("groups", [1, 8, 16])
 def test_shared_prefix_at_the_split_counts_the_backend_picks(groups: int):
-    """The prefix split counts choose_prefix_splits gives on this GPU (9 at 8 groups on an H200's 132 SMs), and
+    """The prefix split counts choose_prefix_splits gives on this GPU (6 at 8 groups on an H200's 132 SMs), and
     around them: 2000 keys in splits of 64-key blocks, so the last split is partly filled and, past 32 splits, some
     are empty; fewer group programs than groups (each takes several in turn) too."""
     q, k_cache, v_cache, r2t, rows, kv_lens, table = kernel_rows(groups, 2000, LLAMA3_8B_HEADS, "cuda", seed=groups)

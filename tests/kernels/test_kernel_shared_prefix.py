@@ -112,11 +112,12 @@ def test_shared_prefix_split_counts_and_group_slots(prefix_splits: int, prefix_s
 
 
 def test_choose_prefix_splits_fills_the_sms_within_the_prefix_blocks():
-    # 8 full groups x 8 KV heads on 132 SMs: 4 programs per SM -> 9 splits (it ran 4 before)
-    assert choose_prefix_splits(64, 8, 8, 132, 4096, 64, 63) == 9
-    assert choose_prefix_splits(8, 8, 8, 132, 4096, 64, 63) == 63  # one group: bounded by the merge's splits
+    # 8 full groups x 8 KV heads on 132 SMs: 3 programs per SM -> 6 splits, 384 programs (it ran 4 before)
+    assert choose_prefix_splits(64, 8, 8, 132, 4096, 64, 63) == 6
+    assert choose_prefix_splits(128, 8, 8, 132, 4096, 64, 63) == 3
+    assert choose_prefix_splits(8, 8, 8, 132, 4096, 64, 40) == 40  # one group: bounded by the merge's splits
     assert choose_prefix_splits(8, 8, 8, 132, 200, 64, 63) == 4  # a short context: one split per key block
-    assert choose_prefix_splits(256, 8, 8, 132, 4096, 64, 63) == 3
+    assert choose_prefix_splits(512, 8, 8, 132, 4096, 64, 63) == 1
     assert group_slots(64, 8) == 8 and group_slots(65, 8) == 9 and group_slots(1, 8) == 1
 
 

@@ -229,10 +229,11 @@ def _suffix_kernel(
             tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
 
 
-# Stage 1's programs per SM: enough to fill the SMs a few times over (the 4 splits of 8 groups x 8 KV heads it ran
-# before, 256 programs on 132 SMs, read ~1 TB/s), not so many that the partials' writes (M_PAD x D fp32 per
-# program, a quarter of what a 128-key split reads) and the merge's reads of them dominate.
-PREFIX_PROGRAMS_PER_SM = 4
+# Stage 1's programs per SM: one wave of the 3 an SM holds at once (shared memory: two pipeline stages of a 64-key
+# K and V tile, 64 KB a program), all with the same length of prefix to read, so they end together. The 4 splits of
+# 8 groups x 8 KV heads it ran before, 256 programs on 132 SMs, read ~1 TB/s; many more, shorter splits would add
+# the partials' writes (M_PAD x D fp32 a program) and the merge's reads of them. benchmarks/device/diverse.py sweeps it.
+PREFIX_PROGRAMS_PER_SM = 3
 
 
 def group_slots(batch_size: int, group_max: int) -> int:
@@ -243,10 +244,10 @@ def group_slots(batch_size: int, group_max: int) -> int:
 def choose_prefix_splits(
     batch_size: int, group_max: int, num_kv_heads: int, num_sms: int, max_prefix_len: int, block_n: int, max_splits: int
 ) -> int:
-    """The splits of each group's prefix, from static maxima only (graph-safe): about PREFIX_PROGRAMS_PER_SM
+    """The splits of each group's prefix, from static maxima only (graph-safe): the nearest to PREFIX_PROGRAMS_PER_SM
     programs per SM over a batch of full groups, at most one split per key block of the longest prefix."""
     programs = group_slots(batch_size, group_max) * num_kv_heads
-    splits = -(-PREFIX_PROGRAMS_PER_SM * num_sms // programs)
+    splits = (PREFIX_PROGRAMS_PER_SM * num_sms + programs // 2) // programs
     return max(1, min(splits, -(-max_prefix_len // block_n), max_splits))
 
 

@@ -12,12 +12,11 @@ flash-decoding (decode.py) reads those P keys once per sibling. Here a step's ro
 (tgi_compat.modeling.forward_batch.PrefixGroups.) Its shape is fixed by the batch size, so a CUDA graph captured
 once replays any grouping.
 
-Stage 1 (prefix): programs (split of [0, P), KV head, group slot s) take the groups s, s + slots, s + 2 slots, ...
-and stack each one's G_MAX rows x GQA query heads on the M side of one tl.dot (decode.py's `_attend_split`), so
-each prefix KV block is read once for the group. The launch is sized for full groups (`prefix_grid`: one slot per
-G_MAX rows, and as many splits as fill the SMs a few times over); smaller groups only loop more.
-Stage 2 (suffix): one program per (row, KV head, split of [P, kv_len)): each row's own tokens (its whole
-context when it is in no group), the same inner loop.
+One launch, two kinds of program (a KV head each), the long ones first:
+- prefix: (split of [0, P), group slot s) takes the groups s, s + slots, ... and stacks each one's G_MAX rows x GQA
+  query heads on the M side of one tl.dot (decode.py's `_attend_split`): each prefix KV block is read once for the
+  group. Sized for full groups (`group_slots`, `choose_prefix_splits`); smaller groups only loop more.
+- suffix: (row, split of [P, kv_len)): each row's own tokens (its whole context when it is in no group).
 Both write flash-decoding partials (normalised output, log-sum-exp) into one scratch [B, H, S + PS, D]: suffix
 splits at [0, S), prefix splits at [S, S + PS); decode_merge's stage 2 merges them. A split with no keys
 stores lse = -inf (weight 0), so a row in no group has its prefix splits at -inf (the suffix's split 0 writes
@@ -34,7 +33,7 @@ from tgi_compat.kernels.attention.decode import _attend_split, decode_attention_
 from tgi_compat.kernels.attention.decode_merge import RUNTIME_SPLIT_ARGS, launch_stage2, split_outputs
 
 # Scratch strides and split counts follow the batch size: runtime values, one compiled kernel (decode_merge.py).
-_RUNTIME_ARGS = [*RUNTIME_SPLIT_ARGS, "num_prefix_splits", "split_offset", "num_rows"]
+_RUNTIME_ARGS = [*RUNTIME_SPLIT_ARGS, "num_prefix_splits", "num_rows", "prefix_slots"]
 
 
 @triton.jit
@@ -95,57 +94,40 @@ def _attend_rows(
     _store_rows(m_i, l_i, acc, partials, positions, heads, valid, out_split, start < end, offs_d, mask_d)
 
 
-@triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
-def _prefix_kernel(
-    q_ptr,  # [B, H, D] (rotated)
-    k_cache_ptr,  # [S, KVH, D]
-    v_cache_ptr,
-    req_to_token_ptr,  # [R, L] int32
-    req_rows_ptr,  # [B]
-    table_ptr,  # [B, 1 + G_MAX]
-    mid_out_ptr,  # [B, H, splits, D] fp32
-    mid_lse_ptr,  # [B, H, splits] fp32
-    scale,
+@triton.jit
+def _prefix_program(
+    split,
+    first_slot,
+    num_slot_programs,
+    num_rows,  # B: the table's rows, so its group slots
     num_prefix_splits,
     split_offset,  # the first prefix split's index in the scratch (the suffix's split count)
-    num_rows,  # B: the table's rows, so its group slots
-    stride_qb,
-    stride_qh,
-    stride_ks,
-    stride_kh,
-    stride_vs,
-    stride_vh,
-    stride_rt,
-    stride_gb,
-    stride_mb,
-    stride_mh,
-    stride_ms,
-    stride_lb,
-    stride_lh,
-    GROUP: tl.constexpr,  # query heads per KV head
-    G_MAX: tl.constexpr,  # rows per group at most
-    M_PAD: tl.constexpr,  # G_MAX * GROUP rounded up to a power of two, >= 16 (the M side of tl.dot)
+    queries,
+    cache,
+    tables,  # (req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb)
+    partials,
+    GROUP: tl.constexpr,
+    G_MAX: tl.constexpr,
+    M_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SOFTCAP: tl.constexpr = 0.0,
+    SOFTCAP: tl.constexpr,
 ):
-    split = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    """Split `split` of the prefix of groups first_slot, first_slot + num_slot_programs, ... for one KV head."""
+    req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb = tables
+    kv_head = cache[6]
     # M row m = (member m // GROUP, query head m % GROUP of this KV head)
     offs_m = tl.arange(0, M_PAD)
     member = offs_m // GROUP
     heads = kv_head * GROUP + offs_m % GROUP
-    queries = (q_ptr, stride_qb, stride_qh, scale)
-    cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
-    partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
     out_split = split_offset + split  # prefix splits follow the suffix's in the scratch
-    # groups slot, slot + slots, ... until the first row past the last group (all later ones are past it too)
-    slot = tl.program_id(2)
+    # until the first row past the last group (all later ones are past it too)
+    slot = first_slot
     leader = tl.load(table_ptr + slot * stride_gb + 1, mask=slot < num_rows, other=-1)
     while leader >= 0:
-        next_slot = slot + tl.num_programs(2)
+        next_slot = slot + num_slot_programs
         # loaded before the work, so that its latency hides behind it
         next_leader = tl.load(table_ptr + next_slot * stride_gb + 1, mask=next_slot < num_rows, other=-1)
         prefix_len = tl.load(table_ptr + leader * stride_gb).to(tl.int32)
@@ -164,20 +146,69 @@ def _prefix_kernel(
         leader = next_leader
 
 
-@triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
-def _suffix_kernel(
-    q_ptr,  # [B, H, D] (rotated)
-    k_cache_ptr,
-    v_cache_ptr,
-    req_to_token_ptr,
-    req_rows_ptr,
-    kv_lens_ptr,  # [B]
-    table_ptr,  # [B, 1 + G_MAX]
-    mid_out_ptr,
-    mid_lse_ptr,
-    scale,
+@triton.jit
+def _suffix_program(
+    req,
+    split,
+    kv_lens_ptr,
     num_splits,
     num_prefix_splits,
+    queries,
+    cache,
+    tables,
+    partials,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    PREFIX_SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+):
+    """Split `split` of row `req`'s own keys [P, kv_len) for one KV head."""
+    req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb = tables
+    mid_lse_ptr, stride_lb, stride_lh = partials[1], partials[5], partials[6]
+    kv_head = cache[6]
+    kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
+    prefix_len = tl.load(table_ptr + req * stride_gb).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(kv_len - prefix_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = tl.maximum(split_len, BLOCK_N)  # an empty suffix: every split empty, no zero-step range
+    start = prefix_len + split * split_len
+    end = tl.minimum(start + split_len, kv_len)
+    offs_g = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + offs_g
+    valid = offs_g < GROUP
+    positions = offs_g * 0 + req
+    keys = (req_to_token_ptr, stride_rt, req_rows_ptr + req, start, end)
+    rows = (positions, heads, valid)
+    _attend_rows(
+        queries, cache, rows, keys, split, partials, GROUP_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
+    )
+    if split == 0:
+        if prefix_len == 0:  # in no group: no prefix program writes this row's prefix splits
+            offs_p = tl.arange(0, PREFIX_SPLITS_PAD)
+            lse_ptrs = mid_lse_ptr + req * stride_lb + heads[:, None] * stride_lh + num_splits + offs_p[None, :]
+            empty = tl.full([GROUP_PAD, PREFIX_SPLITS_PAD], float("-inf"), tl.float32)
+            tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
+
+
+@triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
+def _shared_prefix_kernel(
+    q_ptr,  # [B, H, D] (rotated)
+    k_cache_ptr,  # [S, KVH, D]
+    v_cache_ptr,
+    req_to_token_ptr,  # [R, L] int32
+    req_rows_ptr,  # [B]
+    kv_lens_ptr,  # [B]
+    table_ptr,  # [B, 1 + G_MAX]
+    mid_out_ptr,  # [B, H, splits, D] fp32
+    mid_lse_ptr,  # [B, H, splits] fp32
+    scale,
+    num_splits,  # of each row's suffix
+    num_prefix_splits,
+    num_rows,  # B
+    prefix_slots,  # the prefix's group programs
     stride_qb,
     stride_qh,
     stride_ks,
@@ -191,53 +222,80 @@ def _suffix_kernel(
     stride_ms,
     stride_lb,
     stride_lh,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,  # >= 16 (the M side of tl.dot)
+    GROUP: tl.constexpr,  # query heads per KV head
+    G_MAX: tl.constexpr,  # rows per group at most
+    M_PAD: tl.constexpr,  # G_MAX * GROUP rounded up to a power of two, >= 16 (the M side of tl.dot)
+    GROUP_PAD: tl.constexpr,  # GROUP, >= 16
     PREFIX_SPLITS_PAD: tl.constexpr,  # num_prefix_splits rounded up to a power of two
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # keys per iteration over a suffix
+    PREFIX_BLOCK_N: tl.constexpr,  # over a prefix
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr = 0.0,
 ):
-    req = tl.program_id(0)
+    """Programs [0, prefix_slots x num_prefix_splits) take prefixes, the rest suffixes: one launch, so the suffix
+    programs fill the SMs that the prefix's leave at its tail."""
+    pid = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
-    prefix_len = tl.load(table_ptr + req * stride_gb).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(kv_len - prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    split_len = tl.maximum(split_len, BLOCK_N)  # an empty suffix: every split empty, no zero-step range
-    start = prefix_len + split * split_len
-    end = tl.minimum(start + split_len, kv_len)
-    offs_g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + offs_g
-    valid = offs_g < GROUP
-    positions = offs_g * 0 + req
     queries = (q_ptr, stride_qb, stride_qh, scale)
     cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
-    keys = (req_to_token_ptr, stride_rt, req_rows_ptr + req, start, end)
+    tables = (req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb)
     partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
-    rows = (positions, heads, valid)
-    _attend_rows(
-        queries, cache, rows, keys, split, partials, GROUP_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
-    )
-    if split == 0:
-        if prefix_len == 0:  # in no group: no prefix program writes this row's prefix splits
-            offs_p = tl.arange(0, PREFIX_SPLITS_PAD)
-            lse_ptrs = mid_lse_ptr + req * stride_lb + heads[:, None] * stride_lh + num_splits + offs_p[None, :]
-            empty = tl.full([GROUP_PAD, PREFIX_SPLITS_PAD], float("-inf"), tl.float32)
-            tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
+    num_prefix_programs = prefix_slots * num_prefix_splits
+    if pid < num_prefix_programs:
+        split, slot = pid % num_prefix_splits, pid // num_prefix_splits
+        _prefix_program(
+            split,
+            slot,
+            prefix_slots,
+            num_rows,
+            num_prefix_splits,
+            num_splits,
+            queries,
+            cache,
+            tables,
+            partials,
+            GROUP,
+            G_MAX,
+            M_PAD,
+            HEAD_DIM,
+            BLOCK_D,
+            PREFIX_BLOCK_N,
+            DOT_PRECISION,
+            SOFTCAP,
+        )
+    else:
+        work = pid - num_prefix_programs
+        _suffix_program(
+            work // num_splits,
+            work % num_splits,
+            kv_lens_ptr,
+            num_splits,
+            num_prefix_splits,
+            queries,
+            cache,
+            tables,
+            partials,
+            GROUP,
+            GROUP_PAD,
+            PREFIX_SPLITS_PAD,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            DOT_PRECISION,
+            SOFTCAP,
+        )
 
 
-# Stage 1's programs per SM: one wave of the 3 an SM holds at once (shared memory: two pipeline stages of a 64-key
-# K and V tile, 64 KB a program), all with the same length of prefix to read, so they end together. The 4 splits of
-# 8 groups x 8 KV heads it ran before, 256 programs on 132 SMs, read ~1 TB/s; many more, shorter splits would add
-# the partials' writes (M_PAD x D fp32 a program) and the merge's reads of them. benchmarks/device/diverse.py sweeps it.
+# Prefix programs per SM: one wave of the 3 an SM holds (shared memory: two stages of 64-key K and V tiles, 64 KB),
+# all as long, so they end together. 4 splits of 8 groups x 8 KV heads (256 programs, 132 SMs) read ~1 TB/s; many
+# shorter splits add partials (M_PAD x D fp32 each) to write and merge. benchmarks/device/diverse.py sweeps it.
 PREFIX_PROGRAMS_PER_SM = 3
 
 
 def group_slots(batch_size: int, group_max: int) -> int:
-    """Stage 1's group programs: one per group of a batch of full groups (n = group_max siblings each)."""
+    """The prefix's group programs: one per group of a batch of full groups (n = group_max siblings each)."""
     return max(1, -(-batch_size // group_max))
 
 
@@ -270,7 +328,7 @@ def shared_prefix_decode_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     softcap: float | None = None,
-    prefix_slots: int = 0,  # stage 1's group programs (each takes every slots-th group); 0: group_slots()
+    prefix_slots: int = 0,  # group programs (each takes every slots-th group); 0: group_slots()
 ) -> torch.Tensor:
     """Decode attention of B one-token rows where groups of rows share their first prefix_lens keys: the
     prefix is read once per group, each row's suffix once per row, and the two merged by log-sum-exp."""
@@ -296,22 +354,17 @@ def shared_prefix_decode_attention(
     common = (*q.stride()[:2], *k_cache.stride()[:2], *v_cache.stride()[:2], req_to_token.stride(0))
     scratch = (*mid_out.stride()[:3], *mid_lse.stride()[:2])
     prefix_slots = prefix_slots or group_slots(batch, group_max)
-    _prefix_kernel[(num_prefix_splits, num_kv_heads, prefix_slots)](
-        q, k_cache, v_cache, req_to_token, req_rows, table, mid_out, mid_lse,
-        scale, num_prefix_splits, num_splits, batch, *common, table.stride(0), *scratch,
+    programs = prefix_slots * num_prefix_splits + batch * num_splits
+    _shared_prefix_kernel[(programs, num_kv_heads)](
+        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, table, mid_out, mid_lse,
+        scale, num_splits, num_prefix_splits, batch, prefix_slots, *common, table.stride(0), *scratch,
         GROUP=group,
         G_MAX=group_max,
         M_PAD=max(16, triton.next_power_of_2(group_max * group)),
-        BLOCK_N=prefix_block_n,
-        **meta,
-    )  # fmt: skip
-    _suffix_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, table, mid_out, mid_lse,
-        scale, num_splits, num_prefix_splits, *common, table.stride(0), *scratch,
-        GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         PREFIX_SPLITS_PAD=triton.next_power_of_2(num_prefix_splits),
         BLOCK_N=block_n,
+        PREFIX_BLOCK_N=prefix_block_n,
         **meta,
     )  # fmt: skip
     launch_stage2(mid_out[:batch, :, :total_splits], mid_lse[:batch, :, :total_splits], out, total_splits, pdl=False)

@@ -80,15 +80,15 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
 
     from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
     from tgi_compat.kernels.attention.shared_prefix import choose_prefix_splits, shared_prefix_decode_attention
-    from tgi_compat.modeling.attention.triton_backend import MAX_DECODE_SPLITS, PREFIX_BLOCK_N
+    from tgi_compat.modeling.attention.triton_backend import MAX_DECODE_SPLITS, SHARED_PREFIX_BLOCK_N
 
     q, k_cache, v_cache, r2t, rows, kv_lens, groups_table = kernel_rows(groups, prefix_len, heads, device)
     batch, num_kv_heads, head_dim = q.shape[0], heads[1], heads[2]
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 4
     splits = choose_num_splits(batch, num_kv_heads, sms, MAX_DECODE_SPLITS)
-    prefix_block_n = PREFIX_BLOCK_N if device == "cuda" else 16
+    shared_block_n = SHARED_PREFIX_BLOCK_N if device == "cuda" else 16
     room = MAX_DECODE_SPLITS - splits
-    prefix_splits = choose_prefix_splits(batch, GROUP_SIZE, num_kv_heads, sms, r2t.shape[1], prefix_block_n, room)
+    prefix_splits = choose_prefix_splits(batch, GROUP_SIZE, num_kv_heads, sms, r2t.shape[1], shared_block_n, room)
     block_n = choose_block_n(batch, num_kv_heads, sms) if device == "cuda" else 16
     scale = head_dim**-0.5
     today_out, shared_out = torch.empty_like(q), torch.empty_like(q)
@@ -99,7 +99,7 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
     def shared(num_prefix_splits: int = prefix_splits, num_stages: int = 2) -> None:
         shared_prefix_decode_attention(
             q, k_cache, v_cache, r2t, rows, kv_lens, groups_table, scale, splits, num_prefix_splits, out=shared_out,
-            block_n=block_n, prefix_block_n=prefix_block_n, num_stages=num_stages,
+            block_n=shared_block_n, prefix_block_n=shared_block_n, num_stages=num_stages,
         )  # fmt: skip
 
     today()

@@ -41,7 +41,9 @@ from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
 
 MAX_DECODE_SPLITS = 64
-PREFIX_BLOCK_N = 64  # the shared-prefix kernel's keys per iteration over a group's prefix (its default)
+# The shared-prefix kernel's keys per iteration, over prefixes and suffixes alike: its two kinds of program share one
+# launch, so a 128-key suffix tile would set the shared memory (and so the SMs' occupancy) of the prefix's too.
+SHARED_PREFIX_BLOCK_N = 64
 # Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
 # 512 (`bench_gpu.py --attn-variants`, docs/benchmarks/2026-11-22-serving.md, run J). The fused rotary saves 45 us per step at batch 1
 # and 15-70 us at 2-64 but costs 24-130 us at 128-256 (every program rotates its queries). Merged
@@ -142,7 +144,13 @@ class TritonAttentionBackend(AttentionBackend):
         # the merge holds every split of a head in registers: at most MAX_DECODE_SPLITS in all, as flash-decoding
         room = MAX_DECODE_SPLITS - self._num_splits(batch_size)
         return choose_prefix_splits(
-            batch_size, self.prefix_group_max, self.num_kv_heads, self.num_sms, self.max_seq_len, PREFIX_BLOCK_N, room
+            batch_size,
+            self.prefix_group_max,
+            self.num_kv_heads,
+            self.num_sms,
+            self.max_seq_len,
+            SHARED_PREFIX_BLOCK_N,
+            room,
         )
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
@@ -311,8 +319,8 @@ class TritonAttentionBackend(AttentionBackend):
             out=out,
             mid_out=mid_out,
             mid_lse=mid_lse,
-            block_n=meta.block_n,
-            prefix_block_n=PREFIX_BLOCK_N,
+            block_n=SHARED_PREFIX_BLOCK_N,
+            prefix_block_n=SHARED_PREFIX_BLOCK_N,
             softcap=params.softcap,
         )
 

@@ -146,53 +146,6 @@ def _prefix_program(
         leader = next_leader
 
 
-@triton.jit
-def _suffix_program(
-    req,
-    split,
-    kv_lens_ptr,
-    num_splits,
-    num_prefix_splits,
-    queries,
-    cache,
-    tables,
-    partials,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    PREFIX_SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-):
-    """Split `split` of row `req`'s own keys [P, kv_len) for one KV head."""
-    req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb = tables
-    mid_lse_ptr, stride_lb, stride_lh = partials[1], partials[5], partials[6]
-    kv_head = cache[6]
-    kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
-    prefix_len = tl.load(table_ptr + req * stride_gb).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(kv_len - prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    split_len = tl.maximum(split_len, BLOCK_N)  # an empty suffix: every split empty, no zero-step range
-    start = prefix_len + split * split_len
-    end = tl.minimum(start + split_len, kv_len)
-    offs_g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + offs_g
-    valid = offs_g < GROUP
-    positions = offs_g * 0 + req
-    keys = (req_to_token_ptr, stride_rt, req_rows_ptr + req, start, end)
-    rows = (positions, heads, valid)
-    _attend_rows(
-        queries, cache, rows, keys, split, partials, GROUP_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
-    )
-    if split == 0:
-        if prefix_len == 0:  # in no group: no prefix program writes this row's prefix splits
-            offs_p = tl.arange(0, PREFIX_SPLITS_PAD)
-            lse_ptrs = mid_lse_ptr + req * stride_lb + heads[:, None] * stride_lh + num_splits + offs_p[None, :]
-            empty = tl.full([GROUP_PAD, PREFIX_SPLITS_PAD], float("-inf"), tl.float32)
-            tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
-
-
 @triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
 def _shared_prefix_kernel(
     q_ptr,  # [B, H, D] (rotated)
@@ -265,27 +218,30 @@ def _shared_prefix_kernel(
             DOT_PRECISION,
             SOFTCAP,
         )
-    else:
+    else:  # a suffix: split `split` of row `req`'s own keys [P, kv_len)
         work = pid - num_prefix_programs
-        _suffix_program(
-            work // num_splits,
-            work % num_splits,
-            kv_lens_ptr,
-            num_splits,
-            num_prefix_splits,
-            queries,
-            cache,
-            tables,
-            partials,
-            GROUP,
-            GROUP_PAD,
-            PREFIX_SPLITS_PAD,
-            HEAD_DIM,
-            BLOCK_D,
-            BLOCK_N,
-            DOT_PRECISION,
-            SOFTCAP,
+        req, split = work // num_splits, work % num_splits
+        kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
+        prefix_len = tl.load(table_ptr + req * stride_gb).to(tl.int32)
+        split_len = tl.cdiv(tl.cdiv(kv_len - prefix_len, num_splits), BLOCK_N) * BLOCK_N
+        split_len = tl.maximum(split_len, BLOCK_N)  # an empty suffix: every split empty, no zero-step range
+        start = prefix_len + split * split_len
+        end = tl.minimum(start + split_len, kv_len)
+        offs_g = tl.arange(0, GROUP_PAD)
+        heads = kv_head * GROUP + offs_g
+        valid = offs_g < GROUP
+        positions = offs_g * 0 + req
+        keys = (req_to_token_ptr, stride_rt, req_rows_ptr + req, start, end)
+        rows = (positions, heads, valid)
+        _attend_rows(
+            queries, cache, rows, keys, split, partials, GROUP_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
         )
+        if split == 0:
+            if prefix_len == 0:  # in no group: no prefix program writes this row's prefix splits
+                offs_p = tl.arange(0, PREFIX_SPLITS_PAD)
+                lse_ptrs = mid_lse_ptr + req * stride_lb + heads[:, None] * stride_lh + num_splits + offs_p[None, :]
+                empty = tl.full([GROUP_PAD, PREFIX_SPLITS_PAD], float("-inf"), tl.float32)
+                tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
 
 
 # Prefix programs per SM: one wave of the 3 an SM holds (shared memory: two stages of 64-key K and V tiles, 64 KB),

@@ -100,6 +100,7 @@ class EngineCore:
         self.executor = StepExecutor(runner, selection, self.lora is not None, images, prefix_group_max=group_max)
         self.selector = self.executor.selector
         self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
+        self.stats.group_counts = self.executor.batch_builder.group_counts
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
         if config.speculative is not None:  # a step's drafts are made from the tokens of the step before, on the host:

@@ -4,6 +4,7 @@ hypotheses: the same best texts and lengths, and scores (cum_log_probs / length 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -67,15 +68,37 @@ def test_completions_beam_search_equals_transformers(beam_server, width, length_
         assert abs(choice["cum_log_probs"] / choice["sentence_length"] ** length_penalty - score) <= 1e-4
 
 
-def test_beam_search_refuses_sampling_and_streams(beam_server):
+def test_beam_search_refuses_sampling_and_tgi_streams(beam_server):
     server, _, _ = beam_server
-    for extra, reason in [({"temperature": 0.7}, "no `temperature`"), ({"stream": True}, "`stream`")]:
-        body = {"prompt": PROMPT, "max_tokens": 4, "use_beam_search": True, **extra}
-        response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
-        assert response.status_code == 422 and reason in response.json()["error"]
+    body = {"prompt": PROMPT, "max_tokens": 4, "use_beam_search": True, "temperature": 0.7}
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 422 and "no `temperature`" in response.json()["error"]
+    # TGI refuses `best_of` on streams for the same reason: nothing is final before the end
     parameters = {"use_beam_search": True, "max_new_tokens": 4}
     stream = httpx.post(f"{server.base_url}/generate_stream", json={"inputs": PROMPT, "parameters": parameters})
     assert "`use_beam_search` is not supported when streaming tokens" in stream.text
+
+
+def test_streamed_beam_search_sends_the_searched_choices_at_the_end(beam_server):
+    """vLLM answers `stream: true` with a beam search's final result (it never refuses it); we send it as SSE: one
+    event a choice with its whole text, the same choices as unstreamed, then the usage chunk and [DONE]."""
+    server, _, _ = beam_server
+    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "use_beam_search": True, "beam_width": 3, "n": 2}
+    whole = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120).json()
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    response = httpx.post(f"{server.base_url}/v1/completions", json=streamed, timeout=120)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = [e.removeprefix("data:").strip() for e in response.text.strip().split("\n\n")]
+    assert events[-1] == "[DONE]"
+    *choice_events, usage_event = [json.loads(e) for e in events[:-1]]
+    choices = [event["choices"][0] for event in choice_events]
+    assert [len(event["choices"]) for event in choice_events] == [1, 1]
+    raw = {"stop": "eos_token", "length": "length"}  # a stream's finish reasons are TGI's raw ones
+    for ours, expected in zip(choices, whole["choices"], strict=True):
+        # the second search reads the first one's KV from the prefix cache: its sums may differ in the last bits
+        assert abs(ours.pop("cum_log_probs") - expected.pop("cum_log_probs")) <= 1e-4
+        assert ours == {**expected, "finish_reason": raw[expected["finish_reason"]]}
+    assert usage_event["choices"] == [] and usage_event["usage"] == whole["usage"]
 
 
 def test_generate_beam_search_extension_returns_the_other_beams_as_best_of_sequences(beam_server):

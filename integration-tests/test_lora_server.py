@@ -168,15 +168,21 @@ def test_lora_requests_info_names_the_running_adapter(lora_server):
     assert re.search(r'^vllm:lora_time_e2e_requests_count\{model_name="[^"]*",lora_name="a1"\} [1-9]', text, re.M)
 
 
-def test_two_ranks_answer_as_one_and_refuse_runtime_loads(lora_server, adapter_flags):
-    """Each rank reads the startup adapters; a step's adapter slots reach both ranks."""
+def test_two_ranks_answer_as_one_and_load_while_serving(lora_server, adapter_flags):
+    """Each rank reads every adapter rank 0 loads (at startup or while serving); a step's adapter slots reach both
+    ranks."""
     command = [*_launcher_command(_free_port()), *adapter_flags, "--num-shard", "2", "--master-port", str(_free_port())]
     with launched(command, RUNTIME_UPDATES, "launcher-lora-tp2-") as sharded:
         for adapter in (None, "a1", "a2"):
             ours, reference = _generate(sharded, adapter), _generate(lora_server, adapter)
             assert ours["generated_text"] == reference["generated_text"], adapter
             assert _logprobs(ours) == pytest.approx(_logprobs(reference), abs=1e-3), adapter
-        body = {"lora_name": "late", "lora_path": "/anywhere"}
-        refused = httpx.post(f"{sharded.base_url}/v1/load_lora_adapter", json=body, timeout=60)
-        assert refused.status_code == 400 and "--num-shard > 1" in refused.json()["error"]["message"], refused.text
+        a1_path = adapter_flags[1].split("=", 1)[1]
+        body = {"lora_name": "late", "lora_path": a1_path}
+        loaded = httpx.post(f"{sharded.base_url}/v1/load_lora_adapter", json=body, timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        late, reference = _generate(sharded, "late"), _generate(lora_server, "a1")  # the same files as a1
+        assert late["generated_text"] == reference["generated_text"]
+        unloaded = httpx.post(f"{sharded.base_url}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=60)
+        assert unloaded.status_code == 200, unloaded.text
         assert _generate(sharded, "a1")["details"]["generated_tokens"] >= 1  # still serving

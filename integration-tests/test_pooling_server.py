@@ -1,22 +1,25 @@
 """Pooling models served end to end: tiny random embedding, classification and reward checkpoints (with a
 byte-level tokenizer) behind the real launchers, answered through the openai client's `embeddings.create` and
-plain HTTP for vLLM's /pooling and /classify and LightLLM's /get_score; every vector equals transformers' on
-the same weights within 1e-4 (fp32). Generation on a pooling model, generation parameters and over-long
+plain HTTP for vLLM's /pooling and /classify and LightLLM's /get_score (InternLM2's reward model on 2
+tensor-parallel ranks); every vector equals transformers' (or the InternLM2 reference's) on the same weights within
+1e-4 (fp32). Generation on a pooling model, generation parameters and over-long
 inputs get clear 422s."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
-from harness import _free_port, _launcher_command, launched
+from harness import _free_port, _launcher_command, child_processes, launched
 from test_model_families import byte_level_tokenizer
 
-from tests.modeling.pooling_models import RewardModel, hf_pooled, save_sentence_transformers_pooling, tiny_model
+from tests.modeling.internlm2_reference import InternLM2Reference
+from tests.modeling.pooling_models import hf_pooled, save_sentence_transformers_pooling, tiny_model
 
 PROMPTS = ["The first prompt.", "A second, longer prompt of another length!", "x"]
 VOCAB = 320  # the byte-level tokenizer's 258 ids fit
@@ -100,7 +103,9 @@ def test_classify_returns_transformers_probabilities(tmp_path):
 
 
 def test_lightllm_reward_model_scores_the_conversation(tmp_path):
-    model = RewardModel(vocab_size=VOCAB)
+    """LightLLM's InternLM2 reward model (`v_head` on the last token) served as LightLLM serves it, on 2
+    tensor-parallel ranks (its decoder sharded, its head replicated)."""
+    model = InternLM2Reference(reward=True, vocab_size=VOCAB)
     model.save(str(tmp_path))
     tokenizer = byte_level_tokenizer()
     tokenizer.save_pretrained(str(tmp_path))
@@ -114,12 +119,18 @@ def test_lightllm_reward_model_scores_the_conversation(tmp_path):
         "512",
         "--max_req_input_len",
         "500",
+        "--tp",
+        "2",
+        "--nccl_port",
+        str(_free_port()),
     ]
     chat = "<user>How much is 2+2?</user><assistant>4</assistant>"
     with launched(command, {**os.environ, "LOG_LEVEL": "info"}, "pooling-reward-") as server:
+        names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in child_processes(server)}
+        assert "tp-rank-1" in names  # the second rank serves beside the engine
         answer = httpx.post(f"{server.base_url}/get_score", json={"chat": chat}, timeout=60).json()
         refused = httpx.post(f"{server.base_url}/get_score", json={"chat": chat, "max_new_tokens": 4}, timeout=60)
     assert refused.status_code == 422 and "`max_new_tokens` is a generation parameter" in refused.json()["error"]
     ids = tokenizer(chat).input_ids
     assert answer["prompt_tokens"] == len(ids) and answer["finish_reason"] == "length"
-    assert abs(answer["score"] - hf_pooled(model, ids).item()) <= 1e-4
+    assert abs(answer["score"] - model.reward(ids).item()) <= 1e-4

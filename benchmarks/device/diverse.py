@@ -1,17 +1,19 @@
 """--diverse_mode on the GPU: shared-prefix decode attention for n = 8 siblings of a 2,000-token prompt (issue 42).
 
     python3 -m benchmarks.device.diverse [--work-dir /tmp/diverse-bench] [--groups 1,4,8,16] [--new-tokens 256]
-        [--skip-check] [--skip-engine]
+        [--engine-groups 8[,16]] [--skip-check] [--skip-engine]
     python3 -m benchmarks.device.diverse --device cpu   # the CPU smoke run (tiny shapes, kernels interpreted)
 
 1. Kernel: Llama-3-8B attention (32 q heads, 8 KV heads, d = 128, bf16), groups of G = 8 rows sharing a
    2,000-token prefix, each row with its own 1..256-token suffix: today's flash-decoding (decode.py, the split
    count and key block the Triton backend picks) against the shared-prefix kernel (shared_prefix.py) over the
-   same rows, CUDA-graph replay times (timing.graph_ms), and the two outputs' difference.
+   same rows, CUDA-graph replay times (timing.graph_ms), and the two outputs' difference. At --engine-groups
+   groups, a sweep of the prefix's split count and pipeline stages around the one the backend picks.
 2. Engine: an engine process (the server's own client, as overlap.py / engine_load.py), a random Llama-3-8B
    (--load-format dummy: config.json and the tokenizer only), 8 groups of n = 8 siblings (64 rows; each group one
    random 2,000-token prompt, each sibling its own seed) generating --new-tokens tokens each, diverse mode off then
-   on. Output tok/s over the whole run, and over the decode phase alone (from the last first-token to the end).
+   on. Output tok/s over the whole run, and over the decode phase alone (from the last first-token to the end),
+   and the engine's own count of how its diverse decode steps grouped their rows (EngineStats.diverse_*).
 First a check: a small float32 Llama (CUDA graphs) through in-process engines, diverse mode off vs on, n = 8
 siblings greedy and seeded: every token must match and the siblings must have been grouped.
 The table compares the decode phase's ratio with the issue's bar (>= 1.5x); JSON goes to $OUT/diverse.json.
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.stats import EngineStats
 
 PREFIX_LEN, GROUP_SIZE, BAR = 2000, 8, 1.5
 
@@ -70,18 +73,22 @@ def kernel_rows(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
     return q, k_cache, v_cache, req_to_token.to(device), rows, kv_lens, table
 
 
-def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], device: str) -> dict:
-    """Today's decode attention vs the shared-prefix kernel over one batch of sibling groups."""
+def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], device: str, sweep: bool = False) -> dict:
+    """Today's decode attention vs the shared-prefix kernel over one batch of sibling groups, at the split counts the
+    Triton backend picks; `sweep`: the shared-prefix kernel's time at other prefix split counts too."""
     import torch
 
     from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
-    from tgi_compat.kernels.attention.shared_prefix import shared_prefix_decode_attention
+    from tgi_compat.kernels.attention.shared_prefix import choose_prefix_splits, shared_prefix_decode_attention
+    from tgi_compat.modeling.attention.triton_backend import MAX_DECODE_SPLITS, SHARED_PREFIX_BLOCK_N
 
     q, k_cache, v_cache, r2t, rows, kv_lens, groups_table = kernel_rows(groups, prefix_len, heads, device)
     batch, num_kv_heads, head_dim = q.shape[0], heads[1], heads[2]
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 4
-    splits = choose_num_splits(batch, num_kv_heads, sms, 64)
-    prefix_splits = choose_num_splits(max(1, batch // GROUP_SIZE), num_kv_heads, sms, 64)  # as triton_backend.py
+    splits = choose_num_splits(batch, num_kv_heads, sms, MAX_DECODE_SPLITS)
+    shared_block_n = SHARED_PREFIX_BLOCK_N if device == "cuda" else 16
+    room = MAX_DECODE_SPLITS - splits
+    prefix_splits = choose_prefix_splits(batch, GROUP_SIZE, num_kv_heads, sms, r2t.shape[1], shared_block_n, room)
     block_n = choose_block_n(batch, num_kv_heads, sms) if device == "cuda" else 16
     scale = head_dim**-0.5
     today_out, shared_out = torch.empty_like(q), torch.empty_like(q)
@@ -89,10 +96,10 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
     def today() -> None:
         decode_attention(q, k_cache, v_cache, r2t, rows, kv_lens, scale, splits, out=today_out, block_n=block_n)
 
-    def shared() -> None:
+    def shared(num_prefix_splits: int = prefix_splits, num_stages: int = 2) -> None:
         shared_prefix_decode_attention(
-            q, k_cache, v_cache, r2t, rows, kv_lens, groups_table, scale, splits, prefix_splits, out=shared_out,
-            block_n=block_n, prefix_block_n=64 if device == "cuda" else 16,
+            q, k_cache, v_cache, r2t, rows, kv_lens, groups_table, scale, splits, num_prefix_splits, out=shared_out,
+            block_n=shared_block_n, prefix_block_n=shared_block_n, num_stages=num_stages,
         )  # fmt: skip
 
     today()
@@ -105,6 +112,16 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
         result["today_us"] = 1e3 * graph_ms(today)
         result["shared_us"] = 1e3 * graph_ms(shared)
         result["speedup"] = result["today_us"] / result["shared_us"]
+        # what the shared-prefix kernel must read: each group's prefix once, each row's own keys (K and V)
+        keys = groups * prefix_len + int((kv_lens - prefix_len).sum())
+        result["shared_tb_s"] = keys * num_kv_heads * head_dim * 2 * k_cache.element_size() / result["shared_us"] / 1e6
+        if sweep:  # 4: last session's count at 8 groups
+            counts = sorted({3, 4, 6, 8, 9, prefix_splits, 12, 16, 24, 32} & set(range(1, room + 1)))
+            result["sweep_us"] = {
+                f"{n}/stages{stages}": 1e3 * graph_ms(lambda n=n, stages=stages: shared(n, stages))
+                for n in counts
+                for stages in (2, 3)
+            }
     log(json.dumps(result))
     return result
 
@@ -144,7 +161,9 @@ async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: i
 
     try:
         await run(4)  # warm-up: compiles, prefix cache paths, graph replays
+        before = await settled_stats(client)
         began, streams = await run(new_tokens)
+        after = await settled_stats(client)
     finally:
         await client.shutdown()
     tokens = sum(s.tokens for s in streams)
@@ -153,10 +172,29 @@ async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: i
     decode_tokens = sum(sum(1 for t in s.event_times() if t > decode_start) for s in streams)
     result = dict(
         diverse=diverse, rows=rows, load_s=load_s, tokens=tokens, tok_s=tokens / (end - began),
-        decode_tok_s=decode_tokens / max(end - decode_start, 1e-9),
+        decode_tok_s=decode_tokens / max(end - decode_start, 1e-9), grouping=grouping(before, after),
     )  # fmt: skip
     log(json.dumps(result))
     return result
+
+
+async def settled_stats(client) -> EngineStats:
+    """The engine's report once it has gone idle (it sends one then: cumulative counts up to date)."""
+    await asyncio.sleep(1.5)
+    assert client.latest_stats is not None
+    return client.latest_stats
+
+
+def grouping(before: EngineStats, after: EngineStats) -> dict:
+    """The timed run's --diverse_mode decode steps: how many, and how their rows grouped (mean per step)."""
+    steps = after.diverse_steps - before.diverse_steps
+    per_step = max(steps, 1)
+    return dict(
+        steps=steps,
+        rows_per_step=(after.diverse_rows - before.diverse_rows) / per_step,
+        grouped_rows_per_step=(after.diverse_grouped_rows - before.diverse_grouped_rows) / per_step,
+        groups_per_step=(after.diverse_groups - before.diverse_groups) / per_step,
+    )
 
 
 def check_same_tokens(device: str, num_prompts: int = 3, new_tokens: int = 40) -> dict:
@@ -167,7 +205,6 @@ def check_same_tokens(device: str, num_prompts: int = 3, new_tokens: int = 40) -
 
     from benchmarks.device.steps import build_runner, check_requests, engine_tokens, hf_model
     from benchmarks.shapes import decoder
-    from tgi_compat.router import batch as step_batch
     from tgi_compat.router.engine import EngineCore
     from tgi_compat.router.request import SamplingParams
 
@@ -181,32 +218,19 @@ def check_same_tokens(device: str, num_prompts: int = 3, new_tokens: int = 40) -
         for p, prompt in enumerate(prompts)
         for k in range(GROUP_SIZE)
     ] + [([rng.randrange(3, 2000) for _ in range(30)], SamplingParams(), new_tokens // 2) for _ in range(3)]
-    largest: list[int] = []
-    grouping = step_batch.shared_prefix_groups
-
-    def recorded(*args, **kwargs):
-        groups = grouping(*args, **kwargs)
-        largest.append(max((len(members) for _, members in groups), default=0))
-        return groups
-
-    step_batch.shared_prefix_groups = recorded  # type: ignore[assignment]
-    outputs = {}
-    try:
-        for diverse in (False, True):
-            graphs = [1, 2, 4, 8, 16, 32] if device == "cuda" else []
-            runner = build_runner(
-                hf_config, model.state_dict(), "float32", "triton", 32, 512, device, graphs, diverse_mode=diverse
-            )
-            engine = EngineCore(
-                EngineConfig(model_id="random", max_running_requests=32, diverse_mode=diverse),
-                runner,
-                runner.model_config,
-            )
-            outputs[diverse] = engine_tokens(engine, check_requests(requests))
-    finally:
-        step_batch.shared_prefix_groups = grouping  # type: ignore[assignment]
+    outputs, largest = {}, 0
+    for diverse in (False, True):
+        graphs = [1, 2, 4, 8, 16, 32] if device == "cuda" else []
+        runner = build_runner(
+            hf_config, model.state_dict(), "float32", "triton", 32, 512, device, graphs, diverse_mode=diverse
+        )
+        engine = EngineCore(
+            EngineConfig(model_id="random", max_running_requests=32, diverse_mode=diverse), runner, runner.model_config
+        )
+        outputs[diverse] = engine_tokens(engine, check_requests(requests))
+        largest = max(largest, engine.executor.batch_builder.group_counts.largest)
     same = sum(outputs[False][k] == outputs[True].get(k) for k in outputs[False])
-    result = dict(requests=len(requests), identical=same, largest_group=max(largest, default=0))
+    result = dict(requests=len(requests), identical=same, largest_group=largest)
     log(json.dumps(dict(check=result)))
     return result
 
@@ -215,9 +239,14 @@ def table(kernels: list[dict], engines: list[dict]) -> str:
     lines = ["| case | today | diverse | ratio | bar | pass |", "|---|---|---|---|---|---|"]
     for k in kernels:
         if "speedup" in k:
-            row = f"| attention, {k['groups']} groups x {GROUP_SIZE} rows, prefix {PREFIX_LEN} (us) "
+            row = f"| attention, {k['groups']} groups x {GROUP_SIZE} rows, prefix {PREFIX_LEN} (us; "
+            row += f"shared-prefix reads at {k['shared_tb_s']:.2f} TB/s) "
             row += f"| {k['today_us']:.1f} | {k['shared_us']:.1f} | {k['speedup']:.2f}x | - | - |"
             lines.append(row)
+        for config, us in k.get("sweep_us", {}).items():  # prefix splits / pipeline stages
+            chosen = " (chosen)" if config == f"{k['prefix_splits']}/stages2" else ""
+            row = f"| attention, {k['groups']} groups, prefix splits/stages {config}{chosen} (us) "
+            lines.append(row + f"| {k['today_us']:.1f} | {us:.1f} | {k['today_us'] / us:.2f}x | - | - |")
     off = {e["rows"]: e for e in engines if not e["diverse"]}
     for on in (e for e in engines if e["diverse"]):
         base = off[on["rows"]]
@@ -229,6 +258,13 @@ def table(kernels: list[dict], engines: list[dict]) -> str:
                 f"| engine, {on['rows']} rows ({on['rows'] // GROUP_SIZE} x n={GROUP_SIZE}), {name} (tok/s) "
                 f"| {base[key]:.0f} | {on[key]:.0f} | {ratio:.2f}x | {f'>= {BAR}x' if barred else '-'} | {verdict} |"
             )
+    for on in (e for e in engines if e["diverse"]):  # siblings really decoded as groups
+        g = on["grouping"]
+        lines.append(
+            f"| engine, {on['rows']} rows, per diverse decode step ({g['steps']} steps): rows / grouped rows / "
+            f"groups | - | {g['rows_per_step']:.1f} / {g['grouped_rows_per_step']:.1f} / {g['groups_per_step']:.2f} "
+            "| - | - | - |"
+        )
     return "\n".join(lines)
 
 
@@ -237,7 +273,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/diverse-bench"))
     parser.add_argument("--groups", default="1,4,8,16", help="kernel cases: groups of 8 rows")
-    parser.add_argument("--engine-groups", type=int, default=8)
+    parser.add_argument("--engine-groups", default="8", help="engine cases: groups of n = 8 siblings, e.g. 8,16")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-check", action="store_true", help="skip the tokens-match check")
@@ -250,7 +286,11 @@ def main() -> None:
     prefix_len = 40 if smoke else PREFIX_LEN
     heads = (4, 2, 16) if smoke else (32, 8, 128)
     check = {} if args.skip_check else check_same_tokens(args.device, *((1, 6) if smoke else ()))
-    kernels = [kernel_case(int(g), prefix_len, heads, args.device) for g in args.groups.split(",")]
+    engine_groups = [int(g) for g in args.engine_groups.split(",")]
+    kernels = [
+        kernel_case(int(g), prefix_len, heads, args.device, sweep=int(g) in engine_groups)
+        for g in args.groups.split(",")
+    ]
     engines: list[dict] = []
     if not args.skip_engine:
         from benchmarks.device.tp import write_config_folder
@@ -258,12 +298,10 @@ def main() -> None:
         model = dict(LLAMA3_TINY if smoke else LLAMA3_8B)
         model_dir = args.work_dir / ("llama3-tiny-dummy" if smoke else "llama3-8b-dummy")
         write_config_folder(model_dir, model)
-        for diverse in (False, True):
-            engines.append(
-                asyncio.run(
-                    engine_case(model_dir, diverse, args.engine_groups, args.new_tokens, prefix_len, args.device)
-                )
-            )
+        for groups in engine_groups:
+            for diverse in (False, True):
+                case = engine_case(model_dir, diverse, groups, args.new_tokens, prefix_len, args.device)
+                engines.append(asyncio.run(case))
     report = table(kernels, engines)
     if check:  # --skip-check: the GPU test runs the same check
         same = f"{check['identical']}/{check['requests']} requests' tokens identical, largest group {check['largest_group']}"

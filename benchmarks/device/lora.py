@@ -11,7 +11,9 @@
    disk. Output tok/s of 64 streams (256 in / 256 out): base-only with LoRA off, base-only with the 8 adapters
    loaded, spread over the 8 adapters; batch-1 time per output token base vs adapter; a 9th adapter loaded while
    64 streams run: time until the load returns, until a request of it gets its first token, and the longest gap
-   between two token arrivals of any stream meanwhile (a step, as clients see it).
+   between two token arrivals of any stream meanwhile (a step, as clients see it). Then the same model with
+   `--quantize fp8`, the 8 adapters loaded: 64 streams spread over them vs base-only (LoRA adds in bf16 on the
+   activations of the FP8 base).
 
 The table holds the issue's ratios and its bars.
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import tempfile
@@ -32,15 +33,15 @@ from pathlib import Path
 import torch
 
 from benchmarks.device.engine_load import Stream, random_prompts, request, stream
+from benchmarks.device.peft_adapters import projection_shapes, write_peft_adapter
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.device.tp import write_config_folder
-from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY, attention_heads
+from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
 from tgi_compat.modeling.lora.step import LoraStep, lora_step
 from tgi_compat.router.client import ZmqEngineClient
 from tgi_compat.router.config import EngineConfig, LoraSource
 
 RANK, ADAPTERS = 16, 8
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def log(message: str) -> None:
@@ -64,45 +65,6 @@ GPU = Sizes(LLAMA3_8B, 64, prompt_len=256, new_tokens=256, kernel_rows=(1, 8, 64
             decoding_after_s=0.8)  # fmt: skip
 CPU = Sizes(LLAMA3_TINY, 4, prompt_len=16, new_tokens=8, kernel_rows=(1, 3), kernel_dtype=torch.float32,
             decoding_after_s=0.0)  # fmt: skip
-
-
-# ---- adapters on disk ------------------------------------------------------------------------------------------
-
-
-def projection_shapes(config: dict) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each adapted projection, in PEFT's names."""
-    heads, kv_heads, head_dim = attention_heads(config)
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    q, kv = heads * head_dim, kv_heads * head_dim
-    return {
-        "q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
-        "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden),
-    }  # fmt: skip
-
-
-def write_peft_adapter(folder: Path, config: dict, rank: int, seed: int) -> Path:
-    """adapter_config.json + adapter_model.safetensors as PEFT saves them (bf16, A and B random: B is zero in a
-    fresh PEFT adapter, which would change nothing), written directly so that no `peft` install is needed."""
-    from safetensors.torch import save_file
-
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(config["num_hidden_layers"]):
-        for projection, (size_in, size_out) in projection_shapes(config).items():
-            block = "mlp" if projection in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            prefix = f"base_model.model.model.layers.{layer}.{block}.{projection}"
-            a = torch.randn(rank, size_in, generator=generator) / size_in**0.5
-            b = torch.randn(size_out, rank, generator=generator) * 0.2 / rank**0.5
-            tensors[f"{prefix}.lora_A.weight"] = a.bfloat16()
-            tensors[f"{prefix}.lora_B.weight"] = b.bfloat16()
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    adapter_config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
-        "target_modules": list(PROJECTIONS), "bias": "none", "base_model_name_or_path": "random-llama",
-    }  # fmt: skip
-    (folder / "adapter_config.json").write_text(json.dumps(adapter_config))
-    return folder
 
 
 # ---- 1. kernels ------------------------------------------------------------------------------------------------
@@ -161,8 +123,7 @@ def lora_call(case: LoraCase, kernels: bool = True) -> Callable[[], None]:
     step = case.step
 
     def call() -> None:
-        shrunk = shrink(case.x, case.a, step.token_order, step.seg_start, step.seg_len)
-        expand(case.out, shrunk, case.b, step.token_order, step.seg_start, step.seg_len, case.slice_ends)
+        expand(case.out, shrink(case.x, case.a, step), case.b, step, case.slice_ends)
 
     return call
 
@@ -221,9 +182,11 @@ async def batch_one_ms(client: ZmqEngineClient, prompt: list[int], new_tokens: i
     return statistics.median(run.ms_per_token() for run in runs)
 
 
-def engine_config(model_dir: Path, sizes: Sizes, device: str, adapters: list[LoraSource] | None) -> EngineConfig:
+def engine_config(
+    model_dir: Path, sizes: Sizes, device: str, adapters: list[LoraSource] | None, quantize: str | None = None
+) -> EngineConfig:
     config = EngineConfig(model_id=str(model_dir), max_total_tokens=sizes.prompt_len + sizes.new_tokens + 16)
-    config.load_format = "dummy"
+    config.load_format, config.quantize = "dummy", quantize
     config.max_running_requests = sizes.streams  # CUDA graphs up to this batch
     if device == "cpu":
         config.device, config.dtype = "cpu", "float32"
@@ -252,30 +215,54 @@ async def engine_without_lora(model_dir: Path, sizes: Sizes, device: str) -> dic
     return result
 
 
+def adapter_sources(folders: list[Path]) -> list[LoraSource]:
+    return [LoraSource(f"adapter{i}", str(folder)) for i, folder in enumerate(folders)]
+
+
+async def spread_vs_base(client: ZmqEngineClient, sizes: Sizes, rng: random.Random, names: list[str]) -> dict:
+    """After a warm-up (the plain and the LoRA graphs, each adapter's first copy): output tok/s of the streams
+    base-only, then spread over the adapters."""
+    spread: list[str | None] = list(names)
+    result = {}
+    for adapters in ([None], spread):
+        await run_streams(client, random_prompts(rng, sizes.streams, sizes.prompt_len), 8, adapters)
+    for key, adapters in (("base_tok_s", [None]), ("spread_tok_s", spread)):
+        prompts = random_prompts(rng, sizes.streams, sizes.prompt_len)
+        result[key], _ = await run_streams(client, prompts, sizes.new_tokens, adapters)
+    return result
+
+
 async def engine_with_lora(model_dir: Path, folders: list[Path], late: Path, sizes: Sizes, device: str) -> dict:
-    names = [f"adapter{i}" for i in range(len(folders))]
-    sources = [LoraSource(name, str(folder)) for name, folder in zip(names, folders)]
+    sources = adapter_sources(folders)
+    names = [source.name for source in sources]
     start = time.perf_counter()
     client = await ZmqEngineClient.start(engine_config(model_dir, sizes, device, sources))
     result: dict = dict(load_s=time.perf_counter() - start)
     rng = random.Random(1)
-    spread: list[str | None] = list(names)
     try:
-
-        def prompts() -> list[list[int]]:
-            return random_prompts(rng, sizes.streams, sizes.prompt_len)
-
-        for adapters in ([None], spread):  # warm-up: the plain and the LoRA graphs, each adapter's first copy
-            await run_streams(client, prompts(), 8, adapters)
-        result["base_tok_s"], _ = await run_streams(client, prompts(), sizes.new_tokens, [None])
-        result["spread_tok_s"], _ = await run_streams(client, prompts(), sizes.new_tokens, spread)
+        result |= await spread_vs_base(client, sizes, rng, names)
         prompt = random_prompts(rng, 1, sizes.prompt_len)[0]
         result["b1_base_ms"] = await batch_one_ms(client, prompt, sizes.new_tokens, None)
         result["b1_adapter_ms"] = await batch_one_ms(client, prompt, sizes.new_tokens, names[0])
-        result |= await load_while_streaming(client, prompts(), sizes, spread[:-1], late)
+        prompts = random_prompts(rng, sizes.streams, sizes.prompt_len)
+        result |= await load_while_streaming(client, prompts, sizes, list(names[:-1]), late)
     finally:
         await client.shutdown()
     log(f"LoRA on: {result}")
+    return result
+
+
+async def engine_fp8_with_lora(model_dir: Path, folders: list[Path], sizes: Sizes, device: str) -> dict:
+    """The same model with --quantize fp8 and the adapters loaded: spread over them vs base-only."""
+    sources = adapter_sources(folders)
+    start = time.perf_counter()
+    client = await ZmqEngineClient.start(engine_config(model_dir, sizes, device, sources, quantize="fp8"))
+    result: dict = dict(load_s=time.perf_counter() - start)
+    try:
+        result |= await spread_vs_base(client, sizes, random.Random(2), [source.name for source in sources])
+    finally:
+        await client.shutdown()
+    log(f"LoRA on an FP8 base: {result}")
     return result
 
 
@@ -306,10 +293,11 @@ async def load_while_streaming(
 # ---- the table -----------------------------------------------------------------------------------------------------
 
 
-def table(off: dict, on: dict, kernels: list[dict]) -> list[tuple[str, float, str, bool]]:
+def table(off: dict, on: dict, fp8: dict, kernels: list[dict]) -> list[tuple[str, float, str, bool]]:
     """(what, value, bar, met) rows: the issue's ratios."""
     rows = [
         ("spread over 8 adapters / base-only, same engine (tok/s)", on["spread_tok_s"] / on["base_tok_s"], ">= 0.85"),
+        ("FP8 base: spread over 8 adapters / base-only (tok/s)", fp8["spread_tok_s"] / fp8["base_tok_s"], ">= 0.85"),
         ("spread over 8 adapters / LoRA off (tok/s)", on["spread_tok_s"] / off["base_tok_s"], ">= 0.85"),
         ("base-only with 8 adapters loaded / LoRA off (tok/s)", on["base_tok_s"] / off["base_tok_s"], ">= 0.98"),
         ("batch-1 time per token, adapter / base", on["b1_adapter_ms"] / on["b1_base_ms"], "<= 1.10"),
@@ -360,7 +348,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     report["lora_off"] = await engine_without_lora(model_dir, sizes, args.device)
     write_json(out_path("bench_lora.json"), report)
     report["lora_on"] = await engine_with_lora(model_dir, folders[:ADAPTERS], folders[ADAPTERS], sizes, args.device)
-    rows = table(report["lora_off"], report["lora_on"], report["kernels"])
+    write_json(out_path("bench_lora.json"), report)
+    report["fp8_lora_on"] = await engine_fp8_with_lora(model_dir, folders[:ADAPTERS], sizes, args.device)
+    rows = table(report["lora_off"], report["lora_on"], report["fp8_lora_on"], report["kernels"])
     report["table"] = [dict(measure=w, value=v, bar=b, met=m) for w, v, b, m in rows]
     write_json(out_path("bench_lora.json"), report)
     print_table(rows, report["lora_off"], report["lora_on"])

@@ -12,7 +12,9 @@ engine, every prompt `--text` random ids around one image (or its stand-in):
 * text: the same with each image's placeholders replaced by as many random text ids (the same prompt length);
 * repeat: one request with a new image, then the same prompt again: its TTFT against the first (the prefix cache
   and the encoder cache serve the second);
-* text-only on the VL engine against a plain Qwen2 engine of the same text shape (`--skip-plain` to save ~30 s).
+* text-only on the VL engine against a plain Qwen2 engine of the same text shape (`--skip-plain` to save ~30 s);
+* encoder: ms per image of the image processor (Pillow decode + transformers' processor, host threads) and of the
+  vision encoder alone (its packed attention: one varlen call a layer), with 1 and with 8 images per call.
 
 Targets (issue 41): images TTFT p50 <= 1.5x text's, repeat <= 0.3x first, text-only within 3% of plain Qwen2.
 A markdown table on stdout, JSON in $OUT/qwen_vl.json.
@@ -37,9 +39,11 @@ from PIL import Image
 
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.shapes import QWEN2_7B
+from tgi_compat.modeling.vision.encoder import ImageEncoder
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.images import PromptImage
+from tgi_compat.router.model_loading import fit_to_runner, load_runner
 from tgi_compat.router.request import GenerateRequest
 
 IMAGE_PAD = 151655  # Qwen2.5-VL's <|image_pad|>; vision start/end 151652/151653
@@ -134,9 +138,33 @@ def run(engine: EngineCore, requests: list[GenerateRequest]) -> dict:
     return dict(ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed)
 
 
-def engine_for(folder: Path, args: argparse.Namespace) -> EngineCore:
+def engine_for(folder: Path, args: argparse.Namespace) -> tuple[EngineCore, ImageEncoder | None]:
+    """The engine (as EngineCore.from_config builds it) and its runner's image encoder, timed on its own."""
     config = EngineConfig(model_id=str(folder), device=args.device, dtype=args.dtype, load_format="dummy")
-    return EngineCore.from_config(config)
+    runner = load_runner(config)
+    config = fit_to_runner(config, runner)
+    return EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder), runner.image_encoder
+
+
+def encoder_timings(encoder: ImageEncoder, prompts: Prompts, counts: tuple[int, ...] = (1, 8), reps: int = 3) -> dict:
+    """ms per image with `count` images per call: the image processor (host threads), then the vision encoder alone."""
+    sync = torch.cuda.synchronize if encoder.device.type == "cuda" else lambda: None
+    out = {}
+    for count in counts:
+        files = [prompts.image() for _ in range(count)]
+        start = time.perf_counter()
+        on_device = encoder.preprocess_all(files)  # decoded and processed in the encoder's thread pool
+        sync()
+        preprocess = time.perf_counter() - start
+        encoder.model.encode_processed(on_device)  # warm-up: this count's shapes
+        sync()
+        start = time.perf_counter()
+        for _ in range(reps):
+            encoder.model.encode_processed(on_device)
+        sync()
+        encode = (time.perf_counter() - start) / reps
+        out[count] = dict(preprocess_ms_per_image=1e3 * preprocess / count, encode_ms_per_image=1e3 * encode / count)
+    return out
 
 
 def main() -> None:
@@ -154,9 +182,11 @@ def main() -> None:
     write_folder(folder, args.preset)
     prompts = Prompts(folder, args.text, args.size)
     start = time.perf_counter()
-    engine = engine_for(folder, args)
+    engine, encoder = engine_for(folder, args)
+    assert encoder is not None
     results: dict = dict(preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start)
     run(engine, [prompts.request(prompts.image(), 2)])  # warm-up: kernels, the encoder's first call
+    results["encoder"] = encoder_timings(encoder, prompts)
     results["images"] = run(engine, [prompts.request(prompts.image(), args.new) for _ in range(args.streams)])
     results["text"] = run(engine, [prompts.request(None, args.new) for _ in range(args.streams)])
     picture = prompts.image()
@@ -167,7 +197,7 @@ def main() -> None:
     text_only = [GenerateRequest(f"t{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
     results["text_only_vl"] = run(engine, text_only)
     if not args.skip_plain:
-        del engine
+        del engine, encoder
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()  # the VL engine's KV pool back before the plain one sizes its own
@@ -175,7 +205,7 @@ def main() -> None:
         text_config = PRESETS[args.preset][0]
         plain.mkdir()
         (plain / "config.json").write_text(json.dumps(dict(text_config, architectures=["Qwen2ForCausalLM"], model_type="qwen2")))  # fmt: skip
-        engine = engine_for(plain, args)
+        engine, _ = engine_for(plain, args)
         run(engine, [GenerateRequest("warm", prompts.ids(args.text), max_new_tokens=2, ignore_eos=True)])
         again = [GenerateRequest(f"p{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
         results["text_only_plain"] = run(engine, again)
@@ -190,6 +220,9 @@ def table(results: dict, args: argparse.Namespace) -> str:
         if name in results:
             r = results[name]
             rows.append(f"| {name} | {r['ttft_p50_ms']:.1f} | {r['ttft_p90_ms']:.1f} | {r['tok_s']:.0f} |")
+    rows += ["", "| images per encoder call | preprocess ms/image (host) | encoder ms/image |", "|---|---|---|"]
+    for count, r in results["encoder"].items():
+        rows.append(f"| {count} | {r['preprocess_ms_per_image']:.1f} | {r['encode_ms_per_image']:.1f} |")
     image_ratio = results["images"]["ttft_p50_ms"] / results["text"]["ttft_p50_ms"]
     repeat_ratio = results["repeat_again"]["ttft_p50_ms"] / results["repeat_first"]["ttft_p50_ms"]
     results["checks"] = dict(image_vs_text=image_ratio, repeat_vs_first=repeat_ratio)

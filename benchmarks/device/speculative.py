@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import random
 import time
@@ -52,17 +51,22 @@ class Workload:
     prompt_len: int | None  # None: ShareGPT lengths
     new_tokens: int  # (the cap, for ShareGPT)
     bar: float  # speculation's tok/s over --speculate 0's must reach this
+    # the acceptance replayed: the code-edit measurement, or none (every draft rejected: the step-cost policy
+    # must turn drafting off)
+    accepted: str = "code-edit"
 
 
 GPU_WORKLOADS = [
     Workload("code-edit, batch 1", 1, 550, 256, 2.0),
     Workload("code-edit, 16 streams", 16, 550, 256, 1.3),
     Workload("ShareGPT, 64 streams", 64, None, 384, 0.98),
+    Workload("ShareGPT, 64 streams, no draft accepted", 64, None, 384, 0.98, accepted="none"),
 ]
 CPU_WORKLOADS = [
     Workload("code-edit, batch 1", 1, 40, 12, 0.0),
     Workload("code-edit, 4 streams", 4, 40, 12, 0.0),
     Workload("ShareGPT, 8 streams", 8, None, 12, 0.0),
+    Workload("ShareGPT, 8 streams, no draft accepted", 8, None, 12, 0.0, accepted="none"),
 ]
 
 
@@ -134,13 +138,20 @@ async def main_async(args: argparse.Namespace) -> dict:
     if not on_gpu:
         base |= dict(dtype="float32", max_batch_total_tokens=8192)
     histogram = code_edit_histogram()
-    speculative = SpeculativeConfig(NUM_DRAFTS, synthetic_acceptance=SyntheticAcceptance(tuple(histogram)))
+    histograms = {"code-edit": histogram, "none": [1.0] + [0.0] * NUM_DRAFTS}
+    drafts_from: dict = {}  # n-gram; or a random EAGLE-3 head's
     if args.method == "eagle3":
         target, draft_vocab = (LLAMA3_8B, 32000) if on_gpu else (LLAMA3_TINY, 1024)
         head = write_random_eagle3_head(args.work_dir / f"eagle3-{draft_vocab}", target, draft_vocab)
-        speculative = dataclasses.replace(speculative, method="eagle3", draft_model=str(head))
+        drafts_from = dict(method="eagle3", draft_model=str(head))
     plain = await measure(EngineConfig(**base), workloads, "speculate 0")
-    spec = await measure(EngineConfig(**base, speculative=speculative), workloads, f"{args.method} {NUM_DRAFTS}")
+    spec = {}
+    for accepted, replayed in histograms.items():
+        acceptance = SyntheticAcceptance(tuple(replayed))
+        speculative = SpeculativeConfig(NUM_DRAFTS, synthetic_acceptance=acceptance, **drafts_from)
+        mine = [workload for workload in workloads if workload.accepted == accepted]
+        tag = f"{args.method} {NUM_DRAFTS}, {accepted} accepted"
+        spec |= await measure(EngineConfig(**base, speculative=speculative), mine, tag)
     rows = []
     print(f"\nacceptance replayed: {PROPOSER}, k = {NUM_DRAFTS}, histogram {histogram}; drafts: {args.method}")
     print(f"| workload | --speculate 0 tok/s | {args.method} k={NUM_DRAFTS} tok/s | ratio | bar | pass |")

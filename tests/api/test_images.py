@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import threading
@@ -185,3 +186,15 @@ def test_qwen_placeholders_carry_each_image_grid():
     ]
     with pytest.raises(TgiError, match="placeholder tokens do not match"):
         prompts.place([1, 9, 9, 2, 9, 9, 9, 3], [wide, tall])
+
+
+def test_more_images_than_max_images_are_refused_before_any_fetch():
+    class NoFetch(ImageFetcher):
+        def load(self, ref: ImageRef) -> DecodedImage:
+            raise AssertionError("fetched")
+
+    prompts = VisionPrompts(lambda _: Placeholders("<img>", 1), 9, False, NoFetch(), max_images=1)
+    inputs = "![](http://example.com/a.png)a![](http://example.com/b.png)"
+    with pytest.raises(TgiError, match="`inputs` must have at most 1 images. Given: 2") as refused:
+        asyncio.run(prompts.expand(inputs))
+    assert refused.value.status == 422

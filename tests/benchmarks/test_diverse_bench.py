@@ -22,4 +22,6 @@ def test_diverse_benchmark_smoke_run(tmp_path):
     assert report["kernels"][0]["rows"] == 8 and report["kernels"][0]["rel_diff"] < 1e-5
     assert [e["diverse"] for e in report["engines"]] == [False, True]
     assert all(e["tokens"] == 8 * 3 for e in report["engines"])  # n = 8 siblings, 3 tokens each
+    grouping = report["engines"][1]["grouping"]  # the engine's own count: every row of its decode steps grouped
+    assert grouping["steps"] >= 1 and grouping["grouped_rows_per_step"] == grouping["rows_per_step"] > 1, grouping
     assert "decode phase" in report["table"] and "| engine, 8 rows" in done.stdout

@@ -21,7 +21,8 @@ def test_lora_benchmark_smoke_run(tmp_path: Path):
     report = json.loads((tmp_path / "bench_lora.json").read_text())
     assert [k["rows"] for k in report["kernels"]] == [1, 3]
     values = {row["measure"]: row["value"] for row in report["table"]}
-    assert len(values) == 9 and all(math.isfinite(v) for v in values.values()), values
+    assert len(values) == 10 and all(math.isfinite(v) for v in values.values()), values
+    assert report["fp8_lora_on"]["spread_tok_s"] > 0
     on = report["lora_on"]
     assert on["spread_tok_s"] > 0 and on["late_ready_s"] > 0 and on["late_first_token_s"] >= on["late_ready_s"]
     assert "| batch-1 time per token, adapter / base |" in done.stdout

@@ -1,6 +1,6 @@
 """The Qwen2.5-VL TTFT benchmark's CPU smoke (benchmarks/device/qwen_vl.py --device cpu --preset tiny): every
 phase runs through the real engine with dummy weights (images, their text stand-ins, a repeated image, text-only
-on the VL and on a plain Qwen2 engine), the table prints and the JSON lands in $OUT."""
+on the VL and on a plain Qwen2 engine), the encoder's ms per image at 1 and 8 images a call, the table prints and the JSON lands in $OUT."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys):
     argv = ["qwen_vl", "--device", "cpu", "--dtype", "float32", "--preset", "tiny"]
     monkeypatch.setattr(sys, "argv", argv + ["--streams", "2", "--new", "3", "--size", "112", "--text", "8"])
     qwen_vl.main()
-    assert "| images |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| images |" in out and "| 8 |" in out
     results = json.loads((tmp_path / "qwen_vl.json").read_text())
     assert results["grid"] == [4, 4]
+    assert set(results["encoder"]) == {"1", "8"} and results["encoder"]["8"]["encode_ms_per_image"] > 0
     assert set(results["checks"]) == {"image_vs_text", "repeat_vs_first", "text_only_vl_vs_plain"}

@@ -1,6 +1,8 @@
 """GPU check (not CI) of tensor parallelism for every sharded family: 2 ranks over NCCL give one GPU's
 logits on a tiny random checkpoint of each (Llama with biases, Gemma 1/2/3, Phi-3, Mixtral, Qwen2-MoE,
-Qwen3-MoE), through the GPU paths CI's gloo test cannot reach: the Triton attention and layer ops,
+Qwen3-MoE), and one GPU's pooled outputs for the pooling models (`pool-*`: a Qwen2 classifier, Qwen2.5-Math-RM's
+and InternLM2's rewards, a mean-pooled Llama embedding, as tests/modeling/test_pooling_tensor_parallel.py runs
+them), through the GPU paths CI's gloo test cannot reach: the Triton attention and layer ops,
 the fused-experts kernel on each rank's slice of the experts, the symmetric-memory all-reduce and
 decode steps replayed from CUDA graphs. float32 by default; exits non-zero on a miss.
 
@@ -23,6 +25,8 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
+from tests.modeling.test_pooling_tensor_parallel import MODELS as POOLING_MODELS
+from tests.modeling.test_pooling_tensor_parallel import pool_steps
 from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, TINY_FAMILIES, _steps
 from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, init_tensor_parallel
@@ -80,6 +84,8 @@ def runner(folder: str, tp: TensorParallel, device: str, dtype: str) -> ModelRun
 
 
 def run_steps(model: ModelRunner) -> list[torch.Tensor]:
+    if model.is_pooling:  # whole prompts in one flat step, then one alone
+        return [pooled.cpu() for pooled in pool_steps(model)]
     outputs = []
     for step in steps():
         step = dict(step, input_ids=[i % model.vocab_size for i in step["input_ids"]])
@@ -118,7 +124,8 @@ def rank_main(rank: int, port: int, folders: dict[str, str], dtype: str, started
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
-    parser.add_argument("--families", nargs="+", choices=sorted(TINY_FAMILIES), default=sorted(TINY_FAMILIES))
+    families = sorted(TINY_FAMILIES) + [f"pool-{name}" for name in POOLING_MODELS]
+    parser.add_argument("--families", nargs="+", choices=families, default=families)
     args = parser.parse_args()
     dtype = args.dtype
     assert torch.cuda.device_count() >= 2, "needs 2 GPUs"
@@ -126,10 +133,13 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="tp-families-")
     folders = {}
     for family in args.families:  # the one-GPU references first, each saved beside its checkpoint
-        config_cls, overrides = TINY_FAMILIES[family]
         folders[family] = folder = f"{work}/{family}"
-        head_dim = {"head_dim": 32} if "head_dim" in overrides else {}  # the CPU cases' 16 is below Triton's minimum
-        tiny_hf_model(config_cls, **{**SIZES, **overrides, **head_dim}).save_pretrained(folder)
+        if family.startswith("pool-"):
+            POOLING_MODELS[family.removeprefix("pool-")](folder, {**SIZES, "vocab_size": 251})
+        else:
+            config_cls, overrides = TINY_FAMILIES[family]
+            head_dim = {"head_dim": 32} if "head_dim" in overrides else {}  # the CPU cases' 16: below Triton's minimum
+            tiny_hf_model(config_cls, **{**SIZES, **overrides, **head_dim}).save_pretrained(folder)
         model = runner(folder, NO_TP, "cuda:0", dtype)
         torch.save(run_steps(model), f"{folder}/reference.pt")
         del model

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.device.lora import LoraCase, fused_projections, lora_call, lora_case, row_slots, write_peft_adapter
+from benchmarks.device.lora import LoraCase, fused_projections, lora_call, lora_case, row_slots
 from benchmarks.device.overlap import TINY_LLAMA
+from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.steps import build_runner, decode_batch, hf_model, prefill_batch
 from benchmarks.shapes import LLAMA3_8B
 from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
@@ -37,10 +38,9 @@ def test_kernels_match_their_references_at_llama3_8b_shapes(name, rows):
     with torch.device("cuda"):
         case = lora_case(size_in, slice_outs, slots, 8, 16, torch.bfloat16)
     step, base = case.step, case.out.clone()
-    shrunk = lora_shrink(case.x, case.a, step.token_order, step.seg_start, step.seg_len)
-    shrunk_ref = lora_shrink_ref(case.x, case.a, step.token_order, step.seg_start, step.seg_len)
+    shrunk, shrunk_ref = lora_shrink(case.x, case.a, step), lora_shrink_ref(case.x, case.a, step)
     num_lora = int(step.seg_len.sum())
-    err = rel_err(shrunk[:num_lora], shrunk_ref[:num_lora])
+    err = rel_err(shrunk.sum(0)[:num_lora], shrunk_ref[0, :num_lora])
     print(f"{name} rows={rows}: shrink rel err {err:.2e}")
     assert err < 1e-3  # bf16 products are exact, float32 sums (split over K) in another order
     expected = base.clone()
@@ -105,3 +105,27 @@ def prefill_with_lora(runner, prompts: list[list[int]], max_len: int, lora_batch
     batch = prefill_batch(runner, prompts, max_len)
     batch.lora = lora_batch
     return runner.forward(batch)
+
+
+@torch.inference_mode()
+def test_a_slot_load_copies_off_the_step_stream_without_a_host_sync(tmp_path):
+    """An adapter's copy into its slot (tgi_compat.modeling.lora.placement) is queued, never waited for by the host,
+    and the step stream sees the whole adapter."""
+    model, hf_config = hf_model(TINY_LLAMA, torch.bfloat16, "cuda")
+    runner = build_runner(
+        hf_config, model.state_dict(), "bfloat16", "triton", 8, 128, "cuda", [1], max_loras=2, max_lora_rank=16
+    )
+    lora = runner.lora
+    assert lora is not None
+    folder = write_peft_adapter(tmp_path / "a1", TINY_LLAMA, 16, seed=1)
+    lora.add(1, load_peft_adapter("a1", str(folder)))
+    batch = decode_batch(torch.tensor([5], device="cuda"), torch.tensor([3], device="cuda"), 128)
+    batch.lora = LoraBatch(torch.tensor([1], device="cuda"), [(1, 1)])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lora.begin_step(batch, replayed=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    seen = [(weights.a[1].clone(), weights.b[1].clone()) for weights, _ in lora.adapters[1].tensors]  # step stream
+    for (a, b), (_, (host_a, host_b)) in zip(seen, lora.adapters[1].tensors):
+        assert torch.equal(a.cpu(), host_a) and torch.equal(b.cpu(), host_b)

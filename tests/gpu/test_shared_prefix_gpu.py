@@ -13,7 +13,11 @@ import torch
 
 from benchmarks.device.diverse import check_same_tokens, kernel_rows
 from tgi_compat.kernels.attention.decode import choose_num_splits, decode_attention
-from tgi_compat.kernels.attention.shared_prefix import shared_prefix_decode_attention, shared_prefix_decode_ref
+from tgi_compat.kernels.attention.shared_prefix import (
+    choose_prefix_splits,
+    shared_prefix_decode_attention,
+    shared_prefix_decode_ref,
+)
 from tgi_compat.modeling.forward_batch import PrefixGroups
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -46,14 +50,39 @@ def test_shared_prefix_matches_reference_at_llama3_8b_shapes(groups: int, dtype:
         assert err < tolerance and err_today < tolerance
 
 
+@pytest.mark.parametrize("groups", [1, 8, 16])
+def test_shared_prefix_at_the_split_counts_the_backend_picks(groups: int):
+    """The prefix split counts choose_prefix_splits gives on this GPU (6 at 8 groups on an H200's 132 SMs), and
+    around them: 2000 keys in splits of 64-key blocks, so the last split is partly filled and, past 32 splits, some
+    are empty; fewer group programs than groups (each takes several in turn) too."""
+    q, k_cache, v_cache, r2t, rows, kv_lens, table = kernel_rows(groups, 2000, LLAMA3_8B_HEADS, "cuda", seed=groups)
+    batch, scale = q.shape[0], 128**-0.5
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = choose_num_splits(batch, 8, sms)
+    chosen = choose_prefix_splits(batch, 8, 8, sms, r2t.shape[1], 64, 64 - splits)
+    ref = shared_prefix_decode_ref(q, k_cache, v_cache, r2t, rows, kv_lens, table, scale)
+    for prefix_splits, slots in [(chosen, 0), (chosen + 5, 0), (7, 1), (min(40, 64 - splits), max(1, groups // 3))]:
+        out = torch.full_like(q, float("nan"))
+        shared_prefix_decode_attention(
+            q, k_cache, v_cache, r2t, rows, kv_lens, table, scale, splits, prefix_splits, out=out, prefix_slots=slots
+        )
+        err = rel_err(out, ref)
+        print(f"G=8 x {groups}: splits={splits}+{prefix_splits}, group programs {slots or groups}: vs ref {err:.2e}")
+        assert err < 1e-2
+
+
 def test_shared_prefix_in_a_cuda_graph_follows_its_group_table():
     """Captured once with 4 groups; replayed after the table changes to other groups and to none."""
     q, k_cache, v_cache, r2t, rows, kv_lens, table = kernel_rows(4, 2000, LLAMA3_8B_HEADS, "cuda", seed=7)
     batch, scale = q.shape[0], 128**-0.5
     out = torch.empty_like(q)
 
+    prefix_splits = choose_prefix_splits(
+        batch, 8, 8, torch.cuda.get_device_properties(0).multi_processor_count, 2256, 64, 63
+    )
+
     def step() -> None:
-        shared_prefix_decode_attention(q, k_cache, v_cache, r2t, rows, kv_lens, table, scale, 1, 4, out=out)
+        shared_prefix_decode_attention(q, k_cache, v_cache, r2t, rows, kv_lens, table, scale, 1, prefix_splits, out=out)
 
     step()
     torch.cuda.synchronize()
@@ -63,6 +92,7 @@ def test_shared_prefix_in_a_cuda_graph_follows_its_group_table():
     regroupings = [
         PrefixGroups.rows([(2000, list(range(g * 8, g * 8 + 8))) for g in range(4)], batch, 8),  # as captured
         PrefixGroups.rows([(2000, [0, 9, 17, 25]), (1500, [8, 16])], batch, 8),  # other groups, a shorter share
+        PrefixGroups.rows([(2000, [g, g + 16]) for g in range(16)], batch, 8),  # 16 groups on 4 group programs
         PrefixGroups.rows([], batch, 8),  # no group: flash-decoding
     ]
     for rows_table in regroupings:

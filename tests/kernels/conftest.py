@@ -28,6 +28,7 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.attention.decode",
     "tgi_compat.kernels.attention.shared_prefix",
     "tgi_compat.kernels.attention.prefill",
+    "tgi_compat.kernels.attention.varlen",
     "tgi_compat.kernels.attention.kv_store",
     "tgi_compat.kernels.attention.rotary",
     "tgi_compat.kernels.quant.int4_layout",

@@ -48,6 +48,8 @@ def generate(weights, diverse: bool, sampling: list[SamplingParams]) -> tuple[li
     backend.init_forward_metadata = spy  # type: ignore[method-assign]
     prompts = [PROMPT] * 4 + [[7, 8, 9, 10, 11]]
     results = LLM(engine=engine).generate(prompts, sampling, max_new_tokens=6, ignore_eos=True)
+    stats = engine.stats.report(force=True)  # what the engine reports: the grouped rows of its decode steps
+    assert stats is not None and stats.diverse_grouped_rows == sum(group_sizes), (stats, group_sizes)
     return [r.token_ids for r in results], group_sizes
 
 

@@ -1,5 +1,6 @@
 """LoRA shrink and expand against their torch references: mixed slots, base tokens between them, idle slots,
-ranks padded to the max, a fused projection's slices, and no LoRA token at all."""
+ranks padded to the max, a fused projection's slices, no LoRA token at all, and the shrink's prologues (the RMS
+norm, SiLU-and-mul) against the model's own ops."""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ import pytest
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref, shrink_split_k
+from tgi_compat.kernels.lora.shrink import (
+    ShrinkPrologue,
+    lora_shrink,
+    lora_shrink_ref,
+    shrink_prologue_ref,
+    shrink_split_k,
+)
 from tgi_compat.modeling.forward_batch import build_forward_batch
+from tgi_compat.modeling.layers.ops import torch_rms_norm, torch_silu_and_mul
 from tgi_compat.modeling.lora.step import build_lora_step
 
 MAX_LORAS = 4
@@ -67,15 +75,15 @@ def _check_shrink_and_expand(
     a = torch.randn(MAX_LORAS, len(slices) * rank, size_in)
     a[1, 8:rank] = 0  # slot 1 holds a rank-8 adapter, zero-padded
     b = torch.randn(MAX_LORAS, 80, rank)
-    shrunk = lora_shrink(x, a, step.token_order, step.seg_start, step.seg_len)
-    ref = lora_shrink_ref(x, a, step.token_order, step.seg_start, step.seg_len)
+    shrunk, ref = lora_shrink(x, a, step), lora_shrink_ref(x, a, step)
     num_lora = int(step.seg_len.sum())
-    torch.testing.assert_close(shrunk[:num_lora], ref[:num_lora], **TOL)
+    assert shrunk.shape[0] == shrink_split_k(num_tokens, size_in)  # each split's partial sums, added by the expand
+    torch.testing.assert_close(shrunk.sum(0)[:num_lora], ref[0, :num_lora], **TOL)
     base = torch.randn(num_tokens, 80)
     out, out_ref = base.clone(), base.clone()
     ends = tuple(start + size for start, size in slices)
-    lora_expand(out, ref, b, step.token_order, step.seg_start, step.seg_len, ends)
-    lora_expand_ref(out_ref, ref, b, step.token_order, step.seg_start, step.seg_len, ends)
+    lora_expand(out, shrunk, b, step, ends)
+    lora_expand_ref(out_ref, ref, b, step, ends)
     torch.testing.assert_close(out, out_ref, **TOL)
     is_base = torch.tensor([s < 0 for s, n in zip(request_slots, q_lens) for _ in range(n)])
     assert torch.equal(out[is_base], base[is_base])  # base rows untouched
@@ -87,3 +95,23 @@ def _check_shrink_and_expand(
                 a_part, b_part = a[slot, index * rank : (index + 1) * rank], b[slot, start : start + size]
                 expected = base[token, start : start + size] + b_part @ (a_part @ x[token])
                 torch.testing.assert_close(out_ref[token, start : start + size], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("prologue", ["norm", "silu_mul"])
+@pytest.mark.parametrize("size_in", [40, 1000])
+def test_shrink_prologues_match_the_model_ops(prologue, size_in):
+    """The shrink of the base op's input equals the plain shrink of the activations the base op computed."""
+    torch.manual_seed(2)
+    with torch.device(DEV):
+        step = _step([2, -1, 0, 2], [2, 3, 1, 2])
+        a = torch.randn(MAX_LORAS, 48, size_in)
+        weight = torch.randn(size_in)
+        x = torch.randn(8, 2 * size_in if prologue == "silu_mul" else size_in)
+        pro = ShrinkPrologue(weight, 1e-5) if prologue == "norm" else ShrinkPrologue(silu_mul=True)
+        activations = torch_rms_norm(x, weight, 1e-5)[0] if prologue == "norm" else torch_silu_and_mul(x)
+        torch.testing.assert_close(shrink_prologue_ref(x, pro), activations, rtol=1e-5, atol=1e-5)
+        expected = lora_shrink_ref(activations, a, step)[0]
+        num_lora = int(step.seg_len.sum())
+        got = lora_shrink(x, a, step, pro).sum(0)
+        torch.testing.assert_close(got[:num_lora], expected[:num_lora], **TOL)
+        torch.testing.assert_close(lora_shrink_ref(x, a, step, pro)[0], expected, rtol=1e-5, atol=1e-5)

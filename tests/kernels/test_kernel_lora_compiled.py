@@ -1,6 +1,7 @@
 """The LoRA kernels compile for sm_90 in every variant serving launches (bf16; the shrink with and without its K
-split, the expand for 1, 2 and 3 slices), without a GPU (benchmarks/compile_only.py, in a process of its own): the
-interpreter runs them on the CPU, the GPU tests (tests/gpu/test_lora_gpu.py) on the device."""
+split and with each prologue, none of them with atomics, the expand for 1, 2 and 3 slices), without a GPU
+(benchmarks/compile_only.py, in a process of its own): the interpreter runs them on the CPU, the GPU tests
+(tests/gpu/test_lora_gpu.py) on the device."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ from tgi_compat.kernels.lora import expand as ex, shrink as sh
 from tgi_compat.modeling.lora.step import lora_step
 
 found = {}
-for rows, k in ((64, 4096), (1, 14336), (1000, 4096)):
+for rows, k, prologue in ((64, 4096, "norm"), (1, 14336, "silu_mul"), (1000, 4096, "")):
     step = lora_step(torch.arange(rows) % 8, 8)
-    x, a = torch.zeros(rows, k, dtype=torch.bfloat16), torch.zeros(8, 48, k, dtype=torch.bfloat16)
-    ptx = compiled_ptx(sh._lora_shrink_kernel, lambda: sh.lora_shrink(x, a, step.token_order, step.seg_start, step.seg_len))
-    found[f"shrink {rows}x{k}"] = dict(split_k=sh.shrink_split_k(rows, k), ptx=len(ptx) > 0, atomics=bool(re.search(r"\b(atom|red)\.global\S*\.add\S*f32", ptx)))
+    x = torch.zeros(rows, 2 * k if prologue == "silu_mul" else k, dtype=torch.bfloat16)
+    a = torch.zeros(8, 48, k, dtype=torch.bfloat16)
+    pro = sh.ShrinkPrologue(torch.ones(k, dtype=torch.bfloat16), 1e-5) if prologue == "norm" else sh.ShrinkPrologue(silu_mul=prologue == "silu_mul")
+    ptx = compiled_ptx(sh._lora_shrink_kernel, lambda: sh.lora_shrink(x, a, step, pro))
+    found[f"shrink {rows}x{k}"] = dict(split_k=sh.shrink_split_k(rows, k), ptx=len(ptx) > 0, atomics=bool(re.search(r"\b(atom|red)\.global", ptx)))
 for ends in ((4096,), (14336, 28672), (4096, 5120, 6144)):
     step = lora_step(torch.arange(64) % 8, 8)
     out = torch.zeros(64, ends[-1], dtype=torch.bfloat16)
-    shrunk, b = torch.zeros(64, 16 * len(ends)), torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
-    ptx = compiled_ptx(ex._lora_expand_kernel, lambda: ex.lora_expand(out, shrunk, b, step.token_order, step.seg_start, step.seg_len, ends))
+    shrunk, b = torch.zeros(16, 64, 16 * len(ends)), torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
+    ptx = compiled_ptx(ex._lora_expand_kernel, lambda: ex.lora_expand(out, shrunk, b, step, ends))
     found[f"expand {len(ends)} slices"] = dict(ptx=len(ptx) > 0)
 print(json.dumps(found))
 """
@@ -33,7 +36,7 @@ def test_lora_kernels_compile_for_sm90():
     found = run_probe(PROBE)
     assert isinstance(found, dict)
     assert all(kernel["ptx"] for kernel in found.values()), found
-    assert found["shrink 64x4096"]["split_k"] == 16 and found["shrink 64x4096"]["atomics"], found
-    assert found["shrink 1x14336"]["split_k"] == 32 and found["shrink 1x14336"]["atomics"], found
-    assert found["shrink 1000x4096"]["split_k"] == 1 and not found["shrink 1000x4096"]["atomics"], found
+    assert found["shrink 64x4096"]["split_k"] == 16 and found["shrink 1x14336"]["split_k"] == 32, found
+    assert found["shrink 1000x4096"]["split_k"] == 1, found
+    assert not any(kernel.get("atomics") for kernel in found.values()), found  # splits write their own sums
     assert len(found) == 6

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from tgi_compat.kernels.attention.decode import decode_attention_ref
-from tgi_compat.kernels.attention.shared_prefix import shared_prefix_decode_attention, shared_prefix_decode_ref
+from tgi_compat.kernels.attention.shared_prefix import (
+    choose_prefix_splits,
+    group_slots,
+    shared_prefix_decode_attention,
+    shared_prefix_decode_ref,
+)
 from tgi_compat.modeling.forward_batch import PrefixGroups
 
 HEAD_DIM = 16
@@ -82,6 +87,40 @@ def test_shared_prefix_matches_references(
     assert relative_error(ref, decode_attention_ref(q, k_cache, v_cache, r2t, rows, kv_lens, 0.3)) < 1e-6
 
 
+@pytest.mark.parametrize(
+    ("prefix_splits", "prefix_slots"),
+    [
+        (1, 1),  # one program per KV head walks every group's whole prefix
+        (2, 0),  # 0: the slots of full groups (one here), so it takes both groups in turn
+        (3, 2),  # 37 keys in 3 splits of 16: the last split only partly filled (5 keys)
+        (4, 3),  # the 4th split starts past the prefix: empty, its weight 0; more slots than groups
+        (5, 1),
+    ],
+)
+def test_shared_prefix_split_counts_and_group_slots(prefix_splits: int, prefix_slots: int):
+    """Every split count the backend may pick (choose_prefix_splits) and every number of group programs (each takes
+    every slots-th group), over groups of 3 and 5 and a row in no group."""
+    k_cache, v_cache, r2t, rows, kv_lens, groups = sibling_batch(37, [3, 5], [21], [4, 1, 0, 9, 2, 16, 3, 1], 2, 8)
+    batch = kv_lens.shape[0]
+    table = torch.tensor(PrefixGroups.rows(groups, batch, group_max=8), dtype=torch.int64)
+    q = torch.randn(batch, 4, HEAD_DIM, generator=torch.Generator().manual_seed(4))
+    args = (q, k_cache, v_cache, r2t, rows, kv_lens, table, 0.3)
+    out = shared_prefix_decode_attention(
+        *args, 1, prefix_splits, block_n=16, prefix_block_n=16, prefix_slots=prefix_slots
+    )
+    assert relative_error(out, shared_prefix_decode_ref(*args)) < 1e-5
+
+
+def test_choose_prefix_splits_fills_the_sms_within_the_prefix_blocks():
+    # 8 full groups x 8 KV heads on 132 SMs: 3 programs per SM -> 6 splits, 384 programs (it ran 4 before)
+    assert choose_prefix_splits(64, 8, 8, 132, 4096, 64, 63) == 6
+    assert choose_prefix_splits(128, 8, 8, 132, 4096, 64, 63) == 3
+    assert choose_prefix_splits(8, 8, 8, 132, 4096, 64, 40) == 40  # one group: bounded by the merge's splits
+    assert choose_prefix_splits(8, 8, 8, 132, 200, 64, 63) == 4  # a short context: one split per key block
+    assert choose_prefix_splits(512, 8, 8, 132, 4096, 64, 63) == 1
+    assert group_slots(64, 8) == 8 and group_slots(65, 8) == 9 and group_slots(1, 8) == 1
+
+
 def test_shared_prefix_without_groups_is_flash_decoding_and_reads_the_leaders_prefix():
     """No group at all (an all-empty table: every row through its suffix kernel), and a group whose members'
     own rows hold other slots for the prefix: the prefix is read through the leader's row (the reference's
@@ -118,4 +157,4 @@ def test_shared_prefix_half_precision_and_softcap():
 
 def test_prefix_group_rows():
     rows = PrefixGroups.rows([(10, [2, 0]), (4, [1])], batch_size=4, group_max=3)
-    assert rows == [[10, -1, -1, -1], [4, 1, -1, -1], [10, 2, 0, -1], [0, -1, -1, -1]]
+    assert rows == [[10, 2, 0, -1], [4, 1, -1, -1], [10, -1, -1, -1], [0, -1, -1, -1]]  # group g's positions: row g

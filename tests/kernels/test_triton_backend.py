@@ -180,7 +180,7 @@ def test_graph_replay_carries_the_prefix_group_table():
     step = build_forward_batch([5, 6, 7], [0, 1, 2], [1, 1, 1], [9, 9, 4], [20, 21, 22], [0, 1, 2])
     step.prefix_groups = PrefixGroups(torch.tensor(PrefixGroups.rows([(8, [1, 0])], 3, 2)))
     graphs.replay(step)
-    assert seen[-1] == [[8, -1, -1], [8, 1, 0], [0, -1, -1], [0, -1, -1]]
+    assert seen[-1] == [[8, 1, 0], [8, -1, -1], [0, -1, -1], [0, -1, -1]]
     step.prefix_groups = None  # a decode step built without groups: replayed as no group at all
     graphs.replay(step)
     assert seen[-1] == [[0, -1, -1]] * 4

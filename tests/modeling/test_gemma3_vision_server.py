@@ -1,7 +1,8 @@
 """Gemma 3 images through the real server (TGI's launcher, a tiny random checkpoint on the SmolLM2 tokenizer with
 Gemma 3's image tokens added): TGI's request shapes for gemma3 (base64 png/jpeg/RGBA, /generate, streaming, chat
 image_url) give transformers' greedy ids and TGI's token counts; /tokenize shows the placeholder tokens; bad
-images get TGI's 422 texts; private addresses are never fetched."""
+images and more than --max-images get TGI's 422 texts, and the server keeps serving; private addresses are never
+fetched."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ RGBA = data_url("RGBA", "PNG", (0, 0, 0, 0))  # TGI's test: an empty transparent
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gemma3-vision-server")
     processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
-    with serving(folder, IMAGE_TOKENS, IMAGE_TOKENS[2], tiny_multimodal, processor, "--enable-prefill-logprobs") as s:
+    flags = "--enable-prefill-logprobs --max-images 2"
+    with serving(folder, IMAGE_TOKENS, IMAGE_TOKENS[2], tiny_multimodal, processor, flags) as s:
         yield s
 
 
@@ -122,3 +124,16 @@ def test_bad_images_get_tgi_422(served, inputs, message):
     assert response.status_code == 422
     assert response.json()["error_type"] == "validation"
     assert response.json()["error"].startswith(message)
+
+
+def test_more_images_than_max_images_get_a_422_and_the_server_keeps_serving(served):
+    url = served[0]
+    body = {"inputs": f"![]({PNG[0]})a![]({JPEG[0]})b![]({PNG[0]})c", "parameters": {"max_new_tokens": 2}}
+    response = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert response.status_code == 422
+    assert response.json() == {
+        "error": "Input validation error: `inputs` must have at most 2 images. Given: 3",
+        "error_type": "validation",
+    }
+    body["inputs"] = f"![]({PNG[0]})a![]({JPEG[0]})b"
+    assert httpx.post(f"{url}/generate", json=body, timeout=60).status_code == 200

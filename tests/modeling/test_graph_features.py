@@ -57,7 +57,7 @@ def test_a_lora_decode_step_with_prefix_groups_replays_the_lora_graph_with_both_
     graphs.replay(step)
     assert lora.calls[-2:] == [[1, -1, 0, -1], None]  # the LoRA graph ran, its padding row on the base model
     groups = seen[-1].prefix_groups
-    assert groups is not None and groups.table.tolist() == [[8, -1, -1], [8, 1, 0], [0, -1, -1], [0, -1, -1]]
+    assert groups is not None and groups.table.tolist() == [[8, 1, 0], [8, -1, -1], [0, -1, -1], [0, -1, -1]]
 
 
 def test_a_verify_step_of_an_mrope_model_carries_its_rope_rows_and_a_lora_one_runs_eager():

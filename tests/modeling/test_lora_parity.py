@@ -118,3 +118,12 @@ def test_a_step_without_lora_rows_runs_the_base_model(lora_runner, smollm2_runne
     assert lora_runner.lora is not None and lora_runner.lora.context.step is None
     base = smollm2_runner.forward(build_forward_batch(ids, [5], [n], [n], list(range(500, 500 + n)), list(range(n))))
     assert torch.equal(ours, base)
+
+
+def test_a_staged_adapter_is_one_host_tensor_per_slot_buffer(lora_runner):
+    """A load copies each slot buffer's part of an adapter in one piece (tgi_compat.modeling.lora.placement)."""
+    lora = lora_runner.lora
+    staged = lora.adapters[1]
+    assert [weights for weights, _ in staged.tensors] == list(lora.targets.values())
+    for weights, (a, b) in staged.tensors:
+        assert (a.shape, b.shape) == (weights.a.shape[1:], weights.b.shape[1:]) and a.dtype == weights.a.dtype

@@ -2,9 +2,11 @@
 o and down by input) run test_lora_parity's batch of base and adapter rows, greedily, and give TP=1's tokens,
 logprobs and prefill logits.
 
-The ranks start as the server starts them (tgi_compat.router.model_loading.load_runner): rank 1 reads the startup
-adapters itself; rank 0 loads them through the engine's LoraRegistry, which numbers them, and sends each step's
-slots and slot loads with the step (StepBroadcast), so rank 1 copies its cut of each adapter into the same slot.
+The ranks start as the server starts them (tgi_compat.router.model_loading.load_runner): rank 0 loads the adapters
+through the engine's LoraRegistry, which numbers them, after the runners are up (as a load while serving does) and
+sends each to rank 1 (StepBroadcast's adapter messages), which reads its own cut in a thread; each step's slots and
+slot loads travel with the step, so rank 1 copies its cut of each adapter into the same slot. Rank 0 then unloads
+them, which rank 1 follows too.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def _config(adapters: list[LoraSource], num_shard: int, port: int = 0) -> Engine
 
 
 def _with_startup_adapters(config: EngineConfig, rank: int) -> ModelRunner:
-    """A rank's runner; on rank 0 the adapters loaded as EngineCore loads them (its registry numbers them)."""
+    """A rank's runner; on rank 0 the adapters loaded as EngineCore loads them (its registry numbers them, and
+    rank 0 sends each to the other ranks)."""
     runner = load_runner(config, rank)
     assert runner.lora is not None
     if rank == 0:
@@ -50,6 +53,9 @@ def _rank_main(rank: int, config: EngineConfig, results_path: str) -> None:
     runner = _with_startup_adapters(config, rank)
     if rank == 0:
         torch.save(_run_mixed_batch(runner), results_path)
+        assert runner.lora is not None
+        for adapter_id in list(runner.lora.adapters):
+            runner.lora.remove(adapter_id)  # rank 1 drops its cut too
         runner.close()  # sends stop
     else:
         runner.follow_rank_zero(StepBroadcast(runner.tp))

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.modeling.qwen2_5_vl_helpers import image_processor, picture, reference_greedy, tiny_qwen2_5_vl
-from tests.modeling.vision_server import greedy_until_eos, serving, streamed_ids
+from tests.modeling.vision_server import check_two_images, greedy_until_eos, serving, streamed_ids
 
 NEW = 8
 IMAGE_TOKENS = ["<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]  # ids vocab-4 .. vocab-1
@@ -55,14 +55,7 @@ def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = Tr
 
 
 def test_generate_with_two_images_equals_transformers(served):
-    url = served[0]
-    inputs = f"![]({WIDE[0]})What is this?![]({TALL[0]})And this?"
-    text = f"{image_text(WIDE[2])}What is this?{image_text(TALL[2])}And this?"
-    ids, expected = greedy(served, text, [WIDE[1], TALL[1]])
-    body = {"inputs": inputs, "parameters": {"max_new_tokens": NEW, "decoder_input_details": True}}
-    response = httpx.post(f"{url}/generate", json=body, timeout=120).json()
-    assert [token["id"] for token in response["details"]["tokens"]] == expected
-    assert [token["id"] for token in response["details"]["prefill"]] == ids  # placeholders included
+    check_two_images(served, greedy, image_text, [WIDE, TALL])
 
 
 def test_generate_stream(served):

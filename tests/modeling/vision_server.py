@@ -66,3 +66,24 @@ def streamed_ids(url: str, body: dict) -> list[int]:
             if line.startswith("data:"):
                 ids.append(json.loads(line[5:])["token"]["id"])
     return ids
+
+
+def generate_details(url: str, inputs: str, max_new_tokens: int) -> tuple[list[int], list[int]]:
+    """(prefill ids, generated ids) of a /generate answer (the server needs --enable-prefill-logprobs)."""
+    body = {"inputs": inputs, "parameters": {"max_new_tokens": max_new_tokens, "decoder_input_details": True}}
+    details = httpx.post(f"{url}/generate", json=body, timeout=120).json()["details"]
+    return [token["id"] for token in details["prefill"]], [token["id"] for token in details["tokens"]]
+
+
+# an image as the tests make it: (data URL, file bytes, (width, height))
+TestImage = tuple[str, bytes, tuple[int, int]]
+
+
+def check_two_images(served: Served, greedy, image_text: Callable[[tuple[int, int]], str], images: list[TestImage]):
+    """/generate with two markdown images answers `greedy(served, text, files)`'s (prompt ids, ids) for the text with
+    each image replaced by `image_text(its size)`: the prefill's placeholders included."""
+    first, second = images
+    inputs = f"![]({first[0]})What is this?![]({second[0]})And this?"
+    text = f"{image_text(first[2])}What is this?{image_text(second[2])}And this?"
+    ids, expected = greedy(served, text, [first[1], second[1]])
+    assert generate_details(served[0], inputs, len(expected)) == (ids, expected)

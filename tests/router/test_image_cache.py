@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -17,12 +18,22 @@ def image(name: str, offset: int = 0) -> PromptImage:
 
 
 class Encoder:
+    """The ImageEncoder seam: an image's "processed" tensor holds its file's length; each encode call is recorded
+    as the files it encoded, each prefetch as the file it started."""
+
     def __init__(self) -> None:
         self.calls: list[list[bytes]] = []
+        self.started: list[bytes] = []
 
-    def __call__(self, images):
-        self.calls.append(list(images))
-        return [torch.full((2, 3), float(len(data))) for data in images]
+    def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
+        self.started.append(data)
+        future: Future[dict[str, torch.Tensor]] = Future()
+        future.set_result({"data": torch.tensor(list(data)), "length": torch.tensor(float(len(data)))})
+        return future
+
+    def encode(self, processed):
+        self.calls.append([bytes(p["data"].tolist()) for p in processed])
+        return [torch.full((2, 3), p["length"].item()) for p in processed]
 
 
 def test_misses_are_encoded_together_and_hits_never():
@@ -63,3 +74,40 @@ def test_step_embeds_gather_each_chunks_placeholder_rows():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError):
         EncoderCache(Encoder(), capacity=0)
+
+
+def test_a_steps_misses_over_all_its_chunks_are_encoded_in_one_call():
+    encoder = Encoder()
+    cache = EncoderCache(encoder)
+    cache.features([image("cached")])
+    chunks = [(0, 0, 4, [image("a", 1)]), (4, 0, 8, [image("cached", 0), image("bb", 4)]), (12, 0, 3, [image("a")])]
+    embeds = cache.step_embeds(chunks, torch.device("cpu"))
+    assert encoder.calls == [[b"cached"], [b"a", b"bb"]]  # the step's two misses in one call, the hit in none
+    assert embeds is not None and embeds.token_index.tolist() == [1, 2, 4, 5, 8, 9, 12, 13]
+    assert embeds.embeds[:, 0].tolist() == [1.0, 1.0, 6.0, 6.0, 2.0, 2.0, 1.0, 1.0]
+
+
+def test_a_queued_requests_images_are_prepared_once_ahead_of_their_step():
+    encoder = Encoder()
+    cache = EncoderCache(encoder)
+    cache.features([image("cached")])
+    cache.prefetch([image("a"), image("cached"), image("a", 4)])  # started once; a cached image never
+    cache.prefetch([image("a")])  # already under way
+    assert encoder.started == [b"cached", b"a"]
+    first = cache.features([image("a"), image("bb")])  # the prefetched one and one started now, in one call
+    assert encoder.started == [b"cached", b"a", b"bb"] and encoder.calls[-1] == [b"a", b"bb"]
+    assert [f[0, 0].item() for f in first] == [1.0, 2.0]
+
+
+def test_work_prepared_long_ago_is_dropped(monkeypatch):
+    """A queued request cancelled before its step leaves its prepared images behind: they go after PENDING_TTL_S."""
+    import tgi_compat.router.image_cache as image_cache
+
+    encoder = Encoder()
+    cache = EncoderCache(encoder)
+    cache.prefetch([image("a")])
+    now = image_cache.time.monotonic()
+    monkeypatch.setattr(image_cache.time, "monotonic", lambda: now + image_cache.PENDING_TTL_S + 1)
+    cache.prefetch([image("bb")])
+    cache.features([image("a")])  # started again: the first one was dropped
+    assert encoder.started == [b"a", b"bb", b"a"]

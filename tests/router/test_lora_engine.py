@@ -16,7 +16,6 @@ from tgi_compat.router.client_api import AdapterCallError, Refusal, RequestRejec
 from tgi_compat.router.client_in_process import InProcessEngineClient
 from tgi_compat.router.config import LoraSource
 from tgi_compat.router.engine import EngineCore
-from tgi_compat.router.lora_calls import SHARDED, AdapterCalls
 from tgi_compat.router.request import GenerateRequest
 from tgi_compat.router.wire import LoadAdapter, UnloadAdapter
 
@@ -166,16 +165,6 @@ def test_loads_and_unloads_while_serving_through_adapter_calls(engine, folders, 
     assert "is not valid JSON" in (malformed.error or "") and not malformed.not_found
     assert "no such folder" in (missing.error or "") and missing.not_found
     assert set(missing.adapters) == {"a2", "a3", "a1-again"}
-
-
-def test_sharded_engine_refuses_loads_and_unloads(engine):
-    """With --num-shard > 1 the other ranks hold the startup adapters only: a call is answered 400, nothing changes."""
-    calls = AdapterCalls(engine.lora, sharded=True)
-    before = dict(engine.lora.sources)
-    for call in (LoadAdapter(1, "late", "/anywhere"), UnloadAdapter(2, next(iter(before)))):
-        reply = calls.submit(call)
-        assert reply is not None and reply.error == SHARDED and not reply.not_found and reply.adapters == before
-    assert engine.lora.sources == before
 
 
 def test_stats_name_the_running_and_waiting_adapters(engine):

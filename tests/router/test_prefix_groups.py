@@ -8,7 +8,7 @@ import torch
 from tgi_compat.modeling.forward_batch import ForwardMode, PrefixGroups
 from tgi_compat.router.batch import StepBatchBuilder
 from tgi_compat.router.prefix_cache import PrefixCache, PrefixMatch
-from tgi_compat.router.prefix_groups import shared_prefix_groups
+from tgi_compat.router.prefix_groups import GroupCounts, shared_prefix_groups
 from tgi_compat.router.request import GenerateRequest, Request
 from tgi_compat.router.step import ScheduledChunk, StepPlan
 
@@ -72,9 +72,12 @@ def test_decode_steps_carry_the_group_table():
         request.output_ids = [1, 2]
         requests.append(request)
     plan = StepPlan([ScheduledChunk(r, 14, 1, [300 + i], True) for i, r in enumerate(requests)])
-    batch, _ = StepBatchBuilder("cpu", prefix_group_max=4).build(plan)
+    builder = StepBatchBuilder("cpu", prefix_group_max=4)
+    batch, _ = builder.build(plan)
     assert batch.mode == ForwardMode.DECODE and batch.prefix_groups is not None
     assert batch.prefix_groups.table.tolist() == [[11, 0, 1, -1, -1], [11, -1, -1, -1, -1], [0, -1, -1, -1, -1]]
+    builder.build(plan)  # the counts the engine reports (EngineStats.diverse_*) add up over the steps
+    assert builder.group_counts == GroupCounts(steps=2, rows=6, grouped_rows=4, groups=2, largest=2)
     plain, _ = StepBatchBuilder("cpu").build(plan)
     assert plain.prefix_groups is None
     assert torch.equal(plain.kv_lens, batch.kv_lens)

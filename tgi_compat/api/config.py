@@ -77,10 +77,12 @@ class ServerConfig:
     disable_grammar_support: bool = False
     grammar_cache_bytes: int = 512 * 2**20  # ours: compiled grammars kept for reuse (one may take an eighth)
     grammar_compile_timeout: float = 30.0  # ours: seconds one grammar may take to compile
-    # prompt images (a vision model's): TGI's fetch cap (1 GiB); ours: fetch from private addresses too;
-    # LightLLM --cache_capacity / --cache_reserved_ratio: the encoder-output cache
+    # prompt images (a vision model's): TGI's fetch cap (1 GiB); ours: fetch from private addresses too, most
+    # images in one request (TGI has no limit; vLLM's --limit-mm-per-prompt); LightLLM --cache_capacity /
+    # --cache_reserved_ratio: the encoder-output cache
     max_image_fetch_size: int = 1024 * 1024 * 1024
     allow_private_image_urls: bool = False
+    max_images: int | None = None
     image_cache_capacity: int = 200
     image_cache_reserved_ratio: float = 0.5
     watermark_gamma: float | None = None

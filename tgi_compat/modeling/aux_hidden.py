@@ -42,3 +42,15 @@ class AuxHiddenStates:
         """The last step's rows (eager or replayed: a graph writes the static buffer, padded rows after the real)."""
         buffer = self._static if num_tokens <= self._static.shape[0] else self._last
         return buffer[:num_tokens]
+
+
+def attach_aux_hidden(model: object, layers: tuple[int, ...], max_tokens: int, dtype: torch.dtype) -> AuxHiddenStates:
+    """A native decoder's forwards write the output of `layers` into the returned states from now on."""
+    from tgi_compat.modeling.models.decoder import DecoderStack  # (imports the kernels: loaded with the model)
+
+    if not isinstance(model, DecoderStack):
+        raise ValueError("EAGLE-3 needs a target of a native decoder family (not the transformers fallback)")
+    device = model.model.norm.weight.device
+    states = AuxHiddenStates(layers, model.config.hidden_size, max_tokens, device, dtype)
+    model.model.capture_aux_hidden(states)
+    return states

@@ -25,12 +25,18 @@ _QK_NORM = {
     "Qwen3Model",
 }
 
+# InternLM2 names its q|k|v and o biases together `bias`, true unless the config says otherwise (its config class).
+_ONE_BIAS_KEY = {"InternLM2ForCausalLM", "InternLM2ForRewardModel"}
+
 # Multimodal checkpoints: the wrapper's architecture -> its text model's (served beside the wrapper's
 # vision encoder, models/gemma3_vision.py).
 MULTIMODAL_TEXT_MODELS = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
     "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",  # with M-RoPE (rope_scaling.mrope_section)
 }
+# Vision-language checkpoints that the transformers fallback serves whole, images included
+# (models/transformers_vlm.py): their ModelConfig is the text model's, with the wrapper as multimodal_architecture
+FALLBACK_VISION_MODELS = frozenset({"LlavaNextForConditionalGeneration"})
 # Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
 _WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")
 
@@ -117,6 +123,12 @@ class ModelConfig:
     multimodal_hf_config: dict[str, Any] | None = None  # that wrapper's config.json (its vision encoder's)
 
     @property
+    def renames_multimodal_weights(self) -> bool:
+        """Whether our native model of a multimodal checkpoint takes its tensors renamed (weights.loader's
+        text_model_weights); the transformers fallback keeps transformers' names."""
+        return self.multimodal_architecture in MULTIMODAL_TEXT_MODELS
+
+    @property
     def architectures(self) -> list[str]:
         return [self.architecture]
 
@@ -143,6 +155,7 @@ class ModelConfig:
         rope_theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
         eos = d.get("eos_token_id")
         rope_scaling = RopeScaling.from_dict(rope_params)
+        attention_bias = d.get("bias", True) if arch in _ONE_BIAS_KEY else d.get("attention_bias")
         if rope_scaling.rope_type == "longrope":  # Phi-3 keeps the original context beside, not inside
             original = rope_scaling.original_max_position_embeddings or d.get("original_max_position_embeddings")
             rope_scaling.original_max_position_embeddings = original or d.get("max_position_embeddings", 4096)
@@ -164,8 +177,9 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            qkv_bias=bool(d.get("attention_bias", d.get("qkv_bias", False))) or arch in _ALWAYS_QKV_BIAS,
-            o_proj_bias=bool(d.get("attention_bias", False)),
+            qkv_bias=bool(d.get("qkv_bias", False) if attention_bias is None else attention_bias)
+            or arch in _ALWAYS_QKV_BIAS,
+            o_proj_bias=bool(attention_bias),
             mlp_bias=bool(d.get("mlp_bias", False)),
             qk_norm=arch in _QK_NORM,
             bos_token_id=d.get("bos_token_id"),

@@ -56,8 +56,9 @@ class PrefixGroups:
     """Decode rows that share a KV prefix (n / best_of siblings of one prompt), as the shared-prefix attention
     kernel reads them (tgi_compat/kernels/attention/shared_prefix.py). Shapes depend on the batch size only.
 
-    Row b of `table` [B, 1 + group_max] int64 (or int32): column 0 is the length P of the prefix b shares with its group (0:
-    in no group); columns 1.. list the batch positions of b's group when b leads it (b among them), -1 padding.
+    `table` [B, 1 + group_max] int64 (or int32): column 0 of row b is the length P of the prefix b shares with its
+    group (0: in no group); columns 1.. of row g list the batch positions of group g (the first leads), -1 padding,
+    so the groups fill the first rows and the kernel's programs find them without a search.
     """
 
     table: torch.Tensor
@@ -67,16 +68,16 @@ class PrefixGroups:
         return self.table[:, 0]
 
     @property
-    def members(self) -> torch.Tensor:  # [B, group_max]
+    def members(self) -> torch.Tensor:  # [B, group_max]: row g, group g's positions
         return self.table[:, 1:]
 
     @staticmethod
     def rows(groups: list[tuple[int, list[int]]], batch_size: int, group_max: int) -> list[list[int]]:
         """The host table of `groups` ((shared length, batch positions; the first leads)): [B][1 + group_max]."""
         rows = [[0] + [-1] * group_max for _ in range(batch_size)]
-        for prefix_len, positions in groups:
+        for slot, (prefix_len, positions) in enumerate(groups):
             assert 0 < len(positions) <= group_max and prefix_len > 0
-            rows[positions[0]][1 : 1 + len(positions)] = positions
+            rows[slot][1 : 1 + len(positions)] = positions
             for position in positions:
                 rows[position][0] = prefix_len
         return rows

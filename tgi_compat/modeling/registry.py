@@ -34,8 +34,35 @@ _MODELS: dict[str, tuple[str, str]] = {
     **{f"{family}ForSequenceClassification": ("pooling", "DecoderForSequenceClassification") for family in _POOLING},
     **{f"{family}Model": ("pooling", "DecoderForEmbedding") for family in _POOLING},
     "Qwen2ForRewardModel": ("pooling", "DecoderForReward"),
+    # Llama's layers under other names, q|k|v packed per KV head (models/internlm2.py)
+    "InternLM2ForCausalLM": ("internlm2", "InternLM2ForCausalLM"),
+    "InternLM2ForRewardModel": ("internlm2", "InternLM2ForRewardModel"),
 }
 
+# the classes above that pool (models/pooling.py, and a family's reward head beside its decoder)
+_POOLING_CLASSES = {
+    "DecoderForSequenceClassification",
+    "DecoderForEmbedding",
+    "DecoderForReward",
+    "InternLM2ForRewardModel",
+}
+
+
+# vision-language checkpoints that neither path serves, and why (README: "Vision-language models")
+_REFUSED = {
+    "MllamaForConditionalGeneration": "its text model cross-attends to the image instead of reading image "
+    "placeholders, which our paged KV cache has no place for",
+    "Idefics3ForConditionalGeneration": "its image text interleaves placeholders with row/column tokens, and the "
+    "engine fills an image's placeholders as one run",
+    "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and the "
+    "engine fills an image's placeholders as one run",
+    # TGI serves these too; neither our native files nor the fallback's image path (models/transformers_vlm.py) do yet
+    **{
+        name: "a vision-language family with no native model and no image path in the transformers fallback yet"
+        for name in ("Idefics2ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
+        + ("Qwen2VLForConditionalGeneration",)
+    },
+}
 
 NATIVE = "native"
 TRANSFORMERS = "transformers"  # the fallback path
@@ -54,6 +81,10 @@ def modeling_path(architecture: str) -> str:
     """NATIVE or TRANSFORMERS; raises UnsupportedArchitectureError when neither can serve it."""
     if architecture in _MODELS:
         return NATIVE
+    if architecture in _REFUSED:
+        raise UnsupportedArchitectureError(
+            f"model architecture {architecture!r} is not supported: {_REFUSED[architecture]}"
+        )
     from tgi_compat.modeling.models.transformers_fallback import check_supported
 
     reason = check_supported(architecture)
@@ -68,21 +99,29 @@ def modeling_path(architecture: str) -> str:
 def describe_modeling_path(architecture: str) -> str:
     """What the start-up log says serves `architecture`: "native", "transformers", or for a multimodal
     checkpoint the native path of its text model and its vision encoder."""
-    from tgi_compat.modeling.config import MULTIMODAL_TEXT_MODELS
+    from tgi_compat.modeling.config import FALLBACK_VISION_MODELS, MULTIMODAL_TEXT_MODELS
 
     path = modeling_path(architecture)
     if architecture in MULTIMODAL_TEXT_MODELS:
         return f"{path} modeling of its text model {MULTIMODAL_TEXT_MODELS[architecture]} and vision encoder"
+    if architecture in FALLBACK_VISION_MODELS:
+        return f"{path} modeling of its text model and vision encoder"
     return f"{path} modeling"
 
 
 def is_pooling_model(architecture: str) -> bool:
     """Whether the architecture embeds or scores prompts instead of generating (models/pooling.py)."""
-    return _MODELS.get(architecture, ("", ""))[0] == "pooling"
+    return _MODELS.get(architecture, ("", ""))[1] in _POOLING_CLASSES
 
 
 def resolve_model_class(architecture: str) -> type[CausalLM]:
     if modeling_path(architecture) == TRANSFORMERS:
+        from tgi_compat.modeling.config import FALLBACK_VISION_MODELS
+
+        if architecture in FALLBACK_VISION_MODELS:
+            from tgi_compat.modeling.models.transformers_vlm import TransformersForImageTextToText
+
+            return TransformersForImageTextToText
         from tgi_compat.modeling.models.transformers_fallback import TransformersForCausalLM
 
         return TransformersForCausalLM

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
-from tgi_compat.modeling.aux_hidden import AuxHiddenStates
+from tgi_compat.modeling.aux_hidden import attach_aux_hidden
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.cuda_graphs import (
     DecodeCudaGraphs,
@@ -87,8 +87,7 @@ class RunnerConfig:
     num_speculative_tokens: int = 0
     # --diverse_mode: decode steps bring shared-prefix groups (ForwardBatch.prefix_groups), CUDA graphs included
     diverse_mode: bool = False
-    # EAGLE-3: every step also writes the output of these target layers (aux_hidden.py; None: off), and the KV
-    # cache leaves `reserve_bytes` free for what loads after the runner (the head)
+    # EAGLE-3: each step also writes these layers' output (aux_hidden.py; None: off); KV leaves room for the head
     aux_hidden_layers: tuple[int, ...] | None = None
     reserve_bytes: int = 0
 
@@ -128,7 +127,10 @@ class ModelRunner:
         self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
-        self.aux_hidden = None if cfg.aux_hidden_layers is None else self._capture_aux_hidden(cfg.aux_hidden_layers)
+        # EAGLE-3's input: attached before the CUDA graphs are captured, so that they write it too
+        max_aux_rows = cfg.max_prefill_tokens + cfg.max_rows * (cfg.num_speculative_tokens + 1)
+        layers = cfg.aux_hidden_layers
+        self.aux_hidden = None if layers is None else attach_aux_hidden(self.model, layers, max_aux_rows, self.dtype)
         self.lora = self._enable_lora() if cfg.max_loras else None
         self.image_encoder = self._image_encoder()  # None: a text model
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
@@ -236,6 +238,8 @@ class ModelRunner:
         bring their whole prompt (kv_lens == q_lens): the hidden states of every prompt token are read."""
         if not self.is_pooling:
             raise TypeError(f"{self.model_config.architecture} is not a pooling model")
+        if self.step_sender is not None:  # the other ranks run the sharded decoder beside this one
+            self.step_sender.send(batch)
         write_new_slots(self.req_to_token, batch)
         self.backend.init_forward_metadata(batch, self.req_to_token)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.kv_caches, self.backend)
@@ -248,9 +252,16 @@ class ModelRunner:
         return self.model.compute_logits(hidden[batch.logits_indices])
 
     def follow_rank_zero(self, steps: StepBroadcast) -> None:
-        """Ranks > 0: run the forward of every batch rank 0 sends, until it sends stop."""
-        while (batch := steps.receive()) is not None:
-            self.forward(batch)
+        """Ranks > 0: run the forward of every batch rank 0 sends (a pooling model's: its pool, which rank 0 sends
+        every step of; its output here is dropped, as the logits are) and keep the adapters it loads, until it sends
+        stop."""
+        step = self.pool if self.is_pooling else self.forward
+        while (message := steps.receive()) is not None:
+            if isinstance(message, ForwardBatch):
+                step(message)
+            else:
+                assert self.lora is not None  # rank 0 sends adapters only with LoRA on, as every rank has it
+                self.lora.follow(message)
 
     def close(self) -> None:
         """Rank 0: release the other ranks from follow_rank_zero. The group is left by exiting the process
@@ -295,18 +306,6 @@ class ModelRunner:
 
         # the registry serves every multimodal wrapper with its vision encoder (models/gemma3_vision.py)
         return ImageEncoder(cast(VisionLanguageModel, self.model), self.source.folder, self.device)
-
-    def _capture_aux_hidden(self, layers: tuple[int, ...]) -> AuxHiddenStates:
-        """Before the CUDA graphs are captured, so that they write the buffer too."""
-        from tgi_compat.modeling.models.decoder import DecoderStack  # imports the kernels: see _build_model
-
-        if not isinstance(self.model, DecoderStack) or self.tp.is_sharded:
-            raise ValueError("EAGLE-3 needs a native decoder target on one GPU (no --num-shard)")
-        max_tokens = self.cfg.max_prefill_tokens + self.cfg.max_rows * (self.cfg.num_speculative_tokens + 1)
-        c = self.model_config
-        states = AuxHiddenStates(layers, c.hidden_size, max_tokens, self.device, self.dtype)
-        self.model.model.capture_aux_hidden(states)
-        return states
 
     def _enable_lora(self) -> LoraManager:
         from tgi_compat.modeling.lora.manager import LoraManager  # imports the kernels: see _build_model

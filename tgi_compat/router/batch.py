@@ -25,7 +25,7 @@ import torch
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, PrefixGroups, build_forward_batch
 from tgi_compat.router import copy_streams
 from tgi_compat.router.image_cache import ChunkImages, EncoderCache
-from tgi_compat.router.prefix_groups import shared_prefix_groups
+from tgi_compat.router.prefix_groups import GroupCounts, shared_prefix_groups
 from tgi_compat.router.step import StepPlan
 
 # Per chunk of a plan: the row of the in-flight step's sampled ids holding its input, or None.
@@ -67,6 +67,7 @@ class StepBatchBuilder:
         self.images = images  # a vision model's: prompt images' rows into their chunks' batches
         # --diverse_mode: each decode step carries its rows' shared-prefix groups of up to this many rows (0: off)
         self.prefix_group_max = prefix_group_max
+        self.group_counts = GroupCounts()
         self._constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # B -> (arange, ones)
 
     def build(
@@ -85,7 +86,7 @@ class StepBatchBuilder:
         if self.lora_enabled:
             batch.lora = lora_batch(plan, self.device)
         if self.prefix_group_max and batch.mode == ForwardMode.DECODE:
-            batch.prefix_groups = prefix_groups(plan, self.prefix_group_max, self.device)
+            batch.prefix_groups = prefix_groups(plan, self.prefix_group_max, self.device, self.group_counts)
         return batch, layout
 
     def _build_decode(
@@ -139,10 +140,11 @@ class StepBatchBuilder:
         return constants
 
 
-def prefix_groups(plan: StepPlan, group_max: int, device: torch.device) -> PrefixGroups:
+def prefix_groups(plan: StepPlan, group_max: int, device: torch.device, counts: GroupCounts) -> PrefixGroups:
     """The decode step's rows grouped by the cached prefix they share (n / best_of siblings); maybe no group."""
     prefixes = [chunk.request.cached_prefix for chunk in plan.chunks]
     groups = shared_prefix_groups([None if p is None else p.shared_node() for p in prefixes], group_max)
+    counts.add(groups, len(plan.chunks))
     return PrefixGroups(upload(PrefixGroups.rows(groups, len(plan.chunks), group_max), device))
 
 

@@ -41,7 +41,7 @@ from tgi_compat.router.client_api import EngineInfo, Refusal, RequestRejectedErr
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_stats import EngineStatsTracker
 from tgi_compat.router.executor import LaunchedStep, StepExecutor
-from tgi_compat.router.image_cache import EncodeImages, EncoderCache
+from tgi_compat.router.image_cache import EncoderCache, ImageEncoder
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.lora_calls import AdapterCalls
 from tgi_compat.router.lora_registry import LoraRegistry
@@ -72,7 +72,7 @@ class EngineCore:
         runner: Runner,
         model_config: ModelConfig,
         lora: LoraManager | None = None,
-        image_encoder: EncodeImages | None = None,  # a vision model's (tgi_compat.modeling.vision.encoder)
+        image_encoder: ImageEncoder | None = None,  # a vision model's (tgi_compat.modeling.vision.encoder)
         drafter: Eagle3Drafter | None = None,  # speculation's EAGLE-3 head (model_loading.load_drafter)
     ) -> None:
         self.config = config
@@ -95,6 +95,7 @@ class EngineCore:
         images = None
         if image_encoder is not None:
             images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
+        self.image_cache = images
         # --diverse_mode: decode steps group the rows that run on one cached prefix (siblings) for the shared-prefix kernel
         group_max = PREFIX_GROUP_MAX if config.diverse_mode and config.prefix_caching else 0
         selection = selection_config(config, self.info)
@@ -104,6 +105,7 @@ class EngineCore:
         )
         self.selector = self.executor.selector
         self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
+        self.stats.group_counts = self.executor.batch_builder.group_counts
         overlap = config.overlap_scheduling
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
         if config.speculative is not None:  # a step's drafts are made from the tokens of the step before, on the host:
@@ -115,7 +117,7 @@ class EngineCore:
         self._num_arrivals = 0
         for adapter in config.lora_adapters:
             self.load_adapter(adapter.name, adapter.source, adapter.revision)
-        self.adapter_calls = AdapterCalls(self.lora, config.num_shard > 1)  # loads and unloads while serving
+        self.adapter_calls = AdapterCalls(self.lora)  # loads and unloads while serving (every rank's)
         if self.lora is not None:
             loaded = dict(self.lora.sources)
             self.info = dataclasses.replace(self.info, max_loras=self.lora.slots.num_slots, lora_adapters=loaded)
@@ -152,6 +154,8 @@ class EngineCore:
                 raise RequestRejectedError(Refusal.LORA_OFF, params.adapter_id)
             request.lora_id = self.lora.resolve(params.adapter_id)
         self._num_arrivals += 1
+        if self.image_cache is not None and params.images:
+            self.image_cache.prefetch(params.images)  # decoded and processed on host threads while it waits
         if self.selector.add(request):  # else it joins the scheduler once its grammar compiled
             self.scheduler.add(request)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from tgi_compat.router.outputs import TokenEvent
+from tgi_compat.router.prefix_groups import GroupCounts
 from tgi_compat.router.request import Request
 from tgi_compat.router.scheduler import Scheduler
 from tgi_compat.router.speculative.speculator import SpeculationCounters
@@ -25,6 +26,7 @@ class EngineStatsTracker:
         self.num_preemptions = 0
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+        self.group_counts = GroupCounts()  # --diverse_mode: the step builder's, shared (engine.py)
 
     def record(self, plan: StepPlan, result: StepResult, events: list[TokenEvent], total_s: float) -> None:
         """One applied step; `events` are what update() made of it (tokens of requests that ended
@@ -70,6 +72,10 @@ class EngineStatsTracker:
             spec_drafts=speculation.num_drafts,
             spec_draft_tokens=speculation.num_draft_tokens,
             spec_accepted_tokens=speculation.num_accepted_tokens,
+            diverse_steps=self.group_counts.steps,
+            diverse_rows=self.group_counts.rows,
+            diverse_grouped_rows=self.group_counts.grouped_rows,
+            diverse_groups=self.group_counts.groups,
         )
 
     def _adapters(self, requests: Iterable[Request]) -> list[str]:

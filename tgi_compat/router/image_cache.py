@@ -1,12 +1,19 @@
 """The encoder-output cache (LightLLM's `--cache_capacity`, `--cache_reserved_ratio`): the vision encoder's
 rows of the last images seen, by content hash, so that an image that comes back (a chat that keeps sending one
 picture, many questions on one page) is encoded once. Least recently used first out: when it holds more than
-`capacity` images it drops to `capacity * reserved_ratio` of them in one sweep, as LightLLM does."""
+`capacity` images it drops to `capacity * reserved_ratio` of them in one sweep, as LightLLM does.
+
+An image's host work (decoding, the image processor) starts when its request is queued (`prefetch`, in the
+encoder's threads), so that the step that needs it waits for the encoder alone, which takes all the step's misses
+in one call."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Protocol
 
 import torch
 
@@ -15,28 +22,57 @@ from tgi_compat.router.images import PromptImage
 
 # (its first row in the flat batch, its first and end position, its request's images) per chunk of a step
 ChunkImages = tuple[int, int, int, Sequence[PromptImage]]
-# image files -> each one's placeholder rows [tokens, hidden] (tgi_compat.modeling.vision.encoder.ImageEncoder)
-EncodeImages = Callable[[Sequence[bytes]], list[torch.Tensor]]
+PENDING_MAX = 64  # images prepared ahead at once (host memory: ~26 MB each for a 1024px Qwen2.5-VL image)
+PENDING_TTL_S = 60.0  # one prepared this long ago (its request cancelled while queued, say) is dropped
+
+
+class ImageEncoder(Protocol):
+    """tgi_compat.modeling.vision.encoder.ImageEncoder: an image file -> the processor's tensors (host threads);
+    the tensors of several images -> each one's placeholder rows [tokens, hidden], in one encoder call."""
+
+    def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]: ...
+
+    def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]: ...
 
 
 class EncoderCache:
-    def __init__(self, encode: EncodeImages, capacity: int = 200, reserved_ratio: float = 0.5) -> None:
+    def __init__(self, encoder: ImageEncoder, capacity: int = 200, reserved_ratio: float = 0.5) -> None:
         if capacity < 1 or not 0.0 <= reserved_ratio <= 1.0:
             raise ValueError(f"cache capacity {capacity} must be >= 1 and reserved ratio {reserved_ratio} in [0, 1]")
-        self.encode = encode
+        self.encoder = encoder
         self.capacity = capacity
         self.reserved = int(capacity * reserved_ratio)
         self._rows: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.num_encoded = 0  # images run through the encoder (misses)
+        self._pending: OrderedDict[str, tuple[Future[dict[str, torch.Tensor]], float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    def prefetch(self, images: Sequence[PromptImage]) -> None:
+        """Start the host work of a queued request's images that are neither cached nor under way."""
+        now = time.monotonic()
+        while self._pending and next(iter(self._pending.values()))[1] < now - PENDING_TTL_S:
+            self._pending.popitem(last=False)
+        for image in images:
+            if (
+                image.digest not in self._rows
+                and image.digest not in self._pending
+                and len(self._pending) < PENDING_MAX
+            ):
+                self._pending[image.digest] = (self.encoder.preprocess_async(image.data), now)
 
     def features(self, images: Sequence[PromptImage]) -> list[torch.Tensor]:
         """Each image's rows, the misses encoded in one call."""
         missing = {image.digest: image.data for image in images if image.digest not in self._rows}
         if missing:
-            for digest, rows in zip(missing, self.encode(list(missing.values()))):
+            # all the misses' host work under way (prefetched, or started here) before waiting on any
+            started = [self._pending.pop(digest, None) for digest in missing]
+            futures = [
+                entry[0] if entry is not None else self.encoder.preprocess_async(data)
+                for entry, data in zip(started, missing.values())
+            ]
+            for digest, rows in zip(missing, self.encoder.encode([future.result() for future in futures])):
                 self._rows[digest] = rows
             self.num_encoded += len(missing)
         out = []
@@ -49,17 +85,22 @@ class EncoderCache:
         return out
 
     def step_embeds(self, chunks: Sequence[ChunkImages], device: torch.device) -> ImageEmbeds | None:
-        """The step's ImageEmbeds: the rows of every placeholder its chunks bring, None where there are none."""
+        """The step's ImageEmbeds: the rows of every placeholder its chunks bring, None where there are none.
+        Every image the step's chunks touch goes through one `features` call: the misses of all requests are
+        encoded as one batch (one encoder call a step, not one a request)."""
+        hits = [
+            [image for image in images if image.offset < end and image.end > start] for _, start, end, images in chunks
+        ]
+        features = iter(self.features([image for hit in hits for image in hit]))
         token_index: list[int] = []
         rows: list[torch.Tensor] = []
         spans: list[list[tuple[int, int]]] = []
-        for offset, start, end, images in chunks:
-            hit = [image for image in images if image.offset < end and image.end > start]
+        for (offset, start, end, _), hit in zip(chunks, hits):
             spans.append([(max(i.offset, start), min(i.end, end)) for i in hit if i.bidirectional])
-            for image, features in zip(hit, self.features(hit) if hit else ()):
+            for image, image_rows in zip(hit, features):
                 first, last = max(image.offset, start), min(image.end, end)
                 token_index += range(offset + first - start, offset + last - start)
-                rows.append(features[first - image.offset : last - image.offset])
+                rows.append(image_rows[first - image.offset : last - image.offset])
         if not rows:
             return None
         index = torch.tensor(token_index, dtype=torch.int64).to(device, non_blocking=True)

@@ -4,9 +4,10 @@
                   ... steps ...
                   replies = calls.take_replies()    # loads whose files were read, installed between two steps
 
-A load reads and checks its files (the disk, or the hub) in a thread, so the requests that run meanwhile never
-wait for it; installing it is a dictionary entry and a shape check. Its tensors reach a device slot when a
-request of it is first scheduled (tgi_compat.router.lora_slots).
+A load reads and checks its files (the disk, or the hub) and stages them in pinned host memory in a thread, so
+the requests that run meanwhile never wait for it; installing it is a dictionary entry. Its tensors reach a device
+slot, copied on a side stream, when a request of it is first scheduled (tgi_compat.router.lora_slots,
+tgi_compat.modeling.lora.placement).
 """
 
 from __future__ import annotations
@@ -19,19 +20,16 @@ from tgi_compat.router.lora_registry import LoraRegistry
 from tgi_compat.router.wire import AdapterCall, AdapterReply, LoadAdapter
 
 if TYPE_CHECKING:
-    from tgi_compat.modeling.lora.adapter import PeftAdapter
+    from tgi_compat.modeling.lora.manager import StagedAdapter
 
 logger = logging.getLogger(__name__)
 LORA_OFF = "LoRA is off: start the server with --enable-lora (or --lora-adapters, --lora-modules)"
-# the other ranks hold the startup adapters only: an adapter loaded here would never reach them
-SHARDED = "LoRA adapters are not loaded or unloaded while serving with --num-shard > 1: give them at startup"
 
 
 class AdapterCalls:
-    def __init__(self, registry: LoraRegistry | None, sharded: bool = False) -> None:
+    def __init__(self, registry: LoraRegistry | None) -> None:
         self.registry = registry
-        self.sharded = sharded  # tensor parallelism: every call is refused (SHARDED)
-        self._reading: list[tuple[LoadAdapter, Future[PeftAdapter]]] = []
+        self._reading: list[tuple[LoadAdapter, Future[StagedAdapter]]] = []
         self._reader: ThreadPoolExecutor | None = None  # one thread, started by the first load
 
     @property
@@ -43,8 +41,6 @@ class AdapterCalls:
         registry = self.registry
         if registry is None:
             return AdapterReply(call.call_id, {}, LORA_OFF)
-        if self.sharded:
-            return self._reply(call, SHARDED)
         if not isinstance(call, LoadAdapter):
             try:
                 registry.unload(call.name)
@@ -56,11 +52,9 @@ class AdapterCalls:
             registry.check_room(call.name)
         except ValueError as exc:
             return self._reply(call, str(exc))
-        from tgi_compat.modeling.lora.adapter import load_peft_adapter
-
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="lora-reader")
-        self._reading.append((call, self._reader.submit(load_peft_adapter, call.name, call.source)))
+        self._reading.append((call, self._reader.submit(registry.read, call.name, call.source)))
         return None
 
     def take_replies(self) -> list[AdapterReply]:

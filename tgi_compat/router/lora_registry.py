@@ -14,8 +14,7 @@ from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.lora_slots import LoraSlots
 
 if TYPE_CHECKING:
-    from tgi_compat.modeling.lora.adapter import PeftAdapter
-    from tgi_compat.modeling.lora.manager import LoraManager
+    from tgi_compat.modeling.lora.manager import LoraManager, StagedAdapter
 
 
 FIRST_ADAPTER_ID = 1  # ids count up from here (the other tensor-parallel ranks number the startup adapters alike)
@@ -39,10 +38,15 @@ class LoraRegistry:
 
     def load(self, name: str, source: str, revision: str | None = None) -> None:
         """Read, check and keep an adapter (LoraAdapterError, ValueError for a taken name or a full host cache)."""
+        self.check_room(name)
+        self.install(name, self.read(name, source, revision))
+
+    def read(self, name: str, source: str, revision: str | None = None) -> StagedAdapter:
+        """Read an adapter's files, check it against the model and stage it in host memory (LoraAdapterError):
+        all the slow part of a load, safe in a thread while steps run."""
         from tgi_compat.modeling.lora.adapter import load_peft_adapter
 
-        self.check_room(name)
-        self.install(name, load_peft_adapter(name, source, revision))
+        return self.manager.prepare(load_peft_adapter(name, source, revision), revision)
 
     def check_room(self, name: str) -> None:
         """ValueError when `name` is taken or the host cache (--max-cpu-loras) is full."""
@@ -52,11 +56,11 @@ class LoraRegistry:
         if len(self.ids) + len(self._retired) >= self.max_cpu_loras:
             raise ValueError(f"{self.max_cpu_loras} LoRA adapters are loaded (--max-cpu-loras): unload one first")
 
-    def install(self, name: str, adapter: PeftAdapter) -> None:
-        """Keep an adapter read by load_peft_adapter, once checked against the model (LoraAdapterError, ValueError)."""
+    def install(self, name: str, adapter: StagedAdapter) -> None:
+        """Keep an adapter `read` (ValueError: the name was taken, or the host cache filled, meanwhile)."""
         self.check_room(name)  # again: a load read in a thread may meet another of the same name
         adapter_id, self._next_id = self._next_id, self._next_id + 1
-        self.manager.add(adapter_id, adapter)
+        self.manager.install(adapter_id, adapter)
         self.ids[name] = adapter_id
         self.sources[name] = adapter.source
         self._names[adapter_id] = name

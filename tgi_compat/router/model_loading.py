@@ -9,12 +9,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.lora_registry import FIRST_ADAPTER_ID
 from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.policy import StepCostTable
 
 if TYPE_CHECKING:
-    from tgi_compat.modeling.lora.manager import LoraManager
     from tgi_compat.modeling.runner import ModelRunner
     from tgi_compat.router.speculative.eagle3 import Eagle3Drafter
 
@@ -65,8 +63,8 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
     runner = ModelRunner(runner_config, tp=tp)
     if rank == 0:
         runner.step_sender = StepBroadcast(tp, on_step=count_step)
-    elif runner.lora is not None:
-        _add_startup_adapters(runner.lora, config)
+        if runner.lora is not None:  # the other ranks get every adapter rank 0 loads, at startup or later
+            runner.lora.followers = runner.step_sender
     return runner
 
 
@@ -134,12 +132,3 @@ def tune_speculation(config: SpeculativeConfig, runner: ModelRunner) -> Speculat
         step_cost = StepCostTable(rows, seconds)
         logger.info("step cost (rows: ms): %s", ", ".join(f"{r}: {1e3 * s:.2f}" for r, s in zip(rows, seconds)))
     return dataclasses.replace(config, step_cost=step_cost, uniform_max_batch=runner.verify_graph_max_batch)
-
-
-def _add_startup_adapters(lora: LoraManager, config: EngineConfig) -> None:
-    """Ranks > 0: the startup adapters, under the ids rank 0's LoraRegistry gives them (in --lora-adapters order).
-    Each rank reads the whole adapter and copies its own cut into a slot when rank 0's step names the load."""
-    from tgi_compat.modeling.lora.adapter import load_peft_adapter
-
-    for adapter_id, adapter in enumerate(config.lora_adapters, start=FIRST_ADAPTER_ID):
-        lora.add(adapter_id, load_peft_adapter(adapter.name, adapter.source, adapter.revision))

@@ -10,6 +10,7 @@ share only that. A few attribute reads per row: nothing on the step's host path 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 
 def shared_prefix_groups(
@@ -31,3 +32,22 @@ def shared_prefix_groups(
             if len(members) >= 2:
                 groups.append((depths[key], members))
     return groups
+
+
+@dataclass
+class GroupCounts:
+    """Cumulative, over the decode steps grouped so far: what the engine reports (EngineStats.diverse_*), so a
+    benchmark can tell that siblings really decoded as groups."""
+
+    steps: int = 0
+    rows: int = 0  # the steps' rows
+    grouped_rows: int = 0  # of which in a group
+    groups: int = 0
+    largest: int = 0  # rows of the largest group seen
+
+    def add(self, groups: list[tuple[int, list[int]]], batch_size: int) -> None:
+        self.steps += 1
+        self.rows += batch_size
+        self.grouped_rows += sum(len(members) for _, members in groups)
+        self.groups += len(groups)
+        self.largest = max([self.largest, *(len(members) for _, members in groups)])

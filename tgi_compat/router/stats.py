@@ -41,6 +41,10 @@ class EngineStats(msgspec.Struct, array_like=True, omit_defaults=True):
     spec_drafts: int = 0  # cumulative verify chunks (speculative decoding)
     spec_draft_tokens: int = 0  # cumulative draft tokens verified
     spec_accepted_tokens: int = 0  # cumulative draft tokens accepted
+    diverse_steps: int = 0  # cumulative --diverse_mode decode steps (tgi_compat.router.prefix_groups.GroupCounts)
+    diverse_rows: int = 0  # cumulative: their rows
+    diverse_grouped_rows: int = 0  # cumulative: of which in a shared-prefix group
+    diverse_groups: int = 0  # cumulative: the groups
     running_lora_adapters: list[str] = []  # the adapters of the running requests, first seen first
     waiting_lora_adapters: list[str] = []  # and of the waiting ones
     steps: list[StepStats] = []  # steps since the previous report

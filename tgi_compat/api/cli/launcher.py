@@ -96,6 +96,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("payload-limit", "Largest request body in bytes.", int, 2_000_000),
     Flag("max-image-fetch-size", "Largest image fetched from a prompt's http(s) URL, in bytes.", int, 1024**3),
     Flag("allow-private-image-urls", "Fetch prompt images from private, loopback and link-local addresses too."),
+    Flag("max-images", "Most images in one request; more is a 422 (validation). Default: no limit, as in TGI.", int),
     Flag("enable-prefill-logprobs", "Return prompt logprobs in `details.prefill` (decoder_input_details)."),
     Flag("prefix-caching", "Reuse the KV cache of prompt prefixes seen before (TGI's PREFIX_CACHING=0|1).", bool_env, True),
     Flag("graceful-termination-timeout", "Seconds to finish running requests on shutdown.", int, 90),

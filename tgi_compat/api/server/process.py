@@ -98,7 +98,7 @@ def _vision_prompts(config: ServerConfig) -> VisionPrompts | None:
     source = resolve_model_source(config.model_id, config.revision)
     model = load_model_config(source)
     fetcher = ImageFetcher(config.max_image_fetch_size, config.allow_private_image_urls)
-    return VisionPrompts.of(model, fetcher, source.folder)
+    return VisionPrompts.of(model, fetcher, source.folder, config.max_images)
 
 
 async def _watch_engine(state: AppState, server: uvicorn.Server) -> None:

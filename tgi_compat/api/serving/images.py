@@ -3,7 +3,8 @@ failure refuses the request) and replaced by the model's image text, whose place
 with the image's encoder rows. Gemma 3's image text is TGI's `\\n\\n<start_of_image>` + N `<image_soft_token>`
 + `<end_of_image>\\n\\n`; Qwen2.5-VL's is `<|vision_start|>` + one `<|image_pad|>` per merged patch of the image as
 transformers' processor resizes it + `<|vision_end|>` (what TGI's model server runs; TGI's router counts the
-original image's H * W / 196 pads inside Rust's quotes instead, see README). A text model never comes here, so its
+original image's H * W / 196 pads inside Rust's quotes instead, see README); LLaVA-Next's (transformers fallback)
+is one `<image>` per row its model packs. A text model never comes here, so its
 prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ class VisionPrompts:
     image_token_id: int  # the placeholder token the encoder's rows replace
     bidirectional: bool  # placeholders attend to each other both ways (Gemma 3)
     fetcher: ImageFetcher
+    max_images: int | None = None  # most images in one request (--max-images); None: no limit, as in TGI
 
     @classmethod
-    def of(cls, model: ModelConfig, fetcher: ImageFetcher, folder: str | None = None) -> VisionPrompts | None:
+    def of(
+        cls, model: ModelConfig, fetcher: ImageFetcher, folder: str | None = None, max_images: int | None = None
+    ) -> VisionPrompts | None:
         """The prompts of a checkpoint whose images we serve; None for any other (its markdown stays text).
         `folder`: the checkpoint's, whose preprocessor_config.json sizes Qwen2.5-VL's images."""
         architecture, hf_config = model.multimodal_architecture, model.multimodal_hf_config
@@ -55,7 +59,7 @@ class VisionPrompts:
             fixed = Placeholders(
                 _GEMMA3_IMAGE.format("<image_soft_token>" * tokens.tokens_per_image), tokens.tokens_per_image
             )
-            return cls(lambda _: fixed, tokens.image_token_id, True, fetcher)
+            return cls(lambda _: fixed, tokens.image_token_id, True, fetcher, max_images)
         if architecture == "Qwen2_5_VLForConditionalGeneration" and hf_config is not None and folder is not None:
             from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid, Qwen25VLImageTokens
 
@@ -66,7 +70,17 @@ class VisionPrompts:
                 text = _QWEN2_5_VL_IMAGE.format("<|image_pad|>" * (rows * columns))
                 return Placeholders(text, rows * columns, (rows, columns))
 
-            return cls(qwen, Qwen25VLImageTokens.from_hf_config(hf_config).image_token_id, False, fetcher)
+            return cls(qwen, Qwen25VLImageTokens.from_hf_config(hf_config).image_token_id, False, fetcher, max_images)
+        if architecture == "LlavaNextForConditionalGeneration" and hf_config is not None:
+            from tgi_compat.modeling.vision.llava_next import LlavaNextImageTokens
+
+            llava = LlavaNextImageTokens.from_hf_config(hf_config)
+
+            def llava_next(image: DecodedImage) -> Placeholders:
+                count = llava.count(image.height, image.width)
+                return Placeholders("<image>" * count, count)  # TGI's image text, no markers around it
+
+            return cls(llava_next, llava.image_token_id, False, fetcher, max_images)
         return None
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
@@ -75,6 +89,8 @@ class VisionPrompts:
         refs = [chunk for chunk in chunks if isinstance(chunk, ImageRef)]
         if not refs:
             return inputs, []
+        if self.max_images is not None and len(refs) > self.max_images:  # refused before anything is fetched
+            raise validation_error(f"`inputs` must have at most {self.max_images} images. Given: {len(refs)}")
         loaded = await asyncio.to_thread(lambda: [self.fetcher.load(ref) for ref in refs])
         texts = iter([self.placeholders(image).text for image in loaded])
         return "".join(chunk if isinstance(chunk, str) else next(texts) for chunk in chunks), loaded

@@ -9,6 +9,8 @@ run through this kernel too.
 
 SLIDING_WINDOW = W (`tl.constexpr`, 0 = off): a query at position p sees keys (p - W, p], and a
 program starts its key walk at its first query's window. SOFTCAP = c: scores -> c * tanh(scores / c).
+CAUSAL = False: every query sees all of its request's keys (a vision encoder's windows and images,
+kernels/attention/varlen.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def _prefill_kernel(
     DOT_PRECISION: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr = 0,
     SOFTCAP: tl.constexpr = 0.0,
+    CAUSAL: tl.constexpr = True,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -80,9 +83,10 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # causal: no query of this block sees past its last position; a block past q_len reads nothing
-    key_end = tl.minimum(kv_len, prefix_len + (m_block + 1) * BLOCK_M)
-    key_end = tl.where(m_block * BLOCK_M < q_len, key_end, 0)
+    key_end = kv_len
+    if CAUSAL:  # no query of this block sees past its last position
+        key_end = tl.minimum(kv_len, prefix_len + (m_block + 1) * BLOCK_M)
+    key_end = tl.where(m_block * BLOCK_M < q_len, key_end, 0)  # a block past q_len reads nothing
     key_begin = 0
     if SLIDING_WINDOW > 0:  # the block's first query sees nothing before its own window
         key_begin = tl.maximum(prefix_len + m_block * BLOCK_M - SLIDING_WINDOW + 1, 0)
@@ -90,7 +94,9 @@ def _prefill_kernel(
         offs_n = block_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < key_end
         slots = tl.load(token_row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
-        visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        visible = mask_n[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= q_pos[:, None])
         if SLIDING_WINDOW > 0:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - SLIDING_WINDOW)
         # rows past q_len (and, windowed, rows whose window starts past this block) see no key here
@@ -125,6 +131,7 @@ def prefill_attention(
     num_stages: int = 2,
     sliding_window: int | None = None,  # a query at position p sees keys (p - sliding_window, p]
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
+    causal: bool = True,  # False: each query sees all of its request's keys
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -163,6 +170,7 @@ def prefill_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         SLIDING_WINDOW=sliding_window or 0,
         SOFTCAP=float(softcap or 0.0),
+        CAUSAL=causal,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -3,20 +3,20 @@
 Siblings that took one prompt from the prefix cache hold the same KV slots for its first P tokens, so today's
 flash-decoding (decode.py) reads those P keys once per sibling. Here a step's rows come in groups:
 
-    table [B, 1 + G_MAX] int64 or int32, row b: [P, members...]
-        P: the length of the prefix row b shares with its group (the first P slots of every member's
-           req_to_token row are the leader's), 0 for a row in no group
-        members: when row b leads a group, the batch positions of its rows (itself among them), -1 padding;
-           all -1 for a row that leads none
+    table [B, 1 + G_MAX] int64 or int32:
+        column 0 of row b: the length P of the prefix row b shares with its group (the first P slots of every
+            member's req_to_token row are the leader's), 0 for a row in no group
+        columns 1.. of row g: the batch positions of group g's rows (the first leads), -1 padding; groups are
+            numbered from 0 in a row, so the rows past the last group hold -1 only
 
 (tgi_compat.modeling.forward_batch.PrefixGroups.) Its shape is fixed by the batch size, so a CUDA graph captured
 once replays any grouping.
 
-Stage 1 (prefix): one program per (leader, KV head, split of [0, P)) stacks the G_MAX rows x GQA query heads
-of its group on the M side of one tl.dot (decode.py's `_attend_split`), so each prefix KV block is read once
-for the group. Programs of rows that lead no group exit at once.
-Stage 2 (suffix): one program per (row, KV head, split of [P, kv_len)): each row's own tokens (its whole
-context when it is in no group), the same inner loop.
+One launch, two kinds of program (a KV head each), the long ones first:
+- prefix: (split of [0, P), group slot s) takes the groups s, s + slots, ... and stacks each one's G_MAX rows x GQA
+  query heads on the M side of one tl.dot (decode.py's `_attend_split`): each prefix KV block is read once for the
+  group. Sized for full groups (`group_slots`, `choose_prefix_splits`); smaller groups only loop more.
+- suffix: (row, split of [P, kv_len)): each row's own tokens (its whole context when it is in no group).
 Both write flash-decoding partials (normalised output, log-sum-exp) into one scratch [B, H, S + PS, D]: suffix
 splits at [0, S), prefix splits at [S, S + PS); decode_merge's stage 2 merges them. A split with no keys
 stores lse = -inf (weight 0), so a row in no group has its prefix splits at -inf (the suffix's split 0 writes
@@ -33,7 +33,7 @@ from tgi_compat.kernels.attention.decode import _attend_split, decode_attention_
 from tgi_compat.kernels.attention.decode_merge import RUNTIME_SPLIT_ARGS, launch_stage2, split_outputs
 
 # Scratch strides and split counts follow the batch size: runtime values, one compiled kernel (decode_merge.py).
-_RUNTIME_ARGS = [*RUNTIME_SPLIT_ARGS, "num_prefix_splits", "split_offset"]
+_RUNTIME_ARGS = [*RUNTIME_SPLIT_ARGS, "num_prefix_splits", "num_rows", "prefix_slots"]
 
 
 @triton.jit
@@ -94,19 +94,74 @@ def _attend_rows(
     _store_rows(m_i, l_i, acc, partials, positions, heads, valid, out_split, start < end, offs_d, mask_d)
 
 
+@triton.jit
+def _prefix_program(
+    split,
+    first_slot,
+    num_slot_programs,
+    num_rows,  # B: the table's rows, so its group slots
+    num_prefix_splits,
+    split_offset,  # the first prefix split's index in the scratch (the suffix's split count)
+    queries,
+    cache,
+    tables,  # (req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb)
+    partials,
+    GROUP: tl.constexpr,
+    G_MAX: tl.constexpr,
+    M_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+):
+    """Split `split` of the prefix of groups first_slot, first_slot + num_slot_programs, ... for one KV head."""
+    req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb = tables
+    kv_head = cache[6]
+    # M row m = (member m // GROUP, query head m % GROUP of this KV head)
+    offs_m = tl.arange(0, M_PAD)
+    member = offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    out_split = split_offset + split  # prefix splits follow the suffix's in the scratch
+    # until the first row past the last group (all later ones are past it too)
+    slot = first_slot
+    leader = tl.load(table_ptr + slot * stride_gb + 1, mask=slot < num_rows, other=-1)
+    while leader >= 0:
+        next_slot = slot + num_slot_programs
+        # loaded before the work, so that its latency hides behind it
+        next_leader = tl.load(table_ptr + next_slot * stride_gb + 1, mask=next_slot < num_rows, other=-1)
+        prefix_len = tl.load(table_ptr + leader * stride_gb).to(tl.int32)
+        split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, prefix_len)
+        positions = tl.load(table_ptr + slot * stride_gb + 1 + member, mask=member < G_MAX, other=-1)
+        valid = positions >= 0
+        positions = tl.where(valid, positions, 0)
+        keys = (req_to_token_ptr, stride_rt, req_rows_ptr + leader, start, end)  # the leader's slots
+        rows = (positions, heads, valid)
+        _attend_rows(
+            queries, cache, rows, keys, out_split, partials, M_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
+        )
+        slot = next_slot
+        leader = next_leader
+
+
 @triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
-def _prefix_kernel(
+def _shared_prefix_kernel(
     q_ptr,  # [B, H, D] (rotated)
     k_cache_ptr,  # [S, KVH, D]
     v_cache_ptr,
     req_to_token_ptr,  # [R, L] int32
     req_rows_ptr,  # [B]
+    kv_lens_ptr,  # [B]
     table_ptr,  # [B, 1 + G_MAX]
     mid_out_ptr,  # [B, H, splits, D] fp32
     mid_lse_ptr,  # [B, H, splits] fp32
     scale,
+    num_splits,  # of each row's suffix
     num_prefix_splits,
-    split_offset,  # the first prefix split's index in the scratch (the suffix's split count)
+    num_rows,  # B
+    prefix_slots,  # the prefix's group programs
     stride_qb,
     stride_qh,
     stride_ks,
@@ -123,101 +178,91 @@ def _prefix_kernel(
     GROUP: tl.constexpr,  # query heads per KV head
     G_MAX: tl.constexpr,  # rows per group at most
     M_PAD: tl.constexpr,  # G_MAX * GROUP rounded up to a power of two, >= 16 (the M side of tl.dot)
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    SOFTCAP: tl.constexpr = 0.0,
-):
-    leader = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    if tl.load(table_ptr + leader * stride_gb + 1) >= 0:  # row `leader` leads a group
-        prefix_len = tl.load(table_ptr + leader * stride_gb).to(tl.int32)
-        split_len = tl.cdiv(tl.cdiv(prefix_len, num_prefix_splits), BLOCK_N) * BLOCK_N
-        start = split * split_len
-        end = tl.minimum(start + split_len, prefix_len)
-        # M row m = (member m // GROUP, query head m % GROUP of this KV head)
-        offs_m = tl.arange(0, M_PAD)
-        member = offs_m // GROUP
-        heads = kv_head * GROUP + offs_m % GROUP
-        positions = tl.load(table_ptr + leader * stride_gb + 1 + member, mask=member < G_MAX, other=-1)
-        valid = positions >= 0
-        positions = tl.where(valid, positions, 0)
-        queries = (q_ptr, stride_qb, stride_qh, scale)
-        cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
-        keys = (req_to_token_ptr, stride_rt, req_rows_ptr + leader, start, end)  # the prefix: the leader's slots
-        partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
-        rows = (positions, heads, valid)
-        out_split = split_offset + split  # prefix splits follow the suffix's in the scratch
-        _attend_rows(
-            queries, cache, rows, keys, out_split, partials, M_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
-        )
-
-
-@triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
-def _suffix_kernel(
-    q_ptr,  # [B, H, D] (rotated)
-    k_cache_ptr,
-    v_cache_ptr,
-    req_to_token_ptr,
-    req_rows_ptr,
-    kv_lens_ptr,  # [B]
-    table_ptr,  # [B, 1 + G_MAX]
-    mid_out_ptr,
-    mid_lse_ptr,
-    scale,
-    num_splits,
-    num_prefix_splits,
-    stride_qb,
-    stride_qh,
-    stride_ks,
-    stride_kh,
-    stride_vs,
-    stride_vh,
-    stride_rt,
-    stride_gb,
-    stride_mb,
-    stride_mh,
-    stride_ms,
-    stride_lb,
-    stride_lh,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,  # >= 16 (the M side of tl.dot)
+    GROUP_PAD: tl.constexpr,  # GROUP, >= 16
     PREFIX_SPLITS_PAD: tl.constexpr,  # num_prefix_splits rounded up to a power of two
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # keys per iteration over a suffix
+    PREFIX_BLOCK_N: tl.constexpr,  # over a prefix
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr = 0.0,
 ):
-    req = tl.program_id(0)
+    """Programs [0, prefix_slots x num_prefix_splits) take prefixes, the rest suffixes: one launch, so the suffix
+    programs fill the SMs that the prefix's leave at its tail."""
+    pid = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
-    prefix_len = tl.load(table_ptr + req * stride_gb).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(kv_len - prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    split_len = tl.maximum(split_len, BLOCK_N)  # an empty suffix: every split empty, no zero-step range
-    start = prefix_len + split * split_len
-    end = tl.minimum(start + split_len, kv_len)
-    offs_g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + offs_g
-    valid = offs_g < GROUP
-    positions = offs_g * 0 + req
     queries = (q_ptr, stride_qb, stride_qh, scale)
     cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
-    keys = (req_to_token_ptr, stride_rt, req_rows_ptr + req, start, end)
+    tables = (req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb)
     partials = (mid_out_ptr, mid_lse_ptr, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh)
-    rows = (positions, heads, valid)
-    _attend_rows(
-        queries, cache, rows, keys, split, partials, GROUP_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
-    )
-    if split == 0:
-        if prefix_len == 0:  # in no group: no prefix program writes this row's prefix splits
-            offs_p = tl.arange(0, PREFIX_SPLITS_PAD)
-            lse_ptrs = mid_lse_ptr + req * stride_lb + heads[:, None] * stride_lh + num_splits + offs_p[None, :]
-            empty = tl.full([GROUP_PAD, PREFIX_SPLITS_PAD], float("-inf"), tl.float32)
-            tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
+    num_prefix_programs = prefix_slots * num_prefix_splits
+    if pid < num_prefix_programs:
+        split, slot = pid % num_prefix_splits, pid // num_prefix_splits
+        _prefix_program(
+            split,
+            slot,
+            prefix_slots,
+            num_rows,
+            num_prefix_splits,
+            num_splits,
+            queries,
+            cache,
+            tables,
+            partials,
+            GROUP,
+            G_MAX,
+            M_PAD,
+            HEAD_DIM,
+            BLOCK_D,
+            PREFIX_BLOCK_N,
+            DOT_PRECISION,
+            SOFTCAP,
+        )
+    else:  # a suffix: split `split` of row `req`'s own keys [P, kv_len)
+        work = pid - num_prefix_programs
+        req, split = work // num_splits, work % num_splits
+        kv_len = tl.load(kv_lens_ptr + req).to(tl.int32)
+        prefix_len = tl.load(table_ptr + req * stride_gb).to(tl.int32)
+        split_len = tl.cdiv(tl.cdiv(kv_len - prefix_len, num_splits), BLOCK_N) * BLOCK_N
+        split_len = tl.maximum(split_len, BLOCK_N)  # an empty suffix: every split empty, no zero-step range
+        start = prefix_len + split * split_len
+        end = tl.minimum(start + split_len, kv_len)
+        offs_g = tl.arange(0, GROUP_PAD)
+        heads = kv_head * GROUP + offs_g
+        valid = offs_g < GROUP
+        positions = offs_g * 0 + req
+        keys = (req_to_token_ptr, stride_rt, req_rows_ptr + req, start, end)
+        rows = (positions, heads, valid)
+        _attend_rows(
+            queries, cache, rows, keys, split, partials, GROUP_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, SOFTCAP
+        )
+        if split == 0:
+            if prefix_len == 0:  # in no group: no prefix program writes this row's prefix splits
+                offs_p = tl.arange(0, PREFIX_SPLITS_PAD)
+                lse_ptrs = mid_lse_ptr + req * stride_lb + heads[:, None] * stride_lh + num_splits + offs_p[None, :]
+                empty = tl.full([GROUP_PAD, PREFIX_SPLITS_PAD], float("-inf"), tl.float32)
+                tl.store(lse_ptrs, empty, mask=valid[:, None] & (offs_p < num_prefix_splits)[None, :])
+
+
+# Prefix programs per SM: one wave of the 3 an SM holds (shared memory: two stages of 64-key K and V tiles, 64 KB),
+# all as long, so they end together. 4 splits of 8 groups x 8 KV heads (256 programs, 132 SMs) read ~1 TB/s; many
+# shorter splits add partials (M_PAD x D fp32 each) to write and merge. benchmarks/device/diverse.py sweeps it.
+PREFIX_PROGRAMS_PER_SM = 3
+
+
+def group_slots(batch_size: int, group_max: int) -> int:
+    """The prefix's group programs: one per group of a batch of full groups (n = group_max siblings each)."""
+    return max(1, -(-batch_size // group_max))
+
+
+def choose_prefix_splits(
+    batch_size: int, group_max: int, num_kv_heads: int, num_sms: int, max_prefix_len: int, block_n: int, max_splits: int
+) -> int:
+    """The splits of each group's prefix, from static maxima only (graph-safe): the nearest to PREFIX_PROGRAMS_PER_SM
+    programs per SM over a batch of full groups, at most one split per key block of the longest prefix."""
+    programs = group_slots(batch_size, group_max) * num_kv_heads
+    splits = (PREFIX_PROGRAMS_PER_SM * num_sms + programs // 2) // programs
+    return max(1, min(splits, -(-max_prefix_len // block_n), max_splits))
 
 
 def shared_prefix_decode_attention(
@@ -239,6 +284,7 @@ def shared_prefix_decode_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     softcap: float | None = None,
+    prefix_slots: int = 0,  # group programs (each takes every slots-th group); 0: group_slots()
 ) -> torch.Tensor:
     """Decode attention of B one-token rows where groups of rows share their first prefix_lens keys: the
     prefix is read once per group, each row's suffix once per row, and the two merged by log-sum-exp."""
@@ -263,22 +309,18 @@ def shared_prefix_decode_attention(
     )
     common = (*q.stride()[:2], *k_cache.stride()[:2], *v_cache.stride()[:2], req_to_token.stride(0))
     scratch = (*mid_out.stride()[:3], *mid_lse.stride()[:2])
-    _prefix_kernel[(batch, num_kv_heads, num_prefix_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, table, mid_out, mid_lse,
-        scale, num_prefix_splits, num_splits, *common, table.stride(0), *scratch,
+    prefix_slots = prefix_slots or group_slots(batch, group_max)
+    programs = prefix_slots * num_prefix_splits + batch * num_splits
+    _shared_prefix_kernel[(programs, num_kv_heads)](
+        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, table, mid_out, mid_lse,
+        scale, num_splits, num_prefix_splits, batch, prefix_slots, *common, table.stride(0), *scratch,
         GROUP=group,
         G_MAX=group_max,
         M_PAD=max(16, triton.next_power_of_2(group_max * group)),
-        BLOCK_N=prefix_block_n,
-        **meta,
-    )  # fmt: skip
-    _suffix_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, req_to_token, req_rows, kv_lens, table, mid_out, mid_lse,
-        scale, num_splits, num_prefix_splits, *common, table.stride(0), *scratch,
-        GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         PREFIX_SPLITS_PAD=triton.next_power_of_2(num_prefix_splits),
         BLOCK_N=block_n,
+        PREFIX_BLOCK_N=prefix_block_n,
         **meta,
     )  # fmt: skip
     launch_stage2(mid_out[:batch, :, :total_splits], mid_lse[:batch, :, :total_splits], out, total_splits, pdl=False)
@@ -302,10 +344,11 @@ def shared_prefix_decode_ref(
     spliced = torch.cat([req_to_token, req_to_token.new_zeros(q.shape[0], req_to_token.shape[1])])
     own_rows = req_rows.clone()
     prefix_lens = table[:, 0].tolist()
-    for leader, row_members in enumerate(table[:, 1:].tolist()):
-        for position in (p for p in row_members if p >= 0):
+    for row_members in table[:, 1:].tolist():  # group g's positions in row g, the leader first
+        members = [p for p in row_members if p >= 0]
+        for position in members:
             prefix = prefix_lens[position]
             spliced[spare + position] = req_to_token[int(req_rows[position])]
-            spliced[spare + position, :prefix] = req_to_token[int(req_rows[leader]), :prefix]
+            spliced[spare + position, :prefix] = req_to_token[int(req_rows[members[0]]), :prefix]
             own_rows[position] = spare + position
     return decode_attention_ref(q, k_cache, v_cache, spliced, own_rows, kv_lens, scale, softcap=softcap)

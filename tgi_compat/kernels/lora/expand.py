@@ -1,6 +1,7 @@
 """LoRA expand: each token's shrunk row times its slot's B, added into the base output, every slice of a fused
 projection (q|k|v, gate|up) in one launch: slice s owns the output columns [ends[s-1], ends[s]) and the rank
-block s*R .. (s+1)*R of the shrunk row."""
+block s*R .. (s+1)*R of the shrunk row, whose split-K partial sums (tgi_compat.kernels.lora.shrink) it adds up as it
+reads them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import torch
 import triton
 import triton.language as tl
 
+from tgi_compat.kernels.lora.segments import LoraSegments
+
 
 @triton.jit
 def _lora_expand_kernel(
-    shrunk_ptr,  # [T, S * R] float32, rows in sorted order
+    shrunk_ptr,  # [P, T, S * R] float32, rows in sorted order: P partial sums
     b_ptr,  # [L, OUT, R]: every slot's B, all slices' output columns stacked
     order_ptr,  # [T] int64
     seg_start_ptr,  # [L] int64
@@ -22,6 +25,8 @@ def _lora_expand_kernel(
     end2,  # slice 2's
     out_size,  # the last slice's end: the columns written
     R,  # max rank
+    num_parts,  # P
+    stride_s_part,
     stride_s,
     stride_b_slot,
     stride_b_row,
@@ -52,12 +57,12 @@ def _lora_expand_kernel(
         if NUM_SLICES > 2:
             column_slice += (offs_n >= end1).to(tl.int32)
         delta = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        shrunk_ptrs = shrunk_ptr + rows[:, None] * stride_s + offs_r[None, :]
+        mask_s = mask_m[:, None] & mask_r[None, :]
         for s in tl.static_range(NUM_SLICES):
-            shrunk = tl.load(
-                shrunk_ptr + rows[:, None] * stride_s + s * R + offs_r[None, :],
-                mask=mask_m[:, None] & mask_r[None, :],
-                other=0.0,
-            )
+            shrunk = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            for part in range(num_parts):
+                shrunk += tl.load(shrunk_ptrs + part * stride_s_part + s * R, mask=mask_s, other=0.0)
             delta += tl.where(column_slice[None, :] == s, tl.dot(shrunk, b), 0.0)  # [BLOCK_M, BLOCK_N]
         # each token sits in one segment: no other program touches its row
         out_ptrs = out_ptr + tokens[:, None] * stride_o + offs_n[None, :]
@@ -67,44 +72,33 @@ def _lora_expand_kernel(
 
 
 def lora_expand(
-    out: torch.Tensor,
-    shrunk: torch.Tensor,
-    b: torch.Tensor,
-    token_order: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    slice_ends: tuple[int, ...],
+    out: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, step: LoraSegments, slice_ends: tuple[int, ...]
 ) -> None:
-    """out[token, slice s's columns] += shrunk[i, s * R : (s + 1) * R] @ B[slot, those columns]^T for each LoRA
-    token (b [L, OUT, R]; slice s's columns end at slice_ends[s], the last at OUT); others are left alone."""
+    """out[token, slice s's columns] += shrunk[:, i, s * R : (s + 1) * R].sum(0) @ B[slot, those columns]^T for each
+    LoRA token (shrunk [P, T, S * R]; b [L, OUT, R]; slice s's columns end at slice_ends[s], the last at OUT);
+    others are left alone."""
     num_slots, _, rank = b.shape
     assert 1 <= len(slice_ends) <= 3 and slice_ends[-1] <= out.shape[1], slice_ends
     ends = (*slice_ends, *[slice_ends[-1]] * (3 - len(slice_ends)))
     block_m, block_n = 16, 64
     grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(slice_ends[-1], block_n))
     _lora_expand_kernel[grid](
-        shrunk, b, token_order, seg_start, seg_len, out, *ends, slice_ends[-1], rank,
-        shrunk.stride(0), b.stride(0), b.stride(1), out.stride(0),
+        shrunk, b, step.token_order, step.seg_start, step.seg_len, out, *ends, slice_ends[-1], rank, shrunk.shape[0],
+        shrunk.stride(0), shrunk.stride(1), b.stride(0), b.stride(1), out.stride(0),
         NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rank)),
     )  # fmt: skip
 
 
 def lora_expand_ref(
-    out: torch.Tensor,
-    shrunk: torch.Tensor,
-    b: torch.Tensor,
-    token_order: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    slice_ends: tuple[int, ...],
+    out: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, step: LoraSegments, slice_ends: tuple[int, ...]
 ) -> None:
     """The definition, one matmul per live segment and slice (also the CPU path)."""
-    rank = b.shape[2]
-    for slot, (start, length) in enumerate(zip(seg_start.tolist(), seg_len.tolist())):
+    rank, shrunk = b.shape[2], shrunk.sum(0)
+    for slot, (start, length) in enumerate(zip(step.seg_start.tolist(), step.seg_len.tolist())):
         if not length:
             continue
-        tokens = token_order[start : start + length]
+        tokens = step.token_order[start : start + length]
         for index, (begin, end) in enumerate(zip((0, *slice_ends[:-1]), slice_ends)):
             shrunk_part = shrunk[start : start + length, index * rank : (index + 1) * rank]
             out[tokens, begin:end] += (shrunk_part @ b[slot, begin:end].float().T).to(out.dtype)

@@ -1,26 +1,53 @@
-"""LoRA shrink: each token's activations times its adapter slot's A (all slices of a fused projection at once)."""
+"""LoRA shrink: each token's activations times its adapter slot's A (all slices of a fused projection at once),
+with the prologue the base projection's fused kernel ran on the same input (so a LoRA step keeps that fusion):
+the RMS norm of a pre-norm row, or SiLU-and-mul of a [gate | up] row.
+
+Split over K at decode sizes, each split writes its own partial sums (no zeroing launch, no atomics); the expand
+adds the splits up as it reads them.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from tgi_compat.kernels.lora.segments import LoraSegments
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkPrologue:
+    """What the shrink runs on x before A: the RMS norm (x the pre-norm rows), or SiLU-and-mul (x = [gate | up])."""
+
+    norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+    silu_mul: bool = False
+
+
+NO_PROLOGUE = ShrinkPrologue()
+
 
 @triton.jit
 def _lora_shrink_kernel(
-    x_ptr,  # [T, K]
+    x_ptr,  # [T, K] ([T, 2K]: gate | up with SILU_MUL)
     a_ptr,  # [L, N, K]: every slot's stacked A (N = slices x max rank)
+    norm_ptr,  # [K]: the RMS norm's weight (NORM)
     order_ptr,  # [T] int64: token indices sorted by slot
     seg_start_ptr,  # [L] int64: each slot's first row in order
     seg_len_ptr,  # [L] int64: each slot's token count (0: idle slot)
-    out_ptr,  # [T, N] float32, rows in sorted order (zeroed first when SPLIT_K > 1)
+    out_ptr,  # [SPLIT_K, T, N] float32, rows in sorted order: each split's partial sums
     K,
     N,
+    eps,
     stride_x,
     stride_a_slot,
     stride_a_row,
+    stride_o_split,
     stride_o,
+    NORM: tl.constexpr,
+    SILU_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -35,6 +62,7 @@ def _lora_shrink_kernel(
         mask_m = offs_m < num_tokens
         rows = tl.load(seg_start_ptr + slot) + offs_m
         tokens = tl.load(order_ptr + rows, mask=mask_m, other=0)
+        x_rows = x_ptr + tokens[:, None] * stride_x
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         a_base = a_ptr + slot.to(tl.int64) * stride_a_slot
@@ -43,9 +71,13 @@ def _lora_shrink_kernel(
         for k in range(pid_k * BLOCK_K, K, SPLIT_K * BLOCK_K):
             offs_k = k + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K
-            x = tl.load(
-                x_ptr + tokens[:, None] * stride_x + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
-            )
+            mask_x = mask_m[:, None] & mask_k[None, :]
+            x = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0).to(tl.float32)
+            if SILU_MUL:
+                up = tl.load(x_rows + K + offs_k[None, :], mask=mask_x, other=0.0).to(tl.float32)
+                x = x / (1.0 + tl.exp(-x)) * up
+            if NORM:
+                x = x * tl.load(norm_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
             a = tl.load(
                 a_base + offs_n[None, :] * stride_a_row + offs_k[:, None],
                 mask=mask_n[None, :] & mask_k[:, None],
@@ -53,12 +85,17 @@ def _lora_shrink_kernel(
             )
             # the weights' dtype on the tensor cores (bf16 in serving), accumulated in float32
             acc += tl.dot(x.to(a.dtype), a)
-        out_ptrs = out_ptr + rows[:, None] * stride_o + offs_n[None, :]
-        mask = mask_m[:, None] & mask_n[None, :]
-        if SPLIT_K == 1:
-            tl.store(out_ptrs, acc, mask=mask)
-        else:
-            tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")  # only the sum matters: no ordering
+        if NORM:
+            # the whole row's mean square (each split reads the row again: a few KB from L2 at decode sizes),
+            # so that every split's partial sum is already normed
+            sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                offs_k = k + tl.arange(0, BLOCK_K)
+                x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+                sum_sq += tl.sum(x.to(tl.float32) * x.to(tl.float32), axis=1)
+            acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
+        out_ptrs = out_ptr + pid_k * stride_o_split + rows[:, None] * stride_o + offs_n[None, :]
+        tl.store(out_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
 
 
 def shrink_split_k(num_tokens: int, k: int) -> int:
@@ -71,31 +108,49 @@ def shrink_split_k(num_tokens: int, k: int) -> int:
 
 
 def lora_shrink(
-    x: torch.Tensor, a: torch.Tensor, token_order: torch.Tensor, seg_start: torch.Tensor, seg_len: torch.Tensor
+    x: torch.Tensor, a: torch.Tensor, step: LoraSegments, prologue: ShrinkPrologue = NO_PROLOGUE
 ) -> torch.Tensor:
-    """x [T, K], a [L, N, K] -> [T, N] float32 in token_order's order (rows of tokens without an adapter: unset,
-    or zero)."""
-    num_tokens, k = x.shape
+    """x [T, K] (the pre-norm rows with a norm prologue; [T, 2K] gate | up with SiLU-and-mul), a [L, N, K] ->
+    [P, T, N] float32 partial sums over K, in token_order's order: their sum over P is each LoRA token's
+    prologue(x) @ A[slot]^T (rows of tokens without an adapter: unset)."""
+    num_tokens, k = x.shape[0], a.shape[2]
     num_slots, n, _ = a.shape
+    norm_weight, silu_mul = prologue.norm_weight, prologue.silu_mul
+    assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, a.shape)
     split_k = shrink_split_k(num_tokens, k)
-    alloc = torch.empty if split_k == 1 else torch.zeros
-    out = alloc(num_tokens, n, dtype=torch.float32, device=x.device)
+    out = torch.empty(split_k, num_tokens, n, dtype=torch.float32, device=x.device)
     block_m, block_n, block_k = 16, min(64, max(16, triton.next_power_of_2(n))), 64
     grid = (triton.cdiv(num_tokens, block_m), num_slots, triton.cdiv(n, block_n) * split_k)
     _lora_shrink_kernel[grid](
-        x, a, token_order, seg_start, seg_len, out, k, n, x.stride(0), a.stride(0), a.stride(1), out.stride(0),
+        x, a, x if norm_weight is None else norm_weight, step.token_order, step.seg_start, step.seg_len, out, k, n,
+        prologue.eps,
+        x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1),
+        NORM=norm_weight is not None, SILU_MUL=silu_mul,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
     )  # fmt: skip
     return out
 
 
 def lora_shrink_ref(
-    x: torch.Tensor, a: torch.Tensor, token_order: torch.Tensor, seg_start: torch.Tensor, seg_len: torch.Tensor
+    x: torch.Tensor, a: torch.Tensor, step: LoraSegments, prologue: ShrinkPrologue = NO_PROLOGUE
 ) -> torch.Tensor:
-    """The definition, one matmul per live segment (also the CPU path: the host reads the segment table)."""
-    out = torch.zeros(x.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
-    for slot, (start, length) in enumerate(zip(seg_start.tolist(), seg_len.tolist())):
+    """The definition, one matmul per live segment, as one 'split' [1, T, N] (also the CPU path: the host reads the
+    segment table)."""
+    x = shrink_prologue_ref(x, prologue)
+    out = torch.zeros(1, x.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
+    for slot, (start, length) in enumerate(zip(step.seg_start.tolist(), step.seg_len.tolist())):
         if length:
-            tokens = token_order[start : start + length]
-            out[start : start + length] = x[tokens].float() @ a[slot].float().T
+            tokens = step.token_order[start : start + length]
+            out[0, start : start + length] = x[tokens] @ a[slot].float().T
     return out
+
+
+def shrink_prologue_ref(x: torch.Tensor, prologue: ShrinkPrologue) -> torch.Tensor:
+    """The shrink's input in float32: x, its RMS norm (x * w / rms(x)), or silu(gate) * up."""
+    x = x.float()
+    if prologue.silu_mul:
+        gate, up = x.chunk(2, dim=-1)
+        x = torch.nn.functional.silu(gate) * up
+    if prologue.norm_weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + prologue.eps) * prologue.norm_weight.float()
+    return x

@@ -34,13 +34,16 @@ from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
-from tgi_compat.kernels.attention.shared_prefix import shared_prefix_decode_attention
+from tgi_compat.kernels.attention.shared_prefix import choose_prefix_splits, shared_prefix_decode_attention
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape
 from tgi_compat.modeling.attention.torch_backend import TorchAttentionBackend
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
 
 MAX_DECODE_SPLITS = 64
+# The shared-prefix kernel's keys per iteration, over prefixes and suffixes alike: its two kinds of program share one
+# launch, so a 128-key suffix tile would set the shared memory (and so the SMs' occupancy) of the prefix's too.
+SHARED_PREFIX_BLOCK_N = 64
 # Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
 # 512 (`bench_gpu.py --attn-variants`, docs/benchmarks/2026-11-22-serving.md, run J). The fused rotary saves 45 us per step at batch 1
 # and 15-70 us at 2-64 but costs 24-130 us at 128-256 (every program rotates its queries). Merged
@@ -79,6 +82,7 @@ class TritonAttentionBackend(AttentionBackend):
         # Split scratch for the largest decode batch a step may carry (one request per row).
         max_rows, num_heads = self.max_rows, self.num_heads
         self.prefix_group_max = shape.prefix_group_max
+        self.max_seq_len = shape.max_seq_len  # bounds a prefix's splits by its key blocks
         capacity = max(b * (self._num_splits(b) + self._prefix_splits(b)) for b in range(1, max_rows + 1))
         self._mid_out = torch.empty(capacity * num_heads * self.head_dim, dtype=torch.float32, device=self.device)
         self._mid_lse = torch.empty(capacity * num_heads, dtype=torch.float32, device=self.device)
@@ -131,15 +135,23 @@ class TritonAttentionBackend(AttentionBackend):
         return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
 
     def _prefix_splits(self, batch_size: int) -> int:
-        """Under --diverse_mode, the splits of a group's prefix: sized for a batch of full groups (n = 8 siblings),
-        whose prefixes are as many as the groups; 0 when the mode is off."""
+        """Under --diverse_mode, the splits of a group's prefix: enough programs over a batch of full groups
+        (n = 8 siblings) to fill the SMs (choose_prefix_splits); 0 when the mode is off."""
         if not self.prefix_group_max:
             return 0
         if batch_size < 2:  # no group: its prefix programs only exit
             return 1
-        splits = self._num_splits(max(1, batch_size // self.prefix_group_max))
         # the merge holds every split of a head in registers: at most MAX_DECODE_SPLITS in all, as flash-decoding
-        return max(1, min(splits, MAX_DECODE_SPLITS - self._num_splits(batch_size)))
+        room = MAX_DECODE_SPLITS - self._num_splits(batch_size)
+        return choose_prefix_splits(
+            batch_size,
+            self.prefix_group_max,
+            self.num_kv_heads,
+            self.num_sms,
+            self.max_seq_len,
+            SHARED_PREFIX_BLOCK_N,
+            room,
+        )
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
         # The extend kernel's mask is causal only: a step with images whose placeholders attend to each other
@@ -307,7 +319,8 @@ class TritonAttentionBackend(AttentionBackend):
             out=out,
             mid_out=mid_out,
             mid_lse=mid_lse,
-            block_n=meta.block_n,
+            block_n=SHARED_PREFIX_BLOCK_N,
+            prefix_block_n=SHARED_PREFIX_BLOCK_N,
             softcap=params.softcap,
         )
 

@@ -9,6 +9,9 @@ each request's slot, and begin_step turns that into the step's LoraStep.
 from __future__ import annotations
 
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -16,14 +19,34 @@ from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule, PeftAdapter
 from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
+from tgi_compat.modeling.lora.placement import SlotPlacer, Staged
 from tgi_compat.modeling.lora.step import build_lora_step, lora_step
 from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.models.base import CausalLM
 from tgi_compat.modeling.models.decoder import DecoderForCausalLM
 from tgi_compat.modeling.models.llama import LlamaMLP
+from tgi_compat.modeling.parallel.step_broadcast import AdapterDrop, AdapterLoad
 
 _ATTENTION = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
 _MLP = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+
+@dataclass(frozen=True, slots=True)
+class StagedAdapter:
+    """An adapter checked against the model and cut into its slot buffers' shapes in host memory."""
+
+    name: str
+    source: str
+    tensors: Staged  # each slot buffer with its host copy of this adapter
+    revision: str | None = None
+
+
+class AdapterFollowers(Protocol):
+    """The other tensor-parallel ranks, as rank 0 tells them of its adapters (StepBroadcast)."""
+
+    def send_adapter(self, load: AdapterLoad) -> None: ...
+
+    def send_adapter_drop(self, drop: AdapterDrop) -> None: ...
 
 
 class LoraManager:
@@ -33,7 +56,12 @@ class LoraManager:
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.context = LoraContext()
-        self.adapters: dict[int, PeftAdapter] = {}  # adapter id -> its host copy
+        self.adapters: dict[int, StagedAdapter] = {}  # adapter id -> its host copy
+        # tensor parallelism: rank 0 tells the other ranks of each adapter it installs or removes (`followers`);
+        # they read theirs in a thread (`follow`), which the first step that copies it waits for
+        self.followers: AdapterFollowers | None = None
+        self._reading: dict[int, Future[StagedAdapter]] = {}
+        self._reader: ThreadPoolExecutor | None = None
         self.targets: dict[Linear, LoraWeights] = {}
         # per layer: projection name (q_proj, ...) -> the weights that hold it
         self.layers: list[dict[str, LoraWeights]] = []
@@ -51,10 +79,16 @@ class LoraManager:
                 self.targets[proj] = weights = LoraWeights(proj, names, max_loras, max_rank)
                 by_projection |= dict.fromkeys(names, weights)
             self.layers.append(by_projection)
+        self._placer = SlotPlacer(next(iter(self.targets.values())).a.device)
 
     def add(self, adapter_id: int, adapter: PeftAdapter) -> None:
-        """Check an adapter against the model (LoraAdapterError) and keep it in host memory."""
-        for layer, modules in _by_layer(adapter).items():
+        self.install(adapter_id, self.prepare(adapter))
+
+    def prepare(self, adapter: PeftAdapter, revision: str | None = None) -> StagedAdapter:
+        """Check an adapter against the model (LoraAdapterError) and stage it in (pinned) host memory. Reads no
+        state a step changes: a load's reader thread calls it while steps run."""
+        by_layer = _by_layer(adapter)
+        for layer, modules in by_layer.items():
             if layer >= len(self.layers):
                 raise LoraAdapterError(
                     f"LoRA adapter {adapter.name!r} has layer {layer}; the model has {len(self.layers)}"
@@ -66,20 +100,53 @@ class LoraManager:
                 )
             for weights in dict.fromkeys(self.layers[layer].values()):
                 weights.check(adapter.name, layer, modules)
+        tensors = [
+            (weights, weights.stage(by_layer.get(layer, {})))
+            for layer, weights_by_projection in enumerate(self.layers)
+            for weights in dict.fromkeys(weights_by_projection.values())
+        ]
+        return StagedAdapter(adapter.name, adapter.source, tensors, revision)
+
+    def install(self, adapter_id: int, adapter: StagedAdapter) -> None:
         self.adapters[adapter_id] = adapter
+        if self.followers is not None:
+            self.followers.send_adapter(AdapterLoad(adapter_id, adapter.name, adapter.source, adapter.revision))
 
     def remove(self, adapter_id: int) -> None:
         self.adapters.pop(adapter_id, None)
+        if self.followers is not None:
+            self.followers.send_adapter_drop(AdapterDrop(adapter_id))
+
+    def follow(self, message: AdapterLoad | AdapterDrop) -> None:
+        """Ranks > 0: rank 0 installed (read this rank's cut in a thread) or removed an adapter."""
+        if isinstance(message, AdapterDrop):
+            self._reading.pop(message.adapter_id, None)
+            self.adapters.pop(message.adapter_id, None)
+            return
+        from tgi_compat.modeling.lora.adapter import load_peft_adapter
+
+        def read() -> StagedAdapter:
+            return self.prepare(load_peft_adapter(message.name, message.source, message.revision), message.revision)
+
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="lora-reader")
+        self._reading[message.adapter_id] = self._reader.submit(read)
+
+    def _staged(self, adapter_id: int) -> StagedAdapter:
+        reading = self._reading.pop(adapter_id, None)
+        if reading is not None:  # a rank > 0's read (rank 0 read the same files: an error here is fatal)
+            self.adapters[adapter_id] = reading.result()
+        return self.adapters[adapter_id]
 
     def begin_step(self, batch: ForwardBatch, replayed: bool = False) -> None:
         """Copy the adapters newly placed in a slot (into the slot buffers in place: captured graphs keep reading
-        them), then set the step's segments: None without a LoRA row, or when a CUDA graph replays the step (the
+        them; on a side stream, tgi_compat.modeling.lora.placement), then set the step's segments: None without a LoRA row, or when a CUDA graph replays the step (the
         graph builds its own from its static slot input)."""
         if batch.lora is None:
             self.context.step = None
             return
         for slot, adapter_id in batch.lora.loads:
-            self._write(slot, self.adapters[adapter_id])
+            self._placer.place(slot, self._staged(adapter_id).tensors)
         self.context.step = None if replayed else build_lora_step(batch, batch.lora.slots, self.max_loras)
 
     def set_decode_slots(self, slots: torch.Tensor | None) -> None:
@@ -87,13 +154,6 @@ class LoraManager:
         row's slot, -1 for base and padding rows), so that the captured graph rebuilds them at every replay;
         None: a plain step."""
         self.context.step = None if slots is None else lora_step(slots, self.max_loras)
-
-    def _write(self, slot: int, adapter: PeftAdapter) -> None:
-        by_layer = _by_layer(adapter)
-        for layer, weights_by_projection in enumerate(self.layers):
-            modules = by_layer.get(layer, {})
-            for weights in dict.fromkeys(weights_by_projection.values()):
-                weights.write(slot, modules)
 
 
 def _by_layer(adapter: PeftAdapter) -> dict[int, dict[str, LoraModule]]:

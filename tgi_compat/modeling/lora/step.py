@@ -7,18 +7,12 @@ static [N] slot input. Tokens of base rows sort last and belong to no segment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from tgi_compat.kernels.lora.segments import LoraSegments
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
 
-
-@dataclass(frozen=True, slots=True)
-class LoraStep:
-    token_order: torch.Tensor  # [T] int64: flat token indices, LoRA tokens sorted by slot, base tokens last
-    seg_start: torch.Tensor  # [L] int64: first index into token_order of each slot's tokens
-    seg_len: torch.Tensor  # [L] int64: each slot's token count (0: no row of this step uses it)
+LoraStep = LoraSegments  # a step's segments, in the kernels' own type
 
 
 def build_lora_step(batch: ForwardBatch, request_slots: torch.Tensor, max_loras: int) -> LoraStep:

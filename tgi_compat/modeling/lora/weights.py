@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule
 from tgi_compat.modeling.lora.step import LoraStep
@@ -63,24 +63,39 @@ class LoraWeights:
                     f"the model's {expected[0]} -> {expected[1]} (an adapter for another base model?)"
                 )
 
-    def write(self, slot: int, modules: dict[str, LoraModule]) -> None:
-        """Put one adapter's (checked) pairs into `slot`, this rank's cut of them; parts it lacks stay zero."""
-        self.a[slot].zero_()
-        self.b[slot].zero_()
+    def stage(self, modules: dict[str, LoraModule]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One adapter's (checked) pairs as this rank's cut of one slot: host tensors (A [S * R, in], B [out, R])
+        in the slot buffers' dtype, parts it lacks zero; pinned beside a GPU model, so that `place` is one
+        asynchronous copy each."""
+        a = torch.zeros(self.a.shape[1:], dtype=self.a.dtype, device="cpu")
+        b = torch.zeros(self.b.shape[1:], dtype=self.b.dtype, device="cpu")
         rank_cap = self.max_rank
         for index, part in enumerate(self.slices):
             module = modules.get(part.projection)
             if module is None:
                 continue
-            a = module.a if self.in_columns is None else module.a[:, self.in_columns.start : self.in_columns.end]
-            b = module.b[part.rows.start : part.rows.end]
-            self.a[slot, index * rank_cap : index * rank_cap + module.rank].copy_(a)
-            self.b[slot, part.out_start : part.out_start + part.rows.size, : module.rank].copy_(b)
+            a_part = module.a if self.in_columns is None else module.a[:, self.in_columns.start : self.in_columns.end]
+            a[index * rank_cap : index * rank_cap + module.rank] = a_part
+            b[part.out_start : part.out_start + part.rows.size, : module.rank] = module.b[
+                part.rows.start : part.rows.end
+            ]
+        if self.a.is_cuda:
+            # this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)
+            with torch.cuda.device(self.a.device):
+                return a.pin_memory(), b.pin_memory()
+        return a, b
 
-    def add_to(self, out: torch.Tensor, x: torch.Tensor, step: LoraStep) -> torch.Tensor:
-        """out [T, out] += each LoRA row's x @ A^T @ B^T (rows without an adapter unchanged); returns out."""
+    def place(self, slot: int, staged: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Copy a staged adapter into `slot` on the current stream (asynchronous from pinned memory)."""
+        self.a[slot].copy_(staged[0], non_blocking=True)
+        self.b[slot].copy_(staged[1], non_blocking=True)
+
+    def add_to(
+        self, out: torch.Tensor, x: torch.Tensor, step: LoraStep, prologue: ShrinkPrologue = NO_PROLOGUE
+    ) -> torch.Tensor:
+        """out [T, out] += each LoRA row's prologue(x) @ A^T @ B^T (rows without an adapter unchanged); returns out.
+        The prologue is the one the base projection fused (the norm of pre-norm rows, SiLU-and-mul of [gate | up])."""
         on_gpu = x.is_cuda
         shrink, expand = (lora_shrink, lora_expand) if on_gpu else (lora_shrink_ref, lora_expand_ref)
-        shrunk = shrink(x, self.a, step.token_order, step.seg_start, step.seg_len)
-        expand(out, shrunk, self.b, step.token_order, step.seg_start, step.seg_len, self.slice_ends)
+        expand(out, shrink(x, self.a, step, prologue), self.b, step, self.slice_ends)
         return out

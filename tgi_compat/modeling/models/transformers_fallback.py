@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
-from tgi_compat.modeling.config import ModelConfig
+from tgi_compat.modeling.config import FALLBACK_VISION_MODELS, ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps
 from tgi_compat.modeling.weights.lazy import LazyTensor, take
@@ -84,11 +84,14 @@ def fallback_model_config(d: dict[str, Any], folder: str | None = None) -> Model
     `folder`, where the checkpoint lives, is kept as the config's `_name_or_path` (as transformers does)."""
     if folder is not None:
         d = {**d, "_name_or_path": folder}
-    c = transformers_config(d)
+    wrapper = transformers_config(d)
+    c = wrapper.get_text_config()  # a vision checkpoint's text model (nested text_config); else the config itself
     num_heads = c.num_attention_heads
-    eos = c.eos_token_id
+    eos = d.get("eos_token_id", c.eos_token_id)  # a vision wrapper's own generation ids win
+    architecture = d["architectures"][0]
+    vision = architecture in FALLBACK_VISION_MODELS
     return ModelConfig(
-        architecture=d["architectures"][0],
+        architecture=architecture,
         vocab_size=c.vocab_size,
         hidden_size=c.hidden_size,
         intermediate_size=getattr(c, "intermediate_size", None) or 4 * c.hidden_size,
@@ -97,10 +100,12 @@ def fallback_model_config(d: dict[str, Any], folder: str | None = None) -> Model
         num_kv_heads=getattr(c, "num_key_value_heads", None) or num_heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // num_heads,
         max_position_embeddings=getattr(c, "max_position_embeddings", None) or 2048,
-        tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        tie_word_embeddings=bool(getattr(wrapper, "tie_word_embeddings", False)),
         bos_token_id=c.bos_token_id,
         eos_token_ids=[] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [int(eos)],
         hf_config=d,
+        multimodal_architecture=architecture if vision else None,
+        multimodal_hf_config=d if vision else None,
     )
 
 
@@ -119,19 +124,18 @@ def check_supported(architecture: str) -> str | None:
 class TransformersForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
         super().__init__()
-        from transformers import AutoModelForCausalLM
-
         register_attention()
         self.config = config
         hf_config = transformers_config(config.hf_config)
         folder: str = config.hf_config.get("_name_or_path") or ""
         self.loaded_by_transformers = bool(folder) and os.path.isdir(folder)
-        options = dict(attn_implementation=ATTENTION_NAME, dtype=torch.get_default_dtype())
+        options = dict(attn_implementation=self.attention_implementation(), dtype=torch.get_default_dtype())
+        model_class = self.model_class()
         if self.loaded_by_transformers:
             device_map = {"": torch.get_default_device()}
-            self.hf = AutoModelForCausalLM.from_pretrained(folder, config=hf_config, device_map=device_map, **options)
-        else:  # in-memory weights (tests): built here, filled by load_weights
-            self.hf = AutoModelForCausalLM.from_config(hf_config, **options)
+            self.hf = model_class.from_pretrained(folder, config=hf_config, device_map=device_map, **options)
+        else:  # in-memory weights (tests, --load-format dummy): built here, filled by load_weights
+            self.hf = model_class.from_config(hf_config, **options)
         self.logit_scale = getattr(hf_config, "logit_scale", None)  # Cohere-style scaled logits
         self.final_softcap = getattr(hf_config, "final_logit_softcapping", None)
 
@@ -144,13 +148,35 @@ class TransformersForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """The flat batch as one sequence of T tokens; returns the final hidden states [T, hidden]."""
-        out = self.hf.base_model(
-            input_ids=input_ids[None],
+        out = self.text_model()(
+            **self.text_inputs(input_ids, batch),
             position_ids=positions[None],
             use_cache=False,
             kv_cache_step=KVCacheStep(kv_caches, backend),
         )
         return out.last_hidden_state[0]
+
+    # what a vision-language model (models/transformers_vlm.py) changes
+    def model_class(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    @staticmethod
+    def attention_implementation() -> str | dict[str, str]:
+        return ATTENTION_NAME
+
+    def text_model(self) -> nn.Module:
+        return self.hf.base_model
+
+    def text_inputs(self, input_ids: torch.Tensor, batch: ForwardBatch) -> dict[str, torch.Tensor]:
+        return {"input_ids": input_ids[None]}
+
+    def model_name(self, name: str) -> str:
+        """A checkpoint tensor's name -> the module's, as transformers' renamings (not its tensor converters) give
+        it when it reads a folder: the hub's LLaVA-Next `language_model.model.*` is transformers 5's
+        `model.language_model.*`."""
+        return name
 
     @property
     def max_positions(self) -> int:
@@ -168,7 +194,7 @@ class TransformersForCausalLM(nn.Module):
         """A state dict under transformers' own parameter names; nothing to do if it read the folder."""
         if self.loaded_by_transformers:
             return
-        state = {name: take(tensor) for name, tensor in weights}
+        state = {self.model_name(name): take(tensor) for name, tensor in weights}
         missing, unexpected = self.hf.load_state_dict(state, strict=False)
         self.hf.tie_weights()
         tied = {"lm_head.weight", "embed_out.weight"} if self.config.tie_word_embeddings else set()

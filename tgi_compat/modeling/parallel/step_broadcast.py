@@ -23,13 +23,19 @@ capacity travels in the header: a step that needs more grows it on both sides.
     then, for a step with image rows, their features [I, hidden] in `dtype` (a second device broadcast)
 
 N is -1 for a step without LoRA rows, I -1 for a step without images. Every rank then runs the same rows on the same adapter slots, and
-copies the same adapters into them (each keeps its own cut of every adapter loaded at startup).
+copies the same adapters into them (each keeps its own cut of every adapter).
+
+Between steps rank 0 also sends the LoRA adapters it loads (header [ADAPTER, id, n], then n bytes of JSON: name,
+source, revision), at startup and while serving alike, and those it drops ([DROP_ADAPTER, id]): each rank reads
+its own cut (tgi_compat.modeling.lora.manager.LoraManager.follow).
 """
 
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -45,6 +51,23 @@ _MODES = list(ForwardMode)
 class _Op(enum.IntEnum):
     STEP = 1
     STOP = 2
+    ADAPTER = 3
+    DROP_ADAPTER = 4
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterLoad:
+    """Rank 0 loaded a LoRA adapter under this id: every rank reads and keeps its cut."""
+
+    adapter_id: int
+    name: str
+    source: str
+    revision: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterDrop:
+    adapter_id: int
 
 
 class StepBroadcast:
@@ -113,6 +136,19 @@ class StepBroadcast:
         if images is not None:
             self.tp.broadcast(images.embeds.contiguous())
 
+    def send_adapter(self, load: AdapterLoad) -> None:
+        encoded = json.dumps([load.name, load.source, load.revision]).encode()
+        self._send_op(_Op.ADAPTER, load.adapter_id, len(encoded))
+        self.tp.broadcast_host(torch.frombuffer(bytearray(encoded), dtype=torch.uint8))
+
+    def send_adapter_drop(self, drop: AdapterDrop) -> None:
+        self._send_op(_Op.DROP_ADAPTER, drop.adapter_id)
+
+    def _send_op(self, op: _Op, *args: int) -> None:
+        self.header.zero_()
+        self.header[: 1 + len(args)] = torch.tensor([int(op), *args], dtype=torch.int64)
+        self.tp.broadcast_host(self.header)
+
     @torch.inference_mode()
     def send_stop(self) -> None:
         self.header.zero_()
@@ -121,11 +157,19 @@ class StepBroadcast:
 
     # ---- ranks > 0 --------------------------------------------------------------------------
     @torch.inference_mode()
-    def receive(self) -> ForwardBatch | None:
-        """The next batch rank 0 sent, or None when it sent stop. Views of the buffer: valid until
-        the next receive (which, on a GPU, the stream orders after this step's forward)."""
+    def receive(self) -> ForwardBatch | AdapterLoad | AdapterDrop | None:
+        """The next batch (or adapter message) rank 0 sent, or None when it sent stop. A batch's tensors are views
+        of the buffer: valid until the next receive (which, on a GPU, the stream orders after this step's
+        forward)."""
         self.tp.broadcast_host(self.header)
         header = self.header.tolist()
+        if header[0] == _Op.ADAPTER:
+            encoded = torch.empty(header[2], dtype=torch.uint8)
+            self.tp.broadcast_host(encoded)
+            name, source, revision = json.loads(bytes(encoded.tolist()).decode())
+            return AdapterLoad(header[1], name, source, revision)
+        if header[0] == _Op.DROP_ADAPTER:
+            return AdapterDrop(header[1])
         op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached = header[:9]
         capacity, greedy_only, num_loads, width, has_rope, num_image_rows, num_spans, dtype = header[9:]
         if op == _Op.STOP:

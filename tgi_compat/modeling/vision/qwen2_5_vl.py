@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
+from tgi_compat.kernels.attention.varlen import varlen_attention, varlen_attention_ref
 from tgi_compat.modeling.layers.linear import default_weight_loader
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionAttention
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,11 @@ def _vision_config(hf_config: dict[str, Any]) -> Any:
 
 
 class Qwen25VLVisionEncoder(nn.Module):
-    """(pixel_values [patches, C * t * p * p], image_grid_thw [N, 3]) -> each image's [(h / 2) * (w / 2), hidden]."""
+    """(pixel_values [patches, C * t * p * p], image_grid_thw [N, 3]) -> each image's [(h / 2) * (w / 2), hidden].
+
+    transformers' modules and weights, driven by our own short forward (the same ops in the same order as
+    transformers' own) so that every layer's attention is ONE non-causal varlen call over all images of the call:
+    transformers' sdpa/eager path loops over each window in Python (~100 windows x 28 layers per 1024px image)."""
 
     def __init__(self, hf_config: dict[str, Any]):
         super().__init__()
@@ -79,5 +87,80 @@ class Qwen25VLVisionEncoder(nn.Module):
     def forward(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         grid = processed["image_grid_thw"]
         pixels = processed["pixel_values"].to(self.visual.patch_embed.proj.weight.dtype)
-        rows = self.visual(pixels, grid_thw=grid).pooler_output
+        rows = self.encode(pixels, grid)
         return list(torch.split(rows, (grid.prod(-1) // self.merge**2).tolist()))
+
+    def encode(self, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        """transformers' Qwen2_5_VisionTransformerPretrainedModel.forward -> pooler_output, its attention packed."""
+        visual = self.visual
+        layout = WindowLayout.of(grid, visual.config, pixels.device)
+        hidden = visual.patch_embed(pixels)
+        hidden = layout.to_windows(hidden)
+        cos, sin = (layout.to_windows(f) for f in visual.rotary_pos_emb(hidden, layout.position_ids))
+        for index, block in enumerate(visual.blocks):
+            spans = layout.images if index in visual.fullatt_block_indexes else layout.windows
+            hidden = hidden + self.attention(block.attn, block.norm1(hidden), cos, sin, spans)
+            hidden = hidden + block.mlp(block.norm2(hidden))
+        return visual.merger(hidden)[torch.argsort(layout.window_index)]
+
+    @staticmethod
+    def attention(
+        attn: Qwen2_5_VLVisionAttention, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: Spans
+    ) -> torch.Tensor:
+        """Qwen2_5_VLVisionAttention.forward with one packed call in place of its per-window loop."""
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
+
+        tokens = hidden.shape[0]
+        q, k, v = attn.qkv(hidden).reshape(tokens, 3, attn.num_heads, -1).unbind(1)
+        q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+        out = spans.attend(q, k, v, attn.scaling)
+        return attn.proj(out.reshape(tokens, -1))
+
+
+@dataclass(frozen=True, slots=True)
+class Spans:
+    """Packed sequences (an image's windows, or its whole patches), cu_seqlens on the device, the longest on host."""
+
+    cu_seqlens: torch.Tensor
+    longest: int
+
+    @classmethod
+    def of(cls, cu_seqlens: torch.Tensor, device: torch.device) -> Spans:
+        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        return cls(cu_seqlens.to(device, torch.int32, non_blocking=True), longest)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        if q.is_cuda:
+            return varlen_attention(q, k, v, self.cu_seqlens, self.longest, scale)
+        return varlen_attention_ref(q, k, v, self.cu_seqlens, scale)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLayout:
+    """Where each patch goes for the window layers (transformers' vision_utils, computed on the host from the
+    tiny grid so that no step of the forward waits on the device), and the spans both kinds of layer attend."""
+
+    window_index: torch.Tensor  # [patches / merge**2]: merged-patch order of the windows
+    position_ids: torch.Tensor  # [patches, 2]: each patch's (h, w) for the 2D rope
+    windows: Spans
+    images: Spans
+    unit: int  # merge**2 patches per merged patch
+
+    @classmethod
+    def of(cls, grid: torch.Tensor, config: Any, device: torch.device) -> WindowLayout:
+        from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+
+        grid = grid.cpu()
+        merge = config.spatial_merge_size
+        index, cu_windows = get_vision_window_index(grid, merge, config.window_size, config.patch_size)
+        return cls(
+            index.to(device, non_blocking=True),
+            get_vision_position_ids(grid, merge).to(device, non_blocking=True),
+            Spans.of(cu_windows, device),
+            Spans.of(get_vision_cu_seqlens(grid), device),
+            merge * merge,
+        )
+
+    def to_windows(self, rows: torch.Tensor) -> torch.Tensor:
+        """transformers' permute_input_for_window_attn: patches regrouped window by window."""
+        return rows.reshape(-1, self.unit, rows.shape[-1])[self.window_index].reshape(rows.shape)

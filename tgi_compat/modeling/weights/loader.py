@@ -60,7 +60,7 @@ def iterate_weights(
         from tgi_compat.modeling.weights.safetensors import iterate_safetensors
 
         weights = iterate_safetensors(source.folder, show_progress, lazy)
-        yield from text_model_weights(weights) if config.multimodal_architecture else weights
+        yield from text_model_weights(weights) if config.renames_multimodal_weights else weights
 
 
 def _dummy_weights(source: ModelSource, config: ModelConfig, device: torch.device, dtype: torch.dtype, lazy: bool):
@@ -74,7 +74,7 @@ def _dummy_weights(source: ModelSource, config: ModelConfig, device: torch.devic
             "drop its quantization_config (--quantize fp8 or eetq quantizes the random weights while loading)"
         )
     weights = iterate_dummy_weights(source.folder, device, dtype, lazy)
-    return text_model_weights(weights) if config.multimodal_architecture else weights
+    return text_model_weights(weights) if config.renames_multimodal_weights else weights
 
 
 # A multimodal checkpoint's text-model prefixes -> the text model's own (transformers 4 and the hub

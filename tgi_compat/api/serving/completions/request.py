@@ -1,6 +1,6 @@
 """A /v1/completions request checked and mapped onto TGI's generate requests, and the OpenAI
-legacy pieces of its answer: `logprobs` ({tokens, token_logprobs, top_logprobs, text_offset}) and
-the choices with AIAK's `sentence_length` / `cum_log_probs`."""
+legacy pieces of its answer: `logprobs` ({tokens, token_logprobs, top_logprobs, text_offset}),
+the choices with AIAK's `sentence_length` / `cum_log_probs`, and a stream's last events."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ from typing import Any
 
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.openai import CompletionRequest
-from tgi_compat.api.protocol.openai_common import openai_finish_reason, openai_parameters
-from tgi_compat.api.protocol.openai_responses import CompletionChoice
-from tgi_compat.api.protocol.tgi import GenerateParameters, PrefillToken, Token
+from tgi_compat.api.protocol.openai_common import (
+    openai_finish_reason,
+    openai_parameters,
+    system_fingerprint,
+    unix_now,
+)
+from tgi_compat.api.protocol.openai_responses import CompletionChoice, TextCompletion, Usage
+from tgi_compat.api.protocol.sse import data_event, done_event
+from tgi_compat.api.protocol.tgi import GenerateParameters, PrefillToken, Token, dump_json
 from tgi_compat.api.serving.generation import GenerationResult
 from tgi_compat.api.serving.state import AppState
 
@@ -138,3 +144,17 @@ def completion_choice(body: CompletionRequest, index: int, prompt: str, result: 
         sentence_length=result.generated_tokens,
         cum_log_probs=cumulative_logprob(result.tokens),
     )
+
+
+def final_chunk(model: str, choices: list[CompletionChoice], usage: Usage) -> bytes:
+    """A stream's event that ends a sequence (TGI: the whole text_completion shape, with its usage)."""
+    final = TextCompletion(
+        created=unix_now(), model=model, system_fingerprint=system_fingerprint(), choices=choices, usage=usage
+    )
+    return data_event(dump_json(final.to_dict()))
+
+
+def stream_end(body: CompletionRequest, model: str, usage: Usage) -> bytes:
+    """What closes a stream: the `choices: []` usage chunk when `stream_options.include_usage` asks, then [DONE]."""
+    wants_usage = body.stream_options is not None and body.stream_options.include_usage
+    return (final_chunk(model, [], usage) if wants_usage else b"") + done_event()

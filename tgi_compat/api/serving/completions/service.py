@@ -41,7 +41,7 @@ from tgi_compat.api.protocol.openai_responses import (
     TextCompletion,
     Usage,
 )
-from tgi_compat.api.protocol.sse import data_event, done_event
+from tgi_compat.api.protocol.sse import data_event
 from tgi_compat.api.protocol.tgi import dump_json
 from tgi_compat.api.serving.completions.beam import beam_completions
 from tgi_compat.api.serving.completions.request import (
@@ -51,6 +51,8 @@ from tgi_compat.api.serving.completions.request import (
     completion_choice,
     completion_parameters,
     cumulative_logprob,
+    final_chunk,
+    stream_end,
 )
 from tgi_compat.api.serving.frame import RequestFrame
 from tgi_compat.api.serving.generation import GenerationResult, PromptScores
@@ -157,13 +159,6 @@ def _stream_chunk(model: str, choice: CompletionStreamChoice) -> bytes:
     return data_event(dump_json(chunk.to_dict()))
 
 
-def _final_chunk(model: str, choices: list[CompletionChoice], usage: Usage) -> bytes:
-    final = TextCompletion(
-        created=unix_now(), model=model, system_fingerprint=system_fingerprint(), choices=choices, usage=usage
-    )
-    return data_event(dump_json(final.to_dict()))
-
-
 def _echoed(index: int, text: str, scores: PromptScores | None) -> CompletionStreamChoice:
     """The echoed prompt's chunk, with its logprobs when it was scored."""
     logprobs = None
@@ -227,7 +222,7 @@ async def _stream_sequence(
                     cum_log_probs=cumulative_logprob(result.tokens),
                 )
                 await out.put(
-                    _final_chunk(
+                    final_chunk(
                         model,
                         [last],
                         Usage.of(
@@ -263,11 +258,9 @@ def _completions_stream(state: AppState, body: CompletionRequest, fanout: Fanout
                     remaining -= 1
                     continue
                 yield event
-            if body.stream_options is not None and body.stream_options.include_usage:
-                cached = state.reported_cached_tokens(totals.cached_tokens)
-                usage = Usage.of(totals.prompt_tokens, totals.completion_tokens, cached)
-                yield _final_chunk(state.served_model_name, [], usage)
-            yield done_event()
+            cached = state.reported_cached_tokens(totals.cached_tokens)
+            usage = Usage.of(totals.prompt_tokens, totals.completion_tokens, cached)
+            yield stream_end(body, state.served_model_name, usage)
         finally:
             for task in tasks:  # the client went away: stop generating for it
                 task.cancel()

@@ -1,0 +1,48 @@
+"""The non-causal varlen attention (the extend kernel's CAUSAL=False mode over packed sequences) against its
+sdpa reference (one call per sequence length), at Qwen2.5-VL's vision head size 80 (not a power of two); and the Qwen2.5-VL vision
+encoder with it in place of the reference, against transformers' own vision transformer (fp32)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from tests.kernels.test_kernel_attention import relative_error
+from tests.modeling.helpers import max_rel_error
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_varlen_attention_matches_reference(dtype):
+    varlen = sys.modules["tgi_compat.kernels.attention.varlen"]  # the interpreted module conftest.py loaded
+    gen = torch.Generator().manual_seed(3)
+    lens = [16, 5, 40, 1, 16]  # whole windows, windows cut at an image's edge, a sequence past one key block
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    qkv = torch.randn(sum(lens), 3, 2, 80, generator=gen).to(dtype)
+    q, k, v = qkv.unbind(1)  # strided views, as the encoder's fused projection gives them
+    out = varlen.varlen_attention(q.contiguous(), k, v, cu, max(lens), 80**-0.5)
+    ref = varlen.varlen_attention_ref(q.float(), k.float(), v.float(), cu, 80**-0.5)
+    assert out.dtype == dtype
+    assert relative_error(out, ref) < (1e-5 if dtype == torch.float32 else 5e-3)
+
+
+def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers(monkeypatch):
+    from tests.modeling import test_qwen2_5_vl_encoder as encoder_test
+    from tgi_compat.modeling.vision import qwen2_5_vl
+
+    varlen = sys.modules["tgi_compat.kernels.attention.varlen"]
+    calls = []
+
+    def on_the_kernel(q, k, v, cu_seqlens, scale):
+        calls.append(len(cu_seqlens) - 1)
+        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        return varlen.varlen_attention(q, k, v, cu_seqlens, longest, scale)
+
+    monkeypatch.setattr(qwen2_5_vl, "varlen_attention_ref", on_the_kernel)  # the CPU path, on the kernel
+    reference, encoder = encoder_test.encoder_pair()
+    inputs = encoder_test.processed(encoder_test.IMAGES)
+    with torch.no_grad():
+        expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+    assert max_rel_error(torch.cat(encoder(dict(inputs))), expected) < 1e-3
+    assert calls == [6 + 2 + 4, 3]  # one call a layer: the windows of all three images, then the images

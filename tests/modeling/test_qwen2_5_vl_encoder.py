@@ -1,0 +1,87 @@
+"""Qwen2.5-VL's vision encoder (our packed forward over transformers' modules) against transformers' own vision
+transformer on the same weights (fp32, within 1e-3): images of several windows each, windows cut short at the
+right and bottom edges, full-attention layers; several images in one call equal each image alone; the image files
+through ImageEncoder (the processor image by image in its thread pool, then one encoder call) equal the processor's
+own batch."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from tests.modeling.helpers import max_rel_error
+from tests.modeling.qwen2_5_vl_helpers import MERGE, PATCH, picture, tiny_qwen2_5_vl
+from tgi_compat.modeling.vision.encoder import ImageEncoder
+from tgi_compat.modeling.vision.qwen2_5_vl import Qwen25VLVisionEncoder
+
+# (color, (width, height)): grids of 8x10, 4x6 and 4x14 patches, so 2x3, 1x2 and 1x4 windows of 2x2 merged patches,
+# the last column of windows cut short
+IMAGES = [((200, 30, 60), (150, 100)), ((10, 220, 90), (84, 56)), ((40, 40, 250), (200, 60))]
+
+
+def encoder_pair():
+    """(transformers' vision transformer, our encoder on its weights)."""
+    model = tiny_qwen2_5_vl(300)
+    encoder = Qwen25VLVisionEncoder(model.config.to_dict())
+    encoder.visual.load_state_dict(model.model.visual.state_dict())
+    return model.model.visual.eval(), encoder.eval()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return encoder_pair()
+
+
+def processor():
+    from transformers import Qwen2VLImageProcessor
+
+    return Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=28 * 28 * 64, patch_size=PATCH, merge_size=MERGE)
+
+
+def processed(images):
+    return processor()(images=[picture(color, size) for color, size in images], return_tensors="pt")
+
+
+def test_encoder_equals_transformers_vision_transformer(pair):
+    reference, encoder = pair
+    inputs = processed(IMAGES)
+    assert len(torch.unique(inputs["image_grid_thw"], dim=0)) == len(IMAGES)
+    with torch.no_grad():
+        expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+    rows = encoder(dict(inputs))
+    assert [r.shape[0] for r in rows] == (inputs["image_grid_thw"].prod(-1) // MERGE**2).tolist()
+    assert max_rel_error(torch.cat(rows), expected) < 1e-3
+
+
+def test_images_in_one_call_equal_each_alone(pair):
+    _, encoder = pair
+    together = encoder(dict(processed(IMAGES)))
+    for image, rows in zip(IMAGES, together):
+        (alone,) = encoder(dict(processed([image])))
+        assert max_rel_error(rows, alone) < 1e-4
+
+
+class EncoderModel:
+    """The VisionLanguageModel seam of ImageEncoder over the encoder alone (the text model plays no part here)."""
+
+    def __init__(self, encoder: Qwen25VLVisionEncoder) -> None:
+        self.encode_processed = encoder
+
+
+def test_image_files_through_the_thread_pool_equal_the_processors_batch(pair, tmp_path):
+    reference, encoder = pair
+    processor().save_pretrained(tmp_path)
+    files = []
+    for color, size in IMAGES:
+        out = io.BytesIO()
+        picture(color, size).save(out, format="PNG")
+        files.append(out.getvalue())
+    images = ImageEncoder(EncoderModel(encoder), str(tmp_path), torch.device("cpu"))
+    batch = processed(IMAGES)
+    ours = images.preprocess_all(files)
+    assert set(ours) == set(batch) and all(torch.equal(ours[name], batch[name]) for name in batch)
+    with torch.no_grad():
+        expected = reference(batch["pixel_values"], grid_thw=batch["image_grid_thw"]).pooler_output
+    assert max_rel_error(torch.cat(images.encode([images.preprocess(data) for data in files])), expected) < 1e-3

@@ -1,0 +1,77 @@
+"""A vision-language checkpoint (LLaVA-Next) through transformers' own modeling: its text model runs on our KV
+cache as models/transformers_fallback.py runs any decoder, its vision tower and projector are transformers' (sdpa
+attention, once per image at admission), and each image's feature rows replace its placeholder tokens' embeddings
+(ForwardBatch.images, chunk by chunk under chunked prefill), as transformers' `masked_scatter` does."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from tgi_compat.modeling.forward_batch import ForwardBatch
+from tgi_compat.modeling.models.transformers_fallback import ATTENTION_NAME, TransformersForCausalLM
+
+
+class TransformersForImageTextToText(TransformersForCausalLM):
+    def model_class(self) -> Any:
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+
+    @staticmethod
+    def attention_implementation() -> dict[str, str]:
+        # only the text model attends over our KV cache; the vision tower sees one image's patches at a time
+        return {"": "sdpa", "text_config": ATTENTION_NAME, "vision_config": "sdpa"}
+
+    def text_model(self) -> nn.Module:
+        return self.hf.model.language_model
+
+    def text_inputs(self, input_ids: torch.Tensor, batch: ForwardBatch) -> dict[str, torch.Tensor]:
+        embeds = self.hf.get_input_embeddings()(input_ids)
+        if batch.images is not None:
+            embeds = embeds.index_copy(0, batch.images.token_index, batch.images.embeds.to(embeds.dtype))
+        return {"inputs_embeds": embeds[None]}
+
+    @functools.cached_property
+    def _renamings(self) -> list[Any]:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        return [rule for rule in get_model_conversion_mapping(self.hf) if isinstance(rule, WeightRenaming)]
+
+    def model_name(self, name: str) -> str:
+        from transformers.core_model_loading import rename_source_key
+
+        return rename_source_key(name, self._renamings, [])[0]
+
+    def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        return self.image_rows(self.hf, processed)
+
+    @staticmethod
+    @torch.inference_mode()
+    def image_rows(hf: Any, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """transformers' LLaVA-Next `hf` on LlavaNextImageProcessor's pixel_values [N, tiles, 3, H, W] and
+        image_sizes [N, 2] -> each image's packed rows (tiles, padding cut, newline rows), one per `<image>`
+        placeholder (vision/llava_next.py counts them)."""
+        import transformers
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        c = hf.config
+        features = hf.model.get_image_features(
+            pixel_values=processed["pixel_values"].to(hf.dtype),
+            image_sizes=processed["image_sizes"],
+            vision_feature_layer=c.vision_feature_layer,
+            vision_feature_select_strategy=c.vision_feature_select_strategy,
+        )
+        if not isinstance(features, BaseModelOutputWithPooling):
+            # older releases return the tiles' rows unpacked (their forward packs them): not one row per placeholder
+            raise RuntimeError(
+                f"LLaVA-Next images need transformers whose get_image_features packs each image's rows "
+                f"(5.25 does); this is {transformers.__version__}"
+            )
+        rows: Any = features.pooler_output  # a tuple of each image's rows, though typed as one tensor
+        return list(rows)

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.background import Background
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT_S = 900
@@ -139,3 +142,23 @@ def assert_sound(url: str, permits: int = MAX_CONCURRENT_REQUESTS) -> None:
     while (gauges := {name: metric(url, name) for name in idle}) != dict.fromkeys(idle, 0.0):
         assert time.monotonic() < deadline, f"the engine is not idle: {gauges}"
         time.sleep(0.5)
+
+
+class Sampling(Background):
+    """`sample()` in a daemon thread while the with-block runs: at once, then every `every_s` seconds."""
+
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._stop = threading.Event()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        self.sample()
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    def _halt(self) -> None:
+        self._stop.set()

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psutil
 import pytest
-from harness import CHAT_PROMPT, _free_port, _launcher_command, assert_sound, launched
+from harness import CHAT_PROMPT, Sampling, _free_port, _launcher_command, assert_sound, launched
 
 from tgi_compat.api.server.http_protocol import HEAD_READ_TIMEOUT_S, MAX_HEAD_BYTES
 
@@ -292,25 +292,15 @@ def _compile_children(server) -> list[psutil.Process]:
     return [p for p in _engine(server).children() if p.name() == "grammar-compile"]
 
 
-class PeakRss:
+class PeakRss(Sampling):
     """The highest RSS of a process while the block runs (sampled every 20 ms)."""
 
     def __init__(self, process: psutil.Process) -> None:
+        super().__init__(every_s=0.02)
         self.process, self.peak = process, process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def _sample(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.process.memory_info().rss)
 
 
 def test_distinct_large_schemas_keep_the_engine_within_its_grammar_budget(grammar_server):

@@ -26,6 +26,11 @@ def hub(base_url) -> InferenceClient:
     return InferenceClient(base_url=base_url, timeout=300)
 
 
+def streamed_with_usage(create, **fields) -> list:
+    """Every chunk of a greedy stream that ends with its usage chunk; `create`: the client's chat or completions."""
+    return list(create(model="tgi", temperature=0, stream=True, stream_options={"include_usage": True}, **fields))
+
+
 def test_openai_chat(oai):
     response = oai.chat.completions.create(model="tgi", messages=QUESTION, temperature=0, max_tokens=12)
     choice = response.choices[0]
@@ -37,15 +42,7 @@ def test_openai_chat(oai):
 
 
 def test_openai_chat_stream_with_usage(oai):
-    stream = oai.chat.completions.create(
-        model="tgi",
-        messages=QUESTION,
-        temperature=0,
-        max_tokens=12,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
+    chunks = streamed_with_usage(oai.chat.completions.create, messages=QUESTION, max_tokens=12)
     *token_chunks, usage_chunk = chunks
     assert "".join(c.choices[0].delta.content for c in token_chunks) == ANSWER
     assert all(c.choices[0].delta.role == "assistant" and c.usage is None for c in token_chunks)
@@ -65,15 +62,7 @@ def test_openai_completions(oai):
 
 
 def test_openai_completions_stream_with_usage(oai):
-    stream = oai.completions.create(
-        model="tgi",
-        prompt=COMPLETION_PROMPT,
-        temperature=0,
-        max_tokens=3,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
+    chunks = streamed_with_usage(oai.completions.create, prompt=COMPLETION_PROMPT, max_tokens=3)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == " Paris.\n"
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == ["", "", "length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3

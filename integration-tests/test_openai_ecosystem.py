@@ -71,17 +71,22 @@ def test_openai_sdk_parse_with_a_pydantic_model(oai):
         assert isinstance(stream.get_final_completion().choices[0].message.parsed, City)
 
 
+def person_format(strict: bool) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": strict}}
+
+
+def describe_a_chef(oai, response_format: dict, **fields):
+    """A greedy chat asking for a chef as JSON, under `response_format`."""
+    messages = [{"role": "user", "content": "Describe a chef as JSON."}]
+    return oai.chat.completions.create(
+        model="tgi", messages=messages, response_format=response_format, temperature=0, **fields
+    )
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_schema_output_validates_on_chat_and_completions(oai, stream):
-    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    answer = oai.chat.completions.create(
-        model="tgi",
-        messages=[{"role": "user", "content": "Describe a chef as JSON."}],
-        response_format=response_format,
-        temperature=0,
-        max_tokens=40,
-        stream=stream,
-    )
+    response_format = person_format(strict=True)
+    answer = describe_a_chef(oai, response_format, max_tokens=40, stream=stream)
     text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices) if stream else None
     jsonschema.validate(json.loads(text or answer.choices[0].message.content), PERSON)
     completion = oai.completions.create(
@@ -102,14 +107,7 @@ def test_json_schema_output_validates_on_chat_and_completions(oai, stream):
 def test_strict_false_keeps_the_schema_with_open_objects(oai):
     """README: `strict: false` still constrains to the schema, under JSON Schema's defaults (unlisted keys
     allowed); the small model adds some, and the answer still validates."""
-    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": False}}
-    answer = oai.chat.completions.create(
-        model="tgi",
-        messages=[{"role": "user", "content": "Describe a chef as JSON."}],
-        response_format=response_format,
-        temperature=0,
-        max_tokens=60,
-    )
+    answer = describe_a_chef(oai, person_format(strict=False), max_tokens=60)
     assert answer.choices[0].finish_reason == "stop"
     document = json.loads(answer.choices[0].message.content)
     jsonschema.validate(document, PERSON)

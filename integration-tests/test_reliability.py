@@ -19,7 +19,7 @@ import time
 import httpx
 import psutil
 import pytest
-from harness import _free_port, launched
+from harness import Sampling, _free_port, launched
 
 GRACE_S = 15
 HEALTH_DEADLINE_S = 2.0  # /health must answer within this (1 s in the soak; CI runners are noisier)
@@ -54,33 +54,26 @@ def batch_size(url: str) -> float:
     return float(re.search(r"^tgi_batch_current_size (\S+)$", text, re.M).group(1))
 
 
-class HealthPoller:
+class HealthPoller(Sampling):
     """Polls /health in a thread; records every answer's status and latency."""
 
     def __init__(self, url: str, every_s: float = 0.25) -> None:
-        self.url, self.every_s = url, every_s
+        super().__init__(every_s)
+        self.url = url
         self.answers: list[tuple[int | str, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._client = httpx.Client(timeout=HEALTH_DEADLINE_S)
 
-    def _run(self) -> None:
-        with httpx.Client(timeout=HEALTH_DEADLINE_S) as client:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:
-                    status: int | str = client.get(f"{self.url}/health").status_code
-                except httpx.HTTPError as error:
-                    status = type(error).__name__
-                self.answers.append((status, time.perf_counter() - started))
-                self._stop.wait(self.every_s)
-
-    def __enter__(self) -> HealthPoller:
-        self._thread.start()
-        return self
+    def sample(self) -> None:
+        started = time.perf_counter()
+        try:
+            status: int | str = self._client.get(f"{self.url}/health").status_code
+        except httpx.HTTPError as error:
+            status = type(error).__name__
+        self.answers.append((status, time.perf_counter() - started))
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
+        self._client.close()
 
     def assert_always_healthy(self) -> None:
         assert self.answers, "no /health answer at all"

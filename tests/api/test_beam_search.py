@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig
 
 from tests.modeling.beam_reference import transformers_beams
-from tests.modeling.helpers import tiny_hf_model
+from tests.modeling.helpers import saved_checkpoint, tiny_hf_model
 from tgi_compat.api.serving.beam_search import BeamSearchParams, beam_search
 from tgi_compat.router.client_in_process import InProcessEngineClient
 from tgi_compat.router.config import EngineConfig
@@ -24,11 +24,10 @@ MAX_NEW_TOKENS = 8
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     model = tiny_hf_model(LlamaConfig)
-    folder = tmp_path_factory.mktemp("beam-llama")
-    model.save_pretrained(folder)
+    folder = saved_checkpoint(model, tmp_path_factory, "beam-llama")
     with torch.no_grad():  # an EOS that greedy decoding reaches at its 3rd token: some beams end early
         greedy = model.generate(torch.tensor([PROMPT]), max_new_tokens=3, do_sample=False, eos_token_id=None)
-    return model, str(folder), int(greedy[0, -1])
+    return model, folder, int(greedy[0, -1])
 
 
 @pytest.mark.parametrize(

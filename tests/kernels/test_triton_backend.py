@@ -112,7 +112,7 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
 def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_requests: int):
     """rotate_store_and_attend with the fused kernel (rotary + KV store + merged splits in one launch)
     gives the output and KV cache of the separate rotary + KV-store kernel and flash-decoding."""
-    from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
+    from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape, LayerQKV
     from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
     from tgi_compat.modeling.layers.triton_ops import TRITON_OPS, triton_rope_tables
 
@@ -146,7 +146,7 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
         k_cache, v_cache = caches[0].clone(), caches[1].clone()
         qk, v = qkv[:, : heads + kv_heads].clone(), qkv[:, heads + kv_heads :]
         params = AttentionParams(head_dim**-0.5)
-        out = backend.rotate_store_and_attend(qk, v, rope, TRITON_OPS, k_cache, v_cache, params)
+        out = backend.rotate_store_and_attend(LayerQKV(qk, v, rope, TRITON_OPS, k_cache, v_cache), params)
         results.append((out, k_cache, v_cache))
         # the fused kernel rotates in registers and leaves qk as it was; the separate rotary turns it in place
         assert torch.equal(qk, qkv[:, : heads + kv_heads]) == fused

@@ -64,6 +64,13 @@ def _model_class(config_cls):
     return getattr(transformers, name)
 
 
+def saved_checkpoint(model, tmp_path_factory, name: str) -> str:
+    """`model` written with save_pretrained into a fresh temporary folder named after `name`; the folder."""
+    folder = tmp_path_factory.mktemp(name)
+    model.save_pretrained(folder)
+    return str(folder)
+
+
 def runner_for_folder(folder: str, dtype: str = "float32", num_kv_slots: int = 2048) -> ModelRunner:
     return ModelRunner(
         RunnerConfig(

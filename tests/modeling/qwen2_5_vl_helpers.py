@@ -9,7 +9,7 @@ import io
 import torch
 from PIL import Image
 
-from tests.modeling.helpers import randomize
+from tests.modeling.helpers import TINY_SIZES, randomize
 
 PATCH, MERGE = 14, 2
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 28 * 28 * 8  # up to 8 placeholders per image
@@ -19,17 +19,14 @@ def tiny_qwen2_5_vl(vocab: int, seed: int = 0, **text_overrides):
     """Image tokens at the top of the vocabulary: video vocab-4, vision_start -3, vision_end -2, image_pad -1."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    text = dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+    text = {
+        **TINY_SIZES,
+        "vocab_size": vocab,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,  # Qwen2.5-VL's default, which these tests were written against
+        "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
         **text_overrides,
-    )
+    }
     vision = dict(
         depth=2,
         hidden_size=32,

@@ -14,6 +14,7 @@ from tests.modeling.helpers import (
     max_rel_error,
     run_step,
     runner_for_folder,
+    saved_checkpoint,
     tiny_hf_model,
     tiny_runner,
 )
@@ -60,11 +61,10 @@ def prompt(vocab_size: int, length: int = 40) -> list[int]:
 @pytest.fixture(scope="module", params=sorted(CASES))
 def gemma_pair(request, tmp_path_factory):
     model = tiny_gemma(request.param)
-    folder = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(folder)
+    folder = saved_checkpoint(model, tmp_path_factory, request.param)
     if request.param == "gemma3":  # transformers names the text-only Gemma 3 this way
         assert model.config.architectures == ["Gemma3ForCausalLM"]
-    return model, runner_for_folder(str(folder))
+    return model, runner_for_folder(folder)
 
 
 def test_logits_match_transformers(gemma_pair):

@@ -16,6 +16,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from tests.background import Background
+
 
 @dataclass
 class ReceivedSpan:
@@ -110,27 +112,28 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class FakeCollector:
+class FakeCollector(Background):
     """Serves POST /v1/traces (OTLP/HTTP protobuf) and any PUT/POST/DELETE as a push gateway."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.recorded = Recorded()
         handler = type("Handler", (_Handler,), {"recorded": self.recorded})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def address(self) -> str:
         host, port = self._server.server_address[:2]
         return f"{host}:{port}"
 
-    def __enter__(self) -> FakeCollector:
-        self._thread.start()
-        return self
+    def _run(self) -> None:
+        try:
+            self._server.serve_forever()
+        finally:
+            self._server.server_close()
 
-    def __exit__(self, *exc) -> None:
+    def _halt(self) -> None:
         self._server.shutdown()
-        self._server.server_close()
 
     def wait_for(self, predicate, timeout: float = 10.0) -> bool:
         with self.recorded.condition:

@@ -3,26 +3,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from tgi_compat.api.protocol.openai import CompletionRequest
 from tgi_compat.api.protocol.openai_common import parse_openai_body
-from tgi_compat.api.protocol.openapi import json_body, register_schemas
-from tgi_compat.api.routes.auth import require_api_key
+from tgi_compat.api.routes.auth import guarded_post
 from tgi_compat.api.serving.completions.service import CompletionService
 
 router = APIRouter()
-register_schemas(CompletionRequest)
 
 
-@router.post(
-    "/v1/completions",
-    openapi_extra=json_body("CompletionRequest"),
-    dependencies=[Depends(require_api_key)],
-    summary="Generate tokens",
-)
+@guarded_post(router, "/v1/completions", "Generate tokens", CompletionRequest)
 async def completions(request: Request) -> Response:
-    service = CompletionService.of(request)
-    body = await parse_openai_body(request, CompletionRequest, service.payload_limit)
+    service, body = await CompletionService.with_body(request, CompletionRequest, parse_openai_body)
     return (await service.create(body)).response()

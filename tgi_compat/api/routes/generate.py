@@ -3,49 +3,37 @@ GenerateService (tgi_compat/api/serving/generate_service.py) answers."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from tgi_compat.api.protocol.errors import parse_json_body
-from tgi_compat.api.protocol.openapi import json_body
 from tgi_compat.api.protocol.tgi import CompatGenerateRequest, GenerateRequest
-from tgi_compat.api.routes.auth import require_api_key
+from tgi_compat.api.routes.auth import guarded_post
 from tgi_compat.api.serving.generate_service import GenerateService
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter()
 
 
-@router.post(
-    "/",
-    openapi_extra=json_body("CompatGenerateRequest"),
-    summary="Generate tokens if `stream == false` or a stream of token if `stream == true`",
+@guarded_post(
+    router, "/", "Generate tokens if `stream == false` or a stream of token if `stream == true`", CompatGenerateRequest
 )
 async def compat_generate(request: Request) -> Response:
-    service = GenerateService.of(request)
-    body = await parse_json_body(request, CompatGenerateRequest, service.payload_limit)
+    service, body = await GenerateService.with_body(request, CompatGenerateRequest)
     return (await service.compat(body, request)).response()
 
 
-@router.post("/generate", openapi_extra=json_body("GenerateRequest"), summary="Generate tokens")
+@guarded_post(router, "/generate", "Generate tokens", GenerateRequest)
 async def generate(request: Request) -> Response:
-    service = GenerateService.of(request)
-    body = await parse_json_body(request, GenerateRequest, service.payload_limit)
+    service, body = await GenerateService.with_body(request, GenerateRequest)
     return (await service.generate(body, request, "generate")).response()
 
 
-@router.post(
-    "/generate_stream",
-    openapi_extra=json_body("GenerateRequest"),
-    summary="Generate a stream of token using Server-Sent Events",
-)
+@guarded_post(router, "/generate_stream", "Generate a stream of token using Server-Sent Events", GenerateRequest)
 async def generate_stream_route(request: Request) -> Response:
-    service = GenerateService.of(request)
-    body = await parse_json_body(request, GenerateRequest, service.payload_limit)
+    service, body = await GenerateService.with_body(request, GenerateRequest)
     return service.stream(body, request, "generate_stream").response()
 
 
-@router.post("/tokenize", openapi_extra=json_body("GenerateRequest"), summary="Tokenize inputs")
+@guarded_post(router, "/tokenize", "Tokenize inputs", GenerateRequest)
 async def tokenize(request: Request) -> Response:
-    service = GenerateService.of(request)
-    body = await parse_json_body(request, GenerateRequest, service.payload_limit)
+    service, body = await GenerateService.with_body(request, GenerateRequest)
     return (await service.tokenize(body)).response()

@@ -10,7 +10,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from tgi_compat.api.protocol.answers import JsonAnswer
-from tgi_compat.api.protocol.errors import parse_json_body
 from tgi_compat.api.protocol.pooling import ClassificationRequest, EmbeddingRequest, PoolingRequest, ScoreRequest
 from tgi_compat.api.routes.auth import require_api_key
 from tgi_compat.api.serving.pooling_service import PoolingService
@@ -19,29 +18,23 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 Body = TypeVar("Body", EmbeddingRequest, PoolingRequest, ClassificationRequest, ScoreRequest)
 
 
-async def _answer(
-    request: Request, body_type: type[Body], answer: Callable[[PoolingService, Body], Awaitable[JsonAnswer]]
-) -> Response:
-    service = PoolingService.of(request)
-    body = await parse_json_body(request, body_type, service.payload_limit)
-    return (await answer(service, body)).response()
+def _post(
+    path: str,
+    summary: str,
+    body_type: type[Body],
+    answer: Callable[[PoolingService, Body], Awaitable[JsonAnswer]],
+) -> None:
+    """One route: the body read as `body_type`, then `answer` answers it."""
+
+    async def endpoint(request: Request) -> Response:
+        service, body = await PoolingService.with_body(request, body_type)
+        return (await answer(service, body)).response()
+
+    name = path.rsplit("/", 1)[-1]  # the route name (in its OpenAPI operation id) FastAPI gave the old functions
+    router.add_api_route(path, endpoint, methods=["POST"], name=name, summary=summary)
 
 
-@router.post("/v1/embeddings", summary="Embed prompts (an embedding model)")
-async def embeddings(request: Request) -> Response:
-    return await _answer(request, EmbeddingRequest, PoolingService.embeddings)
-
-
-@router.post("/pooling", summary="The pooled output of prompts (any pooling model)")
-async def pooling(request: Request) -> Response:
-    return await _answer(request, PoolingRequest, PoolingService.pooling)
-
-
-@router.post("/classify", summary="Classify prompts (a sequence-classification model)")
-async def classify(request: Request) -> Response:
-    return await _answer(request, ClassificationRequest, PoolingService.classify)
-
-
-@router.post("/get_score", summary="Score a conversation (a reward model)")
-async def get_score(request: Request) -> Response:
-    return await _answer(request, ScoreRequest, PoolingService.score)
+_post("/v1/embeddings", "Embed prompts (an embedding model)", EmbeddingRequest, PoolingService.embeddings)
+_post("/pooling", "The pooled output of prompts (any pooling model)", PoolingRequest, PoolingService.pooling)
+_post("/classify", "Classify prompts (a sequence-classification model)", ClassificationRequest, PoolingService.classify)
+_post("/get_score", "Score a conversation (a reward model)", ScoreRequest, PoolingService.score)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from tgi_compat.api.protocol.errors import BodyRejection, is_json_content_type, load_json, read_body
-from tgi_compat.api.protocol.openapi import json_body
-from tgi_compat.api.routes.auth import require_api_key
+from tgi_compat.api.protocol.tgi import CompatGenerateRequest
+from tgi_compat.api.routes.auth import guarded_post
 from tgi_compat.api.serving.state import get_state
 
 NO_VARIANT = "Failed to deserialize the JSON body into the target type: data did not match any variant of untagged enum SagemakerRequest"
@@ -39,12 +39,7 @@ def build_router(variants: Sequence[tuple[str, Handler]]) -> APIRouter:
     passes them in, so this module imports no other route module."""
     router = APIRouter()
 
-    @router.post(
-        "/invocations",
-        openapi_extra=json_body("CompatGenerateRequest"),
-        dependencies=[Depends(require_api_key)],
-        summary="Generate tokens from Sagemaker request",
-    )
+    @guarded_post(router, "/invocations", "Generate tokens from Sagemaker request", CompatGenerateRequest)
     async def sagemaker_compatibility(request: Request) -> Response:
         state = get_state(request)
         if not is_json_content_type(request.headers.get("content-type")):

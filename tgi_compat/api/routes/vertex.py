@@ -3,18 +3,18 @@ the VertexService (tgi_compat/api/serving/vertex_service.py) answers."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from tgi_compat.api.protocol.errors import BodyRejection, is_json_content_type, read_body
-from tgi_compat.api.routes.auth import require_api_key
+from tgi_compat.api.routes.auth import guarded_post
 from tgi_compat.api.serving.state import get_state
 from tgi_compat.api.serving.vertex_service import VertexService, parse_instances
 
 router = APIRouter()
 
 
-@router.post("/vertex", dependencies=[Depends(require_api_key)], summary="Generate tokens from Vertex request")
+@guarded_post(router, "/vertex", "Generate tokens from Vertex request")
 async def vertex_compatibility(request: Request) -> Response:
     if not is_json_content_type(request.headers.get("content-type")):
         raise BodyRejection(415, "Expected request with `Content-Type: application/json`")

@@ -19,23 +19,12 @@ from tgi_compat.api.protocol.tgi import CompatGenerateRequest, GenerateRequest, 
 from tgi_compat.api.serving.beam_generate import check_not_streamed, generate_beams, wants_beam_search
 from tgi_compat.api.serving.frame import RequestFrame
 from tgi_compat.api.serving.responses import generate_response, stream_event_json, stream_headers, timing_headers
-from tgi_compat.api.serving.state import AppState, get_state
+from tgi_compat.api.serving.state import Service
 from tgi_compat.api.serving.tokenization import simple_tokens
 from tgi_compat.api.serving.validation import check_best_of_limits, check_stream_only, num_sequences
 
 
-class GenerateService:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
-
-    @classmethod
-    def of(cls, request: Request) -> GenerateService:
-        return cls(get_state(request))
-
-    @property
-    def payload_limit(self) -> int:
-        return self.state.config.payload_limit
-
+class GenerateService(Service):
     async def compat(self, body: CompatGenerateRequest, http_request: Request) -> JsonAnswer | StreamAnswer:
         """POST /: `stream` picks the shape; `return_full_text` defaults by the model's pipeline tag."""
         if body.parameters.return_full_text is None:

@@ -9,8 +9,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import Request
-
 from tgi_compat.api.protocol.answers import JsonAnswer
 from tgi_compat.api.protocol.errors import TgiError, incomplete_generation_error, validation_error
 from tgi_compat.api.protocol.pooling import (
@@ -26,7 +24,7 @@ from tgi_compat.api.protocol.pooling import (
     list_response,
 )
 from tgi_compat.api.serving.one_step import final_event
-from tgi_compat.api.serving.state import AppState, get_state
+from tgi_compat.api.serving.state import Service
 from tgi_compat.api.serving.validation import check_token_ids, truncate_prompt
 from tgi_compat.router.request import FinishReason
 from tgi_compat.router.request import GenerateRequest as EngineRequest
@@ -37,18 +35,7 @@ def _refuse_generation(body: PoolingBody | ScoreRequest) -> None:
         raise validation_error(f"`{fields[0]}` is a generation parameter; a pooling model takes none")
 
 
-class PoolingService:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
-
-    @classmethod
-    def of(cls, request: Request) -> PoolingService:
-        return cls(get_state(request))
-
-    @property
-    def payload_limit(self) -> int:
-        return self.state.config.payload_limit
-
+class PoolingService(Service):
     async def embeddings(self, body: EmbeddingRequest) -> JsonAnswer:
         def data(outputs: list[list[float]]) -> list[dict[str, Any]]:
             check_dimensions(body.dimensions, len(outputs[0]))

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from fastapi import Request
 
 from tgi_compat.api.config import ServerConfig, ServingLimits
 from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.api.observability.tracing import RequestTracer
+from tgi_compat.api.protocol.errors import Model, parse_json_body
 from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.api.serving.permits import PermitPool
 from tgi_compat.api.serving.tokenization import TokenizerService
@@ -85,3 +87,29 @@ class AppState:
 
 def get_state(request: Request) -> AppState:
     return request.app.state.tgi
+
+
+class Service:
+    """What a route hands its parsed body to: built per request over the app's state (`of`)."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    @classmethod
+    def of(cls, request: Request) -> Self:
+        return cls(get_state(request))
+
+    @property
+    def payload_limit(self) -> int:
+        return self.state.config.payload_limit
+
+    @classmethod
+    async def with_body(
+        cls,
+        request: Request,
+        body_type: type[Model],
+        parse: Callable[[Request, type[Model], int], Awaitable[Model]] = parse_json_body,
+    ) -> tuple[Self, Model]:
+        """The service for `request`, and its JSON body read as `body_type` within the payload limit."""
+        service = cls.of(request)
+        return service, await parse(request, body_type, service.payload_limit)

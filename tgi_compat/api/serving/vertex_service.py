@@ -15,7 +15,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
 from pydantic import ValidationError
 
 from tgi_compat.api.protocol.answers import JsonAnswer
@@ -25,10 +24,8 @@ from tgi_compat.api.protocol.openai import ChatRequest
 from tgi_compat.api.protocol.serde import SerdeModel
 from tgi_compat.api.protocol.tgi import GenerateParameters, GrammarType
 from tgi_compat.api.serving import accounting
-from tgi_compat.api.serving.chat.request import chat_parameters, chat_template, render_prompt
-from tgi_compat.api.serving.chat.template import ChatTemplate
+from tgi_compat.api.serving.chat.request import TemplatedService, chat_parameters, render_prompt
 from tgi_compat.api.serving.frame import RequestFrame
-from tgi_compat.api.serving.state import AppState, get_state
 
 _REJECTED = "Failed to deserialize the JSON body into the target type: "
 
@@ -77,15 +74,7 @@ def _error_body(error: str) -> dict[str, Any]:
     return {"error": error, "error_type": error}
 
 
-class VertexService:
-    def __init__(self, state: AppState, template: ChatTemplate | None) -> None:
-        self.state = state
-        self.template = template
-
-    @classmethod
-    def of(cls, request: Request) -> VertexService:
-        return cls(get_state(request), chat_template(request))
-
+class VertexService(TemplatedService):
     async def predict(self, instances: list[VertexInstance]) -> JsonAnswer:
         """`{"predictions": [text, ...]}`, one per instance, generated concurrently."""
         state = self.state

@@ -28,6 +28,22 @@ class AttentionParams:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerQKV:
+    """One layer's new tokens on their way into attention, and where their k/v go."""
+
+    qk: torch.Tensor  # [T, H + H_kv, D]: q heads, then k heads, not yet rotated
+    v: torch.Tensor  # [T, H_kv, D]
+    rope: RopeTables  # this step's rotary tables, made by `ops`
+    ops: LayerOps
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.qk.shape[1] - self.v.shape[1]
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionShape:
     """What a backend is built for: one model's heads, the runner's request rows, one device and dtype."""
 
@@ -74,35 +90,17 @@ class AttentionBackend(ABC):
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """Write the new tokens' k/v into their slots (batch.out_slots)."""
 
-    def rotate_and_store_kv(
-        self,
-        qk: torch.Tensor,
-        v: torch.Tensor,
-        rope: RopeTables,
-        ops: LayerOps,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-    ) -> torch.Tensor:
-        """Rotary on qk [T, H + H_kv, D] (q heads, then k heads), then k and v into the KV cache; returns
-        the rotated qk. `ops` made `rope`. Backends may fuse the two."""
-        qk = ops.rotary(qk, rope)
-        self.store_kv(qk[:, qk.shape[1] - v.shape[1] :], v, k_cache, v_cache)
+    def rotate_and_store_kv(self, new: LayerQKV) -> torch.Tensor:
+        """Rotary on new.qk, then k and v into the KV cache; returns the rotated qk. Backends may fuse the two."""
+        qk = new.ops.rotary(new.qk, new.rope)
+        self.store_kv(qk[:, new.num_q_heads :], new.v, new.k_cache, new.v_cache)
         return qk
 
-    def rotate_store_and_attend(
-        self,
-        qk: torch.Tensor,
-        v: torch.Tensor,
-        rope: RopeTables,
-        ops: LayerOps,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        params: AttentionParams,
-    ) -> torch.Tensor:
+    def rotate_store_and_attend(self, new: LayerQKV, params: AttentionParams) -> torch.Tensor:
         """rotate_and_store_kv, then forward over the rotated q heads: [T, H, D]. Backends may fuse all
-        three (qk is then left unrotated: nothing reads it after this call)."""
-        qk = self.rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
-        return self.forward(qk[:, : qk.shape[1] - v.shape[1]], k_cache, v_cache, params)
+        three (new.qk is then left unrotated: nothing reads it after this call)."""
+        qk = self.rotate_and_store_kv(new)
+        return self.forward(qk[:, : new.num_q_heads], new.k_cache, new.v_cache, params)
 
     @abstractmethod
     def forward(

@@ -35,10 +35,9 @@ from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
 from tgi_compat.kernels.attention.shared_prefix import choose_prefix_splits, shared_prefix_decode_attention
-from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape
+from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape, LayerQKV
 from tgi_compat.modeling.attention.torch_backend import TorchAttentionBackend
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
-from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
 
 MAX_DECODE_SPLITS = 64
 # The shared-prefix kernel's keys per iteration, over prefixes and suffixes alike: its two kinds of program share one
@@ -185,39 +184,22 @@ class TritonAttentionBackend(AttentionBackend):
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         kv_store(k, v, k_cache, v_cache, self.metadata.out_slots)
 
-    def rotate_and_store_kv(
-        self,
-        qk: torch.Tensor,
-        v: torch.Tensor,
-        rope: RopeTables,
-        ops: LayerOps,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-    ) -> torch.Tensor:
-        if ops.name != "triton":  # rope tables in another op set's layout
-            return super().rotate_and_store_kv(qk, v, rope, ops, k_cache, v_cache)
-        cos, sin = rope
-        rotary_and_kv_store(qk, v, cos, sin, k_cache, v_cache, self.metadata.out_slots, qk.shape[1] - v.shape[1])
-        return qk
+    def rotate_and_store_kv(self, new: LayerQKV) -> torch.Tensor:
+        if new.ops.name != "triton":  # rope tables in another op set's layout
+            return super().rotate_and_store_kv(new)
+        cos, sin = new.rope
+        rotary_and_kv_store(new.qk, new.v, cos, sin, new.k_cache, new.v_cache, self.metadata.out_slots, new.num_q_heads)
+        return new.qk
 
-    def rotate_store_and_attend(
-        self,
-        qk: torch.Tensor,
-        v: torch.Tensor,
-        rope: RopeTables,
-        ops: LayerOps,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        params: AttentionParams,
-    ) -> torch.Tensor:
+    def rotate_store_and_attend(self, new: LayerQKV, params: AttentionParams) -> torch.Tensor:
         meta = self.metadata
-        fusable = meta.is_decode and meta.prefix_table is None and ops.name == "triton"
-        if not (fusable and qk.shape[0] in self.fused_rotary_batches):
-            return super().rotate_store_and_attend(qk, v, rope, ops, k_cache, v_cache, params)
-        num_q_heads = qk.shape[1] - v.shape[1]
-        cos, sin = rope  # [B, D/2] each, this step's rows (triton_rope_tables)
-        new_token = NewTokenKV(k=qk[:, num_q_heads:], v=v, cos=cos, sin=sin, slots=meta.out_slots)
-        return self._decode(qk[:, :num_q_heads], k_cache, v_cache, params, new_token=new_token)
+        fusable = meta.is_decode and meta.prefix_table is None and new.ops.name == "triton"
+        if not (fusable and new.qk.shape[0] in self.fused_rotary_batches):
+            return super().rotate_store_and_attend(new, params)
+        num_q_heads = new.num_q_heads
+        cos, sin = new.rope  # [B, D/2] each, this step's rows (triton_rope_tables)
+        new_token = NewTokenKV(k=new.qk[:, num_q_heads:], v=new.v, cos=cos, sin=sin, slots=meta.out_slots)
+        return self._decode(new.qk[:, :num_q_heads], new.k_cache, new.v_cache, params, new_token=new_token)
 
     def forward(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams

@@ -34,6 +34,7 @@ from tgi_compat.modeling.layers.ops import (
 from tgi_compat.modeling.layers.weight_prefetch import weight_prefetched_beside
 
 if TYPE_CHECKING:
+    from tgi_compat.kernels.gemv.types import GemvConfig, QuantizedWeight
     from tgi_compat.modeling.layers.norm import RMSNorm
     from tgi_compat.modeling.parallel import TensorParallel
 
@@ -98,7 +99,23 @@ def triton_rms_norm_linear(
         return proj.forward_fp8(x_q, x_scale, x.dtype), (x if summed is None else summed)
     assert weight is not None  # a config implies a GEMV weight
     summed = torch.empty_like(x) if residual is not None else None
-    out = gemv(
+    out = _norm_prologue_gemv(x, weight, proj, norm, residual, summed, config)
+    return out, (x if summed is None else summed)
+
+
+def _norm_prologue_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor | QuantizedWeight,
+    proj: Linear,
+    norm: RMSNorm,
+    residual: torch.Tensor | None,
+    summed: torch.Tensor | None,
+    config: GemvConfig,
+    x_norm: RMSNorm | None = None,
+) -> torch.Tensor:
+    """proj(norm(x_norm(x) + residual)) as one GEMV, the norms and the add in its prologue (x_norm: none
+    without one); `summed` receives the sum."""
+    return gemv(
         x,
         weight,
         proj.bias,
@@ -106,9 +123,10 @@ def triton_rms_norm_linear(
         eps=norm.eps,
         residual=residual,
         residual_out=summed,
+        x_norm_weight=None if x_norm is None else x_norm.weight,
+        x_eps=0.0 if x_norm is None else x_norm.eps,
         config=config,
     )
-    return out, (x if summed is None else summed)
 
 
 def triton_norm_add_norm_linear(
@@ -123,19 +141,7 @@ def triton_norm_add_norm_linear(
         normed = norm_add_rmsnorm(x, x_norm.weight, x_norm.eps, residual, norm.weight, norm.eps, residual_out=summed)
         return proj(normed), summed
     assert weight is not None  # a config implies a GEMV weight
-    out = gemv(
-        x,
-        weight,
-        proj.bias,
-        norm_weight=norm.weight,
-        eps=norm.eps,
-        residual=residual,
-        residual_out=summed,
-        x_norm_weight=x_norm.weight,
-        x_eps=x_norm.eps,
-        config=config,
-    )
-    return out, summed
+    return _norm_prologue_gemv(x, weight, proj, norm, residual, summed, config, x_norm), summed
 
 
 def triton_silu_mul_linear(x: torch.Tensor, proj: Linear) -> torch.Tensor:

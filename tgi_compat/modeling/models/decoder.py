@@ -17,7 +17,7 @@ from typing import Protocol, cast
 import torch
 import torch.nn as nn
 
-from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
+from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, LayerQKV
 from tgi_compat.modeling.aux_hidden import AuxHiddenStates
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch, ImageEmbeds
@@ -100,7 +100,8 @@ class Attention(nn.Module):
         v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = self.ops.qk_norm(qk, self.num_heads, self.q_norm, self.k_norm)
-        out = backend.rotate_store_and_attend(qk, v, rope, self.ops, k_cache, v_cache, self.params)  # [T, H, D]
+        new = LayerQKV(qk, v, rope, self.ops, k_cache, v_cache)
+        out = backend.rotate_store_and_attend(new, self.params)  # [T, H, D]
         flat = out.reshape(num_tokens, self.num_heads * self.head_dim)
         return self.ops.row_parallel_linear(flat, self.o_proj, self.tp)  # (output, ranks still to sum it over)
 

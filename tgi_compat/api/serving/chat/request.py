@@ -6,7 +6,7 @@ mapped onto GenerateParameters the way TGI maps them. Shared by /v1/chat/complet
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Self, cast
 
 from fastapi import Request
 
@@ -22,7 +22,7 @@ from tgi_compat.api.serving.chat.template import (
     tool_error,
 )
 from tgi_compat.api.serving.chat.tools import select_tools, template_tools, tool_grammar, tool_prompt_text
-from tgi_compat.api.serving.state import get_state
+from tgi_compat.api.serving.state import AppState, Service, get_state
 
 _NO_TEMPLATE = object()
 
@@ -38,6 +38,18 @@ def chat_template(request: Request) -> ChatTemplate | None:
         template = load_chat_template(state.config, state.tokenizer.tokenizer) or _NO_TEMPLATE
         request.app.state.chat_template = template
     return None if template is _NO_TEMPLATE else cast(ChatTemplate, template)  # app.state is untyped
+
+
+class TemplatedService(Service):
+    """A service that renders chats: the app's chat template (None: the model has none) beside the state."""
+
+    def __init__(self, state: AppState, template: ChatTemplate | None) -> None:
+        super().__init__(state)
+        self.template = template
+
+    @classmethod
+    def of(cls, request: Request) -> Self:
+        return cls(get_state(request), chat_template(request))
 
 
 @dataclass(slots=True)

@@ -18,32 +18,26 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
-from fastapi import Request
-
 from tgi_compat.api.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.openai import ChatRequest
 from tgi_compat.api.protocol.openai_common import stream_error_event
 from tgi_compat.api.protocol.sse import data_event, done_event
-from tgi_compat.api.serving.chat.request import ChatPrompt, chat_parameters, chat_template, render_prompt, without_tools
+from tgi_compat.api.serving.chat.request import (
+    ChatPrompt,
+    TemplatedService,
+    chat_parameters,
+    render_prompt,
+    without_tools,
+)
 from tgi_compat.api.serving.chat.responses import chat_completion, token_chunk, tool_chunk, usage_chunk
-from tgi_compat.api.serving.chat.template import ChatTemplate
 from tgi_compat.api.serving.chat.tools import StreamSignal, ToolStream, new_tool_call_id, parse_tool_answer
 from tgi_compat.api.serving.frame import Admitted, RequestFrame
 from tgi_compat.api.serving.responses import stream_headers, timing_headers
-from tgi_compat.api.serving.state import AppState, get_state
 from tgi_compat.api.serving.tokenization import simple_tokens
 
 
-class ChatService:
-    def __init__(self, state: AppState, template: ChatTemplate | None) -> None:
-        self.state = state
-        self.template = template
-
-    @classmethod
-    def of(cls, request: Request) -> ChatService:
-        return cls(get_state(request), chat_template(request))
-
+class ChatService(TemplatedService):
     def response_model(self, body: ChatRequest) -> str:
         return self.state.served_model_name if body.model in (None, "tgi") else body.model
 

@@ -23,8 +23,6 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
-from fastapi import Request
-
 from tgi_compat.api.protocol.answers import JsonAnswer, StreamAnswer
 from tgi_compat.api.protocol.errors import TgiError
 from tgi_compat.api.protocol.openai import CompletionRequest, Prompt
@@ -57,21 +55,10 @@ from tgi_compat.api.serving.completions.request import (
 from tgi_compat.api.serving.frame import RequestFrame
 from tgi_compat.api.serving.generation import GenerationResult, PromptScores
 from tgi_compat.api.serving.responses import stream_headers, timing_headers
-from tgi_compat.api.serving.state import AppState, get_state
+from tgi_compat.api.serving.state import AppState, Service
 
 
-class CompletionService:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
-
-    @classmethod
-    def of(cls, request: Request) -> CompletionService:
-        return cls(get_state(request))
-
-    @property
-    def payload_limit(self) -> int:
-        return self.state.config.payload_limit
-
+class CompletionService(Service):
     async def create(self, body: CompletionRequest) -> JsonAnswer | StreamAnswer:
         """The text_completion, or its chunks as SSE when `stream`; request-level checks fail before any prompt runs."""
         if body.use_beam_search:

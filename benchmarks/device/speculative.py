@@ -1,6 +1,6 @@
 """Speculative decoding on the GPU against the issue-40 bars (not CI; no HTTP).
 
-    python3 -m benchmarks.device.speculative [--work-dir /tmp/spec-bench] [--device cuda]
+    python3 -m benchmarks.device.speculative [--work-dir /tmp/spec-bench] [--device cuda] [--method eagle3]
 
 A random Llama-3-8B in bf16 (`--load-format dummy`: config.json and the Llama-3 tokenizer, weights made on the
 device), served by an engine process behind the server's own client (tgi_compat.router.client.ZmqEngineClient),
@@ -14,6 +14,10 @@ Workloads (every request ignore_eos): batch 1 and 16 streams of the code-edit sh
 table should turn drafts off where they lose. Output tok/s counts every token that reached the client.
 Bars: batch 1 >= 2.0x, 16 streams >= 1.3x, 64 streams >= 0.98x. `--device cpu`: a tiny Llama on the CPU,
 a few tokens each (a dry run of this script's path, used by a CPU test).
+
+`--method eagle3`: the drafts come from a random EAGLE-3 head of Llama-3-8B's shape (one layer, a 32000-token
+draft vocabulary, speculators format: benchmarks/eagle3_head.py), run eagerly per request after every step, with
+the same replayed acceptance: the ratio against the n-gram run is what the head costs.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 from benchmarks.device.engine_load import request, stream
 from benchmarks.device.timing import out_path, write_json
+from benchmarks.eagle3_head import write_random_eagle3_head
 from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
 from tgi_compat.router.client import ZmqEngineClient
 from tgi_compat.router.config import EngineConfig
@@ -134,16 +139,22 @@ async def main_async(args: argparse.Namespace) -> dict:
         base |= dict(dtype="float32", max_batch_total_tokens=8192)
     histogram = code_edit_histogram()
     histograms = {"code-edit": histogram, "none": [1.0] + [0.0] * NUM_DRAFTS}
+    drafts_from: dict = {}  # n-gram; or a random EAGLE-3 head's
+    if args.method == "eagle3":
+        target, draft_vocab = (LLAMA3_8B, 32000) if on_gpu else (LLAMA3_TINY, 1024)
+        head = write_random_eagle3_head(args.work_dir / f"eagle3-{draft_vocab}", target, draft_vocab)
+        drafts_from = dict(method="eagle3", draft_model=str(head))
     plain = await measure(EngineConfig(**base), workloads, "speculate 0")
     spec = {}
     for accepted, replayed in histograms.items():
-        speculative = SpeculativeConfig(NUM_DRAFTS, synthetic_acceptance=SyntheticAcceptance(tuple(replayed)))
+        acceptance = SyntheticAcceptance(tuple(replayed))
+        speculative = SpeculativeConfig(NUM_DRAFTS, synthetic_acceptance=acceptance, **drafts_from)
         mine = [workload for workload in workloads if workload.accepted == accepted]
-        tag = f"speculate {NUM_DRAFTS}, {accepted} accepted"
+        tag = f"{args.method} {NUM_DRAFTS}, {accepted} accepted"
         spec |= await measure(EngineConfig(**base, speculative=speculative), mine, tag)
     rows = []
-    print(f"\nacceptance replayed: {PROPOSER}, k = {NUM_DRAFTS}, histogram {histogram}")
-    print("| workload | --speculate 0 tok/s | --speculate 4 tok/s | ratio | bar | pass |")
+    print(f"\nacceptance replayed: {PROPOSER}, k = {NUM_DRAFTS}, histogram {histogram}; drafts: {args.method}")
+    print(f"| workload | --speculate 0 tok/s | {args.method} k={NUM_DRAFTS} tok/s | ratio | bar | pass |")
     print("|---|---:|---:|---:|---:|---|")
     for workload in workloads:
         off, on = plain[workload.name]["tok_s"], spec[workload.name]["tok_s"]
@@ -151,17 +162,19 @@ async def main_async(args: argparse.Namespace) -> dict:
         rows.append(dict(workload=workload.name, off_tok_s=off, on_tok_s=on, ratio=ratio, bar=workload.bar))
         verdict = "PASS" if ratio >= workload.bar else "FAIL"
         print(f"| {workload.name} | {off:.1f} | {on:.1f} | {ratio:.2f}x | >= {workload.bar}x | {verdict} |")
-    return dict(device=args.device, histogram=histogram, rows=rows, plain=plain, speculative=spec)
+    return dict(device=args.device, method=args.method, histogram=histogram, rows=rows, plain=plain, speculative=spec)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/spec-bench"))
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--out", default=None, help="JSON results (default $OUT/speculative.json)")
+    parser.add_argument("--method", default="ngram", choices=["ngram", "eagle3"], help="the drafts' proposer")
+    parser.add_argument("--out", default=None, help="JSON results (default $OUT/speculative[-eagle3].json)")
     args = parser.parse_args(argv)
     report = asyncio.run(main_async(args))
-    write_json(args.out or out_path("speculative.json"), report)
+    suffix = "" if args.method == "ngram" else f"-{args.method}"
+    write_json(args.out or out_path(f"speculative{suffix}.json"), report)
     return report
 
 

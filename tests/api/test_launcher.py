@@ -227,8 +227,9 @@ def test_speculation_flags_reach_the_engine():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'], "not supported"),
-        (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}'], "keys: model"),
+        (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}'], "not supported"),
+        (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'], "EAGLE-3 head is given as"),
+        (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}'], "only for eagle3"),
         (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens"),
         (["--speculate", "2", "--speculative-config", '{"num_speculative_tokens": 2}'], "not both"),
     ],

@@ -32,7 +32,7 @@ class ServerConfig:
     load_format: str = "auto"  # vLLM --load-format: auto (the checkpoint) | dummy (random weights, no files)
     trust_remote_code: bool = False
     speculate: int | None = None  # TGI: n-gram drafts per step
-    speculative_config: str | None = None  # vLLM's JSON (ngram / suffix); not with --speculate
+    speculative_config: str | None = None  # vLLM's JSON (ngram / suffix / eagle3); not with --speculate
     rope_scaling: str | None = None
     rope_factor: float | None = None
     tokenizer_config_path: str | None = None

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
+from tgi_compat.modeling.aux_hidden import attach_aux_hidden
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.cuda_graphs import (
     DecodeCudaGraphs,
@@ -86,6 +87,9 @@ class RunnerConfig:
     num_speculative_tokens: int = 0
     # --diverse_mode: decode steps bring shared-prefix groups (ForwardBatch.prefix_groups), CUDA graphs included
     diverse_mode: bool = False
+    # EAGLE-3: each step also writes these layers' output (aux_hidden.py; None: off); KV leaves room for the head
+    aux_hidden_layers: tuple[int, ...] | None = None
+    reserve_bytes: int = 0
 
 
 class ModelRunner:
@@ -123,6 +127,10 @@ class ModelRunner:
         self.heads = shard_heads(model_config.num_heads, model_config.num_kv_heads, tp)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.model = self._build_model(weights)
+        # EAGLE-3's input: attached before the CUDA graphs are captured, so that they write it too
+        max_aux_rows = cfg.max_prefill_tokens + cfg.max_rows * (cfg.num_speculative_tokens + 1)
+        layers = cfg.aux_hidden_layers
+        self.aux_hidden = None if layers is None else attach_aux_hidden(self.model, layers, max_aux_rows, self.dtype)
         self.lora = self._enable_lora() if cfg.max_loras else None
         self.image_encoder = self._image_encoder()  # None: a text model
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
@@ -329,7 +337,7 @@ class ModelRunner:
         # when prompt logprobs are asked for
         logit_rows = max(self.cfg.max_rows, self.cfg.max_prefill_tokens)
         sampling = 3 * logit_rows * c.vocab_size * 4
-        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._verify_graph_bytes()
+        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._verify_graph_bytes() + self.cfg.reserve_bytes
 
     def _verify_graph_bytes(self) -> int:
         """The verify graphs' logits (each bucket's output stays allocated in the graph pool): speculation on."""

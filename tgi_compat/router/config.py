@@ -69,5 +69,5 @@ class EngineConfig:
     image_cache_reserved_ratio: float = 0.5
     grammar_cache_bytes: int = 512 * 2**20
     grammar_compile_timeout: float = 30.0
-    # Speculative decoding with model-free drafts (TGI --speculate N, vLLM --speculative-config); None: off
+    # Speculative decoding with model-free drafts or an EAGLE-3 head (TGI --speculate N, vLLM --speculative-config); None: off
     speculative: SpeculativeConfig | None = None

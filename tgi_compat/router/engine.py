@@ -51,6 +51,7 @@ from tgi_compat.router.runner_api import Runner
 from tgi_compat.router.sampling.grammar_compile import CompileLimits
 from tgi_compat.router.sampling.selector import SelectionConfig
 from tgi_compat.router.scheduler import Scheduler, SchedulerLimits
+from tgi_compat.router.speculative.eagle3 import Eagle3Drafter
 from tgi_compat.router.speculative.speculator import Speculator
 from tgi_compat.router.stats import EngineStats
 from tgi_compat.router.step import StepPlan, StepResult
@@ -72,6 +73,7 @@ class EngineCore:
         model_config: ModelConfig,
         lora: LoraManager | None = None,
         image_encoder: ImageEncoder | None = None,  # a vision model's (tgi_compat.modeling.vision.encoder)
+        drafter: Eagle3Drafter | None = None,  # speculation's EAGLE-3 head (model_loading.load_drafter)
     ) -> None:
         self.config = config
         self.info = engine_info(config, runner, model_config)
@@ -97,7 +99,10 @@ class EngineCore:
         # --diverse_mode: decode steps group the rows that run on one cached prefix (siblings) for the shared-prefix kernel
         group_max = PREFIX_GROUP_MAX if config.diverse_mode and config.prefix_caching else 0
         selection = selection_config(config, self.info)
-        self.executor = StepExecutor(runner, selection, self.lora is not None, images, prefix_group_max=group_max)
+        aux_rows = None if drafter is None else drafter.aux_rows
+        self.executor = StepExecutor(
+            runner, selection, self.lora is not None, images, prefix_group_max=group_max, aux_rows=aux_rows
+        )
         self.selector = self.executor.selector
         self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
         self.stats.group_counts = self.executor.batch_builder.group_counts
@@ -105,7 +110,7 @@ class EngineCore:
         self.overlap_scheduling = self.info.device.startswith("cuda") if overlap is None else overlap
         if config.speculative is not None:  # a step's drafts are made from the tokens of the step before, on the host:
             # such steps run without overlap; those where the step-cost table turns drafts off keep it
-            self.scheduler.speculator = Speculator(config.speculative)
+            self.scheduler.speculator = Speculator(config.speculative, drafter)
         self._in_flight: LaunchedStep | None = None  # launched, not yet updated (overlap scheduling)
         self._pending_events: list[TokenEvent] = []  # final events of requests that never reached the scheduler
         self._rng = random.Random(config.seed)
@@ -121,11 +126,12 @@ class EngineCore:
     def from_config(cls, config: EngineConfig, count_step: Callable[[], None] | None = None) -> EngineCore:
         """Load the model named by the config (tgi_compat.modeling.runner) and build the engine around it.
         count_step: called per step sent to the other tensor-parallel ranks (tgi_compat.router.rank_heartbeat)."""
-        from tgi_compat.router.model_loading import fit_to_runner, load_runner
+        from tgi_compat.router.model_loading import fit_to_runner, load_drafter, load_runner
 
         runner = load_runner(config, count_step=count_step)
         config = fit_to_runner(config, runner)
-        return cls(config, runner, runner.model_config, runner.lora, runner.image_encoder)
+        drafter = load_drafter(config, runner)
+        return cls(config, runner, runner.model_config, runner.lora, runner.image_encoder, drafter)
 
     def close(self) -> None:
         """Release what lives beyond this process: the other tensor-parallel ranks, the grammar compiler."""

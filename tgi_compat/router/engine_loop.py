@@ -37,11 +37,12 @@ def load_engine(config: EngineConfig, count_step: Callable[[], None] | None = No
     """Load the model the config names and build the engine that serves it: a pooling model's prefill-only
     engine, or the generating one."""
     from tgi_compat.router.engine import EngineCore
-    from tgi_compat.router.model_loading import fit_to_runner, load_runner
+    from tgi_compat.router.model_loading import fit_to_runner, load_drafter, load_runner
     from tgi_compat.router.pooling_engine import PoolingEngineCore
 
     runner = load_runner(config, count_step=count_step)
     if runner.pooling_task is not None:
         return PoolingEngineCore(config, runner, runner.model_config)
     config = fit_to_runner(config, runner)
-    return EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder)
+    drafter = load_drafter(config, runner)
+    return EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder, drafter)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -67,6 +68,7 @@ class LaunchedStep:
     prompt: _PromptRows | None
     deferred: _DeferredSampling | None = None  # sampling not queued yet (StepExecutor.sample)
     verifies: bool = False  # some chunk verifies drafts: it has a sampled row per position
+    aux_hidden: torch.Tensor | None = None  # EAGLE-3: the step's auxiliary hidden states, a copy
 
     @property
     def sampled_ids(self) -> torch.Tensor | None:
@@ -79,6 +81,7 @@ class LaunchedStep:
         waited = time.perf_counter()
         plan = self.plan
         result = StepResult(tokens=[None] * len(plan.chunks), prompt_scores=[None] * len(plan.chunks))
+        result.aux_hidden = self.aux_hidden
         if self.sampled is not None:
             tokens = self.sampled.rows()
             if len(tokens) == len(plan.chunks) and not self.verifies:  # every chunk sampled once
@@ -110,8 +113,10 @@ class StepExecutor:
         lora_enabled: bool = False,
         images: EncoderCache | None = None,
         prefix_group_max: int = 0,
+        aux_rows: Callable[[int], torch.Tensor] | None = None,  # EAGLE-3: a step's auxiliary hidden states
     ) -> None:
         self.runner = runner
+        self.aux_rows = aux_rows
         self.device = selection.device
         self.selector = TokenSelector(selection)
         self.batch_builder = StepBatchBuilder(self.device, lora_enabled, images, prefix_group_max)
@@ -158,6 +163,8 @@ class StepExecutor:
         every_row_sampled = len(requests) == batch.logits_indices.shape[0] and not layout.prompt_chunks
         batch.greedy_only = bool(requests) and every_row_sampled and self.selector.greedy_only(requests)
         logits = self.runner.forward(batch)  # [R, vocab], or a greedy_only batch's GreedyChoice
+        # (copied on the device: the next forward, which may be launched before this step's update, rewrites them)
+        aux_hidden = None if self.aux_rows is None else self.aux_rows(batch.num_tokens).clone()
         forward_s = time.perf_counter() - started
         sampled = prompt = deferred = None
         if isinstance(logits, GreedyChoice):  # a sharded model's choice: its logits were never gathered
@@ -172,7 +179,9 @@ class StepExecutor:
             if layout.prompt_chunks:
                 prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
         verifies = layout.sample_offsets is not None
-        return LaunchedStep(plan, started, forward_s, sampled, layout.sampled_chunks, prompt, deferred, verifies)
+        return LaunchedStep(
+            plan, started, forward_s, sampled, layout.sampled_chunks, prompt, deferred, verifies, aux_hidden
+        )
 
     @torch.inference_mode()
     def sample(self, launched: LaunchedStep) -> None:

@@ -14,6 +14,7 @@ from tgi_compat.router.speculative.policy import StepCostTable
 
 if TYPE_CHECKING:
     from tgi_compat.modeling.runner import ModelRunner
+    from tgi_compat.router.speculative.eagle3 import Eagle3Drafter
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         max_lora_rank=config.max_lora_rank,
         num_speculative_tokens=0 if config.speculative is None else config.speculative.num_speculative_tokens,
         diverse_mode=config.diverse_mode and config.prefix_caching,
+        aux_hidden_layers=_eagle3_target_layers(config),
+        reserve_bytes=_draft_model_bytes(config),
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)
@@ -63,6 +66,50 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         if runner.lora is not None:  # the other ranks get every adapter rank 0 loads, at startup or later
             runner.lora.followers = runner.step_sender
     return runner
+
+
+def _eagle3_target_layers(config: EngineConfig) -> tuple[int, ...] | None:
+    """The target layers an EAGLE-3 head reads (None: no head); a head that does not fit the target stops here."""
+    spec = config.speculative
+    if spec is None or spec.draft_model is None:
+        return None
+    from tgi_compat.modeling.models.eagle3_config import Eagle3Config
+    from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.weights.loader import load_model_config
+
+    if config.num_shard > 1:
+        raise ValueError("EAGLE-3 speculation runs on one GPU (no --num-shard) for now")
+    target = load_model_config(resolve_model_source(config.model_id, config.revision), config.load_format)
+    head = Eagle3Config.from_folder(resolve_model_source(spec.draft_model).folder)
+    head.check_target(target)
+    return head.target_layers(target.num_layers)
+
+
+def _draft_model_bytes(config: EngineConfig) -> int:
+    """The EAGLE-3 head's checkpoint size: it loads after the runner has sized its KV cache."""
+    spec = config.speculative
+    if spec is None or spec.draft_model is None:
+        return 0
+    from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.weights.safetensors import safetensors_files
+
+    return sum(os.path.getsize(path) for path in safetensors_files(resolve_model_source(spec.draft_model).folder))
+
+
+def load_drafter(config: EngineConfig, runner: ModelRunner) -> Eagle3Drafter | None:
+    """The EAGLE-3 head of `--speculative-config '{"method": "eagle3", "model": ...}'` over the loaded target."""
+    spec = config.speculative
+    if spec is None or spec.draft_model is None:
+        return None
+    from tgi_compat.modeling.models.decoder import DecoderStack
+    from tgi_compat.modeling.models.eagle3 import load_eagle3_head
+    from tgi_compat.router.speculative.eagle3 import Eagle3Drafter
+
+    assert runner.aux_hidden is not None and isinstance(runner.model, DecoderStack)  # (load_runner asked for them)
+    embedding = runner.model.model.embed_tokens.weight
+    head = load_eagle3_head(spec.draft_model, runner.vocab_size, embedding, runner.device, runner.dtype)
+    logger.info("EAGLE-3 head %s reads target layers %s", spec.draft_model, runner.aux_hidden.layers)
+    return Eagle3Drafter(head, runner.aux_hidden.rows)
 
 
 def fit_to_runner(config: EngineConfig, runner: ModelRunner) -> EngineConfig:

@@ -262,6 +262,8 @@ class Scheduler:
     # ---- update -----------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
         events = [TokenEvent(r.request_id, finish_reason=FinishReason.ABORT.value) for r in plan.aborted]
+        if self.speculator is not None and result.aux_hidden is not None:  # (EAGLE-3 reads them)
+            self.speculator.observe(plan, result.aux_hidden)
         scores = result.prompt_scores or [None] * len(plan.chunks)
         for index, (chunk, sampled, prompt_scores) in enumerate(zip(plan.chunks, result.tokens, scores)):
             request = chunk.request

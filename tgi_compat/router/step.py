@@ -3,17 +3,22 @@
     Scheduler.schedule() -> StepPlan -> EngineCore executes (runner + sampler) -> StepResult
     Scheduler.update(StepPlan, StepResult) -> list[TokenEvent]
 
-Tests build StepResults by hand (vLLM's CPU scheduler tests), so nothing here touches tensors.
+Tests build StepResults by hand (vLLM's CPU scheduler tests), so nothing here touches tensors (EAGLE-3's
+auxiliary hidden states only ride along to the speculator).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from tgi_compat.router.outputs import TopToken
 from tgi_compat.router.request import Request
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ScheduledChunk(msgspec.Struct, gc=False):
@@ -85,6 +90,8 @@ class StepResult:
     errors: dict[str, str] = field(default_factory=dict)  # request_id -> message; those requests fail
     # Verify chunks: chunk index -> the tokens sampled at its draft positions (after `tokens`' own one)
     verified: dict[int, list[SampledToken]] = field(default_factory=dict)
+    # EAGLE-3: the step's auxiliary hidden states [its tokens, 3 * H] on the device, rows in chunk order
+    aux_hidden: torch.Tensor | None = None
     forward_s: float = 0.0  # model forward time (for stats)
     sample_s: float = 0.0  # sampling + device-to-host copy time (for stats)
 

@@ -112,7 +112,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("tensor-parallel-size", "vLLM/AIAK spelling of --num-shard.", int, short="tp"),
     Flag("quantization", "vLLM/AIAK spelling of --quantize: awq, gptq, fp8, compressed-tensors, weight_only_int8 (int8 weights, quantized while loading or from an int8 checkpoint) or smooth_quant (a W8A8 checkpoint from `python -m tgi_compat.quantize`).", _QUANTIZATION),
     Flag("enforce-eager", "Run every decode step eagerly (no CUDA graphs), whatever --cuda-graphs says."),
-    Flag("speculative-config", 'vLLM: speculative decoding as JSON, model-free methods only: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4} or {"method": "suffix", ...}.', str),
+    Flag("speculative-config", 'vLLM: speculative decoding as JSON, model-free methods and EAGLE-3 heads: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}, {"method": "suffix", ...} or {"method": "eagle3", "model": PATH, "num_speculative_tokens": 3} (a speculators or EAGLE/SGLang head).', str),
     Flag("enable-prefix-caching", "vLLM: prefix caching on (the default; same as PREFIX_CACHING=1)."),
     Flag("no-enable-prefix-caching", "vLLM: prefix caching off (same as PREFIX_CACHING=0)."),
     Flag("enable-prompt-tokens-details", "vLLM: report `usage.prompt_tokens_details.cached_tokens` in OpenAI responses."),

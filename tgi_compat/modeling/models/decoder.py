@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, LayerQKV
+from tgi_compat.modeling.aux_hidden import AuxHiddenStates
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch, ImageEmbeds
 from tgi_compat.modeling.layers.embedding import LMHead, VocabEmbedding
@@ -187,6 +188,15 @@ class DecoderModel(nn.Module):
         # final norm; a tuple, so that the modules are not registered twice
         outputs = [layer.output_norm() for layer in self.decoder_layers]
         self.owed_norms: tuple[RMSNorm | None, ...] = (None, *outputs)
+        self.aux_hidden: AuxHiddenStates | None = None  # capture_aux_hidden; None: off
+        self.aux_blocks: tuple[tuple[int, ...], ...] = ()
+
+    def capture_aux_hidden(self, states: AuxHiddenStates) -> None:
+        """From now on each forward writes the output of `states.layers` into `states` (an EAGLE-3 head's input)."""
+        if any(norm is not None for norm in self.owed_norms):  # (the stream is not hidden + residual there)
+            raise ValueError("auxiliary hidden states need a decoder without post-feedforward norms (Llama-like)")
+        self.aux_hidden = states
+        self.aux_blocks = states.blocks_of(len(self.layers))
 
     @property
     def decoder_layers(self) -> Iterable[DecoderLayer]:
@@ -208,11 +218,15 @@ class DecoderModel(nn.Module):
         rope = self.rotary_emb.step_tables(positions)  # gathered once, shared by every layer
         local_rope = rope if self.local_rotary_emb is None else self.local_rotary_emb.step_tables(positions)
         residual, sum_over = None, None
+        aux = self.aux_hidden
+        aux_out = None if aux is None else aux.step_buffer(hidden.shape[0])
         layers = zip(self.layers, self.uses_local_rope, self.owed_norms, kv_caches)
-        for layer, is_local, owed, (k_cache, v_cache) in layers:
+        for i, (layer, is_local, owed, (k_cache, v_cache)) in enumerate(layers):
             hidden, residual, sum_over = layer(
                 hidden, residual, local_rope if is_local else rope, k_cache, v_cache, backend, owed, sum_over
             )
+            if aux_out is not None and (blocks := self.aux_blocks[i]):
+                cast(AuxHiddenStates, aux).write(aux_out, blocks, hidden, residual)
         hidden = sum_now(hidden, sum_over)  # once a step: the last layer's sum on its own
         final_owed = self.owed_norms[-1]
         if final_owed is not None:  # once a step: the last layer's post-feedforward norm on its own

@@ -11,7 +11,7 @@ from tgi_compat.router.speculative.policy import StepCostTable
 from tgi_compat.router.speculative.suffix import SuffixConfig
 from tgi_compat.router.speculative.synthetic import SyntheticAcceptance
 
-Method = Literal["ngram", "suffix"]
+Method = Literal["ngram", "suffix", "eagle3"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +20,7 @@ class SpeculativeConfig:
     method: Method = "ngram"
     ngram: NgramConfig = field(default_factory=NgramConfig)
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
+    draft_model: str | None = None  # eagle3: the head's folder or hub id (speculators or EAGLE/SGLang format)
     # The device's step time against token rows: drafts only where they raise tokens per second.
     # None: every request verifies what its proposer drafts, up to num_speculative_tokens (TGI's fixed N).
     # (the engine measures it at startup on a GPU: tgi_compat/modeling/step_cost.py; or --speculative-config's)
@@ -33,6 +34,8 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
+        if (self.method == "eagle3") != (self.draft_model is not None):
+            raise ValueError('an EAGLE-3 head is given as {"method": "eagle3", "model": PATH}, and only for eagle3')
 
     @classmethod
     def from_tgi(cls, speculate: int) -> SpeculativeConfig | None:
@@ -41,17 +44,19 @@ class SpeculativeConfig:
 
     @classmethod
     def from_vllm_json(cls, text: str) -> SpeculativeConfig:
-        """vLLM's `--speculative-config` for its model-free methods, e.g.
+        """vLLM's `--speculative-config` for its model-free methods and EAGLE-3 heads, e.g.
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
         {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}
+        {"method": "eagle3", "model": "path/to/head", "num_speculative_tokens": 3}
         and ours: "step_cost": {"rows": [1, 64, 512], "seconds": [...]} (instead of measuring it at startup),
         "synthetic_acceptance": [weights of accepted lengths 0..k] or "hist.json" (benchmark-only)."""
         spec = json.loads(text)
         if not isinstance(spec, dict):
             raise ValueError("--speculative-config must be a JSON object")
         method = spec.pop("method", "ngram")
-        if method not in ("ngram", "suffix"):
-            raise ValueError(f"speculative method {method!r} is not supported (ngram, suffix)")
+        if method not in ("ngram", "suffix", "eagle3"):
+            raise ValueError(f"speculative method {method!r} is not supported (ngram, suffix, eagle3)")
+        draft_model = spec.pop("model", None)
         k = int(spec.pop("num_speculative_tokens", 0))
         ngram = NgramConfig(int(spec.pop("prompt_lookup_min", 1)), int(spec.pop("prompt_lookup_max", 4)))
         suffix = SuffixConfig(
@@ -70,6 +75,7 @@ class SpeculativeConfig:
         return cls(
             num_speculative_tokens=k,
             method=method,
+            draft_model=draft_model,
             ngram=ngram,
             suffix=suffix,
             step_cost=step_cost,

@@ -18,13 +18,16 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgspec
+import torch
 
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import Request
 from tgi_compat.router.speculative.config import SpeculativeConfig
+from tgi_compat.router.speculative.eagle3 import Eagle3Drafter, Eagle3Proposer, propose_together
 from tgi_compat.router.speculative.ngram import NgramProposer
 from tgi_compat.router.speculative.policy import (
     AcceptanceStats,
@@ -42,6 +45,7 @@ _PRIOR = AcceptanceStats()  # a request that has not drafted yet
 @dataclass(slots=True)
 class _DraftState:
     proposer: DraftProposer
+    hidden: Eagle3Proposer | None = None  # the proposer again where it reads the target's hidden states
     num_seen: int = 0  # leading tokens of the request the proposer has been given
     num_proposed: int = 0  # of the drafts verified this step, those the proposer made (the rest: padding)
     acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
@@ -58,13 +62,17 @@ class SpeculationCounters:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, drafter: Eagle3Drafter | None = None) -> None:
+        if (config.method == "eagle3") != (drafter is not None):
+            raise ValueError("an eagle3 speculator needs its loaded head, and only it")
         self.config = config
+        self.drafter = drafter
         use_corpus = config.method == "suffix" and config.suffix.corpus_outputs > 0
         self.corpus = SuffixCorpus(config.suffix) if use_corpus else None
         self.counters = SpeculationCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._states: dict[Request, _DraftState] = {}
         self._rng = random.Random(0)  # synthetic acceptance's draws
+        self._keeps_hidden = True  # EAGLE-3: the last `may_pay` answer (rows are kept only where drafts may pay)
 
     def may_pay(self, running: Sequence[Request]) -> bool:
         """Whether drafts could pay in a step of these requests: False where the step-cost table turns them
@@ -72,13 +80,30 @@ class Speculator:
         (with no drafts: they need the tokens of the step before on the host)."""
         table = self.config.step_cost
         if table is None or not running:
+            self._keeps_hidden = True
             return True
         best = max(self._rate(request) for request in running)
-        return drafts_may_pay(len(running), best, self.config.num_speculative_tokens, table)
+        self._keeps_hidden = drafts_may_pay(len(running), best, self.config.num_speculative_tokens, table)
+        return self._keeps_hidden
 
     def _rate(self, request: Request) -> float:
         state = self._states.get(request)
         return (state.acceptance if state is not None else _PRIOR).rate
+
+    def observe(self, plan: StepPlan, aux_hidden: torch.Tensor) -> None:
+        """A step's auxiliary hidden states [its tokens, 3 * H] (EAGLE-3), rows in chunk order: each request
+        that may draft keeps those of its positions."""
+        if not self._keeps_hidden:  # (a batch that drafts nothing keeps no rows: the head lacks their context later)
+            return
+        offset = 0
+        for chunk in plan.chunks:
+            rows, offset = aux_hidden[offset : offset + chunk.num_tokens], offset + chunk.num_tokens
+            request = chunk.request
+            if request.reads_own_tokens_to_sample or request.params.grammar is not None or request.is_finished:
+                continue  # (never drafts)
+            state = self._states.get(request) or self._new_state(request)
+            if state.hidden is not None:
+                state.hidden.observe(chunk.start, rows)
 
     def add_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
         """Turn the plan's eligible decode chunks into verify chunks, as the policy and the pool allow."""
@@ -87,7 +112,7 @@ class Speculator:
         if eligible and len(eligible) == len(plan.chunks) <= self.config.uniform_max_batch:
             self._add_uniform_drafts(plan, pool)
             return
-        chosen = [(chunk, self._propose(chunk)) for chunk in eligible]
+        chosen = list(zip(eligible, self._propose_all(eligible)))
         chosen = [(chunk, drafts) for chunk, drafts in chosen if drafts]
         if not chosen:
             return
@@ -107,7 +132,7 @@ class Speculator:
     def _add_uniform_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
         """Every chunk of the plan may draft: one length k for all (a verify graph's shape), or none."""
         chunks = plan.chunks
-        proposals = [self._propose(chunk) for chunk in chunks]
+        proposals = self._propose_all(chunks)
         max_length = min(self.config.num_speculative_tokens, *(self._room(chunk.request) for chunk in chunks))
         caps = [self._states[chunk.request].num_proposed for chunk in chunks]
         rates = [self._states[chunk.request].acceptance.rate for chunk in chunks]
@@ -187,25 +212,41 @@ class Speculator:
         state = self._states.get(request)
         return 0 if state is None else state.acceptance.accepted
 
-    def _propose(self, chunk: ScheduledChunk) -> list[int]:
-        request = chunk.request
-        state = self._states.get(request)
-        if state is None:
-            state = self._states[request] = _DraftState(self._new_proposer())
-        state.proposer.extend(request.token_ids(state.num_seen, request.num_tokens))
-        state.num_seen = request.num_tokens
-        max_tokens = min(self.config.num_speculative_tokens, self._room(request))
-        drafts = state.proposer.propose(max_tokens)
-        state.num_proposed = len(drafts)
-        if self.config.synthetic_acceptance is not None:  # random weights match nothing: always k drafts
-            drafts = _padded(drafts, max_tokens, _last_token(request))
+    def _propose_all(self, chunks: Sequence[ScheduledChunk]) -> list[list[int]]:
+        """Each chunk's drafts (an EAGLE-3 head drafts for all of them at once)."""
+        states, limits = [], []
+        for chunk in chunks:
+            request = chunk.request
+            state = self._states.get(request) or self._new_state(request)
+            state.proposer.extend(request.token_ids(state.num_seen, request.num_tokens))
+            state.num_seen = request.num_tokens
+            states.append(state)
+            limits.append(min(self.config.num_speculative_tokens, self._room(request)))
+        if self.drafter is not None:
+            heads = [cast(Eagle3Proposer, state.hidden) for state in states]
+            proposals = propose_together(self.drafter.head, heads, limits)
+        else:
+            proposals = [state.proposer.propose(limit) for state, limit in zip(states, limits)]
+        for chunk, state, limit, drafts in zip(chunks, states, limits, proposals):
             state.num_proposed = len(drafts)
-        return drafts
+            if self.config.synthetic_acceptance is not None:  # random weights match nothing: always k drafts
+                drafts[:] = _padded(drafts, limit, _last_token(chunk.request))
+                state.num_proposed = len(drafts)
+        return proposals
 
     @staticmethod
     def _room(request: Request) -> int:
         """Drafts past max_new_tokens are never kept: the step's own token is one of the remaining ones."""
         return request.params.max_new_tokens - request.num_output_tokens - 1
+
+    def _new_state(self, request: Request) -> _DraftState:
+        if self.drafter is not None:
+            proposer = Eagle3Proposer(self.drafter.head)
+            state = _DraftState(proposer, hidden=proposer)
+        else:
+            state = _DraftState(self._new_proposer())
+        self._states[request] = state
+        return state
 
     def _new_proposer(self) -> DraftProposer:
         if self.config.method == "suffix":

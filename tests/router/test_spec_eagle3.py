@@ -1,0 +1,86 @@
+"""EAGLE-3 speculation in the engine: a tiny random head over a tiny random 4-layer Llama drafts through the real
+scheduler, executor, runner (auxiliary hidden states on) and sampler; the output must be `--speculate 0`'s, token
+for token, and the KV pool full again. Prefill chunks of 16 tokens make requests hand over hidden states in parts."""
+
+from __future__ import annotations
+
+import pytest
+from router_fakes import drain
+
+from tests.modeling.eagle3_heads import DRAFT_VOCAB, TARGET, random_head_tensors, save_head
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.request import GenerateRequest, SamplingParams
+from tgi_compat.router.speculative.config import SpeculativeConfig
+
+SAMPLINGS = {
+    "greedy": SamplingParams(),
+    "seeded": SamplingParams(do_sample=True, temperature=0.8, top_k=20, seed=7),
+}
+LIMITS = dict(max_batch_total_tokens=2048, max_running_requests=8, max_batch_prefill_tokens=16)
+PROMPTS = [[1 + (i * 37 + j * 11) % 250 for j in range(3 + 13 * i)] for i in range(4)]  # 3..42 tokens
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("eagle3-engine")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**TARGET, bos_token_id=1, eos_token_id=2)).save_pretrained(root / "target")
+    # the draft vocabulary covers a quarter of the target's: d2t maps draft i to target 4 * i
+    tensors = random_head_tensors(seed=1) | {"d2t": torch.arange(DRAFT_VOCAB) * 3}
+    return str(root / "target"), save_head(root / "head", "speculators", tensors)
+
+
+def _engine(target: str, speculative: SpeculativeConfig | None):
+    from tgi_compat.router.engine import EngineCore
+
+    config = EngineConfig(model_id=target, speculative=speculative, **LIMITS)
+    return EngineCore.from_config(config)
+
+
+def _run(engine, sampling: SamplingParams, together: bool) -> dict[str, list[int]]:
+    events: dict[str, list] = {}
+    pairs = list(enumerate(PROMPTS))
+    batches = [pairs] if together else [[pair] for pair in pairs[1::2]]
+    for batch in batches:
+        for i, prompt in batch:
+            params = SamplingParams(**{name: getattr(sampling, name) for name in SamplingParams.__slots__})
+            engine.add_request(GenerateRequest(f"r{i}", list(prompt), params, max_new_tokens=20, ignore_eos=True))
+        events |= drain(engine)  # (asserts the KV pool is full again)
+    return {rid: [t for e in evs for t in e.token_ids] for rid, evs in events.items()}
+
+
+@pytest.fixture(scope="module")
+def engines(folders):
+    target, head = folders
+    eagle = SpeculativeConfig(num_speculative_tokens=3, method="eagle3", draft_model=head)
+    return _engine(target, None), _engine(target, eagle)
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS), ids=list(SAMPLINGS))
+def test_eagle3_gives_the_tokens_of_speculate_0(engines, sampling):
+    plain, eagle = engines
+    expected = _run(plain, SAMPLINGS[sampling], together=True)
+    counters = eagle.scheduler.speculator.counters
+    drafted = counters.num_draft_tokens
+    assert _run(eagle, SAMPLINGS[sampling], together=True) == expected
+    alone = _run(eagle, SAMPLINGS[sampling], together=False)
+    assert alone == {rid: expected[rid] for rid in alone}
+    assert counters.num_draft_tokens > drafted  # the head drafted
+
+
+def test_eagle3_from_the_vllm_flag(folders):
+    _, head = folders
+    spec = SpeculativeConfig.from_vllm_json(f'{{"method": "eagle3", "model": "{head}", "num_speculative_tokens": 2}}')
+    assert (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("eagle3", head, 2)
+    with pytest.raises(ValueError, match="method"):
+        SpeculativeConfig.from_vllm_json('{"method": "eagle3", "num_speculative_tokens": 2}')
+
+
+def test_a_head_for_another_target_stops_the_engine(folders, tmp_path):
+    target, _ = folders
+    wrong = save_head(tmp_path / "wrong", "eagle", random_head_tensors(), vocab_size=512)
+    with pytest.raises(ValueError, match="vocabulary 512 != target vocabulary 256"):
+        _engine(target, SpeculativeConfig(num_speculative_tokens=2, method="eagle3", draft_model=wrong))

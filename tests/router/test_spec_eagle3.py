@@ -4,6 +4,8 @@ for token, and the KV pool full again. Prefill chunks of 16 tokens make requests
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from router_fakes import drain
 
@@ -11,6 +13,7 @@ from tests.modeling.eagle3_heads import DRAFT_VOCAB, TARGET, random_head_tensors
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.request import GenerateRequest, SamplingParams
 from tgi_compat.router.speculative.config import SpeculativeConfig
+from tgi_compat.router.speculative.policy import HeadCost, StepCostTable
 
 SAMPLINGS = {
     "greedy": SamplingParams(),
@@ -69,6 +72,27 @@ def test_eagle3_gives_the_tokens_of_speculate_0(engines, sampling):
     alone = _run(eagle, SAMPLINGS[sampling], together=False)
     assert alone == {rid: expected[rid] for rid in alone}
     assert counters.num_draft_tokens > drafted  # the head drafted
+
+
+def test_the_heads_cost_turns_its_drafts_off_where_the_step_table_alone_drafts(engines):
+    plain, eagle = engines
+    speculator = eagle.scheduler.speculator
+    assert isinstance(speculator.head_cost, HeadCost)  # measured at startup (CPU: a few small batches)
+    expected = _run(plain, SAMPLINGS["greedy"], together=True)
+    config, measured = speculator.config, speculator.head_cost
+    flat = StepCostTable(rows=(1, 512), seconds=(1.0, 1.001))  # verify rows for free: drafts pay (the head too)
+    try:
+        speculator.config = dataclasses.replace(config, step_cost=flat)
+        counters = speculator.counters
+        drafted = counters.num_draft_tokens
+        assert _run(eagle, SAMPLINGS["greedy"], together=True) == expected
+        assert counters.num_draft_tokens > drafted
+        speculator.head_cost = HeadCost(StepCostTable((1, 8), (5.0, 5.0)), StepCostTable((1, 8), (5.0, 5.0)))
+        drafted = counters.num_draft_tokens  # a head slower than a step: no drafting step pays
+        assert _run(eagle, SAMPLINGS["greedy"], together=True) == expected
+        assert counters.num_draft_tokens == drafted
+    finally:
+        speculator.config, speculator.head_cost = config, measured
 
 
 def test_eagle3_from_the_vllm_flag(folders):

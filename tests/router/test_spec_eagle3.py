@@ -95,6 +95,48 @@ def test_the_heads_cost_turns_its_drafts_off_where_the_step_table_alone_drafts(e
         speculator.config, speculator.head_cost = config, measured
 
 
+def _launch(*argv: str):
+    from tgi_compat.api.cli.launcher import config_from_args, parse_args
+
+    return config_from_args(parse_args(list(argv)))
+
+
+def test_tgi_model_id_of_a_head_serves_the_base_model_it_names(folders, engines, tmp_path):
+    target, _ = folders
+    verifier = {"algorithm": "eagle3", "verifier": {"name_or_path": target}}
+    head = save_head(tmp_path / "head", "speculators", random_head_tensors(seed=1), speculators_config=verifier)
+    config = _launch("--model-id", head, "--speculate", "3")
+    assert config.model_id == target  # the tokenizer, chat template and /info are the base model's, as in TGI
+    spec = config.speculative
+    assert spec is not None and (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("eagle3", head, 3)
+    engine_config = config.to_engine_config()
+    for name, value in LIMITS.items():
+        setattr(engine_config, name, value)
+    from tgi_compat.router.engine import EngineCore
+
+    served = EngineCore.from_config(engine_config)
+    assert served.scheduler.speculator.drafter is not None
+    plain, _ = engines
+    assert _run(served, SAMPLINGS["greedy"], together=True) == _run(plain, SAMPLINGS["greedy"], together=True)
+    # an EAGLE-format head with Medusa's key; without --speculate, a default chain length
+    eagle = save_head(tmp_path / "eagle", "eagle", random_head_tensors(), base_model_name_or_path=target)
+    spec = _launch("--model-id", eagle).speculative
+    assert spec is not None and (spec.draft_model, spec.num_speculative_tokens) == (eagle, 3)
+    assert _launch("--model-id", target).speculative is None  # a plain model is no head
+
+
+def test_a_head_whose_base_model_cannot_be_found_stops_the_launcher(tmp_path):
+    from tgi_compat.api.cli.launcher import LauncherError
+
+    missing = {"verifier": {"name_or_path": str(tmp_path / "no-such-model")}}
+    head = save_head(tmp_path / "head", "speculators", random_head_tensors(), speculators_config=missing)
+    with pytest.raises(LauncherError, match="EAGLE-3 head for base model .*no-such-model.* not found"):
+        _launch("--model-id", head, "--speculate", "2")
+    orphan = save_head(tmp_path / "orphan", "eagle", random_head_tensors())
+    with pytest.raises(LauncherError, match="names no base model"):
+        _launch("--model-id", orphan)
+
+
 def test_eagle3_from_the_vllm_flag(folders):
     _, head = folders
     spec = SpeculativeConfig.from_vllm_json(f'{{"method": "eagle3", "model": "{head}", "num_speculative_tokens": 2}}')

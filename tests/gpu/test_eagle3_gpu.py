@@ -90,3 +90,19 @@ def test_eagle3_greedy_output_is_speculate_0s(target_dir, tmp_path):
             assert engine.scheduler.speculator is not None
             assert engine.scheduler.speculator.counters.num_draft_tokens > 0
     assert outputs[1] == outputs[0]
+
+
+@pytest.mark.gpu
+@no_gpu
+def test_the_heads_drafting_time_is_measured_on_the_gpu(tmp_path):
+    from tgi_compat.modeling.models.eagle3 import load_eagle3_head
+    from tgi_compat.modeling.step_cost import HEAD_COST_BATCHES
+    from tgi_compat.router.model_loading import measure_head_cost
+
+    folder = save_head(tmp_path / "head", "speculators", random_head_tensors())
+    cuda, vocab = torch.device("cuda"), TARGET["vocab_size"]
+    head = load_eagle3_head(folder, vocab, torch.randn(vocab, TARGET["hidden_size"], device=cuda), cuda, torch.float32)
+    cost = measure_head_cost(head)  # what the engine measures at startup beside the step-cost table
+    assert cost.fixed.rows == cost.per_draft.rows == HEAD_COST_BATCHES
+    assert 0 < cost.cost(1, 1) < 0.05  # an eager forward or two: well under a step of a real model times ten
+    assert cost.cost(64, 4) > cost.cost(64, 1) > 0

@@ -138,3 +138,17 @@ def test_drafting_together_gives_each_requests_own_drafts(heads):
     expected = [reference_drafts(tensors, embed, t, a, k) if k else [] for t, a, k in zip(sequences, aux, limits)]
     assert drafts == expected
     assert propose_together(head, proposers, limits) == [[], [], []]  # nothing new computed since
+
+
+def test_the_heads_cost_is_measured_on_the_cpu_cheaply(heads):
+    from tgi_compat.modeling.step_cost import HEAD_COST_BATCHES_CPU, measure_head_costs
+    from tgi_compat.router.model_loading import measure_head_cost
+
+    _, folders = heads
+    head = load_eagle3_head(folders["eagle"], VOCAB, _embedding(), CPU, torch.float32)
+    batches, fixed, per_draft = measure_head_costs(head, (1, 3), context=8, repeats=1)
+    assert batches == (1, 3) and len(fixed) == len(per_draft) == 2
+    assert all(0 < s < 1 for s in fixed + per_draft)
+    cost = measure_head_cost(head)  # what the engine measures at startup
+    assert cost.per_draft.rows == HEAD_COST_BATCHES_CPU
+    assert cost.cost(2, 3) > cost.cost(2, 1) > cost.cost(2, 0) == 0.0

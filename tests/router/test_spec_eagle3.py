@@ -4,6 +4,8 @@ for token, and the KV pool full again. Prefill chunks of 16 tokens make requests
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from router_fakes import drain
 
@@ -11,6 +13,7 @@ from tests.modeling.eagle3_heads import DRAFT_VOCAB, TARGET, random_head_tensors
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.request import GenerateRequest, SamplingParams
 from tgi_compat.router.speculative.config import SpeculativeConfig
+from tgi_compat.router.speculative.policy import HeadCost, StepCostTable
 
 SAMPLINGS = {
     "greedy": SamplingParams(),
@@ -69,6 +72,69 @@ def test_eagle3_gives_the_tokens_of_speculate_0(engines, sampling):
     alone = _run(eagle, SAMPLINGS[sampling], together=False)
     assert alone == {rid: expected[rid] for rid in alone}
     assert counters.num_draft_tokens > drafted  # the head drafted
+
+
+def test_the_heads_cost_turns_its_drafts_off_where_the_step_table_alone_drafts(engines):
+    plain, eagle = engines
+    speculator = eagle.scheduler.speculator
+    assert isinstance(speculator.head_cost, HeadCost)  # measured at startup (CPU: a few small batches)
+    expected = _run(plain, SAMPLINGS["greedy"], together=True)
+    config, measured = speculator.config, speculator.head_cost
+    flat = StepCostTable(rows=(1, 512), seconds=(1.0, 1.001))  # verify rows for free: drafts pay (the head too)
+    try:
+        speculator.config = dataclasses.replace(config, step_cost=flat)
+        counters = speculator.counters
+        drafted = counters.num_draft_tokens
+        assert _run(eagle, SAMPLINGS["greedy"], together=True) == expected
+        assert counters.num_draft_tokens > drafted
+        speculator.head_cost = HeadCost(StepCostTable((1, 8), (5.0, 5.0)), StepCostTable((1, 8), (5.0, 5.0)))
+        drafted = counters.num_draft_tokens  # a head slower than a step: no drafting step pays
+        assert _run(eagle, SAMPLINGS["greedy"], together=True) == expected
+        assert counters.num_draft_tokens == drafted
+    finally:
+        speculator.config, speculator.head_cost = config, measured
+
+
+def _launch(*argv: str):
+    from tgi_compat.api.cli.launcher import config_from_args, parse_args
+
+    return config_from_args(parse_args(list(argv)))
+
+
+def test_tgi_model_id_of_a_head_serves_the_base_model_it_names(folders, engines, tmp_path):
+    target, _ = folders
+    verifier = {"algorithm": "eagle3", "verifier": {"name_or_path": target}}
+    head = save_head(tmp_path / "head", "speculators", random_head_tensors(seed=1), speculators_config=verifier)
+    config = _launch("--model-id", head, "--speculate", "3")
+    assert config.model_id == target  # the tokenizer, chat template and /info are the base model's, as in TGI
+    spec = config.speculative
+    assert spec is not None and (spec.method, spec.draft_model, spec.num_speculative_tokens) == ("eagle3", head, 3)
+    engine_config = config.to_engine_config()
+    for name, value in LIMITS.items():
+        setattr(engine_config, name, value)
+    from tgi_compat.router.engine import EngineCore
+
+    served = EngineCore.from_config(engine_config)
+    assert served.scheduler.speculator.drafter is not None
+    plain, _ = engines
+    assert _run(served, SAMPLINGS["greedy"], together=True) == _run(plain, SAMPLINGS["greedy"], together=True)
+    # an EAGLE-format head with Medusa's key; without --speculate, a default chain length
+    eagle = save_head(tmp_path / "eagle", "eagle", random_head_tensors(), base_model_name_or_path=target)
+    spec = _launch("--model-id", eagle).speculative
+    assert spec is not None and (spec.draft_model, spec.num_speculative_tokens) == (eagle, 3)
+    assert _launch("--model-id", target).speculative is None  # a plain model is no head
+
+
+def test_a_head_whose_base_model_cannot_be_found_stops_the_launcher(tmp_path):
+    from tgi_compat.api.cli.launcher import LauncherError
+
+    missing = {"verifier": {"name_or_path": str(tmp_path / "no-such-model")}}
+    head = save_head(tmp_path / "head", "speculators", random_head_tensors(), speculators_config=missing)
+    with pytest.raises(LauncherError, match="EAGLE-3 head for base model .*no-such-model.* not found"):
+        _launch("--model-id", head, "--speculate", "2")
+    orphan = save_head(tmp_path / "orphan", "eagle", random_head_tensors())
+    with pytest.raises(LauncherError, match="names no base model"):
+        _launch("--model-id", orphan)
 
 
 def test_eagle3_from_the_vllm_flag(folders):

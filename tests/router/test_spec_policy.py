@@ -9,6 +9,7 @@ import pytest
 
 from tgi_compat.router.speculative.policy import (
     AcceptanceStats,
+    HeadCost,
     StepCostTable,
     choose_draft_lengths,
     choose_uniform_draft_length,
@@ -132,3 +133,48 @@ def test_drafts_may_pay_bounds_both_choices():
         if not drafts_may_pay(size, max(rates), 4, table):  # then neither policy drafts anything
             assert choose_uniform_draft_length(rates, caps, 4, table) == 0
             assert not any(choose_draft_lengths(rates, caps, table))
+
+
+# An EAGLE-3 head run eagerly: ~0.8 ms per draft forward (kernel launches) at small batches, ~1 ms to fold in
+HEAD = HeadCost(
+    fixed=StepCostTable(rows=(1, 64), seconds=(1.0e-3, 1.4e-3)),
+    per_draft=StepCostTable(rows=(1, 64), seconds=(0.8e-3, 1.1e-3)),
+)
+
+
+def test_the_head_costs_fixed_plus_per_draft_and_nothing_without_drafts():
+    assert HEAD.cost(1, 3) == pytest.approx(1.0e-3 + 3 * 0.8e-3)
+    assert HEAD.cost(64, 1) == pytest.approx(2.5e-3)
+    assert HEAD.cost(8, 0) == HEAD.cost(0, 4) == 0.0
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.45])
+def test_the_heads_cost_turns_drafting_off_where_the_table_alone_drafts(rate):
+    # 16 streams on the memory-bound table: verify rows are nearly free, but k head forwards are not
+    rates, caps = [rate] * 16, [4] * 16
+    assert any(choose_draft_lengths(rates, caps, MEMORY_BOUND))
+    assert choose_draft_lengths(rates, caps, MEMORY_BOUND, head=HEAD) == [0] * 16
+    assert choose_uniform_draft_length(rates, caps, 4, MEMORY_BOUND) > 0
+    assert choose_uniform_draft_length(rates, caps, 4, MEMORY_BOUND, HEAD) == 0
+    assert drafts_may_pay(16, rate, 4, MEMORY_BOUND)
+    assert not drafts_may_pay(16, rate, 4, MEMORY_BOUND, HEAD)
+
+
+def test_the_heads_cost_shortens_drafts_and_keeps_good_ones():
+    # a high acceptance still pays for the head at batch 1; a weaker one drafts fewer tokens than without it
+    assert choose_uniform_draft_length([0.9], [4], 4, MEMORY_BOUND, HEAD) == 4
+    assert choose_draft_lengths([0.9], [4], MEMORY_BOUND, head=HEAD) == [4]
+    assert choose_uniform_draft_length([0.6] * 4, [4] * 4, 4, MEMORY_BOUND) == 4
+    assert choose_uniform_draft_length([0.6] * 4, [4] * 4, 4, MEMORY_BOUND, HEAD) == 2
+    assert choose_draft_lengths([0.6] * 4, [4] * 4, MEMORY_BOUND, head=HEAD) == [2] * 4
+
+
+def test_with_a_head_drafts_may_pay_still_bounds_both_choices():
+    rng = random.Random(1)
+    for _ in range(300):
+        table, size = rng.choice((MEMORY_BOUND, H200_LIKE)), rng.randrange(1, 40)
+        rates = [rng.random() for _ in range(size)]
+        caps = [rng.randrange(0, 5) for _ in range(size)]
+        if not drafts_may_pay(size, max(rates), 4, table, HEAD):
+            assert choose_uniform_draft_length(rates, caps, 4, table, HEAD) == 0
+            assert not any(choose_draft_lengths(rates, caps, table, head=HEAD))

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.speculative.config import SpeculativeConfig
-from tgi_compat.router.speculative.policy import StepCostTable
+from tgi_compat.router.speculative.policy import HeadCost, StepCostTable
 
 if TYPE_CHECKING:
+    from tgi_compat.modeling.models.eagle3 import Eagle3Head
     from tgi_compat.modeling.runner import ModelRunner
     from tgi_compat.router.speculative.eagle3 import Eagle3Drafter
 
@@ -109,7 +110,20 @@ def load_drafter(config: EngineConfig, runner: ModelRunner) -> Eagle3Drafter | N
     embedding = runner.model.model.embed_tokens.weight
     head = load_eagle3_head(spec.draft_model, runner.vocab_size, embedding, runner.device, runner.dtype)
     logger.info("EAGLE-3 head %s reads target layers %s", spec.draft_model, runner.aux_hidden.layers)
-    return Eagle3Drafter(head, runner.aux_hidden.rows)
+    return Eagle3Drafter(head, runner.aux_hidden.rows, measure_head_cost(head))
+
+
+def measure_head_cost(head: Eagle3Head) -> HeadCost:
+    """The head's drafting time, measured beside the step-cost table (a few small batches on the CPU)."""
+    from tgi_compat.modeling.step_cost import HEAD_COST_BATCHES, HEAD_COST_BATCHES_CPU, measure_head_costs
+
+    on_gpu = head.fc.weight.device.type == "cuda"
+    batches, fixed, per_draft = measure_head_costs(head, HEAD_COST_BATCHES if on_gpu else HEAD_COST_BATCHES_CPU)
+    logger.info(
+        "EAGLE-3 head cost (batch: fixed + ms per draft): %s",
+        ", ".join(f"{b}: {1e3 * f:.2f} + {1e3 * d:.2f}" for b, f, d in zip(batches, fixed, per_draft)),
+    )
+    return HeadCost(StepCostTable(batches, fixed), StepCostTable(batches, per_draft))
 
 
 def fit_to_runner(config: EngineConfig, runner: ModelRunner) -> EngineConfig:

@@ -35,7 +35,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("sharded", "Whether to shard the model across GPUs (true|false). true without --num-shard: every visible GPU.", true_false),
     Flag("num-shard", "Number of shards (GPUs) for tensor parallelism. Default: the devices in CUDA_VISIBLE_DEVICES (else NVIDIA_VISIBLE_DEVICES), 1 on CPU.", int),
     Flag("quantize", "Weight quantization. fp8 (FP8 weights and activations) and eetq (int8 weights) quantize the checkpoint while loading; awq, gptq, compressed-tensors and fp8 also name a pre-quantized checkpoint's scheme, which is detected from its config.json anyway. exl2, marlin and bitsandbytes* are refused.", _QUANTIZE),
-    Flag("speculate", "Number of speculative tokens: n-gram drafts verified per step (0: off; no Medusa heads yet).", int),
+    Flag("speculate", "Number of speculative tokens: n-gram drafts verified per step (0: off); with --model-id of an EAGLE-3 head, the head's drafts (it serves the base model the head names; no Medusa heads).", int),
     Flag("dtype", "Weights dtype: float16 or bfloat16 (float32 also accepted).", choice("float16", "bfloat16", "float32")),
     Flag("kv-cache-dtype", "KV cache dtype: fp8_e4m3fn or fp8_e5m2 store K and V in one byte (twice the tokens; unit scale); vLLM's fp8, fp8_e4m3 and auto are accepted too.", choice("fp8_e4m3fn", "fp8_e5m2", "fp8", "fp8_e4m3", "auto")),
     Flag("load-format", "vLLM's --load-format: auto reads the checkpoint; dummy serves random weights of the checkpoint's names and shapes, made on the GPU (the model folder needs only config.json and a tokenizer): for benchmarks.", choice("auto", "dummy"), "auto"),
@@ -218,6 +218,7 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
         values["prefix_caching"] = enable
     values["quantize"] = _quantize_value(values.pop("quantization"), values["quantize"])
     values["model_id"] = values["model_id"] or default_model_id()
+    _serve_base_of_head(values)
     values["cors_allow_origin"] = values["cors_allow_origin"] or []
     values["lora_modules"] = values["lora_modules"] or []
     values["eos_token_ids"] = values["eos_token_ids"] or []
@@ -228,6 +229,23 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
     except ValueError as exc:
         raise LauncherError(str(exc)) from None
     return config
+
+
+def _serve_base_of_head(values: dict[str, Any]) -> None:
+    """TGI's Medusa-style detection for EAGLE-3 heads: `--model-id HEAD` serves the base model it names, with it."""
+    from tgi_compat.api.speculative_head import detect_eagle3_head
+
+    try:
+        head = detect_eagle3_head(values["model_id"], values["revision"], values["speculate"])
+    except ValueError as exc:
+        raise LauncherError(str(exc)) from None
+    if head is None:
+        return
+    if values["speculative_config"] is not None:
+        raise LauncherError("--model-id names an EAGLE-3 head: give --speculate k, not --speculative-config")
+    logger.info("EAGLE-3 head %s: serving its base model %s", head.head, head.base_model_id)
+    values["model_id"], values["revision"] = head.base_model_id, None  # (the revision was the head's: TGI's too)
+    values["speculate"], values["speculative_config"] = None, head.speculative_config()
 
 
 def _check_lora(config: ServerConfig) -> None:

@@ -53,14 +53,23 @@ class Eagle3Config:
     def hidden_size(self) -> int:
         return self.layer.hidden_size
 
+    @staticmethod
+    def format_of(d: dict[str, Any]) -> Format | None:
+        """The head format of a config.json; None: not an EAGLE-3 head."""
+        if d.get("speculators_model_type") == "eagle3" or "transformer_layer_config" in d:
+            return "speculators"
+        if "LlamaForCausalLMEagle3" in (d.get("architectures") or []):
+            return "eagle"
+        return None
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
-        if d.get("speculators_model_type") == "eagle3" or "transformer_layer_config" in d:
+        fmt = cls.format_of(d)
+        if fmt == "speculators":
             layer = dict(d["transformer_layer_config"])
-            fmt: Format = "speculators"
             aux = d.get("eagle_aux_hidden_state_layer_ids")
-        elif "LlamaForCausalLMEagle3" in (d.get("architectures") or []):
-            layer, fmt = dict(d), "eagle"
+        elif fmt == "eagle":
+            layer = dict(d)
             aux = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         else:
             raise ValueError(

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from tgi_compat.router.speculative.policy import HeadCost
+
 if TYPE_CHECKING:  # (the head's module imports kernels: it is loaded by model_loading only)
     from tgi_compat.modeling.models.eagle3 import DraftKV, Eagle3Head
 
@@ -34,10 +36,12 @@ MAX_WAITING_ROWS = 8192  # hidden rows a request keeps for the head before the o
 @dataclass(frozen=True, slots=True)
 class Eagle3Drafter:
     """The head every request's proposer shares, and the reader of a step's auxiliary hidden states
-    (ModelRunner.aux_hidden.rows: [step tokens, 3 * target hidden], valid until the next forward)."""
+    (ModelRunner.aux_hidden.rows: [step tokens, 3 * target hidden], valid until the next forward); `cost`: the
+    head's time to draft, measured at startup, which the draft-length policy adds to the step's."""
 
     head: Eagle3Head
     aux_rows: Callable[[int], torch.Tensor]
+    cost: HeadCost
 
 
 class Eagle3Proposer:

@@ -5,7 +5,8 @@ Verifying k drafts of B requests costs a step of B + sum(k) rows; the j-th draft
 per-token acceptance a is worth a**j expected tokens (all drafts before it must be accepted too). Every
 candidate draft is ranked by that worth and drafts are added best first while tokens / step time
 grows; where the step time rises faster than the worth (a large batch: compute-bound), no draft is
-added and speculation is off.
+added and speculation is off. A draft head (EAGLE-3) adds its own time to the step: about one eager forward
+of the drafting requests per draft token (`HeadCost`); model-free proposers cost nothing here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,26 @@ class StepCostTable:
         return seconds[i - 1] + slope * (num_rows - rows[i - 1])
 
 
+@dataclass(frozen=True, slots=True)
+class HeadCost:
+    """Seconds a draft head takes to draft k tokens for B requests: fixed(B) + per_draft(B) * k (the fold of
+    the target's hidden states, then one forward per draft), each linear in B between measured batch sizes
+    (tgi_compat/modeling/step_cost.py: measure_head_costs)."""
+
+    fixed: StepCostTable
+    per_draft: StepCostTable
+
+    def cost(self, num_requests: int, num_drafts: int) -> float:
+        if num_requests <= 0 or num_drafts <= 0:
+            return 0.0
+        fixed, per_draft = self.fixed.cost(num_requests), self.per_draft.cost(num_requests)
+        return max(fixed, 0.0) + max(per_draft, 0.0) * num_drafts
+
+
+def _head_cost(head: HeadCost | None, num_requests: int, num_drafts: int) -> float:
+    return 0.0 if head is None else head.cost(num_requests, num_drafts)
+
+
 @dataclass(slots=True)
 class AcceptanceStats:
     """One request's drafts so far, as a geometric model: each draft token is accepted with probability
@@ -56,11 +77,17 @@ class AcceptanceStats:
 
 
 def choose_draft_lengths(
-    rates: Sequence[float], caps: Sequence[int], table: StepCostTable, other_rows: int = 0, other_tokens: int = 0
+    rates: Sequence[float],
+    caps: Sequence[int],
+    table: StepCostTable,
+    other_rows: int = 0,
+    other_tokens: int = 0,
+    head: HeadCost | None = None,
 ) -> list[int]:
     """Drafts to verify per request (at most caps[i], the drafts its proposer has) maximizing the step's
-    expected tokens per second; all zero when no draft pays for its rows. `other_rows` / `other_tokens`:
-    the rest of the step (prefill chunks, decodes that may not draft) and the tokens it yields."""
+    expected tokens per second; all zero when no draft pays for its rows (and the `head`'s time to draft
+    them: its drafting requests, its longest draft). `other_rows` / `other_tokens`: the rest of the step
+    (prefill chunks, decodes that may not draft) and the tokens it yields."""
     candidates = sorted(
         ((rate**j, i) for i, (rate, cap) in enumerate(zip(rates, caps)) for j in range(1, cap + 1)),
         key=lambda c: -c[0],  # stable: a request's drafts stay in order
@@ -68,10 +95,16 @@ def choose_draft_lengths(
     num_rows = len(rates) + other_rows
     tokens = float(len(rates) + other_tokens)
     best_rate, best_count = tokens / table.cost(num_rows), 0
-    for count, (worth, _) in enumerate(candidates, start=1):
+    grown = [0] * len(rates)  # each request's drafts among the candidates so far
+    num_drafting = longest = 0
+    for count, (worth, i) in enumerate(candidates, start=1):
         num_rows += 1
         tokens += worth
-        if (throughput := tokens / table.cost(num_rows)) > best_rate:
+        grown[i] += 1
+        num_drafting += grown[i] == 1
+        longest = max(longest, grown[i])
+        seconds = table.cost(num_rows) + _head_cost(head, num_drafting, longest)
+        if (throughput := tokens / seconds) > best_rate:
             best_rate, best_count = throughput, count
     lengths = [0] * len(rates)
     for _, i in candidates[:best_count]:
@@ -80,12 +113,16 @@ def choose_draft_lengths(
 
 
 def choose_uniform_draft_length(
-    rates: Sequence[float], caps: Sequence[int], max_length: int, table: StepCostTable | None
+    rates: Sequence[float],
+    caps: Sequence[int],
+    max_length: int,
+    table: StepCostTable | None,
+    head: HeadCost | None = None,
 ) -> int:
     """One draft length k for every request of a step the runner replays as a verify graph (each request
     brings k + 1 tokens): a request's drafts past its own caps[i] are padding, worth nothing. Without a
     table, the longest proposal (TGI's fixed N); with one, the k maximizing expected tokens per second,
-    0 where no k pays for its B * k extra rows."""
+    0 where no k pays for its B * k extra rows (and the `head`'s time to draft k for B)."""
     longest = min(max(caps, default=0), max_length)
     if table is None:
         return longest
@@ -93,22 +130,26 @@ def choose_uniform_draft_length(
     best_rate, best_length = num_requests / table.cost(num_requests), 0
     for k in range(1, longest + 1):
         tokens = num_requests + sum(rate**j for rate, cap in zip(rates, caps) for j in range(1, min(k, cap) + 1))
-        if (throughput := tokens / table.cost(num_requests * (k + 1))) > best_rate:
+        seconds = table.cost(num_requests * (k + 1)) + _head_cost(head, num_requests, k)
+        if (throughput := tokens / seconds) > best_rate:
             best_rate, best_length = throughput, k
     return best_length
 
 
-def drafts_may_pay(num_requests: int, max_rate: float, max_length: int, table: StepCostTable) -> bool:
+def drafts_may_pay(
+    num_requests: int, max_rate: float, max_length: int, table: StepCostTable, head: HeadCost | None = None
+) -> bool:
     """Whether any drafts could raise the tokens per second of a step of `num_requests` decodes whose best
     acceptance rate is `max_rate`: every request drafting the same k (an upper bound on what uniform drafts
     bring), or one request drafting one token (the first step of `choose_draft_lengths`). O(max_length), so
     the engine may ask before each step."""
     base = num_requests / table.cost(num_requests)
-    if (num_requests + max_rate) / table.cost(num_requests + 1) > base:
+    if (num_requests + max_rate) / (table.cost(num_requests + 1) + _head_cost(head, 1, 1)) > base:
         return True
     worth = 1.0
     for k in range(1, max_length + 1):
         worth += max_rate**k
-        if num_requests * worth / table.cost(num_requests * (k + 1)) > base:
+        seconds = table.cost(num_requests * (k + 1)) + _head_cost(head, num_requests, k)
+        if num_requests * worth / seconds > base:
             return True
     return False

@@ -31,6 +31,8 @@ from tgi_compat.router.speculative.eagle3 import Eagle3Drafter, Eagle3Proposer, 
 from tgi_compat.router.speculative.ngram import NgramProposer
 from tgi_compat.router.speculative.policy import (
     AcceptanceStats,
+    HeadCost,
+    StepCostTable,
     choose_draft_lengths,
     choose_uniform_draft_length,
     drafts_may_pay,
@@ -67,6 +69,8 @@ class Speculator:
             raise ValueError("an eagle3 speculator needs its loaded head, and only it")
         self.config = config
         self.drafter = drafter
+        # the proposer's own time per drafting step, weighed with the step's (model-free proposers: none)
+        self.head_cost: HeadCost | None = None if drafter is None else drafter.cost
         use_corpus = config.method == "suffix" and config.suffix.corpus_outputs > 0
         self.corpus = SuffixCorpus(config.suffix) if use_corpus else None
         self.counters = SpeculationCounters(accepted_per_position=[0] * config.num_speculative_tokens)
@@ -82,9 +86,12 @@ class Speculator:
         if table is None or not running:
             self._keeps_hidden = True
             return True
-        best = max(self._rate(request) for request in running)
-        self._keeps_hidden = drafts_may_pay(len(running), best, self.config.num_speculative_tokens, table)
+        self._keeps_hidden = self._drafts_may_pay(running, table)
         return self._keeps_hidden
+
+    def _drafts_may_pay(self, requests: Sequence[Request], table: StepCostTable) -> bool:
+        best = max(self._rate(request) for request in requests)
+        return drafts_may_pay(len(requests), best, self.config.num_speculative_tokens, table, self.head_cost)
 
     def _rate(self, request: Request) -> float:
         state = self._states.get(request)
@@ -109,6 +116,10 @@ class Speculator:
         """Turn the plan's eligible decode chunks into verify chunks, as the policy and the pool allow."""
         self._forget_finished()
         eligible = [chunk for chunk in plan.chunks if _may_draft(chunk)]
+        table = self.config.step_cost
+        if self.head_cost is not None and table is not None and eligible:  # (the head's time is spent proposing)
+            if not self._drafts_may_pay([chunk.request for chunk in eligible], table):
+                return
         if eligible and len(eligible) == len(plan.chunks) <= self.config.uniform_max_batch:
             self._add_uniform_drafts(plan, pool)
             return
@@ -118,11 +129,11 @@ class Speculator:
             return
         caps = [len(drafts) for _, drafts in chosen]
         lengths = caps
-        if (table := self.config.step_cost) is not None:
+        if table is not None:
             rates = [self._states[chunk.request].acceptance.rate for chunk, _ in chosen]
             others = sum(c.num_tokens for c in plan.chunks) - len(chosen)
             num_sampled_others = sum(c.is_sampled for c in plan.chunks) - len(chosen)
-            lengths = choose_draft_lengths(rates, caps, table, others, num_sampled_others)
+            lengths = choose_draft_lengths(rates, caps, table, others, num_sampled_others, self.head_cost)
         reserve = len(plan.chunks)  # a slot per request for the next step, whatever is drafted now
         for (chunk, drafts), num in zip(chosen, lengths):
             if num == 0 or pool.num_free_slots - num < reserve:
@@ -131,12 +142,19 @@ class Speculator:
 
     def _add_uniform_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
         """Every chunk of the plan may draft: one length k for all (a verify graph's shape), or none."""
-        chunks = plan.chunks
-        proposals = self._propose_all(chunks)
+        chunks, table = plan.chunks, self.config.step_cost
         max_length = min(self.config.num_speculative_tokens, *(self._room(chunk.request) for chunk in chunks))
+        asked = None
+        if self.head_cost is not None and table is not None:  # a head drafts what it is asked: ask for k only
+            rates = [self._rate(chunk.request) for chunk in chunks]
+            asked = choose_uniform_draft_length(rates, [max_length] * len(chunks), max_length, table, self.head_cost)
+            if asked <= 0:
+                return
+            max_length = asked
+        proposals = self._propose_all(chunks, asked)
         caps = [self._states[chunk.request].num_proposed for chunk in chunks]
         rates = [self._states[chunk.request].acceptance.rate for chunk in chunks]
-        k = choose_uniform_draft_length(rates, caps, max_length, self.config.step_cost)
+        k = choose_uniform_draft_length(rates, caps, max_length, table, self.head_cost)
         if k <= 0 or pool.num_free_slots - k * len(chunks) < len(chunks):  # (a slot each for the next step)
             return
         for chunk, drafts, cap in zip(chunks, proposals, caps):
@@ -212,8 +230,8 @@ class Speculator:
         state = self._states.get(request)
         return 0 if state is None else state.acceptance.accepted
 
-    def _propose_all(self, chunks: Sequence[ScheduledChunk]) -> list[list[int]]:
-        """Each chunk's drafts (an EAGLE-3 head drafts for all of them at once)."""
+    def _propose_all(self, chunks: Sequence[ScheduledChunk], max_tokens: int | None = None) -> list[list[int]]:
+        """Each chunk's drafts, up to `max_tokens` (an EAGLE-3 head drafts for all of them at once)."""
         states, limits = [], []
         for chunk in chunks:
             request = chunk.request
@@ -221,7 +239,7 @@ class Speculator:
             state.proposer.extend(request.token_ids(state.num_seen, request.num_tokens))
             state.num_seen = request.num_tokens
             states.append(state)
-            limits.append(min(self.config.num_speculative_tokens, self._room(request)))
+            limits.append(min(max_tokens or self.config.num_speculative_tokens, self._room(request)))
         if self.drafter is not None:
             heads = [cast(Eagle3Proposer, state.hidden) for state in states]
             proposals = propose_together(self.drafter.head, heads, limits)

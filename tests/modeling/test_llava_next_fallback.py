@@ -1,7 +1,7 @@
 """LLaVA-Next through the transformers fallback (models/transformers_vlm.py) behind the real server (TGI's launcher,
 a tiny random checkpoint on the SmolLM2 tokenizer with `<image>` added): images in /generate inputs and OpenAI chat
 image_url parts give transformers' greedy ids, each image as TGI's run of `<image>`s; /tokenize counts them as TGI
-does. Idefics3, Llama 4 and Mllama are refused at start with their reason."""
+does. Llama 4 and Mllama are refused at start with their reason."""
 
 from __future__ import annotations
 
@@ -140,7 +140,6 @@ def test_a_repeated_image_reuses_its_kv_and_another_never(served):
     "architecture, reason",
     [
         ("MllamaForConditionalGeneration", "cross-attends"),
-        ("Idefics3ForConditionalGeneration", "row/column tokens"),
         ("Llama4ForConditionalGeneration", "tile separators"),
     ],
 )

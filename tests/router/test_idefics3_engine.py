@@ -1,0 +1,120 @@
+"""Idefics3 through the real engine (scheduler, batch builder, encoder cache, the transformers fallback's runner) on a
+tiny random checkpoint: each image's `<image>` runs are interleaved with row/column and global-image tokens that keep
+their own embeddings (PromptImage.embeds, placed by the API's VisionPrompts). Greedy ids equal transformers' with two
+images (2 x 2 and 2 x 1 tiles) beside a text-only request, whole and under 7-token prefill chunks (which cut runs and
+separators alike); a repeated image is encoded once and hits the prefix cache; the count and text TGI writes match
+transformers' processor and model."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from benchmarks.device.steps import engine_tokens
+from tests.modeling.idefics3_helpers import (
+    IMAGE,
+    LONGEST,
+    NEW,
+    TALL,
+    TILE,
+    WIDE,
+    greedy_ids,
+    image_ids,
+    processed,
+    saved_idefics3,
+)
+from tgi_compat.api.protocol.errors import TgiError
+from tgi_compat.api.protocol.images import DecodedImage
+from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.images import Placeholders, VisionPrompts
+from tgi_compat.modeling.models.transformers_vlm import Idefics3ForImageTextToText
+from tgi_compat.modeling.vision.idefics3 import Idefics3ImageTokens
+from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.request import GenerateRequest
+
+TOKENS = Idefics3ImageTokens(IMAGE, 4, LONGEST, TILE)
+PROMPTS = VisionPrompts(
+    lambda i: Placeholders(TOKENS.text(i.height, i.width), TOKENS.count(i.height, i.width)),
+    IMAGE,
+    False,
+    ImageFetcher(),
+    interleaved=True,
+)
+
+
+def decoded(data: bytes) -> DecodedImage:
+    width, height = Image.open(io.BytesIO(data)).size
+    return DecodedImage(data, "image/png", width, height)
+
+
+def engine_request(request_id: str, images: list[bytes]) -> tuple[GenerateRequest, list[int]]:
+    """(a GenerateRequest of text and `images` in TGI's image text, its ids), its images placed as the API does."""
+    ids: list[int] = [5, 6, 7]
+    for k, data in enumerate(images):
+        image = decoded(data)
+        ids += image_ids(*TOKENS.grid(image.height, image.width), TOKENS.tile_tokens) + [10 + k, 11 + k]
+    placed = PROMPTS.place(ids, [decoded(data) for data in images])
+    return GenerateRequest(request_id, ids, max_new_tokens=NEW, ignore_eos=True, images=placed), ids
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return saved_idefics3(tmp_path_factory.mktemp("idefics3-engine"))
+
+
+@pytest.mark.parametrize("prefill", [4096, 7], ids=["whole", "chunked"])
+def test_greedy_ids_equal_transformers_with_two_images(checkpoint, prefill):
+    model, folder = checkpoint
+    config = EngineConfig(model_id=folder, device="cpu", dtype="float32", max_batch_prefill_tokens=prefill)
+    engine = EngineCore.from_config(config)
+    both, ids = engine_request("both", [WIDE, TALL])
+    text, text_ids = engine_request("text", [])
+    assert [image.embeds is not None for image in both.images] == [True, True]
+    out = engine_tokens(engine, [both, text])
+    assert out["both"] == greedy_ids(model, ids, [WIDE, TALL], NEW)
+    assert out["text"] == greedy_ids(model, text_ids, [], NEW)
+
+
+def test_a_repeated_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):
+    _, folder = checkpoint
+    engine = EngineCore.from_config(EngineConfig(model_id=folder, device="cpu", dtype="float32"))
+    first = engine_tokens(engine, [engine_request("first", [WIDE])[0]])
+    again, _ = engine_request("again", [WIDE])
+    engine.add_request(again)
+    tokens, cached = [], 0
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens += event.token_ids
+            cached = max(cached, event.num_cached_tokens)
+    assert tokens == first["first"]
+    assert engine.executor.batch_builder.images is not None and engine.executor.batch_builder.images.num_encoded == 1
+    assert cached >= again.images[0].end  # the whole image span, its separators too, came from the cache
+
+
+def test_counts_and_text_match_transformers_processor_and_model(tmp_path):
+    """The grid is the processor's (return_row_col_info), the count the model's rows, the text TGI's."""
+    model, folder = saved_idefics3(tmp_path)
+    assert Idefics3ImageTokens.from_checkpoint(model.config.to_dict(), folder) == TOKENS
+    inputs = processed([WIDE, TALL])
+    rows = Idefics3ForImageTextToText.idefics3_rows(model, inputs)
+    for k, (data, last_tile) in enumerate([(WIDE, "<row_2_col_2>"), (TALL, "<row_2_col_1>")]):
+        image = decoded(data)
+        assert TOKENS.grid(image.height, image.width) == (inputs["rows"][k][0], inputs["cols"][k][0])
+        assert TOKENS.count(image.height, image.width) == len(rows[k])
+        text = TOKENS.text(image.height, image.width)
+        assert text.startswith("<fake_token_around_image><row_1_col_1><image>") and last_tile in text
+        assert text.endswith("\n\n<fake_token_around_image><global-img>" + "<image>" * 4 + "<fake_token_around_image>")
+        assert text.count("<image>") == len(rows[k])
+    # do_image_splitting off: one tile, and TGI's text keeps its leading newline (transformers' has none)
+    whole = Idefics3ImageTokens(IMAGE, 4, LONGEST, None)
+    assert whole.grid(30, 50) == (0, 0) and whole.count(30, 50) == 4
+    assert whole.text(30, 50) == "\n<fake_token_around_image><global-img>" + "<image>" * 4 + "<fake_token_around_image>"
+
+
+def test_an_image_cut_by_truncation_is_refused():
+    request, ids = engine_request("both", [WIDE])
+    with pytest.raises(TgiError, match="do not match its images"):
+        PROMPTS.place(ids[6:], [decoded(WIDE)])

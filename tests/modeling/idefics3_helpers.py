@@ -1,16 +1,17 @@
 """A tiny random Idefics3 (transformers' own Idefics3Config and model, fp32: a 2-layer Llama text model, a 2-layer
 SigLIP-like tower on 16-pixel tiles of 4 x 4 patches, pixel shuffle 2: 4 `<image>`s a tile) and its image processor
-(longest edge 32, split into 16-pixel tiles), for the fallback's engine tests (tests/router/test_idefics3_engine.py).
+(longest edge 32, split into 16-pixel tiles), for the fallback's engine and server tests (tests/router/test_idefics3_engine.py,
+tests/modeling/test_idefics3_fallback.py).
 Its stand-in ids for the separator tokens sit at the top of the vocabulary beside `<image>`."""
 
 from __future__ import annotations
 
 import io
 
-import torch
 from PIL import Image
 
 from tests.modeling.helpers import TINY_SIZES, randomize
+from tests.modeling.llava_next_helpers import uncached_greedy
 from tests.modeling.qwen2_5_vl_helpers import png
 
 TILE, PATCH, LONGEST = 16, 4, 32
@@ -21,13 +22,13 @@ ROW_COL = 200  # <row_r_col_c> stand-ins: 200 + 10 * r + c
 WIDE, TALL = png((200, 30, 60), (50, 30)), png((10, 220, 90), (20, 60))
 
 
-def tiny_idefics3(seed: int = 0):
+def tiny_idefics3(vocab: int = VOCAB, image_token_id: int = IMAGE, seed: int = 0, **text_overrides):
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
 
-    text = {**TINY_SIZES, "model_type": "llama", "vocab_size": VOCAB}
+    text = {**TINY_SIZES, "model_type": "llama", "vocab_size": vocab, **text_overrides}
     vision = {"model_type": "idefics3_vision", "image_size": TILE, "patch_size": PATCH, "hidden_size": 32}
     vision |= {"intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
-    config = Idefics3Config(text_config=text, vision_config=vision, image_token_id=IMAGE, scale_factor=2)
+    config = Idefics3Config(text_config=text, vision_config=vision, image_token_id=image_token_id, scale_factor=2)
     return randomize(Idefics3ForConditionalGeneration(config), seed)
 
 
@@ -72,8 +73,4 @@ def greedy_ids(model, ids: list[int], images: list[bytes], new_tokens: int) -> l
             images=[[Image.open(io.BytesIO(data)).convert("RGB") for data in images]], return_tensors="pt"
         )
         extra = {"pixel_values": inputs["pixel_values"], "pixel_attention_mask": inputs["pixel_attention_mask"]}
-    out = list(ids)
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            out.append(int(model(input_ids=torch.tensor([out]), **extra).logits[0, -1].argmax()))
-    return out[len(ids) :]
+    return uncached_greedy(model, ids, extra, new_tokens)

@@ -65,22 +65,24 @@ def checkpoint(tmp_path_factory):
     return saved_idefics3(tmp_path_factory.mktemp("idefics3-engine"))
 
 
+def make_engine(folder: str, **limits) -> EngineCore:
+    return EngineCore.from_config(EngineConfig(model_id=folder, device="cpu", dtype="float32", **limits))
+
+
 @pytest.mark.parametrize("prefill", [4096, 7], ids=["whole", "chunked"])
 def test_greedy_ids_equal_transformers_with_two_images(checkpoint, prefill):
-    model, folder = checkpoint
-    config = EngineConfig(model_id=folder, device="cpu", dtype="float32", max_batch_prefill_tokens=prefill)
-    engine = EngineCore.from_config(config)
     both, ids = engine_request("both", [WIDE, TALL])
     text, text_ids = engine_request("text", [])
     assert [image.embeds is not None for image in both.images] == [True, True]
-    out = engine_tokens(engine, [both, text])
+    model, folder = checkpoint
+    out = engine_tokens(make_engine(folder, max_batch_prefill_tokens=prefill), [both, text])
     assert out["both"] == greedy_ids(model, ids, [WIDE, TALL], NEW)
     assert out["text"] == greedy_ids(model, text_ids, [], NEW)
 
 
 def test_a_repeated_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):
     _, folder = checkpoint
-    engine = EngineCore.from_config(EngineConfig(model_id=folder, device="cpu", dtype="float32"))
+    engine = make_engine(folder)
     first = engine_tokens(engine, [engine_request("first", [WIDE])[0]])
     again, _ = engine_request("again", [WIDE])
     engine.add_request(again)

@@ -13,6 +13,11 @@ from PIL import Image
 from tests.modeling.helpers import TINY_SIZES, randomize
 from tests.modeling.llava_next_helpers import uncached_greedy
 from tests.modeling.qwen2_5_vl_helpers import png
+from tgi_compat.api.protocol.images import DecodedImage
+from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.images import Placeholders, VisionPrompts
+from tgi_compat.modeling.vision.idefics3 import Idefics3ImageTokens
+from tgi_compat.router.request import GenerateRequest
 
 TILE, PATCH, LONGEST = 16, 4, 32
 VOCAB, NEW = 300, 6
@@ -74,3 +79,39 @@ def greedy_ids(model, ids: list[int], images: list[bytes], new_tokens: int) -> l
         )
         extra = {"pixel_values": inputs["pixel_values"], "pixel_attention_mask": inputs["pixel_attention_mask"]}
     return uncached_greedy(model, ids, extra, new_tokens)
+
+
+TOKENS = Idefics3ImageTokens(IMAGE, 4, LONGEST, TILE)
+PROMPTS = VisionPrompts(
+    lambda i: Placeholders(TOKENS.text(i.height, i.width), TOKENS.count(i.height, i.width)),
+    IMAGE,
+    False,
+    ImageFetcher(),
+    interleaved=True,
+)
+
+
+def decoded(data: bytes) -> DecodedImage:
+    width, height = Image.open(io.BytesIO(data)).size
+    return DecodedImage(data, "image/png", width, height)
+
+
+def engine_request(request_id: str, images: list[bytes]) -> tuple[GenerateRequest, list[int]]:
+    """(a GenerateRequest of text and `images` in TGI's image text, its ids), its images placed as the API does."""
+    ids: list[int] = [5, 6, 7]
+    for k, data in enumerate(images):
+        image = decoded(data)
+        ids += image_ids(*TOKENS.grid(image.height, image.width), TOKENS.tile_tokens) + [10 + k, 11 + k]
+    placed = PROMPTS.place(ids, [decoded(data) for data in images])
+    return GenerateRequest(request_id, ids, max_new_tokens=NEW, ignore_eos=True, images=placed), ids
+
+
+def check_images_beside_text(model, drain) -> None:
+    """A request with WIDE then TALL (each `<image>` runs between separators) and a text-only one served in the same
+    steps (`drain(requests)` -> ids by request id) each give transformers' greedy ids: on the CPU and the device."""
+    both, ids = engine_request("both", [WIDE, TALL])
+    text, text_ids = engine_request("text", [])
+    assert [image.embeds is not None for image in both.images] == [True, True]
+    out = drain([both, text])
+    assert out["both"] == greedy_ids(model, ids, [WIDE, TALL], NEW)
+    assert out["text"] == greedy_ids(model, text_ids, [], NEW)

@@ -7,57 +7,27 @@ transformers' processor and model."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from PIL import Image
 
 from benchmarks.device.steps import engine_tokens
 from tests.modeling.idefics3_helpers import (
     IMAGE,
     LONGEST,
-    NEW,
+    PROMPTS,
     TALL,
-    TILE,
+    TOKENS,
     WIDE,
-    greedy_ids,
-    image_ids,
+    check_images_beside_text,
+    decoded,
+    engine_request,
     processed,
     saved_idefics3,
 )
 from tgi_compat.api.protocol.errors import TgiError
-from tgi_compat.api.protocol.images import DecodedImage
-from tgi_compat.api.serving.image_fetch import ImageFetcher
-from tgi_compat.api.serving.images import Placeholders, VisionPrompts
 from tgi_compat.modeling.models.transformers_vlm import Idefics3ForImageTextToText
 from tgi_compat.modeling.vision.idefics3 import Idefics3ImageTokens
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
-from tgi_compat.router.request import GenerateRequest
-
-TOKENS = Idefics3ImageTokens(IMAGE, 4, LONGEST, TILE)
-PROMPTS = VisionPrompts(
-    lambda i: Placeholders(TOKENS.text(i.height, i.width), TOKENS.count(i.height, i.width)),
-    IMAGE,
-    False,
-    ImageFetcher(),
-    interleaved=True,
-)
-
-
-def decoded(data: bytes) -> DecodedImage:
-    width, height = Image.open(io.BytesIO(data)).size
-    return DecodedImage(data, "image/png", width, height)
-
-
-def engine_request(request_id: str, images: list[bytes]) -> tuple[GenerateRequest, list[int]]:
-    """(a GenerateRequest of text and `images` in TGI's image text, its ids), its images placed as the API does."""
-    ids: list[int] = [5, 6, 7]
-    for k, data in enumerate(images):
-        image = decoded(data)
-        ids += image_ids(*TOKENS.grid(image.height, image.width), TOKENS.tile_tokens) + [10 + k, 11 + k]
-    placed = PROMPTS.place(ids, [decoded(data) for data in images])
-    return GenerateRequest(request_id, ids, max_new_tokens=NEW, ignore_eos=True, images=placed), ids
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +41,9 @@ def make_engine(folder: str, **limits) -> EngineCore:
 
 @pytest.mark.parametrize("prefill", [4096, 7], ids=["whole", "chunked"])
 def test_greedy_ids_equal_transformers_with_two_images(checkpoint, prefill):
-    both, ids = engine_request("both", [WIDE, TALL])
-    text, text_ids = engine_request("text", [])
-    assert [image.embeds is not None for image in both.images] == [True, True]
     model, folder = checkpoint
-    out = engine_tokens(make_engine(folder, max_batch_prefill_tokens=prefill), [both, text])
-    assert out["both"] == greedy_ids(model, ids, [WIDE, TALL], NEW)
-    assert out["text"] == greedy_ids(model, text_ids, [], NEW)
+    engine = make_engine(folder, max_batch_prefill_tokens=prefill)
+    check_images_beside_text(model, lambda requests: engine_tokens(engine, requests))
 
 
 def test_a_repeated_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):

@@ -52,9 +52,11 @@ _POOLING_CLASSES = {
 _REFUSED = {
     "MllamaForConditionalGeneration": "its text model cross-attends to the image instead of reading image "
     "placeholders, which our paged KV cache has no place for",
-    "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, which the "
-    "engine could fill (PromptImage.embeds), but its tile counting and MoE text model are not checked through "
-    "the transformers fallback yet",
+    # the engine could fill its tile-separated placeholders as Idefics3's (PromptImage.embeds); its text model is
+    # what the fallback cannot run yet
+    "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and its text "
+    "model's chunked local attention (attention_chunk_size) is not applied by the transformers fallback's attention "
+    "over our KV cache",
     # TGI serves these too; neither our native files nor the fallback's image path (models/transformers_vlm.py) do yet
     **{
         name: "a vision-language family with no native model and no image path in the transformers fallback yet"

@@ -65,10 +65,15 @@ def greedy_ids(model, ids: list[int], images: list[bytes], new_tokens: int) -> l
     if images:
         inputs = processed(images)
         extra = {"pixel_values": inputs["pixel_values"], "image_sizes": inputs["image_sizes"]}
+    return uncached_greedy(model, ids, extra, new_tokens)
+
+
+def uncached_greedy(model, ids: list[int], image_inputs: dict, new_tokens: int) -> list[int]:
+    """Greedy ids of a transformers vision model given its image inputs, one whole-sequence forward a token."""
     out = list(ids)
     with torch.no_grad():
         for _ in range(new_tokens):
-            out.append(int(model(input_ids=torch.tensor([out]), **extra).logits[0, -1].argmax()))
+            out.append(int(model(input_ids=torch.tensor([out]), **image_inputs).logits[0, -1].argmax()))
     return out[len(ids) :]
 
 

@@ -1,7 +1,7 @@
 """LLaVA-Next through the transformers fallback (models/transformers_vlm.py) behind the real server (TGI's launcher,
 a tiny random checkpoint on the SmolLM2 tokenizer with `<image>` added): images in /generate inputs and OpenAI chat
 image_url parts give transformers' greedy ids, each image as TGI's run of `<image>`s; /tokenize counts them as TGI
-does. Idefics3, Llama 4 and Mllama are refused at start with their reason."""
+does. Llama 4 and Mllama are refused at start with their reason."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from tests.modeling.llava_next_helpers import PATCH, PINPOINTS, TILE, image_processor, tiny_llava_next
 from tests.modeling.qwen2_5_vl_helpers import picture
-from tests.modeling.vision_server import check_two_images, greedy_until_eos, serving, streamed_ids
+from tests.modeling.vision_server import check_two_images, generate_greedy, serving, streamed_ids
 from tgi_compat.modeling.registry import UnsupportedArchitectureError, describe_modeling_path, modeling_path
 
 NEW = 8
@@ -69,21 +69,7 @@ def served(tmp_path_factory):
 
 def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
     """(prompt ids, transformers' greedy ids) for `text` with its images already expanded."""
-
-    def reference(model, ids: list[int], processed) -> list[int]:
-        input_ids = torch.tensor([ids])
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                pixel_values=processed["pixel_values"],
-                image_sizes=processed["image_sizes"],
-                max_new_tokens=NEW,
-                do_sample=False,
-            )
-        return out[0, len(ids) :].tolist()
-
-    return greedy_until_eos(served, text, images, reference, add_special_tokens)
+    return generate_greedy(served, text, images, ("pixel_values", "image_sizes"), NEW, add_special_tokens)
 
 
 def test_generate_with_two_images_equals_transformers(served):
@@ -140,7 +126,6 @@ def test_a_repeated_image_reuses_its_kv_and_another_never(served):
     "architecture, reason",
     [
         ("MllamaForConditionalGeneration", "cross-attends"),
-        ("Idefics3ForConditionalGeneration", "row/column tokens"),
         ("Llama4ForConditionalGeneration", "tile separators"),
     ],
 )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 from PIL import Image
 
 # (url, transformers' model, tokenizer, image processor), as the tests' `served` fixtures yield it
@@ -56,6 +57,32 @@ def greedy_until_eos(
     out = reference(model, ids, processor(images=pictures, return_tensors="pt"))
     eos = tokenizer.eos_token_id
     return ids, out[: out.index(eos) + 1] if eos in out else out
+
+
+def generate_greedy(
+    served: Served,
+    text: str,
+    images: list[bytes],
+    image_keys: tuple[str, ...],
+    new_tokens: int,
+    add_special_tokens: bool,
+) -> tuple[list[int], list[int]]:
+    """`greedy_until_eos` with transformers' `generate` as the reference, given the processor outputs (`image_keys`)
+    that the model takes."""
+
+    def reference(model, ids: list[int], processed) -> list[int]:
+        input_ids = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                **{key: processed[key] for key in image_keys},
+                max_new_tokens=new_tokens,
+                do_sample=False,
+            )
+        return out[0, len(ids) :].tolist()
+
+    return greedy_until_eos(served, text, images, reference, add_special_tokens)
 
 
 def streamed_ids(url: str, body: dict) -> list[int]:

@@ -56,3 +56,14 @@ def test_prefill_chunks_never_split_a_bidirectional_image():
     assert whole_images(4, 3, images) == 8  # starts at it: the whole image, past the budget
     assert whole_images(0, 12, images) == 12  # ends at its end
     assert whole_images(12, 5, images) == 5  # a causal image may be split
+
+
+def test_an_interleaved_image_fills_only_its_embed_positions_and_keys_its_whole_span():
+    # Idefics3-like: rows at span positions 0, 1, 4, 5; the two tokens between keep their own embeddings
+    tiled = PromptImage(4, 6, hashlib.sha256(b"red").hexdigest(), b"red", embeds=(0, 1, 4, 5))
+    assert tiled.rows_at(4, 10) == (slice(0, 4), [4, 5, 8, 9])
+    assert tiled.rows_at(5, 9) == (slice(1, 3), [5, 8])  # a chunk cut inside it takes its own rows
+    assert tiled.rows_at(6, 8) == (slice(2, 2), [])  # only separators: no rows
+    assert image(b"red").rows_at(5, 7) == (slice(1, 3), [5, 6])  # one run: every position
+    keys = image_keyed_ids(PROMPT, [tiled])
+    assert all(key < 0 for key in keys[4:10]) and keys[10:] == PROMPT[10:]

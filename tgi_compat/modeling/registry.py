@@ -52,10 +52,11 @@ _POOLING_CLASSES = {
 _REFUSED = {
     "MllamaForConditionalGeneration": "its text model cross-attends to the image instead of reading image "
     "placeholders, which our paged KV cache has no place for",
-    "Idefics3ForConditionalGeneration": "its image text interleaves placeholders with row/column tokens, and the "
-    "engine fills an image's placeholders as one run",
-    "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and the "
-    "engine fills an image's placeholders as one run",
+    # the engine could fill its tile-separated placeholders as Idefics3's (PromptImage.embeds); its text model is
+    # what the fallback cannot run yet
+    "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and its text "
+    "model's chunked local attention (attention_chunk_size) is not applied by the transformers fallback's attention "
+    "over our KV cache",
     # TGI serves these too; neither our native files nor the fallback's image path (models/transformers_vlm.py) do yet
     **{
         name: "a vision-language family with no native model and no image path in the transformers fallback yet"
@@ -119,9 +120,9 @@ def resolve_model_class(architecture: str) -> type[CausalLM]:
         from tgi_compat.modeling.config import FALLBACK_VISION_MODELS
 
         if architecture in FALLBACK_VISION_MODELS:
-            from tgi_compat.modeling.models.transformers_vlm import TransformersForImageTextToText
+            from tgi_compat.modeling.models.transformers_vlm import VISION_CLASSES
 
-            return TransformersForImageTextToText
+            return VISION_CLASSES[architecture]
         from tgi_compat.modeling.models.transformers_fallback import TransformersForCausalLM
 
         return TransformersForCausalLM

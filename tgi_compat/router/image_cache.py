@@ -98,9 +98,9 @@ class EncoderCache:
         for (offset, start, end, _), hit in zip(chunks, hits):
             spans.append([(max(i.offset, start), min(i.end, end)) for i in hit if i.bidirectional])
             for image, image_rows in zip(hit, features):
-                first, last = max(image.offset, start), min(image.end, end)
-                token_index += range(offset + first - start, offset + last - start)
-                rows.append(image_rows[first - image.offset : last - image.offset])
+                taken, positions = image.rows_at(max(image.offset, start), min(image.end, end))
+                token_index += [offset + position - start for position in positions]
+                rows.append(image_rows[taken])
         if not rows:
             return None
         index = torch.tensor(token_index, dtype=torch.int64).to(device, non_blocking=True)

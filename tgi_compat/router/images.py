@@ -8,6 +8,7 @@ images never share any.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,10 +28,21 @@ class PromptImage:
     # (rows, columns) of its placeholders over the merged patch grid: an M-RoPE model's (Qwen2.5-VL,
     # tgi_compat.router.mrope); None: the image rotates as text does
     grid: tuple[int, int] | None = None
+    # the positions in [offset, end), relative to offset and ascending, that take its rows, where its text
+    # interleaves them with tokens that keep their own embeddings (Idefics3's row/column tokens); None: all of them
+    embeds: tuple[int, ...] | None = None
 
     @property
     def end(self) -> int:
         return self.offset + self.length
+
+    def rows_at(self, first: int, last: int) -> tuple[slice, list[int]]:
+        """Its placeholders among prompt positions [first, last) (inside [offset, end)): the slice of its rows
+        they take and their positions."""
+        if self.embeds is None:
+            return slice(first - self.offset, last - self.offset), list(range(first, last))
+        lo, hi = bisect_left(self.embeds, first - self.offset), bisect_left(self.embeds, last - self.offset)
+        return slice(lo, hi), [self.offset + p for p in self.embeds[lo:hi]]
 
 
 def image_keyed_ids(ids: list[int], images: Sequence[PromptImage]) -> list[int]:

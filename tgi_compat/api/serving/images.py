@@ -4,7 +4,8 @@ with the image's encoder rows. Gemma 3's image text is TGI's `\\n\\n<start_of_im
 + `<end_of_image>\\n\\n`; Qwen2.5-VL's is `<|vision_start|>` + one `<|image_pad|>` per merged patch of the image as
 transformers' processor resizes it + `<|vision_end|>` (what TGI's model server runs; TGI's router counts the
 original image's H * W / 196 pads inside Rust's quotes instead, see README); LLaVA-Next's (transformers fallback)
-is one `<image>` per row its model packs. A text model never comes here, so its
+is one `<image>` per row its model packs; Idefics3's (fallback too) interleaves runs of `<image>`s with row/column
+tokens (tgi_compat/modeling/vision/idefics3.py). A text model never comes here, so its
 prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class VisionPrompts:
     bidirectional: bool  # placeholders attend to each other both ways (Gemma 3)
     fetcher: ImageFetcher
     max_images: int | None = None  # most images in one request (--max-images); None: no limit, as in TGI
+    interleaved: bool = False  # an image's placeholders are not one run (Idefics3: row/column tokens between)
 
     @classmethod
     def of(
@@ -81,6 +83,15 @@ class VisionPrompts:
                 return Placeholders("<image>" * count, count)  # TGI's image text, no markers around it
 
             return cls(llava_next, llava.image_token_id, False, fetcher, max_images)
+        if architecture == "Idefics3ForConditionalGeneration" and hf_config is not None and folder is not None:
+            from tgi_compat.modeling.vision.idefics3 import Idefics3ImageTokens
+
+            idefics = Idefics3ImageTokens.from_checkpoint(hf_config, folder)
+
+            def idefics3(image: DecodedImage) -> Placeholders:
+                return Placeholders(idefics.text(image.height, image.width), idefics.count(image.height, image.width))
+
+            return cls(idefics3, idefics.image_token_id, False, fetcher, max_images, interleaved=True)
         return None
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
@@ -106,6 +117,8 @@ class VisionPrompts:
                 runs[-1] = (runs[-1][0], runs[-1][1] + 1)
             else:
                 runs.append((position, 1))
+        if self.interleaved:
+            return self._place_interleaved([start + i for start, length in runs for i in range(length)], loaded)
         images = loaded[len(loaded) - len(runs) :] if len(runs) <= len(loaded) else []
         placeholders = [self.placeholders(image) for image in images]
         if len(runs) > len(loaded) or any(length != p.length for (_, length), p in zip(runs, placeholders)):
@@ -114,3 +127,22 @@ class VisionPrompts:
             PromptImage(start, length, image.digest, image.data, self.bidirectional, p.grid)
             for (start, length), image, p in zip(runs, images, placeholders)
         ]
+
+    def _place_interleaved(self, positions: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
+        """Each of the last images takes its count of the placeholder positions, in order: its span runs from its
+        first to its last, the tokens between keep their embeddings. An image cut by truncation leaves a count
+        that the images do not add up to, and is refused."""
+        counts = [self.placeholders(image).length for image in loaded]
+        taken, first = 0, len(loaded)
+        while first > 0 and taken < len(positions):
+            first -= 1
+            taken += counts[first]
+        if taken != len(positions):
+            raise validation_error("the prompt's image placeholder tokens do not match its images")
+        images, at = [], 0
+        for image, count in zip(loaded[first:], counts[first:]):
+            mine, at = positions[at : at + count], at + count
+            offset, length = mine[0], mine[-1] + 1 - mine[0]
+            embeds = None if length == count else tuple(p - offset for p in mine)
+            images.append(PromptImage(offset, length, image.digest, image.data, self.bidirectional, embeds=embeds))
+        return images

@@ -1,7 +1,8 @@
-"""A vision-language checkpoint (LLaVA-Next) through transformers' own modeling: its text model runs on our KV
+"""A vision-language checkpoint (LLaVA-Next, Idefics3) through transformers' own modeling: its text model runs on our KV
 cache as models/transformers_fallback.py runs any decoder, its vision tower and projector are transformers' (sdpa
 attention, once per image at admission), and each image's feature rows replace its placeholder tokens' embeddings
-(ForwardBatch.images, chunk by chunk under chunked prefill), as transformers' `masked_scatter` does."""
+(ForwardBatch.images, chunk by chunk under chunked prefill), as transformers' `masked_scatter` does. Idefics3's rows go to its `<image>`s only, between its row/column
+tokens (PromptImage.embeds)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,30 @@ class TransformersForImageTextToText(TransformersForCausalLM):
             )
         rows: Any = features.pooler_output  # a tuple of each image's rows, though typed as one tensor
         return list(rows)
+
+
+class Idefics3ForImageTextToText(TransformersForImageTextToText):
+    def text_model(self) -> nn.Module:
+        return self.hf.model.text_model
+
+    def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        return self.idefics3_rows(self.hf, processed)
+
+    @staticmethod
+    @torch.inference_mode()
+    def idefics3_rows(hf: Any, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """transformers' Idefics3 `hf` on Idefics3ImageProcessor's pixel_values [N, tiles, 3, H, W] (all-zero
+        tiles pad an image with fewer) and pixel_attention_mask -> each image's rows: its tiles', then its global
+        image's, one per `<image>` (vision/idefics3.py counts them)."""
+        features = hf.model.get_image_features(
+            pixel_values=processed["pixel_values"].to(hf.dtype),
+            pixel_attention_mask=processed["pixel_attention_mask"],
+        )
+        return list(features.pooler_output)
+
+
+# the fallback's vision-language class of each checkpoint architecture (config.FALLBACK_VISION_MODELS)
+VISION_CLASSES: dict[str, type[TransformersForImageTextToText]] = {
+    "LlavaNextForConditionalGeneration": TransformersForImageTextToText,
+    "Idefics3ForConditionalGeneration": Idefics3ForImageTextToText,
+}

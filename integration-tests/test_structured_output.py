@@ -30,9 +30,9 @@ PERSON = {
     },
     "required": ["name", "age", "role", "skills", "address"],
 }
-JOBS = ["baker", "pilot", "nurse", "farmer", "teacher", "chef", "judge", "miner", "poet", "diver"]
+JOBS = ["baker", "pilot", "nurse", "farmer", "teacher", "chef"]
 CITIES = ["Paris", "Lyon"]
-PROMPTS = [f"Describe a {job} from {city} as JSON." for job in JOBS for city in CITIES]  # 20 prompts
+PROMPTS = [f"Describe a {job} from {city} as JSON." for job in JOBS for city in CITIES]  # 12 prompts
 IPV4 = r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])"
 DATE = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 WEATHER = {

@@ -35,7 +35,7 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q -x --durations=15 tests integration-tests
+	$(BIN)/python -m pytest -q -x --durations=30 tests integration-tests
 
 # Drift: the newest versions pyproject.toml allows, in a second venv, against the smoke set
 # (tests marked latest_deps). A failure names every version that differs from the lock.

@@ -233,7 +233,7 @@ def config_from_args(values: dict[str, Any]) -> ServerConfig:
 
 def _serve_base_of_head(values: dict[str, Any]) -> None:
     """TGI's Medusa-style detection for EAGLE-3 heads: `--model-id HEAD` serves the base model it names, with it."""
-    from tgi_compat.api.speculative_head import detect_eagle3_head
+    from tgi_compat.api.cli.speculative_head import detect_eagle3_head
 
     try:
         head = detect_eagle3_head(values["model_id"], values["revision"], values["speculate"])

@@ -13,16 +13,7 @@ import itertools
 
 import torch
 
-from tests.gpu.kernel_checks import (  # noqa: F401 - every_check_passes: the autouse fixture
-    DEV,
-    GPU_ONLY,
-    check,
-    check_bits,
-    every_check_passes,
-    paged_cache,
-    rel_err,
-    tolerance,
-)
+from tests.gpu.kernel_checks import DEV, GPU_ONLY, check, check_bits, every_check_passes, rel_err  # noqa: F401 (every_check_passes: autouse)
 from tgi_compat.kernels.attention.kv_store import kv_store, kv_store_ref
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store, rotary_embedding, rotary_embedding_ref
 from tgi_compat.kernels.elementwise.rmsnorm import (

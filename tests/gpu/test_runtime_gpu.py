@@ -10,16 +10,7 @@ import torch
 
 from benchmarks.device.steps import build_runner, capture_graphs, greedy_generate, hf_model
 from benchmarks.shapes import decoder
-from tests.gpu.kernel_checks import (  # noqa: F401 - every_check_passes: the autouse fixture
-    DEV,
-    GPU_ONLY,
-    check,
-    check_bits,
-    every_check_passes,
-    paged_cache,
-    rel_err,
-    tolerance,
-)
+from tests.gpu.kernel_checks import DEV, GPU_ONLY, check, every_check_passes, rel_err  # noqa: F401 (every_check_passes: autouse)
 
 pytestmark = GPU_ONLY
 

@@ -18,7 +18,7 @@ from benchmarks.device.steps import engine_tokens
 from tests.modeling.qwen2_5_vl_helpers import ENGINE_VOCAB, check_two_images_beside_text, saved_qwen2_5_vl
 from tgi_compat.kernels.attention.varlen import varlen_attention, varlen_attention_ref
 from tgi_compat.modeling.dtypes import default_dtype
-from tgi_compat.modeling.vision.qwen2_5_vl import Qwen25VLVisionEncoder, WindowLayout
+from tgi_compat.modeling.vision.qwen2_5_vl import QwenVLVisionEncoder, WindowLayout
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.model_loading import load_runner
@@ -87,7 +87,7 @@ def test_vision_encoder_at_the_7b_shape_equals_transformers(dtype):
     """Our packed forward (Triton varlen attention) against transformers' own forward of the same modules."""
     torch.manual_seed(0)
     with torch.device("cuda"), default_dtype(dtype):  # as the runner builds it
-        encoder = Qwen25VLVisionEncoder({"vision_config": VISION_7B}).eval()
+        encoder = QwenVLVisionEncoder({"vision_config": VISION_7B}).eval()
     grid = torch.tensor(GRIDS_7B, device="cuda")
     pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, device="cuda", dtype=dtype)
     rows = encoder({"pixel_values": pixels, "image_grid_thw": grid})

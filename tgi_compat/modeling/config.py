@@ -64,7 +64,7 @@ class RopeScaling:
     short_factor: list[float] | None = None  # longrope only: per-frequency divisors inside the original context
     long_factor: list[float] | None = None  # longrope only: past it
     attention_factor: float | None = None  # longrope only: cos/sin scale; None: from factor
-    # Qwen2-VL's and Qwen2.5-VL's multimodal rope: the t/h/w sections of the D/2 frequencies (default frequencies otherwise)
+    # Qwen2(.5)-VL's multimodal rope: the t/h/w sections of the D/2 frequencies (default frequencies otherwise)
     mrope_section: list[int] | None = None
 
     @classmethod

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.device.qwen_vl import VISION_7B
+from benchmarks.device.qwen_vl import QWEN2_VL_VISION_7B, VISION_7B
 from benchmarks.device.steps import engine_tokens
 from tests.modeling.qwen2_5_vl_helpers import ENGINE_VOCAB, FAMILIES, check_two_images_beside_text, saved_qwen2_5_vl
 from tgi_compat.kernels.attention.varlen import varlen_attention, varlen_attention_ref
@@ -60,10 +60,6 @@ def test_greedy_ids_on_the_device_equal_transformers(checkpoint, prefill, overla
 
 
 GRIDS_7B = [[1, 74, 74], [1, 32, 48]]  # a 1024x1024 image and a 448x672 one, in patches of 14 pixels
-# Qwen2-VL-7B's vision config.json: Qwen2.5-VL-7B's depth, heads and patches, its width as embed_dim (hidden_size: the
-# merger's output), a GELU MLP of mlp_ratio x the width, whole-image attention in every block
-SHARED_7B = ("depth", "num_heads", "patch_size", "spatial_merge_size", "temporal_patch_size", "in_channels")
-QWEN2_VL_VISION_7B = {key: VISION_7B[key] for key in SHARED_7B} | dict(embed_dim=1280, mlp_ratio=4, hidden_size=3584)
 TOWERS_7B = {"qwen2_5_vl": (QWEN2_5_VL, VISION_7B), "qwen2_vl": (QWEN2_VL, QWEN2_VL_VISION_7B)}
 
 

@@ -1,6 +1,8 @@
-"""Qwen2.5-VL time to first token with images (not CI; in-process EngineCore, no HTTP): issue 41's GPU numbers.
+"""Qwen2.5-VL (or Qwen2-VL) time to first token with images (not CI; in-process EngineCore, no HTTP): issue 41's GPU
+numbers.
 
     python3 -m benchmarks.device.qwen_vl                    # Qwen2.5-VL-7B shape, random weights, one H200: ~3 min
+    python3 -m benchmarks.device.qwen_vl --family qwen2_vl --skip-plain   # Qwen2-VL-7B shape (its vision tower)
     python3 -m benchmarks.device.qwen_vl --device cpu --preset tiny --streams 2 --new 4   # the CPU smoke (a test)
 
 The model is the 7B's config.json with `--load-format dummy` (random weights made on the device; nothing read
@@ -46,12 +48,16 @@ from tgi_compat.router.images import PromptImage
 from tgi_compat.router.model_loading import fit_to_runner, load_runner
 from tgi_compat.router.request import GenerateRequest
 
-IMAGE_PAD = 151655  # Qwen2.5-VL's <|image_pad|>; vision start/end 151652/151653
+IMAGE_PAD = 151655  # Qwen2(.5)-VL's <|image_pad|>; vision start/end 151652/151653
 VISION_7B = dict(
     depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14,
     spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
     tokens_per_second=2, hidden_act="silu", in_channels=3,
 )  # fmt: skip
+# Qwen2-VL-7B's: Qwen2.5-VL-7B's depth, heads and patches, its width as embed_dim (hidden_size: the merger's output),
+# a GELU MLP of mlp_ratio x the width, whole-image attention in every block
+SHARED_7B = ("depth", "num_heads", "patch_size", "spatial_merge_size", "temporal_patch_size", "in_channels")
+QWEN2_VL_VISION_7B = {key: VISION_7B[key] for key in SHARED_7B} | dict(embed_dim=1280, mlp_ratio=4, hidden_size=3584)
 TEXT_7B = {key: value for key, value in QWEN2_7B.items() if key not in ("architectures", "model_type")}
 PRESETS = {
     "7b": (TEXT_7B | {"max_position_embeddings": 32768}, VISION_7B, 3136, 12845056),
@@ -65,17 +71,33 @@ PRESETS = {
 }  # fmt: skip
 
 
-def write_folder(folder: Path, preset: str) -> None:
-    """config.json (Qwen2.5-VL: the text sizes, M-RoPE 16/24/24 or the tiny head's split) and the image processor."""
+# --family -> (architecture, its vision config by preset; a preset not named keeps the preset's own, Qwen2.5-VL's)
+FAMILIES = {
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", {}),
+    "qwen2_vl": (
+        "Qwen2VLForConditionalGeneration",
+        {
+            "7b": QWEN2_VL_VISION_7B,
+            "tiny": dict(QWEN2_VL_VISION_7B, depth=2, embed_dim=32, num_heads=2, hidden_size=64),
+        },
+    ),
+}
+
+
+def write_folder(folder: Path, preset: str, family: str = "qwen2_5_vl") -> None:
+    """config.json (the text sizes, M-RoPE 16/24/24 or the tiny head's split; the family's vision tower) and the
+    image processor."""
     from transformers import Qwen2VLImageProcessor
 
     text, vision, min_pixels, max_pixels = PRESETS[preset]
+    architecture, visions = FAMILIES[family]
+    vision = visions.get(preset, vision)
     half = text["hidden_size"] // text["num_attention_heads"] // 2
     section = [16, 24, 24] if half == 64 else [half - 2 * (half // 3), half // 3, half // 3]
     rope = {"rope_type": "default", "mrope_section": section, "rope_theta": text.get("rope_theta", 1e6)}
     config = dict(
-        architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl", tie_word_embeddings=False,
-        text_config=dict(text, model_type="qwen2_5_vl_text", rope_parameters=rope), vision_config=vision,
+        architectures=[architecture], model_type=family, tie_word_embeddings=False,
+        text_config=dict(text, model_type=f"{family}_text", rope_parameters=rope), vision_config=vision,
         image_token_id=IMAGE_PAD, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
         eos_token_id=151645, bos_token_id=151643,
     )  # fmt: skip
@@ -170,6 +192,7 @@ def encoder_timings(encoder: ImageEncoder, prompts: Prompts, counts: tuple[int, 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", choices=sorted(PRESETS), default="7b")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen2_5_vl", help="whose vision tower")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--streams", type=int, default=32)
@@ -179,12 +202,12 @@ def main() -> None:
     parser.add_argument("--skip-plain", action="store_true", help="no plain Qwen2 engine for the text-only row")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
-    write_folder(folder, args.preset)
+    write_folder(folder, args.preset, args.family)
     prompts = Prompts(folder, args.text, args.size)
     start = time.perf_counter()
     engine, encoder = engine_for(folder, args)
     assert encoder is not None
-    results: dict = dict(preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start)
+    results: dict = dict(family=args.family, preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start)
     run(engine, [prompts.request(prompts.image(), 2)])  # warm-up: kernels, the encoder's first call
     results["encoder"] = encoder_timings(encoder, prompts)
     results["images"] = run(engine, [prompts.request(prompts.image(), args.new) for _ in range(args.streams)])
@@ -210,11 +233,11 @@ def main() -> None:
         again = [GenerateRequest(f"p{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
         results["text_only_plain"] = run(engine, again)
     print(table(results, args), flush=True)
-    write_json(out_path("qwen_vl.json"), results)
+    write_json(out_path("qwen_vl.json" if args.family == "qwen2_5_vl" else f"{args.family}.json"), results)
 
 
 def table(results: dict, args: argparse.Namespace) -> str:
-    rows = [f"Qwen2.5-VL {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}", ""]
+    rows = [f"{args.family} {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}", ""]
     rows += ["| phase | TTFT p50 ms | TTFT p90 ms | out tok/s |", "|---|---|---|---|"]
     for name in ("images", "text", "repeat_first", "repeat_again", "text_only_vl", "text_only_plain"):
         if name in results:

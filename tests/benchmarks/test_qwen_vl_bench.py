@@ -1,23 +1,27 @@
-"""The Qwen2.5-VL TTFT benchmark's CPU smoke (benchmarks/device/qwen_vl.py --device cpu --preset tiny): every
-phase runs through the real engine with dummy weights (images, their text stand-ins, a repeated image, text-only
-on the VL and on a plain Qwen2 engine), the encoder's ms per image at 1 and 8 images a call, the table prints and the JSON lands in $OUT."""
+"""The Qwen2.5-VL TTFT benchmark's CPU smoke (benchmarks/device/qwen_vl.py --device cpu --preset tiny), and with
+Qwen2-VL's vision tower (--family qwen2_vl): every phase runs through the real engine with dummy weights (images,
+their text stand-ins, a repeated image, text-only on the VL and on a plain Qwen2 engine), the encoder's ms per image
+at 1 and 8 images a call, the table prints and the JSON lands in $OUT."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+import pytest
+
 from benchmarks.device import qwen_vl
 
 
-def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("family", sorted(qwen_vl.FAMILIES))
+def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     monkeypatch.setenv("OUT", str(tmp_path))
-    argv = ["qwen_vl", "--device", "cpu", "--dtype", "float32", "--preset", "tiny"]
+    argv = ["qwen_vl", "--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--family", family]
     monkeypatch.setattr(sys, "argv", argv + ["--streams", "2", "--new", "3", "--size", "112", "--text", "8"])
     qwen_vl.main()
     out = capsys.readouterr().out
     assert "| images |" in out and "| 8 |" in out
-    results = json.loads((tmp_path / "qwen_vl.json").read_text())
+    results = json.loads((tmp_path / ("qwen_vl.json" if family == "qwen2_5_vl" else f"{family}.json")).read_text())
     assert results["grid"] == [4, 4]
     assert set(results["encoder"]) == {"1", "8"} and results["encoder"]["8"]["encode_ms_per_image"] > 0
     assert set(results["checks"]) == {"image_vs_text", "repeat_vs_first", "text_only_vl_vs_plain"}

@@ -1,11 +1,11 @@
-"""GPU (marker `gpu`; skipped without CUDA): Qwen2.5-VL through the real engine on the device, Triton backend and
-layer ops, decode CUDA graphs (an M-RoPE model's replay with the step's t/h/w rows): fp32 greedy ids equal
-transformers' (on the CPU) with two images, whole and chunked prefill, overlap on and off, beside a text request;
-decode steps with a rope delta replay the graphs. The vision encoder at the 7B's vision shape (random weights): its
-packed varlen attention (one Triton call a layer) against transformers' own vision transformer on the same weights,
-and the kernel against its reference at head size 80 with 1024x1024 images' windows and whole images.
+"""GPU (marker `gpu`; skipped without CUDA): Qwen2.5-VL and Qwen2-VL through the real engine on the device, Triton
+backend and layer ops, decode CUDA graphs (an M-RoPE model's replay with the step's t/h/w rows): fp32 greedy ids
+equal transformers' (on the CPU) with two images, whole and chunked prefill, overlap on and off, beside a text
+request; decode steps with a rope delta replay the graphs. Both vision encoders at their 7B's vision shape (random
+weights): the packed varlen attention (one Triton call a layer) against transformers' own vision transformer on the
+same weights, and the kernel against its reference at head size 80 with 1024x1024 images' windows and whole images.
 
-Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_qwen2_5_vl_gpu.py   (about 2 min)
+Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_qwen2_5_vl_gpu.py   (about 3 min)
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.device.qwen_vl import VISION_7B
+from benchmarks.device.qwen_vl import QWEN2_VL_VISION_7B, VISION_7B
 from benchmarks.device.steps import engine_tokens
-from tests.modeling.qwen2_5_vl_helpers import ENGINE_VOCAB, check_two_images_beside_text, saved_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import ENGINE_VOCAB, FAMILIES, check_two_images_beside_text, saved_qwen2_5_vl
 from tgi_compat.kernels.attention.varlen import varlen_attention, varlen_attention_ref
 from tgi_compat.modeling.dtypes import default_dtype
-from tgi_compat.modeling.vision.qwen2_5_vl import Qwen25VLVisionEncoder, WindowLayout
+from tgi_compat.modeling.vision.qwen2_5_vl import QWEN2_5_VL, QWEN2_VL, QwenVLVisionEncoder, WindowLayout
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.model_loading import load_runner
@@ -26,10 +26,10 @@ from tgi_compat.router.model_loading import load_runner
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen2_5_vl-gpu")
-    return saved_qwen2_5_vl(folder, ENGINE_VOCAB), str(folder)
+@pytest.fixture(scope="module", params=FAMILIES)
+def checkpoint(tmp_path_factory, request):
+    folder = tmp_path_factory.mktemp(f"{request.param}-gpu")
+    return saved_qwen2_5_vl(folder, ENGINE_VOCAB, request.param), str(folder)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
@@ -60,6 +60,7 @@ def test_greedy_ids_on_the_device_equal_transformers(checkpoint, prefill, overla
 
 
 GRIDS_7B = [[1, 74, 74], [1, 32, 48]]  # a 1024x1024 image and a 448x672 one, in patches of 14 pixels
+TOWERS_7B = {"qwen2_5_vl": (QWEN2_5_VL, VISION_7B), "qwen2_vl": (QWEN2_VL, QWEN2_VL_VISION_7B)}
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -83,11 +84,13 @@ def test_varlen_attention_at_the_7b_vision_shape(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_vision_encoder_at_the_7b_shape_equals_transformers(dtype):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vision_encoder_at_the_7b_shape_equals_transformers(family, dtype):
     """Our packed forward (Triton varlen attention) against transformers' own forward of the same modules."""
+    tower, vision = TOWERS_7B[family]
     torch.manual_seed(0)
     with torch.device("cuda"), default_dtype(dtype):  # as the runner builds it
-        encoder = Qwen25VLVisionEncoder({"vision_config": VISION_7B}).eval()
+        encoder = QwenVLVisionEncoder({"vision_config": vision}, tower).eval()
     grid = torch.tensor(GRIDS_7B, device="cuda")
     pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, device="cuda", dtype=dtype)
     rows = encoder({"pixel_values": pixels, "image_grid_thw": grid})

@@ -1,5 +1,5 @@
-"""A tiny random Qwen2.5-VL (transformers' own Qwen2_5_VLConfig and model, fp32) and its image processor, for the
-modeling and server tests of Qwen2.5-VL (tests/modeling/test_qwen2_5_vl*.py)."""
+"""A tiny random Qwen2.5-VL or Qwen2-VL (transformers' own config and model, fp32) and their image processor, for
+the modeling and server tests of the family (tests/modeling/test_qwen2_5_vl*.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,14 @@ PATCH, MERGE = 14, 2
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 28 * 28 * 8  # up to 8 placeholders per image
 
 
-def tiny_qwen2_5_vl(vocab: int, seed: int = 0, **text_overrides):
-    """Image tokens at the top of the vocabulary: video vocab-4, vision_start -3, vision_end -2, image_pad -1."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+# the family's two checkpoints (one native model, two vision towers), as tests parametrize over them
+FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+
+
+def tiny_qwen2_5_vl(vocab: int, seed: int = 0, family: str = "qwen2_5_vl", **text_overrides):
+    """Image tokens at the top of the vocabulary: video vocab-4, vision_start -3, vision_end -2, image_pad -1.
+    `family` "qwen2_vl": Qwen2-VL's tower (whole-image attention in every block, LayerNorm, a GELU MLP) instead."""
+    import transformers
 
     text = {
         **TINY_SIZES,
@@ -27,19 +32,16 @@ def tiny_qwen2_5_vl(vocab: int, seed: int = 0, **text_overrides):
         "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
         **text_overrides,
     }
-    vision = dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=64,
-        patch_size=PATCH,
-        spatial_merge_size=MERGE,
-        temporal_patch_size=2,
-        window_size=56,
-        fullatt_block_indexes=[1],
-    )
-    config = Qwen2_5_VLConfig(
+    tower = dict(depth=2, num_heads=2, patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=2)
+    if family == "qwen2_vl":  # hidden_size: the merger's output, the text model's width
+        vision = dict(tower, embed_dim=32, mlp_ratio=2, hidden_size=TINY_SIZES["hidden_size"])
+        config_class, model_class = transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration
+    else:
+        vision = dict(
+            tower, hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=56, fullatt_block_indexes=[1]
+        )
+        config_class, model_class = transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration
+    config = config_class(
         text_config=text,
         vision_config=vision,
         video_token_id=vocab - 4,
@@ -48,7 +50,7 @@ def tiny_qwen2_5_vl(vocab: int, seed: int = 0, **text_overrides):
         image_token_id=vocab - 1,
         tie_word_embeddings=False,
     )
-    return randomize(Qwen2_5_VLForConditionalGeneration(config), seed)
+    return randomize(model_class(config), seed)
 
 
 def image_processor():
@@ -57,9 +59,9 @@ def image_processor():
     return Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH, merge_size=MERGE)
 
 
-def saved_qwen2_5_vl(folder, vocab: int, **text_overrides):
+def saved_qwen2_5_vl(folder, vocab: int, family: str = "qwen2_5_vl", **text_overrides):
     """A tiny_qwen2_5_vl written with its image processor into `folder` as a checkpoint our loader reads; the model."""
-    model = tiny_qwen2_5_vl(vocab, **text_overrides)
+    model = tiny_qwen2_5_vl(vocab, family=family, **text_overrides)
     model.save_pretrained(folder)
     image_processor().save_pretrained(folder)
     return model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.models.pooling import DecoderForPooling
@@ -89,6 +90,7 @@ def test_registry_resolves_every_supported_architecture():
     families = {
         "Gemma3ForConditionalGeneration": "Gemma3ForConditionalGeneration",  # the vision model (its images)
         "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration",  # the same, with M-RoPE
+        "Qwen2VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration",  # the same family, another tower
         "Gemma": "GemmaForCausalLM",
         "Phi3": "Phi3ForCausalLM",
         "Mixtral": "MixtureOfExpertsForCausalLM",
@@ -114,17 +116,47 @@ def test_config_without_architectures_is_a_clear_error():
         ModelConfig.from_hf_dict(BASE)
 
 
-def test_qwen2_5_vl_hub_config_is_its_qwen2_text_model_with_mrope():
-    """The released Qwen2.5-VL-7B config.json (transformers 4: text fields flat, `rope_scaling` type mrope)."""
-    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14)
+# the released vision configs (transformers 4): Qwen2.5-VL-7B's, and Qwen2-VL-7B's (its text width in hidden_size)
+_QWEN_VL_HUB_VISION = {
+    "qwen2_5_vl": dict(
+        depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14
+    ),
+    "qwen2_vl": dict(
+        depth=32,
+        embed_dim=1280,
+        mlp_ratio=4,
+        num_heads=16,
+        in_chans=3,
+        hidden_size=3584,
+        patch_size=14,
+        spatial_merge_size=2,
+        spatial_patch_size=14,
+        temporal_patch_size=2,
+        model_type="qwen2_vl",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "model_type, architecture",
+    [("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"), ("qwen2_vl", "Qwen2VLForConditionalGeneration")],
+)
+def test_qwen_vl_hub_config_is_its_qwen2_text_model_with_mrope(model_type, architecture):
+    """The released Qwen2.5-VL-7B and Qwen2-VL-7B config.json (transformers 4: text fields flat, `rope_scaling` type
+    mrope); each family's vision tower builds from it."""
+    from tgi_compat.modeling.vision.qwen2_5_vl import VISION_TOWERS, QwenVLVisionEncoder
+
     hub = dict(
-        architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl", hidden_size=3584,
+        architectures=[architecture], model_type=model_type, hidden_size=3584,
         intermediate_size=18944, num_attention_heads=28, num_hidden_layers=28, num_key_value_heads=4,
         max_position_embeddings=128000, rope_theta=1000000.0, sliding_window=32768, use_sliding_window=False,
         rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}, vocab_size=152064, eos_token_id=151645,
-        image_token_id=151655, vision_config=vision, tie_word_embeddings=False,
+        image_token_id=151655, vision_config=_QWEN_VL_HUB_VISION[model_type], tie_word_embeddings=False,
     )  # fmt: skip
     config = ModelConfig.from_hf_dict(hub)
-    assert (config.architecture, config.multimodal_architecture) == ("Qwen2ForCausalLM", hub["architectures"][0])
+    assert (config.architecture, config.multimodal_architecture) == ("Qwen2ForCausalLM", architecture)
     assert config.rope_scaling.rope_type == "default" and config.rope_scaling.mrope_section == [16, 24, 24]
     assert (config.qkv_bias, config.sliding_window, config.rope_theta) == (True, None, 1e6)
+    with torch.device("meta"):
+        encoder = QwenVLVisionEncoder(hub, VISION_TOWERS[architecture])
+    assert (len(encoder.visual.blocks), encoder.visual.merger.mlp[2].out_features) == (32, 3584)

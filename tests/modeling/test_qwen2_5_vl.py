@@ -1,7 +1,8 @@
 """Qwen2.5-VL with images, natively: transformers' vision tower's rows scattered at the `<|image_pad|>`
 placeholders, M-RoPE (t/h/w) positions in our rotary path for prefill and decode (the rope delta past the prompt);
 logits and greedy text against transformers' own Qwen2_5_VLForConditionalGeneration on the same weights (fp32),
-with one image and with two of different sizes (dynamic resolution)."""
+with one image and with two of different sizes (dynamic resolution); the logits and greedy text of Qwen2-VL (the
+same model with its own vision tower) against transformers' Qwen2VLForConditionalGeneration too."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from tests.modeling.helpers import max_rel_error, runner_for_folder
 from tests.modeling.qwen2_5_vl_helpers import (
+    FAMILIES,
     image_processor,
     picture,
     reference_greedy,
@@ -27,12 +29,30 @@ SIZES = [(84, 56), (50, 90)]  # (width, height): 3x2 and 2x3 placeholders (dynam
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen2_5_vl")
-    model = saved_qwen2_5_vl(folder, VOCAB)
-    runner = runner_for_folder(str(folder))
-    assert isinstance(runner.model, Qwen2_5_VLForConditionalGeneration)
-    return model, runner
+def pairs(tmp_path_factory):
+    """family -> (transformers' model, our runner on its checkpoint), each built once for the module's tests."""
+    built = {}
+
+    def pair_of(family: str):
+        if family not in built:
+            folder = tmp_path_factory.mktemp(family)
+            model = saved_qwen2_5_vl(folder, VOCAB, family)
+            runner = runner_for_folder(str(folder))
+            assert isinstance(runner.model, Qwen2_5_VLForConditionalGeneration)
+            built[family] = model, runner
+        return built[family]
+
+    return pair_of
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs("qwen2_5_vl")
+
+
+@pytest.fixture(params=FAMILIES)
+def family_pair(pairs, request):
+    return pairs(request.param)
 
 
 def processed(num_images: int):
@@ -89,8 +109,8 @@ def test_mrope_positions_equal_transformers_rope_index(pair, texts):
 
 
 @pytest.mark.parametrize("num_images", [1, 2])
-def test_logits_with_images_equal_transformers(pair, num_images):
-    model, runner = pair
+def test_logits_with_images_equal_transformers(family_pair, num_images):
+    model, runner = family_pair
     inputs = processed(num_images)
     ids, images = prompt(grids(inputs), text(1, 5), *(text(2 + i, 6) for i in range(num_images)))
     mrope = prompt_mrope(len(ids), images)
@@ -121,9 +141,9 @@ def test_the_image_changes_the_logits(pair):
     assert (red[-1] - green[-1]).abs().max() > 1e-2
 
 
-def test_greedy_text_equals_transformers_generate(pair):
+def test_greedy_text_equals_transformers_generate(family_pair):
     """Decode steps rotate by position + the rope delta: a wrong delta changes the greedy text."""
-    model, runner = pair
+    model, runner = family_pair
     inputs = processed(2)
     ids, images = prompt(grids(inputs), text(7, 4), text(8, 3), text(9, 5))
     expected = reference_greedy(model, ids, inputs, 12)

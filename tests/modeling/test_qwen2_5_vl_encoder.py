@@ -1,6 +1,7 @@
-"""Qwen2.5-VL's vision encoder (our packed forward over transformers' modules) against transformers' own vision
-transformer on the same weights (fp32, within 1e-3): images of several windows each, windows cut short at the
-right and bottom edges, full-attention layers; several images in one call equal each image alone; the image files
+"""Qwen2.5-VL's and Qwen2-VL's vision encoders (our packed forward over transformers' modules) against transformers'
+own vision transformers on the same weights (fp32, within 1e-3): images of several windows each, windows cut short
+at the right and bottom edges, full-attention layers (Qwen2-VL's in every block); several images in one call equal
+each image alone; the image files
 through ImageEncoder (the processor image by image in its thread pool, then one encoder call) equal the processor's
 own batch."""
 
@@ -12,26 +13,26 @@ import pytest
 import torch
 
 from tests.modeling.helpers import max_rel_error
-from tests.modeling.qwen2_5_vl_helpers import MERGE, PATCH, picture, tiny_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import FAMILIES, MERGE, PATCH, picture, tiny_qwen2_5_vl
 from tgi_compat.modeling.vision.encoder import ImageEncoder
-from tgi_compat.modeling.vision.qwen2_5_vl import Qwen25VLVisionEncoder
+from tgi_compat.modeling.vision.qwen2_5_vl import VISION_TOWERS, QwenVLVisionEncoder
 
 # (color, (width, height)): grids of 8x10, 4x6 and 4x14 patches, so 2x3, 1x2 and 1x4 windows of 2x2 merged patches,
 # the last column of windows cut short
 IMAGES = [((200, 30, 60), (150, 100)), ((10, 220, 90), (84, 56)), ((40, 40, 250), (200, 60))]
 
 
-def encoder_pair():
+def encoder_pair(family: str = "qwen2_5_vl"):
     """(transformers' vision transformer, our encoder on its weights)."""
-    model = tiny_qwen2_5_vl(300)
-    encoder = Qwen25VLVisionEncoder(model.config.to_dict())
+    model = tiny_qwen2_5_vl(300, family=family)
+    encoder = QwenVLVisionEncoder(model.config.to_dict(), VISION_TOWERS[type(model).__name__])
     encoder.visual.load_state_dict(model.model.visual.state_dict())
     return model.model.visual.eval(), encoder.eval()
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return encoder_pair()
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    return encoder_pair(request.param)
 
 
 def processor():
@@ -66,7 +67,7 @@ def test_images_in_one_call_equal_each_alone(pair):
 class EncoderModel:
     """The VisionLanguageModel seam of ImageEncoder over the encoder alone (the text model plays no part here)."""
 
-    def __init__(self, encoder: Qwen25VLVisionEncoder) -> None:
+    def __init__(self, encoder: QwenVLVisionEncoder) -> None:
         self.encode_processed = encoder
 
 

@@ -2,17 +2,19 @@
 with Qwen2.5-VL's image tokens added, transformers' Qwen2-VL image processor with small min/max_pixels): TGI's
 integration-test shapes for qwen2_5_vl (markdown images in /generate inputs, OpenAI chat image_url parts; base64
 png) give transformers' greedy ids, each image as `<|vision_start|>` + its grid's `<|image_pad|>`s +
-`<|vision_end|>`; the same image twice hits the prefix cache and a different one never shares its KV."""
+`<|vision_end|>`; the same image twice hits the prefix cache and a different one never shares its KV. Qwen2-VL (the
+same family with its own vision tower, and TGI's same image text) answers /generate and chat requests the same way."""
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 
 import httpx
 import pytest
 
-from tests.modeling.qwen2_5_vl_helpers import image_processor, picture, reference_greedy, tiny_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import FAMILIES, image_processor, picture, reference_greedy, tiny_qwen2_5_vl
 from tests.modeling.vision_server import check_two_images, greedy_until_eos, serving, streamed_ids
 
 NEW = 8
@@ -37,12 +39,17 @@ def image_text(size: tuple[int, int]) -> str:
     return "<|vision_start|>" + "<|image_pad|>" * (rows * columns // 4) + "<|vision_end|>"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen2_5_vl-server")
+@pytest.fixture(scope="module", params=FAMILIES)
+def served(tmp_path_factory, request):
+    folder = tmp_path_factory.mktemp(f"{request.param}-server")
     flags = "--enable-prefill-logprobs --enable-prompt-tokens-details"
-    with serving(folder, IMAGE_TOKENS, IMAGE_TOKENS[3], tiny_qwen2_5_vl, image_processor(), flags) as s:
+    build = functools.partial(tiny_qwen2_5_vl, family=request.param)
+    with serving(folder, IMAGE_TOKENS, IMAGE_TOKENS[3], build, image_processor(), flags) as s:
         yield s
+
+
+# the tests of what the two families share past their prompts (the engine's paths): Qwen2.5-VL's server only
+qwen2_5_vl_only = pytest.mark.parametrize("served", ["qwen2_5_vl"], indirect=True)
 
 
 def greedy(served, text: str, images: list[bytes], add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
@@ -58,6 +65,7 @@ def test_generate_with_two_images_equals_transformers(served):
     check_two_images(served, greedy, image_text, [WIDE, TALL])
 
 
+@qwen2_5_vl_only
 def test_generate_stream(served):
     url = served[0]
     _, expected = greedy(served, f"Describe{image_text(TALL[2])}", [TALL[1]])
@@ -84,6 +92,7 @@ def test_chat_image_url_equals_transformers(served):
     assert response["choices"][0]["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
 
 
+@qwen2_5_vl_only
 def test_tokenize_shows_each_image_grid(served):
     url, model, tokenizer, _ = served
     tokens = httpx.post(f"{url}/tokenize", json={"inputs": f"Look![]({TALL[0]})"}, timeout=60).json()
@@ -91,6 +100,7 @@ def test_tokenize_shows_each_image_grid(served):
     assert sum(t["id"] == model.config.image_token_id for t in tokens) == 6
 
 
+@qwen2_5_vl_only
 def test_the_same_image_hits_the_prefix_cache_and_another_never_shares_kv(served):
     url, model, tokenizer, _ = served
     question = "Which colour dominates this picture, and where?"

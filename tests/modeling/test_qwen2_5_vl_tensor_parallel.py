@@ -1,13 +1,14 @@
 """Images under tensor parallelism on CPU (gloo, 2 ranks): rank 0 sends each step's image rows, their bidirectional
-spans (Gemma 3) and M-RoPE positions (Qwen2.5-VL) through StepBroadcast; the sharded logits of a prefill with two
-images, a chunk over its cached prefix and a decode step past the prompt equal one rank's, for both models."""
+spans (Gemma 3) and M-RoPE positions (Qwen2.5-VL, Qwen2-VL) through StepBroadcast; the sharded logits of a prefill
+with two images, a chunk over its cached prefix and a decode step past the prompt equal one rank's, for the three
+models."""
 
 from __future__ import annotations
 
 import torch
 
 from tests.modeling.helpers import max_rel_error
-from tests.modeling.qwen2_5_vl_helpers import saved_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import FAMILIES, saved_qwen2_5_vl
 from tests.modeling.test_qwen2_5_vl import VOCAB, grids, processed, prompt, run, text
 from tests.modeling.tp_group import sharded_results
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel
@@ -51,15 +52,16 @@ def _gemma_steps(runner: ModelRunner) -> list[torch.Tensor]:
     ]
 
 
-STEPS = {"qwen2_5_vl": _steps, "gemma3": _gemma_steps}
+STEPS = {"qwen2_5_vl": _steps, "qwen2_vl": _steps, "gemma3": _gemma_steps}
 
 
 def test_sharded_logits_with_images_equal_one_rank(tmp_path):
     from tests.modeling.test_gemma3_multimodal import tiny_multimodal
     from tests.modeling.test_gemma3_vision import VOCAB as GEMMA_VOCAB
 
-    folders = {"qwen2_5_vl": str(tmp_path / "qwen2_5_vl"), "gemma3": str(tmp_path / "gemma3")}
-    saved_qwen2_5_vl(folders["qwen2_5_vl"], VOCAB)
+    folders = {kind: str(tmp_path / kind) for kind in STEPS}
+    for family in FAMILIES:
+        saved_qwen2_5_vl(folders[family], VOCAB, family)
     tiny_multimodal(GEMMA_VOCAB).save_pretrained(folders["gemma3"])
     runs = {kind: (folder, STEPS[kind]) for kind, folder in folders.items()}
     sharded = sharded_results(2, runs, _runner, str(tmp_path / "logits.pt"), images=True)

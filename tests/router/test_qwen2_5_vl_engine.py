@@ -1,4 +1,4 @@
-"""A Qwen2.5-VL request through the real engine (scheduler, batch builder, encoder cache, runner, M-RoPE positions
+"""A Qwen2.5-VL (and Qwen2-VL) request through the real engine (scheduler, batch builder, encoder cache, runner, M-RoPE positions
 per request) on a tiny random checkpoint: greedy ids equal transformers' generate, whole and under chunked prefill
 (chunks may end inside an image: its placeholders attend causally), beside a text-only request in the same steps,
 with and without overlap scheduling; a repeated image is encoded once and hits the prefix cache."""
@@ -10,6 +10,7 @@ from test_prefix_cache_engine import drain_events
 
 from tests.modeling.qwen2_5_vl_helpers import (
     ENGINE_VOCAB,
+    FAMILIES,
     TALL,
     WIDE,
     check_two_images_beside_text,
@@ -21,10 +22,10 @@ from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen2_5_vl-engine")
-    return saved_qwen2_5_vl(folder, ENGINE_VOCAB), str(folder)
+@pytest.fixture(scope="module", params=FAMILIES)
+def checkpoint(tmp_path_factory, request):
+    folder = tmp_path_factory.mktemp(f"{request.param}-engine")
+    return saved_qwen2_5_vl(folder, ENGINE_VOCAB, request.param), str(folder)
 
 
 def make_engine(folder: str, **limits) -> EngineCore:
@@ -48,6 +49,7 @@ def test_greedy_ids_equal_transformers_with_two_images(checkpoint, prefill, over
     check_two_images_beside_text(model, drain)
 
 
+@pytest.mark.parametrize("checkpoint", ["qwen2_5_vl"], indirect=True)  # the engine's path, not the family's
 def test_the_same_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):
     model, folder = checkpoint
     engine = make_engine(folder)

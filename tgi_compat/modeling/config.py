@@ -28,11 +28,13 @@ _QK_NORM = {
 # InternLM2 names its q|k|v and o biases together `bias`, true unless the config says otherwise (its config class).
 _ONE_BIAS_KEY = {"InternLM2ForCausalLM", "InternLM2ForRewardModel"}
 
+# Qwen's vision-language family: one native model (models/qwen2_5_vl.py), two vision towers
+QWEN_VL_MODELS = ("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration")
 # Multimodal checkpoints: the wrapper's architecture -> its text model's (served beside the wrapper's
 # vision encoder, models/gemma3_vision.py).
 MULTIMODAL_TEXT_MODELS = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
-    "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",  # with M-RoPE (rope_scaling.mrope_section)
+    **{name: "Qwen2ForCausalLM" for name in QWEN_VL_MODELS},  # with M-RoPE (rope_scaling.mrope_section)
 }
 # Vision-language checkpoints that the transformers fallback serves whole, images included
 # (models/transformers_vlm.py): their ModelConfig is the text model's, with the wrapper as multimodal_architecture
@@ -62,7 +64,7 @@ class RopeScaling:
     short_factor: list[float] | None = None  # longrope only: per-frequency divisors inside the original context
     long_factor: list[float] | None = None  # longrope only: past it
     attention_factor: float | None = None  # longrope only: cos/sin scale; None: from factor
-    # Qwen2.5-VL's multimodal rope: the t/h/w sections of the D/2 frequencies (default frequencies otherwise)
+    # Qwen2(.5)-VL's multimodal rope: the t/h/w sections of the D/2 frequencies (default frequencies otherwise)
     mrope_section: list[int] | None = None
 
     @classmethod
@@ -71,7 +73,7 @@ class RopeScaling:
             return cls()
         rope_type = params.get("rope_type", params.get("type", "default"))
         rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
-        rope_type = "default" if rope_type == "mrope" else rope_type  # transformers 4's name for Qwen2.5-VL's
+        rope_type = "default" if rope_type == "mrope" else rope_type  # transformers 4's name for Qwen2(.5)-VL's
         if rope_type not in ("default", "linear", "dynamic", "llama3", "longrope"):
             raise ValueError(
                 f"unsupported rope scaling type {rope_type!r} (supported: default, linear, dynamic, llama3, longrope)"

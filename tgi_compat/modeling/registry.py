@@ -25,7 +25,9 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma3ForCausalLM": ("gemma", "GemmaForCausalLM"),
     # its text model (ModelConfig.text_model_of) beside the vision encoder
     "Gemma3ForConditionalGeneration": ("gemma3_vision", "Gemma3ForConditionalGeneration"),
+    # one family, two vision towers (modeling/vision/qwen2_5_vl.py)
     "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "Qwen2VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "MixtralForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
     "Qwen2MoeForCausalLM": ("moe", "MixtureOfExpertsForCausalLM"),
@@ -61,7 +63,6 @@ _REFUSED = {
     **{
         name: "a vision-language family with no native model and no image path in the transformers fallback yet"
         for name in ("Idefics2ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
-        + ("Qwen2VLForConditionalGeneration",)
     },
 }
 

@@ -1,11 +1,11 @@
 """A vision model's prompt, as TGI's router builds it: each `![](...)` is loaded (fetched or decoded; the first
 failure refuses the request) and replaced by the model's image text, whose placeholder tokens the engine fills
 with the image's encoder rows. Gemma 3's image text is TGI's `\\n\\n<start_of_image>` + N `<image_soft_token>`
-+ `<end_of_image>\\n\\n`; Qwen2.5-VL's is `<|vision_start|>` + one `<|image_pad|>` per merged patch of the image as
-transformers' processor resizes it + `<|vision_end|>` (what TGI's model server runs; TGI's router counts the
-original image's H * W / 196 pads inside Rust's quotes instead, see README); LLaVA-Next's (transformers fallback)
-is one `<image>` per row its model packs; Idefics3's (fallback too) interleaves runs of `<image>`s with row/column
-tokens (tgi_compat/modeling/vision/idefics3.py). A text model never comes here, so its
++ `<end_of_image>\\n\\n`; Qwen2.5-VL's and Qwen2-VL's is `<|vision_start|>` + one `<|image_pad|>` per merged
+patch of the image as transformers' processor resizes it + `<|vision_end|>` (what TGI's model server runs; TGI's
+router counts the original image's H * W / 196 pads inside Rust's quotes instead, see README); LLaVA-Next's
+(transformers fallback) is one `<image>` per row its model packs; Idefics3's (fallback too) interleaves runs of
+`<image>`s with row/column tokens (tgi_compat/modeling/vision/idefics3.py). A text model never comes here, so its
 prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from tgi_compat.api.protocol.errors import validation_error
 from tgi_compat.api.protocol.images import DecodedImage, ImageRef, split_prompt
 from tgi_compat.api.serving.image_fetch import ImageFetcher
-from tgi_compat.modeling.config import ModelConfig
+from tgi_compat.modeling.config import QWEN_VL_MODELS, ModelConfig
 from tgi_compat.router.images import PromptImage
 
 _GEMMA3_IMAGE = "\n\n<start_of_image>{}<end_of_image>\n\n"
-_QWEN2_5_VL_IMAGE = "<|vision_start|>{}<|vision_end|>"  # TGI's server-side text (vlm_causal_lm.py), unquoted
+_QWEN_VL_IMAGE = "<|vision_start|>{}<|vision_end|>"  # TGI's server-side text (vlm_causal_lm.py), unquoted
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class Placeholders:
     grid: tuple[int, int] | None = None
 
 
-# an image (its decoded size) -> its placeholders: fixed for Gemma 3, by its resized size for Qwen2.5-VL
+# an image (its decoded size) -> its placeholders: fixed for Gemma 3, by its resized size for Qwen2(.5)-VL
 PlaceholdersOf = Callable[[DecodedImage], Placeholders]
 
 
@@ -52,7 +52,7 @@ class VisionPrompts:
         cls, model: ModelConfig, fetcher: ImageFetcher, folder: str | None = None, max_images: int | None = None
     ) -> VisionPrompts | None:
         """The prompts of a checkpoint whose images we serve; None for any other (its markdown stays text).
-        `folder`: the checkpoint's, whose preprocessor_config.json sizes Qwen2.5-VL's images."""
+        `folder`: the checkpoint's, whose preprocessor_config.json sizes Qwen2(.5)-VL's images."""
         architecture, hf_config = model.multimodal_architecture, model.multimodal_hf_config
         if architecture == "Gemma3ForConditionalGeneration" and hf_config is not None:
             from tgi_compat.modeling.vision.gemma3 import Gemma3ImageTokens
@@ -62,17 +62,17 @@ class VisionPrompts:
                 _GEMMA3_IMAGE.format("<image_soft_token>" * tokens.tokens_per_image), tokens.tokens_per_image
             )
             return cls(lambda _: fixed, tokens.image_token_id, True, fetcher, max_images)
-        if architecture == "Qwen2_5_VLForConditionalGeneration" and hf_config is not None and folder is not None:
-            from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid, Qwen25VLImageTokens
+        if architecture in QWEN_VL_MODELS and hf_config is not None and folder is not None:
+            from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid, QwenVLImageTokens
 
             grid_of = PlaceholderGrid.from_folder(folder)
 
             def qwen(image: DecodedImage) -> Placeholders:
                 rows, columns = grid_of(image.height, image.width)
-                text = _QWEN2_5_VL_IMAGE.format("<|image_pad|>" * (rows * columns))
+                text = _QWEN_VL_IMAGE.format("<|image_pad|>" * (rows * columns))
                 return Placeholders(text, rows * columns, (rows, columns))
 
-            return cls(qwen, Qwen25VLImageTokens.from_hf_config(hf_config).image_token_id, False, fetcher, max_images)
+            return cls(qwen, QwenVLImageTokens.from_hf_config(hf_config).image_token_id, False, fetcher, max_images)
         if architecture == "LlavaNextForConditionalGeneration" and hf_config is not None:
             from tgi_compat.modeling.vision.llava_next import LlavaNextImageTokens
 

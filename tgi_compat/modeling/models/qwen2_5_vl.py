@@ -1,5 +1,6 @@
-"""Qwen2_5_VLForConditionalGeneration: the Qwen2 text model (models/llama.py's layers) with M-RoPE
-(layers/mrope.py) beside its vision encoder (modeling/vision/qwen2_5_vl.py). The text model sees an image as its
+"""Qwen2_5_VLForConditionalGeneration and Qwen2VLForConditionalGeneration, one family: the Qwen2 text model
+(models/llama.py's layers) with M-RoPE (layers/mrope.py) beside the checkpoint's vision encoder
+(modeling/vision/qwen2_5_vl.py: Qwen2.5-VL's windowed tower or Qwen2-VL's). The text model sees an image as its
 `<|image_pad|>` placeholders, whose embeddings the step's ForwardBatch.images replace (causal attention, as in
 transformers); a step with images or with text after one rotates by ForwardBatch.rope_positions (t, h, w)."""
 
@@ -18,11 +19,11 @@ from tgi_compat.modeling.models.decoder import DecoderForCausalLM, DecoderModel,
 from tgi_compat.modeling.models.llama import llama_layer
 from tgi_compat.modeling.models.weight_names import fused_name, load_packed_weights
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel
-from tgi_compat.modeling.vision.qwen2_5_vl import Qwen25VLImageTokens, Qwen25VLVisionEncoder
+from tgi_compat.modeling.vision.qwen2_5_vl import VISION_TOWERS, QwenVLImageTokens, QwenVLVisionEncoder
 from tgi_compat.modeling.weights.lazy import LazyTensor
 
 VISION_PREFIX = "vision."  # weights.loader.text_model_weights names the encoder's tensors under it
-_DEFAULT_MROPE_SECTION = [16, 24, 24]  # transformers' default (Qwen2.5-VL's released head_dim 128)
+_DEFAULT_MROPE_SECTION = [16, 24, 24]  # transformers' default (both families' released head_dim 128)
 
 
 class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
@@ -31,7 +32,7 @@ class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
     supports_tensor_parallel = True
 
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
-        assert config.multimodal_hf_config is not None  # set by ModelConfig.text_model_of
+        assert config.multimodal_hf_config is not None and config.multimodal_architecture is not None  # text_model_of
         layers = (llama_layer(config, ops, i, tp) for i in range(config.num_layers))
         rope = MRotaryEmbedding(
             config.head_dim,
@@ -42,8 +43,9 @@ class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
             config.rope_scaling.mrope_section or _DEFAULT_MROPE_SECTION,
         )
         super().__init__(config, DecoderModel(config, ops, layers, rope, tp=tp), tp)
-        self.vision = Qwen25VLVisionEncoder(config.multimodal_hf_config)
-        self.image_tokens = Qwen25VLImageTokens.from_hf_config(config.multimodal_hf_config)
+        tower = VISION_TOWERS[config.multimodal_architecture]
+        self.vision = QwenVLVisionEncoder(config.multimodal_hf_config, tower)
+        self.image_tokens = QwenVLImageTokens.from_hf_config(config.multimodal_hf_config)
 
     def forward(
         self,

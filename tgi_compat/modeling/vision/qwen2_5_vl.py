@@ -1,11 +1,14 @@
-"""Qwen2.5-VL's vision encoder: transformers' own vision transformer (window attention, 2D rope, the 2x2 patch
-merger) built from the checkpoint's config.json, so its outputs are transformers' by construction. It takes the
-flattened patches and (t, h, w) grid of every image from transformers' Qwen2-VL image processor (dynamic
-resolution: each image resized to a multiple of 28 pixels within min_pixels..max_pixels) and gives each image
-(grid h / 2) * (grid w / 2) rows, one per `<|image_pad|>` placeholder."""
+"""The vision encoder of Qwen's vision-language family, Qwen2-VL and Qwen2.5-VL: transformers' own vision transformer
+(2D rope, the 2x2 patch merger; Qwen2.5-VL's attends within windows but in a few full-attention blocks, Qwen2-VL's
+to its whole image in every block) built from the checkpoint's config.json, so its outputs are transformers' by
+construction. It takes the flattened patches and (t, h, w) grid of every image from transformers' Qwen2-VL image
+processor (both families': dynamic resolution, each image resized to a multiple of 28 pixels within
+min_pixels..max_pixels) and gives each image (grid h / 2) * (grid w / 2) rows, one per `<|image_pad|>`
+placeholder."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,10 +21,38 @@ from tgi_compat.modeling.layers.linear import default_weight_loader
 
 if TYPE_CHECKING:
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionAttention
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import VisionAttention
 
 
 @dataclass(frozen=True, slots=True)
-class Qwen25VLImageTokens:
+class VisionTower:
+    """Which of transformers' two Qwen vision transformers a checkpoint's encoder is: their blocks, rope and merger
+    share the names and the forward this module drives; only Qwen2.5-VL's regroups its patches into windows."""
+
+    config_class: str  # transformers' wrapper config, whose vision_config builds the tower
+    module: str  # under transformers.models
+    model_class: str
+    windowed: bool  # Qwen2.5-VL: window attention but in fullatt_block_indexes; Qwen2-VL: whole images always
+
+    def build(self, hf_config: dict[str, Any], dtype: torch.dtype) -> Any:
+        import transformers
+
+        config_class = getattr(transformers, self.config_class)
+        fields = {key: value for key, value in hf_config.items() if key != "model_type"}
+        model_class = getattr(importlib.import_module(f"transformers.models.{self.module}"), self.model_class)
+        return model_class._from_config(config_class(**fields).vision_config, dtype=dtype)
+
+
+QWEN2_5_VL = VisionTower(
+    "Qwen2_5_VLConfig", "qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel", windowed=True
+)
+QWEN2_VL = VisionTower("Qwen2VLConfig", "qwen2_vl.modeling_qwen2_vl", "Qwen2VisionTransformerPretrainedModel", False)
+# the family's checkpoints (ModelConfig.multimodal_architecture) -> their tower
+VISION_TOWERS = {"Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL, "Qwen2VLForConditionalGeneration": QWEN2_VL}
+
+
+@dataclass(frozen=True, slots=True)
+class QwenVLImageTokens:
     """How an image appears in the prompt: `<|vision_start|>` + one `<|image_pad|>` per merged patch +
     `<|vision_end|>` (TGI's server-side text, vlm_causal_lm.image_text_replacement)."""
 
@@ -29,7 +60,7 @@ class Qwen25VLImageTokens:
     spatial_merge_size: int  # 2: a placeholder stands for merge x merge patches
 
     @classmethod
-    def from_hf_config(cls, d: dict[str, Any]) -> Qwen25VLImageTokens:
+    def from_hf_config(cls, d: dict[str, Any]) -> QwenVLImageTokens:
         vision = d.get("vision_config") or {}
         return cls(d.get("image_token_id", 151655), vision.get("spatial_merge_size", 2))
 
@@ -60,26 +91,21 @@ class PlaceholderGrid:
         return resized_height // self.factor, resized_width // self.factor
 
 
-def _vision_config(hf_config: dict[str, Any]) -> Any:
-    from transformers import Qwen2_5_VLConfig
-
-    return Qwen2_5_VLConfig(**{key: value for key, value in hf_config.items() if key != "model_type"}).vision_config
-
-
-class Qwen25VLVisionEncoder(nn.Module):
+class QwenVLVisionEncoder(nn.Module):
     """(pixel_values [patches, C * t * p * p], image_grid_thw [N, 3]) -> each image's [(h / 2) * (w / 2), hidden].
 
     transformers' modules and weights, driven by our own short forward (the same ops in the same order as
     transformers' own) so that every layer's attention is ONE non-causal varlen call over all images of the call:
-    transformers' sdpa/eager path loops over each window in Python (~100 windows x 28 layers per 1024px image)."""
+    transformers' sdpa/eager path loops over each window (each image, Qwen2-VL's) in Python (~100 windows x 28
+    layers per 1024px image)."""
 
-    def __init__(self, hf_config: dict[str, Any]):
+    def __init__(self, hf_config: dict[str, Any], tower: VisionTower = QWEN2_5_VL):
         super().__init__()
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
-
-        dtype = torch.get_default_dtype()  # the runner builds the model under the serving dtype
-        self.visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(_vision_config(hf_config), dtype=dtype)
+        self.visual = tower.build(hf_config, torch.get_default_dtype())  # the runner builds under the serving dtype
         self.merge = self.visual.spatial_merge_size
+        self.windowed = tower.windowed
+        # the blocks that attend to whole images (Qwen2-VL's: all of them, which its layout's windows are)
+        self.full_blocks = frozenset(self.visual.fullatt_block_indexes if tower.windowed else ())
         for param in self.parameters():  # loaded by models/weight_names.load_packed_weights, as ours are
             param.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
@@ -91,24 +117,28 @@ class Qwen25VLVisionEncoder(nn.Module):
         return list(torch.split(rows, (grid.prod(-1) // self.merge**2).tolist()))
 
     def encode(self, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-        """transformers' Qwen2_5_VisionTransformerPretrainedModel.forward -> pooler_output, its attention packed."""
+        """transformers' vision transformer's forward -> pooler_output, its attention packed."""
         visual = self.visual
-        layout = WindowLayout.of(grid, visual.config, pixels.device)
+        layout = WindowLayout.of(grid, visual.config, pixels.device, self.windowed)
         hidden = visual.patch_embed(pixels)
         hidden = layout.to_windows(hidden)
         cos, sin = (layout.to_windows(f) for f in visual.rotary_pos_emb(hidden, layout.position_ids))
         for index, block in enumerate(visual.blocks):
-            spans = layout.images if index in visual.fullatt_block_indexes else layout.windows
+            spans = layout.images if index in self.full_blocks else layout.windows
             hidden = hidden + self.attention(block.attn, block.norm1(hidden), cos, sin, spans)
             hidden = hidden + block.mlp(block.norm2(hidden))
-        return visual.merger(hidden)[torch.argsort(layout.window_index)]
+        return layout.from_windows(visual.merger(hidden))
 
     @staticmethod
     def attention(
-        attn: Qwen2_5_VLVisionAttention, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: Spans
+        attn: Qwen2_5_VLVisionAttention | VisionAttention,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        spans: Spans,
     ) -> torch.Tensor:
-        """Qwen2_5_VLVisionAttention.forward with one packed call in place of its per-window loop."""
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
+        """The vision attention's forward with one packed call in place of its per-window (per-image) loop."""
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision  # Qwen2.5-VL's copy
 
         tokens = hidden.shape[0]
         q, k, v = attn.qkv(hidden).reshape(tokens, 3, attn.num_heads, -1).unbind(1)
@@ -138,29 +168,34 @@ class Spans:
 @dataclass(frozen=True, slots=True)
 class WindowLayout:
     """Where each patch goes for the window layers (transformers' vision_utils, computed on the host from the
-    tiny grid so that no step of the forward waits on the device), and the spans both kinds of layer attend."""
+    tiny grid so that no step of the forward waits on the device), and the spans both kinds of layer attend. A
+    windowless tower's (Qwen2-VL's) keeps its patches in place, and its windows are its whole images."""
 
-    window_index: torch.Tensor  # [patches / merge**2]: merged-patch order of the windows
+    window_index: torch.Tensor | None  # [patches / merge**2]: merged-patch order of the windows; None: in place
     position_ids: torch.Tensor  # [patches, 2]: each patch's (h, w) for the 2D rope
     windows: Spans
     images: Spans
     unit: int  # merge**2 patches per merged patch
 
     @classmethod
-    def of(cls, grid: torch.Tensor, config: Any, device: torch.device) -> WindowLayout:
+    def of(cls, grid: torch.Tensor, config: Any, device: torch.device, windowed: bool = True) -> WindowLayout:
         from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
         grid = grid.cpu()
         merge = config.spatial_merge_size
-        index, cu_windows = get_vision_window_index(grid, merge, config.window_size, config.patch_size)
-        return cls(
-            index.to(device, non_blocking=True),
-            get_vision_position_ids(grid, merge).to(device, non_blocking=True),
-            Spans.of(cu_windows, device),
-            Spans.of(get_vision_cu_seqlens(grid), device),
-            merge * merge,
-        )
+        images = Spans.of(get_vision_cu_seqlens(grid), device)
+        index, windows = None, images
+        if windowed:
+            index, cu_windows = get_vision_window_index(grid, merge, config.window_size, config.patch_size)
+            index, windows = index.to(device, non_blocking=True), Spans.of(cu_windows, device)
+        return cls(index, get_vision_position_ids(grid, merge).to(device, non_blocking=True), windows, images, merge**2)
 
     def to_windows(self, rows: torch.Tensor) -> torch.Tensor:
         """transformers' permute_input_for_window_attn: patches regrouped window by window."""
+        if self.window_index is None:
+            return rows
         return rows.reshape(-1, self.unit, rows.shape[-1])[self.window_index].reshape(rows.shape)
+
+    def from_windows(self, merged: torch.Tensor) -> torch.Tensor:
+        """Merged patches back in image order from window order."""
+        return merged if self.window_index is None else merged[torch.argsort(self.window_index)]

@@ -91,7 +91,7 @@ _TEXT_MODEL_PREFIXES = (
     ("vision_tower.", "vision.vision_tower."),
     ("model.multi_modal_projector.", "vision.multi_modal_projector."),
     ("multi_modal_projector.", "vision.multi_modal_projector."),
-    # Qwen2.5-VL's (models/qwen2_5_vl.py): the hub keeps its text model at `model.` and its encoder at `visual.`
+    # Qwen2(.5)-VL's (models/qwen2_5_vl.py): the hub keeps the text model at `model.`, the encoder at `visual.`
     ("model.visual.", "vision.visual."),
     ("visual.", "vision.visual."),
     ("model.", "model."),

@@ -95,6 +95,52 @@ def test_the_heads_cost_turns_its_drafts_off_where_the_step_table_alone_drafts(e
         speculator.config, speculator.head_cost = config, measured
 
 
+def test_eagle3_under_tensor_parallelism_gives_the_tokens_of_one_rank(folders, engines):
+    """--num-shard 2 on gloo: rank 0 (this process) drafts with the head; rank 1, the server's own worker (spawned),
+    follows the step plan. Greedy and seeded token ids are one rank's `--speculate 0`, and the KV pool (rank 0's:
+    the other ranks keep none) is full again after each batch. The drafts are one rank's head's too (as many
+    drafted and accepted): the head reads whole hidden states and a whole embedding on rank 0."""
+    import multiprocessing
+    import os
+
+    import torch
+
+    from tests.benchmarks.conftest import free_port
+    from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
+    from tgi_compat.router.engine import EngineCore
+    from tgi_compat.router.rank_heartbeat import RankHeartbeats
+    from tgi_compat.router.tp_worker import run_tp_worker
+
+    (target, head), (plain, single) = folders, engines
+    eagle = SpeculativeConfig(num_speculative_tokens=3, method="eagle3", draft_model=head)
+    config = EngineConfig(model_id=target, speculative=eagle, num_shard=2, master_port=free_port(), **LIMITS)
+    args = (config, 1, os.getpid(), RankHeartbeats(2))
+    worker = multiprocessing.get_context("spawn").Process(target=run_tp_worker, args=args, daemon=True)
+    worker.start()
+    threads, engine = torch.get_num_threads(), None
+    try:
+        engine = EngineCore.from_config(config)
+        for name, sampling in SAMPLINGS.items():
+            assert _run(engine, sampling, together=True) == _run(plain, sampling, together=True), name
+        ours = dataclasses.replace(engine.scheduler.speculator.counters)
+        counters = single.scheduler.speculator.counters
+        before = dataclasses.replace(counters, accepted_per_position=[])
+        for sampling in SAMPLINGS.values():
+            _run(single, sampling, together=True)
+        assert ours.num_accepted_tokens > 0
+        assert ours.num_draft_tokens == counters.num_draft_tokens - before.num_draft_tokens
+        assert ours.num_accepted_tokens == counters.num_accepted_tokens - before.num_accepted_tokens
+    finally:
+        if engine is not None:
+            engine.close()  # (releases rank 1)
+            destroy_tensor_parallel(engine.executor.runner.tp)
+        worker.join(timeout=60)
+        if worker.is_alive():
+            worker.kill()
+        torch.set_num_threads(threads)  # (a sharded CPU runner shares the cores out)
+    assert worker.exitcode == 0
+
+
 def _launch(*argv: str):
     from tgi_compat.api.cli.launcher import config_from_args, parse_args
 

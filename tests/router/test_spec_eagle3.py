@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from router_fakes import drain
 
 from tests.modeling.eagle3_heads import DRAFT_VOCAB, TARGET, random_head_tensors, save_head
+from tests.router.sharded_engine import generate, sharded_engine
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.request import GenerateRequest, SamplingParams
+from tgi_compat.router.request import SamplingParams
 from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.policy import HeadCost, StepCostTable
 
@@ -44,15 +44,12 @@ def _engine(target: str, speculative: SpeculativeConfig | None):
 
 
 def _run(engine, sampling: SamplingParams, together: bool) -> dict[str, list[int]]:
-    events: dict[str, list] = {}
+    """Every prompt in one batch, or every other one alone; the KV pool is full again after each (generate)."""
     pairs = list(enumerate(PROMPTS))
-    batches = [pairs] if together else [[pair] for pair in pairs[1::2]]
-    for batch in batches:
-        for i, prompt in batch:
-            params = SamplingParams(**{name: getattr(sampling, name) for name in SamplingParams.__slots__})
-            engine.add_request(GenerateRequest(f"r{i}", list(prompt), params, max_new_tokens=20, ignore_eos=True))
-        events |= drain(engine)  # (asserts the KV pool is full again)
-    return {rid: [t for e in evs for t in e.token_ids] for rid, evs in events.items()}
+    out: dict[str, list[int]] = {}
+    for batch in [pairs] if together else [[pair] for pair in pairs[1::2]]:
+        out |= generate(engine, dict(batch), sampling, max_new_tokens=20)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -100,26 +97,12 @@ def test_eagle3_under_tensor_parallelism_gives_the_tokens_of_one_rank(folders, e
     follows the step plan. Greedy and seeded token ids are one rank's `--speculate 0`, and the KV pool (rank 0's:
     the other ranks keep none) is full again after each batch. The drafts are one rank's head's too (as many
     drafted and accepted): the head reads whole hidden states and a whole embedding on rank 0."""
-    import multiprocessing
-    import os
-
-    import torch
-
     from tests.benchmarks.conftest import free_port
-    from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
-    from tgi_compat.router.engine import EngineCore
-    from tgi_compat.router.rank_heartbeat import RankHeartbeats
-    from tgi_compat.router.tp_worker import run_tp_worker
 
     (target, head), (plain, _) = folders, engines
     eagle = SpeculativeConfig(num_speculative_tokens=3, method="eagle3", draft_model=head)
     config = EngineConfig(model_id=target, speculative=eagle, num_shard=2, master_port=free_port(), **LIMITS)
-    args = (config, 1, os.getpid(), RankHeartbeats(2))
-    worker = multiprocessing.get_context("spawn").Process(target=run_tp_worker, args=args, daemon=True)
-    worker.start()
-    threads, engine = torch.get_num_threads(), None
-    try:
-        engine = EngineCore.from_config(config)
+    with sharded_engine(config) as engine:
         for name, sampling in SAMPLINGS.items():
             assert _run(engine, sampling, together=True) == _run(plain, sampling, together=True), name
         single = _engine(target, eagle)  # (fresh: its prefix cache holds what the sharded one's does)
@@ -128,15 +111,6 @@ def test_eagle3_under_tensor_parallelism_gives_the_tokens_of_one_rank(folders, e
         ours = engine.scheduler.speculator.counters
         assert ours.num_accepted_tokens > 0
         assert ours == single.scheduler.speculator.counters
-    finally:
-        if engine is not None:
-            engine.close()  # (releases rank 1)
-            destroy_tensor_parallel(engine.executor.runner.tp)
-        worker.join(timeout=60)
-        if worker.is_alive():
-            worker.kill()
-        torch.set_num_threads(threads)  # (a sharded CPU runner shares the cores out)
-    assert worker.exitcode == 0
 
 
 def test_a_sharded_engine_leaves_room_for_the_whole_embedding_a_head_borrows(folders, tmp_path):

@@ -1,8 +1,9 @@
 """EAGLE-3 on the GPU (marker `gpu`; skipped without CUDA): the auxiliary hidden states a decode step replayed from
-its CUDA graph writes are the eager step's, and greedy output with a tiny random head (Triton backend, decode and
-verify graphs) equals --speculate 0's, leaving the KV pool full.
+its CUDA graph writes are the eager step's and the layers' outputs, and greedy output with a tiny random head (Triton
+backend, decode and verify graphs) equals --speculate 0's, leaving the KV pool full.
 
 Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_eagle3_gpu.py
+Under tensor parallelism (2 GPUs): tests/gpu/check_eagle3_tp.py.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def test_replayed_decode_steps_write_the_eager_aux_hidden_states():
     replayed = runner.aux_hidden.rows(2).clone()
     runner._forward_eager(batch)
     torch.testing.assert_close(replayed, runner.aux_hidden.rows(2), atol=1e-5, rtol=1e-5)
+    # the layers' outputs, read from the fused kernels' sums (transformers' hidden states: its last entry is normed)
+    hidden = TARGET["hidden_size"]
+    with torch.no_grad():
+        for row, ids in enumerate(([5, 9, 13, 21], [7, 8, 22])):
+            states = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+            expected = torch.cat([states[layer + 1][0, -1] for layer in (0, 1)])
+            torch.testing.assert_close(replayed[row, : 2 * hidden].cpu(), expected, atol=2e-3, rtol=2e-3)
 
 
 @pytest.mark.gpu

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from router_fakes import drain
 
 from tests.modeling.eagle3_heads import DRAFT_VOCAB, TARGET, random_head_tensors, save_head
+from tests.router.sharded_engine import generate, sharded_engine
 from tgi_compat.router.config import EngineConfig
-from tgi_compat.router.request import GenerateRequest, SamplingParams
+from tgi_compat.router.request import SamplingParams
 from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.policy import HeadCost, StepCostTable
 
@@ -44,15 +44,12 @@ def _engine(target: str, speculative: SpeculativeConfig | None):
 
 
 def _run(engine, sampling: SamplingParams, together: bool) -> dict[str, list[int]]:
-    events: dict[str, list] = {}
+    """Every prompt in one batch, or every other one alone; the KV pool is full again after each (generate)."""
     pairs = list(enumerate(PROMPTS))
-    batches = [pairs] if together else [[pair] for pair in pairs[1::2]]
-    for batch in batches:
-        for i, prompt in batch:
-            params = SamplingParams(**{name: getattr(sampling, name) for name in SamplingParams.__slots__})
-            engine.add_request(GenerateRequest(f"r{i}", list(prompt), params, max_new_tokens=20, ignore_eos=True))
-        events |= drain(engine)  # (asserts the KV pool is full again)
-    return {rid: [t for e in evs for t in e.token_ids] for rid, evs in events.items()}
+    out: dict[str, list[int]] = {}
+    for batch in [pairs] if together else [[pair] for pair in pairs[1::2]]:
+        out |= generate(engine, dict(batch), sampling, max_new_tokens=20)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +90,49 @@ def test_the_heads_cost_turns_its_drafts_off_where_the_step_table_alone_drafts(e
         assert counters.num_draft_tokens == drafted
     finally:
         speculator.config, speculator.head_cost = config, measured
+
+
+def test_eagle3_under_tensor_parallelism_gives_the_tokens_of_one_rank(folders, engines):
+    """--num-shard 2 on gloo: rank 0 (this process) drafts with the head; rank 1, the server's own worker (spawned),
+    follows the step plan. Greedy and seeded token ids are one rank's `--speculate 0`, and the KV pool (rank 0's:
+    the other ranks keep none) is full again after each batch. The drafts are one rank's head's too (as many
+    drafted and accepted): the head reads whole hidden states and a whole embedding on rank 0."""
+    from tests.benchmarks.conftest import free_port
+
+    (target, head), (plain, _) = folders, engines
+    eagle = SpeculativeConfig(num_speculative_tokens=3, method="eagle3", draft_model=head)
+    config = EngineConfig(model_id=target, speculative=eagle, num_shard=2, master_port=free_port(), **LIMITS)
+    with sharded_engine(config) as engine:
+        for name, sampling in SAMPLINGS.items():
+            assert _run(engine, sampling, together=True) == _run(plain, sampling, together=True), name
+        single = _engine(target, eagle)  # (fresh: its prefix cache holds what the sharded one's does)
+        for sampling in SAMPLINGS.values():
+            _run(single, sampling, together=True)
+        ours = engine.scheduler.speculator.counters
+        assert ours.num_accepted_tokens > 0
+        assert ours == single.scheduler.speculator.counters
+
+
+def test_a_sharded_engine_leaves_room_for_the_whole_embedding_a_head_borrows(folders, tmp_path):
+    import torch
+
+    from tgi_compat.router.model_loading import _draft_model_bytes
+
+    target, head = folders
+    own = random_head_tensors() | {"embed_tokens.weight": torch.zeros(TARGET["vocab_size"], TARGET["hidden_size"])}
+    heads = {"borrows": head, "own": save_head(tmp_path / "own", "speculators", own)}
+    reserved = {
+        (name, shards): _draft_model_bytes(
+            EngineConfig(
+                model_id=target, speculative=SpeculativeConfig(2, method="eagle3", draft_model=path), num_shard=shards
+            )
+        )
+        for name, path in heads.items()
+        for shards in (1, 2)
+    }
+    embedding = TARGET["vocab_size"] * TARGET["hidden_size"] * 4  # float32 on the CPU
+    assert reserved["borrows", 2] == reserved["borrows", 1] + embedding  # rank 0's own is a vocabulary block
+    assert reserved["own", 2] == reserved["own", 1] > embedding  # (its embedding is in its checkpoint's size)
 
 
 def _launch(*argv: str):

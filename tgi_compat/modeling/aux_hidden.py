@@ -1,9 +1,10 @@
 """The residual stream after a few chosen layers, for every token of a step: what an EAGLE-3 head reads.
 
 Opt-in (RunnerConfig.aux_hidden_layers): off, the decoder never looks at it. On, each chosen layer's output
-(hidden + residual) is copied into its column block of one [tokens, layers * hidden] buffer. The buffer is
-allocated once, before the CUDA graphs are captured, so that a replayed step writes the same memory; a step
-larger than it (a long eager prefill) gets a fresh one.
+(the residual stream after it, read where the next layer or the final norm adds it in: whole under tensor
+parallelism) is copied into its column block of one [tokens, layers * hidden] buffer. The buffer is allocated
+once, before the CUDA graphs are captured, so that a replayed step writes the same memory; a step larger than it
+(a long eager prefill) gets a fresh one.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ class AuxHiddenStates:
         self._last = static if num_tokens <= static.shape[0] else static.new_empty(num_tokens, static.shape[1])
         return self._last[:num_tokens]
 
-    def write(
-        self, buffer: torch.Tensor, blocks: tuple[int, ...], hidden: torch.Tensor, residual: torch.Tensor
-    ) -> None:
-        size, stream = self.hidden_size, hidden + residual
+    def write(self, buffer: torch.Tensor, blocks: tuple[int, ...], stream: torch.Tensor) -> None:
+        """A layer's output (the residual stream after it, summed over the ranks) into its column blocks."""
+        size = self.hidden_size
         for block in blocks:
             buffer[:, block * size : (block + 1) * size].copy_(stream)
 

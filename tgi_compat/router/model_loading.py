@@ -13,6 +13,8 @@ from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.policy import HeadCost, StepCostTable
 
 if TYPE_CHECKING:
+    import torch
+
     from tgi_compat.modeling.models.eagle3 import Eagle3Head
     from tgi_compat.modeling.runner import ModelRunner
     from tgi_compat.router.speculative.eagle3 import Eagle3Drafter
@@ -50,12 +52,13 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         max_lora_rank=config.max_lora_rank,
         num_speculative_tokens=0 if config.speculative is None else config.speculative.num_speculative_tokens,
         diverse_mode=config.diverse_mode and config.prefix_caching,
-        aux_hidden_layers=_eagle3_target_layers(config),
-        reserve_bytes=_draft_model_bytes(config),
+        # (EAGLE-3: rank 0 alone reads the target's layers and holds the head; see load_drafter)
+        aux_hidden_layers=_eagle3_target_layers(config) if rank == 0 else None,
+        reserve_bytes=_draft_model_bytes(config) if rank == 0 else 0,
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)
-    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(config)
     if device.type == "cuda":
         device = torch.device("cuda", rank)
     else:  # the ranks share the cores
@@ -69,6 +72,12 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
     return runner
 
 
+def _device(config: EngineConfig) -> torch.device:
+    import torch
+
+    return torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def _eagle3_target_layers(config: EngineConfig) -> tuple[int, ...] | None:
     """The target layers an EAGLE-3 head reads (None: no head); a head that does not fit the target stops here."""
     spec = config.speculative
@@ -78,8 +87,6 @@ def _eagle3_target_layers(config: EngineConfig) -> tuple[int, ...] | None:
     from tgi_compat.modeling.source import resolve_model_source
     from tgi_compat.modeling.weights.loader import load_model_config
 
-    if config.num_shard > 1:
-        raise ValueError("EAGLE-3 speculation runs on one GPU (no --num-shard) for now")
     target = load_model_config(resolve_model_source(config.model_id, config.revision), config.load_format)
     head = Eagle3Config.from_folder(resolve_model_source(spec.draft_model).folder)
     head.check_target(target)
@@ -87,27 +94,52 @@ def _eagle3_target_layers(config: EngineConfig) -> tuple[int, ...] | None:
 
 
 def _draft_model_bytes(config: EngineConfig) -> int:
-    """The EAGLE-3 head's checkpoint size: it loads after the runner has sized its KV cache."""
+    """The EAGLE-3 head's checkpoint size (it loads after the runner has sized its KV cache), and under tensor
+    parallelism the whole copy of the target's embedding it gets where it has none of its own (load_drafter)."""
     spec = config.speculative
     if spec is None or spec.draft_model is None:
         return 0
+    from tgi_compat.modeling.dtypes import resolve_dtype
+    from tgi_compat.modeling.models.eagle3_config import has_own_embedding
     from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.weights.loader import load_model_config
     from tgi_compat.modeling.weights.safetensors import safetensors_files
 
-    return sum(os.path.getsize(path) for path in safetensors_files(resolve_model_source(spec.draft_model).folder))
+    folder = resolve_model_source(spec.draft_model).folder
+    head_bytes = sum(os.path.getsize(path) for path in safetensors_files(folder))
+    if config.num_shard == 1 or has_own_embedding(folder):
+        return head_bytes
+    target = load_model_config(resolve_model_source(config.model_id, config.revision), config.load_format)
+    item = resolve_dtype(config.dtype, _device(config)).itemsize
+    return head_bytes + target.vocab_size * target.hidden_size * item
 
 
 def load_drafter(config: EngineConfig, runner: ModelRunner) -> Eagle3Drafter | None:
-    """The EAGLE-3 head of `--speculative-config '{"method": "eagle3", "model": ...}'` over the loaded target."""
+    """The EAGLE-3 head of `--speculative-config '{"method": "eagle3", "model": ...}'` over the loaded target.
+
+    Under tensor parallelism only rank 0 (this process) drafts: its router proposes, and the step plan carries the
+    drafts to the other ranks as n-gram's do. The head is small and not sharded; the target's layer outputs it
+    reads are whole on every rank (aux_hidden.py), so rank 0's own are complete. Rank 0's embedding is only its
+    vocabulary block (whose lookup all-reduces: a collective rank 0 must not call alone), so a head without an
+    embedding of its own gets a whole copy read from the target's checkpoint: no collective, no other rank."""
     spec = config.speculative
     if spec is None or spec.draft_model is None:
         return None
     from tgi_compat.modeling.models.decoder import DecoderStack
     from tgi_compat.modeling.models.eagle3 import load_eagle3_head
+    from tgi_compat.modeling.models.eagle3_config import has_own_embedding
+    from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.weights.loader import read_tensor
     from tgi_compat.router.speculative.eagle3 import Eagle3Drafter
 
     assert runner.aux_hidden is not None and isinstance(runner.model, DecoderStack)  # (load_runner asked for them)
-    embedding = runner.model.model.embed_tokens.weight
+    embedding: torch.Tensor | None = runner.model.model.embed_tokens.weight
+    if runner.tp.is_sharded:
+        embedding = None
+        if not has_own_embedding(resolve_model_source(spec.draft_model).folder):
+            assert runner.source is not None  # (a served runner loads from its model id)
+            name = "model.embed_tokens.weight"
+            embedding = read_tensor(runner.source, runner.model_config, name, config.load_format, runner.device)
     head = load_eagle3_head(spec.draft_model, runner.vocab_size, embedding, runner.device, runner.dtype)
     logger.info("EAGLE-3 head %s reads target layers %s", spec.draft_model, runner.aux_hidden.layers)
     return Eagle3Drafter(head, runner.aux_hidden.rows, measure_head_cost(head))

@@ -11,7 +11,8 @@ with its own input norm, so that the norm, the add and the next norm are one op 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Protocol, cast
 
 import torch
@@ -128,6 +129,7 @@ class DecoderLayer(nn.Module):
         backend: AttentionBackend,
         owed_norm: RMSNorm | None = None,  # the previous layer's output_norm, still to apply to hidden
         sum_over: TensorParallel | None = None,  # the ranks hidden is still to be summed over (None: it is whole)
+        read_stream: Callable[[torch.Tensor], None] | None = None,  # gets the stream entering the layer, whole
     ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
         # Each norm travels with the projection after it (and the residual add of the previous
         # sub-block, and under tensor parallelism the sum over the ranks, with the norm): one op each, which
@@ -139,6 +141,8 @@ class DecoderLayer(nn.Module):
             assert residual is not None  # a layer before this one owes the norm
             hidden = sum_now(hidden, sum_over)
             qkv, residual = self.ops.norm_add_norm_linear(hidden, owed_norm, residual, self.input_layernorm, qkv_proj)
+        if read_stream is not None:
+            read_stream(residual)
         hidden, sum_over = self.self_attn(qkv, rope, k_cache, v_cache, backend)
         return self.feed_forward(hidden, residual, sum_over)
 
@@ -218,21 +222,44 @@ class DecoderModel(nn.Module):
         rope = self.rotary_emb.step_tables(positions)  # gathered once, shared by every layer
         local_rope = rope if self.local_rotary_emb is None else self.local_rotary_emb.step_tables(positions)
         residual, sum_over = None, None
-        aux = self.aux_hidden
-        aux_out = None if aux is None else aux.step_buffer(hidden.shape[0])
-        layers = zip(self.layers, self.uses_local_rope, self.owed_norms, kv_caches)
-        for i, (layer, is_local, owed, (k_cache, v_cache)) in enumerate(layers):
+        # EAGLE-3: a layer's output is read where the next layer (or the final norm) adds it to the stream, whole:
+        # under tensor parallelism the sum over the ranks is only done there (fused with the norm), so reading
+        # it as the layer ends would see this rank's part, and summing it earlier would change the arithmetic
+        readers = self._aux_readers(hidden.shape[0])
+        layers = zip(self.layers, self.uses_local_rope, self.owed_norms, kv_caches, readers)
+        for layer, is_local, owed, (k_cache, v_cache), read_stream in layers:
             hidden, residual, sum_over = layer(
-                hidden, residual, local_rope if is_local else rope, k_cache, v_cache, backend, owed, sum_over
+                hidden,
+                residual,
+                local_rope if is_local else rope,
+                k_cache,
+                v_cache,
+                backend,
+                owed,
+                sum_over,
+                read_stream,
             )
-            if aux_out is not None and (blocks := self.aux_blocks[i]):
-                cast(AuxHiddenStates, aux).write(aux_out, blocks, hidden, residual)
         hidden = sum_now(hidden, sum_over)  # once a step: the last layer's sum on its own
         final_owed = self.owed_norms[-1]
         if final_owed is not None:  # once a step: the last layer's post-feedforward norm on its own
             hidden, _ = final_owed(hidden)
-        hidden, _ = self.norm(hidden, residual)
+        hidden, stream = self.norm(hidden, residual)
+        if (read_last := readers[-1]) is not None and stream is not None:
+            read_last(stream)
         return hidden
+
+    def _aux_readers(self, num_tokens: int) -> list[Callable[[torch.Tensor], None] | None]:
+        """Per layer, then for the final norm: what reads the stream entering it (the output of the layer before
+        it) into the auxiliary hidden states; None: nothing (all None with them off)."""
+        readers: list[Callable[[torch.Tensor], None] | None] = [None] * (len(self.layers) + 1)
+        aux = self.aux_hidden
+        if aux is None:
+            return readers
+        buffer = aux.step_buffer(num_tokens)
+        for i, blocks in enumerate(self.aux_blocks):
+            if blocks:
+                readers[i + 1] = partial(aux.write, buffer, blocks)
+        return readers
 
 
 class DecoderStack(nn.Module):

@@ -148,6 +148,19 @@ class Eagle3Config:
         }
 
 
+def has_own_embedding(folder: str) -> bool:
+    """Whether the head's checkpoint brings an embedding (else it borrows the target's); reads only the headers."""
+    from safetensors import safe_open
+
+    from tgi_compat.modeling.weights.safetensors import safetensors_files
+
+    for path in safetensors_files(folder):
+        with safe_open(path, framework="pt") as f:
+            if any(our_name(name) == "embed_tokens.weight" for name in f.keys()):
+                return True
+    return False
+
+
 def our_name(name: str) -> str:
     """A checkpoint tensor's name in either format -> ours (`layer.*` for the decoder layer)."""
     name = name.removeprefix("model.")

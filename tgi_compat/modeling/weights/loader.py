@@ -11,7 +11,7 @@ import torch
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.registry import TRANSFORMERS, modeling_path
 from tgi_compat.modeling.source import ModelSource
-from tgi_compat.modeling.weights.lazy import LazyTensor
+from tgi_compat.modeling.weights.lazy import LazyTensor, take
 
 LOAD_FORMATS = ("auto", "dummy")  # vLLM's --load-format values we serve: the checkpoint, or random weights
 Weights = Iterator[tuple[str, torch.Tensor | LazyTensor]]
@@ -106,3 +106,18 @@ def text_model_weights(weights: Weights) -> Weights:
             if name.startswith(prefix):
                 yield target + name.removeprefix(prefix), tensor
                 break
+
+
+def read_tensor(
+    source: ModelSource,
+    config: ModelConfig,
+    name: str,
+    load_format: str = "auto",
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """One checkpoint tensor by its HF name, whole, on `device` in `dtype` (read lazily: nothing else is loaded)."""
+    for found, tensor in iterate_weights(source, config, False, lazy=True, load_format=load_format, device=device):
+        if found == name:
+            return take(tensor).to(device, dtype)
+    raise KeyError(f"the checkpoint has no tensor {name}")

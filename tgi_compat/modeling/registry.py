@@ -60,8 +60,7 @@ _REFUSED = {
     # TGI serves these too; neither our native files nor the fallback's image path (models/transformers_vlm.py) do yet
     **{
         name: "a vision-language family with no native model and no image path in the transformers fallback yet"
-        for name in ("Idefics2ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
-        + ("Qwen2VLForConditionalGeneration",)
+        for name in ("PaliGemmaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
     },
 }
 

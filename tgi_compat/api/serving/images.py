@@ -5,7 +5,7 @@ with the image's encoder rows. Gemma 3's image text is TGI's `\\n\\n<start_of_im
 transformers' processor resizes it + `<|vision_end|>` (what TGI's model server runs; TGI's router counts the
 original image's H * W / 196 pads inside Rust's quotes instead, see README); LLaVA-Next's (transformers fallback)
 is one `<image>` per row its model packs; Idefics3's (fallback too) interleaves runs of `<image>`s with row/column
-tokens (tgi_compat/modeling/vision/idefics3.py). A text model never comes here, so its
+tokens (tgi_compat/modeling/vision/idefics3.py), Idefics2's with `<fake_token_around_image>`s (vision/idefics2.py). A text model never comes here, so its
 prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class VisionPrompts:
     fetcher: ImageFetcher
     max_images: int | None = None  # most images in one request (--max-images); None: no limit, as in TGI
     interleaved: bool = False  # an image's placeholders are not one run (Idefics3: row/column tokens between)
+    fixup: Callable[[str], str] | None = None  # TGI's rewrite of the whole expanded prompt (Idefics2's)
 
     @classmethod
     def of(
@@ -92,6 +93,13 @@ class VisionPrompts:
                 return Placeholders(idefics.text(image.height, image.width), idefics.count(image.height, image.width))
 
             return cls(idefics3, idefics.image_token_id, False, fetcher, max_images, interleaved=True)
+        if architecture == "Idefics2ForConditionalGeneration" and hf_config is not None and folder is not None:
+            from tgi_compat.modeling.vision.idefics2 import Idefics2ImageTokens
+
+            idefics2 = Idefics2ImageTokens.from_checkpoint(hf_config, folder)
+            fixed = Placeholders(idefics2.text, idefics2.count)
+            merge = Idefics2ImageTokens.merge_fakes
+            return cls(lambda _: fixed, idefics2.image_token_id, False, fetcher, max_images, True, merge)
         return None
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
@@ -99,12 +107,16 @@ class VisionPrompts:
         chunks = split_prompt(inputs)
         refs = [chunk for chunk in chunks if isinstance(chunk, ImageRef)]
         if not refs:
-            return inputs, []
+            return self.fixed(inputs), []
         if self.max_images is not None and len(refs) > self.max_images:  # refused before anything is fetched
             raise validation_error(f"`inputs` must have at most {self.max_images} images. Given: {len(refs)}")
         loaded = await asyncio.to_thread(lambda: [self.fetcher.load(ref) for ref in refs])
         texts = iter([self.placeholders(image).text for image in loaded])
-        return "".join(chunk if isinstance(chunk, str) else next(texts) for chunk in chunks), loaded
+        return self.fixed("".join(chunk if isinstance(chunk, str) else next(texts) for chunk in chunks)), loaded
+
+    def fixed(self, prompt: str) -> str:
+        """The prompt as TGI rewrites it once its images are expanded (with or without images)."""
+        return prompt if self.fixup is None else self.fixup(prompt)
 
     def place(self, ids: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
         """The engine's images of the tokenized (maybe left-truncated) prompt: each placeholder run is one of the

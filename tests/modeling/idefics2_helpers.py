@@ -80,3 +80,18 @@ def engine_request(request_id: str, images: list[bytes], adjacent: bool = False)
         ids += image_ids() + ([] if adjacent else [10 + k, 11 + k])
     placed = PROMPTS.place(ids, [decoded(data) for data in images])
     return GenerateRequest(request_id, ids, max_new_tokens=NEW, ignore_eos=True, images=placed), ids
+
+
+def check_images_beside_text(model, drain) -> None:
+    """Requests with two images (apart, and adjacent: sharing a fake token) and a text-only one, served in the same
+    steps (`drain(requests)` -> ids by request id), each give transformers' greedy ids: on the CPU and the device."""
+    from tests.modeling.idefics3_helpers import TALL, WIDE
+
+    apart, apart_ids = engine_request("apart", [WIDE, TALL])
+    adjacent, adjacent_ids = engine_request("adjacent", [TALL, WIDE], adjacent=True)
+    text, text_ids = engine_request("text", [])
+    assert [image.embeds is not None for image in apart.images + adjacent.images] == [True] * 4
+    out = drain([apart, adjacent, text])
+    assert out["apart"] == greedy_ids(model, apart_ids, [WIDE, TALL], NEW)
+    assert out["adjacent"] == greedy_ids(model, adjacent_ids, [TALL, WIDE], NEW)
+    assert out["text"] == greedy_ids(model, text_ids, [], NEW)

@@ -35,14 +35,8 @@ def test_greedy_ids_equal_transformers_with_one_image(checkpoint):
 @pytest.mark.parametrize("prefill", [4096, 7], ids=["whole", "chunked"])
 def test_greedy_ids_equal_transformers_with_two_images_beside_text(checkpoint, prefill):
     model, folder = checkpoint
-    apart, apart_ids = idefics2.engine_request("apart", [WIDE, TALL])
-    adjacent, adjacent_ids = idefics2.engine_request("adjacent", [TALL, WIDE], adjacent=True)
-    text, text_ids = idefics2.engine_request("text", [])
-    assert [image.embeds is not None for image in apart.images + adjacent.images] == [True] * 4
-    out = engine_tokens(make_engine(folder, max_batch_prefill_tokens=prefill), [apart, adjacent, text])
-    assert out["apart"] == idefics2.greedy_ids(model, apart_ids, [WIDE, TALL], idefics2.NEW)
-    assert out["adjacent"] == idefics2.greedy_ids(model, adjacent_ids, [TALL, WIDE], idefics2.NEW)
-    assert out["text"] == idefics2.greedy_ids(model, text_ids, [], idefics2.NEW)
+    engine = make_engine(folder, max_batch_prefill_tokens=prefill)
+    idefics2.check_images_beside_text(model, lambda requests: engine_tokens(engine, requests))
 
 
 def test_a_repeated_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):

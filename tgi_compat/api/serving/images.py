@@ -11,6 +11,7 @@ prompts keep the markdown as text, as in TGI."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -100,6 +101,13 @@ class VisionPrompts:
             fixed = Placeholders(idefics2.text, idefics2.count)
             merge = Idefics2ImageTokens.merge_fakes
             return cls(lambda _: fixed, idefics2.image_token_id, False, fetcher, max_images, True, merge)
+        if architecture == "PaliGemmaForConditionalGeneration" and hf_config is not None:
+            from tgi_compat.modeling.vision.paligemma import PaliGemmaImageTokens
+
+            pali = PaliGemmaImageTokens.from_hf_config(hf_config)
+            fixed = Placeholders(pali.text, pali.tokens_per_image)
+            # interleaved: adjacent images' runs are one run, each image takes its count of it
+            return PrefixLMPrompts(lambda _: fixed, pali.image_token_id, False, fetcher, max_images, interleaved=True)
         return None
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
@@ -107,16 +115,25 @@ class VisionPrompts:
         chunks = split_prompt(inputs)
         refs = [chunk for chunk in chunks if isinstance(chunk, ImageRef)]
         if not refs:
-            return self.fixed(inputs), []
+            return self.fixed(self.text_piece(inputs) if inputs else inputs), []
         if self.max_images is not None and len(refs) > self.max_images:  # refused before anything is fetched
             raise validation_error(f"`inputs` must have at most {self.max_images} images. Given: {len(refs)}")
         loaded = await asyncio.to_thread(lambda: [self.fetcher.load(ref) for ref in refs])
         texts = iter([self.placeholders(image).text for image in loaded])
-        return self.fixed("".join(chunk if isinstance(chunk, str) else next(texts) for chunk in chunks)), loaded
+        return self.fixed("".join(self.text_piece(c) if isinstance(c, str) else next(texts) for c in chunks)), loaded
 
     def fixed(self, prompt: str) -> str:
         """The prompt as TGI rewrites it once its images are expanded (with or without images)."""
         return prompt if self.fixup is None else self.fixup(prompt)
+
+    def text_piece(self, text: str) -> str:
+        """A run of the prompt's text between images, as TGI's model server takes it (PaliGemma wraps it)."""
+        return text
+
+    @property
+    def adds_special_tokens(self) -> bool:
+        """Whether the tokenizer adds its special tokens to a prompt that asks for them (PaliGemma's never)."""
+        return True
 
     def place(self, ids: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
         """The engine's images of the tokenized (maybe left-truncated) prompt: each placeholder run is one of the
@@ -158,3 +175,35 @@ class VisionPrompts:
             embeds = None if length == count else tuple(p - offset for p in mine)
             images.append(PromptImage(offset, length, image.digest, image.data, self.bidirectional, embeds=embeds))
         return images
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixLMPrompts(VisionPrompts):
+    """PaliGemma's (tgi_compat/modeling/vision/paligemma.py): `<bos>` + text + `\\n` for each run of text, no special
+    tokens added, and the whole prompt one span that attends both ways (`prefix_lm_images`)."""
+
+    def text_piece(self, text: str) -> str:
+        from tgi_compat.modeling.vision.paligemma import PaliGemmaImageTokens
+
+        return PaliGemmaImageTokens.text_piece(text)
+
+    @property
+    def adds_special_tokens(self) -> bool:
+        return False
+
+    def place(self, ids: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
+        return prefix_lm_images(ids, VisionPrompts.place(self, ids, loaded))
+
+
+def prefix_lm_images(ids: list[int], images: list[PromptImage]) -> list[PromptImage]:
+    """The prompt's images (each one run of placeholders, in order) with the first one's span widened to the whole
+    prompt, which attends both ways: its rows still go to its own placeholders (`embeds`), and the prefix cache keys
+    the span by the hash of all the prompt's ids and images, since each position's K/V depends on all of them."""
+    if not images:
+        return images
+    first = images[0]
+    content = hashlib.sha256(" ".join([*(image.digest for image in images), *map(str, ids)]).encode())
+    own = range(first.length) if first.embeds is None else first.embeds
+    embeds = tuple(first.offset + position for position in own)
+    whole = PromptImage(0, len(ids), first.digest, first.data, True, embeds=embeds, key=content.hexdigest())
+    return [whole, *images[1:]]

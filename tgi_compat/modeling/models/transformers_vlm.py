@@ -107,9 +107,28 @@ class Idefics2ForImageTextToText(Idefics3ForImageTextToText):
         return {**TransformersForImageTextToText.attention_implementation(), "perceiver_config": "sdpa"}
 
 
+class PaliGemmaForImageTextToText(TransformersForImageTextToText):
+    """Its text model rotates positions from 1, as transformers' and TGI's do (vision/paligemma.py)."""
+
+    def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        return self.paligemma_rows(self.hf, processed)
+
+    @staticmethod
+    @torch.inference_mode()
+    def paligemma_rows(hf: Any, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """transformers' PaliGemma `hf` on SiglipImageProcessor's pixel_values [N, 3, H, W] -> each image's rows:
+        the SigLIP tower's last hidden state through the projector, one per `<image>`."""
+        features = hf.model.get_image_features(pixel_values=processed["pixel_values"].to(hf.dtype))
+        return list(features.pooler_output)
+
+    def text_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions + 1
+
+
 # the fallback's vision-language class of each checkpoint architecture (config.FALLBACK_VISION_MODELS)
 VISION_CLASSES: dict[str, type[TransformersForImageTextToText]] = {
     "LlavaNextForConditionalGeneration": TransformersForImageTextToText,
     "Idefics3ForConditionalGeneration": Idefics3ForImageTextToText,
     "Idefics2ForConditionalGeneration": Idefics2ForImageTextToText,
+    "PaliGemmaForConditionalGeneration": PaliGemmaForImageTextToText,
 }

@@ -1,5 +1,6 @@
 """A tiny random PaliGemma (transformers' own PaliGemmaConfig and model, fp32: a 2-layer Gemma or Gemma 2 text model
-whose embeddings are scaled down so that its greedy ids vary, a 2-layer SigLIP tower on 16-pixel images of 4 x 4
+whose embeddings are scaled down so that its greedy ids vary (Gemma 2's sliding window 8 tokens, under the prompts'
+length), a 2-layer SigLIP tower on 16-pixel images of 4 x 4
 patches: 16 `<image>`s an image) and its image processor, for the fallback's engine tests
 (tests/router/test_paligemma_engine.py). Its stand-in ids: `<image>` at the top of the vocabulary, `<bos>` 2, `\\n` 13.
 The reference is transformers' model given the processor's token_type_ids: 0 over the prompt (which attends both
@@ -29,6 +30,8 @@ def tiny_paligemma(model_type: str = "gemma", vocab: int = VOCAB, seed: int = 0)
     from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
     text = {**TINY_SIZES, "model_type": model_type, "vocab_size": vocab, "head_dim": 16}
+    if model_type == "gemma2":  # a window shorter than the prompts: the prefix still attends both ways past it
+        text["sliding_window"] = 8
     vision = {"model_type": "siglip_vision_model", "image_size": SIDE, "patch_size": 4, "hidden_size": 32}
     vision |= {"intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
     hidden = TINY_SIZES["hidden_size"]
@@ -75,3 +78,18 @@ def engine_request(request_id: str, images: list[bytes], text: list[int]) -> tup
     ids = [IMAGE] * (PER_IMAGE * len(images)) + [BOS, *text, NEWLINE]
     placed = PROMPTS.place(ids, [decoded(data) for data in images])
     return GenerateRequest(request_id, ids, max_new_tokens=NEW, ignore_eos=True, images=placed), ids
+
+
+def check_images_beside_text(model, drain) -> None:
+    """A request with one image and one with two (each one bidirectional span over its whole prompt) served in the
+    same steps (`drain(requests)` -> ids by request id) each give transformers' greedy ids: on the CPU and the
+    device."""
+    from tests.modeling.idefics3_helpers import TALL, WIDE
+
+    one, one_ids = engine_request("one", [WIDE], [40, 41, 42])
+    two, two_ids = engine_request("two", [TALL, WIDE], [50, 51])
+    spans = [(image.offset, image.length, image.bidirectional) for image in two.images]
+    assert spans == [(0, len(two_ids), True), (PER_IMAGE, PER_IMAGE, False)]
+    out = drain([one, two])
+    assert out["one"] == greedy_ids(model, one_ids, [WIDE], NEW)
+    assert out["two"] == greedy_ids(model, two_ids, [TALL, WIDE], NEW)

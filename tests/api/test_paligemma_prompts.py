@@ -12,6 +12,7 @@ from tgi_compat.api.protocol.images import DecodedImage
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import Placeholders, PrefixLMPrompts, VisionPrompts
 from tgi_compat.modeling.models.transformers_fallback import fallback_model_config
+from tgi_compat.modeling.registry import describe_modeling_path
 from tgi_compat.router.images import image_keyed_ids
 
 RED, GREEN = (DecodedImage(data, "image/png", 1, 1) for data in (b"red", b"green"))
@@ -22,6 +23,8 @@ def test_the_checkpoint_gives_its_image_tokens_and_no_special_tokens():
     prompts = VisionPrompts.of(fallback_model_config(config), ImageFetcher())
     assert isinstance(prompts, PrefixLMPrompts) and not prompts.adds_special_tokens
     assert prompts.image_token_id == 299 and prompts.placeholders(RED) == Placeholders("<image>" * 16, 16)
+    described = describe_modeling_path("PaliGemmaForConditionalGeneration")
+    assert described == "transformers modeling of its text model and vision encoder"
 
 
 async def test_text_runs_are_wrapped_as_tgi_does():

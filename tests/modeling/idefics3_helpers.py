@@ -7,6 +7,7 @@ Its stand-in ids for the separator tokens sit at the top of the vocabulary besid
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 from PIL import Image
 
@@ -115,3 +116,21 @@ def check_images_beside_text(model, drain) -> None:
     out = drain([both, text])
     assert out["both"] == greedy_ids(model, ids, [WIDE, TALL], NEW)
     assert out["text"] == greedy_ids(model, text_ids, [], NEW)
+
+
+def check_a_repeated_image_hits_the_prefix_cache(engine, request_of: Callable[[str], GenerateRequest]) -> None:
+    """The same image-bearing request (`request_of(request_id)`) twice in a row: the second gives the first's ids, its
+    image is not encoded again, and its whole image span (the tokens between its `<image>` runs too) is cached."""
+    from benchmarks.device.steps import engine_tokens
+
+    first = engine_tokens(engine, [request_of("first")])
+    again = request_of("again")
+    engine.add_request(again)
+    tokens, cached = [], 0
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens += event.token_ids
+            cached = max(cached, event.num_cached_tokens)
+    assert tokens == first["first"]
+    assert engine.executor.batch_builder.images is not None and engine.executor.batch_builder.images.num_encoded == 1
+    assert cached >= again.images[0].end

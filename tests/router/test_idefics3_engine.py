@@ -17,6 +17,7 @@ from tests.modeling.idefics3_helpers import (
     TALL,
     TOKENS,
     WIDE,
+    check_a_repeated_image_hits_the_prefix_cache,
     check_images_beside_text,
     decoded,
     engine_request,
@@ -47,19 +48,7 @@ def test_greedy_ids_equal_transformers_with_two_images(checkpoint, prefill):
 
 
 def test_a_repeated_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):
-    _, folder = checkpoint
-    engine = make_engine(folder)
-    first = engine_tokens(engine, [engine_request("first", [WIDE])[0]])
-    again, _ = engine_request("again", [WIDE])
-    engine.add_request(again)
-    tokens, cached = [], 0
-    while engine.has_unfinished():
-        for event in engine.step():
-            tokens += event.token_ids
-            cached = max(cached, event.num_cached_tokens)
-    assert tokens == first["first"]
-    assert engine.executor.batch_builder.images is not None and engine.executor.batch_builder.images.num_encoded == 1
-    assert cached >= again.images[0].end  # the whole image span, its separators too, came from the cache
+    check_a_repeated_image_hits_the_prefix_cache(make_engine(checkpoint[1]), lambda id: engine_request(id, [WIDE])[0])
 
 
 def test_counts_and_text_match_transformers_processor_and_model(tmp_path):

@@ -67,7 +67,7 @@ def test_step_embeds_gather_each_chunks_placeholder_rows():
     assert embeds is not None
     assert embeds.token_index.tolist() == [10, 13]  # position 2 (image 1's second), position 5 (image 2's first)
     assert embeds.embeds[:, 0].tolist() == [2.0, 3.0]
-    assert embeds.spans == [[], [(2, 3)]]
+    assert embeds.spans == [[], [(1, 3)]]  # from the span's start, its position 1 computed before
     assert cache.step_embeds([(0, 0, 4, [])], torch.device("cpu")) is None
 
 

@@ -43,7 +43,8 @@ class ImageEmbeds:
     token_index: torch.Tensor  # [N] int64: rows of the flat batch holding image placeholders
     embeds: torch.Tensor  # [N, hidden]: their features, from the vision encoder
     # per request of the batch: the [start, end) positions of each image whose placeholders attend to each
-    # other both ways (Gemma 3), inside this step's new tokens; empty for a causal-only model
+    # other both ways (Gemma 3; PaliGemma's whole prompt), up to this step's last new token (from the span's
+    # start, which an earlier step or the prefix cache may have computed); empty for a causal-only model
     spans: list[list[tuple[int, int]]] = field(default_factory=list)
 
 

@@ -59,11 +59,6 @@ _REFUSED = {
     "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and its text "
     "model's chunked local attention (attention_chunk_size) is not applied by the transformers fallback's attention "
     "over our KV cache",
-    # TGI serves these too; neither our native files nor the fallback's image path (models/transformers_vlm.py) do yet
-    **{
-        name: "a vision-language family with no native model and no image path in the transformers fallback yet"
-        for name in ("Idefics2ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
-    },
 }
 
 NATIVE = "native"

@@ -96,7 +96,8 @@ class EncoderCache:
         rows: list[torch.Tensor] = []
         spans: list[list[tuple[int, int]]] = []
         for (offset, start, end, _), hit in zip(chunks, hits):
-            spans.append([(max(i.offset, start), min(i.end, end)) for i in hit if i.bidirectional])
+            # from the span's start, cached part included: a sliding window must not hide it (PaliGemma 2)
+            spans.append([(i.offset, min(i.end, end)) for i in hit if i.bidirectional])
             for image, image_rows in zip(hit, features):
                 taken, positions = image.rows_at(max(image.offset, start), min(image.end, end))
                 token_index += [offset + position - start for position in positions]

@@ -31,6 +31,9 @@ class PromptImage:
     # the positions in [offset, end), relative to offset and ascending, that take its rows, where its text
     # interleaves them with tokens that keep their own embeddings (Idefics3's row/column tokens); None: all of them
     embeds: tuple[int, ...] | None = None
+    # what the prefix cache keys its span by, where the span's K/V depends on more than the image (PaliGemma's
+    # span is its whole prompt, which attends both ways: the hash of all of it); None: its digest
+    key: str | None = None
 
     @property
     def end(self) -> int:
@@ -52,7 +55,7 @@ def image_keyed_ids(ids: list[int], images: Sequence[PromptImage]) -> list[int]:
     for image in images:
         if image.offset >= len(ids):
             break
-        base = (int(image.digest[: _HASH_BITS // 4], 16) << 20) + 1
+        base = (int((image.key or image.digest)[: _HASH_BITS // 4], 16) << 20) + 1
         for position in range(image.offset, min(image.end, len(ids))):
             keyed[position] = -((base + position - image.offset) << _KEY_STEP_BITS)
     return keyed

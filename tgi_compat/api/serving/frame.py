@@ -60,7 +60,7 @@ async def validate_request(
     loaded: list[DecodedImage] = []
     if isinstance(inputs, str):
         text, loaded = (inputs, []) if state.vision is None else await state.vision.expand(inputs)
-        prompt_ids = await _tokenize(state, text, add_special_tokens)
+        prompt_ids = await _tokenize(state, text, state.special_tokens(add_special_tokens))
     else:
         prompt_ids = check_token_ids(inputs, state.engine.info.vocab_size)
         inputs = state.tokenizer.decode(prompt_ids)  # the text `echo` and `return_full_text` show

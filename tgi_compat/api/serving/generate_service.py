@@ -93,7 +93,8 @@ class GenerateService(Service):
         """Bare array of SimpleToken with byte offsets; `truncate` is ignored, not counted in metrics. A vision model
         tokenizes the prompt with its images' tokens, whose offsets TGI then reads in the prompt as sent."""
         try:
-            spans = await self.state.tokenizer.spans(await self.state.expand_images(body.inputs))
+            text = await self.state.expand_images(body.inputs)
+            spans = await self.state.tokenizer.spans(text, self.state.special_tokens())
         except TgiError as error:
             return JsonAnswer.error(error)
         except Exception as error:  # any tokenizer failure is the client's input

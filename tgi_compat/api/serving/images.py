@@ -5,12 +5,14 @@ with the image's encoder rows. Gemma 3's image text is TGI's `\\n\\n<start_of_im
 patch of the image as transformers' processor resizes it + `<|vision_end|>` (what TGI's model server runs; TGI's
 router counts the original image's H * W / 196 pads inside Rust's quotes instead, see README); LLaVA-Next's
 (transformers fallback) is one `<image>` per row its model packs; Idefics3's (fallback too) interleaves runs of
-`<image>`s with row/column tokens (tgi_compat/modeling/vision/idefics3.py). A text model never comes here, so its
+`<image>`s with row/column tokens (tgi_compat/modeling/vision/idefics3.py), Idefics2's with `<fake_token_around_image>`s
+(vision/idefics2.py). A text model never comes here, so its
 prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,6 +48,7 @@ class VisionPrompts:
     fetcher: ImageFetcher
     max_images: int | None = None  # most images in one request (--max-images); None: no limit, as in TGI
     interleaved: bool = False  # an image's placeholders are not one run (Idefics3: row/column tokens between)
+    fixup: Callable[[str], str] | None = None  # TGI's rewrite of the whole expanded prompt (Idefics2's)
 
     @classmethod
     def of(
@@ -92,6 +95,20 @@ class VisionPrompts:
                 return Placeholders(idefics.text(image.height, image.width), idefics.count(image.height, image.width))
 
             return cls(idefics3, idefics.image_token_id, False, fetcher, max_images, interleaved=True)
+        if architecture == "Idefics2ForConditionalGeneration" and hf_config is not None and folder is not None:
+            from tgi_compat.modeling.vision.idefics2 import Idefics2ImageTokens
+
+            idefics2 = Idefics2ImageTokens.from_checkpoint(hf_config, folder)
+            fixed = Placeholders(idefics2.text, idefics2.count)
+            merge = Idefics2ImageTokens.merge_fakes
+            return cls(lambda _: fixed, idefics2.image_token_id, False, fetcher, max_images, True, merge)
+        if architecture == "PaliGemmaForConditionalGeneration" and hf_config is not None:
+            from tgi_compat.modeling.vision.paligemma import PaliGemmaImageTokens
+
+            pali = PaliGemmaImageTokens.from_hf_config(hf_config)
+            fixed = Placeholders(pali.text, pali.tokens_per_image)
+            # interleaved: adjacent images' runs are one run, each image takes its count of it
+            return PrefixLMPrompts(lambda _: fixed, pali.image_token_id, False, fetcher, max_images, interleaved=True)
         return None
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
@@ -99,12 +116,25 @@ class VisionPrompts:
         chunks = split_prompt(inputs)
         refs = [chunk for chunk in chunks if isinstance(chunk, ImageRef)]
         if not refs:
-            return inputs, []
+            return self.fixed(self.text_piece(inputs) if inputs else inputs), []
         if self.max_images is not None and len(refs) > self.max_images:  # refused before anything is fetched
             raise validation_error(f"`inputs` must have at most {self.max_images} images. Given: {len(refs)}")
         loaded = await asyncio.to_thread(lambda: [self.fetcher.load(ref) for ref in refs])
         texts = iter([self.placeholders(image).text for image in loaded])
-        return "".join(chunk if isinstance(chunk, str) else next(texts) for chunk in chunks), loaded
+        return self.fixed("".join(self.text_piece(c) if isinstance(c, str) else next(texts) for c in chunks)), loaded
+
+    def fixed(self, prompt: str) -> str:
+        """The prompt as TGI rewrites it once its images are expanded (with or without images)."""
+        return prompt if self.fixup is None else self.fixup(prompt)
+
+    def text_piece(self, text: str) -> str:
+        """A run of the prompt's text between images, as TGI's model server takes it (PaliGemma wraps it)."""
+        return text
+
+    @property
+    def adds_special_tokens(self) -> bool:
+        """Whether the tokenizer adds its special tokens to a prompt that asks for them (PaliGemma's never)."""
+        return True
 
     def place(self, ids: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
         """The engine's images of the tokenized (maybe left-truncated) prompt: each placeholder run is one of the
@@ -146,3 +176,35 @@ class VisionPrompts:
             embeds = None if length == count else tuple(p - offset for p in mine)
             images.append(PromptImage(offset, length, image.digest, image.data, self.bidirectional, embeds=embeds))
         return images
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixLMPrompts(VisionPrompts):
+    """PaliGemma's (tgi_compat/modeling/vision/paligemma.py): `<bos>` + text + `\\n` for each run of text, no special
+    tokens added, and the whole prompt one span that attends both ways (`prefix_lm_images`)."""
+
+    def text_piece(self, text: str) -> str:
+        from tgi_compat.modeling.vision.paligemma import PaliGemmaImageTokens
+
+        return PaliGemmaImageTokens.text_piece(text)
+
+    @property
+    def adds_special_tokens(self) -> bool:
+        return False
+
+    def place(self, ids: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
+        return prefix_lm_images(ids, VisionPrompts.place(self, ids, loaded))
+
+
+def prefix_lm_images(ids: list[int], images: list[PromptImage]) -> list[PromptImage]:
+    """The prompt's images (each one run of placeholders, in order) with the first one's span widened to the whole
+    prompt, which attends both ways: its rows still go to its own placeholders (`embeds`), and the prefix cache keys
+    the span by the hash of all the prompt's ids and images, since each position's K/V depends on all of them."""
+    if not images:
+        return images
+    first = images[0]
+    content = hashlib.sha256(" ".join([*(image.digest for image in images), *map(str, ids)]).encode())
+    own = range(first.length) if first.embeds is None else first.embeds
+    embeds = tuple(first.offset + position for position in own)
+    whole = PromptImage(0, len(ids), first.digest, first.data, True, embeds=embeds, key=content.hexdigest())
+    return [whole, *images[1:]]

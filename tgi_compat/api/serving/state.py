@@ -79,6 +79,11 @@ class AppState:
         """The text a prompt is tokenized as: a vision model's images as its image tokens (serving/images.py)."""
         return inputs if self.vision is None else (await self.vision.expand(inputs))[0]
 
+    def special_tokens(self, requested: bool = True) -> bool:
+        """Whether a prompt's tokenizing adds special tokens: as requested, except for a vision model whose prompts
+        never take them (PaliGemma's, whose text brings its own `<bos>`)."""
+        return requested and (self.vision is None or self.vision.adds_special_tokens)
+
     @property
     def compat_return_full_text(self) -> bool:
         """POST / default: true for text-generation models and when the tag is unknown."""

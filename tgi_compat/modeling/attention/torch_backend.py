@@ -5,7 +5,7 @@ req_to_token: all single-token requests (decodes) together as one padded [B, 1, 
 and each multi-token request (a prefill chunk over its cached prefix) on its own, so a long chunk
 next to many decodes never builds a [B, max_q, max_kv] mask. A pure decode step is one group.
 A multi-token request's mask opens each image span of ForwardBatch.images both ways. A sliding window
-narrows a group's mask per call (layers differ); soft-capped scores take an eager
+narrows a group's mask per call (layers differ), a span's pairs staying open; soft-capped scores take an eager
 softmax, since SDPA has no hook for them.
 """
 
@@ -27,6 +27,9 @@ class AttentionGroup:
     mask: torch.Tensor | None  # [b, 1, q_len, max_kv] bool, True = may attend; None = every key
     q_len: int  # queries per request (1 for decodes)
     query_pos: torch.Tensor  # [b, q_len] position of every query
+    # [b, 1, q_len, max_kv]: the pairs inside one bidirectional span, which a sliding window leaves open (the
+    # prefix of a PaliGemma 2 prompt longer than its window, as transformers' masks OR the span in); None: no span
+    spans: torch.Tensor | None = None
 
 
 @dataclass
@@ -39,7 +42,8 @@ class TorchAttentionBackend(AttentionBackend):
     metadata: TorchAttentionMetadata  # this step's, set by init_forward_metadata
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
-        if batch.mode == ForwardMode.DECODE:
+        # a one-token step may still be a prompt's last token in a span (after a prefix-cache hit): not a decode
+        if batch.mode == ForwardMode.DECODE and not (batch.images is not None and any(batch.images.spans)):
             groups = [_decode_group(req_to_token, batch.req_rows, batch.kv_lens, slice(None), batch.max_kv_len)]
         else:
             groups = _extend_groups(batch, req_to_token)
@@ -83,6 +87,8 @@ class TorchAttentionBackend(AttentionBackend):
             key_pos = torch.arange(max_kv, device=k.device)
             in_window = (key_pos > group.query_pos[:, :, None] - sliding_window)[:, None]  # [b, 1, q, max_kv]
             mask = in_window if mask is None else mask & in_window
+            if group.spans is not None:
+                mask = mask | group.spans
         if softcap:
             out = _soft_capped_attention(q_block, k, v, mask, scale, softcap)
         else:
@@ -138,7 +144,9 @@ def _extend_groups(batch: ForwardBatch, req_to_token: torch.Tensor) -> list[Atte
     for q_len in q_lens[:-1]:
         starts.append(starts[-1] + q_len)
     groups = []
-    decodes = [i for i, q_len in enumerate(q_lens) if q_len == 1]
+    spans = batch.images.spans if batch.images is not None else []
+    # one new token in a span (a prompt's last after a prefix-cache hit) keeps its span's mask: not a decode
+    decodes = [i for i, q_len in enumerate(q_lens) if q_len == 1 and not (i < len(spans) and spans[i])]
     if decodes:
         index = torch.tensor(decodes, device=batch.req_rows.device)
         groups.append(
@@ -151,20 +159,25 @@ def _extend_groups(batch: ForwardBatch, req_to_token: torch.Tensor) -> list[Atte
             )
         )
     for i, (start, q_len, kv_len) in enumerate(zip(starts, q_lens, kv_lens)):
-        if q_len == 1:
+        if i in decodes:
             continue
         kv_slots = req_to_token[batch.req_rows[i : i + 1], :kv_len].long()  # [1, kv_len]
         # causal relative to each token's position: query j sits at position (kv_len - q_len + j)
         query_pos = torch.arange(kv_len - q_len, kv_len, device=kv_slots.device)
         key_pos = torch.arange(kv_len, device=kv_slots.device)
         mask = key_pos[None, :] <= query_pos[:, None]
-        for span_start, span_end in batch.images.spans[i] if batch.images is not None else ():
-            # an image's placeholders see each other both ways (Gemma 3's prefill)
+        opened = None
+        for span_start, span_end in spans[i] if i < len(spans) else ():
+            # an image's placeholders see each other both ways (Gemma 3's prefill; PaliGemma's whole prompt)
             in_span = (key_pos >= span_start) & (key_pos < span_end)
-            mask |= in_span[kv_len - q_len :, None] & in_span[None, :]
+            pairs = in_span[kv_len - q_len :, None] & in_span[None, :]
+            opened = pairs if opened is None else opened | pairs
+        if opened is not None:
+            mask |= opened
+            opened = opened.view(1, 1, q_len, kv_len)
         groups.append(
             AttentionGroup(
-                slice(start, start + q_len), kv_slots, mask.view(1, 1, q_len, kv_len), q_len, query_pos[None]
+                slice(start, start + q_len), kv_slots, mask.view(1, 1, q_len, kv_len), q_len, query_pos[None], opened
             )
         )
     return groups

@@ -136,8 +136,9 @@ class TransformersForCausalLM(nn.Module):
             self.hf = model_class.from_pretrained(folder, config=hf_config, device_map=device_map, **options)
         else:  # in-memory weights (tests, --load-format dummy): built here, filled by load_weights
             self.hf = model_class.from_config(hf_config, **options)
-        self.logit_scale = getattr(hf_config, "logit_scale", None)  # Cohere-style scaled logits
-        self.final_softcap = getattr(hf_config, "final_logit_softcapping", None)
+        text_config = hf_config.get_text_config()  # a vision checkpoint's (PaliGemma 2's soft-cap), else the config
+        self.logit_scale = getattr(text_config, "logit_scale", None)  # Cohere-style scaled logits
+        self.final_softcap = getattr(text_config, "final_logit_softcapping", None)
 
     def forward(
         self,
@@ -150,7 +151,7 @@ class TransformersForCausalLM(nn.Module):
         """The flat batch as one sequence of T tokens; returns the final hidden states [T, hidden]."""
         out = self.text_model()(
             **self.text_inputs(input_ids, batch),
-            position_ids=positions[None],
+            position_ids=self.text_positions(positions)[None],
             use_cache=False,
             kv_cache_step=KVCacheStep(kv_caches, backend),
         )
@@ -171,6 +172,10 @@ class TransformersForCausalLM(nn.Module):
 
     def text_inputs(self, input_ids: torch.Tensor, batch: ForwardBatch) -> dict[str, torch.Tensor]:
         return {"input_ids": input_ids[None]}
+
+    def text_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """The positions the text model rotates by (PaliGemma's start at 1)."""
+        return positions
 
     def model_name(self, name: str) -> str:
         """A checkpoint tensor's name -> the module's, as transformers' renamings (not its tensor converters) give

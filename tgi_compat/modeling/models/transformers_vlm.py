@@ -1,8 +1,8 @@
 """A vision-language checkpoint (LLaVA-Next, Idefics3) through transformers' own modeling: its text model runs on our KV
 cache as models/transformers_fallback.py runs any decoder, its vision tower and projector are transformers' (sdpa
 attention, once per image at admission), and each image's feature rows replace its placeholder tokens' embeddings
-(ForwardBatch.images, chunk by chunk under chunked prefill), as transformers' `masked_scatter` does. Idefics3's rows go to its `<image>`s only, between its row/column
-tokens (PromptImage.embeds)."""
+(ForwardBatch.images, chunk by chunk under chunked prefill), as transformers' `masked_scatter` does. Idefics3's rows
+go to its `<image>`s only, between its row/column tokens (PromptImage.embeds); Idefics2's between its fake tokens."""
 
 from __future__ import annotations
 
@@ -98,8 +98,37 @@ class Idefics3ForImageTextToText(TransformersForImageTextToText):
         return list(features.pooler_output)
 
 
+class Idefics2ForImageTextToText(Idefics3ForImageTextToText):
+    """Idefics3's text model and image rows (its get_image_features packs each image's crops as Idefics3's tiles);
+    the perceiver resampler between the tower and the text model attends with sdpa too."""
+
+    @staticmethod
+    def attention_implementation() -> dict[str, str]:
+        return {**TransformersForImageTextToText.attention_implementation(), "perceiver_config": "sdpa"}
+
+
+class PaliGemmaForImageTextToText(TransformersForImageTextToText):
+    """Its text model rotates positions from 1, as transformers' and TGI's do (vision/paligemma.py)."""
+
+    def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        return self.paligemma_rows(self.hf, processed)
+
+    @staticmethod
+    @torch.inference_mode()
+    def paligemma_rows(hf: Any, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """transformers' PaliGemma `hf` on SiglipImageProcessor's pixel_values [N, 3, H, W] -> each image's rows:
+        the SigLIP tower's last hidden state through the projector, one per `<image>`."""
+        features = hf.model.get_image_features(pixel_values=processed["pixel_values"].to(hf.dtype))
+        return list(features.pooler_output)
+
+    def text_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions + 1
+
+
 # the fallback's vision-language class of each checkpoint architecture (config.FALLBACK_VISION_MODELS)
 VISION_CLASSES: dict[str, type[TransformersForImageTextToText]] = {
     "LlavaNextForConditionalGeneration": TransformersForImageTextToText,
     "Idefics3ForConditionalGeneration": Idefics3ForImageTextToText,
+    "Idefics2ForConditionalGeneration": Idefics2ForImageTextToText,
+    "PaliGemmaForConditionalGeneration": PaliGemmaForImageTextToText,
 }

@@ -31,6 +31,9 @@ class PromptImage:
     # the positions in [offset, end), relative to offset and ascending, that take its rows, where its text
     # interleaves them with tokens that keep their own embeddings (Idefics3's row/column tokens); None: all of them
     embeds: tuple[int, ...] | None = None
+    # its real tiles, whose keys the text after it attends to: a cross-attending model's (Mllama,
+    # tgi_compat.router.cross_attention); None for any other
+    tiles: int | None = None
 
     @property
     def end(self) -> int:

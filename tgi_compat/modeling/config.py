@@ -38,7 +38,11 @@ MULTIMODAL_TEXT_MODELS = {
 }
 # Vision-language checkpoints that the transformers fallback serves whole, images included
 # (models/transformers_vlm.py): their ModelConfig is the text model's, with the wrapper as multimodal_architecture
-FALLBACK_VISION_MODELS = frozenset({"LlavaNextForConditionalGeneration", "Idefics3ForConditionalGeneration"})
+FALLBACK_VISION_MODELS = frozenset(
+    {"LlavaNextForConditionalGeneration", "Idefics3ForConditionalGeneration", "MllamaForConditionalGeneration"}
+)
+# those whose text cross-attends to its images (tgi_compat/router/cross_attention.py) instead of reading placeholders
+CROSS_ATTENTION_MODELS = frozenset({"MllamaForConditionalGeneration"})
 # Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
 _WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")
 

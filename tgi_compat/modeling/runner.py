@@ -19,7 +19,7 @@ import torch.nn as nn
 from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
 from tgi_compat.modeling.aux_hidden import attach_aux_hidden
-from tgi_compat.modeling.config import ModelConfig
+from tgi_compat.modeling.config import CROSS_ATTENTION_MODELS, ModelConfig
 from tgi_compat.modeling.cuda_graphs import (
     DecodeCudaGraphs,
     maybe_capture_decode_graphs,
@@ -45,7 +45,7 @@ from tgi_compat.modeling.weights.loader import iterate_weights, load_model_confi
 
 if TYPE_CHECKING:
     from tgi_compat.modeling.lora.manager import LoraManager
-    from tgi_compat.modeling.vision.encoder import ImageEncoder
+    from tgi_compat.modeling.vision.encoder import CrossProjector, ImageEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +133,8 @@ class ModelRunner:
         self.aux_hidden = None if layers is None else attach_aux_hidden(self.model, layers, max_aux_rows, self.dtype)
         self.lora = self._enable_lora() if cfg.max_loras else None
         self.image_encoder = self._image_encoder()  # None: a text model
+        # a cross-attending model's (Mllama) image keys and values (tgi_compat.router.cross_attention)
+        self.cross_projector = self._cross_projector()
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
         self.step_sender: StepBroadcast | None = None
@@ -306,6 +308,11 @@ class ModelRunner:
 
         # the registry serves every multimodal wrapper with its vision encoder (models/gemma3_vision.py)
         return ImageEncoder(cast(VisionLanguageModel, self.model), self.source.folder, self.device)
+
+    def _cross_projector(self) -> CrossProjector | None:
+        if self.image_encoder is None or self.model_config.multimodal_architecture not in CROSS_ATTENTION_MODELS:
+            return None
+        return cast("CrossProjector", self.model)  # the registry's class of such a model (models/mllama.py)
 
     def _enable_lora(self) -> LoraManager:
         from tgi_compat.modeling.lora.manager import LoraManager  # imports the kernels: see _build_model

@@ -1,7 +1,8 @@
 """GPU (marker `gpu`; skipped without CUDA): LLaVA-Next and Idefics3 through the transformers fallback in the real
 engine on the device (Triton attention backend under transformers' text model, its vision tower with sdpa): fp32
 greedy ids equal transformers' (on the CPU) with two images beside a text request, whole and under 7-token prefill
-chunks (Idefics3's rows fill only its `<image>`s between row/column tokens: PromptImage.embeds).
+chunks (Idefics3's rows fill only its `<image>`s between row/column tokens: PromptImage.embeds); Mllama's text
+cross-attends to its images' keys (tgi_compat/router/cross_attention.py), equal to transformers' `generate`.
 
 Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_llava_next_gpu.py   (under 1 min)
 """
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.device.steps import engine_tokens
-from tests.modeling import idefics3_helpers, llava_next_helpers
+from tests.modeling import idefics3_helpers, llava_next_helpers, mllama_helpers
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 FAMILIES = {
     "llava_next": (llava_next_helpers.saved_llava_next, llava_next_helpers.check_images_beside_text),
     "idefics3": (idefics3_helpers.saved_idefics3, idefics3_helpers.check_images_beside_text),
+    "mllama": (mllama_helpers.saved_mllama, mllama_helpers.check_images_beside_text),
 }
 
 
@@ -32,5 +34,6 @@ def test_greedy_ids_on_the_device_equal_transformers(tmp_path, prefill, family):
     model, folder = saved(tmp_path)
     config = EngineConfig(model_id=folder, device="cuda", dtype="float32", max_batch_prefill_tokens=prefill)
     engine = EngineCore.from_config(config)
-    assert engine.executor.batch_builder.images is not None  # the image path, not text only
+    builder = engine.executor.batch_builder
+    assert builder.images is not None or builder.cross is not None  # the image path, not text only
     check(model, lambda requests: engine_tokens(engine, requests))

@@ -19,7 +19,7 @@ import torch.nn as nn
 from tgi_compat.modeling.attention import create_backend
 from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
 from tgi_compat.modeling.aux_hidden import attach_aux_hidden
-from tgi_compat.modeling.config import CROSS_ATTENTION_MODELS, ModelConfig
+from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.cuda_graphs import (
     DecodeCudaGraphs,
     maybe_capture_decode_graphs,
@@ -40,12 +40,13 @@ from tgi_compat.modeling.pooler import sentence_transformers_pooler
 from tgi_compat.modeling.registry import NATIVE, is_pooling_model, modeling_path, resolve_model_class
 from tgi_compat.modeling.source import ModelSource, resolve_model_source
 from tgi_compat.modeling.step_profiler import StepProfiler
+from tgi_compat.modeling.vision.cross_keys import cross_attention_keys
 from tgi_compat.modeling.weights.lazy import LazyTensor
 from tgi_compat.modeling.weights.loader import iterate_weights, load_model_config
 
 if TYPE_CHECKING:
     from tgi_compat.modeling.lora.manager import LoraManager
-    from tgi_compat.modeling.vision.encoder import CrossProjector, ImageEncoder
+    from tgi_compat.modeling.vision.encoder import ImageEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +134,8 @@ class ModelRunner:
         self.aux_hidden = None if layers is None else attach_aux_hidden(self.model, layers, max_aux_rows, self.dtype)
         self.lora = self._enable_lora() if cfg.max_loras else None
         self.image_encoder = self._image_encoder()  # None: a text model
-        # a cross-attending model's (Mllama) image keys and values (tgi_compat.router.cross_attention)
-        self.cross_projector = self._cross_projector()
+        # a cross-attending model's (Mllama) image keys (tgi_compat.router.cross_attention): room taken from the KV's
+        self.cross_attention = cross_attention_keys(self.model_config, self.model, self._kv_budget_bytes())
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
         self.step_sender: StepBroadcast | None = None
@@ -309,11 +310,6 @@ class ModelRunner:
         # the registry serves every multimodal wrapper with its vision encoder (models/gemma3_vision.py)
         return ImageEncoder(cast(VisionLanguageModel, self.model), self.source.folder, self.device)
 
-    def _cross_projector(self) -> CrossProjector | None:
-        if self.image_encoder is None or self.model_config.multimodal_architecture not in CROSS_ATTENTION_MODELS:
-            return None
-        return cast("CrossProjector", self.model)  # the registry's class of such a model (models/mllama.py)
-
     def _enable_lora(self) -> LoraManager:
         from tgi_compat.modeling.lora.manager import LoraManager  # imports the kernels: see _build_model
 
@@ -355,15 +351,21 @@ class ModelRunner:
         tokens_per_row = sum(range(2, k + 2))
         return sum(sizes) * tokens_per_row * self.model_config.vocab_size * 4  # (float32 where a family soft-caps)
 
-    def _num_kv_slots(self) -> int:
-        if self.cfg.num_kv_slots:
-            return self.cfg.num_kv_slots
-        if self.device.type != "cuda":
-            return CPU_DEFAULT_KV_SLOTS
+    def _kv_budget_bytes(self) -> float | None:
+        """The device memory the KV cache may take; None where its size is not read from the free memory."""
+        if self.cfg.num_kv_slots or self.device.type != "cuda":
+            return None
         free_bytes, _ = torch.cuda.mem_get_info(self.device)
-        budget = free_bytes * self.cfg.memory_fraction - self._activation_reserve_bytes()
+        return free_bytes * self.cfg.memory_fraction - self._activation_reserve_bytes()
+
+    def _num_kv_slots(self) -> int:
+        budget = self._kv_budget_bytes()
+        if budget is None:
+            return self.cfg.num_kv_slots or CPU_DEFAULT_KV_SLOTS
+        budget -= 0 if self.cross_attention is None else self.cross_attention.reserved_bytes
         num_slots = int(budget // self._kv_bytes_per_token())
         if num_slots <= 0:
+            free_bytes, _ = torch.cuda.mem_get_info(self.device)
             raise RuntimeError(f"no GPU memory left for the KV cache ({free_bytes / 2**30:.2f} GiB free after weights)")
         return num_slots
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.modeling.forward_batch import CrossAttention, CrossRun
-from tgi_compat.modeling.vision.encoder import CrossProjector
+from tgi_compat.modeling.vision.cross_keys import CrossProjector
 from tgi_compat.router.image_cache import EncoderCache
 from tgi_compat.router.request import Request
 

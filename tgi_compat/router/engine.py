@@ -62,7 +62,7 @@ from tgi_compat.router.validation import validate_request
 if TYPE_CHECKING:
     from tgi_compat.modeling.config import ModelConfig
     from tgi_compat.modeling.lora.manager import LoraManager
-    from tgi_compat.modeling.vision.encoder import CrossProjector
+    from tgi_compat.modeling.vision.cross_keys import CrossAttentionKeys
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class EngineCore:
         lora: LoraManager | None = None,
         image_encoder: ImageEncoder | None = None,  # a vision model's (tgi_compat.modeling.vision.encoder)
         drafter: Eagle3Drafter | None = None,  # speculation's EAGLE-3 head (model_loading.load_drafter)
-        cross_projector: CrossProjector | None = None,  # a cross-attending vision model's (Mllama)
+        cross_attention: CrossAttentionKeys | None = None,  # a cross-attending vision model's (Mllama)
     ) -> None:
         self.config = config
         self.info = engine_info(config, runner, model_config)
@@ -90,10 +90,11 @@ class EngineCore:
             ),
             max_waiting_tokens=config.max_waiting_tokens,
             waiting_served_ratio=config.waiting_served_ratio,
+            max_cross_images=None if cross_attention is None else cross_attention.max_images,
         )
         # a cross-attending model's text before its first image reads every image, which the prefix cache's keys
         # (image_keyed_ids) do not tell apart: no prefix cache for it, as TGI has none for any vision model
-        prefix_caching = config.prefix_caching and cross_projector is None
+        prefix_caching = config.prefix_caching and cross_attention is None
         self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests, prefix_caching)
         self.lora = None if lora is None else LoraRegistry(lora, config.max_cpu_loras, self._adapter_in_use)
         lora_slots = None if self.lora is None else self.lora.slots
@@ -103,8 +104,8 @@ class EngineCore:
             images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
         self.image_cache = images
         self.cross_attention = None
-        if images is not None and cross_projector is not None:  # its images are keys, not placeholder rows
-            self.cross_attention = CrossAttentionStore(images, cross_projector)
+        if images is not None and cross_attention is not None:  # its images are keys, not placeholder rows
+            self.cross_attention = CrossAttentionStore(images, cross_attention.projector)
         # --diverse_mode: decode steps group the rows that run on one cached prefix (siblings) for the shared-prefix kernel
         group_max = PREFIX_GROUP_MAX if config.diverse_mode and config.prefix_caching else 0
         selection = selection_config(config, self.info)
@@ -147,7 +148,7 @@ class EngineCore:
         config = fit_to_runner(config, runner)
         drafter = load_drafter(config, runner)
         model = runner.model_config
-        return cls(config, runner, model, runner.lora, runner.image_encoder, drafter, runner.cross_projector)
+        return cls(config, runner, model, runner.lora, runner.image_encoder, drafter, runner.cross_attention)
 
     def close(self) -> None:
         """Release what lives beyond this process: the other tensor-parallel ranks, the grammar compiler."""

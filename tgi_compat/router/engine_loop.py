@@ -46,4 +46,4 @@ def load_engine(config: EngineConfig, count_step: Callable[[], None] | None = No
     config = fit_to_runner(config, runner)
     drafter = load_drafter(config, runner)
     model = runner.model_config
-    return EngineCore(config, runner, model, runner.lora, runner.image_encoder, drafter, runner.cross_projector)
+    return EngineCore(config, runner, model, runner.lora, runner.image_encoder, drafter, runner.cross_attention)

@@ -32,6 +32,12 @@ class MllamaForConditionalGeneration(TransformersForImageTextToText):
         own = [layer for i, layer in enumerate(text.layers) if i not in self.cross_layers]
         for index, layer in enumerate(own):
             layer.self_attn.layer_idx = index
+        c = self.hf.config.text_config
+        keys = self.max_tiles * self.hf.model.vision_model.num_patches
+        head_dim = c.hidden_size // c.num_attention_heads
+        self.image_kv_bytes = (
+            keys * len(self.cross_layers) * 2 * c.num_key_value_heads * head_dim * self.hf.dtype.itemsize
+        )
 
     def run_text(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, batch: ForwardBatch, step: KVCacheStep
@@ -58,7 +64,9 @@ class MllamaForConditionalGeneration(TransformersForImageTextToText):
         return F.pad(logits, (0, self.config.vocab_size - logits.shape[-1]), value=float("-inf"))
 
     def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        return self.image_states(self.hf, processed)
+        # kept on the host by the encoder cache (50 MiB an image for Llama-3.2-11B-Vision): a request's keys are made
+        # from them once, on the device (cross_kv)
+        return [states.cpu() for states in self.image_states(self.hf, processed)]
 
     @staticmethod
     @torch.inference_mode()
@@ -78,6 +86,7 @@ class MllamaForConditionalGeneration(TransformersForImageTextToText):
     def cross_kv(self, states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A request's images' states [N, hidden] -> each cross-attention layer's keys and values [N, kv_heads, D]."""
         layers: Any = self.text_model().layers
+        states = states.to(self.hf.device)
         out = []
         for i in self.cross_layers:
             attn = layers[i].cross_attn

@@ -27,15 +27,6 @@ class VisionLanguageModel(Protocol):
         ...
 
 
-class CrossProjector(Protocol):
-    """A cross-attending model's (models/mllama.py): a request's images' vision states (`encode_processed`'s,
-    concatenated) -> each cross-attention layer's keys and values (tgi_compat.router.cross_attention)."""
-
-    max_tiles: int  # the tiles, real and padding, of every image's states
-
-    def cross_kv(self, states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
-
-
 PROCESSOR_THREADS = 8
 
 

@@ -37,3 +37,13 @@ def test_greedy_ids_on_the_device_equal_transformers(tmp_path, prefill, family):
     builder = engine.executor.batch_builder
     assert builder.images is not None or builder.cross is not None  # the image path, not text only
     check(model, lambda requests: engine_tokens(engine, requests))
+
+
+def test_mllama_image_keys_get_room_beside_the_kv_cache(tmp_path):
+    """The KV cache sized from the free memory leaves a share to the image keys, which bounds the running images."""
+    from tgi_compat.modeling.vision.cross_keys import CROSS_KEYS_SHARE
+
+    _, folder = mllama_helpers.saved_mllama(tmp_path)
+    engine = EngineCore.from_config(EngineConfig(model_id=folder, device="cuda", dtype="float32"))
+    bound = engine.scheduler.limits.max_cross_images
+    assert bound is not None and bound >= 1 and CROSS_KEYS_SHARE < 1

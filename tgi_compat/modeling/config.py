@@ -44,8 +44,11 @@ FALLBACK_VISION_MODELS = frozenset(
         "Idefics3ForConditionalGeneration",
         "Idefics2ForConditionalGeneration",
         "PaliGemmaForConditionalGeneration",
+        "MllamaForConditionalGeneration",
     }
 )
+# those whose text cross-attends to its images (tgi_compat/router/cross_attention.py) instead of reading placeholders
+CROSS_ATTENTION_MODELS = frozenset({"MllamaForConditionalGeneration"})
 # Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
 _WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")
 

@@ -48,6 +48,27 @@ class ImageEmbeds:
     spans: list[list[tuple[int, int]]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class CrossRun:
+    """Consecutive rows of CrossAttention.rows, of one request, that attend to the same keys of its images."""
+
+    first: int
+    end: int
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # the request's keys and values [N, kv_heads, D], per cross layer
+    keys: tuple[int, int]  # the [lo, hi) of them these rows attend to
+
+
+@dataclass(slots=True)
+class CrossAttention:
+    """A cross-attending model's (Mllama) step: the tokens of its requests with images, which attend to their images'
+    keys and values (tgi_compat/router/cross_attention.py); every other row skips the cross-attention layers."""
+
+    rows: torch.Tensor  # [M] int64: rows of the flat batch, by request, in order
+    # [M, 1]: 0 for a row before its request's first image, whose cross-attention MLP output is dropped
+    follows_image: torch.Tensor
+    runs: list[CrossRun]
+
+
 # --diverse_mode: rows of one shared-prefix group at most (n = 8 siblings fill one; a larger n makes several groups)
 PREFIX_GROUP_MAX = 8
 
@@ -113,6 +134,7 @@ class ForwardBatch:
     # [3, T] int64 (t, h, w) rotary positions of an M-RoPE model's step (Qwen2.5-VL, tgi_compat.router.mrope) where
     # some token's differ from `positions`; None: every token rotates by `positions`
     rope_positions: torch.Tensor | None = None
+    cross: CrossAttention | None = None  # None: no row of the step cross-attends to an image
 
     @property
     def num_tokens(self) -> int:

@@ -52,8 +52,6 @@ _POOLING_CLASSES = {
 
 # vision-language checkpoints that neither path serves, and why (README: "Vision-language models")
 _REFUSED = {
-    "MllamaForConditionalGeneration": "its text model cross-attends to the image instead of reading image "
-    "placeholders, which our paged KV cache has no place for",
     # the engine could fill its tile-separated placeholders as Idefics3's (PromptImage.embeds); its text model is
     # what the fallback cannot run yet
     "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and its text "
@@ -115,6 +113,10 @@ def resolve_model_class(architecture: str) -> type[CausalLM]:
     if modeling_path(architecture) == TRANSFORMERS:
         from tgi_compat.modeling.config import FALLBACK_VISION_MODELS
 
+        if architecture == "MllamaForConditionalGeneration":  # its text cross-attends to the images
+            from tgi_compat.modeling.models.mllama import MllamaForConditionalGeneration
+
+            return MllamaForConditionalGeneration
         if architecture in FALLBACK_VISION_MODELS:
             from tgi_compat.modeling.models.transformers_vlm import VISION_CLASSES
 

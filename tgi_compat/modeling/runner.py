@@ -40,6 +40,7 @@ from tgi_compat.modeling.pooler import sentence_transformers_pooler
 from tgi_compat.modeling.registry import NATIVE, is_pooling_model, modeling_path, resolve_model_class
 from tgi_compat.modeling.source import ModelSource, resolve_model_source
 from tgi_compat.modeling.step_profiler import StepProfiler
+from tgi_compat.modeling.vision.cross_keys import cross_attention_keys
 from tgi_compat.modeling.weights.lazy import LazyTensor
 from tgi_compat.modeling.weights.loader import iterate_weights, load_model_config
 
@@ -133,6 +134,8 @@ class ModelRunner:
         self.aux_hidden = None if layers is None else attach_aux_hidden(self.model, layers, max_aux_rows, self.dtype)
         self.lora = self._enable_lora() if cfg.max_loras else None
         self.image_encoder = self._image_encoder()  # None: a text model
+        # a cross-attending model's (Mllama) image keys (tgi_compat.router.cross_attention): room taken from the KV's
+        self.cross_attention = cross_attention_keys(self.model_config, self.model, self._kv_budget_bytes())
         self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
         self.step_sender: StepBroadcast | None = None
@@ -348,15 +351,21 @@ class ModelRunner:
         tokens_per_row = sum(range(2, k + 2))
         return sum(sizes) * tokens_per_row * self.model_config.vocab_size * 4  # (float32 where a family soft-caps)
 
-    def _num_kv_slots(self) -> int:
-        if self.cfg.num_kv_slots:
-            return self.cfg.num_kv_slots
-        if self.device.type != "cuda":
-            return CPU_DEFAULT_KV_SLOTS
+    def _kv_budget_bytes(self) -> float | None:
+        """The device memory the KV cache may take; None where its size is not read from the free memory."""
+        if self.cfg.num_kv_slots or self.device.type != "cuda":
+            return None
         free_bytes, _ = torch.cuda.mem_get_info(self.device)
-        budget = free_bytes * self.cfg.memory_fraction - self._activation_reserve_bytes()
+        return free_bytes * self.cfg.memory_fraction - self._activation_reserve_bytes()
+
+    def _num_kv_slots(self) -> int:
+        budget = self._kv_budget_bytes()
+        if budget is None:
+            return self.cfg.num_kv_slots or CPU_DEFAULT_KV_SLOTS
+        budget -= 0 if self.cross_attention is None else self.cross_attention.reserved_bytes
         num_slots = int(budget // self._kv_bytes_per_token())
         if num_slots <= 0:
+            free_bytes, _ = torch.cuda.mem_get_info(self.device)
             raise RuntimeError(f"no GPU memory left for the KV cache ({free_bytes / 2**30:.2f} GiB free after weights)")
         return num_slots
 

@@ -76,3 +76,9 @@ def _future_need(request: RequestTokens, is_busy: bool, router_max_new_token_len
     held = request.num_prompt_tokens + max(generated, 1) - request.num_shared_tokens
     remaining = max(0, expected_new - generated - 1)
     return held, remaining
+
+
+def images_fit(held: Sequence[int], images: int, max_images: int | None) -> bool:
+    """Whether a request with `images` may start beside running requests holding `held` images' keys each: a
+    cross-attending model's, whose keys have room for `max_images` (None: no bound). One alone always may start."""
+    return max_images is None or images == 0 or sum(held) + images <= max_images or not any(held)

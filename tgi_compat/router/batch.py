@@ -24,6 +24,7 @@ import torch
 
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, PrefixGroups, build_forward_batch
 from tgi_compat.router import copy_streams
+from tgi_compat.router.cross_attention import CrossAttentionStore
 from tgi_compat.router.image_cache import ChunkImages, EncoderCache
 from tgi_compat.router.prefix_groups import GroupCounts, shared_prefix_groups
 from tgi_compat.router.step import StepPlan
@@ -61,10 +62,12 @@ class StepBatchBuilder:
         lora_enabled: bool = False,
         images: EncoderCache | None = None,
         prefix_group_max: int = 0,
+        cross: CrossAttentionStore | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.lora_enabled = lora_enabled  # off: no step looks at adapters
         self.images = images  # a vision model's: prompt images' rows into their chunks' batches
+        self.cross = cross  # a cross-attending model's (Mllama): its requests' image keys, instead of `images`
         # --diverse_mode: each decode step carries its rows' shared-prefix groups of up to this many rows (0: off)
         self.prefix_group_max = prefix_group_max
         self.group_counts = GroupCounts()
@@ -85,6 +88,10 @@ class StepBatchBuilder:
             batch, layout = build_step_batch(plan, self.device, previous_ids, rows, self.images)
         if self.lora_enabled:
             batch.lora = lora_batch(plan, self.device)
+        if self.cross is not None:
+            offsets = itertools.accumulate((c.num_tokens for c in plan.chunks), initial=0)
+            chunks = [(offset, c.start, c.end, c.request) for offset, c in zip(offsets, plan.chunks)]
+            batch.cross = self.cross.step(chunks, self.device)
         if self.prefix_group_max and batch.mode == ForwardMode.DECODE:
             batch.prefix_groups = prefix_groups(plan, self.prefix_group_max, self.device, self.group_counts)
         return batch, layout

@@ -39,6 +39,7 @@ from tgi_compat.modeling.forward_batch import PREFIX_GROUP_MAX
 from tgi_compat.router.admission import AdmissionLimits
 from tgi_compat.router.client_api import EngineInfo, Refusal, RequestRejectedError
 from tgi_compat.router.config import EngineConfig
+from tgi_compat.router.cross_attention import CrossAttentionStore
 from tgi_compat.router.engine_stats import EngineStatsTracker
 from tgi_compat.router.executor import LaunchedStep, StepExecutor
 from tgi_compat.router.image_cache import EncoderCache, ImageEncoder
@@ -61,6 +62,7 @@ from tgi_compat.router.validation import validate_request
 if TYPE_CHECKING:
     from tgi_compat.modeling.config import ModelConfig
     from tgi_compat.modeling.lora.manager import LoraManager
+    from tgi_compat.modeling.vision.cross_keys import CrossAttentionKeys
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class EngineCore:
         lora: LoraManager | None = None,
         image_encoder: ImageEncoder | None = None,  # a vision model's (tgi_compat.modeling.vision.encoder)
         drafter: Eagle3Drafter | None = None,  # speculation's EAGLE-3 head (model_loading.load_drafter)
+        cross_attention: CrossAttentionKeys | None = None,  # a cross-attending vision model's (Mllama)
     ) -> None:
         self.config = config
         self.info = engine_info(config, runner, model_config)
@@ -87,8 +90,12 @@ class EngineCore:
             ),
             max_waiting_tokens=config.max_waiting_tokens,
             waiting_served_ratio=config.waiting_served_ratio,
+            max_cross_images=None if cross_attention is None else cross_attention.max_images,
         )
-        self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests, config.prefix_caching)
+        # a cross-attending model's text before its first image reads every image, which the prefix cache's keys
+        # (image_keyed_ids) do not tell apart: no prefix cache for it, as TGI has none for any vision model
+        prefix_caching = config.prefix_caching and cross_attention is None
+        self.pool = KVSlotPool(runner.num_kv_slots, config.max_running_requests, prefix_caching)
         self.lora = None if lora is None else LoraRegistry(lora, config.max_cpu_loras, self._adapter_in_use)
         lora_slots = None if self.lora is None else self.lora.slots
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids), lora_slots)
@@ -96,12 +103,21 @@ class EngineCore:
         if image_encoder is not None:
             images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
         self.image_cache = images
+        self.cross_attention = None
+        if images is not None and cross_attention is not None:  # its images are keys, not placeholder rows
+            self.cross_attention = CrossAttentionStore(images, cross_attention.projector)
         # --diverse_mode: decode steps group the rows that run on one cached prefix (siblings) for the shared-prefix kernel
         group_max = PREFIX_GROUP_MAX if config.diverse_mode and config.prefix_caching else 0
         selection = selection_config(config, self.info)
         aux_rows = None if drafter is None else drafter.aux_rows
         self.executor = StepExecutor(
-            runner, selection, self.lora is not None, images, prefix_group_max=group_max, aux_rows=aux_rows
+            runner,
+            selection,
+            self.lora is not None,
+            images if self.cross_attention is None else None,
+            prefix_group_max=group_max,
+            aux_rows=aux_rows,
+            cross=self.cross_attention,
         )
         self.selector = self.executor.selector
         self.stats = EngineStatsTracker(self.scheduler, lora_names=None if self.lora is None else self.lora.name_of)
@@ -131,7 +147,8 @@ class EngineCore:
         runner = load_runner(config, count_step=count_step)
         config = fit_to_runner(config, runner)
         drafter = load_drafter(config, runner)
-        return cls(config, runner, runner.model_config, runner.lora, runner.image_encoder, drafter)
+        model = runner.model_config
+        return cls(config, runner, model, runner.lora, runner.image_encoder, drafter, runner.cross_attention)
 
     def close(self) -> None:
         """Release what lives beyond this process: the other tensor-parallel ranks, the grammar compiler."""
@@ -253,6 +270,7 @@ class EngineCore:
         self.selector.accept(plan, result)
         events = self.scheduler.update(plan, result)
         self.stats.record(plan, result, events, time.perf_counter() - started)
+        self._prune_cross_attention()
         return events
 
     def _complete(self, launched: LaunchedStep) -> list[TokenEvent]:
@@ -264,7 +282,13 @@ class EngineCore:
         self.selector.accept(launched.plan, result)
         events = self.scheduler.update(launched.plan, result)
         self.stats.record(launched.plan, result, events, time.perf_counter() - launched.started)
+        self._prune_cross_attention()
         return events
+
+    def _prune_cross_attention(self) -> None:
+        """Free the image keys of the requests that just ended (the next step would, but there may be none)."""
+        if self.cross_attention is not None:
+            self.cross_attention.prune()
 
     def run_once(self) -> tuple[list[TokenEvent], EngineStats | None]:
         """One turn of a host loop (engine process or test thread): a step when there is work, then

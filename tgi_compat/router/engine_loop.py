@@ -45,4 +45,5 @@ def load_engine(config: EngineConfig, count_step: Callable[[], None] | None = No
         return PoolingEngineCore(config, runner, runner.model_config)
     config = fit_to_runner(config, runner)
     drafter = load_drafter(config, runner)
-    return EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder, drafter)
+    model = runner.model_config
+    return EngineCore(config, runner, model, runner.lora, runner.image_encoder, drafter, runner.cross_attention)

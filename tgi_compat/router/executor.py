@@ -29,6 +29,7 @@ import torch
 
 from tgi_compat.modeling.parallel.vocab_logits import GreedyChoice
 from tgi_compat.router.batch import LogitsLayout, StepBatchBuilder
+from tgi_compat.router.cross_attention import CrossAttentionStore
 from tgi_compat.router.image_cache import EncoderCache
 from tgi_compat.router.request import Request
 from tgi_compat.router.runner_api import Runner
@@ -114,12 +115,13 @@ class StepExecutor:
         images: EncoderCache | None = None,
         prefix_group_max: int = 0,
         aux_rows: Callable[[int], torch.Tensor] | None = None,  # EAGLE-3: a step's auxiliary hidden states
+        cross: CrossAttentionStore | None = None,  # a cross-attending model's image keys (then `images` is None)
     ) -> None:
         self.runner = runner
         self.aux_rows = aux_rows
         self.device = selection.device
         self.selector = TokenSelector(selection)
-        self.batch_builder = StepBatchBuilder(self.device, lora_enabled, images, prefix_group_max)
+        self.batch_builder = StepBatchBuilder(self.device, lora_enabled, images, prefix_group_max, cross)
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step to its result, failures contained."""

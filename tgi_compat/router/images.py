@@ -34,6 +34,9 @@ class PromptImage:
     # what the prefix cache keys its span by, where the span's K/V depends on more than the image (PaliGemma's
     # span is its whole prompt, which attends both ways: the hash of all of it); None: its digest
     key: str | None = None
+    # its real tiles, whose keys the text after it attends to: a cross-attending model's (Mllama,
+    # tgi_compat.router.cross_attention); None for any other
+    tiles: int | None = None
 
     @property
     def end(self) -> int:

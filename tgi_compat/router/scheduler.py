@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tgi_compat.router.admission import AdmissionLimits, can_admit
+from tgi_compat.router.admission import AdmissionLimits, can_admit, images_fit
 from tgi_compat.router.batching_hold import BatchingHold
 from tgi_compat.router.client_api import Refusal, RequestRejectedError
 from tgi_compat.router.kv_slots import KVSlotPool
@@ -55,6 +55,8 @@ class SchedulerLimits:
     # TGI's batching hold (tgi_compat/router/batching_hold.py); 0 and 0.0: admit at every step.
     max_waiting_tokens: int = 0
     waiting_served_ratio: float = 0.0
+    # a cross-attending model's images whose keys running requests may hold (CrossAttentionKeys.max_images)
+    max_cross_images: int | None = None
 
 
 class Scheduler:
@@ -184,6 +186,9 @@ class Scheduler:
                 running_tokens, admission_tokens(request), admission, pool.num_used_slots, budget, pool.num_shared_slots
             ):
                 return  # FIFO: nobody overtakes a request that does not fit
+            held = self.limits.max_cross_images and [len(r.params.images) for r in self.running]
+            if held and not images_fit(held, len(request.params.images), self.limits.max_cross_images):
+                return  # its image keys wait for room, as its KV does
             row = pool.allocate_row()
             if row is None:
                 return

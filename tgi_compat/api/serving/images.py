@@ -6,7 +6,8 @@ patch of the image as transformers' processor resizes it + `<|vision_end|>` (wha
 router counts the original image's H * W / 196 pads inside Rust's quotes instead, see README); LLaVA-Next's
 (transformers fallback) is one `<image>` per row its model packs; Idefics3's (fallback too) interleaves runs of
 `<image>`s with row/column tokens (tgi_compat/modeling/vision/idefics3.py), Idefics2's with `<fake_token_around_image>`s
-(vision/idefics2.py). A text model never comes here, so its
+(vision/idefics2.py); Mllama's is one `<|image|>`, which its text cross-attends to
+(tgi_compat/router/cross_attention.py). A text model never comes here, so its
 prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Placeholders:
     text: str
     length: int
     grid: tuple[int, int] | None = None
+    tiles: int | None = None  # Mllama's real tiles (tgi_compat/modeling/vision/mllama.py); None for any other
 
 
 # an image (its decoded size) -> its placeholders: fixed for Gemma 3, by its resized size for Qwen2(.5)-VL
@@ -47,7 +49,8 @@ class VisionPrompts:
     bidirectional: bool  # placeholders attend to each other both ways (Gemma 3)
     fetcher: ImageFetcher
     max_images: int | None = None  # most images in one request (--max-images); None: no limit, as in TGI
-    interleaved: bool = False  # an image's placeholders are not one run (Idefics3: row/column tokens between)
+    # placeholders are placed by each image's count, not by runs (Idefics3: row/column tokens between; Mllama: one each)
+    interleaved: bool = False
     fixup: Callable[[str], str] | None = None  # TGI's rewrite of the whole expanded prompt (Idefics2's)
 
     @classmethod
@@ -109,6 +112,16 @@ class VisionPrompts:
             fixed = Placeholders(pali.text, pali.tokens_per_image)
             # interleaved: adjacent images' runs are one run, each image takes its count of it
             return PrefixLMPrompts(lambda _: fixed, pali.image_token_id, False, fetcher, max_images, interleaved=True)
+        if architecture == "MllamaForConditionalGeneration" and hf_config is not None and folder is not None:
+            from tgi_compat.modeling.vision.mllama import MllamaImageTokens
+
+            mllama = MllamaImageTokens.from_checkpoint(hf_config, folder)
+
+            def mllama_image(image: DecodedImage) -> Placeholders:
+                return Placeholders("<|image|>", 1, tiles=mllama.tiles(image.height, image.width))
+
+            # interleaved: back-to-back `<|image|>`s are as many images, not one run
+            return cls(mllama_image, mllama.image_token_id, False, fetcher, max_images, interleaved=True)
         return None
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
@@ -154,7 +167,7 @@ class VisionPrompts:
         if len(runs) > len(loaded) or any(length != p.length for (_, length), p in zip(runs, placeholders)):
             raise validation_error("the prompt's image placeholder tokens do not match its images")
         return [
-            PromptImage(start, length, image.digest, image.data, self.bidirectional, p.grid)
+            PromptImage(start, length, image.digest, image.data, self.bidirectional, p.grid, tiles=p.tiles)
             for (start, length), image, p in zip(runs, images, placeholders)
         ]
 
@@ -162,7 +175,8 @@ class VisionPrompts:
         """Each of the last images takes its count of the placeholder positions, in order: its span runs from its
         first to its last, the tokens between keep their embeddings. An image cut by truncation leaves a count
         that the images do not add up to, and is refused."""
-        counts = [self.placeholders(image).length for image in loaded]
+        placeholders = [self.placeholders(image) for image in loaded]
+        counts = [p.length for p in placeholders]
         taken, first = 0, len(loaded)
         while first > 0 and taken < len(positions):
             first -= 1
@@ -170,11 +184,13 @@ class VisionPrompts:
         if taken != len(positions):
             raise validation_error("the prompt's image placeholder tokens do not match its images")
         images, at = [], 0
-        for image, count in zip(loaded[first:], counts[first:]):
-            mine, at = positions[at : at + count], at + count
+        for image, p in zip(loaded[first:], placeholders[first:]):
+            mine, at = positions[at : at + p.length], at + p.length
             offset, length = mine[0], mine[-1] + 1 - mine[0]
-            embeds = None if length == count else tuple(p - offset for p in mine)
-            images.append(PromptImage(offset, length, image.digest, image.data, self.bidirectional, embeds=embeds))
+            embeds = None if length == p.length else tuple(q - offset for q in mine)
+            images.append(
+                PromptImage(offset, length, image.digest, image.data, self.bidirectional, embeds=embeds, tiles=p.tiles)
+            )
         return images
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
-from tgi_compat.modeling.config import FALLBACK_VISION_MODELS, ModelConfig
+from tgi_compat.modeling.config import CROSS_ATTENTION_MODELS, FALLBACK_VISION_MODELS, ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps
 from tgi_compat.modeling.weights.lazy import LazyTensor, take
@@ -90,12 +90,15 @@ def fallback_model_config(d: dict[str, Any], folder: str | None = None) -> Model
     eos = d.get("eos_token_id", c.eos_token_id)  # a vision wrapper's own generation ids win
     architecture = d["architectures"][0]
     vision = architecture in FALLBACK_VISION_MODELS
+    # Mllama: only its self-attention layers hold paged KV; its embedding has 8 rows past the logits' vocabulary,
+    # `<|image|>` the first, which a prompt may hold (the logits are padded to them: models/mllama.py)
+    cross = c.cross_attention_layers if architecture in CROSS_ATTENTION_MODELS else []
     return ModelConfig(
         architecture=architecture,
-        vocab_size=c.vocab_size,
+        vocab_size=c.vocab_size + 8 if cross else c.vocab_size,
         hidden_size=c.hidden_size,
         intermediate_size=getattr(c, "intermediate_size", None) or 4 * c.hidden_size,
-        num_layers=c.num_hidden_layers,
+        num_layers=c.num_hidden_layers - len(cross),
         num_heads=num_heads,
         num_kv_heads=getattr(c, "num_key_value_heads", None) or num_heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // num_heads,
@@ -149,15 +152,17 @@ class TransformersForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """The flat batch as one sequence of T tokens; returns the final hidden states [T, hidden]."""
+        return self.run_text(input_ids, self.text_positions(positions)[None], batch, KVCacheStep(kv_caches, backend))
+
+    # what a vision-language model (models/transformers_vlm.py, models/mllama.py) changes
+    def run_text(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, batch: ForwardBatch, step: KVCacheStep
+    ) -> torch.Tensor:
         out = self.text_model()(
-            **self.text_inputs(input_ids, batch),
-            position_ids=self.text_positions(positions)[None],
-            use_cache=False,
-            kv_cache_step=KVCacheStep(kv_caches, backend),
+            **self.text_inputs(input_ids, batch), position_ids=position_ids, use_cache=False, kv_cache_step=step
         )
         return out.last_hidden_state[0]
 
-    # what a vision-language model (models/transformers_vlm.py) changes
     def model_class(self) -> Any:
         from transformers import AutoModelForCausalLM
 

@@ -49,7 +49,9 @@ class ImageEncoder:
 
     def preprocess(self, data: bytes) -> dict[str, torch.Tensor]:
         """One image file -> the processor's tensors for it alone (on the host)."""
-        return dict(self.processor(images=[Image.open(io.BytesIO(data)).convert("RGB")], return_tensors="pt"))
+        out = self.processor(images=[Image.open(io.BytesIO(data)).convert("RGB")], return_tensors="pt")
+        # tensors only: Mllama's also lists its tiles (num_tiles), which its aspect_ratio_mask holds too
+        return {name: value for name, value in out.items() if isinstance(value, torch.Tensor)}
 
     def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
         """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch)."""

@@ -8,16 +8,12 @@ from tgi_compat.modeling.forward_batch import build_forward_batch
 
 MAX_NEW_TOKENS = 10
 EOS_TOKEN_ID = 2  # <|im_end|>
+# (five: the engine's own test, tests/router/test_smollm2_engine.py, compares twelve others with generate)
 PROMPTS = [
     "The capital of France is",
-    "Once upon a time,",
     "def add(a, b):",
-    "The three primary colors are",
-    "Water boils at",
-    "My favourite programming language is",
     "In machine learning, a transformer is",
     "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
-    "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n",
     "import numpy as np\n",
 ]
 

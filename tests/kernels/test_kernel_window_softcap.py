@@ -1,5 +1,6 @@
-"""Sliding-window attention and attention-logit soft-capping in the decode and extend kernels,
-against their PyTorch references (windows shorter than, equal to and longer than the context); and
+"""Sliding-window attention, chunked local attention and attention-logit soft-capping in the decode and extend
+kernels, against their PyTorch references (windows and chunks shorter than, equal to and longer than the context);
+and
 Gemma's GeGLU through the gated-activation kernel."""
 
 from __future__ import annotations
@@ -63,3 +64,32 @@ def test_gelu_tanh_mul_matches_reference(dtype):
     x = (torch.randn(3, 2 * 40, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(silu_mul(x, gelu_tanh=True), gelu_tanh_mul_ref(x), **tolerance)
+
+
+@pytest.mark.parametrize("chunk", [8, 16])
+def test_chunked_attention_matches_reference(chunk):
+    """Llama 4's local layers: a query at p sees keys [p // chunk * chunk, p], in a decode (single split, split
+    over the chunk, merged) and in the extend kernel (queries crossing chunk edges inside one block, over a
+    cached prefix)."""
+    gen = torch.Generator().manual_seed(chunk)
+    num_kv_heads, group = 2, 2
+    q_lens = [5, 1, 23, 40]
+    kv_lens = [5, 30, 41, 40]  # a short prompt, a decode, a chunk over a cached prefix, a long prompt
+    k_cache, v_cache = make_cache(256, num_kv_heads, torch.float32, gen)
+    req_to_token, req_rows = make_req_to_token(kv_lens, 256, gen)
+    q_len_t = torch.tensor(q_lens)
+    q_start = torch.cumsum(q_len_t, 0) - q_len_t
+    q = torch.randn(sum(q_lens), num_kv_heads * group, 16, generator=gen) * 3
+    args = (q, k_cache, v_cache, req_to_token, req_rows, q_start, q_len_t, torch.tensor(kv_lens))
+    out = prefill_attention(*args, max_q_len=max(q_lens), scale=0.3, block_m=16, block_n=16, attention_chunk=chunk)
+    ref = prefill_attention_ref(*args, scale=0.3, attention_chunk=chunk)
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(prefill_attention_ref(*args, scale=0.3), ref) > 1e-3
+
+    kv = torch.tensor([1, 17, 40, 33])  # the first key of a chunk, one past it, its last, past two chunks
+    decode_args = (q[: len(kv)], k_cache, v_cache, req_to_token, req_rows, kv, 0.3)
+    ref = decode_attention_ref(*decode_args, attention_chunk=chunk)
+    for num_splits, counter in ((1, None), (3, None), (3, torch.zeros(len(kv), num_kv_heads, dtype=torch.int32))):
+        out = decode_attention(*decode_args, num_splits, block_n=16, split_counter=counter, attention_chunk=chunk)
+        assert relative_error(out, ref) < 1e-5
+    assert relative_error(decode_attention_ref(*decode_args), ref) > 1e-3

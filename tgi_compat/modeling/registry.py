@@ -117,6 +117,10 @@ def resolve_model_class(architecture: str) -> type[CausalLM]:
             from tgi_compat.modeling.models.mllama import MllamaForConditionalGeneration
 
             return MllamaForConditionalGeneration
+        if architecture == "Llama4ForCausalLM":  # its NoPE layers scale their queries by position
+            from tgi_compat.modeling.models.llama4 import Llama4ForCausalLM
+
+            return Llama4ForCausalLM
         if architecture in FALLBACK_VISION_MODELS:
             from tgi_compat.modeling.models.transformers_vlm import VISION_CLASSES
 

@@ -1,0 +1,70 @@
+"""Llama 4's text model (`Llama4ForCausalLM`) through the transformers fallback (models/llama4.py): logits and greedy
+ids equal transformers' for a prompt longer than its attention chunk, whole and as a chunk over a cached prefix beside
+another request's decode; neither the chunk nor the NoPE layers' query temperature can be left out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.modeling.helpers import (
+    full_logits,
+    hf_logits,
+    max_rel_error,
+    run_step,
+    runner_for_folder,
+    saved_checkpoint,
+    transformers_greedy,
+)
+from tests.modeling.llama4_helpers import CHUNK, tiny_llama4_text
+from tgi_compat.modeling.models.llama4 import Llama4ForCausalLM
+from tgi_compat.modeling.registry import TRANSFORMERS
+
+PROMPT = torch.randint(3, 256, (30,), generator=torch.Generator().manual_seed(1)).tolist()  # past three chunks
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    model = tiny_llama4_text()
+    runner = runner_for_folder(saved_checkpoint(model, tmp_path_factory, "llama4-text"))
+    assert runner.modeling_path == TRANSFORMERS and isinstance(runner.model, Llama4ForCausalLM)
+    return model, runner
+
+
+def test_logits_match_transformers_past_the_chunk(pair):
+    model, runner = pair
+    assert len(PROMPT) > 3 * CHUNK
+    assert max_rel_error(full_logits(runner, PROMPT), hf_logits(model, PROMPT)) <= 1e-4
+
+
+def test_chunk_over_a_cached_prefix_beside_a_decode_matches_transformers(pair):
+    model, runner = pair
+    other = PROMPT[::-1][:13]
+    run_step(runner, [(2, PROMPT[:11], 0, list(range(300, 311))), (3, other[:12], 0, list(range(400, 412)))])
+    chunk, decode = run_step(runner, [(2, PROMPT[11:], 11, list(range(311, 330))), (3, other[12:], 12, [412])])
+    assert max_rel_error(chunk, hf_logits(model, PROMPT)[11:]) <= 1e-4
+    assert max_rel_error(decode, hf_logits(model, other)[12:]) <= 1e-4
+
+
+def test_greedy_ids_equal_transformers_generate(pair):
+    model, runner = pair
+    new = 12  # decode steps cross a chunk edge
+    ids, slots = list(PROMPT[:20]), list(range(600, 620))
+    step = run_step(runner, [(4, ids, 0, slots)])[0]
+    for _ in range(new):
+        ids.append(int(step[-1].argmax()))
+        slots.append(slots[-1] + 1)
+        step = run_step(runner, [(4, ids[-1:], len(ids) - 1, slots[-1:])])[0]
+    assert ids[20:] == transformers_greedy(model, PROMPT[:20], eos_id=-1, max_new_tokens=new)
+
+
+def test_the_chunk_and_the_query_temperature_each_change_the_logits(pair, monkeypatch):
+    """The cases above would pass without either: drop each and the logits leave transformers'."""
+    model, runner = pair
+    expected = hf_logits(model, PROMPT)
+    layers = len(runner.model.attention_chunks)
+    monkeypatch.setattr(runner.model, "attention_chunks", [None] * layers)
+    assert max_rel_error(full_logits(runner, PROMPT), expected) > 1e-2
+    monkeypatch.undo()
+    monkeypatch.setattr(runner.model, "query_scales", lambda positions: {})
+    assert max_rel_error(full_logits(runner, PROMPT), expected) > 1e-3

@@ -7,15 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.modeling.helpers import (
-    full_logits,
-    hf_logits,
-    max_rel_error,
-    run_step,
-    runner_for_folder,
-    saved_checkpoint,
-    transformers_greedy,
-)
+from tests.modeling import helpers
+from tests.modeling.helpers import full_logits, hf_logits, max_rel_error, run_step
 from tests.modeling.llama4_helpers import CHUNK, tiny_llama4_text
 from tgi_compat.modeling.models.llama4 import Llama4ForCausalLM
 from tgi_compat.modeling.registry import TRANSFORMERS
@@ -26,7 +19,7 @@ PROMPT = torch.randint(3, 256, (30,), generator=torch.Generator().manual_seed(1)
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     model = tiny_llama4_text()
-    runner = runner_for_folder(saved_checkpoint(model, tmp_path_factory, "llama4-text"))
+    runner = helpers.runner_for_folder(helpers.saved_checkpoint(model, tmp_path_factory, "llama4-text"))
     assert runner.modeling_path == TRANSFORMERS and isinstance(runner.model, Llama4ForCausalLM)
     return model, runner
 
@@ -55,7 +48,7 @@ def test_greedy_ids_equal_transformers_generate(pair):
         ids.append(int(step[-1].argmax()))
         slots.append(slots[-1] + 1)
         step = run_step(runner, [(4, ids[-1:], len(ids) - 1, slots[-1:])])[0]
-    assert ids[20:] == transformers_greedy(model, PROMPT[:20], eos_id=-1, max_new_tokens=new)
+    assert ids[20:] == helpers.transformers_greedy(model, PROMPT[:20], eos_id=-1, max_new_tokens=new)
 
 
 def test_the_chunk_and_the_query_temperature_each_change_the_logits(pair, monkeypatch):

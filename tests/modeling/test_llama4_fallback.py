@@ -61,3 +61,17 @@ def test_the_chunk_and_the_query_temperature_each_change_the_logits(pair, monkey
     monkeypatch.undo()
     monkeypatch.setattr(runner.model, "query_scales", lambda positions: {})
     assert max_rel_error(full_logits(runner, PROMPT), expected) > 1e-3
+
+
+def test_serves_random_weights_from_config_json_alone(tmp_path):
+    """--load-format dummy (the GPU benchmarks'): the MoE experts' stacked tensors are streamed in as any other."""
+    from tests.modeling.llama4_helpers import tiny_llama4_text_config
+    from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
+
+    config = tiny_llama4_text_config()
+    config.architectures = ["Llama4ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    cfg = RunnerConfig(model_id=str(tmp_path), device="cpu", dtype="float32", num_kv_slots=64, show_progress=False)
+    cfg.load_format = "dummy"
+    logits = full_logits(ModelRunner(cfg), PROMPT[:20])
+    assert logits.shape == (20, 256) and torch.isfinite(logits).all() and logits.std() > 0

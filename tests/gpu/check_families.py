@@ -1,6 +1,6 @@
 """GPU check (not CI) of the newer families against transformers on tiny random models: ModelRunner with
 the Triton backend, Triton layer ops and decode CUDA graphs, in float32 and bfloat16, over prefill
-chunks, a mixed step and graph-replayed decode steps past the sliding window (window 16, 70-token
+chunks, a mixed step and graph-replayed decode steps past the sliding window or attention chunk (16, 70-token
 sequences); the fused-experts kernel runs for the MoE families. Exits non-zero on a miss.
 
 A family that misses in float32 is then bisected in float32 (VARIANTS): the torch layer ops (all, or only
@@ -50,6 +50,11 @@ FAMILIES = {
     ),
     "mistral-window": ("MistralConfig", dict(sliding_window=WINDOW)),
     "olmo2 (fallback)": ("Olmo2Config", {}),
+    # local layers in chunks of WINDOW tokens, the third layer global and NoPE with its query temperature by position
+    "llama4 (fallback)": (
+        "Llama4TextConfig",
+        dict(attention_chunk_size=WINDOW, floor_scale=8, intermediate_size_mlp=512, num_local_experts=4),
+    ),
 }
 # (max rel error, min argmax agreement). bfloat16 is judged on agreement only: on random tiny models a
 # rounding difference flips an MoE routing choice or a near-tie now and then (measured on CPU: MoE rel

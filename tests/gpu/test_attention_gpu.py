@@ -267,3 +267,29 @@ def test_backend_compiles_every_mixed_step_decode_variant_at_start() -> None:
     finally:
         knobs.runtime.jit_post_compile_hook = previous
     check("compiles after compile_kernels", len(compiled), 1, "count")
+
+
+def test_chunked_attention_at_llama4_shape() -> None:
+    """Llama 4's local layers (40/8 heads x 128, chunks of 8192 keys at real scale; 512 here so contexts cross
+    several): decode (split over the chunk, merged or not) and extend over a cached prefix vs their references."""
+    heads, kv_heads, head_dim, chunk, scale = 40, 8, 128, 512, 128**-0.5
+    kv_lens = [1, 512, 513, 1500, 2047, 3000]  # a chunk's first key, its last, the next chunk's first, ...
+    for dtype in (torch.bfloat16, torch.float32):
+        k_cache, v_cache, r2t, rows = paged_cache(kv_lens, kv_heads, head_dim, dtype)
+        kv = torch.tensor(kv_lens, device=DEV)
+        q = torch.randn(len(kv_lens), heads, head_dim, device=DEV, dtype=dtype)
+        ref = decode_attention_ref(q, k_cache, v_cache, r2t, rows, kv, scale, attention_chunk=chunk)
+        for splits, merged in ((1, False), (8, False), (8, True)):
+            counter = torch.zeros(len(kv_lens), kv_heads, dtype=torch.int32, device=DEV) if merged else None
+            out = torch.full_like(q, float("nan"))
+            decode_attention(
+                q, k_cache, v_cache, r2t, rows, kv, scale, splits, out=out, split_counter=counter, attention_chunk=chunk
+            )
+            check(f"chunked decode {dtype} splits={splits} merged={merged}", rel_err(out, ref), tolerance(dtype))
+        q_lens = torch.tensor([1, 300, 513, 700, 47, 1000], device=DEV)  # chunks over cached prefixes, crossing edges
+        starts = torch.cumsum(q_lens, 0) - q_lens
+        q = torch.randn(int(q_lens.sum()), heads, head_dim, device=DEV, dtype=dtype)
+        args = (q, k_cache, v_cache, r2t, rows, starts, q_lens, kv)
+        out = prefill_attention(*args, max_q_len=int(q_lens.max()), scale=scale, attention_chunk=chunk)
+        ref = prefill_attention_ref(*args, scale=scale, attention_chunk=chunk)
+        check(f"chunked prefill {dtype}", rel_err(out, ref), tolerance(dtype))

@@ -1,5 +1,6 @@
-"""Sliding-window attention and attention-logit soft-capping in the decode and extend kernels,
-against their PyTorch references (windows shorter than, equal to and longer than the context); and
+"""Sliding-window attention, chunked local attention and attention-logit soft-capping in the decode and extend
+kernels, against their PyTorch references (windows and chunks shorter than, equal to and longer than the context);
+and
 Gemma's GeGLU through the gated-activation kernel."""
 
 from __future__ import annotations
@@ -11,20 +12,23 @@ from tests.kernels.test_kernel_attention import make_cache, make_req_to_token, r
 from tgi_compat.kernels.attention.decode import decode_attention, decode_attention_ref
 from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
 
+# (sliding window, soft-cap, attention chunk): windows and chunks shorter than the context, which crosses chunk edges
+SWITCHES = [(7, None, None), (None, 5.0, None), (20, 2.0, None), (None, None, 8), (None, None, 16)]
+
 
 @pytest.mark.parametrize("merged", [False, True], ids=["two-stage", "merged"])
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize(("window", "softcap"), [(7, None), (None, 5.0), (20, 2.0)])
-def test_decode_attention_window_and_softcap(window, softcap, num_splits, merged):
+@pytest.mark.parametrize(("window", "softcap", "chunk"), SWITCHES)
+def test_decode_attention_window_softcap_and_chunk(window, softcap, chunk, num_splits, merged):
     gen = torch.Generator().manual_seed(num_splits)
     num_kv_heads, group = 2, 4
-    kv_lens = [1, 17, 40, 5]  # inside, at and far past the window
+    kv_lens = [1, 17, 40, 5]  # inside, at and far past the window; across chunk edges
     k_cache, v_cache = make_cache(256, num_kv_heads, torch.float32, gen)
     req_to_token, req_rows = make_req_to_token(kv_lens, 256, gen)
     q = torch.randn(len(kv_lens), num_kv_heads * group, 16, generator=gen) * 3  # large scores: the cap bites
     kv = torch.tensor(kv_lens)
     counter = torch.zeros(len(kv_lens), num_kv_heads, dtype=torch.int32) if merged else None
-    options = dict(sliding_window=window, softcap=softcap)
+    options = dict(sliding_window=window, softcap=softcap, attention_chunk=chunk)
     out = decode_attention(
         q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25, num_splits, block_n=16, split_counter=counter, **options
     )
@@ -36,8 +40,8 @@ def test_decode_attention_window_and_softcap(window, softcap, num_splits, merged
     assert relative_error(plain, ref) > 1e-3  # the switches change the result
 
 
-@pytest.mark.parametrize(("window", "softcap"), [(7, None), (None, 5.0), (20, 2.0)])
-def test_prefill_attention_window_and_softcap(window, softcap):
+@pytest.mark.parametrize(("window", "softcap", "chunk"), SWITCHES)
+def test_prefill_attention_window_softcap_and_chunk(window, softcap, chunk):
     gen = torch.Generator().manual_seed(3)
     num_kv_heads, group = 2, 2
     q_lens = [5, 1, 23, 40]
@@ -48,7 +52,7 @@ def test_prefill_attention_window_and_softcap(window, softcap):
     q_start = torch.cumsum(q_len_t, 0) - q_len_t
     q = torch.randn(sum(q_lens), num_kv_heads * group, 16, generator=gen) * 3
     args = (q, k_cache, v_cache, req_to_token, req_rows, q_start, q_len_t, torch.tensor(kv_lens))
-    options = dict(sliding_window=window, softcap=softcap)
+    options = dict(sliding_window=window, softcap=softcap, attention_chunk=chunk)
     out = prefill_attention(*args, max_q_len=max(q_lens), scale=0.3, block_m=16, block_n=16, **options)
     ref = prefill_attention_ref(*args, scale=0.3, **options)
     assert relative_error(out, ref) < 1e-5

@@ -54,7 +54,8 @@ def tiny_hf_model(config_cls, seed: int = 0, **overrides):
     return randomize(_model_class(config_cls)(config), seed)
 
 
-_MODEL_CLASS_NAMES = {"Gemma3TextConfig": "Gemma3ForCausalLM"}  # configs not named after their model
+# configs not named after their model
+_MODEL_CLASS_NAMES = {"Gemma3TextConfig": "Gemma3ForCausalLM", "Llama4TextConfig": "Llama4ForCausalLM"}
 
 
 def _model_class(config_cls):

@@ -52,11 +52,10 @@ _POOLING_CLASSES = {
 
 # vision-language checkpoints that neither path serves, and why (README: "Vision-language models")
 _REFUSED = {
-    # the engine could fill its tile-separated placeholders as Idefics3's (PromptImage.embeds); its text model is
-    # what the fallback cannot run yet
-    "Llama4ForConditionalGeneration": "its image text interleaves placeholders with tile separators, and its text "
-    "model's chunked local attention (attention_chunk_size) is not applied by the transformers fallback's attention "
-    "over our KV cache",
+    # its text model is served (Llama4ForCausalLM: models/llama4.py); its images need transformers' Llama4 image
+    # processor, which imports torchvision (not a dependency here)
+    "Llama4ForConditionalGeneration": "its images need transformers' Llama 4 image processor, which needs "
+    "torchvision (not installed); its text-only checkpoint (Llama4ForCausalLM) is served",
 }
 
 NATIVE = "native"
@@ -117,6 +116,10 @@ def resolve_model_class(architecture: str) -> type[CausalLM]:
             from tgi_compat.modeling.models.mllama import MllamaForConditionalGeneration
 
             return MllamaForConditionalGeneration
+        if architecture == "Llama4ForCausalLM":  # its NoPE layers scale their queries by position
+            from tgi_compat.modeling.models.llama4 import Llama4ForCausalLM
+
+            return Llama4ForCausalLM
         if architecture in FALLBACK_VISION_MODELS:
             from tgi_compat.modeling.models.transformers_vlm import VISION_CLASSES
 

@@ -14,7 +14,8 @@ context length, which is what CUDA-graph replay needs. Splits past a short reque
 
 Model switches, both `tl.constexpr` (0 = off) so the plain path compiles as before:
 SLIDING_WINDOW = W: the query (position kv_len - 1) sees only the last W keys; the splits divide
-those W keys, so a windowed layer reads W keys whatever the context. SOFTCAP = c: scores become
+those W keys, so a windowed layer reads W keys whatever the context. ATTENTION_CHUNK = C: the query sees
+the keys of its own chunk, [(kv_len - 1) // C * C, kv_len) (Llama 4's local layers), split the same way. SOFTCAP = c: scores become
 c * tanh(scores / c) before the softmax (Gemma 2).
 """
 
@@ -142,6 +143,7 @@ def _decode_stage1_kernel(
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (tgi_compat/kernels/pdl.py)
     SLIDING_WINDOW: tl.constexpr = 0,  # > 0: only the last SLIDING_WINDOW keys are visible
     SOFTCAP: tl.constexpr = 0.0,  # > 0: scores -> SOFTCAP * tanh(scores / SOFTCAP)
+    ATTENTION_CHUNK: tl.constexpr = 0,  # > 0: only the keys of the query's own chunk are visible
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -154,6 +156,8 @@ def _decode_stage1_kernel(
     kv_begin = 0
     if SLIDING_WINDOW > 0:
         kv_begin = tl.maximum(kv_len - SLIDING_WINDOW, 0)
+    if ATTENTION_CHUNK > 0:
+        kv_begin = (kv_len - 1) // ATTENTION_CHUNK * ATTENTION_CHUNK
     split_len = tl.cdiv(tl.cdiv(kv_len - kv_begin, num_splits), BLOCK_N) * BLOCK_N
     start = kv_begin + split * split_len
     end = tl.minimum(start + split_len, kv_len)
@@ -253,6 +257,7 @@ def decode_attention(
     new_token: NewTokenKV | None = None,  # rotary + KV store of the step's token, fused in
     sliding_window: int | None = None,  # only the last `sliding_window` keys are visible
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
+    attention_chunk: int | None = None,  # only the keys of the query's own chunk are visible
 ) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -308,6 +313,7 @@ def decode_attention(
         USE_PDL=pdl,
         SLIDING_WINDOW=sliding_window or 0,
         SOFTCAP=float(softcap or 0.0),
+        ATTENTION_CHUNK=attention_chunk or 0,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch_options(pdl),
@@ -327,13 +333,16 @@ def decode_attention_ref(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    attention_chunk: int | None = None,
 ) -> torch.Tensor:
-    """Each request's single query attends to its kv_len tokens (the last `sliding_window` of them
-    when given), read through req_to_token."""
+    """Each request's single query attends to its kv_len tokens (the last `sliding_window` of them, or those
+    of its own `attention_chunk`, when given), read through req_to_token."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
     out = torch.empty_like(q)
     for i, (row, kv_len) in enumerate(zip(req_rows.tolist(), kv_lens.tolist())):
         begin = max(0, kv_len - sliding_window) if sliding_window else 0
+        if attention_chunk:
+            begin = (kv_len - 1) // attention_chunk * attention_chunk
         slots = req_to_token[row, begin:kv_len].long()
         k = k_cache[slots].float().repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, H, D]
         v = v_cache[slots].float().repeat_interleave(num_heads // num_kv_heads, dim=1)

@@ -8,7 +8,9 @@ reading it, never recomputing it. Decode tokens (q_len 1) are a valid special ca
 run through this kernel too.
 
 SLIDING_WINDOW = W (`tl.constexpr`, 0 = off): a query at position p sees keys (p - W, p], and a
-program starts its key walk at its first query's window. SOFTCAP = c: scores -> c * tanh(scores / c).
+program starts its key walk at its first query's window. ATTENTION_CHUNK = C (0 = off; Llama 4's local
+layers): a query at position p sees keys [p // C * C, p], and a program starts its walk at its first
+query's chunk. SOFTCAP = c: scores -> c * tanh(scores / c).
 CAUSAL = False: every query sees all of its request's keys (a vision encoder's windows and images,
 kernels/attention/varlen.py).
 """
@@ -54,6 +56,7 @@ def _prefill_kernel(
     SLIDING_WINDOW: tl.constexpr = 0,
     SOFTCAP: tl.constexpr = 0.0,
     CAUSAL: tl.constexpr = True,
+    ATTENTION_CHUNK: tl.constexpr = 0,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -90,6 +93,8 @@ def _prefill_kernel(
     key_begin = 0
     if SLIDING_WINDOW > 0:  # the block's first query sees nothing before its own window
         key_begin = tl.maximum(prefix_len + m_block * BLOCK_M - SLIDING_WINDOW + 1, 0)
+    if ATTENTION_CHUNK > 0:  # nor before its own chunk
+        key_begin = (prefix_len + m_block * BLOCK_M) // ATTENTION_CHUNK * ATTENTION_CHUNK
     for block_start in range(key_begin, key_end, BLOCK_N):
         offs_n = block_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < key_end
@@ -99,6 +104,8 @@ def _prefill_kernel(
             visible = visible & (offs_n[None, :] <= q_pos[:, None])
         if SLIDING_WINDOW > 0:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - SLIDING_WINDOW)
+        if ATTENTION_CHUNK > 0:
+            visible = visible & (offs_n[None, :] >= (q_pos // ATTENTION_CHUNK * ATTENTION_CHUNK)[:, None])
         # rows past q_len (and, windowed, rows whose window starts past this block) see no key here
         m_i, l_i, acc = attend_kv_block(
             q, m_i, l_i, acc, slots, mask_n, visible, head_kv, scale, DOT_PRECISION, SOFTCAP, EMPTY_ROWS=True
@@ -132,6 +139,7 @@ def prefill_attention(
     sliding_window: int | None = None,  # a query at position p sees keys (p - sliding_window, p]
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
     causal: bool = True,  # False: each query sees all of its request's keys
+    attention_chunk: int | None = None,  # a query at position p sees keys [p // chunk * chunk, p]
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -171,6 +179,7 @@ def prefill_attention(
         SLIDING_WINDOW=sliding_window or 0,
         SOFTCAP=float(softcap or 0.0),
         CAUSAL=causal,
+        ATTENTION_CHUNK=attention_chunk or 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -189,6 +198,7 @@ def prefill_attention_ref(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    attention_chunk: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole KV (prefix + new), in fp32."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
@@ -206,6 +216,8 @@ def prefill_attention_ref(
         hidden = key_pos > q_pos
         if sliding_window:
             hidden |= key_pos <= q_pos - sliding_window
+        if attention_chunk:
+            hidden |= key_pos < q_pos // attention_chunk * attention_chunk
         scores.masked_fill_(hidden, float("-inf"))
         out[start : start + q_len] = torch.einsum("hql,lhd->qhd", scores.softmax(-1), v).to(q.dtype)
     return out

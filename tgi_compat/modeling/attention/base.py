@@ -25,6 +25,8 @@ class AttentionParams:
     scale: float
     sliding_window: int | None = None  # a query at position p sees keys (p - sliding_window, p]
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap)
+    # chunked local attention (Llama 4): a query at position p sees keys [p // chunk * chunk, p]
+    attention_chunk: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

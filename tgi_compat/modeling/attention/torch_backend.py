@@ -5,7 +5,7 @@ req_to_token: all single-token requests (decodes) together as one padded [B, 1, 
 and each multi-token request (a prefill chunk over its cached prefix) on its own, so a long chunk
 next to many decodes never builds a [B, max_q, max_kv] mask. A pure decode step is one group.
 A multi-token request's mask opens each image span of ForwardBatch.images both ways. A sliding window
-narrows a group's mask per call (layers differ), a span's pairs staying open; soft-capped scores take an eager
+or an attention chunk narrows a group's mask per call (layers differ), a span's pairs staying open; soft-capped scores take an eager
 softmax, since SDPA has no hook for them.
 """
 
@@ -75,7 +75,7 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         params: AttentionParams,
     ) -> torch.Tensor:
-        scale, sliding_window, softcap = params.scale, params.sliding_window, params.softcap
+        scale, softcap = params.scale, params.softcap
         num_reqs, max_kv = group.kv_slots.shape
         flat_slots = group.kv_slots.view(-1)
         # index_select beats advanced indexing here; [b, max_kv, H_kv, D] -> [b, H_kv, max_kv, D]
@@ -83,9 +83,10 @@ class TorchAttentionBackend(AttentionBackend):
         v = _gather(v_cache, flat_slots, q.dtype).view(num_reqs, max_kv, *v_cache.shape[1:]).transpose(1, 2)
         q_block = q.view(num_reqs, group.q_len, self.num_heads, self.head_dim).transpose(1, 2)  # [b, H, q, D]
         mask = group.mask
-        if sliding_window:
+        first_key = _first_visible_key(group.query_pos, params)
+        if first_key is not None:
             key_pos = torch.arange(max_kv, device=k.device)
-            in_window = (key_pos > group.query_pos[:, :, None] - sliding_window)[:, None]  # [b, 1, q, max_kv]
+            in_window = (key_pos >= first_key[:, :, None])[:, None]  # [b, 1, q, max_kv]
             mask = in_window if mask is None else mask & in_window
             if group.spans is not None:
                 mask = mask | group.spans
@@ -96,6 +97,15 @@ class TorchAttentionBackend(AttentionBackend):
                 q_block, k, v, attn_mask=mask, scale=scale, enable_gqa=self.num_heads != self.num_kv_heads
             )
         return out.transpose(1, 2).reshape(q.shape)
+
+
+def _first_visible_key(query_pos: torch.Tensor, params: AttentionParams) -> torch.Tensor | None:
+    """The first key position each query sees under the layer's window or chunk; None: from the first."""
+    if params.sliding_window:
+        return query_pos - params.sliding_window + 1
+    if params.attention_chunk:
+        return query_pos // params.attention_chunk * params.attention_chunk
+    return None
 
 
 def _soft_capped_attention(

@@ -227,6 +227,7 @@ class TritonAttentionBackend(AttentionBackend):
             out=out,
             sliding_window=params.sliding_window,
             softcap=params.softcap,
+            attention_chunk=params.attention_chunk,
         )
         return out
 
@@ -249,7 +250,8 @@ class TritonAttentionBackend(AttentionBackend):
             batch, self.num_heads, splits, self.head_dim
         )
         mid_lse = self._mid_lse[: batch * self.num_heads * splits].view(batch, self.num_heads, splits)
-        if meta.prefix_table is not None and params.sliding_window is None:  # (a windowed layer: flash-decoding)
+        # (a windowed or chunked layer: flash-decoding)
+        if meta.prefix_table is not None and params.sliding_window is None and params.attention_chunk is None:
             assert new_token is None  # the rotary and the KV store ran before (rotate_store_and_attend)
             return self._shared_prefix_decode(q, k_cache, v_cache, params, out)
         counter = self._split_counter if batch in self.merged_split_batches else None
@@ -270,6 +272,7 @@ class TritonAttentionBackend(AttentionBackend):
             new_token=new_token,
             sliding_window=params.sliding_window,
             softcap=params.softcap,
+            attention_chunk=params.attention_chunk,
         )
 
     def _shared_prefix_decode(

@@ -15,8 +15,8 @@ renames and tensor conversions apply; the runner's weight stream is then left un
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -37,6 +37,10 @@ class KVCacheStep:
 
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     backend: AttentionBackend
+    # each layer's attention chunk (transformers' "chunked_attention" layers; Llama 4's local ones), None: global
+    attention_chunks: Sequence[int | None] = ()
+    # a layer's [T] factor on its queries, by each token's position (Llama 4's NoPE layers' temperature)
+    query_scales: Mapping[int, torch.Tensor] = field(default_factory=dict)
 
 
 def kv_cache_attention(
@@ -51,11 +55,15 @@ def kv_cache_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: returns ([1, T, H, D], no weights)."""
     step: KVCacheStep = kwargs["kv_cache_step"]
-    k_cache, v_cache = step.kv_caches[cast(int, module.layer_idx)]  # transformers' attention modules number their layer
+    layer = cast(int, module.layer_idx)  # transformers' attention modules number their layer
+    k_cache, v_cache = step.kv_caches[layer]
     q = query[0].transpose(0, 1)  # [T, H, D]
+    if layer in step.query_scales:  # in fp32, rounded once, as transformers scales them
+        q = (q * step.query_scales[layer][:, None, None]).to(q.dtype)
     step.backend.store_kv(key[0].transpose(0, 1), value[0].transpose(0, 1), k_cache, v_cache)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    params = AttentionParams(scale, kwargs.get("sliding_window"), kwargs.get("softcap"))
+    chunk = step.attention_chunks[layer] if step.attention_chunks else None
+    params = AttentionParams(scale, kwargs.get("sliding_window"), kwargs.get("softcap"), chunk)
     out = step.backend.forward(q, k_cache, v_cache, params)
     return out.unsqueeze(0), None
 
@@ -142,6 +150,10 @@ class TransformersForCausalLM(nn.Module):
         text_config = hf_config.get_text_config()  # a vision checkpoint's (PaliGemma 2's soft-cap), else the config
         self.logit_scale = getattr(text_config, "logit_scale", None)  # Cohere-style scaled logits
         self.final_softcap = getattr(text_config, "final_logit_softcapping", None)
+        # transformers marks chunked local layers by type, and masks them; our backend needs the chunk instead
+        chunk = getattr(text_config, "attention_chunk_size", None)
+        layer_types = getattr(text_config, "layer_types", None) or []
+        self.attention_chunks = [chunk if kind == "chunked_attention" else None for kind in layer_types]
 
     def forward(
         self,
@@ -152,7 +164,8 @@ class TransformersForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """The flat batch as one sequence of T tokens; returns the final hidden states [T, hidden]."""
-        return self.run_text(input_ids, self.text_positions(positions)[None], batch, KVCacheStep(kv_caches, backend))
+        step = KVCacheStep(kv_caches, backend, self.attention_chunks, self.query_scales(positions))
+        return self.run_text(input_ids, self.text_positions(positions)[None], batch, step)
 
     # what a vision-language model (models/transformers_vlm.py, models/mllama.py) changes
     def run_text(
@@ -181,6 +194,10 @@ class TransformersForCausalLM(nn.Module):
     def text_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """The positions the text model rotates by (PaliGemma's start at 1)."""
         return positions
+
+    def query_scales(self, positions: torch.Tensor) -> Mapping[int, torch.Tensor]:
+        """KVCacheStep.query_scales of this step's tokens at `positions` (Llama 4's); none by default."""
+        return {}
 
     def model_name(self, name: str) -> str:
         """A checkpoint tensor's name -> the module's, as transformers' renamings (not its tensor converters) give

@@ -150,6 +150,9 @@ class TransformersForCausalLM(nn.Module):
             self.hf = model_class.from_config(hf_config, **options)
         if self.shard is not None:
             self.shard.attach(self.hf, self.text_model())
+            with torch.device("meta"):  # the whole model's shapes, allocating nothing
+                whole = model_class.from_config(transformers_config(config.hf_config), **options)
+            self.shard.check_shapes(whole, self.hf)
         text_config = hf_config.get_text_config()  # a vision checkpoint's (PaliGemma 2's soft-cap), else the config
         self.logit_scale = getattr(text_config, "logit_scale", None)  # Cohere-style scaled logits
         self.final_softcap = getattr(text_config, "final_logit_softcapping", None)

@@ -30,7 +30,8 @@ COLUMN, ROW = "colwise", "rowwise"
 # the attention projections every plan we apply names, and how each splits: by query heads or by KV heads
 _ATTENTION = {"q_proj": (COLUMN, "q"), "k_proj": (COLUMN, "kv"), "v_proj": (COLUMN, "kv"), "o_proj": (ROW, "q")}
 _ATTENTION_PREFIX = "layers.*.self_attn."
-_REPLICATED = {"embedding_rowwise"}  # kept whole on every rank: exact, at the cost of its memory
+# kept whole on every rank: exact, at the cost of its memory (a per-head-dim q/k norm is the same on every head)
+_REPLICATED = {"embedding_rowwise", "replicated_with_grad_allreduce"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class TextModelShard:
                 f"the transformers fallback cannot shard {config.architecture} (--num-shard > 1): {reason}"
             )
         assert plan is not None  # plan_refusal refuses a missing one
-        self.tp = tp
+        self.tp, self.architecture = tp, config.architecture
         heads = shard_heads(config.num_heads, config.num_kv_heads, tp)
         mlp = split_evenly(text_config.intermediate_size, tp.size, tp.rank)
         by_heads = {"q": heads.q_heads.scaled(config.head_dim), "kv": heads.kv_heads.scaled(config.head_dim)}
@@ -101,6 +102,25 @@ class TextModelShard:
             linear = self._linear(name)
             if linear is not None and linear.dim == 1:
                 module.register_forward_hook(lambda _module, _inputs, out: self.tp.all_reduce(out))
+
+    def check_shapes(self, whole: nn.Module, model: nn.Module) -> None:
+        """Raises ValueError unless every parameter of `model` (built at this rank's shapes) is the one of `whole` (the
+        same model on the meta device, at the checkpoint's) narrowed as this shard reads it: a weight that splits
+        with the heads but is not in transformers' plan (Cohere's per-head q/k norms) cannot be split here."""
+        shapes = {name: tuple(param.shape) for name, param in whole.named_parameters()}
+        for name, param in model.named_parameters():
+            expected = list(shapes[name])
+            module_name, _, kind = name.rpartition(".")
+            linear = self._linear(module_name.removeprefix(self.prefix)) if name.startswith(self.prefix) else None
+            if linear is not None and not (kind == "bias" and linear.dim == 1):
+                fits = linear.features.end <= expected[linear.dim]
+                expected[linear.dim] = linear.features.size if fits else -1  # (-1: no shape matches)
+            if tuple(param.shape) != tuple(expected):
+                raise ValueError(
+                    f"the transformers fallback cannot shard {self.architecture} (--num-shard > 1): {name} is "
+                    f"{list(shapes[name])} in the checkpoint and {list(param.shape)} at this rank's heads and MLP "
+                    f"rows, which is not this rank's part of it under transformers' plan"
+                )
 
     def take(self, name: str, tensor: torch.Tensor | LazyTensor) -> torch.Tensor:
         """This rank's part of a checkpoint tensor named as the model's parameter `name` (others: whole)."""

@@ -1,8 +1,9 @@
 """GPU check (not CI) of tensor parallelism for every sharded family: 2 ranks over NCCL give one GPU's
 logits on a tiny random checkpoint of each (Llama with biases, Gemma 1/2/3, Phi-3, Mixtral, Qwen2-MoE,
-Qwen3-MoE), and one GPU's pooled outputs for the pooling models (`pool-*`: a Qwen2 classifier, Qwen2.5-Math-RM's
-and InternLM2's rewards, a mean-pooled Llama embedding, as tests/modeling/test_pooling_tensor_parallel.py runs
-them), through the GPU paths CI's gloo test cannot reach: the Triton attention and layer ops,
+Qwen3-MoE; `fallback-*`: Starcoder2 and LLaVA-Next's text model on the transformers fallback, as
+tests/modeling/test_fallback_tensor_parallel.py runs them), and one GPU's pooled outputs for the pooling models
+(`pool-*`: a Qwen2 classifier, Qwen2.5-Math-RM's and InternLM2's rewards, a mean-pooled Llama embedding, as
+tests/modeling/test_pooling_tensor_parallel.py runs them), through the GPU paths CI's gloo test cannot reach: the Triton attention and layer ops,
 the fused-experts kernel on each rank's slice of the experts, the symmetric-memory all-reduce and
 decode steps replayed from CUDA graphs. float32 by default; exits non-zero on a miss.
 
@@ -25,6 +26,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
+from tests.modeling.test_fallback_tensor_parallel import MODELS as FALLBACK_MODELS
 from tests.modeling.test_pooling_tensor_parallel import MODELS as POOLING_MODELS
 from tests.modeling.test_pooling_tensor_parallel import pool_steps
 from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, TINY_FAMILIES, _steps
@@ -125,6 +127,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
     families = sorted(TINY_FAMILIES) + [f"pool-{name}" for name in POOLING_MODELS]
+    families += [f"fallback-{name}" for name in FALLBACK_MODELS]
     parser.add_argument("--families", nargs="+", choices=families, default=families)
     args = parser.parse_args()
     dtype = args.dtype
@@ -136,6 +139,8 @@ def main() -> int:
         folders[family] = folder = f"{work}/{family}"
         if family.startswith("pool-"):
             POOLING_MODELS[family.removeprefix("pool-")](folder, {**SIZES, "vocab_size": 251})
+        elif family.startswith("fallback-"):
+            FALLBACK_MODELS[family.removeprefix("fallback-")](folder, {**SIZES, "vocab_size": 251})
         else:
             config_cls, overrides = TINY_FAMILIES[family]
             head_dim = {"head_dim": 32} if "head_dim" in overrides else {}  # the CPU cases' 16: below Triton's minimum

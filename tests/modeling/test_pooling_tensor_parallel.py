@@ -15,7 +15,7 @@ from tests.modeling.internlm2_reference import InternLM2Reference
 from tests.modeling.pooling_models import RewardModel, save_sentence_transformers_pooling, tiny_model
 from tests.modeling.test_pooling_parity import pool_step, prompts
 from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, _runner
-from tests.modeling.tp_group import sharded_results
+from tests.modeling.tp_group import saved_models, sharded_results
 from tgi_compat.modeling.parallel import NO_TP
 from tgi_compat.modeling.runner import ModelRunner
 
@@ -55,11 +55,7 @@ MODELS: dict[str, Callable[[str, dict], None]] = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, str]:
-    saved = {}
-    for name, save in MODELS.items():
-        saved[name] = str(tmp_path_factory.mktemp(f"tp-{name}"))
-        save(saved[name], SIZES)
-    return saved
+    return saved_models(tmp_path_factory, MODELS, SIZES, "tp")
 
 
 @pytest.fixture(scope="module")

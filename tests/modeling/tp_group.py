@@ -48,6 +48,15 @@ def serve_in_turn(
     destroy_tensor_parallel(tp)
 
 
+def saved_models(tmp_path_factory, models: dict[str, Callable[[str, dict], None]], sizes: dict, tag: str) -> dict:
+    """name -> the folder its writer (folder, sizes) saved its tiny checkpoint into."""
+    saved = {}
+    for name, save in models.items():
+        saved[name] = str(tmp_path_factory.mktemp(f"{tag}-{name}"))
+        save(saved[name], sizes)
+    return saved
+
+
 def sharded_results(size: int, runs: Runs, make_runner, results_path: str, images: bool = False) -> dict:
     """Spawns a group of `size` ranks that serves `runs` in turn; rank 0's results by key."""
     args = (size, free_port(), runs, make_runner, results_path, images)

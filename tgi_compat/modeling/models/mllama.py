@@ -22,6 +22,9 @@ from tgi_compat.modeling.models.transformers_vlm import TransformersForImageText
 
 
 class MllamaForConditionalGeneration(TransformersForImageTextToText):
+    # its cross-attention layers' heads and image keys (router/cross_attention.py) are not split yet
+    supports_tensor_parallel = False
+
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
         super().__init__(config, ops)
         text: Any = self.text_model()

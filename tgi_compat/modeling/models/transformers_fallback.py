@@ -9,7 +9,8 @@ families. transformers then needs no cache of its own, and no mask: the backend 
 extent. A model qualifies when its attention goes through the interface (`_supports_attention_backend`).
 
 Loaded from a folder, transformers reads the checkpoint itself (`from_pretrained`), so its own key
-renames and tensor conversions apply; the runner's weight stream is then left unread.
+renames and tensor conversions apply; the runner's weight stream is then left unread. Under tensor
+parallelism (models/transformers_sharding.py) each rank builds its shard and reads its slices from that stream.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
 from tgi_compat.modeling.config import CROSS_ATTENTION_MODELS, FALLBACK_VISION_MODELS, ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps
+from tgi_compat.modeling.models.transformers_sharding import TextModelShard
+from tgi_compat.modeling.parallel import NO_TP, TensorParallel
 from tgi_compat.modeling.weights.lazy import LazyTensor, take
 
 ATTENTION_NAME = "tgi_compat_kv"
@@ -133,13 +136,19 @@ def check_supported(architecture: str) -> str | None:
 
 
 class TransformersForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS):
+    # the text model splits as transformers' plan for the family says, where that plan is Llama's
+    # (models/transformers_sharding.py; others refuse with their reason)
+    supports_tensor_parallel = True
+
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
         super().__init__()
         register_attention()
         self.config = config
         hf_config = transformers_config(config.hf_config)
+        # sharded: built at this rank's shard's shape, then loaded from the runner's stream of this rank's slices
+        self.shard = TextModelShard(config, hf_config.get_text_config(), tp) if tp.is_sharded else None
         folder: str = config.hf_config.get("_name_or_path") or ""
-        self.loaded_by_transformers = bool(folder) and os.path.isdir(folder)
+        self.loaded_by_transformers = bool(folder) and os.path.isdir(folder) and self.shard is None
         options = dict(attn_implementation=self.attention_implementation(), dtype=torch.get_default_dtype())
         model_class = self.model_class()
         if self.loaded_by_transformers:
@@ -147,6 +156,11 @@ class TransformersForCausalLM(nn.Module):
             self.hf = model_class.from_pretrained(folder, config=hf_config, device_map=device_map, **options)
         else:  # in-memory weights (tests, --load-format dummy): built here, filled by load_weights
             self.hf = model_class.from_config(hf_config, **options)
+        if self.shard is not None:
+            self.shard.attach(self.hf, self.text_model())
+            with torch.device("meta"):  # the whole model's shapes, allocating nothing
+                whole = model_class.from_config(transformers_config(config.hf_config), **options)
+            self.shard.check_shapes(whole, self.hf)
         text_config = hf_config.get_text_config()  # a vision checkpoint's (PaliGemma 2's soft-cap), else the config
         self.logit_scale = getattr(text_config, "logit_scale", None)  # Cohere-style scaled logits
         self.final_softcap = getattr(text_config, "final_logit_softcapping", None)
@@ -210,7 +224,9 @@ class TransformersForCausalLM(nn.Module):
         return self.config.max_position_embeddings
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.hf.get_output_embeddings()(hidden).float()  # [R, vocab]
+        head = self.hf.get_output_embeddings()
+        # [R, vocab], or sharded: [R, this rank's padded vocabulary block]
+        logits = (head(hidden) if self.shard is None else self.shard.vocab_block(head, hidden)).float()
         if self.logit_scale:
             logits = logits * self.logit_scale
         if self.final_softcap:
@@ -221,7 +237,10 @@ class TransformersForCausalLM(nn.Module):
         """A state dict under transformers' own parameter names; nothing to do if it read the folder."""
         if self.loaded_by_transformers:
             return
-        state = {self.model_name(name): take(tensor) for name, tensor in weights}
+        state = {}
+        for name, tensor in weights:
+            key = self.model_name(name)
+            state[key] = take(tensor) if self.shard is None else self.shard.take(key, tensor)
         missing, unexpected = self.hf.load_state_dict(state, strict=False)
         self.hf.tie_weights()
         tied = {"lm_head.weight", "embed_out.weight"} if self.config.tie_word_embeddings else set()

@@ -8,8 +8,7 @@ placeholder."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,29 +23,37 @@ if TYPE_CHECKING:
     from transformers.models.qwen2_vl.modeling_qwen2_vl import VisionAttention
 
 
+def _build_qwen2_5_vl_tower(hf_config: dict[str, Any], dtype: torch.dtype) -> Any:
+    from transformers import Qwen2_5_VLConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    vision = Qwen2_5_VLConfig(**_wrapper_fields(hf_config)).vision_config
+    return Qwen2_5_VisionTransformerPretrainedModel._from_config(vision, dtype=dtype)
+
+
+def _build_qwen2_vl_tower(hf_config: dict[str, Any], dtype: torch.dtype) -> Any:
+    from transformers import Qwen2VLConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    vision = Qwen2VLConfig(**_wrapper_fields(hf_config)).vision_config
+    return Qwen2VisionTransformerPretrainedModel._from_config(vision, dtype=dtype)
+
+
+def _wrapper_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in hf_config.items() if key != "model_type"}
+
+
 @dataclass(frozen=True, slots=True)
 class VisionTower:
     """Which of transformers' two Qwen vision transformers a checkpoint's encoder is: their blocks, rope and merger
     share the names and the forward this module drives; only Qwen2.5-VL's regroups its patches into windows."""
 
-    config_class: str  # transformers' wrapper config, whose vision_config builds the tower
-    module: str  # under transformers.models
-    model_class: str
+    build: Callable[[dict[str, Any], torch.dtype], Any]  # (the checkpoint's config.json, dtype) -> transformers' tower
     windowed: bool  # Qwen2.5-VL: window attention but in fullatt_block_indexes; Qwen2-VL: whole images always
 
-    def build(self, hf_config: dict[str, Any], dtype: torch.dtype) -> Any:
-        import transformers
 
-        config_class = getattr(transformers, self.config_class)
-        fields = {key: value for key, value in hf_config.items() if key != "model_type"}
-        model_class = getattr(importlib.import_module(f"transformers.models.{self.module}"), self.model_class)
-        return model_class._from_config(config_class(**fields).vision_config, dtype=dtype)
-
-
-QWEN2_5_VL = VisionTower(
-    "Qwen2_5_VLConfig", "qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel", windowed=True
-)
-QWEN2_VL = VisionTower("Qwen2VLConfig", "qwen2_vl.modeling_qwen2_vl", "Qwen2VisionTransformerPretrainedModel", False)
+QWEN2_5_VL = VisionTower(_build_qwen2_5_vl_tower, windowed=True)
+QWEN2_VL = VisionTower(_build_qwen2_vl_tower, windowed=False)
 # the family's checkpoints (ModelConfig.multimodal_architecture) -> their tower
 VISION_TOWERS = {"Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL, "Qwen2VLForConditionalGeneration": QWEN2_VL}
 

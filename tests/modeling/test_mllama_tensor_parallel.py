@@ -3,25 +3,33 @@ heads over 2 KV heads, one of each rank's): a request with an image (TALL: 3 rea
 before it reads every key with its MLP output dropped) beside a text-only request, then a decode of both, then the
 image request's keys dropped as another image request starts, give one rank's logits and greedy ids. Rank 0's
 image keys, made by the engine's store (router/cross_attention.py), hold its KV head only, one rank's values for
-it; the other rank makes its own from the vision states sent with the step (parallel/cross_broadcast.py)."""
+it; the other rank makes its own from the vision states sent with the step (parallel/cross_broadcast.py). The real
+engine at --num-shard 2 gives transformers' ids, its store and KV pool empty after."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from benchmarks.device.steps import engine_tokens
+from tests.benchmarks.conftest import free_port
 from tests.modeling import mllama_helpers as mllama
 from tests.modeling.helpers import max_rel_error
 from tests.modeling.test_tensor_parallel_logits import TOLERANCE, _runner
 from tests.modeling.tp_group import sharded_results
+from tests.router.sharded_engine import sharded_engine
 from tgi_compat.kernels.sampling.greedy_pick import greedy_pick_ref
 from tgi_compat.modeling.forward_batch import ForwardBatch, build_forward_batch
+from tgi_compat.modeling.models.mllama import MllamaForConditionalGeneration
+from tgi_compat.modeling.models.transformers_fallback import fallback_model_config
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, shard_heads
 from tgi_compat.modeling.runner import ModelRunner
+from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.cross_attention import CrossAttentionStore
 from tgi_compat.router.image_cache import EncoderCache
 from tgi_compat.router.request import Request
 
+ARCHITECTURE = "MllamaForConditionalGeneration"
 LOGITS = mllama.VOCAB - 1  # the text model's vocabulary; the ids past it (`<|image|>`'s 8) are -inf
 
 
@@ -74,11 +82,21 @@ def _text_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> str:
-    return mllama.saved_mllama(tmp_path_factory.mktemp("mllama-tp"))[1]
+def checkpoint(tmp_path_factory) -> tuple[object, str]:
+    """(transformers' tiny Mllama, its folder): saved under the hub's names (`language_model.model.*`), which each
+    rank reads its slices of through transformers' renamings (one rank: transformers reads the folder)."""
+    return mllama.saved_mllama(tmp_path_factory.mktemp("mllama-tp"))
 
 
-def test_sharded_mllama_equals_one_rank(folder, tmp_path):
+def test_image_keys_per_rank_are_its_kv_heads():
+    """The room the runner keeps per image (CrossAttentionKeys) is a rank's: its share of the KV heads."""
+    config = fallback_model_config({**mllama.tiny_mllama().config.to_dict(), "architectures": [ARCHITECTURE]})
+    one_rank = MllamaForConditionalGeneration(config).image_kv_bytes
+    assert MllamaForConditionalGeneration(config, tp=TensorParallel(1, 2)).image_kv_bytes == one_rank // 2
+
+
+def test_sharded_mllama_equals_one_rank(checkpoint, tmp_path):
+    _, folder = checkpoint
     *ours, ours_greedy, ours_again, ours_keys = sharded_results(
         2, {"mllama": (folder, image_steps)}, _runner, str(tmp_path / "logits.pt")
     )["mllama"]
@@ -94,3 +112,19 @@ def test_sharded_mllama_equals_one_rank(folder, tmp_path):
     kv = shard_heads(4, 2, TensorParallel(0, 2)).kv_heads
     assert ours_keys.shape[1] == kv.size == 1 < ref_keys.shape[1]
     torch.testing.assert_close(ours_keys, ref_keys[:, kv.start : kv.end], rtol=0, atol=1e-5)
+
+
+def test_sharded_engine_gives_transformers_ids(checkpoint):
+    """The real engine at --num-shard 2 (rank 1 the server's own worker) under 4-token prefill chunks: three images
+    (two back to back, one with a padding tile) beside a text request, then another image request once their keys
+    are dropped, each give transformers' `generate` ids alone; the store and the KV pool are empty after."""
+    model, folder = checkpoint
+    config = EngineConfig(
+        model_id=folder, device="cpu", dtype="float32", max_batch_prefill_tokens=4, num_shard=2, master_port=free_port()
+    )
+    with sharded_engine(config) as engine:
+        mllama.check_images_beside_text(model, lambda requests: engine_tokens(engine, requests))
+        out = engine_tokens(engine, [mllama.engine_request("one", mllama.ONE, [mllama.WIDE])])
+        assert out["one"] == mllama.generate_ids(model, mllama.ONE, [mllama.WIDE], mllama.NEW)
+        assert engine.cross_attention is not None and len(engine.cross_attention) == 0
+        assert engine.pool.is_full_free()

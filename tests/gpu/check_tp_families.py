@@ -1,7 +1,8 @@
 """GPU check (not CI) of tensor parallelism for every sharded family: 2 ranks over NCCL give one GPU's
 logits on a tiny random checkpoint of each (Llama with biases, Gemma 1/2/3, Phi-3, Mixtral, Qwen2-MoE,
 Qwen3-MoE; `fallback-*`: Starcoder2 and LLaVA-Next's text model on the transformers fallback, as
-tests/modeling/test_fallback_tensor_parallel.py runs them), and one GPU's pooled outputs for the pooling models
+tests/modeling/test_fallback_tensor_parallel.py runs them, and Mllama's image and text requests, as
+tests/modeling/test_mllama_tensor_parallel.py does), and one GPU's pooled outputs for the pooling models
 (`pool-*`: a Qwen2 classifier, Qwen2.5-Math-RM's and InternLM2's rewards, a mean-pooled Llama embedding, as
 tests/modeling/test_pooling_tensor_parallel.py runs them), through the GPU paths CI's gloo test cannot reach: the Triton attention and layer ops,
 the fused-experts kernel on each rank's slice of the experts, the symmetric-memory all-reduce and
@@ -26,7 +27,9 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.modeling.helpers import max_rel_error, tiny_hf_model
+from tests.modeling.mllama_helpers import saved_mllama
 from tests.modeling.test_fallback_tensor_parallel import MODELS as FALLBACK_MODELS
+from tests.modeling.test_mllama_tensor_parallel import image_steps
 from tests.modeling.test_pooling_tensor_parallel import MODELS as POOLING_MODELS
 from tests.modeling.test_pooling_tensor_parallel import pool_steps
 from tests.modeling.test_tensor_parallel_logits import SHARDED_SIZES, TINY_FAMILIES, _steps
@@ -88,6 +91,8 @@ def runner(folder: str, tp: TensorParallel, device: str, dtype: str) -> ModelRun
 def run_steps(model: ModelRunner) -> list[torch.Tensor]:
     if model.is_pooling:  # whole prompts in one flat step, then one alone
         return [pooled.cpu() for pooled in pool_steps(model)]
+    if model.cross_attention is not None:  # Mllama: its logits steps (rank 0's image keys, last, hold its heads only)
+        return image_steps(model, greedy=False)[:-1]
     outputs = []
     for step in steps():
         step = dict(step, input_ids=[i % model.vocab_size for i in step["input_ids"]])
@@ -127,7 +132,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
     families = sorted(TINY_FAMILIES) + [f"pool-{name}" for name in POOLING_MODELS]
-    families += [f"fallback-{name}" for name in FALLBACK_MODELS]
+    families += [f"fallback-{name}" for name in FALLBACK_MODELS] + ["fallback-mllama"]
     parser.add_argument("--families", nargs="+", choices=families, default=families)
     args = parser.parse_args()
     dtype = args.dtype
@@ -139,6 +144,8 @@ def main() -> int:
         folders[family] = folder = f"{work}/{family}"
         if family.startswith("pool-"):
             POOLING_MODELS[family.removeprefix("pool-")](folder, {**SIZES, "vocab_size": 251})
+        elif family == "fallback-mllama":
+            saved_mllama(folder)
         elif family.startswith("fallback-"):
             FALLBACK_MODELS[family.removeprefix("fallback-")](folder, {**SIZES, "vocab_size": 251})
         else:

@@ -56,6 +56,7 @@ class CrossRun:
     end: int
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # the request's keys and values [N, kv_heads, D], per cross layer
     keys: tuple[int, int]  # the [lo, hi) of them these rows attend to
+    entry: int = 0  # the id of `kv` in rank 0's store, by which the other ranks find their own (tensor parallelism)
 
 
 @dataclass(slots=True)
@@ -67,6 +68,10 @@ class CrossAttention:
     # [M, 1]: 0 for a row before its request's first image, whose cross-attention MLP output is dropped
     follows_image: torch.Tensor
     runs: list[CrossRun]
+    # under tensor parallelism, what the other ranks make and keep their own keys by (parallel/cross_broadcast.py):
+    # the keys this step made, (id, their vision states [N, hidden] on the host), and the ids the store holds after it
+    made: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)
 
 
 # --diverse_mode: rows of one shared-prefix group at most (n = 8 siblings fill one; a larger n makes several groups)

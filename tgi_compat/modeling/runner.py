@@ -34,6 +34,7 @@ from tgi_compat.modeling.layers.quantization import build_with
 from tgi_compat.modeling.layers.quantization.select import resolve_quantization
 from tgi_compat.modeling.models.base import CausalLM, PoolingLM
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, shard_heads
+from tgi_compat.modeling.parallel.cross_broadcast import CrossKeysFollower
 from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
 from tgi_compat.modeling.parallel.vocab_logits import GreedyChoice, VocabParallelLogits
 from tgi_compat.modeling.pooler import sentence_transformers_pooler
@@ -259,6 +260,8 @@ class ModelRunner:
         every step of; its output here is dropped, as the logits are) and keep the adapters it loads, until it sends
         stop."""
         step = self.pool if self.is_pooling else self.forward
+        if self.cross_attention is not None:  # a cross-attending model: each rank makes its own image keys
+            steps.cross_keys = CrossKeysFollower(self.cross_attention.projector)
         while (message := steps.receive()) is not None:
             if isinstance(message, ForwardBatch):
                 step(message)

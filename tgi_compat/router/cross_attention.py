@@ -30,6 +30,7 @@ CrossChunk = tuple[int, int, int, Request]
 @dataclass(slots=True)
 class _Entry:
     request: Request  # held to see when it gives back its row
+    entry_id: int  # unique in the store's life (CrossRun.entry)
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     positions: list[int]  # each image's `<|image|>` position, ascending
     keys: list[tuple[int, int]]  # each image's real tiles' keys
@@ -52,6 +53,7 @@ class CrossAttentionStore:
         self.images = images
         self.projector = projector
         self._entries: dict[str, _Entry] = {}
+        self._made = 0  # entries made so far: the next one's id
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -72,15 +74,21 @@ class CrossAttentionStore:
         rows: list[int] = []
         follows: list[float] = []
         runs: list[CrossRun] = []
+        made: list[tuple[int, torch.Tensor]] = []
         for offset, start, end, request in chunks:
             if not request.params.images:
                 continue
-            entry = self._entry(request)
+            entry = self._entries.get(request.request_id)
+            if entry is None:
+                entry, states = self._make(request)
+                self._entries[request.request_id] = entry
+                made.append((entry.entry_id, states))
             # the positions where the keys change: the chunk's start and its images' positions inside it
             cuts = [start] + [p for p in entry.positions if start < p < end] + [end]
             for first, last in zip(cuts, cuts[1:]):
                 keys = entry.keys_at(first)
-                runs.append(CrossRun(len(rows), len(rows) + last - first, entry.kv, keys or (0, entry.num_keys)))
+                span = keys or (0, entry.num_keys)
+                runs.append(CrossRun(len(rows), len(rows) + last - first, entry.kv, span, entry.entry_id))
                 rows += range(offset + first - start, offset + last - start)
                 follows += [0.0 if keys is None else 1.0] * (last - first)
         if not rows:
@@ -90,28 +98,25 @@ class CrossAttentionStore:
             torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
             torch.tensor(follows, dtype=dtype)[:, None].to(device, non_blocking=True),
             runs,
+            made,
+            [entry.entry_id for entry in self._entries.values()],
         )
 
-    def _entry(self, request: Request) -> _Entry:
-        entry = self._entries.get(request.request_id)
-        if entry is None:
-            entry = self._entries[request.request_id] = self._make(request)
-        return entry
-
-    def _make(self, request: Request) -> _Entry:
+    def _make(self, request: Request) -> tuple[_Entry, torch.Tensor]:
+        """A request's entry, and the vision states its keys are made from."""
         images = request.params.images
-        states = self.images.features(images)
         real, padding, keys, at = [], [], [], 0
-        for image, image_states in zip(images, states):
+        for image, image_states in zip(images, self.images.features(images)):
             assert image.tiles is not None  # the API counts a cross-attending model's tiles (vision/mllama.py)
             split = image.tiles * (len(image_states) // self.projector.max_tiles)
             real.append(image_states[:split])
             padding.append(image_states[split:])
             keys.append((at, at + split))
             at += split
+        states = torch.cat(real + padding)
         positions = [image.offset for image in images]
         run_first = [0] * len(images)
         for k in range(1, len(images)):
             run_first[k] = run_first[k - 1] if positions[k] == positions[k - 1] + 1 else k
-        kv = self.projector.cross_kv(torch.cat(real + padding))
-        return _Entry(request, kv, positions, keys, run_first)
+        self._made += 1
+        return _Entry(request, self._made - 1, self.projector.cross_kv(states), positions, keys, run_first), states

@@ -146,7 +146,8 @@ class TransformersForCausalLM(nn.Module):
         self.config = config
         hf_config = transformers_config(config.hf_config)
         # sharded: built at this rank's shard's shape, then loaded from the runner's stream of this rank's slices
-        self.shard = TextModelShard(config, hf_config.get_text_config(), tp) if tp.is_sharded else None
+        text_config = hf_config.get_text_config()  # a vision checkpoint's text model, else the config itself
+        self.shard = TextModelShard(config, text_config, tp, self.tp_plan(text_config)) if tp.is_sharded else None
         folder: str = config.hf_config.get("_name_or_path") or ""
         self.loaded_by_transformers = bool(folder) and os.path.isdir(folder) and self.shard is None
         options = dict(attn_implementation=self.attention_implementation(), dtype=torch.get_default_dtype())
@@ -154,6 +155,8 @@ class TransformersForCausalLM(nn.Module):
         if self.loaded_by_transformers:
             device_map = {"": torch.get_default_device()}
             self.hf = model_class.from_pretrained(folder, config=hf_config, device_map=device_map, **options)
+        elif self.shard is not None:  # at this rank's shapes, filled with its slices by load_weights
+            self.hf = self.build_shard(model_class, hf_config, options)
         else:  # in-memory weights (tests, --load-format dummy): built here, filled by load_weights
             self.hf = model_class.from_config(hf_config, **options)
         if self.shard is not None:
@@ -161,7 +164,6 @@ class TransformersForCausalLM(nn.Module):
             with torch.device("meta"):  # the whole model's shapes, allocating nothing
                 whole = model_class.from_config(transformers_config(config.hf_config), **options)
             self.shard.check_shapes(whole, self.hf)
-        text_config = hf_config.get_text_config()  # a vision checkpoint's (PaliGemma 2's soft-cap), else the config
         self.logit_scale = getattr(text_config, "logit_scale", None)  # Cohere-style scaled logits
         self.final_softcap = getattr(text_config, "final_logit_softcapping", None)
         # transformers marks chunked local layers by type, and masks them; our backend needs the chunk instead
@@ -189,6 +191,14 @@ class TransformersForCausalLM(nn.Module):
             **self.text_inputs(input_ids, batch), position_ids=position_ids, use_cache=False, kv_cache_step=step
         )
         return out.last_hidden_state[0]
+
+    def tp_plan(self, text_config: Any) -> dict[str, str] | None:
+        """How the text model splits over the ranks, in transformers' terms: its family's plan by default."""
+        return text_config.base_model_tp_plan
+
+    def build_shard(self, model_class: Any, hf_config: Any, options: dict[str, Any]) -> nn.Module:
+        """The model at this rank's shapes (its text config already shrunk to them), its weights not yet read."""
+        return model_class.from_config(hf_config, **options)
 
     def model_class(self) -> Any:
         from transformers import AutoModelForCausalLM

@@ -30,6 +30,8 @@ COLUMN, ROW = "colwise", "rowwise"
 # the attention projections every plan we apply names, and how each splits: by query heads or by KV heads
 _ATTENTION = {"q_proj": (COLUMN, "q"), "k_proj": (COLUMN, "kv"), "v_proj": (COLUMN, "kv"), "o_proj": (ROW, "q")}
 _ATTENTION_PREFIX = "layers.*.self_attn."
+# attention modules that split by heads as self-attention does: Mllama's cross-attention too (models/mllama.py)
+_ATTENTION_PREFIXES = (_ATTENTION_PREFIX, "layers.*.cross_attn.")
 # kept whole on every rank: exact, at the cost of its memory (a per-head-dim q/k norm is the same on every head)
 _REPLICATED = {"embedding_rowwise", "replicated_with_grad_allreduce"}
 
@@ -60,11 +62,10 @@ def plan_refusal(model_type: str, plan: dict[str, str] | None, text_config: Any)
 class TextModelShard:
     """This rank's linears of the text model, and its vocabulary block."""
 
-    def __init__(self, config: ModelConfig, text_config: Any, tp: TensorParallel) -> None:
+    def __init__(self, config: ModelConfig, text_config: Any, tp: TensorParallel, plan: dict[str, str] | None) -> None:
         """Shrinks `text_config` (transformers', built into the model after this) to this rank's heads and MLP
-        rows; raises ValueError where the family's plan is not one we apply."""
+        rows; raises ValueError where the family's plan (its `base_model_tp_plan`) is not one we apply."""
         model_type = text_config.model_type
-        plan: dict[str, str] | None = text_config.base_model_tp_plan
         reason = plan_refusal(model_type, plan, text_config)
         if reason is not None:
             raise ValueError(
@@ -79,7 +80,8 @@ class TextModelShard:
         for key, style in plan.items():
             if style in _REPLICATED:
                 continue
-            role = _ATTENTION.get(key.removeprefix(_ATTENTION_PREFIX)) if key.startswith(_ATTENTION_PREFIX) else None
+            prefix = next((prefix for prefix in _ATTENTION_PREFIXES if key.startswith(prefix)), None)
+            role = None if prefix is None else _ATTENTION.get(key.removeprefix(prefix))
             features = by_heads[role[1]] if role is not None else mlp
             pattern = re.compile(re.escape(key).replace(r"\*", r"\d+"))
             self.linears.append(ShardedLinear(pattern, 0 if style == COLUMN else 1, features))
@@ -134,9 +136,11 @@ class TextModelShard:
 
     def vocab_block(self, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's block of the logits [R, padded vocab / ranks] from the (whole) LM head: its rows' logits,
-        zeros past the vocabulary."""
+        -inf for ids the head has no row for (Mllama's `<|image|>` and the 7 past it: never sampled), zeros past
+        the vocabulary."""
         assert isinstance(head, nn.Linear)
         rows = self.vocab_rows
         bias = None if head.bias is None else head.bias[rows.start : rows.end]
         block = F.linear(hidden, head.weight[rows.start : rows.end], bias)
+        block = F.pad(block, (0, rows.size - block.shape[-1]), value=float("-inf"))
         return F.pad(block, (0, self.vocab_padded - rows.size))

@@ -11,7 +11,7 @@ views of it. Only the elements the step uses travel (a 64-row decode: 4 KB of th
 capacity travels in the header: a step that needs more grows it on both sides.
 
     header = [opcode, mode, T, B, R, max_q_len, max_kv_len, has_host_lens, C, capacity, greedy_only, N, W,
-              has_rope, I, S, dtype]
+              has_rope, I, S, dtype, X]
              (then, for prefill steps that carry them, the host q_lens[B] and kv_lens[B];
              for a LoRA step with N adapter loads, the host loads[2 * N]: slot, adapter id;
              for a step with I image rows, the host spans[B + 2 * S]: per request its count, then (start, end)s)
@@ -21,6 +21,8 @@ capacity travels in the header: a step that needs more grows it on both sides.
              prefix_table[B * W] (a --diverse_mode decode step: PrefixGroups.table, W = 1 + group_max; W = 0: none)
              rope_positions[3 * T] (an M-RoPE step's t/h/w rows) image_token_index[I]
     then, for a step with image rows, their features [I, hidden] in `dtype` (a second device broadcast)
+    then, for a cross-attending model's step with image rows, its CrossAttention (parallel/cross_broadcast.py),
+    whose host part is X ints long (-1: none)
 
 N is -1 for a step without LoRA rows, I -1 for a step without images. Every rank then runs the same rows on the same adapter slots, and
 copies the same adapters into them (each keeps its own cut of every adapter).
@@ -40,10 +42,11 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, ImageEmbeds, LoraBatch, PrefixGroups
+from tgi_compat.modeling.parallel.cross_broadcast import WIRE_DTYPES, CrossKeysFollower, cross_host, send_cross_tensors
 from tgi_compat.modeling.parallel.group import TensorParallel
 
-_HEADER = 17
-_DTYPES = [torch.float32, torch.bfloat16, torch.float16]  # an image step's feature dtype, by index
+_HEADER = 18
+_DTYPES = WIRE_DTYPES  # an image step's feature dtype, by index
 _INITIAL_CAPACITY = 1 << 14
 _MODES = list(ForwardMode)
 
@@ -81,6 +84,7 @@ class StepBroadcast:
         self.tp = tp
         self.hidden_size = hidden_size  # the model's: the width of an image step's feature rows
         self.on_step = on_step  # called once per step sent or received (the hang watch counts them)
+        self.cross_keys: CrossKeysFollower | None = None  # ranks > 0 of a cross-attending model: their image keys
         self.header = torch.zeros(_HEADER, dtype=torch.int64)
         self._allocate(capacity)
 
@@ -109,6 +113,8 @@ class StepBroadcast:
         header += [int(rope is not None), -1 if images is None else images.token_index.shape[0]]
         spans = [] if images is None else _flat_spans(images.spans, batch_size)
         header += [(len(spans) - batch_size) // 2, 0 if images is None else _DTYPES.index(images.embeds.dtype)]
+        cross = [] if batch.cross is None else cross_host(batch.cross)
+        header.append(len(cross) if batch.cross is not None else -1)
         self.header.copy_(torch.tensor(header, dtype=torch.int64))
         if self.on_step is not None:
             self.on_step()
@@ -135,6 +141,9 @@ class StepBroadcast:
         self.tp.broadcast(self.buffer[:needed])  # the receivers size theirs from the header
         if images is not None:
             self.tp.broadcast(images.embeds.contiguous())
+        if batch.cross is not None:
+            self.tp.broadcast_host(torch.tensor(cross, dtype=torch.int64))
+            send_cross_tensors(self.tp, batch.cross)
 
     def send_adapter(self, load: AdapterLoad) -> None:
         encoded = json.dumps([load.name, load.source, load.revision]).encode()
@@ -171,7 +180,7 @@ class StepBroadcast:
         if header[0] == _Op.DROP_ADAPTER:
             return AdapterDrop(header[1])
         op, mode, num_tokens, batch_size, num_logits, max_q_len, max_kv_len, has_host_lens, num_cached = header[:9]
-        capacity, greedy_only, num_loads, width, has_rope, num_image_rows, num_spans, dtype = header[9:]
+        capacity, greedy_only, num_loads, width, has_rope, num_image_rows, num_spans, dtype, cross_length = header[9:]
         if op == _Op.STOP:
             return None
         if self.on_step is not None:
@@ -206,6 +215,10 @@ class StepBroadcast:
             embeds = torch.empty(num_image_rows, hidden, dtype=_DTYPES[dtype], device=self.tp.device)
             self.tp.broadcast(embeds)
             images = ImageEmbeds(fields[12], embeds, spans)
+        cross = None
+        if cross_length >= 0:
+            assert self.cross_keys is not None  # set for a cross-attending model (ModelRunner.follow_rank_zero)
+            cross = self.cross_keys.receive(self.tp, cross_length)
         return ForwardBatch(
             mode=_MODES[mode],
             input_ids=fields[0],
@@ -226,6 +239,7 @@ class StepBroadcast:
             prefix_groups=PrefixGroups(fields[10].view(batch_size, width)) if width else None,
             images=images,
             rope_positions=fields[11].view(3, num_tokens) if has_rope else None,
+            cross=cross,
         )
 
 

@@ -186,8 +186,9 @@ class Scheduler:
                 running_tokens, admission_tokens(request), admission, pool.num_used_slots, budget, pool.num_shared_slots
             ):
                 return  # FIFO: nobody overtakes a request that does not fit
-            held = self.limits.max_cross_images and [len(r.params.images) for r in self.running]
-            if held and not images_fit(held, len(request.params.images), self.limits.max_cross_images):
+            max_images = self.limits.max_cross_images
+            held = [] if max_images is None else [len(r.params.images) for r in self.running]
+            if not images_fit(held, len(request.params.images), max_images):
                 return  # its image keys wait for room, as its KV does
             row = pool.allocate_row()
             if row is None:

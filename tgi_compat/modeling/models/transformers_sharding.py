@@ -96,6 +96,12 @@ class TextModelShard:
     def _linear(self, module_name: str) -> ShardedLinear | None:
         return next((linear for linear in self.linears if linear.pattern.fullmatch(module_name)), None)
 
+    def _linear_of(self, name: str) -> tuple[ShardedLinear | None, str]:
+        """The sharded linear a parameter of the whole model (`name`) belongs to, if any, and its kind (weight, bias)."""
+        module_name, _, kind = name.rpartition(".")
+        in_text = name.startswith(self.prefix)
+        return (self._linear(module_name.removeprefix(self.prefix)) if in_text else None), kind
+
     def attach(self, model: nn.Module, text_model: nn.Module) -> None:
         """Once the model is built: every row-parallel linear's partial output -> the sum over the ranks (a forward
         hook); checkpoint names are read under the text model's name in `model`."""
@@ -112,8 +118,7 @@ class TextModelShard:
         shapes = {name: tuple(param.shape) for name, param in whole.named_parameters()}
         for name, param in model.named_parameters():
             expected = list(shapes[name])
-            module_name, _, kind = name.rpartition(".")
-            linear = self._linear(module_name.removeprefix(self.prefix)) if name.startswith(self.prefix) else None
+            linear, kind = self._linear_of(name)
             if linear is not None and not (kind == "bias" and linear.dim == 1):
                 fits = linear.features.end <= expected[linear.dim]
                 expected[linear.dim] = linear.features.size if fits else -1  # (-1: no shape matches)
@@ -126,8 +131,7 @@ class TextModelShard:
 
     def take(self, name: str, tensor: torch.Tensor | LazyTensor) -> torch.Tensor:
         """This rank's part of a checkpoint tensor named as the model's parameter `name` (others: whole)."""
-        module_name, _, kind = name.rpartition(".")
-        linear = self._linear(module_name.removeprefix(self.prefix)) if name.startswith(self.prefix) else None
+        linear, kind = self._linear_of(name)
         if linear is None:
             return take(tensor)
         if kind == "bias" and linear.dim == 1:  # a row-parallel bias is added once, after the sum

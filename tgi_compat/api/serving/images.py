@@ -104,7 +104,9 @@ class VisionPrompts:
             idefics2 = Idefics2ImageTokens.from_checkpoint(hf_config, folder)
             fixed = Placeholders(idefics2.text, idefics2.count)
             merge = Idefics2ImageTokens.merge_fakes
-            return cls(lambda _: fixed, idefics2.image_token_id, False, fetcher, max_images, True, merge)
+            return cls(
+                lambda _: fixed, idefics2.image_token_id, False, fetcher, max_images, interleaved=True, fixup=merge
+            )
         if architecture == "PaliGemmaForConditionalGeneration" and hf_config is not None:
             from tgi_compat.modeling.vision.paligemma import PaliGemmaImageTokens
 

@@ -136,8 +136,9 @@ class ModelRunner:
         self.lora = self._enable_lora() if cfg.max_loras else None
         self.image_encoder = self._image_encoder()  # None: a text model
         # a cross-attending model's (Mllama) image keys (tgi_compat.router.cross_attention): room taken from the KV's
-        self.cross_attention = cross_attention_keys(self.model_config, self.model, self._kv_budget_bytes())
-        self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots())
+        kv_budget = self._kv_budget_bytes()
+        self.cross_attention = cross_attention_keys(self.model_config, self.model, kv_budget)
+        self.num_kv_slots = tp.min_over_ranks(self._num_kv_slots(kv_budget))
         # Rank 0 of a sharded model: each forward first sends its batch to the other ranks.
         self.step_sender: StepBroadcast | None = None
         self.vocab_logits = VocabParallelLogits(tp, model_config.vocab_size) if tp.is_sharded else None
@@ -361,8 +362,8 @@ class ModelRunner:
         free_bytes, _ = torch.cuda.mem_get_info(self.device)
         return free_bytes * self.cfg.memory_fraction - self._activation_reserve_bytes()
 
-    def _num_kv_slots(self) -> int:
-        budget = self._kv_budget_bytes()
+    def _num_kv_slots(self, budget: float | None) -> int:
+        """The KV cache's token slots in `budget` bytes (_kv_budget_bytes; None: the configured or CPU count)."""
         if budget is None:
             return self.cfg.num_kv_slots or CPU_DEFAULT_KV_SLOTS
         budget -= 0 if self.cross_attention is None else self.cross_attention.reserved_bytes

@@ -46,7 +46,6 @@ from tgi_compat.modeling.parallel.cross_broadcast import WIRE_DTYPES, CrossKeysF
 from tgi_compat.modeling.parallel.group import TensorParallel
 
 _HEADER = 18
-_DTYPES = WIRE_DTYPES  # an image step's feature dtype, by index
 _INITIAL_CAPACITY = 1 << 14
 _MODES = list(ForwardMode)
 
@@ -112,7 +111,7 @@ class StepBroadcast:
         header += [-1 if lora is None else len(lora.loads), width]
         header += [int(rope is not None), -1 if images is None else images.token_index.shape[0]]
         spans = [] if images is None else _flat_spans(images.spans, batch_size)
-        header += [(len(spans) - batch_size) // 2, 0 if images is None else _DTYPES.index(images.embeds.dtype)]
+        header += [(len(spans) - batch_size) // 2, 0 if images is None else WIRE_DTYPES.index(images.embeds.dtype)]
         cross = [] if batch.cross is None else cross_host(batch.cross)
         header.append(len(cross) if batch.cross is not None else -1)
         self.header.copy_(torch.tensor(header, dtype=torch.int64))
@@ -212,7 +211,7 @@ class StepBroadcast:
         images = None
         if num_image_rows >= 0:
             hidden = self.hidden_size
-            embeds = torch.empty(num_image_rows, hidden, dtype=_DTYPES[dtype], device=self.tp.device)
+            embeds = torch.empty(num_image_rows, hidden, dtype=WIRE_DTYPES[dtype], device=self.tp.device)
             self.tp.broadcast(embeds)
             images = ImageEmbeds(fields[12], embeds, spans)
         cross = None

@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tgi_compat.api.protocol.errors import validation_error
 from tgi_compat.api.protocol.images import DecodedImage, ImageRef, split_prompt
@@ -43,6 +44,18 @@ PlaceholdersOf = Callable[[DecodedImage], Placeholders]
 
 
 @dataclass(frozen=True, slots=True)
+class FamilyPrompts:
+    """What a family's checkpoint makes of its images (VisionPrompts' fields but the fetcher and the limit)."""
+
+    placeholders: PlaceholdersOf
+    image_token_id: int
+    bidirectional: bool = False
+    interleaved: bool = False
+    fixup: Callable[[str], str] | None = None
+    kind: type[VisionPrompts] | None = None  # its own prompts class (PaliGemma's); None: the one `of` is called on
+
+
+@dataclass(frozen=True, slots=True)
 class VisionPrompts:
     placeholders: PlaceholdersOf
     image_token_id: int  # the placeholder token the encoder's rows replace
@@ -58,73 +71,22 @@ class VisionPrompts:
         cls, model: ModelConfig, fetcher: ImageFetcher, folder: str | None = None, max_images: int | None = None
     ) -> VisionPrompts | None:
         """The prompts of a checkpoint whose images we serve; None for any other (its markdown stays text).
-        `folder`: the checkpoint's, whose preprocessor_config.json sizes Qwen2(.5)-VL's images."""
-        architecture, hf_config = model.multimodal_architecture, model.multimodal_hf_config
-        if architecture == "Gemma3ForConditionalGeneration" and hf_config is not None:
-            from tgi_compat.modeling.vision.gemma3 import Gemma3ImageTokens
-
-            tokens = Gemma3ImageTokens.from_hf_config(hf_config)
-            fixed = Placeholders(
-                _GEMMA3_IMAGE.format("<image_soft_token>" * tokens.tokens_per_image), tokens.tokens_per_image
-            )
-            return cls(lambda _: fixed, tokens.image_token_id, True, fetcher, max_images)
-        if architecture in QWEN_VL_MODELS and hf_config is not None and folder is not None:
-            from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid, QwenVLImageTokens
-
-            grid_of = PlaceholderGrid.from_folder(folder)
-
-            def qwen(image: DecodedImage) -> Placeholders:
-                rows, columns = grid_of(image.height, image.width)
-                text = _QWEN_VL_IMAGE.format("<|image_pad|>" * (rows * columns))
-                return Placeholders(text, rows * columns, (rows, columns))
-
-            return cls(qwen, QwenVLImageTokens.from_hf_config(hf_config).image_token_id, False, fetcher, max_images)
-        if architecture == "LlavaNextForConditionalGeneration" and hf_config is not None:
-            from tgi_compat.modeling.vision.llava_next import LlavaNextImageTokens
-
-            llava = LlavaNextImageTokens.from_hf_config(hf_config)
-
-            def llava_next(image: DecodedImage) -> Placeholders:
-                count = llava.count(image.height, image.width)
-                return Placeholders("<image>" * count, count)  # TGI's image text, no markers around it
-
-            return cls(llava_next, llava.image_token_id, False, fetcher, max_images)
-        if architecture == "Idefics3ForConditionalGeneration" and hf_config is not None and folder is not None:
-            from tgi_compat.modeling.vision.idefics3 import Idefics3ImageTokens
-
-            idefics = Idefics3ImageTokens.from_checkpoint(hf_config, folder)
-
-            def idefics3(image: DecodedImage) -> Placeholders:
-                return Placeholders(idefics.text(image.height, image.width), idefics.count(image.height, image.width))
-
-            return cls(idefics3, idefics.image_token_id, False, fetcher, max_images, interleaved=True)
-        if architecture == "Idefics2ForConditionalGeneration" and hf_config is not None and folder is not None:
-            from tgi_compat.modeling.vision.idefics2 import Idefics2ImageTokens
-
-            idefics2 = Idefics2ImageTokens.from_checkpoint(hf_config, folder)
-            fixed = Placeholders(idefics2.text, idefics2.count)
-            merge = Idefics2ImageTokens.merge_fakes
-            return cls(
-                lambda _: fixed, idefics2.image_token_id, False, fetcher, max_images, interleaved=True, fixup=merge
-            )
-        if architecture == "PaliGemmaForConditionalGeneration" and hf_config is not None:
-            from tgi_compat.modeling.vision.paligemma import PaliGemmaImageTokens
-
-            pali = PaliGemmaImageTokens.from_hf_config(hf_config)
-            fixed = Placeholders(pali.text, pali.tokens_per_image)
-            # interleaved: adjacent images' runs are one run, each image takes its count of it
-            return PrefixLMPrompts(lambda _: fixed, pali.image_token_id, False, fetcher, max_images, interleaved=True)
-        if architecture == "MllamaForConditionalGeneration" and hf_config is not None and folder is not None:
-            from tgi_compat.modeling.vision.mllama import MllamaImageTokens
-
-            mllama = MllamaImageTokens.from_checkpoint(hf_config, folder)
-
-            def mllama_image(image: DecodedImage) -> Placeholders:
-                return Placeholders("<|image|>", 1, tiles=mllama.tiles(image.height, image.width))
-
-            # interleaved: back-to-back `<|image|>`s are as many images, not one run
-            return cls(mllama_image, mllama.image_token_id, False, fetcher, max_images, interleaved=True)
-        return None
+        `folder`: the checkpoint's, whose preprocessor_config.json sizes some families' images (_sized_by_checkpoint)."""
+        build = _FAMILIES.get(model.multimodal_architecture or "")
+        hf_config = model.multimodal_hf_config
+        family = None if build is None or hf_config is None else build(hf_config, folder)
+        if family is None:
+            return None
+        kind = family.kind or cls
+        return kind(
+            family.placeholders,
+            family.image_token_id,
+            family.bidirectional,
+            fetcher,
+            max_images,
+            interleaved=family.interleaved,
+            fixup=family.fixup,
+        )
 
     async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
         """(the text to tokenize, its images in order), fetching off the event loop."""
@@ -226,3 +188,102 @@ def prefix_lm_images(ids: list[int], images: list[PromptImage]) -> list[PromptIm
     embeds = tuple(first.offset + position for position in own)
     whole = PromptImage(0, len(ids), first.digest, first.data, True, embeds=embeds, key=content.hexdigest())
     return [whole, *images[1:]]
+
+
+# Each family's builder: (its config.json, its checkpoint folder) -> its prompts; None where it needs the folder and
+# has none. Each imports its family's vision module only when chosen: Gemma 3's and Qwen-VL's load the model layers
+# and Triton, which the API process otherwise never imports.
+FamilyBuilder = Callable[[dict[str, Any], str | None], FamilyPrompts | None]
+
+
+def _sized_by_checkpoint(build: Callable[[dict[str, Any], str], FamilyPrompts]) -> FamilyBuilder:
+    """A family whose images the checkpoint's preprocessor_config.json sizes: no prompts without its folder."""
+    return lambda hf_config, folder: None if folder is None else build(hf_config, folder)
+
+
+def _gemma3(hf_config: dict[str, Any], folder: str | None) -> FamilyPrompts:
+    from tgi_compat.modeling.vision.gemma3 import Gemma3ImageTokens
+
+    tokens = Gemma3ImageTokens.from_hf_config(hf_config)
+    count = tokens.tokens_per_image
+    fixed = Placeholders(_GEMMA3_IMAGE.format("<image_soft_token>" * count), count)
+    return FamilyPrompts(lambda _: fixed, tokens.image_token_id, bidirectional=True)
+
+
+def _qwen_vl(hf_config: dict[str, Any], folder: str) -> FamilyPrompts:
+    from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid, QwenVLImageTokens
+
+    grid_of = PlaceholderGrid.from_folder(folder)
+
+    def qwen(image: DecodedImage) -> Placeholders:
+        rows, columns = grid_of(image.height, image.width)
+        text = _QWEN_VL_IMAGE.format("<|image_pad|>" * (rows * columns))
+        return Placeholders(text, rows * columns, (rows, columns))
+
+    return FamilyPrompts(qwen, QwenVLImageTokens.from_hf_config(hf_config).image_token_id)
+
+
+def _llava_next(hf_config: dict[str, Any], folder: str | None) -> FamilyPrompts:
+    from tgi_compat.modeling.vision.llava_next import LlavaNextImageTokens
+
+    llava = LlavaNextImageTokens.from_hf_config(hf_config)
+
+    def llava_next(image: DecodedImage) -> Placeholders:
+        count = llava.count(image.height, image.width)
+        return Placeholders("<image>" * count, count)  # TGI's image text, no markers around it
+
+    return FamilyPrompts(llava_next, llava.image_token_id)
+
+
+def _idefics3(hf_config: dict[str, Any], folder: str) -> FamilyPrompts:
+    from tgi_compat.modeling.vision.idefics3 import Idefics3ImageTokens
+
+    idefics = Idefics3ImageTokens.from_checkpoint(hf_config, folder)
+
+    def idefics3(image: DecodedImage) -> Placeholders:
+        return Placeholders(idefics.text(image.height, image.width), idefics.count(image.height, image.width))
+
+    return FamilyPrompts(idefics3, idefics.image_token_id, interleaved=True)
+
+
+def _idefics2(hf_config: dict[str, Any], folder: str) -> FamilyPrompts:
+    from tgi_compat.modeling.vision.idefics2 import Idefics2ImageTokens
+
+    idefics2 = Idefics2ImageTokens.from_checkpoint(hf_config, folder)
+    fixed = Placeholders(idefics2.text, idefics2.count)
+    return FamilyPrompts(
+        lambda _: fixed, idefics2.image_token_id, interleaved=True, fixup=Idefics2ImageTokens.merge_fakes
+    )
+
+
+def _paligemma(hf_config: dict[str, Any], folder: str | None) -> FamilyPrompts:
+    from tgi_compat.modeling.vision.paligemma import PaliGemmaImageTokens
+
+    pali = PaliGemmaImageTokens.from_hf_config(hf_config)
+    fixed = Placeholders(pali.text, pali.tokens_per_image)
+    # interleaved: adjacent images' runs are one run, each image takes its count of it
+    return FamilyPrompts(lambda _: fixed, pali.image_token_id, interleaved=True, kind=PrefixLMPrompts)
+
+
+def _mllama(hf_config: dict[str, Any], folder: str) -> FamilyPrompts:
+    from tgi_compat.modeling.vision.mllama import MllamaImageTokens
+
+    mllama = MllamaImageTokens.from_checkpoint(hf_config, folder)
+
+    def mllama_image(image: DecodedImage) -> Placeholders:
+        return Placeholders("<|image|>", 1, tiles=mllama.tiles(image.height, image.width))
+
+    # interleaved: back-to-back `<|image|>`s are as many images, not one run
+    return FamilyPrompts(mllama_image, mllama.image_token_id, interleaved=True)
+
+
+# the vision checkpoints whose images we serve (ModelConfig.multimodal_architecture) -> their family's builder
+_FAMILIES: dict[str, FamilyBuilder] = {
+    "Gemma3ForConditionalGeneration": _gemma3,
+    **{name: _sized_by_checkpoint(_qwen_vl) for name in QWEN_VL_MODELS},
+    "LlavaNextForConditionalGeneration": _llava_next,
+    "Idefics3ForConditionalGeneration": _sized_by_checkpoint(_idefics3),
+    "Idefics2ForConditionalGeneration": _sized_by_checkpoint(_idefics2),
+    "PaliGemmaForConditionalGeneration": _paligemma,
+    "MllamaForConditionalGeneration": _sized_by_checkpoint(_mllama),
+}

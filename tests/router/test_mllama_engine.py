@@ -14,6 +14,7 @@ from PIL import Image
 
 from benchmarks.device.steps import engine_tokens
 from tests.modeling import mllama_helpers as mllama
+from tgi_compat.modeling.config import MLLAMA_EXTRA_EMBEDDING_ROWS
 from tgi_compat.modeling.models.mllama import MllamaForConditionalGeneration
 from tgi_compat.modeling.models.transformers_fallback import fallback_model_config
 from tgi_compat.modeling.registry import describe_modeling_path
@@ -121,7 +122,7 @@ def test_tiles_config_and_path(checkpoint):
     config = fallback_model_config(d)
     assert (config.num_layers, config.vocab_size, config.multimodal_architecture) == (
         2,
-        mllama.IMAGE + 8,
+        mllama.IMAGE + MLLAMA_EXTRA_EMBEDDING_ROWS,
         "MllamaForConditionalGeneration",
     )
     assert describe_modeling_path("MllamaForConditionalGeneration") == (

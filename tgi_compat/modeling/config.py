@@ -49,6 +49,9 @@ FALLBACK_VISION_MODELS = frozenset(
 )
 # those whose text cross-attends to its images (tgi_compat/router/cross_attention.py) instead of reading placeholders
 CROSS_ATTENTION_MODELS = frozenset({"MllamaForConditionalGeneration"})
+# Mllama's text embedding has this many rows past its config's vocab_size (transformers' MllamaTextModel), the
+# first `<|image|>`, which prompts hold; its LM head covers vocab_size only (the logits are padded: models/mllama.py)
+MLLAMA_EXTRA_EMBEDDING_ROWS = 8
 # Wrapper config.json keys that hold for the text model too (the wrapper's generation ids win)
 _WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "tie_word_embeddings", "quantization_config")
 

@@ -24,7 +24,12 @@ import torch
 import torch.nn as nn
 
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams
-from tgi_compat.modeling.config import CROSS_ATTENTION_MODELS, FALLBACK_VISION_MODELS, ModelConfig
+from tgi_compat.modeling.config import (
+    CROSS_ATTENTION_MODELS,
+    FALLBACK_VISION_MODELS,
+    MLLAMA_EXTRA_EMBEDDING_ROWS,
+    ModelConfig,
+)
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps
 from tgi_compat.modeling.models.transformers_sharding import TextModelShard
@@ -101,12 +106,12 @@ def fallback_model_config(d: dict[str, Any], folder: str | None = None) -> Model
     eos = d.get("eos_token_id", c.eos_token_id)  # a vision wrapper's own generation ids win
     architecture = d["architectures"][0]
     vision = architecture in FALLBACK_VISION_MODELS
-    # Mllama: only its self-attention layers hold paged KV; its embedding has 8 rows past the logits' vocabulary,
-    # `<|image|>` the first, which a prompt may hold (the logits are padded to them: models/mllama.py)
+    # Mllama: only its self-attention layers hold paged KV; vocab_size counts its embedding's rows, which a prompt
+    # may hold (`<|image|>` past the logits' vocabulary)
     cross = c.cross_attention_layers if architecture in CROSS_ATTENTION_MODELS else []
     return ModelConfig(
         architecture=architecture,
-        vocab_size=c.vocab_size + 8 if cross else c.vocab_size,
+        vocab_size=c.vocab_size + MLLAMA_EXTRA_EMBEDDING_ROWS if cross else c.vocab_size,
         hidden_size=c.hidden_size,
         intermediate_size=getattr(c, "intermediate_size", None) or 4 * c.hidden_size,
         num_layers=c.num_hidden_layers - len(cross),

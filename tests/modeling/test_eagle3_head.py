@@ -85,7 +85,9 @@ def test_the_target_writes_its_layers_outputs():
     expected = torch.cat([states[i + 1][0] for i in (2, 0, 2)], -1)  # (the last entry is normed)
     torch.testing.assert_close(runner.aux_hidden.rows(5), expected, atol=1e-4, rtol=1e-4)
     plain = ModelRunner.from_hf_state_dict(hf_config, hf.state_dict(), dataclasses.replace(cfg, aux_hidden_layers=None))
-    assert plain.aux_hidden is None and cast(DecoderStack, plain.model).model.aux_hidden is None  # off: nothing
+    plain_model = cast(DecoderStack, plain.model).model
+    assert plain.aux_hidden is None and plain_model.aux_hidden is None  # off: nothing
+    assert plain_model.aux_readers == (None,) * 5  # a forward reads nothing per layer (made once, not per step)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,13 @@ once, before the CUDA graphs are captured, so that a replayed step writes the sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
+
+# gets the residual stream entering a layer (or the final norm), whole
+StreamReader = Callable[[torch.Tensor], None]
 
 
 class AuxHiddenStates:
@@ -20,23 +26,26 @@ class AuxHiddenStates:
         self.hidden_size = hidden_size
         self._static = torch.zeros(max_tokens, len(layers) * hidden_size, device=device, dtype=dtype)
         self._last = self._static
+        self._step = self._static  # this step's rows of _last (start_step)
 
-    def blocks_of(self, num_layers: int) -> tuple[tuple[int, ...], ...]:
-        """Per decoder layer: the column blocks its output goes to (none: not captured; a small model's default
-        layers may repeat one)."""
-        return tuple(tuple(b for b, layer in enumerate(self.layers) if layer == i) for i in range(num_layers))
+    def readers(self, num_layers: int) -> tuple[StreamReader | None, ...]:
+        """Per decoder layer: what writes its output (the residual stream after it) into its column blocks of the
+        step's buffer; None where it is not captured (a small model's default layers may repeat one: several
+        blocks). Made once: a forward only starts its step (`start_step`)."""
+        blocks = [tuple(b for b, layer in enumerate(self.layers) if layer == i) for i in range(num_layers)]
+        return tuple(partial(self._write, mine) if mine else None for mine in blocks)
 
-    def step_buffer(self, num_tokens: int) -> torch.Tensor:
-        """The forward's output [num_tokens, layers * hidden] (called by the model as a step starts)."""
+    def start_step(self, num_tokens: int) -> None:
+        """This forward writes rows [num_tokens, layers * hidden] (called by the model as a step starts)."""
         static = self._static
         self._last = static if num_tokens <= static.shape[0] else static.new_empty(num_tokens, static.shape[1])
-        return self._last[:num_tokens]
+        self._step = self._last[:num_tokens]
 
-    def write(self, buffer: torch.Tensor, blocks: tuple[int, ...], stream: torch.Tensor) -> None:
+    def _write(self, blocks: tuple[int, ...], stream: torch.Tensor) -> None:
         """A layer's output (the residual stream after it, summed over the ranks) into its column blocks."""
         size = self.hidden_size
         for block in blocks:
-            buffer[:, block * size : (block + 1) * size].copy_(stream)
+            self._step[:, block * size : (block + 1) * size].copy_(stream)
 
     def rows(self, num_tokens: int) -> torch.Tensor:
         """The last step's rows (eager or replayed: a graph writes the static buffer, padded rows after the real)."""

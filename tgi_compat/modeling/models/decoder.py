@@ -11,15 +11,14 @@ with its own input norm, so that the norm, the add and the next norm are one op 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from functools import partial
+from collections.abc import Iterable
 from typing import Protocol, cast
 
 import torch
 import torch.nn as nn
 
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, LayerQKV
-from tgi_compat.modeling.aux_hidden import AuxHiddenStates
+from tgi_compat.modeling.aux_hidden import AuxHiddenStates, StreamReader
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch, ImageEmbeds
 from tgi_compat.modeling.layers.embedding import LMHead, VocabEmbedding
@@ -129,7 +128,7 @@ class DecoderLayer(nn.Module):
         backend: AttentionBackend,
         owed_norm: RMSNorm | None = None,  # the previous layer's output_norm, still to apply to hidden
         sum_over: TensorParallel | None = None,  # the ranks hidden is still to be summed over (None: it is whole)
-        read_stream: Callable[[torch.Tensor], None] | None = None,  # gets the stream entering the layer, whole
+        read_stream: StreamReader | None = None,  # gets the stream entering the layer, whole
     ) -> tuple[torch.Tensor, torch.Tensor, TensorParallel | None]:
         # Each norm travels with the projection after it (and the residual add of the previous
         # sub-block, and under tensor parallelism the sum over the ranks, with the norm): one op each, which
@@ -193,14 +192,16 @@ class DecoderModel(nn.Module):
         outputs = [layer.output_norm() for layer in self.decoder_layers]
         self.owed_norms: tuple[RMSNorm | None, ...] = (None, *outputs)
         self.aux_hidden: AuxHiddenStates | None = None  # capture_aux_hidden; None: off
-        self.aux_blocks: tuple[tuple[int, ...], ...] = ()
+        # per layer, then for the final norm: what reads the stream entering it (the output of the layer before it)
+        # into the auxiliary hidden states; None: nothing (all None with them off). Made once, not per forward.
+        self.aux_readers: tuple[StreamReader | None, ...] = (None,) * (len(self.layers) + 1)
 
     def capture_aux_hidden(self, states: AuxHiddenStates) -> None:
         """From now on each forward writes the output of `states.layers` into `states` (an EAGLE-3 head's input)."""
         if any(norm is not None for norm in self.owed_norms):  # (the stream is not hidden + residual there)
             raise ValueError("auxiliary hidden states need a decoder without post-feedforward norms (Llama-like)")
         self.aux_hidden = states
-        self.aux_blocks = states.blocks_of(len(self.layers))
+        self.aux_readers = (None, *states.readers(len(self.layers)))
 
     @property
     def decoder_layers(self) -> Iterable[DecoderLayer]:
@@ -225,8 +226,9 @@ class DecoderModel(nn.Module):
         # EAGLE-3: a layer's output is read where the next layer (or the final norm) adds it to the stream, whole:
         # under tensor parallelism the sum over the ranks is only done there (fused with the norm), so reading
         # it as the layer ends would see this rank's part, and summing it earlier would change the arithmetic
-        readers = self._aux_readers(hidden.shape[0])
-        layers = zip(self.layers, self.uses_local_rope, self.owed_norms, kv_caches, readers)
+        if self.aux_hidden is not None:
+            self.aux_hidden.start_step(hidden.shape[0])
+        layers = zip(self.layers, self.uses_local_rope, self.owed_norms, kv_caches, self.aux_readers)
         for layer, is_local, owed, (k_cache, v_cache), read_stream in layers:
             hidden, residual, sum_over = layer(
                 hidden,
@@ -244,22 +246,9 @@ class DecoderModel(nn.Module):
         if final_owed is not None:  # once a step: the last layer's post-feedforward norm on its own
             hidden, _ = final_owed(hidden)
         hidden, stream = self.norm(hidden, residual)
-        if (read_last := readers[-1]) is not None and stream is not None:
+        if (read_last := self.aux_readers[-1]) is not None and stream is not None:
             read_last(stream)
         return hidden
-
-    def _aux_readers(self, num_tokens: int) -> list[Callable[[torch.Tensor], None] | None]:
-        """Per layer, then for the final norm: what reads the stream entering it (the output of the layer before
-        it) into the auxiliary hidden states; None: nothing (all None with them off)."""
-        readers: list[Callable[[torch.Tensor], None] | None] = [None] * (len(self.layers) + 1)
-        aux = self.aux_hidden
-        if aux is None:
-            return readers
-        buffer = aux.step_buffer(num_tokens)
-        for i, blocks in enumerate(self.aux_blocks):
-            if blocks:
-                readers[i + 1] = partial(aux.write, buffer, blocks)
-        return readers
 
 
 class DecoderStack(nn.Module):

@@ -3,7 +3,8 @@ past hyper's limits, slowloris, routing corners, JSON that serde_json refuses, f
 scores, and grammars that would cost more than their limits. Each leaves the server healthy, its
 permits free and its KV cache empty (harness.assert_sound).
 
-The grammar tests run on their own launcher, with a small compiled-grammar budget.
+The slowloris and grammar tests run on a launcher of their own, with small limits: a short head-read timeout
+(the default's 30 s is hyper's, tests/api/test_launcher.py), a small compiled-grammar budget and compile timeout.
 """
 
 from __future__ import annotations
@@ -21,10 +22,31 @@ import psutil
 import pytest
 from harness import CHAT_PROMPT, Sampling, _free_port, _launcher_command, assert_sound, launched
 
-from tgi_compat.api.server.http_protocol import HEAD_READ_TIMEOUT_S, MAX_HEAD_BYTES
+from tgi_compat.api.server.http_protocol import MAX_HEAD_BYTES
 
 BODY_400 = "Failed to parse the request body as JSON: "
 BODY_422 = "Failed to deserialize the JSON body into the target type: "
+
+
+# limits_server's flags
+HEAD_READ_TIMEOUT_S = 5.0
+GRAMMAR_CACHE_BYTES = 256 << 20  # one grammar may take an eighth: 32 MiB
+GRAMMAR_COMPILE_TIMEOUT_S = 15
+GRAMMAR_PERMITS = 4
+
+
+@pytest.fixture(scope="module")
+def limits_server():
+    command = [
+        *_launcher_command(_free_port()),
+        "--header-read-timeout", str(HEAD_READ_TIMEOUT_S),
+        "--grammar-cache-bytes", str(GRAMMAR_CACHE_BYTES),
+        "--grammar-compile-timeout", str(GRAMMAR_COMPILE_TIMEOUT_S),
+        "--max-concurrent-requests", str(GRAMMAR_PERMITS),
+        "--payload-limit", str(16_000_000),  # room for the slow schemas
+    ]  # fmt: skip
+    with launched(command, {**os.environ}, "launcher-limits-") as handle:
+        yield handle
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -92,8 +114,8 @@ def test_thirty_unfinished_huge_heads_do_not_grow_the_api_process(server):
     assert_sound(url)
 
 
-def test_slowloris_connections_are_closed_after_the_head_read_timeout(server):
-    url = server.base_url
+def test_slowloris_connections_are_closed_after_the_head_read_timeout(limits_server):
+    url = limits_server.base_url
     sockets = [socket.create_connection(_address(url), timeout=HEAD_READ_TIMEOUT_S + 15) for _ in range(50)]
     opened = time.monotonic()
     closed_after: list[float] = []
@@ -125,7 +147,7 @@ def test_slowloris_connections_are_closed_after_the_head_read_timeout(server):
         sock.close()
     assert len(closed_after) == 50
     assert HEAD_READ_TIMEOUT_S - 1 < min(closed_after) and max(closed_after) < HEAD_READ_TIMEOUT_S + 5, closed_after
-    assert_sound(url)
+    assert_sound(url, GRAMMAR_PERMITS)
 
 
 # ---------------------------------------------------------------------------------- routing corners
@@ -253,10 +275,6 @@ def test_a_request_whose_scores_turn_nan_fails_alone(server):
 
 # --------------------------------------------------------------------------------- grammar compiles
 
-GRAMMAR_CACHE_BYTES = 256 << 20  # one grammar may take an eighth: 32 MiB
-GRAMMAR_COMPILE_TIMEOUT_S = 15
-GRAMMAR_PERMITS = 4
-
 
 def _enum_schema(tag: str, count: int, length: int = 70) -> dict:
     """An object with one enum property. Past about 90 KB of values xgrammar keeps a token mask per position:
@@ -267,19 +285,6 @@ def _enum_schema(tag: str, count: int, length: int = 70) -> dict:
 
 def _constrained(schema: dict) -> dict:
     return {"inputs": CHAT_PROMPT, "parameters": {"max_new_tokens": 3, "grammar": {"type": "json", "value": schema}}}
-
-
-@pytest.fixture(scope="module")
-def grammar_server():
-    command = [
-        *_launcher_command(_free_port()),
-        "--grammar-cache-bytes", str(GRAMMAR_CACHE_BYTES),
-        "--grammar-compile-timeout", str(GRAMMAR_COMPILE_TIMEOUT_S),
-        "--max-concurrent-requests", str(GRAMMAR_PERMITS),
-        "--payload-limit", str(16_000_000),  # room for the slow schemas
-    ]  # fmt: skip
-    with launched(command, {**os.environ}, "launcher-grammar-") as handle:
-        yield handle
 
 
 def _engine(server) -> psutil.Process:
@@ -303,8 +308,8 @@ class PeakRss(Sampling):
         self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def test_distinct_large_schemas_keep_the_engine_within_its_grammar_budget(grammar_server):
-    url, engine = grammar_server.base_url, _engine(grammar_server)
+def test_distinct_large_schemas_keep_the_engine_within_its_grammar_budget(limits_server):
+    url, engine = limits_server.base_url, _engine(limits_server)
     small = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     assert httpx.post(f"{url}/generate", json=_constrained(small), timeout=300).status_code == 200  # compiler up
     baseline = engine.memory_info().rss
@@ -327,20 +332,20 @@ def test_distinct_large_schemas_keep_the_engine_within_its_grammar_budget(gramma
     assert_sound(url, GRAMMAR_PERMITS)
 
 
-def test_a_grammar_compiled_past_its_share_of_the_budget_is_refused(grammar_server):
+def test_a_grammar_compiled_past_its_share_of_the_budget_is_refused(limits_server):
     schema = _enum_schema("big", 2000)
-    response = httpx.post(f"{grammar_server.base_url}/generate", json=_constrained(schema), timeout=300)
+    response = httpx.post(f"{limits_server.base_url}/generate", json=_constrained(schema), timeout=300)
     assert response.status_code == 422 and response.json()["error_type"] == "validation"
     assert re.fullmatch(
         r"Input validation error: cannot compile regex from schema: the compiled grammar takes 4\d MiB, "
         r"more than the 32 MiB one grammar may take \(an eighth of --grammar-cache-bytes\)",
         response.json()["error"],
     )
-    assert_sound(grammar_server.base_url, GRAMMAR_PERMITS)
+    assert_sound(limits_server.base_url, GRAMMAR_PERMITS)
 
 
-def test_a_compile_past_its_timeout_is_refused_and_stopped(grammar_server):
-    url = grammar_server.base_url
+def test_a_compile_past_its_timeout_is_refused_and_stopped(limits_server):
+    url = limits_server.base_url
     started = time.monotonic()
     response = httpx.post(f"{url}/generate", json=_constrained(_slow_schema("late")), timeout=300)
     elapsed = time.monotonic() - started
@@ -356,11 +361,11 @@ def test_a_compile_past_its_timeout_is_refused_and_stopped(grammar_server):
     assert_sound(url, GRAMMAR_PERMITS)
 
 
-def test_an_abandoned_compile_stops_at_once(grammar_server):
-    url = grammar_server.base_url
+def test_an_abandoned_compile_stops_at_once(limits_server):
+    url = limits_server.base_url
     with ThreadPoolExecutor(1) as pool:  # a client that leaves after 8 s, while its grammar compiles
         client = pool.submit(httpx.post, f"{url}/generate", json=_constrained(_slow_schema("gone")), timeout=8.0)
-        while not (children := _compile_children(grammar_server)):
+        while not (children := _compile_children(limits_server)):
             time.sleep(0.1)
         (compiling,) = children
         with pytest.raises(httpx.ReadTimeout):
@@ -370,12 +375,23 @@ def test_an_abandoned_compile_stops_at_once(grammar_server):
         assert time.monotonic() - left < 2.0, "the abandoned compile still runs"
         time.sleep(0.02)
     print(f"abandoned compile stopped {time.monotonic() - left:.2f} s after its client left", file=sys.stderr)
-    time.sleep(15)  # its replacement loads, then idles: it compiles nothing nobody waits for
-    (replacement,) = _compile_children(grammar_server)
-    busy = sum(replacement.cpu_times()[:2])
-    time.sleep(2)
-    assert sum(replacement.cpu_times()[:2]) - busy < 0.1
+    # its replacement loads, then idles: it compiles nothing nobody waits for (that compile would take minutes)
+    deadline = time.monotonic() + 15
+    while not ((children := _compile_children(limits_server)) and _has_loaded_xgrammar(children[0])):
+        assert time.monotonic() < deadline, "no replacement compiler loaded xgrammar"
+        time.sleep(0.1)
+    (replacement,) = children
+    while True:  # a 2 s window without work, once it has finished starting
+        busy = sum(replacement.cpu_times()[:2])
+        time.sleep(2)
+        if sum(replacement.cpu_times()[:2]) - busy < 0.1:
+            break
+        assert time.monotonic() < deadline, "the replacement compiler keeps working"
     assert_sound(url, GRAMMAR_PERMITS)
+
+
+def _has_loaded_xgrammar(process: psutil.Process) -> bool:
+    return any("libxgrammar_bindings" in region.path for region in process.memory_maps())
 
 
 def _slow_schema(tag: str) -> dict:

@@ -19,6 +19,7 @@ from tgi_compat.api.cli.launcher import (
     unimplemented_options,
 )
 from tgi_compat.api.config import ServerConfig
+from tgi_compat.api.server.http_protocol import HEAD_READ_TIMEOUT_S
 
 
 def _config(argv: list[str]) -> ServerConfig:
@@ -33,6 +34,7 @@ def test_defaults_follow_tgi(monkeypatch):
     assert (config.port, config.hostname, config.prometheus_port) == (3000, "0.0.0.0", 9000)
     assert (config.max_concurrent_requests, config.max_best_of, config.max_stop_sequences) == (128, 2, 4)
     assert (config.max_top_n_tokens, config.payload_limit, config.max_client_batch_size) == (5, 2_000_000, 4)
+    assert config.header_read_timeout == HEAD_READ_TIMEOUT_S == 30.0  # hyper's header_read_timeout
     assert config.max_total_tokens is None and config.max_input_tokens is None
     assert not config.enable_prefill_logprobs and not config.trust_remote_code
     assert unimplemented_options(config) == []

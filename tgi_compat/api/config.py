@@ -94,6 +94,7 @@ class ServerConfig:
     cors_allow_origin: list[str] = field(default_factory=list)
     api_key: str | None = None
     graceful_termination_timeout: int = 90
+    header_read_timeout: float = 30.0  # ours: hyper's header_read_timeout (slowloris connections are closed)
     # --- observability ---
     json_output: bool = False
     otlp_endpoint: str | None = None

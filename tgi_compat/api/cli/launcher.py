@@ -100,6 +100,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("enable-prefill-logprobs", "Return prompt logprobs in `details.prefill` (decoder_input_details)."),
     Flag("prefix-caching", "Reuse the KV cache of prompt prefixes seen before (TGI's PREFIX_CACHING=0|1).", bool_env, True),
     Flag("graceful-termination-timeout", "Seconds to finish running requests on shutdown.", int, 90),
+    Flag("header-read-timeout", "Seconds a client has to send a request's head (request line and headers), from the connection's start or the end of its previous response; a slower connection is closed without an answer (hyper's header_read_timeout, 30 s by default).", float, 30.0),
     # LightLLM's options (python -m tgi_compat.api.cli.api_server spells them the LightLLM way)
     Flag("long-truncation-mode", "LightLLM: default `long_truncation_mode` of requests: head or center cut over-long prompts instead of refusing them.", choice("head", "center")),
     Flag("token-healing", "LightLLM: default `token_healing` of requests (regenerate the prompt's last two tokens)."),

@@ -6,7 +6,7 @@ gathers a header value of any size, and the count is free), so a client could gr
 heads that never end. The bytes are counted before the parser sees them: the head must end within the first
 MAX_HEAD_BYTES of a request, and a header past the hundredth stops the parser.
 
-A head must also arrive within HEAD_READ_TIMEOUT_S, counted from the connection's start or from the end of
+A head must also arrive within HEAD_READ_TIMEOUT_S (--header-read-timeout), counted from the connection's start or from the end of
 its previous response; a connection that takes longer (slowloris) is closed without an answer, as hyper does
 when its header read timeout is set. uvicorn's keep-alive timeout still closes idle connections first.
 
@@ -29,6 +29,8 @@ class _TooManyHeaders(Exception):
 
 
 class BoundedHeadProtocol(HttpToolsProtocol):
+    head_read_timeout_s = HEAD_READ_TIMEOUT_S  # a class attribute: uvicorn makes the protocols itself
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._head_bytes: int | None = 0  # bytes received of the head being read; None once it is complete
@@ -98,9 +100,19 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def _start_head_timer(self) -> None:
         self._stop_head_timer()
-        self._head_timer = self.loop.call_later(HEAD_READ_TIMEOUT_S, self.transport.close)
+        self._head_timer = self.loop.call_later(self.head_read_timeout_s, self.transport.close)
 
     def _stop_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+
+def bounded_head_protocol(head_read_timeout_s: float) -> type[BoundedHeadProtocol]:
+    """The protocol class uvicorn is given, with --header-read-timeout."""
+
+    class Configured(BoundedHeadProtocol):
+        pass
+
+    Configured.head_read_timeout_s = head_read_timeout_s
+    return Configured

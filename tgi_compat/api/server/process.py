@@ -20,7 +20,7 @@ from tgi_compat.api.observability.tracing import RequestTracer
 from tgi_compat.api.server.app import create_app
 from tgi_compat.api.server.graceful import GracefulShutdown
 from tgi_compat.api.server.health_monitor import EngineHealthMonitor, HealthMonitorConfig
-from tgi_compat.api.server.http_protocol import BoundedHeadProtocol
+from tgi_compat.api.server.http_protocol import bounded_head_protocol
 from tgi_compat.api.server.ops_services import start_ops_services
 from tgi_compat.api.server.warmup import GPU_BATCH, warm_up
 from tgi_compat.api.serving.image_fetch import ImageFetcher
@@ -133,7 +133,7 @@ async def run_server(config: ServerConfig) -> int:
         app,
         host=config.hostname,
         port=config.port,
-        http=BoundedHeadProtocol,  # httptools, with hyper's limits on request heads
+        http=bounded_head_protocol(config.header_read_timeout),  # httptools, with hyper's limits on request heads
         log_config=None,  # keep the handlers configure_logging installed
         access_log=False,
         lifespan="off",

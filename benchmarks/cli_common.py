@@ -77,7 +77,7 @@ def wait_for_health(base_url: str, timeout_s: float, is_alive=lambda: True) -> N
             pass
         if time.monotonic() > deadline:
             raise TimeoutError(f"{base_url}/health not ready after {timeout_s:.0f} s")
-        time.sleep(0.5)
+        time.sleep(0.2)
     raise TimeoutError(f"server process exited before {base_url}/health answered")
 
 

@@ -72,7 +72,7 @@ def _wait_until_ready(server: Server) -> None:
                 return
         except httpx.TransportError:
             pass  # connection refused until the engine is warm, as with TGI
-        time.sleep(1)
+        time.sleep(0.2)  # a refused connection costs nothing: the tests start as soon as the port opens
     pytest.fail(f"launcher not ready after {STARTUP_TIMEOUT_S} s:\n{server.log_tail()}")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from tgi_compat.router.rank_heartbeat import HangWatch, RankHeartbeats
+from tgi_compat.router.rank_heartbeat import HANG_TIMEOUT_ENV, HangWatch, RankHeartbeats, hang_timeout_s
 
 TIMEOUT_S = 10.0
 
@@ -16,6 +16,13 @@ TIMEOUT_S = 10.0
 def _watch(num_ranks: int = 3) -> tuple[RankHeartbeats, HangWatch]:
     heartbeats = RankHeartbeats(num_ranks)
     return heartbeats, HangWatch(heartbeats, TIMEOUT_S, now=100.0)
+
+
+def test_the_timeout_is_the_readmes_10_s_unless_the_environment_sets_it(monkeypatch):
+    monkeypatch.delenv(HANG_TIMEOUT_ENV, raising=False)
+    assert hang_timeout_s() == 10.0
+    monkeypatch.setenv(HANG_TIMEOUT_ENV, "4.5")  # (the end-to-end test's server sets it short)
+    assert hang_timeout_s() == 4.5
 
 
 def test_ranks_that_beat_and_keep_up_are_not_hung():

@@ -141,7 +141,7 @@ def assert_sound(url: str, permits: int = MAX_CONCURRENT_REQUESTS) -> None:
     deadline = time.monotonic() + 15
     while (gauges := {name: metric(url, name) for name in idle}) != dict.fromkeys(idle, 0.0):
         assert time.monotonic() < deadline, f"the engine is not idle: {gauges}"
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 class Sampling(Background):

@@ -15,7 +15,11 @@ the tokenizer built here matches the plain-Python reference on all of them.)
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import shutil
 import struct
+import tempfile
 from pathlib import Path
 
 LLAMA3_SPLIT = (
@@ -109,8 +113,46 @@ def build_tokenizer(ranks: dict[bytes, int], specials: dict[str, int]):
     return tokenizer
 
 
-def write_llama3_tokenizer(out_dir: Path) -> None:
-    """Write tokenizer.json + tokenizer_config.json (a Llama-3 base-model tokenizer) into ``out_dir``."""
+def write_llama3_tokenizer(out_dir: Path, cached: bool = True) -> None:
+    """Write tokenizer.json + tokenizer_config.json (a Llama-3 base-model tokenizer) into ``out_dir``.
+
+    The build takes seconds, and the CPU tests need it in many places (each benchmark's smoke run): it is copied
+    from tgi_compat's cache folder, built there first if absent, under a key of this module's code, quicktok's
+    vocabulary and the tokenizers/transformers versions. ``cached=False`` builds into ``out_dir``."""
+    if cached:
+        with contextlib.suppress(OSError):  # no writable cache folder: build in place
+            folder = _cached_build()
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for item in folder.iterdir():
+                shutil.copy(item, out_dir / item.name)
+            return
+    _build_into(out_dir)
+
+
+def _cached_build() -> Path:
+    import tokenizers
+    import transformers
+
+    from tgi_compat.modeling.tokenizer import cache_root
+
+    data = quicktok_data_dir()
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    for part in ((data / "llama3.vocab").read_bytes(), (data / "llama3.special").read_bytes()):
+        key.update(part)
+    key.update(f"{tokenizers.__version__} {transformers.__version__}".encode())
+    folder = Path(cache_root()) / "llama3-tokenizer" / key.hexdigest()[:16]
+    if not (folder / "tokenizer.json").exists():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
+        _build_into(building)
+        try:
+            building.rename(folder)  # whole or not at all, for a reader in another process
+        except OSError:  # another process's build won the race: the same files
+            shutil.rmtree(building, ignore_errors=True)
+    return folder
+
+
+def _build_into(out_dir: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     data = quicktok_data_dir()

@@ -8,10 +8,22 @@ from benchmarks.workload import read_sharegpt_pairs
 
 
 @pytest.fixture(scope="module")
-def llama3(tmp_path_factory):
+def built(tmp_path_factory):
+    """A fresh build (not the cached copy the other tests get)."""
     out = tmp_path_factory.mktemp("llama3-tokenizer")
-    write_llama3_tokenizer(out)
-    return AutoTokenizer.from_pretrained(out)
+    write_llama3_tokenizer(out, cached=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama3(built):
+    return AutoTokenizer.from_pretrained(built)
+
+
+def test_the_cached_copy_is_the_build(built, tmp_path):
+    write_llama3_tokenizer(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in built.iterdir())
+    assert all((tmp_path / p.name).read_bytes() == p.read_bytes() for p in built.iterdir())
 
 
 def test_vocabulary_and_special_tokens(llama3):

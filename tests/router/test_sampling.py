@@ -167,8 +167,9 @@ def test_the_noise_never_lets_an_impossible_token_win():
     # Seed 10's noise at step 0 peaks on token 5013 of a 49,152-token vocabulary: its uniform draw was the
     # largest, which float32 rounded to 1.0, so the noise was +inf and the token won from a -inf score
     # (a grammar's mask) or from any finite one (issue 15's " relativeadmin").
-    noise = gumbel_noise(torch.arange(2000), torch.zeros(2000, dtype=torch.int64), 49152)
-    assert bool(torch.isfinite(noise).all())
+    # 50 seeds at a time: the same values, without [2000, 49152] int64 temporaries (3x faster)
+    chunks = torch.arange(2000).split(50)
+    assert all(bool(torch.isfinite(gumbel_noise(seeds, torch.zeros_like(seeds), 49152)).all()) for seeds in chunks)
     logits = torch.zeros(1, 49152)
     logits[0, 5013] = float("-inf")
     logits[0, 7] = 5.0  # every other token is a possible draw

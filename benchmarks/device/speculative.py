@@ -144,7 +144,9 @@ async def main_async(args: argparse.Namespace) -> dict:
         target, draft_vocab = (LLAMA3_8B, 32000) if on_gpu else (LLAMA3_TINY, 1024)
         head = write_random_eagle3_head(args.work_dir / f"eagle3-{draft_vocab}", target, draft_vocab)
         drafts_from = dict(method="eagle3", draft_model=str(head))
-    plain = await measure(EngineConfig(**base), workloads, "speculate 0")
+    plain = plain_from(args.plain_from, args.device, workloads) or await measure(
+        EngineConfig(**base), workloads, "speculate 0"
+    )
     spec = {}
     for accepted, replayed in histograms.items():
         acceptance = SyntheticAcceptance(tuple(replayed))
@@ -165,12 +167,27 @@ async def main_async(args: argparse.Namespace) -> dict:
     return dict(device=args.device, method=args.method, histogram=histogram, rows=rows, plain=plain, speculative=spec)
 
 
+def plain_from(path: Path | None, device: str, workloads: list[Workload]) -> dict[str, dict] | None:
+    """The --speculate 0 numbers of an earlier run's JSON (the same device and workloads), or None."""
+    if path is None:
+        return None
+    earlier = json.loads(path.read_text())
+    missing = {w.name for w in workloads} - set(earlier["plain"])
+    if earlier["device"] != device or missing:
+        raise SystemExit(f"{path}: a run on {earlier['device']}, without the workloads {sorted(missing)}")
+    print(f"[speculate 0] from {path}", flush=True)
+    return earlier["plain"]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/spec-bench"))
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--method", default="ngram", choices=["ngram", "eagle3"], help="the drafts' proposer")
     parser.add_argument("--out", default=None, help="JSON results (default $OUT/speculative[-eagle3].json)")
+    parser.add_argument(
+        "--plain-from", type=Path, default=None, help="an earlier run's JSON: its --speculate 0 numbers (not run again)"
+    )
     args = parser.parse_args(argv)
     report = asyncio.run(main_async(args))
     suffix = "" if args.method == "ngram" else f"-{args.method}"

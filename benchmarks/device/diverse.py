@@ -160,7 +160,7 @@ async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: i
         return began, streams
 
     try:
-        await run(4)  # warm-up: compiles, prefix cache paths, graph replays
+        await run(min(4, new_tokens))  # warm-up: compiles, prefix cache paths, graph replays
         before = await settled_stats(client)
         began, streams = await run(new_tokens)
         after = await settled_stats(client)

@@ -1,0 +1,33 @@
+#!/bin/bash
+# The GPU work still waiting (docs/benchmarks/2026-12-05-session-22.md), in parts that each fit one device call
+# (under 10 minutes on an H100 or H200, compiles included). From the repo root, carrying .whl:
+#   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
+#   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
+#   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
+# Parts: tests-a tests-b plain lora vl diverse spec. Logs and JSON under $OUT; a part past its limit is cut and the
+# next one runs.
+set -u
+source "$(dirname "$0")/setup.sh"
+part() {  # name seconds command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name rc $?" >> "$OUT/$name.log"
+  tail -25 "$OUT/$name.log"
+}
+gpu_tests=(python3 -m pytest -q -rfE -m gpu -p no:cacheprovider --durations=10)
+for name in "$@"; do
+  case $name in
+    tests-a) part tests-a 540 "${gpu_tests[@]}" tests/gpu --ignore=tests/gpu/test_llava_next_gpu.py \
+               --ignore=tests/gpu/test_qwen2_5_vl_gpu.py --ignore=tests/gpu/test_lora_gpu.py ;;
+    tests-b) part tests-b 480 "${gpu_tests[@]}" tests/gpu/test_lora_gpu.py tests/gpu/test_qwen2_5_vl_gpu.py \
+               tests/gpu/test_llava_next_gpu.py ;;
+    plain) part plain 240 env OURS_ONLY=1 bash benchmarks/device/side_by_side.sh ;;
+    lora) part lora 330 python3 -m benchmarks.device.lora ;;
+    vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
+    diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
+    spec) part spec 300 python3 -m benchmarks.device.speculative ;;
+    *) echo "unknown part: $name"; exit 2 ;;
+  esac
+  pkill -f "tgi_compat\\.|benchmarks\\.device\\." 2>/dev/null; sleep 2  # (a part's servers and engines)
+done

@@ -289,7 +289,7 @@ class ModelRunner:
             logger.info("Weight quantization: %s", quantization.name)
         sharding = {}
         if self.tp.is_sharded:
-            if not getattr(model_cls, "supports_tensor_parallel", False):
+            if not model_cls.supports_tensor_parallel:
                 raise ValueError(f"{model_cls.__name__} does not support tensor parallelism (--num-shard > 1)")
             sharding = {"tp": self.tp}
         with torch.device(self.device), default_dtype(self.dtype), build_with(quantization):

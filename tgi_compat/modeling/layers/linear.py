@@ -94,12 +94,13 @@ class Linear(nn.Module):
         out_slice: Slice | None = None,
         in_slice: Slice | None = None,
         tp: TensorParallel = NO_TP,
+        part_slices: list[Slice] | None = None,  # MergedLinear's: each projection's rows on this rank
+        full_out_sizes: list[int] | None = None,  # MergedLinear's: each projection's unsharded size
     ):
         super().__init__()
         self.tp, self.in_slice = tp, in_slice
-        if not hasattr(self, "part_slices"):  # MergedLinear sets its parts first
-            self.part_slices: list[Slice] | None = [out_slice] if out_slice is not None else None
-            self.full_out_sizes = [out_features]
+        self.part_slices = part_slices if part_slices is not None else [out_slice] if out_slice is not None else None
+        self.full_out_sizes = full_out_sizes or [out_features]
         self.full_in_features = in_features
         self.in_features = in_slice.size if in_slice is not None else in_features
         self.out_features = out_slice.size if out_slice is not None else out_features
@@ -190,11 +191,11 @@ class MergedLinear(Linear):
         tp: TensorParallel = NO_TP,
         part_slices: list[Slice] | None = None,
     ):
-        # before super().__init__: create_weights reads shard_sizes()
-        self.full_out_sizes = out_sizes
-        self.part_slices = part_slices or [split_evenly(size, tp.size, tp.rank) for size in out_sizes]
-        self.out_sizes = [part.size for part in self.part_slices]
-        super().__init__(in_features, sum(self.out_sizes), bias, method, tp=tp)
+        parts = part_slices or [split_evenly(size, tp.size, tp.rank) for size in out_sizes]
+        self.out_sizes = [part.size for part in parts]  # before super().__init__: create_weights reads shard_sizes()
+        super().__init__(
+            in_features, sum(self.out_sizes), bias, method, tp=tp, part_slices=parts, full_out_sizes=out_sizes
+        )
 
     def shard_sizes(self) -> list[int]:
         return self.out_sizes

@@ -17,6 +17,8 @@ from tgi_compat.modeling.weights.lazy import LazyTensor
 
 
 class CausalLM(Protocol):
+    supports_tensor_parallel: bool  # a class attribute: its layers shard over --num-shard ranks (built with tp=)
+
     def __init__(self, config: ModelConfig, ops: LayerOps) -> None: ...
 
     def __call__(

@@ -77,20 +77,19 @@ def test_helpers():
 
 
 async def test_middleware_opens_route_spans_for_plain_and_streamed_responses(collector):
-    from types import SimpleNamespace
-
     import httpx
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, StreamingResponse
 
     from tgi_compat.api.observability.tracing import current_span, install_tracing
+    from tgi_compat.api.serving.generation import Timings
 
     tracer = RequestTracer(collector.address, service_name="mw")
     app = FastAPI()
 
     def timings():
         now = time.perf_counter()
-        return SimpleNamespace(arrival=now - 0.5, validated=now - 0.4, first_event=now - 0.3, finished=now)
+        return Timings(arrival=now - 0.5, validated=now - 0.4, first_event=now - 0.3, finished=now)
 
     @app.post("/generate")
     async def generate():

@@ -24,6 +24,7 @@ import contextvars
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
@@ -69,6 +70,15 @@ def _ending(tracer: trace.Tracer, span: Span) -> Iterator[RequestSpan]:
         raise
     finally:
         span.end()
+
+
+class RequestStamps(Protocol):
+    """A request's `time.perf_counter()` stamps (serving.generation.Timings)."""
+
+    arrival: float
+    validated: float
+    first_event: float | None
+    finished: float | None
 
 
 class RequestSpan:
@@ -121,7 +131,9 @@ class RequestSpan:
             seed=None if seed is None else str(seed),
         )
 
-    def record_generation(self, timings, seed: int | None = None, generated_tokens: int | None = None) -> None:
+    def record_generation(
+        self, timings: RequestStamps, seed: int | None = None, generated_tokens: int | None = None
+    ) -> None:
         """TGI's phases from a request's `time.perf_counter()` stamps (`timings.arrival`,
         `.validated`, `.first_event`, `.finished`; the last two may be None): `validate`
         (arrival -> validated), `queued` (validated -> first token, so it includes our prefill)
@@ -135,7 +147,7 @@ class RequestSpan:
 
         arrival, validated = timings.arrival, timings.validated or timings.arrival
         first = timings.first_event or validated
-        finished = getattr(timings, "finished", None) or now_perf
+        finished = timings.finished or now_perf
         self.record_phase("validate", wall_ns(arrival), wall_ns(validated))
         self.record_phase("queued", wall_ns(validated), wall_ns(first))
         self.record_phase("infer", wall_ns(first), wall_ns(finished))

@@ -22,13 +22,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tgi_compat.modeling.config import ModelConfig, RopeScaling
-from tgi_compat.modeling.layers.linear import Linear, MergedLinear, default_weight_loader
+from tgi_compat.modeling.layers.linear import default_weight_loader
 from tgi_compat.modeling.layers.norm import RMSNorm
 from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps, sum_now
 from tgi_compat.modeling.layers.rotary import RotaryEmbedding
 from tgi_compat.modeling.layers.triton_ops import triton_gelu_tanh_mul_linear
 from tgi_compat.modeling.models.decoder import Attention, DecoderForCausalLM, DecoderLayer, DecoderModel
-from tgi_compat.modeling.parallel import NO_TP, TensorParallel, split_evenly
+from tgi_compat.modeling.models.llama import GatedMLP
+from tgi_compat.modeling.parallel import NO_TP, TensorParallel
 from tgi_compat.modeling.weights.lazy import LazyTensor, take
 
 _EXACT_GELU = {"gelu"}  # every other GELU name Gemma configs use is the tanh approximation
@@ -155,20 +156,12 @@ class SandwichNormDecoderLayer(DecoderLayer):
         )
 
 
-class GemmaMLP(nn.Module):
-    """GeGLU: gate|up, GELU(gate) * up, down. Column-parallel gate|up and row-parallel down under
-    tensor parallelism, as Llama's MLP."""
+class GemmaMLP(GatedMLP):
+    """GeGLU: gate|up, GELU(gate) * up, down. Not a LlamaMLP: LoRA adapts only SwiGLU feed-forwards."""
 
     def __init__(self, config: ModelConfig, ops: LayerOps, gelu_approximate: str, tp: TensorParallel = NO_TP):
-        super().__init__()
-        size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, [size] * 2, config.mlp_bias, tp=tp)
-        self.down_proj = Linear(
-            size, config.hidden_size, config.mlp_bias, in_slice=split_evenly(size, tp.size, tp.rank), tp=tp
-        )
+        super().__init__(config, ops, tp)
         self.gelu_approximate = gelu_approximate
-        self.ops = ops
-        self.tp = tp
 
     def norm_and_forward(
         self,

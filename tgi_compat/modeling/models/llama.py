@@ -36,8 +36,9 @@ def llama_rope(config: ModelConfig, ops: LayerOps) -> RotaryEmbedding:
     return RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings, ops)
 
 
-class LlamaMLP(nn.Module):
-    """SwiGLU. Column-parallel gate|up and row-parallel down under tensor parallelism."""
+class GatedMLP(nn.Module):
+    """gate|up and down projections: column-parallel gate|up and row-parallel down under tensor parallelism.
+    Each gated feed-forward (SwiGLU here, Gemma's GeGLU) adds its activation."""
 
     def __init__(self, config: ModelConfig, ops: LayerOps, tp: TensorParallel = NO_TP):
         super().__init__()
@@ -48,6 +49,10 @@ class LlamaMLP(nn.Module):
         )
         self.ops = ops
         self.tp = tp
+
+
+class LlamaMLP(GatedMLP):
+    """SwiGLU."""
 
     def norm_and_forward(
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, sum_over: TensorParallel | None

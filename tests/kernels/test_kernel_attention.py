@@ -108,20 +108,9 @@ def test_merged_decode_attention_matches_reference_and_leaves_counter_clean(grou
         q = torch.randn(len(kv_lens), num_kv_heads * group, HEAD_DIM, generator=gen)
         kv = torch.tensor(kv_lens)
         out = torch.full_like(q, float("nan"))
-        decode_attention(
-            q,
-            k_cache,
-            v_cache,
-            req_to_token,
-            req_rows,
-            kv,
-            0.25,
-            num_splits,
-            out=out,
-            block_n=16,
-            split_counter=counter,
-        )
-        ref = decode_attention_ref(q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25)
+        args = (q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25)
+        decode_attention(*args, num_splits, out=out, block_n=16, split_counter=counter)
+        ref = decode_attention_ref(*args)
         assert relative_error(out, ref) < 1e-5
         assert not counter.any()
 
@@ -166,18 +155,7 @@ def test_decode_attention_with_fused_rotary_and_kv_store(group: int, num_splits:
     ref = decode_attention_ref(rotated_q, expected_k, expected_v, req_to_token, req_rows, kv, 0.25)
     counter = torch.zeros(len(kv_lens), num_kv_heads, dtype=torch.int32) if merged else None
     new_token = NewTokenKV(k=k, v=v, cos=cos, sin=sin, slots=slots)
-    out = decode_attention(
-        q,
-        k_cache,
-        v_cache,
-        req_to_token,
-        req_rows,
-        kv,
-        0.25,
-        num_splits,
-        block_n=16,
-        split_counter=counter,
-        new_token=new_token,
-    )
+    args = (q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25)
+    out = decode_attention(*args, num_splits, block_n=16, split_counter=counter, new_token=new_token)
     assert relative_error(out, ref) < 1e-5
     assert relative_error(k_cache, expected_k) < 1e-6 and torch.equal(v_cache, expected_v)

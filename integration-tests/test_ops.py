@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -20,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from harness import CHAT_PROMPT, Server, _free_port, _launcher_command, launched
+
+from tests.ops.prometheus_samples import parse_samples
 
 
 def _load(name: str, path: Path):
@@ -67,15 +68,7 @@ def ops_server(collector):
 
 
 def scrape(server: Server) -> dict[tuple[str, tuple], float]:
-    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            match = re.fullmatch(r"([^{\s]+)(?:\{(.*)\})? (\S+)", line)
-            assert match, line
-            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', match.group(2) or "")))
-            values[(match.group(1), labels)] = float(match.group(3))
-    return values
+    return parse_samples(httpx.get(f"{server.base_url}/metrics", timeout=30).text)
 
 
 def generate(server: Server, body: dict, headers: dict | None = None) -> httpx.Response:

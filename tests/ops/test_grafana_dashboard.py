@@ -4,6 +4,7 @@ import json
 import os
 import re
 
+from tests.ops.prometheus_samples import parse_samples
 from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.router.stats import EngineStats, StepStats
@@ -31,11 +32,7 @@ def exported_series() -> set[str]:
             ],
         )
     )
-    names = set()
-    for line in metrics.render().decode().splitlines():
-        if line and not line.startswith("#"):
-            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
-    return names
+    return {name for name, _ in parse_samples(metrics.render().decode())}
 
 
 def test_every_query_uses_exported_series():

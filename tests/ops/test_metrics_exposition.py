@@ -1,11 +1,11 @@
 """The /metrics text: TGI's names, types, labels, buckets and quantiles, vLLM's series beside them."""
 
-import re
 import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ops.prometheus_samples import parse_samples
 from tgi_compat.api.observability.durations import RequestDurations
 from tgi_compat.api.observability.metrics import ServerMetrics
 from tgi_compat.api.observability.metrics_tgi import DURATION_BUCKETS
@@ -26,14 +26,7 @@ def lines(metrics: ServerMetrics) -> list[str]:
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
-    found = {}
-    for line in lines(metrics):
-        if line and not line.startswith("#"):
-            match = re.fullmatch(r"([^{\s]+)(\{(.*)\})? (\S+)", line)
-            assert match, line
-            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', match.group(3) or "")))
-            found[(match.group(1), labels)] = float(match.group(4))
-    return found
+    return parse_samples(metrics.render().decode())
 
 
 def type_of(metrics: ServerMetrics, name: str) -> str | None:

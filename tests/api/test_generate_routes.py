@@ -197,11 +197,13 @@ async def test_leaving_a_stream_early_releases_the_engine_request(engine, tokeni
 
     from tgi_compat.api.protocol.tgi import GenerateParameters
     from tgi_compat.api.serving.frame import validate_request
-    from tgi_compat.api.serving.generation import Timings, stream_sequence
+    from tgi_compat.api.serving.generation import Timings, one_step_at_a_time, stream_step_batches
 
     state = make_state(engine, tokenizer)
     request = await validate_request(state, PROMPT, GenerateParameters(max_new_tokens=20))
-    steps = stream_sequence(state, request, Timings(arrival=time.perf_counter()), streaming=True)
+    steps = one_step_at_a_time(
+        stream_step_batches(state, request, Timings(arrival=time.perf_counter()), streaming=True)
+    )
     first = await steps.__anext__()
     assert first.index == 1 and first.result is None
     await steps.aclose()  # what a client disconnect does to the SSE generator

@@ -27,7 +27,7 @@ from tgi_compat.api.serving.generation import (
     TokenStep,
     generate_best_of,
     generate_to_end,
-    stream_sequence,
+    one_step_at_a_time,
     stream_step_batches,
 )
 from tgi_compat.api.serving.state import AppState
@@ -128,7 +128,7 @@ class Admitted:
         return await generate_best_of(self.state, self.request, self.timings, n)
 
     def stream(self) -> AsyncGenerator[TokenStep, None]:
-        return stream_sequence(self.state, self.request, self.timings, streaming=True, on_first_token=self.first_token)
+        return one_step_at_a_time(self.stream_batches())
 
     def stream_batches(self) -> AsyncGenerator[list[TokenStep], None]:
         return stream_step_batches(

@@ -1,6 +1,6 @@
 """One validated request through the engine: token events in, text tokens and a final result out.
 
-`stream_step_batches` is the single loop every route uses (`stream_sequence` hands out its steps
+`stream_step_batches` is the single loop every route uses (`one_step_at_a_time` hands out its steps
 one at a time): it detokenizes each id, checks stop strings (aborting the engine request when one
 matches), maps engine failures to TGI errors and always releases the engine request, also when
 the HTTP client goes away mid-stream.
@@ -260,16 +260,8 @@ async def stream_step_batches(
     raise incomplete_generation_error(streaming)
 
 
-async def stream_sequence(
-    state: AppState,
-    request: ValidatedRequest,
-    timings: Timings,
-    *,
-    streaming: bool = False,
-    on_first_token: Callable[[], None] | None = None,
-) -> AsyncGenerator[TokenStep, None]:
-    """`stream_step_batches` one step at a time."""
-    batches = stream_step_batches(state, request, timings, streaming=streaming, on_first_token=on_first_token)
+async def one_step_at_a_time(batches: AsyncGenerator[list[TokenStep], None]) -> AsyncGenerator[TokenStep, None]:
+    """`stream_step_batches`' steps one at a time; closing this closes it (which releases the engine request)."""
     async with aclosing(batches):
         async for steps in batches:
             for step in steps:
@@ -291,11 +283,12 @@ async def _release(
 async def generate_to_end(
     state: AppState, request: ValidatedRequest, timings: Timings, on_first_token: Callable[[], None] | None = None
 ) -> GenerationResult:
-    async with aclosing(stream_sequence(state, request, timings, on_first_token=on_first_token)) as steps:
+    batches = stream_step_batches(state, request, timings, on_first_token=on_first_token)
+    async with aclosing(one_step_at_a_time(batches)) as steps:
         async for step in steps:
             if step.result is not None:
                 return step.result
-    raise incomplete_generation_error(False)  # unreachable: stream_sequence raises first
+    raise incomplete_generation_error(False)  # unreachable: stream_step_batches raises first
 
 
 async def generate_best_of(

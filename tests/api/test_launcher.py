@@ -133,13 +133,16 @@ def test_bad_values_exit_with_usage_error():
 
 
 def test_engine_config_carries_engine_options():
-    config = _config(["--max-batch-total-tokens", "4096", "--max-batch-size", "8", "--max-batch-prefill-tokens", "512"])
+    argv = ["--max-batch-total-tokens", "4096", "--max-batch-size", "8", "--max-batch-prefill-tokens", "512"]
+    config = _config([*argv, "--max-mixed-prefill-tokens", "128"])
     engine = config.to_engine_config()
     assert (engine.max_batch_total_tokens, engine.max_running_requests, engine.max_batch_prefill_tokens) == (
         4096,
         8,
         512,
     )
+    assert engine.max_mixed_prefill_tokens == 128
+    assert _config(argv).to_engine_config().max_mixed_prefill_tokens is None  # the default: any step's budget
     assert engine.model_id == config.model_id
 
 

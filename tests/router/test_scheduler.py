@@ -74,6 +74,31 @@ def test_prefill_budget_is_shared_between_new_requests():
     run_to_completion(scheduler)
 
 
+def test_a_step_that_decodes_takes_at_most_the_mixed_prefill_budget():
+    """--max-mixed-prefill-tokens 4: beside decoding requests a joining prompt advances 4 tokens a step (the
+    streams wait for shorter steps); with nothing decoding, prompts take the whole budget of 16."""
+    base = make_scheduler()
+    limits = SchedulerLimits(16, base.limits.admission, max_mixed_prefill_tokens=4)
+    scheduler = Scheduler(KVSlotPool(1000, 16), limits, frozenset({EOS}))
+    scheduler.add(make_request("a", num_prompt=6, max_new=8))
+    scheduler.add(make_request("b", num_prompt=12, max_new=8))
+    plan = scheduler.schedule()  # nothing decodes yet: 6 + 10 of the 16
+    assert [(c.request.request_id, c.num_tokens) for c in plan.chunks] == [("a", 6), ("b", 10)]
+    scheduler.update(plan, result_for(plan))
+    scheduler.add(make_request("c", num_prompt=9, max_new=2))
+    shapes = []
+    for _ in range(3):
+        plan = scheduler.schedule()
+        shapes.append([(c.request.request_id, c.num_tokens) for c in plan.chunks])
+        scheduler.update(plan, result_for(plan))
+    assert shapes == [
+        [("a", 1), ("b", 2), ("c", 2)],  # b's last 2 prompt tokens and c's first 2: 4 beside a's decode
+        [("a", 1), ("b", 1), ("c", 4)],
+        [("a", 1), ("b", 1), ("c", 3)],
+    ]
+    run_to_completion(scheduler)
+
+
 def test_newest_request_is_preempted_and_resumes_with_prompt_and_generated_tokens():
     # Optimistic admission (ratio 1.0 -> never busy, estimate 2 new tokens) over-admits on purpose.
     scheduler = make_scheduler(num_slots=24, token_ratio=1.0, max_new_estimate=2)

@@ -67,6 +67,7 @@ class ServerConfig:
     # --- batching ---
     waiting_served_ratio: float = 0.3
     max_batch_prefill_tokens: int | None = None
+    max_mixed_prefill_tokens: int | None = None  # ours: prompt tokens in steps that also decode
     max_batch_total_tokens: int | None = None
     max_waiting_tokens: int = 20
     max_batch_size: int | None = None
@@ -161,6 +162,7 @@ class ServerConfig:
         self._lora_into(engine)
         if self.max_batch_prefill_tokens is not None:
             engine.max_batch_prefill_tokens = self.max_batch_prefill_tokens
+        engine.max_mixed_prefill_tokens = self.max_mixed_prefill_tokens
         if self.max_batch_size is not None:
             engine.max_running_requests = self.max_batch_size
         return engine

@@ -32,6 +32,7 @@ class EngineConfig:
     max_batch_total_tokens: int | None = None
     cuda_memory_fraction: float = 1.0
     max_batch_prefill_tokens: int = 4096  # new prompt tokens per step (chunk size for long prompts)
+    max_mixed_prefill_tokens: int | None = None  # ... in a step that also decodes; None: max_batch_prefill_tokens
     max_running_requests: int = 256  # TGI --max-batch-size / LightLLM --running_max_req_size
     max_total_tokens: int | None = None  # per-request prompt + generated cap; None: from the model
     router_token_ratio: float = 0.0  # LightLLM: below this KV use, admit optimistically

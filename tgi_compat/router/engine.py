@@ -91,6 +91,7 @@ class EngineCore:
             max_waiting_tokens=config.max_waiting_tokens,
             waiting_served_ratio=config.waiting_served_ratio,
             max_cross_images=None if cross_attention is None else cross_attention.max_images,
+            max_mixed_prefill_tokens=config.max_mixed_prefill_tokens,
         )
         # a cross-attending model's text before its first image reads every image, which the prefix cache's keys
         # (image_keyed_ids) do not tell apart: no prefix cache for it, as TGI has none for any vision model

@@ -57,6 +57,14 @@ class SchedulerLimits:
     waiting_served_ratio: float = 0.0
     # a cross-attending model's images whose keys running requests may hold (CrossAttentionKeys.max_images)
     max_cross_images: int | None = None
+    # prompt tokens in a step that also decodes (Sarathi-Serve's chunk budget): every running stream waits for that
+    # step, so less keeps their inter-token latency down while prompts join; None: max_batch_prefill_tokens
+    max_mixed_prefill_tokens: int | None = None
+
+    def prefill_budget(self, decoding: bool) -> int:
+        """New prompt tokens a step may take; `decoding`: it also decodes for running requests."""
+        full, mixed = self.max_batch_prefill_tokens, self.max_mixed_prefill_tokens
+        return min(full, mixed) if decoding and mixed is not None else full
 
 
 class Scheduler:
@@ -104,13 +112,13 @@ class Scheduler:
     def schedule(self, drafts: bool = True) -> StepPlan:
         """The next step's plan; `drafts`: the speculator may add drafts (every token is on the host)."""
         plan = StepPlan(aborted=self._apply_aborts())
-        budget = self.limits.max_batch_prefill_tokens
         if self._schedule_decodes(plan):
             if self._hold.decode_step_is_due(self.waiting, len(self.running), self.pool.prefix_cache):
-                self._admit_waiting(plan, budget)
+                self._admit_waiting(plan, self.limits.prefill_budget(decoding=True))
             if self.speculator is not None and drafts:
                 self.speculator.add_drafts(plan, self.pool)
             return plan
+        budget = self.limits.prefill_budget(decoding=any(_decodes(r) for r in self.running))
         index = 0
         while index < len(self.running):
             request = self.running[index]
@@ -144,7 +152,7 @@ class Scheduler:
             return False
         decoding = []
         for request in running:
-            if request.num_computed_tokens == 0 or request.num_new_tokens != 1:
+            if not _decodes(request):
                 return False
             if not is_at_length_cap(request):
                 decoding.append(request)
@@ -401,3 +409,8 @@ class Scheduler:
         if request.row is not None:
             self.pool.free_row(request.row)
             request.row = None
+
+
+def _decodes(request: Request) -> bool:
+    """Its next step computes one token past its prompt (not a prefill chunk)."""
+    return request.num_computed_tokens > 0 and request.num_new_tokens == 1

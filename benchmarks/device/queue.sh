@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl lora vl diverse spec (itl: the plain rows with --max-mixed-prefill-tokens 256).
+# Parts: tests-a tests-b plain itl lora vl diverse spec (itl: the plain rows at --max-mixed-prefill-tokens 128, 256).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
 set -u
 source "$(dirname "$0")/setup.sh"
@@ -23,7 +23,9 @@ for name in "$@"; do
     tests-b) part tests-b 480 "${gpu_tests[@]}" tests/gpu/test_lora_gpu.py tests/gpu/test_qwen2_5_vl_gpu.py \
                tests/gpu/test_llava_next_gpu.py ;;
     plain) part plain 240 env OURS_ONLY=1 bash benchmarks/device/side_by_side.sh ;;
-    itl) part itl 240 env OURS_ONLY=1 OURS_ARGS="--max-mixed-prefill-tokens 256" bash benchmarks/device/side_by_side.sh ;;
+    itl) for n in 128 256; do
+           part itl-$n 200 env OURS_ONLY=1 OURS_ARGS="--max-mixed-prefill-tokens $n" bash benchmarks/device/side_by_side.sh
+         done ;;
     lora) part lora 330 python3 -m benchmarks.device.lora ;;
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;

@@ -118,7 +118,7 @@ class Scheduler:
             if self.speculator is not None and drafts:
                 self.speculator.add_drafts(plan, self.pool)
             return plan
-        budget = self.limits.prefill_budget(decoding=any(_decodes(r) for r in self.running))
+        budget = self.limits.prefill_budget(any(_decodes(r) and not is_at_length_cap(r) for r in self.running))
         index = 0
         while index < len(self.running):
             request = self.running[index]

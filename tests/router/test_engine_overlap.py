@@ -110,6 +110,17 @@ def test_overlapped_engine_gives_the_plain_engines_events(engine_kwargs):
     assert {"length", "eos_token", "stop_sequence"} <= reasons, reasons
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlapped"])
+def test_a_mixed_prefill_budget_changes_the_steps_not_the_events(overlap):
+    """--max-mixed-prefill-tokens 2: prompts joining beside decodes advance 2 tokens a step; every request's
+    events are those of the default budget, and the pool comes back whole (run_engine checks)."""
+    default = run_engine(overlap, every_kind_of_request(), max_running=3)
+    mixed = run_engine(overlap, every_kind_of_request(), max_running=3, max_mixed_prefill_tokens=2)
+    assert sorted(default) == sorted(mixed)
+    for request_id in default:
+        assert comparable(mixed[request_id]) == comparable(default[request_id]), request_id
+
+
 def test_preemptions_happen_in_the_overlapped_run():
     engine = hash_engine(num_kv_slots=90, router_token_ratio=1.0, router_max_new_token_len=1, overlap_scheduling=True)
     for request in every_kind_of_request():

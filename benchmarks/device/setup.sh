@@ -2,12 +2,16 @@
 # the wheels into /tmp/site, the repo and them first on the path, then an import check that fails the call in
 # seconds where a wheel is missing (check the folder here first: `python -m benchmarks.device.wheels`).
 # Writes the GPU, driver and time to $OUT/gpu.txt; `left N` prints N minus the seconds since this ran.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 |
-  grep -v "already exists" | tail -3
-export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-python3 -c "import huggingface_hub.hf_api, transformers, xgrammar, tgi_compat.router.engine" ||
-  { echo "import check failed: a wheel is missing from .whl"; exit 3; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"
-date -u >> "$OUT/gpu.txt"
+# A script started from one that sourced it (queue.sh -> side_by_side.sh) finds it done and skips the install.
+if [ -z "${DEVICE_SETUP_DONE:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 |
+    grep -v "already exists" | tail -3
+  export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+  python3 -c "import huggingface_hub.hf_api, transformers, xgrammar, tgi_compat.router.engine" ||
+    { echo "import check failed: a wheel is missing from .whl"; exit 3; }
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+  date -u >> "$OUT/gpu.txt"
+  export DEVICE_SETUP_DONE=1
+fi
 _setup_t0=$(date +%s)
 left() { echo $(( $1 - ($(date +%s) - _setup_t0) )); }

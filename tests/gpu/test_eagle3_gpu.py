@@ -16,6 +16,7 @@ from tests.modeling.helpers import run_step
 from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.router.request import GenerateRequest, SamplingParams
 from tgi_compat.router.speculative.config import SpeculativeConfig
+from tgi_compat.router.speculative.policy import StepCostTable
 
 no_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -76,7 +77,11 @@ def test_eagle3_greedy_output_is_speculate_0s(target_dir, tmp_path):
     head = save_head(tmp_path / "head", "speculators", random_head_tensors())
     prompts = [[1 + (i * 37 + j * 11) % 250 for j in range(3 + 17 * i)] for i in range(6)]
     outputs = []
-    for speculative in (None, SpeculativeConfig(num_speculative_tokens=3, method="eagle3", draft_model=head)):
+    # a random head on a tiny target costs about a target step: a flat table (verify rows for free, 1 s a step
+    # against the head's measured milliseconds) makes every draft pay, so the head drafts and is checked
+    flat = StepCostTable(rows=(1, 512), seconds=(1.0, 1.001))
+    eagle3 = SpeculativeConfig(num_speculative_tokens=3, method="eagle3", draft_model=head, step_cost=flat)
+    for speculative in (None, eagle3):
         config = EngineConfig(
             model_id=str(target_dir),
             device="cuda",

@@ -52,3 +52,11 @@ def test_modeling_paths():
     assert modeling_path("Olmo2ForCausalLM") == TRANSFORMERS
     with pytest.raises(UnsupportedArchitectureError, match="no model class 'NoSuchForCausalLM'"):
         modeling_path("NoSuchForCausalLM")
+
+
+def test_a_folder_is_loaded_without_hub_kernels(fallback_pair):
+    # transformers >= 5.2x swaps layers for kernels fetched from the hub when `kernels` is installed (an offline GPU
+    # machine then fails to load, and an online one runs code it did not ship): the fallback turns that off
+    _, runner = fallback_pair
+    assert runner.model.loaded_by_transformers
+    assert not runner.model.hf.use_kernels

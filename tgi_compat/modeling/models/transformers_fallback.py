@@ -159,7 +159,10 @@ class TransformersForCausalLM(nn.Module):
         model_class = self.model_class()
         if self.loaded_by_transformers:
             device_map = {"": torch.get_default_device()}
-            self.hf = model_class.from_pretrained(folder, config=hf_config, device_map=device_map, **options)
+            # use_kernels=False: transformers >= 5.2x otherwise swaps layers for kernels fetched from the hub at load
+            self.hf = model_class.from_pretrained(
+                folder, config=hf_config, device_map=device_map, use_kernels=False, **options
+            )
         elif self.shard is not None:  # at this rank's shapes, filled with its slices by load_weights
             self.hf = self.build_shard(model_class, hf_config, options)
         else:  # in-memory weights (tests, --load-format dummy): built here, filled by load_weights

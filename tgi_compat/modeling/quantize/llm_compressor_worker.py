@@ -32,7 +32,7 @@ def main(job_path: str) -> None:
         job = json.load(f)
     with open(job["samples"]) as f:
         samples: list[list[int]] = json.load(f)
-    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32, use_kernels=False)
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     # int4 groups, symmetric: what the server's int4 kernels read from a pack-quantized checkpoint
     weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=job["group_size"])

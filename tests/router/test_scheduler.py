@@ -249,3 +249,26 @@ def test_a_token_read_from_nan_scores_ends_its_request_with_an_error_and_no_othe
         ("fine", [100], None, None),
     ]
     assert [e.finish_reason for e in run_to_completion(scheduler)["fine"]][-1] == "length"
+
+
+def test_a_queue_released_by_the_hold_drains_at_the_mixed_budget_without_a_second_hold():
+    """--max-mixed-prefill-tokens 8 beside a hold of 4 decode steps: three late 8-token prompts released
+    together join one a step, not one per hold (each waiting 4 more steps: a third of the throughput)."""
+    base = make_scheduler()
+    limits = SchedulerLimits(64, base.limits.admission, 4, 10.0, max_mixed_prefill_tokens=8)
+    scheduler = Scheduler(KVSlotPool(1000, 16), limits, frozenset({EOS}))
+    for i in range(4):
+        scheduler.add(make_request(f"r{i}", max_new=30))
+    plan = scheduler.schedule()
+    scheduler.update(plan, result_for(plan))
+    for i in range(3):
+        scheduler.add(make_request(f"late{i}", num_prompt=8, max_new=4))
+    joined = {}
+    for step in range(1, 12):
+        plan = scheduler.schedule()
+        for c in plan.chunks:
+            if c.request.request_id.startswith("late") and c.start == 0:
+                joined[c.request.request_id] = step
+        scheduler.update(plan, result_for(plan))
+    assert joined == {"late0": 4, "late1": 5, "late2": 6}
+    run_to_completion(scheduler)

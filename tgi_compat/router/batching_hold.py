@@ -31,6 +31,9 @@ class BatchingHold:
         self.max_waiting_tokens = max_waiting_tokens
         self.waiting_served_ratio = waiting_served_ratio
         self.decode_steps = 0
+        # a released queue that a mixed step's prefill cap (--max-mixed-prefill-tokens) admits over several steps:
+        # it stays released until it drains, or each capped admission would wait out a whole hold again
+        self.draining = False
 
     def admitted(self) -> None:
         self.decode_steps = 0
@@ -40,6 +43,8 @@ class BatchingHold:
         max_waiting_tokens steps, or (prefix caching) the first one in the queue has a short prefill
         after its cached prefix and SHORT_PREFILL_HOLD_STEPS have passed."""
         self.decode_steps += 1
+        if self.draining and waiting:
+            return True
         if len(waiting) >= int(num_running * self.waiting_served_ratio):
             return True
         if self.decode_steps >= self.max_waiting_tokens:

@@ -115,6 +115,7 @@ class Scheduler:
         if self._schedule_decodes(plan):
             if self._hold.decode_step_is_due(self.waiting, len(self.running), self.pool.prefix_cache):
                 self._admit_waiting(plan, self.limits.prefill_budget(decoding=True))
+                self._hold.draining = self.limits.max_mixed_prefill_tokens is not None and bool(self.waiting)
             if self.speculator is not None and drafts:
                 self.speculator.add_drafts(plan, self.pool)
             return plan

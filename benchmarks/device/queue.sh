@@ -4,7 +4,8 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl lora vl diverse spec (itl: the plain rows at --max-mixed-prefill-tokens 128, 256).
+# Parts: tests-a tests-b plain itl lora vl diverse diverse32 spec eagle3 (itl: the plain rows at
+# --max-mixed-prefill-tokens 128, 256; eagle3 after spec in the same call: it reuses spec's plain rows).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
 set -u
 source "$(dirname "$0")/setup.sh"
@@ -29,7 +30,9 @@ for name in "$@"; do
     lora) part lora 330 python3 -m benchmarks.device.lora ;;
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
+    diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;
     spec) part spec 300 python3 -m benchmarks.device.speculative ;;
+    eagle3) part eagle3 240 python3 -m benchmarks.device.speculative --method eagle3 --plain-from "$OUT/speculative.json" ;;
     *) echo "unknown part: $name"; exit 2 ;;
   esac
   pkill -f "tgi_compat\\.|benchmarks\\.device\\." 2>/dev/null; sleep 2  # (a part's servers and engines)

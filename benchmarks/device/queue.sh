@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl lora vl diverse diverse32 spec eagle3 (itl: the plain rows at
+# Parts: tests-a tests-b plain itl mixed lora vl diverse diverse32 spec eagle3 (itl: the plain rows at
 # --max-mixed-prefill-tokens 128, 256; eagle3 after spec in the same call: it reuses spec's plain rows).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
 set -u
@@ -31,6 +31,7 @@ for name in "$@"; do
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;
+    mixed) part mixed 200 python3 -m benchmarks.device.mixed_step ;;
     spec) part spec 300 python3 -m benchmarks.device.speculative ;;
     eagle3) part eagle3 240 python3 -m benchmarks.device.speculative --method eagle3 --plain-from "$OUT/speculative.json" ;;
     *) echo "unknown part: $name"; exit 2 ;;

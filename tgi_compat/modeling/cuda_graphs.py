@@ -67,6 +67,14 @@ StepFn = Callable[[ForwardBatch], torch.Tensor]  # ForwardBatch -> logits [R, vo
 PoolHandle = torch.cuda._POOL_HANDLE  # a CUDA-graph memory pool (torch.cuda.graph_pool_handle())
 
 
+class StepGraphs(Protocol):
+    """A set of captured step graphs, as the runner picks and replays them."""
+
+    def can_run(self, batch: ForwardBatch) -> bool: ...
+
+    def replay(self, batch: ForwardBatch) -> torch.Tensor: ...
+
+
 class LoraSteps(Protocol):
     """The LoRA side of a model (tgi_compat.modeling.lora.manager.LoraManager), as the graphs' capture needs it."""
 

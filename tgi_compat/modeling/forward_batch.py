@@ -140,6 +140,9 @@ class ForwardBatch:
     # some token's differ from `positions`; None: every token rotates by `positions`
     rope_positions: torch.Tensor | None = None
     cross: CrossAttention | None = None  # None: no row of the step cross-attends to an image
+    # a MIXED step whose first n requests bring one token each, fixed by its layout (a mixed-step CUDA graph's,
+    # tgi_compat/modeling/mixed_graphs.py, whose lengths are on the device only); None: read from q_lens_cpu
+    decode_prefix: int | None = None
 
     @property
     def num_tokens(self) -> int:

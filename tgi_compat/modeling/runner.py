@@ -21,7 +21,7 @@ from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
 from tgi_compat.modeling.aux_hidden import attach_aux_hidden
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.cuda_graphs import (
-    DecodeCudaGraphs,
+    StepGraphs,
     maybe_capture_decode_graphs,
     maybe_capture_verify_graphs,
     resolve_batch_sizes,
@@ -32,6 +32,7 @@ from tgi_compat.modeling.forward_batch import PREFIX_GROUP_MAX, ForwardBatch, Fo
 from tgi_compat.modeling.layers.ops import select_ops
 from tgi_compat.modeling.layers.quantization import build_with
 from tgi_compat.modeling.layers.quantization.select import resolve_quantization
+from tgi_compat.modeling.mixed_graphs import maybe_capture_mixed_graphs
 from tgi_compat.modeling.models.base import CausalLM, PoolingLM
 from tgi_compat.modeling.parallel import NO_TP, TensorParallel, shard_heads
 from tgi_compat.modeling.parallel.cross_broadcast import CrossKeysFollower
@@ -87,6 +88,9 @@ class RunnerConfig:
     # Speculative decoding's drafts per request (0: off): verify steps of 2..k+1 tokens per request are captured
     # as CUDA graphs too, beside the decode graphs
     num_speculative_tokens: int = 0
+    # --max-mixed-prefill-tokens: steps where decodes run beside at most this many prompt tokens replay CUDA graphs
+    # too (tgi_compat/modeling/mixed_graphs.py); None: such steps run eager
+    mixed_prefill_tokens: int | None = None
     # --diverse_mode: decode steps bring shared-prefix groups (ForwardBatch.prefix_groups), CUDA graphs included
     diverse_mode: bool = False
     # EAGLE-3: each step also writes these layers' output (aux_hidden.py; None: off); KV leaves room for the head
@@ -186,6 +190,12 @@ class ModelRunner:
         self.verify_graphs = maybe_capture_verify_graphs(
             self._forward_eager, self.cuda_graphs, cfg.num_speculative_tokens, self.max_seq_len
         )
+        self.mixed_graphs = maybe_capture_mixed_graphs(
+            self._forward_eager,
+            self.cuda_graphs,
+            cfg.mixed_prefill_tokens,
+            plain_steps=self.lora is None and self.aux_hidden is None,
+        )
 
     @property
     def verify_graph_max_batch(self) -> int:
@@ -232,9 +242,14 @@ class ModelRunner:
         # which can then serve both kinds of step
         return self.vocab_logits.greedy(logits) if batch.greedy_only else self.vocab_logits.gather(logits)
 
-    def _graphs_for(self, batch: ForwardBatch) -> DecodeCudaGraphs | None:
-        """The graph set that replays this step (decode graphs, or the verify graphs of its q), None: eager."""
-        graphs = self.cuda_graphs if batch.max_q_len == 1 else self.verify_graphs.get(batch.max_q_len)
+    def _graphs_for(self, batch: ForwardBatch) -> StepGraphs | None:
+        """The graph set that replays this step (decode graphs, the verify graphs of its q, or the mixed-step
+        graphs), None: eager."""
+        graphs: StepGraphs | None
+        if batch.mode == ForwardMode.MIXED:
+            graphs = self.mixed_graphs
+        else:
+            graphs = self.cuda_graphs if batch.max_q_len == 1 else self.verify_graphs.get(batch.max_q_len)
         return graphs if graphs is not None and graphs.can_run(batch) else None
 
     @torch.inference_mode()

@@ -51,6 +51,7 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         max_loras=config.max_loras,
         max_lora_rank=config.max_lora_rank,
         num_speculative_tokens=0 if config.speculative is None else config.speculative.num_speculative_tokens,
+        mixed_prefill_tokens=config.max_mixed_prefill_tokens,
         diverse_mode=config.diverse_mode and config.prefix_caching,
         # (EAGLE-3: rank 0 alone reads the target's layers and holds the head; see load_drafter)
         aux_hidden_layers=_eagle3_target_layers(config) if rank == 0 else None,

@@ -49,7 +49,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-total-tokens", "Prompt + generated tokens per request. Default: min(KV capacity, model max length).", int),
     Flag("waiting-served-ratio", "Waiting/running ratio that forces a prefill into a running batch.", float, 0.3),
     Flag("max-batch-prefill-tokens", "Prompt tokens per prefill step (longer prompts are chunked).", int),
-    Flag("max-mixed-prefill-tokens", "Ours: prompt tokens in a step that also decodes for running requests (Sarathi-Serve's chunk budget): less keeps the running streams' inter-token latency down while prompts join, at more steps per prompt. Default: --max-batch-prefill-tokens.", int),
+    Flag("max-mixed-prefill-tokens", "Ours: prompt tokens in a step that also decodes for running requests (Sarathi-Serve's chunk budget): less keeps the running streams' inter-token latency down while prompts join, at more steps per prompt; those mixed steps replay CUDA graphs. Default: --max-batch-prefill-tokens.", int),
     Flag("max-batch-total-tokens", "KV cache capacity in tokens. Default: inferred from free memory.", int),
     Flag("max-waiting-tokens", "Decode steps after which waiting requests are considered.", int, 20),
     Flag("max-batch-size", "Largest number of running requests.", int),

@@ -313,6 +313,8 @@ class TritonAttentionBackend(AttentionBackend):
 def _num_decode_prefix(batch: ForwardBatch) -> int:
     """How many leading requests bring one token each (0 without host lengths, or if all do: the
     caller labelled such a step DECODE or EXTEND and it takes that path)."""
+    if batch.decode_prefix is not None:
+        return batch.decode_prefix
     q_lens = batch.q_lens_cpu
     if q_lens is None:
         return 0

@@ -27,20 +27,19 @@ def test_varlen_attention_matches_reference(dtype):
     assert relative_error(out, ref) < (1e-5 if dtype == torch.float32 else 5e-3)
 
 
-def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers(monkeypatch):
+def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers():
     from tests.modeling import test_qwen2_5_vl_encoder as encoder_test
-    from tgi_compat.modeling.vision import qwen2_5_vl
+    from tgi_compat.modeling.vision.qwen2_5_vl import VisionAttention
 
     varlen = sys.modules["tgi_compat.kernels.attention.varlen"]
     calls = []
 
-    def on_the_kernel(q, k, v, cu_seqlens, scale):
-        calls.append(len(cu_seqlens) - 1)
-        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        return varlen.varlen_attention(q, k, v, cu_seqlens, longest, scale)
+    def on_the_kernel(q, k, v, spans, scale):
+        calls.append(len(spans.cu_seqlens) - 1)
+        return varlen.varlen_attention(q, k, v, spans.cu_seqlens, spans.longest, scale)
 
-    monkeypatch.setattr(qwen2_5_vl, "varlen_attention_ref", on_the_kernel)  # the CPU path, on the kernel
     reference, encoder = encoder_test.encoder_pair()
+    encoder.backend = VisionAttention("triton-interpreted", on_the_kernel, on_cpu=True)  # the TRITON path, on CPU
     inputs = encoder_test.processed(encoder_test.IMAGES)
     with torch.no_grad():
         expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output

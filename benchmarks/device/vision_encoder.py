@@ -29,7 +29,14 @@ import torch
 # nothing here imports Triton at module level: the smoke run sets TRITON_INTERPRET first, which Triton reads on import
 
 Timer = Callable[[Callable[[], object]], float]
-TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2), (128, 32, 8, 3)]
+TILES: list[tuple[int, int, int, int]] = [
+    (64, 64, 4, 2),
+    (64, 64, 4, 3),
+    (64, 32, 4, 2),
+    (128, 64, 8, 2),
+    (128, 64, 4, 2),
+    (128, 32, 8, 3),
+]
 
 
 def timer(device: str, reps: int) -> Timer:
@@ -61,7 +68,7 @@ def build(preset: str, device: str, dtype: torch.dtype) -> tuple[Any, tuple[int,
     from tgi_compat.modeling.dtypes import default_dtype
     from tgi_compat.modeling.vision.qwen2_5_vl import QWEN2_5_VL, QwenVLVisionEncoder
 
-    vision = PRESETS[preset][1]
+    vision: dict[str, Any] = PRESETS[preset][1]
     torch.manual_seed(0)
     with torch.device(device), default_dtype(dtype):  # as the runner builds it
         encoder = QwenVLVisionEncoder({"vision_config": vision}, QWEN2_5_VL).eval()
@@ -99,7 +106,8 @@ class Inputs:
     def of(cls, encoder: Any, grid: torch.Tensor, device: str, dtype: torch.dtype) -> Inputs:
         from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
-        from tgi_compat.modeling.vision.qwen2_5_vl import SDPA, WindowLayout
+        from tgi_compat.modeling.vision.qwen2_5_vl import WindowLayout
+        from tgi_compat.modeling.vision.qwen_vl_ops import SDPA
 
         visual, block = encoder.visual, encoder.visual.blocks[0]
         patch = visual.patch_embed.proj.weight[0].numel()
@@ -229,15 +237,16 @@ def fused(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
 
 
 def backends(encoder: Any, x: Inputs, names: list[str], time_ms: Timer, check: bool) -> dict[str, dict]:
-    """Each attention backend: window and full blocks' ms (28 and 4 calls), whole-encoder ms, error vs fp32 sdpa."""
-    from tgi_compat.modeling.vision.qwen2_5_vl import SDPA, VISION_ATTENTION
+    """Each attention backend: window and full blocks' ms (28 and 4 calls), error vs fp32 sdpa, and the whole
+    encoder's ms per image with each elementwise choice (VISION_ELEMENTWISE)."""
+    from tgi_compat.modeling.vision.qwen_vl_ops import SDPA, VISION_ATTENTION, VISION_ELEMENTWISE
 
     depth, full = len(encoder.visual.blocks), len(encoder.full_blocks)
     scale = encoder.visual.blocks[0].attn.scaling
-    fp32 = [t.float() for t in (x.q, x.k, x.v)]
+    q32, k32, v32 = (t.float() for t in (x.q, x.k, x.v))
     images = int(x.grid.shape[0])
     out: dict[str, dict] = {}
-    default = encoder.backend
+    default = encoder.backend, encoder.elementwise
     for name in names:
         backend = VISION_ATTENTION[name]
         row: dict[str, Any] = {}
@@ -245,20 +254,21 @@ def backends(encoder: Any, x: Inputs, names: list[str], time_ms: Timer, check: b
             for kind, spans, calls in (("window", x.layout.windows, depth - full), ("full", x.layout.images, full)):
                 row[f"{kind}_ms"] = calls * time_ms(functools.partial(backend.attend, x.q, x.k, x.v, spans, scale))
                 if check:
-                    ref = SDPA.attend(*fp32, spans, scale)
+                    ref = SDPA.attend(q32, k32, v32, spans, scale)
                     got = backend.attend(x.q, x.k, x.v, spans, scale).float()
                     row[f"{kind}_rel_err"] = ((got - ref).norm() / ref.norm()).item()
-            encoder.backend = backend
-            row["encode_ms_per_image"] = time_ms(lambda: encoder.encode(x.pixels, x.grid)) / images
+            for ops in VISION_ELEMENTWISE.values():  # the whole encoder with each elementwise choice
+                encoder.backend, encoder.elementwise = backend, ops
+                row[f"encode_ms_per_image_{ops.name}"] = time_ms(lambda: encoder.encode(x.pixels, x.grid)) / images
         except Exception as error:
             row = dict(error=f"{type(error).__name__}: {error}"[:300])
         finally:
-            encoder.backend = default
+            encoder.backend, encoder.elementwise = default
         out[name] = row
     return out
 
 
-def tile_sweep(x: Inputs, scale: float, time_ms: Timer, tiles: list[tuple[int, ...]]) -> list[dict]:
+def tile_sweep(x: Inputs, scale: float, time_ms: Timer, tiles: list[tuple[int, int, int, int]]) -> list[dict]:
     """The Triton varlen kernel at each (block_m, block_n, num_warps, num_stages), one call a kind of span."""
     from tgi_compat.kernels.attention.varlen import varlen_attention
 
@@ -293,16 +303,18 @@ def table(report: dict) -> str:
             f"sum of parts (unfused rows) {result['sum_ms']:.2f} ms, whole encode {result['whole_ms']:.2f} ms",
             "",
         ]
-        lines += ["| backend | window ms (all blocks) | full ms | encoder ms/image | rel err window / full |"]
-        lines += ["|---|---|---|---|---|"]
+        lines += [
+            "| attention | window ms (all blocks) | full ms | rel err window / full | encoder ms/image: "
+            "transformers elementwise | fused Triton elementwise |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, row in result["backends"].items():
             if "error" in row:
-                lines.append(f"| {name} | {row['error']} | | | |")
+                lines.append(f"| {name} | {row['error']} | | | | |")
                 continue
             err = f"{row['window_rel_err']:.1e} / {row['full_rel_err']:.1e}" if "window_rel_err" in row else "-"
-            lines.append(
-                f"| {name} | {row['window_ms']:.2f} | {row['full_ms']:.2f} | {row['encode_ms_per_image']:.2f} | {err} |"
-            )
+            encode = [f"{row[f'encode_ms_per_image_{ops}']:.2f}" for ops in ("transformers", "triton")]
+            lines.append(f"| {name} | {row['window_ms']:.2f} | {row['full_ms']:.2f} | {err} | {' | '.join(encode)} |")
         lines.append("")
     lines += ["### Triton varlen tiles (one call)", "", "| block_m, block_n, warps, stages | window ms | full ms |"]
     lines.append("|---|---|---|")

@@ -1,10 +1,11 @@
 """GPU (marker `gpu`; skipped without CUDA): the Qwen2.5-VL vision encoder's attention backends (VISION_ATTENTION:
 the Triton varlen kernel, torch's FlashAttention varlen, sdpa per length group) at the 7B's vision shape (16 heads x
 80, 1024x1024 and 448x672 images' windows and whole images) against the fp32 reference; the encoder on each backend
-against transformers' own vision transformer on the same random weights; and its forward from a host grid with no
+and each elementwise choice (transformers' modules, the fused Triton norms and rotary) against transformers' own
+vision transformer on the same random weights; and its forward from a host grid with no
 device-to-host sync (the split sizes come from the host grid, not from reading the device back).
 
-Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_vision_attention_gpu.py   (~1 min)
+Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_vision_attention_gpu.py   (~2 min)
 """
 
 from __future__ import annotations
@@ -17,14 +18,8 @@ import torch
 from benchmarks.device.qwen_vl import VISION_7B
 from tests.gpu.test_qwen2_5_vl_gpu import GRIDS_7B, relative_error
 from tgi_compat.modeling.dtypes import default_dtype
-from tgi_compat.modeling.vision.qwen2_5_vl import (
-    DEFAULT_VISION_ATTENTION,
-    QWEN2_5_VL,
-    SDPA,
-    VISION_ATTENTION,
-    QwenVLVisionEncoder,
-    WindowLayout,
-)
+from tgi_compat.modeling.vision.qwen2_5_vl import QWEN2_5_VL, QwenVLVisionEncoder, WindowLayout
+from tgi_compat.modeling.vision.qwen_vl_ops import SDPA, VISION_ATTENTION, VISION_ELEMENTWISE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -60,17 +55,19 @@ def inputs(grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return pixels.to(torch.bfloat16), grid
 
 
+@pytest.mark.parametrize("elementwise", sorted(VISION_ELEMENTWISE))
 @pytest.mark.parametrize("backend", sorted(VISION_ATTENTION))
-def test_encoder_on_each_backend_equals_transformers(encoder_7b, backend):
+def test_encoder_on_each_choice_equals_transformers(backend, elementwise):
+    torch.manual_seed(0)
+    with torch.device("cuda"), default_dtype(torch.bfloat16):  # as the runner builds it
+        encoder = QwenVLVisionEncoder(
+            {"vision_config": VISION_7B}, QWEN2_5_VL, VISION_ATTENTION[backend], VISION_ELEMENTWISE[elementwise]
+        ).eval()
     pixels, grid = inputs(torch.tensor(GRIDS_7B, device="cuda"))
-    encoder_7b.backend = VISION_ATTENTION[backend]
-    try:
-        rows = encoder_7b({"pixel_values": pixels, "image_grid_thw": grid})
-    finally:
-        encoder_7b.backend = DEFAULT_VISION_ATTENTION
+    rows = encoder({"pixel_values": pixels, "image_grid_thw": grid})
     with torch.inference_mode():
-        expected = encoder_7b.visual(pixels, grid_thw=grid).pooler_output
-    assert relative_error(torch.cat(rows), expected) < 3e-2, backend
+        expected = encoder.visual(pixels, grid_thw=grid).pooler_output
+    assert relative_error(torch.cat(rows), expected) < 3e-2, (backend, elementwise)
 
 
 def test_forward_from_a_host_grid_never_syncs(encoder_7b):

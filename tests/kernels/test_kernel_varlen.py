@@ -29,7 +29,7 @@ def test_varlen_attention_matches_reference(dtype):
 
 def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers():
     from tests.modeling import test_qwen2_5_vl_encoder as encoder_test
-    from tgi_compat.modeling.vision.qwen2_5_vl import VisionAttention
+    from tgi_compat.modeling.vision.qwen_vl_ops import VisionAttention
 
     varlen = sys.modules["tgi_compat.kernels.attention.varlen"]
     calls = []
@@ -45,3 +45,29 @@ def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers():
         expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
     assert max_rel_error(torch.cat(encoder(dict(inputs))), expected) < 1e-3
     assert calls == [6 + 2 + 4, 3]  # one call a layer: the windows of all three images, then the images
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_qwen_vl_encoder_on_the_fused_elementwise_kernels_equals_transformers(family):
+    """The Triton RMSNorm + residual and in-place rotary (interpreted) in the encoder's forward: transformers' own
+    output; Qwen2-VL's LayerNorm tower keeps transformers' modules."""
+    import dataclasses
+
+    from tests.modeling import test_qwen2_5_vl_encoder as encoder_test
+    from tgi_compat.modeling.vision.qwen_vl_ops import TRITON_ELEMENTWISE
+
+    calls = []
+
+    def counted(q, k, tables):
+        calls.append(tables[0].shape[-1])
+        return TRITON_ELEMENTWISE.rotary(q, k, tables)
+
+    reference, encoder = encoder_test.encoder_pair(family)
+    fused = dataclasses.replace(TRITON_ELEMENTWISE, on_cpu=True, rotary=counted)  # the CUDA path, on CPU
+    encoder.elementwise = fused
+    inputs = encoder_test.processed(encoder_test.IMAGES)
+    with torch.no_grad():
+        expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+    assert max_rel_error(torch.cat(encoder(dict(inputs))), expected) < 1e-3
+    head_dim = encoder.visual.blocks[0].attn.head_dim
+    assert calls == ([head_dim // 2] * len(encoder.visual.blocks) if family == "qwen2_5_vl" else [])

@@ -78,9 +78,8 @@ VISION_ATTENTION = {backend.name: backend for backend in (TRITON, FLASH, SDPA)}
 DEFAULT_VISION_ATTENTION = TRITON
 
 
-Tables = tuple[
-    torch.Tensor, torch.Tensor
-]  # a call's rope tables, in the layout of the VisionElementwise that made them
+# a call's rope tables, in the layout of the VisionElementwise that made them
+Tables = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from benchmarks.device.vision_encoder import TILES
 from tests.kernels.test_kernel_attention import relative_error
 from tests.modeling.helpers import max_rel_error
 
@@ -71,3 +72,17 @@ def test_qwen_vl_encoder_on_the_fused_elementwise_kernels_equals_transformers(fa
     assert max_rel_error(torch.cat(encoder(dict(inputs))), expected) < 1e-3
     head_dim = encoder.visual.blocks[0].attn.head_dim
     assert calls == ([head_dim // 2] * len(encoder.visual.blocks) if family == "qwen2_5_vl" else [])
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: "-".join(map(str, t)))
+def test_varlen_attention_at_the_swept_tiles(tiles):
+    """The tiles benchmarks/device/vision_encoder.py sweeps (block_m, block_n, warps, stages) give the reference's
+    output (and, under benchmarks.compile_only, compile for sm_90)."""
+    varlen = sys.modules["tgi_compat.kernels.attention.varlen"]
+    gen = torch.Generator().manual_seed(4)
+    lens = [64, 16, 130]  # a window, an edge window, a sequence past one tile of each size
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v = torch.randn(sum(lens), 3, 2, 80, generator=gen).to(torch.float16).unbind(1)
+    out = varlen.varlen_attention(q.contiguous(), k, v, cu, max(lens), 80**-0.5, *tiles)
+    ref = varlen.varlen_attention_ref(q.float(), k.float(), v.float(), cu, 80**-0.5)
+    assert relative_error(out, ref) < 5e-3

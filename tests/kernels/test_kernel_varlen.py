@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from benchmarks.device.vision_encoder import TILES
 from tests.kernels.test_kernel_attention import relative_error
 from tests.modeling.helpers import max_rel_error
 
@@ -27,22 +28,61 @@ def test_varlen_attention_matches_reference(dtype):
     assert relative_error(out, ref) < (1e-5 if dtype == torch.float32 else 5e-3)
 
 
-def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers(monkeypatch):
+def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers():
     from tests.modeling import test_qwen2_5_vl_encoder as encoder_test
-    from tgi_compat.modeling.vision import qwen2_5_vl
+    from tgi_compat.modeling.vision.qwen_vl_ops import VisionAttention
 
     varlen = sys.modules["tgi_compat.kernels.attention.varlen"]
     calls = []
 
-    def on_the_kernel(q, k, v, cu_seqlens, scale):
-        calls.append(len(cu_seqlens) - 1)
-        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        return varlen.varlen_attention(q, k, v, cu_seqlens, longest, scale)
+    def on_the_kernel(q, k, v, spans, scale):
+        calls.append(len(spans.cu_seqlens) - 1)
+        return varlen.varlen_attention(q, k, v, spans.cu_seqlens, spans.longest, scale)
 
-    monkeypatch.setattr(qwen2_5_vl, "varlen_attention_ref", on_the_kernel)  # the CPU path, on the kernel
     reference, encoder = encoder_test.encoder_pair()
+    encoder.backend = VisionAttention("triton-interpreted", on_the_kernel, on_cpu=True)  # the TRITON path, on CPU
     inputs = encoder_test.processed(encoder_test.IMAGES)
     with torch.no_grad():
         expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
     assert max_rel_error(torch.cat(encoder(dict(inputs))), expected) < 1e-3
     assert calls == [6 + 2 + 4, 3]  # one call a layer: the windows of all three images, then the images
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_qwen_vl_encoder_on_the_fused_elementwise_kernels_equals_transformers(family):
+    """The Triton RMSNorm + residual and in-place rotary (interpreted) in the encoder's forward: transformers' own
+    output; Qwen2-VL's LayerNorm tower keeps transformers' modules."""
+    import dataclasses
+
+    from tests.modeling import test_qwen2_5_vl_encoder as encoder_test
+    from tgi_compat.modeling.vision.qwen_vl_ops import TRITON_ELEMENTWISE
+
+    calls = []
+
+    def counted(q, k, tables):
+        calls.append(tables[0].shape[-1])
+        return TRITON_ELEMENTWISE.rotary(q, k, tables)
+
+    reference, encoder = encoder_test.encoder_pair(family)
+    fused = dataclasses.replace(TRITON_ELEMENTWISE, on_cpu=True, rotary=counted)  # the CUDA path, on CPU
+    encoder.elementwise = fused
+    inputs = encoder_test.processed(encoder_test.IMAGES)
+    with torch.no_grad():
+        expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+    assert max_rel_error(torch.cat(encoder(dict(inputs))), expected) < 1e-3
+    head_dim = encoder.visual.blocks[0].attn.head_dim
+    assert calls == ([head_dim // 2] * len(encoder.visual.blocks) if family == "qwen2_5_vl" else [])
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: "-".join(map(str, t)))
+def test_varlen_attention_at_the_swept_tiles(tiles):
+    """The tiles benchmarks/device/vision_encoder.py sweeps (block_m, block_n, warps, stages) give the reference's
+    output (and, under benchmarks.compile_only, compile for sm_90)."""
+    varlen = sys.modules["tgi_compat.kernels.attention.varlen"]
+    gen = torch.Generator().manual_seed(4)
+    lens = [64, 16, 130]  # a window, an edge window, a sequence past one tile of each size
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v = torch.randn(sum(lens), 3, 2, 80, generator=gen).to(torch.float16).unbind(1)
+    out = varlen.varlen_attention(q.contiguous(), k, v, cu, max(lens), 80**-0.5, *tiles)
+    ref = varlen.varlen_attention_ref(q.float(), k.float(), v.float(), cu, 80**-0.5)
+    assert relative_error(out, ref) < 5e-3

@@ -16,6 +16,7 @@ from tests.modeling.helpers import max_rel_error
 from tests.modeling.qwen2_5_vl_helpers import FAMILIES, MERGE, PATCH, picture, tiny_qwen2_5_vl
 from tgi_compat.modeling.vision.encoder import ImageEncoder
 from tgi_compat.modeling.vision.qwen2_5_vl import VISION_TOWERS, QwenVLVisionEncoder
+from tgi_compat.modeling.vision.qwen_vl_ops import VISION_ATTENTION, VISION_ELEMENTWISE
 
 # (color, (width, height)): grids of 8x10, 4x6 and 4x14 patches, so 2x3, 1x2 and 1x4 windows of 2x2 merged patches,
 # the last column of windows cut short
@@ -54,6 +55,18 @@ def test_encoder_equals_transformers_vision_transformer(pair):
     rows = encoder(dict(inputs))
     assert [r.shape[0] for r in rows] == (inputs["image_grid_thw"].prod(-1) // MERGE**2).tolist()
     assert max_rel_error(torch.cat(rows), expected) < 1e-3
+
+
+@pytest.mark.parametrize("elementwise", sorted(VISION_ELEMENTWISE))
+@pytest.mark.parametrize("backend", sorted(VISION_ATTENTION))
+def test_every_choice_equals_transformers_on_cpu(backend, elementwise):
+    """A CUDA-only choice (Triton, FlashAttention) leaves CPU tensors to the reference, so any choice serves."""
+    reference, encoder = encoder_pair()
+    encoder.backend, encoder.elementwise = VISION_ATTENTION[backend], VISION_ELEMENTWISE[elementwise]
+    inputs = processed(IMAGES[:2])
+    with torch.no_grad():
+        expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+    assert max_rel_error(torch.cat(encoder(dict(inputs))), expected) < 1e-3
 
 
 def test_images_in_one_call_equal_each_alone(pair):

@@ -15,12 +15,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from tgi_compat.kernels.attention.varlen import varlen_attention, varlen_attention_ref
 from tgi_compat.modeling.layers.linear import default_weight_loader
+from tgi_compat.modeling.vision.qwen_vl_ops import (
+    DEFAULT_VISION_ATTENTION,
+    DEFAULT_VISION_ELEMENTWISE,
+    SDPA,
+    TRANSFORMERS,
+    Spans,
+    Tables,
+    VisionAttention,
+    VisionElementwise,
+)
 
 if TYPE_CHECKING:
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionAttention
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import VisionAttention
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import VisionAttention as VisionAttention_
 
 
 def _build_qwen2_5_vl_tower(hf_config: dict[str, Any], dtype: torch.dtype) -> Any:
@@ -50,10 +59,11 @@ class VisionTower:
 
     build: Callable[[dict[str, Any], torch.dtype], Any]  # (the checkpoint's config.json, dtype) -> transformers' tower
     windowed: bool  # Qwen2.5-VL: window attention but in fullatt_block_indexes; Qwen2-VL: whole images always
+    rms_norms: bool  # Qwen2.5-VL's norms are RMSNorms (the fused kernels' math); Qwen2-VL's LayerNorms
 
 
-QWEN2_5_VL = VisionTower(_build_qwen2_5_vl_tower, windowed=True)
-QWEN2_VL = VisionTower(_build_qwen2_vl_tower, windowed=False)
+QWEN2_5_VL = VisionTower(_build_qwen2_5_vl_tower, windowed=True, rms_norms=True)
+QWEN2_VL = VisionTower(_build_qwen2_vl_tower, windowed=False, rms_norms=False)
 # the family's checkpoints (ModelConfig.multimodal_architecture) -> their tower
 VISION_TOWERS = {"Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL, "Qwen2VLForConditionalGeneration": QWEN2_VL}
 
@@ -106,11 +116,20 @@ class QwenVLVisionEncoder(nn.Module):
     transformers' sdpa/eager path loops over each window (each image, Qwen2-VL's) in Python (~100 windows x 28
     layers per 1024px image)."""
 
-    def __init__(self, hf_config: dict[str, Any], tower: VisionTower = QWEN2_5_VL):
+    def __init__(
+        self,
+        hf_config: dict[str, Any],
+        tower: VisionTower = QWEN2_5_VL,
+        attention: VisionAttention = DEFAULT_VISION_ATTENTION,
+        elementwise: VisionElementwise = DEFAULT_VISION_ELEMENTWISE,
+    ):
         super().__init__()
         self.visual = tower.build(hf_config, torch.get_default_dtype())  # the runner builds under the serving dtype
         self.merge = self.visual.spatial_merge_size
         self.windowed = tower.windowed
+        self.rms_norms = tower.rms_norms
+        self.backend = attention
+        self.elementwise = elementwise
         # the blocks that attend to whole images (Qwen2-VL's: all of them, which its layout's windows are)
         self.full_blocks = frozenset(self.visual.fullatt_block_indexes if tower.windowed else ())
         for param in self.parameters():  # loaded by models/weight_names.load_packed_weights, as ours are
@@ -118,58 +137,49 @@ class QwenVLVisionEncoder(nn.Module):
 
     @torch.inference_mode()
     def forward(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        grid = processed["image_grid_thw"]
+        # the grid's few numbers on the host before any launch: read back after them, it waited for the whole encoder
+        grid = processed["image_grid_thw"].cpu()
         pixels = processed["pixel_values"].to(self.visual.patch_embed.proj.weight.dtype)
         rows = self.encode(pixels, grid)
         return list(torch.split(rows, (grid.prod(-1) // self.merge**2).tolist()))
 
     def encode(self, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-        """transformers' vision transformer's forward -> pooler_output, its attention packed."""
-        visual = self.visual
+        """transformers' vision transformer's forward -> pooler_output, its attention packed. Each block's
+        `hidden + attn(norm1(hidden))` then `+ mlp(norm2(...))`, its residual adds taken by the norm after them."""
+        visual, blocks = self.visual, self.visual.blocks
         layout = WindowLayout.of(grid, visual.config, pixels.device, self.windowed)
-        hidden = visual.patch_embed(pixels)
-        hidden = layout.to_windows(hidden)
-        cos, sin = (layout.to_windows(f) for f in visual.rotary_pos_emb(hidden, layout.position_ids))
-        for index, block in enumerate(visual.blocks):
+        backend = self.backend if pixels.is_cuda or self.backend.on_cpu else SDPA
+        ops = self.elementwise
+        if not (pixels.is_cuda or ops.on_cpu) or (ops.rms_norm_only and not self.rms_norms):
+            ops = TRANSFORMERS
+        hidden = layout.to_windows(visual.patch_embed(pixels))
+        tables = ops.tables(*(layout.to_windows(f) for f in visual.rotary_pos_emb(hidden, layout.position_ids)))
+        normed, hidden = ops.norm(hidden, blocks[0].norm1, None)
+        for index, block in enumerate(blocks):
             spans = layout.images if index in self.full_blocks else layout.windows
-            hidden = hidden + self.attention(block.attn, block.norm1(hidden), cos, sin, spans)
-            hidden = hidden + block.mlp(block.norm2(hidden))
-        return layout.from_windows(visual.merger(hidden))
+            normed, hidden = ops.norm(
+                self.attention(block.attn, normed, tables, spans, backend, ops), block.norm2, hidden
+            )
+            out = block.mlp(normed)
+            if index + 1 < len(blocks):
+                normed, hidden = ops.norm(out, blocks[index + 1].norm1, hidden)
+        return layout.from_windows(visual.merger(hidden + out))
 
     @staticmethod
     def attention(
-        attn: Qwen2_5_VLVisionAttention | VisionAttention,
+        attn: Qwen2_5_VLVisionAttention | VisionAttention_,
         hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        tables: Tables,
         spans: Spans,
+        backend: VisionAttention,
+        ops: VisionElementwise,
     ) -> torch.Tensor:
         """The vision attention's forward with one packed call in place of its per-window (per-image) loop."""
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision  # Qwen2.5-VL's copy
-
         tokens = hidden.shape[0]
         q, k, v = attn.qkv(hidden).reshape(tokens, 3, attn.num_heads, -1).unbind(1)
-        q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
-        out = spans.attend(q, k, v, attn.scaling)
+        q, k = ops.rotary(q, k, tables)
+        out = backend.attend(q, k, v, spans, attn.scaling)
         return attn.proj(out.reshape(tokens, -1))
-
-
-@dataclass(frozen=True, slots=True)
-class Spans:
-    """Packed sequences (an image's windows, or its whole patches), cu_seqlens on the device, the longest on host."""
-
-    cu_seqlens: torch.Tensor
-    longest: int
-
-    @classmethod
-    def of(cls, cu_seqlens: torch.Tensor, device: torch.device) -> Spans:
-        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        return cls(cu_seqlens.to(device, torch.int32, non_blocking=True), longest)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        if q.is_cuda:
-            return varlen_attention(q, k, v, self.cu_seqlens, self.longest, scale)
-        return varlen_attention_ref(q, k, v, self.cu_seqlens, scale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,26 @@
+"""benchmarks/device/vision_encoder.py's CPU smoke run (tiny Qwen2.5-VL tower, Triton interpreted): every part, the
+fused kernels' rows, each CPU attention backend (errors against the fp32 reference at 1 image) and the tile sweep
+run, and the table and the JSON are written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def test_vision_encoder_benchmark_smoke_run(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.device.vision_encoder", "--device", "cpu", "--reps", "1"]
+    done = subprocess.run(
+        command, env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "vision_encoder.json").read_text())
+    assert report["grid"] == [1, 8, 8] and set(report["counts"]) == {"1", "2"}
+    one = report["counts"]["1"]
+    assert one["parts"]["qkv"]["flop"] > 0 and all(row["ms"] > 0 for row in one["parts"].values())
+    assert set(one["backends"]) == {"sdpa", "triton"}
+    assert all(row["window_rel_err"] < 1e-5 and row["full_rel_err"] < 1e-5 for row in one["backends"].values())
+    assert [row["window_ms"] > 0 for row in report["tiles"]] == [True, True]
+    assert "| attention window (triton) |" in done.stdout and "| triton |" in done.stdout

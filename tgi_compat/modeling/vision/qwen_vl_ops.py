@@ -1,0 +1,135 @@
+"""The seams of the Qwen VL vision encoder's forward (modeling/vision/qwen2_5_vl.py), each a small typed choice made
+when the encoder is built, so that one line flips it once a GPU number says so (benchmarks/device/vision_encoder.py
+times every choice):
+
+* `VisionAttention`: how every block's packed non-causal attention runs over the call's `Spans` (its windows or
+  whole images): the Triton varlen kernel, torch's FlashAttention varlen, or sdpa per length group (the CPU path and
+  the reference);
+* `VisionElementwise`: the ops around the GEMMs: transformers' own modules (RMSNorm and rotary upcast whole
+  tensors to fp32: ~10 passes over memory each), or the repo's Triton kernels doing the same fp32 math in one pass
+  (the RMSNorm fused with the residual add before it, the rotary in place on the qkv output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from tgi_compat.kernels.attention.varlen import (
+    LengthGroups,
+    grouped_sdpa,
+    length_groups,
+    varlen_attention,
+    varlen_attention_flash,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Spans:
+    """Packed sequences (an image's windows, or its whole patches): cu_seqlens on the device, the longest on host,
+    and the sdpa path's rows per sequence length (built once a call, for every layer that attends these spans)."""
+
+    cu_seqlens: torch.Tensor
+    longest: int
+    groups: LengthGroups
+
+    @classmethod
+    def of(cls, cu_seqlens: torch.Tensor, device: torch.device) -> Spans:
+        """From cu_seqlens on the host (no read back from the device)."""
+        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        groups = length_groups(cu_seqlens, device)
+        return cls(cu_seqlens.to(device, torch.int32, non_blocking=True), longest, groups)
+
+
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Spans, float], torch.Tensor]  # (q, k, v, spans, scale)
+
+
+@dataclass(frozen=True, slots=True)
+class VisionAttention:
+    """How every block's packed non-causal attention runs (q, k, v [T, H, D] over `Spans`)."""
+
+    name: str
+    attend: AttendFn
+    on_cpu: bool  # False: CPU tensors take SDPA (the reference) instead
+
+
+def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans, scale: float) -> torch.Tensor:
+    return varlen_attention(q, k, v, spans.cu_seqlens, spans.longest, scale)
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans, scale: float) -> torch.Tensor:
+    if q.dtype not in (torch.bfloat16, torch.float16):  # FlashAttention has no fp32 kernel (fp32 serving, tests)
+        return _triton(q, k, v, spans, scale)
+    return varlen_attention_flash(q, k, v, spans.cu_seqlens, spans.longest, scale)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans, scale: float) -> torch.Tensor:
+    return grouped_sdpa(q, k, v, spans.groups, scale)
+
+
+TRITON = VisionAttention("triton", _triton, on_cpu=False)  # kernels/attention/varlen.py: one launch a layer
+FLASH = VisionAttention("flash", _flash, on_cpu=False)  # torch's FlashAttention-2 varlen, one launch a layer
+SDPA = VisionAttention("sdpa", _sdpa, on_cpu=True)  # one sdpa per sequence length: the CPU path and the reference
+VISION_ATTENTION = {backend.name: backend for backend in (TRITON, FLASH, SDPA)}
+# issue 41: the encoder's attention unless told otherwise; benchmarks/device/vision_encoder.py times all three
+DEFAULT_VISION_ATTENTION = TRITON
+
+
+# a call's rope tables, in the layout of the VisionElementwise that made them
+Tables = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class VisionElementwise:
+    """The blocks' norms and rotary: transformers' math, unfused or fused."""
+
+    name: str
+    # (x, the block's norm module, residual | None) -> (norm(residual + x), residual + x)
+    norm: Callable[[torch.Tensor, nn.Module, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+    tables: Callable[[torch.Tensor, torch.Tensor], Tables]  # (cos, sin [T, D]), once a call -> the rotary's tables
+    rotary: Callable[[torch.Tensor, torch.Tensor, Tables], tuple[torch.Tensor, torch.Tensor]]  # (q, k) -> rotated
+    on_cpu: bool  # False: CPU tensors take TRANSFORMERS instead
+    rms_norm_only: bool  # True: a tower of LayerNorms (Qwen2-VL's) takes TRANSFORMERS instead
+
+
+def _module_norm(x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = x if residual is None else residual + x  # the block's `hidden_states + sublayer(...)`
+    return norm(summed), summed
+
+
+def _vision_rotary(q: torch.Tensor, k: torch.Tensor, tables: Tables) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision  # Qwen2.5-VL's copy
+
+    return apply_rotary_pos_emb_vision(q, k, *tables)
+
+
+def _triton_norm(x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
+
+    from tgi_compat.modeling.layers.triton_ops import triton_rms_norm
+
+    assert isinstance(norm, Qwen2_5_VLRMSNorm)  # rms_norm_only: the encoder gives this op RMSNorm towers alone
+    normed, summed = triton_rms_norm(x, norm.weight, norm.variance_epsilon, residual)
+    return normed, x if summed is None else summed
+
+
+def _half_tables(cos: torch.Tensor, sin: torch.Tensor) -> Tables:
+    half = cos.shape[-1] // 2  # the vision rope repeats its angles over both halves: the kernel reads one
+    return cos[:, :half].contiguous(), sin[:, :half].contiguous()
+
+
+def _triton_rotary(q: torch.Tensor, k: torch.Tensor, tables: Tables) -> tuple[torch.Tensor, torch.Tensor]:
+    from tgi_compat.kernels.attention.rotary import rotary_embedding
+
+    rotary_embedding(q, k, *tables)  # in place, on the qkv output's views: fp32 math, one rounding
+    return q, k
+
+
+TRANSFORMERS = VisionElementwise("transformers", _module_norm, lambda cos, sin: (cos, sin), _vision_rotary, True, False)
+TRITON_ELEMENTWISE = VisionElementwise("triton", _triton_norm, _half_tables, _triton_rotary, False, True)
+VISION_ELEMENTWISE = {ops.name: ops for ops in (TRANSFORMERS, TRITON_ELEMENTWISE)}
+# issue 41: transformers' modules until benchmarks/device/vision_encoder.py's fused rows say otherwise
+DEFAULT_VISION_ELEMENTWISE = TRANSFORMERS

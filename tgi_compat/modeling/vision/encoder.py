@@ -28,6 +28,7 @@ class VisionLanguageModel(Protocol):
 
 
 PROCESSOR_THREADS = 8
+HOST_TENSORS = frozenset({"image_grid_thw"})  # processor outputs the encoder reads on the host
 
 
 class ImageEncoder:
@@ -63,7 +64,13 @@ class ImageEncoder:
         return self.batch([future.result() for future in [self.preprocess_async(data) for data in images]])
 
     def batch(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        return {name: _cat_padded([p[name] for p in processed]).to(self.device) for name in processed[0]}
+        """The images' tensors concatenated, on the device but for the few host-side numbers that plan the encoder's
+        launches (Qwen-VL's grid: read back from the device, it made the host wait for the steps queued before)."""
+        return {
+            name: batch if name in HOST_TENSORS else batch.to(self.device)
+            for name in processed[0]
+            for batch in [_cat_padded([p[name] for p in processed])]
+        }
 
     @torch.inference_mode()
     def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:

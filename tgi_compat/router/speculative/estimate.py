@@ -42,6 +42,8 @@ class StepPrior:
 
 @dataclass(slots=True)
 class ServerAcceptance:
+    """The speculator's recent acceptance (decayed counts, from the prior's pseudo-counts) and its exploration."""
+
     window: float = 256.0  # steps over which the counts decay by 1/e
     startup_explorations: int = 8  # the first steps where only the optimistic rate pays: all explore
     explore_every: int = 32  # then: one step in this many of those
@@ -66,8 +68,8 @@ class ServerAcceptance:
         return min(1.0, mean + 2 * math.sqrt(a * b / (a + b + 1)) / (a + b))
 
     def step_prior(self, pays: Callable[[float], bool]) -> StepPrior:
-        """This step's prior, given `pays(prior)`: whether any draft may pay where requests start from it. Asked
-        again within a step (the engine, then the scheduler) it answers the same: only `end_step` moves it."""
+        """This step's prior, given `pays(prior)`: whether any draft may pay where requests start from it. Pure
+        (the engine asks, then the scheduler): only `record` and `end_step` move it."""
         if pays(rate := self.rate):
             return StepPrior(rate, drafts=True)
         optimistic = self.optimistic

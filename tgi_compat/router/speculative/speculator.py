@@ -82,8 +82,10 @@ class Speculator:
 
     def may_pay(self, running: Sequence[Request]) -> bool:
         """Whether drafts could pay in a step of these requests: False where the step-cost table turns them
-        off whatever the proposers find (a large batch), so the engine keeps overlap scheduling for that step
-        (with no drafts: they need the tokens of the step before on the host)."""
+        off whatever the proposers find (a large batch) at their acceptance, which starts from the server-wide
+        estimate (none accepted lately: ~0, unless an exploration is due), so the engine keeps overlap scheduling
+        for that step (with no drafts: they need the tokens of the step before on the host). Asked before the
+        step's `add_drafts`; a False ends the step for the estimate."""
         table = self.config.step_cost
         if table is None or not running:
             self._keeps_hidden = True
@@ -91,8 +93,9 @@ class Speculator:
         step = self._step_prior(running, table)
         if not step.drafts:  # (no `add_drafts` this step: it ends here for the estimate)
             self.estimate.end_step(step)
-        # a head that may explore soon keeps its context
-        self._keeps_hidden = step.drafts or step.waits
+        # (an exploring head drafts from the rows since the last step that drafts may pay: where only the optimistic
+        # rate pays, keeping every step's rows would pin each step's copy for up to `explore_every` steps)
+        self._keeps_hidden = step.drafts
         return step.drafts
 
     def _step_prior(self, requests: Sequence[Request], table: StepCostTable) -> StepPrior:

@@ -94,7 +94,8 @@ def test_the_heads_cost_turns_its_drafts_off_where_the_step_table_alone_drafts(e
         speculator.config, speculator.head_cost = config, measured
 
 
-def test_a_head_that_pays_only_at_a_high_acceptance_starts_drafting_and_keeps_on(engines):
+@pytest.mark.parametrize("uniform", [0, 8], ids=["per-request", "uniform"])
+def test_a_head_that_pays_only_at_a_high_acceptance_starts_drafting_and_keeps_on(engines, uniform):
     """A head too slow for a 0.5 acceptance to pay, fast enough for 0.9, with 0.9 accepted (synthetic): the first
     steps explore (drafts under the optimistic rate), and from then on the learned estimate keeps drafting on,
     for the next requests too. (With a fixed 0.5 prior no request ever drafted.)"""
@@ -103,7 +104,9 @@ def test_a_head_that_pays_only_at_a_high_acceptance_starts_drafting_and_keeps_on
     _, eagle = engines
     scheduler, original = eagle.scheduler, eagle.scheduler.speculator
     geometric = SyntheticAcceptance((0.1, 0.09, 0.081, 0.729))  # each of 3 drafts accepted with p = 0.9
-    config = dataclasses.replace(original.config, step_cost=H200_LIKE, synthetic_acceptance=geometric)
+    config = dataclasses.replace(
+        original.config, step_cost=H200_LIKE, synthetic_acceptance=geometric, uniform_max_batch=uniform
+    )
     speculator = Speculator(config, original.drafter)
     flat = StepCostTable((1, 64), (2e-3, 2e-3))
     speculator.head_cost = HeadCost(fixed=flat, per_draft=StepCostTable((1, 64), (1.5e-3, 1.5e-3)))

@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.device.speculative import CPU_WORKLOADS, code_edit_histogram, main
+from benchmarks.device.speculative import CPU_WORKLOADS, GPU_WORKLOADS, code_edit_histogram, main, prompts_of
 
 
 def test_the_code_edit_histogram_is_the_measured_one():
     assert code_edit_histogram() == [137.0, 57.0, 20.0, 10.0, 570.0]
+
+
+@pytest.mark.parametrize("workload", GPU_WORKLOADS[1:3], ids=["code-edit", "sharegpt"])
+def test_each_rows_warm_up_has_its_shape_and_other_ids(workload):
+    timed, warm = prompts_of(workload, seed=2), prompts_of(workload, seed=2, ids_seed=1)
+    assert [(len(p), n) for p, n in warm] == [(len(p), n) for p, n in timed]
+    assert all(w != t for (w, _), (t, _) in zip(warm, timed))  # (nothing for the prefix cache to share)
 
 
 def _args(folder: Path, method: str) -> list[str]:

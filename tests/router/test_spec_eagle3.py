@@ -13,7 +13,9 @@ from tests.router.sharded_engine import generate, sharded_engine
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.request import SamplingParams
 from tgi_compat.router.speculative.config import SpeculativeConfig
-from tgi_compat.router.speculative.policy import HeadCost, StepCostTable
+from tgi_compat.router.speculative.policy import HeadCost, StepCostTable, drafts_may_pay
+from tgi_compat.router.speculative.speculator import Speculator
+from tgi_compat.router.speculative.synthetic import SyntheticAcceptance
 
 SAMPLINGS = {
     "greedy": SamplingParams(),
@@ -90,6 +92,37 @@ def test_the_heads_cost_turns_its_drafts_off_where_the_step_table_alone_drafts(e
         assert counters.num_draft_tokens == drafted
     finally:
         speculator.config, speculator.head_cost = config, measured
+
+
+@pytest.mark.parametrize("uniform", [0, 8], ids=["per-request", "uniform"])
+def test_a_head_that_pays_only_at_a_high_acceptance_starts_drafting_and_keeps_on(engines, uniform):
+    """A head too slow for a 0.5 acceptance to pay, fast enough for 0.9, with 0.9 accepted (synthetic): the first
+    steps explore (drafts under the optimistic rate), and from then on the learned estimate keeps drafting on,
+    for the next requests too. (With a fixed 0.5 prior no request ever drafted.)"""
+    from tests.router.test_spec_policy import H200_LIKE
+
+    _, eagle = engines
+    scheduler, original = eagle.scheduler, eagle.scheduler.speculator
+    geometric = SyntheticAcceptance((0.1, 0.09, 0.081, 0.729))  # each of 3 drafts accepted with p = 0.9
+    config = dataclasses.replace(
+        original.config, step_cost=H200_LIKE, synthetic_acceptance=geometric, uniform_max_batch=uniform
+    )
+    speculator = Speculator(config, original.drafter)
+    flat = StepCostTable((1, 64), (2e-3, 2e-3))
+    speculator.head_cost = HeadCost(fixed=flat, per_draft=StepCostTable((1, 64), (1.5e-3, 1.5e-3)))
+    for batch in (1, 4):
+        assert not drafts_may_pay(batch, 0.5, 3, H200_LIKE, speculator.head_cost)
+        assert drafts_may_pay(batch, 0.85, 3, H200_LIKE, speculator.head_cost)
+    try:
+        scheduler.speculator = speculator
+        counters, estimate = speculator.counters, speculator.estimate
+        generate(eagle, dict(enumerate(PROMPTS)), SAMPLINGS["greedy"], max_new_tokens=24)
+        assert counters.num_drafts > 0 and estimate.rate > 0.8
+        explored, drafts = estimate.num_explored, counters.num_drafts
+        generate(eagle, {9: PROMPTS[1]}, SAMPLINGS["greedy"], max_new_tokens=24)  # a newcomer, alone
+        assert counters.num_drafts - drafts >= 4 and estimate.num_explored == explored  # drafts from the estimate
+    finally:
+        scheduler.speculator = original
 
 
 def test_eagle3_under_tensor_parallelism_gives_the_tokens_of_one_rank(folders, engines):

@@ -13,7 +13,7 @@ from test_spec_engine import GREEDY, SAMPLED, LoopRunner, _outputs, _prompts, _r
 
 from tgi_compat.router.request import GenerateRequest, SamplingParams
 from tgi_compat.router.speculative.config import SpeculativeConfig
-from tgi_compat.router.speculative.policy import StepCostTable
+from tgi_compat.router.speculative.policy import StepCostTable, drafts_may_pay
 from tgi_compat.router.speculative.synthetic import SyntheticAcceptance
 
 # (past 64 rows each row costs more than the average one: a tie at 64 would leave the choice to rounding)
@@ -189,3 +189,34 @@ def test_steps_the_table_turns_drafts_off_in_keep_overlap_scheduling(sampling, u
     assert _outputs(speculated) == _outputs(plain)
     assert overlapped > 20  # the steps of 64 requests
     assert engine.scheduler.speculator.counters.num_accepted_tokens > 0  # the tail's
+
+
+@pytest.mark.parametrize("uniform", [0, 32], ids=["per-request", "uniform"])
+def test_with_no_draft_accepted_newcomers_neither_draft_nor_stop_overlap(uniform):
+    """Every draft rejected (synthetic acceptance): after a few waves of 16 streams the server-wide estimate is
+    ~0, so a new wave of 16 (at 0.5 each of them would pay for drafts at this batch) drafts nothing, and every
+    step that runs them is told no draft may pay (`may_pay`: the engine overlaps those steps)."""
+    none_accepted = SyntheticAcceptance((1.0, 0.0, 0.0, 0.0, 0.0))
+    config = SpeculativeConfig(4, step_cost=H200_LIKE, uniform_max_batch=uniform, synthetic_acceptance=none_accepted)
+    engine = hash_engine(
+        runner=LoopRunner(vocab=32), speculative=config, max_running=32, max_prefill=2048, overlap_scheduling=True
+    )
+    speculator = engine.scheduler.speculator
+    answers: list[tuple[int, bool]] = []
+    may_pay = speculator.may_pay
+
+    def recording(running):
+        answers.append((len(running), answer := may_pay(running)))
+        return answer
+
+    speculator.may_pay = recording
+    assert drafts_may_pay(16, 0.5, 4, H200_LIKE)
+    for wave in range(4):  # three waves of warm-up, then the newcomers (the counts below: from its start)
+        drafted, asked = speculator.counters.num_draft_tokens, len(answers)
+        for i, prompt in enumerate(_prompts(16)):  # (a new first id: no prefix-cache hit across waves)
+            params = SamplingParams()
+            engine.add_request(GenerateRequest(f"w{wave}r{i}", [wave, *prompt], params, max_new_tokens=20))
+        drain(engine)
+    assert speculator.counters.num_draft_tokens == drafted
+    assert all(not answer for running, answer in answers[asked:] if running)  # (empty: before they are admitted)
+    assert len(answers[asked:]) > 20 and speculator.estimate.rate < 0.05

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from tgi_compat.router.speculative.estimate import ServerAcceptance, StepPrior
 from tgi_compat.router.speculative.policy import (
     AcceptanceStats,
     HeadCost,
@@ -69,13 +70,14 @@ def test_the_choice_is_the_best_of_every_combination():
 
 def test_acceptance_rate_starts_at_the_prior_and_follows_the_drafts():
     stats = AcceptanceStats()
-    assert stats.rate == 0.5
+    assert stats.rate() == 0.5 and stats.rate(prior_rate=0.1) == pytest.approx(0.1)
     for _ in range(20):
         stats.record(num_drafts=4, num_accepted=4)  # never rejected
-    assert stats.rate > 0.97
+    assert stats.rate() > 0.97
     for _ in range(40):
         stats.record(num_drafts=4, num_accepted=0)
-    assert stats.rate == pytest.approx((80 + 1) / (80 + 40 + 2))
+    assert stats.rate() == pytest.approx((80 + 1) / (80 + 40 + 2))
+    assert stats.rate(prior_rate=0.0) == pytest.approx(80 / (80 + 40 + 2))
 
 
 def test_the_rest_of_the_step_counts_in_its_cost():
@@ -178,3 +180,63 @@ def test_with_a_head_drafts_may_pay_still_bounds_both_choices():
         if not drafts_may_pay(size, max(rates), 4, table, HEAD):
             assert choose_uniform_draft_length(rates, caps, 4, table, HEAD) == 0
             assert not any(choose_draft_lengths(rates, caps, table, head=HEAD))
+
+
+def _pays_above(threshold: float):
+    return lambda rate: rate > threshold
+
+
+def _steps(estimate: ServerAcceptance, pays, num_steps: int, chunks: int, accepted: int, drafts: int = 4) -> int:
+    """`num_steps` steps of `chunks` requests whose verify chunks accept `accepted` of `drafts`, drafting where the
+    estimate's step prior says some draft may pay -> how many of them explored."""
+    explored = 0
+    for _ in range(num_steps):
+        step = estimate.step_prior(pays)
+        assert estimate.step_prior(pays) == step  # (asked twice in a step: the same answer)
+        for _ in range(chunks if step.drafts else 0):
+            estimate.record(drafts, accepted)
+        explored += step.explores
+        estimate.end_step(step)
+    return explored
+
+
+def test_the_server_estimate_starts_at_the_prior_and_follows_recent_drafts():
+    estimate = ServerAcceptance()
+    assert estimate.rate == 0.5 and estimate.optimistic > 0.9
+    _steps(estimate, _pays_above(0.0), 100, chunks=8, accepted=0)
+    assert estimate.rate < 0.01 and estimate.optimistic < 0.02  # ~800 rejections: the prior's pseudo-counts fade
+    _steps(estimate, _pays_above(0.0), 100, chunks=8, accepted=4)
+    assert 0.5 < estimate.rate < 0.9  # the zeros weigh less ...
+    _steps(estimate, _pays_above(0.0), 1000, chunks=8, accepted=4)
+    assert estimate.rate > 0.99  # ... and are forgotten: the recent window, not the whole history
+
+
+def test_exploration_is_bounded_and_only_where_the_optimistic_rate_pays():
+    estimate = ServerAcceptance()
+    assert _steps(estimate, _pays_above(1.0), 500, chunks=8, accepted=0) == 0
+    # a rate of 0.4 would pay, none is accepted: the first few steps and then one in `explore_every` at most
+    explored = _steps(estimate, _pays_above(0.4), 2000, chunks=8, accepted=0)
+    assert estimate.startup_explorations <= explored <= estimate.startup_explorations + 2000 / estimate.explore_every
+    assert estimate.rate < 0.05
+
+
+def test_idle_steps_widen_the_optimistic_rate_so_a_returning_acceptance_is_found():
+    estimate = ServerAcceptance()
+    _steps(estimate, _pays_above(0.0), 50, chunks=16, accepted=0)
+    pays_at = _pays_above(0.3)
+    assert not estimate.step_prior(pays_at).drafts  # no draft accepted lately: even the optimistic rate fails
+    for _ in range(2000):  # steps with no drafts: the evidence ages
+        estimate.end_step(estimate.step_prior(pays_at))
+    assert estimate.rate < 0.05 and estimate.optimistic > 0.3
+    # the acceptance is back (4 of 4): an exploration finds it, and then the estimate itself pays
+    _steps(estimate, pays_at, 200, chunks=16, accepted=4)
+    assert estimate.rate > 0.9 and estimate.step_prior(pays_at) == StepPrior(estimate.rate, drafts=True)
+
+
+def test_a_costly_head_is_tried_from_the_start():
+    estimate = ServerAcceptance()  # 0.5 does not pay, 0.9 does: the startup explorations draft, then the rate pays
+    pays_at = _pays_above(0.8)
+    assert estimate.step_prior(pays_at).explores
+    _steps(estimate, pays_at, 20, chunks=4, accepted=4)
+    step = estimate.step_prior(pays_at)
+    assert step.drafts and not step.explores and estimate.rate > 0.9

@@ -55,25 +55,26 @@ def _head_cost(head: HeadCost | None, num_requests: int, num_drafts: int) -> flo
     return 0.0 if head is None else head.cost(num_requests, num_drafts)
 
 
+PRIOR_RATE, PRIOR_WEIGHT = 0.5, 2.0  # what a request is expected to accept before anything was verified
+
+
 @dataclass(slots=True)
 class AcceptanceStats:
     """One request's drafts so far, as a geometric model: each draft token is accepted with probability
-    `rate` until the first rejection. A prior (`prior_rate` over `prior_weight` pseudo-tokens) stands in
-    for the first steps."""
+    `rate` until the first rejection. A prior rate (the server-wide estimate: estimate.py) over `prior_weight`
+    pseudo-tokens stands in for the first steps."""
 
     accepted: int = 0
     rejected: int = 0  # verify steps that ended at a rejected draft
-    prior_rate: float = 0.5
-    prior_weight: float = 2.0
+    prior_weight: float = PRIOR_WEIGHT
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.accepted += num_accepted
         self.rejected += num_accepted < num_drafts
 
-    @property
-    def rate(self) -> float:
+    def rate(self, prior_rate: float = PRIOR_RATE) -> float:
         prior = self.prior_weight
-        return (self.accepted + prior * self.prior_rate) / (self.accepted + self.rejected + prior)
+        return (self.accepted + prior * prior_rate) / (self.accepted + self.rejected + prior)
 
 
 def choose_draft_lengths(

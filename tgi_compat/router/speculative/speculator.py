@@ -28,6 +28,7 @@ from tgi_compat.router.outputs import TokenEvent
 from tgi_compat.router.request import Request
 from tgi_compat.router.speculative.config import SpeculativeConfig
 from tgi_compat.router.speculative.eagle3 import Eagle3Drafter, Eagle3Proposer, propose_together
+from tgi_compat.router.speculative.estimate import ServerAcceptance, StepPrior
 from tgi_compat.router.speculative.ngram import NgramProposer
 from tgi_compat.router.speculative.policy import (
     AcceptanceStats,
@@ -41,7 +42,7 @@ from tgi_compat.router.speculative.proposer import DraftProposer
 from tgi_compat.router.speculative.suffix import SuffixCorpus, SuffixProposer
 from tgi_compat.router.step import SampledToken, ScheduledChunk, StepPlan
 
-_PRIOR = AcceptanceStats()  # a request that has not drafted yet
+_NO_DRAFTS_YET = AcceptanceStats()  # a request that has not drafted yet: its rate is the prior
 
 
 @dataclass(slots=True)
@@ -75,27 +76,42 @@ class Speculator:
         self.corpus = SuffixCorpus(config.suffix) if use_corpus else None
         self.counters = SpeculationCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._states: dict[Request, _DraftState] = {}
+        self.estimate = ServerAcceptance()  # every request's prior (estimate.py)
         self._rng = random.Random(0)  # synthetic acceptance's draws
         self._keeps_hidden = True  # EAGLE-3: the last `may_pay` answer (rows are kept only where drafts may pay)
 
     def may_pay(self, running: Sequence[Request]) -> bool:
         """Whether drafts could pay in a step of these requests: False where the step-cost table turns them
-        off whatever the proposers find (a large batch), so the engine keeps overlap scheduling for that step
-        (with no drafts: they need the tokens of the step before on the host)."""
+        off whatever the proposers find (a large batch) at their acceptance, which starts from the server-wide
+        estimate (none accepted lately: ~0, unless an exploration is due), so the engine keeps overlap scheduling
+        for that step (with no drafts: they need the tokens of the step before on the host). Asked before the
+        step's `add_drafts`; a False ends the step for the estimate."""
         table = self.config.step_cost
         if table is None or not running:
             self._keeps_hidden = True
             return True
-        self._keeps_hidden = self._drafts_may_pay(running, table)
-        return self._keeps_hidden
+        step = self._step_prior(running, table)
+        if not step.drafts:  # (no `add_drafts` this step: it ends here for the estimate)
+            self.estimate.end_step(step)
+        # (an exploring head drafts from the rows since the last step that drafts may pay: where only the optimistic
+        # rate pays, keeping every step's rows would pin each step's copy for up to `explore_every` steps)
+        self._keeps_hidden = step.drafts
+        return step.drafts
 
-    def _drafts_may_pay(self, requests: Sequence[Request], table: StepCostTable) -> bool:
-        best = max(self._rate(request) for request in requests)
-        return drafts_may_pay(len(requests), best, self.config.num_speculative_tokens, table, self.head_cost)
+    def _step_prior(self, requests: Sequence[Request], table: StepCostTable) -> StepPrior:
+        """The step's prior from the server-wide estimate, where drafts may pay for some request (its own
+        acceptance so far, from that prior)."""
+        num_drafts, head = self.config.num_speculative_tokens, self.head_cost
 
-    def _rate(self, request: Request) -> float:
+        def pays(prior: float) -> bool:
+            best = max(self._rate(request, prior) for request in requests)
+            return drafts_may_pay(len(requests), best, num_drafts, table, head)
+
+        return self.estimate.step_prior(pays)
+
+    def _rate(self, request: Request, prior: float) -> float:
         state = self._states.get(request)
-        return (state.acceptance if state is not None else _PRIOR).rate
+        return (state.acceptance if state is not None else _NO_DRAFTS_YET).rate(prior)
 
     def observe(self, plan: StepPlan, aux_hidden: torch.Tensor) -> None:
         """A step's auxiliary hidden states [its tokens, 3 * H] (EAGLE-3), rows in chunk order: each request
@@ -117,11 +133,15 @@ class Speculator:
         self._forget_finished()
         eligible = [chunk for chunk in plan.chunks if _may_draft(chunk)]
         table = self.config.step_cost
-        if self.head_cost is not None and table is not None and eligible:  # (the head's time is spent proposing)
-            if not self._drafts_may_pay([chunk.request for chunk in eligible], table):
-                return
+        if table is None or not eligible:  # (without a table every proposal is verified: TGI's fixed N)
+            step = StepPrior(self.estimate.rate, drafts=table is None)
+        else:
+            step = self._step_prior([chunk.request for chunk in eligible], table)
+        self.estimate.end_step(step)  # (once per step: here, or in `may_pay` where it turned drafts off)
+        if self.head_cost is not None and not step.drafts:  # (the head's time is spent proposing)
+            return
         if eligible and len(eligible) == len(plan.chunks) <= self.config.uniform_max_batch:
-            self._add_uniform_drafts(plan, pool)
+            self._add_uniform_drafts(plan, pool, step.rate)
             return
         chosen = list(zip(eligible, self._propose_all(eligible)))
         chosen = [(chunk, drafts) for chunk, drafts in chosen if drafts]
@@ -130,7 +150,7 @@ class Speculator:
         caps = [len(drafts) for _, drafts in chosen]
         lengths = caps
         if table is not None:
-            rates = [self._states[chunk.request].acceptance.rate for chunk, _ in chosen]
+            rates = [self._rate(chunk.request, step.rate) for chunk, _ in chosen]
             others = sum(c.num_tokens for c in plan.chunks) - len(chosen)
             num_sampled_others = sum(c.is_sampled for c in plan.chunks) - len(chosen)
             lengths = choose_draft_lengths(rates, caps, table, others, num_sampled_others, self.head_cost)
@@ -140,20 +160,20 @@ class Speculator:
                 continue
             self._grow(chunk, drafts[:num], min(num, self._states[chunk.request].num_proposed), pool)
 
-    def _add_uniform_drafts(self, plan: StepPlan, pool: KVSlotPool) -> None:
+    def _add_uniform_drafts(self, plan: StepPlan, pool: KVSlotPool, prior: float) -> None:
         """Every chunk of the plan may draft: one length k for all (a verify graph's shape), or none."""
         chunks, table = plan.chunks, self.config.step_cost
         max_length = min(self.config.num_speculative_tokens, *(self._room(chunk.request) for chunk in chunks))
         asked = None
         if self.head_cost is not None and table is not None:  # a head drafts what it is asked: ask for k only
-            rates = [self._rate(chunk.request) for chunk in chunks]
+            rates = [self._rate(chunk.request, prior) for chunk in chunks]
             asked = choose_uniform_draft_length(rates, [max_length] * len(chunks), max_length, table, self.head_cost)
             if asked <= 0:
                 return
             max_length = asked
         proposals = self._propose_all(chunks, asked)
         caps = [self._states[chunk.request].num_proposed for chunk in chunks]
-        rates = [self._states[chunk.request].acceptance.rate for chunk in chunks]
+        rates = [self._rate(chunk.request, prior) for chunk in chunks]
         k = choose_uniform_draft_length(rates, caps, max_length, table, self.head_cost)
         if k <= 0 or pool.num_free_slots - k * len(chunks) < len(chunks):  # (a slot each for the next step)
             return
@@ -188,6 +208,7 @@ class Speculator:
         # the policy learns from the proposer's drafts only (a padding draft says nothing of its rate)
         num_proposed = min(state.num_proposed, len(drafts))
         state.acceptance.record(num_proposed, min(accepted, num_proposed))
+        self.estimate.record(num_proposed, min(accepted, num_proposed))
         counters = self.counters
         counters.num_drafts += 1
         counters.num_draft_tokens += len(drafts)

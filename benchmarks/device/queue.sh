@@ -32,7 +32,7 @@ for name in "$@"; do
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;
     mixed) part mixed 200 python3 -m benchmarks.device.mixed_step ;;
-    spec) part spec 300 python3 -m benchmarks.device.speculative ;;
+    spec) part spec 420 python3 -m benchmarks.device.speculative ;;
     eagle3) part eagle3 240 python3 -m benchmarks.device.speculative --method eagle3 --plain-from "$OUT/speculative.json" ;;
     *) echo "unknown part: $name"; exit 2 ;;
   esac

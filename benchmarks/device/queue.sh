@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl mixed lora vl diverse diverse32 spec eagle3 (itl: the plain rows at
+# Parts: tests-a tests-b plain itl mixed lora vl vision diverse diverse32 spec eagle3 (itl: the plain rows at
 # --max-mixed-prefill-tokens 128, 256; eagle3 after spec in the same call: it reuses spec's plain rows).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
 set -u
@@ -29,6 +29,7 @@ for name in "$@"; do
          done ;;
     lora) part lora 330 python3 -m benchmarks.device.lora ;;
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
+    vision) part vision 200 python3 -m benchmarks.device.vision_encoder ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;
     mixed) part mixed 200 python3 -m benchmarks.device.mixed_step ;;

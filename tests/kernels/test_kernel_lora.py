@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.fused import fused_block_n, lora_fused, lora_fused_ref
+from tgi_compat.kernels.lora.fused import LoraPair, fused_block_n, lora_fused, lora_fused_ref
 from tgi_compat.kernels.lora.shrink import (
     NO_PROLOGUE,
     ShrinkPrologue,
@@ -161,8 +161,8 @@ def _check_fused(request_slots: list[int], prologue: str, size_in: int, slices: 
     base = torch.randn(rows, out_size)
     out, out_ref, out_two = base.clone(), base.clone(), base.clone()
     ends = tuple(start + size for start, size in slices)
-    lora_fused(out, x, a, b, step, ends, pro)
-    lora_fused_ref(out_ref, x, a, b, step, ends, pro)
+    lora_fused(out, x, LoraPair(a, b, ends), step, pro)
+    lora_fused_ref(out_ref, x, LoraPair(a, b, ends), step, pro)
     lora_expand(out_two, lora_shrink(x, a, step, pro), b, step, ends)
     torch.testing.assert_close(out, out_ref, **TOL)
     torch.testing.assert_close(out, out_two, **TOL)

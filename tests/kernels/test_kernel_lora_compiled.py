@@ -34,7 +34,7 @@ for rows, k, prologue, ends in ((1, 4096, "norm", (4096, 5120, 6144)), (8, 4096,
     a, b = torch.zeros(8, 16 * len(ends), k, dtype=torch.bfloat16), torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
     out = torch.zeros(rows, ends[-1], dtype=torch.bfloat16)
     pro = sh.ShrinkPrologue(torch.ones(k, dtype=torch.bfloat16), 1e-5) if prologue == "norm" else sh.ShrinkPrologue(silu_mul=prologue == "silu_mul")
-    ptx = compiled_ptx(fu._lora_fused_kernel, lambda: fu.lora_fused(out, x, a, b, step, ends, pro))
+    ptx = compiled_ptx(fu._lora_fused_kernel, lambda: fu.lora_fused(out, x, fu.LoraPair(a, b, ends), step, pro))
     found[f"fused {rows}x{k} {len(ends)} slices"] = dict(ptx=len(ptx) > 0, atomics=bool(re.search(r"\b(atom|red)\.global", ptx)))
 print(json.dumps(found))
 """

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.device.engine_load import Stream, random_prompts, request, stream
-from benchmarks.device.lora_kernels import ADAPTERS, RANK, kernel_times, log
+from benchmarks.device.lora_kernels import ADAPTERS, RANK, kernel_times, log, print_spans_sweep
 from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.device.tp import write_config_folder
@@ -294,6 +294,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     report["table"] = [dict(measure=w, value=v, bar=b, met=m) for w, v, b, m in rows]
     write_json(out_path("bench_lora.json"), report)
     print_table(rows, report["lora_off"], report["lora_on"])
+    print_spans_sweep(report["kernels"])
     return report
 
 

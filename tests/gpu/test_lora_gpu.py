@@ -58,11 +58,11 @@ def test_kernels_match_their_references_at_llama3_8b_shapes(name, rows):
     assert torch.equal(case.out[is_base], base[is_base])
 
 
-@pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize("rows, spans", [(1, None), (8, None), (16, None), (1, 128)])
 @pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down"])
-def test_fused_kernel_matches_its_reference_and_the_two_kernels_at_llama3_8b_shapes(name, rows):
+def test_fused_kernel_matches_its_reference_and_the_two_kernels_at_llama3_8b_shapes(name, rows, spans):
     """With the prologue serving gives each projection: the norm before q|k|v and gate|up, SiLU-and-mul before
-    down, none before o."""
+    down, none before o; spans: fused_spans's pick, or 128 (the benchmark's sweep goes that far)."""
     torch.manual_seed(0)
     size_in, slice_outs = fused_projections(LLAMA3_8B)[name]
     slots = row_slots(rows, 8, base_every=3 if rows > 1 else 0)
@@ -74,11 +74,11 @@ def test_fused_kernel_matches_its_reference_and_the_two_kernels_at_llama3_8b_sha
     base = case.out.clone()
     fused, ref, two = base.clone(), base.clone(), base.clone()
     pair = LoraPair(case.a, case.b, case.slice_ends)
-    lora_fused(fused, x, pair, case.step, prologue)
+    lora_fused(fused, x, pair, case.step, prologue, spans)
     lora_fused_ref(ref, x, pair, case.step, prologue)
     lora_expand(two, lora_shrink(x, case.a, case.step, prologue), case.b, case.step, case.slice_ends)
     err, err_two = rel_err(fused - base, ref - base), rel_err(fused - base, two - base)
-    print(f"{name} rows={rows}: fused delta rel err {err:.2e} (vs the two kernels {err_two:.2e})")
+    print(f"{name} rows={rows} spans={spans}: fused delta rel err {err:.2e} (vs the two kernels {err_two:.2e})")
     assert err < 1e-2 and err_two < 1e-2  # the bf16 output's roundings
     is_base = (slots < 0).cuda()
     assert torch.equal(fused[is_base], base[is_base])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.fused import LoraPair, fused_block_n, lora_fused, lora_fused_ref
+from tgi_compat.kernels.lora.fused import LoraPair, fused_block_n, fused_spans, lora_fused, lora_fused_ref
 from tgi_compat.kernels.lora.shrink import (
     NO_PROLOGUE,
     ShrinkPrologue,
@@ -145,12 +145,24 @@ def test_fused_slices(slices):
         _check_fused([3, 0, -1, 1, 3], "norm", 40, slices)
 
 
-def test_fused_tiles_spread_one_row_over_the_sms():
-    assert fused_block_n(1, 8, 6144) == 64 and fused_block_n(1, 8, 28672) == 256 and fused_block_n(1, 8, 4096) == 32
-    assert fused_block_n(8, 8, 6144) == 256 and fused_block_n(16, 4, 80) == 32
+def test_fused_spans_keep_the_reads_of_a_within_budget():
+    slice_bytes = 16 * 4096 * 2  # r = 16, K = 4096, bf16
+    assert fused_spans(1, 8, slice_bytes, 6144) == 32 and fused_spans(8, 8, slice_bytes, 6144) == 4
+    assert fused_spans(1, 8, 16 * 14336 * 2, 4096) == 9 and fused_spans(16, 4, slice_bytes, 80) == 3
+    assert fused_spans(1, 8, 64 << 20, 4096) == 1
+    assert fused_block_n(192) == 128 and fused_block_n(20) == 32 and fused_block_n(3) == 16
 
 
-def _check_fused(request_slots: list[int], prologue: str, size_in: int, slices: list[tuple[int, int]]) -> None:
+@pytest.mark.parametrize("spans", [1, 2, 3, 7])  # one program for all columns; spans ending inside a tile or slice
+def test_fused_spans_of_any_width(spans):
+    torch.manual_seed(5)
+    with torch.device(DEV):
+        _check_fused([3, 0, -1, 1, 3, 0], "silu_mul", 40, QKV_LIKE, spans)
+
+
+def _check_fused(
+    request_slots: list[int], prologue: str, size_in: int, slices: list[tuple[int, int]], spans: int | None = None
+) -> None:
     step = _step(request_slots, [1] * len(request_slots))
     rows, rank, out_size = len(request_slots), 24, slices[-1][0] + slices[-1][1]
     x = torch.randn(rows, 2 * size_in if prologue == "silu_mul" else size_in)
@@ -161,7 +173,7 @@ def _check_fused(request_slots: list[int], prologue: str, size_in: int, slices: 
     base = torch.randn(rows, out_size)
     out, out_ref, out_two = base.clone(), base.clone(), base.clone()
     ends = tuple(start + size for start, size in slices)
-    lora_fused(out, x, LoraPair(a, b, ends), step, pro)
+    lora_fused(out, x, LoraPair(a, b, ends), step, pro, spans)
     lora_fused_ref(out_ref, x, LoraPair(a, b, ends), step, pro)
     lora_expand(out_two, lora_shrink(x, a, step, pro), b, step, ends)
     torch.testing.assert_close(out, out_ref, **TOL)

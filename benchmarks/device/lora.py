@@ -54,12 +54,13 @@ class Sizes:
     kernel_rows: tuple[int, ...]
     kernel_dtype: torch.dtype  # (Triton's interpreter on the CPU: float32)
     decoding_after_s: float  # when the 64 streams' prefill is over (H200: 4 chunks of 4096 tokens, ~0.3 s)
+    window_tokens: int  # each stream's output in load_while_streaming (on the CPU: enough to outlast the load)
 
 
 GPU = Sizes(LLAMA3_8B, 64, prompt_len=256, new_tokens=256, kernel_rows=(1, 8, 64), kernel_dtype=torch.bfloat16,
-            decoding_after_s=0.8)  # fmt: skip
+            decoding_after_s=0.8, window_tokens=256)  # fmt: skip
 CPU = Sizes(LLAMA3_TINY, 4, prompt_len=16, new_tokens=8, kernel_rows=(1, 3), kernel_dtype=torch.float32,
-            decoding_after_s=0.0)  # fmt: skip
+            decoding_after_s=0.0, window_tokens=16)  # fmt: skip
 
 
 # ---- 2. engine ---------------------------------------------------------------------------------------------------
@@ -85,7 +86,9 @@ async def batch_one_ms(client: ZmqEngineClient, prompt: list[int], new_tokens: i
 def engine_config(
     model_dir: Path, sizes: Sizes, device: str, adapters: list[LoraSource] | None, quantize: str | None = None
 ) -> EngineConfig:
-    config = EngineConfig(model_id=str(model_dir), max_total_tokens=sizes.prompt_len + sizes.new_tokens + 16)
+    config = EngineConfig(
+        model_id=str(model_dir), max_total_tokens=sizes.prompt_len + max(sizes.new_tokens, sizes.window_tokens) + 16
+    )
     config.load_format, config.quantize = "dummy", quantize
     # CUDA graphs up to the streams' batch; one more request may run (load_while_streaming's late one)
     config.max_running_requests = sizes.streams + 1
@@ -187,7 +190,7 @@ async def late_request_window(
     folder None: one loaded already, no load) and a request of it sent (prompts[-1], not a stream's: no cached
     prefix). The window: from the load's start until that request's last token, or window_s long."""
     name, folder = late
-    running = asyncio.ensure_future(run_streams(client, prompts[:-1], sizes.new_tokens, adapters))
+    running = asyncio.ensure_future(run_streams(client, prompts[:-1], sizes.window_tokens, adapters))
     await asyncio.sleep(sizes.decoding_after_s)  # the streams' prefill is over, their decode well under way
     began = time.perf_counter()
     if folder is not None:

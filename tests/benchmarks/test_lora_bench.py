@@ -19,10 +19,20 @@ def test_lora_benchmark_smoke_run(tmp_path: Path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "bench_lora.json").read_text())
-    assert [k["rows"] for k in report["kernels"]] == [1, 3]
+    assert [k["rows"] for k in report["kernels"]] == [1, 3] and all("fused_step_us" in k for k in report["kernels"])
     values = {row["measure"]: row["value"] for row in report["table"]}
-    assert len(values) == 10 and all(math.isfinite(v) for v in values.values()), values
-    assert report["fp8_lora_on"]["spread_tok_s"] > 0
     on = report["lora_on"]
+    not_finite = [what for what, value in values.items() if not math.isfinite(value)]
+    # a CPU shared with other work may stall the streams through the whole window without a load (on a GPU:
+    # hundreds of gaps): no gap there, nothing to compare with
+    without_load = [
+        "... the same window without the load (ms)",
+        "... longest gap, with the load - without (ms)",
+        "... p99 gap with the load / without",
+    ]
+    assert len(values) == 16 and not_finite in ([], without_load if on["noload_gaps"] == 0 else []), (not_finite, on)
+    assert report["fp8_lora_on"]["spread_tok_s"] > 0
     assert on["spread_tok_s"] > 0 and on["late_ready_s"] > 0 and on["late_first_token_s"] >= on["late_ready_s"]
+    # the window without a load is as long as the one with it
+    assert on["noload_window_s"] == on["late_window_s"] and on["late_gaps"] > 0 and on["noload_ready_s"] < 0.1
     assert "| batch-1 time per token, adapter / base |" in done.stdout

@@ -1,7 +1,9 @@
 """LoRA on the GPU (marker `gpu`; skipped without CUDA): the shrink and expand kernels against their references
-at Llama-3-8B's projections (bf16, r = 16, 8 slots) for 1, 8 and 64 rows of mixed slots and base rows; and LoRA
+at Llama-3-8B's projections (bf16, r = 16, 8 slots) for 1, 8 and 64 rows of mixed slots and base rows, the fused
+kernel of few rows (with serving's prologues) for 1, 8 and 16 against its reference and the two kernels; and LoRA
 decode steps replayed from the CUDA graphs equal the eager LoRA steps (a small random Llama in float32, three
-adapters and base rows in one batch, an adapter copied into a slot after the capture).
+adapters and base rows in one batch, an adapter copied into a slot after the capture; these decode batches of
+<= 16 rows take the fused kernel, captured in the graph).
 
 Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_lora_gpu.py
 """
@@ -11,14 +13,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.device.lora import LoraCase, fused_projections, lora_call, lora_case, row_slots
+from benchmarks.device.lora_kernels import Kernels, LoraCase, fused_projections, lora_call, lora_case, row_slots
 from benchmarks.device.overlap import TINY_LLAMA
 from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.steps import build_runner, decode_batch, hf_model, prefill_batch
 from benchmarks.shapes import LLAMA3_8B
-from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+from tgi_compat.kernels.lora.expand import lora_expand
+from tgi_compat.kernels.lora.fused import LoraPair, lora_fused, lora_fused_ref
+from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.forward_batch import LoraBatch
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
+from tgi_compat.modeling.lora.layer_ops import SILU_MUL
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -45,12 +50,38 @@ def test_kernels_match_their_references_at_llama3_8b_shapes(name, rows):
     assert err < 1e-3  # bf16 products are exact, float32 sums (split over K) in another order
     expected = base.clone()
     lora_call(case)()
-    lora_call(LoraCase(case.x, case.a, case.b, expected, step, case.slice_ends), kernels=False)()
+    lora_call(LoraCase(case.x, case.a, case.b, expected, step, case.slice_ends), Kernels.REFERENCE)()
     err = rel_err(case.out - base, expected - base)
     print(f"{name} rows={rows}: shrink+expand delta rel err {err:.2e}")
     assert err < 1e-2  # the bf16 output's roundings
     is_base = (slots < 0).cuda()
     assert torch.equal(case.out[is_base], base[is_base])
+
+
+@pytest.mark.parametrize("rows, spans", [(1, None), (8, None), (16, None), (1, 128)])
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down"])
+def test_fused_kernel_matches_its_reference_and_the_two_kernels_at_llama3_8b_shapes(name, rows, spans):
+    """With the prologue serving gives each projection: the norm before q|k|v and gate|up, SiLU-and-mul before
+    down, none before o; spans: fused_spans's pick, or 128 (the benchmark's sweep goes that far)."""
+    torch.manual_seed(0)
+    size_in, slice_outs = fused_projections(LLAMA3_8B)[name]
+    slots = row_slots(rows, 8, base_every=3 if rows > 1 else 0)
+    with torch.device("cuda"):
+        case = lora_case(size_in, slice_outs, slots, 8, 16, torch.bfloat16)
+        x = torch.randn(rows, 2 * size_in, dtype=torch.bfloat16) if name == "down" else case.x
+        norm = ShrinkPrologue(torch.rand(size_in, dtype=torch.bfloat16) + 0.5, 1e-5)
+    prologue = {"qkv": norm, "gate_up": norm, "down": SILU_MUL}.get(name, NO_PROLOGUE)
+    base = case.out.clone()
+    fused, ref, two = base.clone(), base.clone(), base.clone()
+    pair = LoraPair(case.a, case.b, case.slice_ends)
+    lora_fused(fused, x, pair, case.step, prologue, spans)
+    lora_fused_ref(ref, x, pair, case.step, prologue)
+    lora_expand(two, lora_shrink(x, case.a, case.step, prologue), case.b, case.step, case.slice_ends)
+    err, err_two = rel_err(fused - base, ref - base), rel_err(fused - base, two - base)
+    print(f"{name} rows={rows} spans={spans}: fused delta rel err {err:.2e} (vs the two kernels {err_two:.2e})")
+    assert err < 1e-2 and err_two < 1e-2  # the bf16 output's roundings
+    is_base = (slots < 0).cuda()
+    assert torch.equal(fused[is_base], base[is_base])
 
 
 @torch.inference_mode()

@@ -51,8 +51,10 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.sampling.grammar_apply",
     "tgi_compat.kernels.sampling.grammar_confine",
     "tgi_compat.kernels.sampling.greedy_pick",
+    "tgi_compat.kernels.lora.tiles",
     "tgi_compat.kernels.lora.shrink",
     "tgi_compat.kernels.lora.expand",
+    "tgi_compat.kernels.lora.fused",
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "tgi_compat.modeling.attention.triton_backend",
     "tgi_compat.modeling.layers.triton_ops",

@@ -197,3 +197,33 @@ async def test_the_in_process_client_loads_and_unloads(engine, folders):
         assert unknown.value.not_found
     finally:
         await client.shutdown()
+
+
+@pytest.mark.parametrize("room", [False, True], ids=["at-the-cap", "room-for-one"])
+def test_a_late_adapter_request_waits_only_for_the_running_cap(engine, room):
+    """benchmarks/device/lora.py's late request (a first token 2.6 s after its adapter was ready): the engine
+    admits an adapter's request beside the running ones as soon as a slot of it is free, and only
+    --max-batch-size (max_running_requests) makes it wait, for a running request to finish."""
+    limits = engine.scheduler.limits
+    admission = dataclasses.replace(limits.admission, max_running_requests=2 + room)
+    engine.scheduler.limits = dataclasses.replace(limits, admission=admission)
+    try:
+        for i in range(2):
+            engine.add_request(
+                GenerateRequest(f"cap-{room}-{i}", SMOLLM2_PROMPTS[i], max_new_tokens=3 * MAX_NEW, ignore_eos=True)
+            )
+        engine.step()
+        engine.add_request(
+            GenerateRequest(f"cap-{room}-late", [1, 2, 3], max_new_tokens=MAX_NEW, ignore_eos=True, adapter_id="a3")
+        )
+        finished: set[str] = set()
+        first_late_token_after: set[str] | None = None
+        while engine.has_unfinished():
+            for event in engine.step():
+                if event.request_id.endswith("late") and event.token_ids and first_late_token_after is None:
+                    first_late_token_after = set(finished)
+                if event.finish_reason is not None:
+                    finished.add(event.request_id)
+        assert first_late_token_after == (set() if room else {f"cap-{room}-0", f"cap-{room}-1"})
+    finally:
+        engine.scheduler.limits = limits

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
+from tgi_compat.kernels.lora.tiles import add_into, segment_rows
 
 
 @triton.jit
@@ -40,9 +41,7 @@ def _lora_expand_kernel(
     num_tokens = tl.load(seg_len_ptr + slot)
     if tl.program_id(0) * BLOCK_M < num_tokens:
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < num_tokens
-        rows = tl.load(seg_start_ptr + slot) + offs_m
-        tokens = tl.load(order_ptr + rows, mask=mask_m, other=0)
+        mask_m, rows, tokens = segment_rows(order_ptr, seg_start_ptr, slot, offs_m, num_tokens)
         offs_r = tl.arange(0, BLOCK_R)
         mask_r = offs_r < R
         offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -64,11 +63,7 @@ def _lora_expand_kernel(
             for part in range(num_parts):
                 shrunk += tl.load(shrunk_ptrs + part * stride_s_part + s * R, mask=mask_s, other=0.0)
             delta += tl.where(column_slice[None, :] == s, tl.dot(shrunk, b), 0.0)  # [BLOCK_M, BLOCK_N]
-        # each token sits in one segment: no other program touches its row
-        out_ptrs = out_ptr + tokens[:, None] * stride_o + offs_n[None, :]
-        mask = mask_m[:, None] & mask_n[None, :]
-        base = tl.load(out_ptrs, mask=mask, other=0.0)
-        tl.store(out_ptrs, (base.to(tl.float32) + delta).to(out_ptr.dtype.element_ty), mask=mask)
+        add_into(out_ptr, tokens, offs_n, mask_m, mask_n, stride_o, delta)
 
 
 def lora_expand(

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
+from tgi_compat.kernels.lora.tiles import prologue_tile, row_inv_rms, segment_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +60,7 @@ def _lora_shrink_kernel(
         pid_n = tl.program_id(2) // SPLIT_K
         pid_k = tl.program_id(2) % SPLIT_K
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < num_tokens
-        rows = tl.load(seg_start_ptr + slot) + offs_m
-        tokens = tl.load(order_ptr + rows, mask=mask_m, other=0)
+        mask_m, rows, tokens = segment_rows(order_ptr, seg_start_ptr, slot, offs_m, num_tokens)
         x_rows = x_ptr + tokens[:, None] * stride_x
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
@@ -70,17 +69,10 @@ def _lora_shrink_kernel(
         # this program's share of K: whole BLOCK_Ks, interleaved with the other splits'
         for k in range(pid_k * BLOCK_K, K, SPLIT_K * BLOCK_K):
             offs_k = k + tl.arange(0, BLOCK_K)
-            mask_k = offs_k < K
-            mask_x = mask_m[:, None] & mask_k[None, :]
-            x = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0).to(tl.float32)
-            if SILU_MUL:
-                up = tl.load(x_rows + K + offs_k[None, :], mask=mask_x, other=0.0).to(tl.float32)
-                x = x / (1.0 + tl.exp(-x)) * up
-            if NORM:
-                x = x * tl.load(norm_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
+            x = prologue_tile(x_rows, norm_ptr, offs_k, mask_m, K, NORM, SILU_MUL)
             a = tl.load(
                 a_base + offs_n[None, :] * stride_a_row + offs_k[:, None],
-                mask=mask_n[None, :] & mask_k[:, None],
+                mask=mask_n[None, :] & (offs_k < K)[:, None],
                 other=0.0,
             )
             # the weights' dtype on the tensor cores (bf16 in serving), accumulated in float32
@@ -88,12 +80,7 @@ def _lora_shrink_kernel(
         if NORM:
             # the whole row's mean square (each split reads the row again: a few KB from L2 at decode sizes),
             # so that every split's partial sum is already normed
-            sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for k in range(0, K, BLOCK_K):
-                offs_k = k + tl.arange(0, BLOCK_K)
-                x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-                sum_sq += tl.sum(x.to(tl.float32) * x.to(tl.float32), axis=1)
-            acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
+            acc *= row_inv_rms(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K)[:, None]
         out_ptrs = out_ptr + pid_k * stride_o_split + rows[:, None] * stride_o + offs_n[None, :]
         tl.store(out_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
 

@@ -16,14 +16,13 @@ mixed steps, or a cheaper mixed attention.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from functools import partial
 
 import torch
 
 from benchmarks.device.steps import build_runner, capture_graphs, decode_batch, fill_context, random_weights
-from benchmarks.device.timing import log, out_path, write_json
+from benchmarks.device.timing import log, out_path, timer, write_json
 from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
 from tgi_compat.modeling.forward_batch import ForwardBatch, build_forward_batch
 from tgi_compat.modeling.runner import ModelRunner
@@ -48,25 +47,6 @@ def prompt_batch(runner: ModelRunner, rows: int, chunk: int, max_len: int, vocab
     ids = torch.randint(0, vocab, (chunk,)).tolist()
     slots = [rows * max_len + p for p in range(chunk)]
     return build_forward_batch(ids, [rows], [chunk], [chunk], slots, [chunk - 1], device=runner.device)
-
-
-def wall_ms(device: torch.device, run: Callable[[], object], reps: int) -> float:
-    """Mean ms of `run` on the device's timeline (CUDA events), or on the host's clock off CUDA."""
-    for _ in range(2):
-        run()
-    if device.type != "cuda":
-        start = time.perf_counter()
-        for _ in range(reps):
-            run()
-        return (time.perf_counter() - start) * 1e3 / reps
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def kernel_ms(device: torch.device, run: Callable[[], object], reps: int) -> float | None:
@@ -96,12 +76,13 @@ def measure(model: dict, dtype: str, device: str, rows: int, chunks: list[int], 
             torch.randint(0, vocab, (rows,), device=dev), torch.full((rows,), CONTEXT + 1, device=dev), max_len
         )
         report: dict = dict(rows=rows, context=CONTEXT, dtype=dtype, chunks={})
+        wall_ms = timer(dev.type, reps)
         if dev.type == "cuda":
             graphs = capture_graphs(runner, [rows])
-            report["decode_graph_ms"] = wall_ms(dev, lambda: graphs.replay(decode), reps)
+            report["decode_graph_ms"] = wall_ms(lambda: graphs.replay(decode))
             del graphs
         eager = mixed_batch(runner, rows, 0, max_len, vocab)
-        report["decode_eager_ms"] = wall_ms(dev, lambda: runner.forward(eager), reps)
+        report["decode_eager_ms"] = wall_ms(lambda: runner.forward(eager))
         report["decode_eager_kernel_ms"] = kernel_ms(dev, lambda: runner.forward(eager), reps)
         first = mixed_batch(runner, rows, chunks[0], max_len, vocab)
         # the decode rows' logits do not depend on the prompt beside them (a check that the batch is what it says)
@@ -112,9 +93,9 @@ def measure(model: dict, dtype: str, device: str, rows: int, chunks: list[int], 
             alone = prompt_batch(runner, rows, chunk, max_len, vocab)
             run_mixed, run_alone = partial(runner.forward, mixed), partial(runner.forward, alone)
             report["chunks"][chunk] = dict(
-                mixed_ms=wall_ms(dev, run_mixed, reps),
+                mixed_ms=wall_ms(run_mixed),
                 mixed_kernel_ms=kernel_ms(dev, run_mixed, reps),
-                prompt_alone_ms=wall_ms(dev, run_alone, reps),
+                prompt_alone_ms=wall_ms(run_alone),
             )
             log(f"P={chunk}: {report['chunks'][chunk]}")
     return report

@@ -97,3 +97,29 @@ def replay_us(calls: list[Callable[[], object]], reps: int = 20, warm_replays: i
     end.record()
     torch.cuda.synchronize()
     return 1e3 * start.elapsed_time(end) / reps / len(calls)
+
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+def timer(device: str, reps: int) -> Timer:
+    """ms per call: CUDA events around `reps` calls after two warm-up calls (compiles, autotuning, allocator)."""
+
+    def cuda_ms(fn: Callable[[], object]) -> float:
+        fn()
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / reps
+
+    def wall_ms(fn: Callable[[], object]) -> float:  # the smoke run: one call
+        begin = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - begin)
+
+    return cuda_ms if device == "cuda" else wall_ms

@@ -22,13 +22,15 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from benchmarks.device.timing import Timer
+
 # nothing here imports Triton at module level: the smoke run sets TRITON_INTERPRET first, which Triton reads on import
 
-Timer = Callable[[Callable[[], object]], float]
 TILES: list[tuple[int, int, int, int]] = [
     (64, 64, 4, 2),
     (64, 64, 4, 3),
@@ -37,29 +39,6 @@ TILES: list[tuple[int, int, int, int]] = [
     (128, 64, 4, 2),
     (128, 32, 8, 3),
 ]
-
-
-def timer(device: str, reps: int) -> Timer:
-    """ms per call: CUDA events around `reps` calls after two warm-up calls (compiles, autotuning, allocator)."""
-
-    def cuda_ms(fn: Callable[[], object]) -> float:
-        fn()
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / reps
-
-    def wall_ms(fn: Callable[[], object]) -> float:  # the smoke run: one call
-        begin = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - begin)
-
-    return cuda_ms if device == "cuda" else wall_ms
 
 
 def build(preset: str, device: str, dtype: torch.dtype) -> tuple[Any, tuple[int, int]]:
@@ -349,7 +328,7 @@ def main() -> None:
     preset, size = args.preset or ("tiny" if cpu else "7b"), args.size or (112 if cpu else 1024)
     dtype = getattr(torch, args.dtype or ("float32" if cpu else "bfloat16"))
     names = (args.backends or ("sdpa,triton" if cpu else "triton,flash,sdpa")).split(",")
-    from benchmarks.device.timing import out_path, write_json
+    from benchmarks.device.timing import out_path, timer, write_json
 
     time_ms = timer(args.device, args.reps)
     start = time.perf_counter()

@@ -4,17 +4,12 @@ shapes) each match the reference and are timed chunked and global, and the table
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+
+from tests.benchmarks.smoke import smoke_run
 
 
 def test_chunked_attention_benchmark_smoke_run(tmp_path):
-    command = [sys.executable, "-m", "benchmarks.device.chunked_attention", "--device", "cpu"]
-    done = subprocess.run(
-        command, env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = smoke_run("chunked_attention", tmp_path)
     report = json.loads((tmp_path / "chunked_attention.json").read_text())
     assert [case["kind"] for case in report["cases"]] == ["decode", "decode", "prefill"]
     assert all(case["rel_diff"] < 1e-5 and case["chunked_us"] > 0 for case in report["cases"])

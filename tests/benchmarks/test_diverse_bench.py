@@ -5,17 +5,13 @@ JSON."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+
+from tests.benchmarks.smoke import smoke_run
 
 
 def test_diverse_benchmark_smoke_run(tmp_path):
-    command = [sys.executable, "-m", "benchmarks.device.diverse", "--device", "cpu", "--groups", "1"]
-    command += ["--engine-groups", "1", "--new-tokens", "3", "--work-dir", str(tmp_path)]
-    env = {**os.environ, "OUT": str(tmp_path / "out")}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=500)
-    assert done.returncode == 0, done.stderr[-3000:]
+    args = ["--groups", "1", "--engine-groups", "1", "--new-tokens", "3", "--work-dir", str(tmp_path)]
+    done = smoke_run("diverse", tmp_path / "out", *args, timeout=500)
     report = json.loads((tmp_path / "out" / "diverse.json").read_text())
     check = report["check"]  # diverse off vs on in-process: same tokens, the 8 siblings grouped
     assert check["identical"] == check["requests"] == 11 and check["largest_group"] == 8, check

@@ -4,17 +4,12 @@ chunk mixed in, every chunk size is timed mixed and alone, and the table and the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+
+from tests.benchmarks.smoke import smoke_run
 
 
 def test_mixed_step_benchmark_smoke_run(tmp_path):
-    command = [sys.executable, "-m", "benchmarks.device.mixed_step", "--device", "cpu"]
-    done = subprocess.run(
-        command, env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = smoke_run("mixed_step", tmp_path)
     report = json.loads((tmp_path / "mixed_step.json").read_text())
     assert report["decode_rows_rel_diff"] < 1e-5
     assert sorted(report["chunks"]) == ["16", "8"]

@@ -5,17 +5,12 @@ run, and the table and the JSON are written."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+
+from tests.benchmarks.smoke import smoke_run
 
 
 def test_vision_encoder_benchmark_smoke_run(tmp_path):
-    command = [sys.executable, "-m", "benchmarks.device.vision_encoder", "--device", "cpu", "--reps", "1"]
-    done = subprocess.run(
-        command, env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = smoke_run("vision_encoder", tmp_path, "--reps", "1")
     report = json.loads((tmp_path / "vision_encoder.json").read_text())
     assert report["grid"] == [1, 8, 8] and set(report["counts"]) == {"1", "2"}
     one = report["counts"]["1"]

@@ -76,8 +76,12 @@ def test_a_mixed_step_replayed_over_the_static_inputs_gives_its_eager_logits(tin
         assert runner.backend.metadata.num_decode_prefix == layout.bucket
         assert runner.backend.metadata.max_q_len == CAP + MAX_CHUNKS
     # the padding wrote only the reserved slot of the reserved row
-    assert set(graphs.out_slots[: layout.num_tokens].tolist()) - set(batch.out_slots.tolist()) <= {runner.num_kv_slots}
-    assert set(graphs.req_rows[: layout.num_requests].tolist()) - set(batch.req_rows.tolist()) <= {runner.max_rows}
+    assert set(graphs.inputs.out_slots[: layout.num_tokens].tolist()) - set(batch.out_slots.tolist()) <= {
+        runner.num_kv_slots
+    }
+    assert set(graphs.inputs.req_rows[: layout.num_requests].tolist()) - set(batch.req_rows.tolist()) <= {
+        runner.max_rows
+    }
 
 
 def test_a_second_step_after_a_larger_one_reads_no_stale_inputs(tiny_weights):

@@ -66,19 +66,33 @@ class StaticInputs:
 
     def batch(self, size: int, max_seq_len: int) -> ForwardBatch:
         q = self.tokens_per_row
-        num_tokens = size * q
+        mode = ForwardMode.DECODE if q == 1 else ForwardMode.EXTEND
+        return self.view(mode, size * q, size, size * q, q, max_seq_len)
+
+    def view(
+        self,
+        mode: ForwardMode,
+        num_tokens: int,
+        num_requests: int,
+        num_logits: int,
+        max_q_len: int,
+        max_seq_len: int,
+        decode_prefix: int | None = None,
+    ) -> ForwardBatch:
+        """The batch a graph records over the first tokens and requests of the buffers."""
         return ForwardBatch(
-            mode=ForwardMode.DECODE if q == 1 else ForwardMode.EXTEND,
+            mode=mode,
             input_ids=self.input_ids[:num_tokens],
             positions=self.positions[:num_tokens],
             out_slots=self.out_slots[:num_tokens],
-            req_rows=self.req_rows[:size],
-            q_start=self.q_start[:size],
-            q_lens=self.q_lens[:size],
-            kv_lens=self.kv_lens[:size],
-            logits_indices=self.logits_indices[:num_tokens],
-            max_q_len=q,
+            req_rows=self.req_rows[:num_requests],
+            q_start=self.q_start[:num_requests],
+            q_lens=self.q_lens[:num_requests],
+            kv_lens=self.kv_lens[:num_requests],
+            logits_indices=self.logits_indices[:num_logits],
+            max_q_len=max_q_len,
             max_kv_len=max_seq_len,  # graph-safe backends must not size anything from this
-            prefix_groups=None if self.prefix_table is None else PrefixGroups(self.prefix_table[:size]),
+            prefix_groups=None if self.prefix_table is None else PrefixGroups(self.prefix_table[:num_requests]),
             rope_positions=None if self.rope_positions is None else self.rope_positions[:, :num_tokens],
+            decode_prefix=decode_prefix,
         )

@@ -30,6 +30,7 @@ import torch
 
 from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs, PoolHandle
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.graph_inputs import StaticInputs
 
 logger = logging.getLogger(__name__)
 
@@ -102,16 +103,8 @@ class MixedCudaGraphs:
         self.pad_row, self.pad_slot = pad_row, pad_slot
         self.max_seq_len = max_seq_len
         self.device = torch.device(device)
-        max_tokens = self.batch_sizes[-1] + self.side_tokens
-        max_requests = self.batch_sizes[-1] + MAX_CHUNKS + 1
-
-        def zeros(n: int) -> torch.Tensor:
-            return torch.zeros(n, dtype=torch.int64, device=self.device)
-
-        self.input_ids, self.out_slots = zeros(max_tokens), zeros(max_tokens)
-        self.positions = zeros(max_tokens)
-        self.req_rows, self.q_lens, self.kv_lens, self.q_start = (zeros(max_requests) for _ in range(4))
-        self.logits_indices = zeros(max_requests)
+        # one token per request in the buffers' sizing: the request-side ones are longer than a bucket needs
+        self.inputs = StaticInputs.allocate(self.batch_sizes[-1] + self.side_tokens, 1, self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # [num_requests, vocab] logits written by each replay
 
@@ -142,20 +135,11 @@ class MixedCudaGraphs:
 
     def static_batch(self, bucket: int) -> ForwardBatch:
         """The batch a bucket's graph records, over the static inputs."""
-        num_tokens, num_requests = bucket + self.side_tokens, bucket + MAX_CHUNKS + 1
-        return ForwardBatch(
-            mode=ForwardMode.MIXED,
-            input_ids=self.input_ids[:num_tokens],
-            positions=self.positions[:num_tokens],
-            out_slots=self.out_slots[:num_tokens],
-            req_rows=self.req_rows[:num_requests],
-            q_start=self.q_start[:num_requests],
-            q_lens=self.q_lens[:num_requests],
-            kv_lens=self.kv_lens[:num_requests],
-            logits_indices=self.logits_indices[:num_requests],
-            max_q_len=self.side_tokens,  # the longest chunk-side request: the extend kernel's grid
-            max_kv_len=self.max_seq_len,  # graph-safe backends size nothing from this
-            decode_prefix=bucket,
+        num_requests = bucket + MAX_CHUNKS + 1
+        # max_q_len: the longest chunk-side request, which sizes the extend kernel's grid
+        tokens = bucket + self.side_tokens
+        return self.inputs.view(
+            ForwardMode.MIXED, tokens, num_requests, num_requests, self.side_tokens, self.max_seq_len, bucket
         )
 
     def load_inputs(self, batch: ForwardBatch) -> MixedLayout:
@@ -170,20 +154,25 @@ class MixedCudaGraphs:
             [tokens, requests, requests, requests, own_tokens, own_requests]
         )
         torch._foreach_copy_(
-            [self.positions[:tokens], self.q_lens[:requests], self.kv_lens[:requests], self.q_start[:requests]],
+            [
+                self.inputs.positions[:tokens],
+                self.inputs.q_lens[:requests],
+                self.inputs.kv_lens[:requests],
+                self.inputs.q_start[:requests],
+            ],
             [positions, q_lens, kv_lens, q_start],
         )
-        self.input_ids[:tokens] = 0
-        self.out_slots[:tokens] = self.pad_slot
-        self.req_rows[:requests] = self.pad_row
-        self.input_ids.index_copy_(0, token_dest, batch.input_ids)
-        self.out_slots.index_copy_(0, token_dest, batch.out_slots)
-        self.req_rows.index_copy_(0, request_dest, batch.req_rows)
+        self.inputs.input_ids[:tokens] = 0
+        self.inputs.out_slots[:tokens] = self.pad_slot
+        self.inputs.req_rows[:requests] = self.pad_row
+        self.inputs.input_ids.index_copy_(0, token_dest, batch.input_ids)
+        self.inputs.out_slots.index_copy_(0, token_dest, batch.out_slots)
+        self.inputs.req_rows.index_copy_(0, request_dest, batch.req_rows)
         # a chunk-side token's logits row moves with it (bucket - lead places on)
         shift = layout.bucket - layout.lead
         moved = torch.where(batch.logits_indices >= layout.lead, batch.logits_indices + shift, batch.logits_indices)
-        self.logits_indices[:requests] = 0
-        self.logits_indices[: moved.shape[0]] = moved
+        self.inputs.logits_indices[:requests] = 0
+        self.inputs.logits_indices[: moved.shape[0]] = moved
         return layout
 
     def load_padding(self, bucket: int) -> None:
@@ -195,14 +184,14 @@ class MixedCudaGraphs:
         q = pads + [1] * MAX_CHUNKS + [layout.side_tokens - MAX_CHUNKS]
         starts = torch.tensor(q).cumsum(0) - torch.tensor(q)
         positions = [0] * (bucket + MAX_CHUNKS) + list(range(q[-1]))
-        self.positions[:tokens] = torch.tensor(positions)
-        self.q_lens[:requests] = torch.tensor(q)
-        self.kv_lens[:requests] = torch.tensor(q)
-        self.q_start[:requests] = starts
-        self.input_ids[:tokens] = 0
-        self.out_slots[:tokens] = self.pad_slot
-        self.req_rows[:requests] = self.pad_row
-        self.logits_indices[:requests] = 0
+        self.inputs.positions[:tokens] = torch.tensor(positions)
+        self.inputs.q_lens[:requests] = torch.tensor(q)
+        self.inputs.kv_lens[:requests] = torch.tensor(q)
+        self.inputs.q_start[:requests] = starts
+        self.inputs.input_ids[:tokens] = 0
+        self.inputs.out_slots[:tokens] = self.pad_slot
+        self.inputs.req_rows[:requests] = self.pad_row
+        self.inputs.logits_indices[:requests] = 0
 
     def graph_step(self, bucket: int) -> Callable[[], torch.Tensor]:
         """What a bucket's graph records; run eagerly after `load_inputs` (the CPU tests) it computes a replay's logits."""

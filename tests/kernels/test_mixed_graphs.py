@@ -110,3 +110,13 @@ def test_steps_that_no_graph_holds_run_eager(tiny_weights):
     assert not graphs.can_run(dataclasses.replace(fits, q_lens_cpu=None))  # no host lengths: no layout
     prompt_scores = dataclasses.replace(fits, logits_indices=torch.arange(fits.num_tokens))
     assert not graphs.can_run(prompt_scores)  # a logits row per prompt token: more than one per request
+
+
+def test_the_capture_records_over_padding_alone(tiny_weights):
+    runner = prefilled(tiny_weights, "torch")
+    graphs = graphs_of(runner)
+    graphs.load_padding(2)
+    batch = graphs.static_batch(2)
+    assert set(batch.out_slots.tolist()) == {runner.num_kv_slots} and set(batch.req_rows.tolist()) == {runner.max_rows}
+    assert batch.q_lens.tolist() == [1, 1] + [1] * MAX_CHUNKS + [CAP] and batch.q_lens.sum() == batch.num_tokens
+    assert graphs.graph_step(2)().isfinite().all()

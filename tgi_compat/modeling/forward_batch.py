@@ -110,6 +110,11 @@ class PrefixGroups:
         return rows
 
 
+def leading_one_token_requests(q_lens: list[int]) -> int:
+    """How many requests at the head of a step bring one token each (a MIXED step's decodes come first)."""
+    return next((i for i, q in enumerate(q_lens) if q != 1), len(q_lens))
+
+
 @dataclass
 class ForwardBatch:
     mode: ForwardMode

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs, PoolHandle
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, leading_one_token_requests
 from tgi_compat.modeling.graph_inputs import StaticInputs
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class MixedCudaGraphs:
             or batch.rope_positions is not None
         ):
             return None
-        lead = next((i for i, q in enumerate(q_lens) if q != 1), len(q_lens))
+        lead = leading_one_token_requests(q_lens)
         num_chunks, chunk_tokens = len(q_lens) - lead, batch.num_tokens - lead
         bucket = next((size for size in self.batch_sizes if size >= max(lead, 1)), None)
         if bucket is None or not 0 < num_chunks <= MAX_CHUNKS or chunk_tokens > self.chunk_tokens:
@@ -146,52 +146,44 @@ class MixedCudaGraphs:
         """Copy a mixed step into the static inputs in its bucket's layout (padding around its rows)."""
         layout = self.layout(batch)
         assert layout is not None and batch.q_lens_cpu is not None and batch.kv_lens_cpu is not None
-        tokens, requests = layout.num_tokens, layout.num_requests
-        host = torch.tensor(layout.host_rows(batch.q_lens_cpu, batch.kv_lens_cpu), dtype=torch.int64)
-        rows = host.to(self.device, non_blocking=True)
-        own_tokens, own_requests = layout.lead + layout.chunk_tokens, layout.lead + layout.num_chunks
-        positions, q_lens, kv_lens, q_start, token_dest, request_dest = rows.split(
-            [tokens, requests, requests, requests, own_tokens, own_requests]
-        )
-        torch._foreach_copy_(
-            [
-                self.inputs.positions[:tokens],
-                self.inputs.q_lens[:requests],
-                self.inputs.kv_lens[:requests],
-                self.inputs.q_start[:requests],
-            ],
-            [positions, q_lens, kv_lens, q_start],
-        )
-        self.inputs.input_ids[:tokens] = 0
-        self.inputs.out_slots[:tokens] = self.pad_slot
-        self.inputs.req_rows[:requests] = self.pad_row
-        self.inputs.input_ids.index_copy_(0, token_dest, batch.input_ids)
-        self.inputs.out_slots.index_copy_(0, token_dest, batch.out_slots)
-        self.inputs.req_rows.index_copy_(0, request_dest, batch.req_rows)
+        token_dest, request_dest = self._write_layout(layout, batch.q_lens_cpu, batch.kv_lens_cpu)
+        inputs = self.inputs
+        inputs.input_ids.index_copy_(0, token_dest, batch.input_ids)
+        inputs.out_slots.index_copy_(0, token_dest, batch.out_slots)
+        inputs.req_rows.index_copy_(0, request_dest, batch.req_rows)
         # a chunk-side token's logits row moves with it (bucket - lead places on)
         shift = layout.bucket - layout.lead
         moved = torch.where(batch.logits_indices >= layout.lead, batch.logits_indices + shift, batch.logits_indices)
-        self.inputs.logits_indices[:requests] = 0
-        self.inputs.logits_indices[: moved.shape[0]] = moved
+        inputs.logits_indices[: moved.shape[0]] = moved
         return layout
 
     def load_padding(self, bucket: int) -> None:
         """Inputs of padding alone (one token at the reserved row per decode request, the chunk side's rest in
         one request): what the capture records over."""
-        layout = MixedLayout(bucket, 0, 0, 0, self.side_tokens)
+        self._write_layout(MixedLayout(bucket, 0, 0, 0, self.side_tokens), [], [])
+
+    def _write_layout(
+        self, layout: MixedLayout, q_lens: list[int], kv_lens: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layout's host-known rows (positions, lengths, starts) copied in, padding everywhere else; returns
+        where the step's own tokens and requests go."""
         tokens, requests = layout.num_tokens, layout.num_requests
-        pads = [1] * bucket
-        q = pads + [1] * MAX_CHUNKS + [layout.side_tokens - MAX_CHUNKS]
-        starts = torch.tensor(q).cumsum(0) - torch.tensor(q)
-        positions = [0] * (bucket + MAX_CHUNKS) + list(range(q[-1]))
-        self.inputs.positions[:tokens] = torch.tensor(positions)
-        self.inputs.q_lens[:requests] = torch.tensor(q)
-        self.inputs.kv_lens[:requests] = torch.tensor(q)
-        self.inputs.q_start[:requests] = starts
-        self.inputs.input_ids[:tokens] = 0
-        self.inputs.out_slots[:tokens] = self.pad_slot
-        self.inputs.req_rows[:requests] = self.pad_row
-        self.inputs.logits_indices[:requests] = 0
+        host = torch.tensor(layout.host_rows(q_lens, kv_lens), dtype=torch.int64)
+        rows = host.to(self.device, non_blocking=True)
+        own_tokens, own_requests = layout.lead + layout.chunk_tokens, layout.lead + layout.num_chunks
+        positions, lens_q, lens_kv, starts, token_dest, request_dest = rows.split(
+            [tokens, requests, requests, requests, own_tokens, own_requests]
+        )
+        inputs = self.inputs
+        torch._foreach_copy_(
+            [inputs.positions[:tokens], inputs.q_lens[:requests], inputs.kv_lens[:requests], inputs.q_start[:requests]],
+            [positions, lens_q, lens_kv, starts],
+        )
+        inputs.input_ids[:tokens] = 0
+        inputs.out_slots[:tokens] = self.pad_slot
+        inputs.req_rows[:requests] = self.pad_row
+        inputs.logits_indices[:requests] = 0
+        return token_dest, request_dest
 
     def graph_step(self, bucket: int) -> Callable[[], torch.Tensor]:
         """What a bucket's graph records; run eagerly after `load_inputs` (the CPU tests) it computes a replay's logits."""

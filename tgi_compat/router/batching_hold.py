@@ -27,16 +27,21 @@ SHORT_PREFILL_HOLD_STEPS = 8
 class BatchingHold:
     """Counts the decode steps since the last admission and says when the waiting requests may join."""
 
-    def __init__(self, max_waiting_tokens: int, waiting_served_ratio: float) -> None:
+    def __init__(self, max_waiting_tokens: int, waiting_served_ratio: float, capped: bool = False) -> None:
         self.max_waiting_tokens = max_waiting_tokens
         self.waiting_served_ratio = waiting_served_ratio
         self.decode_steps = 0
-        # a released queue that a mixed step's prefill cap (--max-mixed-prefill-tokens) admits over several steps:
-        # it stays released until it drains, or each capped admission would wait out a whole hold again
+        # `capped`: a mixed step's prefill cap (--max-mixed-prefill-tokens) admits a released queue over several
+        # steps, so it stays released until it drains, or each capped admission would wait out a whole hold again
+        self.capped = capped
         self.draining = False
 
     def admitted(self) -> None:
         self.decode_steps = 0
+
+    def released(self, waiting: Sequence[Request]) -> None:
+        """After the admission a due step made: under the cap, whoever still waits joins at the next steps."""
+        self.draining = self.capped and bool(waiting)
 
     def decode_step_is_due(self, waiting: Sequence[Request], num_running: int, cache: PrefixCache | None) -> bool:
         """Counts one more decode step; True when enough requests wait, or they have waited

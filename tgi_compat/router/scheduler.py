@@ -83,7 +83,9 @@ class Scheduler:
         self.running: list[Request] = []  # oldest first: the tail is preempted first
         self.requests: dict[str, Request] = {}
         self._abort_ids: set[str] = set()
-        self._hold = BatchingHold(limits.max_waiting_tokens, limits.waiting_served_ratio)
+        self._hold = BatchingHold(
+            limits.max_waiting_tokens, limits.waiting_served_ratio, capped=limits.max_mixed_prefill_tokens is not None
+        )
         # Requests here whose sampling reads their own tokens on the host (no overlap scheduling then)
         self.num_reading_own_tokens = 0
         # Grammar-constrained requests here (their steps sample after the previous step's update)
@@ -115,7 +117,7 @@ class Scheduler:
         if self._schedule_decodes(plan):
             if self._hold.decode_step_is_due(self.waiting, len(self.running), self.pool.prefix_cache):
                 self._admit_waiting(plan, self.limits.prefill_budget(decoding=True))
-                self._hold.draining = self.limits.max_mixed_prefill_tokens is not None and bool(self.waiting)
+                self._hold.released(self.waiting)
             if self.speculator is not None and drafts:
                 self.speculator.add_drafts(plan, self.pool)
             return plan

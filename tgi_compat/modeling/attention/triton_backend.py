@@ -37,7 +37,7 @@ from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
 from tgi_compat.kernels.attention.shared_prefix import choose_prefix_splits, shared_prefix_decode_attention
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape, LayerQKV
 from tgi_compat.modeling.attention.torch_backend import TorchAttentionBackend
-from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode
+from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, leading_one_token_requests
 
 MAX_DECODE_SPLITS = 64
 # The shared-prefix kernel's keys per iteration, over prefixes and suffixes alike: its two kinds of program share one
@@ -318,9 +318,5 @@ def _num_decode_prefix(batch: ForwardBatch) -> int:
     q_lens = batch.q_lens_cpu
     if q_lens is None:
         return 0
-    count = 0
-    for q_len in q_lens:
-        if q_len != 1:
-            return count
-        count += 1
-    return 0
+    count = leading_one_token_requests(q_lens)
+    return 0 if count == len(q_lens) else count

@@ -160,3 +160,5 @@ def test_a_slot_load_copies_off_the_step_stream_without_a_host_sync(tmp_path):
     seen = [(weights.a[1].clone(), weights.b[1].clone()) for weights, _ in lora.adapters[1].tensors]  # step stream
     for (a, b), (_, (host_a, host_b)) in zip(seen, lora.adapters[1].tensors):
         assert torch.equal(a.cpu(), host_a) and torch.equal(b.cpu(), host_b)
+    host = [t for _, pair in lora.adapters[1].tensors for t in pair]  # one pinned buffer (placement.pinned)
+    assert all(t.is_pinned() for t in host) and len({t.untyped_storage().data_ptr() for t in host}) == 1

@@ -13,6 +13,7 @@ from tests.lora_adapters import write_smollm2_adapter
 from tests.modeling.helpers import max_rel_error
 from tgi_compat.modeling.forward_batch import LoraBatch, build_forward_batch
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
+from tgi_compat.modeling.lora.placement import pack
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 RANKS = {"a1": 8, "a2": 16, "a3": 64}
@@ -127,3 +128,17 @@ def test_a_staged_adapter_is_one_host_tensor_per_slot_buffer(lora_runner):
     assert [weights for weights, _ in staged.tensors] == list(lora.targets.values())
     for weights, (a, b) in staged.tensors:
         assert (a.shape, b.shape) == (weights.a.shape[1:], weights.b.shape[1:]) and a.dtype == weights.a.dtype
+
+
+def test_an_adapter_is_packed_into_one_host_buffer(lora_runner):
+    """placement.pack: every staged tensor a view of one flat buffer (pinned beside a GPU: one page-locking call)."""
+    staged = lora_runner.lora.adapters[1].tensors
+    total = sum(t.numel() for _, pair in staged for t in pair)
+    packed = pack(staged, torch.empty(total, dtype=staged[0][1][0].dtype))
+    storages = {t.untyped_storage().data_ptr() for _, pair in packed for t in pair}
+    assert len(storages) == 1
+    for (weights, pair), (packed_weights, packed_pair) in zip(staged, packed):
+        assert packed_weights is weights
+        assert all(torch.equal(x, y) and x.shape == y.shape for x, y in zip(pair, packed_pair))
+    with pytest.raises(AssertionError):  # a buffer of the wrong size
+        pack(staged, torch.empty(total + 1, dtype=staged[0][1][0].dtype))

@@ -19,7 +19,7 @@ from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule, PeftAdapter
 from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
-from tgi_compat.modeling.lora.placement import SlotPlacer, Staged
+from tgi_compat.modeling.lora.placement import SlotPlacer, Staged, pinned
 from tgi_compat.modeling.lora.step import build_lora_step, lora_step
 from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.models.base import CausalLM
@@ -105,7 +105,7 @@ class LoraManager:
             for layer, weights_by_projection in enumerate(self.layers)
             for weights in dict.fromkeys(weights_by_projection.values())
         ]
-        return StagedAdapter(adapter.name, adapter.source, tensors, revision)
+        return StagedAdapter(adapter.name, adapter.source, pinned(tensors, self._placer.device), revision)
 
     def install(self, adapter_id: int, adapter: StagedAdapter) -> None:
         self.adapters[adapter_id] = adapter

@@ -67,8 +67,8 @@ class LoraWeights:
 
     def stage(self, modules: dict[str, LoraModule]) -> tuple[torch.Tensor, torch.Tensor]:
         """One adapter's (checked) pairs as this rank's cut of one slot: host tensors (A [S * R, in], B [out, R])
-        in the slot buffers' dtype, parts it lacks zero; pinned beside a GPU model, so that `place` is one
-        asynchronous copy each."""
+        in the slot buffers' dtype, parts it lacks zero (pageable: placement.pinned packs a whole adapter's into one
+        pinned buffer)."""
         a = torch.zeros(self.a.shape[1:], dtype=self.a.dtype, device="cpu")
         b = torch.zeros(self.b.shape[1:], dtype=self.b.dtype, device="cpu")
         rank_cap = self.max_rank
@@ -81,10 +81,6 @@ class LoraWeights:
             b[part.out_start : part.out_start + part.rows.size, : module.rank] = module.b[
                 part.rows.start : part.rows.end
             ]
-        if self.a.is_cuda:
-            # this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)
-            with torch.cuda.device(self.a.device):
-                return a.pin_memory(), b.pin_memory()
         return a, b
 
     def place(self, slot: int, staged: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -85,14 +85,14 @@ class Inputs:
     def of(cls, encoder: Any, grid: torch.Tensor, device: str, dtype: torch.dtype) -> Inputs:
         from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
-        from tgi_compat.modeling.vision.qwen2_5_vl import WindowLayout
+        from tgi_compat.modeling.vision.qwen2_5_vl import WindowLayout, patch_embed
         from tgi_compat.modeling.vision.qwen_vl_ops import SDPA
 
         visual, block = encoder.visual, encoder.visual.blocks[0]
         patch = visual.patch_embed.proj.weight[0].numel()
         pixels = torch.randn(int(grid.prod(-1).sum()), patch, device=device).to(dtype)
         layout = WindowLayout.of(grid, visual.config, pixels.device)
-        hidden = layout.to_windows(visual.patch_embed(pixels))
+        hidden = layout.to_windows(patch_embed(visual.patch_embed.proj, pixels))
         cos, sin = (layout.to_windows(f) for f in visual.rotary_pos_emb(hidden, layout.position_ids))
         normed = block.norm1(hidden)
         q, k, v = block.attn.qkv(normed).reshape(hidden.shape[0], 3, block.attn.num_heads, -1).unbind(1)
@@ -110,7 +110,7 @@ def parts(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
     """Each part over all blocks: {name: {ms, flop, calls}}."""
     from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
-    from tgi_compat.modeling.vision.qwen2_5_vl import WindowLayout
+    from tgi_compat.modeling.vision.qwen2_5_vl import WindowLayout, patch_embed
 
     visual, blocks = encoder.visual, encoder.visual.blocks
     depth, full = len(blocks), len(encoder.full_blocks)
@@ -135,7 +135,11 @@ def parts(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
 
     window_blocks = [i for i in range(depth) if i not in encoder.full_blocks]
     cases: dict[str, tuple[Callable[[], object], int, float]] = {
-        "patch_embed": (lambda: visual.patch_embed(x.pixels), 1, 2.0 * tokens * x.pixels.shape[1] * width),
+        "patch_embed (one GEMM)": (
+            lambda: patch_embed(visual.patch_embed.proj, x.pixels),
+            1,
+            2.0 * tokens * x.pixels.shape[1] * width,
+        ),
         "layout (host + permutes)": (layout_work, 1, 0.0),
         "norms": (per_block(lambda b: (b.norm1(x.hidden), b.norm2(x.hidden))), 2 * depth, 0.0),
         "qkv": (per_block(lambda b: b.attn.qkv(x.normed)), depth, 2.0 * tokens * width * 3 * width * depth),
@@ -186,13 +190,12 @@ def sum_flop(rows: dict[str, dict[str, float]]) -> float:
 def fused(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]]:
     """What some rows above would cost done otherwise, on the same tensors: the encoder's fused elementwise ops
     (TRITON_ELEMENTWISE: the repo's Triton rotary in place and RMSNorm + residual add kernels, fp32 math) over all
-    blocks, and the patch embedding's Conv3d (stride = kernel: one GEMM) as a plain GEMM on its flattened weight."""
+    blocks, and the patch embedding as transformers runs it (a Conv3d) beside the encoder's one GEMM."""
     from tgi_compat.modeling.vision.qwen_vl_ops import TRITON_ELEMENTWISE as FUSED
 
     blocks, proj = encoder.visual.blocks, encoder.visual.patch_embed.proj
     tables = FUSED.tables(x.cos, x.sin)
     q, k = x.q.clone(), x.k.clone()
-    weight = proj.weight.reshape(proj.weight.shape[0], -1)
 
     def rotary() -> None:
         for _ in blocks:
@@ -203,12 +206,12 @@ def fused(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
             for norm in (block.norm1, block.norm2):
                 FUSED.norm(x.attended, norm, x.hidden)
 
-    depth, flop = len(blocks), 2.0 * x.pixels.shape[0] * weight.numel()
+    depth, flop = len(blocks), 2.0 * x.pixels.shape[0] * proj.weight.numel()
     rows = {}
     for name, fn, calls, flops in (
         ("rotary, fused Triton", rotary, depth, 0.0),
         ("norms + residual adds, fused Triton", norms, 2 * depth, 0.0),
-        ("patch_embed as one GEMM", lambda: torch.nn.functional.linear(x.pixels, weight), 1, flop),
+        ("patch_embed as transformers' Conv3d", lambda: encoder.visual.patch_embed(x.pixels), 1, flop),
     ):
         try:
             ms = time_ms(fn)
@@ -309,7 +312,12 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-UNFUSED = ("whole encode", "rotary, fused Triton", "norms + residual adds, fused Triton", "patch_embed as one GEMM")
+UNFUSED = (
+    "whole encode",
+    "rotary, fused Triton",
+    "norms + residual adds, fused Triton",
+    "patch_embed as transformers' Conv3d",
+)
 
 
 def main() -> None:

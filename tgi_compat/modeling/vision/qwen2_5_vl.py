@@ -152,7 +152,7 @@ class QwenVLVisionEncoder(nn.Module):
         ops = self.elementwise
         if not (pixels.is_cuda or ops.on_cpu) or (ops.rms_norm_only and not self.rms_norms):
             ops = TRANSFORMERS
-        hidden = layout.to_windows(visual.patch_embed(pixels))
+        hidden = layout.to_windows(patch_embed(visual.patch_embed.proj, pixels))
         tables = ops.tables(*(layout.to_windows(f) for f in visual.rotary_pos_emb(hidden, layout.position_ids)))
         normed, hidden = ops.norm(hidden, blocks[0].norm1, None)
         for index, block in enumerate(blocks):
@@ -180,6 +180,14 @@ class QwenVLVisionEncoder(nn.Module):
         q, k = ops.rotary(q, k, tables)
         out = backend.attend(q, k, v, spans, attn.scaling)
         return attn.proj(out.reshape(tokens, -1))
+
+
+def patch_embed(proj: nn.Conv3d, pixels: torch.Tensor) -> torch.Tensor:
+    """transformers' patch embedding: a Conv3d whose kernel is its stride and covers each patch row whole, so one
+    GEMM of the rows [patches, C * t * p * p] (the processor's flattening, the weight's own order) with the
+    flattened weight; cuDNN's bf16 Conv3d on these shapes is far slower (vLLM runs it as a linear layer too)."""
+    weight = proj.weight.reshape(proj.weight.shape[0], -1)  # (a view: loading fills the Conv3d's weight in place)
+    return nn.functional.linear(pixels.reshape(-1, weight.shape[1]), weight, proj.bias)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import torch
 from tests.modeling.helpers import max_rel_error
 from tests.modeling.qwen2_5_vl_helpers import FAMILIES, MERGE, PATCH, picture, tiny_qwen2_5_vl
 from tgi_compat.modeling.vision.encoder import ImageEncoder
-from tgi_compat.modeling.vision.qwen2_5_vl import VISION_TOWERS, QwenVLVisionEncoder
+from tgi_compat.modeling.vision.qwen2_5_vl import MLP_ALIGN, VISION_TOWERS, QwenVLVisionEncoder
 from tgi_compat.modeling.vision.qwen_vl_ops import VISION_ATTENTION, VISION_ELEMENTWISE
 
 # (color, (width, height)): grids of 8x10, 4x6 and 4x14 patches, so 2x3, 1x2 and 1x4 windows of 2x2 merged patches,
@@ -27,7 +27,9 @@ def encoder_pair(family: str = "qwen2_5_vl"):
     """(transformers' vision transformer, our encoder on its weights)."""
     model = tiny_qwen2_5_vl(300, family=family)
     encoder = QwenVLVisionEncoder(model.config.to_dict(), VISION_TOWERS[type(model).__name__])
-    encoder.visual.load_state_dict(model.model.visual.state_dict())
+    params = dict(encoder.visual.named_parameters())  # through the loaders: the MLP is padded (pad_mlp_width)
+    for name, tensor in model.model.visual.state_dict().items():
+        params[name].weight_loader(params[name], tensor)  # type: ignore[attr-defined]
     return model.model.visual.eval(), encoder.eval()
 
 
@@ -55,6 +57,20 @@ def test_encoder_equals_transformers_vision_transformer(pair):
     rows = encoder(dict(inputs))
     assert [r.shape[0] for r in rows] == (inputs["image_grid_thw"].prod(-1) // MERGE**2).tolist()
     assert max_rel_error(torch.cat(rows), expected) < 1e-3
+
+
+def test_the_mlp_width_is_padded_and_checkpoints_load_into_its_corner():
+    """Qwen2.5-VL's MLP width off the 64 grid (the tiny model's 60, the 7B's 3420) is padded with zeros (its GEMMs
+    on cuBLAS's fast kernels); the test above shows the same outputs. A tensor larger than its parameter is refused."""
+    reference, encoder = encoder_pair()
+    mlp, hf_mlp = encoder.visual.blocks[0].mlp, reference.blocks[0].mlp
+    assert hf_mlp.gate_proj.out_features == 60
+    assert (mlp.gate_proj.out_features, mlp.up_proj.out_features, mlp.down_proj.in_features) == (MLP_ALIGN,) * 3
+    assert torch.equal(mlp.down_proj.weight[:, :60], hf_mlp.down_proj.weight)
+    assert not mlp.down_proj.weight[:, 60:].any() and not mlp.gate_proj.bias[60:].any()
+    too_big = torch.zeros(MLP_ALIGN + 1, mlp.gate_proj.in_features)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        mlp.gate_proj.weight.weight_loader(mlp.gate_proj.weight, too_big)
 
 
 @pytest.mark.parametrize("elementwise", sorted(VISION_ELEMENTWISE))

@@ -12,6 +12,7 @@ times every choice):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,21 +28,25 @@ from tgi_compat.kernels.attention.varlen import (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Spans:
-    """Packed sequences (an image's windows, or its whole patches): cu_seqlens on the device, the longest on host,
-    and the sdpa path's rows per sequence length (built once a call, for every layer that attends these spans)."""
+    """Packed sequences (an image's windows, or its whole patches): cu_seqlens on the device and on the host, the
+    longest on the host, and (the sdpa path's, built at its first use in a call, for every layer that attends these
+    spans) the rows per sequence length."""
 
     cu_seqlens: torch.Tensor
+    host_cu_seqlens: torch.Tensor
     longest: int
-    groups: LengthGroups
 
     @classmethod
     def of(cls, cu_seqlens: torch.Tensor, device: torch.device) -> Spans:
         """From cu_seqlens on the host (no read back from the device)."""
         longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        groups = length_groups(cu_seqlens, device)
-        return cls(cu_seqlens.to(device, torch.int32, non_blocking=True), longest, groups)
+        return cls(cu_seqlens.to(device, torch.int32, non_blocking=True), cu_seqlens, longest)
+
+    @functools.cached_property
+    def groups(self) -> LengthGroups:
+        return length_groups(self.host_cu_seqlens, self.cu_seqlens.device)
 
 
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Spans, float], torch.Tensor]  # (q, k, v, spans, scale)
@@ -74,8 +79,9 @@ TRITON = VisionAttention("triton", _triton, on_cpu=False)  # kernels/attention/v
 FLASH = VisionAttention("flash", _flash, on_cpu=False)  # torch's FlashAttention-2 varlen, one launch a layer
 SDPA = VisionAttention("sdpa", _sdpa, on_cpu=True)  # one sdpa per sequence length: the CPU path and the reference
 VISION_ATTENTION = {backend.name: backend for backend in (TRITON, FLASH, SDPA)}
-# issue 41: the encoder's attention unless told otherwise; benchmarks/device/vision_encoder.py times all three
-DEFAULT_VISION_ATTENTION = TRITON
+# issue 41: the encoder's attention unless told otherwise; benchmarks/device/vision_encoder.py times all three (H100,
+# 8 images of 1024px: encoder 30.0 ms per image with flash, 31.1 triton, 32.4 sdpa, all with the fused elementwise)
+DEFAULT_VISION_ATTENTION = FLASH
 
 
 # a call's rope tables, in the layout of the VisionElementwise that made them
@@ -131,5 +137,5 @@ def _triton_rotary(q: torch.Tensor, k: torch.Tensor, tables: Tables) -> tuple[to
 TRANSFORMERS = VisionElementwise("transformers", _module_norm, lambda cos, sin: (cos, sin), _vision_rotary, True, False)
 TRITON_ELEMENTWISE = VisionElementwise("triton", _triton_norm, _half_tables, _triton_rotary, False, True)
 VISION_ELEMENTWISE = {ops.name: ops for ops in (TRANSFORMERS, TRITON_ELEMENTWISE)}
-# issue 41: transformers' modules until benchmarks/device/vision_encoder.py's fused rows say otherwise
-DEFAULT_VISION_ELEMENTWISE = TRANSFORMERS
+# issue 41: the fused kernels; transformers' modules cost 15.5 ms more per 1024px image (45.5 vs 30.0 ms, H100)
+DEFAULT_VISION_ELEMENTWISE = TRITON_ELEMENTWISE

@@ -5,8 +5,7 @@
 
 1. Kernels (benchmarks/device/lora_kernels.py): the shrink and expand of one decode step of Llama-3-8B (32 layers x
    q|k|v, o, gate|up, down; r = 16, --max-loras 8, bf16) at 1, 8 and 64 rows (every row on an adapter, spread over
-   the 8 slots), and the fused kernel (one launch) at 1 and 8 rows, from CUDA-graph replays
-   (benchmarks/device/timing.py), each layer on its own slot buffers as in a real step.
+   the 8 slots), from CUDA-graph replays (benchmarks/device/timing.py), each layer on its own slot buffers as in a real step.
 2. Engine: a random Llama-3-8B (bf16, `--load-format dummy`) in an engine process driven through the server's own
    client (benchmarks/device/engine_load.py), 8 random PEFT adapters of r = 16 on all seven projections written to
    disk. Output tok/s of 64 streams (256 in / 256 out): base-only with LoRA off, base-only with the 8 adapters
@@ -34,7 +33,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.device.engine_load import Stream, random_prompts, request, stream
-from benchmarks.device.lora_kernels import ADAPTERS, RANK, kernel_times, log, print_spans_sweep
+from benchmarks.device.lora_kernels import ADAPTERS, RANK, kernel_times, log
 from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.device.tp import write_config_folder
@@ -255,8 +254,6 @@ def table(off: dict, on: dict, fp8: dict, kernels: list[dict]) -> list[tuple[str
         out.append((what, value, bar, met))
     for k in kernels:
         out.append((f"shrink+expand per decode step, {k['rows']} rows (us)", k["step_us"], "", True))
-        if "fused_step_us" in k:
-            out.append((f"fused shrink+expand per decode step, {k['rows']} rows (us)", k["fused_step_us"], "", True))
     return out
 
 
@@ -297,7 +294,6 @@ async def main_async(args: argparse.Namespace) -> dict:
     report["table"] = [dict(measure=w, value=v, bar=b, met=m) for w, v, b, m in rows]
     write_json(out_path("bench_lora.json"), report)
     print_table(rows, report["lora_off"], report["lora_on"])
-    print_spans_sweep(report["kernels"])
     return report
 
 

@@ -1,7 +1,7 @@
 """The LoRA kernels of one decode step (benchmarks/device/lora.py's part 1, and the GPU tests' cases): every layer's
 q|k|v, o, gate|up and down of a Llama-shaped model (r = 16, --max-loras 8), each layer on its own slot buffers as
 in a real step, timed from CUDA-graph replays (benchmarks/device/timing.py): the shrink then the expand at every
-row count, and the fused kernel (one launch, tgi_compat/kernels/lora/fused.py) at the row counts it serves.
+row count.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from enum import Enum
 import torch
 
 from benchmarks.device.peft_adapters import projection_shapes
-from tgi_compat.kernels.lora.fused import FUSED_MAX_ROWS
 from tgi_compat.modeling.lora.step import LoraStep, lora_step
 
 RANK, ADAPTERS = 16, 8
-SPANS_SWEEP = {False: (4, 8, 16, 32, 64, 128), True: (1, 2)}  # the fused kernel's spans at 1 row: GPU, CPU
 
 
 def log(message: str) -> None:
@@ -39,7 +37,6 @@ class LoraCase:
 
 class Kernels(Enum):
     TWO = "shrink+expand"  # two launches
-    FUSED = "fused"  # one launch, steps of <= FUSED_MAX_ROWS rows
     REFERENCE = "reference"  # the torch definition
 
 
@@ -75,26 +72,19 @@ def lora_case(
     return LoraCase(x, a, b, out, lora_step(slots.to(x.device), max_loras), ends)
 
 
-def lora_call(case: LoraCase, kernels: Kernels = Kernels.TWO, spans: int | None = None) -> Callable[[], None]:
-    """The projection's LoRA delta added into case.out, by the kernels named (the fused one: `spans` programs per
-    slot along the columns, None: its default)."""
+def lora_call(case: LoraCase, kernels: Kernels = Kernels.TWO) -> Callable[[], None]:
+    """The projection's LoRA delta added into case.out, by the kernels named."""
     from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-    from tgi_compat.kernels.lora.fused import LoraPair, lora_fused
     from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
 
     step = case.step
-    if kernels is Kernels.FUSED:
-        pair = LoraPair(case.a, case.b, case.slice_ends)
-        return lambda: lora_fused(case.out, case.x, pair, step, spans=spans)
     shrink, expand = (lora_shrink, lora_expand) if kernels is Kernels.TWO else (lora_shrink_ref, lora_expand_ref)
     return lambda: expand(case.out, shrink(case.x, case.a, step), case.b, step, case.slice_ends)
 
 
 def kernel_times(config: dict, kernel_rows: tuple[int, ...], dtype: torch.dtype, device: str) -> list[dict]:
-    """us per decode step of every layer's LoRA (`step_us` shrink + expand, `fused_step_us` one launch where the
-    row count takes it) and per layer of each projection's (`qkv_us`, `fused_qkv_us`, ...); at 1 row the fused
-    kernel's spans swept too (`fused<spans>_qkv_us`, ...: which fused_spans should pick). On the CPU (a smoke run)
-    each kernel runs once, against the reference, and the times are 0."""
+    """us per decode step of every layer's LoRA (`step_us`: shrink + expand) and per layer of each projection's
+    (`qkv_us`, ...). On the CPU (a smoke run) each kernel runs once, against the reference, and the times are 0."""
     from benchmarks.device.timing import replay_us
 
     results = []
@@ -106,41 +96,20 @@ def kernel_times(config: dict, kernel_rows: tuple[int, ...], dtype: torch.dtype,
                 {name: lora_case(k, outs, slots, ADAPTERS, RANK, dtype) for name, (k, outs) in projections}
                 for _ in range(config["num_hidden_layers"])
             ]
-        variants: list[tuple[Kernels, str, int | None]] = [(Kernels.TWO, "", None)]
-        if rows <= FUSED_MAX_ROWS:
-            variants.append((Kernels.FUSED, "fused_", None))
-        if rows == 1:
-            variants += [(Kernels.FUSED, f"fused{spans}_", spans) for spans in SPANS_SWEEP[device == "cpu"]]
         result: dict = dict(rows=rows)
-        for kernels, prefix, spans in variants:
-            if device == "cpu":
-                for case in layers[0].values():
-                    expected = case.out.clone()
-                    lora_call(case, kernels, spans)()
-                    reference = LoraCase(case.x, case.a, case.b, expected, case.step, case.slice_ends)
-                    lora_call(reference, Kernels.REFERENCE)()
-                    torch.testing.assert_close(case.out, expected, rtol=1e-4, atol=1e-4)
-                result[f"{prefix}step_us"] = 0.0
-                continue
-            calls = [lora_call(case, kernels, spans) for layer in layers for case in layer.values()]
-            result[f"{prefix}step_us"] = replay_us(calls) * len(calls)
+        if device == "cpu":
+            for case in layers[0].values():
+                expected = case.out.clone()
+                lora_call(case)()
+                lora_call(LoraCase(case.x, case.a, case.b, expected, case.step, case.slice_ends), Kernels.REFERENCE)()
+                torch.testing.assert_close(case.out, expected, rtol=1e-4, atol=1e-4)
+            result["step_us"] = 0.0
+        else:
+            calls = [lora_call(case) for layer in layers for case in layer.values()]
+            result["step_us"] = replay_us(calls) * len(calls)
             for name in fused_projections(config):
-                result[f"{prefix}{name}_us"] = replay_us([lora_call(layer[name], kernels, spans) for layer in layers])
+                result[f"{name}_us"] = replay_us([lora_call(layer[name]) for layer in layers])
         log(f"kernels: {result}")
         results.append(result)
         del layers
     return results
-
-
-def print_spans_sweep(kernels: list[dict]) -> None:
-    """The fused kernel at 1 row, us per layer of each projection by spans per slot (`default`: fused_spans's pick),
-    beside shrink + expand."""
-    one_row = next((k for k in kernels if k["rows"] == 1 and "fused_qkv_us" in k), None)
-    if one_row is None:  # (the CPU smoke run times nothing)
-        return
-    names = ["qkv", "o", "gate_up", "down"]  # fused_projections' keys
-    print("\n| 1 row, us per layer | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
-    columns = [("shrink+expand", ""), ("fused, default spans", "fused_")]
-    columns += [(f"fused, {spans} spans", f"fused{spans}_") for spans in SPANS_SWEEP[False]]
-    for label, prefix in columns:
-        print(f"| {label} | " + " | ".join(f"{one_row[f'{prefix}{name}_us']:.1f}" for name in names) + " |")

@@ -54,7 +54,6 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.lora.tiles",
     "tgi_compat.kernels.lora.shrink",
     "tgi_compat.kernels.lora.expand",
-    "tgi_compat.kernels.lora.fused",
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "tgi_compat.modeling.attention.triton_backend",
     "tgi_compat.modeling.layers.triton_ops",

@@ -1,7 +1,6 @@
 """LoRA shrink and expand against their torch references: mixed slots, base tokens between them, idle slots,
 ranks padded to the max, a fused projection's slices, no LoRA token at all, and the shrink's prologues (the RMS
-norm, SiLU-and-mul) against the model's own ops; the fused kernel of few-row steps against its reference and the
-two kernels."""
+norm, SiLU-and-mul) against the model's own ops."""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ import pytest
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.fused import LoraPair, fused_block_n, fused_spans, lora_fused, lora_fused_ref
 from tgi_compat.kernels.lora.shrink import (
-    NO_PROLOGUE,
     ShrinkPrologue,
     lora_shrink,
     lora_shrink_ref,
@@ -20,7 +17,6 @@ from tgi_compat.kernels.lora.shrink import (
 )
 from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.modeling.layers.ops import torch_rms_norm, torch_silu_and_mul
-from tgi_compat.modeling.lora.layer_ops import SILU_MUL
 from tgi_compat.modeling.lora.step import build_lora_step
 
 MAX_LORAS = 4
@@ -119,64 +115,3 @@ def test_shrink_prologues_match_the_model_ops(prologue, size_in):
         got = lora_shrink(x, a, step, pro).sum(0)
         torch.testing.assert_close(got[:num_lora], expected[:num_lora], **TOL)
         torch.testing.assert_close(lora_shrink_ref(x, a, step, pro)[0], expected, rtol=1e-5, atol=1e-5)
-
-
-# ---- the fused kernel (few rows) ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "request_slots",
-    [[2, -1, 0, 2], [1], [-1, -1, -1], [3, 0, 1, 2, -1, 1, 1, 0, 3, 2, -1, 0, 0, 1, 2, 3]],  # 16 rows: the most
-    ids=["mixed", "one-row", "no-adapter", "sixteen-rows"],
-)
-@pytest.mark.parametrize("prologue", ["none", "norm", "silu_mul"])
-@pytest.mark.parametrize("size_in", [40, 1000])  # 1000: several 128-column K blocks, the last partial
-def test_fused_matches_its_reference_and_the_two_kernels(request_slots, prologue, size_in):
-    torch.manual_seed(3)
-    with torch.device(DEV):
-        _check_fused(request_slots, prologue, size_in, QKV_LIKE)
-
-
-# one slice, two (gate | up), an empty slice; slice ends inside a tile of columns
-@pytest.mark.parametrize("slices", [[(0, 80)], [(0, 40), (40, 40)], [(0, 48), (48, 0), (48, 32)]])
-def test_fused_slices(slices):
-    torch.manual_seed(4)
-    with torch.device(DEV):
-        _check_fused([3, 0, -1, 1, 3], "norm", 40, slices)
-
-
-def test_fused_spans_keep_the_reads_of_a_within_budget():
-    slice_bytes = 16 * 4096 * 2  # r = 16, K = 4096, bf16
-    assert fused_spans(1, 8, slice_bytes, 6144) == 32 and fused_spans(8, 8, slice_bytes, 6144) == 4
-    assert fused_spans(1, 8, 16 * 14336 * 2, 4096) == 9 and fused_spans(16, 4, slice_bytes, 80) == 3
-    assert fused_spans(1, 8, 64 << 20, 4096) == 1
-    assert fused_block_n(192) == 128 and fused_block_n(20) == 32 and fused_block_n(3) == 16
-
-
-@pytest.mark.parametrize("spans", [1, 2, 3, 7])  # one program for all columns; spans ending inside a tile or slice
-def test_fused_spans_of_any_width(spans):
-    torch.manual_seed(5)
-    with torch.device(DEV):
-        _check_fused([3, 0, -1, 1, 3, 0], "silu_mul", 40, QKV_LIKE, spans)
-
-
-def _check_fused(
-    request_slots: list[int], prologue: str, size_in: int, slices: list[tuple[int, int]], spans: int | None = None
-) -> None:
-    step = _step(request_slots, [1] * len(request_slots))
-    rows, rank, out_size = len(request_slots), 24, slices[-1][0] + slices[-1][1]
-    x = torch.randn(rows, 2 * size_in if prologue == "silu_mul" else size_in)
-    pro = {"none": NO_PROLOGUE, "norm": ShrinkPrologue(torch.randn(size_in), 1e-5), "silu_mul": SILU_MUL}[prologue]
-    a = torch.randn(MAX_LORAS, len(slices) * rank, size_in)
-    a[1, 8:rank] = a[1, rank + 8 : 2 * rank] = 0  # slot 1 holds a rank-8 adapter, zero-padded
-    b = torch.randn(MAX_LORAS, out_size + 7, rank)[:, 7:]  # (a view: B's slot stride is not OUT * R)
-    base = torch.randn(rows, out_size)
-    out, out_ref, out_two = base.clone(), base.clone(), base.clone()
-    ends = tuple(start + size for start, size in slices)
-    lora_fused(out, x, LoraPair(a, b, ends), step, pro, spans)
-    lora_fused_ref(out_ref, x, LoraPair(a, b, ends), step, pro)
-    lora_expand(out_two, lora_shrink(x, a, step, pro), b, step, ends)
-    torch.testing.assert_close(out, out_ref, **TOL)
-    torch.testing.assert_close(out, out_two, **TOL)
-    is_base = torch.tensor([s < 0 for s in request_slots])
-    assert torch.equal(out[is_base], base[is_base])  # base rows untouched

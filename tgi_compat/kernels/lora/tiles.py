@@ -1,4 +1,4 @@
-"""The pieces the LoRA kernels share (shrink, expand, fused): a slot's block of rows from the segment table, a tile
+"""The pieces the LoRA kernels share (shrink and expand): a slot's block of rows from the segment table, a tile
 of the shrink's input through its prologue, a row's RMS, and the add into the base output."""
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.fused import FUSED_MAX_ROWS, LoraPair, lora_fused
 from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule
@@ -45,7 +44,6 @@ class LoraWeights:
         # made under the runner's device and dtype (the model's, even over a quantized base)
         self.a = torch.zeros(max_loras, len(slices) * max_rank, proj.in_features)
         self.b = torch.zeros(max_loras, proj.out_features, max_rank)
-        self.pair = LoraPair(self.a, self.b, self.slice_ends)  # (the buffers, filled in place)
 
     def check(self, adapter: str, layer: int, modules: dict[str, LoraModule]) -> None:
         """Raise LoraAdapterError where an adapter's pair for this projection does not fit it."""
@@ -92,13 +90,7 @@ class LoraWeights:
         self, out: torch.Tensor, x: torch.Tensor, step: LoraStep, prologue: ShrinkPrologue = NO_PROLOGUE
     ) -> torch.Tensor:
         """out [T, out] += each LoRA row's prologue(x) @ A^T @ B^T (rows without an adapter unchanged); returns out.
-        The prologue is the one the base projection fused (the norm of pre-norm rows, SiLU-and-mul of [gate | up]).
-        On a GPU a step of few rows (decode at small batch) takes one fused launch, a bigger one the shrink and the
-        expand: the choice depends on the row count only, fixed in a captured CUDA graph."""
-        on_gpu = x.is_cuda
-        if on_gpu and x.shape[0] <= FUSED_MAX_ROWS:
-            lora_fused(out, x, self.pair, step, prologue)
-            return out
-        shrink, expand = (lora_shrink, lora_expand) if on_gpu else (lora_shrink_ref, lora_expand_ref)
+        The prologue is the one the base projection fused (the norm of pre-norm rows, SiLU-and-mul of [gate | up])."""
+        shrink, expand = (lora_shrink, lora_expand) if x.is_cuda else (lora_shrink_ref, lora_expand_ref)
         expand(out, shrink(x, self.a, step, prologue), self.b, step, self.slice_ends)
         return out

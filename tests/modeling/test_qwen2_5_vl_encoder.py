@@ -61,16 +61,17 @@ def test_encoder_equals_transformers_vision_transformer(pair):
 
 def test_the_mlp_width_is_padded_and_checkpoints_load_into_its_corner():
     """Qwen2.5-VL's MLP width off the 64 grid (the tiny model's 60, the 7B's 3420) is padded with zeros (its GEMMs
-    on cuBLAS's fast kernels); the test above shows the same outputs. A tensor larger than its parameter is refused."""
+    on cuBLAS's fast kernels); the tests above show the same outputs. A tensor of another shape than the checkpoint's
+    is refused."""
     reference, encoder = encoder_pair()
     mlp, hf_mlp = encoder.visual.blocks[0].mlp, reference.blocks[0].mlp
     assert hf_mlp.gate_proj.out_features == 60
     assert (mlp.gate_proj.out_features, mlp.up_proj.out_features, mlp.down_proj.in_features) == (MLP_ALIGN,) * 3
     assert torch.equal(mlp.down_proj.weight[:, :60], hf_mlp.down_proj.weight)
     assert not mlp.down_proj.weight[:, 60:].any() and not mlp.gate_proj.bias[60:].any()
-    too_big = torch.zeros(MLP_ALIGN + 1, mlp.gate_proj.in_features)
+    wrong = torch.zeros(MLP_ALIGN, mlp.gate_proj.in_features)  # (the padded shape: a checkpoint has 60 rows)
     with pytest.raises(ValueError, match="shape mismatch"):
-        mlp.gate_proj.weight.weight_loader(mlp.gate_proj.weight, too_big)
+        mlp.gate_proj.weight.weight_loader(mlp.gate_proj.weight, wrong)
 
 
 @pytest.mark.parametrize("elementwise", sorted(VISION_ELEMENTWISE))

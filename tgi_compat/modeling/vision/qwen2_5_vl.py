@@ -8,6 +8,7 @@ placeholder."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -214,16 +215,19 @@ def _padded_linear(linear: nn.Linear, out_features: int, in_features: int) -> nn
         for new, old in ((padded.weight, weight), (padded.bias, linear.bias)):
             if new is not None and old is not None:
                 new.zero_()[tuple(slice(0, size) for size in old.shape)].copy_(old)
-                new.weight_loader = _load_into_corner  # type: ignore[attr-defined]
+                new.weight_loader = functools.partial(_load_into_corner, shape=old.shape)  # type: ignore[attr-defined]
     return padded
 
 
-def _load_into_corner(param: torch.Tensor, loaded: torch.Tensor | LazyTensor, shard: object = None) -> None:
-    """A checkpoint tensor into the leading corner of its padded parameter (the rest stays zero)."""
+def _load_into_corner(
+    param: torch.Tensor, loaded: torch.Tensor | LazyTensor, shard: object = None, *, shape: torch.Size
+) -> None:
+    """A checkpoint tensor of the unpadded `shape` into the leading corner of its padded parameter (the rest stays
+    zero)."""
     loaded = take(loaded)
-    if loaded.dim() != param.dim() or any(size > most for size, most in zip(loaded.shape, param.shape)):
-        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}")
-    param.data[tuple(slice(0, size) for size in loaded.shape)].copy_(loaded)
+    if loaded.shape != shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(shape)} vs checkpoint {tuple(loaded.shape)}")
+    param.data[tuple(slice(0, size) for size in shape)].copy_(loaded)
 
 
 def patch_embed(proj: nn.Conv3d, pixels: torch.Tensor) -> torch.Tensor:

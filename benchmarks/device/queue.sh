@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU work still waiting (docs/benchmarks/2026-12-05-session-22.md), in parts that each fit one device call
+# The GPU work still waiting (docs/benchmarks/2026-12-05-session-24.md, "Not run this session"), in parts that each fit one device call
 # (under 10 minutes on an H100 or H200, compiles included). From the repo root, carrying .whl:
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)

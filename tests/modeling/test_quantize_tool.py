@@ -53,7 +53,10 @@ def _quantized(tmp_path_factory, *argv: str):
         pytest.param(  # measured ppl -2.3%, logits 0.043; in the smoke set of `make test-latest`
             ["-quant_type", "weight_only_int8"], "int8", 1.02, 0.06, marks=pytest.mark.latest_deps
         ),
-        (["-quant_type", "smooth_quant", "-sq", "0.8"], "int8", 1.02, 0.2),  # measured ppl +1.5%, logits 0.141
+        # W8A8 on a 135M model: its calibration runs in bf16, and oneDNN's bf16 kernels differ by CPU, so one checkpoint
+        # measured ppl +1.5% on session 23's CI CPU, +2.4% under ONEDNN_MAX_CPU_ISA=AVX2 and +3.4% on an AVX-512 one
+        # (logits 0.141-0.149 of the largest)
+        (["-quant_type", "smooth_quant", "-sq", "0.8"], "int8", 1.05, 0.2),
     ],
 )
 def test_tool_checkpoint_serves_close_to_the_original(

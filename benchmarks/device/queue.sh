@@ -4,8 +4,9 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl mixed lora vl vision diverse diverse32 spec eagle3 (itl: the plain rows at
-# --max-mixed-prefill-tokens 128, 256; eagle3 after spec in the same call: it reuses spec's plain rows).
+# Parts: tests-a tests-b plain itl mixed lora vl vision diverse diverse32 spec eagle3 (itl: the plain rows, then at
+# --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same call: it reuses spec's
+# plain rows).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
 set -u
 source "$(dirname "$0")/setup.sh"
@@ -24,8 +25,9 @@ for name in "$@"; do
     tests-b) part tests-b 480 "${gpu_tests[@]}" tests/gpu/test_lora_gpu.py tests/gpu/test_qwen2_5_vl_gpu.py \
                tests/gpu/test_llava_next_gpu.py ;;
     plain) part plain 240 env OURS_ONLY=1 bash benchmarks/device/side_by_side.sh ;;
-    itl) for n in 128 256; do
-           part itl-$n 200 env OURS_ONLY=1 OURS_ARGS="--max-mixed-prefill-tokens $n" bash benchmarks/device/side_by_side.sh
+    itl) part plain 150 env OURS_ONLY=1 bash benchmarks/device/side_by_side.sh  # (the baseline on the same machine)
+         for n in 256 512; do
+           part itl-$n 150 env OURS_ONLY=1 OURS_ARGS="--max-mixed-prefill-tokens $n" bash benchmarks/device/side_by_side.sh
          done ;;
     lora) part lora 330 python3 -m benchmarks.device.lora ;;
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;

@@ -115,7 +115,7 @@ def parts(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
     visual, blocks = encoder.visual, encoder.visual.blocks
     depth, full = len(blocks), len(encoder.full_blocks)
     tokens, width = x.hidden.shape
-    inner = blocks[0].mlp.gate_proj.out_features
+    inner = visual.config.intermediate_size  # the checkpoint's (the encoder pads it with zeros: no FLOPs)
     merged_width = visual.merger.hidden_size
     attn = blocks[0].attn
     backend = encoder.backend

@@ -5,7 +5,8 @@
 
 1. Kernels (benchmarks/device/lora_kernels.py): the shrink and expand of one decode step of Llama-3-8B (32 layers x
    q|k|v, o, gate|up, down; r = 16, --max-loras 8, bf16) at 1, 8 and 64 rows (every row on an adapter, spread over
-   the 8 slots), from CUDA-graph replays (benchmarks/device/timing.py), each layer on its own slot buffers as in a real step.
+   the 8 slots), from CUDA-graph replays (benchmarks/device/timing.py), each layer on its own slot buffers as in a
+   real step.
 2. Engine: a random Llama-3-8B (bf16, `--load-format dummy`) in an engine process driven through the server's own
    client (benchmarks/device/engine_load.py), 8 random PEFT adapters of r = 16 on all seven projections written to
    disk. Output tok/s of 64 streams (256 in / 256 out): base-only with LoRA off, base-only with the 8 adapters

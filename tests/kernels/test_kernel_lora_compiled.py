@@ -1,6 +1,7 @@
 """The LoRA kernels compile for sm_90 in every variant serving launches (bf16; the shrink with and without its K
-split and with each prologue, none of them with atomics, the expand for 1, 2 and 3 slices), without a GPU (benchmarks/compile_only.py, in a process of its own):
-the interpreter runs them on the CPU, the GPU tests (tests/gpu/test_lora_gpu.py) on the device."""
+split and with each prologue, none of them with atomics, the expand for 1, 2 and 3 slices), without a GPU
+(benchmarks/compile_only.py, in a process of its own): the interpreter runs them on the CPU, the GPU tests
+(tests/gpu/test_lora_gpu.py) on the device."""
 
 from __future__ import annotations
 

@@ -185,8 +185,11 @@ def time_decode(step, batch: int, max_len: int, vocab: int, steps: int, context:
     return start.elapsed_time(end) / steps
 
 
-def profile_step(step, batch: int, max_len: int, vocab: int, context: int) -> list[dict]:
-    """GPU time per kernel name for one decode step (summed over 4 steps / 4); the top 25."""
+def profile_step(
+    step, batch: int, max_len: int, vocab: int, context: int, top: int = 14, keep: int | None = 25
+) -> list[dict]:
+    """GPU time per kernel name for one decode step (summed over 4 steps / 4), largest first: the top `top`
+    printed, the first `keep` returned (None: every kernel)."""
     from torch.profiler import ProfilerActivity, profile
 
     ids = torch.randint(0, vocab, (batch,), device="cuda")
@@ -205,9 +208,9 @@ def profile_step(step, batch: int, max_len: int, vocab: int, context: int) -> li
     rows.sort(key=lambda r: -r["us_per_step"])
     total = sum(r["us_per_step"] for r in rows)
     print(f"profile B={batch} step: {total / 1e3:.3f} ms of kernel time per step", flush=True)
-    for r in rows[:14]:
+    for r in rows[:top]:
         print(f"  {r['us_per_step']:8.1f} us  x{r['calls_per_step']:5.0f}  {r['kernel']}", flush=True)
-    return rows[:25]
+    return rows[:keep]
 
 
 def decode_weight_bytes(runner: ModelRunner) -> int:

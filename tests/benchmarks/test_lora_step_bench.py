@@ -1,0 +1,19 @@
+"""benchmarks/device/lora_step.py's CPU smoke run: a tiny Llama with 8 adapters in its 8 slots, eager decode steps of
+1 and 8 rows timed base, on the LoRA path with no LoRA row, all on one slot and spread over the 8, the table and the
+JSON written."""
+
+from __future__ import annotations
+
+import json
+
+from tests.benchmarks.smoke import smoke_run
+
+
+def test_lora_step_benchmark_smoke_run(tmp_path):
+    done = smoke_run("lora_step", tmp_path)
+    report = json.loads((tmp_path / "lora_step.json").read_text())
+    assert sorted(report["steps"], key=int) == ["1", "8"]
+    assert all(sorted(steps) == ["base", "no_rows", "one", "spread"] for steps in report["steps"].values())
+    assert all(ms > 0 for steps in report["steps"].values() for ms in steps.values())
+    assert report["checks"]["spread_vs_base_rel_diff"] > 1e-3  # the adapters change the logits
+    assert "| rows | (a) base |" in done.stdout

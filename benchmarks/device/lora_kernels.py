@@ -72,19 +72,37 @@ def lora_case(
     return LoraCase(x, a, b, out, lora_step(slots.to(x.device), max_loras), ends)
 
 
-def lora_call(case: LoraCase, kernels: Kernels = Kernels.TWO) -> Callable[[], None]:
+@dataclass(frozen=True)
+class Tiling:
+    """The kernels' tunables (None / 0: their defaults)."""
+
+    split_k: int | None = None  # the shrink's splits of K
+    block_n: int = 0  # the expand's output columns per program
+
+
+def lora_call(case: LoraCase, kernels: Kernels = Kernels.TWO, tiling: Tiling = Tiling()) -> Callable[[], None]:
     """The projection's LoRA delta added into case.out, by the kernels named."""
-    from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-    from tgi_compat.kernels.lora.shrink import lora_shrink, lora_shrink_ref
+    from tgi_compat.kernels.lora.expand import EXPAND_BLOCK_N, lora_expand, lora_expand_ref
+    from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, lora_shrink, lora_shrink_ref
 
-    step = case.step
-    shrink, expand = (lora_shrink, lora_expand) if kernels is Kernels.TWO else (lora_shrink_ref, lora_expand_ref)
-    return lambda: expand(case.out, shrink(case.x, case.a, step), case.b, step, case.slice_ends)
+    step, ends = case.step, case.slice_ends
+    if kernels is Kernels.REFERENCE:
+        return lambda: lora_expand_ref(case.out, lora_shrink_ref(case.x, case.a, step), case.b, step, ends)
+    split_k, block_n = tiling.split_k, tiling.block_n or EXPAND_BLOCK_N
+    return lambda: lora_expand(
+        case.out, lora_shrink(case.x, case.a, step, NO_PROLOGUE, split_k), case.b, step, ends, block_n
+    )
 
 
-def kernel_times(config: dict, kernel_rows: tuple[int, ...], dtype: torch.dtype, device: str) -> list[dict]:
+SWEEP = [Tiling(split_k, block_n) for split_k in (None, 4, 8) for block_n in (64, 128, 256)]
+
+
+def kernel_times(
+    config: dict, kernel_rows: tuple[int, ...], dtype: torch.dtype, device: str, sweep: list[Tiling] | None = None
+) -> list[dict]:
     """us per decode step of every layer's LoRA (`step_us`: shrink + expand) and per layer of each projection's
-    (`qkv_us`, ...). On the CPU (a smoke run) each kernel runs once, against the reference, and the times are 0."""
+    (`qkv_us`, ...); with `sweep`, `sweep_us` too: the step at each tiling. On the CPU (a smoke run) each kernel
+    runs once, against the reference (every tiling of the sweep), and the times are 0."""
     from benchmarks.device.timing import replay_us
 
     results = []
@@ -99,16 +117,22 @@ def kernel_times(config: dict, kernel_rows: tuple[int, ...], dtype: torch.dtype,
         result: dict = dict(rows=rows)
         if device == "cpu":
             for case in layers[0].values():
-                expected = case.out.clone()
-                lora_call(case)()
-                lora_call(LoraCase(case.x, case.a, case.b, expected, case.step, case.slice_ends), Kernels.REFERENCE)()
-                torch.testing.assert_close(case.out, expected, rtol=1e-4, atol=1e-4)
+                for tiling in sweep or [Tiling()]:
+                    expected = case.out.clone()
+                    lora_call(case, Kernels.TWO, tiling)()
+                    reference = LoraCase(case.x, case.a, case.b, expected, case.step, case.slice_ends)
+                    lora_call(reference, Kernels.REFERENCE)()
+                    torch.testing.assert_close(case.out, expected, rtol=1e-4, atol=1e-4)
             result["step_us"] = 0.0
         else:
             calls = [lora_call(case) for layer in layers for case in layer.values()]
             result["step_us"] = replay_us(calls) * len(calls)
             for name in fused_projections(config):
                 result[f"{name}_us"] = replay_us([lora_call(layer[name]) for layer in layers])
+            for tiling in sweep or []:
+                calls = [lora_call(case, Kernels.TWO, tiling) for layer in layers for case in layer.values()]
+                name = f"split_k={tiling.split_k or 'auto'},block_n={tiling.block_n}"
+                result.setdefault("sweep_us", {})[name] = replay_us(calls) * len(calls)
         log(f"kernels: {result}")
         results.append(result)
         del layers

@@ -13,7 +13,9 @@ every row on -1 (its fixed cost: launches over empty segments); `one` every row 
 round-robin over the 8 slots. Then the largest row count's base and spread steps once each under the profiler:
 the top kernels of each, their kernel time against the timed (wall) step, and the kernels whose time differs most
 between the two, which says what spread - base is made of (shrink/expand, the segments' counting sort in
-tgi_compat/modeling/lora/step.py, others). The CPU run: a tiny Llama, eager steps, no profile.
+tgi_compat/modeling/lora/step.py, others). Last, the shrink and expand alone (benchmarks/device/lora_kernels.py)
+at each tiling of its SWEEP. The CPU run: a tiny Llama, eager steps, no profile, the sweep checked against the
+reference.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.device.lora_kernels import ADAPTERS, RANK, row_slots
+from benchmarks.device.lora_kernels import ADAPTERS, RANK, SWEEP, kernel_times, row_slots
 from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.steps import build_runner, decode_batch, fill_context, profile_step, random_weights
 from benchmarks.device.timing import log, out_path, timer, write_json
@@ -190,6 +192,12 @@ def main() -> None:
     row_counts = [int(r) for r in args.rows.split(",")] if on_gpu else [1, ADAPTERS]
     report = measure(model, dtype, args.device, row_counts, args.reps if on_gpu else 2)
     print(table(report), flush=True)
+    # the kernels alone at each tiling of the sweep (the CPU run checks every tiling against the reference)
+    kernel_dtype = torch.bfloat16 if on_gpu else torch.float32
+    report["kernel_sweep"] = kernel_times(model, tuple(row_counts), kernel_dtype, args.device, SWEEP)
+    for result in report["kernel_sweep"]:
+        for name, us in result.get("sweep_us", {}).items():
+            print(f"kernels, {result['rows']} rows, {name}: {us:.0f} us a step", flush=True)
     write_json(args.json, report)
 
 

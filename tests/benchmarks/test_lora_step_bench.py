@@ -1,6 +1,7 @@
 """benchmarks/device/lora_step.py's CPU smoke run: a tiny Llama with 8 adapters in its 8 slots, eager decode steps of
 1 and 8 rows timed base, on the LoRA path with no LoRA row, all on one slot and spread over the 8, the table and the
-JSON written."""
+JSON written; then the shrink and expand at every tiling of the sweep, under Triton's interpreter, against their
+references."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 from tests.benchmarks.smoke import smoke_run
 
 
-def test_lora_step_benchmark_smoke_run(tmp_path):
+def test_lora_step_benchmark_smoke_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     done = smoke_run("lora_step", tmp_path)
     report = json.loads((tmp_path / "lora_step.json").read_text())
     assert sorted(report["steps"], key=int) == ["1", "8"]
@@ -17,3 +19,4 @@ def test_lora_step_benchmark_smoke_run(tmp_path):
     assert all(ms > 0 for steps in report["steps"].values() for ms in steps.values())
     assert report["checks"]["spread_vs_base_rel_diff"] > 1e-3  # the adapters change the logits
     assert "| rows | (a) base |" in done.stdout
+    assert [result["rows"] for result in report["kernel_sweep"]] == [1, 8]

@@ -12,6 +12,10 @@ import triton.language as tl
 from tgi_compat.kernels.lora.segments import LoraSegments
 from tgi_compat.kernels.lora.tiles import add_into, segment_rows
 
+# output columns per program: each program reads its rows' split-K partial sums again (benchmarks/device/lora_kernels.py
+# sweeps it)
+EXPAND_BLOCK_N = 64
+
 
 @triton.jit
 def _lora_expand_kernel(
@@ -67,7 +71,12 @@ def _lora_expand_kernel(
 
 
 def lora_expand(
-    out: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, step: LoraSegments, slice_ends: tuple[int, ...]
+    out: torch.Tensor,
+    shrunk: torch.Tensor,
+    b: torch.Tensor,
+    step: LoraSegments,
+    slice_ends: tuple[int, ...],
+    block_n: int = EXPAND_BLOCK_N,
 ) -> None:
     """out[token, slice s's columns] += shrunk[:, i, s * R : (s + 1) * R].sum(0) @ B[slot, those columns]^T for each
     LoRA token (shrunk [P, T, S * R]; b [L, OUT, R]; slice s's columns end at slice_ends[s], the last at OUT);
@@ -75,7 +84,7 @@ def lora_expand(
     num_slots, _, rank = b.shape
     assert 1 <= len(slice_ends) <= 3 and slice_ends[-1] <= out.shape[1], slice_ends
     ends = (*slice_ends, *[slice_ends[-1]] * (3 - len(slice_ends)))
-    block_m, block_n = 16, 64
+    block_m = 16
     grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(slice_ends[-1], block_n))
     _lora_expand_kernel[grid](
         shrunk, b, step.token_order, step.seg_start, step.seg_len, out, *ends, slice_ends[-1], rank, shrunk.shape[0],

@@ -95,7 +95,11 @@ def shrink_split_k(num_tokens: int, k: int) -> int:
 
 
 def lora_shrink(
-    x: torch.Tensor, a: torch.Tensor, step: LoraSegments, prologue: ShrinkPrologue = NO_PROLOGUE
+    x: torch.Tensor,
+    a: torch.Tensor,
+    step: LoraSegments,
+    prologue: ShrinkPrologue = NO_PROLOGUE,
+    split_k: int | None = None,  # None: shrink_split_k's (benchmarks/device/lora_kernels.py sweeps others)
 ) -> torch.Tensor:
     """x [T, K] (the pre-norm rows with a norm prologue; [T, 2K] gate | up with SiLU-and-mul), a [L, N, K] ->
     [P, T, N] float32 partial sums over K, in token_order's order: their sum over P is each LoRA token's
@@ -104,7 +108,7 @@ def lora_shrink(
     num_slots, n, _ = a.shape
     norm_weight, silu_mul = prologue.norm_weight, prologue.silu_mul
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, a.shape)
-    split_k = shrink_split_k(num_tokens, k)
+    split_k = split_k or shrink_split_k(num_tokens, k)
     out = torch.empty(split_k, num_tokens, n, dtype=torch.float32, device=x.device)
     block_m, block_n, block_k = 16, min(64, max(16, triton.next_power_of_2(n))), 64
     grid = (triton.cdiv(num_tokens, block_m), num_slots, triton.cdiv(n, block_n) * split_k)

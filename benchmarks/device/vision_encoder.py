@@ -189,8 +189,8 @@ def sum_flop(rows: dict[str, dict[str, float]]) -> float:
 
 def fused(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]]:
     """What some rows above would cost done otherwise, on the same tensors: the encoder's fused elementwise ops
-    (TRITON_ELEMENTWISE: the repo's Triton rotary in place and RMSNorm + residual add kernels, fp32 math) over all
-    blocks, and the patch embedding as transformers runs it (a Conv3d) beside the encoder's one GEMM."""
+    (TRITON_ELEMENTWISE: the repo's Triton rotary in place and RMSNorm + residual add kernels, fp32 math, the MLP's
+    one [gate | up] GEMM and SiLU-and-mul) over all blocks, and the patch embedding as transformers runs it (a Conv3d) beside the encoder's one GEMM."""
     from tgi_compat.modeling.vision.qwen_vl_ops import TRITON_ELEMENTWISE as FUSED
 
     blocks, proj = encoder.visual.blocks, encoder.visual.patch_embed.proj
@@ -206,10 +206,16 @@ def fused(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
             for norm in (block.norm1, block.norm2):
                 FUSED.norm(x.attended, norm, x.hidden)
 
+    def mlp() -> None:
+        for block in blocks:
+            FUSED.mlp(block.mlp, x.normed)
+
     depth, flop = len(blocks), 2.0 * x.pixels.shape[0] * proj.weight.numel()
+    mlp_flop = 6.0 * x.normed.numel() * encoder.visual.config.intermediate_size * depth
     rows = {}
     for name, fn, calls, flops in (
         ("rotary, fused Triton", rotary, depth, 0.0),
+        ("mlp: one gate|up GEMM, fused SiLU-and-mul, down", mlp, 3 * depth, mlp_flop),
         ("norms + residual adds, fused Triton", norms, 2 * depth, 0.0),
         ("patch_embed as transformers' Conv3d", lambda: encoder.visual.patch_embed(x.pixels), 1, flop),
     ):

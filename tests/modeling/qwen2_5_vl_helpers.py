@@ -37,7 +37,7 @@ def tiny_qwen2_5_vl(vocab: int, seed: int = 0, family: str = "qwen2_5_vl", **tex
         vision = dict(tower, embed_dim=32, mlp_ratio=2, hidden_size=TINY_SIZES["hidden_size"])
         config_class, model_class = transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration
     else:
-        # an MLP width off the 64 grid, as the 7B's 3420: the encoder pads it (vision/qwen2_5_vl.pad_mlp_width)
+        # an MLP width off the 64 grid, as the 7B's 3420: the encoder pads it (vision/qwen_vl_mlp.PaddedSwiGLU)
         vision = dict(
             tower, hidden_size=32, intermediate_size=60, out_hidden_size=64, window_size=56, fullatt_block_indexes=[1]
         )

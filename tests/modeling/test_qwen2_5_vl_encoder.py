@@ -14,8 +14,10 @@ import torch
 
 from tests.modeling.helpers import max_rel_error
 from tests.modeling.qwen2_5_vl_helpers import FAMILIES, MERGE, PATCH, picture, tiny_qwen2_5_vl
+from tgi_compat.kernels.elementwise.silu_mul import silu_mul_ref
 from tgi_compat.modeling.vision.encoder import ImageEncoder
-from tgi_compat.modeling.vision.qwen2_5_vl import MLP_ALIGN, VISION_TOWERS, QwenVLVisionEncoder
+from tgi_compat.modeling.vision.qwen2_5_vl import VISION_TOWERS, QwenVLVisionEncoder
+from tgi_compat.modeling.vision.qwen_vl_mlp import MLP_ALIGN
 from tgi_compat.modeling.vision.qwen_vl_ops import VISION_ATTENTION, VISION_ELEMENTWISE
 
 # (color, (width, height)): grids of 8x10, 4x6 and 4x14 patches, so 2x3, 1x2 and 1x4 windows of 2x2 merged patches,
@@ -27,7 +29,7 @@ def encoder_pair(family: str = "qwen2_5_vl"):
     """(transformers' vision transformer, our encoder on its weights)."""
     model = tiny_qwen2_5_vl(300, family=family)
     encoder = QwenVLVisionEncoder(model.config.to_dict(), VISION_TOWERS[type(model).__name__])
-    params = dict(encoder.visual.named_parameters())  # through the loaders: the MLP is padded (pad_mlp_width)
+    params = dict(encoder.visual.named_parameters())  # through the loaders: the MLP is padded (PaddedSwiGLU)
     for name, tensor in model.model.visual.state_dict().items():
         params[name].weight_loader(params[name], tensor)  # type: ignore[attr-defined]
     return model.model.visual.eval(), encoder.eval()
@@ -72,6 +74,20 @@ def test_the_mlp_width_is_padded_and_checkpoints_load_into_its_corner():
     wrong = torch.zeros(MLP_ALIGN, mlp.gate_proj.in_features)  # (the padded shape: a checkpoint has 60 rows)
     with pytest.raises(ValueError, match="shape mismatch"):
         mlp.gate_proj.weight.weight_loader(mlp.gate_proj.weight, wrong)
+
+
+def test_the_fused_mlp_equals_transformers_mlp():
+    """The gate and up weights load into the two halves of one tensor (views of it), so the fused path's one GEMM
+    and SiLU-and-mul (the Triton kernel on a GPU; its reference here) gives transformers' MLP."""
+    reference, encoder = encoder_pair()
+    mlp, hf_mlp = encoder.visual.blocks[1].mlp, reference.blocks[1].mlp
+    assert mlp.gate_proj.weight.data_ptr() == mlp.gate_up_weight.data_ptr()
+    assert torch.equal(mlp.gate_up_weight[MLP_ALIGN : MLP_ALIGN + 60], hf_mlp.up_proj.weight)
+    x = torch.randn(7, mlp.gate_proj.in_features)
+    with torch.no_grad():
+        expected = hf_mlp(x)
+        assert max_rel_error(mlp(x), expected) < 1e-5
+        assert max_rel_error(mlp.fused(x, silu_mul_ref), expected) < 1e-5
 
 
 @pytest.mark.parametrize("elementwise", sorted(VISION_ELEMENTWISE))

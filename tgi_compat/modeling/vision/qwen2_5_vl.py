@@ -8,7 +8,6 @@ placeholder."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from tgi_compat.modeling.layers.linear import default_weight_loader
+from tgi_compat.modeling.vision.qwen_vl_mlp import swiglu_mlp
 from tgi_compat.modeling.vision.qwen_vl_ops import (
     DEFAULT_VISION_ATTENTION,
     DEFAULT_VISION_ELEMENTWISE,
@@ -27,7 +27,6 @@ from tgi_compat.modeling.vision.qwen_vl_ops import (
     VisionAttention,
     VisionElementwise,
 )
-from tgi_compat.modeling.weights.lazy import LazyTensor, take
 
 if TYPE_CHECKING:
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionAttention
@@ -137,7 +136,7 @@ class QwenVLVisionEncoder(nn.Module):
         for param in self.parameters():  # loaded by models/weight_names.load_packed_weights, as ours are
             param.weight_loader = default_weight_loader  # type: ignore[attr-defined]
         for block in self.visual.blocks:
-            pad_mlp_width(block.mlp)
+            block.mlp = swiglu_mlp(block.mlp)
 
     @torch.inference_mode()
     def forward(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -164,7 +163,7 @@ class QwenVLVisionEncoder(nn.Module):
             normed, hidden = ops.norm(
                 self.attention(block.attn, normed, tables, spans, backend, ops), block.norm2, hidden
             )
-            out = block.mlp(normed)
+            out = ops.mlp(block.mlp, normed)
             if index + 1 < len(blocks):
                 normed, hidden = ops.norm(out, blocks[index + 1].norm1, hidden)
         return layout.from_windows(visual.merger(hidden + out))
@@ -184,50 +183,6 @@ class QwenVLVisionEncoder(nn.Module):
         q, k = ops.rotary(q, k, tables)
         out = backend.attend(q, k, v, spans, attn.scaling)
         return attn.proj(out.reshape(tokens, -1))
-
-
-MLP_ALIGN = 64  # the vision MLP's inner width, rounded up to a multiple of this (pad_mlp_width)
-
-
-def pad_mlp_width(mlp: nn.Module, align: int = MLP_ALIGN) -> None:
-    """Qwen2.5-VL's SwiGLU vision MLP with its inner width padded with zeros to a multiple of `align`. The 7B's
-    3420 makes rows of 6,840 bytes, which cuBLAS's fast bf16 kernels do not take: its three GEMMs ran at ~230
-    TFLOP/s on an H100 against ~650 for the blocks' other GEMMs, 19 of the encoder's 30 ms per image
-    (docs/benchmarks/2026-12-05-session-24.md). Padded, gate and up give 0 there, silu(0) * 0 = 0, and down's zero
-    columns add nothing: the same sums. The checkpoint's tensors load into the unpadded corner."""
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLMLP
-
-    if not isinstance(mlp, Qwen2_5_VLMLP):  # Qwen2-VL's GELU MLP: 4 x the width, aligned already
-        return
-    inner = mlp.gate_proj.out_features
-    padded = -(-inner // align) * align
-    if padded != inner:
-        mlp.gate_proj = _padded_linear(mlp.gate_proj, padded, mlp.gate_proj.in_features)
-        mlp.up_proj = _padded_linear(mlp.up_proj, padded, mlp.up_proj.in_features)
-        mlp.down_proj = _padded_linear(mlp.down_proj, mlp.down_proj.out_features, padded)
-
-
-def _padded_linear(linear: nn.Linear, out_features: int, in_features: int) -> nn.Linear:
-    """`linear` (its weights so far in the corner) inside a zero nn.Linear of the larger shape."""
-    weight = linear.weight
-    padded = nn.Linear(in_features, out_features, linear.bias is not None, weight.device, weight.dtype)
-    with torch.no_grad():
-        for new, old in ((padded.weight, weight), (padded.bias, linear.bias)):
-            if new is not None and old is not None:
-                new.zero_()[tuple(slice(0, size) for size in old.shape)].copy_(old)
-                new.weight_loader = functools.partial(_load_into_corner, shape=old.shape)  # type: ignore[attr-defined]
-    return padded
-
-
-def _load_into_corner(
-    param: torch.Tensor, loaded: torch.Tensor | LazyTensor, shard: object = None, *, shape: torch.Size
-) -> None:
-    """A checkpoint tensor of the unpadded `shape` into the leading corner of its padded parameter (the rest stays
-    zero)."""
-    loaded = take(loaded)
-    if loaded.shape != shape:
-        raise ValueError(f"shape mismatch: parameter {tuple(shape)} vs checkpoint {tuple(loaded.shape)}")
-    param.data[tuple(slice(0, size) for size in shape)].copy_(loaded)
 
 
 def patch_embed(proj: nn.Conv3d, pixels: torch.Tensor) -> torch.Tensor:

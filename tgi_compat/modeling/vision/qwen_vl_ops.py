@@ -7,7 +7,8 @@ times every choice):
   the reference);
 * `VisionElementwise`: the ops around the GEMMs: transformers' own modules (RMSNorm and rotary upcast whole
   tensors to fp32: ~10 passes over memory each), or the repo's Triton kernels doing the same fp32 math in one pass
-  (the RMSNorm fused with the residual add before it, the rotary in place on the qkv output).
+  (the RMSNorm fused with the residual add before it, the rotary in place on the qkv output, the MLP's
+  SiLU-and-mul after one [gate | up] GEMM).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tgi_compat.kernels.attention.varlen import (
     varlen_attention,
     varlen_attention_flash,
 )
+from tgi_compat.modeling.vision.qwen_vl_mlp import PaddedSwiGLU
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class VisionElementwise:
     norm: Callable[[torch.Tensor, nn.Module, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
     tables: Callable[[torch.Tensor, torch.Tensor], Tables]  # (cos, sin [T, D]), once a call -> the rotary's tables
     rotary: Callable[[torch.Tensor, torch.Tensor, Tables], tuple[torch.Tensor, torch.Tensor]]  # (q, k) -> rotated
+    mlp: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (the block's MLP, x) -> its output
     on_cpu: bool  # False: CPU tensors take TRANSFORMERS instead
     rms_norm_only: bool  # True: a tower of LayerNorms (Qwen2-VL's) takes TRANSFORMERS instead
 
@@ -122,6 +125,17 @@ def _triton_norm(x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None
     return normed, x if summed is None else summed
 
 
+def _module_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return mlp(x)
+
+
+def _fused_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    from tgi_compat.kernels.elementwise.silu_mul import silu_mul
+
+    assert isinstance(mlp, PaddedSwiGLU)  # rms_norm_only: Qwen2.5-VL's towers alone, whose MLPs the encoder swaps
+    return mlp.fused(x, silu_mul)  # one rounding of silu(gate) * up where transformers' rounds each
+
+
 def _half_tables(cos: torch.Tensor, sin: torch.Tensor) -> Tables:
     half = cos.shape[-1] // 2  # the vision rope repeats its angles over both halves: the kernel reads one
     return cos[:, :half].contiguous(), sin[:, :half].contiguous()
@@ -134,8 +148,10 @@ def _triton_rotary(q: torch.Tensor, k: torch.Tensor, tables: Tables) -> tuple[to
     return q, k
 
 
-TRANSFORMERS = VisionElementwise("transformers", _module_norm, lambda cos, sin: (cos, sin), _vision_rotary, True, False)
-TRITON_ELEMENTWISE = VisionElementwise("triton", _triton_norm, _half_tables, _triton_rotary, False, True)
+TRANSFORMERS = VisionElementwise(
+    "transformers", _module_norm, lambda cos, sin: (cos, sin), _vision_rotary, _module_mlp, True, False
+)
+TRITON_ELEMENTWISE = VisionElementwise("triton", _triton_norm, _half_tables, _triton_rotary, _fused_mlp, False, True)
 VISION_ELEMENTWISE = {ops.name: ops for ops in (TRANSFORMERS, TRITON_ELEMENTWISE)}
 # issue 41: the fused kernels; transformers' modules cost 15.5 ms more per 1024px image (45.5 vs 30.0 ms, H100)
 DEFAULT_VISION_ELEMENTWISE = TRITON_ELEMENTWISE

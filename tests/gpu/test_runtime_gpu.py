@@ -139,10 +139,10 @@ def test_vocab_shard_embedding() -> None:
 
 
 def test_side_stream_copies() -> None:
-    """tgi_compat.router.copy_streams: an upload is ready for the next kernel of the compute stream, a download holds what
+    """tgi_compat.modeling.copy_streams: an upload is ready for the next kernel of the compute stream, a download holds what
     the compute stream's kernels queued before it wrote, though both copies run on side streams (a long kernel
     queued first makes any missing wait visible)."""
-    from tgi_compat.router.copy_streams import download, upload
+    from tgi_compat.modeling.copy_streams import download, upload
 
     busy = torch.randn(4096, 4096, device=DEV)
     for _ in range(3):

@@ -22,8 +22,8 @@ from typing import cast
 
 import torch
 
+from tgi_compat.modeling import copy_streams
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, LoraBatch, PrefixGroups, build_forward_batch
-from tgi_compat.router import copy_streams
 from tgi_compat.router.cross_attention import CrossAttentionStore
 from tgi_compat.router.image_cache import ChunkImages, EncoderCache
 from tgi_compat.router.prefix_groups import GroupCounts, shared_prefix_groups
@@ -48,7 +48,7 @@ class LogitsLayout:
 def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
     """Host int lists of one length -> [len(rows), n] int64 on `device`, in one copy.
 
-    Pinned on a GPU so that the copy is asynchronous (on a side stream: tgi_compat.router.copy_streams); the
+    Pinned on a GPU so that the copy is asynchronous (on a side stream: tgi_compat.modeling.copy_streams); the
     caching host allocator keeps the pinned block alive until the copy has run.
     """
     host = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda")

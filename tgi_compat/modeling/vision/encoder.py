@@ -19,6 +19,8 @@ from typing import Any, Protocol
 import torch
 from PIL import Image
 
+from tgi_compat.modeling import copy_streams
+
 
 class VisionLanguageModel(Protocol):
     def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -79,7 +81,8 @@ class ImageEncoder:
         }
 
     def _upload(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.device, non_blocking=tensor.is_pinned())
+        # on the side stream: the copy runs beside the step in flight, not after it on the compute stream
+        return copy_streams.upload(tensor, self.device) if tensor.is_pinned() else tensor.to(self.device)
 
     @torch.inference_mode()
     def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tgi_compat.router import copy_streams
+from tgi_compat.modeling import copy_streams
 from tgi_compat.router.outputs import TopToken
 from tgi_compat.router.step import SampledToken
 

@@ -96,10 +96,15 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
     def today() -> None:
         decode_attention(q, k_cache, v_cache, r2t, rows, kv_lens, scale, splits, out=today_out, block_n=block_n)
 
-    def shared(num_prefix_splits: int = prefix_splits, num_stages: int = 2) -> None:
+    def shared(
+        num_prefix_splits: int = prefix_splits,
+        num_stages: int = 2,
+        prefix_block_n: int = shared_block_n,
+        warps: int = 4,
+    ) -> None:
         shared_prefix_decode_attention(
             q, k_cache, v_cache, r2t, rows, kv_lens, groups_table, scale, splits, num_prefix_splits, out=shared_out,
-            block_n=shared_block_n, prefix_block_n=shared_block_n, num_stages=num_stages,
+            block_n=shared_block_n, prefix_block_n=prefix_block_n, num_warps=warps, num_stages=num_stages,
         )  # fmt: skip
 
     today()
@@ -122,6 +127,16 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
                 for n in counts
                 for stages in (2, 3)
             }
+            # wider prefix key blocks and more warps: more bytes in flight per program
+            for n in sorted({prefix_splits, 4, 8} & set(range(1, room + 1))):
+                for block, warps, stages in ((128, 4, 2), (128, 8, 2), (64, 8, 3), (128, 8, 3), (64, 8, 4)):
+                    name = f"{n}/stages{stages}/block{block}/warps{warps}"
+                    try:
+                        result["sweep_us"][name] = 1e3 * graph_ms(
+                            lambda n=n, s=stages, b=block, w=warps: shared(n, s, b, w)
+                        )
+                    except Exception as error:  # (shared memory past the SM's: reported, not fatal)
+                        log(f"{name}: {type(error).__name__}: {str(error)[:200]}")
     log(json.dumps(result))
     return result
 

@@ -5,7 +5,8 @@ request is queued and encodes, once a step, the images of the step it has not ca
 The processor runs on the host, image by image in a thread pool: a 1024x1024 image takes ~100 ms of Pillow
 decoding and resizing and numpy normalising and patch reordering, all of which release the GIL; the pool's outputs
 are concatenated along their first dimension (Qwen2.5-VL's patches and grids, Gemma 3's images) as the processor
-would batch them itself."""
+would batch them itself. Qwen-VL's processors leave the rescale and normalisation to the device
+(`DeviceNormalize`): about half of their host time, and a quarter of the bytes to page-lock and upload."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import io
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -31,6 +33,32 @@ class VisionLanguageModel(Protocol):
 
 PROCESSOR_THREADS = 8
 HOST_TENSORS = frozenset({"image_grid_thw"})  # processor outputs the encoder reads on the host
+# processors whose pixel_values are flattened patches [patches, C * t * p * p], channel-major within a patch row
+QWEN_VL_PROCESSORS = frozenset({"Qwen2VLImageProcessor", "Qwen2VLImageProcessorPil", "Qwen2VLImageProcessorFast"})
+
+
+@dataclass(frozen=True)
+class DeviceNormalize:
+    """A Qwen-VL processor's `(x * rescale_factor - mean) / std`, column by column of its flattened patches, as one
+    multiply-add on the device: the processor runs with do_rescale and do_normalize off, so its patches hold the
+    resized image's integer pixel values (sent as uint8). Within 3e-7 of the processor's own float32 output."""
+
+    scale: torch.Tensor  # [C * t * p * p] float32: rescale_factor / std of each column's channel
+    shift: torch.Tensor  # -mean / std
+
+    @classmethod
+    def of(cls, processor: Any, device: torch.device) -> DeviceNormalize | None:
+        """None where the processor is not a Qwen-VL one or does not both rescale and normalise."""
+        if type(processor).__name__ not in QWEN_VL_PROCESSORS or not (processor.do_rescale and processor.do_normalize):
+            return None
+        per_channel = processor.temporal_patch_size * processor.patch_size**2  # columns of one channel
+        mean = torch.tensor(processor.image_mean, dtype=torch.float64).repeat_interleave(per_channel)
+        std = torch.tensor(processor.image_std, dtype=torch.float64).repeat_interleave(per_channel)
+        scale, shift = processor.rescale_factor / std, -mean / std
+        return cls(scale.to(device, torch.float32), shift.to(device, torch.float32))
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.shift, pixels.float(), self.scale)
 
 
 class ImageEncoder:
@@ -47,6 +75,10 @@ class ImageEncoder:
         return AutoImageProcessor.from_pretrained(self.folder)
 
     @functools.cached_property
+    def normalize(self) -> DeviceNormalize | None:
+        return DeviceNormalize.of(self.processor, self.device)
+
+    @functools.cached_property
     def threads(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(min(PROCESSOR_THREADS, os.cpu_count() or 1), thread_name_prefix="image-processor")
 
@@ -54,7 +86,12 @@ class ImageEncoder:
         """One image file -> the processor's tensors for it alone (on the host; page-locked for a CUDA device, so
         that the step's upload is an asynchronous copy: from pageable memory it made the engine's thread wait for
         every kernel queued before it, ~26 MB of float32 patches per 1024px Qwen2.5-VL image)."""
-        out = self.processor(images=[Image.open(io.BytesIO(data)).convert("RGB")], return_tensors="pt")
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        if self.normalize is None:
+            out = self.processor(images=[image], return_tensors="pt")
+        else:  # integer pixel values, normalised on the device
+            out = self.processor(images=[image], return_tensors="pt", do_rescale=False, do_normalize=False)
+            out["pixel_values"] = out["pixel_values"].to(torch.uint8)
         # tensors only: Mllama's also lists its tiles (num_tiles), which its aspect_ratio_mask holds too
         tensors = {name: value for name, value in out.items() if isinstance(value, torch.Tensor)}
         if self.device.type == "cuda":
@@ -63,7 +100,7 @@ class ImageEncoder:
 
     def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
         """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch)."""
-        self.processor  # noqa: B018 - loaded once here, not by each thread at once
+        self.normalize  # noqa: B018 - the processor loaded once here, not by each thread at once
         return self.threads.submit(self.preprocess, data)
 
     def preprocess_all(self, images: Sequence[bytes]) -> dict[str, torch.Tensor]:
@@ -74,11 +111,14 @@ class ImageEncoder:
         """The images' tensors concatenated, on the device but for the few host-side numbers that plan the encoder's
         launches (Qwen-VL's grid: read back from the device, it made the host wait for the steps queued before).
         Each image's tensors go up on their own, without waiting, and are concatenated there."""
-        return {
+        out = {
             name: _cat_padded(tensors) if name in HOST_TENSORS else _cat_padded([self._upload(t) for t in tensors])
             for name in processed[0]
             for tensors in [[p[name] for p in processed]]
         }
+        if self.normalize is not None:
+            out["pixel_values"] = self.normalize(out["pixel_values"])
+        return out
 
     def _upload(self, tensor: torch.Tensor) -> torch.Tensor:
         # on the side stream: the copy runs beside the step in flight, not after it on the compute stream

@@ -82,4 +82,6 @@ def test_forward_from_a_host_grid_never_syncs(encoder_7b):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert [r.shape[0] for r in rows] == [37 * 37, 16 * 24]
-    assert not [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    # (torch's one-off notice that the debug mode is a prototype is no sync: it comes with the first test to use it)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message) and "prototype" not in str(w.message)]
+    assert not syncs

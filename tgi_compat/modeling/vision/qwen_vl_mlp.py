@@ -42,6 +42,11 @@ class PaddedSwiGLU(nn.Module):
         self.gate_up_bias = None if bias is None else weight.new_zeros(2 * padded)
         self.gate_proj = _linear_on(self.gate_up_weight, self.gate_up_bias, slice(0, padded), gate)
         self.up_proj = _linear_on(self.gate_up_weight, self.gate_up_bias, slice(padded, 2 * padded), up)
+        with torch.no_grad():  # the weights so far (transformers' initialisation) in the corners, until a load
+            for new, old in ((self.gate_proj, gate), (self.up_proj, up)):
+                _copy_into_corner(new.weight, old.weight)
+                if old.bias is not None:
+                    _copy_into_corner(new.bias, old.bias)
         self.down_proj = _padded_linear(down, down.out_features, padded)
         self.act_fn: Callable[[torch.Tensor], torch.Tensor] = mlp.act_fn
 
@@ -82,9 +87,13 @@ def _padded_linear(linear: nn.Linear, out_features: int, in_features: int) -> nn
     with torch.no_grad():
         for new, old in ((padded.weight, weight), (padded.bias, linear.bias)):
             if new is not None and old is not None:
-                new.zero_()
+                _copy_into_corner(new.zero_(), old)
                 new.weight_loader = functools.partial(_load_into_corner, shape=old.shape)  # type: ignore[attr-defined]
     return padded
+
+
+def _copy_into_corner(param: torch.Tensor, tensor: torch.Tensor) -> None:
+    param.data[tuple(slice(0, size) for size in tensor.shape)].copy_(tensor)
 
 
 def _load_into_corner(
@@ -95,4 +104,4 @@ def _load_into_corner(
     loaded = take(loaded)
     if loaded.shape != shape:
         raise ValueError(f"shape mismatch: parameter {tuple(shape)} vs checkpoint {tuple(loaded.shape)}")
-    param.data[tuple(slice(0, size) for size in shape)].copy_(loaded)
+    _copy_into_corner(param, loaded)

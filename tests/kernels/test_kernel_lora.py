@@ -77,8 +77,9 @@ def _check_shrink_and_expand(
     b = torch.randn(MAX_LORAS, 80, rank)
     shrunk, ref = lora_shrink(x, a, step), lora_shrink_ref(x, a, step)
     num_lora = int(step.seg_len.sum())
-    assert shrunk.shape[0] == shrink_split_k(num_tokens, size_in)  # each split's partial sums, added by the expand
-    torch.testing.assert_close(shrunk.sum(0)[:num_lora], ref[0, :num_lora], **TOL)
+    # each split's partial sums, added by the expand
+    assert shrunk.partials.shape[0] == shrink_split_k(num_tokens, size_in) and shrunk.sum_sq is None
+    torch.testing.assert_close(shrunk.rows()[:num_lora], ref.rows()[:num_lora], **TOL)
     base = torch.randn(num_tokens, 80)
     out, out_ref = base.clone(), base.clone()
     ends = tuple(start + size for start, size in slices)
@@ -110,8 +111,15 @@ def test_shrink_prologues_match_the_model_ops(prologue, size_in):
         pro = ShrinkPrologue(weight, 1e-5) if prologue == "norm" else ShrinkPrologue(silu_mul=True)
         activations = torch_rms_norm(x, weight, 1e-5)[0] if prologue == "norm" else torch_silu_and_mul(x)
         torch.testing.assert_close(shrink_prologue_ref(x, pro), activations, rtol=1e-5, atol=1e-5)
-        expected = lora_shrink_ref(activations, a, step)[0]
+        expected = lora_shrink_ref(activations, a, step).rows()
         num_lora = int(step.seg_len.sum())
-        got = lora_shrink(x, a, step, pro).sum(0)
-        torch.testing.assert_close(got[:num_lora], expected[:num_lora], **TOL)
-        torch.testing.assert_close(lora_shrink_ref(x, a, step, pro)[0], expected, rtol=1e-5, atol=1e-5)
+        shrunk = lora_shrink(x, a, step, pro)
+        # a norm's 1 / rms from the splits' sums of squares, applied to the summed row (by the expand)
+        assert (shrunk.sum_sq is not None) == (prologue == "norm")
+        torch.testing.assert_close(shrunk.rows()[:num_lora], expected[:num_lora], **TOL)
+        torch.testing.assert_close(lora_shrink_ref(x, a, step, pro).rows(), expected, rtol=1e-5, atol=1e-5)
+        b = torch.randn(MAX_LORAS, 48, 16)
+        out, out_ref = torch.zeros(8, 48), torch.zeros(8, 48)
+        lora_expand(out, shrunk, b, step, (16, 32, 48))
+        lora_expand_ref(out_ref, lora_shrink_ref(activations, a, step), b, step, (16, 32, 48))
+        torch.testing.assert_close(out, out_ref, **TOL)

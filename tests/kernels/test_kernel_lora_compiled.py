@@ -25,7 +25,8 @@ for rows, k, prologue in ((64, 4096, "norm"), (1, 14336, "silu_mul"), (1000, 409
 for ends in ((4096,), (14336, 28672), (4096, 5120, 6144)):
     step = lora_step(torch.arange(64) % 8, 8)
     out = torch.zeros(64, ends[-1], dtype=torch.bfloat16)
-    shrunk, b = torch.zeros(16, 64, 16 * len(ends)), torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
+    shrunk = sh.Shrunk(torch.zeros(16, 64, 16 * len(ends)), torch.zeros(16, 64), 4096, 1e-5)
+    b = torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
     ptx = compiled_ptx(ex._lora_expand_kernel, lambda: ex.lora_expand(out, shrunk, b, step, ends))
     found[f"expand {len(ends)} slices"] = dict(ptx=len(ptx) > 0)
 print(json.dumps(found))

@@ -1,7 +1,7 @@
 """LoRA expand: each token's shrunk row times its slot's B, added into the base output, every slice of a fused
 projection (q|k|v, gate|up) in one launch: slice s owns the output columns [ends[s-1], ends[s]) and the rank
 block s*R .. (s+1)*R of the shrunk row, whose split-K partial sums (tgi_compat.kernels.lora.shrink) it adds up as it
-reads them."""
+reads them, and scales by a norm prologue's 1 / rms from the splits' sums of squares."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
+from tgi_compat.kernels.lora.shrink import Shrunk
 from tgi_compat.kernels.lora.tiles import add_into, segment_rows
 
-# output columns per program: each program reads its rows' split-K partial sums again (benchmarks/device/lora_kernels.py
-# sweeps it)
-EXPAND_BLOCK_N = 64
+# output columns per program, each of which reads its rows' split-K partial sums again: 128 beat 64 and 256 at 1, 8
+# and 64 rows (a decode step's kernels 10-15% faster, H100, benchmarks/device/lora_step.py, 2026-12-06)
+EXPAND_BLOCK_N = 128
 
 
 @triton.jit
 def _lora_expand_kernel(
     shrunk_ptr,  # [P, T, S * R] float32, rows in sorted order: P partial sums
+    sum_sq_ptr,  # [P, T] float32 (NORM): the splits' sums of squares of the norm's input
     b_ptr,  # [L, OUT, R]: every slot's B, all slices' output columns stacked
     order_ptr,  # [T] int64
     seg_start_ptr,  # [L] int64
@@ -31,12 +33,16 @@ def _lora_expand_kernel(
     out_size,  # the last slice's end: the columns written
     R,  # max rank
     num_parts,  # P
+    norm_cols,  # (NORM) the norm's columns
+    eps,
     stride_s_part,
     stride_s,
+    stride_q_part,
     stride_b_slot,
     stride_b_row,
     stride_o,
     NUM_SLICES: tl.constexpr,
+    NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -67,42 +73,49 @@ def _lora_expand_kernel(
             for part in range(num_parts):
                 shrunk += tl.load(shrunk_ptrs + part * stride_s_part + s * R, mask=mask_s, other=0.0)
             delta += tl.where(column_slice[None, :] == s, tl.dot(shrunk, b), 0.0)  # [BLOCK_M, BLOCK_N]
+        if NORM:  # the norm's 1 / rms(x), a factor of the whole row
+            sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for part in range(num_parts):
+                sum_sq += tl.load(sum_sq_ptr + part * stride_q_part + rows, mask=mask_m, other=0.0)
+            delta *= tl.rsqrt(sum_sq / norm_cols + eps)[:, None]
         add_into(out_ptr, tokens, offs_n, mask_m, mask_n, stride_o, delta)
 
 
 def lora_expand(
     out: torch.Tensor,
-    shrunk: torch.Tensor,
+    shrunk: Shrunk,
     b: torch.Tensor,
     step: LoraSegments,
     slice_ends: tuple[int, ...],
     block_n: int = EXPAND_BLOCK_N,
 ) -> None:
-    """out[token, slice s's columns] += shrunk[:, i, s * R : (s + 1) * R].sum(0) @ B[slot, those columns]^T for each
-    LoRA token (shrunk [P, T, S * R]; b [L, OUT, R]; slice s's columns end at slice_ends[s], the last at OUT);
-    others are left alone."""
+    """out[token, slice s's columns] += shrunk.rows()[i, s * R : (s + 1) * R] @ B[slot, those columns]^T for each
+    LoRA token (b [L, OUT, R]; slice s's columns end at slice_ends[s], the last at OUT); others are left alone."""
     num_slots, _, rank = b.shape
     assert 1 <= len(slice_ends) <= 3 and slice_ends[-1] <= out.shape[1], slice_ends
     ends = (*slice_ends, *[slice_ends[-1]] * (3 - len(slice_ends)))
     block_m = 16
     grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(slice_ends[-1], block_n))
+    partials, sum_sq = shrunk.partials, shrunk.sum_sq
     _lora_expand_kernel[grid](
-        shrunk, b, step.token_order, step.seg_start, step.seg_len, out, *ends, slice_ends[-1], rank, shrunk.shape[0],
-        shrunk.stride(0), shrunk.stride(1), b.stride(0), b.stride(1), out.stride(0),
-        NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_N=block_n,
+        partials, partials if sum_sq is None else sum_sq, b, step.token_order, step.seg_start, step.seg_len, out,
+        *ends, slice_ends[-1], rank, partials.shape[0], shrunk.norm_cols, shrunk.eps,
+        partials.stride(0), partials.stride(1), 0 if sum_sq is None else sum_sq.stride(0), b.stride(0), b.stride(1),
+        out.stride(0),
+        NUM_SLICES=len(slice_ends), NORM=sum_sq is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rank)),
     )  # fmt: skip
 
 
 def lora_expand_ref(
-    out: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, step: LoraSegments, slice_ends: tuple[int, ...]
+    out: torch.Tensor, shrunk: Shrunk, b: torch.Tensor, step: LoraSegments, slice_ends: tuple[int, ...]
 ) -> None:
     """The definition, one matmul per live segment and slice (also the CPU path)."""
-    rank, shrunk = b.shape[2], shrunk.sum(0)
+    rank, rows = b.shape[2], shrunk.rows()
     for slot, (start, length) in enumerate(zip(step.seg_start.tolist(), step.seg_len.tolist())):
         if not length:
             continue
         tokens = step.token_order[start : start + length]
         for index, (begin, end) in enumerate(zip((0, *slice_ends[:-1]), slice_ends)):
-            shrunk_part = shrunk[start : start + length, index * rank : (index + 1) * rank]
+            shrunk_part = rows[start : start + length, index * rank : (index + 1) * rank]
             out[tokens, begin:end] += (shrunk_part @ b[slot, begin:end].float().T).to(out.dtype)

@@ -3,7 +3,9 @@ with the prologue the base projection's fused kernel ran on the same input (so a
 the RMS norm of a pre-norm row, or SiLU-and-mul of a [gate | up] row.
 
 Split over K at decode sizes, each split writes its own partial sums (no zeroing launch, no atomics); the expand
-adds the splits up as it reads them.
+adds the splits up as it reads them. A norm prologue's 1 / rms(x) is a factor of the whole row, so each split also
+writes its columns' sum of squares and the expand applies the factor to the summed row: no split reads the whole row
+(each did, once per split: at 64 rows half of a serving step's shrink time, H100).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
-from tgi_compat.kernels.lora.tiles import prologue_tile, row_inv_rms, segment_rows
+from tgi_compat.kernels.lora.tiles import prologue_tile, segment_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,25 @@ class ShrinkPrologue:
 NO_PROLOGUE = ShrinkPrologue()
 
 
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    """The shrink's output, rows in token_order's order: partial sums over K [P, T, N] float32 and, after a norm
+    prologue, each split's sums of squares of its columns [P, T] with the norm's column count and eps: the row's
+    value is partials.sum(0) / rms."""
+
+    partials: torch.Tensor
+    sum_sq: torch.Tensor | None = None
+    norm_cols: int = 0
+    eps: float = 0.0
+
+    def rows(self) -> torch.Tensor:
+        """[T, N] float32: each row's prologue(x) @ A[slot]^T."""
+        total = self.partials.sum(0)
+        if self.sum_sq is None:
+            return total
+        return total * torch.rsqrt(self.sum_sq.sum(0) / self.norm_cols + self.eps)[:, None]
+
+
 @triton.jit
 def _lora_shrink_kernel(
     x_ptr,  # [T, K] ([T, 2K]: gate | up with SILU_MUL)
@@ -39,14 +60,15 @@ def _lora_shrink_kernel(
     seg_start_ptr,  # [L] int64: each slot's first row in order
     seg_len_ptr,  # [L] int64: each slot's token count (0: idle slot)
     out_ptr,  # [SPLIT_K, T, N] float32, rows in sorted order: each split's partial sums
+    sum_sq_ptr,  # [SPLIT_K, T] float32 (NORM): each split's sums of squares of its columns of x
     K,
     N,
-    eps,
     stride_x,
     stride_a_slot,
     stride_a_row,
     stride_o_split,
     stride_o,
+    stride_q_split,
     NORM: tl.constexpr,
     SILU_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -66,10 +88,14 @@ def _lora_shrink_kernel(
         mask_n = offs_n < N
         a_base = a_ptr + slot.to(tl.int64) * stride_a_slot
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         # this program's share of K: whole BLOCK_Ks, interleaved with the other splits'
         for k in range(pid_k * BLOCK_K, K, SPLIT_K * BLOCK_K):
             offs_k = k + tl.arange(0, BLOCK_K)
-            x = prologue_tile(x_rows, norm_ptr, offs_k, mask_m, K, NORM, SILU_MUL)
+            x = prologue_tile(x_rows, offs_k, mask_m, K, SILU_MUL)
+            if NORM:  # x's squares before the weight: its share of the row's mean square
+                sum_sq += tl.sum(x * x, axis=1)
+                x = x * tl.load(norm_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
             a = tl.load(
                 a_base + offs_n[None, :] * stride_a_row + offs_k[:, None],
                 mask=mask_n[None, :] & (offs_k < K)[:, None],
@@ -77,12 +103,11 @@ def _lora_shrink_kernel(
             )
             # the weights' dtype on the tensor cores (bf16 in serving), accumulated in float32
             acc += tl.dot(x.to(a.dtype), a)
-        if NORM:
-            # the whole row's mean square (each split reads the row again: a few KB from L2 at decode sizes),
-            # so that every split's partial sum is already normed
-            acc *= row_inv_rms(x_rows, mask_m, K, eps, BLOCK_M, BLOCK_K)[:, None]
         out_ptrs = out_ptr + pid_k * stride_o_split + rows[:, None] * stride_o + offs_n[None, :]
         tl.store(out_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
+        if NORM:
+            if pid_n == 0:  # (every N block summed the same squares)
+                tl.store(sum_sq_ptr + pid_k * stride_q_split + rows, sum_sq, mask=mask_m)
 
 
 def shrink_split_k(num_tokens: int, k: int) -> int:
@@ -100,40 +125,41 @@ def lora_shrink(
     step: LoraSegments,
     prologue: ShrinkPrologue = NO_PROLOGUE,
     split_k: int | None = None,  # None: shrink_split_k's (benchmarks/device/lora_kernels.py sweeps others)
-) -> torch.Tensor:
+) -> Shrunk:
     """x [T, K] (the pre-norm rows with a norm prologue; [T, 2K] gate | up with SiLU-and-mul), a [L, N, K] ->
-    [P, T, N] float32 partial sums over K, in token_order's order: their sum over P is each LoRA token's
-    prologue(x) @ A[slot]^T (rows of tokens without an adapter: unset)."""
+    each LoRA token's prologue(x) @ A[slot]^T as P partial sums over K (rows of tokens without an adapter: unset)."""
     num_tokens, k = x.shape[0], a.shape[2]
     num_slots, n, _ = a.shape
     norm_weight, silu_mul = prologue.norm_weight, prologue.silu_mul
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, a.shape)
     split_k = split_k or shrink_split_k(num_tokens, k)
     out = torch.empty(split_k, num_tokens, n, dtype=torch.float32, device=x.device)
+    norm = norm_weight is not None
+    sum_sq = torch.empty(split_k, num_tokens, dtype=torch.float32, device=x.device) if norm else out
     block_m, block_n, block_k = 16, min(64, max(16, triton.next_power_of_2(n))), 64
     grid = (triton.cdiv(num_tokens, block_m), num_slots, triton.cdiv(n, block_n) * split_k)
     _lora_shrink_kernel[grid](
-        x, a, x if norm_weight is None else norm_weight, step.token_order, step.seg_start, step.seg_len, out, k, n,
-        prologue.eps,
-        x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1),
-        NORM=norm_weight is not None, SILU_MUL=silu_mul,
+        x, a, x if norm_weight is None else norm_weight, step.token_order, step.seg_start, step.seg_len, out, sum_sq,
+        k, n,
+        x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1), sum_sq.stride(0),
+        NORM=norm, SILU_MUL=silu_mul,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
     )  # fmt: skip
-    return out
+    return Shrunk(out, sum_sq, k, prologue.eps) if norm else Shrunk(out)
 
 
 def lora_shrink_ref(
     x: torch.Tensor, a: torch.Tensor, step: LoraSegments, prologue: ShrinkPrologue = NO_PROLOGUE
-) -> torch.Tensor:
-    """The definition, one matmul per live segment, as one 'split' [1, T, N] (also the CPU path: the host reads the
-    segment table)."""
+) -> Shrunk:
+    """The definition, one matmul per live segment, as one normed 'split' [1, T, N] (also the CPU path: the host
+    reads the segment table)."""
     x = shrink_prologue_ref(x, prologue)
     out = torch.zeros(1, x.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
     for slot, (start, length) in enumerate(zip(step.seg_start.tolist(), step.seg_len.tolist())):
         if length:
             tokens = step.token_order[start : start + length]
             out[0, start : start + length] = x[tokens] @ a[slot].float().T
-    return out
+    return Shrunk(out)
 
 
 def shrink_prologue_ref(x: torch.Tensor, prologue: ShrinkPrologue) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """The pieces the LoRA kernels share (shrink and expand): a slot's block of rows from the segment table, a tile
-of the shrink's input through its prologue, a row's RMS, and the add into the base output."""
+of the shrink's input through its prologue, and the add into the base output."""
 
 from __future__ import annotations
 
@@ -17,29 +17,15 @@ def segment_rows(order_ptr, seg_start_ptr, slot, offs_m, num_tokens):
 
 
 @triton.jit
-def prologue_tile(x_rows, norm_ptr, offs_k, mask_m, K, NORM: tl.constexpr, SILU_MUL: tl.constexpr):
-    """[BLOCK_M, BLOCK_K] float32 of the shrink's input at columns offs_k: x, silu(gate) * up of x = [gate | up],
-    or x times the norm's weight (the 1 / rms(x) factor is applied to the product, row_inv_rms)."""
-    mask_k = offs_k < K
-    mask_x = mask_m[:, None] & mask_k[None, :]
+def prologue_tile(x_rows, offs_k, mask_m, K, SILU_MUL: tl.constexpr):
+    """[BLOCK_M, BLOCK_K] float32 of the shrink's input at columns offs_k: x, or silu(gate) * up of x = [gate | up]
+    (a norm's weight and 1 / rms are the shrink's and the expand's)."""
+    mask_x = mask_m[:, None] & (offs_k < K)[None, :]
     x = tl.load(x_rows + offs_k[None, :], mask=mask_x, other=0.0).to(tl.float32)
     if SILU_MUL:
         up = tl.load(x_rows + K + offs_k[None, :], mask=mask_x, other=0.0).to(tl.float32)
         x = x / (1.0 + tl.exp(-x)) * up
-    if NORM:
-        x = x * tl.load(norm_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
     return x
-
-
-@triton.jit
-def row_inv_rms(x_rows, mask_m, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_M] 1 / rms of each whole row (a few KB read again from L2 at decode sizes)."""
-    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        offs_k = k + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-        sum_sq += tl.sum(x.to(tl.float32) * x.to(tl.float32), axis=1)
-    return tl.rsqrt(sum_sq / K + eps)
 
 
 @triton.jit

@@ -43,6 +43,8 @@ MAX_DECODE_SPLITS = 64
 # The shared-prefix kernel's keys per iteration, over prefixes and suffixes alike: its two kinds of program share one
 # launch, so a 128-key suffix tile would set the shared memory (and so the SMs' occupancy) of the prefix's too.
 SHARED_PREFIX_BLOCK_N = 64
+# three stages of key blocks in flight: 7% faster than two at 32 groups of 8 (H100, 2026-12-06) and at 16 (2026-12-05)
+SHARED_PREFIX_STAGES = 3
 # Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
 # 512 (`bench_gpu.py --attn-variants`, docs/benchmarks/2026-11-22-serving.md, run J). The fused rotary saves 45 us per step at batch 1
 # and 15-70 us at 2-64 but costs 24-130 us at 128-256 (every program rotates its queries). Merged
@@ -306,6 +308,7 @@ class TritonAttentionBackend(AttentionBackend):
             mid_lse=mid_lse,
             block_n=SHARED_PREFIX_BLOCK_N,
             prefix_block_n=SHARED_PREFIX_BLOCK_N,
+            num_stages=SHARED_PREFIX_STAGES,
             softcap=params.softcap,
         )
 

@@ -106,6 +106,25 @@ def test_greedy_from_vocab_blocks() -> None:
         check(f"{name}: logprobs", (packed[1] - ref_packed[1]).abs().max().item(), 2e-5, "max abs")
 
 
+def test_race_pick() -> None:
+    """A sampled step's choice at Llama-3's vocabulary against its torch definition: the same ids but for rows
+    whose race the GPU's log approximation may settle otherwise (none expected at these sizes: at most one row
+    allowed), the logprobs within 2e-5; a row alone picks as in the batch."""
+    from tgi_compat.kernels.sampling.race_pick import gumbel_keys, race_pick, race_pick_ref
+
+    for rows in (1, 64, 256):
+        scores = torch.randn(rows, 128256, device=DEV) * 4
+        keys = gumbel_keys(torch.arange(rows, device=DEV) * 7919, torch.full((rows,), 3, device=DEV))
+        sampling = torch.arange(rows, device=DEV) % 4 != 0  # every fourth row greedy
+        ids, packed = race_pick(scores, keys, sampling)
+        ref_ids, ref_packed = race_pick_ref(scores, keys, sampling)
+        check(f"race pick {rows} rows: ids", float((ids != ref_ids).sum()), 1.5, "differ")
+        same = ids == ref_ids
+        check(f"race pick {rows} rows: logprobs", (packed[1] - ref_packed[1])[same].abs().max().item(), 2e-5, "max abs")
+        alone, _ = race_pick(scores[-1:], keys[-1:], sampling[-1:])
+        check(f"race pick {rows} rows: the last row alone", float(alone.item() != ids[-1].item()), 0.5, "differs")
+
+
 def test_greedy_pick() -> None:
     """The all-greedy choice at Llama-3's vocabulary: the torch computation's ids, its logprobs within 2e-5."""
     from tgi_compat.kernels.sampling.greedy_pick import greedy_pick, greedy_pick_ref

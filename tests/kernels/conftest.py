@@ -51,6 +51,7 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.sampling.grammar_apply",
     "tgi_compat.kernels.sampling.grammar_confine",
     "tgi_compat.kernels.sampling.greedy_pick",
+    "tgi_compat.kernels.sampling.race_pick",
     "tgi_compat.kernels.lora.tiles",
     "tgi_compat.kernels.lora.shrink",
     "tgi_compat.kernels.lora.expand",

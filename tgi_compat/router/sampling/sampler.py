@@ -9,7 +9,9 @@ Sampling is the exponential race argmax(p / E), E ~ Exp(1), written as argmax(lo
 The noise comes from a counter-based hash of (seed, generation step, token id) computed for the
 whole batch at once, instead of one torch.Generator per request: a per-request generator forces a
 Python loop per sampling row every step (docs/architecture.md §7), while the hash gives the same guarantees
-(a seed reproduces its tokens, whatever else is in the batch and after a preemption).
+(a seed reproduces its tokens, whatever else is in the batch and after a preemption). On a GPU, a step without
+top-n races in one kernel that hashes each row's noise in registers (tgi_compat/kernels/sampling/race_pick.py)
+instead of materialising [B, V] int64 hashes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tgi_compat.kernels.sampling.race_pick import gumbel_keys, gumbel_noise_of_keys
 from tgi_compat.router.sampling.batch import SamplingBatch
 from tgi_compat.router.sampling.output import SamplerOutput, TopAlternatives
 
@@ -32,10 +35,9 @@ WATERMARK_DELTA = 2.0
 WATERMARK_HASH_KEY = 15485863
 TIE_SLACK = 8  # extra top-n columns fetched so ties at the n-th value usually need no second pass
 
-_MASK32 = 0xFFFFFFFF
-_LARGEST_BELOW_ONE = 1.0 - 2.0**-24  # the float32 just under 1
 
 GreedyPick = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+RacePick = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 MaskOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
@@ -48,14 +50,22 @@ class SamplingKernels:
     greedy_pick: GreedyPick  # scores [B, V] -> (ids [B] int64, [2, B] float64 ids and logprobs), one read
     grammar_apply: MaskOp  # (scores, bitmask, row index) -> scores
     grammar_confine: MaskOp
+    # (scores, gumbel keys, is_sampling) -> as greedy_pick, the sampling rows racing: one read, no [B, V] noise.
+    # None: the torch path (the CPU's, whose seeded tokens the tests pin)
+    race_pick: RacePick | None
 
     @classmethod
     def for_device(cls, device: torch.device) -> SamplingKernels:
-        from tgi_compat.kernels.sampling import grammar_apply, grammar_confine, greedy_pick
+        from tgi_compat.kernels.sampling import grammar_apply, grammar_confine, greedy_pick, race_pick
 
         if device.type == "cuda":
-            return cls(greedy_pick.greedy_pick, grammar_apply.grammar_apply, grammar_confine.grammar_confine)
-        return cls(greedy_pick.greedy_pick_ref, grammar_apply.grammar_apply_ref, grammar_confine.grammar_confine_ref)
+            return cls(
+                greedy_pick.greedy_pick, grammar_apply.grammar_apply, grammar_confine.grammar_confine,
+                race_pick.race_pick,
+            )  # fmt: skip
+        return cls(
+            greedy_pick.greedy_pick_ref, grammar_apply.grammar_apply_ref, grammar_confine.grammar_confine_ref, None
+        )
 
     def apply_grammar(self, scores: torch.Tensor, mask: GrammarMask) -> torch.Tensor:
         """-inf on every token the grammar forbids (in place on float32 [B, V] scores)."""
@@ -89,6 +99,11 @@ class Sampler:
         scores = logits if all_greedy and not batch.changes_scores else self.process(logits.float(), batch)
         if all_greedy:  # no [B, V] logprobs needed
             token_ids, packed = self.kernels.greedy_pick(scores)
+            return SamplerOutput(token_ids, packed[1], None, all_logprobs=scores, packed=packed)
+        race_pick = self.kernels.race_pick
+        if race_pick is not None and batch.top_n is None:  # the race from one read of the scores
+            keys = gumbel_keys(batch.seeds, batch.steps)
+            token_ids, packed = race_pick(scores, keys, batch.is_sampling)
             return SamplerOutput(token_ids, packed[1], None, all_logprobs=scores, packed=packed)
         token_ids = scores.argmax(dim=-1)
         logprobs = torch.log_softmax(scores, dim=-1)  # [B, V]
@@ -218,24 +233,7 @@ def top_n_with_ties(logprobs: torch.Tensor, top_n: torch.Tensor, max_n: int) -> 
 
 def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """-log(-log U) with U from a 32-bit hash of (seed, step, token id); [B] x [B] -> [B, V]."""
-    lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
-    key = _mix32(_mix32(lo ^ _mix32(hi)) ^ ((steps * 0x9E3779B1) & _MASK32))  # [B]
-    token = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    bits = _mix32(_mix32((key[:, None] + token * 0x2C1B3C6D) & _MASK32) ^ key[:, None])  # [B, V]
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-    # The top value (2**24 - 0.5) / 2**24 rounds to 1.0 in float32, whose noise is +inf: that token would
-    # win whatever its score, and a masked one (-inf + inf = NaN) would win argmax too. Keep U below 1.
-    uniform = uniform.clamp_(max=_LARGEST_BELOW_ONE)
-    return -torch.log(-torch.log(uniform))
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser on int64 tensors; multipliers < 2**31 so products never overflow."""
-    x = x ^ (x >> 16)
-    x = (x * 0x5BD1E995) & _MASK32
-    x = x ^ (x >> 13)
-    x = (x * 0x27D4EB2D) & _MASK32
-    return x ^ (x >> 16)
+    return gumbel_noise_of_keys(gumbel_keys(seeds, steps), vocab_size)
 
 
 def score_prompt(logits: torch.Tensor, next_ids: torch.Tensor, top_n: torch.Tensor, max_n: int) -> SamplerOutput:

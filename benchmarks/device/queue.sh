@@ -40,5 +40,7 @@ for name in "$@"; do
     eagle3) part eagle3 240 python3 -m benchmarks.device.speculative --method eagle3 --plain-from "$OUT/speculative.json" ;;
     *) echo "unknown part: $name"; exit 2 ;;
   esac
-  pkill -f "tgi_compat\\.|benchmarks\\.device\\." 2>/dev/null; sleep 2  # (a part's servers and engines)
+  # a part's servers and engines: python processes only (session 25: a pattern on any command line also matched the
+  # device call's own shell when its command named a benchmark after queue.sh, and ended the call)
+  pkill -f "^[^ ]*python[0-9.]* .*(tgi_compat\\.|benchmarks\\.device\\.)" 2>/dev/null; sleep 2
 done

@@ -82,3 +82,44 @@ def test_race_kernels_compile_for_sm90():
     found = run_probe(PROBE)
     assert found["_race_chunk_kernel"] == dict(ptx=True, uint32_multiply=True), found
     assert found["_race_merge_kernel"]["ptx"], found
+
+
+def test_the_samplers_gpu_path_chooses_a_rows_token_whatever_else_its_batch_asks():
+    """The sampler with the kernel (as on a GPU, interpreted here): a seeded row's token is the same alone, beside a
+    greedy row, and beside a row that wants top-n alternatives (which takes log_softmax for its alternatives but
+    not for the choice)."""
+    import dataclasses
+
+    from tgi_compat.router.request import GenerateRequest, Request, SamplingParams
+    from tgi_compat.router.sampling.batch import SamplingBatch
+    from tgi_compat.router.sampling.sampler import Sampler
+
+    vocab = CHUNK + 300
+    sampler, calls = Sampler(vocab, "cpu"), []
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return race_pick(*args)
+
+    sampler.kernels = dataclasses.replace(sampler.kernels, race_pick=counted)
+
+    def request(seed: int, **params) -> Request:
+        return Request(GenerateRequest("r", [1, 2, 3], SamplingParams(**params)), arrival=0, seed=seed)
+
+    seeded = [request(s, do_sample=True, temperature=0.7) for s in range(6)]
+    others = {
+        "alone": [],
+        "greedy": [request(0)],
+        "top-n": [request(9, top_n_tokens=3)],
+    }
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(seeded) + 1, vocab, generator=g) * 2
+    chosen = {}
+    for name, extra in others.items():
+        requests = seeded + extra
+        batch = SamplingBatch.build(requests, vocab, torch.device("cpu"))
+        out = sampler(logits[: len(requests)].clone(), batch)
+        chosen[name] = out.token_ids[: len(seeded)].tolist()
+    assert calls == [6, 7, 7]  # every batch chose through the kernel, the top-n one too
+    assert chosen["alone"] == chosen["greedy"] == chosen["top-n"]
+    assert len(set(chosen["alone"])) > 1

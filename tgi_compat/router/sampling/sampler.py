@@ -9,9 +9,9 @@ Sampling is the exponential race argmax(p / E), E ~ Exp(1), written as argmax(lo
 The noise comes from a counter-based hash of (seed, generation step, token id) computed for the
 whole batch at once, instead of one torch.Generator per request: a per-request generator forces a
 Python loop per sampling row every step (docs/architecture.md §7), while the hash gives the same guarantees
-(a seed reproduces its tokens, whatever else is in the batch and after a preemption). On a GPU, a step without
-top-n races in one kernel that hashes each row's noise in registers (tgi_compat/kernels/sampling/race_pick.py)
-instead of materialising [B, V] int64 hashes.
+(a seed reproduces its tokens, whatever else is in the batch and after a preemption). On a GPU every sampled step
+chooses in one kernel that hashes each row's noise in registers (tgi_compat/kernels/sampling/race_pick.py) instead
+of materialising [B, V] int64 hashes: one path, so a top-n row in the batch changes no other row's choice.
 """
 
 from __future__ import annotations
@@ -101,15 +101,17 @@ class Sampler:
             token_ids, packed = self.kernels.greedy_pick(scores)
             return SamplerOutput(token_ids, packed[1], None, all_logprobs=scores, packed=packed)
         race_pick = self.kernels.race_pick
-        if race_pick is not None and batch.top_n is None:  # the race from one read of the scores
-            keys = gumbel_keys(batch.seeds, batch.steps)
-            token_ids, packed = race_pick(scores, keys, batch.is_sampling)
-            return SamplerOutput(token_ids, packed[1], None, all_logprobs=scores, packed=packed)
-        token_ids = scores.argmax(dim=-1)
+        if race_pick is not None:  # the race from one read of the scores, whatever else the batch asks
+            token_ids, packed = race_pick(scores, gumbel_keys(batch.seeds, batch.steps), batch.is_sampling)
+            if batch.top_n is None:
+                return SamplerOutput(token_ids, packed[1], None, all_logprobs=scores, packed=packed)
+        else:
+            token_ids = scores.argmax(dim=-1)
         logprobs = torch.log_softmax(scores, dim=-1)  # [B, V]
-        if batch.any_sampling:
+        if race_pick is None and batch.any_sampling:
             raced = (logprobs + gumbel_noise(batch.seeds, batch.steps, logprobs.shape[-1])).argmax(dim=-1)
             token_ids = torch.where(batch.is_sampling, raced, token_ids)
+        # (with the kernel, top-n rows change no row's choice: a seed's tokens never depend on its batch)
         chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1)
         top = top_n_with_ties(logprobs, batch.top_n, batch.max_top_n) if batch.top_n is not None else None
         return SamplerOutput(token_ids, chosen, top, all_logprobs=logprobs)

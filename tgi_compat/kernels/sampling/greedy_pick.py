@@ -31,9 +31,8 @@ def _chunk_kernel(
     chunk = tl.program_id(1)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(logits_ptr + row * stride_b + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-    top = tl.max(x, 0)
-    first = tl.min(tl.where(x == top, cols, vocab), 0)  # vocab where nothing equals the max (NaN)
-    total = tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), 0)  # a chunk of -inf adds 0, not NaN
+    top, first = first_max(x, cols, vocab)
+    total = sum_exp(x, top)
     at = row * num_chunks + chunk
     plane = num_rows * num_chunks
     tl.store(partial_ptr + at, top)
@@ -42,14 +41,31 @@ def _chunk_kernel(
 
 
 @triton.jit
+def first_max(x, ids, missing):
+    """(max of x, the first of `ids` where x holds it): `missing` where nothing equals the max (NaN). Over the parts
+    of a row in id order, each with its own first index, the smallest among those holding the max is the row's."""
+    top = tl.max(x, 0)
+    return top, tl.min(tl.where(x == top, ids, missing), 0)
+
+
+@triton.jit
+def sum_exp(x, top):
+    """sum of exp(x - top), top = max(x): all -inf adds 0, not NaN."""
+    return tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), 0)
+
+
+@triton.jit
+def merged_sum_exp(tops, totals, top):
+    """Parts' sums of exp(x - their max) -> the row's sum of exp(x - top), top = max(tops)."""
+    return tl.sum(totals * tl.exp(tops - tl.where(top == float("-inf"), 0.0, top)), 0)
+
+
+@triton.jit
 def _merge_parts(tops, firsts, totals, vocab):
     """Parts of a row in id order, each (max, first index of the max, sum of exp(x - max)) -> the row's: the first
     index is `vocab` where no part's maximum compares (NaN)."""
-    top = tl.max(tops, 0)
-    # parts ascend, so the smallest index among the parts holding the max is the row's first maximum
-    chosen = tl.min(tl.where(tops == top, firsts, vocab), 0).to(tl.int64)
-    total = tl.sum(totals * tl.exp(tops - tl.where(top == float("-inf"), 0.0, top)), 0)
-    return top, chosen, total
+    top, chosen = first_max(tops, firsts, vocab)
+    return top, chosen.to(tl.int64), merged_sum_exp(tops, totals, top)
 
 
 @triton.jit

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tgi_compat.kernels.sampling.greedy_pick import CHUNK
+from tgi_compat.kernels.sampling.greedy_pick import CHUNK, first_max, merged_sum_exp, sum_exp
 
 LARGEST_BELOW_ONE = 1.0 - 2.0**-24  # the float32 just under 1: a uniform of 1.0 would give +inf noise
 MASK32 = 0xFFFFFFFF
@@ -91,11 +91,10 @@ def _race_chunk_kernel(
     raced = x
     if tl.load(sampling_ptr + row) != 0:
         raced = x + _gumbel(tl.load(keys_ptr + row).to(tl.uint32), cols)
-    race_top = tl.max(raced, 0)
-    race_first = tl.min(tl.where(raced == race_top, cols, vocab), 0)  # vocab where nothing compares (NaN)
+    race_top, race_first = first_max(raced, cols, vocab)
     race_x = tl.sum(tl.where(cols == race_first, x, 0.0), 0)
     top = tl.max(x, 0)
-    total = tl.sum(tl.exp(x - tl.where(top == float("-inf"), 0.0, top)), 0)
+    total = sum_exp(x, top)
     at = row * num_chunks + chunk
     plane = num_rows * num_chunks
     tl.store(partial_ptr + at, race_top)
@@ -125,12 +124,10 @@ def _race_merge_kernel(
     race_xs = tl.load(partial_ptr + 2 * plane + at, mask=mask, other=0.0)
     tops = tl.load(partial_ptr + 3 * plane + at, mask=mask, other=float("-inf"))
     totals = tl.load(partial_ptr + 4 * plane + at, mask=mask, other=0.0)
-    # chunks ascend, so the smallest index among those holding the race's maximum is the row's first
-    race_top = tl.max(race_tops, 0)
-    chosen = tl.min(tl.where(race_tops == race_top, race_firsts, vocab), 0)
+    _, chosen = first_max(race_tops, race_firsts, vocab)
     chosen_x = tl.sum(tl.where(race_firsts == chosen, race_xs, 0.0), 0)
     top = tl.max(tops, 0)
-    total = tl.sum(totals * tl.exp(tops - tl.where(top == float("-inf"), 0.0, top)), 0)
+    total = merged_sum_exp(tops, totals, top)
     chosen = tl.minimum(chosen.to(tl.int64), vocab - 1)  # a row with no comparable maximum (NaN) names a real id
     tl.store(ids_ptr + row, chosen)
     tl.store(packed_ptr + row, chosen.to(tl.float64))

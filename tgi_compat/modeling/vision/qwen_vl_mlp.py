@@ -42,11 +42,6 @@ class PaddedSwiGLU(nn.Module):
         self.gate_up_bias = None if bias is None else weight.new_zeros(2 * padded)
         self.gate_proj = _linear_on(self.gate_up_weight, self.gate_up_bias, slice(0, padded), gate)
         self.up_proj = _linear_on(self.gate_up_weight, self.gate_up_bias, slice(padded, 2 * padded), up)
-        with torch.no_grad():  # the weights so far (transformers' initialisation) in the corners, until a load
-            for new, old in ((self.gate_proj, gate), (self.up_proj, up)):
-                _copy_into_corner(new.weight, old.weight)
-                if old.bias is not None:
-                    _copy_into_corner(new.bias, old.bias)
         self.down_proj = _padded_linear(down, down.out_features, padded)
         self.act_fn: Callable[[torch.Tensor], torch.Tensor] = mlp.act_fn
 
@@ -68,28 +63,35 @@ def swiglu_mlp(mlp: nn.Module) -> nn.Module:
 
 
 def _linear_on(weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, linear: nn.Linear) -> nn.Linear:
-    """An nn.Linear whose parameters are `rows` of `weight` and `bias` (views), loading `linear`'s shape into their
-    corner."""
+    """An nn.Linear whose parameters are `rows` of `weight` and `bias` (zero views), `linear`'s in their corner."""
     view = nn.Linear(weight.shape[1], rows.stop - rows.start, bias is not None, "meta")  # parameters replaced below
     view.weight = nn.Parameter(weight[rows], requires_grad=False)
-    view.weight.weight_loader = functools.partial(_load_into_corner, shape=linear.weight.shape)  # type: ignore[attr-defined]
     if bias is not None:
-        assert linear.bias is not None
         view.bias = nn.Parameter(bias[rows], requires_grad=False)
-        view.bias.weight_loader = functools.partial(_load_into_corner, shape=linear.bias.shape)  # type: ignore[attr-defined]
+    _take_corners(view, linear)
     return view
 
 
 def _padded_linear(linear: nn.Linear, out_features: int, in_features: int) -> nn.Linear:
-    """A zero nn.Linear of the larger shape that loads `linear`'s shape into its corner."""
+    """A zero nn.Linear of the larger shape, `linear`'s weights in its corner."""
     weight = linear.weight
     padded = nn.Linear(in_features, out_features, linear.bias is not None, weight.device, weight.dtype)
     with torch.no_grad():
-        for new, old in ((padded.weight, weight), (padded.bias, linear.bias)):
-            if new is not None and old is not None:
-                _copy_into_corner(new.zero_(), old)
-                new.weight_loader = functools.partial(_load_into_corner, shape=old.shape)  # type: ignore[attr-defined]
+        padded.weight.zero_()
+        if padded.bias is not None:
+            padded.bias.zero_()
+    _take_corners(padded, linear)
     return padded
+
+
+def _take_corners(padded: nn.Linear, linear: nn.Linear) -> None:
+    """`linear`'s parameters so far (transformers' initialisation) into the corners of `padded`'s, whose loaders
+    then take the checkpoint's tensors of `linear`'s shapes there."""
+    with torch.no_grad():
+        for new, old in ((padded.weight, linear.weight), (padded.bias, linear.bias)):
+            if new is not None and old is not None:
+                _copy_into_corner(new, old)
+                new.weight_loader = functools.partial(_load_into_corner, shape=old.shape)  # type: ignore[attr-defined]
 
 
 def _copy_into_corner(param: torch.Tensor, tensor: torch.Tensor) -> None:

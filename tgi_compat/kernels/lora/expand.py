@@ -12,6 +12,7 @@ import triton.language as tl
 from tgi_compat.kernels.lora.segments import LoraSegments
 from tgi_compat.kernels.lora.shrink import Shrunk
 from tgi_compat.kernels.lora.tiles import add_into, segment_rows
+from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 # output columns per program, each of which reads its rows' split-K partial sums again: 128 beat 64 and 256 at 1, 8
 # and 64 rows (a decode step's kernels 10-15% faster, H100, benchmarks/device/lora_step.py, 2026-12-06)
@@ -32,7 +33,6 @@ def _lora_expand_kernel(
     end2,  # slice 2's
     out_size,  # the last slice's end: the columns written
     R,  # max rank
-    num_parts,  # P
     norm_cols,  # (NORM) the norm's columns
     eps,
     stride_s_part,
@@ -42,10 +42,12 @@ def _lora_expand_kernel(
     stride_b_row,
     stride_o,
     NUM_SLICES: tl.constexpr,
+    NUM_PARTS: tl.constexpr,  # P: unrolled, so a program issues all its partial-sum loads at once
     NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the shrink (Hopper)
 ):
     slot = tl.program_id(1)
     num_tokens = tl.load(seg_len_ptr + slot)
@@ -65,17 +67,20 @@ def _lora_expand_kernel(
         column_slice = (offs_n >= end0).to(tl.int32)
         if NUM_SLICES > 2:
             column_slice += (offs_n >= end1).to(tl.int32)
+        if USE_PDL:  # B is read above, before the shrink has finished; its sums and out below, after
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()  # the next projection may start reading its weights
         delta = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         shrunk_ptrs = shrunk_ptr + rows[:, None] * stride_s + offs_r[None, :]
         mask_s = mask_m[:, None] & mask_r[None, :]
         for s in tl.static_range(NUM_SLICES):
             shrunk = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-            for part in range(num_parts):
+            for part in tl.static_range(NUM_PARTS):
                 shrunk += tl.load(shrunk_ptrs + part * stride_s_part + s * R, mask=mask_s, other=0.0)
             delta += tl.where(column_slice[None, :] == s, tl.dot(shrunk, b), 0.0)  # [BLOCK_M, BLOCK_N]
         if NORM:  # the norm's 1 / rms(x), a factor of the whole row
             sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for part in range(num_parts):
+            for part in tl.static_range(NUM_PARTS):
                 sum_sq += tl.load(sum_sq_ptr + part * stride_q_part + rows, mask=mask_m, other=0.0)
             delta *= tl.rsqrt(sum_sq / norm_cols + eps)[:, None]
         add_into(out_ptr, tokens, offs_n, mask_m, mask_n, stride_o, delta)
@@ -88,6 +93,7 @@ def lora_expand(
     step: LoraSegments,
     slice_ends: tuple[int, ...],
     block_n: int = EXPAND_BLOCK_N,
+    pdl: bool | None = None,  # None: on Hopper (tgi_compat.kernels.pdl)
 ) -> None:
     """out[token, slice s's columns] += shrunk.rows()[i, s * R : (s + 1) * R] @ B[slot, those columns]^T for each
     LoRA token (b [L, OUT, R]; slice s's columns end at slice_ends[s], the last at OUT); others are left alone."""
@@ -97,13 +103,15 @@ def lora_expand(
     block_m = 16
     grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(slice_ends[-1], block_n))
     partials, sum_sq = shrunk.partials, shrunk.sum_sq
+    pdl = use_pdl(out) if pdl is None else pdl
     _lora_expand_kernel[grid](
         partials, partials if sum_sq is None else sum_sq, b, step.token_order, step.seg_start, step.seg_len, out,
-        *ends, slice_ends[-1], rank, partials.shape[0], shrunk.norm_cols, shrunk.eps,
+        *ends, slice_ends[-1], rank, shrunk.norm_cols, shrunk.eps,
         partials.stride(0), partials.stride(1), 0 if sum_sq is None else sum_sq.stride(0), b.stride(0), b.stride(1),
         out.stride(0),
-        NUM_SLICES=len(slice_ends), NORM=sum_sq is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        NUM_SLICES=len(slice_ends), NUM_PARTS=partials.shape[0], NORM=sum_sq is not None, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)), USE_PDL=pdl,
+        **launch_options(pdl),
     )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
 from tgi_compat.kernels.lora.tiles import prologue_tile, segment_rows
+from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ def _lora_shrink_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the base projection (Hopper)
 ):
     slot = tl.program_id(1)
     num_tokens = tl.load(seg_len_ptr + slot)
@@ -87,6 +89,8 @@ def _lora_shrink_kernel(
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         a_base = a_ptr + slot.to(tl.int64) * stride_a_slot
+        if USE_PDL:  # x is the previous kernel's output (the segment table is the step's first kernels')
+            tl.extra.cuda.gdc_wait()
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         # this program's share of K: whole BLOCK_Ks, interleaved with the other splits'
@@ -103,6 +107,8 @@ def _lora_shrink_kernel(
             )
             # the weights' dtype on the tensor cores (bf16 in serving), accumulated in float32
             acc += tl.dot(x.to(a.dtype), a)
+        if USE_PDL:  # the expand may start and read its B
+            tl.extra.cuda.gdc_launch_dependents()
         out_ptrs = out_ptr + pid_k * stride_o_split + rows[:, None] * stride_o + offs_n[None, :]
         tl.store(out_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
         if NORM:
@@ -125,6 +131,7 @@ def lora_shrink(
     step: LoraSegments,
     prologue: ShrinkPrologue = NO_PROLOGUE,
     split_k: int | None = None,  # None: shrink_split_k's (benchmarks/device/lora_kernels.py sweeps others)
+    pdl: bool | None = None,  # None: on Hopper (tgi_compat.kernels.pdl)
 ) -> Shrunk:
     """x [T, K] (the pre-norm rows with a norm prologue; [T, 2K] gate | up with SiLU-and-mul), a [L, N, K] ->
     each LoRA token's prologue(x) @ A[slot]^T as P partial sums over K (rows of tokens without an adapter: unset)."""
@@ -133,6 +140,7 @@ def lora_shrink(
     norm_weight, silu_mul = prologue.norm_weight, prologue.silu_mul
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, a.shape)
     split_k = split_k or shrink_split_k(num_tokens, k)
+    pdl = use_pdl(x) if pdl is None else pdl
     out = torch.empty(split_k, num_tokens, n, dtype=torch.float32, device=x.device)
     norm = norm_weight is not None
     sum_sq = torch.empty(split_k, num_tokens, dtype=torch.float32, device=x.device) if norm else out
@@ -143,7 +151,8 @@ def lora_shrink(
         k, n,
         x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1), sum_sq.stride(0),
         NORM=norm, SILU_MUL=silu_mul,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, USE_PDL=pdl,
+        **launch_options(pdl),
     )  # fmt: skip
     return Shrunk(out, sum_sq, k, prologue.eps) if norm else Shrunk(out)
 

@@ -53,6 +53,12 @@ class Shrunk:
 
 
 @triton.jit
+def _a_tile(a_rows, offs_k, mask_n, K):
+    """[BLOCK_K, BLOCK_N] of a slot's A^T: columns offs_k of its rows offs_n (a_rows: their pointers)."""
+    return tl.load(a_rows + offs_k[:, None], mask=mask_n[None, :] & (offs_k < K)[:, None], other=0.0)
+
+
+@triton.jit
 def _lora_shrink_kernel(
     x_ptr,  # [T, K] ([T, 2K]: gate | up with SILU_MUL)
     a_ptr,  # [L, N, K]: every slot's stacked A (N = slices x max rank)
@@ -88,25 +94,25 @@ def _lora_shrink_kernel(
         x_rows = x_ptr + tokens[:, None] * stride_x
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
-        a_base = a_ptr + slot.to(tl.int64) * stride_a_slot
+        a_rows = a_ptr + slot.to(tl.int64) * stride_a_slot + offs_n[None, :] * stride_a_row
+        # this program's share of K: whole BLOCK_Ks, interleaved with the other splits'; its first tile of A is read
+        # before the wait (no kernel of the step writes A), the next one before each tile's product
+        k_first, k_step = pid_k * BLOCK_K, SPLIT_K * BLOCK_K
+        a = _a_tile(a_rows, k_first + tl.arange(0, BLOCK_K), mask_n, K)
         if USE_PDL:  # x is the previous kernel's output (the segment table is the step's first kernels')
             tl.extra.cuda.gdc_wait()
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        # this program's share of K: whole BLOCK_Ks, interleaved with the other splits'
-        for k in range(pid_k * BLOCK_K, K, SPLIT_K * BLOCK_K):
+        for k in range(k_first, K, k_step):
             offs_k = k + tl.arange(0, BLOCK_K)
             x = prologue_tile(x_rows, offs_k, mask_m, K, SILU_MUL)
             if NORM:  # x's squares before the weight: its share of the row's mean square
                 sum_sq += tl.sum(x * x, axis=1)
                 x = x * tl.load(norm_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
-            a = tl.load(
-                a_base + offs_n[None, :] * stride_a_row + offs_k[:, None],
-                mask=mask_n[None, :] & (offs_k < K)[:, None],
-                other=0.0,
-            )
+            a_next = _a_tile(a_rows, offs_k + k_step, mask_n, K)  # (past K: masked, zeros)
             # the weights' dtype on the tensor cores (bf16 in serving), accumulated in float32
             acc += tl.dot(x.to(a.dtype), a)
+            a = a_next
         if USE_PDL:  # the expand may start and read its B
             tl.extra.cuda.gdc_launch_dependents()
         out_ptrs = out_ptr + pid_k * stride_o_split + rows[:, None] * stride_o + offs_n[None, :]

@@ -4,9 +4,9 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl mixed lora lora-step vl vision diverse diverse32 spec eagle3 (itl: the plain rows, then at
-# --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same call: it reuses spec's
-# plain rows).
+# Parts: tests-a tests-b plain itl mixed lora lora-step vl vision diverse diverse32 diverse64 spec eagle3 (itl: the
+# plain rows, then at --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same
+# call: it reuses spec's plain rows; diverse64: 512 rows, where attention is the larger share of a step).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
 set -u
 source "$(dirname "$0")/setup.sh"
@@ -35,6 +35,7 @@ for name in "$@"; do
     vision) part vision 200 python3 -m benchmarks.device.vision_encoder ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;
+    diverse64) part diverse64 300 python3 -m benchmarks.device.diverse --skip-check --groups 64 --engine-groups 64 ;;
     mixed) part mixed 200 python3 -m benchmarks.device.mixed_step ;;
     spec) part spec 420 python3 -m benchmarks.device.speculative ;;
     eagle3) part eagle3 240 python3 -m benchmarks.device.speculative --method eagle3 --plain-from "$OUT/speculative.json" ;;

@@ -15,7 +15,9 @@ the top kernels of each, their kernel time against the timed (wall) step, and th
 between the two, which says what spread - base is made of (shrink/expand, the segments' counting sort in
 tgi_compat/modeling/lora/step.py, others). Last, the shrink and expand alone (benchmarks/device/lora_kernels.py)
 at each tiling of its SWEEP. The CPU run: a tiny Llama, eager steps, no profile, the sweep checked against the
-reference.
+reference. A plain base's decode steps run the folded projections (tgi_compat/modeling/lora/folding.py: the shrink in
+the base GEMM, then the row-wise expand); --segmented times the segmented shrink and expand instead, a quantized
+base's path.
 """
 
 from __future__ import annotations
@@ -185,13 +187,26 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,64")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--json", default=out_path("lora_step.json"))
+    parser.add_argument(
+        "--segmented",
+        action="store_true",
+        help="decode steps through the segmented shrink and expand (a quantized base's path), not the folded projections",
+    )
+    parser.add_argument("--skip-sweep", action="store_true", help="skip the kernels' tiling sweep")
     args = parser.parse_args()
+    if args.segmented:
+        from tgi_compat.modeling.lora import weights
+
+        weights.FOLD_MAX_TOKENS = 0
     torch.manual_seed(0)
     on_gpu = args.device == "cuda"
     model, dtype = (LLAMA3_8B, "bfloat16") if on_gpu else (LLAMA3_TINY, "float32")
     row_counts = [int(r) for r in args.rows.split(",")] if on_gpu else [1, ADAPTERS]
     report = measure(model, dtype, args.device, row_counts, args.reps if on_gpu else 2)
     print(table(report), flush=True)
+    if args.skip_sweep:
+        write_json(args.json, report)
+        return
     # the kernels alone at each tiling of the sweep (the CPU run checks every tiling against the reference)
     kernel_dtype = torch.bfloat16 if on_gpu else torch.float32
     report["kernel_sweep"] = kernel_times(model, tuple(row_counts), kernel_dtype, args.device, SWEEP)

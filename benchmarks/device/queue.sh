@@ -30,7 +30,9 @@ for name in "$@"; do
            part itl-$n 150 env OURS_ONLY=1 OURS_ARGS="--max-mixed-prefill-tokens $n" bash benchmarks/device/side_by_side.sh
          done ;;
     lora) part lora 330 python3 -m benchmarks.device.lora ;;
-    lora-step) part lora-step 200 python3 -m benchmarks.device.lora_step ;;
+    lora-step) part lora-step 200 python3 -m benchmarks.device.lora_step
+               part lora-step-segmented 150 python3 -m benchmarks.device.lora_step --segmented --skip-sweep \
+                 --json "$OUT/lora_step_segmented.json" ;;
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
     vision) part vision 200 python3 -m benchmarks.device.vision_encoder ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;

@@ -1,6 +1,6 @@
 """LoRA shrink and expand against their torch references: mixed slots, base tokens between them, idle slots,
 ranks padded to the max, a fused projection's slices, no LoRA token at all, and the shrink's prologues (the RMS
-norm, SiLU-and-mul) against the model's own ops."""
+norm, SiLU-and-mul) against the model's own ops; the row-wise expand of a folded projection against its own."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
+from tgi_compat.kernels.lora.expand_rows import lora_expand_rows, lora_expand_rows_ref
 from tgi_compat.kernels.lora.shrink import (
     ShrinkPrologue,
     lora_shrink,
@@ -123,3 +124,25 @@ def test_shrink_prologues_match_the_model_ops(prologue, size_in):
         lora_expand(out, shrunk, b, step, (16, 32, 48))
         lora_expand_ref(out_ref, lora_shrink_ref(activations, a, step), b, step, (16, 32, 48))
         torch.testing.assert_close(out, out_ref, **TOL)
+
+
+@pytest.mark.parametrize("slots", [[2, -1, 0, 2, 1], [-1, -1], [3]])
+@pytest.mark.parametrize("slice_outs", [(40,), (48, 16, 16), (200, 200)])
+def test_row_wise_expand_of_a_folded_projection_matches_its_reference(slots, slice_outs):
+    """The base columns of a widened projection's output plus each LoRA row's shrunk[slot] @ B[slot]^T (base rows:
+    their base columns unchanged), ranks padded to the max, several output blocks a slice."""
+    torch.manual_seed(2)
+    rank = 16
+    ends = tuple(int(e) for e in torch.tensor(slice_outs).cumsum(0))
+    with torch.device(DEV):
+        token_slots = torch.tensor(slots)
+        full = torch.randn(len(slots), ends[-1] + MAX_LORAS * len(ends) * rank)
+        b = torch.randn(MAX_LORAS, ends[-1], rank)
+        b[:, :, rank - 3 :] = 0  # an adapter of a lower rank than the slots'
+        out = lora_expand_rows(full, token_slots, b, ends)
+        expected = lora_expand_rows_ref(full, token_slots, b, ends)
+    torch.testing.assert_close(out, expected, **TOL)
+    base_rows = token_slots < 0
+    assert torch.equal(out[base_rows], full[base_rows, : ends[-1]])
+    if (~base_rows).any():  # the delta is there
+        assert not torch.allclose(out[~base_rows], full[~base_rows, : ends[-1]])

@@ -1,10 +1,11 @@
 """The model's LayerOps with LoRA: the ops that end in a projection add each LoRA row's low-rank product.
 
 Built once, when LoRA is enabled, around the ops chosen at startup. A step without a LoRA row (context.step
-None) takes the base op unchanged. A step with one takes it too, fused norm or SiLU-and-mul prologue and all,
-then adds the LoRA delta (the segmented shrink and expand): the shrink runs the same prologue on the input the
-base op read (the pre-norm rows every norm op hands back as the next residual, or the [gate | up] rows), so no
-activation the fused kernel keeps to itself is needed.
+None) takes the base op unchanged. A decode-sized step with one runs a plain base's op on its widened twin (every
+slot's A under the weight: folding.py), fused norm or SiLU-and-mul prologue and all, then the row-wise expand. A
+quantized base, or a prefill-sized step, takes the base op, then adds the LoRA delta by the segmented shrink and
+expand: the shrink runs the same prologue on the input the base op read (the pre-norm rows every norm op hands back
+as the next residual, or the [gate | up] rows), so no activation the fused kernel keeps to itself is needed.
 """
 
 from __future__ import annotations
@@ -31,35 +32,57 @@ SILU_MUL = ShrinkPrologue(silu_mul=True)
 
 
 def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, LoraWeights]) -> LayerOps:
-    def rms_norm_linear(x, residual, norm, proj: Linear, sum_over: TensorParallel | None = None):
-        out, summed = base.rms_norm_linear(x, residual, norm, proj, sum_over)
+    def lora_of(proj: Linear) -> tuple[LoraWeights, LoraStep] | None:
         step = context.step
-        if step is None or proj not in targets:
-            return out, summed
-        return targets[proj].add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
+        return None if step is None or proj not in targets else (targets[proj], step)
+
+    def rms_norm_linear(x, residual, norm, proj: Linear, sum_over: TensorParallel | None = None):
+        found = lora_of(proj)
+        if found is None:
+            return base.rms_norm_linear(x, residual, norm, proj, sum_over)
+        lora, step = found
+        folded = lora.folded_for(x.shape[0])
+        if folded is not None:
+            full, summed = base.rms_norm_linear(x, residual, norm, folded, sum_over)
+            return lora.expand_rows(full, step), summed
+        out, summed = base.rms_norm_linear(x, residual, norm, proj, sum_over)
+        return lora.add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
 
     def norm_add_norm_linear(x, x_norm, residual, norm, proj: Linear):
+        found = lora_of(proj)
+        if found is None:
+            return base.norm_add_norm_linear(x, x_norm, residual, norm, proj)
+        lora, step = found
+        folded = lora.folded_for(x.shape[0])
+        if folded is not None:
+            full, summed = base.norm_add_norm_linear(x, x_norm, residual, norm, folded)
+            return lora.expand_rows(full, step), summed
         out, summed = base.norm_add_norm_linear(x, x_norm, residual, norm, proj)
-        step = context.step
-        if step is None or proj not in targets:
-            return out, summed
-        return targets[proj].add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
+        return lora.add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
 
     def silu_mul_linear(x, proj: Linear):
-        step = context.step
-        if step is None or proj not in targets:
+        found = lora_of(proj)
+        if found is None:
             return base.silu_mul_linear(x, proj)
-        return targets[proj].add_to(base.silu_mul_linear(x, proj), x, step, SILU_MUL)
+        lora, step = found
+        folded = lora.folded_for(x.shape[0])
+        if folded is not None:
+            return lora.expand_rows(base.silu_mul_linear(x, folded), step)
+        return lora.add_to(base.silu_mul_linear(x, proj), x, step, SILU_MUL)
 
     def row_parallel_linear(x, proj: Linear, tp: TensorParallel):
-        step = context.step
-        if step is None or proj not in targets:
+        found = lora_of(proj)
+        if found is None:
             return base.row_parallel_linear(x, proj, tp)
-        return sum_later(targets[proj].add_to(proj(x), x, step), tp)  # A is cut by columns: a partial sum too
+        lora, step = found
+        # A is cut by columns: the shrunk rows, and so the delta, are partial sums too
+        folded = lora.folded_for(x.shape[0])
+        if folded is not None:
+            return sum_later(lora.expand_rows(folded(x), step), tp)
+        return sum_later(lora.add_to(proj(x), x, step), tp)
 
     def silu_mul_row_parallel_linear(x, proj: Linear, tp: TensorParallel):
-        step = context.step
-        if step is None or proj not in targets:
+        if lora_of(proj) is None:
             return base.silu_mul_row_parallel_linear(x, proj, tp)
         # the base GEMV without the all-reduce it may push: the delta joins the partial sum first
         return sum_later(silu_mul_linear(x, proj), tp)

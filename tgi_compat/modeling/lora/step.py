@@ -35,4 +35,4 @@ def lora_step(token_slots: torch.Tensor, max_loras: int) -> LoraStep:
     rank_in_bin = in_bin.cumsum(1).gather(0, keys[None, :])[0] - 1  # earlier tokens of the same slot
     where = starts.gather(0, keys) + rank_in_bin  # each token's place in the sorted order: a permutation
     token_order = torch.empty_like(keys).scatter_(0, where, torch.arange(keys.shape[0], device=keys.device))
-    return LoraStep(token_order, starts[:max_loras], counts[:max_loras])
+    return LoraStep(token_order, starts[:max_loras], counts[:max_loras], token_slots)

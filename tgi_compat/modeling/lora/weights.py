@@ -13,11 +13,17 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
+from tgi_compat.kernels.lora.expand_rows import lora_expand_rows, lora_expand_rows_ref
 from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.layers.linear import Linear
+from tgi_compat.modeling.layers.quantization.base import layer_tensor
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule
+from tgi_compat.modeling.lora.folding import can_fold, widened
 from tgi_compat.modeling.lora.step import LoraStep
 from tgi_compat.modeling.parallel import Slice
+
+# The most tokens a step runs through a folded projection (decode batches; a CUDA graph's size decides it once).
+FOLD_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +35,9 @@ class LoraSlice:
 
 
 class LoraWeights:
-    def __init__(self, proj: Linear, projections: tuple[str, ...], max_loras: int, max_rank: int) -> None:
+    def __init__(
+        self, proj: Linear, projections: tuple[str, ...], max_loras: int, max_rank: int, fold: bool = True
+    ) -> None:
         self.max_rank = max_rank
         self.full_in = proj.full_in_features
         self.in_columns = proj.in_slice  # row-parallel: this rank's columns of A
@@ -41,8 +49,13 @@ class LoraWeights:
             start += rows.size
         self.slices = tuple(slices)
         self.slice_ends = tuple(part.out_start + part.rows.size for part in slices)  # the expand's column split
-        # made under the runner's device and dtype (the model's, even over a quantized base)
-        self.a = torch.zeros(max_loras, len(slices) * max_rank, proj.in_features)
+        a_shape = (max_loras, len(slices) * max_rank, proj.in_features)
+        # a plain base: A stacked under its weight (folding.py), so decode-sized steps shrink in the base GEMM
+        self.folded = widened(proj, max_loras * len(slices) * max_rank) if fold and can_fold(proj) else None
+        if self.folded is not None:
+            self.a = layer_tensor(self.folded, "weight")[proj.out_features :].view(a_shape)
+        else:  # made under the runner's device and dtype (the model's, even over a quantized base)
+            self.a = torch.zeros(a_shape)
         self.b = torch.zeros(max_loras, proj.out_features, max_rank)
 
     def check(self, adapter: str, layer: int, modules: dict[str, LoraModule]) -> None:
@@ -94,3 +107,14 @@ class LoraWeights:
         shrink, expand = (lora_shrink, lora_expand) if x.is_cuda else (lora_shrink_ref, lora_expand_ref)
         expand(out, shrink(x, self.a, step, prologue), self.b, step, self.slice_ends)
         return out
+
+    def folded_for(self, num_tokens: int) -> Linear | None:
+        """The widened twin a step of `num_tokens` runs instead of the projection (then `expand_rows`), None where
+        it takes the base projection and `add_to`: a quantized base, or prefill sizes, where the shrink of every
+        slot for every token would cost more than the segmented kernels' passes."""
+        return self.folded if num_tokens <= FOLD_MAX_TOKENS else None
+
+    def expand_rows(self, full: torch.Tensor, step: LoraStep) -> torch.Tensor:
+        """The twin's output [T, out + shrunk] -> [T, out]: each LoRA row's base plus shrunk[slot] @ B^T."""
+        expand = lora_expand_rows if full.is_cuda else lora_expand_rows_ref
+        return expand(full, step.token_slots, self.b, self.slice_ends)

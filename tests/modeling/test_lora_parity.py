@@ -12,6 +12,7 @@ import torch
 from tests.lora_adapters import write_smollm2_adapter
 from tests.modeling.helpers import max_rel_error
 from tgi_compat.modeling.forward_batch import LoraBatch, build_forward_batch
+from tgi_compat.modeling.lora import weights as lora_weights
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
 from tgi_compat.modeling.lora.placement import pack
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
@@ -78,9 +79,16 @@ def _run_mixed_batch(runner: ModelRunner) -> tuple[list[list[int]], list[list[fl
     return tokens, logprobs, prefill
 
 
-def test_mixed_batch_matches_each_peft_merged_model(lora_runner, smollm2_hf_model, adapter_folders):
+# the folded projections (the shrink in the base matmul, the row-wise expand: every step here is decode-sized), and
+# the segmented shrink and expand that quantized bases and prefill-sized steps take
+@pytest.mark.parametrize("fold_max_tokens", [lora_weights.FOLD_MAX_TOKENS, 0], ids=["folded", "segmented"])
+def test_mixed_batch_matches_each_peft_merged_model(
+    lora_runner, smollm2_hf_model, adapter_folders, fold_max_tokens, monkeypatch
+):
     from peft import PeftModel
 
+    monkeypatch.setattr(lora_weights, "FOLD_MAX_TOKENS", fold_max_tokens)
+    assert lora_runner.lora is not None and all(w.folded is not None for w in lora_runner.lora.targets.values())
     tokens, logprobs, prefill = _run_mixed_batch(lora_runner)
     names = list(adapter_folders)
     peft_model = PeftModel.from_pretrained(copy.deepcopy(smollm2_hf_model), str(adapter_folders[names[0]]), names[0])

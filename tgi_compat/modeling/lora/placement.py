@@ -19,8 +19,9 @@ Staged = Sequence[tuple[LoraWeights, tuple[torch.Tensor, torch.Tensor]]]
 
 
 # Page-locking takes the driver's lock, which the serving thread's launches need too, and torch holds the GIL for
-# the call: one 84 MB buffer (Llama-3-8B, r = 16) stalled the streams for ~130 ms while an adapter loaded (H100,
-# session 26). Buffers of a few MB each hold both for a few ms at a time. One per tensor (256) was a driver call each.
+# the call. While one 84 MB buffer (Llama-3-8B, r = 16) was locked, the longest gap between two tokens of 64 streams
+# grew by 128 ms (H100, session 26; the suspect, not profiled). A buffer of a few MB holds both for a few ms at a
+# time; one per tensor (256) was a driver call each.
 PIN_CHUNK_BYTES = 4 << 20
 
 

@@ -14,7 +14,7 @@ from tests.modeling.helpers import max_rel_error
 from tgi_compat.modeling.forward_batch import LoraBatch, build_forward_batch
 from tgi_compat.modeling.lora import weights as lora_weights
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
-from tgi_compat.modeling.lora.placement import chunk_sizes, pack
+from tgi_compat.modeling.lora.placement import pack
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 RANKS = {"a1": 8, "a2": 16, "a3": 64}
@@ -138,21 +138,15 @@ def test_a_staged_adapter_is_one_host_tensor_per_slot_buffer(lora_runner):
         assert (a.shape, b.shape) == (weights.a.shape[1:], weights.b.shape[1:]) and a.dtype == weights.a.dtype
 
 
-def test_an_adapter_is_packed_into_a_few_host_buffers(lora_runner):
-    """placement.pack: every staged tensor a view of one of a few flat buffers, in order (pinned beside a GPU: a
-    page-locking call a buffer of about PIN_CHUNK_BYTES, none holding the driver's lock for long)."""
+def test_an_adapter_is_packed_into_one_host_buffer(lora_runner):
+    """placement.pack: every staged tensor a view of one flat buffer (pinned beside a GPU: one page-locking call)."""
     staged = lora_runner.lora.adapters[1].tensors
-    numels = [t.numel() for _, pair in staged for t in pair]
-    limit = 3 * max(numels)
-    sizes = chunk_sizes(numels, limit)
-    assert sum(sizes) == sum(numels) and all(size <= limit for size in sizes) and 1 < len(sizes) < len(numels)
-    dtype = staged[0][1][0].dtype
-    packed = pack(staged, [torch.empty(size, dtype=dtype) for size in sizes])
+    total = sum(t.numel() for _, pair in staged for t in pair)
+    packed = pack(staged, torch.empty(total, dtype=staged[0][1][0].dtype))
     storages = {t.untyped_storage().data_ptr() for _, pair in packed for t in pair}
-    assert len(storages) == len(sizes)
+    assert len(storages) == 1
     for (weights, pair), (packed_weights, packed_pair) in zip(staged, packed):
         assert packed_weights is weights
         assert all(torch.equal(x, y) and x.shape == y.shape for x, y in zip(pair, packed_pair))
-    with pytest.raises(AssertionError):  # buffers of the wrong sizes
-        pack(staged, [torch.empty(size + 1, dtype=dtype) for size in sizes])
-    assert chunk_sizes([5, 2, 9, 1, 1], 8) == [7, 9, 2]  # a tensor over the limit alone in its buffer
+    with pytest.raises(AssertionError):  # a buffer of the wrong size
+        pack(staged, torch.empty(total + 1, dtype=staged[0][1][0].dtype))

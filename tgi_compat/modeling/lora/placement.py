@@ -18,54 +18,32 @@ from tgi_compat.modeling.lora.weights import LoraWeights
 Staged = Sequence[tuple[LoraWeights, tuple[torch.Tensor, torch.Tensor]]]
 
 
-# Page-locking takes the driver's lock, which the serving thread's launches need too, and torch holds the GIL for
-# the call. While one 84 MB buffer (Llama-3-8B, r = 16) was locked, the longest gap between two tokens of 64 streams
-# grew by 128 ms (H100, session 26; the suspect, not profiled). A buffer of a few MB holds both for a few ms at a
-# time; one per tensor (256) was a driver call each.
-PIN_CHUNK_BYTES = 4 << 20
-
-
 def pinned(staged: Staged, device: torch.device) -> Staged:
     """A staged adapter in pinned host memory beside a GPU model, so that `place` is one asynchronous copy per
-    tensor: its tensors packed in order into a few pinned buffers of about PIN_CHUNK_BYTES each."""
+    tensor: all of its tensors in one pinned buffer. One page-locking call instead of one per tensor (256 for
+    Llama-3-8B): each is a driver call that the serving thread's launches contend with while a load is read."""
     if device.type != "cuda" or not staged:
         return staged
     dtype = staged[0][1][0].dtype  # (every slot buffer is in the model's dtype)
-    sizes = chunk_sizes([t.numel() for _, pair in staged for t in pair], PIN_CHUNK_BYTES // dtype.itemsize)
     # this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)
     with torch.cuda.device(device):
-        buffers = [torch.empty(size, dtype=dtype, pin_memory=True) for size in sizes]
-    return pack(staged, buffers)
+        buffer = torch.empty(sum(t.numel() for _, pair in staged for t in pair), dtype=dtype, pin_memory=True)
+    return pack(staged, buffer)
 
 
-def chunk_sizes(numels: Sequence[int], limit: int) -> list[int]:
-    """Consecutive tensors' sizes grouped into buffers of at most `limit` elements (a larger tensor: one of its own)."""
-    sizes: list[int] = []
-    for numel in numels:
-        if sizes and sizes[-1] + numel <= limit:
-            sizes[-1] += numel
-        else:
-            sizes.append(numel)
-    return sizes
-
-
-def pack(staged: Staged, buffers: Sequence[torch.Tensor]) -> Staged:
-    """`staged` copied into consecutive views of the flat `buffers`, in order (each filled exactly before the next)."""
-    out, chunks = [], iter(buffers)
-    buffer, offset = next(chunks), 0
+def pack(staged: Staged, buffer: torch.Tensor) -> Staged:
+    """`staged` copied into consecutive views of one flat `buffer` (as many elements as they hold together)."""
+    out, offset = [], 0
     for weights, pair in staged:
         views = []
         for tensor in pair:
             assert tensor.dtype == buffer.dtype, (tensor.dtype, buffer.dtype)
-            if offset + tensor.numel() > buffer.numel():  # the next buffer's first tensor: this one is full
-                assert offset == buffer.numel(), (offset, buffer.numel())
-                buffer, offset = next(chunks), 0
             view = buffer[offset : offset + tensor.numel()].view(tensor.shape)
             view.copy_(tensor)
             views.append(view)
             offset += tensor.numel()
         out.append((weights, (views[0], views[1])))
-    assert offset == buffer.numel() and next(chunks, None) is None, (offset, buffer.numel())
+    assert offset == buffer.numel(), (offset, buffer.numel())
     return out
 
 

@@ -18,7 +18,7 @@ from tgi_compat.kernels.lora.shrink import (
 )
 from tgi_compat.modeling.forward_batch import build_forward_batch
 from tgi_compat.modeling.layers.ops import torch_rms_norm, torch_silu_and_mul
-from tgi_compat.modeling.lora.step import build_lora_step
+from tgi_compat.modeling.lora.step import build_lora_step, lora_step
 
 MAX_LORAS = 4
 # Under the interpreter on CPU the kernels compute in fp32; on a GPU their fp32 dots run as TF32 (10-bit mantissa).
@@ -126,21 +126,23 @@ def test_shrink_prologues_match_the_model_ops(prologue, size_in):
         torch.testing.assert_close(out, out_ref, **TOL)
 
 
-@pytest.mark.parametrize("slots", [[2, -1, 0, 2, 1], [-1, -1], [3]])
+@pytest.mark.parametrize("slots", [[2, -1, 0, 2, 1], [-1, -1], [3], [i % 5 - 1 for i in range(40)]])
 @pytest.mark.parametrize("slice_outs", [(40,), (48, 16, 16), (200, 200)])
 def test_row_wise_expand_of_a_folded_projection_matches_its_reference(slots, slice_outs):
     """The base columns of a widened projection's output plus each LoRA row's shrunk[slot] @ B[slot]^T (base rows:
-    their base columns unchanged), ranks padded to the max, several output blocks a slice."""
+    their base columns unchanged), ranks padded to the max, several output blocks a slice, segments of more rows than
+    a program takes."""
     torch.manual_seed(2)
     rank = 16
     ends = tuple(int(e) for e in torch.tensor(slice_outs).cumsum(0))
     with torch.device(DEV):
         token_slots = torch.tensor(slots)
+        step = lora_step(token_slots, MAX_LORAS)
         full = torch.randn(len(slots), ends[-1] + MAX_LORAS * len(ends) * rank)
         b = torch.randn(MAX_LORAS, ends[-1], rank)
         b[:, :, rank - 3 :] = 0  # an adapter of a lower rank than the slots'
-        out = lora_expand_rows(full, token_slots, b, ends)
-        expected = lora_expand_rows_ref(full, token_slots, b, ends)
+        out = lora_expand_rows(full, step, b, ends)
+        expected = lora_expand_rows_ref(full, step, b, ends)
     torch.testing.assert_close(out, expected, **TOL)
     base_rows = token_slots < 0
     assert torch.equal(out[base_rows], full[base_rows, : ends[-1]])

@@ -34,8 +34,8 @@ from tgi_compat.kernels.lora import expand_rows as er
 for rows, ends in ((1, (4096, 5120, 6144)), (64, (14336, 28672)), (256, (4096,))):
     full = torch.zeros(rows, ends[-1] + 8 * 16 * len(ends), dtype=torch.bfloat16)
     b = torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
-    slots = torch.arange(rows) % 9 - 1
-    ptx = compiled_ptx(er._lora_expand_rows_kernel, lambda: er.lora_expand_rows(full, slots, b, ends, pdl=True))
+    step = lora_step(torch.arange(rows) % 9 - 1, 8)
+    ptx = compiled_ptx(er._lora_expand_rows_kernel, lambda: er.lora_expand_rows(full, step, b, ends, pdl=True))
     found[f"expand rows {rows}x{len(ends)}"] = dict(ptx=len(ptx) > 0, pdl="griddepcontrol.wait" in ptx)
 print(json.dumps(found))
 """

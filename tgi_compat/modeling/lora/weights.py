@@ -117,4 +117,4 @@ class LoraWeights:
     def expand_rows(self, full: torch.Tensor, step: LoraStep) -> torch.Tensor:
         """The twin's output [T, out + shrunk] -> [T, out]: each LoRA row's base plus shrunk[slot] @ B^T."""
         expand = lora_expand_rows if full.is_cuda else lora_expand_rows_ref
-        return expand(full, step.token_slots, self.b, self.slice_ends)
+        return expand(full, step, self.b, self.slice_ends)

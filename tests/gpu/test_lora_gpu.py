@@ -1,6 +1,6 @@
 """LoRA on the GPU (marker `gpu`; skipped without CUDA): the shrink and expand kernels against their references
 at Llama-3-8B's projections (bf16, r = 16, 8 slots) for 1, 8 and 64 rows of mixed slots and base rows, with and
-without serving's prologues; and LoRA decode steps replayed from the CUDA graphs equal the eager LoRA steps (a small
+without serving's prologues, and the folded projections' expand; and LoRA decode steps replayed from the CUDA graphs equal the eager LoRA steps (a small
 random Llama in float32, three adapters and base rows in one batch, an adapter copied into a slot after the
 capture).
 
@@ -18,10 +18,12 @@ from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.steps import build_runner, decode_batch, hf_model, prefill_batch
 from benchmarks.shapes import LLAMA3_8B
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
+from tgi_compat.kernels.lora.expand_rows import lora_expand_rows, lora_expand_rows_ref
 from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.forward_batch import LoraBatch
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
 from tgi_compat.modeling.lora.layer_ops import SILU_MUL
+from tgi_compat.modeling.lora.step import lora_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -54,6 +56,26 @@ def test_kernels_match_their_references_at_llama3_8b_shapes(name, rows):
     assert err < 1e-2  # the bf16 output's roundings
     is_base = (slots < 0).cuda()
     assert torch.equal(case.out[is_base], base[is_base])
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64, 256])
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down"])
+def test_folded_expand_matches_its_reference_at_llama3_8b_shapes(name, rows):
+    """The expand of a folded projection (its output [base | every slot's shrunk]), bf16, spread rows and base rows."""
+    torch.manual_seed(0)
+    _, slice_outs = fused_projections(LLAMA3_8B)[name]
+    ends = tuple(int(e) for e in torch.tensor(slice_outs).cumsum(0))
+    slots = row_slots(rows, 8, base_every=3 if rows > 1 else 0).cuda()
+    step = lora_step(slots, 8)
+    with torch.device("cuda"):
+        full = torch.randn(rows, ends[-1] + 8 * len(ends) * 16, dtype=torch.bfloat16)
+        b = (torch.randn(8, ends[-1], 16) / 4).to(torch.bfloat16)
+    out, expected = lora_expand_rows(full, step, b, ends), lora_expand_rows_ref(full, step, b, ends)
+    base = full[:, : ends[-1]]
+    err = rel_err(out - base, expected - base)
+    print(f"{name} rows={rows}: folded expand delta rel err {err:.2e}")
+    assert err < 1e-2  # the bf16 output's roundings
+    assert torch.equal(out[slots < 0], base[slots < 0])
 
 
 @pytest.mark.parametrize("rows", [1, 8, 64])

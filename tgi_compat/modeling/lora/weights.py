@@ -3,7 +3,8 @@
 A fused projection (q|k|v, gate|up) has one slice per part: slice s owns rows s*R .. (s+1)*R of the stacked A
 (R = --max-lora-rank; an adapter of rank r fills the first r, the rest stay zero) and its own output columns of B.
 Under tensor parallelism A and B are cut like the base layer: a column-parallel layer keeps its rows of each
-part's B, a row-parallel one its columns of A (its partial output then joins the base's partial sum).
+part's B, a row-parallel one its columns of A (its partial output then joins the base's partial sum). Over a plain
+base the stacked A is the extra rows of the projection's widened twin (folding.py), which decode-sized steps run.
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ class LoraSlice:
 
 
 class LoraWeights:
-    def __init__(
-        self, proj: Linear, projections: tuple[str, ...], max_loras: int, max_rank: int, fold: bool = True
-    ) -> None:
+    def __init__(self, proj: Linear, projections: tuple[str, ...], max_loras: int, max_rank: int) -> None:
         self.max_rank = max_rank
         self.full_in = proj.full_in_features
         self.in_columns = proj.in_slice  # row-parallel: this rank's columns of A
@@ -51,7 +50,7 @@ class LoraWeights:
         self.slice_ends = tuple(part.out_start + part.rows.size for part in slices)  # the expand's column split
         a_shape = (max_loras, len(slices) * max_rank, proj.in_features)
         # a plain base: A stacked under its weight (folding.py), so decode-sized steps shrink in the base GEMM
-        self.folded = widened(proj, max_loras * len(slices) * max_rank) if fold and can_fold(proj) else None
+        self.folded = widened(proj, max_loras * len(slices) * max_rank) if can_fold(proj) else None
         if self.folded is not None:
             self.a = layer_tensor(self.folded, "weight")[proj.out_features :].view(a_shape)
         else:  # made under the runner's device and dtype (the model's, even over a quantized base)

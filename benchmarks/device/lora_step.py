@@ -16,7 +16,7 @@ between the two, which says what spread - base is made of (shrink/expand, the se
 tgi_compat/modeling/lora/step.py, others). Last, the shrink and expand alone (benchmarks/device/lora_kernels.py)
 at each tiling of its SWEEP. The CPU run: a tiny Llama, eager steps, no profile, the sweep checked against the
 reference. A plain base's decode steps run the folded projections (tgi_compat/modeling/lora/folding.py: the shrink in
-the base GEMM, then the row-wise expand); --segmented times the segmented shrink and expand instead, a quantized
+the base GEMM, then the folded expand); --segmented times the segmented shrink and expand instead, a quantized
 base's path.
 """
 

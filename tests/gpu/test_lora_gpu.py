@@ -18,7 +18,7 @@ from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.steps import build_runner, decode_batch, hf_model, prefill_batch
 from benchmarks.shapes import LLAMA3_8B
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.expand_rows import lora_expand_rows, lora_expand_rows_ref
+from tgi_compat.kernels.lora.expand_folded import lora_expand_folded, lora_expand_folded_ref
 from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.forward_batch import LoraBatch
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
@@ -70,7 +70,7 @@ def test_folded_expand_matches_its_reference_at_llama3_8b_shapes(name, rows):
     with torch.device("cuda"):
         full = torch.randn(rows, ends[-1] + 8 * len(ends) * 16, dtype=torch.bfloat16)
         b = (torch.randn(8, ends[-1], 16) / 4).to(torch.bfloat16)
-    out, expected = lora_expand_rows(full, step, b, ends), lora_expand_rows_ref(full, step, b, ends)
+    out, expected = lora_expand_folded(full, step, b, ends), lora_expand_folded_ref(full, step, b, ends)
     base = full[:, : ends[-1]]
     err = rel_err(out - base, expected - base)
     print(f"{name} rows={rows}: folded expand delta rel err {err:.2e}")

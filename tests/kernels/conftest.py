@@ -55,7 +55,7 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.lora.tiles",
     "tgi_compat.kernels.lora.shrink",
     "tgi_compat.kernels.lora.expand",
-    "tgi_compat.kernels.lora.expand_rows",
+    "tgi_compat.kernels.lora.expand_folded",
     # importers of the kernels, reloaded after them so they bind the interpreted versions
     "tgi_compat.modeling.attention.triton_backend",
     "tgi_compat.modeling.layers.triton_ops",

@@ -1,6 +1,6 @@
 """LoRA shrink and expand against their torch references: mixed slots, base tokens between them, idle slots,
 ranks padded to the max, a fused projection's slices, no LoRA token at all, and the shrink's prologues (the RMS
-norm, SiLU-and-mul) against the model's own ops; the row-wise expand of a folded projection against its own."""
+norm, SiLU-and-mul) against the model's own ops; the folded projection's expand against its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.expand_rows import lora_expand_rows, lora_expand_rows_ref
+from tgi_compat.kernels.lora.expand_folded import lora_expand_folded, lora_expand_folded_ref
 from tgi_compat.kernels.lora.shrink import (
     ShrinkPrologue,
     lora_shrink,
@@ -141,8 +141,8 @@ def test_row_wise_expand_of_a_folded_projection_matches_its_reference(slots, sli
         full = torch.randn(len(slots), ends[-1] + MAX_LORAS * len(ends) * rank)
         b = torch.randn(MAX_LORAS, ends[-1], rank)
         b[:, :, rank - 3 :] = 0  # an adapter of a lower rank than the slots'
-        out = lora_expand_rows(full, step, b, ends)
-        expected = lora_expand_rows_ref(full, step, b, ends)
+        out = lora_expand_folded(full, step, b, ends)
+        expected = lora_expand_folded_ref(full, step, b, ends)
     torch.testing.assert_close(out, expected, **TOL)
     base_rows = token_slots < 0
     assert torch.equal(out[base_rows], full[base_rows, : ends[-1]])

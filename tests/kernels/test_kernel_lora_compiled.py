@@ -1,5 +1,5 @@
 """The LoRA kernels compile for sm_90 in every variant serving launches (bf16; the shrink with and without its K
-split and with each prologue, none of them with atomics, the expand for 1, 2 and 3 slices, the row-wise expand of a
+split and with each prologue, none of them with atomics, the expand for 1, 2 and 3 slices, the expand of a
 folded projection; the decode-sized ones as programmatic dependents), without a GPU (benchmarks/compile_only.py, in
 a process of its own): the interpreter runs them on the CPU, the GPU tests (tests/gpu/test_lora_gpu.py) on the
 device."""
@@ -30,12 +30,12 @@ for ends in ((4096,), (14336, 28672), (4096, 5120, 6144)):
     b = torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
     ptx = compiled_ptx(ex._lora_expand_kernel, lambda: ex.lora_expand(out, shrunk, b, step, ends, pdl=True))
     found[f"expand {len(ends)} slices"] = dict(ptx=len(ptx) > 0, pdl="griddepcontrol.wait" in ptx)
-from tgi_compat.kernels.lora import expand_rows as er
+from tgi_compat.kernels.lora import expand_folded as er
 for rows, ends in ((1, (4096, 5120, 6144)), (64, (14336, 28672)), (256, (4096,))):
     full = torch.zeros(rows, ends[-1] + 8 * 16 * len(ends), dtype=torch.bfloat16)
     b = torch.zeros(8, ends[-1], 16, dtype=torch.bfloat16)
     step = lora_step(torch.arange(rows) % 9 - 1, 8)
-    ptx = compiled_ptx(er._lora_expand_rows_kernel, lambda: er.lora_expand_rows(full, step, b, ends, pdl=True))
+    ptx = compiled_ptx(er._lora_expand_folded_kernel, lambda: er.lora_expand_folded(full, step, b, ends, pdl=True))
     found[f"expand rows {rows}x{len(ends)}"] = dict(ptx=len(ptx) > 0, pdl="griddepcontrol.wait" in ptx)
 print(json.dumps(found))
 """

@@ -79,7 +79,7 @@ def _run_mixed_batch(runner: ModelRunner) -> tuple[list[list[int]], list[list[fl
     return tokens, logprobs, prefill
 
 
-# the folded projections (the shrink in the base matmul, the row-wise expand: every step here is decode-sized), and
+# the folded projections (the shrink in the base matmul, the folded expand: every step here is decode-sized), and
 # the segmented shrink and expand that quantized bases and prefill-sized steps take
 @pytest.mark.parametrize("fold_max_tokens", [lora_weights.FOLD_MAX_TOKENS, 0], ids=["folded", "segmented"])
 def test_mixed_batch_matches_each_peft_merged_model(

@@ -1,6 +1,6 @@
 """Every slot's LoRA A stacked under a dense projection's weight, so that at decode sizes the base GEMM / GEMV also
 computes each row's shrink for every slot: x @ [W; A_0; ...; A_L-1]^T = [base | shrunk_0 | ... ], and only the expand
-(tgi_compat.kernels.lora.expand_rows) is a launch of its own. The extra rows are a few percent of the weight's bytes
+(tgi_compat.kernels.lora.expand_folded) is a launch of its own. The extra rows are a few percent of the weight's bytes
 (8 slots of r = 16 on Llama-3-8B's q|k|v: 384 rows under 6,144), read in the same pass, where a separate shrink is two
 launches' latency a projection; norm and SiLU-and-mul prologues come for free, since the base op applies them.
 

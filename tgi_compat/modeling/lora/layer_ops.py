@@ -2,7 +2,7 @@
 
 Built once, when LoRA is enabled, around the ops chosen at startup. A step without a LoRA row (context.step
 None) takes the base op unchanged. A decode-sized step with one runs a plain base's op on its widened twin (every
-slot's A under the weight: folding.py), fused norm or SiLU-and-mul prologue and all, then the row-wise expand. A
+slot's A under the weight: folding.py), fused norm or SiLU-and-mul prologue and all, then the expand of its output. A
 quantized base, or a prefill-sized step, takes the base op, then adds the LoRA delta by the segmented shrink and
 expand: the shrink runs the same prologue on the input the base op read (the pre-norm rows every norm op hands back
 as the next residual, or the [gate | up] rows), so no activation the fused kernel keeps to itself is needed.
@@ -44,7 +44,7 @@ def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, L
         folded = lora.folded_for(x.shape[0])
         if folded is not None:
             full, summed = base.rms_norm_linear(x, residual, norm, folded, sum_over)
-            return lora.expand_rows(full, step), summed
+            return lora.expand_folded(full, step), summed
         out, summed = base.rms_norm_linear(x, residual, norm, proj, sum_over)
         return lora.add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
 
@@ -56,7 +56,7 @@ def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, L
         folded = lora.folded_for(x.shape[0])
         if folded is not None:
             full, summed = base.norm_add_norm_linear(x, x_norm, residual, norm, folded)
-            return lora.expand_rows(full, step), summed
+            return lora.expand_folded(full, step), summed
         out, summed = base.norm_add_norm_linear(x, x_norm, residual, norm, proj)
         return lora.add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
 
@@ -67,7 +67,7 @@ def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, L
         lora, step = found
         folded = lora.folded_for(x.shape[0])
         if folded is not None:
-            return lora.expand_rows(base.silu_mul_linear(x, folded), step)
+            return lora.expand_folded(base.silu_mul_linear(x, folded), step)
         return lora.add_to(base.silu_mul_linear(x, proj), x, step, SILU_MUL)
 
     def row_parallel_linear(x, proj: Linear, tp: TensorParallel):
@@ -78,7 +78,7 @@ def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, L
         # A is cut by columns: the shrunk rows, and so the delta, are partial sums too
         folded = lora.folded_for(x.shape[0])
         if folded is not None:
-            return sum_later(lora.expand_rows(folded(x), step), tp)
+            return sum_later(lora.expand_folded(folded(x), step), tp)
         return sum_later(lora.add_to(proj(x), x, step), tp)
 
     def silu_mul_row_parallel_linear(x, proj: Linear, tp: TensorParallel):

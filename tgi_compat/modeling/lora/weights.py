@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
-from tgi_compat.kernels.lora.expand_rows import lora_expand_rows, lora_expand_rows_ref
+from tgi_compat.kernels.lora.expand_folded import lora_expand_folded, lora_expand_folded_ref
 from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.layers.quantization.base import layer_tensor
@@ -108,12 +108,12 @@ class LoraWeights:
         return out
 
     def folded_for(self, num_tokens: int) -> Linear | None:
-        """The widened twin a step of `num_tokens` runs instead of the projection (then `expand_rows`), None where
+        """The widened twin a step of `num_tokens` runs instead of the projection (then `expand_folded`), None where
         it takes the base projection and `add_to`: a quantized base, or prefill sizes, where the shrink of every
         slot for every token would cost more than the segmented kernels' passes."""
         return self.folded if num_tokens <= FOLD_MAX_TOKENS else None
 
-    def expand_rows(self, full: torch.Tensor, step: LoraStep) -> torch.Tensor:
+    def expand_folded(self, full: torch.Tensor, step: LoraStep) -> torch.Tensor:
         """The twin's output [T, out + shrunk] -> [T, out]: each LoRA row's base plus shrunk[slot] @ B^T."""
-        expand = lora_expand_rows if full.is_cuda else lora_expand_rows_ref
+        expand = lora_expand_folded if full.is_cuda else lora_expand_folded_ref
         return expand(full, step, self.b, self.slice_ends)

@@ -19,11 +19,11 @@ from tgi_compat.kernels.lora.segments import LoraSegments
 from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 # output columns per program (x R = 16 ranks: a 4 KB tile of B at bf16), rows per program (tl.dot's least)
-EXPAND_ROWS_BLOCK_N, EXPAND_ROWS_BLOCK_M = 128, 16
+EXPAND_FOLDED_BLOCK_N, EXPAND_FOLDED_BLOCK_M = 128, 16
 
 
 @triton.jit
-def _lora_expand_rows_kernel(
+def _lora_expand_folded_kernel(
     full_ptr,  # [T, N + L * S * R]: the folded projection's output, base columns first
     order_ptr,  # [T] int64: token indices sorted by slot, base tokens last
     seg_start_ptr,  # [L] int64
@@ -87,12 +87,12 @@ def _lora_expand_rows_kernel(
         tl.store(out_tile, out.to(out_ptr.dtype.element_ty), mask=mask_mn)
 
 
-def lora_expand_rows(
+def lora_expand_folded(
     full: torch.Tensor,
     step: LoraSegments,
     b: torch.Tensor,
     slice_ends: tuple[int, ...],
-    block_n: int = EXPAND_ROWS_BLOCK_N,
+    block_n: int = EXPAND_FOLDED_BLOCK_N,
     pdl: bool | None = None,  # None: on Hopper (tgi_compat.kernels.pdl)
 ) -> torch.Tensor:
     """full [T, N + L * S * R] (a folded projection's output), b [L, N, R] -> [T, N]: full[:, :N] plus each LoRA
@@ -104,9 +104,9 @@ def lora_expand_rows(
     ends = (*slice_ends, *[slice_ends[-1]] * (3 - len(slice_ends)))
     out = torch.empty(num_tokens, n, dtype=full.dtype, device=full.device)
     pdl = use_pdl(full) if pdl is None else pdl
-    block_m = EXPAND_ROWS_BLOCK_M
+    block_m = EXPAND_FOLDED_BLOCK_M
     grid = (triton.cdiv(num_tokens, block_m), num_slots + 1, triton.cdiv(n, block_n))
-    _lora_expand_rows_kernel[grid](
+    _lora_expand_folded_kernel[grid](
         full, step.token_order, step.seg_start, step.seg_len, b, out, num_tokens, num_slots, ends[0], ends[1], n, rank,
         full.stride(0), b.stride(0), b.stride(1),
         NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)),
@@ -115,7 +115,7 @@ def lora_expand_rows(
     return out
 
 
-def lora_expand_rows_ref(
+def lora_expand_folded_ref(
     full: torch.Tensor, step: LoraSegments, b: torch.Tensor, slice_ends: tuple[int, ...]
 ) -> torch.Tensor:
     """The definition (also the CPU path): one matmul per LoRA row and slice."""

@@ -43,4 +43,8 @@ def widened(proj: Linear, extra_rows: int) -> Linear:
         proj.bias.data = wide_bias[:rows]
         twin._parameters["bias"] = nn.Parameter(wide_bias, requires_grad=False)
     twin.out_features = rows + extra_rows
+    if wide.is_cuda:
+        # proj's old weight back to the driver now: the next projection's wider weight cannot reuse its block whole,
+        # only carve it, and the fragments left would count against the KV cache (sized from the driver's free memory)
+        torch.cuda.empty_cache()
     return twin

@@ -96,7 +96,7 @@ def test_vision_encoder_at_the_7b_shape_equals_transformers(family, dtype):
     rows = encoder({"pixel_values": pixels, "image_grid_thw": grid})
     assert [r.shape[0] for r in rows] == [37 * 37, 16 * 24]
     # transformers' patch embedding is a Conv3d, which cuDNN runs in TF32 unless told not to (ours is a GEMM, float32
-    # as cuBLAS runs it by default): 2.6e-4 / 7.6e-4 of relative error from that alone (session 26; not re-run since)
+    # as cuBLAS runs it by default): the likely source of the 2.6e-4 / 7.6e-4 relative errors of session 26 (not re-run)
     with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         expected = encoder.visual(pixels, grid_thw=grid).pooler_output
     assert relative_error(torch.cat(rows), expected) < (1e-4 if dtype == torch.float32 else 3e-2)

@@ -278,14 +278,19 @@ async def main_async(args: argparse.Namespace) -> dict:
                                                        new=sizes.new_tokens))  # fmt: skip
     if args.device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()
-    report["kernels"] = kernel_times(sizes.model, sizes.kernel_rows, sizes.kernel_dtype, args.device)
-    write_json(out_path("bench_lora.json"), report)
+    if not args.lora_on_only:
+        report["kernels"] = kernel_times(sizes.model, sizes.kernel_rows, sizes.kernel_dtype, args.device)
+        write_json(out_path("bench_lora.json"), report)
     model_dir = work / "model"
     write_config_folder(model_dir, sizes.model)
     start = time.perf_counter()
     folders = [write_peft_adapter(work / f"adapter{i}", sizes.model, RANK, seed=i) for i in range(ADAPTERS + 1)]
     report["adapters_write_s"] = time.perf_counter() - start
     log(f"{len(folders)} adapters written in {report['adapters_write_s']:.1f} s")
+    if args.lora_on_only:
+        report["lora_on"] = await engine_with_lora(model_dir, folders[:ADAPTERS], folders[ADAPTERS], sizes, args.device)
+        write_json(out_path("bench_lora.json"), report)
+        return report
     report["lora_off"] = await engine_without_lora(model_dir, sizes, args.device)
     write_json(out_path("bench_lora.json"), report)
     report["lora_on"] = await engine_with_lora(model_dir, folders[:ADAPTERS], folders[ADAPTERS], sizes, args.device)
@@ -302,6 +307,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--work-dir", default=None, help="model folder and adapters (default: a temp dir)")
+    parser.add_argument("--lora-on-only", action="store_true",
+                        help="only the engine with LoRA on (spread, batch 1, the load while streaming); no table")  # fmt: skip
     asyncio.run(main_async(parser.parse_args()))
 
 

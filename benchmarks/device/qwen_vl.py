@@ -25,6 +25,7 @@ A markdown table on stdout, JSON in $OUT/qwen_vl.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import io
@@ -47,6 +48,7 @@ from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.images import PromptImage
 from tgi_compat.router.model_loading import fit_to_runner, load_runner
 from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.stall_sampler import stall_sampler_from_env
 
 IMAGE_PAD = 151655  # Qwen2(.5)-VL's <|image_pad|>; vision start/end 151652/151653
 VISION_7B = dict(
@@ -150,8 +152,11 @@ def run(engine: EngineCore, requests: list[GenerateRequest]) -> dict:
         engine.add_request(req)
     first: dict[str, float] = {}
     tokens = 0
+    stalls = stall_sampler_from_env()  # TGI_STALL_TRACE_MS: where the slow steps go
     while engine.has_unfinished():
-        for event in engine.step():
+        with stalls.turn() if stalls is not None else contextlib.nullcontext():
+            events = engine.step()
+        for event in events:
             first.setdefault(event.request_id, time.perf_counter() - start)
             tokens += len(event.token_ids)
     elapsed = time.perf_counter() - start

@@ -42,9 +42,11 @@ from the step's rope_positions (a request with an image: position + its rope del
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
@@ -165,9 +167,10 @@ class DecodeCudaGraphs:
         start = time.perf_counter()
         pool = self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         kinds = (False, True) if self.lora is not None else (False,)
-        for size in reversed(self.batch_sizes):
-            for with_lora in kinds:
-                self._capture_one(size, with_lora, pool)
+        with _no_garbage_collection():
+            for size in reversed(self.batch_sizes):
+                for with_lora in kinds:
+                    self._capture_one(size, with_lora, pool)
         torch.cuda.synchronize(self.device)
         logger.info(
             "captured %d %s CUDA graphs (batch sizes %s) in %.1f s",
@@ -338,3 +341,18 @@ def maybe_capture_verify_graphs(
         )
         graphs[q].capture(decode_graphs.pool)
     return graphs
+
+
+@contextlib.contextmanager
+def _no_garbage_collection() -> Iterator[None]:
+    """No collection inside a capture: a collected object's finalizer may call CUDA (a dead runner's page-locked
+    buffers, events, streams), which a global-mode capture forbids. The suspected cause of captures invalidated at
+    random in a GPU test that builds runner after runner (tests/gpu/test_qwen2_5_vl_gpu.py, sessions 26 and 27)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -49,10 +49,15 @@ def upload(rows: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
     """Host int lists of one length -> [len(rows), n] int64 on `device`, in one copy.
 
     Pinned on a GPU so that the copy is asynchronous (on a side stream: tgi_compat.modeling.copy_streams); the
-    caching host allocator keeps the pinned block alive until the copy has run.
+    caching host allocator keeps the pinned block alive until the copy has run. Each row starts 16-byte aligned
+    (an odd n is padded by one): Triton compiles a kernel anew for a pointer off that alignment, and the first
+    65-row decode (out_slots = row 1) compiled the KV store mid-serving, a 181 ms stall of every stream.
     """
+    width = len(rows[0]) if rows else 0
+    if width % 2:
+        rows = [[*row, 0] for row in rows]
     host = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda")
-    return copy_streams.upload(host, device)
+    return copy_streams.upload(host, device)[:, :width]
 
 
 class StepBatchBuilder:

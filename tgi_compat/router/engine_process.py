@@ -6,6 +6,7 @@ containment (a router bug): the client then sees the process die and fails every
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -17,6 +18,7 @@ from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine_loop import EngineLoop, load_engine
 from tgi_compat.router.process_exit import exit_process
 from tgi_compat.router.rank_heartbeat import RankHeartbeats
+from tgi_compat.router.stall_sampler import stall_sampler_from_env
 from tgi_compat.router.wire import (
     AbortRequest,
     AddRequest,
@@ -86,6 +88,7 @@ def freeze_startup_heap() -> None:
 def _serve(core: EngineLoop, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> None:
     """Receive, step, send. With overlap scheduling a step returns while the GPU runs the step it
     launched, so the sends and receives of a turn are hidden behind the GPU as well."""
+    stalls = stall_sampler_from_env()
     while True:
         # Also read when busy: a request that arrived during the last step joins the next one.
         if not _receive(core, inbox, outbox, 0 if core.has_unfinished() else IDLE_POLL_MS):
@@ -93,8 +96,10 @@ def _serve(core: EngineLoop, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: 
         if os.getppid() != parent_pid:
             logger.error("parent process is gone; engine exits")
             return
-        events, stats = core.run_once()
-        for reply in core.adapter_calls.take_replies():  # loads read meanwhile, installed between two steps
+        with stalls.turn() if stalls is not None else contextlib.nullcontext():
+            events, stats = core.run_once()
+            replies = core.adapter_calls.take_replies()  # loads read meanwhile, installed between two steps
+        for reply in replies:
             outbox.send(encoder.encode(reply))
         if events:
             outbox.send(encoder.encode(StepOutputs(events)))

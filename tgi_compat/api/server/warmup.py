@@ -5,7 +5,8 @@ the first mixed prefill+decode step, the first chunked prompt and the first batc
 CUDA graph each pay for compilation. The warm-up sends real requests through the real engine in
 waves that produce those steps: prompts of lengths around the specialisation boundaries, decodes
 joined by new prompts (mixed steps), every sampling processor with top-n logprobs, and on a GPU a
-full batch of long prompts (chunked prefill, the widest decode). On a CPU it stays to two short
+full batch of long prompts (chunked prefill, the widest decode). With LoRA adapters loaded at startup the second
+wave runs under the first of them. On a CPU it stays to two short
 prompts per wave (nothing compiles there; they prove every path runs).
 """
 
@@ -44,13 +45,16 @@ def _prompt(seed_ids: list[int], length: int) -> list[int]:
     return list(itertools.islice(itertools.cycle(seed_ids or [0]), length))
 
 
-def _request(prompt_ids: list[int], sampling: SamplingParams | None = None) -> GenerateRequest:
+def _request(
+    prompt_ids: list[int], sampling: SamplingParams | None = None, adapter: str | None = None
+) -> GenerateRequest:
     return GenerateRequest(
         request_id=f"warmup-{uuid.uuid4().hex}",
         prompt_ids=prompt_ids,
         sampling=sampling or SamplingParams(),
         max_new_tokens=NEW_TOKENS,
         ignore_eos=True,
+        adapter_id=adapter,
     )
 
 
@@ -79,7 +83,9 @@ async def warm_up(
     decoding = asyncio.Event()
     first = [asyncio.create_task(_run(engine, _request(_prompt(seed_ids, n)), decoding)) for n in lengths]
     await decoding.wait()
-    second = [_run(engine, _request(_prompt(seed_ids, n), SAMPLING)) for n in lengths]
+    # under an adapter loaded at startup, if any: the LoRA kernels' prefill, mixed and decode shapes too
+    adapter = next(iter(engine.info.lora_adapters), None)
+    second = [_run(engine, _request(_prompt(seed_ids, n), SAMPLING, adapter)) for n in lengths]
     await asyncio.gather(*first, *second)
     if on_gpu:
         batch = max(1, min(GPU_BATCH, max_batch_size))

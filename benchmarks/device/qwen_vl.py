@@ -34,6 +34,7 @@ import random
 import statistics
 import tempfile
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -165,12 +166,73 @@ def run(engine: EngineCore, requests: list[GenerateRequest]) -> dict:
     return dict(ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed)
 
 
-def engine_for(folder: Path, args: argparse.Namespace) -> tuple[EngineCore, ImageEncoder | None]:
-    """The engine (as EngineCore.from_config builds it) and its runner's image encoder, timed on its own."""
+class _WaitedFuture(Future):
+    """A preprocessing future whose result() adds how long it blocked the engine's thread to `waits`."""
+
+    def __init__(self, inner: Future, waits: list[float]) -> None:
+        super().__init__()
+        self._waits = waits
+        inner.add_done_callback(self._copy)
+
+    def _copy(self, done: Future) -> None:
+        error = done.exception()
+        self.set_exception(error) if error is not None else self.set_result(done.result())
+
+    def result(self, timeout: float | None = None):
+        start = time.perf_counter()
+        try:
+            return super().result(timeout)
+        finally:
+            self._waits.append(time.perf_counter() - start)
+
+
+class EngineEncoderTimes:
+    """The image encoder as the engine calls it, accounted: per encoder call its images and its GPU time (CUDA
+    events), and the engine thread's waits on the image processor's threads. `take()` returns and resets them."""
+
+    def __init__(self, encoder: ImageEncoder) -> None:
+        self.encoder = encoder
+        self._calls: list[tuple[int, torch.cuda.Event, torch.cuda.Event] | tuple[int, float]] = []
+        self._waits: list[float] = []
+
+    def preprocess_async(self, data: bytes) -> Future:
+        return _WaitedFuture(self.encoder.preprocess_async(data), self._waits)
+
+    def encode(self, processed):
+        if self.encoder.device.type != "cuda":
+            start = time.perf_counter()
+            out = self.encoder.encode(processed)
+            self._calls.append((len(processed), time.perf_counter() - start))
+            return out
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        out = self.encoder.encode(processed)
+        end.record()
+        self._calls.append((len(processed), begin, end))
+        return out
+
+    def take(self) -> dict:
+        if self.encoder.device.type == "cuda":
+            torch.cuda.synchronize()
+        ms = [1e3 * call[1] if len(call) == 2 else call[1].elapsed_time(call[2]) for call in self._calls]
+        images = [call[0] for call in self._calls]
+        out = dict(calls=len(images), images=sum(images), encode_ms=sum(ms), preprocess_wait_ms=1e3 * sum(self._waits),
+                   images_per_call=images)  # fmt: skip
+        self._calls, self._waits = [], []
+        return out
+
+
+def engine_for(
+    folder: Path, args: argparse.Namespace
+) -> tuple[EngineCore, ImageEncoder | None, EngineEncoderTimes | None]:
+    """The engine (as EngineCore.from_config builds it), its runner's image encoder (timed on its own) and that
+    encoder as the engine calls it, accounted."""
     config = EngineConfig(model_id=str(folder), device=args.device, dtype=args.dtype, load_format="dummy")
     runner = load_runner(config)
     config = fit_to_runner(config, runner)
-    return EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder), runner.image_encoder
+    encoder = runner.image_encoder
+    timed = None if encoder is None else EngineEncoderTimes(encoder)
+    return EngineCore(config, runner, runner.model_config, runner.lora, timed), encoder, timed
 
 
 def encoder_timings(encoder: ImageEncoder, prompts: Prompts, counts: tuple[int, ...] = (1, 8), reps: int = 3) -> dict:
@@ -210,12 +272,14 @@ def main() -> None:
     write_folder(folder, args.preset, args.family)
     prompts = Prompts(folder, args.text, args.size)
     start = time.perf_counter()
-    engine, encoder = engine_for(folder, args)
-    assert encoder is not None
+    engine, encoder, timed = engine_for(folder, args)
+    assert encoder is not None and timed is not None
     results: dict = dict(family=args.family, preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start)
     run(engine, [prompts.request(prompts.image(), 2)])  # warm-up: kernels, the encoder's first call
     results["encoder"] = encoder_timings(encoder, prompts)
+    timed.take()
     results["images"] = run(engine, [prompts.request(prompts.image(), args.new) for _ in range(args.streams)])
+    results["images_encoder"] = timed.take()
     results["text"] = run(engine, [prompts.request(None, args.new) for _ in range(args.streams)])
     picture = prompts.image()
     first = prompts.request(picture, args.new)
@@ -233,7 +297,7 @@ def main() -> None:
         text_config = PRESETS[args.preset][0]
         plain.mkdir()
         (plain / "config.json").write_text(json.dumps(dict(text_config, architectures=["Qwen2ForCausalLM"], model_type="qwen2")))  # fmt: skip
-        engine, _ = engine_for(plain, args)
+        engine, _, _ = engine_for(plain, args)
         run(engine, [GenerateRequest("warm", prompts.ids(args.text), max_new_tokens=2, ignore_eos=True)])
         again = [GenerateRequest(f"p{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
         results["text_only_plain"] = run(engine, again)
@@ -251,6 +315,10 @@ def table(results: dict, args: argparse.Namespace) -> str:
     rows += ["", "| images per encoder call | preprocess ms/image (host) | encoder ms/image |", "|---|---|---|"]
     for count, r in results["encoder"].items():
         rows.append(f"| {count} | {r['preprocess_ms_per_image']:.1f} | {r['encode_ms_per_image']:.1f} |")
+    inside = results["images_encoder"]
+    rows += ["", f"images phase, inside the engine: {inside['images']} images in {inside['calls']} encoder calls "
+             f"({inside['images_per_call']}), {inside['encode_ms']:.0f} ms of encoder GPU time; the engine's thread "
+             f"waited {inside['preprocess_wait_ms']:.0f} ms for the image processor"]  # fmt: skip
     image_ratio = results["images"]["ttft_p50_ms"] / results["text"]["ttft_p50_ms"]
     repeat_ratio = results["repeat_again"]["ttft_p50_ms"] / results["repeat_first"]["ttft_p50_ms"]
     results["checks"] = dict(image_vs_text=image_ratio, repeat_vs_first=repeat_ratio)

@@ -85,6 +85,7 @@ class RunnerConfig:
     # LoRA: adapter slots on the device (vLLM --max-loras; 0: LoRA off, no LoRA work anywhere) and their rank cap
     max_loras: int = 0
     max_lora_rank: int = 16
+    max_cpu_loras: int = 0  # adapters staged in host memory at once (page-locked when LoRA starts)
     # Speculative decoding's drafts per request (0: off): verify steps of 2..k+1 tokens per request are captured
     # as CUDA graphs too, beside the decode graphs
     num_speculative_tokens: int = 0
@@ -333,7 +334,7 @@ class ModelRunner:
         from tgi_compat.modeling.lora.manager import LoraManager  # imports the kernels: see _build_model
 
         with torch.device(self.device), default_dtype(self.dtype):
-            return LoraManager(self.model, self.cfg.max_loras, self.cfg.max_lora_rank)
+            return LoraManager(self.model, self.cfg.max_loras, self.cfg.max_lora_rank, self.cfg.max_cpu_loras)
 
     def _attention_params(self) -> list[AttentionParams]:
         """The distinct per-layer attention switches of the native model (kernel variants follow them)."""

@@ -58,7 +58,11 @@ class LoraRegistry:
 
     def install(self, name: str, adapter: StagedAdapter) -> None:
         """Keep an adapter `read` (ValueError: the name was taken, or the host cache filled, meanwhile)."""
-        self.check_room(name)  # again: a load read in a thread may meet another of the same name
+        try:
+            self.check_room(name)  # again: a load read in a thread may meet another of the same name
+        except ValueError:
+            self.manager.release(adapter)
+            raise
         adapter_id, self._next_id = self._next_id, self._next_id + 1
         self.manager.install(adapter_id, adapter)
         self.ids[name] = adapter_id

@@ -50,6 +50,7 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         show_progress=False,
         max_loras=config.max_loras,
         max_lora_rank=config.max_lora_rank,
+        max_cpu_loras=config.max_cpu_loras,
         num_speculative_tokens=0 if config.speculative is None else config.speculative.num_speculative_tokens,
         mixed_prefill_tokens=config.max_mixed_prefill_tokens,
         diverse_mode=config.diverse_mode and config.prefix_caching,

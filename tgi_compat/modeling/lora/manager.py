@@ -19,7 +19,7 @@ from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule, PeftAdapter
 from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
-from tgi_compat.modeling.lora.placement import SlotPlacer, Staged, pinned
+from tgi_compat.modeling.lora.placement import HostPool, SlotPlacer, Staged
 from tgi_compat.modeling.lora.step import build_lora_step, lora_step
 from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.models.base import CausalLM
@@ -39,6 +39,7 @@ class StagedAdapter:
     source: str
     tensors: Staged  # each slot buffer with its host copy of this adapter
     revision: str | None = None
+    entry: int | None = None  # the HostPool entry its tensors are packed into (None: a buffer of their own)
 
 
 class AdapterFollowers(Protocol):
@@ -50,7 +51,8 @@ class AdapterFollowers(Protocol):
 
 
 class LoraManager:
-    def __init__(self, model: CausalLM, max_loras: int, max_rank: int) -> None:
+    def __init__(self, model: CausalLM, max_loras: int, max_rank: int, host_entries: int = 0) -> None:
+        """host_entries: adapters staged in host memory at once (--max-cpu-loras; at least max_loras)."""
         if not isinstance(model, DecoderForCausalLM):
             raise ValueError(f"LoRA adapters need a native model family; {type(model).__name__} is not one")
         self.max_loras = max_loras
@@ -79,7 +81,11 @@ class LoraManager:
                 self.targets[proj] = weights = LoraWeights(proj, names, max_loras, max_rank)
                 by_projection |= dict.fromkeys(names, weights)
             self.layers.append(by_projection)
-        self._placer = SlotPlacer(next(iter(self.targets.values())).a.device)
+        first = next(iter(self.targets.values())).a
+        self._placer = SlotPlacer(first.device)
+        numel = sum(weights.a[0].numel() + weights.b[0].numel() for weights in self.targets.values())
+        self._pool = HostPool(numel, max(host_entries, max_loras), first.dtype, first.device)
+        self._copied: dict[int, torch.cuda.Event | None] = {}  # adapter id -> the event after its last slot copy
 
     def add(self, adapter_id: int, adapter: PeftAdapter) -> None:
         self.install(adapter_id, self.prepare(adapter))
@@ -105,7 +111,8 @@ class LoraManager:
             for layer, weights_by_projection in enumerate(self.layers)
             for weights in dict.fromkeys(weights_by_projection.values())
         ]
-        return StagedAdapter(adapter.name, adapter.source, pinned(tensors, self._placer.device), revision)
+        packed, entry = self._pool.stage(tensors)
+        return StagedAdapter(adapter.name, adapter.source, packed, revision, entry)
 
     def install(self, adapter_id: int, adapter: StagedAdapter) -> None:
         self.adapters[adapter_id] = adapter
@@ -113,15 +120,17 @@ class LoraManager:
             self.followers.send_adapter(AdapterLoad(adapter_id, adapter.name, adapter.source, adapter.revision))
 
     def remove(self, adapter_id: int) -> None:
-        self.adapters.pop(adapter_id, None)
+        self.release(self.adapters.pop(adapter_id, None), self._copied.pop(adapter_id, None))
         if self.followers is not None:
             self.followers.send_adapter_drop(AdapterDrop(adapter_id))
 
     def follow(self, message: AdapterLoad | AdapterDrop) -> None:
         """Ranks > 0: rank 0 installed (read this rank's cut in a thread) or removed an adapter."""
         if isinstance(message, AdapterDrop):
-            self._reading.pop(message.adapter_id, None)
-            self.adapters.pop(message.adapter_id, None)
+            reading = self._reading.pop(message.adapter_id, None)
+            if reading is not None:  # its host entry back once the read is done
+                reading.add_done_callback(self._release_read)
+            self.release(self.adapters.pop(message.adapter_id, None), self._copied.pop(message.adapter_id, None))
             return
         from tgi_compat.modeling.lora.adapter import load_peft_adapter
 
@@ -131,6 +140,20 @@ class LoraManager:
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="lora-reader")
         self._reading[message.adapter_id] = self._reader.submit(read)
+
+    @property
+    def free_host_entries(self) -> int:
+        return self._pool.num_free
+
+    def release(self, adapter: StagedAdapter | None, copied: torch.cuda.Event | None = None) -> None:
+        """An adapter's host copy is no longer needed (dropped, or read and then refused): its pool entry back, to be
+        reused once `copied` (the event after its last slot copy) has passed."""
+        if adapter is not None and adapter.entry is not None:
+            self._pool.give_back(adapter.entry, copied)
+
+    def _release_read(self, done: Future[StagedAdapter]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.release(done.result())
 
     def _staged(self, adapter_id: int) -> StagedAdapter:
         reading = self._reading.pop(adapter_id, None)
@@ -146,7 +169,7 @@ class LoraManager:
             self.context.step = None
             return
         for slot, adapter_id in batch.lora.loads:
-            self._placer.place(slot, self._staged(adapter_id).tensors)
+            self._copied[adapter_id] = self._placer.place(slot, self._staged(adapter_id).tensors)
         self.context.step = None if replayed else build_lora_step(batch, batch.lora.slots, self.max_loras)
 
     def set_decode_slots(self, slots: torch.Tensor | None) -> None:

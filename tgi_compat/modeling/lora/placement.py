@@ -1,14 +1,16 @@
 """Adapters copied into their device slots off the step's stream.
 
-A staged adapter (pinned host tensors, one per slot buffer: tgi_compat.modeling.lora.weights.LoraWeights.stage) is
-copied on a side CUDA stream; the step stream waits on an event recorded after the copies, so the slot is live for
-the first step that reads it and no step before waits for the copy. The side stream first waits for the work
-already queued on the step stream: a step still in flight may read the slot's previous adapter. On the CPU the
-copies simply run in order.
+A staged adapter (host tensors, one per slot buffer: tgi_compat.modeling.lora.weights.LoraWeights.stage), packed
+into an entry of the page-locked HostPool, is copied on a side CUDA stream; the step stream waits on an event
+recorded after the copies, so the slot is live for the first step that reads it and no step before waits for the
+copy. The side stream first waits for the work already queued on the step stream: a step still in flight may read
+the slot's previous adapter. On the CPU the copies simply run in order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -18,17 +20,47 @@ from tgi_compat.modeling.lora.weights import LoraWeights
 Staged = Sequence[tuple[LoraWeights, tuple[torch.Tensor, torch.Tensor]]]
 
 
-def pinned(staged: Staged, device: torch.device) -> Staged:
-    """A staged adapter in pinned host memory beside a GPU model, so that `place` is one asynchronous copy per
-    tensor: all of its tensors in one pinned buffer. One page-locking call instead of one per tensor (256 for
-    Llama-3-8B): each is a driver call that the serving thread's launches contend with while a load is read."""
-    if device.type != "cuda" or not staged:
-        return staged
-    dtype = staged[0][1][0].dtype  # (every slot buffer is in the model's dtype)
-    # this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)
-    with torch.cuda.device(device):
-        buffer = torch.empty(sum(t.numel() for _, pair in staged for t in pair), dtype=dtype, pin_memory=True)
-    return pack(staged, buffer)
+class HostPool:
+    """Host memory for the staged adapters: `entries` of `numel` elements each (an adapter cut into every slot
+    buffer's shape takes the same room whatever its rank), page-locked once when LoRA starts, beside a GPU model.
+
+    Page-locking while serving stalled every stream: a load's ~84 MB (Llama-3-8B, r = 16, all seven projections)
+    locked in the reader's thread held up the engine's thread for ~50 ms, its step with it (session 27,
+    TGI_STALL_TRACE_MS). An entry goes back when its adapter is dropped, to be reused once the copies out of it have
+    run. A read beyond the entries (more loads at once than --max-cpu-loras) takes memory of its own, as before."""
+
+    def __init__(self, numel: int, entries: int, dtype: torch.dtype, device: torch.device) -> None:
+        # (host tensors, device="cpu": the manager is built under the model's torch.device)
+        self.numel, self.dtype, self.pin = numel, dtype, device.type == "cuda"
+        self.device = device
+        with torch.cuda.device(device) if self.pin else contextlib.nullcontext():
+            self.buffer = torch.empty(entries, numel, dtype=dtype, device="cpu", pin_memory=self.pin)
+        self._lock = threading.Lock()
+        # free entries, each with the event after the last copies out of it (None: none queued)
+        self._free: list[tuple[int, torch.cuda.Event | None]] = [(entry, None) for entry in range(entries)]
+
+    def stage(self, staged: Staged) -> tuple[Staged, int | None]:
+        """`staged` copied into a free entry (its index) or, with none free, into a buffer of its own (None)."""
+        with self._lock:
+            taken = self._free.pop(0) if self._free else None
+        if taken is None:
+            # this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)
+            with torch.cuda.device(self.device) if self.pin else contextlib.nullcontext():
+                fresh = torch.empty(self.numel, dtype=self.dtype, device="cpu", pin_memory=self.pin)
+                return pack(staged, fresh), None
+        entry, copied = taken
+        if copied is not None:
+            copied.synchronize()  # (the reader's thread waits, never the engine's)
+        return pack(staged, self.buffer[entry]), entry
+
+    def give_back(self, entry: int, copied: torch.cuda.Event | None) -> None:
+        with self._lock:
+            self._free.append((entry, copied))
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return len(self._free)
 
 
 def pack(staged: Staged, buffer: torch.Tensor) -> Staged:
@@ -52,12 +84,13 @@ class SlotPlacer:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def place(self, slot: int, staged: Staged) -> None:
+    def place(self, slot: int, staged: Staged) -> torch.cuda.Event | None:
+        """Queue the copies; the event after them (None on the CPU, where they have run)."""
         stream = self.stream
         if stream is None:
             for weights, tensors in staged:
                 weights.place(slot, tensors)
-            return
+            return None
         step_stream = torch.cuda.current_stream(stream.device)
         stream.wait_stream(step_stream)
         with torch.cuda.stream(stream):
@@ -66,3 +99,4 @@ class SlotPlacer:
             ready = torch.cuda.Event()
             ready.record(stream)
         step_stream.wait_event(ready)
+        return ready

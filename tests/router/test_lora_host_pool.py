@@ -1,0 +1,70 @@
+"""Staged LoRA adapters live in a host pool made when LoRA starts (page-locked beside a GPU model, so that no load
+page-locks memory while steps run): an entry per adapter up to --max-cpu-loras, given back when the adapter is
+dropped or its read is refused, so that loads and unloads without end never run out of it."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from smollm2_cases import SMOLLM2_PROMPTS, smollm2_engine_config
+
+from tests.lora_adapters import write_smollm2_adapter
+from tgi_compat.modeling.lora.placement import HostPool
+from tgi_compat.router.config import LoraSource
+from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.request import GenerateRequest
+from tgi_compat.router.wire import LoadAdapter
+
+
+class Weights:  # the slot buffers' side of a staged pair: pack reads only the tensors
+    pass
+
+
+def staged(value: float) -> list:
+    return [(Weights(), (torch.full((2, 3), value), torch.full((4, 1), value)))]
+
+
+def test_the_pool_hands_out_its_entries_then_buffers_of_their_own_and_reuses_what_comes_back():
+    pool = HostPool(numel=10, entries=2, dtype=torch.float32, device=torch.device("cpu"))
+    first, second, third = (pool.stage(staged(v)) for v in (1.0, 2.0, 3.0))
+    assert [entry for _, entry in (first, second, third)] == [0, 1, None] and pool.num_free == 0
+    assert torch.equal(pool.buffer[1], torch.full((10,), 2.0))  # packed in place
+    assert third[0][0][1][0].untyped_storage().data_ptr() != pool.buffer.untyped_storage().data_ptr()
+    pool.give_back(0, None)
+    again, entry = pool.stage(staged(4.0))
+    assert entry == 0 and torch.equal(pool.buffer[0], torch.full((10,), 4.0))
+    assert torch.equal(again[0][1][1], torch.full((4, 1), 4.0))
+
+
+def test_loads_and_unloads_without_end_keep_every_adapter_in_the_pool(tmp_path):
+    folder = write_smollm2_adapter(tmp_path / "a", 8, seed=1)
+    engine = EngineCore.from_config(
+        smollm2_engine_config(
+            max_loras=1, max_cpu_loras=2, max_lora_rank=8, lora_adapters=[LoraSource("base-a", str(folder))]
+        )
+    )
+    manager = engine.lora.manager
+    assert manager.free_host_entries == 1
+    for i in range(5):
+        engine.load_adapter(f"x{i}", str(folder))
+        assert manager.adapters[engine.lora.ids[f"x{i}"]].entry is not None and manager.free_host_entries == 0
+        engine.add_request(GenerateRequest(f"r{i}", SMOLLM2_PROMPTS[0], max_new_tokens=2, adapter_id=f"x{i}"))
+        while engine.has_unfinished():
+            engine.step()
+        engine.unload_adapter(f"x{i}")
+        assert manager.free_host_entries == 1
+    # a load read in the reader's thread and then refused (its name was taken meanwhile) gives its entry back
+    calls = engine.adapter_calls
+    assert calls.submit(LoadAdapter(1, "twice", str(folder))) is None
+    engine.load_adapter("twice", str(folder))
+    while calls.num_reading:
+        time.sleep(0.01)
+        replies = calls.take_replies()
+    assert replies[0].error == "LoRA adapter 'twice' is already loaded"
+    # the refused read's entry is back: the one left is free unless "twice" holds it (whichever read took it first)
+    holds = manager.adapters[engine.lora.ids["twice"]].entry is not None
+    assert manager.free_host_entries == 1 - holds
+    engine.unload_adapter("twice")
+    assert manager.free_host_entries == 1
+    engine.close()

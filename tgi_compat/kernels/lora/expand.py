@@ -33,6 +33,7 @@ def _lora_expand_kernel(
     end2,  # slice 2's
     out_size,  # the last slice's end: the columns written
     R,  # max rank
+    num_parts,  # P
     norm_cols,  # (NORM) the norm's columns
     eps,
     stride_s_part,
@@ -42,7 +43,6 @@ def _lora_expand_kernel(
     stride_b_row,
     stride_o,
     NUM_SLICES: tl.constexpr,
-    NUM_PARTS: tl.constexpr,  # P: unrolled, so a program issues all its partial-sum loads at once
     NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -75,12 +75,14 @@ def _lora_expand_kernel(
         mask_s = mask_m[:, None] & mask_r[None, :]
         for s in tl.static_range(NUM_SLICES):
             shrunk = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-            for part in tl.static_range(NUM_PARTS):
+            # a loop, not unrolled: unrolled (session 26) the expand went from 1,345 to 1,840 us a step at 64 rows,
+            # and turning PDL off did not bring it back (session 27); this loop's time is session 25's, not re-measured
+            for part in range(num_parts):
                 shrunk += tl.load(shrunk_ptrs + part * stride_s_part + s * R, mask=mask_s, other=0.0)
             delta += tl.where(column_slice[None, :] == s, tl.dot(shrunk, b), 0.0)  # [BLOCK_M, BLOCK_N]
         if NORM:  # the norm's 1 / rms(x), a factor of the whole row
             sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for part in tl.static_range(NUM_PARTS):
+            for part in range(num_parts):
                 sum_sq += tl.load(sum_sq_ptr + part * stride_q_part + rows, mask=mask_m, other=0.0)
             delta *= tl.rsqrt(sum_sq / norm_cols + eps)[:, None]
         add_into(out_ptr, tokens, offs_n, mask_m, mask_n, stride_o, delta)
@@ -106,10 +108,10 @@ def lora_expand(
     pdl = use_pdl(out) if pdl is None else pdl
     _lora_expand_kernel[grid](
         partials, partials if sum_sq is None else sum_sq, b, step.token_order, step.seg_start, step.seg_len, out,
-        *ends, slice_ends[-1], rank, shrunk.norm_cols, shrunk.eps,
+        *ends, slice_ends[-1], rank, partials.shape[0], shrunk.norm_cols, shrunk.eps,
         partials.stride(0), partials.stride(1), 0 if sum_sq is None else sum_sq.stride(0), b.stride(0), b.stride(1),
         out.stride(0),
-        NUM_SLICES=len(slice_ends), NUM_PARTS=partials.shape[0], NORM=sum_sq is not None, BLOCK_M=block_m,
+        NUM_SLICES=len(slice_ends), NORM=sum_sq is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)), USE_PDL=pdl,
         **launch_options(pdl),
     )  # fmt: skip

@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl mixed lora lora-step lora-step-folded vl vision diverse diverse32 diverse64 spec eagle3 (itl: the
+# Parts: tests-a tests-b plain itl mixed lora lora-step lora-step-folded lora-step-segmented vl vision diverse diverse32 diverse64 spec eagle3 (itl: the
 # plain rows, then at --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same
 # call: it reuses spec's plain rows; diverse64: 512 rows, where attention is the larger share of a step).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
@@ -34,6 +34,8 @@ for name in "$@"; do
                part lora-step-segmented 150 python3 -m benchmarks.device.lora_step --segmented --skip-sweep \
                  --json "$OUT/lora_step_segmented.json" ;;
     lora-step-folded) part lora-step 120 python3 -m benchmarks.device.lora_step --skip-sweep ;;
+    lora-step-segmented) part lora-step-segmented 120 python3 -m benchmarks.device.lora_step --segmented --skip-sweep \
+                           --json "$OUT/lora_step_segmented.json" ;;
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
     vision) part vision 200 python3 -m benchmarks.device.vision_encoder ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;

@@ -68,3 +68,33 @@ def test_loads_and_unloads_without_end_keep_every_adapter_in_the_pool(tmp_path):
     engine.unload_adapter("twice")
     assert manager.free_host_entries == 1
     engine.close()
+
+
+def test_past_the_pools_bytes_a_load_takes_memory_of_its_own_and_serves(tmp_path, monkeypatch):
+    """The pool holds every slot's adapter, then what HOST_POOL_BYTES allows (here nothing more): a load past it
+    stages into a buffer of its own, and its requests run as any other's."""
+    from tgi_compat.modeling.lora import manager as lora_manager
+
+    monkeypatch.setattr(lora_manager, "HOST_POOL_BYTES", 0)
+    folder = write_smollm2_adapter(tmp_path / "a", 8, seed=2)
+    engine = EngineCore.from_config(
+        smollm2_engine_config(
+            max_loras=1, max_cpu_loras=4, max_lora_rank=8, lora_adapters=[LoraSource("first", str(folder))]
+        )
+    )
+    manager = engine.lora.manager
+    assert manager.adapters[engine.lora.ids["first"]].entry == 0 and manager.free_host_entries == 0
+    engine.load_adapter("second", str(folder))
+    assert manager.adapters[engine.lora.ids["second"]].entry is None
+    tokens = {}
+    for name in ("first", "second"):
+        engine.add_request(
+            GenerateRequest(name, SMOLLM2_PROMPTS[0], max_new_tokens=3, ignore_eos=True, adapter_id=name)
+        )
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens.setdefault(event.request_id, []).extend(event.token_ids)
+    assert tokens["first"] == tokens["second"] and len(tokens["first"]) == 3  # one adapter's files, two names
+    engine.unload_adapter("second")
+    assert manager.free_host_entries == 0  # (its buffer was its own)
+    engine.close()

@@ -91,7 +91,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("enable-lora", "Serve LoRA adapters (vLLM); implied by --lora-adapters and --lora-modules."),
     Flag("lora-modules", "vLLM/AIAK: LoRA adapters to load, name=path or JSON {\"name\", \"path\"} (repeatable).", str, repeatable=True),
     Flag("max-loras", "Most LoRA adapters in one batch (device slots). Default: the startup adapters, at least 1.", int),
-    Flag("max-cpu-loras", "Most LoRA adapters loaded at once (host memory, page-locked for them all at start on a GPU). Default: max(--max-loras, 8).", int),
+    Flag("max-cpu-loras", "Most LoRA adapters loaded at once (host memory; on a GPU page-locked for them at start, up to 8 GiB). Default: max(--max-loras, 8).", int),
     Flag("max-lora-rank", "Largest LoRA rank served. Default: 16 (64 with --lora-adapters).", int),
     Flag("usage-stats", "Usage statistics: on, off or no-stack (none are ever sent).", choice("on", "off", "no-stack"), "on"),
     Flag("payload-limit", "Largest request body in bytes.", int, 2_000_000),

@@ -27,6 +27,7 @@ from tgi_compat.modeling.models.decoder import DecoderForCausalLM
 from tgi_compat.modeling.models.llama import LlamaMLP
 from tgi_compat.modeling.parallel.step_broadcast import AdapterDrop, AdapterLoad
 
+HOST_POOL_BYTES = 8 << 30  # the most host memory page-locked up front for staged adapters
 _ATTENTION = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
 _MLP = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
 
@@ -84,7 +85,10 @@ class LoraManager:
         first = next(iter(self.targets.values())).a
         self._placer = SlotPlacer(first.device)
         numel = sum(weights.a[0].numel() + weights.b[0].numel() for weights in self.targets.values())
-        self._pool = HostPool(numel, max(host_entries, max_loras), first.dtype, first.device)
+        # the adapters of every slot, then as many more as host_entries asks and HOST_POOL_BYTES holds (beyond, a
+        # load page-locks its own memory while it is read)
+        within = HOST_POOL_BYTES // (numel * first.element_size())
+        self._pool = HostPool(numel, max(max_loras, min(host_entries, within)), first.dtype, first.device)
         self._copied: dict[int, torch.cuda.Event | None] = {}  # adapter id -> the event after its last slot copy
 
     def add(self, adapter_id: int, adapter: PeftAdapter) -> None:

@@ -2,6 +2,8 @@
 
     python3 -m benchmarks.device.lora                  # writes $OUT/bench_lora.json, prints one table
     python3 -m benchmarks.device.lora --device cpu     # a smoke run of every path on a tiny model (tests run it)
+    TGI_STALL_TRACE_MS=60 python3 -m benchmarks.device.lora --lora-on-only   # only the LoRA-on engine (~1.5 min);
+                                                       # the engine process logs where turns past 60 ms go
 
 1. Kernels (benchmarks/device/lora_kernels.py): the shrink and expand of one decode step of Llama-3-8B (32 layers x
    q|k|v, o, gate|up, down; r = 16, --max-loras 8, bf16) at 1, 8 and 64 rows (every row on an adapter, spread over

@@ -167,7 +167,7 @@ class DecodeCudaGraphs:
         start = time.perf_counter()
         pool = self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         kinds = (False, True) if self.lora is not None else (False,)
-        with _no_garbage_collection():
+        with no_garbage_collection():
             for size in reversed(self.batch_sizes):
                 for with_lora in kinds:
                     self._capture_one(size, with_lora, pool)
@@ -344,10 +344,11 @@ def maybe_capture_verify_graphs(
 
 
 @contextlib.contextmanager
-def _no_garbage_collection() -> Iterator[None]:
+def no_garbage_collection() -> Iterator[None]:
     """No collection inside a capture: a collected object's finalizer may call CUDA (a dead runner's page-locked
     buffers, events, streams), which a global-mode capture forbids. The suspected cause of captures invalidated at
-    random in a GPU test that builds runner after runner (tests/gpu/test_qwen2_5_vl_gpu.py, sessions 26 and 27)."""
+    random in a GPU test that builds runner after runner (tests/gpu/test_qwen2_5_vl_gpu.py, sessions 26 and 27). Every
+    graph set's capture runs inside it (mixed_graphs.py too)."""
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs, PoolHandle
+from tgi_compat.modeling.cuda_graphs import DecodeCudaGraphs, PoolHandle, no_garbage_collection
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, leading_one_token_requests
 from tgi_compat.modeling.graph_inputs import StaticInputs
 
@@ -193,16 +193,17 @@ class MixedCudaGraphs:
     @torch.inference_mode()
     def capture(self, pool: PoolHandle | None = None) -> None:
         start = time.perf_counter()
-        for bucket in reversed(self.batch_sizes):
-            self.load_padding(bucket)
-            step = self.graph_step(bucket)
-            for _ in range(2):  # compile kernels and create library handles outside the capture
-                step()
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = step()
-            self.graphs[bucket] = graph
+        with no_garbage_collection():
+            for bucket in reversed(self.batch_sizes):
+                self.load_padding(bucket)
+                step = self.graph_step(bucket)
+                for _ in range(2):  # compile kernels and create library handles outside the capture
+                    step()
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[bucket] = step()
+                self.graphs[bucket] = graph
         torch.cuda.synchronize(self.device)
         logger.info(
             "captured %d mixed-step CUDA graphs (decode batch sizes %s beside <= %d prompt tokens) in %.1f s",

@@ -43,15 +43,16 @@ class StallSampler:
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
+        began = time.perf_counter()
         with self._lock:
-            self._began, self._samples, self._longest_wait_s = time.perf_counter(), Counter(), 0.0
+            self._began, self._samples, self._longest_wait_s = began, Counter(), 0.0
         try:
             yield
         finally:
             with self._lock:
-                began, samples, longest_wait_s = self._began, self._samples, self._longest_wait_s
+                samples, longest_wait_s = self._samples, self._longest_wait_s
                 self._began = None
-            elapsed = time.perf_counter() - began if began is not None else 0.0
+            elapsed = time.perf_counter() - began
             if elapsed > self.threshold_s:
                 self._log(elapsed, samples, longest_wait_s)
 

@@ -30,11 +30,8 @@ class HostPool:
     run. A read beyond the entries (more loads at once than --max-cpu-loras) takes memory of its own, as before."""
 
     def __init__(self, numel: int, entries: int, dtype: torch.dtype, device: torch.device) -> None:
-        # (host tensors, device="cpu": the manager is built under the model's torch.device)
-        self.numel, self.dtype, self.pin = numel, dtype, device.type == "cuda"
-        self.device = device
-        with torch.cuda.device(device) if self.pin else contextlib.nullcontext():
-            self.buffer = torch.empty(entries, numel, dtype=dtype, device="cpu", pin_memory=self.pin)
+        self.numel, self.dtype, self.device = numel, dtype, device
+        self.buffer = self._host(entries, numel)
         self._lock = threading.Lock()
         # free entries, each with the event after the last copies out of it (None: none queued)
         self._free: list[tuple[int, torch.cuda.Event | None]] = [(entry, None) for entry in range(entries)]
@@ -44,14 +41,18 @@ class HostPool:
         with self._lock:
             taken = self._free.pop(0) if self._free else None
         if taken is None:
-            # this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)
-            with torch.cuda.device(self.device) if self.pin else contextlib.nullcontext():
-                fresh = torch.empty(self.numel, dtype=self.dtype, device="cpu", pin_memory=self.pin)
-                return pack(staged, fresh), None
+            return pack(staged, self._host(self.numel)), None
         entry, copied = taken
         if copied is not None:
             copied.synchronize()  # (the reader's thread waits, never the engine's)
         return pack(staged, self.buffer[entry]), entry
+
+    def _host(self, *shape: int) -> torch.Tensor:
+        """Host memory, page-locked beside a GPU model: device="cpu" (the manager is built under the model's
+        torch.device), in this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)."""
+        pin = self.device.type == "cuda"
+        with torch.cuda.device(self.device) if pin else contextlib.nullcontext():
+            return torch.empty(shape, dtype=self.dtype, device="cpu", pin_memory=pin)
 
     def give_back(self, entry: int, copied: torch.cuda.Event | None) -> None:
         with self._lock:

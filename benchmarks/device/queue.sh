@@ -17,6 +17,10 @@ part() {  # name seconds command...
   echo "== $name rc $?" >> "$OUT/$name.log"
   tail -25 "$OUT/$name.log"
 }
+segmented_step() {  # seconds: the LoRA decode step through the segmented kernels alone (an FP8 base's path)
+  part lora-step-segmented "$1" python3 -m benchmarks.device.lora_step --segmented --skip-sweep \
+    --json "$OUT/lora_step_segmented.json"
+}
 gpu_tests=(python3 -m pytest -q -rfE -m gpu -p no:cacheprovider --durations=10)
 for name in "$@"; do
   case $name in
@@ -31,11 +35,9 @@ for name in "$@"; do
          done ;;
     lora) part lora 330 python3 -m benchmarks.device.lora ;;
     lora-step) part lora-step 200 python3 -m benchmarks.device.lora_step
-               part lora-step-segmented 150 python3 -m benchmarks.device.lora_step --segmented --skip-sweep \
-                 --json "$OUT/lora_step_segmented.json" ;;
+               segmented_step 150 ;;
     lora-step-folded) part lora-step 120 python3 -m benchmarks.device.lora_step --skip-sweep ;;
-    lora-step-segmented) part lora-step-segmented 120 python3 -m benchmarks.device.lora_step --segmented --skip-sweep \
-                           --json "$OUT/lora_step_segmented.json" ;;
+    lora-step-segmented) segmented_step 120 ;;
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
     vision) part vision 200 python3 -m benchmarks.device.vision_encoder ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;

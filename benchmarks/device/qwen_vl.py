@@ -34,6 +34,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -192,7 +193,7 @@ class EngineEncoderTimes:
 
     def __init__(self, encoder: ImageEncoder) -> None:
         self.encoder = encoder
-        self._calls: list[tuple[int, torch.cuda.Event, torch.cuda.Event] | tuple[int, float]] = []
+        self._calls: list[tuple[int, Callable[[], float]]] = []  # (images, its ms once the device is synchronised)
         self._waits: list[float] = []
 
     def preprocess_async(self, data: bytes) -> Future:
@@ -202,20 +203,21 @@ class EngineEncoderTimes:
         if self.encoder.device.type != "cuda":
             start = time.perf_counter()
             out = self.encoder.encode(processed)
-            self._calls.append((len(processed), time.perf_counter() - start))
+            ms = 1e3 * (time.perf_counter() - start)
+            self._calls.append((len(processed), lambda: ms))
             return out
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         out = self.encoder.encode(processed)
         end.record()
-        self._calls.append((len(processed), begin, end))
+        self._calls.append((len(processed), lambda: begin.elapsed_time(end)))
         return out
 
     def take(self) -> dict:
         if self.encoder.device.type == "cuda":
             torch.cuda.synchronize()
-        ms = [1e3 * call[1] if len(call) == 2 else call[1].elapsed_time(call[2]) for call in self._calls]
-        images = [call[0] for call in self._calls]
+        ms = [elapsed() for _, elapsed in self._calls]
+        images = [count for count, _ in self._calls]
         out = dict(calls=len(images), images=sum(images), encode_ms=sum(ms), preprocess_wait_ms=1e3 * sum(self._waits),
                    images_per_call=images)  # fmt: skip
         self._calls, self._waits = [], []

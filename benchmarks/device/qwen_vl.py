@@ -147,24 +147,35 @@ class Prompts:
         return random_png(self.pixels, self.size)
 
 
-def run(engine: EngineCore, requests: list[GenerateRequest]) -> dict:
-    """All at once; TTFT of each (first token event - submit), output tok/s over the run."""
+def run(engine: EngineCore, requests: list[GenerateRequest], timed: EngineEncoderTimes | None = None) -> dict:
+    """All at once; TTFT of each (first token event - submit), output tok/s over the run, and the timeline of the
+    steps until the last first token: [end ms, first tokens, images encoded] a step (images: with `timed`)."""
     start = time.perf_counter()
     for req in requests:
         engine.add_request(req)
     first: dict[str, float] = {}
     tokens = 0
+    steps: list[tuple[float, int, int]] = []
     stalls = stall_sampler_from_env()  # TGI_STALL_TRACE_MS: where the slow steps go
     while engine.has_unfinished():
+        images_before = timed.images_encoded if timed is not None else 0
         with stalls.turn() if stalls is not None else contextlib.nullcontext():
             events = engine.step()
+        firsts = 0
         for event in events:
-            first.setdefault(event.request_id, time.perf_counter() - start)
+            if event.request_id not in first:
+                first[event.request_id] = time.perf_counter() - start
+                firsts += 1
             tokens += len(event.token_ids)
+        if len(first) < len(requests) or firsts:
+            images = timed.images_encoded - images_before if timed is not None else 0
+            steps.append((round(1e3 * (time.perf_counter() - start), 1), firsts, images))
     elapsed = time.perf_counter() - start
     ttft = sorted(first[req.request_id] for req in requests)
     p90 = ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))]
-    return dict(ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed)
+    return dict(
+        ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed, steps=steps
+    )
 
 
 class _WaitedFuture(Future):
@@ -212,6 +223,11 @@ class EngineEncoderTimes:
         end.record()
         self._calls.append((len(processed), lambda: begin.elapsed_time(end)))
         return out
+
+    @property
+    def images_encoded(self) -> int:
+        """Images through the encoder since the last take()."""
+        return sum(count for count, _ in self._calls)
 
     def take(self) -> dict:
         if self.encoder.device.type == "cuda":
@@ -280,7 +296,7 @@ def main() -> None:
     run(engine, [prompts.request(prompts.image(), 2)])  # warm-up: kernels, the encoder's first call
     results["encoder"] = encoder_timings(encoder, prompts)
     timed.take()
-    results["images"] = run(engine, [prompts.request(prompts.image(), args.new) for _ in range(args.streams)])
+    results["images"] = run(engine, [prompts.request(prompts.image(), args.new) for _ in range(args.streams)], timed)
     results["images_encoder"] = timed.take()
     results["text"] = run(engine, [prompts.request(None, args.new) for _ in range(args.streams)])
     picture = prompts.image()
@@ -321,6 +337,9 @@ def table(results: dict, args: argparse.Namespace) -> str:
     rows += ["", f"images phase, inside the engine: {inside['images']} images in {inside['calls']} encoder calls "
              f"({inside['images_per_call']}), {inside['encode_ms']:.0f} ms of encoder GPU time; the engine's thread "
              f"waited {inside['preprocess_wait_ms']:.0f} ms for the image processor"]  # fmt: skip
+    for phase in ("images", "text"):  # where the first tokens come: a step's end ms, first tokens (+ images encoded)
+        marks = [f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in results[phase]["steps"]]
+        rows += ["", f"{phase} phase, steps to the last first token (end ms:first tokens+images): {' '.join(marks)}"]
     image_ratio = results["images"]["ttft_p50_ms"] / results["text"]["ttft_p50_ms"]
     repeat_ratio = results["repeat_again"]["ttft_p50_ms"] / results["repeat_first"]["ttft_p50_ms"]
     results["checks"] = dict(image_vs_text=image_ratio, repeat_vs_first=repeat_ratio)

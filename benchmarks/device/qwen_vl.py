@@ -173,9 +173,7 @@ def run(engine: EngineCore, requests: list[GenerateRequest], timed: EngineEncode
     elapsed = time.perf_counter() - start
     ttft = sorted(first[req.request_id] for req in requests)
     p90 = ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))]
-    return dict(
-        ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed, steps=steps
-    )
+    return dict(ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed, steps=steps)
 
 
 class _WaitedFuture(Future):

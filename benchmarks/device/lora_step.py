@@ -16,8 +16,9 @@ between the two, which says what spread - base is made of (shrink/expand, the se
 tgi_compat/modeling/lora/step.py, others). Last, the shrink and expand alone (benchmarks/device/lora_kernels.py)
 at each tiling of its SWEEP. The CPU run: a tiny Llama, eager steps, no profile, the sweep checked against the
 reference. A plain base's decode steps run the folded projections (tgi_compat/modeling/lora/folding.py: the shrink in
-the base GEMM, then the folded expand); --segmented times the segmented shrink and expand instead, a quantized
-base's path.
+the base GEMM, then the folded expand); --segmented times the segmented shrink and expand instead, the path of
+prefill-sized steps and of int8 / int4 bases. --quantize fp8: the same on an FP8 base (quantized while loading), whose
+decode steps fold A into the FP8 GEMM.
 """
 
 from __future__ import annotations
@@ -131,13 +132,14 @@ def profile(runner: ModelRunner, rows: int, max_len: int, vocab: int, steps: dic
     return report
 
 
-def measure(model: dict, dtype: str, device: str, row_counts: list[int], reps: int) -> dict:
+def measure(model: dict, dtype: str, device: str, row_counts: list[int], reps: int, quantize: str | None) -> dict:
     max_len, top_rows, vocab = CONTEXT + 8, max(row_counts), model["vocab_size"]
     weights = random_weights(model, getattr(torch, dtype), device)
     graph_sizes = row_counts if device == "cuda" else None
     runner = build_runner(
-        model, weights, dtype, None, top_rows, max_len, device, graph_sizes, max_loras=ADAPTERS, max_lora_rank=RANK
-    )
+        model, weights, dtype, None, top_rows, max_len, device, graph_sizes,
+        max_loras=ADAPTERS, max_lora_rank=RANK, quantize=quantize,
+    )  # fmt: skip
     fill_context(runner, top_rows, max_len, CONTEXT)
     load_adapters(runner, model, max_len)
     dev = runner.device
@@ -145,6 +147,7 @@ def measure(model: dict, dtype: str, device: str, row_counts: list[int], reps: i
     report: dict = dict(
         device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         dtype=dtype,
+        quantize=quantize,
         context=CONTEXT,
         adapters=ADAPTERS,
         rank=RANK,
@@ -169,7 +172,8 @@ def measure(model: dict, dtype: str, device: str, row_counts: list[int], reps: i
 
 def table(report: dict) -> str:
     lines = [
-        f"ms per decode step at {report['context']} tokens of context, {report['adapters']} adapters of r = "
+        f"ms per decode step{' (FP8 base)' if report['quantize'] else ''} at {report['context']} tokens of context, "
+        f"{report['adapters']} adapters of r = "
         f"{report['rank']} ({'CUDA graphs' if report['graphs'] else 'eager'}, {report['device']}); x: / base\n",
         "| rows | (a) base | LoRA step, every row -1 | (b) all on slot 0 | (c) spread over 8 | (c) - (a) |",
         "|---|---|---|---|---|---|",
@@ -192,6 +196,7 @@ def main() -> None:
         action="store_true",
         help="decode steps through the segmented shrink and expand (a quantized base's path), not the folded projections",
     )
+    parser.add_argument("--quantize", choices=("fp8",), default=None, help="an FP8 base, quantized while loading")
     parser.add_argument("--skip-sweep", action="store_true", help="skip the kernels' tiling sweep")
     args = parser.parse_args()
     if args.segmented:
@@ -202,7 +207,7 @@ def main() -> None:
     on_gpu = args.device == "cuda"
     model, dtype = (LLAMA3_8B, "bfloat16") if on_gpu else (LLAMA3_TINY, "float32")
     row_counts = [int(r) for r in args.rows.split(",")] if on_gpu else [1, ADAPTERS]
-    report = measure(model, dtype, args.device, row_counts, args.reps if on_gpu else 2)
+    report = measure(model, dtype, args.device, row_counts, args.reps if on_gpu else 2, args.quantize)
     print(table(report), flush=True)
     if args.skip_sweep:
         write_json(args.json, report)

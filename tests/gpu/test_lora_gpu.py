@@ -21,9 +21,13 @@ from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
 from tgi_compat.kernels.lora.expand_folded import lora_expand_folded, lora_expand_folded_ref
 from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.forward_batch import LoraBatch
-from tgi_compat.modeling.lora.adapter import load_peft_adapter
+from tgi_compat.modeling.layers.linear import Linear
+from tgi_compat.modeling.layers.quantization.base import layer_tensor
+from tgi_compat.modeling.layers.quantization.fp8 import Fp8LinearMethod, quantize_weight_per_channel
+from tgi_compat.modeling.lora.adapter import LoraModule, load_peft_adapter
 from tgi_compat.modeling.lora.layer_ops import SILU_MUL
 from tgi_compat.modeling.lora.step import lora_step
+from tgi_compat.modeling.lora.weights import LoraWeights
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -100,6 +104,56 @@ def test_kernels_with_serving_prologues_match_their_references_at_llama3_8b_shap
     assert err < 1e-2  # the bf16 output's roundings
     is_base = (slots < 0).cuda()
     assert torch.equal(two[is_base], base[is_base])
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8, 64, 128])
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down"])
+@torch.inference_mode()
+def test_an_fp8_folded_projection_shrinks_in_its_gemm_at_llama3_8b_shapes(name, rows):
+    """An FP8 projection widened by 8 slots of r = 16 (A quantized per row at staging): its base columns are the
+    projection's own, its extra columns each slot's shrink, within FP8's error of the exact product. Rows 1 and 4
+    take the W8A16 GEMV, 8 and 64 the FP8 GEMM kernel, 128 torch._scaled_mm."""
+    torch.manual_seed(0)
+    size_in, slice_outs = fused_projections(LLAMA3_8B)[name]
+    n = sum(slice_outs)
+    with torch.device("cuda"):
+        proj = Linear(size_in, n, method=Fp8LinearMethod(is_serialized=False))
+        layer_tensor(proj, "weight").data.normal_(0, 0.02)
+        proj.method.process_weights_after_loading(proj)
+        x = torch.randn(rows, size_in, dtype=torch.bfloat16)
+        before = proj(x)
+        lora = LoraWeights(proj, ("o_proj",), 8, 16)
+    assert lora.a.dtype == torch.float8_e4m3fn and lora.a_scale is not None
+    exact_a = torch.randn(8, 16, size_in) / size_in**0.5
+    for slot in range(8):
+        lora.place(slot, lora.stage({"o_proj": LoraModule(exact_a[slot], torch.zeros(n, 16))}))
+    twin = lora.folded_for(rows)
+    assert twin is not None
+    full = twin(x)
+    base_err = rel_err(full[:, :n], before)
+    shrunk_err = rel_err(full[:, n:], x.float() @ exact_a.reshape(-1, size_in).cuda().T)
+    print(f"{name} rows={rows}: base columns rel err {base_err:.2e}, shrink vs the exact product {shrunk_err:.2e}")
+    assert base_err < 1e-2  # the same weight; another tiling of its wider GEMM
+    assert shrunk_err < 6e-2  # e4m3 A (and, past 4 rows, e4m3 activations): a few percent
+
+
+@pytest.mark.parametrize("rows", [8, 300])
+@torch.inference_mode()
+def test_the_segmented_shrink_reads_an_fp8_a_at_llama3_8b_shapes(rows):
+    """Prefill-sized steps over an FP8 base: the segmented shrink on its e4m3 A and row scales."""
+    torch.manual_seed(0)
+    size_in, slice_outs = fused_projections(LLAMA3_8B)["qkv"]
+    slots = row_slots(rows, 8, base_every=3).cuda()
+    step = lora_step(slots, 8)
+    a, scale = quantize_weight_per_channel(torch.randn(8 * 48, size_in, device="cuda") / size_in**0.5)
+    a, scale = a.view(8, 48, size_in), scale.view(8, 48)
+    x = torch.randn(rows, size_in, dtype=torch.bfloat16, device="cuda")
+    num_lora = int(step.seg_len.sum())
+    out = lora_shrink(x, a, step, a_scale=scale).rows()[:num_lora]
+    ref = lora_shrink_ref(x, a, step, a_scale=scale).rows()[:num_lora]
+    err = rel_err(out, ref)
+    print(f"rows={rows}: FP8-A shrink rel err {err:.2e}")
+    assert err < 1e-3  # e4m3 -> bf16 is exact; float32 sums in another order
 
 
 @torch.inference_mode()

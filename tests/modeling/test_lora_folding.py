@@ -1,6 +1,7 @@
 """A plain projection folded for LoRA: its own weight and bias become views of the widened twin's first rows (plain
 steps read the same memory), the twin's output is [the projection's | x @ A^T of every slot], and the slot buffer A
-is the twin's extra rows (a slot load writes straight into them). A quantized projection is not folded."""
+is the twin's extra rows (a slot load writes straight into them). An int8 projection is not folded (FP8 is:
+tests/kernels/test_kernel_lora_fp8.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from tgi_compat.modeling.layers.linear import Linear, QKVLinear
 from tgi_compat.modeling.layers.quantization.int8 import Int8LinearMethod
-from tgi_compat.modeling.lora.folding import can_fold
+from tgi_compat.modeling.lora.folding import fold
 from tgi_compat.modeling.lora.weights import FOLD_MAX_TOKENS, LoraWeights
 
 MAX_LORAS, RANK = 3, 4
@@ -36,6 +37,6 @@ def test_a_folded_projection_computes_its_output_and_every_slots_shrink():
 
 def test_a_quantized_projection_keeps_separate_a_buffers():
     proj = Linear(32, 16, method=Int8LinearMethod(is_serialized=True))
-    assert not can_fold(proj)
+    assert fold(proj, MAX_LORAS * RANK) is None
     lora = LoraWeights(proj, ("o_proj",), MAX_LORAS, RANK)
     assert lora.folded is None and lora.folded_for(1) is None and lora.a.shape == (MAX_LORAS, RANK, 32)

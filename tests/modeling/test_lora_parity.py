@@ -14,7 +14,7 @@ from tests.modeling.helpers import max_rel_error
 from tgi_compat.modeling.forward_batch import LoraBatch, build_forward_batch
 from tgi_compat.modeling.lora import weights as lora_weights
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
-from tgi_compat.modeling.lora.placement import pack
+from tgi_compat.modeling.lora.placement import pack, packed_nbytes
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 RANKS = {"a1": 8, "a2": 16, "a3": 64}
@@ -134,19 +134,20 @@ def test_a_staged_adapter_is_one_host_tensor_per_slot_buffer(lora_runner):
     lora = lora_runner.lora
     staged = lora.adapters[1]
     assert [weights for weights, _ in staged.tensors] == list(lora.targets.values())
-    for weights, (a, b) in staged.tensors:
-        assert (a.shape, b.shape) == (weights.a.shape[1:], weights.b.shape[1:]) and a.dtype == weights.a.dtype
+    for weights, tensors in staged.tensors:
+        buffers = weights.slot_buffers(0)
+        assert [(t.shape, t.dtype) for t in tensors] == [(t.shape, t.dtype) for t in buffers]
 
 
 def test_an_adapter_is_packed_into_one_host_buffer(lora_runner):
     """placement.pack: every staged tensor a view of one flat buffer (pinned beside a GPU: one page-locking call)."""
     staged = lora_runner.lora.adapters[1].tensors
-    total = sum(t.numel() for _, pair in staged for t in pair)
-    packed = pack(staged, torch.empty(total, dtype=staged[0][1][0].dtype))
+    total = packed_nbytes(t for _, pair in staged for t in pair)
+    packed = pack(staged, torch.empty(total, dtype=torch.uint8))
     storages = {t.untyped_storage().data_ptr() for _, pair in packed for t in pair}
     assert len(storages) == 1
     for (weights, pair), (packed_weights, packed_pair) in zip(staged, packed):
         assert packed_weights is weights
         assert all(torch.equal(x, y) and x.shape == y.shape for x, y in zip(pair, packed_pair))
     with pytest.raises(AssertionError):  # a buffer of the wrong size
-        pack(staged, torch.empty(total + 1, dtype=staged[0][1][0].dtype))
+        pack(staged, torch.empty(total + 16, dtype=torch.uint8))

@@ -10,7 +10,7 @@ import torch
 from smollm2_cases import SMOLLM2_PROMPTS, smollm2_engine_config
 
 from tests.lora_adapters import write_smollm2_adapter
-from tgi_compat.modeling.lora.placement import HostPool
+from tgi_compat.modeling.lora.placement import HostPool, packed_nbytes
 from tgi_compat.router.config import LoraSource
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.request import GenerateRequest
@@ -21,20 +21,28 @@ class Weights:  # the slot buffers' side of a staged pair: pack reads only the t
     pass
 
 
-def staged(value: float) -> list:
-    return [(Weights(), (torch.full((2, 3), value), torch.full((4, 1), value)))]
+def staged(value: float) -> list:  # an FP8 base's three tensors: A in e4m3, B, A's row scales
+    a = torch.full((2, 3), value).to(torch.float8_e4m3fn)
+    return [(Weights(), (a, torch.full((4, 1), value, dtype=torch.bfloat16), torch.full((2,), value)))]
 
 
 def test_the_pool_hands_out_its_entries_then_buffers_of_their_own_and_reuses_what_comes_back():
-    pool = HostPool(numel=10, entries=2, dtype=torch.float32, device=torch.device("cpu"))
+    nbytes = packed_nbytes(staged(0.0)[0][1])
+    assert nbytes == 16 + 16 + 16  # each tensor from a 16-byte boundary: 6, 8 and 8 bytes
+    pool = HostPool(nbytes, entries=2, device=torch.device("cpu"))
     first, second, third = (pool.stage(staged(v)) for v in (1.0, 2.0, 3.0))
     assert [entry for _, entry in (first, second, third)] == [0, 1, None] and pool.num_free == 0
-    assert torch.equal(pool.buffer[1], torch.full((10,), 2.0))  # packed in place
+    for (packed, _), value in zip((first, second, third), (1.0, 2.0, 3.0)):
+        for tensor, expected in zip(packed[0][1], staged(value)[0][1], strict=True):
+            assert tensor.dtype == expected.dtype and torch.equal(tensor.float(), expected.float())
+    assert second[0][0][1][0].untyped_storage().data_ptr() == pool.buffer.untyped_storage().data_ptr()  # in place
     assert third[0][0][1][0].untyped_storage().data_ptr() != pool.buffer.untyped_storage().data_ptr()
     pool.give_back(0, None)
     again, entry = pool.stage(staged(4.0))
-    assert entry == 0 and torch.equal(pool.buffer[0], torch.full((10,), 4.0))
-    assert torch.equal(again[0][1][1], torch.full((4, 1), 4.0))
+    assert entry == 0 and torch.equal(
+        pool.buffer[0, 16:24].view(torch.bfloat16), torch.full((4,), 4.0, dtype=torch.bfloat16)
+    )
+    assert torch.equal(again[0][1][2], torch.full((2,), 4.0))
 
 
 def test_loads_and_unloads_without_end_keep_every_adapter_in_the_pool(tmp_path):

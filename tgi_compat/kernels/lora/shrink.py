@@ -6,6 +6,9 @@ Split over K at decode sizes, each split writes its own partial sums (no zeroing
 adds the splits up as it reads them. A norm prologue's 1 / rms(x) is a factor of the whole row, so each split also
 writes its columns' sum of squares and the expand applies the factor to the summed row: no split reads the whole row
 (each did, once per split: at 64 rows half of a serving step's shrink time, H100).
+
+An FP8 base's A (tgi_compat/modeling/lora/folding.py) is e4m3 with a scale per row: its tiles are widened to the
+activations' dtype for the product (exact) and each split's sums scaled per column as they are stored.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def _lora_shrink_kernel(
     seg_len_ptr,  # [L] int64: each slot's token count (0: idle slot)
     out_ptr,  # [SPLIT_K, T, N] float32, rows in sorted order: each split's partial sums
     sum_sq_ptr,  # [SPLIT_K, T] float32 (NORM): each split's sums of squares of its columns of x
+    a_scale_ptr,  # [L, N] float32 (A_SCALED): each A row's scale
     K,
     N,
     stride_x,
@@ -76,7 +80,9 @@ def _lora_shrink_kernel(
     stride_o_split,
     stride_o,
     stride_q_split,
+    stride_s_slot,
     NORM: tl.constexpr,
+    A_SCALED: tl.constexpr,
     SILU_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -110,11 +116,15 @@ def _lora_shrink_kernel(
                 sum_sq += tl.sum(x * x, axis=1)
                 x = x * tl.load(norm_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
             a_next = _a_tile(a_rows, offs_k + k_step, mask_n, K)  # (past K: masked, zeros)
-            # the weights' dtype on the tensor cores (bf16 in serving), accumulated in float32
-            acc += tl.dot(x.to(a.dtype), a)
+            if A_SCALED:  # FP8 A: widened to the activations' dtype (exact), its row scales applied below
+                acc += tl.dot(x.to(x_ptr.dtype.element_ty), a.to(x_ptr.dtype.element_ty))
+            else:  # the weights' dtype on the tensor cores (bf16 in serving), accumulated in float32
+                acc += tl.dot(x.to(a.dtype), a)
             a = a_next
         if USE_PDL:  # the expand may start and read its B
             tl.extra.cuda.gdc_launch_dependents()
+        if A_SCALED:
+            acc *= tl.load(a_scale_ptr + slot.to(tl.int64) * stride_s_slot + offs_n, mask=mask_n, other=0.0)[None, :]
         out_ptrs = out_ptr + pid_k * stride_o_split + rows[:, None] * stride_o + offs_n[None, :]
         tl.store(out_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
         if NORM:
@@ -138,9 +148,11 @@ def lora_shrink(
     prologue: ShrinkPrologue = NO_PROLOGUE,
     split_k: int | None = None,  # None: shrink_split_k's (benchmarks/device/lora_kernels.py sweeps others)
     pdl: bool | None = None,  # None: on Hopper (tgi_compat.kernels.pdl)
+    a_scale: torch.Tensor | None = None,  # [L, N] float32: an FP8 A's row scales
 ) -> Shrunk:
     """x [T, K] (the pre-norm rows with a norm prologue; [T, 2K] gate | up with SiLU-and-mul), a [L, N, K] ->
-    each LoRA token's prologue(x) @ A[slot]^T as P partial sums over K (rows of tokens without an adapter: unset)."""
+    each LoRA token's prologue(x) @ (A[slot] * a_scale[slot])^T as P partial sums over K (rows of tokens without an
+    adapter: unset)."""
     num_tokens, k = x.shape[0], a.shape[2]
     num_slots, n, _ = a.shape
     norm_weight, silu_mul = prologue.norm_weight, prologue.silu_mul
@@ -154,9 +166,11 @@ def lora_shrink(
     grid = (triton.cdiv(num_tokens, block_m), num_slots, triton.cdiv(n, block_n) * split_k)
     _lora_shrink_kernel[grid](
         x, a, x if norm_weight is None else norm_weight, step.token_order, step.seg_start, step.seg_len, out, sum_sq,
+        out if a_scale is None else a_scale,
         k, n,
         x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1), sum_sq.stride(0),
-        NORM=norm, SILU_MUL=silu_mul,
+        0 if a_scale is None else a_scale.stride(0),
+        NORM=norm, A_SCALED=a_scale is not None, SILU_MUL=silu_mul,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, USE_PDL=pdl,
         **launch_options(pdl),
     )  # fmt: skip
@@ -164,7 +178,11 @@ def lora_shrink(
 
 
 def lora_shrink_ref(
-    x: torch.Tensor, a: torch.Tensor, step: LoraSegments, prologue: ShrinkPrologue = NO_PROLOGUE
+    x: torch.Tensor,
+    a: torch.Tensor,
+    step: LoraSegments,
+    prologue: ShrinkPrologue = NO_PROLOGUE,
+    a_scale: torch.Tensor | None = None,
 ) -> Shrunk:
     """The definition, one matmul per live segment, as one normed 'split' [1, T, N] (also the CPU path: the host
     reads the segment table)."""
@@ -173,7 +191,8 @@ def lora_shrink_ref(
     for slot, (start, length) in enumerate(zip(step.seg_start.tolist(), step.seg_len.tolist())):
         if length:
             tokens = step.token_order[start : start + length]
-            out[0, start : start + length] = x[tokens] @ a[slot].float().T
+            a_rows = a[slot].float() if a_scale is None else a[slot].float() * a_scale[slot][:, None]
+            out[0, start : start + length] = x[tokens] @ a_rows.T
     return Shrunk(out)
 
 

@@ -19,7 +19,7 @@ from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule, PeftAdapter
 from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
-from tgi_compat.modeling.lora.placement import HostPool, SlotPlacer, Staged
+from tgi_compat.modeling.lora.placement import HostPool, SlotPlacer, Staged, packed_nbytes
 from tgi_compat.modeling.lora.step import build_lora_step, lora_step
 from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.models.base import CausalLM
@@ -82,13 +82,13 @@ class LoraManager:
                 self.targets[proj] = weights = LoraWeights(proj, names, max_loras, max_rank)
                 by_projection |= dict.fromkeys(names, weights)
             self.layers.append(by_projection)
-        first = next(iter(self.targets.values())).a
-        self._placer = SlotPlacer(first.device)
-        numel = sum(weights.a[0].numel() + weights.b[0].numel() for weights in self.targets.values())
+        device = next(iter(self.targets.values())).a.device
+        self._placer = SlotPlacer(device)
+        nbytes = packed_nbytes(tensor for weights in self.targets.values() for tensor in weights.slot_buffers(0))
         # the adapters of every slot, then as many more as host_entries asks and HOST_POOL_BYTES holds (beyond, a
         # load page-locks its own memory while it is read)
-        within = HOST_POOL_BYTES // (numel * first.element_size())
-        self._pool = HostPool(numel, max(max_loras, min(host_entries, within)), first.dtype, first.device)
+        within = HOST_POOL_BYTES // nbytes
+        self._pool = HostPool(nbytes, max(max_loras, min(host_entries, within)), device)
         self._copied: dict[int, torch.cuda.Event | None] = {}  # adapter id -> the event after its last slot copy
 
     def add(self, adapter_id: int, adapter: PeftAdapter) -> None:

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from tgi_compat.modeling.lora.weights import LoraWeights
 
-Staged = Sequence[tuple[LoraWeights, tuple[torch.Tensor, torch.Tensor]]]
+Staged = Sequence[tuple[LoraWeights, tuple[torch.Tensor, ...]]]
+ALIGN = 16  # bytes: every packed tensor starts on it (its dtype's alignment, and the copy engines')
 
 
 class HostPool:
-    """Host memory for the staged adapters: `entries` of `numel` elements each (an adapter cut into every slot
+    """Host memory for the staged adapters: `entries` of `nbytes` bytes each (an adapter cut into every slot
     buffer's shape takes the same room whatever its rank), page-locked once when LoRA starts, beside a GPU model.
 
     Page-locking while serving stalled every stream: a load's ~84 MB (Llama-3-8B, r = 16, all seven projections)
@@ -29,9 +30,9 @@ class HostPool:
     TGI_STALL_TRACE_MS). An entry goes back when its adapter is dropped, to be reused once the copies out of it have
     run. A read beyond the entries (more loads at once than --max-cpu-loras) takes memory of its own, as before."""
 
-    def __init__(self, numel: int, entries: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.numel, self.dtype, self.device = numel, dtype, device
-        self.buffer = self._host(entries, numel)
+    def __init__(self, nbytes: int, entries: int, device: torch.device) -> None:
+        self.nbytes, self.device = nbytes, device
+        self.buffer = self._host(entries, nbytes)
         self._lock = threading.Lock()
         # free entries, each with the event after the last copies out of it (None: none queued)
         self._free: list[tuple[int, torch.cuda.Event | None]] = [(entry, None) for entry in range(entries)]
@@ -41,18 +42,18 @@ class HostPool:
         with self._lock:
             taken = self._free.pop(0) if self._free else None
         if taken is None:
-            return pack(staged, self._host(self.numel)), None
+            return pack(staged, self._host(self.nbytes)), None
         entry, copied = taken
         if copied is not None:
             copied.synchronize()  # (the reader's thread waits, never the engine's)
         return pack(staged, self.buffer[entry]), entry
 
     def _host(self, *shape: int) -> torch.Tensor:
-        """Host memory, page-locked beside a GPU model: device="cpu" (the manager is built under the model's
+        """Host bytes, page-locked beside a GPU model: device="cpu" (the manager is built under the model's
         torch.device), in this GPU's context (a reader thread's current device is GPU 0, whatever the rank's)."""
         pin = self.device.type == "cuda"
         with torch.cuda.device(self.device) if pin else contextlib.nullcontext():
-            return torch.empty(shape, dtype=self.dtype, device="cpu", pin_memory=pin)
+            return torch.empty(shape, dtype=torch.uint8, device="cpu", pin_memory=pin)
 
     def give_back(self, entry: int, copied: torch.cuda.Event | None) -> None:
         with self._lock:
@@ -64,18 +65,28 @@ class HostPool:
             return len(self._free)
 
 
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def packed_nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes `pack` lays `tensors` out in (each from an ALIGN-byte boundary)."""
+    return sum(_aligned(tensor.numel() * tensor.element_size()) for tensor in tensors)
+
+
 def pack(staged: Staged, buffer: torch.Tensor) -> Staged:
-    """`staged` copied into consecutive views of one flat `buffer` (as many elements as they hold together)."""
+    """`staged` copied into consecutive views of one flat uint8 `buffer` of packed_nbytes of them (their dtypes
+    differ: an FP8 base's A, its scales, B)."""
     out, offset = [], 0
-    for weights, pair in staged:
+    for weights, tensors in staged:
         views = []
-        for tensor in pair:
-            assert tensor.dtype == buffer.dtype, (tensor.dtype, buffer.dtype)
-            view = buffer[offset : offset + tensor.numel()].view(tensor.shape)
+        for tensor in tensors:
+            nbytes = tensor.numel() * tensor.element_size()
+            view = buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
             view.copy_(tensor)
             views.append(view)
-            offset += tensor.numel()
-        out.append((weights, (views[0], views[1])))
+            offset += _aligned(nbytes)
+        out.append((weights, tuple(views)))
     assert offset == buffer.numel(), (offset, buffer.numel())
     return out
 

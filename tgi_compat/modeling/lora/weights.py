@@ -4,7 +4,8 @@ A fused projection (q|k|v, gate|up) has one slice per part: slice s owns rows s*
 (R = --max-lora-rank; an adapter of rank r fills the first r, the rest stay zero) and its own output columns of B.
 Under tensor parallelism A and B are cut like the base layer: a column-parallel layer keeps its rows of each
 part's B, a row-parallel one its columns of A (its partial output then joins the base's partial sum). Over a plain
-base the stacked A is the extra rows of the projection's widened twin (folding.py), which decode-sized steps run.
+or FP8 base the stacked A is the extra rows of the projection's widened twin (folding.py), which decode-sized steps
+run; over FP8 its rows are quantized per row when staged, each with its scale.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from tgi_compat.kernels.lora.expand import lora_expand, lora_expand_ref
 from tgi_compat.kernels.lora.expand_folded import lora_expand_folded, lora_expand_folded_ref
 from tgi_compat.kernels.lora.shrink import NO_PROLOGUE, ShrinkPrologue, lora_shrink, lora_shrink_ref
 from tgi_compat.modeling.layers.linear import Linear
-from tgi_compat.modeling.layers.quantization.base import layer_tensor
+from tgi_compat.modeling.layers.quantization.fp8 import dequantize_fp8, quantize_weight_per_channel
 from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule
-from tgi_compat.modeling.lora.folding import can_fold, widened
+from tgi_compat.modeling.lora.folding import fold
 from tgi_compat.modeling.lora.step import LoraStep
 from tgi_compat.modeling.parallel import Slice
 
@@ -49,10 +50,15 @@ class LoraWeights:
         self.slices = tuple(slices)
         self.slice_ends = tuple(part.out_start + part.rows.size for part in slices)  # the expand's column split
         a_shape = (max_loras, len(slices) * max_rank, proj.in_features)
-        # a plain base: A stacked under its weight (folding.py), so decode-sized steps shrink in the base GEMM
-        self.folded = widened(proj, max_loras * len(slices) * max_rank) if can_fold(proj) else None
-        if self.folded is not None:
-            self.a = layer_tensor(self.folded, "weight")[proj.out_features :].view(a_shape)
+        # a plain or FP8 base: A stacked under its weight (folding.py), so decode-sized steps shrink in the base GEMM
+        folded = fold(proj, max_loras * len(slices) * max_rank)
+        self.folded = None if folded is None else folded.twin
+        self.a_scale: torch.Tensor | None = None  # [L, S * R] float32: an FP8 A's per-row scales
+        self.fp8_rounded = folded is not None and folded.fp8_rounded
+        if folded is not None:
+            self.a = folded.a.view(a_shape)
+            if folded.a_scale is not None:
+                self.a_scale = folded.a_scale.view(a_shape[:2])
         else:  # made under the runner's device and dtype (the model's, even over a quantized base)
             self.a = torch.zeros(a_shape)
         self.b = torch.zeros(max_loras, proj.out_features, max_rank)
@@ -75,11 +81,16 @@ class LoraWeights:
                     f"the model's {expected[0]} -> {expected[1]} (an adapter for another base model?)"
                 )
 
-    def stage(self, modules: dict[str, LoraModule]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One adapter's (checked) pairs as this rank's cut of one slot: host tensors (A [S * R, in], B [out, R])
-        in the slot buffers' dtype, parts it lacks zero (pageable: placement.pinned packs a whole adapter's into one
-        pinned buffer)."""
-        a = torch.zeros(self.a.shape[1:], dtype=self.a.dtype, device="cpu")
+    def slot_buffers(self, slot: int) -> tuple[torch.Tensor, ...]:
+        """The device tensors one slot's adapter fills: A [S * R, in], B [out, R] (and A's row scales [S * R])."""
+        scale = () if self.a_scale is None else (self.a_scale[slot],)
+        return (self.a[slot], self.b[slot], *scale)
+
+    def stage(self, modules: dict[str, LoraModule]) -> tuple[torch.Tensor, ...]:
+        """One adapter's (checked) pairs as this rank's cut of one slot: host tensors shaped and typed as
+        slot_buffers', parts it lacks zero (pageable: placement.HostPool packs a whole adapter's into one pinned
+        buffer). Over an FP8 base A's rows are quantized per row, as the base's weight rows are."""
+        a = torch.zeros(self.a.shape[1:], dtype=torch.float32, device="cpu")
         b = torch.zeros(self.b.shape[1:], dtype=self.b.dtype, device="cpu")
         rank_cap = self.max_rank
         for index, part in enumerate(self.slices):
@@ -91,12 +102,17 @@ class LoraWeights:
             b[part.out_start : part.out_start + part.rows.size, : module.rank] = module.b[
                 part.rows.start : part.rows.end
             ]
-        return a, b
+        if not self.fp8_rounded:
+            return a.to(self.a.dtype), b
+        quantized, scale = quantize_weight_per_channel(a)
+        if self.a_scale is not None:
+            return quantized, b, scale
+        return dequantize_fp8(quantized, scale).to(self.a.dtype), b  # emulated FP8: rounded, kept dequantized
 
-    def place(self, slot: int, staged: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def place(self, slot: int, staged: tuple[torch.Tensor, ...]) -> None:
         """Copy a staged adapter into `slot` on the current stream (asynchronous from pinned memory)."""
-        self.a[slot].copy_(staged[0], non_blocking=True)
-        self.b[slot].copy_(staged[1], non_blocking=True)
+        for buffer, host in zip(self.slot_buffers(slot), staged, strict=True):
+            buffer.copy_(host, non_blocking=True)
 
     def add_to(
         self, out: torch.Tensor, x: torch.Tensor, step: LoraStep, prologue: ShrinkPrologue = NO_PROLOGUE
@@ -104,13 +120,13 @@ class LoraWeights:
         """out [T, out] += each LoRA row's prologue(x) @ A^T @ B^T (rows without an adapter unchanged); returns out.
         The prologue is the one the base projection fused (the norm of pre-norm rows, SiLU-and-mul of [gate | up])."""
         shrink, expand = (lora_shrink, lora_expand) if x.is_cuda else (lora_shrink_ref, lora_expand_ref)
-        expand(out, shrink(x, self.a, step, prologue), self.b, step, self.slice_ends)
+        expand(out, shrink(x, self.a, step, prologue, a_scale=self.a_scale), self.b, step, self.slice_ends)
         return out
 
     def folded_for(self, num_tokens: int) -> Linear | None:
         """The widened twin a step of `num_tokens` runs instead of the projection (then `expand_folded`), None where
-        it takes the base projection and `add_to`: a quantized base, or prefill sizes, where the shrink of every
-        slot for every token would cost more than the segmented kernels' passes."""
+        it takes the base projection and `add_to`: a base that does not fold (folding.fold), or prefill sizes, where
+        the shrink of every slot for every token would cost more than the segmented kernels' passes."""
         return self.folded if num_tokens <= FOLD_MAX_TOKENS else None
 
     def expand_folded(self, full: torch.Tensor, step: LoraStep) -> torch.Tensor:

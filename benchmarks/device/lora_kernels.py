@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 
 import torch
 
@@ -95,6 +96,49 @@ def lora_call(case: LoraCase, kernels: Kernels = Kernels.TWO, tiling: Tiling = T
 
 
 SWEEP = [Tiling(split_k, block_n) for split_k in (None, 4, 8) for block_n in (64, 128, 256)]
+
+
+FOLDED_SWEEP = [(block_n, warps) for block_n in (64, 128, 256, 512) for warps in (2, 4, 8)]
+
+
+def folded_expand_times(config: dict, kernel_rows: tuple[int, ...], device: str) -> list[dict]:
+    """us per decode step of every layer's folded expand (tgi_compat.kernels.lora.expand_folded), bf16, rows spread
+    over the slots, at each (block_n, num_warps) of FOLDED_SWEEP; on the CPU each tiling once against the reference
+    (times 0)."""
+    from benchmarks.device.timing import replay_us
+    from tgi_compat.kernels.lora.expand_folded import lora_expand_folded, lora_expand_folded_ref
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    results = []
+    for rows in kernel_rows:
+        step = lora_step(row_slots(rows, ADAPTERS).to(device), ADAPTERS)
+        with torch.device(device):
+            layers = []
+            for _ in range(config["num_hidden_layers"]):
+                layer = {}
+                for name, (_, outs) in fused_projections(config).items():
+                    ends = tuple(int(e) for e in torch.tensor(outs).cumsum(0))
+                    full = torch.randn(rows, ends[-1] + ADAPTERS * len(ends) * RANK, dtype=dtype)
+                    layer[name] = (full, (torch.randn(ADAPTERS, ends[-1], RANK) / RANK).to(dtype), ends)
+                layers.append(layer)
+        result: dict = dict(rows=rows, sweep_us={})
+        for block_n, warps in FOLDED_SWEEP:
+            calls = [
+                partial(lora_expand_folded, full, step, b, ends, block_n, num_warps=warps)
+                for layer in layers
+                for full, b, ends in layer.values()
+            ]
+            if device == "cpu":
+                full, b, ends = layers[0]["qkv"]
+                expected = lora_expand_folded_ref(full, step, b, ends)
+                torch.testing.assert_close(calls[0](), expected, rtol=1e-4, atol=1e-4)
+                result["sweep_us"][f"block_n={block_n},warps={warps}"] = 0.0
+                continue
+            result["sweep_us"][f"block_n={block_n},warps={warps}"] = replay_us(calls) * len(calls)
+        log(f"folded expand: {result}")
+        results.append(result)
+        del layers
+    return results
 
 
 def kernel_times(

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.device.lora_kernels import ADAPTERS, RANK, SWEEP, kernel_times, row_slots
+from benchmarks.device.lora_kernels import ADAPTERS, RANK, SWEEP, folded_expand_times, kernel_times, row_slots
 from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.steps import build_runner, decode_batch, fill_context, profile_step, random_weights
 from benchmarks.device.timing import log, out_path, timer, write_json
@@ -198,6 +198,9 @@ def main() -> None:
     )
     parser.add_argument("--quantize", choices=("fp8",), default=None, help="an FP8 base, quantized while loading")
     parser.add_argument("--skip-sweep", action="store_true", help="skip the kernels' tiling sweep")
+    parser.add_argument(
+        "--folded-sweep", action="store_true", help="only the folded expand at each tiling (no model, no steps)"
+    )
     args = parser.parse_args()
     if args.segmented:
         from tgi_compat.modeling.lora import weights
@@ -207,6 +210,15 @@ def main() -> None:
     on_gpu = args.device == "cuda"
     model, dtype = (LLAMA3_8B, "bfloat16") if on_gpu else (LLAMA3_TINY, "float32")
     row_counts = [int(r) for r in args.rows.split(",")] if on_gpu else [1, ADAPTERS]
+    if args.folded_sweep:
+        sweep = folded_expand_times(model, tuple(row_counts), args.device)
+        for result in sweep:
+            best = min(result["sweep_us"].items(), key=lambda item: item[1])
+            print(
+                f"folded expand, {result['rows']} rows: best {best[0]} {best[1]:.0f} us a step; all {result['sweep_us']}"
+            )
+        write_json(args.json, dict(folded_expand_sweep=sweep))
+        return
     report = measure(model, dtype, args.device, row_counts, args.reps if on_gpu else 2, args.quantize)
     print(table(report), flush=True)
     if args.skip_sweep:

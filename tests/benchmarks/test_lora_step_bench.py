@@ -20,3 +20,12 @@ def test_lora_step_benchmark_smoke_run(tmp_path, monkeypatch):
     assert report["checks"]["spread_vs_base_rel_diff"] > 1e-3  # the adapters change the logits
     assert "| rows | (a) base |" in done.stdout
     assert [result["rows"] for result in report["kernel_sweep"]] == [1, 8]
+
+
+def test_the_folded_expand_sweep_checks_every_tiling_against_the_reference(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    done = smoke_run("lora_step", tmp_path, "--folded-sweep")
+    sweep = json.loads((tmp_path / "lora_step.json").read_text())["folded_expand_sweep"]
+    assert [result["rows"] for result in sweep] == [1, 8]
+    assert all(len(result["sweep_us"]) == 12 for result in sweep)
+    assert "folded expand, 8 rows: best" in done.stdout

@@ -20,6 +20,7 @@ from tgi_compat.kernels.gemv.types import (
     QuantizedWeight,
 )
 from tgi_compat.kernels.quant.int4_layout import int4_period
+from tgi_compat.kernels.widening import tuned_for
 
 # Quantized weights take the GEMV up to this many rows (the existing GEMM paths above it); a dense
 # weight only at one row, where it beats cuBLAS. Measured on an H100 (BENCHMARKS.md): at 8 rows the
@@ -42,10 +43,15 @@ def gemv_config(
     accumulator stays in registers."""
     if weight_format == WEIGHT_INT4:
         return int4_config(k, num_rows, group_size, n, prologue)
-    if weight_format == WEIGHT_DENSE and num_rows == 1 and (n, k, prologue) in TUNED:
-        return TUNED[(n, k, prologue)]
-    if weight_format == WEIGHT_ROW_SCALED and num_rows == 1 and (n, k, prologue) in TUNED_ROW_SCALED:
-        return TUNED_ROW_SCALED[(n, k, prologue)]
+    # (a shape widened by LoRA's folded A keeps its base shape's entry: tgi_compat.kernels.widening)
+    if weight_format == WEIGHT_DENSE and num_rows == 1:
+        found, dense = tuned_for(TUNED, (n, k, prologue), n_index=0)
+        if found:
+            return dense
+    if weight_format == WEIGHT_ROW_SCALED and num_rows == 1:
+        found, row_scaled = tuned_for(TUNED_ROW_SCALED, (n, k, prologue), n_index=0)
+        if found:
+            return row_scaled
     return rule_of_thumb_config(k, prologue, weight_format, num_rows)
 
 

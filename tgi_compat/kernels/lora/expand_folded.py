@@ -94,6 +94,7 @@ def lora_expand_folded(
     slice_ends: tuple[int, ...],
     block_n: int = EXPAND_FOLDED_BLOCK_N,
     pdl: bool | None = None,  # None: on Hopper (tgi_compat.kernels.pdl)
+    num_warps: int = 4,  # (benchmarks/device/lora_kernels.py sweeps it with block_n)
 ) -> torch.Tensor:
     """full [T, N + L * S * R] (a folded projection's output), b [L, N, R] -> [T, N]: full[:, :N] plus each LoRA
     token's shrunk[slot] @ B[slot]^T per slice (slice s's columns end at slice_ends[s], the last at N)."""
@@ -110,7 +111,7 @@ def lora_expand_folded(
         full, step.token_order, step.seg_start, step.seg_len, b, out, num_tokens, num_slots, ends[0], ends[1], n, rank,
         full.stride(0), b.stride(0), b.stride(1),
         NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)),
-        USE_PDL=pdl, **launch_options(pdl),
+        USE_PDL=pdl, num_warps=num_warps, **launch_options(pdl),
     )  # fmt: skip
     return out
 

@@ -21,6 +21,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tgi_compat.kernels.split_k import split_k_scratch
+from tgi_compat.kernels.widening import tuned_for
 
 
 class Fp8GemmConfig(NamedTuple):
@@ -70,20 +71,12 @@ def row_bucket(num_rows: int) -> int:
     return max(16, triton.next_power_of_2(num_rows))
 
 
-# A tuned shape's config also serves N up to this much wider: a projection widened by LoRA A rows
-# (tgi_compat/modeling/lora/folding.py; 8 slots of r = 16 add 6% to q|k|v) keeps its base's tiling.
-TUNED_WIDENING = 1.125
-
-
 def fp8_gemm_config(num_rows: int, n: int, k: int) -> Fp8GemmConfig:
-    """The tuned config of the shape (or of the widest tuned N it widens), else enough programs to keep every SM
-    pulling weight bytes: narrow output slices for narrow N."""
-    bucket = row_bucket(num_rows)
-    if (tuned := TUNED.get((bucket, n, k))) is not None:
+    """The tuned config of the shape (or of the tuned N it widens: tgi_compat.kernels.widening), else enough programs
+    to keep every SM pulling weight bytes: narrow output slices for narrow N."""
+    found, tuned = tuned_for(TUNED, (row_bucket(num_rows), n, k), n_index=1)
+    if found and tuned is not None:
         return tuned
-    widens = [key for key in TUNED if key[0] == bucket and key[2] == k and key[1] < n <= key[1] * TUNED_WIDENING]
-    if widens:
-        return TUNED[max(widens)]
     block_m = min(row_bucket(num_rows), 64)
     block_n = 32 if n <= 8192 else 64
     return Fp8GemmConfig(block_m, block_n, 256 if k % 256 == 0 else 64, 4, 4)

@@ -20,6 +20,7 @@ from tests.modeling.qwen2_5_vl_helpers import (
 )
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
+from tgi_compat.router.request import SamplingParams
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -63,3 +64,42 @@ def test_the_same_image_is_encoded_once_and_hits_the_prefix_cache(checkpoint):
     assert tall["tall"][0].num_cached_tokens == 4  # the text before the image only
     assert cache.num_encoded == 2
     assert token_ids(again["again"]) == engine_expected(model, ids, [WIDE])
+
+
+@pytest.mark.parametrize("checkpoint", ["qwen2_5_vl"], indirect=True)
+@pytest.mark.parametrize("images", [[WIDE], []], ids=["image", "text"])
+def test_a_launch_with_image_rows_calls_back_before_its_forward(checkpoint, images):
+    """StepExecutor.launch's `after_images`: called once the inputs hold image rows (the encoder queued), before the
+    forward is queued; not for a text-only step."""
+    _, folder = checkpoint
+    engine = make_engine(folder, overlap_scheduling=True)
+    engine.add_request(engine_request("r", images)[0])
+    cache = engine.executor.batch_builder.images
+    assert cache is not None
+    calls: list[int] = []
+    engine.executor.launch(engine.scheduler.schedule(), None, after_images=lambda: calls.append(cache.num_encoded))
+    assert calls == [1] * len(images)  # once, after the image was encoded
+
+
+@pytest.mark.parametrize("checkpoint", ["qwen2_5_vl"], indirect=True)
+def test_seeded_sampling_with_images_arriving_while_others_decode_is_the_same_with_overlap(checkpoint):
+    """Under overlap a step whose chunks bring images completes the step before it once their encoding is queued and
+    before its forward (tgi_compat/router/engine.py): the sampled ids, seeded, equal the plain engine's."""
+    _, folder = checkpoint
+    outputs = {}
+    for overlap in (False, True):
+        engine = make_engine(folder, max_batch_prefill_tokens=7, overlap_scheduling=overlap)
+        ids: dict[str, list[int]] = {}
+        arrivals = [(0, "first", [WIDE]), (3, "second", [TALL]), (5, "third", [WIDE, TALL]), (6, "text", [])]
+        step = 0
+        while arrivals or engine.has_unfinished():
+            while arrivals and arrivals[0][0] <= step:
+                _, name, images = arrivals.pop(0)
+                request, _ = engine_request(name, images)
+                request.sampling = SamplingParams(do_sample=True, temperature=0.9, top_k=20, seed=len(name))
+                engine.add_request(request)
+            for event in engine.step():
+                ids.setdefault(event.request_id, []).extend(event.token_ids)
+            step += 1
+        outputs[overlap] = ids
+    assert outputs[True] == outputs[False] and len(outputs[True]) == 4

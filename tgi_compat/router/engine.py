@@ -226,11 +226,27 @@ class EngineCore:
         plan = self.scheduler.schedule(drafts=not overlap)
         if overlap and not plan.is_empty:
             constrained = self.scheduler.num_constrained > 0
+            completed: list[TokenEvent] = []
+
+            def complete_previous() -> None:
+                # A step with images queues their encoder's hundreds of kernels before its forward: queued behind
+                # them, the forward's launches would block the host until the device had run most of the encoder,
+                # and the step before's first tokens (done long before) would wait with them. So the step before is
+                # completed here, once the encoder is queued and before the forward is (TTFT, session 28).
+                nonlocal previous
+                if previous is not None:
+                    completed.extend(self._complete(previous))
+                    previous = None
+
+            launched: LaunchedStep | None = None
             try:
-                launched = self.executor.launch(plan, previous, defer_sampling=constrained)
+                launched = self.executor.launch(
+                    plan, previous, defer_sampling=constrained, after_images=None if constrained else complete_previous
+                )
             except Exception:  # run it again below, where failures are contained
                 logger.exception("launching a step of %d requests failed; running it synchronously", len(plan.chunks))
-            else:
+            events += completed
+            if launched is not None:
                 if previous is not None:
                     events += self._complete(previous)
                 if constrained and not self._sample_deferred(launched):

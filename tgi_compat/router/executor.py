@@ -152,15 +152,23 @@ class StepExecutor:
 
     @torch.inference_mode()
     def launch(
-        self, plan: StepPlan, previous: LaunchedStep | None = None, *, defer_sampling: bool = False
+        self,
+        plan: StepPlan,
+        previous: LaunchedStep | None = None,
+        *,
+        defer_sampling: bool = False,
+        after_images: Callable[[], None] | None = None,
     ) -> LaunchedStep:
         """Queue a non-empty step's work. `previous`: the step in flight whose sampled ids are the
         inputs of this plan's pending tokens (overlap scheduling). `defer_sampling`: queue the
-        forward (and prompt scoring) only; `sample()` queues the sampling later."""
+        forward (and prompt scoring) only; `sample()` queues the sampling later. `after_images`: called
+        when the step's inputs hold image rows (their encoding queued), before its forward is queued."""
         started = time.perf_counter()
         previous_ids = previous.sampled_ids if previous is not None else None
         input_rows = _input_rows(plan, previous) if previous is not None and previous_ids is not None else None
         batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
+        if after_images is not None and batch.images is not None:
+            after_images()
         requests = [plan.chunks[i].request for i in layout.sampled_chunks]
         every_row_sampled = len(requests) == batch.logits_indices.shape[0] and not layout.prompt_chunks
         batch.greedy_only = bool(requests) and every_row_sampled and self.selector.greedy_only(requests)

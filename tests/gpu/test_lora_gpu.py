@@ -203,46 +203,6 @@ def test_lora_decode_replayed_from_the_graph_equals_the_eager_step(tmp_path):
         ids = eager.argmax(-1)
 
 
-@pytest.mark.parametrize("dtype, quantize", [("float32", None), ("bfloat16", "fp8")])
-@torch.inference_mode()
-def test_the_norm_kernels_add_o_and_downs_lora_term_as_their_expand_does(tmp_path, monkeypatch, dtype, quantize):
-    """The folded o and down projections leave their LoRA term to the norm kernel after them (layer_ops.DEFER_TO_NORM,
-    kernels/lora/row_delta.py): eager decode steps of 16 rows over three adapters and base rows equal those that
-    expand it themselves, over a plain base (the RMSNorm kernel) and an FP8 one (RMSNorm + FP8 quantization)."""
-    from tgi_compat.modeling.lora import layer_ops
-
-    torch.manual_seed(0)
-    max_len = 64
-    model, hf_config = hf_model(TINY_LLAMA, getattr(torch, dtype), "cuda")
-    runner = build_runner(
-        hf_config, model.state_dict(), dtype, "triton", 16, max_len, "cuda", max_loras=4, max_lora_rank=16,
-        quantize=quantize,
-    )  # fmt: skip
-    lora = runner.lora
-    assert lora is not None
-    for adapter_id, rank in ((1, 8), (2, 16), (3, 16)):
-        folder = write_peft_adapter(tmp_path / f"a{adapter_id}", TINY_LLAMA, rank, seed=adapter_id)
-        lora.add(adapter_id, load_peft_adapter(f"a{adapter_id}", str(folder)))
-    prompts = [[3 + 7 * r + j for j in range(4 + r % 5)] for r in range(16)]
-    slots = torch.tensor([-1, 0, 1, 2] * 4, device="cuda")
-    ids = prefill_with_lora(runner, prompts, max_len, LoraBatch(slots, [(0, 1), (1, 2), (2, 3)])).argmax(-1)
-    kv_lens = torch.tensor([len(p) for p in prompts], device="cuda")
-    for _ in range(3):
-        kv_lens = kv_lens + 1
-        batch = decode_batch(ids, kv_lens, max_len)
-        batch.lora = LoraBatch(slots, [])
-        outputs = {}
-        for defer in (True, False):
-            monkeypatch.setattr(layer_ops, "DEFER_TO_NORM", defer)
-            lora.begin_step(batch)
-            outputs[defer] = runner._forward_eager(batch).clone()
-        err = rel_err(outputs[True], outputs[False])
-        print(f"{dtype} {quantize}: the norm's LoRA term vs the expand's, rel err {err:.2e}")
-        assert err < (1e-4 if quantize is None else 2e-2)  # (FP8: a rounding flip quantizes a value a step away)
-        assert (outputs[True].argmax(-1) == outputs[False].argmax(-1)).float().mean() >= 0.9
-        ids = outputs[False].argmax(-1)
-
-
 def prefill_with_lora(runner, prompts: list[list[int]], max_len: int, lora_batch: LoraBatch) -> torch.Tensor:
     """benchmarks.device.steps.prefill's step, its rows on their adapters: logits of each prompt's last token."""
     batch = prefill_batch(runner, prompts, max_len)

@@ -20,7 +20,6 @@ import torch
 # reloaded before its dependency would keep calling the compiled versions.
 KERNEL_MODULES = [
     "tgi_compat.kernels.pdl",
-    "tgi_compat.kernels.lora.row_delta",
     "tgi_compat.kernels.elementwise.rmsnorm",
     "tgi_compat.kernels.elementwise.silu_mul",
     "tgi_compat.kernels.attention.online_softmax",

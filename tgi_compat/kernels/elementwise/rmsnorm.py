@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from tgi_compat.kernels.lora.row_delta import R_STEP, RowDelta, add_row_delta
 from tgi_compat.kernels.pdl import launch_options, use_pdl_for_one_request
 
 # Triton's interpreter has no libdevice; it fuses nothing either, so a plain product rounds the same there.
@@ -85,18 +84,10 @@ def _rmsnorm_kernel(
     stride_ro,
     stride_o,
     eps,
-    slot_ptr,  # ROW_DELTA (tgi_compat/kernels/lora/row_delta.py): each row's LoRA slot, x a folded output's columns
-    b_ptr,
-    stride_b_slot,
-    stride_b_row,
-    rank,
     NUM_COLS: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # launched as a programmatic dependent (tgi_compat/kernels/pdl.py)
-    ROW_DELTA: tl.constexpr = False,
-    BLOCK_R: tl.constexpr = 16,
-    R_STEP: tl.constexpr = 4,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -106,11 +97,6 @@ def _rmsnorm_kernel(
         tl.extra.cuda.gdc_launch_dependents()  # one program: the next kernel may launch while it runs
         tl.extra.cuda.gdc_wait()  # x and the residual are the previous kernels' output
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if ROW_DELTA:
-        x = add_row_delta(
-            x, x_ptr + row * stride_x, slot_ptr + row, b_ptr, stride_b_slot, stride_b_row, offs, mask, NUM_COLS,
-            rank, BLOCK_R, R_STEP,
-        )  # fmt: skip
     if HAS_RESIDUAL:
         x = add_residual(x, residual_ptr + row * stride_r, residual_out_ptr + row * stride_ro, offs, mask)
     y = rms_normalize(x, w, eps, NUM_COLS)
@@ -190,10 +176,9 @@ def rmsnorm(
     residual: torch.Tensor | None = None,  # [..., C]
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,  # receives x + residual; default: residual, in place
-    row_delta: RowDelta | None = None,  # x is a folded projection's output: its LoRA term added to x first
 ) -> torch.Tensor:
     num_cols = x.shape[-1]
-    x2 = x if row_delta is not None else x.reshape(-1, num_cols)  # (a [T, N] view of the folded output)
+    x2 = x.reshape(-1, num_cols)
     assert x2.stride(-1) == 1
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -214,11 +199,8 @@ def rmsnorm(
         res_out2.stride(0),
         out2.stride(0),
         eps,
-        *(row_delta.kernel_args() if row_delta is not None else (x2, x2, 0, 0, 0)),
         HAS_RESIDUAL=residual is not None,
         USE_PDL=pdl,
-        ROW_DELTA=row_delta is not None,
-        **({} if row_delta is None else dict(BLOCK_R=row_delta.block_r, R_STEP=R_STEP)),
         **_row_launch(num_cols),
         **launch_options(pdl),
     )

@@ -24,7 +24,6 @@ import triton.language as tl
 
 from tgi_compat.kernels.elementwise.rmsnorm import add_residual, load_weight, rms_normalize
 from tgi_compat.kernels.elementwise.silu_mul import gated_activation
-from tgi_compat.kernels.lora.row_delta import R_STEP, RowDelta, add_row_delta
 
 FP8_E4M3_MAX = 448.0
 INT8_MAX = 127.0
@@ -98,29 +97,16 @@ def _rmsnorm_quant_kernel(
     stride_x,
     stride_q,
     eps,
-    slot_ptr,  # ROW_DELTA (tgi_compat/kernels/lora/row_delta.py): each row's LoRA slot, x a folded output's columns
-    b_ptr,
-    stride_b_slot,
-    stride_b_row,
-    rank,
     NUM_COLS: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     QMAX: tl.constexpr,
     IS_FP8: tl.constexpr,
-    ROW_DELTA: tl.constexpr = False,
-    BLOCK_R: tl.constexpr = 16,
-    R_STEP: tl.constexpr = 4,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < NUM_COLS
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if ROW_DELTA:
-        x = add_row_delta(
-            x, x_ptr + row * stride_x, slot_ptr + row, b_ptr, stride_b_slot, stride_b_row, offs, mask, NUM_COLS,
-            rank, BLOCK_R, R_STEP,
-        )  # fmt: skip
     if HAS_RESIDUAL:  # tgi_compat/kernels/elementwise/rmsnorm.py's helpers: its roundings, bit for bit
         x = add_residual(x, residual_ptr + row * NUM_COLS, residual_out_ptr + row * NUM_COLS, offs, mask)
     y = rms_normalize(x, load_weight(weight_ptr, offs, mask), eps, NUM_COLS)
@@ -168,7 +154,6 @@ def rmsnorm_quant_per_token(
     dtype: torch.dtype,
     residual: torch.Tensor | None = None,  # [T, C]: normalise x + residual
     residual_out: torch.Tensor | None = None,  # [T, C]: receives x + residual
-    row_delta: RowDelta | None = None,  # x is a folded projection's output: its LoRA term added to x first
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """quant_per_token(rmsnorm(x [+ residual])) in one launch: (q [T, C] in dtype, scale [T, 1] float32)."""
     assert x.dim() == 2 and x.stride(-1) == 1
@@ -190,14 +175,11 @@ def rmsnorm_quant_per_token(
         x.stride(0),
         q.stride(0),
         eps,
-        *(row_delta.kernel_args() if row_delta is not None else (x, x, 0, 0, 0)),
         NUM_COLS=num_cols,
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
         QMAX=qmax,
         IS_FP8=is_fp8,
-        ROW_DELTA=row_delta is not None,
-        **({} if row_delta is None else dict(BLOCK_R=row_delta.block_r, R_STEP=R_STEP)),
         num_warps=min(16, max(1, block // 256)),
     )
     return q, scale

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol
 
 import torch
 
@@ -23,7 +23,7 @@ from tgi_compat.modeling.lora.placement import HostPool, SlotPlacer, Staged, pac
 from tgi_compat.modeling.lora.step import build_lora_step, lora_step
 from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.models.base import CausalLM
-from tgi_compat.modeling.models.decoder import DecoderForCausalLM, DecoderLayer
+from tgi_compat.modeling.models.decoder import DecoderForCausalLM
 from tgi_compat.modeling.models.llama import LlamaMLP
 from tgi_compat.modeling.parallel.step_broadcast import AdapterDrop, AdapterLoad
 
@@ -69,16 +69,7 @@ class LoraManager:
         # per layer: projection name (q_proj, ...) -> the weights that hold it
         self.layers: list[dict[str, LoraWeights]] = []
         layers = list(model.model.decoder_layers)
-        # o, and down but the last layer's, of Llama-style layers: the next op is rms_norm_linear (LlamaMLP's and the
-        # next layer's), which adds their LoRA term in its norm kernel (layer_ops.DEFER_TO_NORM)
-        llama_style = [type(layer) is DecoderLayer and isinstance(layer.mlp, LlamaMLP) for layer in layers]
-        defer_to_norm: set[Linear] = set()
-        for index, layer in enumerate(layers):
-            if llama_style[index]:
-                defer_to_norm.add(layer.self_attn.o_proj)
-                if index + 1 < len(layers) and llama_style[index + 1]:
-                    defer_to_norm.add(cast(LlamaMLP, layer.mlp).down_proj)
-        ops = lora_layer_ops(layers[0].ops, self.context, self.targets, defer_to_norm)
+        ops = lora_layer_ops(layers[0].ops, self.context, self.targets)
         for layer in layers:
             groups = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj}
             layer.ops = layer.self_attn.ops = ops
@@ -178,7 +169,6 @@ class LoraManager:
         """Copy the adapters newly placed in a slot (into the slot buffers in place: captured graphs keep reading
         them; on a side stream, tgi_compat.modeling.lora.placement), then set the step's segments: None without a LoRA row, or when a CUDA graph replays the step (the
         graph builds its own from its static slot input)."""
-        self.context.pending = None  # (a step that failed midway may have left one)
         if batch.lora is None:
             self.context.step = None
             return
@@ -190,7 +180,6 @@ class LoraManager:
         """For the decode CUDA graphs' capture: the step's segments built from a static [N] slot tensor (each
         row's slot, -1 for base and padding rows), so that the captured graph rebuilds them at every replay;
         None: a plain step."""
-        self.context.pending = None
         self.context.step = None if slots is None else lora_step(slots, self.max_loras)
 
 

@@ -17,7 +17,7 @@
 First a check: a small float32 Llama (CUDA graphs) through in-process engines, diverse mode off vs on, n = 8
 siblings greedy and seeded: every token must match and the siblings must have been grouped.
 The table compares the decode phase's ratio with the issue's bar (>= 1.5x); JSON goes to $OUT/diverse.json.
-With TGI_PROFILE_DIR (and TGI_PROFILE_STEPS) each engine profiles its steps into <dir>/off|diverse/<groups>/.
+With TGI_PROFILE_DIR (and TGI_PROFILE_STEPS) each engine profiles its steps into <dir>/off-<groups> or diverse-<groups>.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: i
         config.attention_backend = "triton"  # interpreted: the smoke run takes the GPU's path
         config.max_batch_total_tokens = 8 * (prefix_len + new_tokens) * groups
     if PROFILE_ROOT:  # (the engine process reads it when it starts)
-        os.environ["TGI_PROFILE_DIR"] = os.path.join(PROFILE_ROOT, "diverse" if diverse else "off", str(groups))
+        os.environ["TGI_PROFILE_DIR"] = os.path.join(PROFILE_ROOT, f"{'diverse' if diverse else 'off'}-{groups}")
     start = time.perf_counter()
     client = await ZmqEngineClient.start(config)
     load_s = time.perf_counter() - start

@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl mixed lora lora-step lora-step-folded lora-step-segmented vl vision diverse diverse32 diverse64 spec eagle3 (itl: the
+# Parts: tests-a tests-b plain itl mixed lora lora-step lora-step-folded lora-step-segmented vl vision diverse diverse32 diverse64 diverse64-profile spec eagle3 (itl: the
 # plain rows, then at --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same
 # call: it reuses spec's plain rows; diverse64: 512 rows, where attention is the larger share of a step).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
@@ -43,6 +43,10 @@ for name in "$@"; do
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;
     diverse64) part diverse64 300 python3 -m benchmarks.device.diverse --skip-check --groups 64 --engine-groups 64 ;;
+    diverse64-profile)  # each mode's decode steps 120-125 under the profiler: the .txt summaries only come back
+      part diverse64-profile 300 env TGI_PROFILE_DIR="$OUT/prof" TGI_PROFILE_STEPS=120:6 \
+        python3 -m benchmarks.device.diverse --skip-check --groups 64 --engine-groups 64
+      find "$OUT/prof" -name '*.json.gz' -delete ;;
     mixed) part mixed 200 python3 -m benchmarks.device.mixed_step ;;
     spec) part spec 420 python3 -m benchmarks.device.speculative ;;
     eagle3) part eagle3 240 python3 -m benchmarks.device.speculative --method eagle3 --plain-from "$OUT/speculative.json" ;;

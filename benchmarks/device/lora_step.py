@@ -194,7 +194,8 @@ def main() -> None:
     parser.add_argument(
         "--segmented",
         action="store_true",
-        help="decode steps through the segmented shrink and expand (a quantized base's path), not the folded projections",
+        help="decode steps through the segmented shrink and expand (prefill-sized steps' and int8 / int4 bases' path), "
+        "not the folded projections",
     )
     parser.add_argument("--quantize", choices=("fp8",), default=None, help="an FP8 base, quantized while loading")
     parser.add_argument("--skip-sweep", action="store_true", help="skip the kernels' tiling sweep")

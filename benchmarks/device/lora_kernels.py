@@ -6,6 +6,7 @@ row count.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,12 +61,17 @@ def row_slots(rows: int, max_loras: int, base_every: int = 0) -> torch.Tensor:
     return slots
 
 
+def slice_ends(slice_outs: tuple[int, ...]) -> tuple[int, ...]:
+    """Each slice's last output column + 1 (the expands' column split)."""
+    return tuple(itertools.accumulate(slice_outs))
+
+
 def lora_case(
     size_in: int, slice_outs: tuple[int, ...], slots: torch.Tensor, max_loras: int, rank: int, dtype: torch.dtype
 ) -> LoraCase:
     """Random inputs and slot buffers (made on the current default device)."""
     rows, out_total = slots.shape[0], sum(slice_outs)
-    ends = tuple(int(e) for e in torch.tensor(slice_outs).cumsum(0))
+    ends = slice_ends(slice_outs)
     x = torch.randn(rows, size_in, dtype=dtype)
     a = (torch.randn(max_loras, len(slice_outs) * rank, size_in) / size_in**0.5).to(dtype)
     b = (torch.randn(max_loras, out_total, rank) / rank**0.5).to(dtype)
@@ -117,7 +123,7 @@ def folded_expand_times(config: dict, kernel_rows: tuple[int, ...], device: str)
             for _ in range(config["num_hidden_layers"]):
                 layer = {}
                 for name, (_, outs) in fused_projections(config).items():
-                    ends = tuple(int(e) for e in torch.tensor(outs).cumsum(0))
+                    ends = slice_ends(outs)
                     full = torch.randn(rows, ends[-1] + ADAPTERS * len(ends) * RANK, dtype=dtype)
                     layer[name] = (full, (torch.randn(ADAPTERS, ends[-1], RANK) / RANK).to(dtype), ends)
                 layers.append(layer)

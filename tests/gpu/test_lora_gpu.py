@@ -12,7 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.device.lora_kernels import Kernels, LoraCase, fused_projections, lora_call, lora_case, row_slots
+from benchmarks.device.lora_kernels import (
+    Kernels,
+    LoraCase,
+    fused_projections,
+    lora_call,
+    lora_case,
+    row_slots,
+    slice_ends,
+)
 from benchmarks.device.overlap import TINY_LLAMA
 from benchmarks.device.peft_adapters import write_peft_adapter
 from benchmarks.device.steps import build_runner, decode_batch, hf_model, prefill_batch
@@ -68,7 +76,7 @@ def test_folded_expand_matches_its_reference_at_llama3_8b_shapes(name, rows):
     """The expand of a folded projection (its output [base | every slot's shrunk]), bf16, spread rows and base rows."""
     torch.manual_seed(0)
     _, slice_outs = fused_projections(LLAMA3_8B)[name]
-    ends = tuple(int(e) for e in torch.tensor(slice_outs).cumsum(0))
+    ends = slice_ends(slice_outs)
     slots = row_slots(rows, 8, base_every=3 if rows > 1 else 0).cuda()
     step = lora_step(slots, 8)
     with torch.device("cuda"):

@@ -73,7 +73,7 @@ def test_triton_backend_matches_torch_backend_over_extend_mixed_and_decode_steps
 @pytest.mark.parametrize(
     ("flag", "enforce_eager", "expected"),
     [
-        (None, False, DEFAULT_BATCH_SIZES),
+        (None, False, [size for size in DEFAULT_BATCH_SIZES if size <= 256]),  # the default batch limit's
         ([], False, []),
         ([0], False, []),
         ([8, 1, 300, 4, 4], False, [1, 4, 8]),  # sorted, unique, capped at the batch limit
@@ -184,3 +184,8 @@ def test_graph_replay_carries_the_prefix_group_table():
     step.prefix_groups = None  # a decode step built without groups: replayed as no group at all
     graphs.replay(step)
     assert seen[-1] == [[0, -1, -1]] * 4
+
+
+def test_default_cuda_graphs_reach_a_larger_batch_limit():
+    # 512 rows of an 8B model eager cost more host time than a diverse-mode step's kernels: captured too
+    assert resolve_batch_sizes(None, False, max_batch_size=512)[-4:] == [320, 384, 448, 512]

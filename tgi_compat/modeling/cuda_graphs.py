@@ -59,8 +59,9 @@ logger = logging.getLogger(__name__)
 
 # TGI captures 1..32 by default; past 32 its decode steps run eager, which on an H200 costs ~3x per
 # step (Llama-3-8B, B=64: 17 ms eager vs 6.2 ms replayed). A capture takes ~0.15 s, so we cover the
-# whole default running batch.
-DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
+# whole default running batch (256), and up to 512 where --max-batch-size allows it: eager, 512 rows of an 8B
+# model took ~25 ms of host a step, more than a diverse-mode step's 22 ms of kernels (H100, session 29).
+DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512]
 # Verify steps are captured up to this batch: past it the measured step-cost table turns drafts off on an
 # H200 for an 8B model (a step of 64 x 5 rows is compute-bound), so larger verify steps are rare and run eager.
 VERIFY_MAX_BATCH_SIZE = 64

@@ -360,16 +360,20 @@ class ModelRunner:
         # when prompt logprobs are asked for
         logit_rows = max(self.cfg.max_rows, self.cfg.max_prefill_tokens)
         sampling = 3 * logit_rows * c.vocab_size * 4
-        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._verify_graph_bytes() + self.cfg.reserve_bytes
+        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._graph_logits_bytes() + self.cfg.reserve_bytes
 
-    def _verify_graph_bytes(self) -> int:
-        """The verify graphs' logits (each bucket's output stays allocated in the graph pool): speculation on."""
-        k = self.cfg.num_speculative_tokens
-        if k < 1:
+    def _graph_logits_bytes(self) -> int:
+        """The CUDA graphs' logits: each bucket's output stays allocated in the graph pool (float32 counted, as
+        where a family soft-caps). Decode graphs (twice with LoRA: its steps have graphs of their own) and, with
+        speculation on, the verify graphs of each draft length."""
+        if self.device.type != "cuda" or self.modeling_path != NATIVE or self.is_pooling:
             return 0
-        sizes = verify_batch_sizes(resolve_batch_sizes(self.cfg.cuda_graph_batch_sizes, False, self.cfg.max_rows))
-        tokens_per_row = sum(range(2, k + 2))
-        return sum(sizes) * tokens_per_row * self.model_config.vocab_size * 4  # (float32 where a family soft-caps)
+        decode = resolve_batch_sizes(self.cfg.cuda_graph_batch_sizes, False, self.cfg.max_rows)
+        rows = sum(decode) * (2 if self.cfg.max_loras else 1)
+        k = self.cfg.num_speculative_tokens
+        if k >= 1:
+            rows += sum(verify_batch_sizes(decode)) * sum(range(2, k + 2))
+        return rows * self.model_config.vocab_size * 4
 
     def _kv_budget_bytes(self) -> float | None:
         """The device memory the KV cache may take; None where its size is not read from the free memory."""

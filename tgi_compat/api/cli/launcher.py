@@ -53,7 +53,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max-batch-total-tokens", "KV cache capacity in tokens. Default: inferred from free memory.", int),
     Flag("max-waiting-tokens", "Decode steps after which waiting requests are considered.", int, 20),
     Flag("max-batch-size", "Largest number of running requests.", int),
-    Flag("cuda-graphs", "Decode batch sizes to capture as CUDA graphs (comma list; 0 disables). Default: 1,2,4,8,16,32,48,64,96,128,160,192,224,256 up to --max-batch-size.", cuda_graph_sizes),
+    Flag("cuda-graphs", "Decode batch sizes to capture as CUDA graphs (comma list; 0 disables). Default: 1,2,4,8,16,32,48,64,96,128,160,192,224,256,320,384,448,512 up to --max-batch-size.", cuda_graph_sizes),
     Flag("hostname", "IP address to listen on (a non-IP value falls back to 0.0.0.0).", str, "0.0.0.0"),
     Flag("port", "HTTP port.", int, 3000, short="p"),
     Flag("prometheus-port", "Port of the Prometheus-only listener.", int, 9000),

@@ -18,7 +18,9 @@ at each tiling of its SWEEP. The CPU run: a tiny Llama, eager steps, no profile,
 reference. A plain base's decode steps run the folded projections (tgi_compat/modeling/lora/folding.py: the shrink in
 the base GEMM, then the folded expand); --segmented times the segmented shrink and expand instead, the path of
 prefill-sized steps and of int8 / int4 bases. --quantize fp8: the same on an FP8 base (quantized while loading), whose
-decode steps fold A into the FP8 GEMM.
+decode steps fold A into the FP8 GEMM. --prefill TOKENS: one eager prefill step of TOKENS prompt tokens (requests of
+CONTEXT tokens spread over the 8 adapters) base, through the segmented kernels (today's path past FOLD_MAX_TOKENS) and
+through the folded projections, with the two LoRA outputs' difference.
 """
 
 from __future__ import annotations
@@ -33,10 +35,18 @@ import torch
 
 from benchmarks.device.lora_kernels import ADAPTERS, RANK, SWEEP, folded_expand_times, kernel_times, row_slots
 from benchmarks.device.peft_adapters import write_peft_adapter
-from benchmarks.device.steps import build_runner, decode_batch, fill_context, profile_step, random_weights
+from benchmarks.device.steps import (
+    build_runner,
+    decode_batch,
+    fill_context,
+    prefill_batch,
+    profile_step,
+    random_weights,
+)
 from benchmarks.device.timing import log, out_path, timer, write_json
 from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
 from tgi_compat.modeling.forward_batch import ForwardBatch, LoraBatch
+from tgi_compat.modeling.lora import weights as lora_weights
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
 from tgi_compat.modeling.runner import ModelRunner
 
@@ -170,6 +180,37 @@ def measure(model: dict, dtype: str, device: str, row_counts: list[int], reps: i
     return report
 
 
+def prefill_times(model: dict, dtype: str, device: str, tokens: int, reps: int, quantize: str | None) -> dict:
+    """One prefill step of `tokens` tokens (requests of CONTEXT tokens, request i on slot i % 8): base, segmented
+    and folded LoRA (ms), and the folded logits' difference from the segmented ones."""
+    requests, max_len = tokens // CONTEXT, CONTEXT + 8
+    weights = random_weights(model, getattr(torch, dtype), device)
+    runner = build_runner(
+        model, weights, dtype, None, requests, max_len, device, None,
+        max_loras=ADAPTERS, max_lora_rank=RANK, quantize=quantize, max_prefill_tokens=tokens,
+    )  # fmt: skip
+    load_adapters(runner, model, max_len)
+    dev = runner.device
+    wall_ms = timer(dev.type, reps)
+    prompts = torch.randint(0, model["vocab_size"], (requests, CONTEXT)).tolist()
+    batch = prefill_batch(runner, prompts, max_len)
+    spread = row_slots(requests, ADAPTERS).to(dev)
+    fold_max = lora_weights.FOLD_MAX_TOKENS
+    report: dict = dict(tokens=requests * CONTEXT, requests=requests, quantize=quantize, fold_max_tokens=fold_max)
+    logits = {}
+    with torch.inference_mode():
+        for case, slots, limit in (("base", None, fold_max), ("segmented", spread, 0), ("folded", spread, tokens)):
+            lora_weights.FOLD_MAX_TOKENS = limit
+            step = partial(step_on(runner, slots), batch)
+            report[case] = wall_ms(step)
+            logits[case] = step().float().clone()
+        lora_weights.FOLD_MAX_TOKENS = fold_max
+    report["folded_vs_segmented_rel_diff"] = rel_diff(logits["folded"], logits["segmented"])
+    report["lora_vs_base_rel_diff"] = rel_diff(logits["segmented"], logits["base"])
+    log(f"prefill: {report}")
+    return report
+
+
 def table(report: dict) -> str:
     lines = [
         f"ms per decode step{' (FP8 base)' if report['quantize'] else ''} at {report['context']} tokens of context, "
@@ -200,17 +241,30 @@ def main() -> None:
     parser.add_argument("--quantize", choices=("fp8",), default=None, help="an FP8 base, quantized while loading")
     parser.add_argument("--skip-sweep", action="store_true", help="skip the kernels' tiling sweep")
     parser.add_argument(
+        "--prefill", type=int, default=0, metavar="TOKENS", help="only a prefill step: base, segmented and folded"
+    )
+    parser.add_argument(
         "--folded-sweep", action="store_true", help="only the folded expand at each tiling (no model, no steps)"
     )
     args = parser.parse_args()
     if args.segmented:
-        from tgi_compat.modeling.lora import weights
-
-        weights.FOLD_MAX_TOKENS = 0
+        lora_weights.FOLD_MAX_TOKENS = 0
     torch.manual_seed(0)
     on_gpu = args.device == "cuda"
     model, dtype = (LLAMA3_8B, "bfloat16") if on_gpu else (LLAMA3_TINY, "float32")
     row_counts = [int(r) for r in args.rows.split(",")] if on_gpu else [1, ADAPTERS]
+    if args.prefill:
+        tokens = args.prefill if on_gpu else 2 * CONTEXT
+        result = prefill_times(model, dtype, args.device, tokens, args.reps if on_gpu else 1, args.quantize)
+        base = result["base"]
+        print(
+            f"prefill step of {result['tokens']} tokens{' (FP8 base)' if args.quantize else ''}: base {base:.2f} ms, "
+            f"segmented {result['segmented']:.2f} ({result['segmented'] / base:.3f}x), folded {result['folded']:.2f} "
+            f"({result['folded'] / base:.3f}x)",
+            flush=True,
+        )
+        write_json(args.json, dict(prefill=result))
+        return
     if args.folded_sweep:
         sweep = folded_expand_times(model, tuple(row_counts), args.device)
         for result in sweep:

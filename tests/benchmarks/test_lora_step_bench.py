@@ -29,3 +29,11 @@ def test_the_folded_expand_sweep_checks_every_tiling_against_the_reference(tmp_p
     assert [result["rows"] for result in sweep] == [1, 8]
     assert all(len(result["sweep_us"]) == 12 for result in sweep)
     assert "folded expand, 8 rows: best" in done.stdout
+
+
+def test_the_prefill_step_runs_base_segmented_and_folded_with_the_same_lora_output(tmp_path):
+    done = smoke_run("lora_step", tmp_path, "--prefill", "1")
+    prefill = json.loads((tmp_path / "lora_step.json").read_text())["prefill"]
+    assert prefill["tokens"] == 512 and all(prefill[case] > 0 for case in ("base", "segmented", "folded"))
+    assert prefill["lora_vs_base_rel_diff"] > 1e-3 and prefill["folded_vs_segmented_rel_diff"] < 1e-5, prefill
+    assert "prefill step of 512 tokens: base" in done.stdout

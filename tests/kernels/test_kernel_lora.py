@@ -41,7 +41,13 @@ def test_segments_sort_tokens_by_slot_and_leave_base_tokens_out():
 
 @pytest.mark.parametrize(
     "request_slots, q_lens",
-    [([2, -1, 0, 2], [2, 3, 1, 2]), ([1, 1, 1], [1, 1, 1]), ([-1, -1], [4, 1]), ([3, 0, 1, 2, -1], [17, 1, 5, 1, 2])],
+    [
+        ([2, -1, 0, 2], [2, 3, 1, 2]),
+        ([1, 1, 1], [1, 1, 1]),
+        ([-1, -1], [4, 1]),
+        ([3, 0, 1, 2, -1], [17, 1, 5, 1, 2]),
+        ([2, -1, 0], [40, 3, 33]),  # segments of several blocks, an idle slot between them
+    ],
 )
 @pytest.mark.parametrize("size_in", [40, 1000])  # 1000: the shrink splits K in 3 (shrink_split_k), K % 64 != 0
 def test_shrink_and_expand_match_their_references(request_slots, q_lens, size_in):
@@ -126,7 +132,9 @@ def test_shrink_prologues_match_the_model_ops(prologue, size_in):
         torch.testing.assert_close(out, out_ref, **TOL)
 
 
-@pytest.mark.parametrize("slots", [[2, -1, 0, 2, 1], [-1, -1], [3], [i % 5 - 1 for i in range(40)]])
+@pytest.mark.parametrize(
+    "slots", [[2, -1, 0, 2, 1], [-1, -1], [3], [i % 5 - 1 for i in range(40)], [i % 3 * 2 - 1 for i in range(100)]]
+)
 @pytest.mark.parametrize("slice_outs", [(40,), (48, 16, 16), (200, 200)])
 def test_row_wise_expand_of_a_folded_projection_matches_its_reference(slots, slice_outs):
     """The base columns of a widened projection's output plus each LoRA row's shrunk[slot] @ B[slot]^T (base rows:

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
 from tgi_compat.kernels.lora.shrink import Shrunk
-from tgi_compat.kernels.lora.tiles import add_into, segment_rows
+from tgi_compat.kernels.lora.tiles import add_into, block_rows, segment_block, segment_blocks
 from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 # output columns per program, each of which reads its rows' split-K partial sums again: 128 beat 64 and 256 at 1, 8
@@ -28,6 +28,8 @@ def _lora_expand_kernel(
     seg_start_ptr,  # [L] int64
     seg_len_ptr,  # [L] int64
     out_ptr,  # [T, OUT], added into
+    T,
+    L,
     end0,  # slice 0's last output column + 1
     end1,  # slice 1's (fused projections of 2 or 3 parts)
     end2,  # slice 2's
@@ -49,14 +51,12 @@ def _lora_expand_kernel(
     BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the shrink (Hopper)
 ):
-    slot = tl.program_id(1)
-    num_tokens = tl.load(seg_len_ptr + slot)
-    if tl.program_id(0) * BLOCK_M < num_tokens:
-        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m, rows, tokens = segment_rows(order_ptr, seg_start_ptr, slot, offs_m, num_tokens)
+    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, False)
+    if slot >= 0:  # programs past the last block stop here
+        mask_m, rows, tokens = block_rows(order_ptr, first, left, BLOCK_M)
         offs_r = tl.arange(0, BLOCK_R)
         mask_r = offs_r < R
-        offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < out_size
         b = tl.load(
             b_ptr + slot.to(tl.int64) * stride_b_slot + offs_n[None, :] * stride_b_row + offs_r[:, None],
@@ -103,12 +103,12 @@ def lora_expand(
     assert 1 <= len(slice_ends) <= 3 and slice_ends[-1] <= out.shape[1], slice_ends
     ends = (*slice_ends, *[slice_ends[-1]] * (3 - len(slice_ends)))
     block_m = 16
-    grid = (triton.cdiv(out.shape[0], block_m), num_slots, triton.cdiv(slice_ends[-1], block_n))
+    grid = (segment_blocks(out.shape[0], num_slots, block_m), triton.cdiv(slice_ends[-1], block_n))
     partials, sum_sq = shrunk.partials, shrunk.sum_sq
     pdl = use_pdl(out) if pdl is None else pdl
     _lora_expand_kernel[grid](
         partials, partials if sum_sq is None else sum_sq, b, step.token_order, step.seg_start, step.seg_len, out,
-        *ends, slice_ends[-1], rank, partials.shape[0], shrunk.norm_cols, shrunk.eps,
+        out.shape[0], num_slots, *ends, slice_ends[-1], rank, partials.shape[0], shrunk.norm_cols, shrunk.eps,
         partials.stride(0), partials.stride(1), 0 if sum_sq is None else sum_sq.stride(0), b.stride(0), b.stride(1),
         out.stride(0),
         NUM_SLICES=len(slice_ends), NORM=sum_sq is not None, BLOCK_M=block_m,

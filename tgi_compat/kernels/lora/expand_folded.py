@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
+from tgi_compat.kernels.lora.tiles import block_rows, segment_block, segment_blocks
 from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 # output columns per program (x R = 16 ranks: a 4 KB tile of B at bf16), rows per program (tl.dot's least)
@@ -45,26 +46,17 @@ def _lora_expand_folded_kernel(
     BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the base projection (Hopper)
 ):
-    slot = tl.program_id(1)  # L: the base rows' segment
-    is_lora = slot < L
-    lora_slot = tl.minimum(slot, L - 1)
-    last = tl.load(seg_start_ptr + L - 1) + tl.load(seg_len_ptr + L - 1)  # where the base rows start
-    seg_start = tl.where(is_lora, tl.load(seg_start_ptr + lora_slot), last)
-    num_rows = tl.where(is_lora, tl.load(seg_len_ptr + lora_slot), T - last)
-    if tl.program_id(0) * BLOCK_M < num_rows:  # blocks past the segment (most, for idle slots) stop here
-        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < num_rows
-        tokens = tl.load(order_ptr + seg_start + offs_m, mask=mask_m, other=0)
-        offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, True)  # slot L: the base rows
+    if slot >= 0:  # programs past the last block stop here
+        lora_slot = tl.minimum(slot, L - 1)
+        mask_m, _, tokens = block_rows(order_ptr, first, left, BLOCK_M)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         offs_r = tl.arange(0, BLOCK_R)
         mask_r = (offs_r < R) & (offs_r * 0 + slot < L)  # the base segment reads no rank (a vector: the interpreter)
         # B is read before the wait: no kernel of the step writes it
         b = tl.load(
-            b_ptr
-            + tl.minimum(slot, L - 1).to(tl.int64) * stride_b_slot
-            + offs_n[None, :] * stride_b_row
-            + offs_r[:, None],
+            b_ptr + lora_slot.to(tl.int64) * stride_b_slot + offs_n[None, :] * stride_b_row + offs_r[:, None],
             mask=mask_r[:, None] & mask_n[None, :],
             other=0.0,
         )  # [BLOCK_R, BLOCK_N]
@@ -106,7 +98,7 @@ def lora_expand_folded(
     out = torch.empty(num_tokens, n, dtype=full.dtype, device=full.device)
     pdl = use_pdl(full) if pdl is None else pdl
     block_m = EXPAND_FOLDED_BLOCK_M
-    grid = (triton.cdiv(num_tokens, block_m), num_slots + 1, triton.cdiv(n, block_n))
+    grid = (segment_blocks(num_tokens, num_slots + 1, block_m), triton.cdiv(n, block_n))
     _lora_expand_folded_kernel[grid](
         full, step.token_order, step.seg_start, step.seg_len, b, out, num_tokens, num_slots, ends[0], ends[1], n, rank,
         full.stride(0), b.stride(0), b.stride(1),

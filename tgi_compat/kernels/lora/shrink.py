@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
-from tgi_compat.kernels.lora.tiles import prologue_tile, segment_rows
+from tgi_compat.kernels.lora.tiles import block_rows, prologue_tile, segment_block, segment_blocks
 from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 
@@ -72,6 +72,8 @@ def _lora_shrink_kernel(
     out_ptr,  # [SPLIT_K, T, N] float32, rows in sorted order: each split's partial sums
     sum_sq_ptr,  # [SPLIT_K, T] float32 (NORM): each split's sums of squares of its columns of x
     a_scale_ptr,  # [L, N] float32 (A_SCALED): each A row's scale
+    T,
+    L,
     K,
     N,
     stride_x,
@@ -90,13 +92,11 @@ def _lora_shrink_kernel(
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the base projection (Hopper)
 ):
-    slot = tl.program_id(1)
-    num_tokens = tl.load(seg_len_ptr + slot)
-    if tl.program_id(0) * BLOCK_M < num_tokens:  # blocks past the segment (most, for idle slots) stop here
-        pid_n = tl.program_id(2) // SPLIT_K
-        pid_k = tl.program_id(2) % SPLIT_K
-        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m, rows, tokens = segment_rows(order_ptr, seg_start_ptr, slot, offs_m, num_tokens)
+    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, False)
+    if slot >= 0:  # programs past the last block stop here
+        pid_n = tl.program_id(1) // SPLIT_K
+        pid_k = tl.program_id(1) % SPLIT_K
+        mask_m, rows, tokens = block_rows(order_ptr, first, left, BLOCK_M)
         x_rows = x_ptr + tokens[:, None] * stride_x
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
@@ -163,11 +163,11 @@ def lora_shrink(
     norm = norm_weight is not None
     sum_sq = torch.empty(split_k, num_tokens, dtype=torch.float32, device=x.device) if norm else out
     block_m, block_n, block_k = 16, min(64, max(16, triton.next_power_of_2(n))), 64
-    grid = (triton.cdiv(num_tokens, block_m), num_slots, triton.cdiv(n, block_n) * split_k)
+    grid = (segment_blocks(num_tokens, num_slots, block_m), triton.cdiv(n, block_n) * split_k)
     _lora_shrink_kernel[grid](
         x, a, x if norm_weight is None else norm_weight, step.token_order, step.seg_start, step.seg_len, out, sum_sq,
         out if a_scale is None else a_scale,
-        k, n,
+        num_tokens, num_slots, k, n,
         x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1), sum_sq.stride(0),
         0 if a_scale is None else a_scale.stride(0),
         NORM=norm, A_SCALED=a_scale is not None, SILU_MUL=silu_mul,

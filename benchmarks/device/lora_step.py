@@ -19,7 +19,8 @@ reference. A plain base's decode steps run the folded projections (tgi_compat/mo
 the base GEMM, then the folded expand); --segmented times the segmented shrink and expand instead, the path of
 prefill-sized steps and of int8 / int4 bases. --quantize fp8: the same on an FP8 base (quantized while loading), whose
 decode steps fold A into the FP8 GEMM. --prefill TOKENS: one eager prefill step of TOKENS prompt tokens (requests of
-CONTEXT tokens spread over the 8 adapters) base, through the segmented kernels (today's path past FOLD_MAX_TOKENS) and
+CONTEXT tokens spread over the 8 adapters) base, through the segmented kernels (the path of a prefill where the slots' rows are a large share of
+the GEMM) and
 through the folded projections, with the two LoRA outputs' difference.
 """
 
@@ -195,16 +196,18 @@ def prefill_times(model: dict, dtype: str, device: str, tokens: int, reps: int, 
     prompts = torch.randint(0, model["vocab_size"], (requests, CONTEXT)).tolist()
     batch = prefill_batch(runner, prompts, max_len)
     spread = row_slots(requests, ADAPTERS).to(dev)
-    fold_max = lora_weights.FOLD_MAX_TOKENS
-    report: dict = dict(tokens=requests * CONTEXT, requests=requests, quantize=quantize, fold_max_tokens=fold_max)
+    limits = lora_weights.FOLD_MAX_TOKENS, lora_weights.FOLD_ANY_SIZE_MAX_SHARE
+    report: dict = dict(tokens=requests * CONTEXT, requests=requests, quantize=quantize, fold_max_tokens=limits[0])
     logits = {}
     with torch.inference_mode():
-        for case, slots, limit in (("base", None, fold_max), ("segmented", spread, 0), ("folded", spread, tokens)):
-            lora_weights.FOLD_MAX_TOKENS = limit
+        for case, slots, (max_tokens, max_share) in (
+            ("base", None, limits), ("segmented", spread, (0, -1.0)), ("folded", spread, (tokens, -1.0))
+        ):  # fmt: skip
+            lora_weights.FOLD_MAX_TOKENS, lora_weights.FOLD_ANY_SIZE_MAX_SHARE = max_tokens, max_share
             step = partial(step_on(runner, slots), batch)
             report[case] = wall_ms(step)
             logits[case] = step().float().clone()
-        lora_weights.FOLD_MAX_TOKENS = fold_max
+        lora_weights.FOLD_MAX_TOKENS, lora_weights.FOLD_ANY_SIZE_MAX_SHARE = limits
     report["folded_vs_segmented_rel_diff"] = rel_diff(logits["folded"], logits["segmented"])
     report["lora_vs_base_rel_diff"] = rel_diff(logits["segmented"], logits["base"])
     log(f"prefill: {report}")
@@ -248,7 +251,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.segmented:
-        lora_weights.FOLD_MAX_TOKENS = 0
+        lora_weights.FOLD_MAX_TOKENS, lora_weights.FOLD_ANY_SIZE_MAX_SHARE = 0, -1.0
     torch.manual_seed(0)
     on_gpu = args.device == "cuda"
     model, dtype = (LLAMA3_8B, "bfloat16") if on_gpu else (LLAMA3_TINY, "float32")

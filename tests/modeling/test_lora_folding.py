@@ -10,7 +10,7 @@ import torch
 from tgi_compat.modeling.layers.linear import Linear, QKVLinear
 from tgi_compat.modeling.layers.quantization.int8 import Int8LinearMethod
 from tgi_compat.modeling.lora.folding import fold
-from tgi_compat.modeling.lora.weights import FOLD_MAX_TOKENS, LoraWeights
+from tgi_compat.modeling.lora.weights import FOLD_ANY_SIZE_MAX_SHARE, FOLD_MAX_TOKENS, LoraWeights
 
 MAX_LORAS, RANK = 3, 4
 
@@ -23,6 +23,7 @@ def test_a_folded_projection_computes_its_output_and_every_slots_shrink():
     before = proj(x := torch.randn(5, 32))
     lora = LoraWeights(proj, ("q_proj", "k_proj", "v_proj"), MAX_LORAS, RANK)
     twin = lora.folded_for(5)
+    # the slots' rows (36) are more than an eighth of the 64 output rows: a prefill-sized step takes the segmented path
     assert twin is not None and lora.folded_for(FOLD_MAX_TOKENS + 1) is None
     rows = proj.out_features  # 32 + 16 + 16
     assert twin.weight.shape == (rows + MAX_LORAS * 3 * RANK, 32)
@@ -40,3 +41,10 @@ def test_a_quantized_projection_keeps_separate_a_buffers():
     assert fold(proj, MAX_LORAS * RANK) is None
     lora = LoraWeights(proj, ("o_proj",), MAX_LORAS, RANK)
     assert lora.folded is None and lora.folded_for(1) is None and lora.a.shape == (MAX_LORAS, RANK, 32)
+
+
+def test_a_projection_whose_slot_rows_are_a_small_share_folds_at_every_size():
+    proj = QKVLinear(32, num_heads=32, num_kv_heads=16, head_dim=8, bias=False)  # 512 output rows
+    lora = LoraWeights(proj, ("q_proj", "k_proj", "v_proj"), MAX_LORAS, RANK)  # 36 slot rows: 7%
+    assert lora.extra_share <= FOLD_ANY_SIZE_MAX_SHARE
+    assert lora.folded is not None and lora.folded_for(FOLD_MAX_TOKENS + 1) is lora.folded

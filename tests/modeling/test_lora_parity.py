@@ -88,6 +88,8 @@ def test_mixed_batch_matches_each_peft_merged_model(
     from peft import PeftModel
 
     monkeypatch.setattr(lora_weights, "FOLD_MAX_TOKENS", fold_max_tokens)
+    if not fold_max_tokens:
+        monkeypatch.setattr(lora_weights, "FOLD_ANY_SIZE_MAX_SHARE", -1.0)
     assert lora_runner.lora is not None and all(w.folded is not None for w in lora_runner.lora.targets.values())
     tokens, logprobs, prefill = _run_mixed_batch(lora_runner)
     names = list(adapter_folders)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
 from tgi_compat.kernels.lora.shrink import Shrunk
-from tgi_compat.kernels.lora.tiles import add_into, block_rows, segment_block, segment_blocks
+from tgi_compat.kernels.lora.tiles import add_into, block_rows, segment_block, segment_blocks, table_block
 from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 # output columns per program, each of which reads its rows' split-K partial sums again: 128 beat 64 and 256 at 1, 8
@@ -47,11 +47,12 @@ def _lora_expand_kernel(
     NUM_SLICES: tl.constexpr,
     NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BLOCK_L: tl.constexpr,  # segment_block's table width
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the shrink (Hopper)
 ):
-    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, False)
+    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, BLOCK_L, False)
     if slot >= 0:  # programs past the last block stop here
         mask_m, rows, tokens = block_rows(order_ptr, first, left, BLOCK_M)
         offs_r = tl.arange(0, BLOCK_R)
@@ -111,7 +112,7 @@ def lora_expand(
         out.shape[0], num_slots, *ends, slice_ends[-1], rank, partials.shape[0], shrunk.norm_cols, shrunk.eps,
         partials.stride(0), partials.stride(1), 0 if sum_sq is None else sum_sq.stride(0), b.stride(0), b.stride(1),
         out.stride(0),
-        NUM_SLICES=len(slice_ends), NORM=sum_sq is not None, BLOCK_M=block_m,
+        NUM_SLICES=len(slice_ends), NORM=sum_sq is not None, BLOCK_M=block_m, BLOCK_L=table_block(num_slots),
         BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)), USE_PDL=pdl,
         **launch_options(pdl),
     )  # fmt: skip

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
-from tgi_compat.kernels.lora.tiles import block_rows, segment_block, segment_blocks
+from tgi_compat.kernels.lora.tiles import block_rows, segment_block, segment_blocks, table_block
 from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 # output columns per program (x R = 16 ranks: a 4 KB tile of B at bf16), rows per program (tl.dot's least)
@@ -42,11 +42,12 @@ def _lora_expand_folded_kernel(
     stride_b_row,
     NUM_SLICES: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BLOCK_L: tl.constexpr,  # segment_block's table width
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the base projection (Hopper)
 ):
-    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, True)  # slot L: the base rows
+    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, BLOCK_L, True)  # slot L: the base rows
     if slot >= 0:  # programs past the last block stop here
         lora_slot = tl.minimum(slot, L - 1)
         mask_m, _, tokens = block_rows(order_ptr, first, left, BLOCK_M)
@@ -102,7 +103,7 @@ def lora_expand_folded(
     _lora_expand_folded_kernel[grid](
         full, step.token_order, step.seg_start, step.seg_len, b, out, num_tokens, num_slots, ends[0], ends[1], n, rank,
         full.stride(0), b.stride(0), b.stride(1),
-        NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_L=table_block(num_slots + 1), BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)),
         USE_PDL=pdl, num_warps=num_warps, **launch_options(pdl),
     )  # fmt: skip
     return out

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from tgi_compat.kernels.lora.segments import LoraSegments
-from tgi_compat.kernels.lora.tiles import block_rows, prologue_tile, segment_block, segment_blocks
+from tgi_compat.kernels.lora.tiles import block_rows, prologue_tile, segment_block, segment_blocks, table_block
 from tgi_compat.kernels.pdl import launch_options, use_pdl
 
 
@@ -87,12 +87,13 @@ def _lora_shrink_kernel(
     A_SCALED: tl.constexpr,
     SILU_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BLOCK_L: tl.constexpr,  # segment_block's table width
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the base projection (Hopper)
 ):
-    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, False)
+    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, BLOCK_L, False)
     if slot >= 0:  # programs past the last block stop here
         pid_n = tl.program_id(1) // SPLIT_K
         pid_k = tl.program_id(1) % SPLIT_K
@@ -171,7 +172,7 @@ def lora_shrink(
         x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1), sum_sq.stride(0),
         0 if a_scale is None else a_scale.stride(0),
         NORM=norm, A_SCALED=a_scale is not None, SILU_MUL=silu_mul,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, USE_PDL=pdl,
+        BLOCK_M=block_m, BLOCK_L=table_block(num_slots), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, USE_PDL=pdl,
         **launch_options(pdl),
     )  # fmt: skip
     return Shrunk(out, sum_sq, k, prologue.eps) if norm else Shrunk(out)

@@ -47,7 +47,8 @@ def _lora_expand_folded_kernel(
     BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of the base projection (Hopper)
 ):
-    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, BLOCK_L, True)  # slot L: the base rows
+    # slot L: the base rows
+    slot, first, left = segment_block(seg_start_ptr, seg_len_ptr, L, T, BLOCK_M, BLOCK_L, True)
     if slot >= 0:  # programs past the last block stop here
         lora_slot = tl.minimum(slot, L - 1)
         mask_m, _, tokens = block_rows(order_ptr, first, left, BLOCK_M)
@@ -103,8 +104,8 @@ def lora_expand_folded(
     _lora_expand_folded_kernel[grid](
         full, step.token_order, step.seg_start, step.seg_len, b, out, num_tokens, num_slots, ends[0], ends[1], n, rank,
         full.stride(0), b.stride(0), b.stride(1),
-        NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_L=table_block(num_slots + 1), BLOCK_N=block_n, BLOCK_R=max(16, triton.next_power_of_2(rank)),
-        USE_PDL=pdl, num_warps=num_warps, **launch_options(pdl),
+        NUM_SLICES=len(slice_ends), BLOCK_M=block_m, BLOCK_L=table_block(num_slots + 1), BLOCK_N=block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)), USE_PDL=pdl, num_warps=num_warps, **launch_options(pdl),
     )  # fmt: skip
     return out
 

@@ -172,8 +172,8 @@ def lora_shrink(
         x.stride(0), a.stride(0), a.stride(1), out.stride(0), out.stride(1), sum_sq.stride(0),
         0 if a_scale is None else a_scale.stride(0),
         NORM=norm, A_SCALED=a_scale is not None, SILU_MUL=silu_mul,
-        BLOCK_M=block_m, BLOCK_L=table_block(num_slots), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, USE_PDL=pdl,
-        **launch_options(pdl),
+        BLOCK_M=block_m, BLOCK_L=table_block(num_slots), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+        USE_PDL=pdl, **launch_options(pdl),
     )  # fmt: skip
     return Shrunk(out, sum_sq, k, prologue.eps) if norm else Shrunk(out)
 

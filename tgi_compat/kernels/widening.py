@@ -1,7 +1,7 @@
 """Tuned-config lookups for projections widened by LoRA: a folded projection (tgi_compat/modeling/lora/folding.py)
 stacks every slot's A under its weight, 8 slots of r = 16 adding 6% to Llama-3-8B's q|k|v and 3% to o. Where measured
-faster (the 1-byte GEMV: tgi_compat/kernels/gemv/config.py), such a shape keeps its base shape's config (the same K, a
-few more output rows) rather than a rule of thumb's."""
+faster (the 1-byte GEMV: tgi_compat/kernels/gemv/config.py; the FP8 GEMM: tgi_compat/kernels/quant/fp8_gemm.py), such a
+shape keeps its base shape's config (the same K, a few more output rows) rather than a rule of thumb's."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl mixed lora lora-step lora-step-folded lora-step-segmented vl vision diverse diverse32 diverse64 diverse64-profile spec eagle3 (itl: the
+# Parts: tests-a tests-b plain itl mixed lora lora-step lora-step-folded lora-step-segmented vl vl-profile vision diverse diverse32 diverse64 diverse64-profile spec eagle3 (itl: the
 # plain rows, then at --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same
 # call: it reuses spec's plain rows; diverse64: 512 rows, where attention is the larger share of a step).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
@@ -39,6 +39,10 @@ for name in "$@"; do
     lora-step-folded) part lora-step 120 python3 -m benchmarks.device.lora_step --skip-sweep ;;
     lora-step-segmented) segmented_step 120 ;;
     vl) part vl 270 python3 -m benchmarks.device.qwen_vl ;;
+    vl-profile)  # the images phase's forward steps 4-7 (after the warm-up's 2) under the profiler: the .txt comes back
+      part vl-profile 270 env TGI_PROFILE_DIR="$OUT/vlprof" TGI_PROFILE_STEPS=4:4 \
+        python3 -m benchmarks.device.qwen_vl --skip-plain
+      find "$OUT/vlprof" -name '*.json.gz' -delete ;;
     vision) part vision 200 python3 -m benchmarks.device.vision_encoder ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;

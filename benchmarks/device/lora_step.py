@@ -16,11 +16,10 @@ between the two, which says what spread - base is made of (shrink/expand, the se
 tgi_compat/modeling/lora/step.py, others). Last, the shrink and expand alone (benchmarks/device/lora_kernels.py)
 at each tiling of its SWEEP. The CPU run: a tiny Llama, eager steps, no profile, the sweep checked against the
 reference. A plain base's decode steps run the folded projections (tgi_compat/modeling/lora/folding.py: the shrink in
-the base GEMM, then the folded expand); --segmented times the segmented shrink and expand instead, the path of
-prefill-sized steps and of int8 / int4 bases. --quantize fp8: the same on an FP8 base (quantized while loading), whose
-decode steps fold A into the FP8 GEMM. --prefill TOKENS: one eager prefill step of TOKENS prompt tokens (requests of
-CONTEXT tokens spread over the 8 adapters) base, through the segmented kernels (the path of a prefill where the slots' rows are a large share of
-the GEMM) and
+the base GEMM, then the folded expand); --segmented times the segmented shrink and expand instead, the path of int8 /
+int4 bases and of prefills where the slots' A rows are a large share. --quantize fp8: the same on an FP8 base
+(quantized while loading), whose decode steps fold A into the FP8 GEMM. --prefill TOKENS: one eager prefill step of
+TOKENS prompt tokens (requests of CONTEXT tokens spread over the 8 adapters) base, through the segmented kernels and
 through the folded projections, with the two LoRA outputs' difference.
 """
 
@@ -238,8 +237,7 @@ def main() -> None:
     parser.add_argument(
         "--segmented",
         action="store_true",
-        help="decode steps through the segmented shrink and expand (prefill-sized steps' and int8 / int4 bases' path), "
-        "not the folded projections",
+        help="decode steps through the segmented shrink and expand (int8 / int4 bases' path), not the folded projections",
     )
     parser.add_argument("--quantize", choices=("fp8",), default=None, help="an FP8 base, quantized while loading")
     parser.add_argument("--skip-sweep", action="store_true", help="skip the kernels' tiling sweep")

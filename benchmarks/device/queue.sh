@@ -17,7 +17,7 @@ part() {  # name seconds command...
   echo "== $name rc $?" >> "$OUT/$name.log"
   tail -25 "$OUT/$name.log"
 }
-segmented_step() {  # seconds: the LoRA decode step through the segmented kernels alone (prefill's, int8/int4's path)
+segmented_step() {  # seconds: the LoRA decode step through the segmented kernels alone (int8/int4's path)
   part lora-step-segmented "$1" python3 -m benchmarks.device.lora_step --segmented --skip-sweep \
     --json "$OUT/lora_step_segmented.json"
 }

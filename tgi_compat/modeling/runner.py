@@ -366,7 +366,7 @@ class ModelRunner:
         """The CUDA graphs' logits: each bucket's output stays allocated in the graph pool (float32 counted, as
         where a family soft-caps). Decode graphs (twice with LoRA: its steps have graphs of their own) and, with
         speculation on, the verify graphs of each draft length."""
-        if self.device.type != "cuda" or self.modeling_path != NATIVE or self.is_pooling:
+        if self.modeling_path != NATIVE or self.is_pooling:  # (no graphs: runner.py captures for neither)
             return 0
         decode = resolve_batch_sizes(self.cfg.cuda_graph_batch_sizes, False, self.cfg.max_rows)
         rows = sum(decode) * (2 if self.cfg.max_loras else 1)

@@ -73,7 +73,8 @@ async def test_error_bodies(http):
     response = await http.post("/v1/chat/completions", json={"messages": QUESTION, "logit_bias": {"1": 2.0}})
     assert (response.status_code, response.headers["content-type"]) == (422, "text/plain; charset=utf-8")
     assert response.text.startswith("Failed to deserialize the JSON body into the target type: logit_bias:")
-    grammar = {"type": "json", "value": {"properties": {"a": {"type": "string"}}}}
+    # a bounded string: an unbounded one can be sampled past the token budget and stop unterminated
+    grammar = {"type": "json", "value": {"properties": {"a": {"type": "string", "maxLength": 8}}}}
     response = await http.post(
         "/v1/chat/completions", json={"messages": QUESTION, "response_format": grammar, "tools": []}
     )
@@ -82,8 +83,10 @@ async def test_error_bodies(http):
         {"error": "Tool error: Grammar and tools are mutually exclusive", "error_type": "tool_error"},
     )
     # response_format is built (structured output): the answer is JSON of the schema, not an error
-    response = await http.post("/v1/chat/completions", json={"messages": QUESTION, "response_format": grammar})
-    assert response.status_code == 200
+    response = await http.post(
+        "/v1/chat/completions", json={"messages": QUESTION, "response_format": grammar, "max_tokens": 32}
+    )
+    assert response.status_code == 200 and response.json()["choices"][0]["finish_reason"] == "stop"
     answer = json.loads(response.json()["choices"][0]["message"]["content"])
     assert isinstance(answer, dict) and set(answer) <= {"a"} and all(isinstance(v, str) for v in answer.values())
     response = await http.post("/v1/completions", json={"prompt": ["a"] * 5})

@@ -46,8 +46,8 @@ from benchmarks.device.steps import (
 from benchmarks.device.timing import log, out_path, timer, write_json
 from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
 from tgi_compat.modeling.forward_batch import ForwardBatch, LoraBatch
-from tgi_compat.modeling.lora import weights as lora_weights
 from tgi_compat.modeling.lora.adapter import load_peft_adapter
+from tgi_compat.modeling.lora.weights import ALWAYS_FOLD, DEFAULT_FOLDING, NEVER_FOLD, folding_policy
 from tgi_compat.modeling.runner import ModelRunner
 
 CONTEXT = 256
@@ -195,18 +195,17 @@ def prefill_times(model: dict, dtype: str, device: str, tokens: int, reps: int, 
     prompts = torch.randint(0, model["vocab_size"], (requests, CONTEXT)).tolist()
     batch = prefill_batch(runner, prompts, max_len)
     spread = row_slots(requests, ADAPTERS).to(dev)
-    limits = lora_weights.FOLD_MAX_TOKENS, lora_weights.FOLD_ANY_SIZE_MAX_SHARE
-    report: dict = dict(tokens=requests * CONTEXT, requests=requests, quantize=quantize, fold_max_tokens=limits[0])
+    report: dict = dict(tokens=requests * CONTEXT, requests=requests, quantize=quantize)
     logits = {}
+    cases = (
+        ("base", None, DEFAULT_FOLDING), ("segmented", spread, NEVER_FOLD), ("folded", spread, ALWAYS_FOLD)
+    )  # fmt: skip
     with torch.inference_mode():
-        for case, slots, (max_tokens, max_share) in (
-            ("base", None, limits), ("segmented", spread, (0, -1.0)), ("folded", spread, (tokens, -1.0))
-        ):  # fmt: skip
-            lora_weights.FOLD_MAX_TOKENS, lora_weights.FOLD_ANY_SIZE_MAX_SHARE = max_tokens, max_share
-            step = partial(step_on(runner, slots), batch)
-            report[case] = wall_ms(step)
-            logits[case] = step().float().clone()
-        lora_weights.FOLD_MAX_TOKENS, lora_weights.FOLD_ANY_SIZE_MAX_SHARE = limits
+        for case, slots, policy in cases:
+            with folding_policy(policy):
+                step = partial(step_on(runner, slots), batch)
+                report[case] = wall_ms(step)
+                logits[case] = step().float().clone()
     report["folded_vs_segmented_rel_diff"] = rel_diff(logits["folded"], logits["segmented"])
     report["lora_vs_base_rel_diff"] = rel_diff(logits["segmented"], logits["base"])
     log(f"prefill: {report}")
@@ -248,8 +247,11 @@ def main() -> None:
         "--folded-sweep", action="store_true", help="only the folded expand at each tiling (no model, no steps)"
     )
     args = parser.parse_args()
-    if args.segmented:
-        lora_weights.FOLD_MAX_TOKENS, lora_weights.FOLD_ANY_SIZE_MAX_SHARE = 0, -1.0
+    with folding_policy(NEVER_FOLD if args.segmented else DEFAULT_FOLDING):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     on_gpu = args.device == "cuda"
     model, dtype = (LLAMA3_8B, "bfloat16") if on_gpu else (LLAMA3_TINY, "float32")

@@ -10,7 +10,7 @@ import torch
 from tgi_compat.modeling.layers.linear import Linear, QKVLinear
 from tgi_compat.modeling.layers.quantization.int8 import Int8LinearMethod
 from tgi_compat.modeling.lora.folding import fold
-from tgi_compat.modeling.lora.weights import FOLD_ANY_SIZE_MAX_SHARE, FOLD_MAX_TOKENS, LoraWeights
+from tgi_compat.modeling.lora.weights import DEFAULT_FOLDING, LoraWeights
 
 MAX_LORAS, RANK = 3, 4
 
@@ -24,7 +24,7 @@ def test_a_folded_projection_computes_its_output_and_every_slots_shrink():
     lora = LoraWeights(proj, ("q_proj", "k_proj", "v_proj"), MAX_LORAS, RANK)
     twin = lora.folded_for(5)
     # the slots' rows (36) are more than an eighth of the 64 output rows: a prefill-sized step takes the segmented path
-    assert twin is not None and lora.folded_for(FOLD_MAX_TOKENS + 1) is None
+    assert twin is not None and lora.folded_for(DEFAULT_FOLDING.max_tokens + 1) is None
     rows = proj.out_features  # 32 + 16 + 16
     assert twin.weight.shape == (rows + MAX_LORAS * 3 * RANK, 32)
     assert proj.weight.data_ptr() == twin.weight.data_ptr() and proj.bias.data_ptr() == twin.bias.data_ptr()
@@ -46,5 +46,5 @@ def test_a_quantized_projection_keeps_separate_a_buffers():
 def test_a_projection_whose_slot_rows_are_a_small_share_folds_at_every_size():
     proj = QKVLinear(32, num_heads=32, num_kv_heads=16, head_dim=8, bias=False)  # 512 output rows
     lora = LoraWeights(proj, ("q_proj", "k_proj", "v_proj"), MAX_LORAS, RANK)  # 36 slot rows: 7%
-    assert lora.extra_share <= FOLD_ANY_SIZE_MAX_SHARE
-    assert lora.folded is not None and lora.folded_for(FOLD_MAX_TOKENS + 1) is lora.folded
+    assert lora.extra_share <= DEFAULT_FOLDING.max_share
+    assert lora.folded is not None and lora.folded_for(DEFAULT_FOLDING.max_tokens + 1) is lora.folded

@@ -62,8 +62,7 @@ def test_the_fp8_folded_shrink_is_as_close_to_peft_as_a_float32_shrink_on_the_sa
     from peft import PeftModel
 
     folded = prefill_rows(fp8_lora_runner(adapter_folders, exact_a=False))  # 20 tokens: the folded projections
-    monkeypatch.setattr(lora_weights, "FOLD_MAX_TOKENS", 0)
-    monkeypatch.setattr(lora_weights, "FOLD_ANY_SIZE_MAX_SHARE", -1.0)
+    monkeypatch.setattr(lora_weights, "folding", lora_weights.NEVER_FOLD)
     exact = prefill_rows(fp8_lora_runner(adapter_folders, exact_a=True))  # the segmented shrink, float32, exact A
     names = list(adapter_folders)
     peft_model = PeftModel.from_pretrained(copy.deepcopy(smollm2_hf_model), str(adapter_folders[names[0]]), names[0])

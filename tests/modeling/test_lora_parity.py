@@ -81,15 +81,15 @@ def _run_mixed_batch(runner: ModelRunner) -> tuple[list[list[int]], list[list[fl
 
 # the folded projections (the shrink in the base matmul, the folded expand: every step here is decode-sized), and
 # the segmented shrink and expand that quantized bases and prefill-sized steps take
-@pytest.mark.parametrize("fold_max_tokens", [lora_weights.FOLD_MAX_TOKENS, 0], ids=["folded", "segmented"])
+@pytest.mark.parametrize(
+    "folding", [lora_weights.DEFAULT_FOLDING, lora_weights.NEVER_FOLD], ids=["folded", "segmented"]
+)
 def test_mixed_batch_matches_each_peft_merged_model(
-    lora_runner, smollm2_hf_model, adapter_folders, fold_max_tokens, monkeypatch
+    lora_runner, smollm2_hf_model, adapter_folders, folding, monkeypatch
 ):
     from peft import PeftModel
 
-    monkeypatch.setattr(lora_weights, "FOLD_MAX_TOKENS", fold_max_tokens)
-    if not fold_max_tokens:
-        monkeypatch.setattr(lora_weights, "FOLD_ANY_SIZE_MAX_SHARE", -1.0)
+    monkeypatch.setattr(lora_weights, "folding", folding)
     assert lora_runner.lora is not None and all(w.folded is not None for w in lora_runner.lora.targets.values())
     tokens, logprobs, prefill = _run_mixed_batch(lora_runner)
     names = list(adapter_folders)

@@ -10,6 +10,9 @@ run; over FP8 its rows are quantized per row when staged, each with its scale.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,12 +27,35 @@ from tgi_compat.modeling.lora.folding import fold
 from tgi_compat.modeling.lora.step import LoraStep
 from tgi_compat.modeling.parallel import Slice
 
-# The most tokens a step runs through a folded projection (decode batches; a CUDA graph's size decides it once)...
-FOLD_MAX_TOKENS = 256
-# ... unless the slots' A rows add at most this share to its output rows: then every step folds. A 4096-token prefill
-# of an FP8 Llama-3-8B with 8 slots of r = 16 (the rows add 1-6%): 1.20x its base step folded, 1.45x through the
-# segmented kernels (H100, session 29).
-FOLD_ANY_SIZE_MAX_SHARE = 1 / 8
+
+@dataclass(frozen=True, slots=True)
+class FoldPolicy:
+    """Which steps run a folded projection (the slots' A under the base weight, then `expand_folded`) rather than the
+    base projection and the segmented shrink and expand."""
+
+    max_tokens: int  # steps of at most this many tokens fold (decode batches: a CUDA graph's size decides it once)
+    max_share: float  # steps of any size fold where the slots' A rows add at most this share to the output rows
+
+    def folds(self, num_tokens: int, extra_share: float) -> bool:
+        return num_tokens <= self.max_tokens or extra_share <= self.max_share
+
+
+# A 4096-token prefill of an FP8 Llama-3-8B with 8 slots of r = 16 (the rows add 1-6%): 1.20x its base step folded,
+# 1.45x through the segmented kernels (H100, session 29).
+DEFAULT_FOLDING = FoldPolicy(max_tokens=256, max_share=1 / 8)
+NEVER_FOLD = FoldPolicy(max_tokens=0, max_share=-1.0)  # the segmented kernels at every size, as int8 / int4 bases
+ALWAYS_FOLD = FoldPolicy(max_tokens=sys.maxsize, max_share=float("inf"))
+folding = DEFAULT_FOLDING  # what `LoraWeights.folded_for` applies; benchmarks and tests swap it (`folding_policy`)
+
+
+@contextmanager
+def folding_policy(policy: FoldPolicy) -> Iterator[None]:
+    global folding
+    previous, folding = folding, policy
+    try:
+        yield
+    finally:
+        folding = previous
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +158,7 @@ class LoraWeights:
         """The widened twin a step of `num_tokens` runs instead of the projection (then `expand_folded`), None where
         it takes the base projection and `add_to`: a base that does not fold (folding.fold), or prefill sizes where
         the slots' A rows are a large share of the GEMM (every token runs through every slot's rows)."""
-        return self.folded if num_tokens <= FOLD_MAX_TOKENS or self.extra_share <= FOLD_ANY_SIZE_MAX_SHARE else None
+        return self.folded if folding.folds(num_tokens, self.extra_share) else None
 
     def expand_folded(self, full: torch.Tensor, step: LoraStep) -> torch.Tensor:
         """The twin's output [T, out + shrunk] -> [T, out]: each LoRA row's base plus shrunk[slot] @ B^T."""

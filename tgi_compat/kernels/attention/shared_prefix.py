@@ -12,7 +12,9 @@ flash-decoding (decode.py) reads those P keys once per sibling. Here a step's ro
 (tgi_compat.modeling.forward_batch.PrefixGroups.) Its shape is fixed by the batch size, so a CUDA graph captured
 once replays any grouping.
 
-One launch, two kinds of program (a KV head each), the long ones first:
+One launch, two kinds of program (a KV head each), the long ones first: the grid is one-dimensional, every prefix
+program of every KV head numbered before any suffix program (blocks start in the order of their index; on a grid
+of (programs, KV heads) the last heads' prefix programs started behind the first heads' suffixes and ran at the tail):
 - prefix: (split of [0, P), group slot s) takes the groups s, s + slots, ... and stacks each one's G_MAX rows x GQA
   query heads on the M side of one tl.dot (decode.py's `_attend_split`): each prefix KV block is read once for the
   group. Sized for full groups (`group_slots`, `choose_prefix_splits`); smaller groups only loop more.
@@ -175,6 +177,7 @@ def _shared_prefix_kernel(
     stride_ms,
     stride_lb,
     stride_lh,
+    KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per KV head
     G_MAX: tl.constexpr,  # rows per group at most
     M_PAD: tl.constexpr,  # G_MAX * GROUP rounded up to a power of two, >= 16 (the M side of tl.dot)
@@ -187,10 +190,11 @@ def _shared_prefix_kernel(
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr = 0.0,
 ):
-    """Programs [0, prefix_slots x num_prefix_splits) take prefixes, the rest suffixes: one launch, so the suffix
-    programs fill the SMs that the prefix's leave at its tail."""
-    pid = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    """Programs [0, prefix_slots x num_prefix_splits x KV heads) take prefixes, the rest suffixes: one launch, so the
+    suffix programs fill the SMs that the prefix's leave at its tail. The KV head varies fastest."""
+    program = tl.program_id(0)
+    kv_head = program % KV_HEADS
+    pid = program // KV_HEADS
     queries = (q_ptr, stride_qb, stride_qh, scale)
     cache = (k_cache_ptr, v_cache_ptr, stride_ks, stride_kh, stride_vs, stride_vh, kv_head)
     tables = (req_to_token_ptr, stride_rt, req_rows_ptr, table_ptr, stride_gb)
@@ -311,9 +315,10 @@ def shared_prefix_decode_attention(
     scratch = (*mid_out.stride()[:3], *mid_lse.stride()[:2])
     prefix_slots = prefix_slots or group_slots(batch, group_max)
     programs = prefix_slots * num_prefix_splits + batch * num_splits
-    _shared_prefix_kernel[(programs, num_kv_heads)](
+    _shared_prefix_kernel[(programs * num_kv_heads,)](
         q, k_cache, v_cache, req_to_token, req_rows, kv_lens, table, mid_out, mid_lse,
         scale, num_splits, num_prefix_splits, batch, prefix_slots, *common, table.stride(0), *scratch,
+        KV_HEADS=num_kv_heads,
         GROUP=group,
         G_MAX=group_max,
         M_PAD=max(16, triton.next_power_of_2(group_max * group)),

@@ -53,8 +53,8 @@ for name in "$@"; do
         (cd .branches/old && part diverse-kernel-old 120 env PYTHONPATH="$PWD:/tmp/site" python3 -m benchmarks.device.diverse \
           --skip-check --skip-engine --groups 32,64 --engine-groups 0)
       fi
-      part diverse-kernel-new 120 python3 -m benchmarks.device.diverse --skip-check --skip-engine --groups 32,64 \
-        --engine-groups 0 ;;
+      part diverse-kernel-new 180 python3 -m benchmarks.device.diverse --skip-check --skip-engine --groups 32,64 \
+        --engine-groups 64 ;;  # (this tree's with the split / stage / tiling sweep at 64 groups)
     lora-fp8) part lora-step-fp8 150 python3 -m benchmarks.device.lora_step --quantize fp8 --skip-sweep --rows 1,64 \
                 --json "$OUT/lora_step_fp8.json"
               part lora-fp8 200 python3 -m benchmarks.device.lora --fp8-only ;;

@@ -83,7 +83,12 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
 
     from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
     from tgi_compat.kernels.attention.shared_prefix import choose_prefix_splits, shared_prefix_decode_attention
-    from tgi_compat.modeling.attention.triton_backend import MAX_DECODE_SPLITS, SHARED_PREFIX_BLOCK_N
+    from tgi_compat.modeling.attention.triton_backend import (
+        MAX_DECODE_SPLITS,
+        SHARED_PREFIX_BLOCK_N,
+        SHARED_PREFIX_GROUP_SUFFIX,
+        SHARED_PREFIX_STAGES,
+    )
 
     q, k_cache, v_cache, r2t, rows, kv_lens, groups_table = kernel_rows(groups, prefix_len, heads, device)
     batch, num_kv_heads, head_dim = q.shape[0], heads[1], heads[2]
@@ -101,24 +106,36 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
 
     def shared(
         num_prefix_splits: int = prefix_splits,
-        num_stages: int = 2,
+        num_stages: int = SHARED_PREFIX_STAGES,
         prefix_block_n: int = shared_block_n,
         warps: int = 4,
+        group_suffix: bool = SHARED_PREFIX_GROUP_SUFFIX,
     ) -> None:
         shared_prefix_decode_attention(
             q, k_cache, v_cache, r2t, rows, kv_lens, groups_table, scale, splits, num_prefix_splits, out=shared_out,
             block_n=shared_block_n, prefix_block_n=prefix_block_n, num_warps=warps, num_stages=num_stages,
+            group_suffix=group_suffix,
         )  # fmt: skip
 
+    def rel_diff() -> float:
+        return ((today_out.float() - shared_out.float()).norm() / today_out.float().norm()).item()
+
     today()
+    # the kernel's other form (the group programs reading their members' own keys, or not), then the backend's
+    other = not SHARED_PREFIX_GROUP_SUFFIX
+    shared(group_suffix=other)
+    other_diff = rel_diff()
     shared()
-    diff = (today_out.float() - shared_out.float()).norm() / today_out.float().norm()
-    result = dict(groups=groups, rows=batch, splits=splits, prefix_splits=prefix_splits, rel_diff=diff.item())
+    result = dict(
+        groups=groups, rows=batch, splits=splits, prefix_splits=prefix_splits, rel_diff=rel_diff(),
+        group_suffix=SHARED_PREFIX_GROUP_SUFFIX, other_form_rel_diff=other_diff, stages=SHARED_PREFIX_STAGES,
+    )  # fmt: skip
     if device == "cuda":
         from benchmarks.device.timing import graph_ms
 
         result["today_us"] = 1e3 * graph_ms(today)
         result["shared_us"] = 1e3 * graph_ms(shared)
+        result["other_form_us"] = 1e3 * graph_ms(lambda: shared(group_suffix=other))
         result["speedup"] = result["today_us"] / result["shared_us"]
         # what the shared-prefix kernel must read: each group's prefix once, each row's own keys (K and V)
         keys = groups * prefix_len + int((kv_lens - prefix_len).sum())
@@ -126,9 +143,11 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
         if sweep:  # 4: last session's count at 8 groups
             counts = sorted({3, 4, 6, 8, 9, prefix_splits, 12, 16, 24, 32} & set(range(1, room + 1)))
             result["sweep_us"] = {
-                f"{n}/stages{stages}": 1e3 * graph_ms(lambda n=n, stages=stages: shared(n, stages))
+                f"{n}/stages{stages}{'/group-suffix' if fused else ''}": 1e3
+                * graph_ms(lambda n=n, stages=stages, fused=fused: shared(n, stages, group_suffix=fused))
                 for n in counts
                 for stages in (2, 3)
+                for fused in (False, True)
             }
             # wider prefix key blocks and more warps: more bytes in flight per program
             for n in sorted({prefix_splits, 4, 8} & set(range(1, room + 1))):
@@ -266,8 +285,13 @@ def table(kernels: list[dict], engines: list[dict]) -> str:
             row += f"shared-prefix reads at {k['shared_tb_s']:.2f} TB/s) "
             row += f"| {k['today_us']:.1f} | {k['shared_us']:.1f} | {k['speedup']:.2f}x | - | - |"
             lines.append(row)
-        for config, us in k.get("sweep_us", {}).items():  # prefix splits / pipeline stages
-            chosen = " (chosen)" if config == f"{k['prefix_splits']}/stages2" else ""
+            form = "suffix programs" if k["group_suffix"] else "group programs reading their members' own keys"
+            row = f"| attention, {k['groups']} groups, the other form ({form}) (us) "
+            row += f"| {k['today_us']:.1f} | {k['other_form_us']:.1f} | {k['today_us'] / k['other_form_us']:.2f}x | - | - |"
+            lines.append(row)
+        chosen_config = f"{k['prefix_splits']}/stages{k['stages']}" + ("/group-suffix" if k["group_suffix"] else "")
+        for config, us in k.get("sweep_us", {}).items():  # prefix splits / pipeline stages / form
+            chosen = " (chosen)" if config == chosen_config else ""
             row = f"| attention, {k['groups']} groups, prefix splits/stages {config}{chosen} (us) "
             lines.append(row + f"| {k['today_us']:.1f} | {us:.1f} | {k['today_us'] / us:.2f}x | - | - |")
     off = {e["rows"]: e for e in engines if not e["diverse"]}

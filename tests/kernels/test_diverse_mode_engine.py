@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tgi_compat.modeling.attention import triton_backend
 from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 from tgi_compat.router.config import EngineConfig
@@ -55,6 +56,22 @@ def generate(weights, diverse: bool, sampling: list[SamplingParams]) -> tuple[li
 
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "seeded"])
 def test_diverse_mode_gives_the_same_tokens_and_groups_the_siblings(tiny_weights, do_sample):
+    _same_tokens_and_grouped(tiny_weights, do_sample)
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["partials", "final"])
+def test_group_programs_reading_their_members_own_keys_give_the_same_tokens(tiny_weights, final, monkeypatch):
+    """The kernel's other form (shared_prefix.py's group_suffix) over seeded siblings and a stranger: the backend's
+    prefix splits (2 here: partials and stage 2), and one (outputs written final, as at 64 groups on an H100)."""
+    monkeypatch.setattr(triton_backend, "SHARED_PREFIX_GROUP_SUFFIX", True)
+    if final:  # (before the runner sizes its scratch by it)
+        monkeypatch.setattr(
+            TritonAttentionBackend, "_prefix_splits", lambda self, batch: int(self.prefix_group_max > 0)
+        )
+    _same_tokens_and_grouped(tiny_weights, do_sample=True)
+
+
+def _same_tokens_and_grouped(tiny_weights, do_sample: bool) -> None:
     # seeded siblings: one seed each, as the server gives n siblings
     sampling = [
         SamplingParams(do_sample=do_sample, seed=5 + i, temperature=1.3 if do_sample else 1.0) for i in range(5)

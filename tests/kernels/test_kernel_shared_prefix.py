@@ -66,8 +66,9 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         (2, [5, 4], [1], 3, 8),  # more prefix splits than the prefix has blocks
     ],
 )
+@pytest.mark.parametrize("group_suffix", [False, True], ids=["suffix-programs", "group-suffix"])
 def test_shared_prefix_matches_references(
-    group: int, group_sizes: list[int], loners: list[int], splits: int, prefix_splits: int
+    group: int, group_sizes: list[int], loners: list[int], splits: int, prefix_splits: int, group_suffix: bool
 ):
     num_kv_heads = 2
     suffix_lens = [1, 18, 3, 0, 33, 2, 7, 1, 5]  # ragged, one empty (the prefix alone)
@@ -79,7 +80,12 @@ def test_shared_prefix_matches_references(
     q = torch.randn(batch, num_kv_heads * group, HEAD_DIM, generator=gen)
     args = (q, k_cache, v_cache, r2t, rows, kv_lens, prefix.table, 0.3)
     out = shared_prefix_decode_attention(
-        *args, num_splits=splits, num_prefix_splits=prefix_splits, block_n=16, prefix_block_n=16
+        *args,
+        num_splits=splits,
+        num_prefix_splits=prefix_splits,
+        block_n=16,
+        prefix_block_n=16,
+        group_suffix=group_suffix,
     )
     ref = shared_prefix_decode_ref(*args)
     assert relative_error(out, ref) < 1e-5
@@ -97,16 +103,36 @@ def test_shared_prefix_matches_references(
         (5, 1),
     ],
 )
-def test_shared_prefix_split_counts_and_group_slots(prefix_splits: int, prefix_slots: int):
+@pytest.mark.parametrize("group_suffix", [False, True], ids=["suffix-programs", "group-suffix"])
+def test_shared_prefix_split_counts_and_group_slots(prefix_splits: int, prefix_slots: int, group_suffix: bool):
     """Every split count the backend may pick (choose_prefix_splits) and every number of group programs (each takes
-    every slots-th group), over groups of 3 and 5 and a row in no group."""
+    every slots-th group), over groups of 3 and 5 and a row in no group. With group_suffix and one prefix split, the
+    outputs are written final (no partials, no stage 2)."""
     k_cache, v_cache, r2t, rows, kv_lens, groups = sibling_batch(37, [3, 5], [21], [4, 1, 0, 9, 2, 16, 3, 1], 2, 8)
     batch = kv_lens.shape[0]
     table = torch.tensor(PrefixGroups.rows(groups, batch, group_max=8), dtype=torch.int64)
     q = torch.randn(batch, 4, HEAD_DIM, generator=torch.Generator().manual_seed(4))
     args = (q, k_cache, v_cache, r2t, rows, kv_lens, table, 0.3)
     out = shared_prefix_decode_attention(
-        *args, 1, prefix_splits, block_n=16, prefix_block_n=16, prefix_slots=prefix_slots
+        *args, 1, prefix_splits, block_n=16, prefix_block_n=16, prefix_slots=prefix_slots, group_suffix=group_suffix
+    )
+    assert relative_error(out, shared_prefix_decode_ref(*args)) < 1e-5
+
+
+@pytest.mark.parametrize(("splits", "prefix_splits"), [(1, 1), (2, 3)], ids=["final", "partials"])
+@pytest.mark.parametrize("suffix_programs", [1, 3, 100])
+def test_group_suffix_takes_rows_in_turn(splits: int, prefix_splits: int, suffix_programs: int):
+    """With the group programs reading their members' own keys, the suffix programs take the (row, split)s in turn:
+    one program for every row, a few, or more programs than work (the extra ones idle). Rows in no group of every
+    length, among groups whose members' own keys are empty, a block or several."""
+    lens = [0, 16, 17, 1, 40, 33, 2, 15]
+    k_cache, v_cache, r2t, rows, kv_lens, groups = sibling_batch(21, [4, 4], [3, 50, 16], lens, 2, 5)
+    batch = kv_lens.shape[0]
+    table = torch.tensor(PrefixGroups.rows(groups, batch, group_max=8), dtype=torch.int32)
+    q = torch.randn(batch, 8, HEAD_DIM, generator=torch.Generator().manual_seed(6))
+    args = (q, k_cache, v_cache, r2t, rows, kv_lens, table, 0.3)
+    out = shared_prefix_decode_attention(
+        *args, splits, prefix_splits, block_n=16, prefix_block_n=16, group_suffix=True, suffix_programs=suffix_programs
     )
     assert relative_error(out, shared_prefix_decode_ref(*args)) < 1e-5
 

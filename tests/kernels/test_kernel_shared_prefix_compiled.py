@@ -28,6 +28,12 @@ for cache_dtype, block_n in ((torch.bfloat16, 64), (torch.bfloat16, 128), (torch
     r2t = torch.zeros(batch + 1, 2304, dtype=torch.int32)
     lens = torch.full((batch,), 2100)
     shared_prefix_decode_attention(q, cache, cache, r2t, torch.arange(batch), lens, table, 0.088, 1, 4, block_n=block_n)
+# the group programs reading their members' own keys: partials, and final outputs (one split each way)
+cache = torch.zeros(slots, 8, 128, dtype=torch.bfloat16)
+for prefix_splits in (4, 1):
+    shared_prefix_decode_attention(
+        q, cache, cache, r2t, torch.arange(batch), lens, table, 0.088, 1, prefix_splits, group_suffix=True
+    )
 print(json.dumps(names))
 """
 
@@ -35,5 +41,6 @@ print(json.dumps(names))
 def test_shared_prefix_kernels_compile_for_sm90_at_llama3_8b_shapes():
     names = run_probe(PROBE)
     assert isinstance(names, list)
-    assert names.count("_shared_prefix_kernel") == 3, names  # bf16 at two suffix key blocks, FP8
+    # bf16 at two suffix key blocks, FP8; the group-suffix kernel with partials and final
+    assert names.count("_shared_prefix_kernel") == 5, names
     assert "_decode_stage2_kernel" in names

@@ -34,7 +34,11 @@ from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
-from tgi_compat.kernels.attention.shared_prefix import choose_prefix_splits, shared_prefix_decode_attention
+from tgi_compat.kernels.attention.shared_prefix import (
+    choose_prefix_splits,
+    choose_suffix_programs,
+    shared_prefix_decode_attention,
+)
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape, LayerQKV
 from tgi_compat.modeling.attention.torch_backend import TorchAttentionBackend
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, leading_one_token_requests
@@ -45,6 +49,9 @@ MAX_DECODE_SPLITS = 64
 SHARED_PREFIX_BLOCK_N = 64
 # three stages of key blocks in flight: 7% faster than two at 32 groups of 8 (H100, 2026-12-06) and at 16 (2026-12-05)
 SHARED_PREFIX_STAGES = 3
+# The group programs read their members' own keys too (shared_prefix.py's `group_suffix`): CPU-proven, not yet timed
+# on a GPU (`queue.sh diverse-kernel-ab` times both), so off.
+SHARED_PREFIX_GROUP_SUFFIX = False
 # Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
 # 512 (`bench_gpu.py --attn-variants`, docs/benchmarks/2026-11-22-serving.md, run J). The fused rotary saves 45 us per step at batch 1
 # and 15-70 us at 2-64 but costs 24-130 us at 128-256 (every program rotates its queries). Merged
@@ -310,6 +317,10 @@ class TritonAttentionBackend(AttentionBackend):
             prefix_block_n=SHARED_PREFIX_BLOCK_N,
             num_stages=SHARED_PREFIX_STAGES,
             softcap=params.softcap,
+            group_suffix=SHARED_PREFIX_GROUP_SUFFIX,
+            suffix_programs=choose_suffix_programs(
+                batch, meta.num_splits, self.num_kv_heads, self.num_sms, SHARED_PREFIX_GROUP_SUFFIX
+            ),
         )
 
 

@@ -87,6 +87,26 @@ def test_bad_images_get_tgi_texts():
     )
 
 
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height 1-bit pixels, with no pixel data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
+def test_a_decompression_bomb_is_refused_before_decoding():
+    """400 million pixels claimed in a 45-byte file: a validation error (422), not a server error."""
+    bomb = data_url(png_header_only(20000, 20000), "image/png")
+    assert refusal(ImageFetcher(), f"![]({bomb})").startswith(
+        "Input validation error: invalid image: Image size (400000000 pixels) exceeds limit"
+    )
+
+
 class _Images(BaseHTTPRequestHandler):
     routes: dict[str, tuple[int, bytes, dict[str, str]]] = {}
 

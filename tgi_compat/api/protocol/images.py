@@ -108,7 +108,8 @@ def decode_image(data: bytes, mimetype: str | None) -> DecodedImage:
         with PILImage.open(io.BytesIO(data), formats=[declared] if declared else None) as image:
             image.load()
             width, height, found = image.width, image.height, image.format
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, PILImage.DecompressionBombError) as error:
+        # (a bomb: a header claiming over twice Pillow's MAX_IMAGE_PIXELS, refused before any pixel is decoded)
         raise validation_error(f"invalid image: {error}") from error
     if mimetype is None:
         mimetype = PILImage.MIME.get(found or "", "application/octet-stream")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -150,12 +151,13 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
                 for fused in (False, True)
             }
             # wider prefix key blocks and more warps: more bytes in flight per program
+            shapes = ((128, 4, 2), (128, 8, 2), (64, 8, 3), (128, 8, 3), (64, 8, 4))
             for n in sorted({prefix_splits, 4, 8} & set(range(1, room + 1))):
-                for block, warps, stages in ((128, 4, 2), (128, 8, 2), (64, 8, 3), (128, 8, 3), (64, 8, 4)):
-                    name = f"{n}/stages{stages}/block{block}/warps{warps}"
+                for (block, warps, stages), fused in itertools.product(shapes, (False, True)):
+                    name = f"{n}/stages{stages}/block{block}/warps{warps}{'/group-suffix' if fused else ''}"
                     try:
                         result["sweep_us"][name] = 1e3 * graph_ms(
-                            lambda n=n, s=stages, b=block, w=warps: shared(n, s, b, w)
+                            lambda n=n, s=stages, b=block, w=warps, f=fused: shared(n, s, b, w, f)
                         )
                     except Exception as error:  # (shared memory past the SM's: reported, not fatal)
                         log(f"{name}: {type(error).__name__}: {str(error)[:200]}")

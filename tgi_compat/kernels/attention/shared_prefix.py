@@ -404,8 +404,9 @@ def _shared_prefix_kernel(
         )  # fmt: skip
 
 
-# Prefix programs per SM: one wave of the 3 an SM holds (shared memory: two stages of 64-key K and V tiles, 64 KB),
-# all as long, so they end together. 4 splits of 8 groups x 8 KV heads (256 programs, 132 SMs) read ~1 TB/s; many
+# Prefix programs per SM: one wave of the 3 an SM holds at two stages of 64-key K and V tiles (64 KB of shared
+# memory; at the backend's three, 76 KB, an H100 SM holds 2, and 3 of the group_suffix form's 70 KB), all as long,
+# so they end together. 4 splits of 8 groups x 8 KV heads (256 programs, 132 SMs) read ~1 TB/s; many
 # shorter splits add partials (M_PAD x D fp32 each) to write and merge. benchmarks/device/diverse.py sweeps it.
 PREFIX_PROGRAMS_PER_SM = 3
 

@@ -7,6 +7,7 @@ import gzip
 import json
 
 import pytest
+import torch
 
 from tgi_compat.modeling.step_profiler import StepProfiler, parse_windows
 from tgi_compat.router.config import EngineConfig
@@ -39,5 +40,18 @@ def test_profiles_the_chosen_forward_steps(tiny_llama_dir, tmp_path, monkeypatch
     summary = (tmp_path / "rank0-steps1.txt").read_text()
     assert summary.startswith("rank 0, forward steps 1..4: wall ")
     assert "aten::" in summary  # the op table
+    # the engine's named regions, with their host time per step (this tiny model: a forward and a sampling a step)
+    regions = {line.split()[0]: line.split()[1:] for line in summary.splitlines() if line.startswith("step.")}
+    assert {"step.build", "step.forward", "step.sample"} <= regions.keys(), summary
+    assert float(regions["step.forward"][1]) > 0
     with gzip.open(tmp_path / "rank0-steps6.json.gz") as f:
         assert json.load(f)["traceEvents"]
+
+
+def test_regions_are_free_outside_a_window():
+    """Outside a window, a region records nothing: no RecordFunction on the steps' path."""
+    from tgi_compat.modeling import step_profiler
+
+    with torch.profiler.profile() as profile, step_profiler.region("step.forward"):
+        torch.ones(2).add_(1)
+    assert "step.forward" not in {event.key for event in profile.key_averages()}

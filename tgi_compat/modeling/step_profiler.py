@@ -4,12 +4,14 @@ Offline replays miss what the server does between steps (scheduling, sampling, t
 the other ranks), so this profiles the real loop. Off unless TGI_PROFILE_DIR is set (vLLM spells it
 VLLM_TORCH_PROFILER_DIR); TGI_PROFILE_STEPS="start:count[,start:count...]" picks the windows, counted
 in forwards of this rank (default "100:20"). Each window writes, per rank:
-  rank{R}-steps{S}.txt        wall time per step against GPU kernel time, and the top tgi_compat/kernels/ops
+  rank{R}-steps{S}.txt        wall time per step against GPU kernel time, the engine's named regions (`region`:
+                              host time and the GPU time of the kernels each launched), and the top ops
   rank{R}-steps{S}.json.gz    its Chrome trace (chrome://tracing, ui.perfetto.dev)
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -17,6 +19,19 @@ import time
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+_window_open = False  # a StepProfiler of this process is recording: `region` names ranges in it
+REGIONS = ("step.build", "images.wait_preprocess", "images.encode", "step.forward", "step.sample")
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def region(name: str) -> contextlib.AbstractContextManager:
+    """One of REGIONS, as a named range of the open profile window; outside one, a shared no-op (no RecordFunction
+    on a step's path)."""
+    return torch.profiler.record_function(name) if _window_open else _NOTHING
 
 
 def parse_windows(spec: str) -> list[tuple[int, int]]:
@@ -64,12 +79,14 @@ class StepProfiler:
         self._profile = torch.profiler.profile(activities=activities)
         self._profile.__enter__()
         self._window_start = time.perf_counter()
+        _set_window_open(True)
 
     def _close(self) -> None:
         assert self._profile is not None
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         wall = time.perf_counter() - self._window_start
+        _set_window_open(False)
         self._profile.__exit__(None, None, None)
         start, count = self._windows.pop(0)
         stem = os.path.join(self.out_dir, f"rank{self.rank}-steps{start}")
@@ -88,4 +105,17 @@ class StepProfiler:
                 f"rank {self.rank}, forward steps {start}..{start + count}: wall {1e3 * wall_s / count:.3f} ms/step, "
                 f"GPU kernels {device_us / 1e3 / count:.3f} ms/step\n\n"
             )
+            f.write("region                      calls   host ms/step   GPU ms/step (kernels it launched)\n")
+            for event in events:
+                if event.key in REGIONS:
+                    f.write(
+                        f"{event.key:<26} {event.count:>6} {event.cpu_time_total / 1e3 / count:>14.3f} "
+                        f"{event.device_time_total / 1e3 / count:>13.3f}\n"
+                    )
+            f.write("\n")
             f.write(events.table(sort_by=sort_by, row_limit=40, max_name_column_width=90))
+
+
+def _set_window_open(value: bool) -> None:
+    global _window_open
+    _window_open = value

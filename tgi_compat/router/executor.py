@@ -28,6 +28,7 @@ from typing import cast
 import torch
 
 from tgi_compat.modeling.parallel.vocab_logits import GreedyChoice
+from tgi_compat.modeling.step_profiler import region
 from tgi_compat.router.batch import LogitsLayout, StepBatchBuilder
 from tgi_compat.router.cross_attention import CrossAttentionStore
 from tgi_compat.router.image_cache import EncoderCache
@@ -166,13 +167,15 @@ class StepExecutor:
         started = time.perf_counter()
         previous_ids = previous.sampled_ids if previous is not None else None
         input_rows = _input_rows(plan, previous) if previous is not None and previous_ids is not None else None
-        batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
+        with region("step.build"):
+            batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
         if after_images is not None and batch.images is not None:
             after_images()
         requests = [plan.chunks[i].request for i in layout.sampled_chunks]
         every_row_sampled = len(requests) == batch.logits_indices.shape[0] and not layout.prompt_chunks
         batch.greedy_only = bool(requests) and every_row_sampled and self.selector.greedy_only(requests)
-        logits = self.runner.forward(batch)  # [R, vocab], or a greedy_only batch's GreedyChoice
+        with region("step.forward"):
+            logits = self.runner.forward(batch)  # [R, vocab], or a greedy_only batch's GreedyChoice
         # (copied on the device: the next forward, which may be launched before this step's update, rewrites them)
         aux_hidden = None if self.aux_rows is None else self.aux_rows(batch.num_tokens).clone()
         forward_s = time.perf_counter() - started
@@ -185,7 +188,8 @@ class StepExecutor:
                 if defer_sampling:
                     deferred = _DeferredSampling(rows, requests, layout.sample_offsets)
                 else:
-                    sampled = self.selector.sample(rows, requests, layout.sample_offsets)
+                    with region("step.sample"):
+                        sampled = self.selector.sample(rows, requests, layout.sample_offsets)
             if layout.prompt_chunks:
                 prompt = _PromptRows(self._score_prompts(plan, layout, logits), layout.prompt_chunks)
         verifies = layout.sample_offsets is not None
@@ -199,7 +203,8 @@ class StepExecutor:
         now, from the tokens the matchers have accepted so far, while its forward runs."""
         deferred, launched.deferred = launched.deferred, None
         if deferred is not None:
-            launched.sampled = self.selector.sample(deferred.logits, deferred.requests, deferred.offsets)
+            with region("step.sample"):
+                launched.sampled = self.selector.sample(deferred.logits, deferred.requests, deferred.offsets)
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """logits[rows]; no copy in the usual all-decode step, where rows are all of them."""

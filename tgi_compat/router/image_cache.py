@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from tgi_compat.modeling.forward_batch import ImageEmbeds
+from tgi_compat.modeling.step_profiler import region
 from tgi_compat.router.images import PromptImage
 
 # (its first row in the flat batch, its first and end position, its request's images) per chunk of a step
@@ -72,7 +73,11 @@ class EncoderCache:
                 entry[0] if entry is not None else self.encoder.preprocess_async(data)
                 for entry, data in zip(started, missing.values())
             ]
-            for digest, rows in zip(missing, self.encoder.encode([future.result() for future in futures])):
+            with region("images.wait_preprocess"):
+                processed = [future.result() for future in futures]
+            with region("images.encode"):
+                encoded = self.encoder.encode(processed)
+            for digest, rows in zip(missing, encoded):
                 self._rows[digest] = rows
             self.num_encoded += len(missing)
         out = []

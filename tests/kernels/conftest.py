@@ -26,6 +26,7 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.attention.decode_merge",
     "tgi_compat.kernels.attention.decode_rotary",
     "tgi_compat.kernels.attention.decode",
+    "tgi_compat.kernels.attention.shared_prefix_programs",
     "tgi_compat.kernels.attention.shared_prefix",
     "tgi_compat.kernels.attention.prefill",
     "tgi_compat.kernels.attention.varlen",

@@ -6,6 +6,7 @@ Read from the source with `ast` (nothing is imported, so the interpreter switch 
 from __future__ import annotations
 
 import ast
+import re
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -18,6 +19,7 @@ MODULES = sorted(KERNELS.rglob("*.py"))
 MAX_MODULE_LINES = 400
 MAX_JIT_BODY_LINES = 80  # a @triton.jit function's statements, its signature and docstring aside
 TUNED_TABLES = {"tuned.py"}  # measured configs, printed by the sweeps
+COMPILED_ONLY = {"tgi_compat.kernels.comm.l2_prefetch"}  # no interpreter counterpart: its CPU test compiles it
 
 
 def test_kernels_import_only_kernels() -> None:
@@ -69,3 +71,12 @@ def test_jit_bodies_read_as_phases(path: Path) -> None:
     """A long kernel is split into named @triton.jit helpers (Triton inlines them: the same generated code)."""
     long = {f.name: _body_lines(f) for f in _jit_functions(path) if _body_lines(f) > MAX_JIT_BODY_LINES}
     assert not long
+
+
+def test_every_module_with_jit_functions_is_reimported_interpreted() -> None:
+    """tests/kernels/conftest.py re-imports each kernel module under the interpreter, in its own list: one left out
+    keeps compiled jit functions, which interpreted callers cannot call (a failure that depends on test order)."""
+    conftest = (Path(__file__).parent / "conftest.py").read_text()
+    listed = set(re.findall(r'^    "(tgi_compat\.kernels\.[a-z0-9_.]+)",$', conftest, re.MULTILINE))
+    with_jit = {module_name(p) for p in MODULES if _jit_functions(p)}
+    assert not with_jit - listed - COMPILED_ONLY, sorted(with_jit - listed - COMPILED_ONLY)

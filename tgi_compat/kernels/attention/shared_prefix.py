@@ -13,8 +13,9 @@ flash-decoding (decode.py) reads those P keys once per sibling. Here a step's ro
 once replays any grouping.
 
 One launch, two kinds of program (a KV head each), the long ones first: the grid is one-dimensional, every prefix
-program of every KV head numbered before any suffix program (blocks start in the order of their index; on a grid
-of (programs, KV heads) the last heads' prefix programs started behind the first heads' suffixes and ran at the tail):
+program of every KV head numbered before any suffix program (blocks start in about the order of their index: on a
+grid of (programs, KV heads) the last heads' prefix programs would start behind the first heads' suffix programs and
+end the launch; the two orders are timed side by side by `queue.sh diverse-kernel-ab`):
 - prefix: (split of [0, P), group slot s) takes the groups s, s + slots, ... and stacks each one's G_MAX rows x GQA
   query heads on the M side of one tl.dot (decode.py's `_attend_split`): each prefix KV block is read once for the
   group. Sized for full groups (`group_slots`, `choose_prefix_splits`); smaller groups only loop more.

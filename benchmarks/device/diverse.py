@@ -142,7 +142,7 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
         keys = groups * prefix_len + int((kv_lens - prefix_len).sum())
         result["shared_tb_s"] = keys * num_kv_heads * head_dim * 2 * k_cache.element_size() / result["shared_us"] / 1e6
         if sweep:  # 4: last session's count at 8 groups
-            counts = sorted({3, 4, 6, 8, 9, prefix_splits, 12, 16, 24, 32} & set(range(1, room + 1)))
+            counts = sorted({1, 2, 3, 4, 6, 8, 9, prefix_splits, 12, 16, 24, 32} & set(range(1, room + 1)))
             result["sweep_us"] = {
                 f"{n}/stages{stages}{'/group-suffix' if fused else ''}": 1e3
                 * graph_ms(lambda n=n, stages=stages, fused=fused: shared(n, stages, group_suffix=fused))

@@ -1,7 +1,7 @@
 """--diverse_mode on the GPU: shared-prefix decode attention for n = 8 siblings of a 2,000-token prompt (issue 42).
 
     python3 -m benchmarks.device.diverse [--work-dir /tmp/diverse-bench] [--groups 1,4,8,16] [--new-tokens 256]
-        [--engine-groups 8[,16]] [--skip-check] [--skip-engine]
+        [--engine-groups 8[,16]] [--skip-check] [--skip-engine] [--skip-sweep] [--both-forms]
     python3 -m benchmarks.device.diverse --device cpu   # the CPU smoke run (tiny shapes, kernels interpreted)
 
 1. Kernel: Llama-3-8B attention (32 q heads, 8 KV heads, d = 128, bf16), groups of G = 8 rows sharing a
@@ -165,8 +165,17 @@ def kernel_case(groups: int, prefix_len: int, heads: tuple[int, int, int], devic
     return result
 
 
-async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: int, prefix_len: int, device: str):
-    """Output tok/s of `groups` x GROUP_SIZE siblings through an engine process, diverse mode off or on."""
+async def engine_case(
+    model_dir: Path,
+    diverse: bool,
+    groups: int,
+    new_tokens: int,
+    prefix_len: int,
+    device: str,
+    group_suffix: bool | None = None,
+):
+    """Output tok/s of `groups` x GROUP_SIZE siblings through an engine process, diverse mode off or on; `group_suffix`
+    True / False: the engine's shared-prefix kernel in that form (TGI_COMPAT_GROUP_SUFFIX), None: the backend's."""
     from benchmarks.device.engine_load import random_prompts, request, stream
     from tgi_compat.router.client import ZmqEngineClient
     from tgi_compat.router.request import SamplingParams
@@ -186,6 +195,8 @@ async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: i
         config.max_batch_total_tokens = 8 * (prefix_len + new_tokens) * groups
     if PROFILE_ROOT:  # (the engine process reads it when it starts)
         os.environ["TGI_PROFILE_DIR"] = os.path.join(PROFILE_ROOT, f"{'diverse' if diverse else 'off'}-{groups}")
+    if group_suffix is not None:  # (read by the engine process's backend when it is imported)
+        os.environ["TGI_COMPAT_GROUP_SUFFIX"] = "1" if group_suffix else "0"
     start = time.perf_counter()
     client = await ZmqEngineClient.start(config)
     load_s = time.perf_counter() - start
@@ -214,6 +225,7 @@ async def engine_case(model_dir: Path, diverse: bool, groups: int, new_tokens: i
     result = dict(
         diverse=diverse, rows=rows, load_s=load_s, tokens=tokens, tok_s=tokens / (end - began),
         decode_tok_s=decode_tokens / max(end - decode_start, 1e-9), grouping=grouping(before, after),
+        group_suffix=group_suffix,
     )  # fmt: skip
     log(json.dumps(result))
     return result
@@ -303,8 +315,9 @@ def table(kernels: list[dict], engines: list[dict]) -> str:
         for key, name, barred in (("decode_tok_s", "decode phase", True), ("tok_s", "whole run", False)):
             ratio = on[key] / base[key]
             verdict = ("yes" if ratio >= BAR else "no") if barred else "-"
+            form = {None: "", False: ", suffix programs", True: ", group suffixes"}[on.get("group_suffix")]
             lines.append(
-                f"| engine, {on['rows']} rows ({on['rows'] // GROUP_SIZE} x n={GROUP_SIZE}), {name} (tok/s) "
+                f"| engine, {on['rows']} rows ({on['rows'] // GROUP_SIZE} x n={GROUP_SIZE}{form}), {name} (tok/s) "
                 f"| {base[key]:.0f} | {on[key]:.0f} | {ratio:.2f}x | {f'>= {BAR}x' if barred else '-'} | {verdict} |"
             )
     for on in (e for e in engines if e["diverse"]):  # siblings really decoded as groups
@@ -326,6 +339,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-check", action="store_true", help="skip the tokens-match check")
+    parser.add_argument("--skip-sweep", action="store_true", help="no kernel sweep at the --engine-groups counts")
+    parser.add_argument(
+        "--both-forms",
+        action="store_true",
+        help="diverse mode on twice: the shared-prefix kernel's suffix programs, then its group programs reading "
+        "their members' own keys (TGI_COMPAT_GROUP_SUFFIX=0 / 1)",
+    )
     args = parser.parse_args()
     smoke = args.device == "cpu"
     if smoke:  # before any tgi_compat.kernels import: Triton reads it when a kernel is decorated
@@ -337,7 +357,7 @@ def main() -> None:
     check = {} if args.skip_check else check_same_tokens(args.device, *((1, 3) if smoke else ()))
     engine_groups = [int(g) for g in args.engine_groups.split(",")]
     kernels = [
-        kernel_case(int(g), prefix_len, heads, args.device, sweep=int(g) in engine_groups)
+        kernel_case(int(g), prefix_len, heads, args.device, sweep=int(g) in engine_groups and not args.skip_sweep)
         for g in args.groups.split(",")
     ]
     engines: list[dict] = []
@@ -347,9 +367,10 @@ def main() -> None:
         model = dict(LLAMA3_TINY if smoke else LLAMA3_8B)
         model_dir = args.work_dir / ("llama3-tiny-dummy" if smoke else "llama3-8b-dummy")
         write_config_folder(model_dir, model)
+        forms: tuple[bool | None, ...] = (False, True) if args.both_forms else (None,)
         for groups in engine_groups:
-            for diverse in (False, True):
-                case = engine_case(model_dir, diverse, groups, args.new_tokens, prefix_len, args.device)
+            for diverse, form in [(False, None), *((True, form) for form in forms)]:
+                case = engine_case(model_dir, diverse, groups, args.new_tokens, prefix_len, args.device, form)
                 engines.append(asyncio.run(case))
     report = table(kernels, engines)
     if check:  # --skip-check: the GPU test runs the same check

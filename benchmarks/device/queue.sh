@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl mixed lora lora-fp8 lora-step lora-step-folded lora-step-segmented vl vl-profile vision diverse diverse32 diverse64 diverse64-profile diverse-kernel-ab spec eagle3 (itl: the
+# Parts: tests-a tests-b plain itl mixed lora lora-fp8 lora-step lora-step-folded lora-step-segmented vl vl-profile vision diverse diverse32 diverse64 diverse64-forms diverse64-profile diverse-kernel-ab spec eagle3 (itl: the
 # plain rows, then at --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same
 # call: it reuses spec's plain rows; diverse64: 512 rows, where attention is the larger share of a step).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
@@ -47,6 +47,9 @@ for name in "$@"; do
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;
     diverse64) part diverse64 300 python3 -m benchmarks.device.diverse --skip-check --groups 64 --engine-groups 64 ;;
+    diverse64-forms)  # the engine with diverse mode off, then on with each form of the shared-prefix kernel
+      part diverse64-forms 420 python3 -m benchmarks.device.diverse --skip-check --groups 64 --engine-groups 64 \
+        --skip-sweep --both-forms ;;
     diverse-kernel-ab)  # the shared-prefix kernel alone at 32 and 64 groups, in an older tree (.branches/old, carried:
       # `git archive REV tgi_compat benchmarks | tar -x -C .branches/old`) and then in this one, on the same machine
       if [ -d .branches/old ]; then

@@ -25,6 +25,7 @@ captured once per batch size replays correctly for any context lengths.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -50,8 +51,9 @@ SHARED_PREFIX_BLOCK_N = 64
 # three stages of key blocks in flight: 7% faster than two at 32 groups of 8 (H100, 2026-12-06) and at 16 (2026-12-05)
 SHARED_PREFIX_STAGES = 3
 # The group programs read their members' own keys too (shared_prefix.py's `group_suffix`): CPU-proven, not yet timed
-# on a GPU (`queue.sh diverse-kernel-ab` times both), so off.
-SHARED_PREFIX_GROUP_SUFFIX = False
+# on a GPU (`queue.sh diverse-kernel-ab` times both kernels, `diverse.py --both-forms` both engines), so off unless
+# TGI_COMPAT_GROUP_SUFFIX=1.
+SHARED_PREFIX_GROUP_SUFFIX = os.environ.get("TGI_COMPAT_GROUP_SUFFIX", "0") == "1"
 # Decode batch sizes that take each fusion: H200, Llama-3-8B decode steps with CUDA graphs, context
 # 512 (`bench_gpu.py --attn-variants`, docs/benchmarks/2026-11-22-serving.md, run J). The fused rotary saves 45 us per step at batch 1
 # and 15-70 us at 2-64 but costs 24-130 us at 128-256 (every program rotates its queries). Merged

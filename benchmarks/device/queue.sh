@@ -48,7 +48,7 @@ for name in "$@"; do
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;
     diverse64) part diverse64 300 python3 -m benchmarks.device.diverse --skip-check --groups 64 --engine-groups 64 ;;
     diverse64-forms)  # the engine with diverse mode off, then on with each form of the shared-prefix kernel
-      part diverse64-forms 420 python3 -m benchmarks.device.diverse --skip-check --groups 64 --engine-groups 64 \
+      part diverse64-forms 300 python3 -m benchmarks.device.diverse --skip-check --groups 64 --engine-groups 64 \
         --skip-sweep --both-forms ;;
     diverse-kernel-ab)  # the shared-prefix kernel alone at 32 and 64 groups, in an older tree (.branches/old, carried:
       # `git archive REV tgi_compat benchmarks | tar -x -C .branches/old`) and then in this one, on the same machine

@@ -116,3 +116,20 @@ def test_the_same_image_hits_the_prefix_cache_and_another_never_shares_kv(served
     assert cached[1] > first_pad + 6  # past the image: its placeholders' KV (and the text after) reused
     assert cached[2] <= first_pad  # another picture of the same size: nothing from its first placeholder on
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+
+
+@qwen2_5_vl_only
+def test_an_image_past_the_processors_aspect_ratio_is_refused_and_the_server_keeps_serving(served):
+    url = served[0]
+    sliver, _, _ = data_url((9, 9, 9), (300, 1))  # transformers' smart_resize refuses ratios past 200
+    message = "Input validation error: invalid image: absolute aspect ratio must be smaller than 200, got 300.0"
+    generate = {"inputs": f"![]({sliver})Hi", "parameters": {"max_new_tokens": 2}}
+    content = [{"type": "image_url", "image_url": {"url": sliver}}, {"type": "text", "text": "Hi"}]
+    for route, body in [
+        ("/generate", generate),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": content}], "max_tokens": 2}),
+        ("/tokenize", {"inputs": generate["inputs"]}),
+    ]:
+        response = httpx.post(f"{url}{route}", json=body, timeout=60)
+        assert (response.status_code, response.json()) == (422, {"error": message, "error_type": "validation"})
+    assert chat(url, WIDE[0])["choices"][0]["finish_reason"] in ("length", "stop")

@@ -97,7 +97,10 @@ class VisionPrompts:
         if self.max_images is not None and len(refs) > self.max_images:  # refused before anything is fetched
             raise validation_error(f"`inputs` must have at most {self.max_images} images. Given: {len(refs)}")
         loaded = await asyncio.to_thread(lambda: [self.fetcher.load(ref) for ref in refs])
-        texts = iter([self.placeholders(image).text for image in loaded])
+        try:
+            texts = iter([self.placeholders(image).text for image in loaded])
+        except ValueError as error:  # a size the family's processor refuses (Qwen-VL's: an aspect ratio past 200)
+            raise validation_error(f"invalid image: {error}") from error
         return self.fixed("".join(self.text_piece(c) if isinstance(c, str) else next(texts) for c in chunks)), loaded
 
     def fixed(self, prompt: str) -> str:

@@ -1,4 +1,5 @@
-"""The encoder-output cache: misses encoded once per call, hits never; LightLLM's capacity and reserved ratio."""
+"""The encoder-output cache: misses encoded once per call, hits never; LightLLM's capacity and reserved ratio, and
+a bound on the bytes of rows it keeps."""
 
 from __future__ import annotations
 
@@ -59,6 +60,23 @@ def test_overflow_keeps_the_reserved_share_most_recent_first():
     assert cache.num_encoded == 6  # b was dropped
 
 
+def test_past_its_bytes_it_keeps_the_reserved_share_of_them_but_never_the_steps_own():
+    encoder = Encoder()
+    row_bytes = 2 * 3 * 4  # one image's [2, 3] float32 rows
+    cache = EncoderCache(encoder, capacity=100, reserved_ratio=0.5, max_bytes=4 * row_bytes)
+    for name in "abcd":
+        cache.features([image(name)])
+    assert (len(cache), cache.num_bytes) == (4, 4 * row_bytes)
+    cache.features([image("e")])  # 5 images' rows > 4's: down to 2 images' bytes, the most recent
+    assert (len(cache), cache.num_bytes) == (2, 2 * row_bytes)
+    cache.features([image("d"), image("e")])
+    assert cache.num_encoded == 5
+    step = [image(name) for name in "fghijk"]  # one step's six images, more than the bound: all kept
+    assert len(cache.features(step)) == 6 and (len(cache), cache.num_bytes) == (6, 6 * row_bytes)
+    cache.features([image("a")])  # the next step drops the rest down to the reserved share
+    assert (len(cache), cache.num_bytes) == (2, 2 * row_bytes)
+
+
 def test_step_embeds_gather_each_chunks_placeholder_rows():
     cache = EncoderCache(Encoder())
     images = [PromptImage(1, 2, "x" * 64, b"xy", bidirectional=True), PromptImage(5, 2, "z" * 64, b"zzz")]
@@ -74,6 +92,8 @@ def test_step_embeds_gather_each_chunks_placeholder_rows():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError):
         EncoderCache(Encoder(), capacity=0)
+    with pytest.raises(ValueError):
+        EncoderCache(Encoder(), max_bytes=-1)
 
 
 def test_a_steps_misses_over_all_its_chunks_are_encoded_in_one_call():

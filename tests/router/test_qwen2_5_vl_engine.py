@@ -5,6 +5,8 @@ with and without overlap scheduling; a repeated image is encoded once and hits t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_prefix_cache_engine import drain_events
 
@@ -103,3 +105,15 @@ def test_seeded_sampling_with_images_arriving_while_others_decode_is_the_same_wi
             step += 1
         outputs[overlap] = ids
     assert outputs[True] == outputs[False] and len(outputs[True]) == 4
+
+
+@pytest.mark.parametrize("checkpoint", ["qwen2_5_vl"], indirect=True)
+def test_the_encoder_caches_bytes_are_left_out_of_the_kv_budget(checkpoint):
+    from tgi_compat.router.model_loading import load_runner
+
+    _, folder = checkpoint
+    engine = make_engine(folder, image_cache_bytes=3 << 20)
+    assert engine.image_cache is not None and engine.image_cache.max_bytes == 3 << 20
+    config = EngineConfig(model_id=folder, device="cpu", dtype="float32", max_batch_total_tokens=1024)
+    reserved = [load_runner(replace(config, image_cache_bytes=size))._activation_reserve_bytes() for size in (1, 3)]
+    assert reserved[1] - reserved[0] == 2

@@ -97,6 +97,8 @@ class RunnerConfig:
     # EAGLE-3: each step also writes these layers' output (aux_hidden.py; None: off); KV leaves room for the head
     aux_hidden_layers: tuple[int, ...] | None = None
     reserve_bytes: int = 0
+    # a vision model's encoder-output cache (tgi_compat/router/image_cache.py): its rows stay on the device
+    image_cache_bytes: int = 0
 
 
 class ModelRunner:
@@ -360,7 +362,10 @@ class ModelRunner:
         # when prompt logprobs are asked for
         logit_rows = max(self.cfg.max_rows, self.cfg.max_prefill_tokens)
         sampling = 3 * logit_rows * c.vocab_size * 4
-        return ACTIVATION_RESERVE_BYTES + prefill + sampling + self._graph_logits_bytes() + self.cfg.reserve_bytes
+        images = 0 if self.image_encoder is None else self.cfg.image_cache_bytes
+        return (
+            ACTIVATION_RESERVE_BYTES + prefill + sampling + self._graph_logits_bytes() + self.cfg.reserve_bytes + images
+        )
 
     def _graph_logits_bytes(self) -> int:
         """The CUDA graphs' logits: each bucket's output stays allocated in the graph pool (float32 counted, as

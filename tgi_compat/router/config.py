@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from tgi_compat.router.speculative.config import SpeculativeConfig
 
+# a vision model's encoder rows kept at most: ~75,000 rows of Qwen2.5-VL-7B (hidden 3584, bf16), 55 images of 1024px
+IMAGE_CACHE_BYTES = 512 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class LoraSource:
@@ -62,12 +65,14 @@ class EngineConfig:
     max_cpu_loras: int = 0
     max_lora_rank: int = 16
     lora_adapters: list[LoraSource] = field(default_factory=list)
-    # Grammar compiles (tgi_compat/router/sampling/grammar_compile.py): the bytes of compiled grammars kept for reuse
-    # (one may take an eighth of them), and the seconds one compile may take.
     # A vision model's encoder-output cache (tgi_compat/router/image_cache.py), LightLLM --cache_capacity and
-    # --cache_reserved_ratio: images whose rows are kept, and the share of them kept when it overflows.
+    # --cache_reserved_ratio: images whose rows are kept, and the share of them kept when it overflows; and the
+    # bytes of rows it keeps at most (on the device: left out of the KV cache's budget).
     image_cache_capacity: int = 200
     image_cache_reserved_ratio: float = 0.5
+    image_cache_bytes: int = IMAGE_CACHE_BYTES
+    # Grammar compiles (tgi_compat/router/sampling/grammar_compile.py): the bytes of compiled grammars kept for reuse
+    # (one may take an eighth of them), and the seconds one compile may take.
     grammar_cache_bytes: int = 512 * 2**20
     grammar_compile_timeout: float = 30.0
     # Speculative decoding with model-free drafts or an EAGLE-3 head (TGI --speculate N, vLLM --speculative-config); None: off

@@ -102,7 +102,9 @@ class EngineCore:
         self.scheduler = Scheduler(self.pool, limits, frozenset(self.info.eos_token_ids), lora_slots)
         images = None
         if image_encoder is not None:
-            images = EncoderCache(image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio)
+            images = EncoderCache(
+                image_encoder, config.image_cache_capacity, config.image_cache_reserved_ratio, config.image_cache_bytes
+            )
         self.image_cache = images
         self.cross_attention = None
         if images is not None and cross_attention is not None:  # its images are keys, not placeholder rows

@@ -1,7 +1,9 @@
 """The encoder-output cache (LightLLM's `--cache_capacity`, `--cache_reserved_ratio`): the vision encoder's
 rows of the last images seen, by content hash, so that an image that comes back (a chat that keeps sending one
 picture, many questions on one page) is encoded once. Least recently used first out: when it holds more than
-`capacity` images it drops to `capacity * reserved_ratio` of them in one sweep, as LightLLM does.
+`capacity` images it drops to `capacity * reserved_ratio` of them in one sweep, as LightLLM does; and likewise
+past `max_bytes` of rows, which live on the device (the runner leaves them out of the KV cache's budget): 200
+images of one 12-megapixel photo each would be 22 GiB of Qwen2.5-VL-7B rows.
 
 An image's host work (decoding, the image processor) starts when its request is queued (`prefetch`, in the
 encoder's threads), so that the step that needs it waits for the encoder alone, which takes all the step's misses
@@ -19,12 +21,17 @@ import torch
 
 from tgi_compat.modeling.forward_batch import ImageEmbeds
 from tgi_compat.modeling.step_profiler import region
+from tgi_compat.router.config import IMAGE_CACHE_BYTES
 from tgi_compat.router.images import PromptImage
 
 # (its first row in the flat batch, its first and end position, its request's images) per chunk of a step
 ChunkImages = tuple[int, int, int, Sequence[PromptImage]]
 PENDING_MAX = 64  # images prepared ahead at once (host memory: ~26 MB each for a 1024px Qwen2.5-VL image)
 PENDING_TTL_S = 60.0  # one prepared this long ago (its request cancelled while queued, say) is dropped
+
+
+def _nbytes(rows: torch.Tensor) -> int:
+    return rows.numel() * rows.element_size()
 
 
 class ImageEncoder(Protocol):
@@ -37,12 +44,24 @@ class ImageEncoder(Protocol):
 
 
 class EncoderCache:
-    def __init__(self, encoder: ImageEncoder, capacity: int = 200, reserved_ratio: float = 0.5) -> None:
-        if capacity < 1 or not 0.0 <= reserved_ratio <= 1.0:
-            raise ValueError(f"cache capacity {capacity} must be >= 1 and reserved ratio {reserved_ratio} in [0, 1]")
+    def __init__(
+        self,
+        encoder: ImageEncoder,
+        capacity: int = 200,
+        reserved_ratio: float = 0.5,
+        max_bytes: int = IMAGE_CACHE_BYTES,
+    ) -> None:
+        if capacity < 1 or not 0.0 <= reserved_ratio <= 1.0 or max_bytes < 0:
+            raise ValueError(
+                f"cache capacity {capacity} must be >= 1, reserved ratio {reserved_ratio} in [0, 1]"
+                f" and bytes {max_bytes} >= 0"
+            )
         self.encoder = encoder
         self.capacity = capacity
         self.reserved = int(capacity * reserved_ratio)
+        self.max_bytes = max_bytes
+        self.reserved_bytes = int(max_bytes * reserved_ratio)
+        self.num_bytes = 0  # of the rows held
         self._rows: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.num_encoded = 0  # images run through the encoder (misses)
         self._pending: OrderedDict[str, tuple[Future[dict[str, torch.Tensor]], float]] = OrderedDict()
@@ -79,14 +98,16 @@ class EncoderCache:
                 encoded = self.encoder.encode(processed)
             for digest, rows in zip(missing, encoded):
                 self._rows[digest] = rows
+                self.num_bytes += _nbytes(rows)
             self.num_encoded += len(missing)
         out = []
         for image in images:
             self._rows.move_to_end(image.digest)
             out.append(self._rows[image.digest])
-        if len(self._rows) > self.capacity:
-            while len(self._rows) > max(self.reserved, len(images)):  # never this step's own
-                self._rows.popitem(last=False)
+        if len(self._rows) > self.capacity or self.num_bytes > self.max_bytes:
+            own = len({image.digest for image in images})  # never this step's own, the most recent
+            while len(self._rows) > own and (len(self._rows) > self.reserved or self.num_bytes > self.reserved_bytes):
+                self.num_bytes -= _nbytes(self._rows.popitem(last=False)[1])
         return out
 
     def step_embeds(self, chunks: Sequence[ChunkImages], device: torch.device) -> ImageEmbeds | None:

@@ -57,6 +57,7 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         # (EAGLE-3: rank 0 alone reads the target's layers and holds the head; see load_drafter)
         aux_hidden_layers=_eagle3_target_layers(config) if rank == 0 else None,
         reserve_bytes=_draft_model_bytes(config) if rank == 0 else 0,
+        image_cache_bytes=config.image_cache_bytes,
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)

@@ -13,6 +13,9 @@ import io
 
 import httpx
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from PIL import Image
 
 from tests.modeling.qwen2_5_vl_helpers import FAMILIES, image_processor, picture, reference_greedy, tiny_qwen2_5_vl
 from tests.modeling.vision_server import check_two_images, greedy_until_eos, serving, streamed_ids
@@ -133,3 +136,60 @@ def test_an_image_past_the_processors_aspect_ratio_is_refused_and_the_server_kee
         response = httpx.post(f"{url}{route}", json=body, timeout=60)
         assert (response.status_code, response.json()) == (422, {"error": message, "error_type": "validation"})
     assert chat(url, WIDE[0])["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+SIDES = [1, 2, 3, 27, 28, 29, 100, 201, 400]  # around the 28-pixel patch pair; ratios past the processor's 200
+MODES = ["RGB", "RGBA", "L", "LA", "P", "1", "I;16", "I", "CMYK"]
+FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
+
+
+def image_file(size: tuple[int, int], mode: str, form: str) -> bytes:
+    out = io.BytesIO()
+    try:
+        Image.new(mode, size).save(out, format=form)
+    except (OSError, ValueError, KeyError):  # a mode the format cannot hold: RGB then
+        out = io.BytesIO()
+        Image.new("RGB", size, (9, 99, 199)).save(out, format=form)
+    return out.getvalue()
+
+
+def as_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+@st.composite
+def image_urls(draw: st.DrawFn) -> str:
+    """A data URL of an image of any size (extreme aspect ratios too), mode and format, labelled with its own mime
+    type or another's, sometimes cut short or with a byte flipped."""
+    form = draw(st.sampled_from(sorted(FORMATS)))
+    data = bytearray(
+        image_file((draw(st.sampled_from(SIDES)), draw(st.sampled_from(SIDES))), draw(st.sampled_from(MODES)), form)
+    )
+    damage = draw(st.sampled_from(["none", "none", "none", "cut", "flip"]))
+    if damage == "cut":
+        data = data[: draw(st.integers(0, len(data) - 1))]
+    elif damage == "flip":
+        at = draw(st.integers(0, len(data) - 1))
+        data[at] ^= 1 << draw(st.integers(0, 7))
+    return as_url(
+        bytes(data), FORMATS[form] if draw(st.booleans()) else draw(st.sampled_from(sorted(FORMATS.values())))
+    )
+
+
+@qwen2_5_vl_only
+@settings(max_examples=40, derandomize=True, deadline=None, database=None)
+@given(url=image_urls(), chat_route=st.booleans())
+@example(url=as_url(image_file((1, 400), "RGB", "PNG"), "image/png"), chat_route=False)  # ratios past 200: 422
+@example(url=as_url(image_file((400, 2), "L", "PNG"), "image/png"), chat_route=True)
+def test_any_image_file_is_served_or_refused_as_tgi_refuses_it(served, url, chat_route):
+    if chat_route:
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Hi"}]
+        route, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    else:
+        route, body = "/generate", {"inputs": f"![]({url})Hi", "parameters": {"max_new_tokens": 2}}
+    response = httpx.post(f"{served[0]}{route}", json=body, timeout=60)
+    if response.status_code == 422:
+        error = response.json()
+        assert error["error_type"] == "validation" and error["error"].startswith("Input validation error: "), error
+    else:
+        assert response.status_code == 200, response.text

@@ -154,15 +154,32 @@ def test_malformed_and_missing_adapters_get_clear_errors(lora_server, tmp_path):
     assert _generate(lora_server, "a1")["details"]["generated_tokens"] >= 1  # the server keeps serving
 
 
+def _lora_info(server) -> tuple[str, list[str]]:
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    return text, [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
+
+
 def test_lora_requests_info_names_the_running_adapter(lora_server):
-    """vLLM's gauge as the Gateway API Inference Extension reads it: a series per label set seen, with max_lora;
-    AIAK's adapter count and per-adapter latency."""
-    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 24, "adapter_id": "a1"}}
+    """vLLM's gauge as the Gateway API Inference Extension reads it, while a request runs: the newest series (the
+    one kept) names its adapter, with max_lora; AIAK's adapter count and per-adapter latency."""
+    body = {"inputs": "Count from one to fifty: one, two,", "parameters": {"max_new_tokens": 120, "adapter_id": "a1"}}
+    running: list[list[str]] = []
+
+    def read_while_it_runs() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not running:
+            _, series = _lora_info(lora_server)
+            if any('running_lora_adapters="a1"' in line for line in series):
+                running.append(series)
+            time.sleep(0.05)
+
+    reader = threading.Thread(target=read_while_it_runs)
+    reader.start()
     assert httpx.post(f"{lora_server.base_url}/generate", json=body, timeout=300).status_code == 200
-    text = httpx.get(f"{lora_server.base_url}/metrics", timeout=30).text
-    series = [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
-    assert series and all('max_lora="2"' in line for line in series)
-    assert any('running_lora_adapters="a1"' in line for line in series), series
+    reader.join()
+    assert running and len(running[0]) == 1 and 'max_lora="2"' in running[0][0], running
+    text, series = _lora_info(lora_server)
+    assert len(series) == 1 and 'running_lora_adapters=""' in series[0], series  # idle now: the old one is gone
     # AIAK's: the adapters loaded, and a latency histogram per adapter that served a request
     assert re.search(r'^vllm:lora_count\{model_name="[^"]*"\} 2(\.0)?$', text, re.M), text
     assert re.search(r'^vllm:lora_time_e2e_requests_count\{model_name="[^"]*",lora_name="a1"\} [1-9]', text, re.M)

@@ -1,5 +1,6 @@
 """The /metrics text: TGI's names, types, labels, buckets and quantiles, vLLM's series beside them."""
 
+import itertools
 import time
 
 import pytest
@@ -175,8 +176,8 @@ def test_engine_stats_feed_gauges_batch_series_and_vllm(metrics):
 
 
 def test_lora_requests_info_names_the_engines_adapters(metrics):
-    """vLLM's shape: one series per (max_lora, waiting, running) seen, valued at the time it was last reported;
-    the router reads the newest."""
+    """vLLM's shape: a series per (max_lora, waiting, running), valued at the time it was reported; the router reads
+    the newest, the only one kept (vLLM keeps every one it has seen: without bound, adapters in first-seen order)."""
     metrics.max_lora = 2
     stats = EngineStats(1, 2, 0, 0, 1000, running_lora_adapters=["a2", "a1"], waiting_lora_adapters=["a3"])
     metrics.apply_engine_stats(STATS_DECODER.decode(STATS_ENCODER.encode(stats)))
@@ -184,8 +185,12 @@ def test_lora_requests_info_names_the_engines_adapters(metrics):
     assert abs(samples(metrics)[("vllm:lora_requests_info", lora)] - time.time()) < 60
     metrics.apply_engine_stats(EngineStats(0, 0, 0, 0, 1000))
     idle = (("max_lora", "2"), ("running_lora_adapters", ""), ("waiting_lora_adapters", ""))
-    got = samples(metrics)
-    assert got[("vllm:lora_requests_info", idle)] >= got[("vllm:lora_requests_info", lora)]
+    got = {labels: value for (name, labels), value in samples(metrics).items() if name == "vllm:lora_requests_info"}
+    assert list(got) == [idle] and abs(got[idle] - time.time()) < 60
+    for order in itertools.permutations(["a1", "a2", "a3", "a4"]):
+        metrics.apply_engine_stats(EngineStats(0, len(order), 0, 0, 1000, running_lora_adapters=list(order)))
+    got = {labels: value for (name, labels), value in samples(metrics).items() if name == "vllm:lora_requests_info"}
+    assert list(got) == [(("max_lora", "2"), ("running_lora_adapters", "a4,a3,a2,a1"), ("waiting_lora_adapters", ""))]
 
 
 def test_prefix_cache_counters_follow_the_engines_cumulative_counts(metrics):

@@ -60,6 +60,7 @@ class ServerMetrics:
         self._api_tokens = [0, 0]  # prompt, generated: summed over finished requests
         self._engine_tokens: tuple[int, int] | None = None  # the engine's cumulative counts
         self.max_lora = 0  # LoRA adapters in one step (--max-loras), 0: LoRA off
+        self._lora_labels: tuple[str, str, str] | None = None  # lora_requests_info's one series
         self._prefix_cache = (0, 0, 0)  # the engine's cumulative queries, hits; tokens cached now
         self._kv_usage: float | None = None
         self._waiting_engine = self._running_engine = 0
@@ -226,6 +227,12 @@ class ServerMetrics:
         self.vllm.kv_cache_usage.labels(name).set(usage)
         lora_labels = str(self.max_lora), ",".join(waiting_lora_adapters), ",".join(running_lora_adapters)
         self.vllm.lora_requests_info.labels(*lora_labels).set_to_current_time()
+        # the newest series alone, which is what the router reads: vLLM keeps every one it has reported, and
+        # adapter lists in first-seen order make those without bound (8 adapters: ~10^5 orders each way)
+        with self._lock:
+            previous, self._lora_labels = self._lora_labels, lora_labels
+        if previous is not None and previous != lora_labels:
+            self.vllm.lora_requests_info.remove(*previous)
         if num_preemptions is not None:
             with self._lock:
                 new = num_preemptions - self._preemptions_seen

@@ -132,6 +132,8 @@ def _bounded(body: dict[str, Any]) -> None:
         body["max_tokens"] = 4
     if isinstance(parameters, dict) and "max_new_tokens" not in parameters:
         parameters["max_new_tokens"] = 4
+    if "inputs" in body and "parameters" not in body:  # TGI's preset for a body without parameters samples
+        body["parameters"] = {"do_sample": True, "max_new_tokens": 4}
 
 
 def _check_answer(response: httpx.Response) -> None:

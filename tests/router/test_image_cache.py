@@ -77,6 +77,19 @@ def test_past_its_bytes_it_keeps_the_reserved_share_of_them_but_never_the_steps_
     assert (len(cache), cache.num_bytes) == (2, 2 * row_bytes)
 
 
+def test_each_kept_image_owns_its_rows_not_its_calls_whole_output():
+    class Batched(Encoder):
+        def encode(self, processed):
+            self.calls.append([bytes(p["data"].tolist()) for p in processed])
+            return list(torch.arange(len(processed) * 6, dtype=torch.float32).reshape(len(processed), 2, 3))
+
+    cache = EncoderCache(Batched())
+    first, second = cache.features([image("a"), image("b")])
+    for rows in (first, second):
+        assert rows.untyped_storage().nbytes() == rows.numel() * rows.element_size() == 24
+    assert second.tolist() == [[6.0, 7.0, 8.0], [9.0, 10.0, 11.0]] and cache.num_bytes == 48
+
+
 def test_step_embeds_gather_each_chunks_placeholder_rows():
     cache = EncoderCache(Encoder())
     images = [PromptImage(1, 2, "x" * 64, b"xy", bidirectional=True), PromptImage(5, 2, "z" * 64, b"zzz")]

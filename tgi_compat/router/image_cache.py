@@ -34,6 +34,12 @@ def _nbytes(rows: torch.Tensor) -> int:
     return rows.numel() * rows.element_size()
 
 
+def _owned(rows: torch.Tensor) -> torch.Tensor:
+    """The rows in storage of their own: an image's rows are a view of its encoder call's output (all of the call's
+    images), which would otherwise stay allocated, uncounted, as long as any one of them is kept."""
+    return rows if rows.untyped_storage().nbytes() == _nbytes(rows) else rows.clone()
+
+
 class ImageEncoder(Protocol):
     """tgi_compat.modeling.vision.encoder.ImageEncoder: an image file -> the processor's tensors (host threads);
     the tensors of several images -> each one's placeholder rows [tokens, hidden], in one encoder call."""
@@ -97,7 +103,7 @@ class EncoderCache:
             with region("images.encode"):
                 encoded = self.encoder.encode(processed)
             for digest, rows in zip(missing, encoded):
-                self._rows[digest] = rows
+                self._rows[digest] = _owned(rows)
                 self.num_bytes += _nbytes(rows)
             self.num_encoded += len(missing)
         out = []

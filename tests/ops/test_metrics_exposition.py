@@ -193,6 +193,24 @@ def test_lora_requests_info_names_the_engines_adapters(metrics):
     assert list(got) == [(("max_lora", "2"), ("running_lora_adapters", "a4,a3,a2,a1"), ("waiting_lora_adapters", ""))]
 
 
+def test_an_unloaded_adapters_latency_series_goes_with_it(metrics):
+    durations = RequestDurations(total_s=1.5, validation_s=0.0, queue_s=0.0, inference_s=1.5, time_per_token_s=0.1)
+    for name in ("a1", "a2"):
+        metrics.request_succeeded(durations, 4, 8, 8, adapter=name)
+
+    def adapters() -> set[str]:
+        return {
+            dict(labels)["lora_name"]
+            for (name, labels), _ in samples(metrics).items()
+            if name.startswith("vllm:lora_time")
+        }
+
+    assert adapters() == {"a1", "a2"}
+    metrics.adapter_unloaded("a1")
+    metrics.adapter_unloaded("never-loaded")
+    assert adapters() == {"a2"}
+
+
 def test_prefix_cache_counters_follow_the_engines_cumulative_counts(metrics):
     for queries, hits in ((100, 40), (150, 90), (150, 90)):  # a repeated report adds nothing
         stats = EngineStats(0, 0, 0, 0, 1000, prefix_cache_queries=queries, prefix_cache_hits=hits, kv_cached=77)

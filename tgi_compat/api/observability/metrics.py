@@ -200,6 +200,11 @@ class ServerMetrics:
         """The LoRA adapters loaded (at startup, and after each runtime load or unload)."""
         self.vllm.lora_count.labels(self.model_name).set(count)
 
+    def adapter_unloaded(self, name: str) -> None:
+        """An adapter's latency series goes with it: a server that cycles through many adapters at runtime would
+        otherwise keep a histogram for every name it ever served."""
+        self.vllm.lora_e2e_latency.remove(self.model_name, name)
+
     def set_engine_stats(
         self,
         queue_size: int,

@@ -86,6 +86,7 @@ async def unload_adapter(state: AppState, raw: bytes, content_type: str | None) 
             return error_response(str(error))
         return error_response(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
     state.metrics.set_lora_count(len(state.engine.lora_adapters))
+    state.metrics.adapter_unloaded(name)
     logger.info("Removed LoRA adapter: name '%s'", name)
     return Response(f"Success: LoRA adapter '{name}' removed successfully.")
 

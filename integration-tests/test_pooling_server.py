@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 import torch
-from harness import _free_port, _launcher_command, child_processes, launched
+from harness import MAX_CONCURRENT_REQUESTS, _free_port, _launcher_command, child_processes, launched
 from test_model_families import byte_level_tokenizer
 
 from tests.modeling.internlm2_reference import InternLM2Reference
@@ -85,6 +85,19 @@ def test_pooling_route_and_refusals_on_an_embedding_model(embedding_server):
     assert "does not serve /classify" in refusal("/classify", {"input": "hi"})
     cut = httpx.post(f"{server.base_url}/v1/embeddings", json={"input": "a" * 600, "truncate_prompt_tokens": 20})
     assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 20
+    # more prompts than permits: TGI's 429, before any prompt is tokenized (the over-long one is never read)
+    many = httpx.post(
+        f"{server.base_url}/v1/embeddings", json={"input": ["a" * 600] + ["hi"] * MAX_CONCURRENT_REQUESTS}
+    )
+    assert (many.status_code, many.json()) == (429, {"error": "Model is overloaded", "error_type": "overloaded"})
+    assert (
+        len(
+            httpx.post(f"{server.base_url}/v1/embeddings", json={"input": ["hi"] * MAX_CONCURRENT_REQUESTS}).json()[
+                "data"
+            ]
+        )
+        == MAX_CONCURRENT_REQUESTS
+    )
 
 
 def test_classify_returns_transformers_probabilities(tmp_path):

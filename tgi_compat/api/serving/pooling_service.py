@@ -104,10 +104,13 @@ class PoolingService(Service):
         prompts = body.prompts()
         if not prompts:
             raise validation_error("`input` cannot be empty")
-        batch = [
-            await self._prompt_ids(p, body.truncate_prompt_tokens, operation, body.add_special_tokens) for p in prompts
-        ]
-        with self.state.permits.hold(len(batch)):
+        # the permits first, as TGI takes them before it validates: a body of more prompts than could ever run at
+        # once is refused before any of them is tokenized
+        with self.state.permits.hold(len(prompts)):
+            batch = [
+                await self._prompt_ids(p, body.truncate_prompt_tokens, operation, body.add_special_tokens)
+                for p in prompts
+            ]
             outputs = await asyncio.gather(*(self._pool_one(ids) for ids in batch))
         return outputs, sum(map(len, batch))
 

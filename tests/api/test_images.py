@@ -1,4 +1,5 @@
-"""Images in prompts, TGI's way: the markdown regex, data URLs, fetching with the size cap and the SSRF guard."""
+"""Images in prompts, TGI's way: the markdown regex, data URLs, fetching with the size cap and the SSRF guard, and
+(beyond TGI) a deadline for the whole fetch, in threads of the fetcher's own."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import base64
 import io
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -152,6 +154,58 @@ def test_fetch_with_size_cap(image_server):
         "Input validation error: Could not fetch image: HTTP status 404"
     )
     assert refusal(fetcher, f"![]({image_server}/text)").startswith("Input validation error: invalid image: ")
+
+
+DRIP_S = 0.1
+
+
+class _Drip(BaseHTTPRequestHandler):
+    """An image server that sends its headers, then one byte every DRIP_S seconds until the client leaves."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1000000")
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(DRIP_S)
+        except OSError:
+            pass
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def drip_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_body_that_drips_fails_at_the_fetchs_deadline(drip_server):
+    started = time.monotonic()
+    message = refusal(ImageFetcher(allow_private=True, timeout_s=1.0), f"![]({drip_server}/slow.png)")
+    assert message.startswith("Input validation error: Could not fetch image: ") and "longer than 1 s" in message
+    assert time.monotonic() - started < 2.5  # (a byte a read: each read came well within the timeout)
+
+
+def test_slow_image_servers_never_hold_the_event_loops_own_threads(drip_server):
+    """20 fetches stuck on a slow server, more than the loop's default threads on 2 cores (6): a chat template
+    rendered meanwhile (asyncio.to_thread) is not kept waiting behind them."""
+    prompts = VisionPrompts(lambda _: Placeholders("<img>", 1), 9, False, ImageFetcher(allow_private=True, timeout_s=1))
+
+    async def main() -> None:
+        fetches = [asyncio.create_task(prompts.expand(f"![]({drip_server}/{i}.png)")) for i in range(20)]
+        await asyncio.sleep(0.2)  # all under way
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "rendered"), 0.5) == "rendered"
+        assert all(isinstance(r, TgiError) for r in await asyncio.gather(*fetches, return_exceptions=True))
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "10.1.2.3", "192.168.0.1", "169.254.169.254", "[::1]"])

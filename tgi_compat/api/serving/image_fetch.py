@@ -3,16 +3,25 @@
 TGI fetches any URL; we refuse hosts that resolve to a private, loopback, link-local or otherwise non-global
 address (every redirect hop is checked again) unless `allow_private` is set. The check resolves the name before
 urllib connects, so a name that re-resolves between the two (DNS rebinding) is not caught.
+
+A fetch's body must arrive within `timeout_s` of its start (TGI's fetch has no limit), checked between reads of
+`timeout_s` at most each: a server that sends a byte every few seconds would otherwise hold its thread for as long
+as it likes (with this, twice `timeout_s` at most).
 """
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import ipaddress
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from tgi_compat.api.protocol.images import (
     DecodedImage,
@@ -25,6 +34,12 @@ from tgi_compat.api.protocol.images import (
 )
 
 TGI_MAX_IMAGE_FETCH_SIZE = 1024 * 1024 * 1024  # TGI's --max-image-fetch-size default: 1 GiB
+READ_BYTES = 1 << 20  # read a body this much at a time, the deadline checked between reads
+FETCH_THREADS = 16
+
+
+def _fetch_threads() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="image-fetch")  # (threads start with the first fetch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +47,13 @@ class ImageFetcher:
     max_bytes: int = TGI_MAX_IMAGE_FETCH_SIZE
     allow_private: bool = False
     timeout_s: float = 30.0
+    # threads of its own: slow image servers may hold these, never the event loop's default ones, which render chat
+    # templates and read grammars (6 of them on 2 cores)
+    threads: ThreadPoolExecutor = field(default_factory=_fetch_threads, compare=False, repr=False)
+
+    async def load_all(self, refs: Sequence[ImageRef]) -> list[DecodedImage]:
+        """Every image of a prompt, in order, loaded in the fetcher's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.threads, lambda: [self.load(ref) for ref in refs])
 
     def load(self, ref: ImageRef) -> DecodedImage:
         """The image a `![](...)` names (blocking: the caller runs it off the event loop)."""
@@ -42,6 +64,7 @@ class ImageFetcher:
         raise invalid_image_content(ref.markdown)
 
     def fetch(self, url: str) -> bytes:
+        deadline = time.monotonic() + self.timeout_s
         self.check_host(url)
         opener = urllib.request.build_opener(_CheckedRedirects(self))
         try:
@@ -49,7 +72,7 @@ class ImageFetcher:
                 declared = response.headers.get("Content-Length")
                 if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
                     raise image_too_large(int(declared), self.max_bytes)
-                data = response.read(self.max_bytes + 1)  # one byte past the cap tells an over-long body
+                data = self._read(response, deadline)
         except urllib.error.HTTPError as error:
             raise fetch_failed(f"HTTP status {error.code} for url ({url})") from error
         except (urllib.error.URLError, OSError) as error:
@@ -57,6 +80,21 @@ class ImageFetcher:
         if len(data) > self.max_bytes:
             raise image_too_large(len(data), self.max_bytes)
         return data
+
+    def _read(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
+        """The body up to one byte past the cap (which tells an over-long one), within the deadline."""
+        chunks: list[bytes] = []
+        size = 0
+        while size <= self.max_bytes:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the body took longer than {self.timeout_s:g} s")
+            chunk = response.read1(min(READ_BYTES, self.max_bytes + 1 - size))  # (one read: timeout_s at most)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
 
     def check_host(self, url: str) -> None:
         if self.allow_private:

@@ -12,7 +12,6 @@ prompts keep the markdown as text, as in TGI."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,7 +95,7 @@ class VisionPrompts:
             return self.fixed(self.text_piece(inputs) if inputs else inputs), []
         if self.max_images is not None and len(refs) > self.max_images:  # refused before anything is fetched
             raise validation_error(f"`inputs` must have at most {self.max_images} images. Given: {len(refs)}")
-        loaded = await asyncio.to_thread(lambda: [self.fetcher.load(ref) for ref in refs])
+        loaded = await self.fetcher.load_all(refs)
         try:
             texts = iter([self.placeholders(image).text for image in loaded])
         except ValueError as error:  # a size the family's processor refuses (Qwen-VL's: an aspect ratio past 200)

@@ -96,12 +96,12 @@ def _mutated(body: dict[str, Any], path: tuple[str | int, ...], value: Any) -> N
         if value is DELETE:
             parent.pop(last, None)
         else:
-            parent[last] = value
+            parent[last] = json.loads(json.dumps(value))  # a copy: EDGES' lists and dicts are shared
     elif isinstance(parent, list) and isinstance(last, int) and last < len(parent):
         if value is DELETE:
             del parent[last]
         else:
-            parent[last] = value
+            parent[last] = json.loads(json.dumps(value))  # a copy: EDGES' lists and dicts are shared
 
 
 @st.composite

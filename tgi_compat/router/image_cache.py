@@ -30,14 +30,10 @@ PENDING_MAX = 64  # images prepared ahead at once (host memory: ~26 MB each for 
 PENDING_TTL_S = 60.0  # one prepared this long ago (its request cancelled while queued, say) is dropped
 
 
-def _nbytes(rows: torch.Tensor) -> int:
-    return rows.numel() * rows.element_size()
-
-
 def _owned(rows: torch.Tensor) -> torch.Tensor:
     """The rows in storage of their own: an image's rows are a view of its encoder call's output (all of the call's
     images), which would otherwise stay allocated, uncounted, as long as any one of them is kept."""
-    return rows if rows.untyped_storage().nbytes() == _nbytes(rows) else rows.clone()
+    return rows if rows.untyped_storage().nbytes() == rows.nbytes else rows.clone()
 
 
 class ImageEncoder(Protocol):
@@ -104,7 +100,7 @@ class EncoderCache:
                 encoded = self.encoder.encode(processed)
             for digest, rows in zip(missing, encoded):
                 self._rows[digest] = _owned(rows)
-                self.num_bytes += _nbytes(rows)
+                self.num_bytes += rows.nbytes
             self.num_encoded += len(missing)
         out = []
         for image in images:
@@ -113,7 +109,7 @@ class EncoderCache:
         if len(self._rows) > self.capacity or self.num_bytes > self.max_bytes:
             own = len({image.digest for image in images})  # never this step's own, the most recent
             while len(self._rows) > own and (len(self._rows) > self.reserved or self.num_bytes > self.reserved_bytes):
-                self.num_bytes -= _nbytes(self._rows.popitem(last=False)[1])
+                self.num_bytes -= self._rows.popitem(last=False)[1].nbytes
         return out
 
     def step_embeds(self, chunks: Sequence[ChunkImages], device: torch.device) -> ImageEmbeds | None:

@@ -31,8 +31,7 @@ PERSON = {
     "required": ["name", "age", "role", "skills", "address"],
 }
 JOBS = ["baker", "pilot", "nurse", "farmer", "teacher", "chef"]
-CITIES = ["Paris", "Lyon"]
-PROMPTS = [f"Describe a {job} from {city} as JSON." for job in JOBS for city in CITIES]  # 12 prompts
+PROMPTS = [f"Describe a {job} from Paris as JSON." for job in JOBS]
 IPV4 = r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])"
 DATE = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 WEATHER = {
@@ -83,8 +82,8 @@ async def test_json_schema_prompts_greedy_and_seeded(http):
         assert answer["details"]["finish_reason"] == "eos_token", (body, answer)
         jsonschema.validate(json.loads(answer["generated_text"]), PERSON)
     # a seed reproduces its answer
-    again = await generate_all(http, bodies[20:21])
-    assert again[0]["generated_text"] == (await generate_all(http, bodies[20:21]))[0]["generated_text"]
+    again = await generate_all(http, bodies[-1:])
+    assert again[0]["generated_text"] == (await generate_all(http, bodies[-1:]))[0]["generated_text"]
 
 
 async def test_regex_prompts(http):

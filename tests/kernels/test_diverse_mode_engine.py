@@ -54,13 +54,28 @@ def generate(weights, diverse: bool, sampling: list[SamplingParams]) -> tuple[li
     return [r.token_ids for r in results], group_sizes
 
 
+@pytest.fixture(scope="module")
+def mode_off(tiny_weights):
+    """The tokens with diverse mode off, per do_sample: computed once for the module's tests."""
+    tokens: dict[bool, list[list[int]]] = {}
+
+    def get(do_sample: bool) -> list[list[int]]:
+        if do_sample not in tokens:
+            off, no_groups = generate(tiny_weights, False, _sampling(do_sample))
+            assert no_groups == []
+            tokens[do_sample] = off
+        return tokens[do_sample]
+
+    return get
+
+
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "seeded"])
-def test_diverse_mode_gives_the_same_tokens_and_groups_the_siblings(tiny_weights, do_sample):
-    _same_tokens_and_grouped(tiny_weights, do_sample)
+def test_diverse_mode_gives_the_same_tokens_and_groups_the_siblings(tiny_weights, mode_off, do_sample):
+    _same_tokens_and_grouped(tiny_weights, mode_off(do_sample), do_sample)
 
 
 @pytest.mark.parametrize("final", [False, True], ids=["partials", "final"])
-def test_group_programs_reading_their_members_own_keys_give_the_same_tokens(tiny_weights, final, monkeypatch):
+def test_group_programs_reading_their_members_own_keys_give_the_same_tokens(tiny_weights, mode_off, final, monkeypatch):
     """The kernel's other form (shared_prefix.py's group_suffix) over seeded siblings and a stranger: the backend's
     prefix splits (2 here: partials and stage 2), and one (outputs written final, as at 64 groups on an H100)."""
     monkeypatch.setattr(triton_backend, "SHARED_PREFIX_GROUP_SUFFIX", True)
@@ -68,18 +83,17 @@ def test_group_programs_reading_their_members_own_keys_give_the_same_tokens(tiny
         monkeypatch.setattr(
             TritonAttentionBackend, "_prefix_splits", lambda self, batch: int(self.prefix_group_max > 0)
         )
-    _same_tokens_and_grouped(tiny_weights, do_sample=True)
+    _same_tokens_and_grouped(tiny_weights, mode_off(True), do_sample=True)
 
 
-def _same_tokens_and_grouped(tiny_weights, do_sample: bool) -> None:
-    # seeded siblings: one seed each, as the server gives n siblings
-    sampling = [
-        SamplingParams(do_sample=do_sample, seed=5 + i, temperature=1.3 if do_sample else 1.0) for i in range(5)
-    ]
-    off, no_groups = generate(tiny_weights, False, sampling)
-    on, group_sizes = generate(tiny_weights, True, sampling)
+def _sampling(do_sample: bool) -> list[SamplingParams]:
+    """Seeded siblings: one seed each, as the server gives n siblings."""
+    return [SamplingParams(do_sample=do_sample, seed=5 + i, temperature=1.3 if do_sample else 1.0) for i in range(5)]
+
+
+def _same_tokens_and_grouped(tiny_weights, off: list[list[int]], do_sample: bool) -> None:
+    on, group_sizes = generate(tiny_weights, True, _sampling(do_sample))
     assert on == off
-    assert no_groups == []
     assert group_sizes and max(group_sizes) == 4  # the siblings' later decode steps read the prompt once
     if do_sample:
         assert len({tuple(tokens) for tokens in on[:4]}) > 1  # seeded siblings differ

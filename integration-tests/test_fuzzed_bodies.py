@@ -8,6 +8,7 @@ examples are derandomized: CI runs the same ones every time; FUZZ_EXAMPLES=2000 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any
@@ -92,16 +93,18 @@ def _mutated(body: dict[str, Any], path: tuple[str | int, ...], value: Any) -> N
         except (KeyError, IndexError, TypeError):
             return
     last = path[-1]
+    if value is not DELETE:
+        value = copy.deepcopy(value)  # EDGES' lists and dicts are shared: two mutations must not set one object twice
     if isinstance(parent, dict) and isinstance(last, str):
         if value is DELETE:
             parent.pop(last, None)
         else:
-            parent[last] = json.loads(json.dumps(value))  # a copy: EDGES' lists and dicts are shared
+            parent[last] = value
     elif isinstance(parent, list) and isinstance(last, int) and last < len(parent):
         if value is DELETE:
             del parent[last]
         else:
-            parent[last] = json.loads(json.dumps(value))  # a copy: EDGES' lists and dicts are shared
+            parent[last] = value
 
 
 @st.composite

@@ -116,7 +116,7 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes]:
         return route, draw(st.binary(max_size=24))
     if kind == "json":
         return route, json.dumps(draw(JSON)).encode()
-    body = json.loads(json.dumps(template))
+    body = copy.deepcopy(template)
     mutations = st.lists(st.tuples(st.sampled_from(paths), EDGES | JSON | st.just(DELETE)), min_size=1, max_size=3)
     for path, value in draw(mutations):
         _mutated(body, path, value)

@@ -11,8 +11,8 @@ from tests.benchmarks.conftest import free_port
 from tgi_compat.modeling.forward_batch import CrossAttention, CrossRun, ForwardBatch, build_forward_batch
 from tgi_compat.modeling.parallel import init_tensor_parallel
 from tgi_compat.modeling.parallel.cross_broadcast import CrossKeysFollower
-from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
 from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
+from tgi_compat.router.process_exit import exit_process
 
 STATES = [torch.arange(12.0).view(3, 4), -torch.arange(8.0).view(2, 4)]  # entries 0 and 1's vision states
 
@@ -57,7 +57,7 @@ def _rank(rank: int, port: int, path: str) -> None:
             runs = [(run.first, run.end, run.keys, run.entry, run.kv[0][0].clone()) for run in cross.runs]
             seen.append((sorted(follower.entries), cross.rows.clone(), cross.follows_image.clone(), runs))
         torch.save(seen, path)
-    destroy_tensor_parallel(tp)
+    exit_process(0)  # as a served rank leaves (tests.modeling.tp_group)
 
 
 def test_other_ranks_make_and_keep_their_keys_while_rank_zero_holds_them(tmp_path):

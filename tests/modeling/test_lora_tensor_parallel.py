@@ -21,12 +21,12 @@ from tests.lora_adapters import write_smollm2_adapter
 from tests.modeling.helpers import max_rel_error
 from tests.modeling.test_lora_parity import RANKS, _run_mixed_batch
 from tests.modeling.test_tensor_parallel_logits import SMOLLM2, TOLERANCE
-from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
 from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
 from tgi_compat.modeling.runner import ModelRunner
 from tgi_compat.router.config import EngineConfig, LoraSource
 from tgi_compat.router.lora_registry import LoraRegistry
 from tgi_compat.router.model_loading import load_runner
+from tgi_compat.router.process_exit import exit_process
 
 
 def _config(adapters: list[LoraSource], num_shard: int, port: int = 0) -> EngineConfig:
@@ -59,7 +59,7 @@ def _rank_main(rank: int, config: EngineConfig, results_path: str) -> None:
         runner.close()  # sends stop
     else:
         runner.follow_rank_zero(StepBroadcast(runner.tp))
-    destroy_tensor_parallel(runner.tp)
+    exit_process(0)  # as a served rank leaves (tests.modeling.tp_group)
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import torch.multiprocessing as mp
 
 from tests.benchmarks.conftest import free_port
 from tgi_compat.modeling.parallel import TensorParallel, init_tensor_parallel
-from tgi_compat.modeling.parallel.group import destroy_tensor_parallel
 from tgi_compat.modeling.parallel.step_broadcast import StepBroadcast
 from tgi_compat.modeling.runner import ModelRunner
+from tgi_compat.router.process_exit import exit_process
 
 # key -> (the model's folder or id, rank 0's steps over its runner: what each returns is kept under the key)
 Runs = dict[str, tuple[str, Callable[[ModelRunner], list[torch.Tensor]]]]
@@ -45,7 +45,9 @@ def serve_in_turn(
             runner.follow_rank_zero(steps)
     if rank == 0:
         torch.save(results, results_path)
-    destroy_tensor_parallel(tp)
+    # As a served rank leaves (tp_worker): by exiting, without destroy_process_group and the interpreter's
+    # teardown, where a rank once died of SIGABRT ("terminate called without an active exception") in CI.
+    exit_process(0)
 
 
 def saved_models(tmp_path_factory, models: dict[str, Callable[[str, dict], None]], sizes: dict, tag: str) -> dict:

@@ -10,7 +10,7 @@ import torch
 
 from tests.kernels.test_kernel_attention import make_cache, make_req_to_token, relative_error
 from tgi_compat.kernels.attention.decode import decode_attention, decode_attention_ref
-from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref, token_spans
 
 # (sliding window, soft-cap, attention chunk): windows and chunks shorter than the context, which crosses chunk edges
 SWITCHES = [(7, None, None), (None, 5.0, None), (20, 2.0, None), (None, None, 8), (None, None, 16)]
@@ -57,6 +57,35 @@ def test_prefill_attention_window_softcap_and_chunk(window, softcap, chunk):
     ref = prefill_attention_ref(*args, scale=0.3, **options)
     assert relative_error(out, ref) < 1e-5
     assert relative_error(prefill_attention_ref(*args, scale=0.3), ref) > 1e-3
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_prefill_attention_opens_bidirectional_spans(window):
+    """Image placeholders that see each other both ways (Gemma 3): spans that cross the kernel's query and key
+    blocks, start in the cached prefix, outlast the window, and two in one request; a decode row and a request
+    without any beside them."""
+    gen = torch.Generator().manual_seed(5)
+    num_kv_heads, group = 2, 2
+    q_lens = [1, 37, 23, 12]
+    kv_lens = [30, 37, 41, 12]
+    spans = [[], [(3, 14), (20, 35)], [(10, 30), (33, 41)], []]  # request 2's chunk starts at 18, inside a span
+    k_cache, v_cache = make_cache(256, num_kv_heads, torch.float32, gen)
+    req_to_token, req_rows = make_req_to_token(kv_lens, 256, gen)
+    q_len_t = torch.tensor(q_lens)
+    q_start = torch.cumsum(q_len_t, 0) - q_len_t
+    q = torch.randn(sum(q_lens), num_kv_heads * group, 16, generator=gen)
+    args = (q, k_cache, v_cache, req_to_token, req_rows, q_start, q_len_t, torch.tensor(kv_lens))
+    opened = token_spans(spans, q_lens, kv_lens)
+    assert opened[1 + 37 : 1 + 37 + 12].tolist() == [[10, 30]] * 12 and opened[:1].tolist() == [[0, 0]]
+    out = prefill_attention(
+        *args, max_q_len=max(q_lens), scale=0.3, block_m=16, block_n=16, sliding_window=window, spans=opened
+    )
+    ref = prefill_attention_ref(*args, scale=0.3, sliding_window=window, spans=opened)
+    assert relative_error(out, ref) < 1e-5
+    causal = prefill_attention_ref(*args, scale=0.3, sliding_window=window)
+    assert relative_error(causal, ref) > 1e-3
+    rows_without = list(range(1)) + list(range(sum(q_lens) - 12, sum(q_lens)))
+    assert torch.equal(ref[rows_without], causal[rows_without])  # rows in no span keep the causal answer
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

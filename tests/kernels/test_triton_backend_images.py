@@ -1,6 +1,7 @@
 """Gemma 3 with images on the Triton backend (interpreted): a step whose image placeholders attend to each
-other both ways attends through the torch reference, the rest of the step and the decodes stay on the kernels;
-logits equal transformers' within 1e-3 (fp32), the prompt's chunks, then decode steps over it."""
+other both ways gives the extend kernel each token's span, the decodes take flash-decoding; logits equal
+transformers' within 1e-3 (fp32), the prompt's chunks, then decode steps over it. Through the engine, chunked:
+mixed steps of one request's decode and another's image chunk give transformers' greedy ids."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 from tests.modeling.helpers import max_rel_error
 from tests.modeling.test_gemma3_multimodal import tiny_multimodal
 from tests.modeling.test_gemma3_vision import VOCAB, pixels, prompt, reference_logits, run, text
+from tests.router import test_gemma3_vision_engine as engine_test
+from tests.router.test_gemma3_vision_engine import GREEN, RED, checkpoint  # noqa: F401 - (a fixture)
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 
@@ -27,6 +30,17 @@ def test_images_on_the_triton_backend_equal_transformers(tmp_path):
     ref = reference_logits(model, ids, pixel_values)
     cut = len(ids) - 3
     chunks = [run(runner, ids[:cut], 0, slots, features)]  # both images, bidirectional
+    spans = runner.backend.metadata.spans
+    assert spans is not None and int((spans[:, 1] > spans[:, 0]).sum()) > 0  # the kernel opened the images' spans
     chunks += [run(runner, ids[: p + 1], p, slots, features) for p in range(cut, len(ids))]  # decode steps
-    assert runner.backend.image_step is None  # the last steps had no image
+    assert runner.backend.metadata.spans is None  # the last steps had no image
     assert max_rel_error(torch.cat(chunks), ref) <= 1e-3
+
+
+def test_chunked_image_prompts_through_the_engine_give_transformers_greedy_ids(checkpoint):  # noqa: F811
+    engine = engine_test.make_engine(checkpoint[2], max_batch_prefill_tokens=11, attention_backend="triton")
+    both, ids = engine_test.request("both", [RED, GREEN])
+    red, red_ids = engine_test.request("red", [RED])
+    events = engine_test.run(engine, both, red)
+    assert engine_test.token_ids(events["both"]) == engine_test.expected(checkpoint, ids, [RED, GREEN])
+    assert engine_test.token_ids(events["red"]) == engine_test.expected(checkpoint, red_ids, [RED])

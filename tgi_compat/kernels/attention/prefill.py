@@ -13,9 +13,15 @@ layers): a query at position p sees keys [p // C * C, p], and a program starts i
 query's chunk. SOFTCAP = c: scores -> c * tanh(scores / c).
 CAUSAL = False: every query sees all of its request's keys (a vision encoder's windows and images,
 kernels/attention/varlen.py).
+SPANS: each new token's bidirectional span [start, end) of positions (`token_spans`; start == end: none), whose
+keys it sees besides the causal ones, past its own position and outside its window: an image's placeholders
+attending to each other both ways (Gemma 3's prefill; PaliGemma's whole prompt). A program widens its key walk to
+the spans of its block's queries.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -37,6 +43,7 @@ def _prefill_kernel(
     q_start_ptr,  # [B]
     q_lens_ptr,  # [B]
     kv_lens_ptr,  # [B]
+    span_ptr,  # [T, 2] int32 (SPANS)
     scale,
     stride_qt,
     stride_qh,
@@ -57,6 +64,7 @@ def _prefill_kernel(
     SOFTCAP: tl.constexpr = 0.0,
     CAUSAL: tl.constexpr = True,
     ATTENTION_CHUNK: tl.constexpr = 0,
+    SPANS: tl.constexpr = False,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -95,6 +103,12 @@ def _prefill_kernel(
         key_begin = tl.maximum(prefix_len + m_block * BLOCK_M - SLIDING_WINDOW + 1, 0)
     if ATTENTION_CHUNK > 0:  # nor before its own chunk
         key_begin = (prefix_len + m_block * BLOCK_M) // ATTENTION_CHUNK * ATTENTION_CHUNK
+    if SPANS:
+        span_start = tl.load(span_ptr + token_idx * 2, mask=mask_m, other=0)
+        span_end = tl.load(span_ptr + token_idx * 2 + 1, mask=mask_m, other=0)
+        in_some = span_end > span_start
+        key_end = tl.maximum(key_end, tl.minimum(tl.max(tl.where(in_some, span_end, 0)), kv_len))
+        key_begin = tl.minimum(key_begin, tl.min(tl.where(in_some, span_start, key_begin)))
     for block_start in range(key_begin, key_end, BLOCK_N):
         offs_n = block_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < key_end
@@ -106,6 +120,9 @@ def _prefill_kernel(
             visible = visible & (offs_n[None, :] > q_pos[:, None] - SLIDING_WINDOW)
         if ATTENTION_CHUNK > 0:
             visible = visible & (offs_n[None, :] >= (q_pos // ATTENTION_CHUNK * ATTENTION_CHUNK)[:, None])
+        if SPANS:
+            opened = (offs_n[None, :] >= span_start[:, None]) & (offs_n[None, :] < span_end[:, None])
+            visible = visible | (mask_n[None, :] & mask_m[:, None] & opened)
         # rows past q_len (and, windowed, rows whose window starts past this block) see no key here
         m_i, l_i, acc = attend_kv_block(
             q, m_i, l_i, acc, slots, mask_n, visible, head_kv, scale, DOT_PRECISION, SOFTCAP, EMPTY_ROWS=True
@@ -140,6 +157,7 @@ def prefill_attention(
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
     causal: bool = True,  # False: each query sees all of its request's keys
     attention_chunk: int | None = None,  # a query at position p sees keys [p // chunk * chunk, p]
+    spans: torch.Tensor | None = None,  # [T, 2] int32: each new token's bidirectional span (token_spans)
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -160,6 +178,7 @@ def prefill_attention(
         q_start,
         q_lens,
         kv_lens,
+        q if spans is None else spans,  # (never read without SPANS)
         scale,
         q.stride(0),
         q.stride(1),
@@ -180,6 +199,7 @@ def prefill_attention(
         SOFTCAP=float(softcap or 0.0),
         CAUSAL=causal,
         ATTENTION_CHUNK=attention_chunk or 0,
+        SPANS=spans is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -199,6 +219,7 @@ def prefill_attention_ref(
     sliding_window: int | None = None,
     softcap: float | None = None,
     attention_chunk: int | None = None,
+    spans: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole KV (prefix + new), in fp32."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
@@ -218,6 +239,26 @@ def prefill_attention_ref(
             hidden |= key_pos <= q_pos - sliding_window
         if attention_chunk:
             hidden |= key_pos < q_pos // attention_chunk * attention_chunk
+        if spans is not None:
+            span = spans[start : start + q_len].long()
+            hidden &= ~((key_pos >= span[:, :1]) & (key_pos < span[:, 1:]))
         scores.masked_fill_(hidden, float("-inf"))
         out[start : start + q_len] = torch.einsum("hql,lhd->qhd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
+def token_spans(
+    spans: Sequence[Sequence[tuple[int, int]]], q_lens: Sequence[int], kv_lens: Sequence[int]
+) -> torch.Tensor:
+    """The extend kernel's SPANS input from each request's bidirectional spans (positions [start, end), disjoint):
+    [T, 2] int32 on the host, the span each of the step's new tokens lies in, or (0, 0)."""
+    out = torch.zeros(sum(q_lens), 2, dtype=torch.int32)
+    start = 0
+    for index, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
+        first = kv_len - q_len  # the position of the request's first new token
+        for span_start, span_end in spans[index] if index < len(spans) else ():
+            lo, hi = max(span_start, first), min(span_end, kv_len)
+            if lo < hi:
+                out[start + lo - first : start + hi - first] = torch.tensor([span_start, span_end], dtype=torch.int32)
+        start += q_len
     return out

@@ -1,7 +1,7 @@
 """Attention on the GPU through the Triton kernels in tgi_compat/kernels/.
 
 DECODE steps run flash-decoding (tgi_compat.kernels.attention.decode); EXTEND steps run the variable-length
-extend kernel (a step with images whose placeholders attend both ways attends through the torch reference backend).
+extend kernel, which a step with images whose placeholders attend both ways (Gemma 3) gives each token's span.
 A MIXED step (chunked prefill beside decodes) sends its leading run of one-token
 requests (the scheduler puts running decodes first) through flash-decoding and the rest through
 the extend kernel: the extend kernel would give every decode row a whole query tile, a grid sized by
@@ -33,7 +33,7 @@ import torch
 from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
 from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.kv_store import kv_store
-from tgi_compat.kernels.attention.prefill import prefill_attention
+from tgi_compat.kernels.attention.prefill import prefill_attention, token_spans
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
 from tgi_compat.kernels.attention.shared_prefix import (
     choose_prefix_splits,
@@ -41,7 +41,6 @@ from tgi_compat.kernels.attention.shared_prefix import (
     shared_prefix_decode_attention,
 )
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape, LayerQKV
-from tgi_compat.modeling.attention.torch_backend import TorchAttentionBackend
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, leading_one_token_requests
 
 MAX_DECODE_SPLITS = 64
@@ -78,6 +77,7 @@ class TritonAttentionMetadata:
     num_decode_prefix: int = 0  # MIXED: the first requests (one token each) that go to flash-decoding
     prefix_table: torch.Tensor | None = None  # DECODE under --diverse_mode: PrefixGroups.table [B, 1 + group_max]
     prefix_splits: int = 0  # splits of each group's prefix (with prefix_table)
+    spans: torch.Tensor | None = None  # extend rows: [T, 2], each token's bidirectional image span (token_spans)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -101,14 +101,6 @@ class TritonAttentionBackend(AttentionBackend):
         self._split_counter = torch.zeros(max_rows, self.num_kv_heads, dtype=torch.int32, device=self.device)
         self.merged_split_batches = MERGED_SPLIT_BATCHES
         self.fused_rotary_batches = FUSED_ROTARY_BATCHES
-        self._shape = shape
-        self._reference: TorchAttentionBackend | None = None  # built at the first step with images
-        self.image_step: TorchAttentionBackend | None = None  # this step's, when it has images
-
-    def _image_reference(self) -> TorchAttentionBackend:
-        if self._reference is None:
-            self._reference = TorchAttentionBackend(self._shape)
-        return self._reference
 
     def compile_kernels(
         self,
@@ -164,14 +156,18 @@ class TritonAttentionBackend(AttentionBackend):
         )
 
     def init_forward_metadata(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> None:
-        # The extend kernel's mask is causal only: a step with images whose placeholders attend to each other
-        # both ways (Gemma 3's prefill) attends through the torch reference; rotary and the KV store stay here.
-        self.image_step = None
-        if batch.images is not None and any(batch.images.spans):
-            self.image_step = self._image_reference()
-            self.image_step.init_forward_metadata(batch, req_to_token)
         is_decode = batch.mode == ForwardMode.DECODE
         num_flash = batch.batch_size if is_decode else _num_decode_prefix(batch)
+        spans = None
+        if not is_decode and batch.images is not None and any(batch.images.spans):
+            # image placeholders that attend to each other both ways (Gemma 3's prefill) go to the extend kernel,
+            # a one-token chunk in a span too (its span may reach past its window)
+            image_spans = batch.images.spans
+            num_flash = next((i for i in range(num_flash) if i < len(image_spans) and image_spans[i]), num_flash)
+            assert batch.q_lens_cpu is not None and batch.kv_lens_cpu is not None, "a step with images has host lengths"
+            extend = slice(num_flash, None)
+            spans = token_spans(image_spans[extend], batch.q_lens_cpu[extend], batch.kv_lens_cpu[extend])
+            spans = spans.to(batch.req_rows.device, non_blocking=True)
         max_q_len = batch.max_q_len
         if num_flash and not is_decode and batch.q_lens_cpu is not None:  # a decode prefix needs host lengths
             max_q_len = max(batch.q_lens_cpu[num_flash:])
@@ -187,6 +183,7 @@ class TritonAttentionBackend(AttentionBackend):
             num_splits=self._num_splits(num_flash) if num_flash else 0,
             block_n=choose_block_n(max(num_flash, 1), self.num_kv_heads, self.num_sms),
             num_decode_prefix=0 if is_decode else num_flash,
+            spans=spans,
         )
         if is_decode and batch.prefix_groups is not None and self.prefix_group_max:
             self.metadata.prefix_table = batch.prefix_groups.table
@@ -218,8 +215,6 @@ class TritonAttentionBackend(AttentionBackend):
         meta = self.metadata
         if meta.is_decode:
             return self._decode(q, k_cache, v_cache, params)
-        if self.image_step is not None:
-            return self.image_step.forward(q, k_cache, v_cache, params)
         out = torch.empty_like(q)
         first = meta.num_decode_prefix  # requests [0, first) own tokens [0, first), one each
         if first:
@@ -239,6 +234,7 @@ class TritonAttentionBackend(AttentionBackend):
             sliding_window=params.sliding_window,
             softcap=params.softcap,
             attention_chunk=params.attention_chunk,
+            spans=meta.spans,
         )
         return out
 

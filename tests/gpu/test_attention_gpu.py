@@ -22,7 +22,7 @@ from tgi_compat.kernels.attention.decode import (
     decode_attention_ref,
 )
 from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
-from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref
+from tgi_compat.kernels.attention.prefill import prefill_attention, prefill_attention_ref, token_spans
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
 
 pytestmark = GPU_ONLY
@@ -293,3 +293,24 @@ def test_chunked_attention_at_llama4_shape() -> None:
         out = prefill_attention(*args, max_q_len=int(q_lens.max()), scale=scale, attention_chunk=chunk)
         ref = prefill_attention_ref(*args, scale=scale, attention_chunk=chunk)
         check(f"chunked prefill {dtype}", rel_err(out, ref), tolerance(dtype))
+
+
+def test_prefill_attention_with_image_spans_at_gemma3_shape() -> None:
+    """Gemma 3 27B's heads (32/16 x 128), its 256-token images opened both ways, a local layer's window (1024;
+    128 here, shorter than an image's reach back from its end) and none: two images in one prompt, one whose chunk
+    starts inside it over a cached prefix, a decode and a prompt without any beside them."""
+    heads, kv_heads, head_dim, scale = 32, 16, 128, 128**-0.5
+    q_lens = [1, 700, 400, 129]
+    kv_lens = [900, 700, 1000, 129]
+    spans = [[], [(10, 266), (300, 556)], [(580, 836)], []]  # request 2's chunk starts at 600, inside its image
+    for dtype, window in itertools.product((torch.bfloat16, torch.float32), (None, 128)):
+        k_cache, v_cache, r2t, rows = paged_cache(kv_lens, kv_heads, head_dim, dtype)
+        q_len_t = torch.tensor(q_lens, device=DEV)
+        q_start = q_len_t.cumsum(0) - q_len_t
+        q = torch.randn(sum(q_lens), heads, head_dim, device=DEV, dtype=dtype)
+        args = (q, k_cache, v_cache, r2t, rows, q_start, q_len_t, torch.tensor(kv_lens, device=DEV))
+        opened = token_spans(spans, q_lens, kv_lens).to(DEV)
+        out = torch.full_like(q, float("nan"))
+        prefill_attention(*args, max_q_len=max(q_lens), scale=scale, out=out, sliding_window=window, spans=opened)
+        ref = prefill_attention_ref(*args, scale=scale, sliding_window=window, spans=opened)
+        check(f"prefill with image spans {dtype} window={window}", rel_err(out, ref), tolerance(dtype))

@@ -154,6 +154,30 @@ def test_malformed_and_missing_adapters_get_clear_errors(lora_server, tmp_path):
     assert _generate(lora_server, "a1")["details"]["generated_tokens"] >= 1  # the server keeps serving
 
 
+def test_load_inplace_replaces_an_adapter_and_a_bad_one_changes_nothing(lora_server, tmp_path):
+    """vLLM's `load_inplace`: the name's new requests get the new files' weights; without it the name is taken."""
+    url = lora_server.base_url
+    first, second = write_smollm2_adapter(tmp_path / "1", 8, seed=1), write_smollm2_adapter(tmp_path / "2", 16, seed=2)
+    a1, a2 = _generate(lora_server, "a1")["generated_text"], _generate(lora_server, "a2")["generated_text"]
+    assert a1 != a2
+
+    def load(path, **extra) -> httpx.Response:
+        body = {"lora_name": "swap", "lora_path": str(path), **extra}
+        return httpx.post(f"{url}/v1/load_lora_adapter", json=body, timeout=120)
+
+    assert load(first).status_code == 200 and _generate(lora_server, "swap")["generated_text"] == a1
+    taken = load(second)
+    assert taken.status_code == 400 and "'swap' has already been loaded" in taken.json()["error"]["message"]
+    replaced = load(second, load_inplace=True)
+    assert (replaced.status_code, replaced.text) == (200, "Success: LoRA adapter 'swap' added successfully.")
+    assert _generate(lora_server, "swap")["generated_text"] == a2
+    cards = {card["id"]: card for card in httpx.get(f"{url}/v1/models").json()["data"]}
+    assert cards["swap"]["root"] == str(second)
+    bad = load(tmp_path / "none", load_inplace=True)
+    assert bad.status_code == 404 and _generate(lora_server, "swap")["generated_text"] == a2  # still the last one
+    assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "swap"}, timeout=60).status_code == 200
+
+
 def _lora_info(server) -> tuple[str, list[str]]:
     text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
     return text, [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]

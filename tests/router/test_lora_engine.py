@@ -167,6 +167,33 @@ def test_loads_and_unloads_while_serving_through_adapter_calls(engine, folders, 
     assert set(missing.adapters) == {"a2", "a3", "a1-again"}
 
 
+def test_a_load_in_place_gives_new_requests_the_new_weights_and_running_ones_the_old(engine, folders, alone):
+    """vLLM's load_inplace: a2 replaced by a3's files while a request of a2 runs; it finishes on a2's weights, a
+    request that comes after gets a3's answer under the name a2; the host cache holds both until it ends."""
+    calls = engine.adapter_calls
+    assert alone["a2"] != alone["a3"]
+    engine.add_request(
+        GenerateRequest("before-replace", SMOLLM2_PROMPTS[0], max_new_tokens=MAX_NEW, ignore_eos=True, adapter_id="a2")
+    )
+    tokens = [t for event in engine.step() for t in event.token_ids]  # running
+    assert calls.submit(LoadAdapter(20, "a2", str(folders["a3"]), replace=True)) is None
+    replies = []
+    while not replies:  # installed between two steps of the running request
+        time.sleep(0.01)
+        replies += calls.take_replies()
+    assert engine.lora is not None and len(engine.lora.ids) + len(engine.lora._retired) == 4  # the old kept for it
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens += event.token_ids
+    assert tokens == alone["a2"]
+    assert [(r.call_id, r.error) for r in replies] == [(20, None)] and replies[0].adapters["a2"] == str(folders["a3"])
+    assert run(engine, [(SMOLLM2_PROMPTS[0], "a2")], "after-replace-")[0][0] == alone["a3"]
+    taken = calls.submit(LoadAdapter(21, "a2", str(folders["a2"])))  # without replace: the name is taken
+    assert taken is not None and taken.error == "LoRA adapter 'a2' is already loaded"
+    engine.load_adapter("a2", str(folders["a2"]), replace=True)  # back, for the tests after
+    assert run(engine, [(SMOLLM2_PROMPTS[0], "a2")], "restored-")[0][0] == alone["a2"]
+
+
 def test_stats_name_the_running_and_waiting_adapters(engine):
     """vllm:lora_requests_info's labels: two adapters hold the two slots, the third waits for one."""
     for adapter in ("a2", "a3", "a1-again"):

@@ -115,8 +115,9 @@ class EngineClient(ABC):
         """Name -> source of the LoRA adapters loaded now."""
         return self.info.lora_adapters
 
-    async def load_adapter(self, name: str, source: str) -> None:
-        """Load a LoRA adapter while serving (AdapterCallError: the reason, nothing changed)."""
+    async def load_adapter(self, name: str, source: str, replace: bool = False) -> None:
+        """Load a LoRA adapter while serving, with `replace` in place of the one of that name (AdapterCallError: the
+        reason, nothing changed)."""
         raise AdapterCallError(f"{type(self).__name__} cannot load LoRA adapters")
 
     async def unload_adapter(self, name: str) -> None:

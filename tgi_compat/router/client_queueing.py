@@ -133,8 +133,8 @@ class QueueingClient(EngineClient):
     def lora_adapters(self) -> dict[str, str]:
         return self._adapter_calls.adapters
 
-    async def load_adapter(self, name: str, source: str) -> None:
-        await self._adapter_call(LoadAdapter(PendingAdapterCalls.next_id(), name, source))
+    async def load_adapter(self, name: str, source: str, replace: bool = False) -> None:
+        await self._adapter_call(LoadAdapter(PendingAdapterCalls.next_id(), name, source, replace))
 
     async def unload_adapter(self, name: str) -> None:
         await self._adapter_call(UnloadAdapter(PendingAdapterCalls.next_id(), name))

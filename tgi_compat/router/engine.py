@@ -179,11 +179,12 @@ class EngineCore:
         if self.selector.add(request):  # else it joins the scheduler once its grammar compiled
             self.scheduler.add(request)
 
-    def load_adapter(self, name: str, source: str, revision: str | None = None) -> None:
-        """Load a LoRA adapter while serving (ValueError, LoraAdapterError: the reason, nothing changed)."""
+    def load_adapter(self, name: str, source: str, revision: str | None = None, replace: bool = False) -> None:
+        """Load a LoRA adapter while serving, with `replace` in place of the one of that name (ValueError,
+        LoraAdapterError: the reason, nothing changed)."""
         if self.lora is None:
             raise ValueError("LoRA is off: start the server with --enable-lora or --lora-adapters")
-        self.lora.load(name, source, revision)
+        self.lora.load(name, source, revision, replace)
 
     def unload_adapter(self, name: str) -> None:
         """LookupError when it is not loaded."""

@@ -49,7 +49,7 @@ class AdapterCalls:
             logger.info("unloaded LoRA adapter %r", call.name)
             return self._reply(call)
         try:
-            registry.check_room(call.name)
+            registry.check_room(call.name, call.replace)
         except ValueError as exc:
             return self._reply(call, str(exc))
         if self._reader is None:
@@ -70,7 +70,7 @@ class AdapterCalls:
                 continue
             assert self.registry is not None  # a load is only read with LoRA on
             try:
-                self.registry.install(call.name, future.result())
+                self.registry.install(call.name, future.result(), call.replace)
             except ValueError as exc:  # LoraAdapterError included: the reason, nothing changed
                 replies.append(self._reply(call, str(exc), not_found=isinstance(exc, LoraAdapterNotFoundError)))
             except OSError as exc:  # an unreadable file

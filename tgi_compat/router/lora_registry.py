@@ -2,7 +2,9 @@
 
 Each load gets a new id (never reused), which tags the request's prefix-cache keys and names the adapter to
 the runner: an adapter unloaded and loaded again under the same name never meets the old one's K/V or weights.
-An unloaded adapter's host copy stays while requests of it are still in the engine.
+An unloaded adapter's host copy stays while requests of it are still in the engine. A load that replaces one
+(vLLM's `load_inplace`) is the two at once: new requests of the name get the new weights, the ones already in the
+engine finish on the weights they started with.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ class LoraRegistry:
     def names(self) -> list[str]:
         return list(self.ids)
 
-    def load(self, name: str, source: str, revision: str | None = None) -> None:
-        """Read, check and keep an adapter (LoraAdapterError, ValueError for a taken name or a full host cache)."""
-        self.check_room(name)
-        self.install(name, self.read(name, source, revision))
+    def load(self, name: str, source: str, revision: str | None = None, replace: bool = False) -> None:
+        """Read, check and keep an adapter (LoraAdapterError, ValueError for a taken name or a full host cache);
+        with `replace`, in place of the one of that name if there is one."""
+        self.check_room(name, replace)
+        self.install(name, self.read(name, source, revision), replace)
 
     def read(self, name: str, source: str, revision: str | None = None) -> StagedAdapter:
         """Read an adapter's files, check it against the model and stage it in host memory (LoraAdapterError):
@@ -48,21 +51,27 @@ class LoraRegistry:
 
         return self.manager.prepare(load_peft_adapter(name, source, revision), revision)
 
-    def check_room(self, name: str) -> None:
-        """ValueError when `name` is taken or the host cache (--max-cpu-loras) is full."""
-        if name in self.ids:
+    def check_room(self, name: str, replace: bool = False) -> None:
+        """ValueError when `name` is taken (unless replaced) or the host cache (--max-cpu-loras) is full."""
+        replaced = self.ids.get(name)
+        if replaced is not None and not replace:
             raise ValueError(f"LoRA adapter {name!r} is already loaded")
         self._drop_retired()
-        if len(self.ids) + len(self._retired) >= self.max_cpu_loras:
+        held = len(self.ids) + len(self._retired)
+        if replaced is not None and not self.in_use(replaced):
+            held -= 1  # its host copy goes as the new one comes
+        if held >= self.max_cpu_loras:
             raise ValueError(f"{self.max_cpu_loras} LoRA adapters are loaded (--max-cpu-loras): unload one first")
 
-    def install(self, name: str, adapter: StagedAdapter) -> None:
+    def install(self, name: str, adapter: StagedAdapter, replace: bool = False) -> None:
         """Keep an adapter `read` (ValueError: the name was taken, or the host cache filled, meanwhile)."""
         try:
-            self.check_room(name)  # again: a load read in a thread may meet another of the same name
+            self.check_room(name, replace)  # again: a load read in a thread may meet another of the same name
         except ValueError:
             self.manager.release(adapter)
             raise
+        if name in self.ids:  # replaced: retired first, so that the host cache never holds one too many
+            self.unload(name)
         adapter_id, self._next_id = self._next_id, self._next_id + 1
         self.manager.install(adapter_id, adapter)
         self.ids[name] = adapter_id

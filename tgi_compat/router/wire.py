@@ -45,6 +45,7 @@ class LoadAdapter(msgspec.Struct, tag=True):
     call_id: int
     name: str
     source: str  # a folder or a hub id
+    replace: bool = False  # in place of the adapter of that name, if one is loaded (vLLM's load_inplace)
 
 
 class UnloadAdapter(msgspec.Struct, tag=True):

@@ -32,6 +32,7 @@ def runtime_lora_updating() -> bool:
 class LoadLoraAdapterRequest(BaseModel):
     lora_name: str
     lora_path: str
+    load_inplace: bool = False  # replace the adapter of that name: its running requests finish on the old weights
 
 
 class UnloadLoraAdapterRequest(BaseModel):
@@ -59,10 +60,10 @@ async def load_adapter(state: AppState, raw: bytes, content_type: str | None) ->
     name = body.lora_name
     if not name or not body.lora_path:
         return error_response("Both 'lora_name' and 'lora_path' must be provided.", error_type="InvalidUserInput")
-    if name in state.engine.lora_adapters:
+    if name in state.engine.lora_adapters and not body.load_inplace:
         return error_response(f"The lora adapter '{name}' has already been loaded.", error_type="InvalidUserInput")
     try:
-        await state.engine.load_adapter(name, body.lora_path)
+        await state.engine.load_adapter(name, body.lora_path, body.load_inplace)
     except AdapterCallError as error:
         return error_response(str(error), *((404, "NotFoundError") if error.not_found else ()))
     state.metrics.set_lora_count(len(state.engine.lora_adapters))

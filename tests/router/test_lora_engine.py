@@ -181,7 +181,7 @@ def test_a_load_in_place_gives_new_requests_the_new_weights_and_running_ones_the
     while not replies:  # installed between two steps of the running request
         time.sleep(0.01)
         replies += calls.take_replies()
-    assert engine.lora is not None and len(engine.lora.ids) + len(engine.lora._retired) == 4  # the old kept for it
+    assert engine.lora is not None and len(engine.lora.manager.adapters) == 4  # the old host copy kept for it
     while engine.has_unfinished():
         for event in engine.step():
             tokens += event.token_ids

@@ -2,8 +2,9 @@
 
 Only what serving needs is kept: per (layer, projection) the pair A [r, in] and B [out, r], with B already
 multiplied by the adapter's scaling (lora_alpha / r, or / sqrt(r) with rsLoRA), so that the delta is
-x @ A^T @ B^T. A fused checkpoint's pair (Phi-3's qkv_proj) stays whole here; the model's part sizes cut it. Anything PEFT can express that we cannot serve (DoRA, trained biases, modules_to_save, embedding
-or LM-head LoRA) is refused with a LoraAdapterError naming it, never ignored.
+x @ A^T @ B^T. A fused checkpoint's pair (Phi-3's qkv_proj) stays whole here; the model's part sizes cut it.
+Anything PEFT can express that we cannot serve (DoRA, trained biases, modules_to_save, embedding or LM-head LoRA)
+is refused with a LoraAdapterError naming it, never ignored.
 """
 
 from __future__ import annotations

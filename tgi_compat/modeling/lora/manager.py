@@ -28,8 +28,8 @@ from tgi_compat.modeling.models.llama import LlamaMLP
 from tgi_compat.modeling.parallel.step_broadcast import AdapterDrop, AdapterLoad
 
 HOST_POOL_BYTES = 8 << 30  # the most host memory page-locked up front for staged adapters
-_ATTENTION = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",)}
-_MLP = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+# each adapted Linear of a layer -> the checkpoint projections it holds (q|k|v and gate|up fused, as a Phi-3 has them)
+_GROUPS = FUSED_PROJECTIONS | {"o_proj": ("o_proj",), "down_proj": ("down_proj",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class LoraManager:
                 layer.mlp.ops = ops
             by_projection: dict[str, LoraWeights] = {}
             for group, proj in groups.items():
-                names = (_ATTENTION | _MLP)[group]
+                names = _GROUPS[group]
                 self.targets[proj] = weights = LoraWeights(proj, names, max_loras, max_rank)
                 by_projection |= dict.fromkeys(names, weights)
             self.layers.append(by_projection)

@@ -140,3 +140,10 @@ def drain(engine) -> dict[str, list]:
             events.setdefault(event.request_id, []).append(event)
     assert engine.pool.is_full_free()
     return events
+
+
+def drain_events(engine, requests) -> dict[str, list]:
+    """`requests` added, then every event of the engine until it has nothing left (drain)."""
+    for request in requests:
+        engine.add_request(request)
+    return drain(engine)

@@ -13,7 +13,7 @@ from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImagePr
 
 from tests.modeling.helpers import image_greedy
 from tests.modeling.test_gemma3_multimodal import tiny_multimodal
-from tests.router.router_fakes import drain
+from tests.router.router_fakes import drain_events
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.images import PromptImage
@@ -59,9 +59,7 @@ def request(request_id: str, images: list[bytes]) -> tuple[GenerateRequest, list
 
 
 def run(engine: EngineCore, *requests: GenerateRequest) -> dict[str, list]:
-    for one in requests:
-        engine.add_request(one)
-    return drain(engine)
+    return drain_events(engine, requests)
 
 
 def token_ids(events) -> list[int]:

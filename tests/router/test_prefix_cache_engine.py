@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from router_fakes import EOS, drain, hash_engine, make_request, result_for
+from router_fakes import EOS, drain_events, hash_engine, make_request, result_for
 from test_engine import expected_greedy, tokens_of
 from test_engine_overlap import comparable, every_kind_of_request, run_engine
 
@@ -29,12 +29,6 @@ def shared_prefix_prompts(n: int = 20) -> list[list[int]]:
         base = out[i // 2] if i >= 4 else system
         out.append(base + [(11 * i + 3 * k) % 50 + 3 for k in range(2 + i % 3)])
     return out
-
-
-def drain_events(engine, requests) -> dict[str, list]:
-    for request in requests:
-        engine.add_request(request)
-    return drain(engine)
 
 
 SCENARIOS = {

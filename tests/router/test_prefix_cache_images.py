@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from router_fakes import hash_engine
-from test_prefix_cache_engine import drain_events
+from router_fakes import drain_events, hash_engine
 
 from tgi_compat.router.images import PromptImage, image_keyed_ids, whole_images
 from tgi_compat.router.request import GenerateRequest

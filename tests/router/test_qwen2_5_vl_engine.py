@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_prefix_cache_engine import drain_events
+from router_fakes import drain_events
 
 from tests.modeling.qwen2_5_vl_helpers import (
     ENGINE_VOCAB,

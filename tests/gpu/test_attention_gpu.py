@@ -314,3 +314,87 @@ def test_prefill_attention_with_image_spans_at_gemma3_shape() -> None:
         prefill_attention(*args, max_q_len=max(q_lens), scale=scale, out=out, sliding_window=window, spans=opened)
         ref = prefill_attention_ref(*args, scale=scale, sliding_window=window, spans=opened)
         check(f"prefill with image spans {dtype} window={window}", rel_err(out, ref), tolerance(dtype))
+
+
+def test_backend_compiles_the_image_span_variants_at_start() -> None:
+    """With image_spans, compile_kernels leaves nothing for a Gemma 3 image prefill to compile: its local and
+    global layers' span variants, on q as the layers hand it (a view of q|k|v rows), in the runner's dtype."""
+    from triton import knobs
+
+    from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
+    from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
+
+    heads, kv_heads, head_dim, dtype = 32, 16, 128, torch.bfloat16
+    q_lens, kv_lens, spans = [300], [300], [[(10, 266)]]
+    backend = TritonAttentionBackend(AttentionShape(heads, kv_heads, head_dim, 4, 512, torch.device(DEV), dtype))
+    k_cache, v_cache, r2t, rows = paged_cache(kv_lens, kv_heads, head_dim, dtype)
+    scale = head_dim**-0.5
+    params = [AttentionParams(scale, sliding_window=128, softcap=None), AttentionParams(scale)]
+    backend.compile_kernels((k_cache, v_cache), r2t, params, image_spans=True)
+    compiled: list[str] = []
+
+    def count(*args, **kwargs) -> bool:
+        compiled.append(kwargs["fn"].name)
+        return False
+
+    qkv = torch.randn(sum(q_lens), heads + 2 * kv_heads, head_dim, device=DEV, dtype=dtype)
+    q = qkv[:, :heads]
+    lens = torch.tensor(q_lens, device=DEV)
+    args = (q, k_cache, v_cache, r2t, rows, lens - lens, lens, torch.tensor(kv_lens, device=DEV))
+    opened = token_spans(spans, q_lens, kv_lens).to(DEV)
+    previous, knobs.runtime.jit_post_compile_hook = knobs.runtime.jit_post_compile_hook, count
+    try:
+        for p in params:
+            out = prefill_attention(
+                *args, max_q_len=max(q_lens), scale=scale, sliding_window=p.sliding_window, spans=opened
+            )
+            ref = prefill_attention_ref(*args, scale=scale, sliding_window=p.sliding_window, spans=opened)
+            check(f"span prefill window={p.sliding_window}", rel_err(out, ref), tolerance(dtype))
+    finally:
+        knobs.runtime.jit_post_compile_hook = previous
+    check("span prefill compiles after compile_kernels", len(compiled), 1, "count")
+
+
+def test_decode_attention_fused_rotary_adds_lora_deltas_at_llama3_8b_shape() -> None:
+    """LoRA's q|k|v deltas inside the fused rotary (QKVLoraDelta) at Llama-3-8B's heads, 8 slots of r = 16, 1 and 64
+    rows (some on the base): the output and the new k / v as the folded expand's reference, then the separate
+    rotary + KV store and the reference attention, give them."""
+    from tgi_compat.kernels.attention.decode_rotary import QKVLoraDelta
+    from tgi_compat.kernels.lora.expand_folded import lora_expand_folded_ref
+    from tgi_compat.modeling.config import RopeScaling
+    from tgi_compat.modeling.layers.rotary import build_cos_sin
+    from tgi_compat.modeling.lora.step import lora_step
+
+    heads, kv_heads, rank, num_slots, dtype = 32, 8, 16, 8, torch.bfloat16
+    columns = (heads + 2 * kv_heads) * 128
+    slice_ends = (heads * 128, (heads + kv_heads) * 128, columns)
+    cos_table, sin_table = build_cos_sin(128, 500000.0, RopeScaling("llama3", 8.0, 1.0, 4.0, 8192), 8192)
+    for batch in (1, 64):
+        kv_lens = torch.randint(1, 2048, (batch,)).tolist()
+        k_cache, v_cache, r2t, rows = paged_cache(kv_lens, kv_heads, 128, dtype)
+        kv = torch.tensor(kv_lens, device=DEV)
+        slots = r2t[rows, kv - 1].long()
+        token_slots = torch.arange(batch, device=DEV) % (num_slots + 1) - 1  # -1: a base row
+        full = torch.randn(batch, columns + num_slots * 3 * rank, device=DEV, dtype=dtype)
+        b = torch.randn(num_slots, columns, rank, device=DEV, dtype=dtype) * 0.1
+        step = lora_step(token_slots, num_slots)
+        expanded = lora_expand_folded_ref(full, step, b, slice_ends)
+        qk_ref = expanded[:, : (heads + kv_heads) * 128].reshape(batch, heads + kv_heads, 128).clone()
+        v_ref_new = expanded[:, (heads + kv_heads) * 128 :].reshape(batch, kv_heads, 128)
+        positions = (kv - 1).cpu()
+        cos, sin = cos_table[positions].to(DEV, dtype), sin_table[positions].to(DEV, dtype)
+        k_ref, v_ref = k_cache.clone(), v_cache.clone()
+        rotary_and_kv_store(qk_ref, v_ref_new, cos, sin, k_ref, v_ref, slots, heads)
+        ref = decode_attention_ref(qk_ref[:, :heads], k_ref, v_ref, r2t, rows, kv, 128**-0.5)
+        qk = full[:, : (heads + kv_heads) * 128].view(batch, heads + kv_heads, 128)
+        v = full[:, (heads + kv_heads) * 128 : columns].view(batch, kv_heads, 128)
+        out = decode_attention(
+            qk[:, :heads], k_cache, v_cache, r2t, rows, kv, 128**-0.5, choose_num_splits(batch, kv_heads, 132),
+            block_n=choose_block_n(batch, kv_heads, 132),
+            new_token=NewTokenKV(k=qk[:, heads:], v=v, cos=cos, sin=sin, slots=slots),
+            lora=QKVLoraDelta(full[:, columns:], token_slots, b),
+        )  # fmt: skip
+        name = f"decode fused rotary + LoRA deltas 32/8x128 bf16 B={batch}"
+        check(f"{name}: output", rel_err(out, ref), 1e-2)
+        check(f"{name}: new k", rel_err(k_cache[slots], k_ref[slots]), 1e-2)
+        check(f"{name}: new v", rel_err(v_cache[slots], v_ref[slots]), 1e-2)

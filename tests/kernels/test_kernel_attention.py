@@ -159,3 +159,48 @@ def test_decode_attention_with_fused_rotary_and_kv_store(group: int, num_splits:
     out = decode_attention(*args, num_splits, block_n=16, split_counter=counter, new_token=new_token)
     assert relative_error(out, ref) < 1e-5
     assert relative_error(k_cache, expected_k) < 1e-6 and torch.equal(v_cache, expected_v)
+
+
+@pytest.mark.parametrize(
+    ("group", "num_splits", "merged", "rank"), [(4, 1, False, 8), (1, 3, True, 16), (8, 3, False, 5)]
+)
+def test_decode_attention_adds_each_lora_rows_qkv_delta_before_the_rotary(group, num_splits, merged, rank):
+    """A folded q|k|v output [base | every slot's shrunk q, k, v] in, with each row's slot (-1: base): the kernel
+    gives the output and KV cache of the expanded q|k|v (the folded expand's reference) through the fused path."""
+    from tgi_compat.kernels.attention.decode_rotary import QKVLoraDelta
+    from tgi_compat.kernels.lora.expand_folded import lora_expand_folded_ref
+    from tgi_compat.modeling.lora.step import lora_step
+
+    gen = torch.Generator().manual_seed(400 + group + num_splits + rank)
+    num_kv_heads, num_slots = 2, 3
+    kv_lens = [1, 17, 40, 5, 9]
+    token_slots = torch.tensor([2, -1, 0, 2, 1])
+    heads = (group + 2) * num_kv_heads
+    columns = heads * HEAD_DIM
+    slice_ends = tuple(HEAD_DIM * num_kv_heads * n for n in (group, group + 1, group + 2))
+    k_cache, v_cache = make_cache(512, num_kv_heads, torch.float32, gen)
+    req_to_token, req_rows = make_req_to_token(kv_lens, 512, gen)
+    kv = torch.tensor(kv_lens)
+    slots = req_to_token[req_rows, kv - 1].long()
+    full = torch.randn(len(kv_lens), columns + num_slots * 3 * rank, generator=gen)
+    b = torch.randn(num_slots, columns, rank, generator=gen) * 0.3
+    step = lora_step(token_slots, num_slots)
+    expanded = lora_expand_folded_ref(full, step, b, slice_ends).view(len(kv_lens), heads, HEAD_DIM)
+    assert not torch.allclose(expanded, full[:, :columns].view_as(expanded))  # the deltas matter
+    q, k, v = expanded.split([group * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
+    cos, sin = rope_rows(len(kv_lens), gen)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_k[slots], expected_v[slots] = rotary_embedding_ref(k, cos, sin), v
+    ref = decode_attention_ref(
+        rotary_embedding_ref(q, cos, sin), expected_k, expected_v, req_to_token, req_rows, kv, 0.25
+    )
+
+    base = full[:, :columns].view(len(kv_lens), heads, HEAD_DIM)  # views of the folded output, as the layer's
+    q, k, v = base.split([group * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
+    new_token = NewTokenKV(k=k, v=v, cos=cos, sin=sin, slots=slots)
+    lora = QKVLoraDelta(shrunk=full[:, columns:], slots=token_slots, b=b)
+    counter = torch.zeros(len(kv_lens), num_kv_heads, dtype=torch.int32) if merged else None
+    args = (q, k_cache, v_cache, req_to_token, req_rows, kv, 0.25)
+    out = decode_attention(*args, num_splits, block_n=16, split_counter=counter, new_token=new_token, lora=lora)
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(k_cache, expected_k) < 1e-6 and relative_error(v_cache, expected_v) < 1e-6

@@ -108,37 +108,51 @@ def test_graphs_stay_off_on_cpu_or_when_disabled():
     assert maybe_capture_decode_graphs(never_called, EagerOnlyBackend(), [1, 2], device=cuda, **common) is None
 
 
+def fused_rotary_backend(fused: bool, heads: int, kv_heads: int, head_dim: int, max_len: int):
+    """A 4-row TritonAttentionBackend (fp32, CPU) whose decode steps of 1-4 rows take the fused rotary or never do."""
+    from tgi_compat.modeling.attention.base import AttentionShape
+    from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
+
+    backend = TritonAttentionBackend(
+        AttentionShape(heads, kv_heads, head_dim, 4, max_len, torch.device("cpu"), torch.float32)
+    )
+    backend.fused_rotary_batches = range(1, 5) if fused else range(0)
+    return backend
+
+
+def one_token_step(rows: list[int], kv_lens: list[int], max_len: int, head_dim: int, gen: torch.Generator):
+    """A decode step of one token per row (row r's tokens in slots [r * max_len, ...)): its batch, req_to_token and
+    rope rows at random angles."""
+    from tgi_compat.modeling.layers.triton_ops import triton_rope_tables
+
+    batch = build_forward_batch(
+        input_ids=[5] * len(rows),
+        req_rows=rows,
+        q_lens=[1] * len(rows),
+        kv_lens=kv_lens,
+        out_slots=[row * max_len + kv - 1 for row, kv in zip(rows, kv_lens)],
+        logits_indices=list(range(len(rows))),
+    )
+    req_to_token = torch.arange(4 * max_len, dtype=torch.int32).view(4, max_len)
+    angles = torch.rand(max_len, head_dim // 2, generator=gen) * 6.3
+    return batch, req_to_token, triton_rope_tables(angles.cos(), angles.sin(), batch.positions)
+
+
 @pytest.mark.parametrize("num_requests", [1, 2])
 def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_requests: int):
     """rotate_store_and_attend with the fused kernel (rotary + KV store + merged splits in one launch)
     gives the output and KV cache of the separate rotary + KV-store kernel and flash-decoding."""
-    from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape, LayerQKV
-    from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
-    from tgi_compat.modeling.layers.triton_ops import TRITON_OPS, triton_rope_tables
+    from tgi_compat.modeling.attention.base import AttentionParams, LayerQKV
+    from tgi_compat.modeling.layers.triton_ops import TRITON_OPS
 
     heads, kv_heads, head_dim, max_len = 8, 2, 16, 40
     gen = torch.Generator().manual_seed(num_requests)
-    kv_lens = [33, 20][:num_requests]
-    rows = [2, 0][:num_requests]
-    batch = build_forward_batch(
-        input_ids=[5] * num_requests,
-        req_rows=rows,
-        q_lens=[1] * num_requests,
-        kv_lens=kv_lens,
-        out_slots=[row * max_len + kv - 1 for row, kv in zip(rows, kv_lens)],
-        logits_indices=list(range(num_requests)),
-    )
-    req_to_token = torch.arange(4 * max_len, dtype=torch.int32).view(4, max_len)
-    angles = torch.rand(max_len, head_dim // 2, generator=gen) * 6.3
-    rope = triton_rope_tables(angles.cos(), angles.sin(), batch.positions)
+    batch, req_to_token, rope = one_token_step([2, 0][:num_requests], [33, 20][:num_requests], max_len, head_dim, gen)
     qkv = torch.randn(num_requests, heads + 2 * kv_heads, head_dim, generator=gen)
     caches = torch.randn(2, 4 * max_len, kv_heads, head_dim, generator=gen)
     results = []
     for fused in (True, False):
-        backend = TritonAttentionBackend(
-            AttentionShape(heads, kv_heads, head_dim, 4, max_len, torch.device("cpu"), torch.float32)
-        )
-        backend.fused_rotary_batches = range(1, 5) if fused else range(0)
+        backend = fused_rotary_backend(fused, heads, kv_heads, head_dim, max_len)
         backend.merged_split_batches = range(1, 5)
         backend.init_forward_metadata(batch, req_to_token)
         backend.metadata.block_n = 16  # short blocks: these contexts span several splits, merged in-kernel
@@ -155,6 +169,43 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
     torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_fused, k_sep, rtol=1e-6, atol=1e-6)
     assert torch.equal(v_fused, v_sep)
+
+
+def test_fused_rotary_decode_adds_the_deferred_lora_delta():
+    """A LoRA step's folded q|k|v output handed to attention whole (DeferredQKVDelta): the fused kernel adds each
+    row's deltas and gives the output and KV cache of the expanded q|k|v through the separate kernels."""
+    from tgi_compat.modeling.attention.base import AttentionParams, LayerQKV
+    from tgi_compat.modeling.layers.linear import QKVLinear
+    from tgi_compat.modeling.layers.triton_ops import TRITON_OPS
+    from tgi_compat.modeling.lora.deferred import DeferredQKVDelta
+    from tgi_compat.modeling.lora.step import lora_step
+    from tgi_compat.modeling.lora.weights import LoraWeights
+
+    heads, kv_heads, head_dim, max_len, num_slots, rank = 8, 2, 16, 40, 3, 8
+    gen = torch.Generator().manual_seed(7)
+    batch, req_to_token, rope = one_token_step([2, 0, 3], [33, 20, 9], max_len, head_dim, gen)
+    weights = LoraWeights(
+        QKVLinear(32, heads, kv_heads, head_dim, False), ("q_proj", "k_proj", "v_proj"), num_slots, rank
+    )
+    weights.b.copy_(torch.randn(weights.b.shape, generator=gen))
+    columns = (heads + 2 * kv_heads) * head_dim
+    full = torch.randn(3, columns + num_slots * 3 * rank, generator=gen)
+    deferred = DeferredQKVDelta(full, lora_step(torch.tensor([1, -1, 2]), num_slots), weights)
+    caches = torch.randn(2, 4 * max_len, kv_heads, head_dim, generator=gen)
+    results = []
+    for fused in (True, False):
+        backend = fused_rotary_backend(fused, heads, kv_heads, head_dim, max_len)
+        backend.init_forward_metadata(batch, req_to_token)
+        k_cache, v_cache = caches[0].clone(), caches[1].clone()
+        base = full[:, :columns].view(3, heads + 2 * kv_heads, head_dim)
+        qk, v = base[:, : heads + kv_heads], base[:, heads + kv_heads :]
+        new = LayerQKV(qk, v, rope, TRITON_OPS, k_cache, v_cache, deferred)
+        results.append((backend.rotate_store_and_attend(new, AttentionParams(head_dim**-0.5)), k_cache, v_cache))
+    (fused, k_fused, v_fused), (separate, k_sep, v_sep) = results
+    assert not torch.equal(k_sep, caches[0])  # the new tokens went in
+    torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_fused, k_sep, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v_fused, v_sep, rtol=1e-5, atol=1e-5)
 
 
 def test_graph_replay_carries_the_prefix_group_table():

@@ -12,6 +12,8 @@ from tests.modeling.test_gemma3_multimodal import tiny_multimodal
 from tests.modeling.test_gemma3_vision import VOCAB, pixels, prompt, reference_logits, run, text
 from tests.router import test_gemma3_vision_engine as engine_test
 from tests.router.test_gemma3_vision_engine import GREEN, RED, checkpoint  # noqa: F401 - (a fixture)
+from tgi_compat.modeling.attention.base import AttentionParams, AttentionShape
+from tgi_compat.modeling.attention.triton_backend import TritonAttentionBackend
 from tgi_compat.modeling.runner import ModelRunner, RunnerConfig
 
 
@@ -23,6 +25,7 @@ def test_images_on_the_triton_backend_equal_transformers(tmp_path):
         max_rows=4, show_progress=False,
     )  # fmt: skip
     runner = ModelRunner(config)
+    assert runner.image_encoder is not None and runner.image_encoder.bidirectional  # compile_kernels opens spans
     pixel_values = pixels((200, 30, 60), (10, 220, 90))
     ids = prompt(text(1, 5), text(2, 6), text(3, 4))
     features = runner.model.encode_images(pixel_values)
@@ -44,3 +47,16 @@ def test_chunked_image_prompts_through_the_engine_give_transformers_greedy_ids(c
     events = engine_test.run(engine, both, red)
     assert engine_test.token_ids(events["both"]) == engine_test.expected(checkpoint, ids, [RED, GREEN])
     assert engine_test.token_ids(events["red"]) == engine_test.expected(checkpoint, red_ids, [RED])
+
+
+def test_the_span_warm_up_writes_no_cache_row():
+    """compile_kernels' image-span prefills (each layer kind's, at start-up on a GPU) read the cache and write only
+    scratch: a KV cache full of values stays as it was."""
+    shape = AttentionShape(4, 2, 16, 2, 32, torch.device("cpu"), torch.float32)
+    backend = TritonAttentionBackend(shape)
+    k_cache, v_cache = torch.randn(2, 64, 2, 16).unbind(0)
+    before = k_cache.clone(), v_cache.clone()
+    req_to_token = torch.randint(0, 64, (3, 32), dtype=torch.int32)
+    params = [AttentionParams(0.25, sliding_window=4, softcap=30.0), AttentionParams(0.25)]
+    backend.compile_kernels((k_cache, v_cache), req_to_token, params, image_spans=True)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])

@@ -173,7 +173,8 @@ class ModelRunner:
         )
         self.backend = create_backend(cfg.attention_backend, shape)
         if self.device.type == "cuda":
-            self.backend.compile_kernels(self.kv_caches[0], self.req_to_token, self._attention_params())
+            image_spans = self.image_encoder is not None and self.image_encoder.bidirectional
+            self.backend.compile_kernels(self.kv_caches[0], self.req_to_token, self._attention_params(), image_spans)
         self.cuda_graphs = maybe_capture_decode_graphs(
             self._forward_eager,
             self.backend,

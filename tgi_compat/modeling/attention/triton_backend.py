@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
-from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV, QKVLoraDelta
 from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention, token_spans
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
@@ -107,12 +107,15 @@ class TritonAttentionBackend(AttentionBackend):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         req_to_token: torch.Tensor,
         layer_params: list[AttentionParams],
+        image_spans: bool = False,
     ) -> None:
         """Flash-decoding at every batch size, as a MIXED step's decode rows run it (no fused rotary).
         The batch size picks the kernel's variant (one split or several, merged or not, the key block,
         PDL at batch 1); the graph capture compiles only the fused-rotary ones, and the warm-up's mixed
         steps carry a few rows, so a mixed step of 17+ decode rows compiled its variant mid-serving
-        (0.6-1.6 s each on an H200). Each size reads one key of row 0 and writes only scratch."""
+        (0.6-1.6 s each on an H200). Each size reads one key of row 0 and writes only scratch.
+        With `image_spans`, the extend kernel's SPANS variant of each layer kind too (the first image's prefill
+        compiled them)."""
         k_cache, v_cache = kv_cache
         rows = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
         kv_lens = torch.ones(self.max_rows, dtype=torch.int64, device=self.device)
@@ -132,6 +135,40 @@ class TritonAttentionBackend(AttentionBackend):
             q = torch.zeros(batch, self.num_heads, self.head_dim, dtype=self.dtype, device=self.device)
             for params in layer_params:
                 self._decode(q, k_cache, v_cache, params)
+        if image_spans:
+            self._compile_span_prefill(k_cache, v_cache, req_to_token, layer_params)
+
+    def _compile_span_prefill(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        req_to_token: torch.Tensor,
+        layer_params: list[AttentionParams],
+    ) -> None:
+        """One new token of row 0 in a one-token span, per layer kind: reads key 0, writes only scratch. Its q is a
+        view of a q|k|v row as the layers' is (the kernel is specialized on its strides)."""
+        heads = self.num_heads + 2 * self.num_kv_heads
+        qkv = torch.zeros(1, heads, self.head_dim, dtype=self.dtype, device=self.device)
+        one = torch.ones(1, dtype=torch.int64, device=self.device)
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        spans = token_spans([[(0, 1)]], [1], [1]).to(self.device)
+        for params in layer_params:
+            prefill_attention(
+                qkv[:, : self.num_heads],
+                k_cache,
+                v_cache,
+                req_to_token,
+                zero,
+                zero,
+                one,
+                one,
+                1,
+                params.scale,
+                sliding_window=params.sliding_window,
+                softcap=params.softcap,
+                attention_chunk=params.attention_chunk,
+                spans=spans,
+            )
 
     def _num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.num_sms, MAX_DECODE_SPLITS)
@@ -207,7 +244,8 @@ class TritonAttentionBackend(AttentionBackend):
         num_q_heads = new.num_q_heads
         cos, sin = new.rope  # [B, D/2] each, this step's rows (triton_rope_tables)
         new_token = NewTokenKV(k=new.qk[:, num_q_heads:], v=new.v, cos=cos, sin=sin, slots=meta.out_slots)
-        return self._decode(new.qk[:, :num_q_heads], new.k_cache, new.v_cache, params, new_token=new_token)
+        lora = None if new.lora is None else new.lora.kernel_delta()
+        return self._decode(new.qk[:, :num_q_heads], new.k_cache, new.v_cache, params, new_token=new_token, lora=lora)
 
     def forward(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams
@@ -246,9 +284,10 @@ class TritonAttentionBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor | None = None,
         new_token: NewTokenKV | None = None,
+        lora: QKVLoraDelta | None = None,
     ) -> torch.Tensor:
         """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i); with
-        `new_token`, q is unrotated and the kernel does the rotary and the KV store too."""
+        `new_token`, q is unrotated and the kernel does the rotary and the KV store too (and adds `lora`'s deltas)."""
         meta = self.metadata
         batch, splits = q.shape[0], meta.num_splits
         if batch > self.max_rows:
@@ -277,6 +316,7 @@ class TritonAttentionBackend(AttentionBackend):
             block_n=meta.block_n,
             split_counter=counter,
             new_token=new_token,
+            lora=lora,
             sliding_window=params.sliding_window,
             softcap=params.softcap,
             attention_chunk=params.attention_chunk,

@@ -5,6 +5,7 @@ step's ForwardBatch.images replace, and which attend to each other both ways dur
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import ClassVar
 
 import torch
 
@@ -20,6 +21,8 @@ VISION_PREFIX = "vision."  # weights.loader.text_model_weights names the encoder
 
 
 class Gemma3ForConditionalGeneration(GemmaForCausalLM):
+    bidirectional_images: ClassVar[bool] = True  # an image's soft tokens, during prefill
+
     def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
         super().__init__(config, ops, tp)
         assert config.multimodal_hf_config is not None  # set by ModelConfig.text_model_of

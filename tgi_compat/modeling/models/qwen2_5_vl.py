@@ -7,6 +7,7 @@ transformers); a step with images or with text after one rotates by ForwardBatch
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import ClassVar
 
 import torch
 
@@ -27,6 +28,8 @@ _DEFAULT_MROPE_SECTION = [16, 24, 24]  # transformers' default (both families' r
 
 
 class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
+    bidirectional_images: ClassVar[bool] = False
+
     # the text model's layers are Llama's; the vision encoder runs on rank 0 only (the engine's encoder cache), and
     # StepBroadcast carries its rows and the M-RoPE positions to the other ranks
     supports_tensor_parallel = True

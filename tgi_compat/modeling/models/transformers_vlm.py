@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -18,6 +18,8 @@ from tgi_compat.modeling.models.transformers_fallback import ATTENTION_NAME, Tra
 
 
 class TransformersForImageTextToText(TransformersForCausalLM):
+    bidirectional_images: ClassVar[bool] = False
+
     def model_class(self) -> Any:
         from transformers import AutoModelForImageTextToText
 
@@ -109,6 +111,8 @@ class Idefics2ForImageTextToText(Idefics3ForImageTextToText):
 
 class PaliGemmaForImageTextToText(TransformersForImageTextToText):
     """Its text model rotates positions from 1, as transformers' and TGI's do (vision/paligemma.py)."""
+
+    bidirectional_images: ClassVar[bool] = True  # the whole prompt before its text (PrefixLMPrompts)
 
     def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         return self.paligemma_rows(self.hf, processed)

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from PIL import Image
@@ -25,6 +25,10 @@ from tgi_compat.modeling import copy_streams
 
 
 class VisionLanguageModel(Protocol):
+    # its image placeholders attend to each other both ways during prefill (Gemma 3's images, PaliGemma's prompt):
+    # the attention backend's span variants are compiled at start-up
+    bidirectional_images: ClassVar[bool]
+
     def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """The image processor's tensors (pixel_values, and Qwen2.5-VL's image_grid_thw) -> each image's
         placeholder rows [tokens, hidden]."""
@@ -66,6 +70,10 @@ class ImageEncoder:
         self.model = model
         self.folder = folder
         self.device = device
+
+    @property
+    def bidirectional(self) -> bool:
+        return self.model.bidirectional_images
 
     @functools.cached_property
     def processor(self) -> Any:

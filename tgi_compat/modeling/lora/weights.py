@@ -28,9 +28,10 @@ from tgi_compat.modeling.lora.folding import fold
 from tgi_compat.modeling.lora.step import LoraStep
 from tgi_compat.modeling.parallel import Slice
 
-# q|k|v's deltas added in decode attention's fused rotary (deferred.py). CPU-proven, not yet timed on a GPU
-# (`queue.sh lora-qkv-ab` times the LoRA step both ways): TGI_COMPAT_LORA_QKV_IN_ATTENTION=0 keeps the folded expand.
-QKV_IN_ATTENTION = os.environ.get("TGI_COMPAT_LORA_QKV_IN_ATTENTION", "1") == "1"
+# TGI_COMPAT_LORA_QKV_IN_ATTENTION=1: q|k|v's deltas added in decode attention's fused rotary (deferred.py) instead
+# of the folded expand. Off by default: proven on the CPU (TRITON_INTERPRET) but never yet compiled or timed on a GPU
+# (`queue.sh lora-qkv-ab` times the LoRA step both ways; the GPU test checks it at the Llama-3-8B shape).
+QKV_IN_ATTENTION = os.environ.get("TGI_COMPAT_LORA_QKV_IN_ATTENTION", "0") == "1"
 
 
 @dataclass(frozen=True, slots=True)

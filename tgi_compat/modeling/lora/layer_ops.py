@@ -12,7 +12,10 @@ as the next residual, or the [gate | up] rows), so no activation the fused kerne
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from tgi_compat.kernels.lora.shrink import ShrinkPrologue
 from tgi_compat.modeling.layers.linear import Linear
@@ -38,29 +41,27 @@ def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, L
         step = context.step
         return None if step is None or proj not in targets else (targets[proj], step)
 
-    def rms_norm_linear(x, residual, norm, proj: Linear, sum_over: TensorParallel | None = None):
+    def norm_then_linear(op: Callable[[Linear], tuple[torch.Tensor, torch.Tensor]], rows: int, norm, proj: Linear):
+        """`op(projection)` -> (out, summed): a norm op ending in `proj`, run on its widened twin or with the
+        segmented delta added (whose shrink repeats the norm on `summed`, the pre-norm rows)."""
         found = lora_of(proj)
         if found is None:
-            return base.rms_norm_linear(x, residual, norm, proj, sum_over)
+            return op(proj)
         lora, step = found
-        folded = lora.folded_for(x.shape[0])
+        folded = lora.folded_for(rows)
         if folded is not None:
-            full, summed = base.rms_norm_linear(x, residual, norm, folded, sum_over)
+            full, summed = op(folded)
             return (full if lora.expand_in_attention else lora.expand_folded(full, step)), summed
-        out, summed = base.rms_norm_linear(x, residual, norm, proj, sum_over)
+        out, summed = op(proj)
         return lora.add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
 
+    def rms_norm_linear(x, residual, norm, proj: Linear, sum_over: TensorParallel | None = None):
+        return norm_then_linear(lambda p: base.rms_norm_linear(x, residual, norm, p, sum_over), x.shape[0], norm, proj)
+
     def norm_add_norm_linear(x, x_norm, residual, norm, proj: Linear):
-        found = lora_of(proj)
-        if found is None:
-            return base.norm_add_norm_linear(x, x_norm, residual, norm, proj)
-        lora, step = found
-        folded = lora.folded_for(x.shape[0])
-        if folded is not None:
-            full, summed = base.norm_add_norm_linear(x, x_norm, residual, norm, folded)
-            return (full if lora.expand_in_attention else lora.expand_folded(full, step)), summed
-        out, summed = base.norm_add_norm_linear(x, x_norm, residual, norm, proj)
-        return lora.add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
+        return norm_then_linear(
+            lambda p: base.norm_add_norm_linear(x, x_norm, residual, norm, p), x.shape[0], norm, proj
+        )
 
     def deferred_qkv_delta(qkv, proj: Linear):
         """A q|k|v projection's folded output (rms_norm_linear's above, at decode sizes) -> its base columns and the

@@ -173,11 +173,14 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
 
 def test_fused_rotary_decode_adds_the_deferred_lora_delta():
     """A LoRA step's folded q|k|v output handed to attention whole (DeferredQKVDelta): the fused kernel adds each
-    row's deltas and gives the output and KV cache of the expanded q|k|v through the separate kernels."""
+    row's deltas and gives the output and KV cache of the expanded q|k|v through the separate kernels. The layer
+    hands attention LoRA's op set, as a LoRA-enabled server's layers have it: the fused path takes it (it once
+    matched the op set's name, which LoRA's wrapper changes, and no LoRA server's decode fused its rotary)."""
     from tgi_compat.modeling.attention.base import AttentionParams, LayerQKV
     from tgi_compat.modeling.layers.linear import QKVLinear
     from tgi_compat.modeling.layers.triton_ops import TRITON_OPS
     from tgi_compat.modeling.lora.deferred import DeferredQKVDelta
+    from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
     from tgi_compat.modeling.lora.step import lora_step
     from tgi_compat.modeling.lora.weights import LoraWeights
 
@@ -192,6 +195,7 @@ def test_fused_rotary_decode_adds_the_deferred_lora_delta():
     full = torch.randn(3, columns + num_slots * 3 * rank, generator=gen)
     deferred = DeferredQKVDelta(full, lora_step(torch.tensor([1, -1, 2]), num_slots), weights)
     caches = torch.randn(2, 4 * max_len, kv_heads, head_dim, generator=gen)
+    ops = lora_layer_ops(TRITON_OPS, LoraContext(), {})
     results = []
     for fused in (True, False):
         backend = fused_rotary_backend(fused, heads, kv_heads, head_dim, max_len)
@@ -199,8 +203,16 @@ def test_fused_rotary_decode_adds_the_deferred_lora_delta():
         k_cache, v_cache = caches[0].clone(), caches[1].clone()
         base = full[:, :columns].view(3, heads + 2 * kv_heads, head_dim)
         qk, v = base[:, : heads + kv_heads], base[:, heads + kv_heads :]
-        new = LayerQKV(qk, v, rope, TRITON_OPS, k_cache, v_cache, deferred)
+        new = LayerQKV(qk, v, rope, ops, k_cache, v_cache, deferred)
+        decode, deltas_in_kernel = backend._decode, []
+
+        def recording_decode(*args, decode=decode, deltas_in_kernel=deltas_in_kernel, **kwargs):
+            deltas_in_kernel.append(kwargs.get("lora") is not None)
+            return decode(*args, **kwargs)
+
+        backend._decode = recording_decode
         results.append((backend.rotate_store_and_attend(new, AttentionParams(head_dim**-0.5)), k_cache, v_cache))
+        assert deltas_in_kernel == [fused]
     (fused, k_fused, v_fused), (separate, k_sep, v_sep) = results
     assert not torch.equal(k_sep, caches[0])  # the new tokens went in
     torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-5)

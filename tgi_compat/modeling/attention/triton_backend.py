@@ -42,6 +42,7 @@ from tgi_compat.kernels.attention.shared_prefix import (
 )
 from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, AttentionShape, LayerQKV
 from tgi_compat.modeling.forward_batch import ForwardBatch, ForwardMode, leading_one_token_requests
+from tgi_compat.modeling.layers.ops import RopeLayout
 
 MAX_DECODE_SPLITS = 64
 # The shared-prefix kernel's keys per iteration, over prefixes and suffixes alike: its two kinds of program share one
@@ -230,7 +231,7 @@ class TritonAttentionBackend(AttentionBackend):
         kv_store(k, v, k_cache, v_cache, self.metadata.out_slots)
 
     def rotate_and_store_kv(self, new: LayerQKV) -> torch.Tensor:
-        if new.ops.name != "triton":  # rope tables in another op set's layout
+        if new.ops.rope_layout is not RopeLayout.HALF:  # tables in the torch ops' layout
             return super().rotate_and_store_kv(new)
         cos, sin = new.rope
         rotary_and_kv_store(new.qk, new.v, cos, sin, new.k_cache, new.v_cache, self.metadata.out_slots, new.num_q_heads)
@@ -238,7 +239,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def rotate_store_and_attend(self, new: LayerQKV, params: AttentionParams) -> torch.Tensor:
         meta = self.metadata
-        fusable = meta.is_decode and meta.prefix_table is None and new.ops.name == "triton"
+        fusable = meta.is_decode and meta.prefix_table is None and new.ops.rope_layout is RopeLayout.HALF
         if not (fusable and new.qk.shape[0] in self.fused_rotary_batches):
             return super().rotate_store_and_attend(new, params)
         num_q_heads = new.num_q_heads

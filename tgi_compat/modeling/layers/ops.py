@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,6 +27,14 @@ logger = logging.getLogger(__name__)
 RopeTables = tuple[torch.Tensor, ...]  # a step's rope rows, in the layout of the LayerOps that built them
 
 
+class RopeLayout(Enum):
+    """How an op set's `rope_tables` lays out a step's rope rows (what its `rotary` and an attention backend's fused
+    rotary may read)."""
+
+    SIGNED = "signed"  # torch_rope_tables: cos over both halves and the signed sin, [T, 1, D] each
+    HALF = "half"  # the Triton kernels': cos and sin of each pair, [T, D/2] each
+
+
 def no_deferred_delta(qkv: torch.Tensor, proj: Linear) -> tuple[torch.Tensor, DeferredQKVDelta | None]:
     return qkv, None
 
@@ -37,6 +46,7 @@ class LayerOps:
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
     # (cos_half [P, D/2], sin_half [P, D/2], positions [T]) -> step tables, built once per step
     rope_tables: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rope_layout: RopeLayout  # the layout of rope_tables' output (wrapping op sets, LoRA's, keep their base's)
     # (x [T, N, D], step tables) -> x rotated (neox layout: halves rotate as pairs)
     rotary: Callable[..., torch.Tensor]
     # Qwen3 / Gemma 3's per-head norms: (qk [T, Hq + Hkv, D], Hq, q_norm: RMSNorm, k_norm: RMSNorm) -> qk with
@@ -156,6 +166,7 @@ TORCH_OPS = LayerOps(
     name="torch",
     rms_norm=torch_rms_norm,
     rope_tables=torch_rope_tables,
+    rope_layout=RopeLayout.SIGNED,
     rotary=torch_rotary,
     qk_norm=torch_qk_norm,
     rms_norm_linear=unfused_rms_norm_linear,

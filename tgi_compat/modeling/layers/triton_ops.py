@@ -26,6 +26,7 @@ from tgi_compat.kernels.quant.per_token import rmsnorm_quant_per_token, silu_mul
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.layers.ops import (
     LayerOps,
+    RopeLayout,
     sum_later,
     sum_now,
     unfused_rms_norm_linear,
@@ -199,6 +200,7 @@ TRITON_OPS = LayerOps(
     name="triton",
     rms_norm=triton_rms_norm,
     rope_tables=triton_rope_tables,
+    rope_layout=RopeLayout.HALF,
     rotary=triton_rotary,
     qk_norm=triton_qk_norm,
     rms_norm_linear=triton_rms_norm_linear,

@@ -24,4 +24,14 @@ def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     results = json.loads((tmp_path / ("qwen_vl.json" if family == "qwen2_5_vl" else f"{family}.json")).read_text())
     assert results["grid"] == [4, 4]
     assert set(results["encoder"]) == {"1", "8"} and results["encoder"]["8"]["encode_ms_per_image"] > 0
-    assert set(results["checks"]) == {"image_vs_text", "repeat_vs_first", "text_only_vl_vs_plain"}
+    assert set(results["checks"]) == {"image_vs_text", "repeat_vs_first", "encoder_floor", "text_only_vl_vs_plain"}
+    assert results["checks"]["encoder_floor"] > 1.0  # the median's image at least was encoded before its first token
+
+
+def test_the_encoder_floor_counts_the_images_until_the_median_first_token():
+    """4 streams: the median (2nd) first token comes at the second step, after 3 + 3 images; at 5 ms an image (the
+    best of the encoder's call sizes) over a 100 ms text p50: 1.3."""
+    steps = [(10.0, 0, 3), (20.0, 2, 3), (30.0, 2, 2)]
+    results = dict(images=dict(steps=steps), text=dict(ttft_p50_ms=100.0),
+                   encoder={"1": dict(encode_ms_per_image=7.0), "8": dict(encode_ms_per_image=5.0)})  # fmt: skip
+    assert qwen_vl.encoder_floor(results) == pytest.approx(1.3)

@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b attn plain itl mixed lora lora-fp8 lora-qkv-ab lora-step lora-step-folded lora-step-segmented vl vl-profile vision diverse diverse32 diverse64 diverse64-forms diverse64-profile diverse-kernel-ab spec eagle3 (itl: the
+# Parts: tests-a tests-b attn plain itl mixed lora lora-fp8 lora-qkv-ab lora-step lora-step-folded lora-step-segmented vl vl-profile vl-threads vision diverse diverse32 diverse64 diverse64-forms diverse64-profile diverse-kernel-ab spec eagle3 (itl: the
 # plain rows, then at --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same
 # call: it reuses spec's plain rows; diverse64: 512 rows, where attention is the larger share of a step).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
@@ -44,6 +44,10 @@ for name in "$@"; do
       part vl-profile 270 env TGI_PROFILE_DIR="$OUT/vlprof" TGI_PROFILE_STEPS=4:4 \
         python3 -m benchmarks.device.qwen_vl --skip-plain
       find "$OUT/vlprof" -name '*.json.gz' -delete ;;
+    vl-threads)  # the images phase with 3 image processor threads, then the default 8 (the first step's wait)
+      for threads in 3 8; do
+        part vl-threads$threads 150 python3 -m benchmarks.device.qwen_vl --skip-plain --processor-threads $threads
+      done ;;
     vision) part vision 200 python3 -m benchmarks.device.vision_encoder ;;
     diverse) part diverse 270 python3 -m benchmarks.device.diverse --skip-check --groups 8,16,32 --engine-groups 16 ;;
     diverse32) part diverse32 240 python3 -m benchmarks.device.diverse --skip-check --groups 32 --engine-groups 32 ;;

@@ -247,6 +247,8 @@ def engine_for(
     runner = load_runner(config)
     config = fit_to_runner(config, runner)
     encoder = runner.image_encoder
+    if encoder is not None and args.processor_threads is not None:
+        encoder.processor_threads = args.processor_threads
     timed = None if encoder is None else EngineEncoderTimes(encoder)
     return EngineCore(config, runner, runner.model_config, runner.lora, timed), encoder, timed
 
@@ -283,6 +285,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="image side in pixels")
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--skip-plain", action="store_true", help="no plain Qwen2 engine for the text-only row")
+    parser.add_argument(
+        "--processor-threads", type=int, default=None, help="images preprocessed at once (default: the server's)"
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
     write_folder(folder, args.preset, args.family)
@@ -290,7 +295,8 @@ def main() -> None:
     start = time.perf_counter()
     engine, encoder, timed = engine_for(folder, args)
     assert encoder is not None and timed is not None
-    results: dict = dict(family=args.family, preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start)
+    results: dict = dict(family=args.family, preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start,
+                         processor_threads=encoder.processor_threads)  # fmt: skip
     run(engine, [prompts.request(prompts.image(), 2)])  # warm-up: kernels, the encoder's first call
     results["encoder"] = encoder_timings(encoder, prompts)
     timed.take()
@@ -322,7 +328,8 @@ def main() -> None:
 
 
 def table(results: dict, args: argparse.Namespace) -> str:
-    rows = [f"{args.family} {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}", ""]
+    rows = [f"{args.family} {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}, "
+            f"{results['processor_threads']} image processor threads", ""]  # fmt: skip
     rows += ["| phase | TTFT p50 ms | TTFT p90 ms | out tok/s |", "|---|---|---|---|"]
     for name in ("images", "text", "repeat_first", "repeat_again", "text_only_vl", "text_only_plain"):
         if name in results:

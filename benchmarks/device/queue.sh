@@ -4,7 +4,7 @@
 #   bash benchmarks/device/queue.sh tests-a        # tests/gpu without the VLM and LoRA files (~8 min)
 #   bash benchmarks/device/queue.sh tests-b        # the VLM and LoRA GPU tests (~6 min)
 #   bash benchmarks/device/queue.sh plain vl       # several parts in one call, in order, each under its own limit
-# Parts: tests-a tests-b attn plain itl mixed lora lora-fp8 lora-qkv-ab lora-step lora-step-folded lora-step-segmented vl vl-profile vl-threads vision diverse diverse32 diverse64 diverse64-forms diverse64-profile diverse-kernel-ab spec eagle3 (itl: the
+# Parts: tests-a tests-b attn plain itl mixed lora lora-fp8 lora-step lora-step-folded lora-step-segmented vl vl-profile vl-threads vision diverse diverse32 diverse64 diverse64-forms diverse64-profile diverse-kernel-ab spec eagle3 (itl: the
 # plain rows, then at --max-mixed-prefill-tokens 256 and 512, ~85 s each on an H100; eagle3 after spec in the same
 # call: it reuses spec's plain rows; diverse64: 512 rows, where attention is the larger share of a step).
 # Logs and JSON under $OUT; a part past its limit is cut and the next one runs.
@@ -63,12 +63,6 @@ for name in "$@"; do
       fi
       part diverse-kernel-new 180 python3 -m benchmarks.device.diverse --skip-check --skip-engine --groups 32,64 \
         --engine-groups 64 ;;  # (this tree's with the split / stage / tiling sweep at 64 groups)
-    lora-qkv-ab)  # the FP8 LoRA step and serving with q|k|v's deltas in the folded expand, then in decode attention
-      for form in 0 1; do
-        part lora-step-fp8-qkv$form 120 env TGI_COMPAT_LORA_QKV_IN_ATTENTION=$form python3 -m benchmarks.device.lora_step \
-          --quantize fp8 --skip-sweep --rows 1,64 --json "$OUT/lora_step_fp8_qkv$form.json"
-        part lora-fp8-qkv$form 150 env TGI_COMPAT_LORA_QKV_IN_ATTENTION=$form python3 -m benchmarks.device.lora --fp8-only
-      done ;;
     lora-fp8) part lora-step-fp8 150 python3 -m benchmarks.device.lora_step --quantize fp8 --skip-sweep --rows 1,64 \
                 --json "$OUT/lora_step_fp8.json"
               part lora-fp8 200 python3 -m benchmarks.device.lora --fp8-only ;;

@@ -171,29 +171,18 @@ def test_fused_rotary_decode_matches_separate_rotary_kv_store_and_attention(num_
     assert torch.equal(v_fused, v_sep)
 
 
-def test_fused_rotary_decode_adds_the_deferred_lora_delta():
-    """A LoRA step's folded q|k|v output handed to attention whole (DeferredQKVDelta): the fused kernel adds each
-    row's deltas and gives the output and KV cache of the expanded q|k|v through the separate kernels. The layer
-    hands attention LoRA's op set, as a LoRA-enabled server's layers have it: the fused path takes it (it once
-    matched the op set's name, which LoRA's wrapper changes, and no LoRA server's decode fused its rotary)."""
+def test_lora_op_set_takes_the_fused_rotary():
+    """A LoRA-enabled server's layers hand attention LoRA's op set (lora_layer_ops around the Triton ops): its decode
+    steps take the fused rotary + KV store + flash-decoding, equal to the separate kernels. (The choice once matched
+    the op set's name, which LoRA's wrapper changes, and no LoRA server's decode fused its rotary.)"""
     from tgi_compat.modeling.attention.base import AttentionParams, LayerQKV
-    from tgi_compat.modeling.layers.linear import QKVLinear
     from tgi_compat.modeling.layers.triton_ops import TRITON_OPS
-    from tgi_compat.modeling.lora.deferred import DeferredQKVDelta
     from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
-    from tgi_compat.modeling.lora.step import lora_step
-    from tgi_compat.modeling.lora.weights import LoraWeights
 
-    heads, kv_heads, head_dim, max_len, num_slots, rank = 8, 2, 16, 40, 3, 8
+    heads, kv_heads, head_dim, max_len = 8, 2, 16, 40
     gen = torch.Generator().manual_seed(7)
     batch, req_to_token, rope = one_token_step([2, 0, 3], [33, 20, 9], max_len, head_dim, gen)
-    weights = LoraWeights(
-        QKVLinear(32, heads, kv_heads, head_dim, False), ("q_proj", "k_proj", "v_proj"), num_slots, rank
-    )
-    weights.b.copy_(torch.randn(weights.b.shape, generator=gen))
-    columns = (heads + 2 * kv_heads) * head_dim
-    full = torch.randn(3, columns + num_slots * 3 * rank, generator=gen)
-    deferred = DeferredQKVDelta(full, lora_step(torch.tensor([1, -1, 2]), num_slots), weights)
+    qkv = torch.randn(3, heads + 2 * kv_heads, head_dim, generator=gen)
     caches = torch.randn(2, 4 * max_len, kv_heads, head_dim, generator=gen)
     ops = lora_layer_ops(TRITON_OPS, LoraContext(), {})
     results = []
@@ -201,18 +190,17 @@ def test_fused_rotary_decode_adds_the_deferred_lora_delta():
         backend = fused_rotary_backend(fused, heads, kv_heads, head_dim, max_len)
         backend.init_forward_metadata(batch, req_to_token)
         k_cache, v_cache = caches[0].clone(), caches[1].clone()
-        base = full[:, :columns].view(3, heads + 2 * kv_heads, head_dim)
-        qk, v = base[:, : heads + kv_heads], base[:, heads + kv_heads :]
-        new = LayerQKV(qk, v, rope, ops, k_cache, v_cache, deferred)
-        decode, deltas_in_kernel = backend._decode, []
+        qk, v = qkv[:, : heads + kv_heads].clone(), qkv[:, heads + kv_heads :].clone()
+        new = LayerQKV(qk, v, rope, ops, k_cache, v_cache)
+        decode, fused_calls = backend._decode, []
 
-        def recording_decode(*args, decode=decode, deltas_in_kernel=deltas_in_kernel, **kwargs):
-            deltas_in_kernel.append(kwargs.get("lora") is not None)
+        def recording_decode(*args, decode=decode, fused_calls=fused_calls, **kwargs):
+            fused_calls.append(kwargs.get("new_token") is not None)
             return decode(*args, **kwargs)
 
         backend._decode = recording_decode
         results.append((backend.rotate_store_and_attend(new, AttentionParams(head_dim**-0.5)), k_cache, v_cache))
-        assert deltas_in_kernel == [fused]
+        assert fused_calls == [fused]
     (fused, k_fused, v_fused), (separate, k_sep, v_sep) = results
     assert not torch.equal(k_sep, caches[0])  # the new tokens went in
     torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-5)

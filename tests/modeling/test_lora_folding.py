@@ -48,39 +48,3 @@ def test_a_projection_whose_slot_rows_are_a_small_share_folds_at_every_size():
     lora = LoraWeights(proj, ("q_proj", "k_proj", "v_proj"), MAX_LORAS, RANK)  # 36 slot rows: 7%
     assert lora.extra_share <= DEFAULT_FOLDING.max_share
     assert lora.folded is not None and lora.folded_for(DEFAULT_FOLDING.max_tokens + 1) is lora.folded
-
-
-def test_a_qkv_projections_expand_is_left_to_attention_unless_switched_off(monkeypatch):
-    """At decode sizes LoRA's norm + q|k|v op hands back the folded output whole and deferred_qkv_delta the expand it
-    owes (attention adds it); TGI_COMPAT_LORA_QKV_IN_ATTENTION=0 (QKV_IN_ATTENTION) expands in the op. Both give the
-    same q|k|v."""
-    from tgi_compat.modeling.layers.norm import RMSNorm
-    from tgi_compat.modeling.layers.ops import TORCH_OPS
-    from tgi_compat.modeling.lora import weights as lora_weights
-    from tgi_compat.modeling.lora.layer_ops import LoraContext, lora_layer_ops
-    from tgi_compat.modeling.lora.step import lora_step
-
-    torch.manual_seed(1)
-    x = torch.randn(5, 32)
-    outputs = []
-    for in_attention in (True, False):
-        monkeypatch.setattr(lora_weights, "QKV_IN_ATTENTION", in_attention)
-        proj = QKVLinear(32, num_heads=4, num_kv_heads=2, head_dim=8, bias=False)
-        proj.weight.data.copy_(torch.randn(proj.weight.shape, generator=torch.Generator().manual_seed(2)))
-        lora = LoraWeights(proj, ("q_proj", "k_proj", "v_proj"), MAX_LORAS, RANK)
-        lora.a.copy_(torch.randn(lora.a.shape, generator=torch.Generator().manual_seed(3)))
-        lora.b.copy_(torch.randn(lora.b.shape, generator=torch.Generator().manual_seed(4)))
-        norm = RMSNorm(32, 1e-6, TORCH_OPS)
-        norm.weight.data.fill_(1.0)
-        ops = lora_layer_ops(TORCH_OPS, LoraContext(lora_step(torch.tensor([0, -1, 2, 1, 0]), MAX_LORAS)), {proj: lora})
-        out, _ = ops.rms_norm_linear(x, None, norm, proj)
-        qkv, deferred = ops.deferred_qkv_delta(out, proj)
-        assert qkv.shape == (5, proj.out_features)
-        if in_attention:
-            assert out.shape[1] == proj.out_features + MAX_LORAS * 3 * RANK and deferred is not None
-            qkv = deferred.expanded()
-        else:
-            assert out.shape[1] == proj.out_features and deferred is None
-        outputs.append(qkv)
-    assert not torch.allclose(outputs[0], proj(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)))  # deltas
-    torch.testing.assert_close(outputs[0], outputs[1])

@@ -32,14 +32,7 @@ from tgi_compat.kernels.attention.decode_merge import (
     merge_splits,
     split_outputs,
 )
-from tgi_compat.kernels.attention.decode_rotary import (
-    NewTokenKV,
-    QKVLoraDelta,
-    lora_block_r,
-    lora_delta_args,
-    new_token_args,
-    rotated_query,
-)
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV, new_token_args, rotated_query
 from tgi_compat.kernels.attention.online_softmax import attend_kv_block
 from tgi_compat.kernels.pdl import launch_options, use_pdl_for_one_request
 
@@ -95,14 +88,7 @@ def _store_partial(m_i, l_i, acc, partials, req, split, heads, offs_g, mask_g, o
 
 @triton.jit(
     do_not_specialize=RUNTIME_SPLIT_ARGS,
-    do_not_specialize_on_alignment=[
-        *RUNTIME_SPLIT_ARGS,
-        "req_rows_ptr",
-        "kv_lens_ptr",
-        "counter_ptr",
-        "slots_ptr",
-        "lora_slots_ptr",
-    ],
+    do_not_specialize_on_alignment=[*RUNTIME_SPLIT_ARGS, "req_rows_ptr", "kv_lens_ptr", "counter_ptr", "slots_ptr"],
 )
 def _decode_stage1_kernel(
     q_ptr,  # [B, H, D] (unrotated when ROTARY)
@@ -120,9 +106,6 @@ def _decode_stage1_kernel(
     cos_ptr,
     sin_ptr,
     slots_ptr,  # NewTokenKV's tensors (ROTARY only)
-    shrunk_ptr,
-    lora_slots_ptr,
-    b_ptr,  # QKVLoraDelta's tensors (LORA only)
     scale,
     num_splits,  # runtime, so every batch size shares one compiled kernel
     stride_qb,
@@ -146,12 +129,6 @@ def _decode_stage1_kernel(
     stride_nvh,
     stride_cos,
     stride_sin,
-    stride_sb,
-    stride_bl,
-    stride_bn,
-    lora_rank,
-    lora_k_col,
-    lora_v_col,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # >= 16 so the group can be the M side of tl.dot
     HEAD_DIM: tl.constexpr,
@@ -163,8 +140,6 @@ def _decode_stage1_kernel(
     MERGE_G: tl.constexpr,
     MERGE_CHUNK: tl.constexpr,
     ROTARY: tl.constexpr,  # rotate q here; the newest token's k/v are rotated and stored here
-    LORA: tl.constexpr,  # (ROTARY only) add the LoRA rows' q, k and v deltas first
-    BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent (tgi_compat/kernels/pdl.py)
     SLIDING_WINDOW: tl.constexpr = 0,  # > 0: only the last SLIDING_WINDOW keys are visible
     SOFTCAP: tl.constexpr = 0.0,  # > 0: scores -> SOFTCAP * tanh(scores / SOFTCAP)
@@ -198,11 +173,7 @@ def _decode_stage1_kernel(
     if ROTARY:
         new_kv = (new_k_ptr, new_v_ptr, slots_ptr, stride_nkb, stride_nkh, stride_nvb, stride_nvh)
         rope = (cos_ptr, sin_ptr, stride_cos, stride_sin)
-        lora = (shrunk_ptr, lora_slots_ptr, b_ptr, stride_sb, stride_bl, stride_bn, lora_rank, lora_k_col, lora_v_col)
-        q = rotated_query(
-            q_ptr, q_rows, mask_g, req, kv_len, start, end, head_kv, new_kv, rope, lora, HEAD_DIM, GROUP, GROUP_PAD,
-            BLOCK_D, LORA, BLOCK_R,
-        )  # fmt: skip
+        q = rotated_query(q_ptr, q_rows, mask_g, req, kv_len, start, end, head_kv, new_kv, rope, HEAD_DIM)
     else:
         q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     qk_scale = scale
@@ -284,7 +255,6 @@ def decode_attention(
     num_stages: int = 2,
     split_counter: torch.Tensor | None = None,  # [>=B, KVH] int32, all zero: merge in stage 1 (left zero)
     new_token: NewTokenKV | None = None,  # rotary + KV store of the step's token, fused in
-    lora: QKVLoraDelta | None = None,  # (with new_token) the LoRA rows' q|k|v deltas, added before the rotary
     sliding_window: int | None = None,  # only the last `sliding_window` keys are visible
     softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
     attention_chunk: int | None = None,  # only the keys of the query's own chunk are visible
@@ -303,8 +273,6 @@ def decode_attention(
         counter = split_counter
     merge = counter is split_counter
     new_tensors, new_strides = new_token_args(new_token, q, num_kv_heads)
-    assert lora is None or new_token is not None, "the LoRA deltas ride on the fused rotary"
-    lora_tensors, lora_scalars = lora_delta_args(lora, q, num_kv_heads)
     block_d = triton.next_power_of_2(head_dim)
     merge_g = triton.next_power_of_2(group)
     pdl = use_pdl_for_one_request(q, batch)
@@ -320,7 +288,6 @@ def decode_attention(
         out,
         counter,
         *new_tensors,
-        *lora_tensors,
         scale,
         num_splits,
         *q.stride()[:2],
@@ -332,7 +299,6 @@ def decode_attention(
         *out.stride()[:2],
         counter.stride(0),
         *new_strides,
-        *lora_scalars,
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
@@ -344,8 +310,6 @@ def decode_attention(
         MERGE_G=merge_g,
         MERGE_CHUNK=merge_chunk(merge_g, block_d),
         ROTARY=new_token is not None,
-        LORA=lora is not None,
-        BLOCK_R=lora_block_r(lora),
         USE_PDL=pdl,
         SLIDING_WINDOW=sliding_window or 0,
         SOFTCAP=float(softcap or 0.0),

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from tgi_compat.modeling.forward_batch import ForwardBatch
 from tgi_compat.modeling.layers.ops import LayerOps, RopeTables
-
-if TYPE_CHECKING:
-    from tgi_compat.modeling.lora.deferred import DeferredQKVDelta
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +29,6 @@ class AttentionParams:
     attention_chunk: int | None = None
 
 
-def split_qkv(qkv: torch.Tensor, num_qk_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A q|k|v projection's rows [T, (H + 2 * H_kv) * D] -> views qk [T, H + H_kv, D] and v [T, H_kv, D]."""
-    num_tokens, qk_size = qkv.shape[0], num_qk_heads * head_dim
-    return qkv[:, :qk_size].view(num_tokens, num_qk_heads, head_dim), qkv[:, qk_size:].view(num_tokens, -1, head_dim)
-
-
 @dataclass(frozen=True, slots=True)
 class LayerQKV:
     """One layer's new tokens on their way into attention, and where their k/v go."""
@@ -48,19 +39,10 @@ class LayerQKV:
     ops: LayerOps
     k_cache: torch.Tensor
     v_cache: torch.Tensor
-    # LoRA rows' q|k|v deltas not yet in qk and v (views of the folded output): the fused rotary adds them, any
-    # other path takes `with_lora_added` first
-    lora: DeferredQKVDelta | None = None
 
     @property
     def num_q_heads(self) -> int:
         return self.qk.shape[1] - self.v.shape[1]
-
-    def with_lora_added(self) -> LayerQKV:
-        if self.lora is None:
-            return self
-        qk, v = split_qkv(self.lora.expanded(), self.qk.shape[1], self.qk.shape[2])
-        return LayerQKV(qk, v, self.rope, self.ops, self.k_cache, self.v_cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +103,6 @@ class AttentionBackend(ABC):
     def rotate_store_and_attend(self, new: LayerQKV, params: AttentionParams) -> torch.Tensor:
         """rotate_and_store_kv, then forward over the rotated q heads: [T, H, D]. Backends may fuse all
         three (new.qk is then left unrotated: nothing reads it after this call)."""
-        new = new.with_lora_added()
         qk = self.rotate_and_store_kv(new)
         return self.forward(qk[:, : new.num_q_heads], new.k_cache, new.v_cache, params)
 

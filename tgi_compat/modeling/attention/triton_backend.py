@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from tgi_compat.kernels.attention.decode import choose_block_n, choose_num_splits, decode_attention
-from tgi_compat.kernels.attention.decode_rotary import NewTokenKV, QKVLoraDelta
+from tgi_compat.kernels.attention.decode_rotary import NewTokenKV
 from tgi_compat.kernels.attention.kv_store import kv_store
 from tgi_compat.kernels.attention.prefill import prefill_attention, token_spans
 from tgi_compat.kernels.attention.rotary import rotary_and_kv_store
@@ -245,8 +245,7 @@ class TritonAttentionBackend(AttentionBackend):
         num_q_heads = new.num_q_heads
         cos, sin = new.rope  # [B, D/2] each, this step's rows (triton_rope_tables)
         new_token = NewTokenKV(k=new.qk[:, num_q_heads:], v=new.v, cos=cos, sin=sin, slots=meta.out_slots)
-        lora = None if new.lora is None else new.lora.kernel_delta()
-        return self._decode(new.qk[:, :num_q_heads], new.k_cache, new.v_cache, params, new_token=new_token, lora=lora)
+        return self._decode(new.qk[:, :num_q_heads], new.k_cache, new.v_cache, params, new_token=new_token)
 
     def forward(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, params: AttentionParams
@@ -285,7 +284,6 @@ class TritonAttentionBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor | None = None,
         new_token: NewTokenKV | None = None,
-        lora: QKVLoraDelta | None = None,
     ) -> torch.Tensor:
         """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i); with
         `new_token`, q is unrotated and the kernel does the rotary and the KV store too (and adds `lora`'s deltas)."""
@@ -317,7 +315,6 @@ class TritonAttentionBackend(AttentionBackend):
             block_n=meta.block_n,
             split_counter=counter,
             new_token=new_token,
-            lora=lora,
             sliding_window=params.sliding_window,
             softcap=params.softcap,
             attention_chunk=params.attention_chunk,

@@ -18,8 +18,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from tgi_compat.modeling.layers.linear import Linear
-    from tgi_compat.modeling.lora.deferred import DeferredQKVDelta
     from tgi_compat.modeling.parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -33,10 +31,6 @@ class RopeLayout(Enum):
 
     SIGNED = "signed"  # torch_rope_tables: cos over both halves and the signed sin, [T, 1, D] each
     HALF = "half"  # the Triton kernels': cos and sin of each pair, [T, D/2] each
-
-
-def no_deferred_delta(qkv: torch.Tensor, proj: Linear) -> tuple[torch.Tensor, DeferredQKVDelta | None]:
-    return qkv, None
 
 
 @dataclass(frozen=True)
@@ -70,9 +64,6 @@ class LayerOps:
     row_parallel_linear: Callable[..., tuple[torch.Tensor, TensorParallel | None]]
     # The same after SiLU-and-mul: (x [T, 2 * I], proj, tp) -> silu_mul_linear(x, proj) summed, or this rank's part
     silu_mul_row_parallel_linear: Callable[..., tuple[torch.Tensor, TensorParallel | None]]
-    # A q|k|v projection's output on its way into attention: (qkv, proj) -> (qkv [T, N], the LoRA delta it still
-    # owes, or None). Only LoRA's ops leave one (their rms_norm_linear then hands back the folded output whole).
-    deferred_qkv_delta: Callable[..., tuple[torch.Tensor, DeferredQKVDelta | None]] = no_deferred_delta
 
 
 def torch_rms_norm(

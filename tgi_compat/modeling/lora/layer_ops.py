@@ -2,8 +2,7 @@
 
 Built once, when LoRA is enabled, around the ops chosen at startup. A step without a LoRA row (context.step
 None) takes the base op unchanged. A decode-sized step with one runs a plain base's op on its widened twin (every
-slot's A under the weight: folding.py), fused norm or SiLU-and-mul prologue and all, then the expand of its output;
-a q|k|v projection's expand is left to attention (deferred.py: the fused rotary adds it). A
+slot's A under the weight: folding.py), fused norm or SiLU-and-mul prologue and all, then the expand of its output. A
 quantized base, or a prefill-sized step, takes the base op, then adds the LoRA delta by the segmented shrink and
 expand: the shrink runs the same prologue on the input the base op read (the pre-norm rows every norm op hands back
 as the next residual, or the [gate | up] rows), so no activation the fused kernel keeps to itself is needed.
@@ -20,7 +19,6 @@ import torch
 from tgi_compat.kernels.lora.shrink import ShrinkPrologue
 from tgi_compat.modeling.layers.linear import Linear
 from tgi_compat.modeling.layers.ops import LayerOps, sum_later
-from tgi_compat.modeling.lora.deferred import DeferredQKVDelta
 from tgi_compat.modeling.lora.step import LoraStep
 from tgi_compat.modeling.lora.weights import LoraWeights
 from tgi_compat.modeling.parallel import TensorParallel
@@ -51,7 +49,7 @@ def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, L
         folded = lora.folded_for(rows)
         if folded is not None:
             full, summed = op(folded)
-            return (full if lora.expand_in_attention else lora.expand_folded(full, step)), summed
+            return lora.expand_folded(full, step), summed
         out, summed = op(proj)
         return lora.add_to(out, summed, step, ShrinkPrologue(norm.weight, norm.eps)), summed
 
@@ -62,15 +60,6 @@ def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, L
         return norm_then_linear(
             lambda p: base.norm_add_norm_linear(x, x_norm, residual, norm, p), x.shape[0], norm, proj
         )
-
-    def deferred_qkv_delta(qkv, proj: Linear):
-        """A q|k|v projection's folded output (rms_norm_linear's above, at decode sizes) -> its base columns and the
-        expand it still owes (attention's fused rotary adds it)."""
-        found = lora_of(proj)
-        if found is None or qkv.shape[1] == proj.out_features:
-            return qkv, None
-        lora, step = found
-        return qkv[:, : proj.out_features], DeferredQKVDelta(qkv, step, lora)
 
     def silu_mul_linear(x, proj: Linear):
         found = lora_of(proj)
@@ -107,5 +96,4 @@ def lora_layer_ops(base: LayerOps, context: LoraContext, targets: dict[Linear, L
         silu_mul_linear=silu_mul_linear,
         row_parallel_linear=row_parallel_linear,
         silu_mul_row_parallel_linear=silu_mul_row_parallel_linear,
-        deferred_qkv_delta=deferred_qkv_delta,
     )

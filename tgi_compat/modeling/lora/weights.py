@@ -10,7 +10,6 @@ run; over FP8 its rows are quantized per row when staged, each with its scale.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,11 +26,6 @@ from tgi_compat.modeling.lora.adapter import LoraAdapterError, LoraModule
 from tgi_compat.modeling.lora.folding import fold
 from tgi_compat.modeling.lora.step import LoraStep
 from tgi_compat.modeling.parallel import Slice
-
-# TGI_COMPAT_LORA_QKV_IN_ATTENTION=1: q|k|v's deltas added in decode attention's fused rotary (deferred.py) instead
-# of the folded expand. Off by default: proven on the CPU (TRITON_INTERPRET) but never yet compiled or timed on a GPU
-# (`queue.sh lora-qkv-ab` times the LoRA step both ways; the GPU test checks it at the Llama-3-8B shape).
-QKV_IN_ATTENTION = os.environ.get("TGI_COMPAT_LORA_QKV_IN_ATTENTION", "0") == "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +79,6 @@ class LoraWeights:
             start += rows.size
         self.slices = tuple(slices)
         self.slice_ends = tuple(part.out_start + part.rows.size for part in slices)  # the expand's column split
-        # attention takes a q|k|v projection's folded output whole and adds its deltas (deferred.py)
-        self.expand_in_attention = QKV_IN_ATTENTION and projections == ("q_proj", "k_proj", "v_proj")
         a_shape = (max_loras, len(slices) * max_rank, proj.in_features)
         # a plain or FP8 base: A stacked under its weight (folding.py), so decode-sized steps shrink in the base GEMM
         folded = fold(proj, max_loras * len(slices) * max_rank)

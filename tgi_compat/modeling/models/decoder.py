@@ -17,7 +17,7 @@ from typing import Protocol, cast
 import torch
 import torch.nn as nn
 
-from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, LayerQKV, split_qkv
+from tgi_compat.modeling.attention.base import AttentionBackend, AttentionParams, LayerQKV
 from tgi_compat.modeling.aux_hidden import AuxHiddenStates, StreamReader
 from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch, ImageEmbeds
@@ -66,6 +66,7 @@ class Attention(nn.Module):
         self.num_kv_heads = heads.num_kv_heads
         self.head_dim = config.head_dim
         self.params = AttentionParams(scale or config.head_dim**-0.5, sliding_window, softcap)
+        self.qk_size = (self.num_heads + self.num_kv_heads) * config.head_dim
         self.qkv_proj = QKVLinear(
             config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim, config.qkv_bias, tp=tp
         )
@@ -88,22 +89,20 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        qkv: torch.Tensor,  # [T, (H + 2 * H_kv) * D]: qkv_proj's output (the layer runs it with the norm; LoRA's
-        # folded output is wider: deferred_qkv_delta)
+        qkv: torch.Tensor,  # [T, (H + 2 * H_kv) * D]: qkv_proj's output (the layer runs it with the norm)
         rope: RopeTables,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         backend: AttentionBackend,
     ) -> tuple[torch.Tensor, TensorParallel | None]:
-        qkv, lora = self.ops.deferred_qkv_delta(qkv, self.qkv_proj)
-        if lora is not None and self.q_norm is not None:
-            qkv, lora = lora.expanded(), None  # the per-head norms read the deltas
-        qk, v = split_qkv(qkv, self.num_heads + self.num_kv_heads, self.head_dim)
+        num_tokens = qkv.shape[0]
+        qk = qkv[:, : self.qk_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             qk = self.ops.qk_norm(qk, self.num_heads, self.q_norm, self.k_norm)
-        new = LayerQKV(qk, v, rope, self.ops, k_cache, v_cache, lora)
+        new = LayerQKV(qk, v, rope, self.ops, k_cache, v_cache)
         out = backend.rotate_store_and_attend(new, self.params)  # [T, H, D]
-        flat = out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
+        flat = out.reshape(num_tokens, self.num_heads * self.head_dim)
         return self.ops.row_parallel_linear(flat, self.o_proj, self.tp)  # (output, ranks still to sum it over)
 
 

@@ -5,6 +5,7 @@ mixed steps of one request's decode and another's image chunk give transformers'
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.modeling.helpers import max_rel_error
@@ -60,3 +61,42 @@ def test_the_span_warm_up_writes_no_cache_row():
     params = [AttentionParams(0.25, sliding_window=4, softcap=30.0), AttentionParams(0.25)]
     backend.compile_kernels((k_cache, v_cache), req_to_token, params, image_spans=True)
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_mixed_step_opens_each_image_span_at_its_own_tokens(window):
+    """A MIXED step: two decodes first (flash-decoding), then a request whose new tokens hold an image span (the
+    extend kernel). The kernel reads each token's span by its row of the whole step, decodes counted: the step
+    equals the reference. (Spans cut to the extend requests alone were read one decode row early, past their
+    end: PaliGemma 2's chunked prompts on an H100, session 36.)"""
+    from tgi_compat.kernels.attention.prefill import prefill_attention_ref, token_spans
+    from tgi_compat.modeling.forward_batch import ImageEmbeds, build_forward_batch
+
+    gen = torch.Generator().manual_seed(7)
+    heads, kv_heads, head_dim, max_len = 4, 2, 16, 32
+    backend = TritonAttentionBackend(
+        AttentionShape(heads, kv_heads, head_dim, 4, max_len, torch.device("cpu"), torch.float32)
+    )
+    q_lens, kv_lens, rows = [1, 1, 9], [5, 7, 12], [0, 1, 2]
+    spans = [[], [], [(2, 10)]]  # the image starts in the cached prefix and ends before the prompt does
+    batch = build_forward_batch(
+        input_ids=[5] * sum(q_lens),
+        req_rows=rows,
+        q_lens=q_lens,
+        kv_lens=kv_lens,
+        out_slots=[row * max_len + p for row, q, kv in zip(rows, q_lens, kv_lens) for p in range(kv - q, kv)],
+        logits_indices=[0, 1, sum(q_lens) - 1],
+    )
+    batch.images = ImageEmbeds(torch.empty(0, dtype=torch.int64), torch.empty(0, 8), spans)
+    req_to_token = torch.arange(3 * max_len, dtype=torch.int32).view(3, max_len)
+    k_cache, v_cache = torch.randn(2, 3 * max_len, kv_heads, head_dim, generator=gen).unbind(0)
+    q = torch.randn(sum(q_lens), heads, head_dim, generator=gen)
+    backend.init_forward_metadata(batch, req_to_token)
+    assert backend.metadata.num_decode_prefix == 2  # the decodes took flash-decoding
+    out = backend.forward(q, k_cache, v_cache, AttentionParams(0.25, sliding_window=window))
+    lengths = (batch.req_rows, batch.q_start, batch.q_lens, batch.kv_lens)
+    opened = token_spans(spans, q_lens, kv_lens)
+    ref = prefill_attention_ref(q, k_cache, v_cache, req_to_token, *lengths, 0.25, window, spans=opened)
+    assert max_rel_error(out, ref) <= 1e-5
+    causal = prefill_attention_ref(q, k_cache, v_cache, req_to_token, *lengths, 0.25, window)
+    assert max_rel_error(causal, ref) > 1e-3  # the span changed the answer

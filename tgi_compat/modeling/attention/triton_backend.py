@@ -78,7 +78,7 @@ class TritonAttentionMetadata:
     num_decode_prefix: int = 0  # MIXED: the first requests (one token each) that go to flash-decoding
     prefix_table: torch.Tensor | None = None  # DECODE under --diverse_mode: PrefixGroups.table [B, 1 + group_max]
     prefix_splits: int = 0  # splits of each group's prefix (with prefix_table)
-    spans: torch.Tensor | None = None  # extend rows: [T, 2], each token's bidirectional image span (token_spans)
+    spans: torch.Tensor | None = None  # [T, 2]: each of the step's tokens' bidirectional image span (token_spans)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -203,8 +203,9 @@ class TritonAttentionBackend(AttentionBackend):
             image_spans = batch.images.spans
             num_flash = next((i for i in range(num_flash) if i < len(image_spans) and image_spans[i]), num_flash)
             assert batch.q_lens_cpu is not None and batch.kv_lens_cpu is not None, "a step with images has host lengths"
-            extend = slice(num_flash, None)
-            spans = token_spans(image_spans[extend], batch.q_lens_cpu[extend], batch.kv_lens_cpu[extend])
+            # one row per token of the whole step: the kernel indexes spans by q_start, which counts the decode
+            # prefix's tokens too (theirs stay (0, 0))
+            spans = token_spans(image_spans, batch.q_lens_cpu, batch.kv_lens_cpu)
             spans = spans.to(batch.req_rows.device, non_blocking=True)
         max_q_len = batch.max_q_len
         if num_flash and not is_decode and batch.q_lens_cpu is not None:  # a decode prefix needs host lengths

@@ -1,4 +1,11 @@
-# Sourced first in a device call (`source benchmarks/device/setup.sh; ...`), from the repo root, carrying `.whl`:
+# Sourced first in a device call (`source benchmarks/device/setup.sh; ...`), from the repo root, carrying `.whl`,
+# filled here first (session 36; the lock's transformers and hub: the image's 5.17 fails the fallback's VLMs):
+#   ../shared/device/wheelhouse.sh quicktok-v1 xgrammar apache-tvm-ffi jsonschema jsonschema-specifications referencing \
+#     rpds-py attrs httptools uvloop pillow peft accelerate psutil opentelemetry-api==1.45.2 annotated-doc lazy-importer \
+#     opentelemetry-exporter-http-transport opentelemetry-exporter-otlp-common zipp protobuf transformers==5.25.0 \
+#     huggingface-hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0 kernels==0.19.1 hf-xet==1.8.0 httpx2==2.16.2 \
+#     httpcore2==2.16.2 regex tomlkit typer truststore rich shellingham markdown-it-py mdurl pygments
+# (versions as requirements/runtime.txt pins them, or as a dependent in the folder names them). It puts
 # the wheels into /tmp/site, the repo and them first on the path, then an import check that fails the call in
 # seconds where a wheel is missing (check the folder here first: `python -m benchmarks.device.wheels`).
 # Writes the GPU, driver and time to $OUT/gpu.txt; `left N` prints N minus the seconds since this ran.

@@ -47,3 +47,14 @@ def test_the_same_prompt_hits_the_prefix_cache_another_question_does_not(checkpo
     assert cached == {"again": pali.PER_IMAGE + 4, "other": 0}  # all but the last prompt token; nothing
     assert tokens == pali.greedy_ids(model, other_ids, [WIDE], pali.NEW)
     assert engine.executor.batch_builder.images is not None and engine.executor.batch_builder.images.num_encoded == 1
+
+
+def test_an_older_transformers_is_refused_at_load_naming_the_version_needed(checkpoint, monkeypatch):
+    """The fallback's vision families read transformers 5.25's image rows: an older release is refused when the model
+    loads, with the version to install, instead of failing each step with an image (5.17 did, on the GPU machine)."""
+    import transformers
+
+    _, folder = checkpoint
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(RuntimeError, match=r"PaliGemmaForConditionalGeneration .* >= 5\.25; this is 5\.17\.0"):
+        make_engine(folder)

@@ -13,12 +13,34 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
+from tgi_compat.modeling.config import ModelConfig
 from tgi_compat.modeling.forward_batch import ForwardBatch
+from tgi_compat.modeling.layers.ops import TORCH_OPS, LayerOps
 from tgi_compat.modeling.models.transformers_fallback import ATTENTION_NAME, TransformersForCausalLM
+from tgi_compat.modeling.parallel import NO_TP, TensorParallel
+
+# Each family's image rows are get_image_features' pooler_output, one entry per image, as transformers 5.25 (the
+# lock's) hands them back; 5.17 gave other shapes, and a step with an image failed (session 36, on the GPU machine).
+MIN_TRANSFORMERS = "5.25"
+
+
+def check_transformers_version(architecture: str) -> None:
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
+        raise RuntimeError(
+            f"{architecture} runs through transformers' own vision modeling, which needs transformers >= "
+            f"{MIN_TRANSFORMERS}; this is {transformers.__version__} (pip install 'transformers>={MIN_TRANSFORMERS}')"
+        )
 
 
 class TransformersForImageTextToText(TransformersForCausalLM):
     bidirectional_images: ClassVar[bool] = False
+
+    def __init__(self, config: ModelConfig, ops: LayerOps = TORCH_OPS, tp: TensorParallel = NO_TP):
+        check_transformers_version(config.multimodal_architecture or config.architecture)
+        super().__init__(config, ops, tp)
 
     def model_class(self) -> Any:
         from transformers import AutoModelForImageTextToText
@@ -60,9 +82,6 @@ class TransformersForImageTextToText(TransformersForCausalLM):
         """transformers' LLaVA-Next `hf` on LlavaNextImageProcessor's pixel_values [N, tiles, 3, H, W] and
         image_sizes [N, 2] -> each image's packed rows (tiles, padding cut, newline rows), one per `<image>`
         placeholder (vision/llava_next.py counts them)."""
-        import transformers
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
-
         c = hf.config
         features = hf.model.get_image_features(
             pixel_values=processed["pixel_values"].to(hf.dtype),
@@ -70,12 +89,6 @@ class TransformersForImageTextToText(TransformersForCausalLM):
             vision_feature_layer=c.vision_feature_layer,
             vision_feature_select_strategy=c.vision_feature_select_strategy,
         )
-        if not isinstance(features, BaseModelOutputWithPooling):
-            # older releases return the tiles' rows unpacked (their forward packs them): not one row per placeholder
-            raise RuntimeError(
-                f"LLaVA-Next images need transformers whose get_image_features packs each image's rows "
-                f"(5.25 does); this is {transformers.__version__}"
-            )
         rows: Any = features.pooler_output  # a tuple of each image's rows, though typed as one tensor
         return list(rows)
 

@@ -287,7 +287,7 @@ class TritonAttentionBackend(AttentionBackend):
         new_token: NewTokenKV | None = None,
     ) -> torch.Tensor:
         """Flash-decoding of requests [0, len(q)) (each one token: q row i is request i); with
-        `new_token`, q is unrotated and the kernel does the rotary and the KV store too (and adds `lora`'s deltas)."""
+        `new_token`, q is unrotated and the kernel does the rotary and the KV store too."""
         meta = self.metadata
         batch, splits = q.shape[0], meta.num_splits
         if batch > self.max_rows:

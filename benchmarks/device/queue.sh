@@ -44,7 +44,7 @@ for name in "$@"; do
       part vl-profile 270 env TGI_PROFILE_DIR="$OUT/vlprof" TGI_PROFILE_STEPS=4:4 \
         python3 -m benchmarks.device.qwen_vl --skip-plain
       find "$OUT/vlprof" -name '*.json.gz' -delete ;;
-    vl-threads)  # the images phase with 3 image processor threads, then the default 8 (the first step's wait)
+    vl-threads)  # the images phase with 3 image processor threads (the default), then 8 (the first step's wait)
       for threads in 3 8; do
         part vl-threads$threads 150 python3 -m benchmarks.device.qwen_vl --skip-plain --processor-threads $threads
       done ;;

@@ -1,7 +1,8 @@
 """The Qwen2.5-VL TTFT benchmark's CPU smoke (benchmarks/device/qwen_vl.py --device cpu --preset tiny), and with
 Qwen2-VL's vision tower (--family qwen2_vl): every phase runs through the real engine with dummy weights (images,
-their text stand-ins, a repeated image, text-only on the VL and on a plain Qwen2 engine), the encoder's ms per image
-at 1 and 8 images a call, the table prints and the JSON lands in $OUT."""
+the same with their preprocessing done before and with their rows cached, their text stand-ins, a repeated image,
+text-only on the VL and on a plain Qwen2 engine), the encoder's ms per image at 1 and 8 images a call, the table
+prints and the JSON lands in $OUT."""
 
 from __future__ import annotations
 
@@ -25,7 +26,12 @@ def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     results = json.loads((tmp_path / ("qwen_vl.json" if family == "qwen2_5_vl" else f"{family}.json")).read_text())
     assert results["grid"] == [4, 4] and results["processor_threads"] == 2 and "2 image processor threads" in out
     assert set(results["encoder"]) == {"1", "8"} and results["encoder"]["8"]["encode_ms_per_image"] > 0
-    assert set(results["checks"]) == {"image_vs_text", "repeat_vs_first", "encoder_floor", "text_only_vl_vs_plain"}
+    checks = {"image_vs_text", "repeat_vs_first", "encoder_floor", "text_only_vl_vs_plain", "preprocessed_vs_text"}
+    assert set(results["checks"]) == checks | {"cached_vs_text"}
+    # the preprocessed phase's images were made ready before it: the engine never waited on the processor; the cached
+    # phase's were in the encoder cache: none encoded
+    assert results["images_preprocessed_encoder"]["images"] == 2 and results["images_cached_encoder"]["images"] == 0
+    assert results["images_preprocessed_encoder"]["preprocess_wait_ms"] < 1.0
     assert results["checks"]["encoder_floor"] > 1.0  # the median's image at least was encoded before its first token
 
 

@@ -19,6 +19,7 @@ from tgi_compat.modeling.vision.encoder import ImageEncoder
 from tgi_compat.modeling.vision.qwen2_5_vl import VISION_TOWERS, QwenVLVisionEncoder
 from tgi_compat.modeling.vision.qwen_vl_mlp import MLP_ALIGN
 from tgi_compat.modeling.vision.qwen_vl_ops import VISION_ATTENTION, VISION_ELEMENTWISE
+from tgi_compat.modeling.vision.qwen_vl_pixels import RESIZED
 
 # (color, (width, height)): grids of 8x10, 4x6 and 4x14 patches, so 2x3, 1x2 and 1x4 windows of 2x2 merged patches,
 # the last column of windows cut short
@@ -129,9 +130,10 @@ def test_image_files_through_the_thread_pool_equal_the_processors_batch(pair, tm
     batch = processed(IMAGES)
     ours = images.preprocess_all(files)
     assert set(ours) == set(batch) and torch.equal(ours["image_grid_thw"], batch["image_grid_thw"])
-    # the pool sends the resized pixels as uint8 and the normalisation runs on the device (DeviceNormalize): the
-    # processor's own values to float32 rounding
-    assert images.preprocess(files[0])["pixel_values"].dtype == torch.uint8
+    # the pool sends the resized image as uint8 and the flattening and normalisation run on the device
+    # (vision/qwen_vl_pixels.py): the processor's own values to float32 rounding
+    resized = images.preprocess(files[0])[RESIZED]
+    assert resized.dtype == torch.uint8 and resized.shape == (4 * PATCH * MERGE, 5 * PATCH * MERGE, 3)
     torch.testing.assert_close(ours["pixel_values"], batch["pixel_values"], rtol=0, atol=1e-6)
     with torch.no_grad():
         expected = reference(batch["pixel_values"], grid_thw=batch["image_grid_thw"]).pooler_output

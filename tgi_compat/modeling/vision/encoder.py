@@ -2,11 +2,10 @@
 from its preprocessor_config.json), then the model's vision encoder. The engine starts an image's processing when its
 request is queued and encodes, once a step, the images of the step it has not cached (tgi_compat.router.image_cache).
 
-The processor runs on the host, image by image in a thread pool: a 1024x1024 image takes ~100 ms of Pillow
-decoding and resizing and numpy normalising and patch reordering, all of which release the GIL; the pool's outputs
-are concatenated along their first dimension (Qwen2.5-VL's patches and grids, Gemma 3's images) as the processor
-would batch them itself. Qwen-VL's processors leave the rescale and normalisation to the device
-(`DeviceNormalize`): about half of their host time, and a quarter of the bytes to page-lock and upload."""
+The processor runs on the host, image by image in a thread pool; the pool's outputs are concatenated along their
+first dimension (Qwen2.5-VL's patches and grids, Gemma 3's images) as the processor would batch them itself.
+Qwen-VL's processors do less on the host: Pillow decodes and resizes there, and the patch flattening and the
+normalisation run on the device (`vision/qwen_vl_pixels.py`)."""
 
 from __future__ import annotations
 
@@ -15,13 +14,13 @@ import io
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch
 from PIL import Image
 
 from tgi_compat.modeling import copy_streams
+from tgi_compat.modeling.vision.qwen_vl_pixels import RESIZED, DeviceNormalize, DevicePatchify
 
 
 class VisionLanguageModel(Protocol):
@@ -41,32 +40,6 @@ class VisionLanguageModel(Protocol):
 # against 234 / 224 (session 36, two runs each, in both orders).
 PROCESSOR_THREADS = 3
 HOST_TENSORS = frozenset({"image_grid_thw"})  # processor outputs the encoder reads on the host
-# processors whose pixel_values are flattened patches [patches, C * t * p * p], channel-major within a patch row
-QWEN_VL_PROCESSORS = frozenset({"Qwen2VLImageProcessor", "Qwen2VLImageProcessorPil", "Qwen2VLImageProcessorFast"})
-
-
-@dataclass(frozen=True)
-class DeviceNormalize:
-    """A Qwen-VL processor's `(x * rescale_factor - mean) / std`, column by column of its flattened patches, as one
-    multiply-add on the device: the processor runs with do_rescale and do_normalize off, so its patches hold the
-    resized image's integer pixel values (sent as uint8). Within 3e-7 of the processor's own float32 output."""
-
-    scale: torch.Tensor  # [C * t * p * p] float32: rescale_factor / std of each column's channel
-    shift: torch.Tensor  # -mean / std
-
-    @classmethod
-    def of(cls, processor: Any, device: torch.device) -> DeviceNormalize | None:
-        """None where the processor is not a Qwen-VL one or does not both rescale and normalise."""
-        if type(processor).__name__ not in QWEN_VL_PROCESSORS or not (processor.do_rescale and processor.do_normalize):
-            return None
-        per_channel = processor.temporal_patch_size * processor.patch_size**2  # columns of one channel
-        mean = torch.tensor(processor.image_mean, dtype=torch.float64).repeat_interleave(per_channel)
-        std = torch.tensor(processor.image_std, dtype=torch.float64).repeat_interleave(per_channel)
-        scale, shift = processor.rescale_factor / std, -mean / std
-        return cls(scale.to(device, torch.float32), shift.to(device, torch.float32))
-
-    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(self.shift, pixels.float(), self.scale)
 
 
 class ImageEncoder:
@@ -93,6 +66,11 @@ class ImageEncoder:
         return DeviceNormalize.of(self.processor, self.device)
 
     @functools.cached_property
+    def patchify(self) -> DevicePatchify | None:
+        """Qwen-VL's patch flattening on the device too, where the normalisation is (the host resizes alone)."""
+        return DevicePatchify.of(self.processor) if self.normalize is not None else None
+
+    @functools.cached_property
     def threads(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
             min(self.processor_threads, os.cpu_count() or 1), thread_name_prefix="image-processor"
@@ -101,6 +79,8 @@ class ImageEncoder:
     def preprocess(self, data: bytes) -> dict[str, torch.Tensor]:
         """One image file -> the processor's tensors for it alone (on the host)."""
         image = Image.open(io.BytesIO(data)).convert("RGB")
+        if self.patchify is not None:  # resized alone: flattened and normalised on the device
+            return self.patchify.resize(image)
         if self.normalize is None:
             out = self.processor(images=[image], return_tensors="pt")
         else:  # integer pixel values, normalised on the device
@@ -111,7 +91,7 @@ class ImageEncoder:
 
     def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
         """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch)."""
-        self.normalize  # noqa: B018 - the processor loaded once here, not by each thread at once
+        self.patchify  # noqa: B018 - the processor loaded once here, not by each thread at once
         return self.threads.submit(self.preprocess, data)
 
     def preprocess_all(self, images: Sequence[bytes]) -> dict[str, torch.Tensor]:
@@ -122,11 +102,17 @@ class ImageEncoder:
         """The images' tensors concatenated, on the device but for the few host-side numbers that plan the encoder's
         launches (Qwen-VL's grid: read back from the device, it made the host wait for the steps queued before).
         Each image's tensors go up on their own, without waiting, and are concatenated there."""
-        out = {
-            name: _cat_padded(tensors) if name in HOST_TENSORS else _cat_padded([self._upload(t) for t in tensors])
-            for name in processed[0]
-            for tensors in [[p[name] for p in processed]]
-        }
+        if self.patchify is not None:  # each resized image up, then flattened into its patches there
+            out = {
+                "pixel_values": torch.cat([self.patchify(self._upload(p[RESIZED])) for p in processed]),
+                "image_grid_thw": torch.cat([p["image_grid_thw"] for p in processed]),
+            }
+        else:
+            out = {
+                name: _cat_padded(tensors) if name in HOST_TENSORS else _cat_padded([self._upload(t) for t in tensors])
+                for name in processed[0]
+                for tensors in [[p[name] for p in processed]]
+            }
         if self.normalize is not None:
             out["pixel_values"] = self.normalize(out["pixel_values"])
         return out

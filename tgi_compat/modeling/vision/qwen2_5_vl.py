@@ -97,7 +97,10 @@ class PlaceholderGrid:
         """From the checkpoint's preprocessor_config.json (the processor the encoder runs)."""
         from transformers import AutoImageProcessor
 
-        processor = AutoImageProcessor.from_pretrained(folder)
+        return cls.of(AutoImageProcessor.from_pretrained(folder))
+
+    @classmethod
+    def of(cls, processor: Any) -> PlaceholderGrid:
         size = processor.size  # transformers moves a hub config's min_pixels/max_pixels here
         return cls(processor.patch_size * processor.merge_size, size.shortest_edge, size.longest_edge)
 

@@ -94,7 +94,7 @@ FAMILIES = {
 def write_folder(folder: Path, preset: str, family: str = "qwen2_5_vl") -> None:
     """config.json (the text sizes, M-RoPE 16/24/24 or the tiny head's split; the family's vision tower) and the
     image processor."""
-    from transformers import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     text, vision, min_pixels, max_pixels = PRESETS[preset]
     architecture, visions = FAMILIES[family]
@@ -110,7 +110,7 @@ def write_folder(folder: Path, preset: str, family: str = "qwen2_5_vl") -> None:
     )  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
-    Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(folder)
+    Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(folder)
 
 
 def random_png(rng: np.random.Generator, size: int) -> bytes:

@@ -33,10 +33,11 @@ def tiny_llava_next(vocab: int, seed: int = 0, **text_overrides):
 
 
 def image_processor():
-    from transformers import LlavaNextImageProcessor  # Pillow's where torchvision is missing: the server's is too
+    # Pillow's, as the server's (vision/processors.py), where torchvision is installed too
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
     size = {"height": TILE, "width": TILE}
-    return LlavaNextImageProcessor(size={"shortest_edge": TILE}, crop_size=size, image_grid_pinpoints=PINPOINTS)
+    return LlavaNextImageProcessorPil(size={"shortest_edge": TILE}, crop_size=size, image_grid_pinpoints=PINPOINTS)
 
 
 def saved_llava_next(folder) -> tuple[object, str]:

@@ -55,9 +55,10 @@ def tiny_qwen2_5_vl(vocab: int, seed: int = 0, family: str = "qwen2_5_vl", **tex
 
 
 def image_processor():
-    from transformers import Qwen2VLImageProcessor
+    # Pillow's, as the server's (vision/processors.py), where torchvision is installed too
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH, merge_size=MERGE)
+    return Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH, merge_size=MERGE)
 
 
 def saved_qwen2_5_vl(folder, vocab: int, family: str = "qwen2_5_vl", **text_overrides):

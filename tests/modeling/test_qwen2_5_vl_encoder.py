@@ -42,9 +42,9 @@ def pair(request):
 
 
 def processor():
-    from transformers import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=28 * 28 * 64, patch_size=PATCH, merge_size=MERGE)
+    return Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 64, patch_size=PATCH, merge_size=MERGE)
 
 
 def processed(images):

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from tgi_compat.modeling import copy_streams
+from tgi_compat.modeling.vision.processors import image_processor
 from tgi_compat.modeling.vision.qwen_vl_pixels import RESIZED, DeviceNormalize, DevicePatchify
 from tgi_compat.modeling.vision.resize_pool import ResizePool
 
@@ -60,9 +61,7 @@ class ImageEncoder:
     @functools.cached_property
     def processor(self) -> Any:
         """Loaded with the first image: a checkpoint served text-only needs no preprocessor_config.json."""
-        from transformers import AutoImageProcessor
-
-        return AutoImageProcessor.from_pretrained(self.folder)
+        return image_processor(self.folder)
 
     @functools.cached_property
     def normalize(self) -> DeviceNormalize | None:

@@ -24,11 +24,13 @@ class Idefics2ImageTokens:
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any], folder: str) -> Idefics2ImageTokens:
         """From config.json `d` and the checkpoint's preprocessor_config.json (the processor the encoder runs)."""
-        from transformers import AutoImageProcessor, Idefics2Config
+        from transformers import Idefics2Config
+
+        from tgi_compat.modeling.vision.processors import image_processor
 
         c = Idefics2Config(**{key: value for key, value in d.items() if key != "model_type"})
         perceiver: Any = c.perceiver_config  # a config object once Idefics2Config has read it
-        splitting = bool(AutoImageProcessor.from_pretrained(folder).do_image_splitting)
+        splitting = bool(image_processor(folder).do_image_splitting)
         return cls(c.image_token_id, perceiver.resampler_n_latents, splitting)
 
     @property

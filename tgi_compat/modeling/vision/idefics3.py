@@ -24,11 +24,13 @@ class Idefics3ImageTokens:
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any], folder: str) -> Idefics3ImageTokens:
         """From config.json `d` and the checkpoint's preprocessor_config.json (the processor the encoder runs)."""
-        from transformers import AutoImageProcessor, Idefics3Config
+        from transformers import Idefics3Config
+
+        from tgi_compat.modeling.vision.processors import image_processor
 
         c = Idefics3Config(**{key: value for key, value in d.items() if key != "model_type"})
         vision: Any = c.vision_config
-        processor = AutoImageProcessor.from_pretrained(folder)
+        processor = image_processor(folder)
         tile_tokens = int((vision.image_size // vision.patch_size) ** 2 / c.scale_factor**2)
         longest = processor.size["longest_edge"] if processor.do_resize else None
         tile = processor.max_image_size["longest_edge"] if processor.do_image_splitting else None

@@ -18,9 +18,9 @@ class MllamaImageTokens:
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any], folder: str) -> MllamaImageTokens:
         """From config.json `d` and the checkpoint's preprocessor_config.json."""
-        from transformers import AutoImageProcessor
+        from tgi_compat.modeling.vision.processors import image_processor
 
-        processor = AutoImageProcessor.from_pretrained(folder)
+        processor = image_processor(folder)
         return cls(int(d["image_token_index"]), int(processor.size["height"]), int(processor.max_image_tiles))
 
     def tiles(self, height: int, width: int) -> int:

@@ -95,9 +95,9 @@ class PlaceholderGrid:
     @classmethod
     def from_folder(cls, folder: str) -> PlaceholderGrid:
         """From the checkpoint's preprocessor_config.json (the processor the encoder runs)."""
-        from transformers import AutoImageProcessor
+        from tgi_compat.modeling.vision.processors import image_processor
 
-        return cls.of(AutoImageProcessor.from_pretrained(folder))
+        return cls.of(image_processor(folder))
 
     @classmethod
     def of(cls, processor: Any) -> PlaceholderGrid:

@@ -265,8 +265,6 @@ def engine_for(
     encoder = runner.image_encoder
     if encoder is not None and args.processor_threads is not None:
         encoder.processor_threads = args.processor_threads
-    if encoder is not None:
-        encoder.resize_in_processes = not args.resize_in_threads
     timed = None if encoder is None else EngineEncoderTimes(encoder)
     return EngineCore(config, runner, runner.model_config, runner.lora, timed), encoder, timed
 
@@ -306,9 +304,6 @@ def main() -> None:
     parser.add_argument(
         "--processor-threads", type=int, default=None, help="images preprocessed at once (default: the server's)"
     )
-    parser.add_argument(
-        "--resize-in-threads", action="store_true", help="Qwen-VL's resize in the engine's threads, not child processes"
-    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
     write_folder(folder, args.preset, args.family)
@@ -317,8 +312,7 @@ def main() -> None:
     engine, encoder, timed = engine_for(folder, args)
     assert encoder is not None and timed is not None
     results: dict = dict(family=args.family, preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start,
-                         processor_threads=encoder.processor_threads,
-                         resize_in_processes=encoder.resize_in_processes)  # fmt: skip
+                         processor_threads=encoder.processor_threads)  # fmt: skip
     run(engine, [prompts.request(prompts.image(), 2)])  # warm-up: kernels, the encoder's first call
     results["encoder"] = encoder_timings(encoder, prompts)
     timed.take()
@@ -357,8 +351,7 @@ def main() -> None:
 
 def table(results: dict, args: argparse.Namespace) -> str:
     rows = [f"{args.family} {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}, "
-            f"{results['processor_threads']} image processor threads, Qwen-VL's resize in "
-            f"{'child processes' if results['resize_in_processes'] else 'threads'}", ""]  # fmt: skip
+            f"{results['processor_threads']} image processor threads", ""]  # fmt: skip
     rows += ["| phase | TTFT p50 ms | TTFT p90 ms | out tok/s |", "|---|---|---|---|"]
     phases = ("images", "images_preprocessed", "images_cached", "text")
     for name in (*phases, "repeat_first", "repeat_again", "text_only_vl", "text_only_plain"):

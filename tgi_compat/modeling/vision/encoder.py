@@ -53,7 +53,6 @@ class ImageEncoder:
         self.device = device
         # images preprocessed at once (capped by the host's cores); read when the first image starts its pool
         self.processor_threads = PROCESSOR_THREADS
-        self.resize_in_processes = True  # Qwen-VL's resize in the resize pool's children; False: in the threads
 
     @property
     def bidirectional(self) -> bool:
@@ -102,8 +101,7 @@ class ImageEncoder:
     def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
         """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch).
         Qwen-VL's resize runs in the resize pool's child processes, the rest in this process's threads."""
-        # (the processor loaded once here, not by each thread at once)
-        if (patchify := self.patchify) is None or not self.resize_in_processes:
+        if (patchify := self.patchify) is None:  # (the processor loaded once here, not by each thread at once)
             return self.threads.submit(self.preprocess, data)
         try:
             width, height = Image.open(io.BytesIO(data)).size  # the header alone

@@ -4,16 +4,15 @@ request is queued and encodes, once a step, the images of the step it has not ca
 
 The processor runs on the host, image by image in a thread pool; the pool's outputs are concatenated along their
 first dimension (Qwen2.5-VL's patches and grids, Gemma 3's images) as the processor would batch them itself.
-Qwen-VL's processors do less on the host: Pillow decodes and resizes, in child processes (`vision/resize_pool.py`),
-and the patch flattening and the normalisation run on the device (`vision/qwen_vl_pixels.py`)."""
+Qwen-VL's processors do less on the host: Pillow decodes and resizes there, and the patch flattening and the
+normalisation run on the device (`vision/qwen_vl_pixels.py`)."""
 
 from __future__ import annotations
 
 import functools
 import io
 import os
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Protocol
 
@@ -23,7 +22,6 @@ from PIL import Image
 from tgi_compat.modeling import copy_streams
 from tgi_compat.modeling.vision.processors import image_processor
 from tgi_compat.modeling.vision.qwen_vl_pixels import RESIZED, DeviceNormalize, DevicePatchify
-from tgi_compat.modeling.vision.resize_pool import ResizePool
 
 
 class VisionLanguageModel(Protocol):
@@ -37,8 +35,7 @@ class VisionLanguageModel(Protocol):
         ...
 
 
-# Images preprocessed at once (threads; Qwen-VL's resizes: child processes): eight threads at once slowed each one,
-# and the first step waits for its prompts' images
+# Images preprocessed at once: eight at once slowed each one, and the first step waits for its prompts' images
 # (about three 1024px prompts fill a step's prefill budget). Qwen2.5-VL, 32 streams of a 1024px image on an H100:
 # 3 threads gave TTFT p50 1.86 / 1.84x text's against 1.97 / 1.92x with 8, the first step done at 155 / 150 ms
 # against 234 / 224 (session 36, two runs each, in both orders).
@@ -91,28 +88,10 @@ class ImageEncoder:
         # tensors only: Mllama's also lists its tiles (num_tiles), which its aspect_ratio_mask holds too
         return {name: value for name, value in out.items() if isinstance(value, torch.Tensor)}
 
-    @functools.cached_property
-    def resize_pool(self) -> ResizePool:
-        """Child processes for Qwen-VL's host half (Pillow's decode and resize), ended with this encoder."""
-        pool = ResizePool(min(self.processor_threads, os.cpu_count() or 1))
-        weakref.finalize(self, pool.close)
-        return pool
-
     def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
-        """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch).
-        Qwen-VL's resize runs in the resize pool's child processes, the rest in this process's threads."""
-        if (patchify := self.patchify) is None:  # (the processor loaded once here, not by each thread at once)
-            return self.threads.submit(self.preprocess, data)
-        try:
-            width, height = Image.open(io.BytesIO(data)).size  # the header alone
-        except (OSError, ValueError) as error:  # undecodable: the step that needs it fails, as the processor's would
-            failed: Future[dict[str, torch.Tensor]] = Future()
-            failed.set_exception(error)
-            return failed
-        height, width = patchify.sides(height, width)
-        grid = patchify.grid_thw(height, width)
-        resized = self.resize_pool.submit(data, (width, height), patchify.resample)
-        return _then(resized, lambda image: {RESIZED: image, "image_grid_thw": grid})
+        """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch)."""
+        self.patchify  # noqa: B018 - the processor loaded once here, not by each thread at once
+        return self.threads.submit(self.preprocess, data)
 
     def preprocess_all(self, images: Sequence[bytes]) -> dict[str, torch.Tensor]:
         """The processor's tensors of all `images`, on the device, as one call of the processor would give them."""
@@ -150,21 +129,6 @@ class ImageEncoder:
     def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:
         """Images already through `preprocess` -> each one's placeholder rows, in one encoder call."""
         return self.model.encode_processed(self.batch(processed))
-
-
-def _then(future: Future[Any], finish: Callable[[Any], Any]) -> Future[Any]:
-    """A future of `finish(future's result)`, or of its exception."""
-    out: Future[Any] = Future()
-
-    def done(inner: Future[Any]) -> None:
-        error = inner.exception()
-        if error is not None:
-            out.set_exception(error)
-        else:
-            out.set_result(finish(inner.result()))
-
-    future.add_done_callback(done)
-    return out
 
 
 def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -73,21 +73,13 @@ class DevicePatchify:
         )
         return patchify if patchify.reproduces(processor) else None
 
-    def sides(self, height: int, width: int) -> tuple[int, int]:
-        """An image's (height, width) resized: smart_resize's."""
-        rows, columns = self.grid(height, width)
-        return rows * self.grid.factor, columns * self.grid.factor
-
-    def grid_thw(self, height: int, width: int) -> torch.Tensor:
-        """The processor's image_grid_thw [1, 3] of an image resized to (height, width)."""
-        return torch.tensor([[1, height // self.patch, width // self.patch]])
-
     def resize(self, image: Image.Image) -> dict[str, torch.Tensor]:
-        """The host half, in this process: an RGB image -> {RESIZED: [H, W, 3] uint8, "image_grid_thw": [1, 3]}
-        (the encoder's resize_pool does the same in its child processes)."""
-        height, width = self.sides(image.height, image.width)
-        resized = image.resize((width, height), resample=self.resample)
-        return {RESIZED: torch.from_numpy(np.array(resized)), "image_grid_thw": self.grid_thw(height, width)}
+        """The host half: an RGB image -> {RESIZED: [H, W, 3] uint8, "image_grid_thw": [1, 3]}."""
+        rows, columns = self.grid(image.height, image.width)
+        resized = image.resize((columns * self.grid.factor, rows * self.grid.factor), resample=self.resample)
+        side = self.grid.factor // self.patch  # patches per placeholder side
+        grid = torch.tensor([[1, rows * side, columns * side]])
+        return {RESIZED: torch.from_numpy(np.array(resized)), "image_grid_thw": grid}
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         """The device half: [H, W, C] -> the processor's flattened patches [patches, C * t * p * p], in its order

@@ -2,8 +2,8 @@
 
 Where torchvision is installed, transformers picks its torchvision backend by default. That backend resizes with other
 arithmetic, so the same request would give other pixels, and other tokens, depending on whether torchvision happens
-to be installed. The locked install has no torchvision, so every install gets what it serves. Qwen-VL's resize then
-runs in child processes, with the rest on the device (vision/qwen_vl_pixels.py)."""
+to be installed. The locked install has no torchvision, so with the backend pinned every install, and the GPU runs of
+the benchmarks, serves what the locked install serves."""
 
 from __future__ import annotations
 

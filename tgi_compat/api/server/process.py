@@ -22,7 +22,7 @@ from tgi_compat.api.server.graceful import GracefulShutdown
 from tgi_compat.api.server.health_monitor import EngineHealthMonitor, HealthMonitorConfig
 from tgi_compat.api.server.http_protocol import bounded_head_protocol
 from tgi_compat.api.server.ops_services import start_ops_services
-from tgi_compat.api.server.warmup import GPU_BATCH, warm_up
+from tgi_compat.api.server.warmup import GPU_BATCH, warm_up, warm_up_images
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.api.serving.state import AppState
@@ -67,6 +67,9 @@ async def build_state(config: ServerConfig) -> AppState:
         limits.max_total_tokens,
         config.max_batch_size or GPU_BATCH,
     )
+    vision = _vision_prompts(config)
+    if vision is not None:
+        await warm_up_images(engine, vision, tokenizer, limits.max_input_tokens, config.max_batch_size or GPU_BATCH)
     logger.info(
         "Ready in %.1f s: %s on %s (%s), max_total_tokens=%d, max_input_tokens=%d, KV slots=%d",
         time.perf_counter() - started,
@@ -85,7 +88,7 @@ async def build_state(config: ServerConfig) -> AppState:
         tokenizer,
         compute_type=os.environ.get("COMPUTE_TYPE", "gpu+optimized"),
         tracer=RequestTracer(config.otlp_endpoint, config.otlp_service_name) if config.otlp_endpoint else None,
-        vision=_vision_prompts(config),
+        vision=vision,
     )
     engine.stats_listener = state.metrics.apply_engine_stats  # batch/queue/KV gauges and step timings
     return state

@@ -8,17 +8,30 @@ joined by new prompts (mixed steps), every sampling processor with top-n logprob
 full batch of long prompts (chunked prefill, the widest decode). With LoRA adapters loaded at startup the second
 wave runs under the first of them. On a CPU it stays to two short
 prompts per wave (nothing compiles there; they prove every path runs).
+
+A vision model then runs its image path (`warm_up_images`), which no text prompt reaches: the image processor's load,
+the vision tower's kernels at its widths, and the image steps' own (Qwen-VL's M-RoPE rotary), on a GPU with more
+image prompts at once than one prefill chunk holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import itertools
 import logging
 import time
 import uuid
 
+import numpy as np
+from PIL import Image
+
+from tgi_compat.api.protocol.images import image_markdown
+from tgi_compat.api.serving.images import VisionPrompts
+from tgi_compat.api.serving.tokenization import TokenizerService
 from tgi_compat.router.client_api import EngineClient
+from tgi_compat.router.images import PromptImage
 from tgi_compat.router.request import GenerateRequest, SamplingParams
 
 logger = logging.getLogger("tgi_compat.warmup")
@@ -41,12 +54,23 @@ SAMPLING = SamplingParams(
 )
 
 
+IMAGE_SIDE = 448  # the GPU's warm-up images, in pixels
+CPU_IMAGE_SIDE = 112
+# image prompts at once on a GPU: past one 4,096-token prefill chunk (Qwen2.5-VL: 256 placeholders for 448 px), so that
+# full chunks with images and prefills beside decodes run too
+GPU_IMAGE_PROMPTS = 16
+IMAGE_TEXT = "What is in this picture?"
+
+
 def _prompt(seed_ids: list[int], length: int) -> list[int]:
     return list(itertools.islice(itertools.cycle(seed_ids or [0]), length))
 
 
 def _request(
-    prompt_ids: list[int], sampling: SamplingParams | None = None, adapter: str | None = None
+    prompt_ids: list[int],
+    sampling: SamplingParams | None = None,
+    adapter: str | None = None,
+    images: list[PromptImage] | None = None,
 ) -> GenerateRequest:
     return GenerateRequest(
         request_id=f"warmup-{uuid.uuid4().hex}",
@@ -55,6 +79,7 @@ def _request(
         max_new_tokens=NEW_TOKENS,
         ignore_eos=True,
         adapter_id=adapter,
+        images=images or [],
     )
 
 
@@ -95,3 +120,39 @@ async def warm_up(
     elapsed = time.perf_counter() - started
     logger.info("Warm-up: %d requests of every step shape in %.1f s", num_requests, elapsed)
     return elapsed
+
+
+def _png_data_url(side: int, seed: int) -> str:
+    """A noise picture (a different one per seed: no encoder-cache or prefix-cache hit between them)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+async def warm_up_images(
+    engine: EngineClient,
+    vision: VisionPrompts,
+    tokenizer: TokenizerService,
+    max_input_tokens: int,
+    max_batch_size: int,
+) -> int:
+    """A vision model's image prompts, through the API's own image expansion; returns how many ran (none where one
+    does not fit `max_input_tokens`, or `--max-images` is 0)."""
+    on_gpu = engine.info.device.startswith("cuda")
+    count = max(1, min(GPU_IMAGE_PROMPTS, max_batch_size)) if on_gpu else 1
+    side = IMAGE_SIDE if on_gpu else CPU_IMAGE_SIDE
+    if vision.max_images == 0:
+        return 0
+    requests = []
+    for seed in range(count):
+        text, loaded = await vision.expand(image_markdown(_png_data_url(side, seed)) + IMAGE_TEXT)
+        ids = tokenizer.encode_sync(text, vision.adds_special_tokens)
+        if len(ids) > max_input_tokens:
+            logger.info("Warm-up: no image prompts (one takes %d tokens, more than --max-input-tokens)", len(ids))
+            return 0
+        requests.append(_request(ids, images=vision.place(ids, loaded)))
+    started = time.perf_counter()
+    await asyncio.gather(*(_run(engine, request) for request in requests))
+    logger.info("Warm-up: %d image prompts in %.1f s", len(requests), time.perf_counter() - started)
+    return len(requests)

@@ -4,10 +4,10 @@ rest: the patch flattening (a fixed reordering that repeats each frame temporal_
 `(x * rescale_factor - mean) / std`.
 
 On the host, the Pillow processor took 43 ms for a 1024px PNG already decoded (2-core development machine), and its
-resize alone 13 ms: the rest was numpy reordering and float conversion, in threads beside the engine's. Those threads'
-work costs the engine's thread: on an H100, 32 streams of a 1024px image had TTFT p50 1,029-1,100 ms, against
-864-896 ms for images processed before they were sent (session 37). The flattened patches are also twice the resized
-image's bytes, to page-lock and upload."""
+resize alone 13 ms. The rest was numpy reordering and float conversion, in threads beside the engine's. On an H100, 32
+streams of a 1024px image had TTFT p50 1,029-1,100 ms, against 864-896 ms for images processed before they were sent
+(session 37, with the GPU image's torchvision processor; some of that gap may have been the benchmark's first run of
+such steps). The flattened patches are also twice the resized image's bytes, to page-lock and upload."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.modeling.qwen2_5_vl_helpers import image_processor, tiny_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import IMAGE_TOKENS, image_processor, tiny_qwen2_5_vl
+from tests.modeling.vision_server import write_checkpoint
 from tgi_compat.api.server.warmup import warm_up_images
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import VisionPrompts
@@ -18,19 +19,11 @@ from tgi_compat.modeling.weights.loader import load_model_config
 from tgi_compat.router.client_in_process import InProcessEngineClient
 from tgi_compat.router.config import EngineConfig
 
-IMAGE_TOKENS = ["<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]  # ids vocab-4 .. vocab-1
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from benchmarks.tokenizer import default_model_id, load_tokenizer
-
     folder = tmp_path_factory.mktemp("qwen2_5_vl-warmup")
-    tokenizer = load_tokenizer(default_model_id())
-    tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
-    tokenizer.save_pretrained(folder)
-    tiny_qwen2_5_vl(len(tokenizer), eos_token_id=tokenizer.eos_token_id).save_pretrained(folder)
-    image_processor().save_pretrained(folder)
+    write_checkpoint(folder, IMAGE_TOKENS, IMAGE_TOKENS[3], tiny_qwen2_5_vl, image_processor())
     return str(folder)
 
 

@@ -12,6 +12,8 @@ from PIL import Image
 from tests.modeling.helpers import TINY_SIZES, randomize
 
 PATCH, MERGE = 14, 2
+# added to a real tokenizer for a served tiny checkpoint: ids vocab-4 .. vocab-1, as tiny_qwen2_5_vl places them
+IMAGE_TOKENS = ["<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 MIN_PIXELS, MAX_PIXELS = 28 * 28, 28 * 28 * 8  # up to 8 placeholders per image
 
 

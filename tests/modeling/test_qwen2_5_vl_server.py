@@ -17,11 +17,17 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from tests.modeling.qwen2_5_vl_helpers import FAMILIES, image_processor, picture, reference_greedy, tiny_qwen2_5_vl
+from tests.modeling.qwen2_5_vl_helpers import (
+    FAMILIES,
+    IMAGE_TOKENS,
+    image_processor,
+    picture,
+    reference_greedy,
+    tiny_qwen2_5_vl,
+)
 from tests.modeling.vision_server import check_two_images, greedy_until_eos, serving, streamed_ids
 
 NEW = 8
-IMAGE_TOKENS = ["<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]  # ids vocab-4 .. vocab-1
 
 
 def data_url(color, size, fmt: str = "PNG") -> tuple[str, bytes, tuple[int, int]]:

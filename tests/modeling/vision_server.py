@@ -27,8 +27,24 @@ def serving(
     """Writes the checkpoint (`build_model(vocab, eos_token_id=...)`, whose `image_token` id must be the added
     token's) into `folder` and serves it with the launcher's `flags`."""
     from benchmarks.server_process import running_server
-    from benchmarks.tokenizer import default_model_id, load_tokenizer
     from tests.benchmarks.conftest import free_port
+
+    model, tokenizer = write_checkpoint(folder, image_tokens, image_token, build_model, processor)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # the worktree's package (python -m from the repo root), not an installed one
+    launcher = f"{sys.executable} -m tgi_compat.launcher {flags}"
+    command = f"{launcher} --model-id {folder} --port {port} --hostname 127.0.0.1"
+    with running_server(command, url, 300.0, folder / "server.log"):
+        yield url, model, tokenizer, processor
+
+
+def write_checkpoint(
+    folder: Path, image_tokens: list[str], image_token: str, build_model: Callable[..., Any], processor
+) -> tuple[Any, Any]:
+    """The SmolLM2 tokenizer with `image_tokens` added, `build_model(vocab, eos_token_id=...)` (whose `image_token` id
+    must be the added token's) and `processor`, written into `folder`; (the model, the tokenizer)."""
+    from benchmarks.tokenizer import default_model_id, load_tokenizer
 
     tokenizer = load_tokenizer(default_model_id())
     tokenizer.add_special_tokens({"additional_special_tokens": image_tokens})
@@ -37,13 +53,7 @@ def serving(
     assert tokenizer.convert_tokens_to_ids(image_token) == model.config.image_token_id
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    # the worktree's package (python -m from the repo root), not an installed one
-    launcher = f"{sys.executable} -m tgi_compat.launcher {flags}"
-    command = f"{launcher} --model-id {folder} --port {port} --hostname 127.0.0.1"
-    with running_server(command, url, 300.0, folder / "server.log"):
-        yield url, model, tokenizer, processor
+    return model, tokenizer
 
 
 def greedy_until_eos(

@@ -210,11 +210,26 @@ def fused(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
         for block in blocks:
             FUSED.mlp(block.mlp, x.normed)
 
+    qkv = torch.stack((x.q, x.k, x.v), 1)  # [T, 3, H, D], as the projection's output is viewed
+    windows = x.layout.windows
+    scale = blocks[0].attn.scaling
+
+    def roped_windows() -> None:
+        assert FUSED.windows is not None
+        for _ in range(depth - len(encoder.full_blocks)):
+            FUSED.windows(qkv, tables, windows, scale)
+
     depth, flop = len(blocks), 2.0 * x.pixels.shape[0] * proj.weight.numel()
     mlp_flop = 6.0 * x.normed.numel() * encoder.visual.config.intermediate_size * depth
     rows = {}
     for name, fn, calls, flops in (
         ("rotary, fused Triton", rotary, depth, 0.0),
+        (
+            "window blocks: rotary and attention in one Triton kernel",
+            roped_windows,
+            depth - len(encoder.full_blocks),
+            attention_flop(windows, x.q.shape[1] * x.q.shape[2]) * (depth - len(encoder.full_blocks)),
+        ),
         ("mlp: one gate|up GEMM, fused SiLU-and-mul, down", mlp, 3 * depth, mlp_flop),
         ("norms + residual adds, fused Triton", norms, 2 * depth, 0.0),
         ("patch_embed as transformers' Conv3d", lambda: encoder.visual.patch_embed(x.pixels), 1, flop),
@@ -295,17 +310,19 @@ def table(report: dict) -> str:
             f"sum of parts (unfused rows) {result['sum_ms']:.2f} ms, whole encode {result['whole_ms']:.2f} ms",
             "",
         ]
+        elementwise = [key.removeprefix("encode_ms_per_image_") for key in _encode_keys(result["backends"])]
         lines += [
             "| attention | window ms (all blocks) | full ms | rel err window / full | encoder ms/image: "
-            "transformers elementwise | fused Triton elementwise |",
-            "|---|---|---|---|---|---|",
+            + " | ".join(f"{name} elementwise" for name in elementwise)
+            + " |",
+            "|---|---|---|---|" + "---|" * len(elementwise),
         ]
         for name, row in result["backends"].items():
             if "error" in row:
-                lines.append(f"| {name} | {row['error']} | | | | |")
+                lines.append(f"| {name} | {row['error']} |" + " |" * (2 + len(elementwise)))
                 continue
             err = f"{row['window_rel_err']:.1e} / {row['full_rel_err']:.1e}" if "window_rel_err" in row else "-"
-            encode = [f"{row[f'encode_ms_per_image_{ops}']:.2f}" for ops in ("transformers", "triton")]
+            encode = [f"{row.get(f'encode_ms_per_image_{ops}', float('nan')):.2f}" for ops in elementwise]
             lines.append(f"| {name} | {row['window_ms']:.2f} | {row['full_ms']:.2f} | {err} | {' | '.join(encode)} |")
         lines.append("")
     lines += ["### Triton varlen tiles (one call)", "", "| block_m, block_n, warps, stages | window ms | full ms |"]
@@ -318,9 +335,18 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _encode_keys(rows: dict[str, dict]) -> list[str]:
+    """The whole-encoder columns of the backends' rows, in their order (one per VISION_ELEMENTWISE choice)."""
+    keys: dict[str, None] = {}
+    for row in rows.values():
+        keys.update((key, None) for key in row if key.startswith("encode_ms_per_image_"))
+    return list(keys)
+
+
 UNFUSED = (
     "whole encode",
     "rotary, fused Triton",
+    "window blocks: rotary and attention in one Triton kernel",
     "norms + residual adds, fused Triton",
     "patch_embed as transformers' Conv3d",
 )

@@ -32,6 +32,7 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.attention.varlen",
     "tgi_compat.kernels.attention.kv_store",
     "tgi_compat.kernels.attention.rotary",
+    "tgi_compat.kernels.attention.window",
     "tgi_compat.kernels.quant.int4_layout",
     "tgi_compat.kernels.quant.dequant_matmul",
     "tgi_compat.kernels.quant.per_token",

@@ -49,9 +49,10 @@ def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers():
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
-def test_qwen_vl_encoder_on_the_fused_elementwise_kernels_equals_transformers(family):
-    """The Triton RMSNorm + residual and in-place rotary (interpreted) in the encoder's forward: transformers' own
-    output; Qwen2-VL's LayerNorm tower keeps transformers' modules."""
+def test_qwen_vl_encoder_on_the_fused_elementwise_kernels_equals_transformers(family, monkeypatch):
+    """The Triton RMSNorm + residual, in-place rotary and roped window attention (interpreted) in the encoder's
+    forward: transformers' own output. Qwen2.5-VL's window blocks take the window kernel and its full blocks the
+    rotary; Qwen2-VL's LayerNorm tower keeps transformers' modules."""
     import dataclasses
 
     from tests.modeling import test_qwen2_5_vl_encoder as encoder_test
@@ -59,19 +60,37 @@ def test_qwen_vl_encoder_on_the_fused_elementwise_kernels_equals_transformers(fa
 
     calls = []
 
-    def counted(q, k, tables):
-        calls.append(tables[0].shape[-1])
+    def counted_rotary(q, k, tables):
+        calls.append("rotary")
         return TRITON_ELEMENTWISE.rotary(q, k, tables)
 
+    def counted_windows(qkv, tables, spans, scale):
+        calls.append("windows")
+        assert tables[0].shape[-1] == qkv.shape[-1] // 2  # the half tables
+        return TRITON_ELEMENTWISE.windows(qkv, tables, spans, scale)
+
+    from tgi_compat.modeling.vision import qwen2_5_vl
+
     reference, encoder = encoder_test.encoder_pair(family)
-    fused = dataclasses.replace(TRITON_ELEMENTWISE, on_cpu=True, rotary=counted)  # the CUDA path, on CPU
-    encoder.elementwise = fused
     inputs = encoder_test.processed(encoder_test.IMAGES)
+    if encoder.windowed:  # the test's images are small: the kernel takes their windows alone, as a 1024px image's
+        grid, config = inputs["image_grid_thw"], encoder.visual.config
+        layout = qwen2_5_vl.WindowLayout.of(grid, config, torch.device("cpu"))
+        monkeypatch.setattr(qwen2_5_vl, "WINDOW_TOKENS", layout.windows.longest)
+        assert layout.images.longest > layout.windows.longest
+    # the CUDA path, on CPU
+    encoder.elementwise = dataclasses.replace(
+        TRITON_ELEMENTWISE, on_cpu=True, rotary=counted_rotary, windows=counted_windows
+    )
     with torch.no_grad():
         expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
     assert max_rel_error(torch.cat(encoder(dict(inputs))), expected) < 1e-3
-    head_dim = encoder.visual.blocks[0].attn.head_dim
-    assert calls == ([head_dim // 2] * len(encoder.visual.blocks) if family == "qwen2_5_vl" else [])
+    if family == "qwen2_vl":
+        assert calls == []
+    else:
+        full = encoder.full_blocks
+        assert calls == ["rotary" if i in full else "windows" for i in range(len(encoder.visual.blocks))]
+        assert full and len(full) < len(encoder.visual.blocks)
 
 
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: "-".join(map(str, t)))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from tgi_compat.kernels.attention.window import WINDOW_TOKENS
 from tgi_compat.modeling.layers.linear import default_weight_loader
 from tgi_compat.modeling.vision.qwen_vl_mlp import swiglu_mlp
 from tgi_compat.modeling.vision.qwen_vl_ops import (
@@ -182,9 +183,13 @@ class QwenVLVisionEncoder(nn.Module):
     ) -> torch.Tensor:
         """The vision attention's forward with one packed call in place of its per-window (per-image) loop."""
         tokens = hidden.shape[0]
-        q, k, v = attn.qkv(hidden).reshape(tokens, 3, attn.num_heads, -1).unbind(1)
-        q, k = ops.rotary(q, k, tables)
-        out = backend.attend(q, k, v, spans, attn.scaling)
+        qkv = attn.qkv(hidden).reshape(tokens, 3, attn.num_heads, -1)
+        if ops.windows is not None and spans.longest <= WINDOW_TOKENS:
+            out = ops.windows(qkv, tables, spans, attn.scaling)
+        else:
+            q, k, v = qkv.unbind(1)
+            q, k = ops.rotary(q, k, tables)
+            out = backend.attend(q, k, v, spans, attn.scaling)
         return attn.proj(out.reshape(tokens, -1))
 
 

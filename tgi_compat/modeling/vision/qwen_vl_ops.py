@@ -8,11 +8,12 @@ times every choice):
 * `VisionElementwise`: the ops around the GEMMs: transformers' own modules (RMSNorm and rotary upcast whole
   tensors to fp32: ~10 passes over memory each), or the repo's Triton kernels doing the same fp32 math in one pass
   (the RMSNorm fused with the residual add before it, the rotary in place on the qkv output, the MLP's
-  SiLU-and-mul after one [gate | up] GEMM).
+  SiLU-and-mul after one [gate | up] GEMM), and the window blocks' rotary and attention as one kernel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,10 +78,20 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans, scale
     return grouped_sdpa(q, k, v, spans.groups, scale)
 
 
+def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans, scale: float) -> torch.Tensor:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if q.dtype not in (torch.bfloat16, torch.float16):  # cuDNN's fused attention has no fp32 kernel either
+        return _triton(q, k, v, spans, scale)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return grouped_sdpa(q, k, v, spans.groups, scale)
+
+
 TRITON = VisionAttention("triton", _triton, on_cpu=False)  # kernels/attention/varlen.py: one launch a layer
 FLASH = VisionAttention("flash", _flash, on_cpu=False)  # torch's FlashAttention-2 varlen, one launch a layer
 SDPA = VisionAttention("sdpa", _sdpa, on_cpu=True)  # one sdpa per sequence length: the CPU path and the reference
-VISION_ATTENTION = {backend.name: backend for backend in (TRITON, FLASH, SDPA)}
+CUDNN = VisionAttention("cudnn", _cudnn, on_cpu=False)  # the same calls, on cuDNN's fused attention (Hopper)
+VISION_ATTENTION = {backend.name: backend for backend in (TRITON, FLASH, SDPA, CUDNN)}
 # issue 41: the encoder's attention unless told otherwise; benchmarks/device/vision_encoder.py times all three (H100,
 # 8 images of 1024px: encoder 30.0 ms per image with flash, 31.1 triton, 32.4 sdpa, all with the fused elementwise)
 DEFAULT_VISION_ATTENTION = FLASH
@@ -88,6 +99,7 @@ DEFAULT_VISION_ATTENTION = FLASH
 
 # a call's rope tables, in the layout of the VisionElementwise that made them
 Tables = tuple[torch.Tensor, torch.Tensor]
+WindowAttend = Callable[[torch.Tensor, Tables, Spans, float], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +114,9 @@ class VisionElementwise:
     mlp: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (the block's MLP, x) -> its output
     on_cpu: bool  # False: CPU tensors take TRANSFORMERS instead
     rms_norm_only: bool  # True: a tower of LayerNorms (Qwen2-VL's) takes TRANSFORMERS instead
+    # (qkv [T, 3, H, D], tables, spans of up to WINDOW_TOKENS, scale) -> [T, H, D]: q and k roped as they are read
+    # and every span attended, in place of `rotary` and the attention backend; None: those two always
+    windows: WindowAttend | None = None
 
 
 def _module_norm(x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,10 +163,20 @@ def _triton_rotary(q: torch.Tensor, k: torch.Tensor, tables: Tables) -> tuple[to
     return q, k
 
 
+def _triton_windows(qkv: torch.Tensor, tables: Tables, spans: Spans, scale: float) -> torch.Tensor:
+    from tgi_compat.kernels.attention.window import window_attention
+
+    return window_attention(qkv, spans.cu_seqlens, spans.longest, scale, *tables)
+
+
 TRANSFORMERS = VisionElementwise(
     "transformers", _module_norm, lambda cos, sin: (cos, sin), _vision_rotary, _module_mlp, True, False
 )
-TRITON_ELEMENTWISE = VisionElementwise("triton", _triton_norm, _half_tables, _triton_rotary, _fused_mlp, False, True)
-VISION_ELEMENTWISE = {ops.name: ops for ops in (TRANSFORMERS, TRITON_ELEMENTWISE)}
+TRITON_ELEMENTWISE = VisionElementwise(
+    "triton", _triton_norm, _half_tables, _triton_rotary, _fused_mlp, False, True, windows=_triton_windows
+)
+# the same with the windows roped in place and then attended by the backend (the comparison the benchmark times)
+TRITON_SEPARATE_WINDOWS = dataclasses.replace(TRITON_ELEMENTWISE, name="triton-separate-windows", windows=None)
+VISION_ELEMENTWISE = {ops.name: ops for ops in (TRANSFORMERS, TRITON_ELEMENTWISE, TRITON_SEPARATE_WINDOWS)}
 # issue 41: the fused kernels; transformers' modules cost 15.5 ms more per 1024px image (45.5 vs 30.0 ms, H100)
 DEFAULT_VISION_ELEMENTWISE = TRITON_ELEMENTWISE

@@ -84,6 +84,35 @@ def test_a_launch_with_image_rows_calls_back_before_its_forward(checkpoint, imag
 
 
 @pytest.mark.parametrize("checkpoint", ["qwen2_5_vl"], indirect=True)
+def test_a_step_whose_image_rows_are_all_cached_overlaps_as_text_does(checkpoint):
+    """An image cut across two chunks: the step of its first chunk encodes it and calls `after_images`; the next
+    step's rows all come from the encoder cache, nothing is queued ahead of its forward, and it does not call back
+    (its previous step then completes after its launch, as a text step's does)."""
+    _, folder = checkpoint
+    request, _ = engine_request("r", [WIDE])
+    image = request.images[0]
+    engine = make_engine(folder, max_batch_prefill_tokens=image.offset + 2, overlap_scheduling=True)
+    cache = engine.executor.batch_builder.images
+    assert cache is not None
+    launch, calls, image_steps = engine.executor.launch, [], []
+
+    def recorded(plan, previous, **options):
+        after = options["after_images"]
+
+        def noted() -> None:
+            calls.append(cache.num_encoded)
+            after()
+
+        image_steps.append(any(c.start < image.end and c.end > image.offset for c in plan.chunks))
+        return launch(plan, previous, **(options | {"after_images": noted}))
+
+    engine.executor.launch = recorded
+    drain_events(engine, [request])
+    assert calls == [1]  # the first chunk's step alone
+    assert image_steps[:2] == [True, True] and cache.num_encoded == 1
+
+
+@pytest.mark.parametrize("checkpoint", ["qwen2_5_vl"], indirect=True)
 def test_seeded_sampling_with_images_arriving_while_others_decode_is_the_same_with_overlap(checkpoint):
     """Under overlap a step whose chunks bring images completes the step before it once their encoding is queued and
     before its forward (tgi_compat/router/engine.py): the sampled ids, seeded, equal the plain engine's."""

@@ -46,6 +46,8 @@ class ImageEmbeds:
     # other both ways (Gemma 3; PaliGemma's whole prompt), up to this step's last new token (from the span's
     # start, which an earlier step or the prefix cache may have computed); empty for a causal-only model
     spans: list[list[tuple[int, int]]] = field(default_factory=list)
+    # some rows come from an encoder call queued as this step was built (not all from the encoder cache)
+    encoded: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,7 +232,7 @@ class EngineCore:
             completed: list[TokenEvent] = []
 
             def complete_previous() -> None:
-                # A step with images queues their encoder's hundreds of kernels before its forward: queued behind
+                # A step that encodes images queues the encoder's hundreds of kernels before its forward: queued behind
                 # them, the forward's launches would block the host until the device had run most of the encoder,
                 # and the step before's first tokens (done long before) would wait with them. So the step before is
                 # completed here, once the encoder is queued and before the forward is (TTFT, session 28).

@@ -163,13 +163,14 @@ class StepExecutor:
         """Queue a non-empty step's work. `previous`: the step in flight whose sampled ids are the
         inputs of this plan's pending tokens (overlap scheduling). `defer_sampling`: queue the
         forward (and prompt scoring) only; `sample()` queues the sampling later. `after_images`: called
-        when the step's inputs hold image rows (their encoding queued), before its forward is queued."""
+        when building the step's inputs queued an encoder call, before its forward is queued (a step whose image
+        rows all come from the encoder cache has nothing queued ahead of its forward, and overlaps as text does)."""
         started = time.perf_counter()
         previous_ids = previous.sampled_ids if previous is not None else None
         input_rows = _input_rows(plan, previous) if previous is not None and previous_ids is not None else None
         with region("step.build"):
             batch, layout = self.batch_builder.build(plan, previous_ids, input_rows)
-        if after_images is not None and batch.images is not None:
+        if after_images is not None and batch.images is not None and batch.images.encoded:
             after_images()
         requests = [plan.chunks[i].request for i in layout.sampled_chunks]
         every_row_sampled = len(requests) == batch.logits_indices.shape[0] and not layout.prompt_chunks

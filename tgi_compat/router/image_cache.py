@@ -119,6 +119,7 @@ class EncoderCache:
         hits = [
             [image for image in images if image.offset < end and image.end > start] for _, start, end, images in chunks
         ]
+        encoded_before = self.num_encoded
         features = iter(self.features([image for hit in hits for image in hit]))
         token_index: list[int] = []
         rows: list[torch.Tensor] = []
@@ -133,4 +134,4 @@ class EncoderCache:
         if not rows:
             return None
         index = torch.tensor(token_index, dtype=torch.int64).to(device, non_blocking=True)
-        return ImageEmbeds(index, torch.cat(rows).to(device), spans)
+        return ImageEmbeds(index, torch.cat(rows).to(device), spans, encoded=self.num_encoded > encoded_before)

@@ -35,6 +35,7 @@ import io
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ from tgi_compat.router.model_loading import fit_to_runner, load_runner
 from tgi_compat.router.request import GenerateRequest
 from tgi_compat.router.stall_sampler import stall_sampler_from_env
 
+SWITCH_INTERVAL = sys.getswitchinterval()  # Python's own, restored after --switch-intervals
 WARM_STREAMS = 4  # the warm-up round: more prompts than one 4,096-token prefill chunk holds at the 7B shape
 IMAGE_PAD = 151655  # Qwen2(.5)-VL's <|image_pad|>; vision start/end 151652/151653
 VISION_7B = dict(
@@ -305,6 +307,13 @@ def main() -> None:
     parser.add_argument(
         "--processor-threads", type=int, default=None, help="images preprocessed at once (default: the server's)"
     )
+    parser.add_argument(
+        "--switch-intervals",
+        type=lambda text: [float(v) for v in text.split(",")],
+        default=[],
+        help="after the other phases, the images phase again under each sys.setswitchinterval (seconds; Python's "
+        "default is 0.005)",
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
     write_folder(folder, args.preset, args.family)
@@ -337,6 +346,12 @@ def main() -> None:
     plain_prompts = [prompts.ids(args.text) for _ in range(args.streams)]
     text_only = [GenerateRequest(f"t{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
     results["text_only_vl"] = run(engine, text_only)
+    for interval in args.switch_intervals:  # the images phase again, the GIL handed between threads this often
+        sys.setswitchinterval(interval)
+        timed.take()  # (the repeat phases' image)
+        requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
+        results[f"images_switch_{interval:g}"] = run(engine, requests, timed) | dict(encoder=timed.take())
+    sys.setswitchinterval(SWITCH_INTERVAL)
     if not args.skip_plain:
         del engine, encoder
         gc.collect()
@@ -385,6 +400,11 @@ def table(results: dict, args: argparse.Namespace) -> str:
              f"of which: preprocessed/text {preprocessed:.2f} (no host work), cached/text {cached:.2f} (no encoder)",
              f"its floor, the text phase's p50 plus the images encoded by the median first token at the encoder's "
              f"best ms per image alone, nothing else: {floor:.2f}"]  # fmt: skip
+    for interval in args.switch_intervals:
+        again = results[f"images_switch_{interval:g}"]
+        timeline = " ".join(f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in again["steps"])
+        rows.append(f"images again, switch interval {interval:g} s: TTFT p50 {again['ttft_p50_ms']:.1f} ms, "
+                    f"{again['ttft_p50_ms'] / text:.2f}x text's; steps {timeline}")  # fmt: skip
     if "text_only_plain" in results:
         ratio = results["text_only_vl"]["tok_s"] / results["text_only_plain"]["tok_s"]
         results["checks"]["text_only_vl_vs_plain"] = ratio

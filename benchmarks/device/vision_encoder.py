@@ -118,7 +118,7 @@ def parts(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
     inner = visual.config.intermediate_size  # the checkpoint's (the encoder pads it with zeros: no FLOPs)
     merged_width = visual.merger.hidden_size
     attn = blocks[0].attn
-    backend = encoder.backend
+    backend, full_backend = encoder.backend, encoder.full_backend
 
     def per_block(fn: Callable[[Any], object], which: range | list[int] = range(depth)) -> Callable[[], None]:
         def run() -> None:
@@ -156,9 +156,10 @@ def parts(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
             depth - full,
             attention_flop(x.layout.windows, width) * (depth - full),
         ),
-        f"attention full ({backend.name})": (
+        f"attention full ({full_backend.name})": (
             per_block(
-                lambda b: backend.attend(x.q, x.k, x.v, x.layout.images, attn.scaling), sorted(encoder.full_blocks)
+                lambda b: full_backend.attend(x.q, x.k, x.v, x.layout.images, attn.scaling),
+                sorted(encoder.full_blocks),
             ),
             full,
             attention_flop(x.layout.images, width) * full,
@@ -253,7 +254,7 @@ def backends(encoder: Any, x: Inputs, names: list[str], time_ms: Timer, check: b
     q32, k32, v32 = (t.float() for t in (x.q, x.k, x.v))
     images = int(x.grid.shape[0])
     out: dict[str, dict] = {}
-    default = encoder.backend, encoder.elementwise
+    default = encoder.backend, encoder.full_backend, encoder.elementwise
     for name in names:
         backend = VISION_ATTENTION[name]
         row: dict[str, Any] = {}
@@ -265,12 +266,12 @@ def backends(encoder: Any, x: Inputs, names: list[str], time_ms: Timer, check: b
                     got = backend.attend(x.q, x.k, x.v, spans, scale).float()
                     row[f"{kind}_rel_err"] = ((got - ref).norm() / ref.norm()).item()
             for ops in VISION_ELEMENTWISE.values():  # the whole encoder with each elementwise choice
-                encoder.backend, encoder.elementwise = backend, ops
+                encoder.backend, encoder.full_backend, encoder.elementwise = backend, backend, ops
                 row[f"encode_ms_per_image_{ops.name}"] = time_ms(lambda: encoder.encode(x.pixels, x.grid)) / images
         except Exception as error:
             row = dict(error=f"{type(error).__name__}: {error}"[:300])
         finally:
-            encoder.backend, encoder.elementwise = default
+            encoder.backend, encoder.full_backend, encoder.elementwise = default
         out[name] = row
     return out
 

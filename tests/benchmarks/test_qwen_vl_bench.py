@@ -1,7 +1,7 @@
 """The Qwen2.5-VL TTFT benchmark's CPU smoke (benchmarks/device/qwen_vl.py --device cpu --preset tiny), and with
 Qwen2-VL's vision tower (--family qwen2_vl): every phase runs through the real engine with dummy weights (images,
 the same with their preprocessing done before and with their rows cached, their text stand-ins, a repeated image,
-text-only on the VL and on a plain Qwen2 engine), the encoder's ms per image at 1 and 8 images a call, the table
+text-only on the VL and on a plain Qwen2 engine, the images again at another GIL switch interval), the encoder's ms per image at 1 and 8 images a call, the table
 prints and the JSON lands in $OUT."""
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     monkeypatch.setenv("OUT", str(tmp_path))
     argv = ["qwen_vl", "--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--family", family]
     argv += ["--streams", "2", "--new", "3", "--size", "112", "--text", "8", "--processor-threads", "2"]
-    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "argv", argv + ["--switch-intervals", "0.001"])
+    interval = sys.getswitchinterval()
     qwen_vl.main()
+    assert sys.getswitchinterval() == interval  # restored after the extra images phase
     out = capsys.readouterr().out
     assert "| images |" in out and "| 8 |" in out
     results = json.loads((tmp_path / ("qwen_vl.json" if family == "qwen2_5_vl" else f"{family}.json")).read_text())
@@ -33,6 +35,8 @@ def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     assert results["images_preprocessed_encoder"]["images"] == 2 and results["images_cached_encoder"]["images"] == 0
     assert results["images_preprocessed_encoder"]["preprocess_wait_ms"] < 1.0
     assert results["checks"]["encoder_floor"] > 1.0  # the median's image at least was encoded before its first token
+    again = results["images_switch_0.001"]  # new images again (encoded again), at the other switch interval
+    assert again["encoder"]["images"] == 2 and "images again, switch interval 0.001 s" in out
 
 
 def test_the_encoder_floor_counts_the_images_until_the_median_first_token():

@@ -40,7 +40,8 @@ def test_qwen2_5_vl_encoder_on_the_kernel_equals_transformers():
         return varlen.varlen_attention(q, k, v, spans.cu_seqlens, spans.longest, scale)
 
     reference, encoder = encoder_test.encoder_pair()
-    encoder.backend = VisionAttention("triton-interpreted", on_the_kernel, on_cpu=True)  # the TRITON path, on CPU
+    # the TRITON path, on CPU, for windows and whole images alike
+    encoder.backend = encoder.full_backend = VisionAttention("triton-interpreted", on_the_kernel, on_cpu=True)
     inputs = encoder_test.processed(encoder_test.IMAGES)
     with torch.no_grad():
         expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output

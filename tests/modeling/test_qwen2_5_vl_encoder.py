@@ -96,7 +96,8 @@ def test_the_fused_mlp_equals_transformers_mlp():
 def test_every_choice_equals_transformers_on_cpu(backend, elementwise):
     """A CUDA-only choice (Triton, FlashAttention) leaves CPU tensors to the reference, so any choice serves."""
     reference, encoder = encoder_pair()
-    encoder.backend, encoder.elementwise = VISION_ATTENTION[backend], VISION_ELEMENTWISE[elementwise]
+    encoder.backend = encoder.full_backend = VISION_ATTENTION[backend]
+    encoder.elementwise = VISION_ELEMENTWISE[elementwise]
     inputs = processed(IMAGES[:2])
     with torch.no_grad():
         expected = reference(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output

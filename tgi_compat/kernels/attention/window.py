@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tgi_compat.kernels.attention.decode import dot_precision
+
 WINDOW_TOKENS = 128  # the longest sequence a program holds whole (its QK^T tile is this square, in fp32 registers)
 
 
@@ -47,6 +49,7 @@ def _window_attention_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     ROTARY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs: tf32 would round them
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
@@ -72,7 +75,8 @@ def _window_attention_kernel(
     k1, k2 = _rotated(k1, k2, cos, sin, ROTARY)
 
     # the head dim in two halves (the rope's), each padded to a power of two with zeros that add nothing
-    scores = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
+    scores = tl.dot(q1, tl.trans(k1), input_precision=DOT_PRECISION)
+    scores += tl.dot(q2, tl.trans(k2), input_precision=DOT_PRECISION)
     scores = tl.where(mask_l[None, :], scores * qk_scale, float("-inf"))
     p = tl.exp2(scores - tl.max(scores, axis=1)[:, None])
     total = tl.sum(p, axis=1)[:, None]
@@ -81,8 +85,10 @@ def _window_attention_kernel(
     v1 = tl.load(first + 2 * stride_part, mask=mask, other=0.0)
     v2 = tl.load(first + 2 * stride_part + HALF, mask=mask, other=0.0)
     out = out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-    tl.store(out, (tl.dot(p, v1) / total).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out + HALF, (tl.dot(p, v2) / total).to(out_ptr.dtype.element_ty), mask=mask)
+    o1 = tl.dot(p, v1, input_precision=DOT_PRECISION) / total
+    o2 = tl.dot(p, v2, input_precision=DOT_PRECISION) / total
+    tl.store(out, o1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out + HALF, o2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def window_attention(
@@ -123,6 +129,7 @@ def window_attention(
         BLOCK_L=max(16, triton.next_power_of_2(longest)),
         BLOCK_HALF=max(16, triton.next_power_of_2(half)),
         ROTARY=cos is not None,
+        DOT_PRECISION=dot_precision(qkv.dtype),
         num_warps=4,
     )
     return out

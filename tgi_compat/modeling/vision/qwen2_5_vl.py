@@ -19,6 +19,7 @@ from tgi_compat.kernels.attention.window import WINDOW_TOKENS
 from tgi_compat.modeling.layers.linear import default_weight_loader
 from tgi_compat.modeling.vision.qwen_vl_mlp import swiglu_mlp
 from tgi_compat.modeling.vision.qwen_vl_ops import (
+    DEFAULT_FULL_ATTENTION,
     DEFAULT_VISION_ATTENTION,
     DEFAULT_VISION_ELEMENTWISE,
     SDPA,
@@ -127,13 +128,15 @@ class QwenVLVisionEncoder(nn.Module):
         tower: VisionTower = QWEN2_5_VL,
         attention: VisionAttention = DEFAULT_VISION_ATTENTION,
         elementwise: VisionElementwise = DEFAULT_VISION_ELEMENTWISE,
+        full_attention: VisionAttention = DEFAULT_FULL_ATTENTION,
     ):
         super().__init__()
         self.visual = tower.build(hf_config, torch.get_default_dtype())  # the runner builds under the serving dtype
         self.merge = self.visual.spatial_merge_size
         self.windowed = tower.windowed
         self.rms_norms = tower.rms_norms
-        self.backend = attention
+        self.backend = attention  # the windows' (where `elementwise` does not attend them itself)
+        self.full_backend = full_attention  # whole images' (Qwen2-VL's every block: its windows are its images)
         self.elementwise = elementwise
         # the blocks that attend to whole images (Qwen2-VL's: all of them, which its layout's windows are)
         self.full_blocks = frozenset(self.visual.fullatt_block_indexes if tower.windowed else ())
@@ -155,7 +158,7 @@ class QwenVLVisionEncoder(nn.Module):
         `hidden + attn(norm1(hidden))` then `+ mlp(norm2(...))`, its residual adds taken by the norm after them."""
         visual, blocks = self.visual, self.visual.blocks
         layout = WindowLayout.of(grid, visual.config, pixels.device, self.windowed)
-        backend = self.backend if pixels.is_cuda or self.backend.on_cpu else SDPA
+        backend, full = (b if pixels.is_cuda or b.on_cpu else SDPA for b in (self.backend, self.full_backend))
         ops = self.elementwise
         if not (pixels.is_cuda or ops.on_cpu) or (ops.rms_norm_only and not self.rms_norms):
             ops = TRANSFORMERS
@@ -164,8 +167,9 @@ class QwenVLVisionEncoder(nn.Module):
         normed, hidden = ops.norm(hidden, blocks[0].norm1, None)
         for index, block in enumerate(blocks):
             spans = layout.images if index in self.full_blocks else layout.windows
+            attend = full if spans is layout.images else backend
             normed, hidden = ops.norm(
-                self.attention(block.attn, normed, tables, spans, backend, ops), block.norm2, hidden
+                self.attention(block.attn, normed, tables, spans, attend, ops), block.norm2, hidden
             )
             out = ops.mlp(block.mlp, normed)
             if index + 1 < len(blocks):

@@ -92,9 +92,12 @@ FLASH = VisionAttention("flash", _flash, on_cpu=False)  # torch's FlashAttention
 SDPA = VisionAttention("sdpa", _sdpa, on_cpu=True)  # one sdpa per sequence length: the CPU path and the reference
 CUDNN = VisionAttention("cudnn", _cudnn, on_cpu=False)  # the same calls, on cuDNN's fused attention (Hopper)
 VISION_ATTENTION = {backend.name: backend for backend in (TRITON, FLASH, SDPA, CUDNN)}
-# issue 41: the encoder's attention unless told otherwise; benchmarks/device/vision_encoder.py times all three (H100,
-# 8 images of 1024px: encoder 30.0 ms per image with flash, 31.1 triton, 32.4 sdpa, all with the fused elementwise)
+# issue 41: the windows' attention where the elementwise choice does not attend them itself (benchmarks/device/
+# vision_encoder.py, H100, 3 images of 1024px, 28 window blocks: flash 3.42 ms, sdpa 14.74, cudnn 14.54; session 38)
 DEFAULT_VISION_ATTENTION = FLASH
+# whole images' (Qwen2.5-VL's 4 full blocks, Qwen2-VL's every block): sdpa 6.11 ms, cudnn 6.68, flash's varlen 7.02
+# for the 4 full blocks of those 3 images (session 38)
+DEFAULT_FULL_ATTENTION = SDPA
 
 
 # a call's rope tables, in the layout of the VisionElementwise that made them

@@ -56,7 +56,6 @@ from tgi_compat.router.model_loading import fit_to_runner, load_runner
 from tgi_compat.router.request import GenerateRequest
 from tgi_compat.router.stall_sampler import stall_sampler_from_env
 
-SWITCH_INTERVAL = sys.getswitchinterval()  # Python's own, restored after --switch-intervals
 WARM_STREAMS = 4  # the warm-up round: more prompts than one 4,096-token prefill chunk holds at the 7B shape
 IMAGE_PAD = 151655  # Qwen2(.5)-VL's <|image_pad|>; vision start/end 151652/151653
 VISION_7B = dict(
@@ -346,12 +345,14 @@ def main() -> None:
     plain_prompts = [prompts.ids(args.text) for _ in range(args.streams)]
     text_only = [GenerateRequest(f"t{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
     results["text_only_vl"] = run(engine, text_only)
+    switch_interval = sys.getswitchinterval()  # as the encoder's threads set it (PROCESSOR_SWITCH_INTERVAL_S)
+    results["switch_interval_s"] = switch_interval
     for interval in args.switch_intervals:  # the images phase again, the GIL handed between threads this often
         sys.setswitchinterval(interval)
         timed.take()  # (the repeat phases' image)
         requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
         results[f"images_switch_{interval:g}"] = run(engine, requests, timed) | dict(encoder=timed.take())
-    sys.setswitchinterval(SWITCH_INTERVAL)
+    sys.setswitchinterval(switch_interval)
     if not args.skip_plain:
         del engine, encoder
         gc.collect()
@@ -371,7 +372,8 @@ def main() -> None:
 
 def table(results: dict, args: argparse.Namespace) -> str:
     rows = [f"{args.family} {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}, "
-            f"{results['processor_threads']} image processor threads", ""]  # fmt: skip
+            f"{results['processor_threads']} image processor threads, GIL switch interval "
+            f"{1e3 * results['switch_interval_s']:g} ms", ""]  # fmt: skip
     rows += ["| phase | TTFT p50 ms | TTFT p90 ms | out tok/s |", "|---|---|---|---|"]
     phases = ("images", "images_preprocessed", "images_cached", "text")
     for name in (*phases, "repeat_first", "repeat_again", "text_only_vl", "text_only_plain"):

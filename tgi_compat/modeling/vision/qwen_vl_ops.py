@@ -78,25 +78,15 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans, scale
     return grouped_sdpa(q, k, v, spans.groups, scale)
 
 
-def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans, scale: float) -> torch.Tensor:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if q.dtype not in (torch.bfloat16, torch.float16):  # cuDNN's fused attention has no fp32 kernel either
-        return _triton(q, k, v, spans, scale)
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return grouped_sdpa(q, k, v, spans.groups, scale)
-
-
 TRITON = VisionAttention("triton", _triton, on_cpu=False)  # kernels/attention/varlen.py: one launch a layer
 FLASH = VisionAttention("flash", _flash, on_cpu=False)  # torch's FlashAttention-2 varlen, one launch a layer
 SDPA = VisionAttention("sdpa", _sdpa, on_cpu=True)  # one sdpa per sequence length: the CPU path and the reference
-CUDNN = VisionAttention("cudnn", _cudnn, on_cpu=False)  # the same calls, on cuDNN's fused attention (Hopper)
-VISION_ATTENTION = {backend.name: backend for backend in (TRITON, FLASH, SDPA, CUDNN)}
+VISION_ATTENTION = {backend.name: backend for backend in (TRITON, FLASH, SDPA)}
 # issue 41: the windows' attention where the elementwise choice does not attend them itself (benchmarks/device/
-# vision_encoder.py, H100, 3 images of 1024px, 28 window blocks: flash 3.42 ms, sdpa 14.74, cudnn 14.54; session 38)
+# vision_encoder.py, H100, 3 images of 1024px, 28 window blocks: flash 3.42 ms, sdpa 14.74; session 38)
 DEFAULT_VISION_ATTENTION = FLASH
-# whole images' (Qwen2.5-VL's 4 full blocks, Qwen2-VL's every block): sdpa 6.11 ms, cudnn 6.68, flash's varlen 7.02
-# for the 4 full blocks of those 3 images (session 38)
+# whole images' (Qwen2.5-VL's 4 full blocks, Qwen2-VL's every block): sdpa 6.11 ms, flash's varlen 7.02 for the 4
+# full blocks of those 3 images (session 38; sdpa under cuDNN's fused attention took 6.68)
 DEFAULT_FULL_ATTENTION = SDPA
 
 

@@ -345,13 +345,13 @@ def main() -> None:
     plain_prompts = [prompts.ids(args.text) for _ in range(args.streams)]
     text_only = [GenerateRequest(f"t{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
     results["text_only_vl"] = run(engine, text_only)
-    switch_interval = sys.getswitchinterval()  # as the encoder's threads set it (PROCESSOR_SWITCH_INTERVAL_S)
+    switch_interval = sys.getswitchinterval()  # the process's own, restored after the reruns
     results["switch_interval_s"] = switch_interval
-    for interval in args.switch_intervals:  # the images phase again, the GIL handed between threads this often
+    for index, interval in enumerate(args.switch_intervals):  # the images phase again, the GIL handed over this often
         sys.setswitchinterval(interval)
         timed.take()  # (the repeat phases' image)
         requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
-        results[f"images_switch_{interval:g}"] = run(engine, requests, timed) | dict(encoder=timed.take())
+        results[f"images_switch_{index}"] = run(engine, requests, timed) | dict(encoder=timed.take(), interval=interval)
     sys.setswitchinterval(switch_interval)
     if not args.skip_plain:
         del engine, encoder
@@ -402,8 +402,8 @@ def table(results: dict, args: argparse.Namespace) -> str:
              f"of which: preprocessed/text {preprocessed:.2f} (no host work), cached/text {cached:.2f} (no encoder)",
              f"its floor, the text phase's p50 plus the images encoded by the median first token at the encoder's "
              f"best ms per image alone, nothing else: {floor:.2f}"]  # fmt: skip
-    for interval in args.switch_intervals:
-        again = results[f"images_switch_{interval:g}"]
+    for index, interval in enumerate(args.switch_intervals):
+        again = results[f"images_switch_{index}"]
         timeline = " ".join(f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in again["steps"])
         rows.append(f"images again, switch interval {interval:g} s: TTFT p50 {again['ttft_p50_ms']:.1f} ms, "
                     f"{again['ttft_p50_ms'] / text:.2f}x text's; steps {timeline}")  # fmt: skip

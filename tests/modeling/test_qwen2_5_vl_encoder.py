@@ -8,7 +8,6 @@ own batch."""
 from __future__ import annotations
 
 import io
-import sys
 
 import pytest
 import torch
@@ -140,22 +139,3 @@ def test_image_files_through_the_thread_pool_equal_the_processors_batch(pair, tm
     with torch.no_grad():
         expected = reference(batch["pixel_values"], grid_thw=batch["image_grid_thw"]).pooler_output
     assert max_rel_error(torch.cat(images.encode([images.preprocess(data) for data in files])), expected) < 1e-3
-
-
-def test_the_processor_pool_shortens_the_gil_switch_interval(pair, tmp_path):
-    """Pillow hands the GIL back between its C calls; at Python's 5 ms each return waited behind a busy engine thread
-    (encoder.PROCESSOR_SWITCH_INTERVAL_S). The first image's pool sets the process's interval; never lengthens it."""
-    from tgi_compat.modeling.vision.encoder import PROCESSOR_SWITCH_INTERVAL_S
-
-    processor().save_pretrained(tmp_path)
-    out = io.BytesIO()
-    picture(*IMAGES[0]).save(out, format="PNG")
-    before = sys.getswitchinterval()
-    try:
-        for start in (0.005, PROCESSOR_SWITCH_INTERVAL_S / 2):
-            sys.setswitchinterval(start)
-            images = ImageEncoder(EncoderModel(pair[1]), str(tmp_path), torch.device("cpu"))
-            images.preprocess_async(out.getvalue()).result()
-            assert sys.getswitchinterval() == pytest.approx(min(start, PROCESSOR_SWITCH_INTERVAL_S))
-    finally:
-        sys.setswitchinterval(before)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import io
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Protocol
@@ -41,12 +40,6 @@ class VisionLanguageModel(Protocol):
 # 3 threads gave TTFT p50 1.86 / 1.84x text's against 1.97 / 1.92x with 8, the first step done at 155 / 150 ms
 # against 234 / 224 (session 36, two runs each, in both orders).
 PROCESSOR_THREADS = 3
-# How long a thread waits for the GIL before Python makes its holder hand it over (Python's default is 5 ms). Pillow
-# returns to Python between its C calls (a PNG decodes one IDAT chunk a call: ~50 for a 1024px one), and each return
-# waited up to the whole interval while the engine's thread launched kernels: a 1024px PNG took ~340 ms in a thread
-# beside a busy Python thread, ~85 ms at 0.5 ms and ~43 ms alone (2-core CPU probe, session 38). Set for the
-# process once the first image starts its pool; a process without image threads never contends.
-PROCESSOR_SWITCH_INTERVAL_S = 0.0005
 HOST_TENSORS = frozenset({"image_grid_thw"})  # processor outputs the encoder reads on the host
 
 
@@ -78,7 +71,6 @@ class ImageEncoder:
 
     @functools.cached_property
     def threads(self) -> ThreadPoolExecutor:
-        sys.setswitchinterval(min(sys.getswitchinterval(), PROCESSOR_SWITCH_INTERVAL_S))
         return ThreadPoolExecutor(
             min(self.processor_threads, os.cpu_count() or 1), thread_name_prefix="image-processor"
         )

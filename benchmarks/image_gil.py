@@ -13,11 +13,13 @@ interval was tried in the engine's process and taken out again)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,30 +27,33 @@ import numpy as np
 from PIL import Image
 
 
-def busy_rate(stop: threading.Event, rates: list[float]) -> None:
-    """Spin in Python until `stop`; append iterations per second."""
-    count, start = 0, time.perf_counter()
-    while not stop.is_set():
-        for _ in range(1000):
-            pass
-        count += 1
-    rates.append(count / (time.perf_counter() - start))
-
-
-def timed(work, files: list[bytes], threads: int, busy: bool) -> tuple[float, float | None]:
-    """(ms per image of `work` over `files` in `threads` threads, the busy loop's rate or None)."""
+@contextlib.contextmanager
+def busy_thread() -> Iterator[list[float]]:
+    """A thread spinning in Python while the block runs; the list then holds its iterations per second."""
     stop, rates = threading.Event(), []
-    spinner = threading.Thread(target=busy_rate, args=(stop, rates))
-    if busy:
-        spinner.start()
+
+    def spin() -> None:
+        count, start = 0, time.perf_counter()
+        while not stop.is_set():
+            for _ in range(1000):
+                pass
+            count += 1
+        rates.append(count / (time.perf_counter() - start))
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        yield rates
+    finally:
+        stop.set()
+        spinner.join()
+
+
+def ms_per_image(work: Callable[[bytes], None], files: list[bytes], threads: int) -> float:
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(work, files))
-    elapsed = time.perf_counter() - start
-    if busy:
-        stop.set()
-        spinner.join()
-    return 1e3 * elapsed / len(files), rates[0] if rates else None
+    return 1e3 * (time.perf_counter() - start) / len(files)
 
 
 def main() -> None:
@@ -73,21 +78,18 @@ def main() -> None:
         patchify.resize(Image.open(io.BytesIO(data)).convert("RGB"))
 
     default = sys.getswitchinterval()
-    alone, _ = timed(work, files, args.threads, busy=False)
-    stop, rates = threading.Event(), []
-    spinner = threading.Thread(target=busy_rate, args=(stop, rates))
-    spinner.start()
-    time.sleep(0.5)
-    stop.set()
-    spinner.join()
+    alone = ms_per_image(work, files, args.threads)
+    with busy_thread() as rates:
+        time.sleep(0.5)
     print(f"{args.images} PNGs of {args.size}px, {args.threads} thread(s): {alone:.1f} ms an image alone\n")
     print("| switch interval | ms an image beside a busy thread | the busy thread's rate, of alone |")
     print("|---|---|---|")
     try:
         for interval in (float(v) for v in args.intervals.split(",")):
             sys.setswitchinterval(interval)
-            ms, rate = timed(work, files, args.threads, busy=True)
-            print(f"| {1e3 * interval:g} ms | {ms:.1f} | {rate / rates[0]:.2f} |", flush=True)
+            with busy_thread() as busy:
+                ms = ms_per_image(work, files, args.threads)
+            print(f"| {1e3 * interval:g} ms | {ms:.1f} | {busy[0] / rates[0]:.2f} |", flush=True)
     finally:
         sys.setswitchinterval(default)
 

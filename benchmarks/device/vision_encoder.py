@@ -211,26 +211,22 @@ def fused(encoder: Any, x: Inputs, time_ms: Timer) -> dict[str, dict[str, float]
         for block in blocks:
             FUSED.mlp(block.mlp, x.normed)
 
+    depth, flop = len(blocks), 2.0 * x.pixels.shape[0] * proj.weight.numel()
+    window_blocks = depth - len(encoder.full_blocks)
     qkv = torch.stack((x.q, x.k, x.v), 1)  # [T, 3, H, D], as the projection's output is viewed
-    windows = x.layout.windows
     scale = blocks[0].attn.scaling
 
     def roped_windows() -> None:
         assert FUSED.windows is not None
-        for _ in range(depth - len(encoder.full_blocks)):
-            FUSED.windows(qkv, tables, windows, scale)
+        for _ in range(window_blocks):
+            FUSED.windows(qkv, tables, x.layout.windows, scale)
 
-    depth, flop = len(blocks), 2.0 * x.pixels.shape[0] * proj.weight.numel()
     mlp_flop = 6.0 * x.normed.numel() * encoder.visual.config.intermediate_size * depth
+    window_flop = attention_flop(x.layout.windows, x.q.shape[1] * x.q.shape[2]) * window_blocks
     rows = {}
     for name, fn, calls, flops in (
         ("rotary, fused Triton", rotary, depth, 0.0),
-        (
-            "window blocks: rotary and attention in one Triton kernel",
-            roped_windows,
-            depth - len(encoder.full_blocks),
-            attention_flop(windows, x.q.shape[1] * x.q.shape[2]) * (depth - len(encoder.full_blocks)),
-        ),
+        ("window blocks: rotary and attention in one Triton kernel", roped_windows, window_blocks, window_flop),
         ("mlp: one gate|up GEMM, fused SiLU-and-mul, down", mlp, 3 * depth, mlp_flop),
         ("norms + residual adds, fused Triton", norms, 2 * depth, 0.0),
         ("patch_embed as transformers' Conv3d", lambda: encoder.visual.patch_embed(x.pixels), 1, flop),

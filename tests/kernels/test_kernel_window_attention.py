@@ -65,25 +65,19 @@ def test_window_attention_refuses_a_sequence_past_one_tile():
 
 COMPILE_PROBE = r"""
 import json, torch
-from benchmarks.compile_only import install_compile_only_driver
+from benchmarks.compile_only import compiled_kernels, install_compile_only_driver
 install_compile_only_driver()
-from triton.compiler import compiler
-names = []
-def record(self):  # compiled: note it and launch nothing
-    if self.module is None:
-        names.append(self.name)
-        self.module = "compile-only"
-        self._run = lambda *args: None
-compiler.CompiledKernel._init_handles = record
-from tgi_compat.kernels.attention.window import window_attention
+from tgi_compat.kernels.attention.window import _window_attention_kernel, window_attention
 tokens = 5476  # one 1024px image's patches
 qkv = torch.zeros(tokens, 3, 16, 80, dtype=torch.bfloat16)
 cu = torch.arange(0, tokens + 1, 64, dtype=torch.int32)
 cos = torch.zeros(tokens, 40)
-window_attention(qkv, cu, 64, 80**-0.5, cos, cos)
-window_attention(qkv, cu, 64, 80**-0.5)
-window_attention(qkv.float(), cu, 64, 80**-0.5, cos, cos)  # fp32 serving: ieee dots
-print(json.dumps(names))
+launches = (
+    lambda: window_attention(qkv, cu, 64, 80**-0.5, cos, cos),
+    lambda: window_attention(qkv, cu, 64, 80**-0.5),
+    lambda: window_attention(qkv.float(), cu, 64, 80**-0.5, cos, cos),  # fp32 serving: ieee dots
+)
+print(json.dumps([kernel.name for launch in launches for kernel in compiled_kernels(_window_attention_kernel, launch)]))
 """
 
 

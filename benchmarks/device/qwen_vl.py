@@ -9,17 +9,19 @@ The model is the 7B's config.json with `--load-format dummy` (random weights mad
 from disk) and transformers' Qwen2-VL image processor at the released min/max_pixels. Phases, each on the same
 engine, every prompt `--text` random ids around one image (or its stand-in):
 
-* images: `--streams` requests at once, each with its own random `--size` x `--size` image (no encoder-cache or
-  prefix-cache hit), `--new` tokens out: TTFT p50/p90 and output tok/s;
+* images: `--streams` requests at once, each with its own random `--size` x `--size` PNG (no encoder-cache or
+  prefix-cache hit), `--new` tokens out: TTFT p50/p90 and output tok/s. The clock starts when the PNGs are handed to
+  `--api-processes` other processes, which run the API's own host half on them (`decode_image`: the decode and
+  Qwen-VL's resize, which the API's fetch threads run); each request goes to the engine once its image is back;
 * text: the same with each image's placeholders replaced by as many random text ids (the same prompt length);
-* images, preprocessed: new images whose processor output is ready before they are sent (what the images cost
-  without their host work), then cached: new text around those same images, whose rows the encoder cache holds (no
-  prefix-cache hit: what the image path costs the forward without the encoder);
+* images, preprocessed: new images resized before the clock starts (what the images cost without the API's host
+  work), then cached: new text around those same images, whose rows the encoder cache holds (no prefix-cache hit:
+  what the image path costs the forward without the encoder);
 * repeat: one request with a new image, then the same prompt again: its TTFT against the first (the prefix cache
   and the encoder cache serve the second);
 * text-only on the VL engine against a plain Qwen2 engine of the same text shape (`--skip-plain` to save ~30 s);
-* encoder: ms per image of the image processor (Pillow decode + transformers' processor, host threads) and of the
-  vision encoder alone (its packed attention: one varlen call a layer), with 1 and with 8 images per call.
+* encoder: ms per image of the API's host half (Pillow decode + resize, in this process, one at a time) and of the
+  vision encoder alone (its upload, patch flattening and normalisation not included), with 1 and 8 images a call.
 
 Targets (issue 41): images TTFT p50 <= 1.5x text's, repeat <= 0.3x first, text-only within 3% of plain Qwen2.
 A markdown table on stdout, JSON in $OUT/qwen_vl.json.
@@ -29,17 +31,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import io
 import json
+import multiprocessing
+import os
 import random
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +52,8 @@ from PIL import Image
 
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.shapes import QWEN2_7B
+from tgi_compat.api.protocol.images import Resize, decode_image
+from tgi_compat.api.serving.image_fetch import FETCH_THREADS
 from tgi_compat.modeling.vision.encoder import ImageEncoder
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
@@ -121,6 +127,48 @@ def random_png(rng: np.random.Generator, size: int) -> bytes:
     return out.getvalue()
 
 
+Payload = tuple[bytes, tuple[int, int] | None]  # what the engine takes of an image: PromptImage's data and resized
+
+
+def api_resize(folder: str) -> Resize:
+    """The API's own host half for this checkpoint (VisionPrompts.of's, as the server builds it)."""
+    from tgi_compat.api.serving.image_fetch import ImageFetcher
+    from tgi_compat.api.serving.images import VisionPrompts
+    from tgi_compat.modeling.source import resolve_model_source
+    from tgi_compat.modeling.weights.loader import load_model_config
+
+    vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), ImageFetcher(), folder)
+    assert vision is not None and vision.resize is not None, "the checkpoint's processor keeps its host path"
+    return vision.resize
+
+
+_RESIZE: Resize | None = None  # an ApiImages process's
+
+
+def _load_resize(folder: str) -> None:
+    global _RESIZE
+    _RESIZE = api_resize(folder)
+
+
+def _api_payload(png: bytes) -> Payload:
+    return decode_image(png, None, _RESIZE).payload
+
+
+class ApiImages:
+    """The API's host half (decode + resize: `decode_image`, which its fetch threads run) in processes other than the
+    engine's, as the API's own process runs it. Pillow's decode and resize let go of the GIL, so the API's threads
+    run them side by side: one process stands for each thread, up to half the host's cores."""
+
+    def __init__(self, folder: Path, processes: int) -> None:
+        context = multiprocessing.get_context("spawn")  # (the engine's process has CUDA up: no fork)
+        self.pool = ProcessPoolExecutor(processes, context, initializer=_load_resize, initargs=(str(folder),))
+        probe = random_png(np.random.default_rng(1), 64)
+        wait([self.pool.submit(_api_payload, probe) for _ in range(2 * processes)])  # every process up, warm
+
+    def submit(self, png: bytes) -> Future[Payload]:
+        return self.pool.submit(_api_payload, png)
+
+
 class Prompts:
     """Prompts of `text` random ids with one image after the first half of them."""
 
@@ -128,6 +176,7 @@ class Prompts:
         from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid
 
         self.grid = PlaceholderGrid.from_folder(str(folder))(size, size)
+        self.resize = api_resize(str(folder))  # this process's, for what is resized before the clock
         self.text, self.size = text, size
         self.rng, self.pixels = random.Random(seed), np.random.default_rng(seed)
         self.count = 0
@@ -135,8 +184,11 @@ class Prompts:
     def ids(self, n: int) -> list[int]:
         return [self.rng.randrange(1000, 150000) for _ in range(n)]
 
-    def request(self, image: bytes | None, new: int, ids: list[int] | None = None) -> GenerateRequest:
-        """`image` None: the placeholders' positions hold random text ids instead (the same length)."""
+    def request(
+        self, image: bytes | None, new: int, ids: list[int] | None = None, payload: Payload | None = None
+    ) -> GenerateRequest:
+        """`image` (a PNG) None: the placeholders' positions hold random text ids instead (the same length).
+        `payload`: the image as the API sends it (resized); None: the file, for `run` to send through ApiImages."""
         rows, columns = self.grid
         head, tail = self.text // 2, self.text - self.text // 2
         ids = ids or self.ids(head) + [151652] + self.ids(rows * columns) + [151653] + self.ids(tail)
@@ -144,25 +196,48 @@ class Prompts:
         if image is not None:
             ids = ids[: head + 1] + [IMAGE_PAD] * (rows * columns) + ids[head + 1 + rows * columns :]
             digest = hashlib.sha256(image).hexdigest()
-            images = [PromptImage(head + 1, rows * columns, digest, image, grid=(rows, columns))]
+            data, resized = payload or (image, None)
+            images = [PromptImage(head + 1, rows * columns, digest, data, grid=(rows, columns), resized=resized)]
         self.count += 1
         return GenerateRequest(f"r{self.count}", ids, max_new_tokens=new, ignore_eos=True, images=images)
+
+    def resized(self, image: bytes, new: int, ids: list[int] | None = None) -> GenerateRequest:
+        """A request whose image the API already resized (here, before any clock)."""
+        return self.request(image, new, ids, decode_image(image, None, self.resize).payload)
 
     def image(self) -> bytes:
         return random_png(self.pixels, self.size)
 
 
-def run(engine: EngineCore, requests: list[GenerateRequest], timed: EngineEncoderTimes | None = None) -> dict:
+def run(
+    engine: EngineCore,
+    requests: Sequence[GenerateRequest],
+    timed: EngineEncoderTimes | None = None,
+    api: ApiImages | None = None,
+) -> dict:
     """All at once; TTFT of each (first token event - submit), output tok/s over the run, and the timeline of the
-    steps until the last first token: [end ms, first tokens, images encoded] a step (images: with `timed`)."""
+    steps until the last first token: [end ms, first tokens, images encoded] a step (images: with `timed`). `api`:
+    each request whose image is a file goes to the engine once `api` has resized it, on the same clock."""
     start = time.perf_counter()
+    arriving: dict[Future[Payload], GenerateRequest] = {}
     for req in requests:
-        engine.add_request(req)
+        if api is not None and req.images and req.images[0].resized is None:
+            arriving[api.submit(req.images[0].data)] = req
+        else:
+            engine.add_request(req)
     first: dict[str, float] = {}
     tokens = 0
     steps: list[tuple[float, int, int]] = []
     stalls = stall_sampler_from_env()  # TGI_STALL_TRACE_MS: where the slow steps go
-    while engine.has_unfinished():
+    while engine.has_unfinished() or arriving:
+        ready = [future for future in arriving if future.done()]
+        if not ready and not engine.has_unfinished():
+            ready = list(wait(arriving, return_when=FIRST_COMPLETED).done)
+        for future in ready:
+            req = arriving.pop(future)
+            data, resized = future.result()
+            image = dataclasses.replace(req.images[0], data=data, resized=resized)
+            engine.add_request(dataclasses.replace(req, images=[image]))
         images_before = timed.images_encoded if timed is not None else 0
         with stalls.turn() if stalls is not None else contextlib.nullcontext():
             events = engine.step()
@@ -207,21 +282,11 @@ class EngineEncoderTimes:
 
     def __init__(self, encoder: ImageEncoder) -> None:
         self.encoder = encoder
-        self.ready: dict[bytes, dict] = {}  # image file -> its processor output, made before its request came
         self._calls: list[tuple[int, Callable[[], float]]] = []  # (images, its ms once the device is synchronised)
         self._waits: list[float] = []
 
-    def preprocess_async(self, data: bytes) -> Future:
-        if data in self.ready:
-            done: Future = Future()
-            done.set_result(self.ready.pop(data))
-            return _WaitedFuture(done, self._waits)
-        return _WaitedFuture(self.encoder.preprocess_async(data), self._waits)
-
-    def prepare(self, files: list[bytes]) -> None:
-        """Run the processor on `files` now: their requests' preprocessing is then already done."""
-        futures = [self.encoder.preprocess_async(data) for data in files]
-        self.ready.update((data, future.result()) for data, future in zip(files, futures))
+    def preprocess_async(self, data: bytes, resized: tuple[int, int] | None = None) -> Future:
+        return _WaitedFuture(self.encoder.preprocess_async(data, resized), self._waits)
 
     def encode(self, processed):
         if self.encoder.device.type != "cuda":
@@ -248,7 +313,7 @@ class EngineEncoderTimes:
         ms = [elapsed() for _, elapsed in self._calls]
         images = [count for count, _ in self._calls]
         out = dict(calls=len(images), images=sum(images), encode_ms=sum(ms), preprocess_wait_ms=1e3 * sum(self._waits),
-                   images_per_call=images)  # fmt: skip
+                   images_per_call=images, ms_per_call=[round(m, 2) for m in ms])  # fmt: skip
         self._calls, self._waits = [], []
         return out
 
@@ -265,22 +330,22 @@ def engine_for(
     runner = load_runner(config)
     config = fit_to_runner(config, runner)
     encoder = runner.image_encoder
-    if encoder is not None and args.processor_threads is not None:
-        encoder.processor_threads = args.processor_threads
     timed = None if encoder is None else EngineEncoderTimes(encoder)
     return EngineCore(config, runner, runner.model_config, runner.lora, timed), encoder, timed
 
 
 def encoder_timings(encoder: ImageEncoder, prompts: Prompts, counts: tuple[int, ...] = (1, 8), reps: int = 3) -> dict:
-    """ms per image with `count` images per call: the image processor (host threads), then the vision encoder alone."""
+    """ms per image with `count` images per call: the API's host half (here, one image at a time), then the vision
+    encoder alone."""
     sync = torch.cuda.synchronize if encoder.device.type == "cuda" else lambda: None
     out = {}
     for count in counts:
         files = [prompts.image() for _ in range(count)]
         start = time.perf_counter()
-        on_device = encoder.preprocess_all(files)  # decoded and processed in the encoder's thread pool
-        sync()
+        payloads = [decode_image(data, None, prompts.resize).payload for data in files]
         preprocess = time.perf_counter() - start
+        on_device = encoder.batch([encoder.preprocess(data, resized) for data, resized in payloads])
+        sync()
         encoder.model.encode_processed(on_device)  # warm-up: this count's shapes
         sync()
         start = time.perf_counter()
@@ -304,55 +369,51 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--skip-plain", action="store_true", help="no plain Qwen2 engine for the text-only row")
     parser.add_argument(
-        "--processor-threads", type=int, default=None, help="images preprocessed at once (default: the server's)"
+        "--api-processes",
+        type=int,
+        default=min(FETCH_THREADS, (os.cpu_count() or 2) // 2),
+        help="processes that run the API's host half on the images phase's PNGs (default: the API's fetch threads, "
+        "up to half the host's cores)",
     )
-    parser.add_argument(
-        "--switch-intervals",
-        type=lambda text: [float(v) for v in text.split(",")],
-        default=[],
-        help="after the other phases, the images phase again under each sys.setswitchinterval (seconds; Python's "
-        "default is 0.005)",
-    )
+    parser.add_argument("--reruns", type=int, default=0, help="after the other phases, the images phase again")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
     write_folder(folder, args.preset, args.family)
     prompts = Prompts(folder, args.text, args.size)
+    api = ApiImages(folder, args.api_processes)
     start = time.perf_counter()
     engine, encoder, timed = engine_for(folder, args)
     assert encoder is not None and timed is not None
     results: dict = dict(family=args.family, preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start,
-                         processor_threads=encoder.processor_threads)  # fmt: skip
-    run(engine, [prompts.request(prompts.image(), 2)])  # warm-up: kernels, the encoder's first call
+                         api_processes=args.api_processes)  # fmt: skip
+    run(engine, [prompts.request(prompts.image(), 2)], api=api)  # warm-up: kernels, the encoder's first call
     # and a full prefill chunk with images, then decodes beside a prefill: before session 37 the images phase was the
     # first to run such steps, and its first step took 182-326 ms against 36-79 ms for the phases after it
     # (preprocessed, cached, text), whatever paid once for a step's first run landing in the images' TTFT alone
-    run(engine, [prompts.request(prompts.image(), 2) for _ in range(WARM_STREAMS)])
+    run(engine, [prompts.request(prompts.image(), 2) for _ in range(WARM_STREAMS)], api=api)
     results["encoder"] = encoder_timings(encoder, prompts)
     timed.take()
-    results["images"] = run(engine, [prompts.request(prompts.image(), args.new) for _ in range(args.streams)], timed)
+    images = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
+    results["images"] = run(engine, images, timed, api)
     results["images_encoder"] = timed.take()
     files = [prompts.image() for _ in range(args.streams)]
-    timed.prepare(files)
-    results["images_preprocessed"] = run(engine, [prompts.request(data, args.new) for data in files], timed)
+    results["images_preprocessed"] = run(engine, [prompts.resized(data, args.new) for data in files], timed)
     results["images_preprocessed_encoder"] = timed.take()
-    results["images_cached"] = run(engine, [prompts.request(data, args.new) for data in files], timed)
+    results["images_cached"] = run(engine, [prompts.resized(data, args.new) for data in files], timed)
     results["images_cached_encoder"] = timed.take()
     results["text"] = run(engine, [prompts.request(None, args.new) for _ in range(args.streams)])
     picture = prompts.image()
     first = prompts.request(picture, args.new)
-    results["repeat_first"] = run(engine, [first])
-    results["repeat_again"] = run(engine, [prompts.request(picture, args.new, list(first.prompt_ids))])
+    results["repeat_first"] = run(engine, [first], api=api)
+    results["repeat_again"] = run(engine, [prompts.request(picture, args.new, list(first.prompt_ids))], api=api)
     plain_prompts = [prompts.ids(args.text) for _ in range(args.streams)]
     text_only = [GenerateRequest(f"t{i}", ids, max_new_tokens=args.new, ignore_eos=True) for i, ids in enumerate(plain_prompts)]  # fmt: skip
     results["text_only_vl"] = run(engine, text_only)
-    switch_interval = sys.getswitchinterval()  # the process's own, restored after the reruns
-    results["switch_interval_s"] = switch_interval
-    for index, interval in enumerate(args.switch_intervals):  # the images phase again, the GIL handed over this often
-        sys.setswitchinterval(interval)
+    for index in range(args.reruns):  # the images phase again: what its first run pays that later ones do not
         timed.take()  # (the repeat phases' image)
         requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
-        results[f"images_switch_{index}"] = run(engine, requests, timed) | dict(encoder=timed.take(), interval=interval)
-    sys.setswitchinterval(switch_interval)
+        results[f"images_again_{index}"] = run(engine, requests, timed, api) | dict(encoder=timed.take())
+    api.pool.shutdown()
     if not args.skip_plain:
         del engine, encoder
         gc.collect()
@@ -372,22 +433,22 @@ def main() -> None:
 
 def table(results: dict, args: argparse.Namespace) -> str:
     rows = [f"{args.family} {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}, "
-            f"{results['processor_threads']} image processor threads, GIL switch interval "
-            f"{1e3 * results['switch_interval_s']:g} ms", ""]  # fmt: skip
+            f"the API's host half in {results['api_processes']} processes", ""]  # fmt: skip
     rows += ["| phase | TTFT p50 ms | TTFT p90 ms | out tok/s |", "|---|---|---|---|"]
     phases = ("images", "images_preprocessed", "images_cached", "text")
     for name in (*phases, "repeat_first", "repeat_again", "text_only_vl", "text_only_plain"):
         if name in results:
             r = results[name]
             rows.append(f"| {name} | {r['ttft_p50_ms']:.1f} | {r['ttft_p90_ms']:.1f} | {r['tok_s']:.0f} |")
-    rows += ["", "| images per encoder call | preprocess ms/image (host) | encoder ms/image |", "|---|---|---|"]
+    rows += ["", "| images per encoder call | API host half ms/image | encoder ms/image |", "|---|---|---|"]
     for count, r in results["encoder"].items():
         rows.append(f"| {count} | {r['preprocess_ms_per_image']:.1f} | {r['encode_ms_per_image']:.1f} |")
     for phase in phases[:3]:
         inside = results[f"{phase}_encoder"]
         rows += ["", f"{phase} phase, inside the engine: {inside['images']} images in {inside['calls']} encoder calls "
-                 f"({inside['images_per_call']}), {inside['encode_ms']:.0f} ms of encoder GPU time; the engine's "
-                 f"thread waited {inside['preprocess_wait_ms']:.0f} ms for the image processor"]  # fmt: skip
+                 f"({inside['images_per_call']}), {inside['encode_ms']:.0f} ms of encoder GPU time "
+                 f"({inside['ms_per_call']} ms); the engine's "
+                 f"thread waited {inside['preprocess_wait_ms']:.0f} ms for image preprocessing"]  # fmt: skip
     for phase in phases:  # where the first tokens come: a step's end ms, first tokens (+ images encoded)
         marks = [f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in results[phase]["steps"]]
         rows += ["", f"{phase} phase, steps to the last first token (end ms:first tokens+images): {' '.join(marks)}"]
@@ -399,13 +460,13 @@ def table(results: dict, args: argparse.Namespace) -> str:
     results["checks"] = dict(image_vs_text=image_ratio, repeat_vs_first=repeat_ratio, encoder_floor=floor,
                              preprocessed_vs_text=preprocessed, cached_vs_text=cached)  # fmt: skip
     rows += ["", f"images/text TTFT p50: {image_ratio:.2f} (target <= 1.5); repeat/first: {repeat_ratio:.2f} (<= 0.3)",
-             f"of which: preprocessed/text {preprocessed:.2f} (no host work), cached/text {cached:.2f} (no encoder)",
+             f"of which: preprocessed/text {preprocessed:.2f} (no API host work), cached/text {cached:.2f} (no encoder)",
              f"its floor, the text phase's p50 plus the images encoded by the median first token at the encoder's "
              f"best ms per image alone, nothing else: {floor:.2f}"]  # fmt: skip
-    for index, interval in enumerate(args.switch_intervals):
-        again = results[f"images_switch_{index}"]
+    for index in range(args.reruns):
+        again = results[f"images_again_{index}"]
         timeline = " ".join(f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in again["steps"])
-        rows.append(f"images again, switch interval {interval:g} s: TTFT p50 {again['ttft_p50_ms']:.1f} ms, "
+        rows.append(f"images again ({index + 1}): TTFT p50 {again['ttft_p50_ms']:.1f} ms, "
                     f"{again['ttft_p50_ms'] / text:.2f}x text's; steps {timeline}")  # fmt: skip
     if "text_only_plain" in results:
         ratio = results["text_only_vl"]["tok_s"] / results["text_only_plain"]["tok_s"]

@@ -1,8 +1,9 @@
 """The Qwen2.5-VL TTFT benchmark's CPU smoke (benchmarks/device/qwen_vl.py --device cpu --preset tiny), and with
-Qwen2-VL's vision tower (--family qwen2_vl): every phase runs through the real engine with dummy weights (images,
-the same with their preprocessing done before and with their rows cached, their text stand-ins, a repeated image,
-text-only on the VL and on a plain Qwen2 engine, the images again at another GIL switch interval), the encoder's ms per image at 1 and 8 images a call, the table
-prints and the JSON lands in $OUT."""
+Qwen2-VL's vision tower (--family qwen2_vl): every phase runs through the real engine with dummy weights (images
+resized by the API's own host half in other processes on the phase's clock, the same resized before it and with
+their rows cached, their text stand-ins, a repeated image, text-only on the VL and on a plain Qwen2 engine, the
+images phase again), the encoder's ms per image at 1 and 8 images a call, the table prints and the JSON lands in
+$OUT."""
 
 from __future__ import annotations
 
@@ -18,30 +19,24 @@ from benchmarks.device import qwen_vl
 def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     monkeypatch.setenv("OUT", str(tmp_path))
     argv = ["qwen_vl", "--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--family", family]
-    argv += ["--streams", "2", "--new", "3", "--size", "112", "--text", "8", "--processor-threads", "2"]
-    monkeypatch.setattr(sys, "argv", argv + ["--switch-intervals", "0.001"])
-    interval = sys.getswitchinterval()
-    try:
-        qwen_vl.main()
-        served = sys.getswitchinterval()
-    finally:
-        sys.setswitchinterval(interval)
+    argv += ["--streams", "2", "--new", "3", "--size", "112", "--text", "8", "--api-processes", "1", "--reruns", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    qwen_vl.main()
     out = capsys.readouterr().out
-    assert served == interval  # restored after the rerun at 1 ms
     assert "| images |" in out and "| 8 |" in out
     results = json.loads((tmp_path / ("qwen_vl.json" if family == "qwen2_5_vl" else f"{family}.json")).read_text())
-    assert results["grid"] == [4, 4] and results["processor_threads"] == 2 and "2 image processor threads" in out
-    assert results["switch_interval_s"] == served
+    assert results["grid"] == [4, 4] and results["api_processes"] == 1 and "host half in 1 processes" in out
     assert set(results["encoder"]) == {"1", "8"} and results["encoder"]["8"]["encode_ms_per_image"] > 0
     checks = {"image_vs_text", "repeat_vs_first", "encoder_floor", "text_only_vl_vs_plain", "preprocessed_vs_text"}
     assert set(results["checks"]) == checks | {"cached_vs_text"}
-    # the preprocessed phase's images were made ready before it: the engine never waited on the processor; the cached
-    # phase's were in the encoder cache: none encoded
-    assert results["images_preprocessed_encoder"]["images"] == 2 and results["images_cached_encoder"]["images"] == 0
-    assert results["images_preprocessed_encoder"]["preprocess_wait_ms"] < 1.0
+    # every phase's images came resized (by the API's half): the engine never waited on a processor thread; the
+    # cached phase's were in the encoder cache: none encoded
+    for phase in ("images", "images_preprocessed"):
+        assert results[f"{phase}_encoder"]["images"] == 2 and results[f"{phase}_encoder"]["preprocess_wait_ms"] < 1.0
+    assert results["images_cached_encoder"]["images"] == 0
     assert results["checks"]["encoder_floor"] > 1.0  # the median's image at least was encoded before its first token
-    again = results["images_switch_0"]  # new images again (encoded again), at the other switch interval
-    assert again["encoder"]["images"] == 2 and "images again, switch interval 0.001 s" in out
+    again = results["images_again_0"]  # new images again (encoded again)
+    assert again["encoder"]["images"] == 2 and "images again (1)" in out
 
 
 def test_the_encoder_floor_counts_the_images_until_the_median_first_token():

@@ -26,7 +26,7 @@ class Encoder:
         self.calls: list[list[bytes]] = []
         self.started: list[bytes] = []
 
-    def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
+    def preprocess_async(self, data: bytes, resized: tuple[int, int] | None = None) -> Future[dict[str, torch.Tensor]]:
         self.started.append(data)
         future: Future[dict[str, torch.Tensor]] = Future()
         future.set_result({"data": torch.tensor(list(data)), "length": torch.tensor(float(len(data)))})

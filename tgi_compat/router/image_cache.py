@@ -37,10 +37,13 @@ def _owned(rows: torch.Tensor) -> torch.Tensor:
 
 
 class ImageEncoder(Protocol):
-    """tgi_compat.modeling.vision.encoder.ImageEncoder: an image file -> the processor's tensors (host threads);
-    the tensors of several images -> each one's placeholder rows [tokens, hidden], in one encoder call."""
+    """tgi_compat.modeling.vision.encoder.ImageEncoder: an image file (or the pixels the API resized, PromptImage's
+    `resized`) -> the processor's tensors (host threads); the tensors of several images -> each one's placeholder
+    rows [tokens, hidden], in one encoder call."""
 
-    def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]: ...
+    def preprocess_async(
+        self, data: bytes, resized: tuple[int, int] | None = None
+    ) -> Future[dict[str, torch.Tensor]]: ...
 
     def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]: ...
 
@@ -82,17 +85,17 @@ class EncoderCache:
                 and image.digest not in self._pending
                 and len(self._pending) < PENDING_MAX
             ):
-                self._pending[image.digest] = (self.encoder.preprocess_async(image.data), now)
+                self._pending[image.digest] = (self.encoder.preprocess_async(image.data, image.resized), now)
 
     def features(self, images: Sequence[PromptImage]) -> list[torch.Tensor]:
         """Each image's rows, the misses encoded in one call."""
-        missing = {image.digest: image.data for image in images if image.digest not in self._rows}
+        missing = {image.digest: image for image in images if image.digest not in self._rows}
         if missing:
             # all the misses' host work under way (prefetched, or started here) before waiting on any
             started = [self._pending.pop(digest, None) for digest in missing]
             futures = [
-                entry[0] if entry is not None else self.encoder.preprocess_async(data)
-                for entry, data in zip(started, missing.values())
+                entry[0] if entry is not None else self.encoder.preprocess_async(image.data, image.resized)
+                for entry, image in zip(started, missing.values())
             ]
             with region("images.wait_preprocess"):
                 processed = [future.result() for future in futures]

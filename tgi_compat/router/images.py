@@ -22,8 +22,8 @@ _HASH_BITS = 60
 class PromptImage:
     offset: int  # position of its first placeholder token in prompt_ids
     length: int  # its placeholder tokens
-    digest: str  # sha256 of `data`, hex
-    data: bytes  # the image file as the client sent it
+    digest: str  # sha256 of the image file as the client sent it, hex
+    data: bytes  # that file; or, where `resized` is set, the image as the API resized it for the encoder
     bidirectional: bool = False  # its placeholders attend to each other both ways during prefill (Gemma 3)
     # (rows, columns) of its placeholders over the merged patch grid: an M-RoPE model's (Qwen2.5-VL,
     # tgi_compat.router.mrope); None: the image rotates as text does
@@ -37,6 +37,9 @@ class PromptImage:
     # its real tiles, whose keys the text after it attends to: a cross-attending model's (Mllama,
     # tgi_compat.router.cross_attention); None for any other
     tiles: int | None = None
+    # (height, width): `data` holds the image's RGB rows (uint8) at the sides the encoder takes, resized in the API's
+    # process (Qwen-VL's, tgi_compat/modeling/vision/qwen_vl_pixels.py); None: `data` is the file
+    resized: tuple[int, int] | None = None
 
     @property
     def end(self) -> int:

@@ -14,8 +14,10 @@ import binascii
 import hashlib
 import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image as PILImage
 from PIL import UnidentifiedImageError
 
@@ -35,6 +37,24 @@ _FORMATS = {
 
 
 @dataclass(frozen=True, slots=True)
+class ResizedImage:
+    """An image as its model's encoder takes it, resized where it was decoded: RGB rows, uint8."""
+
+    data: bytes
+    height: int
+    width: int
+
+    @classmethod
+    def of(cls, pixels: np.ndarray) -> ResizedImage:
+        height, width, _ = pixels.shape
+        return cls(pixels.tobytes(), height, width)
+
+
+# a model's host half of its image processor (Qwen-VL's resize): the decoded RGB image -> what its encoder takes
+Resize = Callable[[PILImage.Image], ResizedImage]
+
+
+@dataclass(frozen=True, slots=True)
 class DecodedImage:
     """A decoded image of a prompt: its bytes as sent, and what the model's processor and the cache need."""
 
@@ -42,11 +62,20 @@ class DecodedImage:
     mimetype: str
     width: int
     height: int
+    resized: ResizedImage | None = None  # the model's `Resize` of it, where the model has one and it was asked for
 
     @property
     def digest(self) -> str:
         """The content hash that keys the image's encoder output and its prefix-cache tokens."""
         return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def payload(self) -> tuple[bytes, tuple[int, int] | None]:
+        """What the engine takes of it (PromptImage's `data` and `resized`): its resized pixels and their
+        (height, width), or the file."""
+        if self.resized is None:
+            return self.data, None
+        return self.resized.data, (self.resized.height, self.resized.width)
 
     def to_pil(self) -> PILImage.Image:
         """RGB pixels (RGBA and palette images flattened, as transformers' processors expect)."""
@@ -84,7 +113,7 @@ def image_markdown(url: str) -> str:
     return f"![]({url})"
 
 
-def decode_data_url(ref: ImageRef) -> DecodedImage:
+def decode_data_url(ref: ImageRef, resize: Resize | None = None) -> DecodedImage:
     """`![](data:<mime>;base64,<payload>)`: TGI's checks and texts, in its order."""
     content = ref.markdown[len("![](data:") : -1]
     parts = content.split(";")
@@ -97,23 +126,26 @@ def decode_data_url(ref: ImageRef) -> DecodedImage:
         data = base64.b64decode(payload[len("base64,") :], validate=True)
     except binascii.Error as error:
         raise validation_error(f"base64 encoding is invalid: {error}") from error
-    return decode_image(data, mimetype)
+    return decode_image(data, mimetype, resize)
 
 
-def decode_image(data: bytes, mimetype: str | None) -> DecodedImage:
-    """Decode fully (a truncated file fails here, not in the engine). `mimetype` None: guessed from the bytes,
-    as TGI does for fetched images; a data URL's mime type outside TGI's list is guessed too but kept."""
+def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None) -> DecodedImage:
+    """Decode fully (a truncated file fails here, not in the engine), then `resize` the pixels (where given) while
+    they are decoded. `mimetype` None: guessed from the bytes, as TGI does for fetched images; a data URL's mime type
+    outside TGI's list is guessed too but kept. A size that `resize` refuses (Qwen-VL's: an aspect ratio past 200)
+    is invalid too."""
     declared = _FORMATS.get(mimetype or "")
     try:
         with PILImage.open(io.BytesIO(data), formats=[declared] if declared else None) as image:
             image.load()
             width, height, found = image.width, image.height, image.format
+            resized = None if resize is None else resize(image.convert("RGB"))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, PILImage.DecompressionBombError) as error:
         # (a bomb: a header claiming over twice Pillow's MAX_IMAGE_PIXELS, refused before any pixel is decoded)
         raise validation_error(f"invalid image: {error}") from error
     if mimetype is None:
         mimetype = PILImage.MIME.get(found or "", "application/octet-stream")
-    return DecodedImage(data, mimetype, width, height)
+    return DecodedImage(data, mimetype, width, height, resized)
 
 
 def invalid_image_content(content: str) -> TgiError:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from tgi_compat.api.protocol.images import (
     DecodedImage,
     ImageRef,
+    Resize,
     decode_data_url,
     decode_image,
     fetch_failed,
@@ -51,16 +52,18 @@ class ImageFetcher:
     # templates and read grammars (6 of them on 2 cores)
     threads: ThreadPoolExecutor = field(default_factory=_fetch_threads, compare=False, repr=False)
 
-    async def load_all(self, refs: Sequence[ImageRef]) -> list[DecodedImage]:
-        """Every image of a prompt, in order, loaded in the fetcher's threads."""
-        return await asyncio.get_running_loop().run_in_executor(self.threads, lambda: [self.load(ref) for ref in refs])
+    async def load_all(self, refs: Sequence[ImageRef], resize: Resize | None = None) -> list[DecodedImage]:
+        """Every image of a prompt, in order, loaded (and resized, where given) in the fetcher's threads."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.threads, lambda: [self.load(ref, resize) for ref in refs]
+        )
 
-    def load(self, ref: ImageRef) -> DecodedImage:
+    def load(self, ref: ImageRef, resize: Resize | None = None) -> DecodedImage:
         """The image a `![](...)` names (blocking: the caller runs it off the event loop)."""
         if ref.markdown.startswith(("![](http://", "![](https://")):
-            return decode_image(self.fetch(ref.url), None)
+            return decode_image(self.fetch(ref.url), None, resize)
         if ref.markdown.startswith("![](data:"):
-            return decode_data_url(ref)
+            return decode_data_url(ref, resize)
         raise invalid_image_content(ref.markdown)
 
     def fetch(self, url: str) -> bytes:

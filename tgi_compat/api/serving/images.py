@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgi_compat.api.protocol.errors import validation_error
-from tgi_compat.api.protocol.images import DecodedImage, ImageRef, split_prompt
+from tgi_compat.api.protocol.images import DecodedImage, ImageRef, Resize, ResizedImage, split_prompt
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.modeling.config import QWEN_VL_MODELS, ModelConfig
 from tgi_compat.router.images import PromptImage
@@ -52,6 +52,7 @@ class FamilyPrompts:
     interleaved: bool = False
     fixup: Callable[[str], str] | None = None
     kind: type[VisionPrompts] | None = None  # its own prompts class (PaliGemma's); None: the one `of` is called on
+    resize: Resize | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,9 @@ class VisionPrompts:
     # placeholders are placed by each image's count, not by runs (Idefics3: row/column tokens between; Mllama: one each)
     interleaved: bool = False
     fixup: Callable[[str], str] | None = None  # TGI's rewrite of the whole expanded prompt (Idefics2's)
+    # the host half of the model's image processor, run here where each image is decoded, so that the engine's process
+    # only uploads its pixels (Qwen-VL's resize: vision/qwen_vl_pixels.py); None: the engine processes the file
+    resize: Resize | None = None
 
     @classmethod
     def of(
@@ -85,17 +89,19 @@ class VisionPrompts:
             max_images,
             interleaved=family.interleaved,
             fixup=family.fixup,
+            resize=family.resize,
         )
 
-    async def expand(self, inputs: str) -> tuple[str, list[DecodedImage]]:
-        """(the text to tokenize, its images in order), fetching off the event loop."""
+    async def expand(self, inputs: str, for_engine: bool = True) -> tuple[str, list[DecodedImage]]:
+        """(the text to tokenize, its images in order), fetching off the event loop. `for_engine` False: the text
+        alone is wanted (/tokenize), so the images are not resized."""
         chunks = split_prompt(inputs)
         refs = [chunk for chunk in chunks if isinstance(chunk, ImageRef)]
         if not refs:
             return self.fixed(self.text_piece(inputs) if inputs else inputs), []
         if self.max_images is not None and len(refs) > self.max_images:  # refused before anything is fetched
             raise validation_error(f"`inputs` must have at most {self.max_images} images. Given: {len(refs)}")
-        loaded = await self.fetcher.load_all(refs)
+        loaded = await self.fetcher.load_all(refs, self.resize if for_engine else None)
         try:
             texts = iter([self.placeholders(image).text for image in loaded])
         except ValueError as error:  # a size the family's processor refuses (Qwen-VL's: an aspect ratio past 200)
@@ -133,8 +139,9 @@ class VisionPrompts:
         if len(runs) > len(loaded) or any(length != p.length for (_, length), p in zip(runs, placeholders)):
             raise validation_error("the prompt's image placeholder tokens do not match its images")
         return [
-            PromptImage(start, length, image.digest, image.data, self.bidirectional, p.grid, tiles=p.tiles)
+            PromptImage(start, length, image.digest, data, self.bidirectional, p.grid, tiles=p.tiles, resized=resized)
             for (start, length), image, p in zip(runs, images, placeholders)
+            for data, resized in [image.payload]
         ]
 
     def _place_interleaved(self, positions: list[int], loaded: list[DecodedImage]) -> list[PromptImage]:
@@ -154,8 +161,18 @@ class VisionPrompts:
             mine, at = positions[at : at + p.length], at + p.length
             offset, length = mine[0], mine[-1] + 1 - mine[0]
             embeds = None if length == p.length else tuple(q - offset for q in mine)
+            data, resized = image.payload
             images.append(
-                PromptImage(offset, length, image.digest, image.data, self.bidirectional, embeds=embeds, tiles=p.tiles)
+                PromptImage(
+                    offset,
+                    length,
+                    image.digest,
+                    data,
+                    self.bidirectional,
+                    embeds=embeds,
+                    tiles=p.tiles,
+                    resized=resized,
+                )
             )
         return images
 
@@ -213,16 +230,21 @@ def _gemma3(hf_config: dict[str, Any], folder: str | None) -> FamilyPrompts:
 
 
 def _qwen_vl(hf_config: dict[str, Any], folder: str) -> FamilyPrompts:
+    from tgi_compat.modeling.vision.processors import image_processor
     from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid, QwenVLImageTokens
+    from tgi_compat.modeling.vision.qwen_vl_pixels import DevicePatchify
 
-    grid_of = PlaceholderGrid.from_folder(folder)
+    processor = image_processor(folder)
+    grid_of = PlaceholderGrid.of(processor)
+    patchify = DevicePatchify.of(processor)  # the engine's ImageEncoder makes the same one of the same folder
 
     def qwen(image: DecodedImage) -> Placeholders:
         rows, columns = grid_of(image.height, image.width)
         text = _QWEN_VL_IMAGE.format("<|image_pad|>" * (rows * columns))
         return Placeholders(text, rows * columns, (rows, columns))
 
-    return FamilyPrompts(qwen, QwenVLImageTokens.from_hf_config(hf_config).image_token_id)
+    resize = None if patchify is None else lambda image: ResizedImage.of(patchify.resized(image))
+    return FamilyPrompts(qwen, QwenVLImageTokens.from_hf_config(hf_config).image_token_id, resize=resize)
 
 
 def _llava_next(hf_config: dict[str, Any], folder: str | None) -> FamilyPrompts:

@@ -77,7 +77,7 @@ class AppState:
 
     async def expand_images(self, inputs: str) -> str:
         """The text a prompt is tokenized as: a vision model's images as its image tokens (serving/images.py)."""
-        return inputs if self.vision is None else (await self.vision.expand(inputs))[0]
+        return inputs if self.vision is None else (await self.vision.expand(inputs, for_engine=False))[0]
 
     def special_tokens(self, requested: bool = True) -> bool:
         """Whether a prompt's tokenizing adds special tokens: as requested, except for a vision model whose prompts

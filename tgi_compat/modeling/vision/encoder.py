@@ -4,7 +4,8 @@ request is queued and encodes, once a step, the images of the step it has not ca
 
 The processor runs on the host, image by image in a thread pool; the pool's outputs are concatenated along their
 first dimension (Qwen2.5-VL's patches and grids, Gemma 3's images) as the processor would batch them itself.
-Qwen-VL's processors do less on the host: Pillow decodes and resizes there, and the patch flattening and the
+Qwen-VL's processors do less on the host: Pillow's resize alone, which the API's process runs before the image comes
+here (an image file that comes here is decoded and resized in the pool), and the patch flattening and the
 normalisation run on the device (`vision/qwen_vl_pixels.py`)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Protocol
@@ -67,7 +69,7 @@ class ImageEncoder:
     @functools.cached_property
     def patchify(self) -> DevicePatchify | None:
         """Qwen-VL's patch flattening on the device too, where the normalisation is (the host resizes alone)."""
-        return DevicePatchify.of(self.processor) if self.normalize is not None else None
+        return DevicePatchify.of(self.processor)
 
     @functools.cached_property
     def threads(self) -> ThreadPoolExecutor:
@@ -75,8 +77,16 @@ class ImageEncoder:
             min(self.processor_threads, os.cpu_count() or 1), thread_name_prefix="image-processor"
         )
 
-    def preprocess(self, data: bytes) -> dict[str, torch.Tensor]:
-        """One image file -> the processor's tensors for it alone (on the host)."""
+    def preprocess(self, data: bytes, resized: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+        """One image file -> the processor's tensors for it alone (on the host). `resized` (height, width): `data`
+        is the image already through `patchify.resized` (by the API), its RGB rows."""
+        if resized is not None:
+            if self.patchify is None:
+                raise ValueError("resized pixels came for a model whose processor runs whole on the host")
+            with warnings.catch_warnings():  # read only: page-locked by a copy (`_upload`) before anything uses it
+                warnings.simplefilter("ignore", UserWarning)
+                pixels = torch.frombuffer(data, dtype=torch.uint8)
+            return self.patchify.host_tensors(pixels.view(*resized, 3))
         image = Image.open(io.BytesIO(data)).convert("RGB")
         if self.patchify is not None:  # resized alone: flattened and normalised on the device
             return self.patchify.resize(image)
@@ -88,10 +98,15 @@ class ImageEncoder:
         # tensors only: Mllama's also lists its tiles (num_tiles), which its aspect_ratio_mask holds too
         return {name: value for name, value in out.items() if isinstance(value, torch.Tensor)}
 
-    def preprocess_async(self, data: bytes) -> Future[dict[str, torch.Tensor]]:
-        """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch)."""
+    def preprocess_async(self, data: bytes, resized: tuple[int, int] | None = None) -> Future[dict[str, torch.Tensor]]:
+        """`preprocess` started in the pool: the engine starts it when the request is queued (EncoderCache.prefetch).
+        Pixels the API resized are a view of their bytes at once, with no thread."""
         self.patchify  # noqa: B018 - the processor loaded once here, not by each thread at once
-        return self.threads.submit(self.preprocess, data)
+        if resized is None:
+            return self.threads.submit(self.preprocess, data)
+        done: Future[dict[str, torch.Tensor]] = Future()
+        done.set_result(self.preprocess(data, resized))
+        return done
 
     def preprocess_all(self, images: Sequence[bytes]) -> dict[str, torch.Tensor]:
         """The processor's tensors of all `images`, on the device, as one call of the processor would give them."""

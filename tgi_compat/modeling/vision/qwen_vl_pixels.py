@@ -3,11 +3,13 @@ picture, Pillow's resize to `smart_resize`'s sides, and sends the resized image'
 rest: the patch flattening (a fixed reordering that repeats each frame temporal_patch_size times) and
 `(x * rescale_factor - mean) / std`.
 
-On the host, the Pillow processor took 43 ms for a 1024px PNG already decoded (2-core development machine), and its
-resize alone 13 ms. The rest was numpy reordering and float conversion, in threads beside the engine's. On an H100, 32
-streams of a 1024px image had TTFT p50 1,029-1,100 ms, against 864-896 ms for images processed before they were sent
-(session 37, with the GPU image's torchvision processor; some of that gap may have been the benchmark's first run of
-such steps). The flattened patches are also twice the resized image's bytes, to page-lock and upload."""
+The host half runs in the API's process, in the thread that decodes the image to validate it
+(tgi_compat.api.serving.images): the engine's process then only page-locks and uploads the pixels. In the engine's
+threads it had decoded every image a second time, beside the engine's own thread and under its GIL: on an H100, 32
+streams of a 1024px image had TTFT p50 1.83-2.36x text's, against 1.57-1.66x with every image processed before it was
+sent (session 38). On the 2-core development machine a 1024px PNG's decode took 19-20 ms, its resize 13 ms, and
+the Pillow processor's whole work 43 ms more than the decode. The flattened patches are also twice the resized
+image's bytes, to send, page-lock and upload."""
 
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ class DevicePatchify:
 
     @classmethod
     def of(cls, processor: Any) -> DevicePatchify | None:
-        if type(processor).__name__ not in QWEN_VL_PROCESSORS:
+        """None where DeviceNormalize has none (the device half normalises the patches it flattens)."""
+        if type(processor).__name__ not in QWEN_VL_PROCESSORS or not (processor.do_rescale and processor.do_normalize):
             return None
         patchify = cls(
             PlaceholderGrid.of(processor),
@@ -74,13 +77,20 @@ class DevicePatchify:
         )
         return patchify if patchify.reproduces(processor) else None
 
-    def resize(self, image: Image.Image) -> dict[str, torch.Tensor]:
-        """The host half: an RGB image -> {RESIZED: [H, W, 3] uint8, "image_grid_thw": [1, 3]}."""
+    def resized(self, image: Image.Image) -> np.ndarray:
+        """The host half: an RGB image -> its pixels at smart_resize's sides, [H, W, 3] uint8 (the API's process
+        runs it where it decodes the image)."""
         rows, columns = self.grid(image.height, image.width)
-        resized = image.resize((columns * self.grid.factor, rows * self.grid.factor), resample=self.resample)
-        side = self.grid.factor // self.patch  # patches per placeholder side
-        grid = torch.tensor([[1, rows * side, columns * side]])
-        return {RESIZED: torch.from_numpy(np.array(resized)), "image_grid_thw": grid}
+        return np.array(image.resize((columns * self.grid.factor, rows * self.grid.factor), resample=self.resample))
+
+    def host_tensors(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The resized pixels [H, W, 3] -> {RESIZED: them, "image_grid_thw": [1, 3]}, what `batch` uploads."""
+        height, width, _ = pixels.shape
+        return {RESIZED: pixels, "image_grid_thw": torch.tensor([[1, height // self.patch, width // self.patch]])}
+
+    def resize(self, image: Image.Image) -> dict[str, torch.Tensor]:
+        """Both host steps at once: an RGB image -> `host_tensors` of it resized."""
+        return self.host_tensors(torch.from_numpy(self.resized(image)))
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         """The device half: [H, W, C] -> the processor's flattened patches [patches, C * t * p * p], in its order

@@ -10,15 +10,15 @@ from disk) and transformers' Qwen2-VL image processor at the released min/max_pi
 engine, every prompt `--text` random ids around one image (or its stand-in):
 
 * images: `--streams` requests at once, each with its own random `--size` x `--size` PNG (no encoder-cache or
-  prefix-cache hit), `--new` tokens out: TTFT p50/p90 and output tok/s. The clock starts when the PNGs are handed to
-  `--api-processes` other processes, which run the API's own host half on them (`decode_image`: the decode and
-  Qwen-VL's resize, which the API's fetch threads run); each request goes to the engine once its image is back;
+  prefix-cache hit), `--new` tokens out: TTFT p50/p90 and output tok/s. The clock starts when the PNGs (as data
+  URLs) are handed to a process of the API's own, whose fetch threads load them as the server's do (base64, Pillow's
+  decode, Qwen-VL's resize); each request goes to the engine once its image is back;
 * text: the same with each image's placeholders replaced by as many random text ids (the same prompt length);
 * images, preprocessed: new images resized before the clock starts (what the images cost without the API's host
   work), then cached: new text around those same images, whose rows the encoder cache holds (no prefix-cache hit:
   what the image path costs the forward without the encoder);
-* repeat: one request with a new image, then the same prompt again: its TTFT against the first (the prefix cache
-  and the encoder cache serve the second);
+* repeat: one request with a new image, then the same prompt again, both through the API's process: its TTFT
+  against the first (the API's kept decoded images, the prefix cache and the encoder cache serve the second);
 * text-only on the VL engine against a plain Qwen2 engine of the same text shape (`--skip-plain` to save ~30 s);
 * encoder: ms per image of the API's host half (Pillow decode + resize, in this process, one at a time) and of the
   vision encoder alone (its upload, patch flattening and normalisation not included), with 1 and 8 images a call.
@@ -30,6 +30,7 @@ A markdown table on stdout, JSON in $OUT/qwen_vl.json.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import dataclasses
 import gc
@@ -38,13 +39,16 @@ import io
 import json
 import multiprocessing
 import os
+import queue
 import random
+import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,9 +56,12 @@ from PIL import Image
 
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.shapes import QWEN2_7B
-from tgi_compat.api.protocol.images import Resize, decode_image
-from tgi_compat.api.serving.image_fetch import FETCH_THREADS
+from tgi_compat.api.protocol.images import ImageRef, decode_image, image_markdown
+from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.images import VisionPrompts
+from tgi_compat.modeling.source import resolve_model_source
 from tgi_compat.modeling.vision.encoder import ImageEncoder
+from tgi_compat.modeling.weights.loader import load_model_config
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.images import PromptImage
@@ -130,43 +137,74 @@ def random_png(rng: np.random.Generator, size: int) -> bytes:
 Payload = tuple[bytes, tuple[int, int] | None]  # what the engine takes of an image: PromptImage's data and resized
 
 
-def api_resize(folder: str) -> Resize:
-    """The API's own host half for this checkpoint (VisionPrompts.of's, as the server builds it)."""
-    from tgi_compat.api.serving.image_fetch import ImageFetcher
-    from tgi_compat.api.serving.images import VisionPrompts
-    from tgi_compat.modeling.source import resolve_model_source
-    from tgi_compat.modeling.weights.loader import load_model_config
-
+def api_vision(folder: str) -> VisionPrompts:
+    """The API's own image prompts for this checkpoint (fetcher, resize), as the server builds them."""
     vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), ImageFetcher(), folder)
     assert vision is not None and vision.resize is not None, "the checkpoint's processor keeps its host path"
-    return vision.resize
+    return vision
 
 
-_RESIZE: Resize | None = None  # an ApiImages process's
+def _api_process(folder: str, inbox: Any, outbox: Any) -> None:
+    """The API's side of the images phases, in a process of its own as the server's API is: each (index, path of a
+    `![](data:...)`) from `inbox` is loaded by the API's own fetcher in its fetch threads (base64, the decode, the
+    checkpoint's resize, its kept decoded images), and (index, path of the payload, resized) goes to `outbox`: a file
+    beside it, so that no thread of the engine's process moves megabytes through a pipe (a pipe's 64 KiB reads,
+    each taking the GIL back, held the engine's launches up)."""
+    vision = api_vision(folder)
 
+    def load(index: int, path: str) -> None:
+        try:
+            data, resized = vision.fetcher.load(ImageRef(Path(path).read_text()), vision.resize).payload
+            Path(f"{path}.payload").write_bytes(data)
+            outbox.put((index, f"{path}.payload", resized))
+        except Exception as error:  # any failure reaches the benchmark's thread
+            outbox.put((index, None, repr(error)))
 
-def _load_resize(folder: str) -> None:
-    global _RESIZE
-    _RESIZE = api_resize(folder)
-
-
-def _api_payload(png: bytes) -> Payload:
-    return decode_image(png, None, _RESIZE).payload
+    while (item := inbox.get()) is not None:
+        vision.fetcher.threads.submit(load, *item)
 
 
 class ApiImages:
-    """The API's host half (decode + resize: `decode_image`, which its fetch threads run) in processes other than the
-    engine's, as the API's own process runs it. Pillow's decode and resize let go of the GIL, so the API's threads
-    run them side by side: one process stands for each thread, up to half the host's cores."""
+    """The API's process, for the images phases: `send` hands it PNGs (written as data URLs first, the client's
+    upload, before any clock), `arrived` gives back each one's payload as the API sends it to the engine."""
 
-    def __init__(self, folder: Path, processes: int) -> None:
+    def __init__(self, folder: Path) -> None:
         context = multiprocessing.get_context("spawn")  # (the engine's process has CUDA up: no fork)
-        self.pool = ProcessPoolExecutor(processes, context, initializer=_load_resize, initargs=(str(folder),))
-        probe = random_png(np.random.default_rng(1), 64)
-        wait([self.pool.submit(_api_payload, probe) for _ in range(2 * processes)])  # every process up, warm
+        self.inbox, self.outbox = context.Queue(), context.Queue()
+        self.process = context.Process(target=_api_process, args=(str(folder), self.inbox, self.outbox), daemon=True)
+        self.process.start()
+        self.files = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+        self.count = 0
+        self.send([self.stage(random_png(np.random.default_rng(1), 64))])  # up and warm
+        self.arrived(block=True)
 
-    def submit(self, png: bytes) -> Future[Payload]:
-        return self.pool.submit(_api_payload, png)
+    def stage(self, png: bytes) -> str:
+        self.count += 1
+        path = self.files / f"{self.count}.md"
+        path.write_text(image_markdown(f"data:image/png;base64,{base64.b64encode(png).decode()}"))
+        return str(path)
+
+    def send(self, paths: Sequence[str]) -> None:
+        for index, path in enumerate(paths):
+            self.inbox.put((index, path))
+
+    def arrived(self, block: bool = False) -> list[tuple[int, Payload]]:
+        """(index in its `send`, payload) of each image back since the last call; `block`: at least one."""
+        out = []
+        while True:
+            try:
+                index, path, resized = self.outbox.get(block=block and not out)
+            except queue.Empty:
+                return out
+            if path is None:
+                raise RuntimeError(f"the API refused an image: {resized}")
+            out.append((index, (Path(path).read_bytes(), resized)))
+            os.unlink(path)
+
+    def close(self) -> None:
+        self.inbox.put(None)
+        self.process.join(timeout=10)
+        shutil.rmtree(self.files, ignore_errors=True)
 
 
 class Prompts:
@@ -176,7 +214,7 @@ class Prompts:
         from tgi_compat.modeling.vision.qwen2_5_vl import PlaceholderGrid
 
         self.grid = PlaceholderGrid.from_folder(str(folder))(size, size)
-        self.resize = api_resize(str(folder))  # this process's, for what is resized before the clock
+        self.resize = api_vision(str(folder)).resize  # this process's, for what is resized before the clock
         self.text, self.size = text, size
         self.rng, self.pixels = random.Random(seed), np.random.default_rng(seed)
         self.count = 0
@@ -217,25 +255,25 @@ def run(
 ) -> dict:
     """All at once; TTFT of each (first token event - submit), output tok/s over the run, and the timeline of the
     steps until the last first token: [end ms, first tokens, images encoded] a step (images: with `timed`). `api`:
-    each request whose image is a file goes to the engine once `api` has resized it, on the same clock."""
+    each request whose image is a file goes to the engine once the API's process has loaded and resized it, on the
+    same clock (its PNG handed over as a data URL when the clock starts)."""
+    sent = [req for req in requests if api is not None and req.images and req.images[0].resized is None]
+    paths = [api.stage(req.images[0].data) for req in sent] if api is not None else []
     start = time.perf_counter()
-    arriving: dict[Future[Payload], GenerateRequest] = {}
+    if api is not None:
+        api.send(paths)
+    arriving = dict(enumerate(sent))
+    staged = {id(req) for req in sent}
     for req in requests:
-        if api is not None and req.images and req.images[0].resized is None:
-            arriving[api.submit(req.images[0].data)] = req
-        else:
+        if id(req) not in staged:
             engine.add_request(req)
     first: dict[str, float] = {}
     tokens = 0
     steps: list[tuple[float, int, int]] = []
     stalls = stall_sampler_from_env()  # TGI_STALL_TRACE_MS: where the slow steps go
     while engine.has_unfinished() or arriving:
-        ready = [future for future in arriving if future.done()]
-        if not ready and not engine.has_unfinished():
-            ready = list(wait(arriving, return_when=FIRST_COMPLETED).done)
-        for future in ready:
-            req = arriving.pop(future)
-            data, resized = future.result()
+        for index, (data, resized) in api.arrived(block=not engine.has_unfinished()) if arriving and api else []:
+            req = arriving.pop(index)
             image = dataclasses.replace(req.images[0], data=data, resized=resized)
             engine.add_request(dataclasses.replace(req, images=[image]))
         images_before = timed.images_encoded if timed is not None else 0
@@ -368,24 +406,16 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="image side in pixels")
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--skip-plain", action="store_true", help="no plain Qwen2 engine for the text-only row")
-    parser.add_argument(
-        "--api-processes",
-        type=int,
-        default=min(FETCH_THREADS, (os.cpu_count() or 2) // 2),
-        help="processes that run the API's host half on the images phase's PNGs (default: the API's fetch threads, "
-        "up to half the host's cores)",
-    )
     parser.add_argument("--reruns", type=int, default=0, help="after the other phases, the images phase again")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
     write_folder(folder, args.preset, args.family)
     prompts = Prompts(folder, args.text, args.size)
-    api = ApiImages(folder, args.api_processes)
+    api = ApiImages(folder)
     start = time.perf_counter()
     engine, encoder, timed = engine_for(folder, args)
     assert encoder is not None and timed is not None
-    results: dict = dict(family=args.family, preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start,
-                         api_processes=args.api_processes)  # fmt: skip
+    results: dict = dict(family=args.family, preset=args.preset, grid=prompts.grid, load_s=time.perf_counter() - start)
     run(engine, [prompts.request(prompts.image(), 2)], api=api)  # warm-up: kernels, the encoder's first call
     # and a full prefill chunk with images, then decodes beside a prefill: before session 37 the images phase was the
     # first to run such steps, and its first step took 182-326 ms against 36-79 ms for the phases after it
@@ -413,7 +443,7 @@ def main() -> None:
         timed.take()  # (the repeat phases' image)
         requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
         results[f"images_again_{index}"] = run(engine, requests, timed, api) | dict(encoder=timed.take())
-    api.pool.shutdown()
+    api.close()
     if not args.skip_plain:
         del engine, encoder
         gc.collect()
@@ -432,8 +462,7 @@ def main() -> None:
 
 
 def table(results: dict, args: argparse.Namespace) -> str:
-    rows = [f"{args.family} {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}, "
-            f"the API's host half in {results['api_processes']} processes", ""]  # fmt: skip
+    rows = [f"{args.family} {args.preset}, {args.dtype}, image {args.size}x{args.size} -> grid {results['grid']}", ""]
     rows += ["| phase | TTFT p50 ms | TTFT p90 ms | out tok/s |", "|---|---|---|---|"]
     phases = ("images", "images_preprocessed", "images_cached", "text")
     for name in (*phases, "repeat_first", "repeat_again", "text_only_vl", "text_only_plain"):

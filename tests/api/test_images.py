@@ -15,7 +15,15 @@ import pytest
 from PIL import Image
 
 from tgi_compat.api.protocol.errors import TgiError
-from tgi_compat.api.protocol.images import DecodedImage, ImageRef, image_markdown, split_prompt
+from tgi_compat.api.protocol.images import (
+    DecodedImage,
+    ImageRef,
+    ResizedImage,
+    decode_image,
+    image_markdown,
+    split_prompt,
+)
+from tgi_compat.api.serving import image_fetch
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import Placeholders, VisionPrompts
 
@@ -69,6 +77,30 @@ def test_data_urls_decode(fmt, mode, mime):
 def test_data_url_with_unlisted_mime_is_guessed():
     image = ImageFetcher().load(ImageRef(f"![]({data_url(encoded('PNG'), 'image/x-whatever')})"))
     assert (image.width, image.mimetype) == (20, "image/x-whatever")
+
+
+def test_a_file_decoded_before_is_not_decoded_again_and_the_kept_bytes_stay_bounded(monkeypatch):
+    decoded = []
+    monkeypatch.setattr(image_fetch, "decode_image", lambda *a: decoded.append(a[0]) or decode_image(*a))
+    files = [encoded("PNG", size=(20 + i, 12)) for i in range(3)]
+    fetcher = ImageFetcher(decoded=image_fetch.DecodedImages(max_bytes=2 * max(map(len, files))))
+    resize = lambda image: ResizedImage(b"\0" * 3, 1, 1)  # noqa: E731 - what it returns is kept with the file
+
+    def load(data: bytes, mime: str = "image/png", with_resize=resize):
+        return fetcher.load(ImageRef(f"![]({data_url(data, mime)})"), with_resize)
+
+    first = load(files[0])
+    assert load(files[0]) is first and decoded == [files[0]]  # a chat's next turn: kept
+    assert load(files[0], with_resize=None).resized is None and len(decoded) == 2  # resized or not: kept apart
+    load(files[1])
+    load(files[2])  # past the bound: the least recently used go
+    assert fetcher.decoded.num_bytes <= fetcher.decoded.max_bytes
+    load(files[0])
+    assert decoded[-1] == files[0]
+    with pytest.raises(TgiError):  # a failure is never kept: the same bytes fail again
+        load(files[1][:30])
+    with pytest.raises(TgiError):
+        load(files[1][:30])
 
 
 def test_bad_images_get_tgi_texts():

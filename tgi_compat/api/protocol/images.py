@@ -113,8 +113,8 @@ def image_markdown(url: str) -> str:
     return f"![]({url})"
 
 
-def decode_data_url(ref: ImageRef, resize: Resize | None = None) -> DecodedImage:
-    """`![](data:<mime>;base64,<payload>)`: TGI's checks and texts, in its order."""
+def read_data_url(ref: ImageRef) -> tuple[bytes, str]:
+    """`![](data:<mime>;base64,<payload>)` -> (the file, its mime type): TGI's checks and texts, in its order."""
     content = ref.markdown[len("![](data:") : -1]
     parts = content.split(";")
     if len(parts) != 2:
@@ -126,7 +126,7 @@ def decode_data_url(ref: ImageRef, resize: Resize | None = None) -> DecodedImage
         data = base64.b64decode(payload[len("base64,") :], validate=True)
     except binascii.Error as error:
         raise validation_error(f"base64 encoding is invalid: {error}") from error
-    return decode_image(data, mimetype, resize)
+    return data, mimetype
 
 
 def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None) -> DecodedImage:

@@ -7,18 +7,24 @@ urllib connects, so a name that re-resolves between the two (DNS rebinding) is n
 A fetch's body must arrive within `timeout_s` of its start (TGI's fetch has no limit), checked between reads of
 `timeout_s` at most each: a server that sends a byte every few seconds would otherwise hold its thread for as long
 as it likes (with this, twice `timeout_s` at most).
+
+The images last decoded are kept by their file's hash (`DecodedImages`): a chat sends its picture again with every
+turn, and its decode and resize would otherwise be paid every turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import http.client
 import ipaddress
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,20 +33,54 @@ from tgi_compat.api.protocol.images import (
     DecodedImage,
     ImageRef,
     Resize,
-    decode_data_url,
     decode_image,
     fetch_failed,
     image_too_large,
     invalid_image_content,
+    read_data_url,
 )
 
 TGI_MAX_IMAGE_FETCH_SIZE = 1024 * 1024 * 1024  # TGI's --max-image-fetch-size default: 1 GiB
 READ_BYTES = 1 << 20  # read a body this much at a time, the deadline checked between reads
 FETCH_THREADS = 16
+# files plus resized pixels of the images kept decoded: 40 of a 1024px noise PNG with its 1036px Qwen-VL pixels
+DECODED_IMAGES_BYTES = 256 << 20
 
 
 def _fetch_threads() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="image-fetch")  # (threads start with the first fetch)
+
+
+class DecodedImages:
+    """The last images decoded (and resized), by their file's hash, mime type and whether they were resized; least
+    recently used out past `max_bytes` of files and pixels. Shared by the fetch threads."""
+
+    def __init__(self, max_bytes: int = DECODED_IMAGES_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self._images: OrderedDict[tuple[str, str | None, bool], DecodedImage] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def decode(self, data: bytes, mimetype: str | None, resize: Resize | None) -> DecodedImage:
+        """decode_image's, or the one kept of the same file (a file that failed to decode is never kept)."""
+        key = (hashlib.sha256(data).hexdigest(), mimetype, resize is not None)
+        with self._lock:
+            if (kept := self._images.get(key)) is not None:
+                self._images.move_to_end(key)
+                return kept
+        image = decode_image(data, mimetype, resize)
+        size = _size(image)
+        with self._lock:
+            if key not in self._images and size <= self.max_bytes:
+                self._images[key] = image
+                self.num_bytes += size
+                while self.num_bytes > self.max_bytes:
+                    self.num_bytes -= _size(self._images.popitem(last=False)[1])
+        return image
+
+
+def _size(image: DecodedImage) -> int:
+    return len(image.data) + (0 if image.resized is None else len(image.resized.data))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +91,7 @@ class ImageFetcher:
     # threads of its own: slow image servers may hold these, never the event loop's default ones, which render chat
     # templates and read grammars (6 of them on 2 cores)
     threads: ThreadPoolExecutor = field(default_factory=_fetch_threads, compare=False, repr=False)
+    decoded: DecodedImages = field(default_factory=DecodedImages, compare=False, repr=False)
 
     async def load_all(self, refs: Sequence[ImageRef], resize: Resize | None = None) -> list[DecodedImage]:
         """Every image of a prompt, in order, loaded (and resized, where given) in the fetcher's threads."""
@@ -61,9 +102,9 @@ class ImageFetcher:
     def load(self, ref: ImageRef, resize: Resize | None = None) -> DecodedImage:
         """The image a `![](...)` names (blocking: the caller runs it off the event loop)."""
         if ref.markdown.startswith(("![](http://", "![](https://")):
-            return decode_image(self.fetch(ref.url), None, resize)
+            return self.decoded.decode(self.fetch(ref.url), None, resize)
         if ref.markdown.startswith("![](data:"):
-            return decode_data_url(ref, resize)
+            return self.decoded.decode(*read_data_url(ref), resize)
         raise invalid_image_content(ref.markdown)
 
     def fetch(self, url: str) -> bytes:

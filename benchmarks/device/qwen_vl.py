@@ -407,6 +407,12 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--skip-plain", action="store_true", help="no plain Qwen2 engine for the text-only row")
     parser.add_argument("--reruns", type=int, default=0, help="after the other phases, the images phase again")
+    parser.add_argument(
+        "--engine-side",
+        action="store_true",
+        help="after each rerun, one whose PNGs go to the engine as files (its threads decode and resize them, as "
+        "before session 39; the API's own decode to validate them not counted)",
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
     write_folder(folder, args.preset, args.family)
@@ -443,6 +449,9 @@ def main() -> None:
         timed.take()  # (the repeat phases' image)
         requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
         results[f"images_again_{index}"] = run(engine, requests, timed, api) | dict(encoder=timed.take())
+        if args.engine_side:
+            requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
+            results[f"images_engine_side_{index}"] = run(engine, requests, timed) | dict(encoder=timed.take())
     api.close()
     if not args.skip_plain:
         del engine, encoder
@@ -492,11 +501,13 @@ def table(results: dict, args: argparse.Namespace) -> str:
              f"of which: preprocessed/text {preprocessed:.2f} (no API host work), cached/text {cached:.2f} (no encoder)",
              f"its floor, the text phase's p50 plus the images encoded by the median first token at the encoder's "
              f"best ms per image alone, nothing else: {floor:.2f}"]  # fmt: skip
-    for index in range(args.reruns):
-        again = results[f"images_again_{index}"]
-        timeline = " ".join(f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in again["steps"])
-        rows.append(f"images again ({index + 1}): TTFT p50 {again['ttft_p50_ms']:.1f} ms, "
-                    f"{again['ttft_p50_ms'] / text:.2f}x text's; steps {timeline}")  # fmt: skip
+    for name, label in ((f"images_{side}_{index}", f"images {side.replace('_', '-')} ({index + 1})")
+                        for index in range(args.reruns) for side in ("again", "engine_side")):  # fmt: skip
+        if name in results:
+            again = results[name]
+            timeline = " ".join(f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in again["steps"])
+            rows.append(f"{label}: TTFT p50 {again['ttft_p50_ms']:.1f} ms, {again['ttft_p50_ms'] / text:.2f}x "
+                        f"text's; steps {timeline}")  # fmt: skip
     if "text_only_plain" in results:
         ratio = results["text_only_vl"]["tok_s"] / results["text_only_plain"]["tok_s"]
         results["checks"]["text_only_vl_vs_plain"] = ratio

@@ -19,7 +19,7 @@ from benchmarks.device import qwen_vl
 def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     monkeypatch.setenv("OUT", str(tmp_path))
     argv = ["qwen_vl", "--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--family", family]
-    argv += ["--streams", "2", "--new", "3", "--size", "112", "--text", "8", "--reruns", "1"]
+    argv += ["--streams", "2", "--new", "3", "--size", "112", "--text", "8", "--reruns", "1", "--engine-side"]
     monkeypatch.setattr(sys, "argv", argv)
     qwen_vl.main()
     out = capsys.readouterr().out
@@ -37,6 +37,7 @@ def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     assert results["checks"]["encoder_floor"] > 1.0  # the median's image at least was encoded before its first token
     again = results["images_again_0"]  # new images again (encoded again)
     assert again["encoder"]["images"] == 2 and "images again (1)" in out
+    assert results["images_engine_side_0"]["encoder"]["images"] == 2 and "images engine-side (1)" in out
 
 
 def test_the_encoder_floor_counts_the_images_until_the_median_first_token():

@@ -57,7 +57,8 @@ from PIL import Image
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.shapes import QWEN2_7B
 from tgi_compat.api.protocol.images import ImageRef, decode_image, image_markdown
-from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.image_decode import MAX_DECODE_PROCESSES
+from tgi_compat.api.serving.image_fetch import server_fetcher
 from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.modeling.source import resolve_model_source
 from tgi_compat.modeling.vision.encoder import ImageEncoder
@@ -139,7 +140,7 @@ Payload = tuple[bytes, tuple[int, int] | None]  # what the engine takes of an im
 
 def api_vision(folder: str) -> VisionPrompts:
     """The API's own image prompts for this checkpoint (fetcher, resize), as the server builds them."""
-    vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), ImageFetcher(), folder)
+    vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), server_fetcher(), folder)
     assert vision is not None and vision.resize is not None, "the checkpoint's processor keeps its host path"
     return vision
 
@@ -175,8 +176,11 @@ class ApiImages:
         self.process.start()
         self.files = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
         self.count = 0
-        self.send([self.stage(random_png(np.random.default_rng(1), 64))])  # up and warm
-        self.arrived(block=True)
+        # up and warm: its decoding processes too (they start on demand, with the first images)
+        self.send([self.stage(random_png(np.random.default_rng(seed), 64)) for seed in range(2 * MAX_DECODE_PROCESSES)])
+        back = 0
+        while back < 2 * MAX_DECODE_PROCESSES:
+            back += len(self.arrived(block=True))
 
     def stage(self, png: bytes) -> str:
         self.count += 1

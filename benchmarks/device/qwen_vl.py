@@ -172,7 +172,7 @@ class ApiImages:
     def __init__(self, folder: Path) -> None:
         context = multiprocessing.get_context("spawn")  # (the engine's process has CUDA up: no fork)
         self.inbox, self.outbox = context.Queue(), context.Queue()
-        self.process = context.Process(target=_api_process, args=(str(folder), self.inbox, self.outbox), daemon=True)
+        self.process = context.Process(target=_api_process, args=(str(folder), self.inbox, self.outbox))
         self.process.start()
         self.files = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
         self.count = 0

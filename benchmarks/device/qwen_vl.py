@@ -57,8 +57,7 @@ from PIL import Image
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.shapes import QWEN2_7B
 from tgi_compat.api.protocol.images import ImageRef, decode_image, image_markdown
-from tgi_compat.api.serving.image_decode import MAX_DECODE_PROCESSES
-from tgi_compat.api.serving.image_fetch import server_fetcher
+from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.modeling.source import resolve_model_source
 from tgi_compat.modeling.vision.encoder import ImageEncoder
@@ -140,7 +139,7 @@ Payload = tuple[bytes, tuple[int, int] | None]  # what the engine takes of an im
 
 def api_vision(folder: str) -> VisionPrompts:
     """The API's own image prompts for this checkpoint (fetcher, resize), as the server builds them."""
-    vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), server_fetcher(), folder)
+    vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), ImageFetcher(), folder)
     assert vision is not None and vision.resize is not None, "the checkpoint's processor keeps its host path"
     return vision
 
@@ -153,9 +152,10 @@ def _api_process(folder: str, inbox: Any, outbox: Any) -> None:
     each taking the GIL back, held the engine's launches up)."""
     vision = api_vision(folder)
 
-    def load(index: int, path: str) -> None:
+    def load(index: int, path: str, resize: bool) -> None:
         try:
-            data, resized = vision.fetcher.load(ImageRef(Path(path).read_text()), vision.resize).payload
+            image = vision.fetcher.load(ImageRef(Path(path).read_text()), vision.resize if resize else None)
+            data, resized = image.payload
             Path(f"{path}.payload").write_bytes(data)
             outbox.put((index, f"{path}.payload", resized))
         except Exception as error:  # any failure reaches the benchmark's thread
@@ -176,11 +176,8 @@ class ApiImages:
         self.process.start()
         self.files = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
         self.count = 0
-        # up and warm: its decoding processes too (they start on demand, with the first images)
-        self.send([self.stage(random_png(np.random.default_rng(seed), 64)) for seed in range(2 * MAX_DECODE_PROCESSES)])
-        back = 0
-        while back < 2 * MAX_DECODE_PROCESSES:
-            back += len(self.arrived(block=True))
+        self.send([self.stage(random_png(np.random.default_rng(1), 64))])  # up and warm
+        self.arrived(block=True)
 
     def stage(self, png: bytes) -> str:
         self.count += 1
@@ -188,9 +185,10 @@ class ApiImages:
         path.write_text(image_markdown(f"data:image/png;base64,{base64.b64encode(png).decode()}"))
         return str(path)
 
-    def send(self, paths: Sequence[str]) -> None:
+    def send(self, paths: Sequence[str], resize: bool = True) -> None:
+        """`resize` False: the API decodes each to validate it and sends the file, as before session 39."""
         for index, path in enumerate(paths):
-            self.inbox.put((index, path))
+            self.inbox.put((index, path, resize))
 
     def arrived(self, block: bool = False) -> list[tuple[int, Payload]]:
         """(index in its `send`, payload) of each image back since the last call; `block`: at least one."""
@@ -256,6 +254,7 @@ def run(
     requests: Sequence[GenerateRequest],
     timed: EngineEncoderTimes | None = None,
     api: ApiImages | None = None,
+    api_resizes: bool = True,
 ) -> dict:
     """All at once; TTFT of each (first token event - submit), output tok/s over the run, and the timeline of the
     steps until the last first token: [end ms, first tokens, images encoded] a step (images: with `timed`). `api`:
@@ -265,7 +264,7 @@ def run(
     paths = [api.stage(req.images[0].data) for req in sent] if api is not None else []
     start = time.perf_counter()
     if api is not None:
-        api.send(paths)
+        api.send(paths, api_resizes)
     arriving = dict(enumerate(sent))
     staged = {id(req) for req in sent}
     for req in requests:
@@ -414,8 +413,8 @@ def main() -> None:
     parser.add_argument(
         "--engine-side",
         action="store_true",
-        help="after each rerun, one whose PNGs go to the engine as files (its threads decode and resize them, as "
-        "before session 39; the API's own decode to validate them not counted)",
+        help="after each rerun, one as before session 39: the API decodes each PNG to validate it and sends the file, "
+        "which the engine's threads decode again and resize",
     )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
@@ -455,7 +454,8 @@ def main() -> None:
         results[f"images_again_{index}"] = run(engine, requests, timed, api) | dict(encoder=timed.take())
         if args.engine_side:
             requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
-            results[f"images_engine_side_{index}"] = run(engine, requests, timed) | dict(encoder=timed.take())
+            engine_side = run(engine, requests, timed, api, api_resizes=False)
+            results[f"images_engine_side_{index}"] = engine_side | dict(encoder=timed.take())
     api.close()
     if not args.skip_plain:
         del engine, encoder

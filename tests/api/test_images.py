@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -19,11 +18,12 @@ from tgi_compat.api.protocol.errors import TgiError
 from tgi_compat.api.protocol.images import (
     DecodedImage,
     ImageRef,
+    ResizedImage,
     decode_image,
     image_markdown,
     split_prompt,
 )
-from tgi_compat.api.serving import image_decode, image_fetch
+from tgi_compat.api.serving import image_fetch
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import Placeholders, VisionPrompts
 
@@ -81,10 +81,10 @@ def test_data_url_with_unlisted_mime_is_guessed():
 
 def test_a_file_decoded_before_is_not_decoded_again_and_the_kept_bytes_stay_bounded(monkeypatch):
     decoded = []
-    monkeypatch.setattr(image_decode, "decode_image", lambda *a: decoded.append(a[0]) or decode_image(*a))
+    monkeypatch.setattr(image_fetch, "decode_image", lambda *a: decoded.append(a[0]) or decode_image(*a))
     files = [encoded("PNG", size=(20 + i, 12)) for i in range(3)]
     fetcher = ImageFetcher(decoded=image_fetch.DecodedImages(max_bytes=2 * max(map(len, files))))
-    resize = lambda image: np.zeros((1, 1, 3), np.uint8)  # noqa: E731 - what it returns is kept with the file
+    resize = lambda image: ResizedImage(b"\0" * 3, 1, 1)  # noqa: E731 - what it returns is kept with the file
 
     def load(data: bytes, mime: str = "image/png", with_resize=resize):
         return fetcher.load(ImageRef(f"![]({data_url(data, mime)})"), with_resize)

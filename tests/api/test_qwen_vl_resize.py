@@ -1,7 +1,6 @@
 """Qwen-VL's host half in the API's process (tgi_compat/api/serving/images.py, vision/qwen_vl_pixels.py): the image is
 resized where it is decoded, the engine's image is its resized RGB rows, and the engine's encoder takes them with no
-decode to the processor's own pixel values. /tokenize's expansion resizes nothing. A decoding process gives what a
-fetch thread's decode gives."""
+decode to the processor's own pixel values. /tokenize's expansion resizes nothing."""
 
 from __future__ import annotations
 
@@ -15,9 +14,7 @@ from PIL import Image
 
 from tests.modeling.qwen2_5_vl_helpers import IMAGE_TOKENS, image_processor, tiny_qwen2_5_vl
 from tests.modeling.vision_server import write_checkpoint
-from tgi_compat.api.protocol.errors import TgiError
-from tgi_compat.api.protocol.images import ImageRef, decode_image, image_markdown, read_data_url
-from tgi_compat.api.serving.image_decode import ImageDecoder, decode_processes
+from tgi_compat.api.protocol.images import image_markdown
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.modeling.source import resolve_model_source
@@ -68,23 +65,3 @@ async def test_tokenizing_expands_the_text_without_resizing(folder):
     _, markdown = noise_png(75, 131)
     text, loaded = await vision.expand(markdown, for_engine=False)
     assert loaded[0].resized is None and text == (await vision.expand(markdown))[0]
-
-
-def test_a_decoding_process_gives_the_threads_image_and_their_refusal(folder):
-    """The API's decoding processes (serving/image_decode.py): the checkpoint's resize pickled to a worker gives the
-    pixels the fetch thread's own decode gives, and a refusal comes back as the same 422."""
-    vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), ImageFetcher(), folder)
-    assert vision is not None
-    _, markdown = noise_png(75, 131)
-    data, mimetype = read_data_url(ImageRef(markdown))
-    decoder = ImageDecoder(processes=1)
-    try:
-        assert decoder.decode(data, mimetype, vision.resize) == decode_image(data, mimetype, vision.resize)
-        with pytest.raises(TgiError) as caught:
-            decoder.decode(data[:100], mimetype, vision.resize)
-    finally:
-        decoder.close()
-    with pytest.raises(TgiError) as in_thread:
-        decode_image(data[:100], mimetype, vision.resize)
-    assert (caught.value.status, caught.value.message) == (422, in_thread.value.message)
-    assert decode_processes(2) == 0 and decode_processes(16) == 4 and decode_processes(128) == 4

@@ -30,10 +30,6 @@ class TgiError(Exception):
         self.error_type = error_type
         self.metric_label = metric_label  # `err` label of tgi_request_failure
 
-    def __reduce__(self) -> tuple[type[TgiError], tuple[int, str, str, str]]:
-        """Pickled whole: one raised in the API's image-decoding processes reaches the request as it was."""
-        return TgiError, (self.status, self.message, self.error_type, self.metric_label)
-
     def body(self) -> dict[str, str]:
         return {"error": self.message, "error_type": self.error_type}
 

@@ -50,9 +50,8 @@ class ResizedImage:
         return cls(pixels.tobytes(), height, width)
 
 
-# a model's host half of its image processor (Qwen-VL's resize): the decoded RGB image -> the pixels its encoder
-# takes, [H, W, 3] uint8 (picklable: the API's decoding processes run it, tgi_compat.api.serving.image_decode)
-Resize = Callable[[PILImage.Image], np.ndarray]
+# a model's host half of its image processor (Qwen-VL's resize): the decoded RGB image -> what its encoder takes
+Resize = Callable[[PILImage.Image], ResizedImage]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +139,7 @@ def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None
         with PILImage.open(io.BytesIO(data), formats=[declared] if declared else None) as image:
             image.load()
             width, height, found = image.width, image.height, image.format
-            resized = None if resize is None else ResizedImage.of(resize(image.convert("RGB")))
+            resized = None if resize is None else resize(image.convert("RGB"))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, PILImage.DecompressionBombError) as error:
         # (a bomb: a header claiming over twice Pillow's MAX_IMAGE_PIXELS, refused before any pixel is decoded)
         raise validation_error(f"invalid image: {error}") from error

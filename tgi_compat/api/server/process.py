@@ -23,7 +23,7 @@ from tgi_compat.api.server.health_monitor import EngineHealthMonitor, HealthMoni
 from tgi_compat.api.server.http_protocol import bounded_head_protocol
 from tgi_compat.api.server.ops_services import start_ops_services
 from tgi_compat.api.server.warmup import GPU_BATCH, warm_up, warm_up_images
-from tgi_compat.api.serving.image_fetch import server_fetcher
+from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.api.serving.state import AppState
 from tgi_compat.api.serving.tokenization import load_tokenizer_service
@@ -100,7 +100,7 @@ def _vision_prompts(config: ServerConfig) -> VisionPrompts | None:
 
     source = resolve_model_source(config.model_id, config.revision)
     model = load_model_config(source)
-    fetcher = server_fetcher(config.max_image_fetch_size, config.allow_private_image_urls)
+    fetcher = ImageFetcher(config.max_image_fetch_size, config.allow_private_image_urls)
     return VisionPrompts.of(model, fetcher, source.folder, config.max_images)
 
 

@@ -33,12 +33,12 @@ from tgi_compat.api.protocol.images import (
     DecodedImage,
     ImageRef,
     Resize,
+    decode_image,
     fetch_failed,
     image_too_large,
     invalid_image_content,
     read_data_url,
 )
-from tgi_compat.api.serving.image_decode import ImageDecoder, decode_processes
 
 TGI_MAX_IMAGE_FETCH_SIZE = 1024 * 1024 * 1024  # TGI's --max-image-fetch-size default: 1 GiB
 READ_BYTES = 1 << 20  # read a body this much at a time, the deadline checked between reads
@@ -55,9 +55,8 @@ class DecodedImages:
     """The last images decoded (and resized), by their file's hash, mime type and whether they were resized; least
     recently used out past `max_bytes` of files and pixels. Shared by the fetch threads."""
 
-    def __init__(self, max_bytes: int = DECODED_IMAGES_BYTES, decoder: ImageDecoder | None = None) -> None:
+    def __init__(self, max_bytes: int = DECODED_IMAGES_BYTES) -> None:
         self.max_bytes = max_bytes
-        self.decoder = decoder or ImageDecoder()
         self.num_bytes = 0
         self._images: OrderedDict[tuple[str, str | None, bool], DecodedImage] = OrderedDict()
         self._lock = threading.Lock()
@@ -69,7 +68,7 @@ class DecodedImages:
             if (kept := self._images.get(key)) is not None:
                 self._images.move_to_end(key)
                 return kept
-        image = self.decoder.decode(data, mimetype, resize)
+        image = decode_image(data, mimetype, resize)
         size = _size(image)
         with self._lock:
             if key not in self._images and size <= self.max_bytes:
@@ -156,12 +155,6 @@ class ImageFetcher:
             raise fetch_failed(
                 f"{host} resolves to a non-public address ({private[0]}); see --allow-private-image-urls"
             )
-
-
-def server_fetcher(max_bytes: int = TGI_MAX_IMAGE_FETCH_SIZE, allow_private: bool = False) -> ImageFetcher:
-    """The server's: its images decoded in processes of their own where the host has the cores (image_decode.py)."""
-    decoded = DecodedImages(decoder=ImageDecoder(decode_processes()))
-    return ImageFetcher(max_bytes, allow_private, decoded=decoded)
 
 
 class _CheckedRedirects(urllib.request.HTTPRedirectHandler):

@@ -45,6 +45,11 @@ READ_BYTES = 1 << 20  # read a body this much at a time, the deadline checked be
 FETCH_THREADS = 16
 # files plus resized pixels of the images kept decoded: 40 of a 1024px noise PNG with its 1036px Qwen-VL pixels
 DECODED_IMAGES_BYTES = 256 << 20
+# Images read at once (base64, hash, decode, resize), of the fetch threads. On the 16-core H100 host a burst of 32
+# 1024px PNGs sent its first image to the engine after 400-600 ms with all 16 at once (session 39): the reads share
+# the GIL and finish late together. `python -m benchmarks.image_burst` times caps; on the 2-core development machine
+# (loaded) 2 at once brought the first image back 2-4x sooner but the last one later, so it is not capped yet.
+DECODES_AT_ONCE = FETCH_THREADS
 
 
 def _fetch_threads() -> ThreadPoolExecutor:
@@ -92,6 +97,10 @@ class ImageFetcher:
     # templates and read grammars (6 of them on 2 cores)
     threads: ThreadPoolExecutor = field(default_factory=_fetch_threads, compare=False, repr=False)
     decoded: DecodedImages = field(default_factory=DecodedImages, compare=False, repr=False)
+    # held while an image is read (base64, its hash, its decode and resize); a fetch's download waits outside it
+    decoding: threading.Semaphore = field(
+        default_factory=lambda: threading.Semaphore(DECODES_AT_ONCE), compare=False, repr=False
+    )
 
     async def load_all(self, refs: Sequence[ImageRef], resize: Resize | None = None) -> list[DecodedImage]:
         """Every image of a prompt, in order, loaded (and resized, where given) in the fetcher's threads."""
@@ -102,9 +111,12 @@ class ImageFetcher:
     def load(self, ref: ImageRef, resize: Resize | None = None) -> DecodedImage:
         """The image a `![](...)` names (blocking: the caller runs it off the event loop)."""
         if ref.markdown.startswith(("![](http://", "![](https://")):
-            return self.decoded.decode(self.fetch(ref.url), None, resize)
+            data = self.fetch(ref.url)
+            with self.decoding:
+                return self.decoded.decode(data, None, resize)
         if ref.markdown.startswith("![](data:"):
-            return self.decoded.decode(*read_data_url(ref), resize)
+            with self.decoding:
+                return self.decoded.decode(*read_data_url(ref), resize)
         raise invalid_image_content(ref.markdown)
 
     def fetch(self, url: str) -> bytes:

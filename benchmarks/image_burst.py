@@ -1,0 +1,81 @@
+"""A burst of images through the API's own fetcher (its 16 fetch threads, Qwen-VL's decode and resize), at several caps
+on the images read at once (`ImageFetcher.decoding`, DECODES_AT_ONCE): when the first, the median and the last image are back.
+CPU only; the fetcher's own threads, as the server's API process runs them.
+
+    python -m benchmarks.image_burst                      # 16 noise PNGs of 1024px, caps 16, 4, 2, 1
+    python -m benchmarks.image_burst --images 4 --size 112 --caps 4,1
+
+A decode holds the GIL for part of its time, so images decoded all at once share it round-robin and all finish late
+together; the engine takes each image as soon as it is back (session 39)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import io
+import threading
+import time
+from concurrent.futures import wait
+
+import numpy as np
+from PIL import Image
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from tgi_compat.api.protocol.images import ImageRef, ResizedImage, image_markdown
+from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.modeling.vision.qwen_vl_pixels import DevicePatchify
+
+RELEASED_PIXELS = (56 * 56, 28 * 28 * 16384)  # Qwen2.5-VL's released min/max_pixels
+
+
+def noise_refs(count: int, size: int) -> list[ImageRef]:
+    refs = []
+    for seed in range(count):
+        out = io.BytesIO()
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)).save(out, "PNG")
+        refs.append(ImageRef(image_markdown(f"data:image/png;base64,{base64.b64encode(out.getvalue()).decode()}")))
+    return refs
+
+
+def resized_image(patchify: DevicePatchify, image: Image.Image) -> ResizedImage:
+    return ResizedImage.of(patchify.resized(image))
+
+
+def burst(refs: list[ImageRef], cap: int) -> list[float]:
+    """Each image's ms from the burst's start until it is back, sorted: all submitted at once, as a burst of requests
+    submits theirs."""
+    patchify = DevicePatchify.of(Qwen2VLImageProcessorPil(min_pixels=RELEASED_PIXELS[0], max_pixels=RELEASED_PIXELS[1]))
+    assert patchify is not None
+    fetcher = ImageFetcher(decoding=threading.Semaphore(cap))
+    back: list[float] = []
+    start = time.perf_counter()
+    resize = functools.partial(resized_image, patchify)
+    futures = [fetcher.threads.submit(fetcher.load, ref, resize) for ref in refs]
+    for future in futures:
+        future.add_done_callback(lambda _: back.append(1e3 * (time.perf_counter() - start)))
+    wait(futures)
+    for future in futures:
+        future.result()
+    fetcher.threads.shutdown()
+    return sorted(back)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--caps", default="16,4,2,1", help="decodes at once")
+    args = parser.parse_args()
+    refs = noise_refs(args.images, args.size)
+    burst(refs[:1], 1)  # imports and first calls
+    rows = ["| decodes at once | first back ms | median ms | last ms |", "|---|---|---|---|"]
+    for cap in (int(c) for c in args.caps.split(",")):
+        back = burst(refs, cap)
+        rows.append(f"| {cap} | {back[0]:.0f} | {back[len(back) // 2]:.0f} | {back[-1]:.0f} |")
+    print(f"{args.images} noise PNGs of {args.size}px, Qwen-VL's decode and resize in the API's fetcher\n")
+    print("\n".join(rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,12 +4,11 @@ rest: the patch flattening (a fixed reordering that repeats each frame temporal_
 `(x * rescale_factor - mean) / std`.
 
 The host half runs in the API's process, in the thread that decodes the image to validate it
-(tgi_compat.api.serving.images): the engine's process then only page-locks and uploads the pixels. In the engine's
-threads it had decoded every image a second time, beside the engine's own thread and under its GIL: on an H100, 32
-streams of a 1024px image had TTFT p50 1.83-2.36x text's, against 1.57-1.66x with every image processed before it was
-sent (session 38). On the 2-core development machine a 1024px PNG's decode took 19-20 ms, its resize 13 ms, and
-the Pillow processor's whole work 43 ms more than the decode. The flattened patches are also twice the resized
-image's bytes, to send, page-lock and upload."""
+(tgi_compat.api.serving.images): the engine's process then only page-locks and uploads the pixels, with no work
+beside its own thread under its GIL. Before session 39 the engine's threads decoded every file a second time and
+resized it there. On the 2-core development machine a 1024px PNG's decode took 19-20 ms and its resize 13 ms; on the
+H100 host both took 52 ms. The flattened patches are also twice the resized image's bytes, to send, page-lock and
+upload."""
 
 from __future__ import annotations
 

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import argparse
 import base64
-import functools
 import io
+import tempfile
 import threading
 import time
-from concurrent.futures import wait
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from tgi_compat.api.protocol.images import ImageRef, ResizedImage, image_markdown
+from benchmarks.device.qwen_vl import api_vision, write_folder
+from tgi_compat.api.protocol.images import ImageRef, Resize, image_markdown
 from tgi_compat.api.serving.image_fetch import ImageFetcher
-from tgi_compat.modeling.vision.qwen_vl_pixels import DevicePatchify
-
-RELEASED_PIXELS = (56 * 56, 28 * 28 * 16384)  # Qwen2.5-VL's released min/max_pixels
 
 
 def noise_refs(count: int, size: int) -> list[ImageRef]:
@@ -38,27 +35,28 @@ def noise_refs(count: int, size: int) -> list[ImageRef]:
     return refs
 
 
-def resized_image(patchify: DevicePatchify, image: Image.Image) -> ResizedImage:
-    return ResizedImage.of(patchify.resized(image))
+def qwen_vl_resize() -> Resize:
+    """The API's own resize for Qwen2.5-VL-7B's processor (its released min/max_pixels)."""
+    folder = Path(tempfile.mkdtemp(prefix="image-burst-"))
+    write_folder(folder, "7b")
+    resize = api_vision(str(folder)).resize
+    assert resize is not None
+    return resize
 
 
-def burst(refs: list[ImageRef], cap: int) -> list[float]:
+def burst(refs: list[ImageRef], cap: int, resize: Resize) -> list[float]:
     """Each image's ms from the burst's start until it is back, sorted: all submitted at once, as a burst of requests
     submits theirs."""
-    patchify = DevicePatchify.of(Qwen2VLImageProcessorPil(min_pixels=RELEASED_PIXELS[0], max_pixels=RELEASED_PIXELS[1]))
-    assert patchify is not None
     fetcher = ImageFetcher(decoding=threading.Semaphore(cap))
-    back: list[float] = []
     start = time.perf_counter()
-    resize = functools.partial(resized_image, patchify)
-    futures = [fetcher.threads.submit(fetcher.load, ref, resize) for ref in refs]
-    for future in futures:
-        future.add_done_callback(lambda _: back.append(1e3 * (time.perf_counter() - start)))
-    wait(futures)
-    for future in futures:
-        future.result()
+
+    def load(ref: ImageRef) -> float:
+        fetcher.load(ref, resize)
+        return 1e3 * (time.perf_counter() - start)
+
+    back = sorted(future.result() for future in [fetcher.threads.submit(load, ref) for ref in refs])
     fetcher.threads.shutdown()
-    return sorted(back)
+    return back
 
 
 def main() -> None:
@@ -67,11 +65,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--caps", default="16,4,2,1", help="decodes at once")
     args = parser.parse_args()
-    refs = noise_refs(args.images, args.size)
-    burst(refs[:1], 1)  # imports and first calls
+    refs, resize = noise_refs(args.images, args.size), qwen_vl_resize()
+    burst(refs[:1], 1, resize)  # first calls
     rows = ["| decodes at once | first back ms | median ms | last ms |", "|---|---|---|---|"]
     for cap in (int(c) for c in args.caps.split(",")):
-        back = burst(refs, cap)
+        back = burst(refs, cap, resize)
         rows.append(f"| {cap} | {back[0]:.0f} | {back[len(back) // 2]:.0f} | {back[-1]:.0f} |")
     print(f"{args.images} noise PNGs of {args.size}px, Qwen-VL's decode and resize in the API's fetcher\n")
     print("\n".join(rows), flush=True)

@@ -243,7 +243,11 @@ class Prompts:
 
     def resized(self, image: bytes, new: int, ids: list[int] | None = None) -> GenerateRequest:
         """A request whose image the API already resized (here, before any clock)."""
-        return self.request(image, new, ids, decode_image(image, None, self.resize).payload)
+        return self.request(image, new, ids, self.payload(image))
+
+    def payload(self, image: bytes) -> Payload:
+        """The API's decode and resize of `image`, here."""
+        return decode_image(image, None, self.resize).payload
 
     def image(self) -> bytes:
         return random_png(self.pixels, self.size)
@@ -383,7 +387,7 @@ def encoder_timings(encoder: ImageEncoder, prompts: Prompts, counts: tuple[int, 
     for count in counts:
         files = [prompts.image() for _ in range(count)]
         start = time.perf_counter()
-        payloads = [decode_image(data, None, prompts.resize).payload for data in files]
+        payloads = [prompts.payload(data) for data in files]
         preprocess = time.perf_counter() - start
         on_device = encoder.batch([encoder.preprocess(data, resized) for data, resized in payloads])
         sync()

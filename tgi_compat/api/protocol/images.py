@@ -63,11 +63,13 @@ class DecodedImage:
     width: int
     height: int
     resized: ResizedImage | None = None  # the model's `Resize` of it, where the model has one and it was asked for
+    # sha256 of `data`, hex: what keys its encoder output and its prefix-cache tokens. Hashed once, where it is decoded
+    # (a fetch thread), not each time a prompt places it on the event loop; "": hashed here
+    digest: str = ""
 
-    @property
-    def digest(self) -> str:
-        """The content hash that keys the image's encoder output and its prefix-cache tokens."""
-        return hashlib.sha256(self.data).hexdigest()
+    def __post_init__(self) -> None:
+        if not self.digest:
+            object.__setattr__(self, "digest", hashlib.sha256(self.data).hexdigest())
 
     @property
     def payload(self) -> tuple[bytes, tuple[int, int] | None]:
@@ -129,11 +131,11 @@ def read_data_url(ref: ImageRef) -> tuple[bytes, str]:
     return data, mimetype
 
 
-def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None) -> DecodedImage:
+def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None, digest: str = "") -> DecodedImage:
     """Decode fully (a truncated file fails here, not in the engine), then `resize` the pixels (where given) while
     they are decoded. `mimetype` None: guessed from the bytes, as TGI does for fetched images; a data URL's mime type
     outside TGI's list is guessed too but kept. A size that `resize` refuses (Qwen-VL's: an aspect ratio past 200)
-    is invalid too."""
+    is invalid too. `digest`: the file's sha256 where the caller has it."""
     declared = _FORMATS.get(mimetype or "")
     try:
         with PILImage.open(io.BytesIO(data), formats=[declared] if declared else None) as image:
@@ -145,7 +147,7 @@ def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None
         raise validation_error(f"invalid image: {error}") from error
     if mimetype is None:
         mimetype = PILImage.MIME.get(found or "", "application/octet-stream")
-    return DecodedImage(data, mimetype, width, height, resized)
+    return DecodedImage(data, mimetype, width, height, resized, digest)
 
 
 def invalid_image_content(content: str) -> TgiError:

@@ -68,12 +68,13 @@ class DecodedImages:
 
     def decode(self, data: bytes, mimetype: str | None, resize: Resize | None) -> DecodedImage:
         """decode_image's, or the one kept of the same file (a file that failed to decode is never kept)."""
-        key = (hashlib.sha256(data).hexdigest(), mimetype, resize is not None)
+        digest = hashlib.sha256(data).hexdigest()
+        key = (digest, mimetype, resize is not None)
         with self._lock:
             if (kept := self._images.get(key)) is not None:
                 self._images.move_to_end(key)
                 return kept
-        image = decode_image(data, mimetype, resize)
+        image = decode_image(data, mimetype, resize, digest)
         size = _size(image)
         with self._lock:
             if key not in self._images and size <= self.max_bytes:

@@ -272,6 +272,36 @@ def backends(encoder: Any, x: Inputs, names: list[str], time_ms: Timer, check: b
     return out
 
 
+def queue_times(encoder: Any, x: Inputs, busy_ms: float = 200.0) -> dict[str, float]:
+    """Host ms to queue work while the device is still busy with `busy_ms` of a sleep kernel (as the engine queues an
+    encoder call while the step before runs): about `busy_ms` or more means the host waited for the device. The
+    encoder's whole call, and copies of 32 KB and 256 KB from pageable memory (the sizes of a 3-image layout's window
+    index and rope positions, which WindowLayout copies so). Less than the device's time for the same call: the device
+    keeps ahead of the host only where work was queued before it (H100, session 40: ~26 ms for one image)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    torch.cuda._sleep(1_000_000)
+    torch.cuda.synchronize()
+    cycles = int(1_000_000 * busy_ms / (1e3 * (time.perf_counter() - start)))  # calibrated: ~busy_ms of sleep
+
+    def queued(fn: Callable[[], object]) -> float:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        start = time.perf_counter()
+        fn()
+        ms = 1e3 * (time.perf_counter() - start)
+        torch.cuda.synchronize()
+        return ms
+
+    device = x.pixels.device
+    return {
+        "encode": queued(lambda: encoder.encode(x.pixels, x.grid)),
+        "pageable copy 32 KB": queued(lambda: torch.zeros(4096, dtype=torch.int64).to(device, non_blocking=True)),
+        "pageable copy 256 KB": queued(lambda: torch.zeros(32768, dtype=torch.int64).to(device, non_blocking=True)),
+        "busy ms": busy_ms,
+    }
+
+
 def tile_sweep(x: Inputs, scale: float, time_ms: Timer, tiles: list[tuple[int, int, int, int]]) -> list[dict]:
     """The Triton varlen kernel at each (block_m, block_n, num_warps, num_stages), one call a kind of span."""
     from tgi_compat.kernels.attention.varlen import varlen_attention
@@ -322,6 +352,10 @@ def table(report: dict) -> str:
             encode = [f"{row.get(f'encode_ms_per_image_{ops}', float('nan')):.2f}" for ops in elementwise]
             lines.append(f"| {name} | {row['window_ms']:.2f} | {row['full_ms']:.2f} | {err} | {' | '.join(encode)} |")
         lines.append("")
+        if "queue_ms" in result:
+            queue = dict(result["queue_ms"])
+            lines += [f"host ms to queue, the device busy for {queue.pop('busy ms'):.0f} ms: "]
+            lines += ["; ".join(f"{name} {ms:.1f}" for name, ms in queue.items()), ""]
     lines += ["### Triton varlen tiles (one call)", "", "| block_m, block_n, warps, stages | window ms | full ms |"]
     lines.append("|---|---|---|")
     for row in report["tiles"]:
@@ -382,6 +416,8 @@ def main() -> None:
             result: dict[str, Any] = dict(parts=rows, whole_ms=rows["whole encode"]["ms"])
             result["sum_ms"] = sum(row["ms"] for name, row in rows.items() if name not in UNFUSED)
             result["backends"] = backends(encoder, x, names, time_ms, check=count == 1)
+            if not cpu:
+                result["queue_ms"] = queue_times(encoder, x)
             report["counts"][str(count)] = result
             print(f"{count} image(s): {time.perf_counter() - start:.0f} s", flush=True)
         tiles = TILES[:2] if cpu else TILES

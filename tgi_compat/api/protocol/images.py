@@ -16,7 +16,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import pybase64
 from PIL import Image as PILImage
 from PIL import UnidentifiedImageError
@@ -45,9 +44,9 @@ class ResizedImage:
     width: int
 
     @classmethod
-    def of(cls, pixels: np.ndarray) -> ResizedImage:
-        height, width, _ = pixels.shape
-        return cls(pixels.tobytes(), height, width)
+    def of(cls, image: PILImage.Image) -> ResizedImage:
+        """An RGB image's rows (one copy of its pixels, where numpy's array and then its bytes took two)."""
+        return cls(image.tobytes(), image.height, image.width)
 
 
 # a model's host half of its image processor (Qwen-VL's resize): the decoded RGB image -> what its encoder takes
@@ -152,7 +151,8 @@ def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None
         with PILImage.open(io.BytesIO(data), formats=[declared] if declared else None) as image:
             image.load()
             width, height, found = image.width, image.height, image.format
-            resized = None if resize is None else resize(image.convert("RGB"))
+            # (convert copies an image that is RGB already)
+            resized = None if resize is None else resize(image if image.mode == "RGB" else image.convert("RGB"))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, PILImage.DecompressionBombError) as error:
         # (a bomb: a header claiming over twice Pillow's MAX_IMAGE_PIXELS, refused before any pixel is decoded)
         raise validation_error(f"invalid image: {error}") from error

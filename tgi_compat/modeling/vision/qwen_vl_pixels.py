@@ -76,11 +76,11 @@ class DevicePatchify:
         )
         return patchify if patchify.reproduces(processor) else None
 
-    def resized(self, image: Image.Image) -> np.ndarray:
-        """The host half: an RGB image -> its pixels at smart_resize's sides, [H, W, 3] uint8 (the API's process
-        runs it where it decodes the image)."""
+    def resized(self, image: Image.Image) -> Image.Image:
+        """The host half: an RGB image at smart_resize's sides (the API's process runs it where it decodes the
+        image, and sends its bytes)."""
         rows, columns = self.grid(image.height, image.width)
-        return np.array(image.resize((columns * self.grid.factor, rows * self.grid.factor), resample=self.resample))
+        return image.resize((columns * self.grid.factor, rows * self.grid.factor), resample=self.resample)
 
     def host_tensors(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
         """The resized pixels [H, W, 3] -> {RESIZED: them, "image_grid_thw": [1, 3]}, what `batch` uploads."""
@@ -89,7 +89,7 @@ class DevicePatchify:
 
     def resize(self, image: Image.Image) -> dict[str, torch.Tensor]:
         """Both host steps at once: an RGB image -> `host_tensors` of it resized."""
-        return self.host_tensors(torch.from_numpy(self.resized(image)))
+        return self.host_tensors(torch.from_numpy(np.asarray(self.resized(image))))
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         """The device half: [H, W, C] -> the processor's flattened patches [patches, C * t * p * p], in its order

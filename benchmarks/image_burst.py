@@ -1,12 +1,13 @@
-"""A burst of images through the API's own fetcher (its 16 fetch threads, Qwen-VL's decode and resize), at several caps
-on the images read at once (`ImageFetcher.decoding`, DECODES_AT_ONCE): when the first, the median and the last image are back.
-CPU only; the fetcher's own threads, as the server's API process runs them.
+"""A burst of images through the API's own fetcher (its 16 fetch threads, Qwen-VL's decode and resize): at several
+caps on the images its threads decode at once (`ImageFetcher.decoding`), and with the decodes in worker processes
+(`ImageDecoder`): when the first, the median and the last image are back. CPU only.
 
     python -m benchmarks.image_burst                      # 16 noise PNGs of 1024px, caps 16, 4, 2, 1
-    python -m benchmarks.image_burst --images 4 --size 112 --caps 4,1
+    python -m benchmarks.image_burst --images 32 --caps 16,8 --processes 4,8
+    python -m benchmarks.image_burst --images 4 --size 112 --caps 4,1 --processes 2
 
-A decode holds the GIL for part of its time, so images decoded all at once share it round-robin and all finish late
-together; the engine takes each image as soon as it is back (session 39)."""
+Decodes in threads share the API's GIL, take it back for every chunk of the file and finish late together; the
+engine takes each image as soon as it is back (session 39)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from PIL import Image
 
 from benchmarks.device.qwen_vl import api_vision, write_folder
 from tgi_compat.api.protocol.images import ImageRef, Resize, image_markdown
-from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.image_decode import ImageDecoder
+from tgi_compat.api.serving.image_fetch import FETCH_THREADS, DecodedImages, ImageFetcher
 
 
 def noise_refs(count: int, size: int) -> list[ImageRef]:
@@ -44,10 +46,12 @@ def qwen_vl_resize() -> Resize:
     return resize
 
 
-def burst(refs: list[ImageRef], cap: int, resize: Resize) -> list[float]:
+def burst(refs: list[ImageRef], cap: int, resize: Resize, processes: int = 0) -> list[float]:
     """Each image's ms from the burst's start until it is back, sorted: all submitted at once, as a burst of requests
-    submits theirs."""
-    fetcher = ImageFetcher(decoding=threading.Semaphore(cap))
+    submits theirs. `processes`: the API's decoders in that many worker processes (started before the clock)."""
+    decoder = ImageDecoder(processes)
+    decoder.warm()
+    fetcher = ImageFetcher(decoded=DecodedImages(decoder=decoder), decoding=threading.Semaphore(cap))
     start = time.perf_counter()
 
     def load(ref: ImageRef) -> float:
@@ -56,6 +60,7 @@ def burst(refs: list[ImageRef], cap: int, resize: Resize) -> list[float]:
 
     back = sorted(future.result() for future in [fetcher.threads.submit(load, ref) for ref in refs])
     fetcher.threads.shutdown()
+    decoder.close()
     return back
 
 
@@ -63,14 +68,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--caps", default="16,4,2,1", help="decodes at once")
+    parser.add_argument("--caps", default="16,4,2,1", help="decodes at once in the fetch threads (no processes)")
+    parser.add_argument("--processes", default="", help="worker processes to decode in (each with no cap), e.g. 4,8")
     args = parser.parse_args()
     refs, resize = noise_refs(args.images, args.size), qwen_vl_resize()
     burst(refs[:1], 1, resize)  # first calls
-    rows = ["| decodes at once | first back ms | median ms | last ms |", "|---|---|---|---|"]
-    for cap in (int(c) for c in args.caps.split(",")):
-        back = burst(refs, cap, resize)
-        rows.append(f"| {cap} | {back[0]:.0f} | {back[len(back) // 2]:.0f} | {back[-1]:.0f} |")
+    rows = ["| decoders | first back ms | median ms | last ms |", "|---|---|---|---|"]
+    runs = [(0, int(cap)) for cap in args.caps.split(",") if cap]
+    runs += [(int(n), FETCH_THREADS) for n in args.processes.split(",") if n]
+    for processes, cap in runs:
+        back = burst(refs, cap, resize, processes)
+        mode = f"{processes} processes" if processes else f"threads, {cap} at once"
+        rows.append(f"| {mode} | {back[0]:.0f} | {back[len(back) // 2]:.0f} | {back[-1]:.0f} |")
     print(f"{args.images} noise PNGs of {args.size}px, Qwen-VL's decode and resize in the API's fetcher\n")
     print("\n".join(rows), flush=True)
 

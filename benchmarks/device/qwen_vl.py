@@ -57,7 +57,8 @@ from PIL import Image
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.shapes import QWEN2_7B
 from tgi_compat.api.protocol.images import ImageRef, decode_image, image_markdown
-from tgi_compat.api.serving.image_fetch import ImageFetcher
+from tgi_compat.api.serving.image_decode import ImageDecoder, decode_processes
+from tgi_compat.api.serving.image_fetch import DecodedImages, ImageFetcher
 from tgi_compat.api.serving.images import VisionPrompts
 from tgi_compat.modeling.source import resolve_model_source
 from tgi_compat.modeling.vision.encoder import ImageEncoder
@@ -137,20 +138,23 @@ def random_png(rng: np.random.Generator, size: int) -> bytes:
 Payload = tuple[bytes, tuple[int, int] | None]  # what the engine takes of an image: PromptImage's data and resized
 
 
-def api_vision(folder: str) -> VisionPrompts:
-    """The API's own image prompts for this checkpoint (fetcher, resize), as the server builds them."""
-    vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), ImageFetcher(), folder)
+def api_vision(folder: str, processes: int | None = None) -> VisionPrompts:
+    """The API's own image prompts for this checkpoint (fetcher, resize), as the server builds them; `processes`: its
+    decoders' (None: the server's default for this host)."""
+    decoded = DecodedImages(decoder=None if processes is None else ImageDecoder(processes))
+    vision = VisionPrompts.of(load_model_config(resolve_model_source(folder)), ImageFetcher(decoded=decoded), folder)
     assert vision is not None and vision.resize is not None, "the checkpoint's processor keeps its host path"
     return vision
 
 
-def _api_process(folder: str, inbox: Any, outbox: Any) -> None:
+def _api_process(folder: str, inbox: Any, outbox: Any, processes: int | None) -> None:
     """The API's side of the images phases, in a process of its own as the server's API is: each (index, path of a
     `![](data:...)`) from `inbox` is loaded by the API's own fetcher in its fetch threads (base64, the decode, the
     checkpoint's resize, its kept decoded images), and (index, path of the payload, resized) goes to `outbox`: a file
     beside it, so that no thread of the engine's process moves megabytes through a pipe (a pipe's 64 KiB reads,
     each taking the GIL back, held the engine's launches up)."""
-    vision = api_vision(folder)
+    vision = api_vision(folder, processes)
+    vision.fetcher.decoded.decoder.warm()  # as the server's warm-up does
 
     def load(index: int, path: str, resize: bool) -> None:
         try:
@@ -163,16 +167,19 @@ def _api_process(folder: str, inbox: Any, outbox: Any) -> None:
 
     while (item := inbox.get()) is not None:
         vision.fetcher.threads.submit(load, *item)
+    # before this process's exit joins its children: an idle decode worker would wait for work forever
+    vision.fetcher.decoded.decoder.close()
 
 
 class ApiImages:
     """The API's process, for the images phases: `send` hands it PNGs (written as data URLs first, the client's
     upload, before any clock), `arrived` gives back each one's payload as the API sends it to the engine."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, processes: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")  # (the engine's process has CUDA up: no fork)
         self.inbox, self.outbox = context.Queue(), context.Queue()
-        self.process = context.Process(target=_api_process, args=(str(folder), self.inbox, self.outbox))
+        args = (str(folder), self.inbox, self.outbox, processes)
+        self.process = context.Process(target=_api_process, args=args)
         self.process.start()
         self.files = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
         self.count = 0
@@ -192,7 +199,7 @@ class ApiImages:
 
     def arrived(self, block: bool = False) -> list[tuple[int, Payload]]:
         """(index in its `send`, payload) of each image back since the last call; `block`: at least one."""
-        out = []
+        out: list[tuple[int, Payload]] = []
         while True:
             try:
                 index, path, resized = self.outbox.get(block=block and not out)
@@ -420,6 +427,12 @@ def main() -> None:
         help="after each rerun, one as before session 39: the API decodes each PNG to validate it and sends the file, "
         "which the engine's threads decode again and resize",
     )
+    parser.add_argument(
+        "--api-processes",
+        default="",
+        help="after each rerun, one with the API's decoders in each of these numbers of processes (0: its fetch "
+        f"threads; the server's default on this host: {decode_processes()})",
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="qwen-vl-bench-"))
     write_folder(folder, args.preset, args.family)
@@ -456,6 +469,12 @@ def main() -> None:
         timed.take()  # (the repeat phases' image)
         requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
         results[f"images_again_{index}"] = run(engine, requests, timed, api) | dict(encoder=timed.take())
+        for processes in (int(n) for n in args.api_processes.split(",") if n):
+            other = ApiImages(folder, processes)
+            requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
+            decoders = run(engine, requests, timed, other) | dict(encoder=timed.take())
+            results[f"images_api_processes_{processes}_{index}"] = decoders
+            other.close()
         if args.engine_side:
             requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
             engine_side = run(engine, requests, timed, api, api_resizes=False)
@@ -509,13 +528,16 @@ def table(results: dict, args: argparse.Namespace) -> str:
              f"of which: preprocessed/text {preprocessed:.2f} (no API host work), cached/text {cached:.2f} (no encoder)",
              f"its floor, the text phase's p50 plus the images encoded by the median first token at the encoder's "
              f"best ms per image alone, nothing else: {floor:.2f}"]  # fmt: skip
-    for name, label in ((f"images_{side}_{index}", f"images {side.replace('_', '-')} ({index + 1})")
-                        for index in range(args.reruns) for side in ("again", "engine_side")):  # fmt: skip
-        if name in results:
-            again = results[name]
-            timeline = " ".join(f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in again["steps"])
-            rows.append(f"{label}: TTFT p50 {again['ttft_p50_ms']:.1f} ms, {again['ttft_p50_ms'] / text:.2f}x "
-                        f"text's; steps {timeline}")  # fmt: skip
+    reruns = [
+        name for name in results if name.startswith(("images_again_", "images_api_processes_", "images_engine_side_"))
+    ]
+    for name in reruns:  # images_<kind>_<index> -> "images <kind> (<index + 1>)"
+        kind, index = name.removeprefix("images_").rsplit("_", 1)
+        label = f"images {kind.replace('_', '-')} ({int(index) + 1})"
+        again = results[name]
+        timeline = " ".join(f"{t:.0f}:{n}" + (f"+{i}im" if i else "") for t, n, i in again["steps"])
+        rows.append(f"{label}: TTFT p50 {again['ttft_p50_ms']:.1f} ms, {again['ttft_p50_ms'] / text:.2f}x "
+                    f"text's; steps {timeline}")  # fmt: skip
     if "text_only_plain" in results:
         ratio = results["text_only_vl"]["tok_s"] / results["text_only_plain"]["tok_s"]
         results["checks"]["text_only_vl_vs_plain"] = ratio

@@ -18,12 +18,12 @@ from tgi_compat.api.protocol.errors import TgiError
 from tgi_compat.api.protocol.images import (
     DecodedImage,
     ImageRef,
-    ResizedImage,
-    decode_image,
+    Resize,
     image_markdown,
     split_prompt,
 )
 from tgi_compat.api.serving import image_fetch
+from tgi_compat.api.serving.image_decode import ImageDecoder
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.api.serving.images import Placeholders, VisionPrompts
 
@@ -79,12 +79,24 @@ def test_data_url_with_unlisted_mime_is_guessed():
     assert (image.width, image.mimetype) == (20, "image/x-whatever")
 
 
-def test_a_file_decoded_before_is_not_decoded_again_and_the_kept_bytes_stay_bounded(monkeypatch):
-    decoded = []
-    monkeypatch.setattr(image_fetch, "decode_image", lambda *a: decoded.append(a[0]) or decode_image(*a))
+class CountingDecoder(ImageDecoder):
+    """The fetch thread's decode, each file it decodes noted."""
+
+    def __init__(self) -> None:
+        super().__init__(processes=0)
+        self.files: list[bytes] = []
+
+    def decode(self, data: bytes, *rest) -> DecodedImage:
+        self.files.append(data)
+        return super().decode(data, *rest)
+
+
+def test_a_file_decoded_before_is_not_decoded_again_and_the_kept_bytes_stay_bounded():
     files = [encoded("PNG", size=(20 + i, 12)) for i in range(3)]
-    fetcher = ImageFetcher(decoded=image_fetch.DecodedImages(max_bytes=2 * max(map(len, files))))
-    resize = lambda image: ResizedImage(b"\0" * 3, 1, 1)  # noqa: E731 - what it returns is kept with the file
+    decoder = CountingDecoder()
+    decoded = decoder.files
+    fetcher = ImageFetcher(decoded=image_fetch.DecodedImages(2 * max(map(len, files)), decoder))
+    resize = Resize(lambda height, width: (1, 1), 0)  # what it makes is kept with the file
 
     def load(data: bytes, mime: str = "image/png", with_resize=resize):
         return fetcher.load(ImageRef(f"![]({data_url(data, mime)})"), with_resize)

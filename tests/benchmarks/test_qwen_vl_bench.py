@@ -2,8 +2,8 @@
 Qwen2-VL's vision tower (--family qwen2_vl): every phase runs through the real engine with dummy weights (images
 loaded and resized by the API's own fetcher in a process of its own on the phase's clock, the same resized before it and with
 their rows cached, their text stand-ins, a repeated image, text-only on the VL and on a plain Qwen2 engine, the
-images phase again), the encoder's ms per image at 1 and 8 images a call, the table prints and the JSON lands in
-$OUT."""
+images phase again, and again with the API's decoders in a worker process), the encoder's ms per image at 1 and 8
+images a call, the table prints and the JSON lands in $OUT."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     monkeypatch.setenv("OUT", str(tmp_path))
     argv = ["qwen_vl", "--device", "cpu", "--dtype", "float32", "--preset", "tiny", "--family", family]
     argv += ["--streams", "2", "--new", "3", "--size", "112", "--text", "8", "--reruns", "1", "--engine-side"]
+    if family == "qwen2_5_vl":  # the API's decoders in a worker process (the server's own on a host of 4+ cores)
+        argv += ["--api-processes", "1"]
     monkeypatch.setattr(sys, "argv", argv)
     qwen_vl.main()
     out = capsys.readouterr().out
@@ -38,6 +40,9 @@ def test_the_benchmark_runs_on_cpu(tmp_path, monkeypatch, capsys, family):
     again = results["images_again_0"]  # new images again (encoded again)
     assert again["encoder"]["images"] == 2 and "images again (1)" in out
     assert results["images_engine_side_0"]["encoder"]["images"] == 2 and "images engine-side (1)" in out
+    if family == "qwen2_5_vl":
+        decoders = results["images_api_processes_1_0"]
+        assert decoders["encoder"]["images"] == 2 and "images api-processes-1 (1)" in out
 
 
 def test_the_encoder_floor_counts_the_images_until_the_median_first_token():

@@ -49,8 +49,17 @@ class ResizedImage:
         return cls(image.tobytes(), image.height, image.width)
 
 
-# a model's host half of its image processor (Qwen-VL's resize): the decoded RGB image -> what its encoder takes
-Resize = Callable[[PILImage.Image], ResizedImage]
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """A model's host half of its image processor (Qwen-VL's): Pillow's resize of the decoded RGB image to the sides
+    `sides` gives for its own, with the processor's filter."""
+
+    sides: Callable[[int, int], tuple[int, int]]  # (height, width) -> resized (height, width); ValueError: refused
+    resample: int  # the processor's Pillow filter
+
+    def __call__(self, image: PILImage.Image) -> ResizedImage:
+        height, width = self.sides(image.height, image.width)
+        return ResizedImage.of(image.resize((width, height), resample=self.resample))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +150,10 @@ def _base64_error(payload: str) -> str:
     return "Non-base64 digit found"
 
 
+# what Pillow (and a resize's refusal, a ValueError) raises for a file that is not a whole image it can size
+DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, PILImage.DecompressionBombError)
+
+
 def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None, digest: str = "") -> DecodedImage:
     """Decode fully (a truncated file fails here, not in the engine), then `resize` the pixels (where given) while
     they are decoded. `mimetype` None: guessed from the bytes, as TGI does for fetched images; a data URL's mime type
@@ -153,7 +166,7 @@ def decode_image(data: bytes, mimetype: str | None, resize: Resize | None = None
             width, height, found = image.width, image.height, image.format
             # (convert copies an image that is RGB already)
             resized = None if resize is None else resize(image if image.mode == "RGB" else image.convert("RGB"))
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, PILImage.DecompressionBombError) as error:
+    except DECODE_ERRORS as error:
         # (a bomb: a header claiming over twice Pillow's MAX_IMAGE_PIXELS, refused before any pixel is decoded)
         raise validation_error(f"invalid image: {error}") from error
     if mimetype is None:

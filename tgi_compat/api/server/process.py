@@ -163,6 +163,8 @@ async def run_server(config: ServerConfig) -> int:
             await monitor.stop()
         await state.engine.shutdown()
         state.tokenizer.shutdown()
+        if state.vision is not None:
+            state.vision.fetcher.decoded.decoder.close()
         if state.tracer is not None:
             state.tracer.shutdown()
     engine_died = watcher is not None and watcher.done() and not watcher.cancelled() and watcher.exception() is not None

@@ -144,6 +144,7 @@ async def warm_up_images(
     side = IMAGE_SIDE if on_gpu else CPU_IMAGE_SIDE
     if vision.max_images == 0:
         return 0
+    await asyncio.to_thread(vision.fetcher.decoded.decoder.warm)  # the API's image decoders up, where it has any
     requests = []
     for seed in range(count):
         text, loaded = await vision.expand(image_markdown(_png_data_url(side, seed)) + IMAGE_TEXT)

@@ -33,12 +33,12 @@ from tgi_compat.api.protocol.images import (
     DecodedImage,
     ImageRef,
     Resize,
-    decode_image,
     fetch_failed,
     image_too_large,
     invalid_image_content,
     read_data_url,
 )
+from tgi_compat.api.serving.image_decode import ImageDecoder, decode_processes
 
 TGI_MAX_IMAGE_FETCH_SIZE = 1024 * 1024 * 1024  # TGI's --max-image-fetch-size default: 1 GiB
 READ_BYTES = 1 << 20  # read a body this much at a time, the deadline checked between reads
@@ -60,8 +60,10 @@ class DecodedImages:
     """The last images decoded (and resized), by their file's hash, mime type and whether they were resized; least
     recently used out past `max_bytes` of files and pixels. Shared by the fetch threads."""
 
-    def __init__(self, max_bytes: int = DECODED_IMAGES_BYTES) -> None:
+    def __init__(self, max_bytes: int = DECODED_IMAGES_BYTES, decoder: ImageDecoder | None = None) -> None:
         self.max_bytes = max_bytes
+        # in processes of the API's own where the host has the cores (image_decode.py)
+        self.decoder = decoder if decoder is not None else ImageDecoder(decode_processes())
         self.num_bytes = 0
         self._images: OrderedDict[tuple[str, str | None, bool], DecodedImage] = OrderedDict()
         self._lock = threading.Lock()
@@ -74,7 +76,7 @@ class DecodedImages:
             if (kept := self._images.get(key)) is not None:
                 self._images.move_to_end(key)
                 return kept
-        image = decode_image(data, mimetype, resize, digest)
+        image = self.decoder.decode(data, mimetype, resize, digest)
         size = _size(image)
         with self._lock:
             if key not in self._images and size <= self.max_bytes:

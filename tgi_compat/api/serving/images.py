@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgi_compat.api.protocol.errors import validation_error
-from tgi_compat.api.protocol.images import DecodedImage, ImageRef, Resize, ResizedImage, split_prompt
+from tgi_compat.api.protocol.images import DecodedImage, ImageRef, Resize, split_prompt
 from tgi_compat.api.serving.image_fetch import ImageFetcher
 from tgi_compat.modeling.config import QWEN_VL_MODELS, ModelConfig
 from tgi_compat.router.images import PromptImage
@@ -243,7 +243,7 @@ def _qwen_vl(hf_config: dict[str, Any], folder: str) -> FamilyPrompts:
         text = _QWEN_VL_IMAGE.format("<|image_pad|>" * (rows * columns))
         return Placeholders(text, rows * columns, (rows, columns))
 
-    resize = None if patchify is None else lambda image: ResizedImage.of(patchify.resized(image))
+    resize = None if patchify is None else Resize(patchify.sides, patchify.resample)
     return FamilyPrompts(qwen, QwenVLImageTokens.from_hf_config(hf_config).image_token_id, resize=resize)
 
 

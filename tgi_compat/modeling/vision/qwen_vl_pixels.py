@@ -76,11 +76,16 @@ class DevicePatchify:
         )
         return patchify if patchify.reproduces(processor) else None
 
+    def sides(self, height: int, width: int) -> tuple[int, int]:
+        """smart_resize's (height, width) for an image of these (the API's process resizes to them where it decodes
+        the image, and sends the resized image's bytes)."""
+        rows, columns = self.grid(height, width)
+        return rows * self.grid.factor, columns * self.grid.factor
+
     def resized(self, image: Image.Image) -> Image.Image:
-        """The host half: an RGB image at smart_resize's sides (the API's process runs it where it decodes the
-        image, and sends its bytes)."""
-        rows, columns = self.grid(image.height, image.width)
-        return image.resize((columns * self.grid.factor, rows * self.grid.factor), resample=self.resample)
+        """The host half: an RGB image at `sides`."""
+        height, width = self.sides(image.height, image.width)
+        return image.resize((width, height), resample=self.resample)
 
     def host_tensors(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
         """The resized pixels [H, W, 3] -> {RESIZED: them, "image_grid_thw": [1, 3]}, what `batch` uploads."""

@@ -33,12 +33,13 @@ $(STAMP): requirements/dev.txt pyproject.toml Makefile
 serve: install
 	$(BIN)/text-generation-launcher $(ARGS)
 
-# Lint, format and type checks first (configured in pyproject.toml), then the tests.
+# Lint, format and type checks first (configured in pyproject.toml), then the tests: on two pytest-xdist workers
+# (CI's 2 cores), a test file per worker at a time so that module-scoped servers start once (tests/README.md).
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q -x --durations=30 tests integration-tests
+	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile --durations=30 tests integration-tests
 
 # Drift: the newest versions pyproject.toml allows, in a second venv, against the smoke set
 # (tests marked latest_deps). A failure names every version that differs from the lock.

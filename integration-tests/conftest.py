@@ -17,6 +17,10 @@ import pytest
 from harness import Server, _free_port, _launcher_command, launched
 from syrupy.extensions.json import JSONSnapshotExtension
 
+from tests.xdist_threads import share_the_cores_among_xdist_workers
+
+share_the_cores_among_xdist_workers()
+
 
 @pytest.fixture(scope="session")
 def server():

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.modeling.helpers import smollm2_reference_model
+from tests.xdist_threads import share_the_cores_among_xdist_workers
 
 if TYPE_CHECKING:
     import httpx
@@ -35,6 +36,7 @@ def _import_triton_interpreted() -> None:
         import triton.experimental.gluon  # noqa: F401  (imports triton.language as well)
 
 
+share_the_cores_among_xdist_workers()
 if not torch.cuda.is_available():
     _import_triton_interpreted()
 

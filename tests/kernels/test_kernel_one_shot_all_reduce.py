@@ -6,10 +6,14 @@ of sums of different sizes (one to three programs, so the programs' halves diver
 buffer are reused), with -0.0 among the inputs (the sentinel's bits), and must all agree with the reference to
 one unit in the last place (the interpreter rounds fp32 -> bf16/fp16 towards zero where the GPU rounds to
 nearest), with the same bits on every rank; afterwards every buffer holds only the sentinel again.
+
+In the ranks the interpreter moves each element with one access of its width (`_WholeElements`), as the GPU
+does: its own loads and stores could let a rank see half of a peer's store.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -21,9 +25,10 @@ CAPACITY = 3 * BLOCK
 
 
 def run_ranks(target, world: int, *args) -> None:
-    """target(rank, *args) in a spawned process per rank, all at once; each must exit 0."""
+    """target(rank, *args) in a spawned process per rank, all at once, with whole-element loads and stores
+    (`_WholeElements`); each must exit 0."""
     context = mp.get_context("spawn")
-    ranks = [context.Process(target=target, args=(r, *args)) for r in range(world)]
+    ranks = [context.Process(target=_rank_process, args=(target, r, *args)) for r in range(world)]
     for process in ranks:
         process.start()
     for process in ranks:
@@ -32,6 +37,67 @@ def run_ranks(target, world: int, *args) -> None:
         if process.is_alive():
             process.kill()
     assert [p.exitcode for p in ranks] == [0] * world
+
+
+def _rank_process(target, rank: int, *args) -> None:
+    """A rank: target(rank, *args) with the interpreter's loads and stores `_WholeElements`'."""
+    from triton.runtime import interpreter
+
+    interpreter._interpreter = _WholeElements(interpreter._interpreter)
+    target(rank, *args)
+
+
+class _WholeElements:
+    """Triton's interpreter core (triton._C.libtriton.interpreter) with a load and a store that move each element
+    with one access of its width, as the GPU does: the core's own split a 16-bit element in two.
+
+    The core moves each element with memcpy(dst, src, itemsize), and glibc's memcpy of 2 bytes (2.36, x86-64)
+    reads byte 0, then both bytes, and writes both bytes, then byte 0 again. A rank polling its buffer could so
+    read byte 0 of a slot before a peer's store and byte 1 after it: the sentinel's low byte under the value's
+    high byte (0xbe00 for 0xbeeb), which is not the sentinel, so it was added as the peer's value and that rank's
+    sum differed from the others' (test_all_reduce_with_residual_and_rmsnorm[4], now and then on the loaded
+    2-core machine). The store's second write of byte 0 could likewise land on a sentinel just put back.
+    On the GPU no element is split: each thread sends its elements to a peer with one 16-byte store and polls them
+    with one 16-byte volatile load (test_kernel_one_shot_all_reduce_compiled.py), so an element is written and
+    read by one instruction each, carried out in aligned 32-bit words at the least, and a poll sees it as it was
+    before the store or as it is after. numpy's indexing moves an aligned element with one access of its width."""
+
+    def __init__(self, core) -> None:
+        self._core = core
+
+    def __getattr__(self, name: str):
+        return getattr(self._core, name)  # the rest (atomics, math) as the core has them
+
+    def load(self, ptrs: np.ndarray, mask: np.ndarray, other: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        out = np.array(np.broadcast_to(other, ptrs.shape), dtype=dtype)
+        mask = np.broadcast_to(mask, ptrs.shape)
+        if mask.any():
+            memory, index = _elements(ptrs[mask], dtype)
+            out[mask] = memory[index]
+        return out
+
+    def store(self, ptrs: np.ndarray, value: np.ndarray, mask: np.ndarray) -> None:
+        mask = np.broadcast_to(mask, ptrs.shape)
+        if mask.any():
+            memory, index = _elements(ptrs[mask], value.dtype)
+            memory[index] = np.broadcast_to(value, ptrs.shape)[mask]
+
+
+def _elements(ptrs: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The memory from the lowest to the highest of ptrs (addresses of dtype elements) as an aligned array of
+    dtype, and the elements' indices in it."""
+    low = ptrs.min()
+    offsets = ptrs - low
+    assert int(low) % dtype.itemsize == 0 and not (offsets % dtype.itemsize).any(), "unaligned elements"
+    count = int(offsets.max()) // dtype.itemsize + 1
+    return np.asarray(_Memory(int(low), count, dtype)), (offsets // dtype.itemsize).astype(np.intp)
+
+
+class _Memory:
+    """`count` elements of `dtype` at `address`, for np.asarray: an array over memory that numpy does not own."""
+
+    def __init__(self, address: int, count: int, dtype: np.dtype) -> None:
+        self.__array_interface__ = {"data": (address, False), "shape": (count,), "typestr": dtype.str, "version": 3}
 
 
 def _rank(rank: int, buffers, inputs, results) -> None:
@@ -77,8 +143,7 @@ def test_ranks_agree_with_reference(world: int, dtype: torch.dtype, monkeypatch:
 
 
 def _where_ranks_differ(ours: torch.Tensor, rank0s: torch.Tensor, rank: int) -> str:
-    """Which sums and elements differ between a rank's results and rank 0's (a failure seen once in CI, never
-    reproduced: the next one says where)."""
+    """Which sums and elements differ between a rank's results and rank 0's."""
     differ = ((ours != rank0s) & ~(ours.isnan() & rank0s.isnan())).nonzero().flatten()
     starts = torch.tensor((0, *SIZES)).cumsum(0)
     sums = sorted({int(torch.searchsorted(starts, i, right=True)) - 1 for i in differ.tolist()})

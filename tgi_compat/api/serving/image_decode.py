@@ -6,8 +6,8 @@ reads, the threads then progress round-robin and a burst's images all come back 
 burst of 32 1024px PNGs through 16 threads brought its first image back after ~360 ms and its last after ~680 ms,
 for ~58 ms of work an image (benchmarks.image_burst, session 40).
 
-A worker imports Pillow alone (the resize's sides are worked out here from the file's header, which Pillow reads
-without decoding). The file and the resized pixels travel as files in /dev/shm: read and written whole in one system
+A worker imports this module and Pillow, never torch: the resize's sides are worked out here, from the file's header
+(which Pillow reads without decoding), and sent with the file. The file and the resized pixels travel as files in /dev/shm: read and written whole in one system
 call each, without the GIL, where a pipe moves them 64 KiB and one GIL hand-over at a time."""
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def decode_processes(cpus: int | None = None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    """An image for a worker: its file's path, its declared mime type, the sides to resize it to (height, width) with
-    `resample` (None: decoded only, to validate it), and the path for the resized pixels."""
+    """An image for a worker: its file's path, its declared mime type, the sides to resize it to (height, width; None:
+    decoded only, to validate it) with the filter `resample`, and the path for the resized pixels."""
 
     source: str
     mimetype: str | None

@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import http.client
 import ipaddress
+import os
 import socket
 import threading
 import time
@@ -45,11 +46,11 @@ READ_BYTES = 1 << 20  # read a body this much at a time, the deadline checked be
 FETCH_THREADS = 16
 # files plus resized pixels of the images kept decoded: 40 of a 1024px noise PNG with its 1036px Qwen-VL pixels
 DECODED_IMAGES_BYTES = 256 << 20
-# Images read at once (base64, hash, decode, resize), of the fetch threads. On the 16-core H100 host a burst of 32
-# 1024px PNGs sent its first image to the engine after 400-600 ms with all 16 at once (session 39): the reads share
-# the GIL and finish late together. `python -m benchmarks.image_burst` times caps; on the 2-core development machine
-# (loaded) 2 at once brought the first image back 2-4x sooner but the last one later, so it is not capped yet.
-DECODES_AT_ONCE = FETCH_THREADS
+# Images read at once (base64, hash, decode, resize), of the fetch threads: one a core. More share the GIL round-robin
+# and all finish late together (`python -m benchmarks.image_burst`, session 40, 16 1024px PNGs on the idle 2-core
+# machine: first / median / last back at 60 / 308 / 510 ms with 2 at once, 375-394 / 472-531 / 552-601 with 16; on the
+# 16-core H100 host, 32 PNGs: 178 / 458 / 754 with 8, 363 / 620 / 680 with 16)
+DECODES_AT_ONCE = min(FETCH_THREADS, os.cpu_count() or 1)
 
 
 def _fetch_threads() -> ThreadPoolExecutor:

@@ -99,6 +99,13 @@ def test_a_dead_worker_is_replaced(decoder):
     assert decoder.decode(data, "image/png", RESIZE, "d") == expected
 
 
+def test_no_room_for_the_files_decodes_in_the_thread(decoder, monkeypatch, tmp_path):
+    """Where the files cannot be written (/dev/shm full: Docker's 64 MB), the image is decoded in the fetch thread."""
+    monkeypatch.setattr(image_decode, "_SHM", tmp_path / "missing")
+    data = _file("PNG", "RGB", (40, 30))
+    assert decoder.decode(data, "image/png", RESIZE, "d") == decode_image(data, "image/png", RESIZE, "d")
+
+
 def test_workers_only_where_the_host_has_cores_to_spare():
     assert [decode_processes(cpus) for cpus in (1, 2, 3, 4, 8, 16, 64)] == [0, 0, 0, 2, 4, 8, 8]
     assert ImageDecoder(0).decode(_file("PNG", "RGB", (9, 9)), "image/png", None, "d").width == 9

@@ -101,6 +101,8 @@ class ImageDecoder:
             if decoded.refused is not None:
                 raise TgiError(*decoded.refused)
             resized = None if sides is None else ResizedImage(out.read_bytes(), *sides)
+        except OSError:  # /dev/shm full (Docker gives 64 MB unless --shm-size says more): decoded here instead
+            return decode_image(data, mimetype, resize, digest)
         finally:
             source.unlink(missing_ok=True)
             out.unlink(missing_ok=True)

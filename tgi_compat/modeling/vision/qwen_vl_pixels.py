@@ -94,7 +94,7 @@ class DevicePatchify:
 
     def resize(self, image: Image.Image) -> dict[str, torch.Tensor]:
         """Both host steps at once: an RGB image -> `host_tensors` of it resized."""
-        return self.host_tensors(torch.from_numpy(np.asarray(self.resized(image))))
+        return self.host_tensors(torch.from_numpy(np.array(self.resized(image))))  # (writable: a copy)
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         """The device half: [H, W, C] -> the processor's flattened patches [patches, C * t * p * p], in its order

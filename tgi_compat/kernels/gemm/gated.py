@@ -40,7 +40,7 @@ def _tma_ok(device: torch.device, *tensors: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # one compile for every row count: no compile mid-serving
 def _gated_gemm_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [2P, K]: gate's P rows, then up's

@@ -40,7 +40,7 @@ RESIZE = Resize(_sides, int(Image.Resampling.BICUBIC))
 @pytest.fixture(scope="module")
 def decoder():
     decoder = ImageDecoder(processes=2)
-    decoder.warm()
+    assert len(decoder.warm()) == 2  # both workers up and answering, not the first one twice
     yield decoder
     decoder.close()
 

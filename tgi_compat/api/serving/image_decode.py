@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import tempfile
 import threading
+import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -119,12 +120,18 @@ class ImageDecoder:
                 self._drop(pool)
         raise validation_error("invalid image: its decoder crashed")
 
-    def warm(self) -> None:
-        """Every worker started and its imports done, before the first image waits for them."""
-        if self.processes:
-            pool = self.pool
-            for future in [pool.submit(_started) for _ in range(self.processes)]:
-                future.result()
+    def warm(self) -> set[int]:
+        """Every worker started, its imports done and Pillow's format plugins loaded, before the first image waits for
+        them. A pool of spawned workers starts one a task as tasks come; a worker still importing takes none, so the
+        first to be up could run every warm-up task while the others were still starting (and then took the first
+        images' cores and time): tasks go out until each worker has answered one. Returns the workers' pids."""
+        seen: set[int] = set()
+        if not self.processes:
+            return seen
+        pool = self.pool
+        while len(seen) < self.processes:
+            seen.update(future.result() for future in [pool.submit(_started) for _ in range(self.processes)])
+        return seen
 
     @property
     def pool(self) -> ProcessPoolExecutor:
@@ -150,5 +157,9 @@ class ImageDecoder:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _started() -> None:
-    """A worker's first task: its imports are done once it runs."""
+def _started() -> int:
+    """A worker's warm-up task (its imports are done once it runs): Pillow's plugins loaded (an image's first open
+    would), a moment's wait so that the other workers take the tasks sent beside it, and its pid."""
+    PILImage.init()
+    time.sleep(0.02)
+    return os.getpid()

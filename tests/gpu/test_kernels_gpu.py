@@ -25,7 +25,6 @@ from tgi_compat.kernels.elementwise.rmsnorm import (
     rmsnorm_ref,
 )
 from tgi_compat.kernels.elementwise.silu_mul import silu_mul, silu_mul_ref
-from tgi_compat.kernels.gemm.gated import GatedGemmConfig, gated_gemm, gated_gemm_ref
 from tgi_compat.kernels.gemv.gemv import gemv, gemv_ref
 from tgi_compat.kernels.gemv.types import QuantizedWeight
 from tgi_compat.kernels.quant.dequant_matmul import dequant_matmul, dequant_matmul_ref
@@ -233,18 +232,3 @@ def test_quantized_gemms_above_the_gemv_rows() -> None:
     check("FP8 GEMM split-K x4 (4096x14336)", rel_err(first, fp8_gemm_ref(q, q_scale, weight, weight_scale)), 1e-2)
     zeros = not split_k_counters(q.device, 1).any()
     check("FP8 GEMM split-K counters left at zero", 0.0 if zeros else float("inf"), 1e-12)
-
-
-def test_gated_gemm() -> None:
-    """The gated MLP GEMM at Qwen2.5-VL-7B's vision MLP (K 1280, I 3420 padded to 3456, bias) over one 1024px image's
-    patches, bf16, with TMA and with pointer loads."""
-    rows, hidden, padded, inner = 5476, 1280, 3456, 3420
-    x = torch.randn(rows, hidden, device=DEV, dtype=torch.bfloat16)
-    weight = torch.zeros(2 * padded, hidden, device=DEV, dtype=torch.bfloat16)
-    weight[:inner] = torch.randn(inner, hidden, device=DEV) / 36
-    weight[padded : padded + inner] = torch.randn(inner, hidden, device=DEV) / 36
-    bias = torch.randn(2 * padded, device=DEV, dtype=torch.bfloat16) / 10
-    ref = gated_gemm_ref(x, weight, bias, inner)
-    for tma in (True, False):
-        out = gated_gemm(x, weight, bias, inner, config=GatedGemmConfig(128, 128, 64, 8, 3, tma=tma))
-        check(f"gated GEMM bf16 (Qwen2.5-VL vision MLP, tma={tma})", rel_err(out, ref), 1e-2)

@@ -22,7 +22,6 @@ KERNEL_MODULES = [
     "tgi_compat.kernels.pdl",
     "tgi_compat.kernels.elementwise.rmsnorm",
     "tgi_compat.kernels.elementwise.silu_mul",
-    "tgi_compat.kernels.gemm.gated",
     "tgi_compat.kernels.attention.online_softmax",
     "tgi_compat.kernels.attention.decode_merge",
     "tgi_compat.kernels.attention.decode_rotary",

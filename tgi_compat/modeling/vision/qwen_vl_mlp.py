@@ -54,13 +54,6 @@ class PaddedSwiGLU(nn.Module):
         assert self.gate_proj.weight.data_ptr() == self.gate_up_weight.data_ptr(), "moved after it was built"
         return self.down_proj(silu_mul(nn.functional.linear(x, self.gate_up_weight, self.gate_up_bias)))
 
-    def gated(
-        self, x: torch.Tensor, gated_gemm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-    ) -> torch.Tensor:
-        """`gated_gemm` (x, [gate | up] weight, bias -> silu(gate) * up) in one kernel, then the down GEMM."""
-        assert self.gate_proj.weight.data_ptr() == self.gate_up_weight.data_ptr(), "moved after it was built"
-        return self.down_proj(gated_gemm(x, self.gate_up_weight, self.gate_up_bias))
-
 
 def swiglu_mlp(mlp: nn.Module) -> nn.Module:
     """A Qwen2.5-VL block's MLP as PaddedSwiGLU; Qwen2-VL's GELU MLP (4 x the width: aligned) as it is."""

@@ -144,13 +144,6 @@ def _fused_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return mlp.fused(x, silu_mul)  # one rounding of silu(gate) * up where transformers' rounds each
 
 
-def _gated_gemm_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    from tgi_compat.kernels.gemm.gated import gated_gemm
-
-    assert isinstance(mlp, PaddedSwiGLU)
-    return mlp.gated(x, gated_gemm)  # the activation in the [gate | up] GEMM's epilogue: its product never stored
-
-
 def _half_tables(cos: torch.Tensor, sin: torch.Tensor) -> Tables:
     half = cos.shape[-1] // 2  # the vision rope repeats its angles over both halves: the kernel reads one
     return cos[:, :half].contiguous(), sin[:, :half].contiguous()
@@ -177,10 +170,6 @@ TRITON_ELEMENTWISE = VisionElementwise(
 )
 # the same with the windows roped in place and then attended by the backend (the comparison the benchmark times)
 TRITON_SEPARATE_WINDOWS = dataclasses.replace(TRITON_ELEMENTWISE, name="triton-separate-windows", windows=None)
-# the same with the MLP's activation in its first GEMM (kernels/gemm/gated.py) in place of cuBLAS + silu_mul
-TRITON_GATED_GEMM = dataclasses.replace(TRITON_ELEMENTWISE, name="triton-gated-gemm", mlp=_gated_gemm_mlp)
-VISION_ELEMENTWISE = {
-    ops.name: ops for ops in (TRANSFORMERS, TRITON_ELEMENTWISE, TRITON_SEPARATE_WINDOWS, TRITON_GATED_GEMM)
-}
+VISION_ELEMENTWISE = {ops.name: ops for ops in (TRANSFORMERS, TRITON_ELEMENTWISE, TRITON_SEPARATE_WINDOWS)}
 # issue 41: the fused kernels; transformers' modules cost 15.5 ms more per 1024px image (45.5 vs 30.0 ms, H100)
 DEFAULT_VISION_ELEMENTWISE = TRITON_ELEMENTWISE

@@ -1,1 +1,0 @@
-"""Dense GEMMs with work fused into their epilogues (gated.py: a gated MLP's [gate | up] product and activation)."""

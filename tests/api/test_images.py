@@ -120,6 +120,9 @@ def test_bad_images_get_tgi_texts():
     assert refusal(fetcher, "![](ftp://x/y.png)") == "Input validation error: invalid image content: ![](ftp://x/y.png)"
     assert refusal(fetcher, "![](data:image/png,abc)") == "Input validation error: invalid image content: image/png,abc"
     assert refusal(fetcher, "![](data:image/png;hex,00)") == "Input validation error: invalid image content: hex,00"
+    assert refusal(fetcher, "![](data:image/png;base64,YQ==;x)") == (  # TGI's split on ';' gives three parts
+        "Input validation error: invalid image content: image/png;base64,YQ==;x"
+    )
     # pybase64 decodes; the standard library's strict decoder says what is wrong
     assert refusal(fetcher, "![](data:image/png;base64,@@@)") == (
         "Input validation error: base64 encoding is invalid: Only base64 data is allowed"

@@ -30,6 +30,7 @@ from tgi_compat.api.protocol.errors import TgiError, validation_error
 from tgi_compat.api.protocol.images import DECODE_ERRORS, DecodedImage, Resize, ResizedImage, decode_image
 
 MAX_DECODE_PROCESSES = 8
+WARM_S = 60.0  # the longest `warm` waits for every worker to answer (their imports, on a slow or busy host)
 _SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
 
@@ -124,12 +125,13 @@ class ImageDecoder:
         """Every worker started, its imports done and Pillow's format plugins loaded, before the first image waits for
         them. A pool of spawned workers starts one a task as tasks come; a worker still importing takes none, so the
         first to be up could run every warm-up task while the others were still starting (and then took the first
-        images' cores and time): tasks go out until each worker has answered one. Returns the workers' pids."""
+        images' cores and time): tasks go out until each worker has answered one, for `WARM_S` at most (the pool
+        spawns a worker for a task only where none is idle). Returns the pids of the workers that answered."""
         seen: set[int] = set()
         if not self.processes:
             return seen
-        pool = self.pool
-        while len(seen) < self.processes:
+        pool, deadline = self.pool, time.monotonic() + WARM_S
+        while len(seen) < self.processes and time.monotonic() < deadline:
             seen.update(future.result() for future in [pool.submit(_started) for _ in range(self.processes)])
         return seen
 

@@ -161,9 +161,9 @@ def _api_process(folder: str, inbox: Any, outbox: Any, processes: int | None) ->
             image = vision.fetcher.load(ImageRef(Path(path).read_text()), vision.resize if resize else None)
             data, resized = image.payload
             Path(f"{path}.payload").write_bytes(data)
-            outbox.put((index, f"{path}.payload", resized))
+            outbox.put((index, f"{path}.payload", resized, time.perf_counter()))
         except Exception as error:  # any failure reaches the benchmark's thread
-            outbox.put((index, None, repr(error)))
+            outbox.put((index, None, repr(error), 0.0))
 
     while (item := inbox.get()) is not None:
         vision.fetcher.threads.submit(load, *item)
@@ -197,17 +197,18 @@ class ApiImages:
         for index, path in enumerate(paths):
             self.inbox.put((index, path, resize))
 
-    def arrived(self, block: bool = False) -> list[tuple[int, Payload]]:
-        """(index in its `send`, payload) of each image back since the last call; `block`: at least one."""
-        out: list[tuple[int, Payload]] = []
+    def arrived(self, block: bool = False) -> list[tuple[int, Payload, float]]:
+        """(index in its `send`, payload, perf_counter when the API sent it) of each image back since the last call
+        (the clock is the host's monotonic one, shared by processes); `block`: at least one."""
+        out: list[tuple[int, Payload, float]] = []
         while True:
             try:
-                index, path, resized = self.outbox.get(block=block and not out)
+                index, path, resized, sent = self.outbox.get(block=block and not out)
             except queue.Empty:
                 return out
             if path is None:
                 raise RuntimeError(f"the API refused an image: {resized}")
-            out.append((index, (Path(path).read_bytes(), resized)))
+            out.append((index, (Path(path).read_bytes(), resized), sent))
             os.unlink(path)
 
     def close(self) -> None:
@@ -284,10 +285,12 @@ def run(
     first: dict[str, float] = {}
     tokens = 0
     steps: list[tuple[float, int, int]] = []
+    arrivals: list[float] = []  # ms at which the API's process sent each image back (the engine takes it a step later)
     stalls = stall_sampler_from_env()  # TGI_STALL_TRACE_MS: where the slow steps go
     while engine.has_unfinished() or arriving:
-        for index, (data, resized) in api.arrived(block=not engine.has_unfinished()) if arriving and api else []:
+        for index, (data, resized), sent in api.arrived(block=not engine.has_unfinished()) if arriving and api else []:
             req = arriving.pop(index)
+            arrivals.append(round(1e3 * (sent - start), 1))
             image = dataclasses.replace(req.images[0], data=data, resized=resized)
             engine.add_request(dataclasses.replace(req, images=[image]))
         images_before = timed.images_encoded if timed is not None else 0
@@ -305,7 +308,8 @@ def run(
     elapsed = time.perf_counter() - start
     ttft = sorted(first[req.request_id] for req in requests)
     p90 = ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))]
-    return dict(ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed, steps=steps)
+    timings = dict(ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed, steps=steps)
+    return timings | (dict(arrivals=arrivals) if arrivals else {})
 
 
 class _WaitedFuture(Future):

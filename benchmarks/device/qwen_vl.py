@@ -308,7 +308,9 @@ def run(
     elapsed = time.perf_counter() - start
     ttft = sorted(first[req.request_id] for req in requests)
     p90 = ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))]
-    timings = dict(ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed, steps=steps)
+    timings = dict(
+        ttft_p50_ms=1e3 * statistics.median(ttft), ttft_p90_ms=1e3 * p90, tok_s=tokens / elapsed, steps=steps
+    )
     return timings | (dict(arrivals=arrivals) if arrivals else {})
 
 

@@ -250,6 +250,7 @@ class EngineCore:
                 logger.exception("launching a step of %d requests failed; running it synchronously", len(plan.chunks))
             events += completed
             if launched is not None:
+                self._encode_ahead()  # beside this step's forward, queued before it waits for the step before
                 if previous is not None:
                     events += self._complete(previous)
                 if constrained and not self._sample_deferred(launched):
@@ -259,7 +260,16 @@ class EngineCore:
                 return events
         if previous is not None:
             events += self._complete(previous)
+        if not plan.is_empty:
+            self._encode_ahead()
         return events + self._execute(plan)
+
+    def _encode_ahead(self) -> None:
+        """The next step's images (those whose host work is done) into the encoder on its own stream, beside the
+        step just scheduled."""
+        cache = self.image_cache
+        if cache is not None and self.config.encode_ahead and cache.num_pending and self.cross_attention is None:
+            cache.encode_ahead(self.scheduler.upcoming_images(), self.executor.device)
 
     def _sample_deferred(self, launched: LaunchedStep) -> bool:
         """Queue the sampling of a constrained step once the matchers have accepted the tokens of the

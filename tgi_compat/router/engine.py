@@ -250,9 +250,11 @@ class EngineCore:
                 logger.exception("launching a step of %d requests failed; running it synchronously", len(plan.chunks))
             events += completed
             if launched is not None:
-                self._encode_ahead()  # beside this step's forward, queued before it waits for the step before
                 if previous is not None:
                     events += self._complete(previous)
+                # beside this step's forward; queued after the step before is read: the encoder's launches could fill
+                # the device's queue and hold the host, with the step before's first tokens, until it drains
+                self._encode_ahead()
                 if constrained and not self._sample_deferred(launched):
                     return events + self._execute(plan)
                 self.scheduler.tokens_in_flight(plan, launched.sampled_chunks)

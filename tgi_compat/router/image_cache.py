@@ -117,8 +117,7 @@ class EncoderCache:
         if not ready:
             return 0
         if self._ahead_stream is None:
-            low, _ = torch.cuda.Stream.priority_range()  # (the step's stream keeps the default, of equal priority)
-            self._ahead_stream = torch.cuda.Stream(device, priority=low)
+            self._ahead_stream = torch.cuda.Stream(device)  # (of the default priority, the steps' stream's: the lowest)
         try:
             processed = [future.result() for future in ready.values()]
             with torch.cuda.stream(self._ahead_stream), region("images.encode_ahead"):

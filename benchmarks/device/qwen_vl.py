@@ -288,9 +288,11 @@ def run(
     arrivals: list[float] = []  # ms at which the API's process sent each image back (the engine takes it a step later)
     stalls = stall_sampler_from_env()  # TGI_STALL_TRACE_MS: where the slow steps go
     while engine.has_unfinished() or arriving:
-        for index, (data, resized), sent in api.arrived(block=not engine.has_unfinished()) if arriving and api else []:
+        for index, (data, resized), sent_at in (
+            api.arrived(block=not engine.has_unfinished()) if arriving and api else []
+        ):
             req = arriving.pop(index)
-            arrivals.append(round(1e3 * (sent - start), 1))
+            arrivals.append(round(1e3 * (sent_at - start), 1))
             image = dataclasses.replace(req.images[0], data=data, resized=resized)
             engine.add_request(dataclasses.replace(req, images=[image]))
         images_before = timed.images_encoded if timed is not None else 0

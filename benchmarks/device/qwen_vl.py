@@ -362,6 +362,9 @@ class EngineEncoderTimes:
         self._calls.append((len(processed), lambda: begin.elapsed_time(end)))
         return out
 
+    def workspace_bytes(self, tokens: int) -> int | None:
+        return self.encoder.workspace_bytes(tokens)
+
     @property
     def images_encoded(self) -> int:
         """Images through the encoder since the last take()."""

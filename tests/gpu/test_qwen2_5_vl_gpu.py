@@ -146,3 +146,25 @@ def test_vision_encoder_at_the_7b_shape_equals_transformers(family, dtype):
     with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         expected = encoder.visual(pixels, grid_thw=grid).pooler_output
     assert relative_error(torch.cat(rows), expected) < (1e-4 if dtype == torch.float32 else 3e-2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_encoders_workspace_estimate_bounds_its_peak_at_the_7b_shape(family):
+    """What the runner reserves for an encoder call beside a prefill (QwenVLVisionEncoder.workspace_bytes) is at least
+    what a call of 3 1024px images (4,107 placeholders, a 4,096-token budget's worth) holds at once, bf16."""
+    tower, vision = TOWERS_7B[family]
+    with torch.device("cuda"), default_dtype(torch.bfloat16):
+        encoder = QwenVLVisionEncoder({"vision_config": vision}, tower).eval()
+    grid = torch.tensor([[1, 74, 74]] * 3, device="cuda")
+    pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, device="cuda", dtype=torch.bfloat16)
+    processed = {"pixel_values": pixels, "image_grid_thw": grid}
+    encoder(processed)  # (kernels compiled, workspaces made)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    rows = encoder(processed)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    tokens = sum(r.shape[0] for r in rows)
+    assert tokens == 3 * 37 * 37
+    assert peak <= encoder.workspace_bytes(tokens), (peak, encoder.workspace_bytes(tokens))

@@ -146,6 +146,12 @@ def test_the_encoder_caches_bytes_are_left_out_of_the_kv_budget(checkpoint):
     config = EngineConfig(model_id=folder, device="cpu", dtype="float32", max_batch_total_tokens=1024)
     reserved = [load_runner(replace(config, image_cache_bytes=size))._activation_reserve_bytes() for size in (1, 3)]
     assert reserved[1] - reserved[0] == 2
+    # encoding ahead (the default) holds the encoder's working memory beside a prefill's: reserved too
+    ahead, alone = (load_runner(replace(config, encode_ahead=on)) for on in (True, False))
+    assert ahead.image_encoder is not None
+    workspace = ahead.image_encoder.workspace_bytes(config.max_batch_prefill_tokens)
+    assert workspace and ahead.encoder_ahead_bytes == workspace and alone.encoder_ahead_bytes == 0
+    assert ahead._activation_reserve_bytes() - alone._activation_reserve_bytes() == workspace
 
 
 @pytest.mark.parametrize("checkpoint", ["qwen2_5_vl"], indirect=True)

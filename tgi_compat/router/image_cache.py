@@ -49,6 +49,10 @@ class ImageEncoder(Protocol):
 
     def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]: ...
 
+    def workspace_bytes(self, tokens: int) -> int | None:
+        """The encoder's most memory at once for `tokens` placeholders' images; None: not estimated (never ahead)."""
+        ...
+
 
 class EncoderCache:
     def __init__(
@@ -107,7 +111,7 @@ class EncoderCache:
         waits for all of their encoder's kernels: 3 1024px Qwen2.5-VL images (~52 ms on an H100) before a 4,096-token
         prefill (~90 ms). The encoder's norms, window attention and SiLU-and-mul are memory-bound and its GEMMs small:
         beside a prefill's large GEMMs, on a stream of lower priority, they take the SMs the prefill leaves."""
-        if device.type != "cuda":
+        if device.type != "cuda" or self.encoder.workspace_bytes(1) is None:  # (the runner reserved none for it)
             return 0
         ready: dict[str, Future[dict[str, torch.Tensor]]] = {}
         for image in images:

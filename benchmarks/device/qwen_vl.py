@@ -362,9 +362,6 @@ class EngineEncoderTimes:
         self._calls.append((len(processed), lambda: begin.elapsed_time(end)))
         return out
 
-    def workspace_bytes(self, tokens: int) -> int | None:
-        return self.encoder.workspace_bytes(tokens)
-
     @property
     def images_encoded(self) -> int:
         """Images through the encoder since the last take()."""
@@ -439,12 +436,6 @@ def main() -> None:
         "which the engine's threads decode again and resize",
     )
     parser.add_argument(
-        "--ahead-off",
-        action="store_true",
-        help="after each rerun, the preprocessed phase with the encoder ahead on its own stream (the default) and "
-        "without (EngineConfig.encode_ahead), then the images phase without",
-    )
-    parser.add_argument(
         "--api-processes",
         default="",
         help="after each rerun, one with the API's decoders in each of these numbers of processes (0: its fetch "
@@ -492,17 +483,6 @@ def main() -> None:
             decoders = run(engine, requests, timed, other) | dict(encoder=timed.take())
             results[f"images_api_processes_{processes}_{index}"] = decoders
             other.close()
-        if args.ahead_off:  # the preprocessed phase with the encoder ahead on its stream and without, then images
-            for ahead in (True, False):
-                engine.config = dataclasses.replace(engine.config, encode_ahead=ahead)
-                files = [prompts.image() for _ in range(args.streams)]
-                preprocessed = run(engine, [prompts.resized(data, args.new) for data in files], timed)
-                results[f"images_preprocessed_ahead_{'on' if ahead else 'off'}_{index}"] = preprocessed | dict(
-                    encoder=timed.take()
-                )
-            requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
-            results[f"images_ahead_off_{index}"] = run(engine, requests, timed, api) | dict(encoder=timed.take())
-            engine.config = dataclasses.replace(engine.config, encode_ahead=True)
         if args.engine_side:
             requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
             engine_side = run(engine, requests, timed, api, api_resizes=False)
@@ -557,17 +537,7 @@ def table(results: dict, args: argparse.Namespace) -> str:
              f"its floor, the text phase's p50 plus the images encoded by the median first token at the encoder's "
              f"best ms per image alone, nothing else: {floor:.2f}"]  # fmt: skip
     reruns = [
-        name
-        for name in results
-        if name.startswith(
-            (
-                "images_again_",
-                "images_api_processes_",
-                "images_engine_side_",
-                "images_preprocessed_ahead_",
-                "images_ahead_",
-            )
-        )
+        name for name in results if name.startswith(("images_again_", "images_api_processes_", "images_engine_side_"))
     ]
     for name in reruns:  # images_<kind>_<index> -> "images <kind> (<index + 1>)"
         kind, index = name.removeprefix("images_").rsplit("_", 1)

@@ -10,32 +10,18 @@ Run on the device:  PYTHONPATH=$PWD python3 -m pytest -q -m gpu tests/gpu/test_q
 
 from __future__ import annotations
 
-import dataclasses
-import io
-
 import pytest
 import torch
-from PIL import Image
 
 from benchmarks.device.qwen_vl import QWEN2_VL_VISION_7B, VISION_7B
 from benchmarks.device.steps import engine_tokens
-from tests.modeling.qwen2_5_vl_helpers import (
-    ENGINE_VOCAB,
-    FAMILIES,
-    TALL,
-    WIDE,
-    check_two_images_beside_text,
-    engine_expected,
-    engine_request,
-    saved_qwen2_5_vl,
-)
+from tests.modeling.qwen2_5_vl_helpers import ENGINE_VOCAB, FAMILIES, check_two_images_beside_text, saved_qwen2_5_vl
 from tgi_compat.kernels.attention.varlen import varlen_attention, varlen_attention_ref
 from tgi_compat.modeling.dtypes import default_dtype
 from tgi_compat.modeling.vision.qwen2_5_vl import QWEN2_5_VL, QWEN2_VL, QwenVLVisionEncoder, WindowLayout
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.model_loading import load_runner
-from tgi_compat.router.request import GenerateRequest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -71,38 +57,6 @@ def test_greedy_ids_on_the_device_equal_transformers(checkpoint, prefill, overla
     engine = EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder)
     check_two_images_beside_text(model, lambda requests: engine_tokens(engine, requests))
     assert any(replayed)  # decodes of the image request, position + rope delta, through the graphs
-
-
-def resized(request: GenerateRequest, engine: EngineCore) -> GenerateRequest:
-    """Its images as the API sends them (resized RGB rows): their host work is done once the request is queued."""
-    cache = engine.image_cache
-    assert cache is not None
-    patchify = cache.encoder.patchify  # type: ignore[attr-defined]
-    images = []
-    for image in request.images:
-        picture = patchify.resized(Image.open(io.BytesIO(image.data)).convert("RGB"))
-        images.append(dataclasses.replace(image, data=picture.tobytes(), resized=(picture.height, picture.width)))
-    return dataclasses.replace(request, images=images)
-
-
-def test_images_encoded_ahead_on_their_stream_give_transformers_ids(checkpoint):
-    """Under chunked prefill the engine encodes the coming step's images on a stream of their own beside the step in
-    flight (EncoderCache.encode_ahead): the ids equal the engine's with it off and transformers' own."""
-    model, folder = checkpoint
-    requests = [engine_request("both", [WIDE, TALL]), engine_request("tall", [TALL]), engine_request("wide", [WIDE])]
-    outputs = {}
-    for ahead in (False, True):
-        config = EngineConfig(
-            model_id=folder, device="cuda", dtype="float32", max_batch_total_tokens=1024, max_batch_prefill_tokens=7,
-            overlap_scheduling=True, encode_ahead=ahead,
-        )  # fmt: skip
-        runner = load_runner(config)
-        engine = EngineCore(config, runner, runner.model_config, runner.lora, runner.image_encoder)
-        outputs[ahead] = engine_tokens(engine, [resized(request, engine) for request, _ in requests])
-        assert engine.image_cache is not None
-        assert (engine.image_cache.num_encoded_ahead > 0) == ahead
-    assert outputs[True] == outputs[False]
-    assert outputs[True]["both"] == engine_expected(model, requests[0][1], [WIDE, TALL])
 
 
 GRIDS_7B = [[1, 74, 74], [1, 32, 48]]  # a 1024x1024 image and a 448x672 one, in patches of 14 pixels
@@ -146,25 +100,3 @@ def test_vision_encoder_at_the_7b_shape_equals_transformers(family, dtype):
     with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         expected = encoder.visual(pixels, grid_thw=grid).pooler_output
     assert relative_error(torch.cat(rows), expected) < (1e-4 if dtype == torch.float32 else 3e-2)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_the_encoders_workspace_estimate_bounds_its_peak_at_the_7b_shape(family):
-    """What the runner reserves for an encoder call beside a prefill (QwenVLVisionEncoder.workspace_bytes) is at least
-    what a call of 3 1024px images (4,107 placeholders, a 4,096-token budget's worth) holds at once, bf16."""
-    tower, vision = TOWERS_7B[family]
-    with torch.device("cuda"), default_dtype(torch.bfloat16):
-        encoder = QwenVLVisionEncoder({"vision_config": vision}, tower).eval()
-    grid = torch.tensor([[1, 74, 74]] * 3, device="cuda")
-    pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 14 * 14, device="cuda", dtype=torch.bfloat16)
-    processed = {"pixel_values": pixels, "image_grid_thw": grid}
-    encoder(processed)  # (kernels compiled, workspaces made)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    rows = encoder(processed)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    tokens = sum(r.shape[0] for r in rows)
-    assert tokens == 3 * 37 * 37
-    assert peak <= encoder.workspace_bytes(tokens), (peak, encoder.workspace_bytes(tokens))

@@ -146,30 +146,3 @@ def test_the_encoder_caches_bytes_are_left_out_of_the_kv_budget(checkpoint):
     config = EngineConfig(model_id=folder, device="cpu", dtype="float32", max_batch_total_tokens=1024)
     reserved = [load_runner(replace(config, image_cache_bytes=size))._activation_reserve_bytes() for size in (1, 3)]
     assert reserved[1] - reserved[0] == 2
-    # encoding ahead (the default) holds the encoder's working memory beside a prefill's: reserved too
-    ahead, alone = (load_runner(replace(config, encode_ahead=on)) for on in (True, False))
-    assert ahead.image_encoder is not None
-    workspace = ahead.image_encoder.workspace_bytes(config.max_batch_prefill_tokens)
-    assert workspace and ahead.encoder_ahead_bytes == workspace and alone.encoder_ahead_bytes == 0
-    assert ahead._activation_reserve_bytes() - alone._activation_reserve_bytes() == workspace
-
-
-@pytest.mark.parametrize("checkpoint", ["qwen2_5_vl"], indirect=True)
-def test_the_coming_steps_images_are_those_not_yet_scheduled_within_one_prefill_budget(checkpoint):
-    """Scheduler.upcoming_images, what the engine encodes ahead: the images of prompt tokens no step has taken yet,
-    oldest request first, until a full prefill budget of such tokens is reached."""
-    _, folder = checkpoint
-    first, _ = engine_request("first", [WIDE, TALL])
-    second, _ = engine_request("second", [TALL])
-    third, _ = engine_request("third", [WIDE])
-    wide, tall = first.images
-    for budget, expected in ((7, [wide, tall]), (4096, [wide, tall, *second.images, *third.images])):
-        engine = make_engine(folder, max_batch_prefill_tokens=budget)
-        for request in (first, second, third):
-            engine.add_request(replace(request))
-        assert engine.scheduler.upcoming_images() == expected
-    engine = make_engine(folder, max_batch_prefill_tokens=wide.end + 1)  # the first step takes WIDE whole
-    for request in (first, second, third):
-        engine.add_request(replace(request))
-    engine.scheduler.schedule()
-    assert engine.scheduler.upcoming_images() == [tall]  # (the 12 tokens left of its prompt fill the 11 of a budget)

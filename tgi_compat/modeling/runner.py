@@ -99,9 +99,6 @@ class RunnerConfig:
     reserve_bytes: int = 0
     # a vision model's encoder-output cache (tgi_compat/router/image_cache.py): its rows stay on the device
     image_cache_bytes: int = 0
-    # the engine encodes a coming step's images beside the step in flight (EngineConfig.encode_ahead): the encoder's
-    # working memory is then held beside a prefill's, on a stream (and in an allocator pool) of its own
-    encode_ahead: bool = False
 
 
 class ModelRunner:
@@ -366,18 +363,10 @@ class ModelRunner:
         # when prompt logprobs are asked for
         logit_rows = max(self.cfg.max_rows, self.cfg.max_prefill_tokens)
         sampling = 3 * logit_rows * c.vocab_size * 4
-        images = 0 if self.image_encoder is None else self.cfg.image_cache_bytes + self.encoder_ahead_bytes
+        images = 0 if self.image_encoder is None else self.cfg.image_cache_bytes
         return (
             ACTIVATION_RESERVE_BYTES + prefill + sampling + self._graph_logits_bytes() + self.cfg.reserve_bytes + images
         )
-
-    @property
-    def encoder_ahead_bytes(self) -> int:
-        """What encoding a prefill budget's worth of images ahead may hold beside a step (0: the engine does not, or
-        the model does not estimate it and then encodes its images in their steps alone)."""
-        if self.image_encoder is None or not self.cfg.encode_ahead:
-            return 0
-        return self.image_encoder.workspace_bytes(self.cfg.max_prefill_tokens) or 0
 
     def _graph_logits_bytes(self) -> int:
         """The CUDA graphs' logits: each bucket's output stays allocated in the graph pool (float32 counted, as

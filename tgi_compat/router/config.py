@@ -71,8 +71,6 @@ class EngineConfig:
     image_cache_capacity: int = 200
     image_cache_reserved_ratio: float = 0.5
     image_cache_bytes: int = IMAGE_CACHE_BYTES
-    # encode the coming step's images on a stream of their own beside the step in flight (EncoderCache.encode_ahead)
-    encode_ahead: bool = True
     # Grammar compiles (tgi_compat/router/sampling/grammar_compile.py): the bytes of compiled grammars kept for reuse
     # (one may take an eighth of them), and the seconds one compile may take.
     grammar_cache_bytes: int = 512 * 2**20

@@ -252,9 +252,6 @@ class EngineCore:
             if launched is not None:
                 if previous is not None:
                     events += self._complete(previous)
-                # beside this step's forward; queued after the step before is read: the encoder's launches could fill
-                # the device's queue and hold the host, with the step before's first tokens, until it drains
-                self._encode_ahead()
                 if constrained and not self._sample_deferred(launched):
                     return events + self._execute(plan)
                 self.scheduler.tokens_in_flight(plan, launched.sampled_chunks)
@@ -262,16 +259,7 @@ class EngineCore:
                 return events
         if previous is not None:
             events += self._complete(previous)
-        if not plan.is_empty:
-            self._encode_ahead()
         return events + self._execute(plan)
-
-    def _encode_ahead(self) -> None:
-        """The next step's images (those whose host work is done) into the encoder on its own stream, beside the
-        step just scheduled."""
-        cache = self.image_cache
-        if cache is not None and self.config.encode_ahead and cache.num_pending and self.cross_attention is None:
-            cache.encode_ahead(self.scheduler.upcoming_images(), self.executor.device)
 
     def _sample_deferred(self, launched: LaunchedStep) -> bool:
         """Queue the sampling of a constrained step once the matchers have accepted the tokens of the

@@ -11,7 +11,6 @@ in one call."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -27,7 +26,6 @@ from tgi_compat.router.images import PromptImage
 
 # (its first row in the flat batch, its first and end position, its request's images) per chunk of a step
 ChunkImages = tuple[int, int, int, Sequence[PromptImage]]
-logger = logging.getLogger(__name__)
 PENDING_MAX = 64  # images prepared ahead at once (host memory: ~26 MB each for a 1024px Qwen2.5-VL image)
 PENDING_TTL_S = 60.0  # one prepared this long ago (its request cancelled while queued, say) is dropped
 
@@ -48,10 +46,6 @@ class ImageEncoder(Protocol):
     ) -> Future[dict[str, torch.Tensor]]: ...
 
     def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]: ...
-
-    def workspace_bytes(self, tokens: int) -> int | None:
-        """The encoder's most memory at once for `tokens` placeholders' images; None: not estimated (never ahead)."""
-        ...
 
 
 class EncoderCache:
@@ -75,19 +69,10 @@ class EncoderCache:
         self.num_bytes = 0  # of the rows held
         self._rows: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.num_encoded = 0  # images run through the encoder (misses)
-        self.num_encoded_ahead = 0  # of which by `encode_ahead`
         self._pending: OrderedDict[str, tuple[Future[dict[str, torch.Tensor]], float]] = OrderedDict()
-        # rows `encode_ahead` queued on its stream, by digest: the event a step's stream waits on before reading them
-        self._ahead: dict[str, torch.cuda.Event] = {}
-        self._ahead_stream: torch.cuda.Stream | None = None
 
     def __len__(self) -> int:
         return len(self._rows)
-
-    @property
-    def num_pending(self) -> int:
-        """Images whose host work `prefetch` started and that no encoder call has taken yet."""
-        return len(self._pending)
 
     def prefetch(self, images: Sequence[PromptImage]) -> None:
         """Start the host work of a queued request's images that are neither cached nor under way."""
@@ -101,44 +86,6 @@ class EncoderCache:
                 and len(self._pending) < PENDING_MAX
             ):
                 self._pending[image.digest] = (self.encoder.preprocess_async(image.data, image.resized), now)
-
-    def encode_ahead(self, images: Sequence[PromptImage], device: torch.device) -> int:
-        """Encode, on a stream of their own, the images a coming step will take (the engine's guess) whose host work
-        is done, so that the encoder runs beside the step in flight and the step that takes them finds them cached.
-        Never waits on the host. Returns the images queued.
-
-        On one stream the encoder and the prompt forwards run one after the other, and a step that brings new images
-        waits for all of their encoder's kernels: 3 1024px Qwen2.5-VL images (~52 ms on an H100) before a 4,096-token
-        prefill (~90 ms). The encoder's norms, window attention and SiLU-and-mul are memory-bound and its GEMMs small:
-        beside a prefill's large GEMMs, on a stream of lower priority, they take the SMs the prefill leaves."""
-        if device.type != "cuda" or self.encoder.workspace_bytes(1) is None:  # (the runner reserved none for it)
-            return 0
-        ready: dict[str, Future[dict[str, torch.Tensor]]] = {}
-        for image in images:
-            entry = self._pending.get(image.digest)
-            if image.digest not in self._rows and image.digest not in ready and entry is not None and entry[0].done():
-                ready[image.digest] = entry[0]
-        if not ready:
-            return 0
-        if self._ahead_stream is None:
-            self._ahead_stream = torch.cuda.Stream(device)  # (of the default priority, the steps' stream's: the lowest)
-        try:
-            processed = [future.result() for future in ready.values()]
-            with torch.cuda.stream(self._ahead_stream), region("images.encode_ahead"):
-                encoded = [_owned(rows) for rows in self.encoder.encode(processed)]
-                done = torch.cuda.Event()
-                done.record()
-        except Exception:  # (its step encodes them itself, where a failure is contained to its requests)
-            logger.exception("encoding %d images ahead of their step failed", len(ready))
-            return 0
-        for digest, rows in zip(ready, encoded):
-            del self._pending[digest]
-            self._rows[digest] = rows
-            self._ahead[digest] = done
-            self.num_bytes += rows.nbytes
-        self.num_encoded += len(ready)
-        self.num_encoded_ahead += len(ready)
-        return len(ready)
 
     def features(self, images: Sequence[PromptImage]) -> list[torch.Tensor]:
         """Each image's rows, the misses encoded in one call."""
@@ -161,18 +108,11 @@ class EncoderCache:
         out = []
         for image in images:
             self._rows.move_to_end(image.digest)
-            rows = self._rows[image.digest]
-            if (done := self._ahead.pop(image.digest, None)) is not None:
-                stream = torch.cuda.current_stream(rows.device)
-                stream.wait_event(done)  # the step reads them once the encoder's stream has written them
-                rows.record_stream(stream)  # and its reads finish before their memory is reused, once dropped
-            out.append(rows)
+            out.append(self._rows[image.digest])
         if len(self._rows) > self.capacity or self.num_bytes > self.max_bytes:
             own = len({image.digest for image in images})  # never this step's own, the most recent
             while len(self._rows) > own and (len(self._rows) > self.reserved or self.num_bytes > self.reserved_bytes):
-                digest, rows = self._rows.popitem(last=False)
-                self._ahead.pop(digest, None)  # (encoded ahead for a request that never came to a step)
-                self.num_bytes -= rows.nbytes
+                self.num_bytes -= self._rows.popitem(last=False)[1].nbytes
         return out
 
     def step_embeds(self, chunks: Sequence[ChunkImages], device: torch.device) -> ImageEmbeds | None:

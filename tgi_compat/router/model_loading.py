@@ -58,7 +58,6 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         aux_hidden_layers=_eagle3_target_layers(config) if rank == 0 else None,
         reserve_bytes=_draft_model_bytes(config) if rank == 0 else 0,
         image_cache_bytes=config.image_cache_bytes,
-        encode_ahead=config.encode_ahead,
     )
     if config.num_shard == 1:
         return ModelRunner(runner_config)

@@ -25,7 +25,6 @@ length is not scheduled again.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,7 +32,6 @@ from typing import TYPE_CHECKING
 from tgi_compat.router.admission import AdmissionLimits, can_admit, images_fit
 from tgi_compat.router.batching_hold import BatchingHold
 from tgi_compat.router.client_api import Refusal, RequestRejectedError
-from tgi_compat.router.images import PromptImage
 from tgi_compat.router.kv_slots import KVSlotPool
 from tgi_compat.router.lora_slots import LoraSlots
 from tgi_compat.router.outputs import TokenEvent
@@ -139,22 +137,6 @@ class Scheduler:
         if self.speculator is not None and drafts and not plan.preempted:
             self.speculator.add_drafts(plan, self.pool)
         return plan
-
-    def upcoming_images(self) -> list[PromptImage]:
-        """The images of the prompt tokens the next step will likely take, oldest first: those of the running
-        requests' prompts not yet scheduled, then of the waiting queue's, one full prefill budget's worth (the
-        engine encodes them ahead, beside the step in flight)."""
-        budget = self.limits.max_batch_prefill_tokens
-        images: list[PromptImage] = []
-        for request in itertools.chain(self.running, self.waiting):
-            left = request.num_prompt_tokens - request.num_computed_tokens
-            if left <= 0:
-                continue
-            images += [image for image in request.params.images if image.end > request.num_computed_tokens]
-            budget -= left
-            if budget <= 0:
-                break
-        return images
 
     def _schedule_decodes(self, plan: StepPlan) -> bool:
         """The usual step: every running request decodes one token and the pool has a slot for each.

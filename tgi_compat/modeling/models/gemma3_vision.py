@@ -37,9 +37,6 @@ class Gemma3ForConditionalGeneration(GemmaForCausalLM):
         """Gemma3ImageProcessor's tensors -> each image's rows [tokens_per_image, hidden]."""
         return list(self.encode_images(processed["pixel_values"]))
 
-    def encoder_workspace_bytes(self, tokens: int) -> int | None:
-        return None  # (not measured beside a prefill: its images are encoded in their steps)
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:
         load_packed_weights(self, weights, self.config.tie_word_embeddings, _resolve)
 

@@ -65,9 +65,6 @@ class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
         """The image processor's outputs -> each image's placeholder rows [(h / 2) * (w / 2), hidden]."""
         return self.vision(processed)
 
-    def encoder_workspace_bytes(self, tokens: int) -> int | None:
-        return self.vision.workspace_bytes(tokens)
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | LazyTensor]]) -> None:
         load_packed_weights(self, weights, self.config.tie_word_embeddings, _resolve)
 

@@ -76,9 +76,6 @@ class TransformersForImageTextToText(TransformersForCausalLM):
     def encode_processed(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         return self.image_rows(self.hf, processed)
 
-    def encoder_workspace_bytes(self, tokens: int) -> int | None:
-        return None  # transformers' own towers, not estimated: their images are encoded in their steps
-
     @staticmethod
     @torch.inference_mode()
     def image_rows(hf: Any, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:

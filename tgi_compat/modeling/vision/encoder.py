@@ -36,12 +36,6 @@ class VisionLanguageModel(Protocol):
         placeholder rows [tokens, hidden]."""
         ...
 
-    def encoder_workspace_bytes(self, tokens: int) -> int | None:
-        """The most device memory one encoder call of images of `tokens` placeholders in all holds at once, an upper
-        estimate; None: not estimated, and then its images are encoded only in the steps that take them (the runner
-        reserves this much where the engine encodes a step's images ahead, beside another step's forward)."""
-        ...
-
 
 # Images preprocessed at once: eight at once slowed each one, and the first step waits for its prompts' images
 # (about three 1024px prompts fill a step's prefill budget). Qwen2.5-VL, 32 streams of a 1024px image on an H100:
@@ -145,9 +139,6 @@ class ImageEncoder:
         if self.device.type != "cuda":
             return tensor.to(self.device)
         return copy_streams.upload(tensor.pin_memory(), self.device)  # (the caching host allocator reuses blocks)
-
-    def workspace_bytes(self, tokens: int) -> int | None:
-        return self.model.encoder_workspace_bytes(tokens)
 
     @torch.inference_mode()
     def encode(self, processed: Sequence[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:

@@ -145,17 +145,6 @@ class QwenVLVisionEncoder(nn.Module):
         for block in self.visual.blocks:
             block.mlp = swiglu_mlp(block.mlp)
 
-    def workspace_bytes(self, tokens: int) -> int:
-        """An upper estimate of one call's most memory held at once, for images of `tokens` placeholders (merge**2
-        patches each): a block's residual, normed input, qkv and attention output, its MLP's widest activations
-        (Qwen2.5-VL's [gate | up] and their product) and output, per patch, and a quarter more for the rest (rope
-        tables, indices, the attention's own)."""
-        block = self.visual.blocks[0]
-        hidden = block.norm1.weight.shape[0]
-        inner = max(m.out_features for m in block.mlp.modules() if isinstance(m, nn.Linear))
-        per_patch = (8 * hidden + 3 * inner) * block.norm1.weight.element_size()
-        return tokens * self.merge**2 * per_patch * 5 // 4
-
     @torch.inference_mode()
     def forward(self, processed: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         # the grid's few numbers on the host before any launch: read back after them, it waited for the whole encoder

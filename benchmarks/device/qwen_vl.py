@@ -436,6 +436,12 @@ def main() -> None:
         "which the engine's threads decode again and resize",
     )
     parser.add_argument(
+        "--torch-threads",
+        default="",
+        help="after each rerun, one with the engine's PyTorch intra-op threads set to each of these (the engine runs "
+        f"with {torch.get_num_threads()} here, one on a GPU: router/model_loading._gpu_host_threads)",
+    )
+    parser.add_argument(
         "--api-processes",
         default="",
         help="after each rerun, one with the API's decoders in each of these numbers of processes (0: its fetch "
@@ -483,6 +489,14 @@ def main() -> None:
             decoders = run(engine, requests, timed, other) | dict(encoder=timed.take())
             results[f"images_api_processes_{processes}_{index}"] = decoders
             other.close()
+        for threads in (int(n) for n in args.torch_threads.split(",") if n):
+            engine_threads = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
+            results[f"images_torch_threads_{threads}_{index}"] = run(engine, requests, timed, api) | dict(
+                encoder=timed.take()
+            )
+            torch.set_num_threads(engine_threads)
         if args.engine_side:
             requests = [prompts.request(prompts.image(), args.new) for _ in range(args.streams)]
             engine_side = run(engine, requests, timed, api, api_resizes=False)
@@ -537,7 +551,9 @@ def table(results: dict, args: argparse.Namespace) -> str:
              f"its floor, the text phase's p50 plus the images encoded by the median first token at the encoder's "
              f"best ms per image alone, nothing else: {floor:.2f}"]  # fmt: skip
     reruns = [
-        name for name in results if name.startswith(("images_again_", "images_api_processes_", "images_engine_side_"))
+        name
+        for name in results
+        if name.startswith(("images_again_", "images_api_processes_", "images_torch_threads_", "images_engine_side_"))
     ]
     for name in reruns:  # images_<kind>_<index> -> "images <kind> (<index + 1>)"
         kind, index = name.removeprefix("images_").rsplit("_", 1)

@@ -60,7 +60,9 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         image_cache_bytes=config.image_cache_bytes,
     )
     if config.num_shard == 1:
-        return ModelRunner(runner_config)
+        runner = ModelRunner(runner_config)
+        _gpu_host_threads(runner.device)
+        return runner
     device = _device(config)
     if device.type == "cuda":
         device = torch.device("cuda", rank)
@@ -72,7 +74,20 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
         runner.step_sender = StepBroadcast(tp, on_step=count_step)
         if runner.lora is not None:  # the other ranks get every adapter rank 0 loads, at startup or later
             runner.lora.followers = runner.step_sender
+    _gpu_host_threads(runner.device)
     return runner
+
+
+def _gpu_host_threads(device: torch.device) -> None:
+    """One intra-op thread for a GPU engine's host work once its weights are loaded, unless OMP_NUM_THREADS says how
+    many (vLLM's workers run so too). That work is launches and small tensors, which PyTorch's pool of a thread a core
+    only parallelises into waits: a parallel copy waits for its slowest thread, and with the API's image decoders busy
+    on the same cores a 3-image encoder call's launches took 85-105 ms against 14-17 (H100, sessions 41-42)."""
+    import torch
+
+    if device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
+        logger.info("PyTorch's intra-op threads: %d -> 1 (a GPU engine's host work)", torch.get_num_threads())
+        torch.set_num_threads(1)
 
 
 def _device(config: EngineConfig) -> torch.device:

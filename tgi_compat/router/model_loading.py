@@ -80,9 +80,11 @@ def load_runner(config: EngineConfig, rank: int = 0, count_step: Callable[[], No
 
 def _gpu_host_threads(device: torch.device) -> None:
     """One intra-op thread for a GPU engine's host work once its weights are loaded, unless OMP_NUM_THREADS says how
-    many (vLLM's workers run so too). That work is launches and small tensors, which PyTorch's pool of a thread a core
-    only parallelises into waits: a parallel copy waits for its slowest thread, and with the API's image decoders busy
-    on the same cores a 3-image encoder call's launches took 85-105 ms against 14-17 (H100, sessions 41-42)."""
+    many (vLLM's workers run so too). That work is launches and small tensors; PyTorch's pool of a thread a core
+    turned the engine's host thread slow while the API's image decoders were busy on the same cores. Qwen2.5-VL-7B,
+    H100, a burst of 32 1024px images (benchmarks.device.qwen_vl, session 42): with 16 threads the burst's first or
+    second encoder call took 84-122 ms of the device's time (the launches, host-bound; ~52 ms otherwise) and TTFT p50
+    was 1.96-2.31x text's; with one, 1.88-2.02x, interleaved runs in one call, and text-only decoding unchanged."""
     import torch
 
     if device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:

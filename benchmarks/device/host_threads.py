@@ -24,35 +24,35 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.device.engine_load import Stream, random_prompts, request
 from benchmarks.device.timing import out_path, write_json
 from benchmarks.shapes import LLAMA3_8B, LLAMA3_TINY
 from tgi_compat.router.config import EngineConfig
 from tgi_compat.router.engine import EngineCore
 from tgi_compat.router.model_loading import load_runner
-from tgi_compat.router.request import GenerateRequest
 
 PROMPT = 256
 
 
 def run(engine: EngineCore, rows: int, new: int, seed: int) -> dict:
     """`rows` requests at once until all end: output tok/s and the median request's ms per output token."""
-    rng = random.Random(seed)
-    for i in range(rows):
-        ids = [rng.randrange(1000, 100_000) for _ in range(PROMPT)]
-        engine.add_request(GenerateRequest(f"r{seed}-{i}", ids, max_new_tokens=new, ignore_eos=True))
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    counts: dict[str, int] = {}
+    streams: dict[str, Stream] = {}
     start = time.perf_counter()
+    for prompt in random_prompts(random.Random(seed), rows, PROMPT):
+        req = request(prompt, new)
+        engine.add_request(req)
+        streams[req.request_id] = Stream(start)
     while engine.has_unfinished():
-        for event in engine.step():
-            now = time.perf_counter()
-            first.setdefault(event.request_id, now)
-            last[event.request_id] = now
-            counts[event.request_id] = counts.get(event.request_id, 0) + len(event.token_ids)
+        events = engine.step()
+        now = time.perf_counter()
+        for event in events:
+            stream = streams[event.request_id]
+            stream.arrivals.append(now)
+            stream.events.append(1)
+            stream.tokens += len(event.token_ids)
     elapsed = time.perf_counter() - start
-    per_token = statistics.median((last[r] - first[r]) / max(1, counts[r] - 1) for r in first)
-    return dict(tok_s=sum(counts.values()) / elapsed, tpot_ms=1e3 * per_token)
+    tokens = sum(stream.tokens for stream in streams.values())
+    return dict(tok_s=tokens / elapsed, tpot_ms=statistics.median(s.ms_per_token() for s in streams.values()))
 
 
 def main() -> None:
